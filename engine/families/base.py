@@ -1,0 +1,90 @@
+"""The family adapter: a declarative table saying where each point lives in an HF module tree.
+
+Paths are dotted attribute paths. Block-level paths are relative to one decoder layer; attention
+and MLP paths are relative to the attention / MLP module. A path that does not resolve on a given
+layer means the point is absent there (hybrid and MoE trunks vary by layer), which the engine
+reports by name instead of returning anything.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Split:
+    """A chunk of a fused module output, e.g. the gate half of phi3's `gate_up_proj`."""
+    path: str
+    index: int
+    parts: int = 2
+
+
+@dataclass(frozen=True)
+class Router:
+    """Where an MoE router lives (relative to the MLP module) and how to read its output.
+
+    `logits`, `weights`, `indices` index the router module's tuple output; None means that part
+    is not returned by the module (then the point is absent).
+    """
+    path: str = "gate"
+    logits: int | None = 0
+    weights: int | None = 1
+    indices: int | None = 2
+
+
+@dataclass(frozen=True)
+class Family:
+    name: str
+    model_types: tuple[str, ...]
+    # trunk
+    layers: str = "model.layers"
+    final_norm: str | None = "model.norm"
+    lm_head: str = "lm_head"
+    # block (relative to a decoder layer)
+    attn: str | None = "self_attn"
+    mlp: str | None = "mlp"
+    mlp_norm: str | None = "post_attention_layernorm"  # its input is resid_mid (sequential blocks)
+    attn_post_norm: str | None = None  # sandwich norm after attention
+    mlp_post_norm: str | None = None  # sandwich norm after the MLP
+    parallel: bool = False  # attention and MLP read the same residual (no resid_mid)
+    # attention (relative to the attention module)
+    o_proj: str | None = "o_proj"
+    q_norm: str | None = None
+    k_norm: str | None = None
+    attn_interface: bool = True  # HF attention goes through ALL_ATTENTION_FUNCTIONS (q/k/v/scores/probs)
+    # MLP (relative to the MLP module)
+    mlp_pre: str | Split | None = "gate_proj"
+    mlp_pre_linear: str | Split | None = "up_proj"
+    mlp_down: str | None = "down_proj"  # its input is mlp_act
+    router: Router | None = None
+    # the attention module adds the residual itself (BLOOM): attn_out = output - residual input
+    attn_adds_residual: bool = False
+    quirks: tuple[str, ...] = ()
+    # points refused on this family with the reason, e.g. {"q": "fused qkv in this HF module"}
+    refused: dict = field(default_factory=dict)
+    notes: str = ""
+
+
+_REGISTRY: dict[str, Family] = {}
+
+
+def register(*families: Family) -> None:
+    for fam in families:
+        for mt in fam.model_types:
+            if mt in _REGISTRY and _REGISTRY[mt] is not fam:
+                raise ValueError(f"model_type {mt!r} registered twice ({_REGISTRY[mt].name}, {fam.name})")
+            _REGISTRY[mt] = fam
+
+
+def registry() -> dict[str, Family]:
+    from engine import families  # noqa: F401  (imports every family module)
+    return dict(_REGISTRY)
+
+
+def family_for(model_type: str) -> Family:
+    from engine.address import closest
+    from engine.errors import ModelNotFoundError
+    reg = registry()
+    if model_type not in reg:
+        raise ModelNotFoundError(f"no adapter for HF model_type {model_type!r}.{closest(model_type, reg)} "
+                                 f"Supported: {', '.join(sorted(reg))}.")
+    return reg[model_type]

@@ -1,0 +1,31 @@
+"""Logit lens: the model's own unembedding (final norm, lm_head, logit scaling, final softcap)
+applied to any residual-stream tensor."""
+from __future__ import annotations
+
+import torch
+
+from engine.errors import AddressError
+from engine.points import RESIDUAL_POINTS
+from engine.sites import get_path
+
+
+def unembed(hf, fam, x: torch.Tensor, apply_norm: bool = True) -> torch.Tensor:
+    """Map a [.., d_model] residual to logits the way the family's CausalLM head does."""
+    cfg = hf.config.get_text_config() if hasattr(hf.config, "get_text_config") else hf.config
+    if apply_norm and fam.final_norm:
+        x = get_path(hf, fam.final_norm)(x)
+    logits = get_path(hf, fam.lm_head)(x)
+    if getattr(cfg, "logits_scaling", None):  # granite divides
+        logits = logits / cfg.logits_scaling
+    if getattr(cfg, "logit_scale", None):  # cohere multiplies
+        logits = logits * cfg.logit_scale
+    cap = getattr(cfg, "final_logit_softcapping", None)
+    if cap:
+        logits = torch.tanh(logits / cap) * cap
+    return logits
+
+
+def check_lensable(point: str) -> None:
+    if point not in RESIDUAL_POINTS:
+        raise AddressError(f"logit lens reads the residual stream; {point!r} is not a residual point. "
+                           f"Use one of: {', '.join(RESIDUAL_POINTS)}.")

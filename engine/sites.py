@@ -1,0 +1,209 @@
+"""Sites: where (in one loaded HF model) a point at a layer is read and written.
+
+A Site turns the raw value a hook sees into the canonical `[batch, pos, ...]` tensor and back.
+Resolution is driven only by the family table (engine/families) and the module tree, so adding a
+family never touches this file.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from engine.errors import UnsupportedPointError
+from engine.families.base import Family, Split
+
+
+def get_path(root, path: str):
+    """Resolve a dotted path (numeric parts index ModuleLists); None when any part is missing."""
+    obj = root
+    for part in path.split("."):
+        if obj is None:
+            return None
+        if part.isdigit():
+            try:
+                obj = obj[int(part)]
+            except (IndexError, TypeError):
+                return None
+        else:
+            obj = getattr(obj, part, None)
+    return obj
+
+
+@dataclass
+class Site:
+    """kind: "out" (module output), "in" (module input), "attn" (inside the attention call),
+    "logits" (the CausalLM output), "resid_mid" (composite: read at the MLP norm's input,
+    written through the attention write)."""
+    kind: str
+    module: torch.nn.Module
+    get: Callable = None  # raw -> canonical
+    put: Callable = None  # (raw, canonical) -> raw
+    how: str = "hook"
+    extra: dict = None
+
+
+def _first(x):
+    return x[0] if isinstance(x, tuple) else x
+
+
+def _replace_first(x, new):
+    return (new, *x[1:]) if isinstance(x, tuple) else new
+
+
+def _heads(t, head_dim):
+    return t.reshape(*t.shape[:-1], -1, head_dim)
+
+
+def _flat(t):
+    return t.reshape(*t.shape[:-2], -1)
+
+
+def out_site(module, index=None, split: Split | None = None, head_dim=None, shape_from=None):
+    """A module-output site; `index` picks from a tuple output; `split` takes a chunk of it."""
+
+    def get(raw):
+        t = raw[index] if index is not None else _first(raw)
+        if split is not None:
+            t = t.chunk(split.parts, dim=-1)[split.index]
+        if shape_from is not None:
+            t = t.reshape(*shape_from(), *t.shape[1:])
+        return _heads(t, head_dim) if head_dim else t
+
+    def put(raw, new):
+        new = _flat(new) if head_dim else new
+        if shape_from is not None:
+            new = new.reshape(-1, *new.shape[2:])
+        if split is not None:
+            t = raw[index] if index is not None else _first(raw)
+            chunks = list(t.chunk(split.parts, dim=-1))
+            chunks[split.index] = new
+            new = torch.cat(chunks, dim=-1)
+        if index is not None:
+            return tuple(new if i == index else r for i, r in enumerate(raw))
+        return _replace_first(raw, new)
+
+    return Site("out", module, get, put)
+
+
+def in_site(module, arg="hidden_states", head_dim=None):
+    """A module-input site: the first positional argument or the keyword `arg`."""
+
+    def get(raw):
+        args, kwargs = raw
+        t = args[0] if args else kwargs[arg]
+        return _heads(t, head_dim) if head_dim else t
+
+    def put(raw, new):
+        args, kwargs = raw
+        new = _flat(new) if head_dim else new
+        if args:
+            return (new, *args[1:]), kwargs
+        return args, {**kwargs, arg: new}
+
+    return Site("in", module, get, put)
+
+
+ATTN_INTERNAL = ("q", "k", "value", "attn_scores", "attn_probs")
+
+
+def resolve(hf, fam: Family, point: str, layer: int | None, shape_state) -> Site:
+    """The site for `point` at `layer`, or UnsupportedPointError naming why it is absent."""
+    cfg = hf.config.get_text_config() if hasattr(hf.config, "get_text_config") else hf.config
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+
+    def absent(why):
+        raise UnsupportedPointError(f"{point!r} is not available at layer {layer} of this "
+                                    f"{fam.name}-family model: {why}")
+
+    if point in fam.refused:
+        absent(fam.refused[point])
+    if point == "lm_head":
+        return Site("logits", hf)
+    if point == "final_norm":
+        mod = get_path(hf, fam.final_norm) if fam.final_norm else None
+        return out_site(mod) if mod is not None else absent("the family has no final norm")
+    if point == "embeddings":
+        layer = 0
+    blk = get_path(hf, f"{fam.layers}.{layer}")
+    if blk is None:
+        absent("no such decoder layer")
+    if point in ("embeddings", "resid_pre"):
+        return in_site(blk)
+    if point == "resid_post":
+        return out_site(blk)
+
+    attn = get_path(blk, fam.attn) if fam.attn else None
+    mlp = get_path(blk, fam.mlp) if fam.mlp else None
+    sub = lambda root, path: get_path(root, path) if (root is not None and path) else None  # noqa: E731
+
+    if point == "attn_in":
+        return in_site(attn) if attn is not None else absent("this layer has no attention module")
+    if point == "attn_out":
+        if attn is None:
+            absent("this layer has no attention module")
+        site = out_site(attn)
+        if fam.attn_adds_residual:
+            site.how = "recompute"
+            site.extra = {"minus_residual": True}
+        return site
+    if point in ("q_norm_in", "q_norm_out", "k_norm_in", "k_norm_out"):
+        norm = sub(attn, fam.q_norm if point.startswith("q") else fam.k_norm)
+        if norm is None:
+            absent("the family has no QK-norm at this layer")
+        return in_site(norm, head_dim=head_dim) if point.endswith("_in") else out_site(norm, head_dim=head_dim)
+    if point in ATTN_INTERNAL:
+        if attn is None or sub(attn, fam.o_proj) is None:
+            absent("this layer has no softmax attention module")
+        if not fam.attn_interface:
+            absent("this family's HF attention does not run through the attention interface, so "
+                   "its q/k/v/scores/probs are never separate tensors; use z or attn_out")
+        return Site("attn", attn, how="recompute" if point == "attn_scores" else "hook")
+    if point == "z":
+        if attn is None or sub(attn, fam.o_proj) is None:
+            absent("this layer has no softmax attention module")
+        if fam.attn_interface:
+            return Site("attn", attn)
+        return in_site(sub(attn, fam.o_proj), head_dim=head_dim)
+    if point == "attn_out_post":
+        mod = sub(blk, fam.attn_post_norm)
+        return out_site(mod) if mod is not None else absent("the family has no post-attention sandwich norm")
+    if point == "mlp_out_post":
+        mod = sub(blk, fam.mlp_post_norm)
+        return out_site(mod) if mod is not None else absent("the family has no post-MLP sandwich norm")
+    if point == "resid_mid":
+        if fam.parallel:
+            absent("attention and MLP read the same residual in parallel blocks; there is no mid point")
+        norm = sub(blk, fam.mlp_norm)
+        if norm is None or attn is None:
+            absent("no pre-MLP norm to read the mid residual from")
+        write = sub(blk, fam.attn_post_norm) if fam.attn_post_norm else attn
+        return Site("resid_mid", norm, extra={"block": blk, "write": write,
+                                              "write_includes_residual": fam.attn_adds_residual})
+    if point == "mlp_in":
+        return in_site(mlp) if mlp is not None else absent("this layer has no MLP module")
+    if point == "mlp_out":
+        return out_site(mlp) if mlp is not None else absent("this layer has no MLP module")
+    if point in ("router_logits", "expert_weights", "expert_indices"):
+        router = sub(mlp, fam.router.path) if fam.router else None
+        if router is None:
+            absent("this layer has a dense MLP, not a routed MoE")
+        index = {"router_logits": fam.router.logits, "expert_weights": fam.router.weights,
+                 "expert_indices": fam.router.indices}[point]
+        if index is None:
+            absent("this family's router does not return it as a tensor")
+        return out_site(router, index=index, shape_from=shape_state)
+    if point in ("mlp_pre", "mlp_pre_linear", "mlp_act"):
+        if mlp is not None and fam.router is not None and sub(mlp, fam.router.path) is not None:
+            absent("MoE layer: experts run as one fused batched module, so per-token expert hidden "
+                   "activations are never materialized; use mlp_in/mlp_out/router points")
+        spec = {"mlp_pre": fam.mlp_pre, "mlp_pre_linear": fam.mlp_pre_linear, "mlp_act": fam.mlp_down}[point]
+        path = spec.path if isinstance(spec, Split) else spec
+        mod = sub(mlp, path)
+        if mod is None:
+            absent("the MLP is not gated" if point == "mlp_pre_linear" else "no such MLP projection")
+        if point == "mlp_act":
+            return in_site(mod, arg="input")
+        return out_site(mod, split=spec if isinstance(spec, Split) else None)
+    absent(f"the {fam.name} adapter does not map this point")
