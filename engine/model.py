@@ -272,7 +272,7 @@ class EagerModel:
         try:
             with torch.no_grad(), self._hookset(capture, steers, store, detach=True):
                 out = self.hf.generate(**enc, max_new_tokens=max_new_tokens, do_sample=do_sample,
-                                       min_new_tokens=max_new_tokens, output_scores=True,
+                                       min_new_tokens=max_new_tokens, output_logits=True,
                                        return_dict_in_generate=True,
                                        pad_token_id=self.tokenizer.pad_token_id, **kw)
         finally:
@@ -282,7 +282,7 @@ class EagerModel:
             cache[k] = torch.cat(v, dim=1)
         seq = out.sequences
         new = seq[:, enc["input_ids"].shape[1]:]
-        logits = torch.stack(out.scores, dim=1) if out.scores else None
+        logits = torch.stack(out.logits, dim=1) if out.logits else None
         text = self.tokenizer.batch_decode(new, skip_special_tokens=True)
         return GenerationResult(seq, new, text, cache, logits)
 

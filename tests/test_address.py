@@ -1,0 +1,72 @@
+"""Address grammar and the point catalogue: strict parsing, clear errors."""
+import pytest
+
+from engine.address import Address, parse
+from engine.errors import AddressError
+from engine.points import BY_NAME, POINTS, backend_status, get_point
+
+
+def test_catalogue_has_the_anchor_points_plus_q_and_k():
+    assert len(POINTS) == 36
+    assert len(BY_NAME) == 36, "point names must be unique"
+    for name in ("embeddings", "resid_pre", "q", "k", "attn_scores", "z", "mlp_act", "router_logits",
+                 "resid_post", "final_norm", "lm_head", "resid_streams", "mlp_stream_mix"):
+        assert name in BY_NAME
+    for p in POINTS:
+        assert p.definition and p.shape.startswith("[b, pos"), p.name
+        assert p.scope in ("layer", "trunk")
+
+
+@pytest.mark.parametrize("text,point,layer,coords", [
+    ("resid_post.10", "resid_post", 10, ()),
+    ("resid_post.-1", "resid_post", -1, ()),
+    ("z.4.head-3", "z", 4, (("head", 3),)),
+    ("final_norm", "final_norm", None, ()),
+    ("logits", "lm_head", None, ()),
+    ("resid_streams.2.stream-1", "resid_streams", 2, (("stream", 1),)),
+])
+def test_parse_round_trip(text, point, layer, coords):
+    a = parse(text)
+    assert (a.point, a.layer, a.coords) == (point, layer, coords)
+    assert parse(str(a)) == a
+
+
+def test_constructor_equals_parsed():
+    assert Address("resid_post", 10) == parse("resid_post.10")
+    assert Address("z", 4, head=3) == parse("z.4.head-3")
+    assert hash(Address("q", 1)) == hash(parse("q.1"))
+
+
+def test_negative_layers_resolve_from_the_end():
+    assert parse("resid_post.-1").resolved(12).layer == 11
+    assert parse("resid_post.-12").resolved(12).layer == 0
+    assert parse("final_norm").resolved(12).layer is None
+
+
+@pytest.mark.parametrize("text,fragment", [
+    ("resid_pots.3", "Did you mean 'resid_post'"),
+    ("resid_post", "needs a layer"),
+    ("final_norm.3", "trunk point and takes no layer"),
+    ("z.1.heads-2", "takes no coordinate 'heads'"),
+    ("resid_post.1.head-2", "takes no coordinate 'head'"),
+    ("resid_post.x", "cannot parse 'x'"),
+    ("", "an address is a string"),
+])
+def test_parse_errors_name_the_problem(text, fragment):
+    with pytest.raises(AddressError, match=fragment.replace("(", r"\(").replace(")", r"\)")):
+        parse(text)
+
+
+@pytest.mark.parametrize("layer", [12, -13, 100])
+def test_layer_out_of_range(layer):
+    with pytest.raises(AddressError, match=r"out of range .* 12 layers \(valid: 0\.\.11"):
+        parse(f"resid_post.{layer}").resolved(12)
+
+
+def test_backend_status_table():
+    assert backend_status("resid_post", "eager") == ("hook", "")
+    status, reason = backend_status("attn_scores", "vllm")
+    assert status == "refused" and "vLLM" in reason
+    assert backend_status("attn_scores", "eager")[0] == "recompute"
+    assert backend_status("resid_post", "vllm-generate")[0] == "refused"
+    assert get_point("logits").name == "lm_head"
