@@ -8,6 +8,7 @@ reports by name instead of returning anything.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Callable
 
 
 @dataclass(frozen=True)
@@ -32,6 +33,26 @@ class Router:
 
 
 @dataclass(frozen=True)
+class Streams:
+    """Hyper-connections (several residual streams, decoder layers map [b, pos, s, d] to the same).
+
+    `attn` / `mlp`: the connection module around each sublayer (relative to a decoder layer); its
+    tuple output holds the write weights [b, pos, s] (`write`), the mixing matrix [b, pos, s, s]
+    (`mix`) and the collapsed sublayer input (`collapsed`). `collapse_weights(module, streams)`
+    recomputes the [b, pos, s] weights the module collapses its input streams with (modules consume
+    them internally); the sublayer input is sum_s weights[s] * streams[s]. `head`: trunk path of the
+    module collapsing the last streams before the final norm (used by the logit lens).
+    """
+    attn: str
+    mlp: str
+    collapse_weights: Callable
+    write: int = 0
+    mix: int = 1
+    collapsed: int = 2
+    head: str | None = None
+
+
+@dataclass(frozen=True)
 class Family:
     name: str
     model_types: tuple[str, ...]
@@ -39,8 +60,12 @@ class Family:
     layers: str = "model.layers"
     final_norm: str | None = "model.norm"
     lm_head: str = "lm_head"
+    embed: str | None = None  # module whose output is `embeddings`; None: the first block's input
     # block (relative to a decoder layer)
-    attn: str | None = "self_attn"
+    attn: str | None = "self_attn"  # softmax attention (q/k/value/scores/probs/z need it)
+    # hybrid trunks: other token mixers in the attention slot (linear attention, short conv); where
+    # `attn` is absent they serve attn_in / attn_out and carry the resid_mid write
+    mixers: tuple[str, ...] = ()
     mlp: str | None = "mlp"
     mlp_norm: str | None = "post_attention_layernorm"  # its input is resid_mid (sequential blocks)
     attn_post_norm: str | None = None  # sandwich norm after attention
@@ -51,11 +76,14 @@ class Family:
     q_norm: str | None = None
     k_norm: str | None = None
     attn_interface: bool = True  # HF attention goes through ALL_ATTENTION_FUNCTIONS (q/k/v/scores/probs)
+    # gated attention: projection whose output holds, per head, [query | gate]; attn_gate = sigmoid(gate)
+    attn_gate: str | None = None
     # MLP (relative to the MLP module)
     mlp_pre: str | Split | None = "gate_proj"
     mlp_pre_linear: str | Split | None = "up_proj"
     mlp_down: str | None = "down_proj"  # its input is mlp_act
     router: Router | None = None
+    streams: Streams | None = None  # hyper-connection families
     # the attention module adds the residual itself (BLOOM): attn_out = output - residual input
     attn_adds_residual: bool = False
     quirks: tuple[str, ...] = ()
