@@ -1,0 +1,113 @@
+"""The sweep: every (variant, workload) cell in its own subprocess, one after another.
+
+Cells a variant cannot run are written as "n/a" (with the table's reason) and unavailable variants
+as "skipped" without starting a process; a process that dies or times out leaves an "error" cell
+naming what happened, and the sweep goes on."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+from benchmarks import cells
+from benchmarks.spec import Params
+from benchmarks.variants import VARIANTS
+from benchmarks.variants import get as get_variant
+from benchmarks.workloads import NAMES as WORKLOAD_NAMES
+from benchmarks.workloads import get as get_workload
+
+
+def cell_env(params: Params) -> dict:
+    """The subprocess environment: zoo twins load by repo id offline; vLLM runs in-process."""
+    e = dict(os.environ)
+    if params.source == "zoo":
+        from engine import zoo
+        e.update(zoo.offline_env())
+    e.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    if params.device == "cpu":
+        e.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    e["PYTHONPATH"] = os.pathsep.join([str(cells.ROOT), *filter(None, [e.get("PYTHONPATH")])])
+    e.setdefault("TOKENIZERS_PARALLELISM", "false")
+    return e
+
+
+def plan(variants=None, workloads=None) -> list[tuple[str, str]]:
+    vs = [get_variant(v).name for v in variants] if variants else [v.name for v in VARIANTS]
+    ws = [get_workload(w).name for w in workloads] if workloads else list(WORKLOAD_NAMES)
+    return [(v, w) for v in vs for w in ws]
+
+
+def _static_cell(variant: str, workload: str, params: Params, run_id: str) -> dict | None:
+    v = get_variant(variant)
+    why = v.unavailable()
+    base = {"run_id": run_id, "params": params.to_dict(), "title": v.title, "kind": v.kind}
+    if why:
+        return cells.make_cell(variant, workload, "skipped", f"{v.name} unavailable: {why}", **base)
+    na = v.supports(workload)
+    if na:
+        return cells.make_cell(variant, workload, "n/a", na, **base)
+    return None
+
+
+def run_one(variant: str, workload: str, params: Params, run_id: str, cells_dir: Path) -> dict:
+    """Run one cell in a fresh subprocess; returns the cell written."""
+    static = _static_cell(variant, workload, params, run_id)
+    if static:
+        cells.write_cell(static, cells_dir)
+        return static
+    spec = json.dumps({"variant": variant, "workload": workload, "params": params.to_dict(),
+                       "run_id": run_id, "cells_dir": str(cells_dir)})
+    path = Path(cells_dir) / f"{cells.cell_id(variant, workload)}.json"
+    before = path.stat().st_mtime_ns if path.exists() else None
+    t0 = time.perf_counter()
+    try:
+        proc = subprocess.run([sys.executable, "-m", "benchmarks.worker", spec], cwd=cells.ROOT,
+                              env=cell_env(params), capture_output=True, text=True, timeout=params.timeout_s)
+        failed = None if proc.returncode == 0 else (
+            f"cell process exited with code {proc.returncode}: {_tail(proc.stderr)}")
+    except subprocess.TimeoutExpired as e:
+        failed = (f"cell process timed out after {params.timeout_s} s (raise --timeout or lower "
+                  f"--new-tokens); stderr: {_tail(e.stderr)}")
+    written = path.exists() and path.stat().st_mtime_ns != before
+    if failed or not written:
+        cell = cells.make_cell(variant, workload, "error", failed or "cell process wrote no cell",
+                               run_id=run_id, params=params.to_dict(), wall_s=time.perf_counter() - t0)
+        cells.write_cell(cell, cells_dir)
+        return cell
+    return json.loads(path.read_text())
+
+
+def _tail(text, n=600) -> str:
+    if isinstance(text, bytes):
+        text = text.decode(errors="replace")
+    text = (text or "").strip()
+    return text[-n:] if text else "(no stderr)"
+
+
+def run_sweep(params: Params, variants=None, workloads=None, cells_dir: Path = cells.CELLS_DIR,
+              fresh: bool = False, only_missing: bool = False, log=print) -> list[dict]:
+    from tqdm import tqdm
+    cells_dir = Path(cells_dir)
+    if fresh:
+        cells.clear_cells(cells_dir)
+    run_id = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    todo = plan(variants, workloads)
+    if only_missing:
+        have = {c["id"] for c in cells.load_cells(cells_dir) if c["status"] in ("ok", "n/a", "invalid")}
+        todo = [(v, w) for v, w in todo if cells.cell_id(v, w) not in have]
+    out = []
+    t0 = time.perf_counter()
+    with tqdm(todo, desc="benchmark cells", unit="cell") as bar:
+        for v, w in bar:
+            bar.set_postfix_str(f"{v} x {w}")
+            cell = run_one(v, w, params, run_id, cells_dir)
+            out.append(cell)
+            figure = cell.get("summary", {}).get("tok_s", {}).get("median")
+            log(f"{v:>15} x {w:<13} {cell['status']:<8} "
+                + (f"{figure:.4g} tok/s" if figure else cell["reason"][:110]))
+    log(f"{len(out)} cells in {time.perf_counter() - t0:.0f} s -> {cells_dir}")
+    return out

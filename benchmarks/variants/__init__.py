@@ -1,0 +1,91 @@
+"""The variant registry: every backend and peer the sweep can time, as one table.
+
+A variant names the module holding its Runner, the Python modules it needs (missing ones make it
+"skipped" with the reason, e.g. while engine.backends.vllm_backend is being built), and for every
+workload it cannot do, why ("n/a: reason"). Adding a variant is one entry here plus a Runner.
+"""
+from __future__ import annotations
+
+import importlib
+import importlib.util
+from dataclasses import dataclass, field
+
+from benchmarks.workloads import NAMES as WORKLOADS
+
+_STOCK = "stock vLLM serves no capture, steering or lens: it is the speed ceiling the others are priced against"
+
+
+@dataclass(frozen=True)
+class Variant:
+    name: str
+    kind: str  # "ours" or "peer"
+    title: str
+    runner: str  # "module:Class"
+    requires: tuple[str, ...] = ()
+    na: dict = field(default_factory=dict)  # workload -> reason it cannot run there
+    backend: str | None = None  # engine backend name for our variants
+
+    def unavailable(self) -> str | None:
+        """Why this variant cannot run on this machine now, or None."""
+        for mod in self.requires:
+            try:
+                found = importlib.util.find_spec(mod) is not None
+            except (ImportError, ValueError):
+                found = False
+            if not found:
+                return f"{mod} is not importable here (not installed or not built yet)"
+        return None
+
+    def supports(self, workload: str) -> str | None:
+        """None when the variant runs `workload`, else the n/a reason."""
+        return self.na.get(workload)
+
+    def load_runner(self):
+        mod, cls = self.runner.split(":")
+        return getattr(importlib.import_module(mod), cls)
+
+
+_VLLM_REQ = ("vllm", "engine.backends.vllm_backend")
+
+VARIANTS: tuple[Variant, ...] = (
+    Variant("eager", "ours", "ours: eager (HF + hooks)", "benchmarks.variants.ours:EagerRunner",
+            backend="eager"),
+    Variant("vllm", "ours", "ours: vLLM with per-request hooks", "benchmarks.variants.ours:VllmRunner",
+            requires=_VLLM_REQ, backend="vllm"),
+    Variant("vllm-static", "ours", "ours: vLLM static taps", "benchmarks.variants.ours:VllmRunner",
+            requires=_VLLM_REQ, backend="vllm-static"),
+    Variant("vllm-generate", "ours", "stock vLLM (generate only)", "benchmarks.variants.ours:VllmRunner",
+            requires=_VLLM_REQ, backend="vllm-generate",
+            na={w: _STOCK for w in ("capture_one", "capture_all", "capture_gen", "steer", "lens")}),
+    Variant("hf-generate", "peer", "peer: plain HF transformers", "benchmarks.variants.hf:HFRunner",
+            requires=("transformers",),
+            na={"capture_one": "plain HF has no per-layer capture: output_hidden_states returns every "
+                               "layer (timed under capture at every layer)",
+                "steer": "plain HF has no steering API (writing into a layer needs hooks, which is what the "
+                         "eager backend adds)",
+                "lens": "plain HF has no logit-lens API"}),
+    Variant("transformerlens", "peer", "peer: TransformerLens (TransformerBridge)",
+            "benchmarks.variants.tl:TLRunner", requires=("transformer_lens",)),
+    Variant("nnsight", "peer", "peer: nnsight trace", "benchmarks.variants.nn:NNsightRunner",
+            requires=("nnsight",)),
+)
+
+BY_NAME = {v.name: v for v in VARIANTS}
+NAMES = tuple(BY_NAME)
+
+
+def get(name: str) -> Variant:
+    if name not in BY_NAME:
+        from engine.address import closest
+        raise ValueError(f"unknown variant {name!r}.{closest(name, NAMES)} Variants: {', '.join(NAMES)}.")
+    return BY_NAME[name]
+
+
+def _check_table() -> None:
+    for v in VARIANTS:
+        bad = set(v.na) - set(WORKLOADS)
+        if bad:
+            raise AssertionError(f"variant {v.name!r} declares n/a for unknown workloads {sorted(bad)}")
+
+
+_check_table()

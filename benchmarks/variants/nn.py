@@ -1,0 +1,111 @@
+"""Peer: nnsight 0.7 `LanguageModel` trace / generate, modules addressed by the family table's
+paths (so the same code works on every family the engine knows)."""
+from __future__ import annotations
+
+import torch
+
+from benchmarks.spec import prompt_ids, steer_vector
+from benchmarks.variants.base import Job, Runner, tokens_changed
+
+
+def envoy(root, path: str):
+    """Follow a dotted family path (numeric parts index) on an nnsight Envoy tree."""
+    for part in path.split("."):
+        root = root[int(part)] if part.isdigit() else getattr(root, part)
+    return root
+
+
+class NNsightRunner(Runner):
+    def load(self):
+        from nnsight import LanguageModel
+
+        from engine.families import family_for
+        p = self.p
+        if p.source == "zoo":
+            from engine import zoo
+            zoo.ensure_twin(p.model)
+        self.lm = LanguageModel(p.model, device_map=p.device, dispatch=True, dtype=p.torch_dtype())
+        cfg = self.lm.config.get_text_config()
+        self.fam = family_for(cfg.model_type)
+        self.n_layers = cfg.num_hidden_layers
+        self.L = self.middle_layer(self.n_layers)
+        self.d_model = cfg.hidden_size
+        self.ids1 = prompt_ids(self.lm.tokenizer, p.prompt_tokens, 1).to(p.device)
+        self.ids8 = prompt_ids(self.lm.tokenizer, p.prompt_tokens, 8).to(p.device)
+        self.model_info = {"n_layers": self.n_layers, "d_model": self.d_model, "layer": self.L,
+                           "source": p.source, "family": self.fam.name}
+
+    def layer(self, i):
+        return envoy(self.lm, f"{self.fam.layers}.{i}")
+
+    def _generate(self, ids, body=None):
+        n = self.p.new_tokens
+        pad = self.lm.tokenizer.pad_token_id or self.lm.tokenizer.eos_token_id
+
+        def run():
+            with torch.no_grad(), self.lm.generate(ids, max_new_tokens=n, min_new_tokens=n, do_sample=False,
+                                                   pad_token_id=pad) as tracer:
+                saved = body(tracer) if body else None
+                out = self.lm.generator.output.save()
+            return out, saved
+        return run
+
+    def _trace(self, layers, lens=False):
+        def run():
+            saved = []
+            with torch.no_grad(), self.lm.trace(self.ids1):
+                for i in layers:
+                    h = self.layer(i).output
+                    if lens:
+                        if self.fam.final_norm:
+                            h = envoy(self.lm, self.fam.final_norm)(h)
+                        h = envoy(self.lm, self.fam.lm_head)(h)
+                    saved.append(h.save())
+                if not layers:
+                    saved.append(envoy(self.lm, self.fam.lm_head).output.save())
+            return saved
+        return run
+
+    def decode(self):
+        return Job(self._generate(self.ids1))
+
+    def concurrency8(self):
+        return Job(self._generate(self.ids8))
+
+    def prefill(self):
+        return Job(self._trace([]), notes=["nnsight trace saving the logits (lm_head output)"])
+
+    def capture_one(self):
+        return Job(self._trace([self.L]))
+
+    def capture_all(self):
+        return Job(self._trace(range(self.n_layers)))
+
+    def capture_gen(self):
+        def body(tracer):
+            saved = []
+            with tracer.all():
+                for i in range(self.n_layers):
+                    saved.append(self.layer(i).output.save())
+            return saved
+        return Job(self._generate(self.ids1, body))
+
+    def steer(self):
+        v = steer_vector(self.d_model, self.p.steer_scale).to(self.p.device)
+        L = self.L
+
+        def body(tracer):
+            with tracer.all():
+                self.layer(L).output[:] += v
+        run = self._generate(self.ids1, body)
+        plain = self._generate(self.ids1)
+
+        def check(last):
+            n = self.ids1.shape[1]
+            return tokens_changed(last[0][:, n:], plain()[0][:, n:])
+        return Job(run, check)
+
+    def lens(self):
+        return Job(self._trace(range(self.n_layers), lens=True),
+                   notes=["nnsight lens: the final norm and lm_head modules applied to each saved layer "
+                          "output inside the trace"])
