@@ -1,0 +1,220 @@
+"""Synthetic offline model zoo: tiny twins of real HF checkpoints, loadable by repo id offline.
+
+Each entry of :data:`ZOO` is named after a real checkpoint (``"Qwen/Qwen3-8B"``) and is built as a
+tiny model with that checkpoint's architecture and quirks and seeded random weights, written into a
+private Hugging Face cache (never the user's own), so that HF, TransformerLens, nnsight and vLLM all
+load it by name::
+
+    from engine import zoo
+    model, tok = zoo.load_twin("google/gemma-2-2b")
+    os.environ.update(zoo.offline_env())          # then any library: from_pretrained("google/gemma-2-2b")
+
+CLI: ``python -m engine.zoo list`` and ``python -m engine.zoo build [--all | NAMES...]``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import difflib
+import fnmatch
+import os
+from pathlib import Path
+
+from .build import (
+    MARKER,
+    ZOO_VERSION,
+    build_config,
+    build_twin,
+    is_complete,
+    read_marker,
+    snapshot_dir,
+    snapshot_hash,
+    zoo_home,
+    zoo_hub_cache,
+)
+from .entries import DROPPED, ZOO, ZooEntry
+from .tokenizer import build_tokenizer
+
+__all__ = [
+    "ZOO",
+    "ZooEntry",
+    "DROPPED",
+    "ZOO_VERSION",
+    "zoo_home",
+    "zoo_hub_cache",
+    "ensure_twin",
+    "load_twin",
+    "resolve",
+    "offline_env",
+    "offline_session",
+    "real_checkpoint_available",
+    "is_twin",
+    "build_config",
+    "build_twin",
+    "build_tokenizer",
+    "snapshot_dir",
+]
+
+_GLOB_CHARS = set("*?[")
+
+
+def ensure_twin(name: str) -> Path:
+    """Build the twin of ``name`` in the zoo cache if it is missing; return its snapshot dir."""
+    if name not in ZOO:
+        resolve(name)  # raises ValueError with the closest names
+    return build_twin(name)
+
+
+def load_twin(name: str, dtype=None):
+    """(hf_model, tokenizer) of the twin, loaded by repo id from the zoo cache offline, eval mode."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    ensure_twin(name)
+    cache = zoo_hub_cache()
+    model = AutoModelForCausalLM.from_pretrained(
+        name, cache_dir=cache, local_files_only=True, dtype=dtype or torch.float32
+    )
+    tok = AutoTokenizer.from_pretrained(name, cache_dir=cache, local_files_only=True)
+    return model.eval(), tok
+
+
+def _closest(name: str, n: int = 3) -> list[str]:
+    names = list(ZOO)
+    lowered = {k.lower(): k for k in names}
+    hits = difflib.get_close_matches(name.lower(), list(lowered), n=n, cutoff=0.4)
+    # also match on the part after the org ("gemma-2-2b" -> "google/gemma-2-2b")
+    base = {k.split("/", 1)[-1].lower(): k for k in names}
+    for h in difflib.get_close_matches(name.lower().split("/", 1)[-1], list(base), n=n, cutoff=0.4):
+        if base[h].lower() not in hits:
+            hits.append(base[h].lower())
+    out = [lowered[h] for h in hits]
+    if not out:
+        out = [lowered[h] for h in difflib.get_close_matches(name.lower(), list(lowered), n=n, cutoff=0.0)]
+    return out[:n]
+
+
+def resolve(pattern: str) -> list[str]:
+    """Zoo names matching ``pattern``: an exact name, or an fnmatch glob (``"Qwen/*"``, ``"*gemma-2*"``).
+
+    An exact name that is not in the zoo, or a glob that matches nothing, raises ``ValueError`` naming
+    the closest entries. ``"all"`` or ``"*"`` gives every entry.
+    """
+    if not isinstance(pattern, str) or not pattern.strip():
+        raise ValueError(f"zoo name must be a non-empty string, got {pattern!r}")
+    pattern = pattern.strip()
+    if pattern in ZOO:
+        return [pattern]
+    if pattern in ("all", "*"):
+        return list(ZOO)
+    if _GLOB_CHARS & set(pattern):
+        hits = [n for n in ZOO if fnmatch.fnmatchcase(n, pattern)]
+        if not hits:
+            hits = [n for n in ZOO if fnmatch.fnmatchcase(n.lower(), pattern.lower())]
+        if hits:
+            return hits
+        raise ValueError(
+            f"zoo pattern {pattern!r} matches no entry; closest names: {', '.join(_closest(pattern))}. "
+            f"`python -m engine.zoo list` prints all {len(ZOO)}."
+        )
+    # case-insensitive exact match is accepted (hub repo ids are case-insensitive)
+    for n in ZOO:
+        if n.lower() == pattern.lower():
+            return [n]
+    raise ValueError(
+        f"unknown zoo model {pattern!r}; did you mean: {', '.join(_closest(pattern))}? "
+        f"`python -m engine.zoo list` prints all {len(ZOO)}."
+    )
+
+
+def offline_env() -> dict[str, str]:
+    """Environment that makes any HF-based library load twins by repo id from the zoo, offline.
+
+    ``HF_HUB_CACHE`` points at the zoo hub; ``HF_HOME`` at the zoo home so that nothing from the
+    user's own HF home (token, real weights) is seen either. Set it before importing the library
+    (huggingface_hub reads these at import time) or pass it to a subprocess.
+    """
+    return {
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "HF_HOME": str(zoo_home()),
+        "HF_HUB_CACHE": str(zoo_hub_cache()),
+    }
+
+
+@contextlib.contextmanager
+def offline_session():
+    """Context manager: apply :func:`offline_env` to ``os.environ`` *and* to an already-imported
+    ``huggingface_hub.constants`` (which read the environment only at import), so that libraries
+    in this process (TransformerLens bridge, nnsight, transformers) load twins by repo id.
+    Everything is restored on exit."""
+    env = offline_env()
+    saved_env = {k: os.environ.get(k) for k in env}
+    patched: dict[str, object] = {}
+    os.environ.update(env)
+    try:
+        from huggingface_hub import constants
+    except ImportError:  # pragma: no cover
+        constants = None
+    if constants is not None:
+        for attr, value in (
+            ("HF_HUB_CACHE", env["HF_HUB_CACHE"]),
+            ("HUGGINGFACE_HUB_CACHE", env["HF_HUB_CACHE"]),
+            ("HF_HOME", env["HF_HOME"]),
+            ("HF_HUB_OFFLINE", True),
+        ):
+            if hasattr(constants, attr):
+                patched[attr] = getattr(constants, attr)
+                setattr(constants, attr, value)
+    try:
+        yield env
+    finally:
+        for attr, value in patched.items():
+            setattr(constants, attr, value)
+        for k, v in saved_env.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def _user_hub_cache() -> Path:
+    """The user's normal hub cache, never the zoo's (even when offline_env() is in os.environ)."""
+    from huggingface_hub import constants
+
+    zoo = zoo_home().resolve()
+    candidate = Path(constants.HF_HUB_CACHE).expanduser()
+    try:
+        inside_zoo = candidate.resolve().is_relative_to(zoo)
+    except OSError:
+        inside_zoo = False
+    if not inside_zoo:
+        return candidate
+    xdg = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(xdg) / "huggingface" / "hub"
+
+
+def is_twin(path: str | os.PathLike) -> bool:
+    """True when ``path`` (a snapshot dir or a file in one) is a zoo twin (has the zoo marker)."""
+    p = Path(path)
+    d = p if p.is_dir() else p.parent
+    return (d / MARKER).is_file()
+
+
+def real_checkpoint_available(name: str) -> bool:
+    """True when the real checkpoint's config.json is in the user's normal HF cache (never the zoo)."""
+    from huggingface_hub import try_to_load_from_cache
+
+    cache = _user_hub_cache()
+    try:
+        found = try_to_load_from_cache(repo_id=name, filename="config.json", cache_dir=str(cache))
+    except Exception:
+        return False
+    if not isinstance(found, str):
+        return False
+    try:
+        if Path(found).resolve().is_relative_to(zoo_home().resolve()):
+            return False
+    except OSError:
+        return False
+    return not is_twin(found)
