@@ -8,7 +8,10 @@ from __future__ import annotations
 
 from collections import defaultdict
 
+import torch
+
 from engine.attention import CALLBACKS_ATTR
+from engine.errors import SteeringError
 from engine.sites import Site
 
 
@@ -116,14 +119,59 @@ class HookSet:
             def write_hook(module, args, kwargs, output):
                 write = output[0] if isinstance(output, tuple) else output
                 base = 0 if includes_residual else stash["pre"]
-                mid = base + write
+                mid = base + write * scale
                 new = _chain(writers, mid)
                 if new is mid:
                     return None
-                new_write = new - base
+                new_write = (new - base) / scale
                 return (new_write, *output[1:]) if isinstance(output, tuple) else new_write
 
             blk, write_mod = site.extra["block"], site.extra["write"]
             includes_residual = site.extra.get("write_includes_residual", False)
+            scale = site.extra.get("write_scale", 1.0)
             self._handles.append(blk.register_forward_pre_hook(stash_hook, with_kwargs=True))
             self._handles.append(write_mod.register_forward_hook(write_hook, with_kwargs=True))
+
+    def _install_gate(self, site, point, fns, items):
+        """Read sigmoid(gate) where it is projected; a steered gate rescales the output projection's
+        input (z * gate) by new / old gate, elementwise, so z itself is untouched."""
+        stash = {}
+
+        def read_hook(module, args, kwargs, output):
+            g = site.get(output)
+            new = _chain(fns, g)
+            if new is g:
+                return None
+            changed = new != g
+            if bool((changed & (g == 0)).any()):
+                raise SteeringError(f"{point}: the gate underflowed to exactly 0 at a steered position, so "
+                                    f"z cannot be recovered to apply the new gate; steer z instead.")
+            stash["ratio"] = torch.where(changed, new.float() / g.float(), torch.ones_like(g, dtype=torch.float32))
+
+        def write_hook(module, args, kwargs):
+            ratio = stash.pop("ratio", None)
+            if ratio is None:
+                return None
+            x = args[0] if args else kwargs["input"]
+            new = (x.float() * ratio.reshape(x.shape)).to(x.dtype)
+            return ((new, *args[1:]), kwargs) if args else (args, {**kwargs, "input": new})
+
+        self._handles.append(site.module.register_forward_hook(read_hook, with_kwargs=True))
+        if any(r == "write" for _, _, r in items):
+            self._handles.append(site.extra["o_proj"].register_forward_pre_hook(write_hook, with_kwargs=True))
+
+    def _install_hc_collapse(self, site, point, fns, items):
+        """Hyper-connection collapse weights: recomputed from the module's input streams; a steered
+        set re-collapses the streams and replaces the module's collapsed output."""
+        weights_fn, idx = site.extra["weights"], site.extra["collapsed"]
+
+        def hook(module, args, kwargs, output):
+            streams = args[0] if args else next(iter(kwargs.values()))
+            w = weights_fn(module, streams)
+            new = _chain(fns, w)
+            if new is w:
+                return None
+            collapsed = (new.unsqueeze(-1) * streams).sum(dim=2).to(streams.dtype)
+            return tuple(collapsed if i == idx else o for i, o in enumerate(output))
+
+        self._handles.append(site.module.register_forward_hook(hook, with_kwargs=True))

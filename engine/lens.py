@@ -9,9 +9,18 @@ from engine.points import RESIDUAL_POINTS
 from engine.sites import get_path
 
 
-def unembed(hf, fam, x: torch.Tensor, apply_norm: bool = True) -> torch.Tensor:
-    """Map a [.., d_model] residual to logits the way the family's CausalLM head does."""
+LENSABLE = RESIDUAL_POINTS + ("resid_streams",)
+
+
+def unembed(hf, fam, x: torch.Tensor, apply_norm: bool = True, streams: bool = False) -> torch.Tensor:
+    """Map a [.., d_model] residual to logits the way the family's CausalLM head does; with
+    `streams`, x is [.., s, d_model] hyper-connection streams, collapsed first by the model's head."""
     cfg = hf.config.get_text_config() if hasattr(hf.config, "get_text_config") else hf.config
+    if streams:
+        if fam.streams is None or fam.streams.head is None:
+            raise AddressError(f"the {fam.name} family has no hyper-connection streams to collapse; "
+                               f"lens resid_post instead.")
+        x = get_path(hf, fam.streams.head)(x)
     if apply_norm and fam.final_norm:
         x = get_path(hf, fam.final_norm)(x)
     logits = get_path(hf, fam.lm_head)(x)
@@ -26,6 +35,6 @@ def unembed(hf, fam, x: torch.Tensor, apply_norm: bool = True) -> torch.Tensor:
 
 
 def check_lensable(point: str) -> None:
-    if point not in RESIDUAL_POINTS:
+    if point not in LENSABLE:
         raise AddressError(f"logit lens reads the residual stream; {point!r} is not a residual point. "
-                           f"Use one of: {', '.join(RESIDUAL_POINTS)}.")
+                           f"Use one of: {', '.join(LENSABLE)}.")

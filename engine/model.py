@@ -292,10 +292,17 @@ class EagerModel:
             cache, a = x
             addr = parse(a)
             lens.check_lensable(addr.point)
+            if addr.coords:
+                raise AddressError(f"logit lens of {addr} needs the whole point; drop the coordinate.")
             point, x = addr.point, cache[a]
         else:
             lens.check_lensable(get_point(point).name)
         if x.shape[-1] != self.d_model:
             raise ValueError(f"logit lens needs a [..., {self.d_model}] residual, got shape {tuple(x.shape)}.")
+        n_streams = getattr(self.config, "hc_mult", None)
+        if point == "resid_streams" and (x.dim() < 3 or x.shape[-2] != n_streams):
+            raise ValueError(f"logit lens of resid_streams needs [..., {n_streams}, {self.d_model}] (all streams), "
+                             f"got shape {tuple(x.shape)}.")
         with torch.no_grad():
-            return lens.unembed(self.hf, self.family, x.to(self.dtype), apply_norm=(point != "final_norm"))
+            return lens.unembed(self.hf, self.family, x.to(self.dtype), apply_norm=(point != "final_norm"),
+                                streams=(point == "resid_streams"))

@@ -35,7 +35,9 @@ def get_path(root, path: str):
 class Site:
     """kind: "out" (module output), "in" (module input), "attn" (inside the attention call),
     "logits" (the CausalLM output), "resid_mid" (composite: read at the MLP norm's input,
-    written through the attention write)."""
+    written through the attention write), "gate" (gated attention: read from the projection that
+    emits the gate, written through the output projection's input), "hc_collapse" (hyper-connection
+    collapse weights: recomputed from the module's input, written by re-collapsing its output)."""
     kind: str
     module: torch.nn.Module
     get: Callable = None  # raw -> canonical
@@ -53,7 +55,8 @@ def _replace_first(x, new):
 
 
 def _heads(t, head_dim):
-    return t.reshape(*t.shape[:-1], -1, head_dim)
+    """[b, pos, h*hd] -> [b, pos, h, hd]; a tensor HF already split per head is kept as it is."""
+    return t if t.dim() == 4 else t.reshape(*t.shape[:-1], -1, head_dim)
 
 
 def _flat(t):
@@ -72,7 +75,8 @@ def out_site(module, index=None, split: Split | None = None, head_dim=None, shap
         return _heads(t, head_dim) if head_dim else t
 
     def put(raw, new):
-        new = _flat(new) if head_dim else new
+        if head_dim and (raw[index] if index is not None else _first(raw)).dim() == 3:
+            new = _flat(new)
         if shape_from is not None:
             new = new.reshape(-1, *new.shape[2:])
         if split is not None:
@@ -97,7 +101,8 @@ def in_site(module, arg="hidden_states", head_dim=None):
 
     def put(raw, new):
         args, kwargs = raw
-        new = _flat(new) if head_dim else new
+        if head_dim and (args[0] if args else kwargs[arg]).dim() == 3:
+            new = _flat(new)
         if args:
             return (new, *args[1:]), kwargs
         return args, {**kwargs, arg: new}
@@ -105,7 +110,20 @@ def in_site(module, arg="hidden_states", head_dim=None):
     return Site("in", module, get, put)
 
 
+def gate_site(proj, o_proj, head_dim):
+    """Gated attention: `proj` emits per head [query | gate]; the point is sigmoid(gate) per head.
+    Written through `o_proj`'s input (z * gate), rescaled by new / old gate (hooks._install_gate)."""
+
+    def get(raw):
+        t = _first(raw)
+        return torch.sigmoid(t.reshape(*t.shape[:-1], -1, 2 * head_dim)[..., head_dim:])
+
+    return Site("gate", proj, get, extra={"o_proj": o_proj})
+
+
 ATTN_INTERNAL = ("q", "k", "value", "attn_scores", "attn_probs")
+STREAM_POINTS = ("resid_streams", "attn_stream_collapse", "mlp_stream_collapse", "attn_stream_write",
+                 "attn_stream_mix", "mlp_stream_write", "mlp_stream_mix")
 
 
 def resolve(hf, fam: Family, point: str, layer: int | None, shape_state) -> Site:
@@ -124,6 +142,9 @@ def resolve(hf, fam: Family, point: str, layer: int | None, shape_state) -> Site
     if point == "final_norm":
         mod = get_path(hf, fam.final_norm) if fam.final_norm else None
         return out_site(mod) if mod is not None else absent("the family has no final norm")
+    if point == "embeddings" and fam.embed:
+        mod = get_path(hf, fam.embed)
+        return out_site(mod) if mod is not None else absent(f"no embedding module at {fam.embed!r}")
     if point == "embeddings":
         layer = 0
     blk = get_path(hf, f"{fam.layers}.{layer}")
@@ -137,13 +158,18 @@ def resolve(hf, fam: Family, point: str, layer: int | None, shape_state) -> Site
     attn = get_path(blk, fam.attn) if fam.attn else None
     mlp = get_path(blk, fam.mlp) if fam.mlp else None
     sub = lambda root, path: get_path(root, path) if (root is not None and path) else None  # noqa: E731
+    # the token mixer in the attention slot: softmax attention, else a hybrid's other mixer
+    mixer = attn if attn is not None else next(
+        (m for m in (get_path(blk, p) for p in fam.mixers) if m is not None), None)
 
+    if point in STREAM_POINTS:
+        return _stream_site(fam, blk, point, absent)
     if point == "attn_in":
-        return in_site(attn) if attn is not None else absent("this layer has no attention module")
+        return in_site(mixer) if mixer is not None else absent("this layer has no attention module")
     if point == "attn_out":
-        if attn is None:
+        if mixer is None:
             absent("this layer has no attention module")
-        site = out_site(attn)
+        site = out_site(mixer)
         if fam.attn_adds_residual:
             site.how = "recompute"
             site.extra = {"minus_residual": True}
@@ -160,6 +186,11 @@ def resolve(hf, fam: Family, point: str, layer: int | None, shape_state) -> Site
             absent("this family's HF attention does not run through the attention interface, so "
                    "its q/k/v/scores/probs are never separate tensors; use z or attn_out")
         return Site("attn", attn, how="recompute" if point == "attn_scores" else "hook")
+    if point == "attn_gate":
+        proj, o_proj = sub(attn, fam.attn_gate), sub(attn, fam.o_proj)
+        if proj is None or o_proj is None:
+            absent("no gated softmax attention at this layer" if fam.attn_gate else "the family's attention is not gated")
+        return gate_site(proj, o_proj, head_dim)
     if point == "z":
         if attn is None or sub(attn, fam.o_proj) is None:
             absent("this layer has no softmax attention module")
@@ -176,10 +207,12 @@ def resolve(hf, fam: Family, point: str, layer: int | None, shape_state) -> Site
         if fam.parallel:
             absent("attention and MLP read the same residual in parallel blocks; there is no mid point")
         norm = sub(blk, fam.mlp_norm)
-        if norm is None or attn is None:
+        if norm is None or mixer is None:
             absent("no pre-MLP norm to read the mid residual from")
-        write = sub(blk, fam.attn_post_norm) if fam.attn_post_norm else attn
-        return Site("resid_mid", norm, extra={"block": blk, "write": write,
+        write = sub(blk, fam.attn_post_norm) if fam.attn_post_norm else mixer
+        # granite-style blocks add residual_multiplier * sublayer output
+        scale = float(getattr(cfg, "residual_multiplier", None) or 1.0)
+        return Site("resid_mid", norm, extra={"block": blk, "write": write, "write_scale": scale,
                                               "write_includes_residual": fam.attn_adds_residual})
     if point == "mlp_in":
         return in_site(mlp) if mlp is not None else absent("this layer has no MLP module")
@@ -207,3 +240,21 @@ def resolve(hf, fam: Family, point: str, layer: int | None, shape_state) -> Site
             return in_site(mod, arg="input")
         return out_site(mod, split=spec if isinstance(spec, Split) else None)
     absent(f"the {fam.name} adapter does not map this point")
+
+
+def _stream_site(fam: Family, blk, point: str, absent) -> Site:
+    """Hyper-connection points: the block's output streams, and the weights of the connection module
+    around the attention or MLP sublayer (write and mix are outputs; collapse is recomputed)."""
+    hc = fam.streams
+    if hc is None:
+        absent("the family has a single residual stream (no hyper-connections)")
+    if point == "resid_streams":
+        return out_site(blk)
+    side, what = point.split("_stream_")
+    mod = get_path(blk, hc.attn if side == "attn" else hc.mlp)
+    if mod is None:
+        absent(f"no hyper-connection module around the {side} sublayer")
+    if what == "collapse":
+        return Site("hc_collapse", mod, how="recompute",
+                    extra={"weights": hc.collapse_weights, "collapsed": hc.collapsed})
+    return out_site(mod, index=hc.write if what == "write" else hc.mix)
