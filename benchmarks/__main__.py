@@ -23,6 +23,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--prompt-tokens", type=int, default=16)
     run.add_argument("--new-tokens", type=int, default=16)
     run.add_argument("--repeats", type=int, default=5, help=f"timed repeats per cell (>= {MIN_REPEATS})")
+    run.add_argument("--min-time", type=float, default=2.0,
+                     help="add timed runs until they take about this many seconds (short workloads)")
     run.add_argument("--warmups", type=int, default=2)
     run.add_argument("--dtype", default="float32", choices=DTYPES)
     run.add_argument("--device", default="cpu", help="cpu or cuda")
@@ -54,8 +56,8 @@ def main(argv=None) -> int:
             from benchmarks.sweep import run_sweep
             params = Params(model=args.model, source="real" if args.real else "zoo",
                             prompt_tokens=args.prompt_tokens, new_tokens=args.new_tokens, warmups=args.warmups,
-                            repeats=args.repeats, dtype=args.dtype, device=args.device, threads=args.threads,
-                            timeout_s=args.timeout)
+                            repeats=args.repeats, min_time_s=args.min_time, dtype=args.dtype,
+                            device=args.device, threads=args.threads, timeout_s=args.timeout)
             run_sweep(params, args.variants, args.workloads, args.cells, args.fresh, args.only_missing)
             return 0
         if args.cmd == "report":

@@ -33,7 +33,8 @@ def environment(t: Table) -> list[str]:
         f"- threads: torch {e.get('torch_threads')} of {e.get('cpu_count')} CPUs; dtype: {p.get('dtype')}",
         f"- model: {p.get('model')} ({p.get('source')}{' twin: tiny, seeded random weights' if p.get('source') == 'zoo' else ''})",
         f"- prompt {p.get('prompt_tokens')} tokens, {p.get('new_tokens')} new tokens, "
-        f"{p.get('warmups')} warmups, {p.get('repeats')} timed repeats per cell, one process per cell",
+        f"{p.get('warmups')} warmups, then at least {p.get('repeats')} timed runs per cell (more for short "
+        f"runs, until about {p.get('min_time_s')} s of samples; n per cell below), one process per cell",
         f"- versions: {vers or 'unknown'}",
         f"- 1-minute load average when the cells started: "
         f"{f'{loads[0]}–{loads[-1]}' if loads else 'unknown'} (other work on the machine adds noise)",

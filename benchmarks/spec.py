@@ -23,7 +23,8 @@ class Params:
     prompt_tokens: int = 16
     new_tokens: int = 16
     warmups: int = 1
-    repeats: int = 5
+    repeats: int = 5  # at least this many timed runs per cell
+    min_time_s: float = 2.0  # ... and more runs until their estimated total reaches this
     dtype: str = "float32"
     device: str = "cpu"
     threads: int = 0  # torch threads in the cell process; 0 = torch's default

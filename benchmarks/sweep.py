@@ -45,11 +45,11 @@ def _static_cell(variant: str, workload: str, params: Params, run_id: str) -> di
     v = get_variant(variant)
     why = v.unavailable()
     base = {"run_id": run_id, "params": params.to_dict(), "title": v.title, "kind": v.kind}
+    na = v.supports(workload)
+    if na:  # a fact about the variant, true whether or not it is installed here
+        return cells.make_cell(variant, workload, "n/a", na, **base)
     if why:
         return cells.make_cell(variant, workload, "skipped", f"{v.name} unavailable: {why}", **base)
-    na = v.supports(workload)
-    if na:
-        return cells.make_cell(variant, workload, "n/a", na, **base)
     return None
 
 

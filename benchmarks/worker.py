@@ -7,6 +7,7 @@ the next one's numbers."""
 from __future__ import annotations
 
 import json
+import math
 import sys
 import time
 import traceback
@@ -26,11 +27,23 @@ def _sync(device: str):
         torch.cuda.synchronize()
 
 
-def time_job(job, warmups: int, repeats: int, device: str, progress=None):
-    """(samples_s, last_output): warmups untimed, then `repeats` timed runs."""
-    for _ in range(warmups):
+MAX_REPEATS = 200
+
+
+def time_job(job, warmups: int, repeats: int, device: str, progress=None, min_time_s: float = 0.0):
+    """(samples_s, last_output): warmups untimed, then at least `repeats` timed runs, more (up to
+    MAX_REPEATS) when runs are so short that `repeats` of them would take under `min_time_s`: a
+    5 ms prefill timed 5 times is mostly scheduler noise on a shared machine."""
+    est = None
+    for _ in range(max(warmups, 1 if min_time_s else 0)):
+        t0 = time.perf_counter()
         job.run()
-    _sync(device)
+        _sync(device)
+        est = time.perf_counter() - t0
+    if est and min_time_s:
+        repeats = min(max(repeats, math.ceil(min_time_s / max(est, 1e-6))), max(MAX_REPEATS, repeats))
+    if progress is not None:
+        progress.total = repeats
     samples, out = [], None
     for _ in range(repeats):
         t0 = time.perf_counter()
@@ -62,7 +75,8 @@ def run_cell(variant_name: str, workload_name: str, params: Params, run_id: str)
         from tqdm import tqdm
         with tqdm(total=params.repeats, desc=f"{variant_name} x {workload_name}", leave=False,
                   file=sys.stderr, disable=not sys.stderr.isatty()) as bar:
-            samples, last = time_job(job, params.warmups, params.repeats, params.device, bar)
+            samples, last = time_job(job, params.warmups, params.repeats, params.device, bar,
+                                     params.min_time_s)
         check = job.check(last) if job.check else None
     except NotApplicable as e:
         return cells.make_cell(variant_name, workload_name, "n/a", str(e), **base)

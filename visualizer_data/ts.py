@@ -9,9 +9,19 @@ ROOT = Path(__file__).resolve().parent.parent
 OUT_DIR = ROOT / "visualizer-data"
 
 
-def literal(value) -> str:
-    """A JSON literal (a TypeScript expression); floats keep full precision (shortest round-trip)."""
-    return json.dumps(value, indent=2, ensure_ascii=False, allow_nan=False)
+def literal(value, indent: int = 0, width: int = 120) -> str:
+    """A JSON literal (a TypeScript expression), two-space indented, with any object or array whose
+    one-line form fits in `width` columns kept on one line; floats keep full precision."""
+    flat = json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(", ", ": "))
+    if not isinstance(value, (dict, list)) or len(flat) + indent <= width or not value:
+        return flat
+    pad, inner = " " * indent, " " * (indent + 2)
+    if isinstance(value, list):
+        items = [inner + literal(v, indent + 2, width) for v in value]
+        return "[\n" + ",\n".join(items) + "\n" + pad + "]"
+    items = [f"{inner}{json.dumps(str(k), ensure_ascii=False)}: {literal(v, indent + 2, width)}"
+             for k, v in value.items()]
+    return "{\n" + ",\n".join(items) + "\n" + pad + "}"
 
 
 def module(command: str, source: str, interfaces: str, exports: list[tuple[str, str, object]]) -> str:

@@ -43,11 +43,14 @@ class NNsightRunner(Runner):
         pad = self.lm.tokenizer.pad_token_id or self.lm.tokenizer.eos_token_id
 
         def run():
+            # nnsight runs the with-body in its own frame: results travel back through this dict
+            res = {}
             with torch.no_grad(), self.lm.generate(ids, max_new_tokens=n, min_new_tokens=n, do_sample=False,
                                                    pad_token_id=pad) as tracer:
-                saved = body(tracer) if body else None
-                out = self.lm.generator.output.save()
-            return out, saved
+                if body:
+                    res["saved"] = body(tracer)
+                res["out"] = self.lm.generator.output.save()
+            return res["out"], res.get("saved")
         return run
 
     def _trace(self, layers, lens=False):

