@@ -9,7 +9,7 @@ import torch
 
 from engine import attention, lens, sites
 from engine.address import Address, closest, parse
-from engine.errors import AddressError, UnsupportedPointError
+from engine.errors import AddressError, SteeringError, UnsupportedPointError
 from engine.families.base import Family
 from engine.hooks import HookSet
 from engine.points import ALIASES, BY_NAME, INTEGER_POINTS, POINTS, backend_status, get_point
@@ -182,6 +182,9 @@ class EagerModel:
             st = Steer(addr, st.op, st.value, st.positions)
             if addr.point in INTEGER_POINTS:
                 raise UnsupportedPointError(f"{addr} is capture-only.")
+            why = (self._site(addr.base).extra or {}).get("capture_only")
+            if why:
+                raise SteeringError(f"{addr} can be captured but not steered on this model: {why}.")
 
             def write(t, st=st):
                 s = self._step

@@ -226,7 +226,13 @@ def resolve(hf, fam: Family, point: str, layer: int | None, shape_state) -> Site
                  "expert_indices": fam.router.indices}[point]
         if index is None:
             absent("this family's router does not return it as a tensor")
-        return out_site(router, index=index, shape_from=shape_state)
+        site = out_site(router, index=index, shape_from=shape_state)
+        if point == "router_logits" and not fam.router.logits_used:
+            site.extra = {"capture_only": "the MoE block discards the logits its router returns (top-k and "
+                                          "weights are computed inside the router), so a steered value would "
+                                          "change nothing; steer expert_weights (the weights mixing the experts) "
+                                          "or mlp_in instead"}
+        return site
     if point in ("mlp_pre", "mlp_pre_linear", "mlp_act"):
         if mlp is not None and fam.router is not None and sub(mlp, fam.router.path) is not None:
             absent("MoE layer: experts run as one fused batched module, so per-token expert hidden "
