@@ -1,0 +1,388 @@
+"""MoE, hybrid and hyper-connection families on their zoo twins, checked against HF itself:
+`output_hidden_states`, raw forward hooks on modules named in this file (never read from the
+engine's family tables), routing recomputed here from the captured router logits, and identities
+that hold between tensors HF computes (e.g. o_proj input = z * gate)."""
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, Qwen2MoeConfig
+
+from engine import sites, zoo
+from engine.errors import AddressError, SteeringError, UnsupportedPointError
+from engine.families import family_for
+from engine.model import EagerModel
+from engine.steering import Steer
+
+# model_type -> zoo twin, router path in a decoder layer, index of (logits, weights, indices) in its
+# output, MLP-slot module path, final norm path, and the routing rule expert_indices must follow.
+SPECS = {
+    "mixtral": dict(zoo="mistralai/Mixtral-8x7B-v0.1", router="mlp.gate", out=(0, 1, 2), rule="topk"),
+    "qwen2_moe": dict(zoo="Qwen/Qwen1.5-MoE-A2.7B", router="mlp.gate", out=(0, 1, 2), rule="topk"),
+    "qwen3_moe": dict(zoo="Qwen/Qwen3-30B-A3B", router="mlp.gate", out=(0, 1, 2), rule="topk"),
+    "olmoe": dict(zoo="allenai/OLMoE-1B-7B-0924", router="mlp.gate", out=(0, 1, 2), rule="topk"),
+    "granitemoe": dict(zoo="ibm-granite/granite-3.0-1b-a400m-base", router="block_sparse_moe.router",
+                       out=(2, 1, 0), mlp="block_sparse_moe", rule="topk"),
+    "phimoe": dict(zoo="microsoft/Phi-3.5-MoE-instruct", router="mlp.router", out=(0, 1, 2), rule="topk"),
+    "gpt_oss": dict(zoo="openai/gpt-oss-20b", router="mlp.router", out=(0, 1, 2), rule="topk"),
+    "deepseek_v2": dict(zoo="deepseek-ai/DeepSeek-V2-Lite", router="mlp.gate", out=(0, 1, 2), rule="topk"),
+    "deepseek_v3": dict(zoo="deepseek-ai/DeepSeek-V3", router="mlp.gate", out=(0, 1, 2), rule="v3_groups"),
+    "deepseek_v4": dict(zoo="deepseek-ai/DeepSeek-V4-Flash", router="mlp.gate", out=(0, 1, 2), rule="v4"),
+    "qwen3_next": dict(zoo="Qwen/Qwen3-Next-80B-A3B-Instruct", router="mlp.gate", out=(0, 1, 2), rule="topk"),
+    "lfm2": dict(zoo="LiquidAI/LFM2-350M", router=None, mlp="feed_forward", norm="model.embedding_norm"),
+}
+MOE = [mt for mt, s in SPECS.items() if s["router"]]
+T = 24  # longer than the twins' sliding windows (16) and V4's compression rates
+
+
+def rel(a, b):
+    a, b = a.double(), b.double()
+    return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
+
+
+def _why_absent(m, point, layer):
+    """The family's own reason a point is absent at a layer (what the adapter tells the user)."""
+    with pytest.raises(UnsupportedPointError) as e:
+        sites.resolve(m.hf, m.family, point, layer, lambda: (2, T))
+    return str(e.value)
+
+
+def _sub(blk, path):
+    try:
+        return blk.get_submodule(path)
+    except AttributeError:
+        return None
+
+
+def _setup(mt, hf):
+    """Give buffers the zoo leaves at their init value something to route by (test-local model)."""
+    g = torch.Generator().manual_seed(1)
+    for blk in hf.model.layers:
+        gate = _sub(blk, "mlp.gate")
+        if gate is not None and hasattr(gate, "tid2eid"):  # V4 hash routing: token id -> experts
+            n, k = gate.tid2eid.shape[0], gate.tid2eid.shape[1]
+            gate.tid2eid.copy_(torch.stack([torch.randperm(gate.num_experts, generator=g)[:k] for _ in range(n)]))
+        if gate is not None and hasattr(gate, "e_score_correction_bias"):
+            gate.e_score_correction_bias.copy_(torch.randn(gate.num_experts, generator=g) * 0.05)
+
+
+_BUNDLES = {}
+
+
+def bundle(mt):
+    """One HF reference forward with raw hooks and one engine capture per family, shared by tests."""
+    if mt in _BUNDLES:
+        return _BUNDLES[mt]
+    spec = SPECS[mt]
+    hf, tok = zoo.load_twin(spec["zoo"])
+    _setup(mt, hf)
+    m = EagerModel(spec["zoo"], hf, tok, family_for(mt), "zoo")
+    ids = torch.randint(0, hf.config.vocab_size, (2, T), generator=torch.Generator().manual_seed(0))
+    raw, hooks = {}, []
+    for L, blk in enumerate(hf.model.layers):
+        mods = {"router": _sub(blk, spec["router"]) if spec["router"] else None,
+                "mlp": _sub(blk, spec.get("mlp", "mlp")), "attn_hc": _sub(blk, "attn_hc"),
+                "ffn_hc": _sub(blk, "ffn_hc"), "q_proj": _sub(blk, "self_attn.q_proj"),
+                "o_proj": _sub(blk, "self_attn.o_proj"), "down": _sub(blk, "mlp.down_proj"),
+                "gate_proj": _sub(blk, "mlp.gate_proj"), "up_proj": _sub(blk, "mlp.up_proj")}
+        for name, mod in mods.items():
+            if mod is None:
+                continue
+            if name in ("o_proj", "down"):
+                hooks.append(mod.register_forward_pre_hook(lambda _m, a, L=L, n=name: raw.__setitem__((n, L), a[0])))
+            else:
+                hooks.append(mod.register_forward_hook(
+                    lambda _m, a, o, L=L, n=name: raw.__setitem__((n, L), (a, o))))
+    try:
+        with torch.no_grad():
+            ref = hf(input_ids=ids, attention_mask=torch.ones_like(ids), output_hidden_states=True, use_cache=False)
+    finally:
+        for h in hooks:
+            h.remove()
+    wanted = ["embeddings", "final_norm", "resid_post", "resid_streams", "attn_out", "mlp_out", "router_logits",
+              "expert_weights", "expert_indices", "attn_gate", "z", "mlp_act", "mlp_pre", "mlp_pre_linear",
+              "attn_stream_collapse", "attn_stream_write", "attn_stream_mix", "mlp_stream_collapse",
+              "mlp_stream_write", "mlp_stream_mix"]
+    logits, cache = m.run_with_cache(ids, [p for p in wanted if m.point_layers(p)])
+    _BUNDLES[mt] = b = dict(m=m, hf=hf, ids=ids, ref=ref, raw=raw, logits=logits, cache=cache)
+    return b
+
+
+@pytest.mark.parametrize("mt", [mt for mt in SPECS if mt != "deepseek_v4"])
+def test_resid_post_equals_hf_hidden_states(mt):
+    b = bundle(mt)
+    m, hs, c = b["m"], b["ref"].hidden_states, b["cache"]
+    assert len(hs) == m.n_layers + 1
+    assert rel(c["embeddings"], hs[0]) < 1e-6
+    for L in range(m.n_layers - 1):
+        assert c[f"resid_post.{L}"].shape == (2, T, m.d_model)
+        assert rel(c[f"resid_post.{L}"], hs[L + 1]) < 1e-5, L
+    final_norm = b["hf"].get_submodule(SPECS[mt].get("norm", "model.norm"))  # HF stores norm(last) last
+    with torch.no_grad():
+        assert rel(final_norm(c["resid_post.-1"]), hs[-1]) < 1e-5
+    assert rel(c["final_norm"], hs[-1]) < 1e-6
+    assert rel(b["logits"], b["ref"].logits) < 1e-6
+
+
+@pytest.mark.parametrize("mt", list(SPECS))
+def test_logit_lens_at_last_layer_equals_logits(mt):
+    b = bundle(mt)
+    point = "resid_streams" if mt == "deepseek_v4" else "resid_post"
+    lensed = b["m"].logit_lens((b["cache"], f"{point}.-1"))
+    assert lensed.shape == b["logits"].shape
+    assert rel(lensed, b["logits"]) < 1e-5
+
+
+@pytest.mark.parametrize("mt", MOE)
+def test_router_points_match_raw_router_hook(mt):
+    b = bundle(mt)
+    m, raw, c = b["m"], b["raw"], b["cache"]
+    moe_layers = [L for L in range(m.n_layers) if ("router", L) in raw]
+    assert moe_layers and m.point_layers("router_logits") == moe_layers
+    li, wi, ii = SPECS[mt]["out"]
+    for L in moe_layers:
+        out = raw[("router", L)][1]
+        logits, weights, idx = c[f"router_logits.{L}"], c[f"expert_weights.{L}"], c[f"expert_indices.{L}"]
+        assert logits.shape[:2] == weights.shape[:2] == idx.shape[:2] == (2, T)
+        torch.testing.assert_close(logits, out[li].reshape(2, T, -1), rtol=1e-6, atol=1e-7)
+        torch.testing.assert_close(weights, out[wi].reshape(2, T, -1), rtol=1e-6, atol=1e-7)
+        assert torch.equal(idx, out[ii].reshape(2, T, -1))
+        assert not torch.is_floating_point(idx)
+
+
+def _expected_indices(mt, b, L, logits):
+    """The experts the family's routing rule picks, recomputed from the captured logits."""
+    router = b["hf"].model.layers[L].get_submodule(SPECS[mt]["router"])
+    k = b["cache"][f"expert_indices.{L}"].shape[-1]
+    rule = SPECS[mt]["rule"]
+    if rule == "v4" and hasattr(router, "tid2eid"):
+        return router.tid2eid[b["ids"]]
+    if rule == "v4":
+        return torch.topk(router.score_fn(logits) + router.e_score_correction_bias, k).indices
+    if rule == "v3_groups":
+        s = logits.sigmoid() + router.e_score_correction_bias
+        g = router.n_group if hasattr(router, "n_group") else router.num_group
+        grouped = s.reshape(*s.shape[:-1], g, -1)
+        keep = grouped.topk(2, dim=-1).values.sum(-1).topk(router.topk_group, dim=-1).indices
+        mask = torch.zeros_like(grouped[..., 0], dtype=torch.bool).scatter(-1, keep, True)
+        s = s.masked_fill(~mask.repeat_interleave(grouped.shape[-1], dim=-1), float("-inf"))
+        return torch.topk(s, k).indices
+    return torch.topk(logits, k).indices  # softmax / sigmoid / sparsemixer keep the order of the logits
+
+
+@pytest.mark.parametrize("mt", MOE)
+def test_expert_indices_follow_the_routing_rule(mt):
+    b = bundle(mt)
+    for L in b["m"].point_layers("expert_indices"):
+        got = b["cache"][f"expert_indices.{L}"]
+        want = _expected_indices(mt, b, L, b["cache"][f"router_logits.{L}"].float())
+        assert torch.equal(got.sort(-1).values, want.sort(-1).values), L
+        assert got.unique().numel() > 1  # routing is not degenerate on this prompt
+
+
+@pytest.mark.parametrize("mt", list(SPECS))
+def test_mlp_out_matches_raw_module_hook(mt):
+    b = bundle(mt)
+    for L in range(b["m"].n_layers):
+        out = b["raw"][("mlp", L)][1]
+        out = out[0] if isinstance(out, tuple) else out  # gpt_oss returns (output, router scores)
+        assert rel(b["cache"][f"mlp_out.{L}"], out) < 1e-6, L
+
+
+@pytest.mark.parametrize("mt", ["deepseek_v2", "deepseek_v3"])
+def test_first_dense_layer_serves_mlp_activations_and_moe_layers_refuse_them(mt):
+    b = bundle(mt)
+    m, raw, c = b["m"], b["raw"], b["cache"]
+    dense = list(range(b["hf"].config.first_k_dense_replace))
+    assert m.point_layers("mlp_act") == m.point_layers("mlp_pre") == dense == [0]
+    assert rel(c["mlp_act.0"], raw[("down", 0)]) < 1e-6
+    assert rel(c["mlp_pre.0"], raw[("gate_proj", 0)][1]) < 1e-6
+    assert rel(c["mlp_pre_linear.0"], raw[("up_proj", 0)][1]) < 1e-6
+    with pytest.raises(UnsupportedPointError, match=r"fused batched module.*It exists at layers \[0\]"):
+        m.address("mlp_act.1")
+
+
+def test_qwen2_moe_dense_layers_by_sparse_step():
+    """decoder_sparse_step=2: MoE on odd layers only, dense MLP activations on the others."""
+    cfg = Qwen2MoeConfig(vocab_size=512, hidden_size=128, intermediate_size=128, moe_intermediate_size=64,
+                         shared_expert_intermediate_size=64, num_experts=4, num_experts_per_tok=2,
+                         num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
+                         decoder_sparse_step=2, max_position_embeddings=64)
+    torch.manual_seed(0)
+    hf = AutoModelForCausalLM.from_config(cfg, attn_implementation="eager").eval()
+    m = EagerModel("tiny-qwen2-moe", hf, None, family_for("qwen2_moe"), "zoo")
+    assert m.point_layers("router_logits") == [1] and m.point_layers("mlp_act") == [0, 2]
+    ids = torch.randint(0, 512, (2, 7), generator=torch.Generator().manual_seed(0))
+    got = {}
+    h = hf.model.layers[2].mlp.down_proj.register_forward_pre_hook(lambda _m, a: got.__setitem__("act", a[0]))
+    try:
+        with torch.no_grad():
+            hf(ids)
+    finally:
+        h.remove()
+    _, c = m.run_with_cache(ids, ["mlp_act.2", "expert_indices.1"])
+    assert rel(c["mlp_act.2"], got["act"]) < 1e-6 and c["expert_indices.1"].shape == (2, 7, 2)
+
+
+@pytest.mark.parametrize("mt,mixer_kind", [("qwen3_next", "linear_attention"), ("lfm2", "conv")])
+def test_hybrid_point_layers_follow_layer_types(mt, mixer_kind):
+    b = bundle(mt)
+    m, types = b["m"], b["hf"].config.layer_types
+    attn_layers = [L for L, t in enumerate(types) if t == "full_attention"]
+    other = [L for L, t in enumerate(types) if t == mixer_kind]
+    assert attn_layers and other
+    for p in ("q", "k", "value", "attn_scores", "attn_probs", "z", "q_norm_in", "k_norm_out"):
+        assert m.point_layers(p) == attn_layers, p
+    for p in ("attn_in", "attn_out", "resid_mid", "mlp_in", "mlp_out", "resid_post"):
+        assert m.point_layers(p) == list(range(m.n_layers)), p
+    with pytest.raises(UnsupportedPointError, match=rf"'q' is not available at layer {other[0]}.*"
+                                                    rf"It exists at layers \{attn_layers}"):
+        m.address(f"q.{other[0]}")
+    _, c = m.run_with_cache(b["ids"], [f"q_norm_in.{attn_layers[0]}", f"q.{attn_layers[0]}"])
+    n_heads = b["hf"].config.num_attention_heads
+    assert c[f"q_norm_in.{attn_layers[0]}"].shape[2] == c[f"q.{attn_layers[0]}"].shape[2] == n_heads
+
+
+def test_qwen3_next_attn_gate_is_the_sigmoid_gate_multiplied_into_z():
+    b = bundle("qwen3_next")
+    m, raw, c, cfg = b["m"], b["raw"], b["cache"], b["hf"].config
+    L = m.point_layers("attn_gate")[0]
+    assert m.point_layers("attn_gate") == [i for i, t in enumerate(cfg.layer_types) if t == "full_attention"]
+    q_out = raw[("q_proj", L)][1]  # per head: [query (head_dim) | gate (head_dim)]
+    gate = torch.sigmoid(q_out.view(2, T, cfg.num_attention_heads, 2 * cfg.head_dim)[..., cfg.head_dim:])
+    assert c[f"attn_gate.{L}"].shape == (2, T, cfg.num_attention_heads, cfg.head_dim)
+    assert rel(c[f"attn_gate.{L}"], gate) < 1e-6
+    assert rel((c[f"z.{L}"] * c[f"attn_gate.{L}"]).reshape(2, T, -1), raw[("o_proj", L)]) < 1e-6
+    # doubling the gate doubles what o_proj (no bias) writes; ablating it silences attention
+    _, s = m.run_with_cache(b["ids"], [f"attn_out.{L}", f"z.{L}"], steer=[Steer(f"attn_gate.{L}", "scale", 2.0)])
+    assert rel(s[f"attn_out.{L}"], 2 * c[f"attn_out.{L}"]) < 1e-5
+    assert rel(s[f"z.{L}"], c[f"z.{L}"]) < 1e-7
+    _, s = m.run_with_cache(b["ids"], [f"attn_out.{L}"], steer=[Steer(f"attn_gate.{L}", "ablate")])
+    assert s[f"attn_out.{L}"].abs().max().item() == 0.0
+
+
+@pytest.mark.parametrize("mt", [mt for mt in SPECS if mt != "deepseek_v4"])
+def test_steering_resid_post_shifts_that_layer_only(mt):
+    b = bundle(mt)
+    m, c = b["m"], b["cache"]
+    L = 1 if m.n_layers >= 3 else 0
+    v = torch.randn(m.d_model, generator=torch.Generator().manual_seed(2)) * c[f"resid_post.{L}"].std()
+    logits, s = m.run_with_cache(b["ids"], ["resid_post"], steer=[Steer(f"resid_post.{L}", "add", v)])
+    for i in range(L):
+        assert rel(s[f"resid_post.{i}"], c[f"resid_post.{i}"]) < 1e-7
+    assert rel(s[f"resid_post.{L}"], c[f"resid_post.{L}"] + v) < 1e-6
+    assert rel(s[f"resid_post.{L + 1}"], c[f"resid_post.{L + 1}"]) > 1e-3
+    assert rel(logits, b["logits"]) > 1e-3
+
+
+@pytest.mark.parametrize("mt,layer", [("granitemoe", 0), ("qwen3_next", 0), ("lfm2", 0)])
+def test_steering_resid_mid_reaches_the_residual(mt, layer):
+    """Through a residual multiplier (granite) and through non-attention mixers (DeltaNet, conv): the
+    residual itself carries the edit, so resid_post = resid_mid + multiplier * mlp_out still holds."""
+    b = bundle(mt)
+    m = b["m"]
+    mult = getattr(b["hf"].config, "residual_multiplier", 1.0)
+    pts = [f"resid_mid.{layer}", f"mlp_out.{layer}", f"resid_post.{layer}"]
+    _, base = m.run_with_cache(b["ids"], pts)
+    v = torch.randn(m.d_model, generator=torch.Generator().manual_seed(3)) * base[pts[0]].std()
+    _, s = m.run_with_cache(b["ids"], pts, steer=[Steer(pts[0], "add", v)])
+    assert rel(s[pts[0]], base[pts[0]] + v) < 1e-6
+    assert rel(s[pts[2]], s[pts[0]] + mult * s[pts[1]]) < 1e-6
+    assert rel(s[pts[1]], base[pts[1]]) > 1e-3
+
+
+def test_expert_indices_capture_is_integer_and_steering_it_is_refused():
+    b = bundle("mixtral")
+    m, c = b["m"], b["cache"]
+    assert c["expert_indices.0"].dtype == torch.int64
+    with pytest.raises(SteeringError, match=r"integer expert indices and cannot be steered"):
+        Steer("expert_indices.0", "add", torch.ones(2))
+    with pytest.raises(SteeringError, match=r"router_logits.0 can be captured but not steered.*discards"):
+        m.run_with_cache(b["ids"], [], steer=[Steer("router_logits.0", "add", torch.ones(8))])
+    with pytest.raises(SteeringError, match=r"per-position shape is \(2,\)"):
+        m.run_with_cache(b["ids"], [], steer=[Steer("expert_weights.0", "add", torch.ones(5))])
+    # the mixing weights are what the experts use: zeroing them zeroes the routed MLP output
+    _, s = m.run_with_cache(b["ids"], ["mlp_out.0"], steer=[Steer("expert_weights.0", "scale", 0.0)])
+    assert s["mlp_out.0"].abs().max().item() == 0.0
+
+
+def test_moe_layers_refuse_expert_hidden_points():
+    m = bundle("mixtral")["m"]
+    for p in ("mlp_pre", "mlp_pre_linear", "mlp_act"):
+        assert m.point_layers(p) == []
+        with pytest.raises(UnsupportedPointError, match=rf"{p!r} does not exist in the mixtral family"):
+            m.address(f"{p}.0")
+        assert "fused batched module" in _why_absent(m, p, 0)
+    with pytest.raises(UnsupportedPointError, match=r"'resid_streams' does not exist in the mixtral family"):
+        m.address("resid_streams.0")
+
+
+# -- hyper-connections (DeepSeek-V4) ----------------------------------------------------------------
+def test_v4_resid_streams_equal_hf_hidden_states_and_collapse_like_hf():
+    b = bundle("deepseek_v4")
+    m, hf, hs, c = b["m"], b["hf"], b["ref"].hidden_states, b["cache"]
+    s = hf.config.hc_mult
+    assert hs[1].shape == (2, T, s, m.d_model)  # HF's per-layer hidden states are the streams
+    emb = hf.model.embed_tokens(b["ids"])
+    assert rel(c["embeddings"], emb) < 1e-7 and rel(hs[0], emb[:, :, None].expand(-1, -1, s, -1)) < 1e-7
+    for L in range(m.n_layers - 1):
+        assert rel(c[f"resid_streams.{L}"], hs[L + 1]) < 1e-5, L
+    with torch.no_grad():  # HF's last entry is norm(hc_head(streams))
+        assert rel(hf.model.norm(hf.model.hc_head(c["resid_streams.-1"])), hs[-1]) < 1e-5
+    assert rel(c["final_norm"], hs[-1]) < 1e-6
+    _, one = m.run_with_cache(b["ids"], ["resid_streams.1.stream-2"])
+    assert rel(one["resid_streams.1.stream-2"], c["resid_streams.1"][:, :, 2]) == 0.0
+    with pytest.raises(AddressError, match="drop the coordinate"):
+        m.logit_lens((one, "resid_streams.1.stream-2"))
+
+
+def test_v4_stream_points_match_the_hyper_connection_modules():
+    b = bundle("deepseek_v4")
+    m, raw, c, s = b["m"], b["raw"], b["cache"], b["hf"].config.hc_mult
+    for L in range(m.n_layers):
+        streams_in = c[f"resid_streams.{L - 1}"] if L else c["embeddings"][:, :, None].expand(-1, -1, s, -1)
+        for side, name in (("attn", "attn_hc"), ("mlp", "ffn_hc")):
+            (x,), (post, comb, collapsed) = raw[(name, L)]
+            w, mix, col = c[f"{side}_stream_write.{L}"], c[f"{side}_stream_mix.{L}"], c[f"{side}_stream_collapse.{L}"]
+            assert w.shape == col.shape == (2, T, s) and mix.shape == (2, T, s, s)
+            assert rel(w, post) < 1e-7 and rel(mix, comb) < 1e-7
+            assert rel((col[..., None] * x).sum(2), collapsed) < 1e-6
+        assert rel(raw[("attn_hc", L)][0][0], streams_in) < 1e-6
+        # new_streams[k] = write[k] * sublayer_out + sum_j mix[j, k] * streams[j], around each sublayer
+        mid = (c[f"attn_stream_write.{L}"][..., None] * c[f"attn_out.{L}"][:, :, None]
+               + c[f"attn_stream_mix.{L}"].transpose(-1, -2) @ streams_in)
+        out = (c[f"mlp_stream_write.{L}"][..., None] * c[f"mlp_out.{L}"][:, :, None]
+               + c[f"mlp_stream_mix.{L}"].transpose(-1, -2) @ mid)
+        assert rel(out, c[f"resid_streams.{L}"]) < 1e-5, L
+
+
+def test_v4_steering_streams_and_collapse_weights():
+    b = bundle("deepseek_v4")
+    m, hf, c, s = b["m"], b["hf"], b["cache"], b["hf"].config.hc_mult
+    v = torch.randn(s, m.d_model, generator=torch.Generator().manual_seed(4)) * c["resid_streams.1"].std()
+    _, st = m.run_with_cache(b["ids"], ["resid_streams"], steer=[Steer("resid_streams.1", "add", v)])
+    assert rel(st["resid_streams.0"], c["resid_streams.0"]) < 1e-7
+    assert rel(st["resid_streams.1"], c["resid_streams.1"] + v) < 1e-6
+    assert rel(st["resid_streams.2"], c["resid_streams.2"]) > 1e-3
+    got = {}
+    norm = hf.model.layers[1].input_layernorm  # its input is the collapsed streams
+    h = norm.register_forward_pre_hook(lambda _m, a: got.__setitem__("collapsed", a[0]))
+    try:  # collapsing with a one-hot weight feeds stream 0 alone to the attention
+        m.run_with_cache(b["ids"], [], steer=[Steer("attn_stream_collapse.1", "set", torch.tensor([1.0, 0, 0, 0]))])
+    finally:
+        h.remove()
+    assert rel(got["collapsed"], c["resid_streams.0"][:, :, 0]) < 1e-7
+
+
+def test_v4_refuses_single_residual_points_with_the_stream_alternative():
+    m = bundle("deepseek_v4")["m"]
+    for p in ("resid_post", "resid_pre", "resid_mid"):
+        assert m.point_layers(p) == []
+        with pytest.raises(UnsupportedPointError, match=rf"{p!r} does not exist in the deepseek_v4 family"):
+            m.address(f"{p}.0")
+        assert "hc_mult residual streams" in _why_absent(m, p, 0) and "resid_streams" in _why_absent(m, p, 0)
+    with pytest.raises(UnsupportedPointError, match=r"'k' does not exist in the deepseek_v4 family"):
+        m.address("k.1")
+    assert "one shared head" in _why_absent(m, "k", 1)
+    with pytest.raises(AddressError, match=r"stream 4 is out of range.*4 streams"):
+        m.address("resid_streams.0.stream-4")
+    with pytest.raises(ValueError, match=r"needs \[\.\.\., 4, 128\] \(all streams\)"):
+        m.logit_lens(torch.zeros(1, 3, 128), point="resid_streams")
