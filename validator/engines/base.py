@@ -1,0 +1,149 @@
+"""What a reference engine adapter is: load once per model, capture a case in one forward, steer.
+
+Every adapter returns canonical tensors (`[batch, pos, ...]`, heads as `[b, pos, h, hd]`,
+attention patterns as `[b, pos, h, kpos]`) on the CPU, keyed by address string ("resid_post.3",
+"final_norm"). A point the reference cannot produce is a `Missing` with the reason (the runner
+turns it into a declared gap, or a failure when no gap is declared for it). Each adapter keeps a
+`TENSORS` table saying exactly which of its tensors stands for each of our points, because the
+same name often means a different tensor across libraries.
+"""
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass
+class Missing:
+    """The reference has no such tensor (or could not produce it); `reason` is the evidence."""
+    reason: str
+
+
+class EngineUnavailable(Exception):
+    """The reference cannot run this model at all (e.g. TransformerLens has no adapter for the
+    architecture); every row of the cell becomes a gap or failure with this text as evidence."""
+
+
+@dataclass
+class Case:
+    """One prompt case, identical token ids for every engine.
+
+    `valid` marks the positions compared ([b, pos] bool; padding excluded); `last_only` compares
+    only the last position (decode-time capture)."""
+    name: str
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    valid: torch.Tensor
+    last_only: bool = False
+    meta: dict = field(default_factory=dict)
+
+    @property
+    def position_ids(self) -> torch.Tensor:
+        """Positions counted over real tokens only, so a left-padded row sees the same positions
+        as the prompt run alone."""
+        return (self.attention_mask.long().cumsum(-1) - 1).clamp_min(0)
+
+
+@dataclass
+class ModelContext:
+    """Everything an adapter may use about one model: a pristine HF model (eager attention, never
+    touched by the engine), its tokenizer and config. Adapters that modify or wrap a model call
+    `fresh_hf()` for their own copy."""
+    name: str
+    hf: torch.nn.Module
+    tokenizer: object
+    source: str  # "zoo" | "real" | "config" (built in memory, tests)
+    dtype: torch.dtype = torch.float32
+
+    @property
+    def config(self):
+        cfg = self.hf.config
+        return cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+
+    @property
+    def model_type(self) -> str:
+        return self.hf.config.model_type
+
+    @property
+    def n_layers(self) -> int:
+        return self.config.num_hidden_layers
+
+    def fresh_hf(self) -> torch.nn.Module:
+        return copy.deepcopy(self.hf).eval()
+
+
+class Reference:
+    """Base class of the adapters. Subclasses set `name`, `TENSORS` and implement `capture`."""
+    name = "?"
+    TENSORS: dict[str, str] = {}
+    steers = True  # supports the steering-parity check
+
+    def __init__(self, ctx: ModelContext):
+        self.ctx = ctx
+
+    def capture(self, case: Case, addresses: list[str]) -> dict:
+        """{address: canonical tensor or Missing} for every address, from one forward."""
+        raise NotImplementedError
+
+    def steer_logits(self, case: Case, layer: int, vector: torch.Tensor) -> torch.Tensor:
+        """Logits [b, pos, vocab] with `vector` added to resid_post at `layer` on every position."""
+        raise NotImplementedError
+
+    def versions(self) -> dict:
+        return {}
+
+    def close(self) -> None:
+        """Release the model copies (the runner keeps one reference alive at a time)."""
+
+
+def split_address(address: str) -> tuple[str, int | None]:
+    parts = address.split(".")
+    return parts[0], (int(parts[1]) if len(parts) > 1 else None)
+
+
+def first(x):
+    """The first element of a module output that may be a tuple or a ModelOutput."""
+    if isinstance(x, (tuple, list)):
+        return x[0]
+    return x
+
+
+def to_heads(t: torch.Tensor, batch: int, pos: int, head_dim: int) -> torch.Tensor:
+    """A per-head tensor in any of the layouts libraries use ([b, pos, h*hd], [b, pos, h, hd],
+    [b, h, pos, hd], [b*pos, h*hd]) as canonical [b, pos, h, hd]."""
+    if t.dim() == 2 and t.shape[0] == batch * pos:
+        t = t.reshape(batch, pos, -1)
+    if t.dim() == 3:
+        return t.reshape(batch, pos, -1, head_dim)
+    if t.dim() == 4 and t.shape[-1] == head_dim:
+        if t.shape[1] == pos and t.shape[2] != pos:
+            return t
+        if t.shape[2] == pos and t.shape[1] != pos:
+            return t.transpose(1, 2)
+        if t.shape[1] == pos == t.shape[2]:
+            raise ValueError(f"ambiguous per-head layout {tuple(t.shape)}: heads == positions ({pos}); "
+                             f"use a prompt length different from the head count.")
+    raise ValueError(f"cannot read a [b={batch}, pos={pos}, heads, hd={head_dim}] tensor from shape "
+                     f"{tuple(t.shape)}.")
+
+
+def scores_from_qk(q: torch.Tensor, k: torch.Tensor, mask, scaling: float, softcap=None) -> torch.Tensor:
+    """Pre-softmax attention logits from heads-first q [b, h, q, d] and k [b, kvh, k, d], the way
+    the eager attention functions of transformers form them (scale, softcap, add/fill the mask).
+    Written here, not imported from engine/, so the check is not circular. Returns [b, q, h, k]."""
+    groups = q.shape[1] // k.shape[1]
+    if groups > 1:
+        k = k.repeat_interleave(groups, dim=1)
+    s = torch.matmul(q.float(), k.float().transpose(-1, -2)) * scaling
+    if softcap:
+        s = torch.tanh(s / softcap) * softcap
+    if mask is not None:
+        m = mask[:, :, :, : k.shape[-2]]
+        s = s.masked_fill(~m, float("-inf")) if m.dtype == torch.bool else s + m.float()
+    return s.transpose(1, 2)
+
+
+def all_missing(addresses, reason: str) -> dict:
+    return {a: Missing(reason) for a in addresses}

@@ -1,0 +1,367 @@
+"""Reference `hf`: HF transformers itself, with nothing of engine/ in the loop.
+
+Residual points come from `output_hidden_states`, attention patterns from `output_attentions`,
+logits from the model output; everything else from raw PyTorch hooks on the modules named by the
+validator's own layout table (hf_layouts.py) and from the arguments HF passes to its eager
+attention function (the module-level `eager_attention_forward` of each modeling file, swapped for
+a recording wrapper during the forward).
+"""
+from __future__ import annotations
+
+import contextlib
+import inspect
+
+import torch
+
+from validator.engines.base import (Case, Missing, Reference, first, scores_from_qk, split_address,
+                                    to_heads)
+from validator.engines.hf_layouts import get_path, layout_for
+
+TENSORS = {
+    "embeddings": "output_hidden_states[0]",
+    "resid_pre": "output_hidden_states[L]",
+    "resid_post": "output_hidden_states[L+1]; at the last layer the decoder layer's output (HF's last "
+                  "hidden state is after the final norm)",
+    "final_norm": "output of the final norm module (layout final_norm)",
+    "lm_head": "CausalLM output .logits",
+    "attn_in": "input hidden_states of the layer's attention (or mixer) module",
+    "attn_out": "output[0] of the attention (or mixer) module; minus its residual argument on BLOOM",
+    "attn_out_post": "output of the post-attention sandwich norm",
+    "resid_mid": "input of the pre-MLP norm (output of OPT-350m's post-LN self_attn_layer_norm; input of "
+                 "the MLP on post-norm OLMo-2/3, EXAONE-4)",
+    "mlp_in": "input of the MLP module (fc1's input on OPT)",
+    "mlp_pre": "output of the gate projection (first chunk of a fused gate_up_proj; fc1 / c_fc on plain MLPs)",
+    "mlp_pre_linear": "output of the up projection (second chunk of gate_up_proj)",
+    "mlp_act": "input of the down projection",
+    "mlp_out": "output of the MLP module (element 0 on gpt-oss; minus its residual argument on BLOOM; fc2 "
+               "output on OPT)",
+    "mlp_out_post": "output of the post-MLP sandwich norm",
+    "q_norm_in": "input of the q norm module, per head", "q_norm_out": "output of the q norm module, per head",
+    "k_norm_in": "input of the k norm module, per head", "k_norm_out": "output of the k norm module, per head",
+    "q": "query argument of eager_attention_forward, [b, h, pos, hd] -> [b, pos, h, hd]",
+    "k": "key argument of eager_attention_forward (not repeated for GQA)",
+    "value": "value argument of eager_attention_forward",
+    "attn_scores": "recomputed here from the recorded query, key, mask, scaling and softcap",
+    "attn_probs": "output_attentions[L] transposed to [b, pos, h, kpos]",
+    "z": "first output of eager_attention_forward (the o_proj input per head where HF has no attention "
+         "function)",
+    "router_logits": "router module output (element per layout), reshaped to [b, pos, e]",
+    "expert_weights": "router module output (element per layout), reshaped to [b, pos, k]",
+    "expert_indices": "router module output (element per layout), reshaped to [b, pos, k]",
+}
+
+_ATTN_INTERNAL = ("q", "k", "value", "attn_scores", "z")
+
+
+class _Recorder:
+    """Hooks and the eager-attention wrapper for one forward; records by key."""
+
+    def __init__(self):
+        self.data: dict = {}
+        self.calls: dict = {}
+        self.handles = []
+
+    def pre(self, module, key, arg=0):
+        def hook(mod, args, kwargs):
+            self.calls[key] = self.calls.get(key, 0) + 1
+            if key not in self.data:
+                self.data[key] = (args[arg] if len(args) > arg else kwargs.get("hidden_states"))
+        self.handles.append(module.register_forward_pre_hook(hook, with_kwargs=True))
+
+    def post(self, module, key, index=None, minus_arg=None):
+        def hook(mod, args, kwargs, output):
+            self.calls[key] = self.calls.get(key, 0) + 1
+            if key in self.data:
+                return
+            t = output[index] if index is not None else first(output)
+            if minus_arg is not None:
+                t = t - (args[minus_arg] if len(args) > minus_arg else kwargs["residual"])
+            self.data[key] = t
+        self.handles.append(module.register_forward_hook(hook, with_kwargs=True))
+
+    def remove(self):
+        for h in self.handles:
+            h.remove()
+        self.handles.clear()
+
+
+class HFReference(Reference):
+    name = "hf"
+    TENSORS = TENSORS
+
+    def __init__(self, ctx):
+        super().__init__(ctx)
+        self.hf = ctx.fresh_hf()
+        self.cfg = ctx.config
+        self.layout = layout_for(ctx.model_type, self.cfg)
+        self.layers = get_path(self.hf, self.layout.layers) if self.layout else _find_layers(self.hf, ctx.n_layers)
+        self.n_layers = len(self.layers)
+        self.head_dim = getattr(self.cfg, "head_dim", None) or self.cfg.hidden_size // self.cfg.num_attention_heads
+        self.layer_of = {id(m): i for i, layer in enumerate(self.layers) for m in layer.modules()}
+
+    # -- helpers ------------------------------------------------------------------------------
+    def _attn(self, layer: int):
+        lay = self.layout
+        for name in (lay.attn if lay else ("self_attn",)):
+            mod = get_path(self.layers[layer], name)
+            if mod is not None:
+                return mod, True
+        for name in (lay.mixers if lay else ()):
+            mod = get_path(self.layers[layer], name)
+            if mod is not None:
+                return mod, False
+        return None, False
+
+    def _mlp_root(self, layer: int):
+        lay = self.layout
+        return self.layers[layer] if lay.mlp_on_layer else (get_path(self.layers[layer], lay.mlp) if lay.mlp else None)
+
+    def _plan(self, rec: _Recorder, point: str, layer: int | None, key: str):
+        """Install what `point` at `layer` needs; return a finisher (records, outputs, case) -> tensor,
+        or a Missing."""
+        lay = self.layout
+        if point == "embeddings":
+            return lambda out, b, p: out.hidden_states[0]
+        if point == "resid_pre":
+            return lambda out, b, p: out.hidden_states[layer]
+        if point == "resid_post":
+            if layer < self.n_layers - 1:
+                return lambda out, b, p: out.hidden_states[layer + 1]
+            rec.post(self.layers[layer], key)
+            return lambda out, b, p: rec.data[key]
+        if point == "lm_head":
+            return lambda out, b, p: out.logits
+        if point == "attn_probs":
+            return self._probs(rec, layer, key)
+        if lay is None:
+            return Missing(f"the validator's HF layout table has no row for model_type {self.ctx.model_type!r}; "
+                           f"only hidden states, attention patterns and logits are read")
+        if point == "final_norm":
+            mod = get_path(self.hf, lay.final_norm)
+            if mod is None:
+                return Missing(f"no final norm module at {lay.final_norm!r}")
+            rec.post(mod, key)
+            return lambda out, b, p: rec.data[key]
+        attn, softmax = self._attn(layer)
+        if point in ("attn_in", "attn_out"):
+            if attn is None:
+                return Missing(f"layer {layer} has no attention or mixer module")
+            if point == "attn_in":
+                rec.pre(attn, key)
+            else:
+                rec.post(attn, key, minus_arg=1 if lay.adds_residual else None)
+            return lambda out, b, p: rec.data[key]
+        if point in _ATTN_INTERNAL:
+            if attn is None or not softmax:
+                return Missing(f"layer {layer} has no softmax attention module")
+            return self._internal(rec, attn, point, layer, key)
+        if point in ("q_norm_in", "q_norm_out", "k_norm_in", "k_norm_out"):
+            path = lay.q_norm if point.startswith("q") else lay.k_norm
+            norm = get_path(attn, path) if (attn is not None and path) else None
+            if norm is None:
+                return Missing(f"no {point[:6]} module at layer {layer} (layout: {path!r})")
+            heads = self.cfg.num_attention_heads if point.startswith("q") else _kv_heads(self.cfg)
+            (rec.pre if point.endswith("_in") else rec.post)(norm, key)
+            return lambda out, b, p: _heads(rec.data[key], b, p, heads, self.head_dim)
+        if point in ("attn_out_post", "mlp_out_post"):
+            path = lay.attn_post if point == "attn_out_post" else lay.mlp_post
+            mod = get_path(self.layers[layer], path) if path else None
+            if mod is None:
+                return Missing(f"no sandwich norm for {point} at layer {layer}")
+            rec.post(mod, key)
+            return lambda out, b, p: rec.data[key]
+        if point == "resid_mid":
+            if lay.is_parallel(self.cfg) or lay.mid is None:
+                return Missing("parallel block: attention and MLP read the same residual (no mid point)")
+            mod = get_path(self.layers[layer], lay.mid[0])
+            if mod is None:
+                return Missing(f"no module {lay.mid[0]!r} at layer {layer}")
+            (rec.pre if lay.mid[1] == "in" else rec.post)(mod, key)
+            return lambda out, b, p: rec.data[key].reshape(b, p, -1)
+        return self._mlp_point(rec, point, layer, key)
+
+    def _mlp_point(self, rec, point, layer, key):
+        lay = self.layout
+        root = self._mlp_root(layer)
+        if root is None:
+            return Missing(f"layer {layer} has no MLP module at {lay.mlp!r}")
+        reshape = lambda t, b, p: t.reshape(b, p, -1)  # noqa: E731  (OPT and routers flatten tokens)
+        if point in ("mlp_in", "mlp_out") and not lay.mlp_on_layer:
+            if point == "mlp_in":
+                rec.pre(root, key)
+            else:
+                rec.post(root, key, index=lay.mlp_index, minus_arg=1 if lay.adds_residual else None)
+            return lambda out, b, p: reshape(rec.data[key], b, p)
+        if point in ("router_logits", "expert_weights", "expert_indices"):
+            router = get_path(root, lay.router[0]) if lay.router else None
+            if router is None:
+                return Missing(f"layer {layer} has no router (dense MLP)")
+            index = lay.router[{"router_logits": 1, "expert_weights": 2, "expert_indices": 3}[point]]
+            rec.post(router, key, index=index)
+            return lambda out, b, p: reshape(rec.data[key], b, p)
+        spec = {"mlp_in": lay.gate, "mlp_pre": lay.gate, "mlp_pre_linear": lay.up, "mlp_act": lay.down,
+                "mlp_out": lay.down}.get(point)
+        if spec is None:
+            return Missing(f"the layout maps no module for {point} on {self.ctx.model_type}")
+        path, chunk, parts = spec if isinstance(spec, tuple) else (spec, None, None)
+        mod = get_path(root, path)
+        if mod is None:
+            return Missing(f"no module {path!r} in the MLP at layer {layer} (MoE layers have no dense projections)")
+        if point in ("mlp_act", "mlp_in"):
+            rec.pre(mod, key)
+        else:
+            rec.post(mod, key)
+
+        def finish(out, b, p):
+            t = rec.data[key]
+            if chunk is not None:
+                t = t.chunk(parts, dim=-1)[chunk]
+            return reshape(t, b, p)
+        return finish
+
+    def _probs(self, rec, layer, key):
+        def finish(out, b, p):
+            atts = out.attentions
+            if atts is None or len(atts) != self.n_layers or atts[layer] is None:
+                got = rec.data.get(("attn_fn", layer))
+                if got is None:
+                    raise LookupError(f"HF returned no attention pattern for layer {layer}")
+                return got["probs"].transpose(1, 2)
+            return atts[layer].transpose(1, 2)
+        return finish
+
+    def _internal(self, rec, attn, point, layer, key):
+        if "eager_attention_forward" not in type(attn).forward.__globals__:
+            if point == "z":
+                o = get_path(attn, self.layout.o_proj)
+                if o is None:
+                    return Missing(f"no output projection {self.layout.o_proj!r}")
+                rec.pre(o, key)
+                return lambda out, b, p: to_heads(rec.data[key], b, p, self.head_dim)
+            return Missing(f"HF {type(attn).__name__} computes attention inline (no attention function), so "
+                           f"{point} is never a separate tensor")
+        rec.data.setdefault("_patch", set()).add(type(attn))
+
+        def finish(out, b, p):
+            got = rec.data.get(("attn_fn", layer))
+            if got is None:
+                raise LookupError(f"eager_attention_forward was not called for layer {layer}")
+            if point == "z":
+                return got["out"]
+            if point == "attn_scores":
+                return scores_from_qk(got["q"], got["k"], got["mask"], got["scaling"], got["softcap"])
+            return got[{"q": "q", "k": "k", "value": "v"}[point]].transpose(1, 2)
+        return finish
+
+    @contextlib.contextmanager
+    def _patched(self, rec: _Recorder):
+        classes = rec.data.pop("_patch", set())
+        saved = []
+        layer_of = self.layer_of
+        for cls in classes:
+            g = cls.forward.__globals__
+            orig = g["eager_attention_forward"]
+            if getattr(orig, "_validator_wrapped", False):
+                continue
+            sig = inspect.signature(orig)
+
+            def wrapper(module, query, key, value, attention_mask, *args, _orig=orig, _sig=sig, **kwargs):
+                out = _orig(module, query, key, value, attention_mask, *args, **kwargs)
+                bound = _sig.bind(module, query, key, value, attention_mask, *args, **kwargs)
+                bound.apply_defaults()
+                a = dict(bound.arguments)
+                extra = a.pop("kwargs", {}) or {}
+                scaling = a.get("scaling", extra.get("scaling"))
+                if scaling is None:
+                    scaling = getattr(module, "scaling", query.shape[-1] ** -0.5)
+                softcap = a.get("softcap", extra.get("softcap"))
+                rec.data[("attn_fn", layer_of[id(module)])] = {
+                    "q": query.detach(), "k": key.detach(), "v": value.detach(), "mask": attention_mask,
+                    "scaling": scaling, "softcap": softcap, "out": first(out).detach(),
+                    "probs": out[1].detach() if isinstance(out, tuple) and out[1] is not None else None}
+                return out
+            wrapper._validator_wrapped = True
+            g["eager_attention_forward"] = wrapper
+            saved.append((g, orig))
+        try:
+            yield
+        finally:
+            for g, orig in saved:
+                g["eager_attention_forward"] = orig
+
+    def _forward(self, case: Case, output_attentions: bool, extra_hooks=None):
+        kw = dict(input_ids=case.input_ids, attention_mask=case.attention_mask, use_cache=False,
+                  output_hidden_states=True, output_attentions=output_attentions)
+        if "position_ids" in inspect.signature(self.hf.forward).parameters:
+            kw["position_ids"] = case.position_ids
+        with torch.no_grad():
+            return self.hf(**kw)
+
+    # -- public -------------------------------------------------------------------------------
+    def capture(self, case: Case, addresses: list[str]) -> dict:
+        rec = _Recorder()
+        plans = {}
+        for addr in addresses:
+            point, layer = split_address(addr)
+            try:
+                plans[addr] = self._plan(rec, point, layer, addr)
+            except Exception as e:  # noqa: BLE001  (a mapping error is this row's evidence)
+                plans[addr] = Missing(f"{type(e).__name__}: {e}")
+        need_probs = any(split_address(a)[0] == "attn_probs" for a in addresses)
+        try:
+            with self._patched(rec):
+                out = self._forward(case, need_probs)
+        finally:
+            rec.remove()
+        b, p = case.input_ids.shape
+        result = {}
+        for addr, plan in plans.items():
+            if isinstance(plan, Missing):
+                result[addr] = plan
+                continue
+            try:
+                n = rec.calls.get(addr, 1)
+                if n > 1:
+                    raise RuntimeError(f"module for {addr} ran {n} times in one forward")
+                result[addr] = plan(out, b, p).detach().float().cpu()
+            except KeyError:
+                result[addr] = Missing(f"the hooked module for {addr} never ran in this forward")
+            except Exception as e:  # noqa: BLE001
+                result[addr] = Missing(f"{type(e).__name__}: {e}")
+        return result
+
+    def steer_logits(self, case: Case, layer: int, vector: torch.Tensor) -> torch.Tensor:
+        def hook(mod, args, output):
+            if isinstance(output, tuple):
+                return (output[0] + vector.to(output[0].dtype), *output[1:])
+            return output + vector.to(output.dtype)
+        h = self.layers[layer].register_forward_hook(hook)
+        try:
+            return self._forward(case, False).logits.detach().float().cpu()
+        finally:
+            h.remove()
+
+    def versions(self) -> dict:
+        import transformers
+        return {"transformers": transformers.__version__}
+
+    def close(self):
+        self.hf = None
+
+
+def _kv_heads(cfg) -> int:
+    if getattr(cfg, "multi_query", False):
+        return 1
+    return getattr(cfg, "num_key_value_heads", None) or getattr(cfg, "num_kv_heads", None) or cfg.num_attention_heads
+
+
+def _heads(t, b, p, heads, head_dim):
+    return to_heads(t, b, p, t.shape[-1] if t.dim() == 4 else t.shape[-1] // heads)
+
+
+def _find_layers(hf, n_layers: int):
+    """The decoder layer list of an unmapped model: the one ModuleList of n_layers blocks."""
+    hits = [m for _, m in hf.named_modules() if isinstance(m, torch.nn.ModuleList) and len(m) == n_layers]
+    if not hits:
+        raise LookupError(f"no ModuleList of {n_layers} layers in {type(hf).__name__}")
+    return hits[0]

@@ -1,0 +1,269 @@
+"""Reference `nnsight`: `LanguageModel.trace` on the validator's own copy of the HF model.
+
+Module inputs and outputs are saved from nnsight's envoys at the paths of the validator's HF
+layout table (hf_layouts.py); the attention internals are the arguments and result of the
+attention call inside the attention module's forward (`.source.attention_interface_0`). nnsight
+requires a trace to touch modules in execution order, so one dry forward per model records that
+order and every trace visits its envoys sorted by it.
+"""
+from __future__ import annotations
+
+import inspect
+
+import torch
+
+from validator.engines.base import (Case, EngineUnavailable, Missing, Reference, first, scores_from_qk,
+                                    split_address, to_heads)
+from validator.engines.hf_layouts import get_path, layout_for
+from validator.engines.hf_ref import _find_layers, _kv_heads
+
+TENSORS = {
+    "embeddings": "model.layers[0].input (the embeddings as the first block receives them)",
+    "resid_pre": "layers[L].input", "resid_post": "layers[L].output (first element)",
+    "final_norm": "<final norm>.output", "lm_head": "lm.output.logits",
+    "attn_in": "<attn>.input", "attn_out": "<attn>.output[0] (minus the residual argument on BLOOM)",
+    "attn_out_post": "<post-attention sandwich norm>.output", "resid_mid": "<pre-MLP norm>.input",
+    "mlp_in": "<mlp>.input", "mlp_out": "<mlp>.output", "mlp_out_post": "<post-MLP sandwich norm>.output",
+    "mlp_pre": "<gate proj>.output", "mlp_pre_linear": "<up proj>.output", "mlp_act": "<down proj>.input",
+    "q_norm_in": "<q norm>.input", "q_norm_out": "<q norm>.output",
+    "k_norm_in": "<k norm>.input", "k_norm_out": "<k norm>.output",
+    "q": "<attn>.source.attention_interface_0 query argument",
+    "k": "<attn>.source.attention_interface_0 key argument",
+    "value": "<attn>.source.attention_interface_0 value argument",
+    "z": "<attn>.source.attention_interface_0 output[0]",
+    "attn_probs": "<attn>.source.attention_interface_0 output[1]",
+    "attn_scores": "recomputed from the saved query, key, mask and scaling arguments",
+    "router_logits": "<router>.output[i]", "expert_weights": "<router>.output[i]",
+    "expert_indices": "<router>.output[i]",
+}
+_FN = "attention_interface_0"
+
+
+class NNsightReference(Reference):
+    name = "nnsight"
+    TENSORS = TENSORS
+
+    def __init__(self, ctx):
+        super().__init__(ctx)
+        from nnsight import LanguageModel
+        hf = ctx.fresh_hf()
+        self.cfg = ctx.config
+        self.layout = layout_for(ctx.model_type, self.cfg)
+        if self.layout:
+            self.layers_path = self.layout.layers
+        else:
+            layers = _find_layers(hf, ctx.n_layers)
+            self.layers_path = next(n for n, m in hf.named_modules() if m is layers)
+        self.head_dim = getattr(self.cfg, "head_dim", None) or self.cfg.hidden_size // self.cfg.num_attention_heads
+        try:
+            self.lm = LanguageModel(hf, tokenizer=ctx.tokenizer)
+        except Exception as e:  # noqa: BLE001
+            raise EngineUnavailable(f"nnsight LanguageModel failed: {type(e).__name__}: {e}") from e
+        self.hf = hf
+        self._order: dict | None = None
+        self.accepts_positions = "position_ids" in inspect.signature(hf.forward).parameters
+
+    # -- which module and event each point reads --------------------------------------------------
+    def _path(self, point: str, layer):
+        """(module path, 'in'|'out'|'fn', extra) or Missing."""
+        lay = self.layout
+        lp = f"{self.layers_path}.{layer}" if layer is not None else None
+        if point == "embeddings":
+            return f"{self.layers_path}.0", "in", None
+        if point == "resid_pre":
+            return lp, "in", None
+        if point == "resid_post":
+            return lp, "out", None
+        if point == "lm_head":
+            return "", "logits", None
+        if lay is None:
+            return Missing(f"the validator's layout table has no row for {self.ctx.model_type!r}")
+        if point == "final_norm":
+            return lay.final_norm, "out", None
+        attn = next((f"{lp}.{a}" for a in lay.attn if get_path(self.hf, f"{lp}.{a}") is not None), None) \
+            if lp else None
+        mixer = next((f"{lp}.{a}" for a in lay.mixers if get_path(self.hf, f"{lp}.{a}") is not None), None) \
+            if lp else None
+        if point in ("attn_in", "attn_out"):
+            mod = attn or mixer
+            if mod is None:
+                return Missing(f"layer {layer} has no attention or mixer module")
+            return mod, "in" if point == "attn_in" else "out", ("minus_residual" if lay.adds_residual else None)
+        if point in ("q", "k", "value", "z", "attn_probs", "attn_scores"):
+            if attn is None:
+                return Missing(f"layer {layer} has no softmax attention module")
+            return attn, "fn", point
+        if point in ("q_norm_in", "q_norm_out", "k_norm_in", "k_norm_out"):
+            sub = lay.q_norm if point.startswith("q") else lay.k_norm
+            if not sub or attn is None or get_path(self.hf, f"{attn}.{sub}") is None:
+                return Missing(f"no {point[:6]} module at layer {layer}")
+            return f"{attn}.{sub}", "in" if point.endswith("_in") else "out", "heads"
+        if point in ("attn_out_post", "mlp_out_post"):
+            sub = lay.attn_post if point == "attn_out_post" else lay.mlp_post
+            return (f"{lp}.{sub}", "out", None) if sub else Missing(f"no sandwich norm for {point}")
+        if point == "resid_mid":
+            if lay.is_parallel(self.cfg) or lay.mid is None:
+                return Missing("parallel block: no mid residual")
+            return f"{lp}.{lay.mid[0]}", lay.mid[1], "flat"
+        mlp = lp if lay.mlp_on_layer else (f"{lp}.{lay.mlp}" if lay.mlp else None)
+        if mlp is None:
+            return Missing(f"layer {layer} has no MLP module")
+        if point in ("mlp_in", "mlp_out") and not lay.mlp_on_layer:
+            extra = ("index", lay.mlp_index) if lay.mlp_index is not None else \
+                ("minus_residual" if lay.adds_residual else "flat")
+            return mlp, "in" if point == "mlp_in" else "out", extra
+        if point in ("router_logits", "expert_weights", "expert_indices"):
+            if not lay.router:
+                return Missing("no router in the layout")
+            idx = lay.router[{"router_logits": 1, "expert_weights": 2, "expert_indices": 3}[point]]
+            return f"{mlp}.{lay.router[0]}", "out", ("index", idx)
+        spec = {"mlp_in": lay.gate, "mlp_pre": lay.gate, "mlp_pre_linear": lay.up, "mlp_act": lay.down,
+                "mlp_out": lay.down}.get(point)
+        if spec is None:
+            return Missing(f"the layout maps no module for {point}")
+        path, chunk, parts = spec if isinstance(spec, tuple) else (spec, None, None)
+        event = "in" if point in ("mlp_in", "mlp_act") else "out"
+        return f"{mlp}.{path}", event, ("chunk", chunk, parts) if chunk is not None else "flat"
+
+    def _execution_order(self, case: Case, paths) -> dict:
+        """{(path, event): rank} from one plain forward with PyTorch hooks."""
+        events, handles = [], []
+        for path in paths:
+            mod = get_path(self.hf, path) if path else None
+            if mod is None:
+                continue
+            handles.append(mod.register_forward_pre_hook(lambda m, a, p=path: events.append((p, "in"))))
+            handles.append(mod.register_forward_hook(lambda m, a, o, p=path: events.append((p, "out"))))
+        try:
+            with torch.no_grad():
+                self.hf(**self._inputs(case))
+        finally:
+            for h in handles:
+                h.remove()
+        order = {}
+        for i, ev in enumerate(events):
+            order.setdefault(ev, i)
+        return order
+
+    def _inputs(self, case: Case) -> dict:
+        kw = dict(input_ids=case.input_ids, attention_mask=case.attention_mask)
+        if self.accepts_positions:
+            kw["position_ids"] = case.position_ids
+        return kw
+
+    def _envoy(self, path: str):
+        env = self.lm
+        for part in path.split("."):
+            env = env[int(part)] if part.isdigit() else getattr(env, part)
+        return env
+
+    # -- public ---------------------------------------------------------------------------------
+    def capture(self, case: Case, addresses: list[str]) -> dict:
+        plans, out = {}, {}
+        for a in addresses:
+            point, layer = split_address(a)
+            try:
+                plan = self._path(point, layer)
+            except Exception as e:  # noqa: BLE001
+                plan = Missing(f"{type(e).__name__}: {e}")
+            if isinstance(plan, Missing):
+                out[a] = plan
+            elif plan[0] and get_path(self.hf, plan[0]) is None:
+                out[a] = Missing(f"no module at {plan[0]!r}")
+            else:
+                plans[a] = plan
+        # every (module, event) to visit; BLOOM's residual-adding modules need their input as well
+        needs = {a: [(path, event)] + ([(path, "in")] if extra == "minus_residual" else [])
+                 for a, (path, event, extra) in plans.items()}
+        order = self._execution_order(case, {p[0] for p in plans.values()})
+
+        def rank(ev):
+            path, event = ev
+            if event == "logits":
+                return float("inf")
+            if event == "fn":
+                return order.get((path, "in"), -1) + 0.5
+            return order.get(ev, -1)
+
+        for a, evs in needs.items():
+            if any(rank(ev) < 0 for ev in evs):
+                out[a] = Missing(f"module {plans[a][0]} never ran in this forward")
+        events = sorted({ev for a, evs in needs.items() if a not in out for ev in evs}, key=rank)
+        saved = {}
+        inputs = self._inputs(case)
+        ids = inputs.pop("input_ids")
+        with torch.no_grad(), self.lm.trace({"input_ids": ids, "attention_mask": inputs.pop("attention_mask")},
+                                            **inputs):
+            for path, event in events:
+                if event == "logits":
+                    saved[(path, event)] = self.lm.output.logits.save()
+                elif event == "fn":
+                    fn = getattr(self._envoy(path).source, _FN)
+                    saved[(path, event)] = (fn.inputs.save(), fn.output.save())
+                elif event == "in":
+                    saved[(path, event)] = self._envoy(path).inputs.save()
+                else:
+                    saved[(path, event)] = self._envoy(path).output.save()
+        b, p = ids.shape
+        for a, (path, event, extra) in plans.items():
+            if a in out:
+                continue
+            try:
+                t = self._finish(a, event, extra, saved[(path, event)], b, p)
+                if extra == "minus_residual":
+                    args, kwargs = saved[(path, "in")]
+                    t = t - (args[1] if len(args) > 1 else kwargs["residual"])
+                out[a] = t.detach().float().cpu()
+            except Exception as e:  # noqa: BLE001
+                out[a] = Missing(f"{type(e).__name__}: {e}")
+        return out
+
+    def _finish(self, address, event, extra, val, b, p):
+        point, _ = split_address(address)
+        if event == "logits":
+            return val
+        if event == "fn":
+            (args, kwargs), result = val
+            q, k, v, mask = args[1], args[2], args[3], args[4]
+            if point == "z":
+                return first(result)
+            if point == "attn_probs":
+                return result[1].transpose(1, 2)
+            if point == "attn_scores":
+                scaling = kwargs.get("scaling", getattr(args[0], "scaling", q.shape[-1] ** -0.5))
+                return scores_from_qk(q, k, mask, scaling, kwargs.get("softcap"))
+            return {"q": q, "k": k, "value": v}[point].transpose(1, 2)
+        if event == "in":
+            args, kwargs = val
+            t = args[0] if args else kwargs.get("hidden_states", next(iter(kwargs.values()), None))
+        elif isinstance(extra, tuple) and extra[0] == "index":
+            t = val[extra[1]]
+        else:
+            t = first(val)
+        if isinstance(extra, tuple) and extra[0] == "chunk":
+            t = t.chunk(extra[2], dim=-1)[extra[1]]
+        if extra == "heads":
+            heads = self.cfg.num_attention_heads if point.startswith("q") else _kv_heads(self.cfg)
+            return to_heads(t, b, p, t.shape[-1] if t.dim() == 4 else t.shape[-1] // heads)
+        return t.reshape(b, p, *t.shape[2:]) if t.dim() >= 3 else t.reshape(b, p, -1)
+
+    def steer_logits(self, case: Case, layer: int, vector: torch.Tensor) -> torch.Tensor:
+        inputs = self._inputs(case)
+        ids = inputs.pop("input_ids")
+        env = self._envoy(f"{self.layers_path}.{layer}")
+        with torch.no_grad(), self.lm.trace({"input_ids": ids, "attention_mask": inputs.pop("attention_mask")},
+                                            **inputs):
+            o = env.output
+            if isinstance(o, tuple):
+                env.output = (o[0] + vector.to(o[0].dtype), *o[1:])
+            else:
+                env.output = o + vector.to(o.dtype)
+            logits = self.lm.output.logits.save()
+        return logits.detach().float().cpu()
+
+    def versions(self) -> dict:
+        import nnsight
+        return {"nnsight": getattr(nnsight, "__version__", "?")}
+
+    def close(self):
+        self.lm = self.hf = None

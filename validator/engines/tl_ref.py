@@ -1,0 +1,148 @@
+"""Reference `transformer_lens`: TransformerLens 4.3's TransformerBridge, raw HF numerics.
+
+The bridge is booted around the validator's own copy of the HF model (`hf_model=`: no hub access,
+and the bridge replaces submodules of the model it wraps, so it never shares one). Compatibility
+mode (LayerNorm folding, weight centring) is never switched on. Each of our points maps to the
+first bridge hook in its candidate list that exists on this architecture; the table below is
+also what the reports print as "which tensor".
+"""
+from __future__ import annotations
+
+import copy
+
+import torch
+
+from validator.engines.base import (Case, EngineUnavailable, Missing, Reference, split_address,
+                                    to_heads)
+
+# our point -> bridge hook candidates ({L} = layer), first existing wins
+HOOKS: dict[str, tuple[str, ...]] = {
+    "embeddings": ("blocks.0.hook_resid_pre",),  # hook_embed is the token embedding alone
+    "resid_pre": ("blocks.{L}.hook_resid_pre",),
+    "attn_in": ("blocks.{L}.attn.hook_in",),
+    "q_norm_in": ("blocks.{L}.attn.q_norm.hook_in",),
+    "q_norm_out": ("blocks.{L}.attn.q_norm.hook_out",),
+    "k_norm_in": ("blocks.{L}.attn.k_norm.hook_in",),
+    "k_norm_out": ("blocks.{L}.attn.k_norm.hook_out",),
+    "q": ("blocks.{L}.attn.hook_rot_q", "blocks.{L}.attn.hook_q"),  # after RoPE where the bridge rotates
+    "k": ("blocks.{L}.attn.hook_rot_k", "blocks.{L}.attn.hook_k"),
+    "value": ("blocks.{L}.attn.hook_v",),
+    "attn_scores": ("blocks.{L}.attn.hook_attn_scores",),
+    "attn_probs": ("blocks.{L}.attn.hook_pattern",),
+    "z": ("blocks.{L}.attn.hook_z",),
+    "attn_out": ("blocks.{L}.attn.hook_out",),  # the module output; block hook_attn_out may be post-norm
+    "attn_out_post": ("blocks.{L}.ln1_post.hook_out",),
+    "resid_mid": ("blocks.{L}.hook_resid_mid",),
+    "mlp_in": ("blocks.{L}.mlp.hook_in",),
+    "mlp_pre": ("blocks.{L}.mlp.hook_pre",),
+    "mlp_pre_linear": ("blocks.{L}.mlp.hook_pre_linear",),
+    "mlp_act": ("blocks.{L}.mlp.hook_post",),
+    "router_logits": ("blocks.{L}.mlp.gate.hook_out",),
+    "mlp_out": ("blocks.{L}.mlp.hook_out",),  # the module output; block hook_mlp_out may be post-norm
+    "mlp_out_post": ("blocks.{L}.ln2_post.hook_out",),
+    "resid_post": ("blocks.{L}.hook_resid_post",),
+    "final_norm": ("ln_final.hook_out",),  # ln_final.hook_normalized is before the norm's gain
+}
+TENSORS = {p: " or ".join(h) for p, h in HOOKS.items()}
+TENSORS["lm_head"] = "the logits the bridge's forward returns"
+_HEADS_FIRST_OK = ("q_norm_in", "q_norm_out", "k_norm_in", "k_norm_out", "q", "k", "value", "z")
+_PATTERNS = ("attn_scores", "attn_probs")
+
+
+def _bridge_tokenizer(tok, name: str):
+    """A copy of the tokenizer the bridge accepts without reloading it from the hub: it re-creates
+    any tokenizer lacking add_bos_token from its name_or_path, which offline twins cannot serve.
+    Token ids are always passed in directly, so its BOS handling never touches the inputs."""
+    t = copy.deepcopy(tok)
+    t.init_kwargs["add_bos_token"] = True
+    t.init_kwargs.setdefault("name_or_path", name)
+    return t
+
+
+class TLReference(Reference):
+    name = "transformer_lens"
+    TENSORS = TENSORS
+
+    def __init__(self, ctx):
+        super().__init__(ctx)
+        from transformer_lens.model_bridge import TransformerBridge
+        try:
+            self.bridge = TransformerBridge.boot_transformers(
+                ctx.name, hf_model=ctx.fresh_hf(), tokenizer=_bridge_tokenizer(ctx.tokenizer, ctx.name),
+                device=str(next(ctx.hf.parameters()).device), dtype=ctx.dtype)
+        except Exception as e:  # noqa: BLE001  (unsupported architectures raise many types)
+            raise EngineUnavailable(f"TransformerBridge.boot_transformers failed: {type(e).__name__}: "
+                                    f"{str(e)[:400]}") from e
+        self.hooks = set(self.bridge.hook_dict)
+        cfg = ctx.config
+        self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+
+    def _hook_for(self, point: str, layer) -> str | Missing:
+        cands = HOOKS.get(point)
+        if not cands:
+            return Missing(f"TransformerLens has no hook for {point!r} in this adapter's map")
+        names = [c.format(L=layer) for c in cands]
+        for n in names:
+            if n in self.hooks:
+                return n
+        return Missing(f"no bridge hook {' / '.join(names)} on {self.bridge.cfg.architecture}")
+
+    def _run(self, case: Case, fwd_hooks=(), names=None):
+        kw = dict(attention_mask=case.attention_mask, position_ids=case.position_ids)
+        with torch.no_grad():
+            if names is None:
+                with self.bridge.hooks(fwd_hooks=list(fwd_hooks)):
+                    return self.bridge(case.input_ids, **kw), None
+            return self.bridge.run_with_cache(case.input_ids, names_filter=lambda n: n in names, **kw)
+
+    def capture(self, case: Case, addresses: list[str]) -> dict:
+        want = {}
+        out = {}
+        for a in addresses:
+            point, layer = split_address(a)
+            if point == "lm_head":
+                continue
+            h = self._hook_for(point, layer)
+            if isinstance(h, Missing):
+                out[a] = h
+            else:
+                want[a] = h
+        logits, cache = self._run(case, names=set(want.values()))
+        b, p = case.input_ids.shape
+        for a in addresses:
+            point, layer = split_address(a)
+            if point == "lm_head":
+                out[a] = logits.detach().float().cpu()
+                continue
+            if a not in want:
+                continue
+            name = want[a]
+            if name not in cache:
+                out[a] = Missing(f"bridge hook {name} did not fire in this forward")
+                continue
+            t = cache[name].detach()
+            try:
+                if point in _PATTERNS:
+                    t = t.transpose(1, 2)
+                elif point in _HEADS_FIRST_OK:
+                    t = to_heads(t, b, p, t.shape[-1] if t.dim() == 4 else self.head_dim)
+                elif point == "router_logits":
+                    t = t.reshape(b, p, -1)
+                out[a] = t.float().cpu()
+            except ValueError as e:
+                out[a] = Missing(f"bridge hook {name} has shape {tuple(t.shape)}: {e}")
+        return out
+
+    def steer_logits(self, case: Case, layer: int, vector: torch.Tensor) -> torch.Tensor:
+        name = f"blocks.{layer}.hook_resid_post"
+        if name not in self.hooks:
+            raise LookupError(f"no bridge hook {name}")
+        logits, _ = self._run(case, fwd_hooks=[(name, lambda t, hook: t + vector.to(t.dtype))])
+        return logits.detach().float().cpu()
+
+    def versions(self) -> dict:
+        import transformer_lens
+        return {"transformer_lens": getattr(transformer_lens, "__version__", "?")}
+
+    def close(self):
+        self.bridge = None

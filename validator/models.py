@@ -1,0 +1,79 @@
+"""Model names -> ModelSpecs: the zoo twin (default) or the real checkpoint from the local HF cache.
+
+The reference copy is loaded here with transformers directly (eager attention), never through the
+engine's loader, so nothing the engine does to its own copy can leak into the references.
+"""
+from __future__ import annotations
+
+import difflib
+from pathlib import Path
+
+import torch
+
+from validator.runner import DTYPES, ModelSpec
+
+
+def resolve_names(patterns: list[str] | None) -> list[str]:
+    """Zoo names for exact names or globs (default: the whole zoo); unknown names raise with the
+    closest zoo names."""
+    from engine import zoo
+    if not patterns:
+        return list(zoo.ZOO)
+    out = []
+    for p in patterns:
+        for name in zoo.resolve(p):  # raises ValueError naming the closest entries
+            if name not in out:
+                out.append(name)
+    return out
+
+
+def closest_model(name: str) -> list[str]:
+    from engine import zoo
+    return difflib.get_close_matches(name, list(zoo.ZOO), n=3, cutoff=0.3)
+
+
+def _from_pretrained(name: str, dtype: str, device: str, cache_dir=None):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    kw = dict(local_files_only=True, dtype=DTYPES[dtype], attn_implementation="eager")
+    if cache_dir is not None:
+        kw["cache_dir"] = str(cache_dir)
+    hf = AutoModelForCausalLM.from_pretrained(name, **kw).eval().to(device)
+    tok = AutoTokenizer.from_pretrained(name, **{k: v for k, v in kw.items() if k == "cache_dir"},
+                                        local_files_only=True)
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    return hf, tok
+
+
+def zoo_spec(name: str, dtype: str = "float32", device: str = "cpu") -> ModelSpec:
+    from engine import zoo
+    from engine.loading import load_model
+    snap = Path(zoo.snapshot_dir(name)).name
+
+    def load_engine():
+        zoo.ensure_twin(name)
+        return load_model(name, source="zoo", dtype=DTYPES[dtype], device=device)
+
+    def load_reference():
+        zoo.ensure_twin(name)
+        return _from_pretrained(name, dtype, device, cache_dir=zoo.zoo_hub_cache())
+
+    return ModelSpec(name, "zoo", f"zoo:{snap}", load_engine, load_reference)
+
+
+def real_spec(name: str, dtype: str = "float32", device: str = "cpu") -> ModelSpec:
+    from engine import zoo
+    from engine.loading import load_model
+    if not zoo.real_checkpoint_available(name):
+        raise FileNotFoundError(f"{name!r} is not in the local HF model cache; download it first "
+                                f"(huggingface-cli download {name}) or drop --real to validate its zoo twin.")
+    from huggingface_hub import try_to_load_from_cache
+    cfg_path = try_to_load_from_cache(repo_id=name, filename="config.json")
+    snap = Path(cfg_path).parent.name if isinstance(cfg_path, str) else "unknown"
+    return ModelSpec(name, "real", f"real:{snap}",
+                     lambda: load_model(name, source="real", dtype=DTYPES[dtype], device=device),
+                     lambda: _from_pretrained(name, dtype, device))
+
+
+def default_device() -> str:
+    return "cuda" if torch.cuda.is_available() else "cpu"
