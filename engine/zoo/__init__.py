@@ -20,6 +20,8 @@ import fnmatch
 import os
 from pathlib import Path
 
+import torch
+
 from .build import (
     MARKER,
     ZOO_VERSION,
@@ -65,15 +67,18 @@ def ensure_twin(name: str) -> Path:
     return build_twin(name)
 
 
-def load_twin(name: str, dtype=None):
-    """(hf_model, tokenizer) of the twin, loaded by repo id from the zoo cache offline, eval mode."""
-    import torch
+def load_twin(name: str, dtype: torch.dtype = torch.float32, **from_pretrained_kwargs):
+    """(hf_model, tokenizer) of the twin, loaded by repo id from the zoo cache offline, eval mode.
+
+    Builds the twin first if it is missing. Extra keyword arguments (``attn_implementation=...``,
+    ``device_map=...``) go to ``AutoModelForCausalLM.from_pretrained``.
+    """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     ensure_twin(name)
     cache = zoo_hub_cache()
     model = AutoModelForCausalLM.from_pretrained(
-        name, cache_dir=cache, local_files_only=True, dtype=dtype or torch.float32
+        name, cache_dir=cache, local_files_only=True, dtype=dtype, **from_pretrained_kwargs
     )
     tok = AutoTokenizer.from_pretrained(name, cache_dir=cache, local_files_only=True)
     return model.eval(), tok

@@ -225,9 +225,10 @@ def reinit_weights(model, seed: int) -> None:
                 elif pname.endswith("bias") and constant and float(flat.reshape(-1)[0]) == 0.0:
                     new = normal(data.shape, BIAS_STD)
                 elif data.dim() >= 2 and not constant:
-                    # raw matrices (stacked experts, hyper-connection maps): fan-in taken as the
-                    # smaller of the last two dims (fused expert layouts differ between families)
-                    fan_in = min(data.shape[-1], data.shape[-2])
+                    # raw matrices (stacked experts, hyper-connection maps): F.linear layout
+                    # (..., out, in) unless the experts module declares transposed (..., in, out)
+                    transposed = bool(getattr(module, "is_transposed", False)) and data.dim() == 3
+                    fan_in = data.shape[-2] if transposed else data.shape[-1]
                     new = normal(data.shape, LINEAR_GAIN / fan_in**0.5)
                 else:
                     # norm weights (ones, or zeros for (1 + w) norms), scalars, mamba A_log/D/dt_bias,

@@ -21,8 +21,18 @@ its Transformers backend); it is not verified here. MLA twins (DeepSeek V2/V3) k
 kv_lora_rank 512 + qk_rope_head_dim 64 because vLLM's CPU MLA kernel only accepts a 576-wide
 latent.
 
-model_types tried and dropped (transformers 5.19, CPU):
-  (none so far; see ``DROPPED`` below, filled in with the exact error of each failure)
+Every model_type tried builds and runs a forward on CPU with transformers 5.19; none was dropped
+(``DROPPED`` is empty). Problems met on the way, and how the entries avoid them:
+  exaone4  ``sliding_window_pattern="LLLG"`` (the string form real configs ship) without explicit
+           ``layer_types`` -> ``TypeError: unsupported operand type(s) for %: 'int' and 'str'``; and
+           ``sliding_window=None`` without ``layer_types`` -> ``ZeroDivisionError: integer modulo by
+           zero`` (Exaone4Config.__post_init__). Both EXAONE entries pass ``layer_types`` explicitly.
+  llama3 / yarn rope (Llama-3.x, Apertus, gpt-oss, DeepSeek V2/V3) keep the real
+           ``original_max_position_embeddings`` (4096/8192) although the twins have 512 positions;
+           transformers logs a warning about it at load, harmlessly.
+  Phi-3.5-MoE / Phi-3.5 / Phi-4 longrope scaling is not reproduced (default rope): noted per entry.
+Not attempted: multimodal wrappers (gemma3, llama4, qwen2_5_vl ...; gemma-3-4b-it is its text tower
+as gemma3_text), encoder-decoders, and non-attention models (mamba, rwkv, xlstm).
 """
 
 from __future__ import annotations
@@ -401,7 +411,8 @@ _e("ibm-granite/granite-3.0-1b-a400m-base", "granitemoe", 2,
    num_local_experts=8, num_experts_per_tok=4, embedding_multiplier=12.0, residual_multiplier=0.22,
    attention_multiplier=0.015625, logits_scaling=6.0, rope_theta=10000.0, tie_word_embeddings=True)
 _e("microsoft/Phi-3.5-MoE-instruct", "phimoe", 2,
-   "16 experts top-2 -> 8 top-2 with sparsemixer routing, attention + lm_head biases, LayerNorm, GQA 4:1",
+   "16 experts top-2 -> 8 top-2 with sparsemixer routing, attention + lm_head biases, LayerNorm, GQA 4:1 "
+   "(longrope dropped)",
    hidden_size=128, num_attention_heads=4, num_key_value_heads=1, intermediate_size=256,
    num_local_experts=8, num_experts_per_tok=2, attention_bias=True, lm_head_bias=True, sliding_window=None,
    router_jitter_noise=0.01, input_jitter_noise=0.01, rope_theta=10000.0, tie_word_embeddings=False)
@@ -568,6 +579,78 @@ _e("LiquidAI/LFM2-8B-A1B", "lfm2_moe", 4,
    norm_topk_prob=True, layer_types=["conv", "full_attention", "conv", "full_attention"], conv_L_cache=3,
    norm_eps=1e-5, rope_theta=1000000.0, tie_word_embeddings=True)
 
+
+# More checkpoints of popular families.
+_e("meta-llama/Meta-Llama-3-8B", "llama", 2,
+   "Llama-3 without rope scaling: rope_theta 5e5, GQA 32/8 (4:1), untied",
+   hidden_size=128, num_attention_heads=4, num_key_value_heads=1, head_dim=32, intermediate_size=384,
+   rope_theta=500000.0, tie_word_embeddings=False, rms_norm_eps=1e-5)
+_e("meta-llama/Llama-3.2-3B", "llama", 2,
+   "GQA 24/8 (3:1), head_dim 128 -> 64, llama3 rope scaling factor 32, tied",
+   hidden_size=192, num_attention_heads=3, num_key_value_heads=1, head_dim=64, intermediate_size=512,
+   rope_parameters=_rope(500000.0, rope_type="llama3", **_LLAMA3_1B), tie_word_embeddings=True,
+   rms_norm_eps=1e-5)
+_e("google/gemma-3-270m", "gemma3_text", 6,
+   "5 sliding (512->16) : 1 global, q width 1.6x hidden (head_dim 256, hidden 640), QK-norm, MQA 4/1",
+   hidden_size=160, num_attention_heads=4, num_key_value_heads=1, head_dim=64, intermediate_size=384,
+   query_pre_attn_scalar=64, sliding_window=16,
+   layer_types=["sliding_attention"] * 5 + ["full_attention"],
+   rope_parameters={"sliding_attention": _rope(10000.0), "full_attention": _rope(1000000.0)},
+   hidden_activation="gelu_pytorch_tanh", tie_word_embeddings=True)
+_e("baidu/ERNIE-4.5-21B-A3B-PT", "ernie4_5_moe", 4,
+   "64 experts top-6 -> 8 top-4 + 2 shared experts, MoE from layer 1 (moe_layer_start_index), GQA 20/4 (5:1)",
+   hidden_size=160, num_attention_heads=5, num_key_value_heads=1, head_dim=32, intermediate_size=384,
+   moe_intermediate_size=128, moe_num_experts=8, moe_k=4, moe_num_shared_experts=2, moe_layer_start_index=1,
+   moe_layer_interval=1, use_bias=False, rope_theta=500000.0, tie_word_embeddings=True)
+_e("tencent/Hunyuan-A13B-Instruct", "hunyuan_v1_moe", 2,
+   "MoE (64 experts top-8 -> 8 top-4) + shared MLP, QK-norm after RoPE, GQA 32/8, dynamic-NTK alpha rope",
+   hidden_size=128, num_attention_heads=4, num_key_value_heads=1, head_dim=32, intermediate_size=256,
+   num_experts=8, moe_topk=4,
+   rope_parameters=_rope(10000.0, rope_type="dynamic", alpha=1000.0, factor=1.0), tie_word_embeddings=False)
+_e("EleutherAI/gpt-neo-125m", "gpt_neo", 4,
+   "alternating global / local attention (window 256 -> 16), no 1/sqrt(d) attention scaling, learned "
+   "positions, tied",
+   vllm=False,
+   hidden_size=128, num_heads=2, num_layers=4, attention_types=[[["global", "local"], 2]], window_size=16,
+   intermediate_size=512, activation_function="gelu_new", tie_word_embeddings=True)
+_e("roneneldan/TinyStories-33M", "gpt_neo", 4,
+   "TinyStories (GPT-Neo, 4 layers real): global/local alternation, window 256 -> 16",
+   vllm=False,
+   hidden_size=128, num_heads=4, num_layers=4, attention_types=[[["global", "local"], 2]], window_size=16,
+   intermediate_size=512, activation_function="gelu_new", tie_word_embeddings=True)
+_e("mosaicml/mpt-7b", "mpt", 2,
+   "ALiBi (no positional embedding), no biases, LayerNorm without bias, fused Wqkv, tied",
+   vllm=False,
+   d_model=128, n_heads=4, n_layers=2, expansion_ratio=2, max_seq_len=512, no_bias=True,
+   learned_pos_emb=False, attn_config={"alibi": True, "alibi_bias_max": 8}, tie_word_embeddings=True)
+_e("ai21labs/AI21-Jamba-Mini-1.5", "jamba", 4,
+   "Mamba-1 / attention interleave (attn_layer_period 8 -> 4), MoE every 2nd layer (16 experts top-2 -> 8 "
+   "top-2), GQA 32/8",
+   vllm=False,
+   hidden_size=128, num_attention_heads=4, num_key_value_heads=1, intermediate_size=256,
+   attn_layer_period=4, attn_layer_offset=2, expert_layer_period=2, expert_layer_offset=1, num_experts=8,
+   num_experts_per_tok=2, mamba_d_state=16, mamba_d_conv=4, mamba_expand=2, use_mamba_kernels=False,
+   tie_word_embeddings=False)
+_e("ibm-ai-platform/Bamba-9B", "bamba", 4,
+   "Mamba-2 layers with attention at attn_layer_indices, GQA 32/8",
+   vllm=False,
+   hidden_size=128, num_attention_heads=4, num_key_value_heads=1, intermediate_size=256,
+   attn_layer_indices=[2], mamba_n_heads=8, mamba_d_head=32, mamba_n_groups=1, mamba_d_state=16,
+   mamba_d_conv=4, mamba_expand=2, mamba_chunk_size=16, rope_theta=10000.0, tie_word_embeddings=False)
+_e("Zyphra/Zamba2-1.2B", "zamba2", 4,
+   "Mamba-2 backbone with a shared transformer block (attention on [h, embeddings]) reused at hybrid layers",
+   vllm=False,
+   hidden_size=128, num_attention_heads=4, n_mamba_heads=4, mamba_d_state=16, mamba_d_conv=4, mamba_expand=2,
+   mamba_ngroups=1, chunk_size=16, intermediate_size=256,
+   layers_block_type=["mamba", "hybrid", "mamba", "hybrid"], num_mem_blocks=1,
+   use_shared_attention_adapter=False, use_mem_rope=False, use_mamba_kernels=False, tie_word_embeddings=True)
+_e("rednote-hilab/dots.llm1.base", "dots1", 4,
+   "128 experts top-6 -> 8 top-4 + 2 shared, first_k_dense_replace 1, QK-norm, MHA",
+   vllm=False,
+   hidden_size=128, num_attention_heads=4, num_key_value_heads=4, head_dim=32, intermediate_size=256,
+   moe_intermediate_size=128, n_routed_experts=8, num_experts_per_tok=4, n_shared_experts=2,
+   first_k_dense_replace=1, norm_topk_prob=True, routed_scaling_factor=2.5, sliding_window=None,
+   rope_theta=10000000.0, tie_word_embeddings=False)
 
 ZOO: dict[str, ZooEntry] = {}
 for _entry in _ENTRIES:
