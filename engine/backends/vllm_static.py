@@ -1,0 +1,183 @@
+"""`vllm-static`: a tap set declared at load, baked into the forward as fixed buffers.
+
+Each tap owns preallocated `[max_tokens, width]` buffers registered on the module it wraps: `cap`
+(the forward copies the point into it) and, for write taps, `u`, `mul`, `add` (the forward
+applies y = (x - (x.u) u) * mul + add). The wrapper is installed between weight loading and
+compilation, so torch.compile (CPU) and CUDA graphs (GPU) capture plain tensor ops on buffers
+with fixed addresses and no Python, no data-dependent control flow. Between steps, Python fills
+the write buffers for each steering request's rows (identity elsewhere) and copies each
+capturing request's rows out of `cap`. That per-row affine form composes add / set / scale /
+ablate / mean_ablate in any order, and project_out when it comes first at a tap.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from engine.backends.vllm_batch import Step
+from engine.backends.vllm_tree import VSite
+from engine.errors import SteeringError
+
+
+class Tap:
+    """Buffers and wrapper of one declared (point, layer)."""
+
+    def __init__(self, name: str, site: VSite, width: int, rows: int, writable: bool, device, dtype, index: int):
+        self.name, self.site, self.width, self.rows, self.writable = name, site, width, rows, writable
+        self.dirty = False
+        mod, p = site.module, f"_interp_tap{index}"
+        self.attrs = {k: f"{p}_{k}" for k in ("cap", "u", "mul", "add")}
+        mod.register_buffer(self.attrs["cap"], torch.zeros(rows, width, device=device, dtype=dtype), persistent=False)
+        if writable:
+            mod.register_buffer(self.attrs["u"], torch.zeros(rows, width, device=device, dtype=dtype), persistent=False)
+            mod.register_buffer(self.attrs["mul"], torch.ones(rows, width, device=device, dtype=dtype), persistent=False)
+            mod.register_buffer(self.attrs["add"], torch.zeros(rows, width, device=device, dtype=dtype), persistent=False)
+        self._wrap()
+
+    def buf(self, k: str) -> torch.Tensor:
+        return getattr(self.site.module, self.attrs[k])
+
+    @property
+    def nbytes(self) -> int:
+        return sum(self.buf(k).nbytes for k in (("cap", "u", "mul", "add") if self.writable else ("cap",)))
+
+    def _wrap(self) -> None:
+        site, mod, names, writable = self.site, self.site.module, self.attrs, self.writable
+        orig = mod.forward
+
+        def tap(t):  # tensor ops only: traced into the compiled graph
+            n = t.shape[0]
+            x = t.reshape(n, -1)
+            if writable:
+                u = getattr(mod, names["u"])[:n]
+                x = x - (x * u).sum(-1, keepdim=True) * u
+                x = x * getattr(mod, names["mul"])[:n] + getattr(mod, names["add"])[:n]
+            getattr(mod, names["cap"])[:n].copy_(x)
+            return x.reshape(t.shape)
+
+        if site.phase == "pre":
+            def forward(*args, **kwargs):
+                new = tap(site.get((args, kwargs)))
+                if writable:
+                    args, kwargs = site.put((args, kwargs), new)
+                return orig(*args, **kwargs)
+        else:
+            def forward(*args, **kwargs):
+                out = orig(*args, **kwargs)
+                new = tap(site.get(out))
+                return site.put(out, new) if writable else out
+        mod.forward = forward
+
+    # -- between steps (Python, outside the graph) -------------------------------------------------
+    def reset(self) -> None:
+        self.buf("u").zero_()
+        self.buf("mul").fill_(1.0)
+        self.buf("add").zero_()
+
+    def fill(self, rows: torch.Tensor, steer, head_dim: int | None) -> None:
+        """Compose one steer into the write buffers at the given flat rows."""
+        u, mul, add = self.buf("u"), self.buf("mul"), self.buf("add")
+        cols = slice(None)
+        if steer.address.coords:
+            (_, h), = steer.address.coords
+            h = h % (self.width // head_dim)
+            cols = slice(h * head_dim, (h + 1) * head_dim)
+        v = steer.value.to(mul.device, mul.dtype).reshape(-1) if steer.value is not None else None
+        op = steer.op
+        if op == "add":
+            add[rows, cols] += v
+        elif op in ("set", "mean_ablate"):
+            mul[rows, cols] = 0.0
+            add[rows, cols] = v
+        elif op == "scale":
+            mul[rows, cols] *= v
+            add[rows, cols] *= v
+        elif op == "ablate":
+            mul[rows, cols] = 0.0
+            add[rows, cols] = 0.0
+        else:  # project_out: only ahead of any affine op on these rows (checked at plan time)
+            unit = v / v.norm().clamp_min(1e-12)
+            u[rows, cols] = unit
+
+
+def width_of(site: VSite, point: str, d_model: int) -> int:
+    """Per-token width of a tap, from the module it sits on (no forward needed)."""
+    if site.kind in ("q", "k", "value"):
+        m = site.module
+        return (m.num_heads if site.kind == "q" else m.num_kv_heads) * m.head_size
+    if point in ("z", "mlp_act"):
+        m = site.module
+        for name in ("input_size_per_partition", "input_size", "in_features"):
+            if getattr(m, name, None):
+                return int(getattr(m, name))
+        return int(m.weight.shape[0 if type(m).__name__ == "Conv1D" else 1])
+    return d_model
+
+
+class StaticTaps:
+    """All taps of one engine, plus the per-step fill and harvest."""
+
+    def __init__(self):
+        self.taps: dict[str, Tap] = {}  # address str (no coords) -> Tap
+        self.head_dim: dict[str, int] = {}
+
+    def install(self, declared, site_of, d_model, rows, device, dtype, head_dims) -> None:
+        for i, (addr, writable) in enumerate(declared):
+            site = site_of(addr)
+            self.taps[str(addr)] = Tap(str(addr), site, width_of(site, addr.point, d_model), rows,
+                                       writable, device, dtype, i)
+            self.head_dim[str(addr)] = head_dims.get(addr.point)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.nbytes for t in self.taps.values())
+
+    @staticmethod
+    def check_order(steers) -> None:
+        """project_out composes only ahead of affine ops at the same tap."""
+        seen_affine = set()
+        for st in steers:
+            k = str(st.address.base)
+            if st.op == "project_out" and k in seen_affine:
+                raise SteeringError(f"vllm-static applies project_out at {k} before any other op there; "
+                                    f"put the project_out steer first or use backend='vllm'.")
+            if st.op != "project_out":
+                seen_affine.add(k)
+        ks = [str(s.address.base) for s in steers if s.op == "project_out"]
+        if len(ks) != len(set(ks)):
+            raise SteeringError("vllm-static holds one project_out direction per tap and request; "
+                                "combine the directions or use backend='vllm'.")
+
+    def before(self, step: Step) -> None:
+        if step.n_tokens > max((t.rows for t in self.taps.values()), default=math.inf):
+            raise RuntimeError(f"step of {step.n_tokens} tokens exceeds the tap buffers; raise max_num_batched_tokens")
+        for name, tap in self.taps.items():
+            if not tap.writable:
+                continue
+            writes = [(row, st) for row in step.rows for st in row.plan.steers if str(st.address.base) == name]
+            if not writes and not tap.dirty:
+                continue
+            tap.reset()
+            for row, st in writes:
+                mask = row.mask(st.positions)
+                rows = torch.arange(row.a, row.b)[mask].to(tap.buf("mul").device)
+                if rows.numel():
+                    tap.fill(rows, st, self.head_dim[name])
+            tap.dirty = bool(writes)
+
+    def after(self, step: Step) -> None:
+        for row in step.rows:
+            for addr in row.plan.reads():
+                tap = self.taps[str(addr.base)]
+                seg = tap.buf("cap")[row.a:row.b]
+                if addr.coords:
+                    (_, h), = addr.coords
+                    seg = seg.reshape(seg.shape[0], -1, self.head_dim[str(addr.base)])[:, h]
+                else:
+                    seg = seg.reshape(seg.shape[0], *self.shape_of(str(addr.base)))
+                row.plan.add(str(addr), row.pos0, seg.to("cpu", copy=True))
+
+    def shape_of(self, name: str) -> tuple:
+        tap, hd = self.taps[name], self.head_dim[name]
+        return (tap.width // hd, hd) if hd else (tap.width,)
