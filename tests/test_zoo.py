@@ -38,9 +38,9 @@ def _one_thread():
     torch.set_num_threads(before)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def zoo_root(tmp_path_factory):
-    """A private, empty zoo home for the whole session (the default cache is never touched)."""
+    """A private, empty zoo home for this module's tests (the default cache is never touched)."""
     root = tmp_path_factory.mktemp("zoo-home")
     old = os.environ.get("INTERP_ZOO_HOME")
     os.environ["INTERP_ZOO_HOME"] = str(root)
@@ -436,3 +436,13 @@ def test_cli_list_and_build(capsys, zoo_root):
     assert "distilbert/distilgpt2" in capsys.readouterr().out
     assert main(["build", "google/gema-2-2b"]) == 2
     assert "google/gemma-2-2b" in capsys.readouterr().err
+
+
+def test_names_are_matched_case_insensitively_but_loaded_canonically(zoo_root):
+    assert zoo.canonical_name("qwen/qwen3-0.6b") == "Qwen/Qwen3-0.6B"
+    with pytest.raises(ValueError, match="pattern"):
+        zoo.canonical_name("Qwen/*")
+    model, _ = zoo.load_twin("qwen/qwen3-0.6b")
+    assert model.config.model_type == "qwen3"
+    assert (zoo_root / "hub" / "models--Qwen--Qwen3-0.6B").is_dir()
+    assert not (zoo_root / "hub" / "models--qwen--qwen3-0.6b").exists()

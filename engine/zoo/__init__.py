@@ -6,10 +6,19 @@ private Hugging Face cache (never the user's own), so that HF, TransformerLens, 
 load it by name::
 
     from engine import zoo
-    model, tok = zoo.load_twin("google/gemma-2-2b")
-    os.environ.update(zoo.offline_env())          # then any library: from_pretrained("google/gemma-2-2b")
+    model, tok = zoo.load_twin("google/gemma-2-2b")        # HF model (float32, eval) + tokenizer
+    zoo.ensure_twin("Qwen/Qwen3-8B")                       # build only; returns the snapshot dir
+    subprocess.run(cmd, env={**os.environ, **zoo.offline_env()})   # other processes load by name
+    with zoo.offline_session():                            # this process: TL bridge, nnsight, vLLM
+        TransformerBridge.boot_transformers("google/gemma-2-2b", device="cpu")
 
-CLI: ``python -m engine.zoo list`` and ``python -m engine.zoo build [--all | NAMES...]``.
+``offline_env()`` only takes effect in a process that has not imported huggingface_hub yet (it reads
+the environment at import); ``offline_session()`` also patches the already-imported constants.
+The zoo home is ``$INTERP_ZOO_HOME`` or ``<repo>/.zoo-cache``; a twin's snapshot carries a
+``zoo_twin.json`` marker, and :func:`real_checkpoint_available` never mistakes a twin for real weights.
+
+CLI: ``python -m engine.zoo list [PATTERNS]``, ``python -m engine.zoo build [--all | NAMES...] [--force]``,
+``python -m engine.zoo path NAME``, ``python -m engine.zoo env``.
 """
 
 from __future__ import annotations
@@ -45,6 +54,7 @@ __all__ = [
     "zoo_home",
     "zoo_hub_cache",
     "ensure_twin",
+    "canonical_name",
     "load_twin",
     "resolve",
     "offline_env",
@@ -60,11 +70,19 @@ __all__ = [
 _GLOB_CHARS = set("*?[")
 
 
+def canonical_name(name: str) -> str:
+    """The zoo's spelling of one model name (repo ids match case-insensitively); ValueError otherwise."""
+    if name in ZOO:
+        return name
+    if isinstance(name, str) and (_GLOB_CHARS & set(name) or name.strip() in ("all", "*")):
+        raise ValueError(f"expected one zoo model name, got the pattern {name!r}; use resolve() for globs")
+    hits = resolve(name)  # raises ValueError naming the closest entries
+    return hits[0]
+
+
 def ensure_twin(name: str) -> Path:
     """Build the twin of ``name`` in the zoo cache if it is missing; return its snapshot dir."""
-    if name not in ZOO:
-        resolve(name)  # raises ValueError with the closest names
-    return build_twin(name)
+    return build_twin(canonical_name(name))
 
 
 def load_twin(name: str, dtype: torch.dtype = torch.float32, **from_pretrained_kwargs):
@@ -75,6 +93,7 @@ def load_twin(name: str, dtype: torch.dtype = torch.float32, **from_pretrained_k
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    name = canonical_name(name)
     ensure_twin(name)
     cache = zoo_hub_cache()
     model = AutoModelForCausalLM.from_pretrained(

@@ -16,6 +16,7 @@ interrupted build never leaves a partial snapshot; stale temp dirs are swept on 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import math
@@ -71,13 +72,11 @@ def zoo_hub_cache(root: Path | str | None = None) -> Path:
 
 
 def get_entry(name: str) -> ZooEntry:
-    try:
+    if name in ZOO:
         return ZOO[name]
-    except KeyError:
-        from . import resolve  # raises a ValueError naming the closest entries
+    from . import canonical_name  # raises a ValueError naming the closest entries
 
-        resolve(name)
-        raise
+    return ZOO[canonical_name(name)]
 
 
 def _lib_versions() -> dict[str, str]:
@@ -92,10 +91,28 @@ def _lib_versions() -> dict[str, str]:
     }
 
 
+@functools.lru_cache(maxsize=1)
+def _recipe_digest() -> str:
+    """Digest of the build recipe's source (this file and the tokenizer), so editing the recipe
+    rebuilds every twin even if ZOO_VERSION was not bumped."""
+    here = Path(__file__).resolve().parent
+    h = hashlib.sha256()
+    for f in ("build.py", "tokenizer.py"):
+        h.update((here / f).read_bytes())
+    return h.hexdigest()
+
+
 def snapshot_hash(entry: ZooEntry) -> str:
-    """40-hex revision of the entry's snapshot (deterministic)."""
+    """40-hex revision of the entry's snapshot: ZOO_VERSION, the entry's content, the recipe source
+    and the versions of transformers / tokenizers / torch (deterministic)."""
     text = json.dumps(
-        {"zoo_version": ZOO_VERSION, "entry": entry.canonical(), "libs": _lib_versions()}, sort_keys=True
+        {
+            "zoo_version": ZOO_VERSION,
+            "entry": entry.canonical(),
+            "recipe": _recipe_digest(),
+            "libs": _lib_versions(),
+        },
+        sort_keys=True,
     )
     return hashlib.sha1(text.encode()).hexdigest()
 
