@@ -107,7 +107,7 @@ class HookSet:
         writers = [fn for _, fn, r in items if r == "write"]
         if readers:  # read at the pre-MLP norm's input, which is the mid residual
             def read_hook(module, args, kwargs):
-                t = args[0] if args else kwargs["hidden_states"]
+                t = site.get((args, kwargs)) if site.get else (args[0] if args else kwargs["hidden_states"])
                 _chain(readers, t)
             self._handles.append(site.module.register_forward_pre_hook(read_hook, with_kwargs=True))
         if writers:  # write through the attention write: new_write = f(resid_pre + write) - resid_pre

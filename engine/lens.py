@@ -16,6 +16,7 @@ def unembed(hf, fam, x: torch.Tensor, apply_norm: bool = True, streams: bool = F
     """Map a [.., d_model] residual to logits the way the family's CausalLM head does; with
     `streams`, x is [.., s, d_model] hyper-connection streams, collapsed first by the model's head."""
     cfg = hf.config.get_text_config() if hasattr(hf.config, "get_text_config") else hf.config
+    fam = fam.for_config(cfg)
     if streams:
         if fam.streams is None or fam.streams.head is None:
             raise AddressError(f"the {fam.name} family has no hyper-connection streams to collapse; "
@@ -23,6 +24,9 @@ def unembed(hf, fam, x: torch.Tensor, apply_norm: bool = True, streams: bool = F
         x = get_path(hf, fam.streams.head)(x)
     if apply_norm and fam.final_norm:
         x = get_path(hf, fam.final_norm)(x)
+    proj = get_path(hf, fam.final_proj) if fam.final_proj else None
+    if proj is not None:  # OPT's project_out back to the embedding width
+        x = proj(x)
     logits = get_path(hf, fam.lm_head)(x)
     if getattr(cfg, "logits_scaling", None):  # granite divides
         logits = logits / cfg.logits_scaling

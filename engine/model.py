@@ -106,9 +106,14 @@ class EagerModel:
         layers = self.point_layers(addr.point)
         if not layers:
             have = self.points()
+            try:  # the family's own reason (a refusal, a missing module), from the first layer
+                sites.resolve(self.hf, self.family, addr.point, 0 if addr.layer is None else addr.layer, self._shape)
+                why = ""
+            except UnsupportedPointError as e:
+                why = f": {str(e).split(': ', 1)[-1].rstrip('.')}"
             raise UnsupportedPointError(
                 f"{addr.point!r} does not exist in the {self.family.name} family "
-                f"({self.config.model_type}).{closest(addr.point, have)} This model has: {', '.join(have)}.")
+                f"({self.config.model_type}){why}.{closest(addr.point, have)} This model has: {', '.join(have)}.")
         if addr.layer is not None and addr.layer not in layers:
             try:
                 sites.resolve(self.hf, self.family, addr.point, addr.layer, self._shape)
@@ -198,11 +203,18 @@ class EagerModel:
             coords = dict(addr.coords)
 
             def read(t, key=key, coords=coords):
+                full = t
                 if coords:
                     (_, idx), = coords.items()
                     t = t[:, :, idx]
-                t = t.detach() if detach else t
-                store.setdefault(key, []).append(t if not detach else t.clone())
+                if detach:
+                    store.setdefault(key, []).append(t.detach().clone())
+                    return None
+                # with gradients the capture must stay in the graph, so the model carries on with a
+                # copy instead: HF edits some outputs in place after the hook (Falcon's parallel
+                # block adds the attention output into mlp_out), which must not reach the capture
+                store.setdefault(key, []).append(t)
+                return full.clone()
 
             hs.add(self._site(addr.base), addr.point, read, "read")
         if any(self._site(a).get is not None and get_point(a.point).group == "moe" for a in capture + [

@@ -91,18 +91,23 @@ def out_site(module, index=None, split: Split | None = None, head_dim=None, shap
     return Site("out", module, get, put)
 
 
-def in_site(module, arg="hidden_states", head_dim=None):
-    """A module-input site: the first positional argument or the keyword `arg`."""
+def in_site(module, arg="hidden_states", head_dim=None, shape_from=None):
+    """A module-input site: the first positional argument or the keyword `arg`; `shape_from` gives
+    (batch, pos) for modules that see the tokens flattened to [batch*pos, ...]."""
 
     def get(raw):
         args, kwargs = raw
         t = args[0] if args else kwargs[arg]
+        if shape_from is not None:
+            t = t.reshape(*shape_from(), *t.shape[1:])
         return _heads(t, head_dim) if head_dim else t
 
     def put(raw, new):
         args, kwargs = raw
         if head_dim and (args[0] if args else kwargs[arg]).dim() == 3:
             new = _flat(new)
+        if shape_from is not None:
+            new = new.reshape(-1, *new.shape[2:])
         if args:
             return (new, *args[1:]), kwargs
         return args, {**kwargs, arg: new}
@@ -121,6 +126,16 @@ def gate_site(proj, o_proj, head_dim):
     return Site("gate", proj, get, extra={"o_proj": o_proj})
 
 
+def head_site(module, side: str, head_dim: int, heads_first: bool = False):
+    """A per-head site on a QK-norm's input or output, canonical [b, pos, heads, hd], also where the
+    norm runs heads-first on [b, heads, pos, hd] (Gemma-3, Phi, StableLM)."""
+    base = in_site(module, head_dim=head_dim) if side == "in" else out_site(module, head_dim=head_dim)
+    if not heads_first:
+        return base
+    return Site(base.kind, module, lambda raw: base.get(raw).transpose(1, 2),
+                lambda raw, new: base.put(raw, new.transpose(1, 2)))
+
+
 ATTN_INTERNAL = ("q", "k", "value", "attn_scores", "attn_probs")
 STREAM_POINTS = ("resid_streams", "attn_stream_collapse", "mlp_stream_collapse", "attn_stream_write",
                  "attn_stream_mix", "mlp_stream_write", "mlp_stream_mix")
@@ -130,6 +145,7 @@ def resolve(hf, fam: Family, point: str, layer: int | None, shape_state) -> Site
     """The site for `point` at `layer`, or UnsupportedPointError naming why it is absent."""
     cfg = hf.config.get_text_config() if hasattr(hf.config, "get_text_config") else hf.config
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    fam = fam.for_config(cfg)
 
     def absent(why):
         raise UnsupportedPointError(f"{point!r} is not available at layer {layer} of this "
@@ -178,7 +194,7 @@ def resolve(hf, fam: Family, point: str, layer: int | None, shape_state) -> Site
         norm = sub(attn, fam.q_norm if point.startswith("q") else fam.k_norm)
         if norm is None:
             absent("the family has no QK-norm at this layer")
-        return in_site(norm, head_dim=head_dim) if point.endswith("_in") else out_site(norm, head_dim=head_dim)
+        return head_site(norm, point.rsplit("_", 1)[1], head_dim, fam.qk_norm_heads_first)
     if point in ATTN_INTERNAL:
         if attn is None or sub(attn, fam.o_proj) is None:
             absent("this layer has no softmax attention module")
@@ -203,21 +219,38 @@ def resolve(hf, fam: Family, point: str, layer: int | None, shape_state) -> Site
     if point == "mlp_out_post":
         mod = sub(blk, fam.mlp_post_norm)
         return out_site(mod) if mod is not None else absent("the family has no post-MLP sandwich norm")
+    flat = shape_state if fam.mlp_flat else None
     if point == "resid_mid":
         if fam.parallel:
             absent("attention and MLP read the same residual in parallel blocks; there is no mid point")
+        if fam.resid_mid_out:  # post-LN: the renormalized residual is that norm's output
+            mod = sub(blk, fam.resid_mid_out)
+            return out_site(mod) if mod is not None else absent("no post-attention norm at this layer")
         norm = sub(blk, fam.mlp_norm)
         if norm is None or mixer is None:
             absent("no pre-MLP norm to read the mid residual from")
         write = sub(blk, fam.attn_post_norm) if fam.attn_post_norm else mixer
         # granite-style blocks add residual_multiplier * sublayer output
         scale = float(getattr(cfg, "residual_multiplier", None) or 1.0)
-        return Site("resid_mid", norm, extra={"block": blk, "write": write, "write_scale": scale,
+        return Site("resid_mid", norm, get=in_site(norm, shape_from=flat).get,
+                    extra={"block": blk, "write": write, "write_scale": scale,
                                               "write_includes_residual": fam.attn_adds_residual})
-    if point == "mlp_in":
-        return in_site(mlp) if mlp is not None else absent("this layer has no MLP module")
-    if point == "mlp_out":
-        return out_site(mlp) if mlp is not None else absent("this layer has no MLP module")
+    mlp_root = blk if fam.mlp_on_layer else mlp
+    if point in ("mlp_in", "mlp_out"):
+        if fam.mlp_on_layer:  # no MLP module: its first projection's input, its last one's output
+            pre = fam.mlp_pre.path if isinstance(fam.mlp_pre, Split) else fam.mlp_pre
+            mod = sub(blk, pre if point == "mlp_in" else fam.mlp_down)
+        else:
+            mod = mlp
+        if mod is None:
+            absent("this layer has no MLP module")
+        if point == "mlp_in":
+            return in_site(mod, arg="input" if fam.mlp_on_layer else "hidden_states", shape_from=flat)
+        site = out_site(mod, shape_from=flat)
+        if fam.mlp_adds_residual:
+            site.how = "recompute"
+            site.extra = {"minus_residual": True}
+        return site
     if point in ("router_logits", "expert_weights", "expert_indices"):
         router = sub(mlp, fam.router.path) if fam.router else None
         if router is None:
@@ -239,12 +272,12 @@ def resolve(hf, fam: Family, point: str, layer: int | None, shape_state) -> Site
                    "activations are never materialized; use mlp_in/mlp_out/router points")
         spec = {"mlp_pre": fam.mlp_pre, "mlp_pre_linear": fam.mlp_pre_linear, "mlp_act": fam.mlp_down}[point]
         path = spec.path if isinstance(spec, Split) else spec
-        mod = sub(mlp, path)
+        mod = sub(mlp_root, path)
         if mod is None:
             absent("the MLP is not gated" if point == "mlp_pre_linear" else "no such MLP projection")
         if point == "mlp_act":
-            return in_site(mod, arg="input")
-        return out_site(mod, split=spec if isinstance(spec, Split) else None)
+            return in_site(mod, arg="input", shape_from=flat)
+        return out_site(mod, split=spec if isinstance(spec, Split) else None, shape_from=flat)
     absent(f"the {fam.name} adapter does not map this point")
 
 

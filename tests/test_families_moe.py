@@ -28,6 +28,8 @@ SPECS = {
     "deepseek_v4": dict(zoo="deepseek-ai/DeepSeek-V4-Flash", router="mlp.gate", out=(0, 1, 2), rule="v4"),
     "qwen3_next": dict(zoo="Qwen/Qwen3-Next-80B-A3B-Instruct", router="mlp.gate", out=(0, 1, 2), rule="topk"),
     "lfm2": dict(zoo="LiquidAI/LFM2-350M", router=None, mlp="feed_forward", norm="model.embedding_norm"),
+    "granitemoehybrid": dict(zoo="ibm-granite/granite-4.0-h-tiny", router="block_sparse_moe.router", out=(2, 1, 0),
+                             mlp="block_sparse_moe", mlp_plus="shared_mlp", rule="topk"),
 }
 MOE = [mt for mt, s in SPECS.items() if s["router"]]
 T = 24  # longer than the twins' sliding windows (16) and V4's compression rates
@@ -80,6 +82,7 @@ def bundle(mt):
     for L, blk in enumerate(hf.model.layers):
         mods = {"router": _sub(blk, spec["router"]) if spec["router"] else None,
                 "mlp": _sub(blk, spec.get("mlp", "mlp")), "attn_hc": _sub(blk, "attn_hc"),
+                "mlp_plus": _sub(blk, spec["mlp_plus"]) if "mlp_plus" in spec else None,
                 "ffn_hc": _sub(blk, "ffn_hc"), "q_proj": _sub(blk, "self_attn.q_proj"),
                 "o_proj": _sub(blk, "self_attn.o_proj"), "down": _sub(blk, "mlp.down_proj"),
                 "gate_proj": _sub(blk, "mlp.gate_proj"), "up_proj": _sub(blk, "mlp.up_proj")}
@@ -97,7 +100,7 @@ def bundle(mt):
     finally:
         for h in hooks:
             h.remove()
-    wanted = ["embeddings", "final_norm", "resid_post", "resid_streams", "attn_out", "mlp_out", "router_logits",
+    wanted = ["embeddings", "final_norm", "resid_post", "resid_mid", "resid_streams", "attn_out", "mlp_out", "router_logits",
               "expert_weights", "expert_indices", "attn_gate", "z", "mlp_act", "mlp_pre", "mlp_pre_linear",
               "attn_stream_collapse", "attn_stream_write", "attn_stream_mix", "mlp_stream_collapse",
               "mlp_stream_write", "mlp_stream_mix"]
@@ -184,6 +187,8 @@ def test_mlp_out_matches_raw_module_hook(mt):
     for L in range(b["m"].n_layers):
         out = b["raw"][("mlp", L)][1]
         out = out[0] if isinstance(out, tuple) else out  # gpt_oss returns (output, router scores)
+        if "mlp_plus" in SPECS[mt]:  # granite-4 adds a shared MLP's output to the routed experts'
+            out = out + b["raw"][("mlp_plus", L)][1]
         assert rel(b["cache"][f"mlp_out.{L}"], out) < 1e-6, L
 
 
@@ -222,23 +227,26 @@ def test_qwen2_moe_dense_layers_by_sparse_step():
     assert rel(c["mlp_act.2"], got["act"]) < 1e-6 and c["expert_indices.1"].shape == (2, 7, 2)
 
 
-@pytest.mark.parametrize("mt,mixer_kind", [("qwen3_next", "linear_attention"), ("lfm2", "conv")])
+@pytest.mark.parametrize("mt,mixer_kind", [("qwen3_next", "linear_attention"), ("lfm2", "conv"),
+                                           ("granitemoehybrid", "linear_attention")])
 def test_hybrid_point_layers_follow_layer_types(mt, mixer_kind):
     b = bundle(mt)
     m, types = b["m"], b["hf"].config.layer_types
     attn_layers = [L for L, t in enumerate(types) if t == "full_attention"]
     other = [L for L, t in enumerate(types) if t == mixer_kind]
     assert attn_layers and other
-    for p in ("q", "k", "value", "attn_scores", "attn_probs", "z", "q_norm_in", "k_norm_out"):
+    qk_norm = mt != "granitemoehybrid"
+    for p in ("q", "k", "value", "attn_scores", "attn_probs", "z") + (("q_norm_in", "k_norm_out") if qk_norm else ()):
         assert m.point_layers(p) == attn_layers, p
     for p in ("attn_in", "attn_out", "resid_mid", "mlp_in", "mlp_out", "resid_post"):
         assert m.point_layers(p) == list(range(m.n_layers)), p
     with pytest.raises(UnsupportedPointError, match=rf"'q' is not available at layer {other[0]}.*"
                                                     rf"It exists at layers \{attn_layers}"):
         m.address(f"q.{other[0]}")
-    _, c = m.run_with_cache(b["ids"], [f"q_norm_in.{attn_layers[0]}", f"q.{attn_layers[0]}"])
-    n_heads = b["hf"].config.num_attention_heads
-    assert c[f"q_norm_in.{attn_layers[0]}"].shape[2] == c[f"q.{attn_layers[0]}"].shape[2] == n_heads
+    if qk_norm:
+        _, c = m.run_with_cache(b["ids"], [f"q_norm_in.{attn_layers[0]}", f"q.{attn_layers[0]}"])
+        n_heads = b["hf"].config.num_attention_heads
+        assert c[f"q_norm_in.{attn_layers[0]}"].shape[2] == c[f"q.{attn_layers[0]}"].shape[2] == n_heads
 
 
 def test_qwen3_next_attn_gate_is_the_sigmoid_gate_multiplied_into_z():
@@ -273,20 +281,21 @@ def test_steering_resid_post_shifts_that_layer_only(mt):
     assert rel(logits, b["logits"]) > 1e-3
 
 
-@pytest.mark.parametrize("mt,layer", [("granitemoe", 0), ("qwen3_next", 0), ("lfm2", 0)])
-def test_steering_resid_mid_reaches_the_residual(mt, layer):
-    """Through a residual multiplier (granite) and through non-attention mixers (DeltaNet, conv): the
-    residual itself carries the edit, so resid_post = resid_mid + multiplier * mlp_out still holds."""
+@pytest.mark.parametrize("mt,point", [("granitemoe", "resid_mid"), ("qwen3_next", "resid_mid"), ("lfm2", "resid_mid"),
+                                      ("granitemoehybrid", "resid_mid"), ("granitemoehybrid", "mlp_out")])
+def test_steering_mid_and_mlp_write_reach_the_residual(mt, point):
+    """Through a residual multiplier (granite), non-attention mixers (DeltaNet, conv, Mamba-2 at
+    layer 0) and a two-module MLP slot (granite-4: routed experts + shared MLP): the residual itself
+    carries the edit, so resid_post = resid_mid + residual_multiplier * mlp_out still holds."""
     b = bundle(mt)
-    m = b["m"]
+    m, base, L = b["m"], b["cache"], 0
     mult = getattr(b["hf"].config, "residual_multiplier", 1.0)
-    pts = [f"resid_mid.{layer}", f"mlp_out.{layer}", f"resid_post.{layer}"]
-    _, base = m.run_with_cache(b["ids"], pts)
-    v = torch.randn(m.d_model, generator=torch.Generator().manual_seed(3)) * base[pts[0]].std()
-    _, s = m.run_with_cache(b["ids"], pts, steer=[Steer(pts[0], "add", v)])
-    assert rel(s[pts[0]], base[pts[0]] + v) < 1e-6
+    pts = [f"resid_mid.{L}", f"mlp_out.{L}", f"resid_post.{L}"]
+    v = torch.randn(m.d_model, generator=torch.Generator().manual_seed(3)) * base[f"{point}.{L}"].std()
+    _, s = m.run_with_cache(b["ids"], pts, steer=[Steer(f"{point}.{L}", "add", v)])
+    assert rel(s[f"{point}.{L}"], base[f"{point}.{L}"] + v) < 1e-6
     assert rel(s[pts[2]], s[pts[0]] + mult * s[pts[1]]) < 1e-6
-    assert rel(s[pts[1]], base[pts[1]]) > 1e-3
+    assert rel(s[pts[2]], base[pts[2]]) > 1e-3
 
 
 def test_expert_indices_capture_is_integer_and_steering_it_is_refused():

@@ -7,6 +7,7 @@ reports by name instead of returning anything.
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -57,6 +58,15 @@ class Streams:
 
 
 @dataclass(frozen=True)
+class Variant:
+    """Field overrides for checkpoints whose config flag changes the block layout, e.g. GPT-NeoX's
+    `use_parallel_residual` or OPT's `do_layer_norm_before`: applied when `config.<flag> == value`."""
+    flag: str
+    value: object
+    changes: dict
+
+
+@dataclass(frozen=True)
 class Family:
     name: str
     model_types: tuple[str, ...]
@@ -71,7 +81,8 @@ class Family:
     # `attn` is absent they serve attn_in / attn_out and carry the resid_mid write
     mixers: tuple[str, ...] = ()
     mlp: str | None = "mlp"
-    mlp_norm: str | None = "post_attention_layernorm"  # its input is resid_mid (sequential blocks)
+    # its input is resid_mid (sequential blocks); "mlp" itself where no norm precedes the MLP (OLMo-2)
+    mlp_norm: str | None = "post_attention_layernorm"
     attn_post_norm: str | None = None  # sandwich norm after attention
     mlp_post_norm: str | None = None  # sandwich norm after the MLP
     parallel: bool = False  # attention and MLP read the same residual (no resid_mid)
@@ -90,10 +101,27 @@ class Family:
     streams: Streams | None = None  # hyper-connection families
     # the attention module adds the residual itself (BLOOM): attn_out = output - residual input
     attn_adds_residual: bool = False
+    mlp_adds_residual: bool = False  # same for the MLP module (BLOOM)
+    # the MLP projections sit directly on the decoder layer (OPT fc1/fc2, no MLP module): MLP paths
+    # are then relative to the layer, mlp_in is mlp_pre's input and mlp_out is mlp_down's output
+    mlp_on_layer: bool = False
+    mlp_flat: bool = False  # the block flattens tokens to [batch*pos, d] before the MLP (OPT)
+    qk_norm_heads_first: bool = False  # QK-norm runs on [b, heads, pos, hd] (after the head transpose)
+    resid_mid_out: str | None = None  # post-LN blocks: module whose OUTPUT is the mid residual (OPT-350m)
+    final_proj: str | None = None  # trunk projection between the final norm and lm_head (OPT project_out)
+    variants: tuple[Variant, ...] = ()  # config-dependent layouts, see Variant
     quirks: tuple[str, ...] = ()
     # points refused on this family with the reason, e.g. {"q": "fused qkv in this HF module"}
     refused: dict = field(default_factory=dict)
     notes: str = ""
+
+    def for_config(self, cfg) -> "Family":
+        """This family with the overrides of every variant whose config flag matches."""
+        changes = {}
+        for v in self.variants:
+            if getattr(cfg, v.flag, None) == v.value:
+                changes.update(v.changes)
+        return dataclasses.replace(self, **changes) if changes else self
 
 
 _REGISTRY: dict[str, Family] = {}

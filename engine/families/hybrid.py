@@ -1,5 +1,5 @@
 """Hybrid trunks: softmax-attention layers interleaved with other token mixers (gated DeltaNet linear
-attention, gated short convolutions), chosen per layer by `config.layer_types`.
+attention, gated short convolutions, Mamba-2), chosen per layer by `config.layer_types`.
 
 `attn` names the softmax-attention module; `mixers` names the other mixers that take its slot on the
 remaining layers. attn_in / attn_out / resid_mid exist on every layer (the mixer's input and output);
@@ -23,4 +23,13 @@ register(
                    "tied-embeddings"),
            notes="layer_types: conv (Lfm2ShortConv in conv) or full_attention (self_attn); the final "
                  "norm is model.embedding_norm."),
+    Family("granitemoehybrid", ("granitemoehybrid",), mixers=("mamba",), mlp="block_sparse_moe",
+           mlp_sibling="shared_mlp", router=Router("router", logits=2, weights=1, indices=0),
+           quirks=("rmsnorm", "nope-or-rope", "gqa", "mamba2", "hybrid", "moe", "shared-mlp", "fused-experts",
+                   "embedding-multiplier", "residual-multiplier", "attention-multiplier", "logits-scaling"),
+           notes="layer_types: linear_attention (Mamba-2 in mamba) or full_attention (self_attn). The MLP "
+                 "slot is block_sparse_moe(x) + shared_mlp(x): mlp_in is their common input, mlp_out their "
+                 "sum (before residual_multiplier); router as granitemoe (indices, weights, logits), top-k "
+                 "of the logits with a softmax over the k kept. The shared MLP's hidden activations are "
+                 "not mapped (mlp_pre/mlp_act are refused on MoE layers)."),
 )
