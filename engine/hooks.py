@@ -175,3 +175,27 @@ class HookSet:
             return tuple(collapsed if i == idx else o for i, o in enumerate(output))
 
         self._handles.append(site.module.register_forward_hook(hook, with_kwargs=True))
+
+    def _install_sum(self, site, point, fns, items):
+        """A sublayer made of two modules whose outputs are added (granite-4: routed experts plus a
+        shared MLP): read first + second; a steered sum replaces the second's output by new - first."""
+        stash = {}
+
+        def first_hook(module, args, output):
+            stash["first"] = _first_of(output)
+
+        def hook(module, args, kwargs, output):
+            first = stash.pop("first")
+            t = first + _first_of(output)
+            new = _chain(fns, t)
+            if new is t:
+                return None
+            second = new - first
+            return (second, *output[1:]) if isinstance(output, tuple) else second
+
+        self._handles.append(site.extra["first"].register_forward_hook(first_hook))
+        self._handles.append(site.module.register_forward_hook(hook, with_kwargs=True))
+
+
+def _first_of(x):
+    return x[0] if isinstance(x, tuple) else x

@@ -37,7 +37,8 @@ class Site:
     "logits" (the CausalLM output), "resid_mid" (composite: read at the MLP norm's input,
     written through the attention write), "gate" (gated attention: read from the projection that
     emits the gate, written through the output projection's input), "hc_collapse" (hyper-connection
-    collapse weights: recomputed from the module's input, written by re-collapsing its output)."""
+    collapse weights: recomputed from the module's input, written by re-collapsing its output),
+    "sum" (two modules whose outputs are added, e.g. routed experts + shared MLP)."""
     kind: str
     module: torch.nn.Module
     get: Callable = None  # raw -> canonical
@@ -235,6 +236,8 @@ def resolve(hf, fam: Family, point: str, layer: int | None, shape_state) -> Site
         return Site("resid_mid", norm, get=in_site(norm, shape_from=flat).get,
                     extra={"block": blk, "write": write, "write_scale": scale,
                                               "write_includes_residual": fam.attn_adds_residual})
+    if point == "mlp_out" and mlp is not None and sub(blk, fam.mlp_sibling) is not None:
+        return Site("sum", sub(blk, fam.mlp_sibling), extra={"first": mlp})
     mlp_root = blk if fam.mlp_on_layer else mlp
     if point in ("mlp_in", "mlp_out"):
         if fam.mlp_on_layer:  # no MLP module: its first projection's input, its last one's output

@@ -99,6 +99,9 @@ class Family:
     mlp_down: str | None = "down_proj"  # its input is mlp_act
     router: Router | None = None
     streams: Streams | None = None  # hyper-connection families
+    # a second module in the MLP slot (relative to a decoder layer) whose output is added to the MLP
+    # module's, run after it (granite-4: shared_mlp beside block_sparse_moe); mlp_out is their sum
+    mlp_sibling: str | None = None
     # the attention module adds the residual itself (BLOOM): attn_out = output - residual input
     attn_adds_residual: bool = False
     mlp_adds_residual: bool = False  # same for the MLP module (BLOOM)
