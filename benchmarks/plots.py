@@ -9,6 +9,7 @@ import hashlib
 import json
 from pathlib import Path
 
+from benchmarks.stats import sig
 from benchmarks.table import Table
 from benchmarks.workloads import BY_NAME as WORKLOADS
 
@@ -60,17 +61,18 @@ def plot_throughput(t: Table, path: Path) -> str:
     fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 0.45 * max(len(t.variants), 3) * rows + 1.6),
                              squeeze=False)
     for ax, (w, rws) in zip(axes.flat, data.items()):
-        names = [r[0] for r in rws][::-1]
-        med = [r[1] for r in rws][::-1]
-        lo = [r[1] - r[2] for r in rws][::-1]
-        hi = [r[3] - r[1] for r in rws][::-1]
-        ax.barh(names, med, xerr=[lo, hi], color=[COLORS.get(r[4], "#888") for r in rws][::-1], capsize=2)
-        for y, m in enumerate(med):
-            ax.text(m, y, f" {m:.3g}", va="center", fontsize=7)
+        rws = rws[::-1]  # first variant on top
+        med = [r[1] for r in rws]
+        ys = range(len(rws))
+        ax.barh(ys, med, color=[COLORS.get(r[4], "#888") for r in rws])
+        ax.errorbar(med, ys, xerr=[[r[1] - r[2] for r in rws], [r[3] - r[1] for r in rws]], fmt="none",
+                    ecolor="black", elinewidth=0.8, capsize=2)
+        ax.set_yticks(list(ys))
+        ax.set_yticklabels([f"{r[0]}  {sig(r[1], 3)}" for r in rws])
         ax.set_title(WORKLOADS[w].title, fontsize=9)
-        ax.set_xlabel("tok/s (median, bar = q1–q3)", fontsize=7)
+        ax.set_xlabel("tok/s (median; whisker = q1–q3)", fontsize=7)
         ax.tick_params(labelsize=7)
-        ax.set_xlim(0, max(med) * 1.35)
+        ax.set_xlim(0, max(med) * 1.5)  # a wild q3 is clipped rather than squashing every bar
     for ax in list(axes.flat)[len(data):]:
         ax.axis("off")
     if not data:
@@ -89,7 +91,7 @@ def plot_overhead(t: Table, path: Path) -> str:
     import matplotlib.pyplot as plt
     data, title = overhead_data(t), _title(t)
     variants = list(data)
-    fig, ax = plt.subplots(figsize=(max(6.0, 1.2 * len(variants) + 2), 4.2))
+    fig, ax = plt.subplots(figsize=(max(9.0, 1.3 * len(variants) + 2), 5.0))
     width = 0.8 / len(OVERHEAD_WORKLOADS)
     for i, w in enumerate(OVERHEAD_WORKLOADS):
         xs = [j + (i - (len(OVERHEAD_WORKLOADS) - 1) / 2) * width for j, v in enumerate(variants) if w in data[v]]
@@ -100,8 +102,9 @@ def plot_overhead(t: Table, path: Path) -> str:
     ax.set_xticks(range(len(variants)))
     ax.set_xticklabels(variants, fontsize=8)
     ax.set_ylabel("tok/s relative to the same variant's plain run", fontsize=8)
-    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
-    ax.set_title(f"Cost of capture, steering and lens (1.0 = free)\n{title}", fontsize=9)
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.1), ncol=3)
+    fig.suptitle(f"Cost of capture, steering and lens: tok/s over the same variant's plain run "
+                 f"(1.0 = free, below 1 = slower)\n{title}", fontsize=9)
     if not data:
         ax.text(0.5, 0.5, "no measured cells", ha="center", transform=ax.transAxes)
     fig.tight_layout()

@@ -27,9 +27,7 @@ def cell_env(params: Params) -> dict:
     if params.source == "zoo":
         from engine import zoo
         e.update(zoo.offline_env())
-    e.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-    if params.device == "cpu":
-        e.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    e.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # KV cache size: the backend sizes it per model
     e["PYTHONPATH"] = os.pathsep.join([str(cells.ROOT), *filter(None, [e.get("PYTHONPATH")])])
     e.setdefault("TOKENIZERS_PARALLELISM", "false")
     return e

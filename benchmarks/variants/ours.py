@@ -70,6 +70,19 @@ def _new_tokens(result):
 class VllmRunner(EagerRunner):
     """vllm / vllm-static / vllm-generate: the same calls on the vLLM backends; what a backend refuses
     (by its own error) becomes this cell's n/a reason."""
+    # every timed run recomputes its prompt, as on eager: identical prompts repeated across timed runs
+    # would otherwise be served from vLLM's prefix cache and time a prefill that never happens
+    load_kw = {"enable_prefix_caching": False}
+    NOTE_PREFIX = "vLLM prefix caching off, so every timed run computes its prompt as eager does"
+
+    def _gen(self, ids, **kw):
+        # logits of the new tokens are extra work stock generate does not do; the figure is generation
+        return super()._gen(ids, return_logits=False, **kw)
+
+    def prefill(self):
+        return Job(lambda: self.m.generate(self.ids1, max_new_tokens=1, return_logits=False),
+                   notes=["prefill timed as generate with max_new_tokens=1 (stock vLLM has no bare forward): "
+                          "the prompt's forward plus one sampled token"])
 
     def job(self, workload):
         from engine.errors import UnsupportedPointError
@@ -82,6 +95,12 @@ class VllmRunner(EagerRunner):
             except (UnsupportedPointError, NotImplementedError) as e:
                 raise NotApplicable(f"{self.backend} refuses it: {e}") from None
         job.run = probe
-        if workload == "prefill":
-            job.notes.append("timed as run_with_cache without capture points on the vLLM engine")
+        job.notes.append(self.NOTE_PREFIX)
         return job
+
+    def load(self):
+        super().load()
+        rep = getattr(self.m, "load_report", None)
+        if rep is not None:
+            self.model_info["startup_s"] = getattr(rep, "startup_s", None)
+            self.model_info["compiled"] = getattr(rep, "compiled", None)
