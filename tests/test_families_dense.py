@@ -480,6 +480,15 @@ def test_refusals_name_the_reason(case, point, fragment):
     assert point in str(e.value)
 
 
+@pytest.mark.parametrize("case", ["gemma3_text", "phi-qk-layernorm", "olmo2", "cohere"])
+def test_qk_norm_head_steer_reaches_only_that_heads_query(case):
+    """Heads-first, flat and [pos, heads] QK-norm layouts all write back to the right head."""
+    m, r, enc, ref, cache, logits = bundle(case)
+    _, st = m.run_with_cache(enc, ["q.1"], [Steer("q_norm_out.1.head-1", "add", torch.ones(cache["q.1"].shape[-1]))])
+    moved = (st["q.1"] - cache["q.1"]).abs().amax(dim=(0, 1, 3)) > 1e-4
+    assert moved.tolist() == [i == 1 for i in range(moved.numel())]
+
+
 def test_grad_mode_capture_is_not_edited_in_place_by_hf():
     """Falcon's parallel block does `mlp_output += attention_output` after the MLP returns."""
     m, r, enc, ref, cache, logits = bundle("falcon-parallel-mqa")

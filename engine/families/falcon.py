@@ -4,7 +4,8 @@ parallel (attention and MLP on the same residual, one or two LayerNorms); otherw
 sequential with `post_attention_layernorm` before the MLP. FalconAttention computes its product
 inline (not through ALL_ATTENTION_FUNCTIONS): q/k/value/scores/probs are refused, z is `dense`'s
 input. In parallel blocks HF adds the attention output into the MLP output in place after the
-MLP module returns, so mlp_out is captured before that add (a clone when not keeping gradients).
+MLP module returns; mlp_out is the MLP output before that add (EagerModel copies captures, and with
+gradients lets the model carry on with a copy, so the in-place add never reaches a capture).
 """
 from engine.families.base import Family, Variant, register
 
