@@ -20,12 +20,12 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--model", default=DEFAULT_MODEL, help=f"checkpoint name (default {DEFAULT_MODEL})")
     run.add_argument("--real", action="store_true",
                      help="use the real checkpoint from the HF cache instead of its tiny zoo twin")
-    run.add_argument("--prompt-tokens", type=int, default=16)
-    run.add_argument("--new-tokens", type=int, default=16)
-    run.add_argument("--repeats", type=int, default=5, help=f"timed repeats per cell (>= {MIN_REPEATS})")
-    run.add_argument("--min-time", type=float, default=2.0,
+    run.add_argument("--prompt-tokens", type=int, default=Params.prompt_tokens)
+    run.add_argument("--new-tokens", type=int, default=Params.new_tokens)
+    run.add_argument("--repeats", type=int, default=Params.repeats, help=f"timed repeats per cell (>= {MIN_REPEATS})")
+    run.add_argument("--min-time", type=float, default=Params.min_time_s,
                      help="add timed runs until they take about this many seconds (short workloads)")
-    run.add_argument("--warmups", type=int, default=2)
+    run.add_argument("--warmups", type=int, default=Params.warmups)
     run.add_argument("--dtype", default="float32", choices=DTYPES)
     run.add_argument("--device", default="cpu", help="cpu or cuda")
     run.add_argument("--threads", type=int, default=0, help="torch threads per cell (0 = torch default)")

@@ -20,9 +20,9 @@ class Params:
     """Sweep-wide settings; every cell records them so a table never mixes different settings."""
     model: str = DEFAULT_MODEL
     source: str = "zoo"  # "zoo" (tiny twin, offline) or "real" (cached checkpoint)
-    prompt_tokens: int = 16
+    prompt_tokens: int = 32
     new_tokens: int = 16
-    warmups: int = 1
+    warmups: int = 2
     repeats: int = 5  # at least this many timed runs per cell
     min_time_s: float = 2.0  # ... and more runs until their estimated total reaches this
     dtype: str = "float32"

@@ -70,7 +70,7 @@ def run_cell(variant_name: str, workload_name: str, params: Params, run_id: str)
         t0 = time.perf_counter()
         runner.load()
         base["load_s"] = time.perf_counter() - t0
-        base["model_info"] = runner.model_info
+        base["model_info"] = {**runner.model_info, "torch_threads_after_load": torch.get_num_threads()}
         job = runner.job(workload_name)
         from tqdm import tqdm
         with tqdm(total=params.repeats, desc=f"{variant_name} x {workload_name}", leave=False,

@@ -12,12 +12,16 @@ from pathlib import Path
 from visualizer_data.ts import ROOT, module
 
 CELLS_DIR = ROOT / "reports" / "validator" / "cells"
+# the overall verdict is the worst one among the scored pairs ("gap" = a declared, evidenced gap)
+WORST_FIRST = ("fail", "warn", "gap", "pass")
 
 INTERFACES = """
 export interface ValidationCell {
   model: string;
   engine: string;
-  /** Overall: "fail" if any scored pair failed, else "pass" if any passed, else the cell's own verdict. */
+  /** The cell's run status (ok, skipped, error, ...), null when the cell has none. */
+  status: string | null;
+  /** Overall: the worst verdict of the scored pairs (fail > warn > gap > pass), else the cell's status. */
   verdict: string;
   /** How many scored pairs got each verdict (pass, fail, explained, skip, ...). */
   counts: Record<string, number>;
@@ -61,10 +65,12 @@ def summarize(cell: dict, file: str) -> dict:
     counts: Counter = Counter()
     _verdicts(inner, counts)
     own = cell.get("verdict") if isinstance(cell.get("verdict"), str) else None
-    overall = "fail" if counts.get("fail") else "pass" if counts.get("pass") else (own or "none")
+    worst = next((v for v in WORST_FIRST if counts.get(v)), None)
+    overall = worst or own or _s(cell.get("status")) or "none"
     if own == "fail":  # a cell-level failure (e.g. structural) is never outvoted by passing pairs
         overall = "fail"
-    return {"model": str(model), "engine": str(engine), "verdict": overall, "counts": dict(sorted(counts.items())),
+    return {"model": str(model), "engine": str(engine), "status": _s(cell.get("status")), "verdict": overall,
+            "counts": dict(sorted(counts.items())),
             "dtype": _s(_find(cell, "dtype")), "device": _s(_find(cell, "device")),
             "source": _s(_find(cell, "source")), "file": file}
 
