@@ -53,6 +53,8 @@ class RequestResult:
     text: str
     cache: ActivationCache  # [pos, ...]: the prompt, then every generated token fed back (P + N - 1)
     logits: torch.Tensor | None  # [N, vocab]: the scores each new token was chosen from
+    cached_tokens: int = 0  # prompt tokens vLLM served from its prefix cache (0 when capturing/steering)
+    recomputed: int = 0  # times the scheduler preempted and recomputed this request
 
     @property
     def tokens(self) -> torch.Tensor:
@@ -205,6 +207,9 @@ class VLLMModel:
         addr = self.address(st.address)
         if addr.point in INTEGER_POINTS:
             raise UnsupportedPointError(f"{addr} is capture-only.")
+        why = self._site(addr.base).write_refused
+        if why:
+            raise SteeringError(f"{addr} is capture-only on {type(self.vmodel).__name__}: {why}.")
         if self.taps is not None and not self.taps.taps[str(addr.base)].writable:
             raise UnsupportedPointError(f"{addr} is a read-only tap of this vllm-static engine; declare it in "
                                         f"static_points to steer it, or use backend='vllm'.")
@@ -312,7 +317,8 @@ class VLLMModel:
             start = len(plan.prompt) - 1 - p0
             logits = self._logits(rows[start:start + len(new)])
         text = self.tokenizer.decode(new.tolist(), skip_special_tokens=True)
-        return RequestResult(torch.tensor(plan.prompt, dtype=torch.long), new, text, cache, logits)
+        return RequestResult(torch.tensor(plan.prompt, dtype=torch.long), new, text, cache, logits,
+                             int(getattr(out, "num_cached_tokens", 0) or 0), plan.recomputed)
 
     def generate(self, inputs, max_new_tokens: int = 8, points=(), steer=(), return_logits: bool = True,
                  progress: bool = False, **sampling) -> VLLMGeneration:

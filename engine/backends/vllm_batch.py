@@ -51,6 +51,7 @@ class Plan:
     internal: list[Address] = field(default_factory=list)  # read for the engine itself (logits)
     force_salt: bool = False  # every position must be computed (e.g. prefill logits)
     key: int = field(default_factory=lambda: next(_keys))
+    recomputed: int = 0  # chunks that restarted below what was held (preemption + recompute)
     store: dict = field(default_factory=dict)  # address str -> list[(pos0, cpu tensor)]
 
     def reads(self) -> list[Address]:
@@ -69,6 +70,7 @@ class Plan:
         chunks = self.store.setdefault(key, [])
         held = sum(c.shape[0] for _, c in chunks)
         if pos0 < held:  # recomputed after preemption: drop what is being recomputed
+            self.recomputed += 1
             chunks[:] = [(p, c[: pos0 - p]) for p, c in chunks if p < pos0]
         chunks.append((pos0, rows))
 

@@ -132,14 +132,57 @@ def scoped_env(env: dict):
                 os.environ[k] = v
 
 
+_PATCHED_KEYS = ("__init__", "__call__", "_ignore_compile_vllm")
+
+
+@contextlib.contextmanager
+def hf_classes_kept_pristine(found: list):
+    """vLLM's Transformers backend decorates the HF decoder class *in place* for torch.compile
+    (new __init__, __call__ and base class), after which the eager backend can no longer build that
+    class in this process ("Current vLLM config is not set"). Record each HF class it decorates,
+    so that `restore_hf_classes` can undo it once the engine exists."""
+    from vllm.compilation import decorators as d
+    orig = d._support_torch_compile
+
+    def record(cls, *args, **kwargs):
+        if cls.__module__.startswith("transformers.") and d.TorchCompileWithNoGuardsWrapper not in cls.__bases__:
+            found.append((cls, cls.__bases__, {k: cls.__dict__[k] for k in _PATCHED_KEYS if k in cls.__dict__}))
+        return orig(cls, *args, **kwargs)
+    d._support_torch_compile = record
+    try:
+        yield
+    finally:
+        d._support_torch_compile = orig
+
+
+def restore_hf_classes(found: list, model) -> None:
+    """Give the engine's instances a private subclass carrying vLLM's decoration, and put the
+    shared HF class back the way transformers defined it."""
+    from vllm.compilation.wrapper import TorchCompileWithNoGuardsWrapper
+    for cls, bases, saved in found:
+        decorated = {k: cls.__dict__[k] for k in _PATCHED_KEYS if k in cls.__dict__}
+        for k in decorated:
+            delattr(cls, k)
+        for k, v in saved.items():
+            setattr(cls, k, v)
+        cls.__bases__ = bases
+        private = type(cls.__name__, (cls, TorchCompileWithNoGuardsWrapper),
+                       {**decorated, "__module__": cls.__module__, "__qualname__": f"vllm[{cls.__qualname__}]"})
+        for m in model.modules():
+            if type(m) is cls:
+                m.__class__ = private
+
+
 def build_llm(path: str, install=None, env: dict | None = None, **llm_kw):
     """Construct vllm.LLM in-process; `install(runner)` runs between weight load and compile."""
     prepare_env()
     from vllm import LLM
     t0 = time.perf_counter()
     ctx = after_load_model(install) if install is not None else contextlib.nullcontext()
-    with scoped_env(env or {}), ctx:
+    decorated: list = []
+    with scoped_env(env or {}), ctx, hf_classes_kept_pristine(decorated):
         llm = LLM(model=path, **llm_kw)
+    restore_hf_classes(decorated, runner_of(llm).get_model())
     _LIVE.append(llm)
     return llm, time.perf_counter() - t0
 

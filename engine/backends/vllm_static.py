@@ -126,7 +126,7 @@ class StaticTaps:
         for i, (addr, writable) in enumerate(declared):
             site = site_of(addr)
             self.taps[str(addr)] = Tap(str(addr), site, width_of(site, addr.point, d_model), rows,
-                                       writable, device, dtype, i)
+                                       writable and site.write_refused is None, device, dtype, i)
             self.head_dim[str(addr)] = head_dims.get(addr.point)
 
     @property

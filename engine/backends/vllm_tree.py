@@ -37,6 +37,9 @@ class Tree:
     attn_post_norm: str | None = None
     mlp_post_norm: str | None = None
     parallel: bool = False
+    # Llama-style: decoder layers pass (hidden, residual) between them and the stream is their sum.
+    # False: the first output is the whole stream (a second output, if any, is not part of it).
+    pair: bool = True
     batched: bool = False  # Transformers backend: tensors carry a leading batch dim of 1
     refused: dict = field(default_factory=dict)  # point -> reason
 
@@ -44,7 +47,8 @@ class Tree:
 _SANDWICH = Tree(mlp_norm="pre_feedforward_layernorm", attn_post_norm="post_attention_layernorm",
                  mlp_post_norm="post_feedforward_layernorm")
 _GPT2 = Tree(layers="transformer.h", final_norm="transformer.ln_f", attn="attn", o_proj="c_proj",
-             mlp_norm="ln_2", down="c_proj")
+             mlp_norm="ln_2", down="c_proj", pair=False)
+_MOE = {"mlp_act": _MOE_ACT}
 
 # vLLM architecture class name -> Tree. Classes not listed here are refused at load by name.
 TREES: dict[str, Tree] = {
@@ -54,11 +58,21 @@ TREES: dict[str, Tree] = {
     "ApertusForCausalLM": Tree(mlp_norm="feedforward_layernorm"),
     "Gemma2ForCausalLM": _SANDWICH, "Gemma3ForCausalLM": _SANDWICH,
     "GPT2LMHeadModel": _GPT2,
-    "MixtralForCausalLM": Tree(mlp="block_sparse_moe", down=None, refused={"mlp_act": _MOE_ACT}),
-    "Qwen2MoeForCausalLM": Tree(refused={"mlp_act": _MOE_ACT}),
-    "Qwen3MoeForCausalLM": Tree(refused={"mlp_act": _MOE_ACT}),
-    "OlmoeForCausalLM": Tree(refused={"mlp_act": _MOE_ACT}),
+    "GPTJForCausalLM": Tree(layers="transformer.h", final_norm="transformer.ln_f", attn="attn", o_proj="out_proj",
+                            down="fc_out", mlp_norm=None, parallel=True, pair=False),
+    "CohereForCausalLM": Tree(mlp_norm=None, parallel=True, pair=False),
+    "Glm4ForCausalLM": Tree(attn_post_norm="post_self_attn_layernorm", mlp_post_norm="post_mlp_layernorm"),
+    "Exaone4ForCausalLM": Tree(mlp_norm="mlp", attn_post_norm="post_attention_layernorm",
+                               mlp_post_norm="post_feedforward_layernorm", pair=False),
+    "MixtralForCausalLM": Tree(mlp="block_sparse_moe", down=None, refused=_MOE),
+    "Qwen2MoeForCausalLM": Tree(), "Qwen3MoeForCausalLM": Tree(), "OlmoeForCausalLM": Tree(),
+    "GraniteMoeForCausalLM": Tree(mlp="block_sparse_moe", down=None, refused=_MOE, pair=False),
+    "PhiMoEForCausalLM": Tree(mlp="block_sparse_moe", down=None, refused=_MOE, pair=False),
+    "GptOssForCausalLM": Tree(attn="attn", refused=_MOE),
+    "DeepseekV2ForCausalLM": Tree(), "DeepseekV3ForCausalLM": Tree(),
 }
+for _cls in ("GraniteForCausalLM", "StablelmForCausalLM"):
+    TREES[_cls] = replace(TREES[_cls], pair=False)
 TRANSFORMERS_BACKEND = ("TransformersForCausalLM", "TransformersMoEForCausalLM")
 
 
@@ -79,7 +93,7 @@ def tree_for(model, hf_config) -> Tree:
                     o_proj=fam.o_proj, kernel=None, mlp=fam.mlp,
                     down=fam.mlp_down if fam.router is None else None, mlp_norm=fam.mlp_norm,
                     attn_post_norm=fam.attn_post_norm, mlp_post_norm=fam.mlp_post_norm,
-                    parallel=fam.parallel, batched=True, refused=dict(fam.refused))
+                    parallel=fam.parallel, pair=False, batched=True, refused=dict(fam.refused))
     raise UnsupportedPointError(
         f"vLLM loaded {hf_config.model_type!r} as {cls}, which has no point table in "
         f"engine/backends/vllm_tree.py; add a Tree entry for it or use backend='eager'. "
@@ -126,6 +140,7 @@ class VSite:
     put: Callable
     shape: tuple = ()  # per-token shape of the canonical tensor, e.g. (d,) or (heads, head_dim)
     how: str = "hook"
+    write_refused: str | None = None  # capture-only here: why a write would not do what it says
 
     @property
     def key(self):
@@ -171,10 +186,13 @@ def in_site(module, batched=False, heads=None, kind="in", slot=None) -> VSite:
     return VSite(module, "pre", kind, get, put)
 
 
-def pair_in_site(module, batched=False, kind="pair_in") -> VSite:
+def pair_in_site(module, batched=False, kind="pair_in", pair=True) -> VSite:
     """The residual stream entering a module that takes (hidden, residual): their sum (or hidden
-    alone when residual is None); written back as hidden = new - residual."""
+    alone when residual is None); written back as hidden = new - residual. pair=False: the hidden
+    argument alone is the stream (a residual argument, if any, is ignored by the module)."""
     hi, hn, ri, rn = _slots(module)
+    if not pair:
+        ri, rn = None, "__no_residual__"
 
     def get(raw):
         args, kwargs = raw
@@ -189,10 +207,11 @@ def pair_in_site(module, batched=False, kind="pair_in") -> VSite:
     return VSite(module, "pre", kind, get, put)
 
 
-def pair_out_site(module, batched=False, kind="pair_out") -> VSite:
-    """The residual stream leaving a decoder layer that returns (hidden, residual): their sum."""
+def pair_out_site(module, batched=False, kind="pair_out", pair_style=True) -> VSite:
+    """The residual stream leaving a decoder layer that returns (hidden, residual): their sum.
+    pair_style=False: the first output is the stream."""
     def pair(out):
-        return isinstance(out, tuple) and len(out) == 2 and isinstance(out[1], torch.Tensor)
+        return pair_style and isinstance(out, tuple) and len(out) == 2 and isinstance(out[1], torch.Tensor)
 
     def get(out):
         if pair(out):
@@ -231,9 +250,9 @@ def resolve(model, tree: Tree, point: str, layer: int | None) -> VSite:
     if blk is None:
         absent("no such decoder layer")
     if point in ("embeddings", "resid_pre"):
-        return pair_in_site(blk, b, kind="resid_in")
+        return pair_in_site(blk, b, kind="resid_in", pair=tree.pair)
     if point == "resid_post":
-        return pair_out_site(blk, b, kind="resid_out")
+        return pair_out_site(blk, b, kind="resid_out", pair_style=tree.pair)
     attn, mlp = sub(blk, tree.attn), sub(blk, tree.mlp)
     if point == "attn_in":
         return in_site(attn, b) if attn is not None else absent("this layer has no attention module")
@@ -261,7 +280,15 @@ def resolve(model, tree: Tree, point: str, layer: int | None) -> VSite:
         if tree.parallel:
             absent("attention and MLP read the same residual in parallel blocks; there is no mid point")
         norm = sub(blk, tree.mlp_norm)
-        return pair_in_site(norm, b, kind="resid_mid") if norm is not None else absent("no pre-MLP norm")
+        if norm is None:
+            absent("no pre-MLP norm")
+        site = pair_in_site(norm, b, kind="resid_mid", pair=tree.pair)
+        if not tree.pair:
+            site.write_refused = (
+                f"{type(blk).__name__} keeps its own reference to the mid residual, so a write at the "
+                f"pre-MLP norm would reach the MLP input but not the stream; steer attn_out, "
+                f"resid_post.{layer} or resid_pre.{layer + 1} instead, or use backend='eager'")
+        return site
     if point == "mlp_in":
         return in_site(mlp, b) if mlp is not None else absent("this layer has no MLP module")
     if point == "mlp_out":
@@ -281,7 +308,3 @@ def _n_heads(attn, model):
             return getattr(attn, name)
     cfg = getattr(model, "config", None)
     return getattr(cfg, "num_attention_heads", None)
-
-
-def with_refusals(tree: Tree, extra: dict) -> Tree:
-    return replace(tree, refused={**tree.refused, **extra})

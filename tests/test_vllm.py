@@ -1,0 +1,233 @@
+"""backend="vllm" (hooks inside the in-process vLLM model) and "vllm-generate", against eager on the
+same zoo weights. One engine per model for the module; three families in the default run (Llama,
+GPT-2 with chunked prefill and a tiny KV cache, Gemma-2 sandwich norms); more in
+tests/test_vllm_families.py (slow)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine.backends.vllm_backend import Request
+from engine.errors import AddressError, SteeringError, UnsupportedPointError
+from engine.points import backend_status
+from engine.steering import Steer
+from test_vllm_common import (PROMPT, PROMPTS, assert_steer_acts, check, decode_failures, drop, eager_model,
+                              prefill_failures, random_vector, shared_points, vllm_model)
+
+pytestmark = pytest.mark.vllm
+
+LLAMA, GPT2, GEMMA2 = "meta-llama/Llama-3.2-1B", "openai-community/gpt2", "google/gemma-2-2b"
+# GPT-2 runs with a 48-token step budget (prompts are prefilled in chunks) and a KV cache of three
+# 128-token blocks (requests that outgrow one block get preempted and recomputed).
+GPT2_KW = dict(max_num_batched_tokens=48, kv_cache_memory_bytes=3 * 128 * 2048)
+KW = {LLAMA: {}, GPT2: GPT2_KW, GEMMA2: {}}
+LONG = " ".join(["the quick brown fox jumps over the lazy dog and"] * 16)  # > 128 tokens
+
+
+@pytest.fixture(scope="module")
+def engines():
+    made = {}
+
+    def get(name):
+        if name not in made:
+            made[name] = vllm_model(name, **KW[name])
+        return made[name]
+    yield get
+    for m in made.values():
+        drop(m)
+
+
+@pytest.mark.parametrize("name", [LLAMA, GPT2, GEMMA2])
+def test_prefill_every_point_matches_eager(engines, name):
+    vm, em = engines(name), eager_model(name)
+    points = shared_points(vm, em)
+    assert {"resid_post", "attn_out", "mlp_out", "z", "mlp_act", "resid_mid", "final_norm"} <= set(points)
+    assert prefill_failures(vm, em, points=points) == {}
+
+
+@pytest.mark.parametrize("name", [LLAMA, GPT2, GEMMA2])
+def test_decode_capture_and_steer_match_eager(engines, name):
+    vm, em = engines(name), eager_model(name)
+    points = shared_points(vm, em)
+    assert decode_failures(vm, em, points) == {}
+    steer = [Steer("resid_post.0", "add", random_vector((vm.d_model,)))]
+    assert decode_failures(vm, em, ["resid_post.-1"], steer=steer) == {}
+    assert_steer_acts(vm, PROMPT, steer)
+
+
+def _steers(vm):
+    """One steer per op and per kind of position, at points of every site kind."""
+    d, (heads, hd), m = vm.d_model, vm.point_shape(vm.address("z.0")), vm.point_shape(vm.address("mlp_act.1"))
+    v = random_vector((d,), 1)
+    return [
+        Steer("resid_post.1", "add", v),
+        Steer("mlp_out.0", "scale", 0.0, "generated"),
+        Steer("z.1.head-2", "set", random_vector((hd,), 2), "last"),
+        Steer("z.0", "add", random_vector((heads, hd), 3), slice(2, 5)),
+        Steer("attn_out.0", "ablate", None, (1, 4)),
+        Steer("resid_mid.1", "mean_ablate", random_vector((d,), 4, 1.0), 3),
+        Steer("resid_post.0", "project_out", v),
+        Steer("mlp_act.1", "add", random_vector(m, 5), "last"),
+        Steer("embeddings", "add", v, "all"),
+        Steer("attn_in.1", "scale", 3.0),
+    ]
+
+
+@pytest.mark.parametrize("i", range(10))
+def test_each_op_and_position_matches_eager(engines, i):
+    vm, em = engines(LLAMA), eager_model(LLAMA)
+    st = _steers(vm)[i]
+    assert decode_failures(vm, em, ["resid_post.-1", str(st.address.base)], steer=[st]) == {}
+    assert_steer_acts(vm, PROMPT, [st])
+
+
+def _batch(vm):
+    """Eight requests with different prompts, lengths, captures and steers."""
+    d = vm.d_model
+    words = PROMPT.split()
+    return [
+        Request(" ".join(words[: 3 + i]), 3 + i % 4,
+                points=[["resid_post.1"], ["z.0.head-1", "mlp_out.1"], [], ["resid_post"], ["attn_out.0"],
+                        ["final_norm"], ["mlp_act.0", "resid_mid.1"], ["embeddings"]][i],
+                steer=[[], [Steer("resid_post.0", "add", random_vector((d,), i))], [Steer("mlp_out.1", "scale", 2.0)],
+                       [], [Steer("z.1.head-0", "ablate", None, "generated")], [Steer("resid_post.1", "add",
+                       random_vector((d,), 9), "last")], [], [Steer("attn_out.1", "add", random_vector((d,), 7))]][i])
+        for i in range(8)]
+
+
+@pytest.mark.parametrize("name", [LLAMA, GPT2])
+def test_eight_concurrent_requests_match_their_solo_runs(engines, name):
+    vm = engines(name)
+    reqs = _batch(vm)
+    together = vm.generate_batch(reqs)
+    for req, got in zip(reqs, together):
+        solo = vm.generate_batch([req])[0]
+        assert torch.equal(got.new_tokens, solo.new_tokens), req
+        check(got.logits[None], solo.logits[None], "lm_head", what=f"logits of {req.prompt!r}")
+        assert set(got.cache) == set(solo.cache)
+        for k in solo.cache:
+            check(got.cache[k][None], solo.cache[k][None], k.split(".")[0], what=f"{k} of {req.prompt!r}")
+
+
+def test_chunked_prefill_and_preemption_keep_captures_exact(engines):
+    """GPT-2 engine: 48-token steps split a long prompt over several forwards, and three requests
+    that outgrow their KV block force the scheduler to preempt and recompute one."""
+    vm, em = engines(GPT2), eager_model(GPT2)
+    ids = vm._prompt_ids(LONG)[:118]
+    assert decode_failures(vm, em, ["resid_post", "z.1"], prompt=LONG, n=3) == {}
+    le, ce = em.run_with_cache(torch.tensor([ids]), ["resid_post.1", "attn_out.0"])
+    lv, cv = vm.run_with_cache([ids], ["resid_post.1", "attn_out.0"])
+    check(cv["resid_post.1"], ce["resid_post.1"], "resid_post")
+    check(cv["attn_out.0"], ce["attn_out.0"], "attn_out")
+    reqs = [Request(ids[:116 + i], 24, points=["resid_post.1"]) for i in range(3)]
+    res = vm.generate_batch(reqs)
+    assert sum(r.recomputed for r in res) > 0, "no request was preempted: the scenario did not trigger"
+    for req, r in zip(reqs, res):
+        ref = em.generate(torch.tensor([req.prompt]), 24, points=["resid_post.1"])
+        assert torch.equal(r.new_tokens, ref.new_tokens[0])
+        check(r.cache["resid_post.1"][None], ref.cache["resid_post.1"], "resid_post", case="decode")
+
+
+def test_prefix_cache_never_serves_a_steered_prefix(engines):
+    vm, em = engines(LLAMA), eager_model(LLAMA)
+    prompt = "A unique long prompt for the cache test: " + LONG
+    steer = [Steer("resid_post.0", "add", random_vector((vm.d_model,), 11))]
+    steered = vm.generate(prompt, 4, points=["resid_post.0"], steer=steer)
+    assert steered.requests[0].cached_tokens == 0
+    plain = vm.generate(prompt, 4)
+    ref = em.generate(prompt, 4)
+    assert torch.equal(plain.new_tokens, ref.new_tokens)
+    check(plain.logits, ref.logits, "lm_head", case="decode")
+    assert not torch.equal(steered.new_tokens, plain.new_tokens) or \
+        float((steered.logits - plain.logits).abs().max()) > 1e-2
+    again = vm.generate(prompt, 4)
+    assert again.requests[0].cached_tokens >= 128, "prefix caching is off: the test proves nothing"
+    assert torch.equal(again.new_tokens, ref.new_tokens)
+    captured = vm.generate(prompt, 2, points=["resid_post.0"])  # a capture after cached runs: full length
+    n = len(vm._prompt_ids(prompt))
+    assert captured.cache["resid_post.0"].shape[1] == n + 1
+
+
+def test_run_with_cache_batches(engines):
+    vm = engines(LLAMA)
+    lv, cv = vm.run_with_cache(PROMPTS, ["resid_post.1"])
+    assert isinstance(lv, list) and isinstance(cv["resid_post.1"], list)
+    for i, p in enumerate(PROMPTS):
+        ls, cs = vm.run_with_cache(p, ["resid_post.1"])
+        check(cv["resid_post.1"][i][None], cs["resid_post.1"], "resid_post")
+        check(lv[i][None], ls, "lm_head")
+    same = [PROMPT, PROMPT.upper()]
+    ids = [vm._prompt_ids(p) for p in same]
+    if len(ids[0]) == len(ids[1]):
+        lv, cv = vm.run_with_cache(same, ["resid_post.1"])
+        assert cv["resid_post.1"].shape[:2] == (2, len(ids[0]))
+
+
+def test_logit_lens_and_steering_context_match_eager(engines):
+    vm, em = engines(LLAMA), eager_model(LLAMA)
+    _, cv = vm.run_with_cache(PROMPT, ["resid_post.1", "final_norm"])
+    _, ce = em.run_with_cache(PROMPT, ["resid_post.1", "final_norm"])
+    check(vm.logit_lens((cv, "resid_post.1")), em.logit_lens((ce, "resid_post.1")), "lm_head")
+    check(vm.logit_lens(cv["final_norm"], "final_norm"), em.logit_lens(ce["final_norm"], "final_norm"), "lm_head")
+    st = Steer("resid_post.1", "add", random_vector((vm.d_model,), 5))
+    with vm.steering(st), em.steering(st):
+        gv, ge = vm.generate(PROMPT, 4), em.generate(PROMPT, 4)
+    assert torch.equal(gv.new_tokens, ge.new_tokens)
+    check(gv.logits, ge.logits, "lm_head", case="decode")
+    assert vm._context_steers == []
+
+
+def test_load_report(engines):
+    vm = engines(LLAMA)
+    r = vm.load_report
+    assert vm.startup_s > 0 and vm.kv_cache_bytes > 0 and r.kv_cache_tokens >= 256
+    assert vm.tap_buffer_bytes == 0 and not r.compiled
+    assert "KV cache" in r.line() and "startup" in r.line()
+
+
+def test_refusals_name_the_reason(engines):
+    vm = engines(LLAMA)
+    for point in ("attn_probs", "attn_scores", "lm_head", "mlp_pre", "q_norm_in", "router_logits"):
+        reason = backend_status(point, "vllm")[1]
+        with pytest.raises(UnsupportedPointError, match="cannot be served by backend 'vllm'") as e:
+            vm.run_with_cache(PROMPT, [f"{point}.0" if point not in ("lm_head",) else point])
+        assert reason in str(e.value)
+    with pytest.raises(UnsupportedPointError, match="no post-attention sandwich norm"):
+        vm.address("attn_out_post.0")
+    with pytest.raises(AddressError, match="out of range"):
+        vm.address("resid_post.99")
+    with pytest.raises(AddressError, match="head 99 is out of range"):
+        vm.address("z.0.head-99")
+    with pytest.raises(AddressError, match="unknown point"):
+        vm.address("resid_psot.0")
+    with pytest.raises(SteeringError, match=r"shape \(5,\)"):
+        vm.generate(PROMPT, 2, steer=[Steer("resid_post.0", "add", torch.ones(5))])
+    with pytest.raises(SteeringError, match="Steer objects"):
+        vm.generate(PROMPT, 2, steer=["resid_post.0"])
+    with pytest.raises(TypeError, match="inputs must be"):
+        vm.run_with_cache(3.5, ["resid_post.0"])
+    assert vm.generate(PROMPT, 2).new_tokens.shape == (1, 2)  # the engine still serves after refusals
+
+
+def test_vllm_generate_is_stock_and_refuses_capture(engines):
+    vm = engines(LLAMA)
+    gen = vllm_model(LLAMA, "vllm-generate", enforce_eager=True)  # eager forward: keeps the suite fast
+    try:
+        out = gen.generate(PROMPTS, 5)
+        assert out.logits is None
+        hooked = vm.generate(PROMPTS, 5)
+        for a, b in zip(out.requests, hooked.requests):
+            assert torch.equal(a.new_tokens, b.new_tokens)
+        assert gen.points() == []
+        with pytest.raises(UnsupportedPointError, match="vllm-generate is stock vLLM"):
+            gen.generate(PROMPT, 2, points=["resid_post.0"])
+        with pytest.raises(SteeringError, match="vllm-generate is stock vLLM"):
+            gen.generate(PROMPT, 2, steer=[Steer("resid_post.0", "add", torch.ones(vm.d_model))])
+        with pytest.raises(UnsupportedPointError, match="vllm-generate is stock vLLM"):
+            gen.run_with_cache(PROMPT)
+        with pytest.raises(UnsupportedPointError, match="vllm-generate is stock vLLM"):
+            gen.logit_lens(torch.zeros(2, vm.d_model))
+        with pytest.raises(UnsupportedPointError, match="no capture, no steering"):
+            gen.address("resid_post.0")
+    finally:
+        drop(gen)

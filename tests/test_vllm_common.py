@@ -1,0 +1,112 @@
+"""Shared helpers of the vLLM backend tests (no tests here): one engine per (model, backend) for
+the whole session, eager references on the same zoo weights, comparisons at the validator's
+tolerances (validator/tolerances.py: vllm float32 tier; decode x10)."""
+from __future__ import annotations
+
+import gc
+
+import pytest
+import torch
+
+from engine.loading import load_model
+from engine.points import get_point
+from validator.scoring import compare
+from validator.tolerances import STEER_MIN_EFFECT, tier_for
+
+PROMPT = "The quick brown fox jumps over the lazy dog"
+PROMPTS = [PROMPT, "Hello world, this is a test of the tiny models"]
+MAX_LEN = 256
+_ENGINES: dict = {}
+_EAGER: dict = {}
+
+
+def vllm_model(name: str, backend: str = "vllm", **kw):
+    """One engine per (name, backend, options) for the session (vLLM startup costs ~10-50 s)."""
+    key = (name, backend, tuple(sorted((k, repr(v)) for k, v in kw.items())))
+    if key not in _ENGINES:
+        _ENGINES[key] = load_model(name, backend=backend, source="zoo", max_model_len=MAX_LEN, **kw)
+    return _ENGINES[key]
+
+
+def drop(model) -> None:
+    """Free an engine when a test module is done with it."""
+    for k, v in list(_ENGINES.items()):
+        if v is model:
+            del _ENGINES[k]
+            v.close()
+    gc.collect()
+
+
+def eager_model(name: str):
+    if name not in _EAGER:
+        _EAGER[name] = load_model(name, backend="eager", source="zoo")
+    return _EAGER[name]
+
+
+def check(ours, ref, point: str, engine: str = "vllm", case: str = "", what: str = ""):
+    """Assert ours matches ref at the validator's tolerance; return the score."""
+    s = compare(ours, ref, tier_for(engine, "float32", case), point)
+    assert s.verdict == "pass", f"{what or point}: {s.verdict} {s.to_dict()}"
+    return s
+
+
+def shared_points(vm, em) -> list[str]:
+    """Points the vLLM backend serves on this model that eager also has."""
+    have = set(em.points())
+    return [p for p in vm.points() if p in have]
+
+
+def prefill_failures(vm, em, prompt=PROMPT, points=None, engine="vllm") -> dict:
+    """{address: problem} for every capture of `points` (default: all shared) in one prefill."""
+    points = points or shared_points(vm, em)
+    lv, cv = vm.run_with_cache(prompt, points)
+    le, ce = em.run_with_cache(prompt, points)
+    bad = {}
+    for key in list(ce):
+        if key not in cv:
+            bad[key] = "not captured by vLLM"
+            continue
+        s = compare(cv[key], ce[key], tier_for(engine, "float32"), get_point(key.split(".")[0]).name)
+        if s.verdict != "pass":
+            bad[key] = s.to_dict()
+    s = compare(lv, le, tier_for(engine, "float32"), "lm_head")
+    if s.verdict != "pass":
+        bad["logits"] = s.to_dict()
+    return bad
+
+
+def decode_failures(vm, em, points, prompt=PROMPT, n=4, steer=(), engine="vllm") -> dict:
+    """Captures during generation (prompt + fed-back tokens), tokens and logits vs eager generate."""
+    gv = vm.generate(prompt, n, points=points, steer=steer)
+    ge = em.generate(prompt, n, points=points, steer=steer)
+    bad = {}
+    if not torch.equal(gv.new_tokens, ge.new_tokens):
+        bad["tokens"] = f"{gv.new_tokens.tolist()} vs eager {ge.new_tokens.tolist()}"
+    for key in ge.cache:
+        s = compare(gv.cache[key], ge.cache[key], tier_for(engine, "float32", "decode"), key.split(".")[0])
+        if s.verdict != "pass":
+            bad[key] = s.to_dict()
+    s = compare(gv.logits, ge.logits, tier_for(engine, "float32", "decode"), "lm_head")
+    if s.verdict != "pass":
+        bad["logits"] = s.to_dict()
+    return bad
+
+
+def steer_effect(model, prompt, steer, n=4) -> float:
+    """Relative change of the generated logits under `steer` (a steer that changes nothing is a no-op)."""
+    base = model.generate(prompt, n).logits
+    moved = model.generate(prompt, n, steer=steer).logits
+    return float((moved - base).norm() / base.norm())
+
+
+def assert_steer_acts(model, prompt, steer, n=4):
+    eff = steer_effect(model, prompt, steer, n)
+    assert eff > STEER_MIN_EFFECT, f"steer {steer} moved the logits by only {eff:.2e}"
+
+
+def random_vector(shape, seed=0, scale=4.0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(shape, generator=g) * scale
+
+
+needs_vllm = pytest.mark.vllm
