@@ -78,7 +78,7 @@ def interp_attention(module, query, key, value, attention_mask, scaling=None, **
     key = _new_tail(module, key, q_len, cbs, "k")
     value = _new_tail(module, value, q_len, cbs, "value")
     if "attn_scores" in cbs:
-        softcap = kwargs.get("softcap", getattr(module.config, "attn_logit_softcapping", None))
+        softcap = kwargs.get("softcap")  # families that softcap pass it to the attention call
         scores = scores_from(module, query, key, attention_mask, scaling, softcap)
         _run(cbs, "attn_scores", scores.transpose(1, 2))  # capture only: [b, q, h, kv]
     out, probs = eager(module, query, key, value, attention_mask, scaling=scaling, **kwargs)

@@ -128,9 +128,11 @@ class EagerModel:
     def _coord_size(self, point, name):
         cfg = self.config
         if name == "head":
-            kv = point in ("k", "value", "k_norm_in", "k_norm_out")
-            return getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads if kv \
-                else cfg.num_attention_heads
+            if point not in ("k", "value", "k_norm_in", "k_norm_out"):
+                return cfg.num_attention_heads
+            if getattr(cfg, "multi_query", False):  # gpt_bigcode / falcon MQA: one shared key/value head
+                return 1
+            return getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
         return getattr(cfg, "hc_mult", 1)
 
     def expand(self, points) -> list[Address]:
