@@ -262,7 +262,8 @@ def resolve(hf, fam: Family, point: str, layer: int | None, shape_state) -> Site
                  "expert_indices": fam.router.indices}[point]
         if index is None:
             absent("this family's router does not return it as a tensor")
-        site = out_site(router, index=index, shape_from=shape_state)
+        # index 0 also reads a router that returns the bare logits tensor (a Linear, e.g. jamba)
+        site = out_site(router, index=index or None, shape_from=shape_state)
         if point == "router_logits" and not fam.router.logits_used:
             site.extra = {"capture_only": "the MoE block discards the logits its router returns (top-k and "
                                           "weights are computed inside the router), so a steered value would "

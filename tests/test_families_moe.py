@@ -30,8 +30,18 @@ SPECS = {
     "lfm2": dict(zoo="LiquidAI/LFM2-350M", router=None, mlp="feed_forward", norm="model.embedding_norm"),
     "granitemoehybrid": dict(zoo="ibm-granite/granite-4.0-h-tiny", router="block_sparse_moe.router", out=(2, 1, 0),
                              mlp="block_sparse_moe", mlp_plus="shared_mlp", rule="topk"),
+    "glm4_moe": dict(zoo="zai-org/GLM-4.5-Air", router="mlp.gate", out=(0, 1, 2), rule="v3_groups"),
+    "dots1": dict(zoo="rednote-hilab/dots.llm1.base", router="mlp.gate", out=(0, 1, 2), rule="v3_groups"),
+    "ernie4_5_moe": dict(zoo="baidu/ERNIE-4.5-21B-A3B-PT", router="mlp.gate", out=(0, 1, 2), rule="ernie"),
+    "hunyuan_v1_moe": dict(zoo="tencent/Hunyuan-A13B-Instruct", router="mlp.gate", out=(0, 1, 2), rule="topk"),
+    "lfm2_moe": dict(zoo="LiquidAI/LFM2-8B-A1B", router="feed_forward.gate", out=(0, 1, 2), mlp="feed_forward",
+                     norm="model.embedding_norm", rule="lfm2_moe"),
+    "bamba": dict(zoo="ibm-ai-platform/Bamba-9B", router=None, mlp="feed_forward", norm="model.final_layernorm"),
+    "jamba": dict(zoo="ai21labs/AI21-Jamba-Mini-1.5", router="feed_forward.router", out=(0, None, None),
+                  mlp="feed_forward", norm="model.final_layernorm"),  # a bare Linear router: logits only
 }
 MOE = [mt for mt, s in SPECS.items() if s["router"]]
+ROUTED = [mt for mt in MOE if "rule" in SPECS[mt]]  # routers that return expert indices
 T = 24  # longer than the twins' sliding windows (16) and V4's compression rates
 
 
@@ -57,6 +67,9 @@ def _setup(mt, hf):
             gate.tid2eid.copy_(torch.stack([torch.randperm(gate.num_experts, generator=g)[:k] for _ in range(n)]))
         if gate is not None and hasattr(gate, "e_score_correction_bias"):
             gate.e_score_correction_bias.copy_(torch.randn(gate.num_experts, generator=g) * 0.05)
+        ffn = _sub(blk, "feed_forward")
+        if ffn is not None and hasattr(ffn, "expert_bias"):  # lfm2_moe: selection bias kept on the block
+            ffn.expert_bias.copy_(torch.randn(ffn.expert_bias.shape[0], generator=g) * 0.05)
 
 
 _BUNDLES = {}
@@ -136,9 +149,15 @@ def test_router_points_match_raw_router_hook(mt):
     li, wi, ii = SPECS[mt]["out"]
     for L in moe_layers:
         out = raw[("router", L)][1]
-        logits, weights, idx = c[f"router_logits.{L}"], c[f"expert_weights.{L}"], c[f"expert_indices.{L}"]
-        assert logits.shape[:2] == weights.shape[:2] == idx.shape[:2] == (2, T)
+        out = out if isinstance(out, tuple) else (out,)
+        logits = c[f"router_logits.{L}"]
+        assert logits.shape[:2] == (2, T)
         torch.testing.assert_close(logits, out[li].reshape(2, T, -1), rtol=1e-6, atol=1e-7)
+        if wi is None:  # jamba routes in a block method: no module returns weights or indices
+            assert m.point_layers("expert_weights") == m.point_layers("expert_indices") == []
+            continue
+        weights, idx = c[f"expert_weights.{L}"], c[f"expert_indices.{L}"]
+        assert weights.shape[:2] == idx.shape[:2] == (2, T)
         torch.testing.assert_close(weights, out[wi].reshape(2, T, -1), rtol=1e-6, atol=1e-7)
         assert torch.equal(idx, out[ii].reshape(2, T, -1))
         assert not torch.is_floating_point(idx)
@@ -153,6 +172,10 @@ def _expected_indices(mt, b, L, logits):
         return router.tid2eid[b["ids"]]
     if rule == "v4":
         return torch.topk(router.score_fn(logits) + router.e_score_correction_bias, k).indices
+    if rule == "ernie":  # softmax probabilities plus moe_statics' correction bias choose
+        return torch.topk(router.moe_statics(logits.softmax(-1)), k).indices
+    if rule == "lfm2_moe":  # sigmoid scores plus the block's expert_bias choose
+        return torch.topk(logits.sigmoid() + b["hf"].model.layers[L].feed_forward.expert_bias, k).indices
     if rule == "v3_groups":
         s = logits.sigmoid() + router.e_score_correction_bias
         g = router.n_group if hasattr(router, "n_group") else router.num_group
@@ -164,7 +187,7 @@ def _expected_indices(mt, b, L, logits):
     return torch.topk(logits, k).indices  # softmax / sigmoid / sparsemixer keep the order of the logits
 
 
-@pytest.mark.parametrize("mt", MOE)
+@pytest.mark.parametrize("mt", ROUTED)
 def test_expert_indices_follow_the_routing_rule(mt):
     b = bundle(mt)
     for L in b["m"].point_layers("expert_indices"):
@@ -185,7 +208,7 @@ def test_mlp_out_matches_raw_module_hook(mt):
         assert rel(b["cache"][f"mlp_out.{L}"], out) < 1e-6, L
 
 
-@pytest.mark.parametrize("mt", ["deepseek_v2", "deepseek_v3"])
+@pytest.mark.parametrize("mt", ["deepseek_v2", "deepseek_v3", "glm4_moe", "dots1"])
 def test_first_dense_layer_serves_mlp_activations_and_moe_layers_refuse_them(mt):
     b = bundle(mt)
     m, raw, c = b["m"], b["raw"], b["cache"]
@@ -234,15 +257,16 @@ def test_decode_capture_on_a_hybrid_moe_equals_a_full_forward():
         assert rel(r.cache[p], full[p][:, :n]) < 1e-5, p
 
 
-@pytest.mark.parametrize("mt,mixer_kind", [("qwen3_next", "linear_attention"), ("lfm2", "conv"),
-                                           ("granitemoehybrid", "linear_attention")])
+@pytest.mark.parametrize("mt,mixer_kind", [("qwen3_next", "linear_attention"), ("lfm2", "conv"), ("lfm2_moe", "conv"),
+                                           ("granitemoehybrid", "linear_attention"), ("bamba", "linear_attention"),
+                                           ("jamba", "linear_attention")])
 def test_hybrid_point_layers_follow_layer_types(mt, mixer_kind):
     b = bundle(mt)
     m, types = b["m"], b["hf"].config.layer_types
     attn_layers = [L for L, t in enumerate(types) if t == "full_attention"]
     other = [L for L, t in enumerate(types) if t == mixer_kind]
     assert attn_layers and other
-    qk_norm = mt != "granitemoehybrid"
+    qk_norm = mt in ("qwen3_next", "lfm2", "lfm2_moe")
     for p in ("q", "k", "value", "attn_scores", "attn_probs", "z") + (("q_norm_in", "k_norm_out") if qk_norm else ()):
         assert m.point_layers(p) == attn_layers, p
     for p in ("attn_in", "attn_out", "resid_mid", "mlp_in", "mlp_out", "resid_post"):
@@ -272,6 +296,18 @@ def test_qwen3_next_attn_gate_is_the_sigmoid_gate_multiplied_into_z():
     assert rel(s[f"z.{L}"], c[f"z.{L}"]) < 1e-7
     _, s = m.run_with_cache(b["ids"], [f"attn_out.{L}"], steer=[Steer(f"attn_gate.{L}", "ablate")])
     assert s[f"attn_out.{L}"].abs().max().item() == 0.0
+
+
+def test_hunyuan_qk_norm_runs_after_rope():
+    """HunYuan normalizes the rotated q/k heads-first, so q is the norm's output and q_norm_in the
+    rotated projection, both [b, pos, heads, hd]."""
+    b = bundle("hunyuan_v1_moe")
+    attn = b["hf"].model.layers[0].self_attn
+    _, c = b["m"].run_with_cache(b["ids"], ["q.0", "k.0", "q_norm_in.0", "q_norm_out.0", "k_norm_out.0"])
+    assert c["q_norm_in.0"].shape == c["q.0"].shape == (2, T, b["hf"].config.num_attention_heads, 32)
+    with torch.no_grad():
+        assert rel(attn.query_layernorm(c["q_norm_in.0"].transpose(1, 2)).transpose(1, 2), c["q.0"]) < 1e-6
+    assert rel(c["q_norm_out.0"], c["q.0"]) < 1e-7 and rel(c["k_norm_out.0"], c["k.0"]) < 1e-7
 
 
 @pytest.mark.parametrize("mt", [mt for mt in SPECS if mt != "deepseek_v4"])

@@ -25,7 +25,8 @@ class Router:
     """Where an MoE router lives (relative to the MLP module) and how to read its output.
 
     `logits`, `weights`, `indices` index the router module's tuple output; None means that part
-    is not returned by the module (then the point is absent). `logits_used`: the MoE block routes
+    is not returned by the module (then the point is absent); a router returning the bare logits
+    tensor (a Linear) is logits=0, weights=None, indices=None. `logits_used`: the MoE block routes
     from the logits the router returns; when False (every transformers 5 MoE block: the router
     computes top-k and weights internally and the block discards its logits), steering
     router_logits would change nothing, so it is refused and expert_weights is the steerable point.

@@ -1,5 +1,5 @@
-"""DeepSeek V2 / V3 (multi-head latent attention + MoE with shared experts, first layers dense) and
-DeepSeek V4 (hyper-connections: hc_mult residual streams, shared-KV attention with sinks and
+"""DeepSeek V2 / V3 (multi-head latent attention + MoE with shared experts, first layers dense), the
+GLM-4-MoE and dots.llm1 decoders that reuse the V3 MoE with standard attention, and DeepSeek V4 (hyper-connections: hc_mult residual streams, shared-KV attention with sinks and
 compressed KV, hash-routed then learned-routed MoE)."""
 import torch
 import torch.nn.functional as F
@@ -40,6 +40,16 @@ register(
                         "topk_group groups with the largest top-2 sums (indices unsorted); weights are the "
                         "unbiased sigmoid scores of the picks, renormalized with norm_topk_prob, times "
                         "routed_scaling_factor."),
+    Family("glm4_moe", ("glm4_moe",), router=Router("gate"), q_norm="q_norm", k_norm="k_norm",
+           quirks=("rmsnorm", "rope-partial", "gqa", "qkv-bias", "qk-norm-optional", "moe", "shared-experts",
+                   "first-k-dense", "fused-experts", "sigmoid-routing", "group-limited-routing"),
+           notes="Standard GQA attention (QK-norm per head when use_qk_norm); MLP and routing as "
+                 "deepseek_v3 (first_k_dense_replace dense layers, sigmoid + correction-bias group-limited "
+                 "top-k, shared experts in mlp_out)."),
+    Family("dots1", ("dots1",), router=Router("gate"), q_norm="q_norm", k_norm="k_norm",
+           quirks=("rmsnorm", "rope", "qk-norm", "moe", "shared-experts", "first-k-dense", "fused-experts",
+                   "sigmoid-routing", "group-limited-routing"),
+           notes="Qwen3-style attention with per-head QK-norm; MLP and routing as deepseek_v3."),
     Family("deepseek_v4", ("deepseek_v4",), o_proj="o_b_proj", router=Router("gate"), embed="model.embed_tokens",
            streams=Streams("attn_hc", "ffn_hc", v4_collapse_weights, head="model.hc_head"),
            quirks=("rmsnorm", "hyper-connections", "sinkhorn-stream-mix", "shared-kv-mqa", "attention-sinks",

@@ -1,5 +1,6 @@
 """Hybrid trunks: softmax-attention layers interleaved with other token mixers (gated DeltaNet linear
-attention, gated short convolutions, Mamba-2), chosen per layer by `config.layer_types`.
+attention, gated short convolutions, Mamba-1/2), chosen per layer by `config.layer_types` (or the
+family's own layer pattern).
 
 `attn` names the softmax-attention module; `mixers` names the other mixers that take its slot on the
 remaining layers. attn_in / attn_out / resid_mid exist on every layer (the mixer's input and output);
@@ -23,6 +24,28 @@ register(
                    "tied-embeddings"),
            notes="layer_types: conv (Lfm2ShortConv in conv) or full_attention (self_attn); the final "
                  "norm is model.embedding_norm."),
+    Family("lfm2_moe", ("lfm2_moe",), final_norm="model.embedding_norm", mixers=("conv",), mlp="feed_forward",
+           mlp_norm="ffn_norm", o_proj="out_proj", q_norm="q_layernorm", k_norm="k_layernorm",
+           mlp_pre="w1", mlp_pre_linear="w3", mlp_down="w2", router=Router("gate"),
+           quirks=("rmsnorm", "rope", "gqa", "qk-norm", "gated-short-conv", "hybrid", "moe", "fused-experts",
+                   "sigmoid-routing", "expert-bias", "first-k-dense", "tied-embeddings"),
+           notes="lfm2 with an MoE feed_forward after the first num_dense_layers (dense w1/w3/w2 there). "
+                 "Routing: sigmoid scores (plus the block's expert_bias when use_expert_bias) top-k, weights "
+                 "the unbiased scores, renormalized with norm_topk_prob, times routed_scaling_factor."),
+    Family("bamba", ("bamba",), final_norm="model.final_layernorm", mixers=("mamba",), mlp="feed_forward",
+           mlp_norm="pre_ff_layernorm",
+           quirks=("rmsnorm", "rope", "gqa", "mamba2", "hybrid", "gated-mlp"),
+           notes="layers_block_type: mamba (Mamba-2 in mamba) or attention (self_attn) at attn_layer_indices; "
+                 "dense gated MLP on every layer."),
+    Family("jamba", ("jamba",), final_norm="model.final_layernorm", mixers=("mamba",), mlp="feed_forward",
+           mlp_norm="pre_ff_layernorm", router=Router("router", logits=0, weights=None, indices=None, logits_used=True),
+           quirks=("rmsnorm", "no-positional-encoding", "gqa", "mamba1", "hybrid", "moe", "fused-experts",
+                   "dense-layers-by-period"),
+           notes="Attention every attn_layer_period layers (from attn_layer_offset), Mamba-1 elsewhere; MoE "
+                 "feed_forward every expert_layer_period layers, dense gated MLP elsewhere. The router is a "
+                 "bare Linear: router_logits is its output and the block routes from it (softmax top-k, not "
+                 "renormalized) in a method, so router_logits can be steered and expert_weights / "
+                 "expert_indices are never tensors of a module (refused)."),
     Family("granitemoehybrid", ("granitemoehybrid",), mixers=("mamba",), mlp="block_sparse_moe",
            mlp_sibling="shared_mlp", router=Router("router", logits=2, weights=1, indices=0),
            quirks=("rmsnorm", "nope-or-rope", "gqa", "mamba2", "hybrid", "moe", "shared-mlp", "fused-experts",

@@ -43,4 +43,16 @@ register(
            notes="router: biased linear, top-k of the logits, softmax over the k kept (expert_weights). "
                  "The MLP module returns (output, router scores); mlp_out is the output. attn_probs exclude "
                  "the per-head sink logit (probabilities over real keys sum to less than 1)."),
+    Family("ernie4_5_moe", ("ernie4_5_moe",), router=Router("gate"),
+           quirks=_MOE + ("shared-experts", "expert-bias-selection", "dense-layers-by-interval"),
+           notes="MoE on layers moe_layer_start_index..end_index every moe_layer_interval, dense MLP elsewhere. "
+                 "Routing: softmax over experts; the k experts are chosen on the probabilities plus the "
+                 "e_score_correction_bias of moe_statics, weighted by their unbiased probabilities "
+                 "renormalized; mlp_out is routed plus shared experts."),
+    Family("hunyuan_v1_moe", ("hunyuan_v1_moe",), router=Router("gate"), q_norm="query_layernorm",
+           k_norm="key_layernorm", qk_norm_heads_first=True,
+           quirks=_MOE + ("qk-norm-after-rope", "shared-mlp"),
+           notes="QK-norm runs AFTER rotary on [b, heads, pos, hd]: q_norm_in/k_norm_in are the rotated "
+                 "projections and q/k equal q_norm_out/k_norm_out. Router: softmax top-k renormalized; "
+                 "mlp_out is the routed experts plus the shared MLP (both inside the MoE module)."),
 )
