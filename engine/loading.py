@@ -5,11 +5,14 @@ architecture, tiny, seeded random weights) is built and loaded from the zoo's pr
 """
 from __future__ import annotations
 
+import logging
+
 import torch
 
 from engine.errors import ModelNotFoundError
 from engine.families.base import family_for
 
+log = logging.getLogger("engine")
 BACKENDS = ("eager", "vllm", "vllm-static", "vllm-generate")
 SOURCES = ("auto", "zoo", "real")
 
@@ -39,6 +42,8 @@ def load_hf(name: str, source: str = "auto", dtype=torch.float32, device: str = 
         tok = AutoTokenizer.from_pretrained(name, cache_dir=zoo.zoo_hub_cache(), local_files_only=True)
         used = "zoo"
     hf.eval().to(device)
+    log.info("loaded %s from %s", name, "the local HF cache (real weights)" if used == "real"
+             else "the zoo (tiny twin, seeded random weights)")
     return hf, tok, used
 
 
