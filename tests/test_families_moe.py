@@ -356,6 +356,20 @@ def test_expert_indices_capture_is_integer_and_steering_it_is_refused():
     assert s["mlp_out.0"].abs().max().item() == 0.0
 
 
+def test_jamba_router_logits_are_steerable_because_its_block_routes_from_them():
+    b = bundle("jamba")
+    m, c, L = b["m"], b["cache"], b["m"].point_layers("router_logits")[0]
+    n = c[f"router_logits.{L}"].shape[-1]
+    logits = torch.full((n,), -30.0)
+    logits[:2] = 30.0  # every token must now route to experts 0 and 1, weighted 1/2 each by the softmax
+    _, s = m.run_with_cache(b["ids"], [f"mlp_out.{L}", f"mlp_in.{L}"], steer=[Steer(f"router_logits.{L}", "set", logits)])
+    experts = b["hf"].model.layers[L].feed_forward.experts  # reference: the two experts run by hand
+    x = s[f"mlp_in.{L}"].reshape(-1, m.d_model)
+    with torch.no_grad():
+        want = sum(0.5 * experts(x, torch.full((x.shape[0], 1), e), torch.ones(x.shape[0], 1)) for e in (0, 1))
+    assert rel(s[f"mlp_out.{L}"], want.reshape(2, T, -1)) < 1e-5
+
+
 def test_moe_layers_refuse_expert_hidden_points():
     m = bundle("mixtral")["m"]
     for p in ("mlp_pre", "mlp_pre_linear", "mlp_act"):
