@@ -28,7 +28,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--warmups", type=int, default=Params.warmups)
     run.add_argument("--dtype", default="float32", choices=DTYPES)
     run.add_argument("--device", default="cpu", help="cpu or cuda")
-    run.add_argument("--threads", type=int, default=0, help="torch threads per cell (0 = torch default)")
+    run.add_argument("--threads", type=int, default=Params.threads,
+                     help="torch/OpenMP threads per cell process (0 = library default; default 1, see spec.py)")
     run.add_argument("--variants", type=_csv, default=None, help="comma list (default: all)")
     run.add_argument("--workloads", type=_csv, default=None, help="comma list (default: all)")
     run.add_argument("--timeout", type=int, default=600, help="seconds per cell process")

@@ -38,7 +38,20 @@ def environment(t: Table) -> list[str]:
         f"- versions: {vers or 'unknown'}",
         f"- 1-minute load average when the cells started: "
         f"{f'{loads[0]}–{loads[-1]}' if loads else 'unknown'} (other work on the machine adds noise)",
-        f"- sweep run ids: {', '.join(t.run_ids()) or 'none'}", ""]
+        f"- sweep run ids: {', '.join(t.run_ids()) or 'none'}; {sweep_span(t.cells)}", ""]
+
+
+def sweep_span(cells: list[dict]) -> str:
+    """Wall time from the first measured cell's start to the last one's end (process start-up and
+    model loading included; static n/a / skipped cells take no time)."""
+    from datetime import datetime
+    spans = [(datetime.fromisoformat(c["started"]).timestamp(), c.get("wall_s") or 0.0)
+             for c in cells if c.get("started")]
+    if not spans:
+        return "no measured cell"
+    first = min(s for s, _ in spans)
+    last = max(s + w for s, w in spans)
+    return f"measured cells ran over {(last - first) / 60:.1f} minutes ({len(spans)} cell processes)"
 
 
 def method() -> list[str]:

@@ -27,7 +27,9 @@ class Params:
     min_time_s: float = 2.0  # ... and more runs until their estimated total reaches this
     dtype: str = "float32"
     device: str = "cpu"
-    threads: int = 0  # torch threads in the cell process; 0 = torch's default
+    # torch / OpenMP threads per cell process (0 = the library default). One by default: on a small
+    # shared CPU, multi-threaded GEMMs stall on each other under contention (measured 25-100x slower)
+    threads: int = 1
     steer_scale: float = 4.0  # steering vector = steer_scale * unit-variance random vector
     timeout_s: int = 600
 

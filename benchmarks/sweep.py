@@ -28,6 +28,10 @@ def cell_env(params: Params) -> dict:
         from engine import zoo
         e.update(zoo.offline_env())
     e.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # KV cache size: the backend sizes it per model
+    if params.threads:  # every library in the cell, vLLM's CPU worker included, gets the same thread count
+        e["OMP_NUM_THREADS"] = str(params.threads)
+        if params.device == "cpu":
+            e["VLLM_CPU_OMP_THREADS_BIND"] = "nobind"
     e["PYTHONPATH"] = os.pathsep.join([str(cells.ROOT), *filter(None, [e.get("PYTHONPATH")])])
     e.setdefault("TOKENIZERS_PARALLELISM", "false")
     return e
