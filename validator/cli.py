@@ -118,7 +118,9 @@ def cmd_run(args) -> int:
         specs = {n: _spec(n, args.real, opts.dtype, opts.device) for n in names}
     except FileNotFoundError as e:
         raise UsageError(str(e)) from None
-    threads = int(os.environ.get("VALIDATOR_THREADS", max(1, (os.cpu_count() or 1) // args.jobs)))
+    # one thread per process by default: tiny models gain nothing from more, and OpenMP threads stall
+    # when the cores are shared
+    threads = int(os.environ.get("VALIDATOR_THREADS", 1))
     torch.set_num_threads(threads)
     t0 = time.time()
     todo = [n for n in names if runner.pending(specs[n], opts)]

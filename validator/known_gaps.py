@@ -1,11 +1,11 @@
 """Declared gaps and known upstream bugs: data with evidence, never a way to hide a result.
 
-A *gap* says a reference has no such tensor. It applies only to a row where the reference
-reported the point missing AND its runtime reason matches `match` (so a gap declared for a missing
-hook cannot excuse a crash). A *bug* is a known upstream defect. It applies only to a row that
-failed on numbers (never to a structural failure, never to a pass: a declared bug that does not
-reproduce is reported as stale). Either way the row's verdict becomes `gap` and the report shows
-the entry's reason, evidence and reproduction next to the runtime text.
+A *gap* says a reference has no such tensor; a *bug* is a known upstream defect. An entry applies
+only to a row where the reference reported the point missing AND the runtime reason matches its
+`match` regex (so a gap declared for a missing hook cannot excuse a crash), or, for bugs marked
+`numeric`, to a row that failed on numbers (never to a structural failure, never to a pass: a
+declared bug that does not reproduce is reported as stale). Either way the row's verdict becomes
+`gap` and the report shows the entry's reason, evidence and reproduction next to the runtime text.
 """
 from __future__ import annotations
 
@@ -26,6 +26,7 @@ class Known:
     evidence: str
     match: str = ".*"  # regex the runtime reason must match (gaps)
     model_types: str = "*"  # glob over HF model_type
+    numeric: bool = False  # a bug that explains numeric failures (not only missing tensors)
     repro: str = _REPRO
 
 
@@ -44,6 +45,30 @@ KNOWN: tuple[Known, ...] = (
           "AttributeError: 'SourceEnvoy' object has no attribute 'module_attn_dropout_0' "
           "(nnterp/rename_utils.py gpt2_attention_prob_source)",
           match=r"nnterp disabled attention probabilities"),
+    Known("nnterp-unsupported-arch", "gap", "nnterp", "*",
+          "nnterp 1.3.0 cannot standardize this architecture (its renaming check fails at load)",
+          "StandardizedTransformer(model) raises RenamingError (the runtime text is on every row)",
+          match=r"StandardizedTransformer failed"),
+    Known("nnterp-no-module", "gap", "nnterp", "*",
+          "nnterp finds no module for this accessor in this architecture's decoder layer",
+          "e.g. OPT's decoder layer holds fc1/fc2 directly (no mlp module), so mlps_input/mlps_output raise",
+          match=r"nnterp finds no"),
+    Known("tl-silent-rotary-hooks", "bug", "transformer_lens", "q|k",
+          "the TransformerBridge registers hook_rot_q / hook_rot_k on this architecture but never calls them, "
+          "and its hook_q / hook_k are before RoPE, so no bridge hook holds the rotated query/key",
+          "GPT-NeoX (Pythia) bridge: run_with_cache has no blocks.L.attn.hook_rot_q entry although "
+          "bridge.hook_dict lists it; hook_q differs from HF's post-RoPE query",
+          match=r"did not fire"),
+    Known("same-name-different-tensor", "gap", "transformer_lens|nnterp", "*",
+          "the reference's tensor of this name is not this point on this family (see the runtime text); "
+          "comparing it would test the naming, not the engine",
+          "tables DIFFERENT_TENSOR in validator/engines/tl_ref.py and nnterp_ref.py, each entry found by a "
+          "numeric mismatch against HF and traced to the modeling code",
+          match=r"different tensor under the same name"),
+    Known("tl-opt-postln-crash", "bug", "transformer_lens", "*",
+          "the TransformerBridge forward crashes on post-LN OPT (do_layer_norm_before=False, OPT-350m)",
+          "run_with_cache raises ValueError: not enough values to unpack (expected 3, got 2)",
+          match=r"reference forward failed: ValueError: not enough values to unpack", model_types="opt"),
     Known("tl-unsupported-arch", "gap", "transformer_lens", "*",
           "TransformerLens 4.3 has no TransformerBridge adapter for this architecture",
           "TransformerBridge.boot_transformers raises (the runtime text is on every row); supported list: "
@@ -72,17 +97,26 @@ def _glob(pattern: str, value: str) -> bool:
     return any(fnmatch.fnmatchcase(value, p) for p in pattern.split("|"))
 
 
+def _covers(k: Known, engine: str, model_type: str, point: str) -> bool:
+    return _glob(k.engine, engine) and _glob(k.points, point) and _glob(k.model_types, model_type)
+
+
+def explain_missing(engine: str, model_type: str, point: str, reason: str) -> Known | None:
+    """The first entry (gap or bug) covering a row whose reference tensor is missing for `reason`."""
+    return next((k for k in KNOWN if _covers(k, engine, model_type, point) and re.search(k.match, reason or "")),
+                None)
+
+
+def explain_numeric(engine: str, model_type: str, point: str) -> Known | None:
+    """The first numeric bug covering a row (explains a tolerance failure; flags a pass as stale)."""
+    return next((k for k in KNOWN if k.numeric and _covers(k, engine, model_type, point)), None)
+
+
 def find(kind: str, engine: str, model_type: str, point: str, reason: str = "") -> Known | None:
-    """The first declared entry of `kind` covering this row (gaps also match the runtime reason)."""
-    for k in KNOWN:
-        if k.kind != kind or not _glob(k.engine, engine) or not _glob(k.points, point):
-            continue
-        if not _glob(k.model_types, model_type):
-            continue
-        if kind == "gap" and not re.search(k.match, reason or ""):
-            continue
-        return k
-    return None
+    """explain_missing / explain_numeric restricted to one kind ("gap" or "bug")."""
+    k = explain_missing(engine, model_type, point, reason) if kind == "gap" or reason else \
+        explain_numeric(engine, model_type, point)
+    return k if k is not None and k.kind == kind else None
 
 
 def describe(k: Known, model: str, engine: str) -> dict:

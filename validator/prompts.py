@@ -1,9 +1,10 @@
 """The prompt cases every engine sees as the same token ids.
 
-short    one prompt of a dozen tokens
-long     one prompt longer than the family's sliding window (a 13-token prompt never exercises it)
-padded   a batch of [short, long] left-padded to one length: compared on real tokens, and the short
-         row's real tokens must equal the short prompt run alone (padding must not leak)
+short    one prompt of a dozen tokens, alone
+padded   a batch of two, left-padded: row 0 the short prompt (compared on its real tokens, and they
+         must equal the short prompt run alone: padding must not leak), row 1 a prompt longer than
+         the family's sliding window (a 13-token prompt never exercises it), unpadded; the rows are
+         reported as cases `padded` and `long`
 decode   built later from the engine's own greedy generation: the reference recomputes the whole
          sequence and the last position is compared with the engine's decode-time capture
 """
@@ -20,7 +21,7 @@ LONG = ("Interpretability research studies the internal activations of neural ne
         "attention layers and multilayer perceptron layers, with a residual stream. The sliding window "
         "attention only looks at the most recent tokens of the context. ")
 MIN_LONG = 48  # tokens, also when the family has no sliding window
-DECODE_TOKENS = 4
+DECODE_TOKENS = 3
 
 
 def sliding_window(cfg) -> int:
@@ -40,7 +41,7 @@ def _encode(tok, text: str) -> list[int]:
 
 
 def build_cases(tokenizer, cfg) -> list[Case]:
-    """short, long and padded cases for one model (token ids on the CPU)."""
+    """The short and padded (short + long) cases of one model (token ids on the CPU)."""
     short = _encode(tokenizer, SHORT)
     while _avoid(len(short), cfg):
         short = short + _encode(tokenizer, " and")[-1:]
@@ -65,8 +66,8 @@ def build_cases(tokenizer, cfg) -> list[Case]:
         t = torch.tensor([ids])
         return Case(name, t, torch.ones_like(t), torch.ones_like(t, dtype=torch.bool))
 
-    return [one("short", short), one("long", long),
-            Case("padded", padded, pmask, pmask.bool(), meta={"short_row": 0, "short_len": len(short)})]
+    return [one("short", short),
+            Case("padded", padded, pmask, pmask.bool(), meta={"short_row": 0, "short_len": len(short), "long_row": 1})]
 
 
 def decode_case(sequence: torch.Tensor) -> Case:

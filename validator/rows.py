@@ -7,8 +7,6 @@ steer (logits after the same add at resid_post.mid).
 """
 from __future__ import annotations
 
-import torch
-
 from validator import known_gaps, scoring
 from validator.engines.base import Missing, split_address
 from validator.tolerances import STEER_MIN_EFFECT, tier_for
@@ -26,7 +24,7 @@ def resolve(row: dict, engine: str, model_type: str, model: str, ours, ref, scor
         row.update(verdict="fail", reason=ours.reason)
         return row
     if isinstance(ref, Missing):
-        k = known_gaps.find("gap", engine, model_type, point, ref.reason)
+        k = known_gaps.explain_missing(engine, model_type, point, ref.reason)
         if k:
             row.update(verdict="gap", reason=ref.reason, known=known_gaps.describe(k, model, engine))
         else:
@@ -34,14 +32,27 @@ def resolve(row: dict, engine: str, model_type: str, model: str, ours, ref, scor
         return row
     row.update({k: v for k, v in score.to_dict().items() if v not in (None, [], "")})
     if score.verdict == "fail" and not score.structural:
-        k = known_gaps.find("bug", engine, model_type, point)
+        k = known_gaps.explain_numeric(engine, model_type, point)
         if k:
             row.update(verdict="gap", raw_verdict="fail", known=known_gaps.describe(k, model, engine))
     elif score.verdict in ("pass", "warn"):
-        k = known_gaps.find("bug", engine, model_type, point)
+        k = known_gaps.explain_numeric(engine, model_type, point)
         if k:
             row["stale_known"] = k.id  # a declared bug that did not reproduce
     return row
+
+
+def views(cases) -> list[tuple[str, str, slice, object]]:
+    """(row case, forward case, batch rows, valid positions) for every compared view of the forwards."""
+    out = []
+    for c in cases:
+        if c.name == "padded":
+            r0, r1 = c.meta["short_row"], c.meta["long_row"]
+            out.append(("long", c.name, slice(r1, r1 + 1), None))
+            out.append(("padded", c.name, slice(r0, r0 + 1), c.valid[r0:r0 + 1]))
+        else:
+            out.append((c.name, c.name, slice(None), c.valid))
+    return out
 
 
 def score_engine(engine: str, dtype: str, model_type: str, model: str, cases, addresses, ours: dict,
@@ -51,15 +62,15 @@ def score_engine(engine: str, dtype: str, model_type: str, model: str, cases, ad
     ours/refs: {case name: {address: tensor | Missing}}; decode: (ours {address: [b,1,...]},
     ref {address: tensor}) or None; steer: dict(layer, ours, base, ref) or None."""
     rows = []
-    by_name = {c.name: c for c in cases}
-    for case in cases:
-        tier = tier_for(engine, dtype, case.name)
+    for view, name, batch, valid in views(cases):
+        tier = tier_for(engine, dtype, view)
         for a in addresses:
-            o, r = ours[case.name][a], refs[case.name][a]
+            o, r = ours[name][a], refs[name][a]
             s = None
             if not isinstance(o, Missing) and not isinstance(r, Missing):
-                s = scoring.compare(o, r, tier, split_address(a)[0], case.valid)
-            rows.append(resolve(_row(case.name, a), engine, model_type, model, o, r, s))
+                s = scoring.compare(o[batch], r[batch], tier, split_address(a)[0], valid)
+            rows.append(resolve(_row(view, a), engine, model_type, model, o, r, s))
+    by_name = {c.name: c for c in cases}
     padded, short = by_name.get("padded"), by_name.get("short")
     if padded is not None and short is not None:
         tier = tier_for(engine, dtype, "padded")
@@ -105,21 +116,9 @@ def summarize(rows: list[dict]) -> dict:
     return out
 
 
-def missing_everywhere(reason: str, cases, addresses) -> dict:
-    return {c.name: {a: Missing(reason) for a in addresses} for c in cases}
-
-
 def as_missing(fn, *args):
     """fn(*args), or a Missing carrying the exception text."""
     try:
         return fn(*args)
     except Exception as e:  # noqa: BLE001
         return Missing(f"{type(e).__name__}: {str(e)[:300]}")
-
-
-def decode_missing(addresses, reason):
-    return {a: Missing(reason) for a in addresses}
-
-
-def logits_changed(a: torch.Tensor, b: torch.Tensor) -> float:
-    return float((a - b).norm() / b.norm().clamp_min(1e-30))

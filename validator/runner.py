@@ -16,7 +16,7 @@ import torch
 
 from validator import cells, matrix, prompts, rows
 from validator.engines import ENGINES, adapter_class, adapter_source_files, availability
-from validator.engines.base import EngineUnavailable, ModelContext
+from validator.engines.base import EngineUnavailable, Missing, ModelContext
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -151,22 +151,24 @@ def _run_engine(engine, spec, ctx, common, opts) -> dict:
     except EngineUnavailable as e:
         ref, unavailable = None, str(e)
     try:
-        if ref is None:
-            refs = rows.missing_everywhere(unavailable, cases, addresses)
-        else:
-            refs = {c.name: ref.capture(c, addresses) for c in cases}
+        def capture(case):
+            if ref is None:
+                return {a: Missing(unavailable) for a in addresses}
+            try:
+                return ref.capture(case, addresses)
+            except Exception as e:  # noqa: BLE001  (a crashing forward fails the case, with its text)
+                return {a: Missing(f"reference forward failed: {type(e).__name__}: {_last_line(e)}") for a in addresses}
+        refs = {c.name: capture(c) for c in cases}
         decode = None
         if "decode_case" in common:
-            d_ref = (rows.missing_everywhere(unavailable, [common["decode_case"]], addresses)["decode"]
-                     if ref is None else ref.capture(common["decode_case"], addresses))
-            decode = (common["decode_ours"], d_ref)
+            decode = (common["decode_ours"], capture(common["decode_case"]))
         steer = None
         if "steer" in common:
             st = common["steer"]
             if ref is None:
-                r = rows.Missing(unavailable)
+                r = Missing(unavailable)
             elif not getattr(ref, "steers", True):
-                r = rows.Missing(f"{engine} does not steer")
+                r = Missing(f"{engine} does not steer")
             else:
                 r = rows.as_missing(ref.steer_logits, cases[0], st["layer"], st["vector"])
             steer = {"layer": st["layer"], "ours": st["ours"], "base": st["base"], "ref": r}
@@ -188,6 +190,12 @@ def _run_engine(engine, spec, ctx, common, opts) -> dict:
     if unavailable:
         cell["unavailable"] = unavailable
     return cell
+
+
+def _last_line(e: Exception) -> str:
+    """The informative end of an exception message (nnsight wraps the real error in a traceback)."""
+    lines = [ln for ln in str(e).strip().splitlines() if ln.strip()]
+    return (lines[-1] if lines else "")[:300]
 
 
 def _provenance(spec, engine, opts, common, seconds) -> dict:

@@ -9,6 +9,7 @@ import torch
 
 from validator.engines.base import Case, Missing
 from validator.prompts import DECODE_TOKENS, decode_case
+from validator.scoring import KPOS_POINTS
 
 
 class Subject:
@@ -19,8 +20,9 @@ class Subject:
         dev = self.m.device
         return {"input_ids": case.input_ids.to(dev), "attention_mask": case.attention_mask.to(dev)}
 
-    def _collect(self, run, addresses) -> dict:
-        """run(addresses) -> cache; on failure, bisect so that only the failing addresses are lost."""
+    def _collect(self, run, addresses, first_split=None) -> dict:
+        """run(addresses) -> cache; on failure, split (first by `first_split`, then in halves) so that
+        only the failing addresses are lost."""
         try:
             cache = run(addresses)
             return {a: cache[a].detach().float().cpu() if cache[a].is_floating_point() else cache[a].cpu()
@@ -28,6 +30,11 @@ class Subject:
         except Exception as e:  # noqa: BLE001  (isolate the failing addresses below)
             if len(addresses) == 1:
                 return {addresses[0]: Missing(f"engine error: {type(e).__name__}: {str(e)[:300]}")}
+        if first_split:
+            groups = [[a for a in addresses if not first_split(a)]] + [[a] for a in addresses if first_split(a)]
+            groups = [g for g in groups if g]
+            if len(groups) > 1:
+                return {k: v for g in groups for k, v in self._collect(run, g).items()}
         half = len(addresses) // 2
         return {**self._collect(run, addresses[:half]), **self._collect(run, addresses[half:])}
 
@@ -51,7 +58,9 @@ class Subject:
                 raise RuntimeError("capturing changed the generated tokens")
             state["tokens"] = res.tokens
             return {a: res.cache[a][:, -1:] for a in addrs}
-        return ref_case, self._collect(run, addresses)
+        # patterns grow a key axis at every decode step: if capturing them fails, try them one by one
+        growing = lambda a: a.split(".")[0] in KPOS_POINTS  # noqa: E731
+        return ref_case, self._collect(run, addresses, first_split=growing)
 
     def logits(self, case: Case, steer=()) -> torch.Tensor:
         logits, _ = self.m.run_with_cache(self._enc(case), [], steer=list(steer))

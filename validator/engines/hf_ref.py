@@ -64,8 +64,9 @@ class _Recorder:
     def pre(self, module, key, arg=0):
         def hook(mod, args, kwargs):
             self.calls[key] = self.calls.get(key, 0) + 1
-            if key not in self.data:
-                self.data[key] = (args[arg] if len(args) > arg else kwargs.get("hidden_states"))
+            if key not in self.data:  # cloned: some blocks update tensors in place afterwards
+                t = args[arg] if len(args) > arg else kwargs.get("hidden_states")
+                self.data[key] = t.detach().clone() if isinstance(t, torch.Tensor) else t
         self.handles.append(module.register_forward_pre_hook(hook, with_kwargs=True))
 
     def post(self, module, key, index=None, minus_arg=None):
@@ -76,7 +77,7 @@ class _Recorder:
             t = output[index] if index is not None else first(output)
             if minus_arg is not None:
                 t = t - (args[minus_arg] if len(args) > minus_arg else kwargs["residual"])
-            self.data[key] = t
+            self.data[key] = t.detach().clone()  # Falcon adds the attention output into the MLP's in place
         self.handles.append(module.register_forward_hook(hook, with_kwargs=True))
 
     def remove(self):
@@ -276,9 +277,10 @@ class HFReference(Reference):
                     scaling = getattr(module, "scaling", query.shape[-1] ** -0.5)
                 softcap = a.get("softcap", extra.get("softcap"))
                 rec.data[("attn_fn", layer_of[id(module)])] = {
-                    "q": query.detach(), "k": key.detach(), "v": value.detach(), "mask": attention_mask,
-                    "scaling": scaling, "softcap": softcap, "out": first(out).detach(),
-                    "probs": out[1].detach() if isinstance(out, tuple) and out[1] is not None else None}
+                    "q": query.detach().clone(), "k": key.detach().clone(), "v": value.detach().clone(),
+                    "mask": attention_mask, "scaling": scaling, "softcap": softcap,
+                    "out": first(out).detach().clone(),
+                    "probs": out[1].detach().clone() if isinstance(out, tuple) and out[1] is not None else None}
                 return out
             wrapper._validator_wrapped = True
             g["eager_attention_forward"] = wrapper

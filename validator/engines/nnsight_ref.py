@@ -92,6 +92,14 @@ class NNsightReference(Reference):
         if point in ("q", "k", "value", "z", "attn_probs", "attn_scores"):
             if attn is None:
                 return Missing(f"layer {layer} has no softmax attention module")
+            if not self._has_fn(attn):
+                if point == "z":
+                    return f"{attn}.{lay.o_proj}", "in", "heads"
+                if point != "attn_probs":
+                    return Missing(f"{type(get_path(self.hf, attn)).__name__} computes attention inline: its "
+                                   f"source has no {_FN} call, so {point} is never a separate tensor")
+                return Missing(f"{type(get_path(self.hf, attn)).__name__}'s source has no {_FN} call to read the "
+                               f"pattern from")
             return attn, "fn", point
         if point in ("q_norm_in", "q_norm_out", "k_norm_in", "k_norm_out"):
             sub = lay.q_norm if point.startswith("q") else lay.k_norm
@@ -125,8 +133,18 @@ class NNsightReference(Reference):
         event = "in" if point in ("mlp_in", "mlp_act") else "out"
         return f"{mlp}.{path}", event, ("chunk", chunk, parts) if chunk is not None else "flat"
 
+    def _has_fn(self, path: str) -> bool:
+        try:
+            return hasattr(self._envoy(path).source, _FN)
+        except Exception:  # noqa: BLE001  (source parsing can fail on exotic forwards)
+            return False
+
     def _execution_order(self, case: Case, paths) -> dict:
-        """{(path, event): rank} from one plain forward with PyTorch hooks."""
+        """{(path, event): rank} from one plain forward with PyTorch hooks (once per set of paths:
+        the call order of a model's modules does not depend on the prompt)."""
+        key = frozenset(paths)
+        if self._order is not None and self._order[0] == key:
+            return self._order[1]
         events, handles = [], []
         for path in paths:
             mod = get_path(self.hf, path) if path else None
@@ -143,6 +161,7 @@ class NNsightReference(Reference):
         order = {}
         for i, ev in enumerate(events):
             order.setdefault(ev, i)
+        self._order = (key, order)
         return order
 
     def _inputs(self, case: Case) -> dict:
@@ -175,14 +194,16 @@ class NNsightReference(Reference):
         # every (module, event) to visit; BLOOM's residual-adding modules need their input as well
         needs = {a: [(path, event)] + ([(path, "in")] if extra == "minus_residual" else [])
                  for a, (path, event, extra) in plans.items()}
-        order = self._execution_order(case, {p[0] for p in plans.values()})
+        o_proj = self.layout.o_proj if self.layout else "o_proj"
+        fn_paths = {p[0] for p in plans.values() if p[1] == "fn"}
+        order = self._execution_order(case, {p[0] for p in plans.values()} | {f"{p}.{o_proj}" for p in fn_paths})
 
         def rank(ev):
             path, event = ev
             if event == "logits":
                 return float("inf")
-            if event == "fn":
-                return order.get((path, "in"), -1) + 0.5
+            if event == "fn":  # the attention call runs after q/k norms and RoPE, before the output projection
+                return order.get((f"{path}.{o_proj}", "in"), order.get((path, "out"), 0)) - 0.5
             return order.get(ev, -1)
 
         for a, evs in needs.items():
@@ -202,8 +223,13 @@ class NNsightReference(Reference):
                     saved[(path, event)] = (fn.inputs.save(), fn.output.save())
                 elif event == "in":
                     saved[(path, event)] = self._envoy(path).inputs.save()
-                else:
-                    saved[(path, event)] = self._envoy(path).output.save()
+                else:  # cloned now: Falcon adds the attention output into the MLP's output in place
+                    o = self._envoy(path).output
+                    if isinstance(o, tuple):
+                        saved[(path, event)] = tuple(x.clone().save() if isinstance(x, torch.Tensor) else None
+                                                     for x in o)
+                    else:
+                        saved[(path, event)] = o.clone().save()
         b, p = ids.shape
         for a, (path, event, extra) in plans.items():
             if a in out:

@@ -27,6 +27,13 @@ ACCESSORS: dict[str, tuple[str, int]] = {
     "final_norm": ("ln_final.output", 0),
     "lm_head": ("logits", 1),
 }
+# (model_type, point) -> why nnterp's accessor of that name holds a different tensor than our point
+DIFFERENT_TENSOR: dict[tuple[str, str], str] = {
+    ("bloom", "attn_out"): "BLOOM's attention module adds the residual itself, so attentions_output is the mid "
+                           "residual, not the attention write",
+    ("bloom", "mlp_out"): "BLOOM's MLP module adds the residual itself, so mlps_output is resid_post, not the "
+                          "MLP write",
+}
 TENSORS = {p: a for p, (a, _) in ACCESSORS.items()}
 TENSORS["embeddings"] = "layers_input[0] (what the first block receives; token_embeddings lacks position " \
                         "embeddings and embedding scales)"
@@ -60,6 +67,22 @@ class NNterpReference(Reference):
             return (0, -1)
         return (layer, ACCESSORS[point][1])
 
+    def _absent(self, point, layer) -> str:
+        """Why nnterp cannot serve this accessor here ("" when it can), checked outside the trace: a
+        failing accessor inside a trace aborts the whole forward."""
+        attr = {"attn_in": "self_attn", "attn_out": "self_attn", "attn_probs": "self_attn",
+                "mlp_in": "mlp", "mlp_out": "mlp"}.get(point)
+        if attr is None:
+            return ""
+        try:
+            mod = getattr(self.st.layers[layer], attr, None)
+        except Exception:  # noqa: BLE001
+            mod = None
+        if mod is None:
+            return (f"nnterp finds no {attr} module on layer {layer} "
+                    f"({type(self.st._model).__name__}); its {point} accessor cannot resolve")
+        return ""
+
     def _get(self, point, layer):
         st = self.st
         if point == "embeddings":
@@ -80,6 +103,11 @@ class NNterpReference(Reference):
                 out[a] = Missing(f"nnterp's StandardizedTransformer has no accessor for {point!r}")
             elif point == "attn_probs" and self.probs_error:
                 out[a] = Missing(f"nnterp disabled attention probabilities here: {self.probs_error}")
+            elif (self.ctx.model_type, point) in DIFFERENT_TENSOR:
+                out[a] = Missing(f"different tensor under the same name: "
+                                 f"{DIFFERENT_TENSOR[(self.ctx.model_type, point)]}")
+            elif (why := self._absent(point, layer)):
+                out[a] = Missing(why)
             else:
                 todo.append((self._key(point, layer), a, point, layer))
         todo.sort()
@@ -87,11 +115,11 @@ class NNterpReference(Reference):
         with torch.no_grad(), self.st.trace({"input_ids": case.input_ids, "attention_mask": case.attention_mask},
                                             position_ids=case.position_ids):
             for _, a, point, layer in todo:
-                saved[a] = self._get(point, layer).save()
+                v = self._get(point, layer)
+                v = v[0] if isinstance(v, tuple) else v
+                saved[a] = v.clone().save()  # cloned: Falcon updates the MLP output in place afterwards
         for _, a, point, layer in todo:
             t = saved[a]
-            if isinstance(t, tuple):
-                t = t[0]
             if point == "attn_probs":
                 t = t.transpose(1, 2)
             out[a] = t.detach().float().cpu()

@@ -24,29 +24,42 @@ HOOKS: dict[str, tuple[str, ...]] = {
     "q_norm_out": ("blocks.{L}.attn.q_norm.hook_out",),
     "k_norm_in": ("blocks.{L}.attn.k_norm.hook_in",),
     "k_norm_out": ("blocks.{L}.attn.k_norm.hook_out",),
-    "q": ("blocks.{L}.attn.hook_rot_q", "blocks.{L}.attn.hook_q"),  # after RoPE where the bridge rotates
+    # after RoPE: hook_rot_q on rotary bridges (those with hook_cos), hook_q where nothing rotates
+    "q": ("blocks.{L}.attn.hook_rot_q", "blocks.{L}.attn.hook_q"),
     "k": ("blocks.{L}.attn.hook_rot_k", "blocks.{L}.attn.hook_k"),
     "value": ("blocks.{L}.attn.hook_v",),
     "attn_scores": ("blocks.{L}.attn.hook_attn_scores",),
     "attn_probs": ("blocks.{L}.attn.hook_pattern",),
     "z": ("blocks.{L}.attn.hook_z",),
-    "attn_out": ("blocks.{L}.attn.hook_out",),  # the module output; block hook_attn_out may be post-norm
+    # the output projection's output (BLOOM's attention module output includes the residual; the
+    # block-level hook_attn_out is post-norm on sandwich families)
+    "attn_out": ("blocks.{L}.attn.o.hook_out", "blocks.{L}.attn.hook_out"),
     "attn_out_post": ("blocks.{L}.ln1_post.hook_out",),
     "resid_mid": ("blocks.{L}.hook_resid_mid",),
     "mlp_in": ("blocks.{L}.mlp.hook_in",),
     "mlp_pre": ("blocks.{L}.mlp.hook_pre",),
     "mlp_pre_linear": ("blocks.{L}.mlp.hook_pre_linear",),
     "mlp_act": ("blocks.{L}.mlp.hook_post",),
+    # MoE bridges only (mlp.gate is the gate projection on dense MLPs); the bridge's hook_expert_weights
+    # is a softmax over all experts, not the top-k mixing weights, so expert_weights is left unmapped
     "router_logits": ("blocks.{L}.mlp.gate.hook_out",),
-    "mlp_out": ("blocks.{L}.mlp.hook_out",),  # the module output; block hook_mlp_out may be post-norm
+    "expert_indices": ("blocks.{L}.mlp.hook_expert_indices",),
+    "mlp_out": ("blocks.{L}.mlp.out.hook_out", "blocks.{L}.mlp.hook_out"),  # down projection, else the module
     "mlp_out_post": ("blocks.{L}.ln2_post.hook_out",),
     "resid_post": ("blocks.{L}.hook_resid_post",),
     "final_norm": ("ln_final.hook_out",),  # ln_final.hook_normalized is before the norm's gain
+}
+# (model_type, point) -> why the bridge's hook of that name holds a different tensor than our point
+DIFFERENT_TENSOR: dict[tuple[str, str], str] = {
+    ("opt", "q"): "HF OPT multiplies the query by 1/sqrt(head_dim) before the attention call (modeling_opt: "
+                  "q_proj(x) * self.scaling, then scaling=1.0); the bridge's hook_q is the unscaled projection",
+    ("opt", "attn_scores"): "the OPT bridge's hook_attn_scores is taken before the causal mask is applied",
 }
 TENSORS = {p: " or ".join(h) for p, h in HOOKS.items()}
 TENSORS["lm_head"] = "the logits the bridge's forward returns"
 _HEADS_FIRST_OK = ("q_norm_in", "q_norm_out", "k_norm_in", "k_norm_out", "q", "k", "value", "z")
 _PATTERNS = ("attn_scores", "attn_probs")
+_MOE = ("router_logits", "expert_indices")
 
 
 def _bridge_tokenizer(tok, name: str):
@@ -78,10 +91,18 @@ class TLReference(Reference):
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
 
     def _hook_for(self, point: str, layer) -> str | Missing:
+        other = DIFFERENT_TENSOR.get((self.ctx.model_type, point))
+        if other:
+            return Missing(f"different tensor under the same name: {other}")
         cands = HOOKS.get(point)
         if not cands:
             return Missing(f"TransformerLens has no hook for {point!r} in this adapter's map")
         names = [c.format(L=layer) for c in cands]
+        if point in ("q", "k"):  # never fall back to the pre-RoPE hook on a rotary bridge
+            names = names[:1] if f"blocks.{layer}.attn.hook_cos" in self.hooks else names[1:]
+        if point in _MOE and f"blocks.{layer}.mlp.hook_expert_indices" not in self.hooks:
+            return Missing(f"no bridge hook for {point} at layer {layer}: the bridge exposes no router here "
+                           f"(blocks.{layer}.mlp.hook_expert_indices absent)")
         for n in names:
             if n in self.hooks:
                 return n
@@ -126,7 +147,7 @@ class TLReference(Reference):
                     t = t.transpose(1, 2)
                 elif point in _HEADS_FIRST_OK:
                     t = to_heads(t, b, p, t.shape[-1] if t.dim() == 4 else self.head_dim)
-                elif point == "router_logits":
+                elif point in _MOE:
                     t = t.reshape(b, p, -1)
                 out[a] = t.float().cpu()
             except ValueError as e:

@@ -1,0 +1,184 @@
+"""The runner, cells, reports and CLI: a planted wrong-layer reference fails the run, an interrupted
+run resumes without losing or recomputing a cell, the drift check, and bad command-line input."""
+import json
+
+import pytest
+import torch
+
+from validator import cells, cli, report, runner
+from validator.engines import ENGINES, EngineSpec
+from validator.engines.hf_ref import HFReference
+from validator.models import zoo_spec
+from validator.tolerances import TIERS
+
+MODELS = ("openai-community/gpt2", "meta-llama/Llama-3.2-1B")
+POINTS = ["resid_post", "lm_head"]
+
+
+class PlantedWrongLayer(HFReference):
+    """A reference with a planted bug: resid_post.L answers with layer L+1's stream."""
+    name = "planted"
+
+    def capture(self, case, addresses):
+        n = self.n_layers
+        extra = [f"resid_post.{int(a.split('.')[1]) + 1}" for a in addresses
+                 if a.startswith("resid_post.") and int(a.split(".")[1]) + 1 < n]
+        got = super().capture(case, sorted(set(addresses) | set(extra)))
+        for a in addresses:
+            if a.startswith("resid_post."):
+                nxt = f"resid_post.{int(a.split('.')[1]) + 1}"
+                if nxt in got:
+                    got[a] = got[nxt]
+        return {a: got[a] for a in addresses}
+
+
+@pytest.fixture
+def planted(monkeypatch):
+    monkeypatch.setitem(ENGINES, "planted", EngineSpec("planted", "hf_ref", "HFReference", False, ("torch",),
+                                                       "test engine with a planted wrong layer"))
+    monkeypatch.setitem(TIERS, ("planted", "float32"), TIERS[("hf", "float32")])
+    real = runner.adapter_class
+    monkeypatch.setattr(runner, "adapter_class", lambda e: PlantedWrongLayer if e == "planted" else real(e))
+
+
+def _opts(out, engines=("hf",), **kw):
+    return runner.Options(engines=engines, out=out, points=POINTS, steer=False, **kw)
+
+
+def test_planted_wrong_layer_fails_the_run(tmp_path, planted, capsys):
+    code = cli.main(["run", "--models", MODELS[0], "--engines", "hf,planted", "--points", ",".join(POINTS),
+                     "--no-steer", "--out", str(tmp_path)])
+    assert code == 1
+    hf = cells.read(cells.cell_path(tmp_path, MODELS[0], "hf"))
+    bad = cells.read(cells.cell_path(tmp_path, MODELS[0], "planted"))
+    assert hf["summary"]["fail"] == 0 and hf["summary"]["pass"] > 0
+    failing = {(r["case"], r["point"], r["layer"]) for r in bad["rows"] if r["verdict"] == "fail"}
+    assert ("short", "resid_post", 0) in failing and ("long", "resid_post", 0) in failing
+    assert ("short", "lm_head", None) not in failing
+    assert "planted" in capsys.readouterr().out  # the summary table
+
+
+def test_killed_run_resumes_without_losing_or_recomputing_cells(tmp_path, planted):
+    engines = ("hf", "planted")
+    written = []
+
+    def die_after_three(path):
+        written.append(path)
+        if len(written) == 3:
+            raise KeyboardInterrupt("simulated kill")
+
+    opts = _opts(tmp_path, engines, decode=False, after_cell=die_after_three)
+    specs = [zoo_spec(m) for m in MODELS]
+    with pytest.raises(KeyboardInterrupt):
+        for spec in specs:
+            runner.run_model(spec, opts)
+    assert sorted(p.name for p in cells.cell_dir(tmp_path).iterdir()) == sorted(p.name for p in written)
+    assert all(cells.read(p)["status"] == "ok" for p in written)  # complete cells only, no temp files
+    before = {p: p.stat().st_mtime_ns for p in written}
+    again = []
+    opts = _opts(tmp_path, engines, decode=False, after_cell=again.append)
+    for spec in specs:
+        runner.run_model(spec, opts)
+    all_paths = {cells.cell_path(tmp_path, m, e) for m in MODELS for e in engines}
+    assert set(again) == all_paths - set(written)  # only the missing cell was computed
+    assert all(p.stat().st_mtime_ns == t for p, t in before.items())
+    assert {p for p in cells.cell_dir(tmp_path).iterdir()} == all_paths
+    forced = []
+    runner.run_model(specs[0], _opts(tmp_path, engines, decode=False, force=True, after_cell=forced.append))
+    assert len(forced) == 2
+
+
+def test_stale_cell_is_recomputed_when_inputs_change(tmp_path):
+    spec = zoo_spec(MODELS[0])
+    runner.run_model(spec, _opts(tmp_path, decode=False))
+    assert runner.pending(spec, _opts(tmp_path, decode=False)) == []
+    assert runner.pending(spec, _opts(tmp_path, decode=True)) == ["hf"]  # different inputs digest
+
+
+def test_atomic_write_leaves_no_partial_cell(tmp_path, monkeypatch):
+    path = tmp_path / "cells" / "x__hf.json"
+    cells.write_atomic(path, {"a": 1})
+
+    def boom(*a):
+        raise OSError("disk full")
+    monkeypatch.setattr(cells.os, "replace", boom)
+    with pytest.raises(OSError):
+        cells.write_atomic(path, {"a": 2})
+    assert json.loads(path.read_text()) == {"a": 1}
+    assert [p.name for p in path.parent.iterdir()] == ["x__hf.json"]
+
+
+def test_drift_check_passes_fresh_and_fails_after_a_cell_changes(tmp_path):
+    runner.run_model(zoo_spec(MODELS[0]), _opts(tmp_path, decode=False))
+    report.render(tmp_path)
+    assert report.check(tmp_path) == []
+    assert cli.main(["report", "--check", "--out", str(tmp_path)]) == 0
+    path = cells.cell_path(tmp_path, MODELS[0], "hf")
+    cell = cells.read(path)
+    cell["rows"][0]["verdict"] = "fail"
+    cell["summary"] = {"pass": 0, "warn": 0, "fail": 1, "gap": 0}
+    cells.write_atomic(path, cell)
+    problems = report.check(tmp_path)
+    assert any(p.startswith("README.md") for p in problems)
+    assert any(p.startswith("details/") for p in problems) and any(p.startswith("summary.csv") for p in problems)
+    assert cli.main(["report", "--check", "--out", str(tmp_path)]) == 1
+    (tmp_path / "details" / "gone__model.md").write_text("stale")
+    assert any("no cell" in p for p in report.check(tmp_path))
+    report.render(tmp_path)
+    assert report.check(tmp_path) == []
+
+
+def test_reports_render_counts_and_heatmap(tmp_path):
+    runner.run_model(zoo_spec(MODELS[0]), _opts(tmp_path, decode=False))
+    report.render(tmp_path)
+    cell = cells.read(cells.cell_path(tmp_path, MODELS[0], "hf"))
+    s = cell["summary"]
+    readme = (tmp_path / "README.md").read_text()
+    assert f"{s['pass']}/{s['warn']}/{s['fail']}/{s['gap']}" in readme
+    import pandas as pd
+    df = pd.read_csv(tmp_path / "summary.csv")
+    assert len(df) == len(cell["rows"]) and set(df["verdict"]) <= {"pass", "warn", "fail", "gap"}
+    assert (tmp_path / "heatmap.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert report.png_digest(tmp_path / "heatmap.png") == report.heat_digest(report.heat_data(cells.load_all(tmp_path))[0])
+    details = (tmp_path / "details" / f"{cells.slug(MODELS[0])}.md").read_text()
+    assert "| resid_post | 1 |" in details and "Which tensor" in details
+    assert cli.main(["show", MODELS[0], "--out", str(tmp_path)]) == 0
+
+
+def test_provenance_is_recorded(tmp_path):
+    runner.run_model(zoo_spec(MODELS[0]), _opts(tmp_path, decode=False))
+    prov = cells.read(cells.cell_path(tmp_path, MODELS[0], "hf"))["provenance"]
+    assert prov["versions"]["torch"] == torch.__version__.split("+")[0] or prov["versions"]["torch"].startswith(
+        torch.__version__.split("+")[0])
+    for key in ("dtype", "device", "torch_threads", "prompt_digest", "reference_digest", "commit", "code_digest",
+                "weights"):
+        assert prov.get(key) not in (None, ""), key
+
+
+# -- bad input -----------------------------------------------------------------------------------
+@pytest.mark.parametrize("argv, needle", [
+    (["run", "--models", "meta-llama/Llama-3.2-1b-instruct"], "meta-llama/Llama-3.2-1B"),
+    (["run", "--models", "gemma-2-2"], "google/gemma-2-2b"),
+    (["run", "--engines", "nnsite"], "'nnsight'"),
+    (["run", "--points", "resid_psot"], "'resid_post'"),
+    (["run", "--layers", "middle"], "'mid'"),
+    (["run", "--jobs", "0"], "--jobs"),
+])
+def test_cli_bad_input_names_the_fix(argv, needle, capsys, tmp_path):
+    assert cli.main(argv + ["--out", str(tmp_path)]) == 2
+    assert needle in capsys.readouterr().err
+
+
+def test_cli_show_and_report_without_cells(tmp_path, capsys):
+    assert cli.main(["report", "--out", str(tmp_path)]) == 2
+    assert "no cells" in capsys.readouterr().err
+    assert cli.main(["show", "nope/model", "--out", str(tmp_path)]) == 2
+    assert "no cells for model" in capsys.readouterr().err
+
+
+def test_cli_real_without_cached_checkpoint(capsys, tmp_path):
+    from engine import zoo
+    if zoo.real_checkpoint_available(MODELS[0]):
+        pytest.skip("the real checkpoint is cached here")
+    assert cli.main(["run", "--real", "--models", MODELS[0], "--out", str(tmp_path)]) == 2
+    assert "not in the local HF model cache" in capsys.readouterr().err

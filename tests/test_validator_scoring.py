@@ -1,0 +1,203 @@
+"""Scoring on constructed tensors: each planted defect (wrong layer, transposed heads, padding leak,
+NaN, all-zero, mask mismatch) is caught, and the metrics equal an independent numpy computation."""
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from validator import known_gaps, rows, scoring
+from validator.engines.base import Missing
+from validator.tolerances import TIERS, Tier, tier_for
+
+TIER = tier_for("hf", "float32")
+
+
+def _resid_stream(seed=0, b=2, pos=9, d=16, layers=4):
+    """A fake residual stream: each layer adds an O(1) update, as real blocks do."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(b, pos, d, generator=g)
+    out = []
+    for _ in range(layers):
+        x = x + torch.randn(b, pos, d, generator=g)
+        out.append(x.clone())
+    return out
+
+
+def test_identical_passes_and_metrics_match_numpy():
+    ref = _resid_stream()[1]
+    noise = 1e-7 * torch.randn(ref.shape, generator=torch.Generator().manual_seed(3))
+    ours = ref + noise
+    s = scoring.compare(ours, ref, TIER, "resid_post")
+    o, r = ours.double().numpy(), ref.double().numpy()
+    assert s.verdict == "pass"
+    assert s.rel_err == pytest.approx(np.linalg.norm(o - r) / np.linalg.norm(r), rel=1e-6)
+    assert s.max_abs == pytest.approx(np.abs(o - r).max(), rel=1e-6)
+    cos = (o * r).sum(-1) / (np.linalg.norm(o, axis=-1) * np.linalg.norm(r, axis=-1))
+    assert s.cosine == pytest.approx(cos.min(), rel=1e-9)
+    per_tok = np.linalg.norm(o - r, axis=-1) / np.linalg.norm(r, axis=-1)
+    assert s.token_rel_err == pytest.approx(per_tok.max(), rel=1e-6)
+    assert s.worst_token == list(np.unravel_index(per_tok.argmax(), per_tok.shape))
+
+
+def test_planted_wrong_layer_fails():
+    stream = _resid_stream()
+    s = scoring.compare(stream[2], stream[1], TIER, "resid_post")
+    assert s.verdict == "fail"
+    assert s.rel_err > TIER.warn_rel
+
+
+def test_transposed_head_axis_caught_by_shape_and_by_values():
+    g = torch.Generator().manual_seed(1)
+    ref = torch.randn(1, 7, 4, 8, generator=g)  # [b, pos, heads, head_dim]
+    s = scoring.compare(ref.transpose(1, 2), ref, TIER, "q")
+    assert s.verdict == "fail" and "transposed or permuted" in s.structural[0]
+    square = torch.randn(1, 7, 8, 8, generator=g)  # heads == head_dim: the shape cannot tell
+    s = scoring.compare(square.transpose(2, 3), square, TIER, "z")
+    assert s.verdict == "fail" and s.rel_err > 0.5
+
+
+def test_padding_leak_caught_and_clean_padding_passes():
+    g = torch.Generator().manual_seed(2)
+    solo = torch.randn(1, 5, 16, generator=g)  # the short prompt run alone
+    n_pad = 3
+    clean = torch.cat([torch.randn(1, n_pad, 16, generator=g), solo], dim=1)  # pad positions are garbage
+    assert scoring.padding_leak(clean, solo, 0, 5, TIER).verdict == "pass"
+    leaky = clean.clone()
+    leaky[:, n_pad:] += 0.05 * clean[:, :n_pad].mean(1, keepdim=True)  # real tokens attended to pads
+    s = scoring.padding_leak(leaky, solo, 0, 5, TIER)
+    assert s.verdict == "fail" and "padding leak" in s.structural[0]
+
+
+def test_padding_leak_on_attention_patterns_uses_real_keys():
+    g = torch.Generator().manual_seed(4)
+    solo = torch.softmax(torch.randn(1, 5, 2, 5, generator=g), -1)
+    padded = torch.zeros(1, 8, 2, 8)
+    padded[:, 3:, :, 3:] = solo
+    assert scoring.padding_leak(padded, solo, 0, 5, TIER, "attn_probs").verdict == "pass"
+    padded[:, 3:, :, 2] = 0.1  # probability mass on a pad key
+    padded[:, 3:, :, 3:] *= 0.9
+    assert scoring.padding_leak(padded, solo, 0, 5, TIER, "attn_probs").verdict == "fail"
+
+
+@pytest.mark.parametrize("where", ["ours", "ref"])
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_nonfinite_fails(where, bad):
+    ref = _resid_stream()[0]
+    ours = ref.clone()
+    (ours if where == "ours" else ref)[0, 3, 2] = bad
+    s = scoring.compare(ours, ref, TIER, "resid_post")
+    assert s.verdict == "fail"
+    assert any("NaN/inf" in m and ("ours" in m) == (where == "ours") for m in s.structural)
+
+
+def test_all_zero_capture_fails():
+    ref = _resid_stream()[0]
+    s = scoring.compare(torch.zeros_like(ref), ref, TIER, "mlp_out")
+    assert s.verdict == "fail" and "all zero" in s.structural[0]
+
+
+def test_attention_scores_masks_compared_as_masks():
+    g = torch.Generator().manual_seed(5)
+    raw = torch.randn(1, 4, 2, 4, generator=g)
+    causal = torch.triu(torch.ones(4, 4, dtype=torch.bool), 1)[None, :, None, :]
+    ref = raw.masked_fill(causal, float("-inf"))
+    ours = raw.masked_fill(causal, torch.finfo(torch.float32).min)  # different mask value, same mask
+    assert scoring.compare(ours, ref, TIER, "attn_scores").verdict == "pass"
+    window = ours.clone()
+    window[0, 3, :, 0] = torch.finfo(torch.float32).min  # a sliding window the reference does not have
+    s = scoring.compare(window, ref, TIER, "attn_scores")
+    assert s.verdict == "fail" and "mask differs" in s.structural[0]
+
+
+def test_valid_mask_excludes_padding_positions():
+    ref = _resid_stream()[0]
+    ours = ref.clone()
+    ours[0, :2] = 99.0
+    valid = torch.ones(ref.shape[:2], dtype=torch.bool)
+    assert scoring.compare(ours, ref, TIER, "resid_post").verdict == "fail"
+    valid[0, :2] = False
+    assert scoring.compare(ours, ref, TIER, "resid_post", valid).verdict == "pass"
+
+
+def test_integer_points_compare_exactly():
+    idx = torch.tensor([[[0, 3], [1, 2], [2, 0]]])
+    assert scoring.compare(idx.clone(), idx, TIER, "expert_indices").verdict == "pass"
+    other = idx.clone()
+    other[0, 1, 1] = 3
+    s = scoring.compare(other, idx, TIER, "expert_indices")
+    assert s.verdict == "fail" and s.rel_err == pytest.approx(1 / 6)
+
+
+def test_tiers_pass_warn_fail_boundaries():
+    ref = _resid_stream()[0]
+    direction = torch.ones_like(ref)
+    for rel, want in ((TIER.pass_rel / 10, "pass"), (TIER.pass_rel * 10, "warn"), (TIER.warn_rel * 10, "fail")):
+        ours = ref + rel * ref.norm(dim=-1, keepdim=True) * direction / direction.norm(dim=-1, keepdim=True)
+        assert scoring.compare(ours, ref, TIER, "resid_post").verdict == want, rel
+
+
+def test_tier_lookup_errors_name_the_fix():
+    with pytest.raises(ValueError, match="validator/tolerances.py"):
+        tier_for("hf", "float64")
+    assert tier_for("nnsight", "bfloat16") is TIERS[("*", "bfloat16")]
+    assert tier_for("hf", "float32", "decode").pass_rel == pytest.approx(TIERS[("hf", "float32")].pass_rel * 10)
+
+
+def test_shape_mismatch_names_both_shapes():
+    s = scoring.compare(torch.zeros(1, 4, 8), torch.zeros(1, 4, 16), TIER)
+    assert s.verdict == "fail" and "(1, 4, 8)" in s.structural[0] and "(1, 4, 16)" in s.structural[0]
+
+
+def test_gaps_only_explain_missing_rows_never_hide_results():
+    gap_reason = "nnterp's StandardizedTransformer has no accessor for 'q'"
+    ours = torch.ones(1, 2, 3)
+    row = rows.resolve({"case": "short", "point": "q", "layer": 0}, "nnterp", "llama", "m", ours, Missing(gap_reason))
+    assert row["verdict"] == "gap" and row["known"]["id"] == "nnterp-no-accessor"
+    crash = rows.resolve({"case": "short", "point": "q", "layer": 0}, "nnterp", "llama", "m", ours,
+                         Missing("RuntimeError: boom"))
+    assert crash["verdict"] == "fail" and "undeclared gap" in crash["reason"]
+    s = scoring.compare(ours, ours, TIER)
+    passed = rows.resolve({"case": "short", "point": "q", "layer": 0}, "nnterp", "llama", "m", ours, ours, s)
+    assert passed["verdict"] == "pass" and "known" not in passed
+
+
+def test_known_bug_explains_numeric_failure_only(monkeypatch):
+    bug = known_gaps.Known("test-bug", "bug", "hf", "resid_post", "a planted upstream bug", "test", numeric=True)
+    monkeypatch.setattr(known_gaps, "KNOWN", known_gaps.KNOWN + (bug,))
+    stream = _resid_stream()
+    numeric = scoring.compare(stream[2], stream[1], TIER, "resid_post")
+    row = rows.resolve({"case": "short", "point": "resid_post", "layer": 1}, "hf", "llama", "m", stream[2],
+                       stream[1], numeric)
+    assert row["verdict"] == "gap" and row["raw_verdict"] == "fail" and row["known"]["id"] == "test-bug"
+    nan = stream[1].clone()
+    nan[0, 0, 0] = math.nan
+    structural = scoring.compare(nan, stream[1], TIER, "resid_post")
+    row = rows.resolve({"case": "short", "point": "resid_post", "layer": 1}, "hf", "llama", "m", nan, stream[1],
+                       structural)
+    assert row["verdict"] == "fail"
+    ok = scoring.compare(stream[1], stream[1], TIER, "resid_post")
+    row = rows.resolve({"case": "short", "point": "resid_post", "layer": 1}, "hf", "llama", "m", stream[1],
+                       stream[1], ok)
+    assert row["verdict"] == "pass" and row["stale_known"] == "test-bug"
+
+
+def test_engine_error_is_a_failure_even_with_a_gap_declared():
+    row = rows.resolve({"case": "short", "point": "q", "layer": 0}, "nnterp", "llama", "m",
+                       Missing("engine error: boom"), Missing("has no accessor for 'q'"))
+    assert row["verdict"] == "fail" and "engine error" in row["reason"]
+
+
+def test_steer_no_op_is_a_structural_failure():
+    base = torch.randn(1, 4, 10, generator=torch.Generator().manual_seed(7))
+    row = rows.steer_row("hf", "float32", "llama", "m", 1, base.clone(), base, base.clone())
+    assert row["verdict"] == "fail" and "no-op" in row["structural"][0]
+    moved = base + 1.0
+    row = rows.steer_row("hf", "float32", "llama", "m", 1, moved, base, moved.clone())
+    assert row["verdict"] == "pass" and row["effect"] > 0.1
+
+
+def test_custom_tier_is_used():
+    loose = Tier(0.5, 0.9, "test")
+    stream = _resid_stream()
+    assert scoring.compare(stream[1] * 1.1, stream[1], loose).verdict == "pass"
