@@ -48,6 +48,16 @@ class _Step:
     shape: tuple = (0, 0)
 
 
+def _pad_key_axis(key: str, chunks: list) -> list:
+    """Attention patterns grow a key axis at every decode step ([b, 1, h, kpos] with kpos = prompt + step);
+    right-pad the earlier chunks (probability 0, or a masked score) so the steps concatenate by position."""
+    n = max(c.shape[-1] for c in chunks)
+    if key.split(".")[0] not in ("attn_scores", "attn_probs") or all(c.shape[-1] == n for c in chunks):
+        return chunks
+    fill = torch.finfo(chunks[0].dtype).min if key.startswith("attn_scores") else 0.0
+    return [torch.nn.functional.pad(c, (0, n - c.shape[-1]), value=fill) for c in chunks]
+
+
 @dataclass
 class GenerationResult:
     tokens: torch.Tensor  # [b, prompt + new]
@@ -296,7 +306,7 @@ class EagerModel:
             handle.remove()
         cache = ActivationCache(self.n_layers)
         for k, v in store.items():
-            cache[k] = torch.cat(v, dim=1)
+            cache[k] = torch.cat(_pad_key_axis(k, v), dim=1)
         seq = out.sequences
         new = seq[:, enc["input_ids"].shape[1]:]
         logits = torch.stack(out.logits, dim=1) if out.logits else None
