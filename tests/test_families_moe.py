@@ -45,6 +45,15 @@ ROUTED = [mt for mt in MOE if "rule" in SPECS[mt]]  # routers that return expert
 T = 24  # longer than the twins' sliding windows (16) and V4's compression rates
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _one_thread():
+    """Tiny matrices: one intra-op thread is faster and does not fight other processes for the cores."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
 def rel(a, b):
     a, b = a.double(), b.double()
     return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
