@@ -146,7 +146,7 @@ def resolve(hf, fam: Family, point: str, layer: int | None, shape_state) -> Site
     """The site for `point` at `layer`, or UnsupportedPointError naming why it is absent."""
     cfg = hf.config.get_text_config() if hasattr(hf.config, "get_text_config") else hf.config
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-    fam = fam.for_config(cfg)
+    fam = fam.for_config(cfg, layer)
 
     def absent(why):
         raise UnsupportedPointError(f"{point!r} is not available at layer {layer} of this "

@@ -39,6 +39,8 @@ SPECS = {
     "bamba": dict(zoo="ibm-ai-platform/Bamba-9B", router=None, mlp="feed_forward", norm="model.final_layernorm"),
     "jamba": dict(zoo="ai21labs/AI21-Jamba-Mini-1.5", router="feed_forward.router", out=(0, None, None),
                   mlp="feed_forward", norm="model.final_layernorm"),  # a bare Linear router: logits only
+    # one sublayer per block, named `mixer` whatever its kind (MLP kinds: "mlp", "moe")
+    "nemotron_h": dict(zoo="nvidia/NVIDIA-Nemotron-Nano-9B-v2", router=None, mlp="mixer", norm="model.norm_f"),
 }
 MOE = [mt for mt, s in SPECS.items() if s["router"]]
 ROUTED = [mt for mt in MOE if "rule" in SPECS[mt]]  # routers that return expert indices
@@ -209,7 +211,10 @@ def test_expert_indices_follow_the_routing_rule(mt):
 @pytest.mark.parametrize("mt", list(SPECS))
 def test_mlp_out_matches_raw_module_hook(mt):
     b = bundle(mt)
-    for L in range(b["m"].n_layers):
+    kinds = getattr(b["hf"].config, "layers_block_type", None) if mt == "nemotron_h" else None
+    want_layers = [L for L, k in enumerate(kinds) if k in ("mlp", "moe")] if kinds else list(range(b["m"].n_layers))
+    assert b["m"].point_layers("mlp_out") == want_layers
+    for L in want_layers:
         out = b["raw"][("mlp", L)][1]
         out = out[0] if isinstance(out, tuple) else out  # gpt_oss returns (output, router scores)
         if "mlp_plus" in SPECS[mt]:  # granite-4 adds a shared MLP's output to the routed experts'
@@ -388,6 +393,48 @@ def test_moe_layers_refuse_expert_hidden_points():
     with pytest.raises(UnsupportedPointError, match=r"'resid_streams' does not exist in the mixtral family.*single "
                                                     r"residual stream"):
         m.address("resid_streams.0")
+
+
+def test_nemotron_h_points_follow_the_block_kinds():
+    """Nemotron-H blocks hold one mixer each: attention points on attention blocks, MLP points on
+    MLP/MoE blocks, attn_in/attn_out on Mamba and attention blocks, and no resid_mid anywhere. A
+    block list with an MoE block (built here) routes like deepseek_v3 and refuses expert hiddens."""
+    from transformers import AutoConfig
+    kinds = ["linear_attention", "moe", "full_attention", "mlp"]
+    cfg = AutoConfig.for_model("nemotron_h", vocab_size=512, hidden_size=128, num_attention_heads=4, num_key_value_heads=1,
+                               head_dim=32, intermediate_size=128, layers_block_type=kinds, mamba_num_heads=8,
+                               mamba_head_dim=32, n_groups=1, ssm_state_size=16, n_routed_experts=8, num_experts_per_tok=2,
+                               moe_intermediate_size=64, moe_shared_expert_intermediate_size=64, n_group=1, topk_group=1,
+                               max_position_embeddings=64, use_mamba_kernels=False)
+    torch.manual_seed(0)
+    hf = AutoModelForCausalLM.from_config(cfg, attn_implementation="eager").eval()
+    m = EagerModel("tiny-nemotron-h", hf, None, family_for("nemotron_h"), "zoo")
+    assert m.point_layers("q") == m.point_layers("z") == [2]
+    assert m.point_layers("attn_in") == m.point_layers("attn_out") == [0, 2]
+    assert m.point_layers("mlp_in") == m.point_layers("mlp_out") == [1, 3]
+    assert m.point_layers("mlp_act") == [3] and m.point_layers("router_logits") == [1]
+    assert m.point_layers("resid_mid") == [] and m.point_layers("resid_post") == [0, 1, 2, 3]
+    with pytest.raises(UnsupportedPointError, match=r"'resid_mid' does not exist in the nemotron_h family.*ONE sublayer"):
+        m.address("resid_mid.1")
+    with pytest.raises(UnsupportedPointError, match=r"'mlp_act' is not available at layer 1.*fused.*layers \[3\]"):
+        m.address("mlp_act.1")
+    ids = torch.randint(0, 512, (2, 9), generator=torch.Generator().manual_seed(0))
+    got = {}
+    hooks = [hf.model.layers[1].mixer.gate.register_forward_hook(lambda _m, a, o: got.__setitem__("router", o)),
+             hf.model.layers[1].mixer.register_forward_hook(lambda _m, a, o: got.__setitem__("moe", o)),
+             hf.model.layers[3].mixer.down_proj.register_forward_pre_hook(lambda _m, a: got.__setitem__("act", a[0]))]
+    try:
+        with torch.no_grad():
+            ref = hf(ids, output_hidden_states=True)
+    finally:
+        for h in hooks:
+            h.remove()
+    _, c = m.run_with_cache(ids, ["resid_post", "router_logits.1", "expert_indices.1", "mlp_out.1", "mlp_act.3"])
+    for L in range(3):
+        assert rel(c[f"resid_post.{L}"], ref.hidden_states[L + 1]) < 1e-5
+    assert rel(c["router_logits.1"], got["router"][0].reshape(2, 9, -1)) < 1e-6
+    assert torch.equal(c["expert_indices.1"], got["router"][2].reshape(2, 9, -1))
+    assert rel(c["mlp_out.1"], got["moe"]) < 1e-6 and rel(c["mlp_act.3"], got["act"]) < 1e-6
 
 
 # -- hyper-connections (DeepSeek-V4) ----------------------------------------------------------------

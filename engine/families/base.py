@@ -61,10 +61,13 @@ class Streams:
 @dataclass(frozen=True)
 class Variant:
     """Field overrides for checkpoints whose config flag changes the block layout, e.g. GPT-NeoX's
-    `use_parallel_residual` or OPT's `do_layer_norm_before`: applied when `config.<flag> == value`."""
+    `use_parallel_residual` or OPT's `do_layer_norm_before`: applied when `config.<flag> == value`.
+    `per_layer`: `config.<flag>` lists one entry per layer and the changes apply at the layers whose
+    entry equals value (hybrid trunks whose layer kinds put different modules under one name)."""
     flag: str
     value: object
     changes: dict
+    per_layer: bool = False
 
 
 @dataclass(frozen=True)
@@ -119,11 +122,15 @@ class Family:
     refused: dict = field(default_factory=dict)
     notes: str = ""
 
-    def for_config(self, cfg) -> "Family":
-        """This family with the overrides of every variant whose config flag matches."""
+    def for_config(self, cfg, layer: int | None = None) -> "Family":
+        """This family with the overrides of every variant whose config flag matches (per-layer
+        variants only when `layer` is given)."""
         changes = {}
         for v in self.variants:
-            if getattr(cfg, v.flag, None) == v.value:
+            got = getattr(cfg, v.flag, None)
+            if v.per_layer:
+                got = got[layer] if layer is not None and got is not None and 0 <= layer < len(got) else None
+            if got == v.value:
                 changes.update(v.changes)
         return dataclasses.replace(self, **changes) if changes else self
 

@@ -7,7 +7,13 @@ remaining layers. attn_in / attn_out / resid_mid exist on every layer (the mixer
 q, k, value, attn_scores, attn_probs, z, attn_gate and the QK-norm points only where `attn` resolves,
 and the engine reports that layer list when asked for them elsewhere.
 """
-from engine.families.base import Family, Router, register
+from engine.families.base import Family, Router, Variant, register
+
+
+def _kinds(**by_kind):
+    """Per-layer variants keyed by the entries of config.layers_block_type."""
+    return tuple(Variant("layers_block_type", kind, changes, per_layer=True) for kind, changes in by_kind.items())
+
 
 register(
     Family("qwen3_next", ("qwen3_next",), mixers=("linear_attn",), router=Router("gate"),
@@ -46,6 +52,20 @@ register(
                  "bare Linear: router_logits is its output and the block routes from it (softmax top-k, not "
                  "renormalized) in a method, so router_logits can be steered and expert_weights / "
                  "expert_indices are never tensors of a module (refused)."),
+    Family("nemotron_h", ("nemotron_h",), final_norm="model.norm_f", attn=None, mlp=None, mlp_norm=None,
+           mlp_pre="up_proj", mlp_pre_linear=None, router=Router("gate"),
+           variants=_kinds(full_attention={"attn": "mixer"}, linear_attention={"mixers": ("mixer",)},
+                           mlp={"mlp": "mixer"}, moe={"mlp": "mixer"}),
+           refused={"resid_mid": "each Nemotron-H block holds ONE sublayer (Mamba-2, attention, MLP or MoE) "
+                                 "with its own norm and residual add, so there is no mid point; use resid_pre / "
+                                 "resid_post of the block"},
+           quirks=("rmsnorm", "nope", "gqa", "mamba2", "hybrid", "one-sublayer-per-block", "relu2-mlp",
+                   "non-gated-mlp", "moe-optional", "sigmoid-routing", "group-limited-routing"),
+           notes="layers_block_type gives each block's single mixer (model.layers[i].mixer): "
+                 "linear_attention (Mamba-2; attn_in/attn_out), full_attention (attention points), mlp "
+                 "(up_proj -> relu^2 -> down_proj: mlp_pre, mlp_act) or moe (router as deepseek_v3, "
+                 "non-gated experts plus shared experts in mlp_out). A layer is a block, as in HF's "
+                 "hidden_states."),
     Family("granitemoehybrid", ("granitemoehybrid",), mixers=("mamba",), mlp="block_sparse_moe",
            mlp_sibling="shared_mlp", router=Router("router", logits=2, weights=1, indices=0),
            quirks=("rmsnorm", "nope-or-rope", "gqa", "mamba2", "hybrid", "moe", "shared-mlp", "fused-experts",
