@@ -30,6 +30,8 @@ def unembed(hf, fam, x: torch.Tensor, apply_norm: bool = True, streams: bool = F
     logits = get_path(hf, fam.lm_head)(x)
     if getattr(cfg, "logits_scaling", None):  # granite divides
         logits = logits / cfg.logits_scaling
+    if getattr(cfg, "lm_head_multiplier", None):  # falcon-h1 multiplies
+        logits = logits * cfg.lm_head_multiplier
     if getattr(cfg, "logit_scale", None):  # cohere multiplies
         logits = logits * cfg.logit_scale
     cap = getattr(cfg, "final_logit_softcapping", None)

@@ -199,7 +199,7 @@ class EagerModel:
             st = Steer(addr, st.op, st.value, st.positions)
             if addr.point in INTEGER_POINTS:
                 raise UnsupportedPointError(f"{addr} is capture-only.")
-            why = (self._site(addr.base).extra or {}).get("capture_only")
+            why = self.family.capture_only.get(addr.point) or (self._site(addr.base).extra or {}).get("capture_only")
             if why:
                 raise SteeringError(f"{addr} can be captured but not steered on this model: {why}.")
 

@@ -39,6 +39,7 @@ SPECS = {
     "bamba": dict(zoo="ibm-ai-platform/Bamba-9B", router=None, mlp="feed_forward", norm="model.final_layernorm"),
     "jamba": dict(zoo="ai21labs/AI21-Jamba-Mini-1.5", router="feed_forward.router", out=(0, None, None),
                   mlp="feed_forward", norm="model.final_layernorm"),  # a bare Linear router: logits only
+    "falcon_h1": dict(zoo="tiiuae/Falcon-H1-0.5B-Base", router=None, mlp="feed_forward", norm="model.final_layernorm"),
     # one sublayer per block, named `mixer` whatever its kind (MLP kinds: "mlp", "moe")
     "nemotron_h": dict(zoo="nvidia/NVIDIA-Nemotron-Nano-9B-v2", router=None, mlp="mixer", norm="model.norm_f"),
 }
@@ -393,6 +394,17 @@ def test_moe_layers_refuse_expert_hidden_points():
     with pytest.raises(UnsupportedPointError, match=r"'resid_streams' does not exist in the mixtral family.*single "
                                                     r"residual stream"):
         m.address("resid_streams.0")
+
+
+def test_falcon_h1_parallel_mamba_attention_mid_is_capture_only():
+    """Falcon-H1 adds scaled attention AND a parallel Mamba-2 branch to the residual: resid_mid is read
+    at the MLP norm's input (= resid_post - mlp_out) but no module write can carry a steer of it."""
+    b = bundle("falcon_h1")
+    m, c = b["m"], b["cache"]
+    for L in range(m.n_layers):
+        assert rel(c[f"resid_mid.{L}"], c[f"resid_post.{L}"] - c[f"mlp_out.{L}"]) < 1e-6
+    with pytest.raises(SteeringError, match=r"resid_mid.0 can be captured but not steered.*parallel Mamba-2"):
+        m.run_with_cache(b["ids"], [], steer=[Steer("resid_mid.0", "add", torch.ones(m.d_model))])
 
 
 def test_nemotron_h_points_follow_the_block_kinds():

@@ -120,6 +120,9 @@ class Family:
     quirks: tuple[str, ...] = ()
     # points refused on this family with the reason, e.g. {"q": "fused qkv in this HF module"}
     refused: dict = field(default_factory=dict)
+    # points served for capture but refused for steering, with the reason (the HF block has no
+    # single tensor through which a write would reach the residual exactly)
+    capture_only: dict = field(default_factory=dict)
     notes: str = ""
 
     def for_config(self, cfg, layer: int | None = None) -> "Family":

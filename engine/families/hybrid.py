@@ -52,6 +52,18 @@ register(
                  "bare Linear: router_logits is its output and the block routes from it (softmax top-k, not "
                  "renormalized) in a method, so router_logits can be steered and expert_weights / "
                  "expert_indices are never tensors of a module (refused)."),
+    Family("falcon_h1", ("falcon_h1",), final_norm="model.final_layernorm", mlp="feed_forward",
+           mlp_norm="pre_ff_layernorm",
+           capture_only={"resid_mid": "Falcon-H1 adds attention * attention_out_multiplier AND a parallel Mamba-2 "
+                                      "branch * ssm_out_multiplier to the residual, so no single module output "
+                                      "carries the write; steer attn_out (or resid_pre / resid_post) instead"},
+           quirks=("rmsnorm", "rope", "gqa", "parallel-mamba2-attention", "mup-multipliers", "gated-mlp"),
+           notes="Every layer runs Mamba-2 (mamba) and attention (self_attn) in parallel on the same normed "
+                 "input. attn_in is the attention's input (normed residual times attention_in_multiplier); "
+                 "attn_out its output before attention_out_multiplier; k is after key_multiplier; mlp_pre is "
+                 "gate_proj's output before mlp_multipliers[0]; mlp_out (the module output) includes the "
+                 "down multiplier. The Mamba branch has no catalogue point. Logits (and the lens) are "
+                 "multiplied by lm_head_multiplier."),
     Family("nemotron_h", ("nemotron_h",), final_norm="model.norm_f", attn=None, mlp=None, mlp_norm=None,
            mlp_pre="up_proj", mlp_pre_linear=None, router=Router("gate"),
            variants=_kinds(full_attention={"attn": "mixer"}, linear_attention={"mixers": ("mixer",)},
