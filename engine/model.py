@@ -128,7 +128,7 @@ class EagerModel:
             try:
                 sites.resolve(self.hf, self.family, addr.point, addr.layer, self._shape)
             except UnsupportedPointError as e:
-                raise UnsupportedPointError(f"{e} It exists at layers {layers}.") from None
+                raise UnsupportedPointError(f"{str(e).rstrip('.')}. It exists at layers {layers}.") from None
         for name, value in addr.coords:
             n = self._coord_size(addr.point, name)
             if not -n <= value < n:
