@@ -65,8 +65,8 @@ def test_layer_out_of_range(layer):
 
 def test_backend_status_table():
     assert backend_status("resid_post", "eager") == ("hook", "")
-    status, reason = backend_status("attn_scores", "vllm")
-    assert status == "refused" and "vLLM" in reason
+    status, reason = backend_status("q_norm_in", "vllm")
+    assert status == "refused" and "vLLM" in reason and "backend='eager'" in reason
     assert backend_status("attn_scores", "eager")[0] == "recompute"
     assert backend_status("resid_post", "vllm-generate")[0] == "refused"
     assert get_point("logits").name == "lm_head"
