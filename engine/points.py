@@ -29,8 +29,12 @@ class Point:
     backends: dict = field(default_factory=dict)
 
 
-_VLLM_FUSED_QKV = ("refused", "vLLM fuses q/k/v into qkv_proj and applies RoPE inside its attention kernel; "
-                   "use backend='eager' for this point")
+_VLLM_FUSED_QKV = ("refused", "not a module boundary in vLLM's tree (fused qkv_proj; QK-norm and gates run "
+                   "inline); capture q / k (after QK-norm and RoPE) or use backend='eager' for this point")
+_VLLM_KERNEL_IN = ("hook", "the inputs of vLLM's Attention module: after QK-norm and RoPE, as the kernel "
+                   "receives them (architectures whose attention bypasses that module refuse it)")
+_VLLM_RECOMPUTE = ("recompute", "recomputed after the forward from the request's captured q and k, with the "
+                   "layer's scale, softcap and causal / sliding-window mask; capture only")
 _VLLM_KERNEL = ("refused", "computed inside vLLM's fused attention kernel and never materialized; "
                 "use backend='eager'")
 _VLLM_FUSED_MLP = ("refused", "vLLM fuses gate and up projections (gate_up_proj / fused MoE); "
@@ -73,26 +77,26 @@ POINTS: tuple[Point, ...] = (
     Point("q", "layer", "[b, pos, h, hd]",
           "Query as it enters the attention product: after projection, QK-norm and RoPE.",
           coords=("head",), group="attention", tl="blocks.{L}.attn.hook_q",
-          backends=_vllm(_VLLM_FUSED_QKV)),
+          backends=_vllm(_VLLM_KERNEL_IN)),
     Point("k", "layer", "[b, pos, kvh, hd]",
           "Key of the current positions as it enters the attention product (after QK-norm and RoPE); "
           "not repeated across GQA groups.",
           coords=("head",), group="attention", tl="blocks.{L}.attn.hook_k",
-          backends=_vllm(_VLLM_FUSED_QKV)),
+          backends=_vllm(_VLLM_KERNEL_IN)),
     Point("value", "layer", "[b, pos, kvh, hd]",
           "Value of the current positions, per key/value head, not repeated across GQA groups.",
           coords=("head",), group="attention", tl="blocks.{L}.attn.hook_v",
-          backends=_vllm(_VLLM_FUSED_QKV)),
+          backends=_vllm(_VLLM_KERNEL_IN)),
     Point("attn_scores", "layer", "[b, pos, h, kpos]",
           "Pre-softmax attention logits: scaled q.k, softcapped where the family softcaps, with the "
           "causal/sliding/padding mask added (masked entries are very negative).",
           coords=("head",), group="attention", tl="blocks.{L}.attn.hook_attn_scores",
-          backends={**_vllm(_VLLM_KERNEL), "eager": ("recompute", "recomputed from q and k inside the "
+          backends={**_vllm(_VLLM_RECOMPUTE), "eager": ("recompute", "recomputed from q and k inside the "
                                                       "attention call, with the family's mask and softcap")}),
     Point("attn_probs", "layer", "[b, pos, h, kpos]",
           "Attention pattern: softmax of attn_scores over key positions (sink logits excluded).",
           coords=("head",), group="attention", tl="blocks.{L}.attn.hook_pattern",
-          backends=_vllm(_VLLM_KERNEL)),
+          backends=_vllm(_VLLM_RECOMPUTE)),
     Point("z", "layer", "[b, pos, h, hd]",
           "Per-head attention output (probs @ values) before any output gate and before the output "
           "projection.",

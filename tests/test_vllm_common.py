@@ -76,7 +76,9 @@ def prefill_failures(vm, em, prompt=PROMPT, points=None, engine="vllm") -> dict:
 
 
 def decode_failures(vm, em, points, prompt=PROMPT, n=4, steer=(), engine="vllm") -> dict:
-    """Captures during generation (prompt + fed-back tokens), tokens and logits vs eager generate."""
+    """Captures during generation (prompt + fed-back tokens), tokens and logits vs eager generate.
+    Attention scores/probs are left out: their key axis grows per step, so eager cannot stack them."""
+    points = [p for p in points if p.split(".")[0] not in ("attn_scores", "attn_probs")]
     gv = vm.generate(prompt, n, points=points, steer=steer)
     ge = em.generate(prompt, n, points=points, steer=steer)
     bad = {}

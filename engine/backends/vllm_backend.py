@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 import torch
 
 from engine import lens
+from engine.backends import vllm_attn
 from engine.address import Address, closest, parse
 from engine.backends import vllm_runtime as rt
 from engine.backends.vllm_batch import EXTRA_KEY, Plan, StepTracker
@@ -153,6 +154,11 @@ class VLLMModel:
         status, reason = backend_status(addr.point, self.backend)
         if status == "refused":
             raise UnsupportedPointError(f"{addr} cannot be served by backend {self.backend!r}: {reason}.")
+        if addr.point in vllm_attn.ATTN_POINTS:  # recomputed from q and k: both must be served
+            q = self._site(Address("q", addr.layer))
+            self._site(Address("k", addr.layer))
+            vllm_attn.check(addr.point, vllm_attn.params(q.module), str(addr))
+            return
         self._site(addr)
 
     def address(self, a) -> Address:
@@ -207,6 +213,9 @@ class VLLMModel:
         addr = self.address(st.address)
         if addr.point in INTEGER_POINTS:
             raise UnsupportedPointError(f"{addr} is capture-only.")
+        if addr.point in vllm_attn.ATTN_POINTS:
+            raise SteeringError(f"{addr} is recomputed from q and k after the forward on backend "
+                                f"{self.backend!r} (capture only); steer q or k, or use backend='eager'.")
         why = self._site(addr.base).write_refused
         if why:
             raise SteeringError(f"{addr} is capture-only on {type(self.vmodel).__name__}: {why}.")
@@ -256,10 +265,14 @@ class VLLMModel:
         steers = [self._steer(s) for s in self._context_steers + steers]
         if self.taps is not None:
             StaticTaps.check_order(steers)
-        plan = Plan(self._prompt_ids(req.prompt), caps, steers)
+        derived = [a for a in caps if a.point in vllm_attn.ATTN_POINTS]
+        plan = Plan(self._prompt_ids(req.prompt), [a for a in caps if a not in derived], steers)
+        plan.derived = derived
+        plan.internal += [Address(p, a.layer) for a in derived for p in ("q", "k")]
+        plan.force_salt = bool(derived)
         if logits and self.backend != "vllm-generate":
             plan.internal.append(Address("final_norm"))
-            plan.force_salt = private
+            plan.force_salt = plan.force_salt or private
         params = dict(temperature=0.0, ignore_eos=True, max_tokens=req.max_new_tokens)
         params.update(req.sampling)
         return plan, params
@@ -308,9 +321,7 @@ class VLLMModel:
 
     def _result(self, plan: Plan, out, return_logits: bool) -> RequestResult:
         new = torch.tensor(list(out.outputs[0].token_ids), dtype=torch.long)
-        cache = ActivationCache(self.n_layers)
-        for addr in plan.captures:
-            cache[str(addr)] = plan.tensor(str(addr))
+        cache = self._cache(plan)
         logits = None
         if return_logits and plan.internal:
             p0, rows = plan.tail("final_norm")  # may start late: a plain request can hit the prefix cache
@@ -319,6 +330,19 @@ class VLLMModel:
         text = self.tokenizer.decode(new.tolist(), skip_special_tokens=True)
         return RequestResult(torch.tensor(plan.prompt, dtype=torch.long), new, text, cache, logits,
                              int(getattr(out, "num_cached_tokens", 0) or 0), plan.recomputed)
+
+    def _cache(self, plan: Plan) -> ActivationCache:
+        """The request's captures as [pos, ...] tensors, in the order they were asked for."""
+        cache = ActivationCache(self.n_layers)
+        for addr in plan.captures:
+            cache[str(addr)] = plan.tensor(str(addr))
+        for addr in plan.derived:
+            q, k = plan.tensor(f"q.{addr.layer}"), plan.tensor(f"k.{addr.layer}")
+            p = vllm_attn.params(self._site(Address("q", addr.layer)).module)
+            t = vllm_attn.scores(q, k, p)
+            t = vllm_attn.probs(t) if addr.point == "attn_probs" else t
+            cache[str(addr)] = t[:, addr.coords[0][1]] if addr.coords else t
+        return cache
 
     def generate(self, inputs, max_new_tokens: int = 8, points=(), steer=(), return_logits: bool = True,
                  progress: bool = False, **sampling) -> VLLMGeneration:
@@ -341,9 +365,10 @@ class VLLMModel:
         plans = [b[0] for b in built]
         self._execute(plans, [b[1] for b in built], False)
         logits = [self._logits(p.tensor("final_norm")) for p in plans]
+        caches = [self._cache(p) for p in plans]
         cache = ActivationCache(self.n_layers)
-        for addr in plans[0].captures:
-            cache[str(addr)] = _stack([p.tensor(str(addr)) for p in plans])
+        for k in caches[0]:
+            cache[k] = _stack([c[k] for c in caches])
         return _stack(logits), cache
 
     def forward(self, inputs, steer=()):
@@ -404,6 +429,9 @@ def _declared(spec, n_layers: int) -> list[Address]:
         status, reason = backend_status(addr.point, "vllm")
         if status == "refused":
             raise UnsupportedPointError(f"{addr} cannot be a vllm-static tap: {reason}.")
+        if status == "recompute":
+            raise UnsupportedPointError(f"{addr} cannot be a vllm-static tap: it is {reason}; declare "
+                                        f"q.{addr.layer} and k.{addr.layer} or use backend='vllm'.")
     return list(dict.fromkeys(out))
 
 

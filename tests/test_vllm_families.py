@@ -1,0 +1,74 @@
+"""Every zoo family vLLM serves, on `vllm` and `vllm-static`, against eager (slow: ~1 min per family).
+
+Per family: every servable point in prefill on a short prompt and on one longer than the sliding
+windows of the zoo twins (16-31 tokens); decode-time capture with a steer on the residual stream
+(tokens, logits, captures); vllm-static (eager forward, the same buffers as compiled) with the
+"auto" taps plus attn_out and mlp_out everywhere, prefill, decode and a steer. The default run
+covers Llama, GPT-2, Gemma-2 (tests/test_vllm.py) and compiled vllm-static on Llama
+(tests/test_vllm_static.py).
+"""
+from __future__ import annotations
+
+import pytest
+
+from engine.steering import Steer
+from test_vllm_common import (decode_failures, drop, eager_model, prefill_failures, random_vector,
+                              shared_points, vllm_model, _EAGER)
+
+pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+
+LONG = ("The quick brown fox jumps over the lazy dog while the cat sleeps in the warm sun and the "
+        "birds sing in the tall green trees near the quiet river bank")  # ~30 tokens: past every window
+
+# One twin per vLLM architecture (native model class or the Transformers backend).
+FAMILIES = {
+    "llama": "meta-llama/Llama-3.2-1B", "mistral": "mistralai/Mistral-7B-v0.1", "qwen2": "Qwen/Qwen2.5-0.5B",
+    "qwen3": "Qwen/Qwen3-0.6B", "gpt2": "openai-community/gpt2", "gemma": "google/gemma-2b",
+    "gemma2": "google/gemma-2-2b", "gemma3_text": "google/gemma-3-1b-pt", "granite": "ibm-granite/granite-3.0-2b-base",
+    "phi3": "microsoft/Phi-3-mini-4k-instruct", "stablelm": "stabilityai/stablelm-2-1_6b",
+    "cohere": "CohereForAI/c4ai-command-r-v01", "gptj": "EleutherAI/gpt-j-6b", "mixtral": "mistralai/Mixtral-8x7B-v0.1",
+    "qwen2_moe": "Qwen/Qwen1.5-MoE-A2.7B", "qwen3_moe": "Qwen/Qwen3-30B-A3B", "olmoe": "allenai/OLMoE-1B-7B-0924",
+    "granitemoe": "ibm-granite/granite-3.0-1b-a400m-base", "ernie4_5": "baidu/ERNIE-4.5-0.3B-PT",
+    "apertus": "swiss-ai/Apertus-8B-2509", "glm4": "zai-org/GLM-4-9B-0414", "exaone4": "LGAI-EXAONE/EXAONE-4.0-1.2B",
+    "bloom": "bigscience/bloom-560m", "opt": "facebook/opt-125m",
+    # vLLM's Transformers backend (the HF module tree with vLLM attention)
+    "gpt_neox": "EleutherAI/pythia-70m-deduped", "gpt_bigcode": "bigcode/gpt_bigcode-santacoder",
+    "phi": "microsoft/phi-2", "olmo": "allenai/OLMo-1B-hf", "olmo2": "allenai/OLMo-2-0425-1B",
+    "starcoder2": "bigcode/starcoder2-3b", "smollm3": "HuggingFaceTB/SmolLM3-3B",
+    "seed_oss": "ByteDance-Seed/Seed-OSS-36B-Base", "hunyuan_v1_dense": "tencent/Hunyuan-1.8B-Pretrain",
+}
+
+
+@pytest.fixture(scope="module", params=sorted(FAMILIES), ids=sorted(FAMILIES))
+def family(request):
+    name = FAMILIES[request.param]
+    em = eager_model(name)  # eager first: it must build before and after vLLM's Transformers backend
+    vm = vllm_model(name)
+    yield name, vm, em
+    drop(vm)
+    _EAGER.pop(name, None)
+
+
+def test_vllm_prefill_short_and_long(family):
+    name, vm, em = family
+    assert prefill_failures(vm, em) == {}
+    assert prefill_failures(vm, em, prompt=LONG) == {}
+
+
+def test_vllm_decode_with_steer(family):
+    name, vm, em = family
+    steer = [Steer("resid_post.0", "add", random_vector((vm.d_model,)))]
+    assert decode_failures(vm, em, shared_points(vm, em), prompt=LONG, n=4) == {}
+    assert decode_failures(vm, em, ["resid_post", "mlp_out.-1"], n=4, steer=steer) == {}
+
+
+def test_vllm_static_declared_taps(family):
+    name, vm, em = family
+    static = vllm_model(name, "vllm-static", compile=False, static_points=["resid_post", "attn_out", "mlp_out"])
+    try:
+        pts = [p for p in static.points() if p in em.points()]
+        assert prefill_failures(static, em, prompt=LONG, points=pts, engine="vllm-static") == {}
+        steer = [Steer("resid_post.0", "add", random_vector((vm.d_model,))), Steer("attn_out.-1", "scale", 0.5)]
+        assert decode_failures(static, em, pts, steer=steer, engine="vllm-static") == {}
+    finally:
+        drop(static)

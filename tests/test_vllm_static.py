@@ -1,0 +1,156 @@
+"""backend="vllm-static": declared taps as fixed buffers inside the torch.compile'd forward (CPU) or
+CUDA graphs (GPU), against eager on the same zoo weights; the startup proof; refusals."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine.address import Address
+from engine.backends import vllm_static
+from engine.backends.vllm_backend import Request, _declared, load
+from engine.backends.vllm_proof import TapProofError
+from engine.errors import AddressError, SteeringError, UnsupportedPointError
+from engine.points import backend_status
+from engine.steering import Steer
+from test_vllm_common import (PROMPT, MAX_LEN, assert_steer_acts, check, decode_failures, drop, eager_model,
+                              prefill_failures, random_vector, vllm_model)
+
+LLAMA, GPT2 = "meta-llama/Llama-3.2-1B", "openai-community/gpt2"
+# "auto" (resid_post everywhere) plus one tap of every other site kind: block input, module input,
+# per-head input, module output, mid residual pair, MLP hidden.
+DECLARED = ["resid_post", "embeddings", "attn_in.1", "z.1", "attn_out", "resid_mid.1", "mlp_act.0", "mlp_out.1"]
+
+
+@pytest.fixture(scope="module")
+def static():
+    m = vllm_model(LLAMA, "vllm-static", static_points=DECLARED)  # compiled (torch.compile, inductor)
+    yield m
+    drop(m)
+
+
+def test_declared_sets():
+    assert _declared("auto", 4) == [Address("resid_post", i) for i in range(4)]
+    assert _declared(["resid_post.-1", "z"], 2) == [Address("resid_post", 1), Address("z", 0), Address("z", 1)]
+    with pytest.raises(AddressError, match="declare z.1 rather than z.1.head-2"):
+        _declared(["z.1.head-2"], 2)
+    with pytest.raises(UnsupportedPointError, match=backend_status("attn_probs", "vllm")[1][:40]):
+        _declared(["attn_probs.0"], 2)
+    with pytest.raises(ValueError, match="static_points is empty"):
+        _declared([], 2)
+    with pytest.raises(ValueError, match="static_points is for backend='vllm-static'"):
+        load(LLAMA, backend="vllm", static_points=["resid_post"])
+
+
+@pytest.mark.vllm
+def test_startup_proof_and_report(static):
+    r = static.load_report
+    assert r.compiled and "compiled" in r.line()
+    proof = r.extra["proof"]
+    assert proof["steer_logit_change"] > 1e-3 and proof["reset_drift"] < 1e-4
+    assert proof["lens_max_abs"] is not None and proof["lens_max_abs"] < 1e-3
+    assert len(static.taps.taps) == len(_declared(DECLARED, static.n_layers)) + 1  # + internal final_norm
+    assert static.tap_buffer_bytes == sum(t.nbytes for t in static.taps.taps.values()) > 0
+    assert static.points() == ["embeddings", "attn_in", "z", "attn_out", "resid_mid", "mlp_act", "mlp_out",
+                               "resid_post", "final_norm"]
+
+
+@pytest.mark.vllm
+def test_every_declared_point_matches_eager(static):
+    em = eager_model(LLAMA)
+    assert prefill_failures(static, em, points=static.points(), engine="vllm-static") == {}
+    assert decode_failures(static, em, static.points(), engine="vllm-static") == {}
+
+
+def _steers(m):
+    d, (heads, hd), mw = m.d_model, m.point_shape(m.address("z.1")), m.point_shape(m.address("mlp_act.0"))
+    v = random_vector((d,), 1)
+    return [
+        [Steer("resid_post.1", "add", v)],
+        [Steer("resid_post.0", "scale", 0.5, "generated")],
+        [Steer("z.1.head-2", "set", random_vector((hd,), 2), "last")],
+        [Steer("z.1", "add", random_vector((heads, hd), 3), slice(2, 5))],
+        [Steer("attn_out.0", "ablate", None, (1, 4))],
+        [Steer("resid_mid.1", "mean_ablate", random_vector((d,), 4, 1.0), 3)],
+        [Steer("resid_post.0", "project_out", v)],
+        [Steer("mlp_act.0", "add", random_vector(mw, 5), "last")],
+        [Steer("embeddings", "add", v)],
+        [Steer("attn_in.1", "scale", 3.0)],
+        # several ops composed at one tap, in order
+        [Steer("resid_post.1", "project_out", v), Steer("resid_post.1", "add", v, "generated"),
+         Steer("resid_post.1", "scale", 0.5, slice(0, 4))],
+    ]
+
+
+@pytest.mark.vllm
+@pytest.mark.parametrize("i", range(11))
+def test_steering_matches_eager(static, i):
+    em = eager_model(LLAMA)
+    steer = _steers(static)[i]
+    reads = ["resid_post.-1", str(steer[0].address.base)]
+    assert decode_failures(static, em, reads, steer=steer, engine="vllm-static") == {}
+    assert_steer_acts(static, PROMPT, steer)
+
+
+@pytest.mark.vllm
+def test_eight_concurrent_requests_match_their_solo_runs(static):
+    d = static.d_model
+    words = PROMPT.split()
+    reqs = [Request(" ".join(words[: 2 + i]), 2 + i % 5, points=[["resid_post.1"], ["z.1.head-0", "mlp_out.1"], [],
+                    ["resid_post"], ["attn_out.0"], ["final_norm"], ["mlp_act.0", "resid_mid.1"], ["embeddings"]][i],
+                    steer=[] if i % 3 == 2 else [Steer(f"resid_post.{i % 3}", "add", random_vector((d,), i))])
+            for i in range(8)]
+    together = static.generate_batch(reqs)
+    for req, got in zip(reqs, together):
+        solo = static.generate_batch([req])[0]
+        assert torch.equal(got.new_tokens, solo.new_tokens), req
+        check(got.logits[None], solo.logits[None], "lm_head", "vllm-static")
+        for k in solo.cache:
+            check(got.cache[k][None], solo.cache[k][None], k.split(".")[0], "vllm-static", what=k)
+
+
+@pytest.mark.vllm
+def test_refusals_name_the_declared_set(static):
+    with pytest.raises(UnsupportedPointError, match="declared at load: resid_post.0"):
+        static.run_with_cache(PROMPT, ["mlp_in.0"])
+    with pytest.raises(UnsupportedPointError, match="declared at load"):
+        static.generate(PROMPT, 2, steer=[Steer("attn_in.0", "add", torch.ones(static.d_model))])
+    with pytest.raises(UnsupportedPointError, match=backend_status("attn_probs", "vllm")[1][:40]):
+        static.address("attn_probs.0")
+    with pytest.raises(UnsupportedPointError, match="read-only tap"):
+        static.generate(PROMPT, 2, steer=[Steer("final_norm", "add", torch.ones(static.d_model))])
+    v = torch.ones(static.d_model)
+    with pytest.raises(SteeringError, match="project_out"):
+        static.generate(PROMPT, 2, steer=[Steer("resid_post.0", "add", v), Steer("resid_post.0", "project_out", v)])
+    assert static.generate(PROMPT, 2).new_tokens.shape == (1, 2)
+
+
+@pytest.mark.vllm
+def test_proof_refuses_taps_that_do_not_run(monkeypatch):
+    """With the tap wrappers never installed the buffers stay zero: the engine must not serve."""
+    monkeypatch.setattr(vllm_static.Tap, "_wrap", lambda self: None)
+    with pytest.raises(TapProofError, match="refuses to serve"):
+        load(GPT2, backend="vllm-static", source="zoo", compile=False, max_model_len=MAX_LEN)
+
+
+@pytest.mark.gpu
+@pytest.mark.vllm
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (CUDA-graph path of vllm-static)")
+def test_cuda_graph_taps_capture_and_steer():
+    """On a GPU the default compile mode captures CUDA graphs: the taps must survive replay."""
+    m = load(LLAMA, backend="vllm-static", source="zoo", device="cuda", max_model_len=MAX_LEN,
+             static_points=["resid_post", "attn_out.0"])
+    try:
+        assert m.load_report.compiled and m.load_report.extra["proof"]["steer_logit_change"] > 1e-3
+        em = eager_model(LLAMA)
+        em.hf.to("cuda")
+        em.device = torch.device("cuda")
+        v = random_vector((m.d_model,)).cuda()
+        for steer in ([], [Steer("resid_post.1", "add", v)], [Steer("attn_out.0", "scale", 0.0, "generated")]):
+            gm = m.generate([PROMPT] * 3, 6, points=["resid_post", "attn_out.0"], steer=steer)
+            ge = em.generate(PROMPT, 6, points=["resid_post", "attn_out.0"], steer=steer)
+            for r in gm.requests:
+                assert torch.equal(r.new_tokens, ge.new_tokens[0].cpu())
+                for k in ge.cache:
+                    check(r.cache[k][None], ge.cache[k].cpu(), k.split(".")[0], "vllm-static", "decode")
+    finally:
+        m.close()
