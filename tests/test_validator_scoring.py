@@ -201,3 +201,14 @@ def test_custom_tier_is_used():
     loose = Tier(0.5, 0.9, "test")
     stream = _resid_stream()
     assert scoring.compare(stream[1] * 1.1, stream[1], loose).verdict == "pass"
+
+
+def test_known_upstream_cause_annotates_structural_failure_without_excusing_it(monkeypatch):
+    cause = known_gaps.Known("test-leak", "bug", "*", "*", "upstream leaks padding", "test", match=r"^$",
+                             structural=r"padding leak")
+    monkeypatch.setattr(known_gaps, "KNOWN", known_gaps.KNOWN + (cause,))
+    solo = torch.randn(1, 5, 8, generator=torch.Generator().manual_seed(9))
+    leaky = torch.cat([torch.zeros(1, 2, 8), solo + 1.0], dim=1)
+    s = scoring.padding_leak(leaky, solo, 0, 5, TIER)
+    row = rows.resolve({"case": "leak", "point": "resid_post", "layer": 0}, "hf", "llama", "m", leaky, solo, s)
+    assert row["verdict"] == "fail" and row["known"]["id"] == "test-leak"

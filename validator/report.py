@@ -91,7 +91,8 @@ def render_readme(all_cells) -> str:
         shown[key] += 1
         if shown[key] <= 5:
             why = "; ".join(r.get("structural", [])) or r.get("reason") or f"rel {_fmt(r.get('rel_err'))}"
-            lines.append(f"- {c['model']} / {c['engine']} / {r['case']} / {_where(r)}: {why[:300]}")
+            cause = f" (known cause: {r['known']['id']})" if r.get("known") else ""
+            lines.append(f"- {c['model']} / {c['engine']} / {r['case']} / {_where(r)}: {why[:300]}{cause}")
     for (mdl, e), n in shown.items():
         if n > 5:
             lines.append(f"- {mdl} / {e}: {n - 5} more failing rows in the details file")
@@ -159,6 +160,8 @@ def render_details(model: str, all_cells) -> str:
                      f"dtype {prov.get('dtype')}, device {prov.get('device')}.")
         if c.get("unavailable"):
             lines.append(f"\nThe reference could not run this model: {c['unavailable']}")
+        for note in c.get("notes", []):
+            lines.append(f"\nNote: {note}")
         odd = [r for r in c.get("rows", []) if r["verdict"] != "pass"]
         if odd:
             lines += ["", "| case | point | verdict | rel err | worst token | why |", "|---|---|---|---|---|---|"]

@@ -31,7 +31,11 @@ def resolve(row: dict, engine: str, model_type: str, model: str, ours, ref, scor
             row.update(verdict="fail", reason=f"undeclared gap: {ref.reason}")
         return row
     row.update({k: v for k, v in score.to_dict().items() if v not in (None, [], "")})
-    if score.verdict == "fail" and not score.structural:
+    if score.structural:
+        k = known_gaps.explain_structural(engine, model_type, point, score.structural)
+        if k:
+            row["known"] = known_gaps.describe(k, model, engine)  # named cause; the verdict stays fail
+    elif score.verdict == "fail":
         k = known_gaps.explain_numeric(engine, model_type, point)
         if k:
             row.update(verdict="gap", raw_verdict="fail", known=known_gaps.describe(k, model, engine))
@@ -77,9 +81,12 @@ def score_engine(engine: str, dtype: str, model_type: str, model: str, cases, ad
         row_i, n = padded.meta["short_row"], padded.meta["short_len"]
         for a in addresses:
             o, r = ours["padded"][a], refs["short"][a]
+            point = split_address(a)[0]
+            if point in scoring.KPOS_POINTS and not isinstance(o, Missing) and o.shape[-1] != o.shape[1]:
+                continue  # the key axis is not positions (compressed KV): no per-position leak check
             s = None
             if not isinstance(o, Missing) and not isinstance(r, Missing):
-                s = scoring.padding_leak(o, r, row_i, n, tier, split_address(a)[0])
+                s = scoring.padding_leak(o, r, row_i, n, tier, point)
             rows.append(resolve(_row("leak", a), engine, model_type, model, o, r, s))
     if decode is not None:
         d_ours, d_ref = decode

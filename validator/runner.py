@@ -131,7 +131,9 @@ def _subject_side(m, ctx, opts) -> dict:
             out["decode_case"], out["decode_ours"] = subj.decode(short, addresses)
         except Exception as e:  # noqa: BLE001
             out["decode_error"] = f"engine generate failed: {type(e).__name__}: {str(e)[:300]}"
-    if opts.steer:
+    if opts.steer and "resid_post" not in m.points():
+        out["notes"] = [f"no steering parity: the {m.family.name} family has no resid_post to add at"]
+    elif opts.steer:
         layer = matrix.mid_layer(m)
         try:
             v = subj.steer_vector(short, layer)
@@ -189,6 +191,8 @@ def _run_engine(engine, spec, ctx, common, opts) -> dict:
                       cases={c.name: list(c.input_ids.shape) for c in cases}, reference_versions=versions)
     if unavailable:
         cell["unavailable"] = unavailable
+    if common.get("notes"):
+        cell["notes"] = common["notes"]
     return cell
 
 

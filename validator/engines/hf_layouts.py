@@ -5,7 +5,7 @@ of engine/families (which must not be imported here: the check would be circular
 relative to one decoder layer unless noted. `mid` names where the mid residual (the stream between
 the attention and MLP sublayers) is read: (module, "in"|"out"). Fused projections are
 `(path, chunk_index, n_chunks)`. Routers: (path, logits_index, weights_index, indices_index) into
-the router's tuple output.
+the router's tuple output ("self": the router returns the logits tensor alone; None: not returned).
 """
 from __future__ import annotations
 
@@ -30,6 +30,9 @@ class Layout:
     k_norm: str | None = None
     router: tuple | None = None  # (path rel. to MLP, logits, weights, indices)
     mlp_index: int | None = None  # the MLP returns a tuple; its output is this element
+    mlp_sibling: str | None = None  # a second module on the MLP input whose output is added (granite-4)
+    embed: str | None = None  # module whose output is the embeddings, where hidden_states[0] is not them
+    streams: tuple[str, str] | None = None  # hyper-connection modules (attention side, MLP side)
     adds_residual: bool = False  # attention and MLP modules add the residual themselves (BLOOM)
     mlp_on_layer: bool = False  # MLP projections sit on the decoder layer itself (OPT)
     parallel: tuple[str, object] | None = None  # (config flag, value) that makes the block parallel
@@ -56,6 +59,10 @@ _SANDWICH = dict(attn_post="post_attention_layernorm", mid=("pre_feedforward_lay
                  mlp_post="post_feedforward_layernorm")
 _POSTNORM = dict(attn_post="post_attention_layernorm", mid=("mlp", "in"), mlp_post="post_feedforward_layernorm")
 _ROUTER = ("gate", 0, 1, 2)
+_LFM2 = replace(_L, final_norm="model.embedding_norm", mixers=("conv",), o_proj="out_proj", mlp="feed_forward",
+                mid=("ffn_norm", "in"), gate="w1", up="w3", down="w2", q_norm="q_layernorm", k_norm="k_layernorm")
+_MAMBA_HYBRID = replace(_L, final_norm="model.final_layernorm", mixers=("mamba",), mlp="feed_forward",
+                        mid=("pre_ff_layernorm", "in"))
 
 LAYOUTS: dict[str, Layout] = {
     "gpt2": _GPT2,
@@ -108,9 +115,17 @@ LAYOUTS: dict[str, Layout] = {
     "deepseek_v2": replace(_L, router=_ROUTER),
     "deepseek_v3": replace(_L, router=_ROUTER),
     "qwen3_next": replace(_L, mixers=("linear_attn",), router=_ROUTER, q_norm="q_norm", k_norm="k_norm"),
-    "lfm2": replace(_L, final_norm="model.embedding_norm", mixers=("conv",), o_proj="out_proj",
-                    mlp="feed_forward", mid=("ffn_norm", "in"), gate="w1", up="w3", down="w2",
-                    q_norm="q_layernorm", k_norm="k_layernorm"),
+    "lfm2": _LFM2,
+    "lfm2_moe": replace(_LFM2, router=_ROUTER),
+    "dots1": replace(_L, router=_ROUTER, q_norm="q_norm", k_norm="k_norm"),
+    "ernie4_5_moe": replace(_L, router=_ROUTER),
+    "hunyuan_v1_moe": replace(_L, router=_ROUTER, q_norm="query_layernorm", k_norm="key_layernorm"),
+    "bamba": _MAMBA_HYBRID,
+    "jamba": replace(_MAMBA_HYBRID, router=("router", "self", None, None)),
+    "granitemoehybrid": replace(_L, mixers=("mamba",), mlp="block_sparse_moe", mlp_sibling="shared_mlp",
+                                router=("router", 2, 1, 0)),
+    "deepseek_v4": replace(_L, o_proj="o_b_proj", router=_ROUTER, embed="model.embed_tokens", mid=None,
+                           streams=("attn_hc", "ffn_hc")),
 }
 
 

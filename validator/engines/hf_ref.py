@@ -51,6 +51,8 @@ TENSORS = {
 }
 
 _ATTN_INTERNAL = ("q", "k", "value", "attn_scores", "z")
+_STREAM_WEIGHTS = ("attn_stream_collapse", "mlp_stream_collapse", "attn_stream_write", "mlp_stream_write",
+                   "attn_stream_mix", "mlp_stream_mix")
 
 
 class _Recorder:
@@ -121,10 +123,15 @@ class HFReference(Reference):
         """Install what `point` at `layer` needs; return a finisher (records, outputs, case) -> tensor,
         or a Missing."""
         lay = self.layout
+        if point == "embeddings" and lay is not None and lay.embed:
+            rec.post(get_path(self.hf, lay.embed), key)
+            return lambda out, b, p: rec.data[key]
         if point == "embeddings":
             return lambda out, b, p: out.hidden_states[0]
         if point == "resid_pre":
             return lambda out, b, p: out.hidden_states[layer]
+        if point == "resid_streams" and lay is not None and lay.streams:
+            point = "resid_post"  # HF's hidden states of a hyper-connection trunk are the streams
         if point == "resid_post":
             if layer < self.n_layers - 1:
                 return lambda out, b, p: out.hidden_states[layer + 1]
@@ -133,6 +140,9 @@ class HFReference(Reference):
         if point == "lm_head":
             return lambda out, b, p: out.logits
         if point == "attn_probs":
+            attn, softmax = self._attn(layer)
+            if attn is not None and softmax and "eager_attention_forward" in type(attn).forward.__globals__:
+                rec.data.setdefault("_patch", set()).add(type(attn))  # the fallback of hybrid trunks
             return self._probs(rec, layer, key)
         if lay is None:
             return Missing(f"the validator's HF layout table has no row for model_type {self.ctx.model_type!r}; "
@@ -171,6 +181,15 @@ class HFReference(Reference):
                 return Missing(f"no sandwich norm for {point} at layer {layer}")
             rec.post(mod, key)
             return lambda out, b, p: rec.data[key]
+        if point in _STREAM_WEIGHTS:
+            if not lay.streams:
+                return Missing("not a hyper-connection family")
+            if point.endswith("_collapse"):
+                return Missing("HF's hyper-connection module computes its collapse weights inside forward and "
+                               "returns only the collapsed input")
+            hc = get_path(self.layers[layer], lay.streams[0 if point.startswith("attn") else 1])
+            rec.post(hc, key, index=0 if point.endswith("_write") else 1)
+            return lambda out, b, p: rec.data[key]
         if point == "resid_mid":
             if lay.is_parallel(self.cfg) or lay.mid is None:
                 return Missing("parallel block: attention and MLP read the same residual (no mid point)")
@@ -192,13 +211,19 @@ class HFReference(Reference):
                 rec.pre(root, key)
             else:
                 rec.post(root, key, index=lay.mlp_index, minus_arg=1 if lay.adds_residual else None)
+            sib = get_path(self.layers[layer], lay.mlp_sibling) if (point == "mlp_out" and lay.mlp_sibling) else None
+            if sib is not None:  # granite-4: the MLP slot is block_sparse_moe(x) + shared_mlp(x)
+                rec.post(sib, key + "#sibling")
+                return lambda out, b, p: reshape(rec.data[key], b, p) + reshape(rec.data[key + "#sibling"], b, p)
             return lambda out, b, p: reshape(rec.data[key], b, p)
         if point in ("router_logits", "expert_weights", "expert_indices"):
             router = get_path(root, lay.router[0]) if lay.router else None
             if router is None:
                 return Missing(f"layer {layer} has no router (dense MLP)")
             index = lay.router[{"router_logits": 1, "expert_weights": 2, "expert_indices": 3}[point]]
-            rec.post(router, key, index=index)
+            if index is None:
+                return Missing(f"this family's router returns only its logits; {point} is never a tensor")
+            rec.post(router, key, index=None if index == "self" else index)
             return lambda out, b, p: reshape(rec.data[key], b, p)
         spec = {"mlp_in": lay.gate, "mlp_pre": lay.gate, "mlp_pre_linear": lay.up, "mlp_act": lay.down,
                 "mlp_out": lay.down}.get(point)

@@ -69,10 +69,12 @@ class NNsightReference(Reference):
         lay = self.layout
         lp = f"{self.layers_path}.{layer}" if layer is not None else None
         if point == "embeddings":
+            if lay is not None and lay.embed:
+                return lay.embed, "out", None
             return f"{self.layers_path}.0", "in", None
         if point == "resid_pre":
             return lp, "in", None
-        if point == "resid_post":
+        if point == "resid_post" or (point == "resid_streams" and lay is not None and lay.streams):
             return lp, "out", None
         if point == "lm_head":
             return "", "logits", None
@@ -88,7 +90,9 @@ class NNsightReference(Reference):
             mod = attn or mixer
             if mod is None:
                 return Missing(f"layer {layer} has no attention or mixer module")
-            return mod, "in" if point == "attn_in" else "out", ("minus_residual" if lay.adds_residual else None)
+            if point == "attn_in":
+                return mod, "in", None
+            return mod, "out", ("minus_residual" if lay.adds_residual else None)
         if point in ("q", "k", "value", "z", "attn_probs", "attn_scores"):
             if attn is None:
                 return Missing(f"layer {layer} has no softmax attention module")
@@ -106,6 +110,14 @@ class NNsightReference(Reference):
             if not sub or attn is None or get_path(self.hf, f"{attn}.{sub}") is None:
                 return Missing(f"no {point[:6]} module at layer {layer}")
             return f"{attn}.{sub}", "in" if point.endswith("_in") else "out", "heads"
+        if point.endswith(("_stream_write", "_stream_mix", "_stream_collapse")):
+            if not lay.streams:
+                return Missing("not a hyper-connection family")
+            if point.endswith("_collapse"):
+                return Missing("HF's hyper-connection module computes its collapse weights inside forward and "
+                               "returns only the collapsed input")
+            hc = lay.streams[0 if point.startswith("attn") else 1]
+            return f"{lp}.{hc}", "out", ("index", 0 if point.endswith("_write") else 1)
         if point in ("attn_out_post", "mlp_out_post"):
             sub = lay.attn_post if point == "attn_out_post" else lay.mlp_post
             return (f"{lp}.{sub}", "out", None) if sub else Missing(f"no sandwich norm for {point}")
@@ -116,15 +128,21 @@ class NNsightReference(Reference):
         mlp = lp if lay.mlp_on_layer else (f"{lp}.{lay.mlp}" if lay.mlp else None)
         if mlp is None:
             return Missing(f"layer {layer} has no MLP module")
-        if point in ("mlp_in", "mlp_out") and not lay.mlp_on_layer:
+        if point == "mlp_in" and not lay.mlp_on_layer:
+            return mlp, "in", "flat"
+        if point == "mlp_out" and not lay.mlp_on_layer:
+            if lay.mlp_sibling:
+                return mlp, "out", ("plus", f"{lp}.{lay.mlp_sibling}")
             extra = ("index", lay.mlp_index) if lay.mlp_index is not None else \
                 ("minus_residual" if lay.adds_residual else "flat")
-            return mlp, "in" if point == "mlp_in" else "out", extra
+            return mlp, "out", extra
         if point in ("router_logits", "expert_weights", "expert_indices"):
             if not lay.router:
                 return Missing("no router in the layout")
             idx = lay.router[{"router_logits": 1, "expert_weights": 2, "expert_indices": 3}[point]]
-            return f"{mlp}.{lay.router[0]}", "out", ("index", idx)
+            if idx is None:
+                return Missing(f"this family's router returns only its logits; {point} is never a tensor")
+            return f"{mlp}.{lay.router[0]}", "out", "flat" if idx == "self" else ("index", idx)
         spec = {"mlp_in": lay.gate, "mlp_pre": lay.gate, "mlp_pre_linear": lay.up, "mlp_act": lay.down,
                 "mlp_out": lay.down}.get(point)
         if spec is None:
@@ -192,11 +210,14 @@ class NNsightReference(Reference):
             else:
                 plans[a] = plan
         # every (module, event) to visit; BLOOM's residual-adding modules need their input as well
-        needs = {a: [(path, event)] + ([(path, "in")] if extra == "minus_residual" else [])
+        needs = {a: [(path, event)] + ([(path, "in")] if extra == "minus_residual" else []) +
+                 ([(extra[1], "out")] if isinstance(extra, tuple) and extra[0] == "plus" else [])
                  for a, (path, event, extra) in plans.items()}
         o_proj = self.layout.o_proj if self.layout else "o_proj"
         fn_paths = {p[0] for p in plans.values() if p[1] == "fn"}
-        order = self._execution_order(case, {p[0] for p in plans.values()} | {f"{p}.{o_proj}" for p in fn_paths})
+        siblings = {p[2][1] for p in plans.values() if isinstance(p[2], tuple) and p[2][0] == "plus"}
+        order = self._execution_order(case, {p[0] for p in plans.values()} | siblings |
+                                      {f"{p}.{o_proj}" for p in fn_paths})
 
         def rank(ev):
             path, event = ev
@@ -239,6 +260,8 @@ class NNsightReference(Reference):
                 if extra == "minus_residual":
                     args, kwargs = saved[(path, "in")]
                     t = t - (args[1] if len(args) > 1 else kwargs["residual"])
+                if isinstance(extra, tuple) and extra[0] == "plus":  # granite-4: block_sparse_moe + shared_mlp
+                    t = t + first(saved[(extra[1], "out")]).reshape(t.shape)
                 out[a] = t.detach().float().cpu()
             except Exception as e:  # noqa: BLE001
                 out[a] = Missing(f"{type(e).__name__}: {e}")
@@ -269,7 +292,7 @@ class NNsightReference(Reference):
         if isinstance(extra, tuple) and extra[0] == "chunk":
             t = t.chunk(extra[2], dim=-1)[extra[1]]
         if extra == "heads":
-            heads = self.cfg.num_attention_heads if point.startswith("q") else _kv_heads(self.cfg)
+            heads = _kv_heads(self.cfg) if point.startswith("k") else self.cfg.num_attention_heads
             return to_heads(t, b, p, t.shape[-1] if t.dim() == 4 else t.shape[-1] // heads)
         return t.reshape(b, p, *t.shape[2:]) if t.dim() >= 3 else t.reshape(b, p, -1)
 

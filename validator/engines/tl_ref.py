@@ -54,6 +54,17 @@ DIFFERENT_TENSOR: dict[tuple[str, str], str] = {
     ("opt", "q"): "HF OPT multiplies the query by 1/sqrt(head_dim) before the attention call (modeling_opt: "
                   "q_proj(x) * self.scaling, then scaling=1.0); the bridge's hook_q is the unscaled projection",
     ("opt", "attn_scores"): "the OPT bridge's hook_attn_scores is taken before the causal mask is applied",
+    **{(mt, p): "MLA: the bridge's hook_rot_q / hook_rot_k hold only the rotary slice (qk_rope_head_dim) of "
+                "the query/key, not the whole nope+rope head" for mt in ("deepseek_v2", "deepseek_v3")
+       for p in ("q", "k")},
+    **{(mt, p): "HunYuan normalizes q and k after RoPE (query_layernorm / key_layernorm); the bridge's "
+                "hook_rot_q / hook_rot_k are taken before that norm"
+       for mt in ("hunyuan_v1_dense", "hunyuan_v1_moe") for p in ("q", "k")},
+    ("jamba", "attn_scores"): "the Jamba bridge's hook_attn_scores is not the masked pre-softmax logits (no "
+                              "causal mask: 544 of 1088 entries unmasked on a 17-token prompt, and the values "
+                              "differ by 5x) while its hook_pattern equals HF's attention weights",
+    ("qwen3_next", "z"): "gated attention: the bridge's hook_z is the output projection's input, z already "
+                         "multiplied by the sigmoid gate",
 }
 TENSORS = {p: " or ".join(h) for p, h in HOOKS.items()}
 TENSORS["lm_head"] = "the logits the bridge's forward returns"
