@@ -54,10 +54,25 @@ def sweep_span(cells: list[dict]) -> str:
     return f"measured cells ran over {(last - first) / 60:.1f} minutes ({len(spans)} cell processes)"
 
 
+def caveats(t: Table) -> list[str]:
+    p = t.params()
+    lines = ["## Reading these numbers", "",
+             "- Cells run one after another, each in a fresh process; anything else running on the machine "
+             "in the meantime shifts some cells and not others (the machine load at each cell's start is in "
+             "the full-precision table). A ratio of two cells carries that drift as well as their spreads."]
+    if p.get("source") == "zoo":
+        lines.append("- The model is a tiny zoo twin (random weights, a few layers, small widths), so a run is "
+                     "dominated by per-call and per-step framework overhead rather than matrix work: these "
+                     "figures rank the frameworks' overheads, not their speed on a real checkpoint (the GPU "
+                     "nightly sweep runs real weights with `--real`).")
+    return lines + [""]
+
+
 def method() -> list[str]:
     lines = ["## Workloads", "",
              "tok/s = tokens one run accounts for / seconds of that run. Spread: [q1–q3] interquartile "
-             "range and (min–max) over the timed repeats.", "",
+             "range and (min–max) over the timed repeats. Reproduce: `python -m benchmarks run --fresh`, "
+             "then `python -m benchmarks report` and `python -m benchmarks publish`.", "",
              "| workload | what one timed run does | priced against |", "|---|---|---|"]
     for w in WORKLOADS.values():
         lines.append(f"| {w.name} | {w.what} | {w.baseline} |")
@@ -125,8 +140,11 @@ def deviations(t: Table) -> list[str]:
     devs = t.deviations()
     if not devs:
         return lines + ["None.", ""]
-    for c, text in devs:
-        lines.append(f"- **{c['variant']} x {c['workload']}**: {text}")
+    grouped: dict = {}
+    for c, text in devs:  # one line per statement, naming every cell it applies to
+        grouped.setdefault(text, []).append(f"{c['variant']} x {c['workload']}")
+    for text, where in grouped.items():
+        lines.append(f"- {text} — **{', '.join(where)}**")
     return lines + [""]
 
 
@@ -134,7 +152,8 @@ def full_precision(t: Table) -> list[str]:
     lines = ["## Full precision", "",
              "Every figure unrounded (tok/s; ratios as plain quotients), then the raw per-run seconds.", "",
              "| variant | workload | status | median | q1 | q3 | min | max | vs eager | vs stock vLLM | vs own plain | "
-             "load s | samples (s) |", "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+             "load s | machine load (1 min) | samples (s) |",
+             "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     for v in t.variants:
         for w in t.workloads:
             c = t.cell(v, w)
@@ -145,7 +164,7 @@ def full_precision(t: Table) -> list[str]:
             lines.append(f"| {v} | {w} | {c['status']} | {full(s.get('median'))} | {full(s.get('q1'))} | "
                          f"{full(s.get('q3'))} | {full(s.get('min'))} | {full(s.get('max'))} | "
                          f"{full(t.vs_eager(v, w))} | {full(t.vs_stock(v, w))} | {full(t.vs_own(v, w))} | "
-                         f"{full(c.get('load_s'))} | {samples} |")
+                         f"{full(c.get('load_s'))} | {(c.get('env') or {}).get('load_avg_1m', '—')} | {samples} |")
     return lines + [""]
 
 
@@ -155,7 +174,7 @@ def render(cells: list[dict]) -> str:
     if not cells:
         lines += ["No cells yet: run `python -m benchmarks run`.", ""]
     else:
-        for part in (environment, method, throughput, key_ratios, deviations, full_precision):
+        for part in (environment, caveats, method, throughput, key_ratios, deviations, full_precision):
             lines += part(t) if part is not method else part()
     return "\n".join(lines).rstrip() + "\n"
 

@@ -236,8 +236,8 @@ def test_publish_check_catches_each_edited_file(tmp_path, victim):
 def test_report_states_every_row_that_ran_differently(tmp_path):
     text = report.render(sweep())
     section = text.split("## Rows that ran differently")[1].split("## Full precision")[0]
-    assert "**nnsight x steer**: invalid: because" in section
-    assert "**hf-generate x steer**: n/a: plain HF has no steering API" in section
+    assert "- invalid: because — **nnsight x steer**" in section
+    assert "- n/a: plain HF has no steering API — **hf-generate x steer**" in section
     # full precision: the exact median appears unrounded
     med = Table(sweep()).tok_s("eager", "decode")
     assert repr(med) in text

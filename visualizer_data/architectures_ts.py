@@ -68,7 +68,7 @@ export interface Architecture {
 """
 
 _HOW = {"out": "module output", "in": "module input", "attn": "inside the attention call",
-        "logits": "CausalLM logits", "resid_mid": "input of the pre-MLP norm",
+        "logits": "CausalLM logits (after any final softcap)", "resid_mid": "input of the pre-MLP norm",
         "gate": "gate half of the query projection output", "hc_collapse": "recomputed from the stream collapse"}
 
 
@@ -116,7 +116,7 @@ def inspect_model(name: str) -> dict:
                 continue
             out["points"].append({"point": p.name, "layers": layers})
             site = sites.resolve(hf, fam, p.name, None if layers[0] == -1 else layers[0], lambda: (1, 1))
-            path = names.get(id(site.module), "?") or "(model)"
+            path = fam.lm_head if site.kind == "logits" else names.get(id(site.module), "?")
             where = path if p.scope == "trunk" else _generic(path, fam.layers)
             out["sources"].append({"point": p.name, "module": where,
                                    "how": _HOW.get(site.kind, site.kind) + (" (recomputed)" if site.how == "recompute"
