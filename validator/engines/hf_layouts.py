@@ -38,6 +38,14 @@ class Layout:
     parallel: tuple[str, object] | None = None  # (config flag, value) that makes the block parallel
     always_parallel: bool = False
     variants: dict = field(default_factory=dict)  # (flag, value) -> {field: override}
+    kinds: dict = field(default_factory=dict)  # config.layer_types[L] -> {field: override} at layer L
+
+    def at(self, cfg, layer: int | None) -> "Layout":
+        """This layout at one layer of a trunk whose blocks differ by `config.layer_types`."""
+        types = getattr(cfg, "layer_types", None) or []
+        if layer is None or not self.kinds or layer >= len(types) or types[layer] not in self.kinds:
+            return self
+        return replace(self, **self.kinds[types[layer]])
 
     def for_config(self, cfg) -> "Layout":
         out = self
@@ -124,6 +132,15 @@ LAYOUTS: dict[str, Layout] = {
     "jamba": replace(_MAMBA_HYBRID, router=("router", "self", None, None)),
     "granitemoehybrid": replace(_L, mixers=("mamba",), mlp="block_sparse_moe", mlp_sibling="shared_mlp",
                                 router=("router", 2, 1, 0)),
+    "falcon_h1": replace(_L, final_norm="model.final_layernorm", mlp="feed_forward", mid=("pre_ff_layernorm", "in")),
+    "nemotron_h": Layout(final_norm="model.norm_f", attn=(), mixers=(), mlp=None, mid=None, kinds={
+        "full_attention": {"attn": ("mixer",)}, "linear_attention": {"mixers": ("mixer",)},
+        "mlp": {"mlp": "mixer", "gate": "up_proj", "up": None},
+        "moe": {"mlp": "mixer", "router": _ROUTER}}),
+    "gpt_neo": Layout(layers="transformer.h", final_norm="transformer.ln_f", attn=("attn",),
+                      o_proj="attention.out_proj", mid=("ln_2", "in"), gate="c_fc", up=None, down="c_proj"),
+    "mpt": Layout(layers="transformer.blocks", final_norm="transformer.norm_f", attn=("attn",), o_proj="out_proj",
+                  mid=("norm_2", "in"), mlp="ffn", gate="up_proj", up=None, down="down_proj"),
     "deepseek_v4": replace(_L, o_proj="o_b_proj", router=_ROUTER, embed="model.embed_tokens", mid=None,
                            streams=("attn_hc", "ffn_hc")),
 }

@@ -103,8 +103,11 @@ class HFReference(Reference):
         self.layer_of = {id(m): i for i, layer in enumerate(self.layers) for m in layer.modules()}
 
     # -- helpers ------------------------------------------------------------------------------
+    def _lay(self, layer):
+        return self.layout.at(self.cfg, layer) if self.layout is not None else None
+
     def _attn(self, layer: int):
-        lay = self.layout
+        lay = self._lay(layer)
         for name in (lay.attn if lay else ("self_attn",)):
             mod = get_path(self.layers[layer], name)
             if mod is not None:
@@ -116,13 +119,13 @@ class HFReference(Reference):
         return None, False
 
     def _mlp_root(self, layer: int):
-        lay = self.layout
+        lay = self._lay(layer)
         return self.layers[layer] if lay.mlp_on_layer else (get_path(self.layers[layer], lay.mlp) if lay.mlp else None)
 
     def _plan(self, rec: _Recorder, point: str, layer: int | None, key: str):
         """Install what `point` at `layer` needs; return a finisher (records, outputs, case) -> tensor,
         or a Missing."""
-        lay = self.layout
+        lay = self._lay(layer)
         if point == "embeddings" and lay is not None and lay.embed:
             rec.post(get_path(self.hf, lay.embed), key)
             return lambda out, b, p: rec.data[key]
@@ -201,7 +204,7 @@ class HFReference(Reference):
         return self._mlp_point(rec, point, layer, key)
 
     def _mlp_point(self, rec, point, layer, key):
-        lay = self.layout
+        lay = self._lay(layer)
         root = self._mlp_root(layer)
         if root is None:
             return Missing(f"layer {layer} has no MLP module at {lay.mlp!r}")
@@ -259,9 +262,10 @@ class HFReference(Reference):
     def _internal(self, rec, attn, point, layer, key):
         if "eager_attention_forward" not in type(attn).forward.__globals__:
             if point == "z":
-                o = get_path(attn, self.layout.o_proj)
+                o_path = self._lay(layer).o_proj
+                o = get_path(attn, o_path)
                 if o is None:
-                    return Missing(f"no output projection {self.layout.o_proj!r}")
+                    return Missing(f"no output projection {o_path!r}")
                 rec.pre(o, key)
                 return lambda out, b, p: to_heads(rec.data[key], b, p, self.head_dim)
             return Missing(f"HF {type(attn).__name__} computes attention inline (no attention function), so "

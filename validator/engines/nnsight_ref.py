@@ -66,7 +66,7 @@ class NNsightReference(Reference):
     # -- which module and event each point reads --------------------------------------------------
     def _path(self, point: str, layer):
         """(module path, 'in'|'out'|'fn', extra) or Missing."""
-        lay = self.layout
+        lay = self.layout.at(self.cfg, layer) if self.layout is not None else None
         lp = f"{self.layers_path}.{layer}" if layer is not None else None
         if point == "embeddings":
             if lay is not None and lay.embed:

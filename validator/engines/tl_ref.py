@@ -31,9 +31,8 @@ HOOKS: dict[str, tuple[str, ...]] = {
     "attn_scores": ("blocks.{L}.attn.hook_attn_scores",),
     "attn_probs": ("blocks.{L}.attn.hook_pattern",),
     "z": ("blocks.{L}.attn.hook_z",),
-    # the output projection's output (BLOOM's attention module output includes the residual; the
-    # block-level hook_attn_out is post-norm on sandwich families)
-    "attn_out": ("blocks.{L}.attn.o.hook_out", "blocks.{L}.attn.hook_out"),
+    # the module outputs (the block-level hook_attn_out / hook_mlp_out are post-norm on sandwich families)
+    "attn_out": ("blocks.{L}.attn.hook_out",),
     "attn_out_post": ("blocks.{L}.ln1_post.hook_out",),
     "resid_mid": ("blocks.{L}.hook_resid_mid",),
     "mlp_in": ("blocks.{L}.mlp.hook_in",),
@@ -44,10 +43,16 @@ HOOKS: dict[str, tuple[str, ...]] = {
     # is a softmax over all experts, not the top-k mixing weights, so expert_weights is left unmapped
     "router_logits": ("blocks.{L}.mlp.gate.hook_out",),
     "expert_indices": ("blocks.{L}.mlp.hook_expert_indices",),
-    "mlp_out": ("blocks.{L}.mlp.out.hook_out", "blocks.{L}.mlp.hook_out"),  # down projection, else the module
+    "mlp_out": ("blocks.{L}.mlp.hook_out",),
     "mlp_out_post": ("blocks.{L}.ln2_post.hook_out",),
     "resid_post": ("blocks.{L}.hook_resid_post",),
     "final_norm": ("ln_final.hook_out",),  # ln_final.hook_normalized is before the norm's gain
+}
+# (model_type, point) -> the hook that holds our point where the default one does not: BLOOM's attention
+# and MLP modules add the residual themselves, so their outputs are not the sublayer writes
+OVERRIDE: dict[tuple[str, str], str] = {
+    ("bloom", "attn_out"): "blocks.{L}.attn.o.hook_out",
+    ("bloom", "mlp_out"): "blocks.{L}.mlp.out.hook_out",
 }
 # (model_type, point) -> why the bridge's hook of that name holds a different tensor than our point
 DIFFERENT_TENSOR: dict[tuple[str, str], str] = {
@@ -105,7 +110,8 @@ class TLReference(Reference):
         other = DIFFERENT_TENSOR.get((self.ctx.model_type, point))
         if other:
             return Missing(f"different tensor under the same name: {other}")
-        cands = HOOKS.get(point)
+        cands = (OVERRIDE[(self.ctx.model_type, point)],) if (self.ctx.model_type, point) in OVERRIDE \
+            else HOOKS.get(point)
         if not cands:
             return Missing(f"TransformerLens has no hook for {point!r} in this adapter's map")
         names = [c.format(L=layer) for c in cands]
