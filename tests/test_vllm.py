@@ -21,7 +21,7 @@ LLAMA, GPT2, GEMMA2 = "meta-llama/Llama-3.2-1B", "openai-community/gpt2", "googl
 # 128-token blocks (requests that outgrow one block get preempted and recomputed).
 GPT2_KW = dict(max_num_batched_tokens=48, kv_cache_memory_bytes=3 * 128 * 2048)
 KW = {LLAMA: {}, GPT2: GPT2_KW, GEMMA2: {}}
-LONG = " ".join(["the quick brown fox jumps over the lazy dog and"] * 16)  # > 128 tokens
+LONG = " ".join(["the quick brown fox jumps over the lazy dog and"] * 8)  # ~136 tokens: > one KV block
 
 
 @pytest.fixture(scope="module")
@@ -41,8 +41,12 @@ def engines():
 def test_prefill_every_point_matches_eager(engines, name):
     vm, em = engines(name), eager_model(name)
     points = shared_points(vm, em)
-    assert {"resid_post", "attn_out", "mlp_out", "z", "mlp_act", "resid_mid", "final_norm"} <= set(points)
+    assert {"resid_post", "attn_out", "mlp_out", "z", "mlp_act", "resid_mid", "final_norm", "q", "k", "value",
+            "attn_scores", "attn_probs"} <= set(points)
     assert prefill_failures(vm, em, points=points) == {}
+    assert prefill_failures(vm, em, points=["attn_scores.0.head-1", "attn_probs.-1", "q.0.head-0"]) == {}
+    # past the zoo twins' sliding windows (16 tokens): the recomputed scores carry the window mask
+    assert prefill_failures(vm, em, prompt=LONG, points=["resid_post", "attn_scores", "attn_probs", "z"]) == {}
 
 
 @pytest.mark.parametrize("name", [LLAMA, GPT2, GEMMA2])
@@ -65,7 +69,7 @@ def _steers(vm):
         Steer("z.1.head-2", "set", random_vector((hd,), 2), "last"),
         Steer("z.0", "add", random_vector((heads, hd), 3), slice(2, 5)),
         Steer("attn_out.0", "ablate", None, (1, 4)),
-        Steer("resid_mid.1", "mean_ablate", random_vector((d,), 4, 1.0), 3),
+        Steer("resid_mid.0", "mean_ablate", random_vector((d,), 4, 1.0), 3),
         Steer("resid_post.0", "project_out", v),
         Steer("mlp_act.1", "add", random_vector(m, 5), "last"),
         Steer("embeddings", "add", v, "all"),
@@ -77,7 +81,7 @@ def _steers(vm):
 def test_each_op_and_position_matches_eager(engines, i):
     vm, em = engines(LLAMA), eager_model(LLAMA)
     st = _steers(vm)[i]
-    assert decode_failures(vm, em, ["resid_post.-1", str(st.address.base)], steer=[st]) == {}
+    assert decode_failures(vm, em, ["final_norm", str(st.address.base)], steer=[st]) == {}
     assert_steer_acts(vm, PROMPT, [st])
 
 
@@ -187,11 +191,13 @@ def test_load_report(engines):
 
 def test_refusals_name_the_reason(engines):
     vm = engines(LLAMA)
-    for point in ("attn_probs", "attn_scores", "lm_head", "mlp_pre", "q_norm_in", "router_logits"):
+    for point in ("lm_head", "mlp_pre", "q_norm_in", "router_logits", "attn_gate", "resid_streams"):
         reason = backend_status(point, "vllm")[1]
         with pytest.raises(UnsupportedPointError, match="cannot be served by backend 'vllm'") as e:
             vm.run_with_cache(PROMPT, [f"{point}.0" if point not in ("lm_head",) else point])
         assert reason in str(e.value)
+    with pytest.raises(SteeringError, match="recomputed from q and k after the forward"):
+        vm.generate(PROMPT, 2, steer=[Steer("attn_probs.0", "scale", 2.0)])
     with pytest.raises(UnsupportedPointError, match="no post-attention sandwich norm"):
         vm.address("attn_out_post.0")
     with pytest.raises(AddressError, match="out of range"):

@@ -86,7 +86,7 @@ def _steers(m):
 def test_steering_matches_eager(static, i):
     em = eager_model(LLAMA)
     steer = _steers(static)[i]
-    reads = ["resid_post.-1", str(steer[0].address.base)]
+    reads = ["final_norm", str(steer[0].address.base)]
     assert decode_failures(static, em, reads, steer=steer, engine="vllm-static") == {}
     assert_steer_acts(static, PROMPT, steer)
 
