@@ -12,7 +12,8 @@ import torch
 from validator.engines.base import Case, EngineUnavailable, Missing, Reference, split_address
 from validator.scoring import KPOS_POINTS
 
-TENSORS = {"*": "the eager engine's point definition, captured by hooks inside vLLM's worker (engine/backends)"}
+TENSORS = {"*": "the eager engine's point definition, captured by hooks inside vLLM's worker (engine/backends)",
+           "lm_head": "the logits run_with_cache returns (vLLM's own head on every prompt position)"}
 
 
 class VllmEngine(Reference):
@@ -33,6 +34,9 @@ class VllmEngine(Reference):
     def _servable(self, addresses):
         ok, out = [], {}
         for a in addresses:
+            if a == "lm_head":  # not a capturable point on vLLM, but run_with_cache returns every position's logits
+                ok.append(a)
+                continue
             try:
                 self.m.address(a)
                 ok.append(a)
@@ -48,7 +52,7 @@ class VllmEngine(Reference):
         if not ok:
             return out
         prompts = self._prompts(case)
-        logits, cache = self.m.run_with_cache(prompts, ok)
+        logits, cache = self.m.run_with_cache(prompts, [a for a in ok if a != "lm_head"])
         for a in ok:
             point, _ = split_address(a)
             if point == "lm_head":
@@ -91,7 +95,8 @@ def _left_pad(t, case: Case, point: str) -> torch.Tensor:
     tail = tuple(first.shape[1:])
     if point in KPOS_POINTS:
         tail = tail[:-1] + (n,)
-    out = torch.zeros((b, n, *tail), dtype=torch.float32)
+    fill = float("-inf") if point == "attn_scores" else 0.0  # pad keys are masked, pad positions unused
+    out = torch.full((b, n, *tail), fill, dtype=torch.float32)
     for i, r in enumerate(rows):
         r = r.detach().float().cpu()
         k = r.shape[0]
