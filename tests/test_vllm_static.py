@@ -57,8 +57,9 @@ def test_startup_proof_and_report(static):
 @pytest.mark.vllm
 def test_every_declared_point_matches_eager(static):
     em = eager_model(LLAMA)
-    assert prefill_failures(static, em, points=static.points(), engine="vllm-static") == {}
-    assert decode_failures(static, em, static.points(), engine="vllm-static") == {}
+    declared = [str(a) for a in static.declared]
+    assert prefill_failures(static, em, points=declared, engine="vllm-static") == {}
+    assert decode_failures(static, em, declared, engine="vllm-static") == {}
 
 
 def _steers(m):
@@ -68,9 +69,9 @@ def _steers(m):
         [Steer("resid_post.1", "add", v)],
         [Steer("resid_post.0", "scale", 0.5, "generated")],
         [Steer("z.1.head-2", "set", random_vector((hd,), 2), "last")],
-        [Steer("z.1", "add", random_vector((heads, hd), 3), slice(2, 5))],
+        [Steer("z.1", "add", random_vector((heads, hd), 3), slice(2, None))],
         [Steer("attn_out.0", "ablate", None, (1, 4))],
-        [Steer("resid_mid.1", "mean_ablate", random_vector((d,), 4, 1.0), 3)],
+        [Steer("resid_mid.1", "mean_ablate", random_vector((d,), 4, 1.0), slice(3, None))],
         [Steer("resid_post.0", "project_out", v)],
         [Steer("mlp_act.0", "add", random_vector(mw, 5), "last")],
         [Steer("embeddings", "add", v)],
@@ -114,8 +115,10 @@ def test_refusals_name_the_declared_set(static):
         static.run_with_cache(PROMPT, ["mlp_in.0"])
     with pytest.raises(UnsupportedPointError, match="declared at load"):
         static.generate(PROMPT, 2, steer=[Steer("attn_in.0", "add", torch.ones(static.d_model))])
-    with pytest.raises(UnsupportedPointError, match=backend_status("attn_probs", "vllm")[1][:40]):
+    with pytest.raises(UnsupportedPointError, match="serves only the taps declared at load"):
         static.address("attn_probs.0")
+    with pytest.raises(UnsupportedPointError, match=backend_status("lm_head", "vllm")[1][:40]):
+        static.address("lm_head")
     with pytest.raises(UnsupportedPointError, match="read-only tap"):
         static.generate(PROMPT, 2, steer=[Steer("final_norm", "add", torch.ones(static.d_model))])
     v = torch.ones(static.d_model)

@@ -114,8 +114,8 @@ def tree_for(model, hf_config) -> Tree:
 # -- argument slots ----------------------------------------------------------------------------
 def _slots(module) -> tuple[int, str, int | None, str]:
     """(index, name) of the hidden-states argument and of the residual argument of `forward`."""
-    try:
-        params = [p for p in inspect.signature(module.forward).parameters.values()]
+    try:  # the class's forward: an instance's may already be a tap wrapper taking (*args, **kwargs)
+        params = list(inspect.signature(type(module).forward).parameters.values())[1:]
     except (TypeError, ValueError):
         params = []
     if not params or params[0].kind is inspect.Parameter.VAR_POSITIONAL:
