@@ -273,7 +273,8 @@ class VLLMModel:
         if logits and self.backend != "vllm-generate":
             plan.internal.append(Address("final_norm"))
             plan.force_salt = plan.force_salt or private
-        params = dict(temperature=0.0, ignore_eos=True, max_tokens=req.max_new_tokens)
+        # min_tokens bans end-of-sequence until max_new_tokens, as eager's min_new_tokens does
+        params = dict(temperature=0.0, max_tokens=req.max_new_tokens, min_tokens=req.max_new_tokens)
         params.update(req.sampling)
         return plan, params
 

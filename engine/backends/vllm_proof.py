@@ -26,7 +26,8 @@ def prove_taps(model) -> dict:
     refuse = "vllm-static refuses to serve {}: {}; the forward does not run its taps. Use compile=False or backend='vllm'."
     reads = [str(a) for a in model.declared if a.point != "final_norm"] + ["final_norm"]
     ids = model._prompt_ids(PROBE)
-    base = model.generate_batch([Request(ids, 2, points=reads)])[0]
+    raw = {"min_tokens": 0, "ignore_eos": True}  # sample the raw argmax (no end-of-sequence ban)
+    base = model.generate_batch([Request(ids, 2, points=reads, sampling=raw)])[0]
     for k in reads:
         t = base.cache[k]
         if t.shape[0] != len(ids) + 1 or not torch.isfinite(t).all() or float(t.abs().max()) == 0.0:
@@ -51,13 +52,13 @@ def prove_taps(model) -> dict:
         g = torch.Generator().manual_seed(0)
         v = torch.randn(x.shape[1:], generator=g)
         v = v / v.norm() * 10.0 * float(x.norm(dim=-1).mean())
-        steered = model.generate_batch([Request(ids, 2, points=[tap], steer=[Steer(tap, "add", v)])])[0]
+        steered = model.generate_batch([Request(ids, 2, points=[tap], steer=[Steer(tap, "add", v)], sampling=raw)])[0]
         moved = float((steered.cache[tap][: len(ids)] - x[: len(ids)] - v).abs().max())
         changed = float((steered.logits[0] - base.logits[0]).abs().max())
         if moved > 1e-3 * float(v.abs().max()) or changed < 1e-4:
             raise TapProofError(refuse.format(model.name, f"an add steer at {tap} moved the tap by the vector "
                                                           f"up to {moved:.3g} and changed the logits by {changed:.3g}"))
-        again = model.generate_batch([Request(ids, 2, points=reads)])[0]
+        again = model.generate_batch([Request(ids, 2, points=reads, sampling=raw)])[0]
         drift = float((again.logits - base.logits).abs().max())
         if drift > 1e-4 * max(1.0, float(base.logits.abs().max())):
             raise TapProofError(refuse.format(model.name, f"an unsteered run after a steer drifted by {drift:.3g} "
