@@ -36,6 +36,11 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--fresh", action="store_true", help="delete existing cells first")
     run.add_argument("--only-missing", action="store_true",
                      help="skip cells that already have an ok / n/a / invalid result")
+    run.add_argument("--noisy", type=float, default=0.25,
+                     help="run a cell again once at the end when its IQR exceeds this fraction of its median "
+                          "(0 = never)")
+    run.add_argument("--only-noisy", action="store_true",
+                     help="run no sweep: only rerun the noisy cells already in --cells")
     run.add_argument("--cells", type=Path, default=cells.CELLS_DIR)
     rep = sub.add_parser("report", help="write reports/benchmarks/results-latest.md from the cells")
     rep.add_argument("--cells", type=Path, default=cells.CELLS_DIR)
@@ -54,12 +59,16 @@ def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     try:
         if args.cmd == "run":
-            from benchmarks.sweep import run_sweep
+            from benchmarks.sweep import rerun_noisy, run_sweep
+            if args.only_noisy:
+                rerun_noisy(args.cells, args.noisy or 0.25)
+                return 0
             params = Params(model=args.model, source="real" if args.real else "zoo",
                             prompt_tokens=args.prompt_tokens, new_tokens=args.new_tokens, warmups=args.warmups,
                             repeats=args.repeats, min_time_s=args.min_time, dtype=args.dtype,
                             device=args.device, threads=args.threads, timeout_s=args.timeout)
-            run_sweep(params, args.variants, args.workloads, args.cells, args.fresh, args.only_missing)
+            run_sweep(params, args.variants, args.workloads, args.cells, args.fresh, args.only_missing,
+                      args.noisy)
             return 0
         if args.cmd == "report":
             from benchmarks import report

@@ -30,8 +30,10 @@ def environment(t: Table) -> list[str]:
         "## Environment", "",
         f"- hardware: {e.get('hardware', 'unknown (no cell was measured)')}",
         f"- device: {e.get('device', p.get('device'))}; CPU: {e.get('cpu')}; GPU: {e.get('gpu') or 'none'}",
-        f"- threads: torch {e.get('torch_threads')} of {e.get('cpu_count')} CPUs; dtype: {p.get('dtype')}",
-        f"- model: {p.get('model')} ({p.get('source')}{' twin: tiny, seeded random weights' if p.get('source') == 'zoo' else ''})",
+        f"- threads: {p.get('threads') or 'library default'} per cell process (torch reported "
+        f"{e.get('torch_threads')}) of {e.get('cpu_count')} CPUs; dtype: {p.get('dtype')}",
+        f"- model: {p.get('model')} "
+        f"({'zoo twin: tiny, seeded random weights' if p.get('source') == 'zoo' else 'real weights'})",
         f"- prompt {p.get('prompt_tokens')} tokens, {p.get('new_tokens')} new tokens, "
         f"{p.get('warmups')} warmups, then at least {p.get('repeats')} timed runs per cell (more for short "
         f"runs, until about {p.get('min_time_s')} s of samples; n per cell below), one process per cell",

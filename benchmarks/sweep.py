@@ -90,8 +90,38 @@ def _tail(text, n=600) -> str:
     return text[-n:] if text else "(no stderr)"
 
 
+NOISY_IQR = 0.25  # a cell whose interquartile range exceeds this fraction of its median is run again
+
+
+def noisy(cell: dict, threshold: float = NOISY_IQR) -> bool:
+    return cell["status"] == "ok" and cell.get("summary", {}).get("iqr_rel", 0.0) > threshold
+
+
+def rerun_noisy(cells_dir: Path, threshold: float = NOISY_IQR, log=print) -> list[dict]:
+    """Run every noisy cell once more, in a fresh process with the parameters it was run with; the
+    rerun replaces it and carries a note saying so (the first run's spread and median included)."""
+    first = [c for c in cells.load_cells(cells_dir) if noisy(c, threshold)]
+    out = []
+    for c in first:
+        params = Params.from_dict(c["params"])
+        again = run_one(c["variant"], c["workload"], params, c.get("run_id", "rerun"), cells_dir)
+        if again["status"] in ("ok", "invalid"):
+            s = c["summary"]
+            again.setdefault("notes", []).append(
+                f"run again at the end of the sweep: its first run's interquartile range was "
+                f"{s['iqr_rel']:.0%} of its median ({s['tok_s']['median']:.4g} tok/s over {s['n']} runs), "
+                f"over the {threshold:.0%} limit")
+            again["rerun_of"] = {"summary": s, "samples_s": c.get("samples_s"), "env": c.get("env")}
+            cells.write_cell(again, cells_dir)
+        out.append(again)
+        log(f"rerun {c['id']}: IQR {c['summary']['iqr_rel']:.0%} -> "
+            f"{again.get('summary', {}).get('iqr_rel', float('nan')):.0%}")
+    return out
+
+
 def run_sweep(params: Params, variants=None, workloads=None, cells_dir: Path = cells.CELLS_DIR,
-              fresh: bool = False, only_missing: bool = False, log=print) -> list[dict]:
+              fresh: bool = False, only_missing: bool = False, noisy_iqr: float = NOISY_IQR,
+              log=print) -> list[dict]:
     from tqdm import tqdm
     cells_dir = Path(cells_dir)
     if fresh:
@@ -111,5 +141,7 @@ def run_sweep(params: Params, variants=None, workloads=None, cells_dir: Path = c
             figure = cell.get("summary", {}).get("tok_s", {}).get("median")
             log(f"{v:>15} x {w:<13} {cell['status']:<8} "
                 + (f"{figure:.4g} tok/s" if figure else cell["reason"][:110]))
+    if noisy_iqr:
+        rerun_noisy(cells_dir, noisy_iqr, log)
     log(f"{len(out)} cells in {time.perf_counter() - t0:.0f} s -> {cells_dir}")
     return out

@@ -251,3 +251,27 @@ def test_committed_outputs_match_committed_cells():
     readme = cellio.ROOT / "README.md"
     assert publish.main(cellio.CELLS_DIR, readme, cellio.ROOT / "visualizer-data" / "benchmarks.generated.ts",
                         cellio.REPORT_DIR, check=True) == 0
+
+
+def test_noisy_cells_are_run_again_and_say_so(tmp_path, monkeypatch):
+    from benchmarks import sweep as sw
+    wild = fake_cell("eager", "decode", [0.1, 0.1, 0.3, 0.5, 0.9])
+    tight = fake_cell("eager", "prefill", [0.1, 0.1, 0.1, 0.1, 0.1])
+    for c in (wild, tight):
+        cellio.write_cell(c, tmp_path)
+    assert sw.noisy(wild) and not sw.noisy(tight)
+    calls = []
+
+    def fake_run_one(variant, workload, params, run_id, cells_dir):
+        calls.append((variant, workload))
+        c = fake_cell(variant, workload, [0.2] * 5)
+        cellio.write_cell(c, cells_dir)
+        return c
+    monkeypatch.setattr(sw, "run_one", fake_run_one)
+    sw.rerun_noisy(tmp_path, log=lambda *_: None)
+    assert calls == [("eager", "decode")]
+    again = json.loads((tmp_path / "eager__decode.json").read_text())
+    assert again["rerun_of"]["samples_s"] == wild["samples_s"]
+    assert any("run again at the end of the sweep" in n and f"{wild['summary']['iqr_rel']:.0%}" in n
+               for n in again["notes"])
+    assert "run again at the end of the sweep" in report.render(cellio.load_cells(tmp_path))
