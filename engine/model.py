@@ -58,6 +58,19 @@ def _pad_key_axis(key: str, chunks: list) -> list:
     return [torch.nn.functional.pad(c, (0, n - c.shape[-1]), value=fill) for c in chunks]
 
 
+def _absolute_keys(key: str, t, step) -> "torch.Tensor":
+    """At a decode step a sliding-window cache holds only the last keys, so a pattern's key axis is
+    shorter than the absolute positions it covers; left-pad it (probability 0, or a masked score) so
+    that key index k is position k, as in prefill."""
+    if not step.decoding or key.split(".")[0] not in ("attn_scores", "attn_probs"):
+        return t
+    missing = step.offset + t.shape[1] - t.shape[-1]
+    if missing <= 0:
+        return t
+    fill = torch.finfo(t.dtype).min if key.startswith("attn_scores") else 0.0
+    return torch.nn.functional.pad(t, (missing, 0), value=fill)
+
+
 @dataclass
 class GenerationResult:
     tokens: torch.Tensor  # [b, prompt + new]
@@ -219,6 +232,7 @@ class EagerModel:
                 if coords:
                     (_, idx), = coords.items()
                     t = t[:, :, idx]
+                t = _absolute_keys(key, t, self._step)
                 if detach:
                     store.setdefault(key, []).append(t.detach().clone())
                     return None
