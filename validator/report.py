@@ -78,24 +78,7 @@ def render_readme(all_cells) -> str:
     for mdl in models:
         link = f"[{mdl}](details/{cells.slug(mdl)}.md)"
         lines.append(f"| {link} | {fam.get(mdl, '?')} | " + " | ".join(_counts(by.get((mdl, e))) for e in engines) + " |")
-    lines += ["", "## Failures", ""]
-    fails = [(c, r) for c in all_cells for r in c.get("rows", []) if r["verdict"] == "fail"]
-    errors = [c for c in all_cells if c.get("status") == "error"]
-    if not fails and not errors:
-        lines.append("None.")
-    for c in errors:
-        lines.append(f"- **{c['model']} / {c['engine']}**: cell error: {c.get('error', '')[:300]}")
-    shown = defaultdict(int)
-    for c, r in fails:
-        key = (c["model"], c["engine"])
-        shown[key] += 1
-        if shown[key] <= 5:
-            why = "; ".join(r.get("structural", [])) or r.get("reason") or f"rel {_fmt(r.get('rel_err'))}"
-            cause = f" (known cause: {r['known']['id']})" if r.get("known") else ""
-            lines.append(f"- {c['model']} / {c['engine']} / {r['case']} / {_where(r)}: {why[:300]}{cause}")
-    for (mdl, e), n in shown.items():
-        if n > 5:
-            lines.append(f"- {mdl} / {e}: {n - 5} more failing rows in the details file")
+    lines += ["", "## Failures", ""] + _failures(all_cells)
     lines += ["", "## Declared gaps and known bugs in use", "", "| id | kind | rows | reason | evidence |",
               "|---|---|---|---|---|"]
     used = defaultdict(int)
@@ -117,6 +100,34 @@ def render_readme(all_cells) -> str:
     lines += ["", f"Heatmap of the worst relative error by family x point: [{HEAT_NAME}]({HEAT_NAME}); all rows: "
               f"[{CSV_NAME}]({CSV_NAME}).", ""]
     return "\n".join(lines)
+
+
+def _failures(all_cells, per_model: int = 6) -> list[str]:
+    """Failing cells and rows, grouped: a model that did not load once, and each failing row once with
+    the engines it failed against (the engine side is shared, so one defect fails every column)."""
+    out = []
+    load = {}
+    for c in all_cells:
+        if c.get("status") == "error":
+            load.setdefault(c["model"], (c.get("error") or "").split(" Supported:")[0][:240])
+    for mdl, err in sorted(load.items()):
+        out.append(f"- **{mdl}**: every column ERROR: {err}")
+    groups = defaultdict(list)
+    for c in all_cells:
+        for r in c.get("rows", []):
+            if r["verdict"] == "fail":
+                why = "; ".join(r.get("structural", [])) or r.get("reason") or f"relative error {_fmt(r.get('rel_err'))}"
+                cause = f" (known cause: {r['known']['id']})" if r.get("known") else ""
+                groups[(c["model"], r["case"], _where(r), why[:240] + cause)].append(c["engine"])
+    by_model = defaultdict(list)
+    for (mdl, case, where, why), engines in sorted(groups.items()):
+        by_model[mdl].append(f"- {mdl} / {case} / {where} ({', '.join(engines)}): {why}")
+    for mdl, items in sorted(by_model.items()):
+        out += items[:per_model]
+        if len(items) > per_model:
+            out.append(f"- {mdl}: {len(items) - per_model} more failing rows in "
+                       f"[its details](details/{cells.slug(mdl)}.md)")
+    return out or ["None."]
 
 
 # -- details ----------------------------------------------------------------------------------------
