@@ -19,6 +19,9 @@ INTERFACES = """
 export interface ValidationCell {
   model: string;
   engine: string;
+  /** The engine family adapter and HF model_type of the model, when the cell records them. */
+  family: string | null;
+  modelType: string | null;
   /** The cell's run status (ok, skipped, error, ...), null when the cell has none. */
   status: string | null;
   /** Overall: the worst verdict of the scored pairs (fail > warn > gap > pass), else the cell's status. */
@@ -69,7 +72,8 @@ def summarize(cell: dict, file: str) -> dict:
     overall = worst or own or _s(cell.get("status")) or "none"
     if own == "fail":  # a cell-level failure (e.g. structural) is never outvoted by passing pairs
         overall = "fail"
-    return {"model": str(model), "engine": str(engine), "status": _s(cell.get("status")), "verdict": overall,
+    return {"model": str(model), "engine": str(engine), "family": _s(_find(cell, "family")),
+            "modelType": _s(_find(cell, "model_type")), "status": _s(cell.get("status")), "verdict": overall,
             "counts": dict(sorted(counts.items())),
             "dtype": _s(_find(cell, "dtype")), "device": _s(_find(cell, "device")),
             "source": _s(_find(cell, "source")), "file": file}
