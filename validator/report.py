@@ -139,7 +139,8 @@ def render_details(model: str, all_cells) -> str:
              f"{head.get('n_layers', '?')} layers, source `{head.get('source', '?')}`. Generated from the cells; "
              f"do not edit.", "", "Prompt cases (batch, tokens): " +
              ", ".join(f"{k} {v}" for k, v in sorted(head.get("cases", {}).items())), "",
-             "Worst verdict over cases, and the worst relative error, per point, layer and engine.", "",
+             "Worst verdict over the cases, and the worst relative error among the compared rows, per point, "
+             "layer and engine (a structural failure has no error figure; see the engine's section).", "",
              "| point | layer | " + " | ".join(engines) + " |", "|---|---|" + "---|" * len(engines)]
     table = defaultdict(dict)
     for c in mine:
@@ -173,7 +174,7 @@ def render_details(model: str, all_cells) -> str:
             lines.append(f"\nThe reference could not run this model: {c['unavailable']}")
         for note in c.get("notes", []):
             lines.append(f"\nNote: {note}")
-        odd = [r for r in c.get("rows", []) if r["verdict"] != "pass"]
+        odd = [r for r in c.get("rows", []) if r["verdict"] in ("fail", "warn")]
         if odd:
             lines += ["", "| case | point | verdict | rel err | worst token | why |", "|---|---|---|---|---|---|"]
             for r in odd:
@@ -182,6 +183,15 @@ def render_details(model: str, all_cells) -> str:
                     why = f"[{r['known']['id']}] {why}".strip()
                 lines.append(f"| {r['case']} | {_where(r)} | {r['verdict']} | {_fmt(r.get('rel_err'))} | "
                              f"{r.get('worst_token', '')} | {why[:240].replace('|', '/')} |")
+        gaps = defaultdict(list)
+        for r in c.get("rows", []):
+            if r["verdict"] == "gap":
+                gaps[((r.get("known") or {}).get("id", "?"), r.get("reason", ""))].append(_where(r))
+        if gaps:
+            lines += ["", "Gaps (declared in validator/known_gaps.py; the runtime reason is the evidence):", ""]
+            for (kid, why), where in sorted(gaps.items()):
+                pts = sorted(set(where), key=lambda w: (_point_rank(w.split(".")[0]), w))
+                lines.append(f"- [{kid}] {', '.join(pts)} ({len(where)} rows): {why[:240]}")
         if c.get("tensors"):
             lines += ["", "Which tensor this engine compares:", ""]
             lines += [f"- `{p}`: {t}" for p, t in sorted(c["tensors"].items())]

@@ -311,8 +311,8 @@ class NNsightReference(Reference):
         return logits.detach().float().cpu()
 
     def versions(self) -> dict:
-        import nnsight
-        return {"nnsight": getattr(nnsight, "__version__", "?")}
+        from importlib import metadata
+        return {"nnsight": metadata.version("nnsight")}
 
     def close(self):
         self.lm = self.hf = None

@@ -133,8 +133,8 @@ class NNterpReference(Reference):
         return logits.detach().float().cpu()
 
     def versions(self) -> dict:
-        import nnterp
-        return {"nnterp": getattr(nnterp, "__version__", "?")}
+        from importlib import metadata
+        return {"nnterp": metadata.version("nnterp")}
 
     def close(self):
         self.st = None

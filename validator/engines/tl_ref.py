@@ -179,8 +179,8 @@ class TLReference(Reference):
         return logits.detach().float().cpu()
 
     def versions(self) -> dict:
-        import transformer_lens
-        return {"transformer_lens": getattr(transformer_lens, "__version__", "?")}
+        from importlib import metadata
+        return {"transformer_lens": metadata.version("transformer-lens")}
 
     def close(self):
         self.bridge = None
