@@ -136,8 +136,10 @@ def test_reports_render_counts_and_heatmap(tmp_path):
     readme = (tmp_path / "README.md").read_text()
     assert f"{s['pass']}/{s['warn']}/{s['fail']}/{s['gap']}" in readme
     import pandas as pd
-    df = pd.read_csv(tmp_path / "summary.csv")
-    assert len(df) == len(cell["rows"]) and set(df["verdict"]) <= {"pass", "warn", "fail", "gap"}
+    df = pd.read_csv(tmp_path / "summary.csv")  # one line per point x layer, counts over the cases
+    assert len(df) == len({(r["point"], r["layer"]) for r in cell["rows"]})
+    assert int(df[["n_pass", "n_warn", "n_fail", "n_gap"]].to_numpy().sum()) == len(cell["rows"])
+    assert set(df["verdict"]) <= {"pass", "warn", "fail", "gap"}
     assert (tmp_path / "heatmap.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert report.png_digest(tmp_path / "heatmap.png") == report.heat_digest(report.heat_data(cells.load_all(tmp_path))[0])
     details = (tmp_path / "details" / f"{cells.slug(MODELS[0])}.md").read_text()

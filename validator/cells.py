@@ -38,13 +38,14 @@ def cell_path(out: Path, model: str, engine: str) -> Path:
 
 def write_atomic(path: Path, data: dict) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    text = json.dumps(data, indent=1, sort_keys=True) + "\n"
+    text = json.dumps(data, sort_keys=True, separators=(",", ":")) + "\n"
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "w") as f:
             f.write(text)
             f.flush()
             os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)  # mkstemp makes it private; cells are committed files
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):

@@ -126,7 +126,7 @@ def cmd_run(args) -> int:
     todo = [n for n in names if runner.pending(specs[n], opts)]
     print(f"validator: {len(names)} models x {len(engines)} engines; {len(names) - len(todo)} models up to date, "
           f"{len(todo)} to run (jobs {args.jobs}, {threads} torch threads each)", file=sys.stderr)
-    bar = tqdm(total=len(todo), desc="models", unit="model", dynamic_ncols=True)
+    bar = tqdm(total=len(todo), desc="models", unit="model", position=0, dynamic_ncols=True)
     if args.jobs == 1:
         for n in todo:
             opts.progress = bar

@@ -43,6 +43,12 @@ def _where(row) -> str:
     return row["point"] if row.get("layer") is None else f"{row['point']}.{row['layer']}"
 
 
+def _kid(row) -> str:
+    """The declared entry id of a row ("" when none); rows store the id, older cells the whole entry."""
+    k = row.get("known")
+    return (k.get("id", "") if isinstance(k, dict) else k) or ""
+
+
 def cell_failed(cell) -> bool:
     return cell.get("status") == "error" or cell.get("summary", {}).get("fail", 0) > 0
 
@@ -85,7 +91,7 @@ def render_readme(all_cells) -> str:
     for c in all_cells:
         for r in c.get("rows", []):
             if r.get("known"):
-                used[r["known"]["id"]] += 1
+                used[_kid(r)] += 1
     for k in known_gaps.KNOWN:
         if used.get(k.id):
             lines.append(f"| {k.id} | {k.kind} | {used[k.id]} | {k.reason} | {k.evidence} |")
@@ -117,7 +123,7 @@ def _failures(all_cells, per_model: int = 6) -> list[str]:
         for r in c.get("rows", []):
             if r["verdict"] == "fail":
                 why = "; ".join(r.get("structural", [])) or r.get("reason") or f"relative error {_fmt(r.get('rel_err'))}"
-                cause = f" (known cause: {r['known']['id']})" if r.get("known") else ""
+                cause = f" (known cause: {_kid(r)})" if r.get("known") else ""
                 groups[(c["model"], r["case"], _where(r), why[:240] + cause)].append(c["engine"])
     by_model = defaultdict(list)
     for (mdl, case, where, why), engines in sorted(groups.items()):
@@ -180,13 +186,13 @@ def render_details(model: str, all_cells) -> str:
             for r in odd:
                 why = "; ".join(r.get("structural", [])) or r.get("reason", "")
                 if r.get("known"):
-                    why = f"[{r['known']['id']}] {why}".strip()
+                    why = f"[{_kid(r)}] {why}".strip()
                 lines.append(f"| {r['case']} | {_where(r)} | {r['verdict']} | {_fmt(r.get('rel_err'))} | "
                              f"{r.get('worst_token', '')} | {why[:240].replace('|', '/')} |")
         gaps = defaultdict(list)
         for r in c.get("rows", []):
             if r["verdict"] == "gap":
-                gaps[((r.get("known") or {}).get("id", "?"), r.get("reason", ""))].append(_where(r))
+                gaps[(_kid(r) or "?", r.get("reason", ""))].append(_where(r))
         if gaps:
             lines += ["", "Gaps (declared in validator/known_gaps.py; the runtime reason is the evidence):", ""]
             for (kid, why), where in sorted(gaps.items()):
@@ -206,26 +212,43 @@ def _point_rank(point):
 
 # -- CSV and heatmap --------------------------------------------------------------------------------
 def frame(all_cells):
+    """Every row of every cell as a DataFrame (the heatmap's input)."""
     import pandas as pd
     recs = []
     for c in all_cells:
         for r in c.get("rows", []):
-            recs.append({"model": c["model"], "family": c.get("family"), "model_type": c.get("model_type"),
-                         "engine": c["engine"], "case": r["case"], "point": r["point"], "layer": r.get("layer"),
-                         "verdict": r["verdict"], "rel_err": r.get("rel_err"), "token_rel_err": r.get("token_rel_err"),
-                         "cosine": r.get("cosine"), "max_abs": r.get("max_abs"),
-                         "worst_token": str(r.get("worst_token", "")), "known": (r.get("known") or {}).get("id", ""),
-                         "reason": "; ".join(r.get("structural", [])) or r.get("reason", "")})
-    cols = ["model", "family", "model_type", "engine", "case", "point", "layer", "verdict", "rel_err",
-            "token_rel_err", "cosine", "max_abs", "worst_token", "known", "reason"]
+            recs.append({"model": c["model"], "family": c.get("family"), "engine": c["engine"], "case": r["case"],
+                         "point": r["point"], "layer": r.get("layer"), "verdict": r["verdict"],
+                         "rel_err": r.get("rel_err"), "token_rel_err": r.get("token_rel_err"),
+                         "cosine": r.get("cosine"), "max_abs": r.get("max_abs"), "known": _kid(r)})
+    cols = ["model", "family", "engine", "case", "point", "layer", "verdict", "rel_err", "token_rel_err", "cosine",
+            "max_abs", "known"]
     df = pd.DataFrame(recs, columns=cols)
     df["layer"] = df["layer"].astype("Int64")
     return df
 
 
+def summary(all_cells):
+    """One line per model x engine x point x layer over the cases: verdict counts, worst metrics, why."""
+    df = frame(all_cells)
+    if df.empty:
+        return df
+    df["worst"] = df["verdict"].map(ORDER)
+    keys = ["model", "family", "engine", "point", "layer"]
+    g = df.groupby(keys, dropna=False, sort=True)
+    out = g.agg(verdict=("worst", "max"), rel_err=("rel_err", "max"), token_rel_err=("token_rel_err", "max"),
+                cosine=("cosine", "min"), max_abs=("max_abs", "max"),
+                known=("known", lambda k: " ".join(sorted({x for x in k if x}))))
+    out["verdict"] = out["verdict"].map({i: v for v, i in ORDER.items()})
+    counts = g["verdict"].value_counts().unstack(fill_value=0)
+    for v in VERDICTS:
+        out[f"n_{v}"] = counts[v].reindex(out.index).fillna(0).astype(int) if v in counts else 0
+    return out.reset_index()
+
+
 def render_csv(all_cells) -> str:
     buf = io.StringIO()
-    frame(all_cells).to_csv(buf, index=False, float_format="%.4g", lineterminator="\n")
+    summary(all_cells).to_csv(buf, index=False, float_format="%.4g", lineterminator="\n")
     return buf.getvalue()
 
 

@@ -94,9 +94,15 @@ def run_model(spec: ModelSpec, opts: Options) -> list[Path]:
     ctx = ModelContext(spec.name, hf_ref, tok, spec.source, DTYPES[opts.dtype])
     common = _subject_side(m, ctx, opts)
     common["engine_seconds"] = round(time.time() - t_model, 2)
+    inner = None
+    if opts.progress is not None:  # a per-model bar under the overall one
+        from tqdm import tqdm
+        inner = tqdm(total=len(todo), desc=spec.name.split("/")[-1][:28], unit="engine", position=1, leave=False,
+                     dynamic_ncols=True)
     for engine in todo:
-        if opts.progress is not None:
-            opts.progress.set_postfix_str(f"{spec.name.split('/')[-1]} / {engine}")
+        if inner is not None:
+            inner.set_postfix_str(engine)
+            inner.update(0)
         path = cells.cell_path(opts.out, spec.name, engine)
         ok, why = availability(engine) if engine in ENGINES else (False, f"unknown engine {engine!r}")
         if not ok:
@@ -112,6 +118,10 @@ def run_model(spec: ModelSpec, opts: Options) -> list[Path]:
         cell["provenance"] = _provenance(spec, engine, opts, common, time.time() - t0)
         _write(path, cell, opts)
         written.append(path)
+        if inner is not None:
+            inner.update(1)
+    if inner is not None:
+        inner.close()
     return written
 
 
@@ -185,7 +195,12 @@ def _run_engine(engine, spec, ctx, common, opts) -> dict:
     finally:
         if ref is not None:
             ref.close()
-    cell = _base_cell(spec, engine, opts, "ok", rows=scored, summary=rows.summarize(scored),
+    known = {}
+    for r in scored:  # each declared entry once per cell; rows keep its id
+        if isinstance(r.get("known"), dict):
+            known[r["known"]["id"]] = r["known"]
+            r["known"] = r["known"]["id"]
+    cell = _base_cell(spec, engine, opts, "ok", rows=scored, summary=rows.summarize(scored), known=known,
                       family=common["family"], model_type=common["model_type"], n_layers=common["n_layers"],
                       addresses=addresses, tensors={k: v for k, v in tensors.items() if v},
                       cases={c.name: list(c.input_ids.shape) for c in cases}, reference_versions=versions)
