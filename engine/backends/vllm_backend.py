@@ -11,17 +11,16 @@ the compiled forward, `vllm-generate` is stock vLLM and refuses capture and stee
 from __future__ import annotations
 
 import contextlib
-import logging
-from dataclasses import dataclass, field
 
 import torch
 
 from engine import lens
-from engine.backends import vllm_attn
 from engine.address import Address, closest, parse
+from engine.backends import vllm_attn
 from engine.backends import vllm_runtime as rt
 from engine.backends.vllm_batch import EXTRA_KEY, Plan, StepTracker
 from engine.backends.vllm_hooked import HookedTaps
+from engine.backends.vllm_results import Request, RequestResult, VLLMGeneration, stack
 from engine.backends.vllm_static import StaticTaps, width_of
 from engine.backends.vllm_tree import resolve, tree_for
 from engine.errors import AddressError, SteeringError, UnsupportedPointError
@@ -30,55 +29,11 @@ from engine.points import ALIASES, BY_NAME, INTEGER_POINTS, POINTS, backend_stat
 from engine.sites import get_path
 from engine.steering import Steer
 
-log = logging.getLogger("engine.vllm")
+__all__ = ["load", "VLLMModel", "Request", "RequestResult", "VLLMGeneration"]
 BACKENDS = ("vllm", "vllm-static", "vllm-generate")
 _NO_CAPTURE = ("vllm-generate is stock vLLM: no capture, no steering, no logit lens; load the model with "
                "backend='vllm' (any servable point, per request) or backend='vllm-static' (declared taps)")
 _HEADED = ("z", "q", "k", "value")
-
-
-@dataclass
-class Request:
-    """One request of a concurrent batch: its own prompt, length, captures and steers."""
-    prompt: "str | list[int]"
-    max_new_tokens: int = 8
-    points: "list | tuple | str" = ()
-    steer: "list | tuple | Steer" = ()
-    sampling: dict = field(default_factory=dict)
-
-
-@dataclass
-class RequestResult:
-    prompt_ids: torch.Tensor  # [P]
-    new_tokens: torch.Tensor  # [N]
-    text: str
-    cache: ActivationCache  # [pos, ...]: the prompt, then every generated token fed back (P + N - 1)
-    logits: torch.Tensor | None  # [N, vocab]: the scores each new token was chosen from
-    cached_tokens: int = 0  # prompt tokens vLLM served from its prefix cache (0 when capturing/steering)
-    recomputed: int = 0  # times the scheduler preempted and recomputed this request
-
-    @property
-    def tokens(self) -> torch.Tensor:
-        return torch.cat([self.prompt_ids, self.new_tokens])
-
-
-@dataclass
-class VLLMGeneration:
-    """Per-request results, and eager-shaped [b, ...] views when every request has the same lengths
-    (otherwise tokens/new_tokens/logits and cache values are lists, one entry per request)."""
-    requests: list[RequestResult]
-    tokens: object = None
-    new_tokens: object = None
-    text: list[str] = field(default_factory=list)
-    cache: ActivationCache | None = None
-    logits: object = None
-
-
-def _stack(items):
-    if any(i is None for i in items):
-        return None
-    same = len({tuple(i.shape) for i in items}) == 1
-    return torch.stack(items) if same else list(items)
 
 
 class VLLMModel:
@@ -109,7 +64,7 @@ class VLLMModel:
                                          compiled=not llm.llm_engine.vllm_config.model_config.enforce_eager)
         self.startup_s, self.kv_cache_bytes = startup_s, kv_bytes
         self.tap_buffer_bytes = self.load_report.tap_buffer_bytes
-        log.warning("%s %s", name, self.load_report.line())
+        rt.log.info("%s %s", name, self.load_report.line())
 
     def __repr__(self):
         return (f"<VLLMModel {self.name} ({self.source}, {type(self.vmodel).__name__}, layers={self.n_layers}, "
@@ -257,7 +212,9 @@ class VLLMModel:
         raise TypeError(f"inputs must be text, a list of texts or token lists, a token tensor or a dict with "
                         f"input_ids; got {type(inputs).__name__}.")
 
-    def _plan(self, req: Request, logits: str | None, private: bool = False) -> tuple[Plan, dict]:
+    def _plan(self, req: Request, logits: bool, prefill: bool = False) -> tuple[Plan, dict]:
+        """A request's plan and sampling params. logits: keep final_norm from the last prompt token
+        (every position with prefill=True, which also makes the whole prompt recomputed)."""
         caps = self.expand(req.points) if req.points else []
         if caps:
             self._refuse_if_generate("capture")
@@ -272,7 +229,9 @@ class VLLMModel:
         plan.force_salt = bool(derived)
         if logits and self.backend != "vllm-generate":
             plan.internal.append(Address("final_norm"))
-            plan.force_salt = plan.force_salt or private
+            plan.force_salt = plan.force_salt or prefill
+            if not prefill and Address("final_norm") not in plan.captures:
+                plan.start_at["final_norm"] = len(plan.prompt) - 1
         # min_tokens bans end-of-sequence until max_new_tokens, as eager's min_new_tokens does
         params = dict(temperature=0.0, max_tokens=req.max_new_tokens, min_tokens=req.max_new_tokens)
         params.update(req.sampling)
@@ -315,7 +274,7 @@ class VLLMModel:
     def generate_batch(self, requests: list[Request], return_logits: bool = True,
                        progress: bool = False) -> list[RequestResult]:
         """Run requests concurrently (one continuous batch); each keeps its own captures and steers."""
-        built = [self._plan(r, "tail" if return_logits else None) for r in requests]
+        built = [self._plan(r, return_logits) for r in requests]
         plans, params = [b[0] for b in built], [b[1] for b in built]
         outs = self._execute(plans, params, progress)
         return [self._result(plan, out, return_logits) for plan, out in zip(plans, outs)]
@@ -324,8 +283,8 @@ class VLLMModel:
         new = torch.tensor(list(out.outputs[0].token_ids), dtype=torch.long)
         cache = self._cache(plan)
         logits = None
-        if return_logits and plan.internal:
-            p0, rows = plan.tail("final_norm")  # may start late: a plain request can hit the prefix cache
+        if return_logits and Address("final_norm") in plan.internal:
+            p0, rows = plan.tail("final_norm")  # from the last prompt token (kept from there on)
             start = len(plan.prompt) - 1 - p0
             logits = self._logits(rows[start:start + len(new)])
         text = self.tokenizer.decode(new.tolist(), skip_special_tokens=True)
@@ -353,24 +312,24 @@ class VLLMModel:
         res = self.generate_batch(reqs, return_logits and self.backend != "vllm-generate", progress)
         cache = ActivationCache(self.n_layers)
         for k in (res[0].cache if res else {}):
-            cache[k] = _stack([r.cache[k] for r in res])
-        return VLLMGeneration(res, _stack([r.tokens for r in res]), _stack([r.new_tokens for r in res]),
-                              [r.text for r in res], cache, _stack([r.logits for r in res]))
+            cache[k] = stack([r.cache[k] for r in res])
+        return VLLMGeneration(res, stack([r.tokens for r in res]), stack([r.new_tokens for r in res]),
+                              [r.text for r in res], cache, stack([r.logits for r in res]))
 
     def run_with_cache(self, inputs, points=(), steer=()):
         """One prefill per prompt. Returns (logits [b, pos, vocab], cache of [b, pos, ...]); with
         prompts of different lengths, lists of per-prompt [pos, ...] tensors instead."""
         self._refuse_if_generate("capture")
         reqs = [Request(p, 1, points, steer) for p in self._prompts(inputs)]
-        built = [self._plan(r, "all", private=True) for r in reqs]
+        built = [self._plan(r, True, prefill=True) for r in reqs]
         plans = [b[0] for b in built]
         self._execute(plans, [b[1] for b in built], False)
         logits = [self._logits(p.tensor("final_norm")) for p in plans]
         caches = [self._cache(p) for p in plans]
         cache = ActivationCache(self.n_layers)
         for k in caches[0]:
-            cache[k] = _stack([c[k] for c in caches])
-        return _stack(logits), cache
+            cache[k] = stack([c[k] for c in caches])
+        return stack(logits), cache
 
     def forward(self, inputs, steer=()):
         return self.run_with_cache(inputs, (), steer)[0]

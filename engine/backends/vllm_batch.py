@@ -50,6 +50,7 @@ class Plan:
     steers: list[Steer] = field(default_factory=list)  # resolved addresses
     internal: list[Address] = field(default_factory=list)  # read for the engine itself (logits, q/k)
     derived: list[Address] = field(default_factory=list)  # computed after the request (attn_scores/probs)
+    start_at: dict = field(default_factory=dict)  # address str -> first position worth keeping
     force_salt: bool = False  # every position must be computed (e.g. prefill logits)
     key: int = field(default_factory=lambda: next(_keys))
     recomputed: int = 0  # chunks that restarted below what was held (preemption + recompute)
@@ -66,6 +67,11 @@ class Plan:
                 self._salt = f"interp-{uuid.uuid4().hex}"
             return self._salt
         return None
+
+    def wanted(self, key: str, pos0: int, n: int) -> int | None:
+        """How many leading rows of a chunk to skip for `key` (None: skip the whole chunk)."""
+        lo = self.start_at.get(key, 0)
+        return None if pos0 + n <= lo else max(0, lo - pos0)
 
     def add(self, key: str, pos0: int, rows: torch.Tensor) -> None:
         chunks = self.store.setdefault(key, [])

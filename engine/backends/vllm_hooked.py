@@ -63,9 +63,12 @@ class HookedTaps:
                     out[row.a:row.b] = apply_steer(st, out[None, row.a:row.b], mask[None])[0]
             for row in step.rows:
                 for key, coord in readers.get(row.plan.key, ()):
-                    seg = out[row.a:row.b]
+                    skip = row.plan.wanted(key, row.pos0, row.b - row.a)
+                    if skip is None:
+                        continue
+                    seg = out[row.a + skip:row.b]
                     seg = seg[:, coord] if coord is not None else seg
-                    row.plan.add(key, row.pos0, seg.detach().to("cpu", copy=True))
+                    row.plan.add(key, row.pos0 + skip, seg.detach().to("cpu", copy=True))
             return None if out is t else out
         return run
 

@@ -23,7 +23,8 @@ class TapProofError(RuntimeError):
 def prove_taps(model) -> dict:
     from engine.backends.vllm_backend import Request
     from engine.steering import Steer
-    refuse = "vllm-static refuses to serve {}: {}; the forward does not run its taps. Use compile=False or backend='vllm'."
+    refuse = ("vllm-static refuses to serve {}: {}; the forward does not run its taps. "
+              "Use compile=False or backend='vllm'.")
     reads = [str(a) for a in model.declared if a.point != "final_norm"] + ["final_norm"]
     ids = model._prompt_ids(PROBE)
     raw = {"min_tokens": 0, "ignore_eos": True}  # sample the raw argmax (no end-of-sequence ban)
@@ -52,7 +53,8 @@ def prove_taps(model) -> dict:
         g = torch.Generator().manual_seed(0)
         v = torch.randn(x.shape[1:], generator=g)
         v = v / v.norm() * 10.0 * float(x.norm(dim=-1).mean())
-        steered = model.generate_batch([Request(ids, 2, points=[tap], steer=[Steer(tap, "add", v)], sampling=raw)])[0]
+        steer = [Steer(tap, "add", v)]
+        steered = model.generate_batch([Request(ids, 2, points=[tap], steer=steer, sampling=raw)])[0]
         moved = float((steered.cache[tap][: len(ids)] - x[: len(ids)] - v).abs().max())
         changed = float((steered.logits[0] - base.logits[0]).abs().max())
         if moved > 1e-3 * float(v.abs().max()) or changed < 1e-4:

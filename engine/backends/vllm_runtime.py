@@ -20,6 +20,11 @@ import torch
 from engine.errors import ModelNotFoundError
 
 log = logging.getLogger("engine.vllm")
+if not log.handlers:  # the load report is a log line users should see without configuring logging
+    _h = logging.StreamHandler()
+    _h.setFormatter(logging.Formatter("%(name)s: %(message)s"))
+    log.addHandler(_h)
+    log.setLevel(logging.INFO)
 
 ENV_DEFAULTS = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_LOGGING_LEVEL": "WARNING"}
 _LIVE: list = []  # engines alive in this process (see release)

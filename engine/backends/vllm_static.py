@@ -28,11 +28,14 @@ class Tap:
         self.dirty = False
         mod, p = site.module, f"_interp_tap{index}"
         self.attrs = {k: f"{p}_{k}" for k in ("cap", "u", "mul", "add")}
-        mod.register_buffer(self.attrs["cap"], torch.zeros(rows, width, device=device, dtype=dtype), persistent=False)
+        def buffer(k, fill):
+            mod.register_buffer(self.attrs[k], torch.full((rows, width), fill, device=device, dtype=dtype),
+                                persistent=False)
+        buffer("cap", 0.0)
         if writable:
-            mod.register_buffer(self.attrs["u"], torch.zeros(rows, width, device=device, dtype=dtype), persistent=False)
-            mod.register_buffer(self.attrs["mul"], torch.ones(rows, width, device=device, dtype=dtype), persistent=False)
-            mod.register_buffer(self.attrs["add"], torch.zeros(rows, width, device=device, dtype=dtype), persistent=False)
+            buffer("u", 0.0)
+            buffer("mul", 1.0)
+            buffer("add", 0.0)
         self._wrap()
 
     def buf(self, k: str) -> torch.Tensor:
@@ -170,13 +173,16 @@ class StaticTaps:
         for row in step.rows:
             for addr in row.plan.reads():
                 tap = self.taps[str(addr.base)]
-                seg = tap.buf("cap")[row.a:row.b]
+                skip = row.plan.wanted(str(addr), row.pos0, row.b - row.a)
+                if skip is None:
+                    continue
+                seg = tap.buf("cap")[row.a + skip:row.b]
                 if addr.coords:
                     (_, h), = addr.coords
                     seg = seg.reshape(seg.shape[0], -1, self.head_dim[str(addr.base)])[:, h]
                 else:
                     seg = seg.reshape(seg.shape[0], *self.shape_of(str(addr.base)))
-                row.plan.add(str(addr), row.pos0, seg.to("cpu", copy=True))
+                row.plan.add(str(addr), row.pos0 + skip, seg.to("cpu", copy=True))
 
     def shape_of(self, name: str) -> tuple:
         tap, hd = self.taps[name], self.head_dim[name]

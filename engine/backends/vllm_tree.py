@@ -67,7 +67,10 @@ TREES: dict[str, Tree] = {
                              o_proj="dense", down="dense_4h_to_h", pair=False),
     "OPTForCausalLM": Tree(layers="model.decoder.layers", final_norm="model.decoder.final_layer_norm",
                            o_proj="out_proj", mlp=None, mlp_in="fc1", mlp_out="fc2", down="fc2",
-                           mlp_norm="final_layer_norm", pair=False),
+                           mlp_norm="final_layer_norm", pair=False,
+                           refused={"q": "HF's OPT scales the query by head_dim**-0.5 before the product and vLLM "
+                                         "inside the kernel, so no vLLM tensor is the canonical q (k and value "
+                                         "are served; attn_scores needs q)"}),
     "Glm4ForCausalLM": Tree(attn_post_norm="post_self_attn_layernorm", mlp_post_norm="post_mlp_layernorm"),
     "Exaone4ForCausalLM": Tree(mlp_norm="mlp", attn_post_norm="post_attention_layernorm",
                                mlp_post_norm="post_feedforward_layernorm", pair=False),
