@@ -200,6 +200,8 @@ def resolve(hf, fam: Family, point: str, layer: int | None, shape_state) -> Site
         if attn is None or sub(attn, fam.o_proj) is None:
             absent("this layer has no softmax attention module")
         if not fam.attn_interface:
+            if point in fam.inline_attn:
+                return _inline_site(attn, point, fam.inline_attn[point], head_dim, absent)
             absent("this family's HF attention does not run through the attention interface, so "
                    "its q/k/v/scores/probs are never separate tensors; use z or attn_out")
         return Site("attn", attn, how="recompute" if point == "attn_scores" else "hook")
@@ -283,6 +285,23 @@ def resolve(hf, fam: Family, point: str, layer: int | None, shape_state) -> Site
             return in_site(mod, arg="input", shape_from=flat)
         return out_site(mod, split=spec if isinstance(spec, Split) else None, shape_from=flat)
     absent(f"the {fam.name} adapter does not map this point")
+
+
+def _inline_site(attn, point: str, spec, head_dim: int, absent) -> Site:
+    """Attention computed inline (Family.inline_attn): q/k/value at the projection whose output they
+    are, per head; attn_probs from the attention module's tuple output, [b, h, q, k] -> [b, q, h, k]."""
+    if point == "attn_probs":
+        base = out_site(attn, index=spec)
+        return Site("out", attn, lambda raw: base.get(raw).transpose(1, 2),
+                    lambda raw, new: base.put(raw, new.transpose(1, 2)),
+                    extra={"capture_only": "the attention computes its probabilities inline and only returns "
+                                          "them beside its output, where nothing reads them, so a steered "
+                                          "value would change nothing; steer z or attn_out instead"})
+    path = spec.path if isinstance(spec, Split) else spec
+    mod = get_path(attn, path)
+    if mod is None:
+        absent(f"no projection {path!r} in this layer's attention module")
+    return out_site(mod, split=spec if isinstance(spec, Split) else None, head_dim=head_dim)
 
 
 def _stream_site(fam: Family, blk, point: str, absent) -> Site:

@@ -63,7 +63,8 @@ class Variant:
     """Field overrides for checkpoints whose config flag changes the block layout, e.g. GPT-NeoX's
     `use_parallel_residual` or OPT's `do_layer_norm_before`: applied when `config.<flag> == value`.
     `per_layer`: `config.<flag>` lists one entry per layer and the changes apply at the layers whose
-    entry equals value (hybrid trunks whose layer kinds put different modules under one name)."""
+    entry equals value (hybrid trunks whose layer kinds put different modules under one name). A dotted
+    flag reads a sub-config (MPT's `attn_config.clip_qkv`); a missing attribute reads as None."""
     flag: str
     value: object
     changes: dict
@@ -95,6 +96,11 @@ class Family:
     q_norm: str | None = None
     k_norm: str | None = None
     attn_interface: bool = True  # HF attention goes through ALL_ATTENTION_FUNCTIONS (q/k/v/scores/probs)
+    # attention computed inline (attn_interface False) whose tensors still pass a module boundary:
+    # "q" / "k" / "value" -> projection (path or Split, relative to the attention module) whose output
+    # IS that tensor (nothing, e.g. no rotary, between it and the product); "attn_probs" -> index of the
+    # probabilities [b, h, q, kpos] in the attention module's tuple output (capture only: nothing reads it)
+    inline_attn: dict = field(default_factory=dict)
     # gated attention: projection whose output holds, per head, [query | gate]; attn_gate = sigmoid(gate)
     attn_gate: str | None = None
     # MLP (relative to the MLP module)
@@ -130,7 +136,9 @@ class Family:
         variants only when `layer` is given)."""
         changes = {}
         for v in self.variants:
-            got = getattr(cfg, v.flag, None)
+            got = cfg
+            for part in v.flag.split("."):
+                got = getattr(got, part, None)
             if v.per_layer:
                 got = got[layer] if layer is not None and got is not None and 0 <= layer < len(got) else None
             if got == v.value:
