@@ -44,8 +44,11 @@ class VLLMModel:
         self.vmodel = self.runner.get_model()
         hf = llm.llm_engine.model_config.hf_config
         self.config = hf.get_text_config() if hasattr(hf, "get_text_config") else hf
-        self.tree = tree_for(self.vmodel, self.config)
-        self.n_layers = len(get_path(self.vmodel, self.tree.layers))
+        if backend == "vllm-generate":  # serves any architecture vLLM runs: no point table needed
+            self.tree, self.n_layers = None, self.config.num_hidden_layers
+        else:
+            self.tree = tree_for(self.vmodel, self.config)
+            self.n_layers = len(get_path(self.vmodel, self.tree.layers))
         self.d_model = self.config.hidden_size
         self.device = self.runner.device
         self.dtype = llm.llm_engine.model_config.dtype
@@ -186,6 +189,17 @@ class VLLMModel:
         if isinstance(v, torch.Tensor):
             v = v.to(self.device, self.dtype)
         return Steer(addr, st.op, v, st.positions)
+
+    def to_tokens(self, text, padding_side: str = "left") -> dict:
+        """Tokenize like EagerModel.to_tokens (a padded input_ids / attention_mask batch)."""
+        if padding_side not in ("left", "right"):
+            raise ValueError(f"padding_side must be 'left' or 'right', got {padding_side!r}.")
+        tok = self.tokenizer
+        tok.padding_side = padding_side
+        if tok.pad_token is None:
+            tok.pad_token = tok.eos_token
+        enc = tok([text] if isinstance(text, str) else list(text), return_tensors="pt", padding=True)
+        return {"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"]}
 
     def _prompt_ids(self, prompt) -> list[int]:
         if isinstance(prompt, str):
@@ -437,8 +451,12 @@ def load(name: str, backend: str = "vllm", source: str = "auto", dtype=torch.flo
                          {p: hd for p in _HEADED})
     kw.update(llm_kwargs)
     llm, startup = rt.build_llm(path, install, env, **kw)
-    model = VLLMModel(name, backend, used, path, llm, startup, taps,
-                      declared + [a for a, _ in internal] if declared is not None else None)
+    try:
+        model = VLLMModel(name, backend, used, path, llm, startup, taps,
+                          declared + [a for a, _ in internal] if declared is not None else None)
+    except Exception:
+        rt.release(llm)
+        raise
     if backend == "vllm-static" and prove:
         from engine.backends.vllm_proof import prove_taps
         try:
