@@ -42,7 +42,8 @@ def readme_block(t: Table) -> str:
     e, p = t.env(), t.params()
     ws = [w for w in README_WORKLOADS if w in t.workloads]
     lines += [
-        f"Throughput in tokens/s (median of {p.get('repeats')} runs, {DIGITS} significant figures) on "
+        f"Throughput in tokens/s (median of at least {p.get('repeats')} timed runs, {DIGITS} significant "
+        f"figures; one process per cell, cells run one after another) on "
         f"{e.get('hardware', 'unmeasured hardware')}, {p.get('dtype')}, `{p.get('model')}` "
         f"({'tiny zoo twin' if p.get('source') == 'zoo' else 'real weights'}), prompt {p.get('prompt_tokens')} "
         f"tokens, {p.get('new_tokens')} new tokens. Spread, ratios and every row that ran differently: "

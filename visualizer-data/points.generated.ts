@@ -125,7 +125,7 @@ export const points: readonly PointInfo[] = [
       {
         "backend": "vllm",
         "status": "refused",
-        "reason": "vLLM fuses q/k/v into qkv_proj and applies RoPE inside its attention kernel; use backend='eager' for this point"
+        "reason": "not a module boundary in vLLM's tree (fused qkv_proj; QK-norm and gates run inline); capture q / k (after QK-norm and RoPE) or use backend='eager' for this point"
       },
       {
         "backend": "vllm-static",
@@ -154,7 +154,7 @@ export const points: readonly PointInfo[] = [
       {
         "backend": "vllm",
         "status": "refused",
-        "reason": "vLLM fuses q/k/v into qkv_proj and applies RoPE inside its attention kernel; use backend='eager' for this point"
+        "reason": "not a module boundary in vLLM's tree (fused qkv_proj; QK-norm and gates run inline); capture q / k (after QK-norm and RoPE) or use backend='eager' for this point"
       },
       {
         "backend": "vllm-static",
@@ -183,7 +183,7 @@ export const points: readonly PointInfo[] = [
       {
         "backend": "vllm",
         "status": "refused",
-        "reason": "vLLM fuses q/k/v into qkv_proj and applies RoPE inside its attention kernel; use backend='eager' for this point"
+        "reason": "not a module boundary in vLLM's tree (fused qkv_proj; QK-norm and gates run inline); capture q / k (after QK-norm and RoPE) or use backend='eager' for this point"
       },
       {
         "backend": "vllm-static",
@@ -212,7 +212,7 @@ export const points: readonly PointInfo[] = [
       {
         "backend": "vllm",
         "status": "refused",
-        "reason": "vLLM fuses q/k/v into qkv_proj and applies RoPE inside its attention kernel; use backend='eager' for this point"
+        "reason": "not a module boundary in vLLM's tree (fused qkv_proj; QK-norm and gates run inline); capture q / k (after QK-norm and RoPE) or use backend='eager' for this point"
       },
       {
         "backend": "vllm-static",
@@ -240,8 +240,8 @@ export const points: readonly PointInfo[] = [
       {"backend": "eager", "status": "hook", "reason": ""},
       {
         "backend": "vllm",
-        "status": "refused",
-        "reason": "vLLM fuses q/k/v into qkv_proj and applies RoPE inside its attention kernel; use backend='eager' for this point"
+        "status": "hook",
+        "reason": "the inputs of vLLM's Attention module: after QK-norm and RoPE, as the kernel receives them (architectures whose attention bypasses that module refuse it)"
       },
       {
         "backend": "vllm-static",
@@ -269,8 +269,8 @@ export const points: readonly PointInfo[] = [
       {"backend": "eager", "status": "hook", "reason": ""},
       {
         "backend": "vllm",
-        "status": "refused",
-        "reason": "vLLM fuses q/k/v into qkv_proj and applies RoPE inside its attention kernel; use backend='eager' for this point"
+        "status": "hook",
+        "reason": "the inputs of vLLM's Attention module: after QK-norm and RoPE, as the kernel receives them (architectures whose attention bypasses that module refuse it)"
       },
       {
         "backend": "vllm-static",
@@ -298,8 +298,8 @@ export const points: readonly PointInfo[] = [
       {"backend": "eager", "status": "hook", "reason": ""},
       {
         "backend": "vllm",
-        "status": "refused",
-        "reason": "vLLM fuses q/k/v into qkv_proj and applies RoPE inside its attention kernel; use backend='eager' for this point"
+        "status": "hook",
+        "reason": "the inputs of vLLM's Attention module: after QK-norm and RoPE, as the kernel receives them (architectures whose attention bypasses that module refuse it)"
       },
       {
         "backend": "vllm-static",
@@ -331,8 +331,8 @@ export const points: readonly PointInfo[] = [
       },
       {
         "backend": "vllm",
-        "status": "refused",
-        "reason": "computed inside vLLM's fused attention kernel and never materialized; use backend='eager'"
+        "status": "recompute",
+        "reason": "recomputed after the forward from the request's captured q and k, with the layer's scale, softcap and causal / sliding-window mask; capture only"
       },
       {
         "backend": "vllm-static",
@@ -360,8 +360,8 @@ export const points: readonly PointInfo[] = [
       {"backend": "eager", "status": "hook", "reason": ""},
       {
         "backend": "vllm",
-        "status": "refused",
-        "reason": "computed inside vLLM's fused attention kernel and never materialized; use backend='eager'"
+        "status": "recompute",
+        "reason": "recomputed after the forward from the request's captured q and k, with the layer's scale, softcap and causal / sliding-window mask; capture only"
       },
       {
         "backend": "vllm-static",
@@ -415,7 +415,7 @@ export const points: readonly PointInfo[] = [
       {
         "backend": "vllm",
         "status": "refused",
-        "reason": "vLLM fuses q/k/v into qkv_proj and applies RoPE inside its attention kernel; use backend='eager' for this point"
+        "reason": "not a module boundary in vLLM's tree (fused qkv_proj; QK-norm and gates run inline); capture q / k (after QK-norm and RoPE) or use backend='eager' for this point"
       },
       {
         "backend": "vllm-static",
