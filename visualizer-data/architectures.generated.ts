@@ -129,7 +129,153 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "module": "model.layers.{L}.mlp", "how": "module output"},
           {"point": "resid_post", "module": "model.layers.{L}", "how": "module output"},
           {"point": "final_norm", "module": "model.norm", "how": "module output"},
-          {"point": "lm_head", "module": "(model)", "how": "CausalLM logits"}
+          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"}
+        ],
+        "error": null
+      }
+    ]
+  },
+  {
+    "family": "arcee",
+    "modelTypes": ["arcee"],
+    "quirks": ["rmsnorm", "rope", "gqa", "relu2-mlp", "non-gated-mlp"],
+    "notes": "",
+    "facts": {
+      "parallelBlocks": false,
+      "qkNorm": false,
+      "sandwichNorm": false,
+      "moe": false,
+      "hyperConnections": false,
+      "gatedAttention": false,
+      "mixers": [],
+      "attentionInterface": true
+    },
+    "refused": [],
+    "models": [
+      {
+        "name": "arcee-ai/AFM-4.5B-Base",
+        "modelType": "arcee",
+        "nLayers": 2,
+        "vllm": true,
+        "points": [
+          {"point": "embeddings", "layers": [-1]},
+          {"point": "resid_pre", "layers": [0, 1]},
+          {"point": "attn_in", "layers": [0, 1]},
+          {"point": "q", "layers": [0, 1]},
+          {"point": "k", "layers": [0, 1]},
+          {"point": "value", "layers": [0, 1]},
+          {"point": "attn_scores", "layers": [0, 1]},
+          {"point": "attn_probs", "layers": [0, 1]},
+          {"point": "z", "layers": [0, 1]},
+          {"point": "attn_out", "layers": [0, 1]},
+          {"point": "resid_mid", "layers": [0, 1]},
+          {"point": "mlp_in", "layers": [0, 1]},
+          {"point": "mlp_pre", "layers": [0, 1]},
+          {"point": "mlp_act", "layers": [0, 1]},
+          {"point": "mlp_out", "layers": [0, 1]},
+          {"point": "resid_post", "layers": [0, 1]},
+          {"point": "final_norm", "layers": [-1]},
+          {"point": "lm_head", "layers": [-1]}
+        ],
+        "sources": [
+          {"point": "embeddings", "module": "model.layers.0", "how": "module input"},
+          {"point": "resid_pre", "module": "model.layers.{L}", "how": "module input"},
+          {"point": "attn_in", "module": "model.layers.{L}.self_attn", "how": "module input"},
+          {"point": "q", "module": "model.layers.{L}.self_attn", "how": "inside the attention call"},
+          {"point": "k", "module": "model.layers.{L}.self_attn", "how": "inside the attention call"},
+          {"point": "value", "module": "model.layers.{L}.self_attn", "how": "inside the attention call"},
+          {
+            "point": "attn_scores",
+            "module": "model.layers.{L}.self_attn",
+            "how": "inside the attention call (recomputed)"
+          },
+          {"point": "attn_probs", "module": "model.layers.{L}.self_attn", "how": "inside the attention call"},
+          {"point": "z", "module": "model.layers.{L}.self_attn", "how": "inside the attention call"},
+          {"point": "attn_out", "module": "model.layers.{L}.self_attn", "how": "module output"},
+          {
+            "point": "resid_mid",
+            "module": "model.layers.{L}.post_attention_layernorm",
+            "how": "input of the pre-MLP norm"
+          },
+          {"point": "mlp_in", "module": "model.layers.{L}.mlp", "how": "module input"},
+          {"point": "mlp_pre", "module": "model.layers.{L}.mlp.up_proj", "how": "module output"},
+          {"point": "mlp_act", "module": "model.layers.{L}.mlp.down_proj", "how": "module input"},
+          {"point": "mlp_out", "module": "model.layers.{L}.mlp", "how": "module output"},
+          {"point": "resid_post", "module": "model.layers.{L}", "how": "module output"},
+          {"point": "final_norm", "module": "model.norm", "how": "module output"},
+          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"}
+        ],
+        "error": null
+      }
+    ]
+  },
+  {
+    "family": "bamba",
+    "modelTypes": ["bamba"],
+    "quirks": ["rmsnorm", "rope", "gqa", "mamba2", "hybrid", "gated-mlp"],
+    "notes": "layers_block_type: mamba (Mamba-2 in mamba) or attention (self_attn) at attn_layer_indices; dense gated MLP on every layer.",
+    "facts": {
+      "parallelBlocks": false,
+      "qkNorm": false,
+      "sandwichNorm": false,
+      "moe": false,
+      "hyperConnections": false,
+      "gatedAttention": false,
+      "mixers": ["mamba"],
+      "attentionInterface": true
+    },
+    "refused": [],
+    "models": [
+      {
+        "name": "ibm-ai-platform/Bamba-9B",
+        "modelType": "bamba",
+        "nLayers": 4,
+        "vllm": false,
+        "points": [
+          {"point": "embeddings", "layers": [-1]},
+          {"point": "resid_pre", "layers": [0, 1, 2, 3]},
+          {"point": "attn_in", "layers": [0, 1, 2, 3]},
+          {"point": "q", "layers": [2]},
+          {"point": "k", "layers": [2]},
+          {"point": "value", "layers": [2]},
+          {"point": "attn_scores", "layers": [2]},
+          {"point": "attn_probs", "layers": [2]},
+          {"point": "z", "layers": [2]},
+          {"point": "attn_out", "layers": [0, 1, 2, 3]},
+          {"point": "resid_mid", "layers": [0, 1, 2, 3]},
+          {"point": "mlp_in", "layers": [0, 1, 2, 3]},
+          {"point": "mlp_pre", "layers": [0, 1, 2, 3]},
+          {"point": "mlp_pre_linear", "layers": [0, 1, 2, 3]},
+          {"point": "mlp_act", "layers": [0, 1, 2, 3]},
+          {"point": "mlp_out", "layers": [0, 1, 2, 3]},
+          {"point": "resid_post", "layers": [0, 1, 2, 3]},
+          {"point": "final_norm", "layers": [-1]},
+          {"point": "lm_head", "layers": [-1]}
+        ],
+        "sources": [
+          {"point": "embeddings", "module": "model.layers.0", "how": "module input"},
+          {"point": "resid_pre", "module": "model.layers.{L}", "how": "module input"},
+          {"point": "attn_in", "module": "model.layers.{L}.mamba", "how": "module input"},
+          {"point": "q", "module": "model.layers.{L}.self_attn", "how": "inside the attention call"},
+          {"point": "k", "module": "model.layers.{L}.self_attn", "how": "inside the attention call"},
+          {"point": "value", "module": "model.layers.{L}.self_attn", "how": "inside the attention call"},
+          {
+            "point": "attn_scores",
+            "module": "model.layers.{L}.self_attn",
+            "how": "inside the attention call (recomputed)"
+          },
+          {"point": "attn_probs", "module": "model.layers.{L}.self_attn", "how": "inside the attention call"},
+          {"point": "z", "module": "model.layers.{L}.self_attn", "how": "inside the attention call"},
+          {"point": "attn_out", "module": "model.layers.{L}.mamba", "how": "module output"},
+          {"point": "resid_mid", "module": "model.layers.{L}.pre_ff_layernorm", "how": "input of the pre-MLP norm"},
+          {"point": "mlp_in", "module": "model.layers.{L}.feed_forward", "how": "module input"},
+          {"point": "mlp_pre", "module": "model.layers.{L}.feed_forward.gate_proj", "how": "module output"},
+          {"point": "mlp_pre_linear", "module": "model.layers.{L}.feed_forward.up_proj", "how": "module output"},
+          {"point": "mlp_act", "module": "model.layers.{L}.feed_forward.down_proj", "how": "module input"},
+          {"point": "mlp_out", "module": "model.layers.{L}.feed_forward", "how": "module output"},
+          {"point": "resid_post", "module": "model.layers.{L}", "how": "module output"},
+          {"point": "final_norm", "module": "model.final_layernorm", "how": "module output"},
+          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"}
         ],
         "error": null
       }
@@ -210,7 +356,7 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "module": "transformer.h.{L}.mlp", "how": "module output (recomputed)"},
           {"point": "resid_post", "module": "transformer.h.{L}", "how": "module output"},
           {"point": "final_norm", "module": "transformer.ln_f", "how": "module output"},
-          {"point": "lm_head", "module": "(model)", "how": "CausalLM logits"}
+          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"}
         ],
         "error": null
       }
@@ -288,7 +434,7 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "module": "model.layers.{L}.mlp", "how": "module output"},
           {"point": "resid_post", "module": "model.layers.{L}", "how": "module output"},
           {"point": "final_norm", "module": "model.norm", "how": "module output"},
-          {"point": "lm_head", "module": "(model)", "how": "CausalLM logits"}
+          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"}
         ],
         "error": null
       },
@@ -347,7 +493,85 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "module": "model.layers.{L}.mlp", "how": "module output"},
           {"point": "resid_post", "module": "model.layers.{L}", "how": "module output"},
           {"point": "final_norm", "module": "model.norm", "how": "module output"},
-          {"point": "lm_head", "module": "(model)", "how": "CausalLM logits"}
+          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"}
+        ],
+        "error": null
+      }
+    ]
+  },
+  {
+    "family": "cohere2",
+    "modelTypes": ["cohere2"],
+    "quirks": [
+      "layernorm-no-bias",
+      "interleaved-rope-sliding-nope-global",
+      "gqa",
+      "parallel-block",
+      "logit-scale",
+      "sliding-window-layers",
+      "tied-embeddings"
+    ],
+    "notes": "",
+    "facts": {
+      "parallelBlocks": true,
+      "qkNorm": false,
+      "sandwichNorm": false,
+      "moe": false,
+      "hyperConnections": false,
+      "gatedAttention": false,
+      "mixers": [],
+      "attentionInterface": true
+    },
+    "refused": [],
+    "models": [
+      {
+        "name": "CohereForAI/c4ai-command-r7b-12-2024",
+        "modelType": "cohere2",
+        "nLayers": 4,
+        "vllm": true,
+        "points": [
+          {"point": "embeddings", "layers": [-1]},
+          {"point": "resid_pre", "layers": [0, 1, 2, 3]},
+          {"point": "attn_in", "layers": [0, 1, 2, 3]},
+          {"point": "q", "layers": [0, 1, 2, 3]},
+          {"point": "k", "layers": [0, 1, 2, 3]},
+          {"point": "value", "layers": [0, 1, 2, 3]},
+          {"point": "attn_scores", "layers": [0, 1, 2, 3]},
+          {"point": "attn_probs", "layers": [0, 1, 2, 3]},
+          {"point": "z", "layers": [0, 1, 2, 3]},
+          {"point": "attn_out", "layers": [0, 1, 2, 3]},
+          {"point": "mlp_in", "layers": [0, 1, 2, 3]},
+          {"point": "mlp_pre", "layers": [0, 1, 2, 3]},
+          {"point": "mlp_pre_linear", "layers": [0, 1, 2, 3]},
+          {"point": "mlp_act", "layers": [0, 1, 2, 3]},
+          {"point": "mlp_out", "layers": [0, 1, 2, 3]},
+          {"point": "resid_post", "layers": [0, 1, 2, 3]},
+          {"point": "final_norm", "layers": [-1]},
+          {"point": "lm_head", "layers": [-1]}
+        ],
+        "sources": [
+          {"point": "embeddings", "module": "model.layers.0", "how": "module input"},
+          {"point": "resid_pre", "module": "model.layers.{L}", "how": "module input"},
+          {"point": "attn_in", "module": "model.layers.{L}.self_attn", "how": "module input"},
+          {"point": "q", "module": "model.layers.{L}.self_attn", "how": "inside the attention call"},
+          {"point": "k", "module": "model.layers.{L}.self_attn", "how": "inside the attention call"},
+          {"point": "value", "module": "model.layers.{L}.self_attn", "how": "inside the attention call"},
+          {
+            "point": "attn_scores",
+            "module": "model.layers.{L}.self_attn",
+            "how": "inside the attention call (recomputed)"
+          },
+          {"point": "attn_probs", "module": "model.layers.{L}.self_attn", "how": "inside the attention call"},
+          {"point": "z", "module": "model.layers.{L}.self_attn", "how": "inside the attention call"},
+          {"point": "attn_out", "module": "model.layers.{L}.self_attn", "how": "module output"},
+          {"point": "mlp_in", "module": "model.layers.{L}.mlp", "how": "module input"},
+          {"point": "mlp_pre", "module": "model.layers.{L}.mlp.gate_proj", "how": "module output"},
+          {"point": "mlp_pre_linear", "module": "model.layers.{L}.mlp.up_proj", "how": "module output"},
+          {"point": "mlp_act", "module": "model.layers.{L}.mlp.down_proj", "how": "module input"},
+          {"point": "mlp_out", "module": "model.layers.{L}.mlp", "how": "module output"},
+          {"point": "resid_post", "module": "model.layers.{L}", "how": "module output"},
+          {"point": "final_norm", "module": "model.norm", "how": "module output"},
+          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"}
         ],
         "error": null
       }
@@ -438,7 +662,7 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "module": "model.layers.{L}.mlp", "how": "module output"},
           {"point": "resid_post", "module": "model.layers.{L}", "how": "module output"},
           {"point": "final_norm", "module": "model.norm", "how": "module output"},
-          {"point": "lm_head", "module": "(model)", "how": "CausalLM logits"}
+          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"}
         ],
         "error": null
       }
@@ -532,7 +756,7 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "module": "model.layers.{L}.mlp", "how": "module output"},
           {"point": "resid_post", "module": "model.layers.{L}", "how": "module output"},
           {"point": "final_norm", "module": "model.norm", "how": "module output"},
-          {"point": "lm_head", "module": "(model)", "how": "CausalLM logits"}
+          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"}
         ],
         "error": null
       }
@@ -651,7 +875,7 @@ export const architectures: readonly Architecture[] = [
           {"point": "expert_indices", "module": "model.layers.{L}.mlp.gate", "how": "module output"},
           {"point": "mlp_out", "module": "model.layers.{L}.mlp", "how": "module output"},
           {"point": "final_norm", "module": "model.norm", "how": "module output"},
-          {"point": "lm_head", "module": "(model)", "how": "CausalLM logits"},
+          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"},
           {"point": "resid_streams", "module": "model.layers.{L}", "how": "module output"},
           {
             "point": "attn_stream_collapse",
@@ -667,6 +891,197 @@ export const architectures: readonly Architecture[] = [
           {"point": "attn_stream_mix", "module": "model.layers.{L}.attn_hc", "how": "module output"},
           {"point": "mlp_stream_write", "module": "model.layers.{L}.ffn_hc", "how": "module output"},
           {"point": "mlp_stream_mix", "module": "model.layers.{L}.ffn_hc", "how": "module output"}
+        ],
+        "error": null
+      }
+    ]
+  },
+  {
+    "family": "dots1",
+    "modelTypes": ["dots1"],
+    "quirks": [
+      "rmsnorm",
+      "rope",
+      "qk-norm",
+      "moe",
+      "shared-experts",
+      "first-k-dense",
+      "fused-experts",
+      "sigmoid-routing",
+      "group-limited-routing"
+    ],
+    "notes": "Qwen3-style attention with per-head QK-norm; MLP and routing as deepseek_v3.",
+    "facts": {
+      "parallelBlocks": false,
+      "qkNorm": true,
+      "sandwichNorm": false,
+      "moe": true,
+      "hyperConnections": false,
+      "gatedAttention": false,
+      "mixers": [],
+      "attentionInterface": true
+    },
+    "refused": [],
+    "models": [
+      {
+        "name": "rednote-hilab/dots.llm1.base",
+        "modelType": "dots1",
+        "nLayers": 4,
+        "vllm": false,
+        "points": [
+          {"point": "embeddings", "layers": [-1]},
+          {"point": "resid_pre", "layers": [0, 1, 2, 3]},
+          {"point": "attn_in", "layers": [0, 1, 2, 3]},
+          {"point": "q_norm_in", "layers": [0, 1, 2, 3]},
+          {"point": "q_norm_out", "layers": [0, 1, 2, 3]},
+          {"point": "k_norm_in", "layers": [0, 1, 2, 3]},
+          {"point": "k_norm_out", "layers": [0, 1, 2, 3]},
+          {"point": "q", "layers": [0, 1, 2, 3]},
+          {"point": "k", "layers": [0, 1, 2, 3]},
+          {"point": "value", "layers": [0, 1, 2, 3]},
+          {"point": "attn_scores", "layers": [0, 1, 2, 3]},
+          {"point": "attn_probs", "layers": [0, 1, 2, 3]},
+          {"point": "z", "layers": [0, 1, 2, 3]},
+          {"point": "attn_out", "layers": [0, 1, 2, 3]},
+          {"point": "resid_mid", "layers": [0, 1, 2, 3]},
+          {"point": "mlp_in", "layers": [0, 1, 2, 3]},
+          {"point": "mlp_pre", "layers": [0]},
+          {"point": "mlp_pre_linear", "layers": [0]},
+          {"point": "mlp_act", "layers": [0]},
+          {"point": "router_logits", "layers": [1, 2, 3]},
+          {"point": "expert_weights", "layers": [1, 2, 3]},
+          {"point": "expert_indices", "layers": [1, 2, 3]},
+          {"point": "mlp_out", "layers": [0, 1, 2, 3]},
+          {"point": "resid_post", "layers": [0, 1, 2, 3]},
+          {"point": "final_norm", "layers": [-1]},
+          {"point": "lm_head", "layers": [-1]}
+        ],
+        "sources": [
+          {"point": "embeddings", "module": "model.layers.0", "how": "module input"},
+          {"point": "resid_pre", "module": "model.layers.{L}", "how": "module input"},
+          {"point": "attn_in", "module": "model.layers.{L}.self_attn", "how": "module input"},
+          {"point": "q_norm_in", "module": "model.layers.{L}.self_attn.q_norm", "how": "module input"},
+          {"point": "q_norm_out", "module": "model.layers.{L}.self_attn.q_norm", "how": "module output"},
+          {"point": "k_norm_in", "module": "model.layers.{L}.self_attn.k_norm", "how": "module input"},
+          {"point": "k_norm_out", "module": "model.layers.{L}.self_attn.k_norm", "how": "module output"},
+          {"point": "q", "module": "model.layers.{L}.self_attn", "how": "inside the attention call"},
+          {"point": "k", "module": "model.layers.{L}.self_attn", "how": "inside the attention call"},
+          {"point": "value", "module": "model.layers.{L}.self_attn", "how": "inside the attention call"},
+          {
+            "point": "attn_scores",
+            "module": "model.layers.{L}.self_attn",
+            "how": "inside the attention call (recomputed)"
+          },
+          {"point": "attn_probs", "module": "model.layers.{L}.self_attn", "how": "inside the attention call"},
+          {"point": "z", "module": "model.layers.{L}.self_attn", "how": "inside the attention call"},
+          {"point": "attn_out", "module": "model.layers.{L}.self_attn", "how": "module output"},
+          {
+            "point": "resid_mid",
+            "module": "model.layers.{L}.post_attention_layernorm",
+            "how": "input of the pre-MLP norm"
+          },
+          {"point": "mlp_in", "module": "model.layers.{L}.mlp", "how": "module input"},
+          {"point": "mlp_pre", "module": "model.layers.{L}.mlp.gate_proj", "how": "module output"},
+          {"point": "mlp_pre_linear", "module": "model.layers.{L}.mlp.up_proj", "how": "module output"},
+          {"point": "mlp_act", "module": "model.layers.{L}.mlp.down_proj", "how": "module input"},
+          {"point": "router_logits", "module": "model.layers.{L}.mlp.gate", "how": "module output"},
+          {"point": "expert_weights", "module": "model.layers.{L}.mlp.gate", "how": "module output"},
+          {"point": "expert_indices", "module": "model.layers.{L}.mlp.gate", "how": "module output"},
+          {"point": "mlp_out", "module": "model.layers.{L}.mlp", "how": "module output"},
+          {"point": "resid_post", "module": "model.layers.{L}", "how": "module output"},
+          {"point": "final_norm", "module": "model.norm", "how": "module output"},
+          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"}
+        ],
+        "error": null
+      }
+    ]
+  },
+  {
+    "family": "ernie4_5_moe",
+    "modelTypes": ["ernie4_5_moe"],
+    "quirks": [
+      "rmsnorm",
+      "rope",
+      "gqa",
+      "moe",
+      "fused-experts",
+      "shared-experts",
+      "expert-bias-selection",
+      "dense-layers-by-interval"
+    ],
+    "notes": "MoE on layers moe_layer_start_index..end_index every moe_layer_interval, dense MLP elsewhere. Routing: softmax over experts; the k experts are chosen on the probabilities plus the e_score_correction_bias of moe_statics, weighted by their unbiased probabilities renormalized; mlp_out is routed plus shared experts.",
+    "facts": {
+      "parallelBlocks": false,
+      "qkNorm": false,
+      "sandwichNorm": false,
+      "moe": true,
+      "hyperConnections": false,
+      "gatedAttention": false,
+      "mixers": [],
+      "attentionInterface": true
+    },
+    "refused": [],
+    "models": [
+      {
+        "name": "baidu/ERNIE-4.5-21B-A3B-PT",
+        "modelType": "ernie4_5_moe",
+        "nLayers": 4,
+        "vllm": true,
+        "points": [
+          {"point": "embeddings", "layers": [-1]},
+          {"point": "resid_pre", "layers": [0, 1, 2, 3]},
+          {"point": "attn_in", "layers": [0, 1, 2, 3]},
+          {"point": "q", "layers": [0, 1, 2, 3]},
+          {"point": "k", "layers": [0, 1, 2, 3]},
+          {"point": "value", "layers": [0, 1, 2, 3]},
+          {"point": "attn_scores", "layers": [0, 1, 2, 3]},
+          {"point": "attn_probs", "layers": [0, 1, 2, 3]},
+          {"point": "z", "layers": [0, 1, 2, 3]},
+          {"point": "attn_out", "layers": [0, 1, 2, 3]},
+          {"point": "resid_mid", "layers": [0, 1, 2, 3]},
+          {"point": "mlp_in", "layers": [0, 1, 2, 3]},
+          {"point": "mlp_pre", "layers": [0]},
+          {"point": "mlp_pre_linear", "layers": [0]},
+          {"point": "mlp_act", "layers": [0]},
+          {"point": "router_logits", "layers": [1, 2, 3]},
+          {"point": "expert_weights", "layers": [1, 2, 3]},
+          {"point": "expert_indices", "layers": [1, 2, 3]},
+          {"point": "mlp_out", "layers": [0, 1, 2, 3]},
+          {"point": "resid_post", "layers": [0, 1, 2, 3]},
+          {"point": "final_norm", "layers": [-1]},
+          {"point": "lm_head", "layers": [-1]}
+        ],
+        "sources": [
+          {"point": "embeddings", "module": "model.layers.0", "how": "module input"},
+          {"point": "resid_pre", "module": "model.layers.{L}", "how": "module input"},
+          {"point": "attn_in", "module": "model.layers.{L}.self_attn", "how": "module input"},
+          {"point": "q", "module": "model.layers.{L}.self_attn", "how": "inside the attention call"},
+          {"point": "k", "module": "model.layers.{L}.self_attn", "how": "inside the attention call"},
+          {"point": "value", "module": "model.layers.{L}.self_attn", "how": "inside the attention call"},
+          {
+            "point": "attn_scores",
+            "module": "model.layers.{L}.self_attn",
+            "how": "inside the attention call (recomputed)"
+          },
+          {"point": "attn_probs", "module": "model.layers.{L}.self_attn", "how": "inside the attention call"},
+          {"point": "z", "module": "model.layers.{L}.self_attn", "how": "inside the attention call"},
+          {"point": "attn_out", "module": "model.layers.{L}.self_attn", "how": "module output"},
+          {
+            "point": "resid_mid",
+            "module": "model.layers.{L}.post_attention_layernorm",
+            "how": "input of the pre-MLP norm"
+          },
+          {"point": "mlp_in", "module": "model.layers.{L}.mlp", "how": "module input"},
+          {"point": "mlp_pre", "module": "model.layers.{L}.mlp.gate_proj", "how": "module output"},
+          {"point": "mlp_pre_linear", "module": "model.layers.{L}.mlp.up_proj", "how": "module output"},
+          {"point": "mlp_act", "module": "model.layers.{L}.mlp.down_proj", "how": "module input"},
+          {"point": "router_logits", "module": "model.layers.{L}.mlp.gate", "how": "module output"},
+          {"point": "expert_weights", "module": "model.layers.{L}.mlp.gate", "how": "module output"},
+          {"point": "expert_indices", "module": "model.layers.{L}.mlp.gate", "how": "module output"},
+          {"point": "mlp_out", "module": "model.layers.{L}.mlp", "how": "module output"},
+          {"point": "resid_post", "module": "model.layers.{L}", "how": "module output"},
+          {"point": "final_norm", "module": "model.norm", "how": "module output"},
+          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"}
         ],
         "error": null
       }
@@ -759,7 +1174,7 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out_post", "module": "model.layers.{L}.post_feedforward_layernorm", "how": "module output"},
           {"point": "resid_post", "module": "model.layers.{L}", "how": "module output"},
           {"point": "final_norm", "module": "model.norm", "how": "module output"},
-          {"point": "lm_head", "module": "(model)", "how": "CausalLM logits"}
+          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"}
         ],
         "error": null
       },
@@ -824,7 +1239,7 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out_post", "module": "model.layers.{L}.post_feedforward_layernorm", "how": "module output"},
           {"point": "resid_post", "module": "model.layers.{L}", "how": "module output"},
           {"point": "final_norm", "module": "model.norm", "how": "module output"},
-          {"point": "lm_head", "module": "(model)", "how": "CausalLM logits"}
+          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"}
         ],
         "error": null
       }
@@ -899,7 +1314,7 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "module": "transformer.h.{L}.mlp", "how": "module output"},
           {"point": "resid_post", "module": "transformer.h.{L}", "how": "module output"},
           {"point": "final_norm", "module": "transformer.ln_f", "how": "module output"},
-          {"point": "lm_head", "module": "(model)", "how": "CausalLM logits"}
+          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"}
         ],
         "error": null
       },
@@ -940,7 +1355,7 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "module": "transformer.h.{L}.mlp", "how": "module output"},
           {"point": "resid_post", "module": "transformer.h.{L}", "how": "module output"},
           {"point": "final_norm", "module": "transformer.ln_f", "how": "module output"},
-          {"point": "lm_head", "module": "(model)", "how": "CausalLM logits"}
+          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"}
         ],
         "error": null
       },
@@ -975,7 +1390,79 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "module": "transformer.h.{L}.mlp", "how": "module output"},
           {"point": "resid_post", "module": "transformer.h.{L}", "how": "module output"},
           {"point": "final_norm", "module": "transformer.ln_f", "how": "module output"},
-          {"point": "lm_head", "module": "(model)", "how": "CausalLM logits"}
+          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"}
+        ],
+        "error": null
+      }
+    ]
+  },
+  {
+    "family": "falcon_h1",
+    "modelTypes": ["falcon_h1"],
+    "quirks": ["rmsnorm", "rope", "gqa", "parallel-mamba2-attention", "mup-multipliers", "gated-mlp"],
+    "notes": "Every layer runs Mamba-2 (mamba) and attention (self_attn) in parallel on the same normed input. attn_in is the attention's input (normed residual times attention_in_multiplier); attn_out its output before attention_out_multiplier; k is after key_multiplier; mlp_pre is gate_proj's output before mlp_multipliers[0]; mlp_out (the module output) includes the down multiplier. The Mamba branch has no catalogue point. Logits (and the lens) are multiplied by lm_head_multiplier.",
+    "facts": {
+      "parallelBlocks": false,
+      "qkNorm": false,
+      "sandwichNorm": false,
+      "moe": false,
+      "hyperConnections": false,
+      "gatedAttention": false,
+      "mixers": [],
+      "attentionInterface": true
+    },
+    "refused": [],
+    "models": [
+      {
+        "name": "tiiuae/Falcon-H1-0.5B-Base",
+        "modelType": "falcon_h1",
+        "nLayers": 2,
+        "vllm": false,
+        "points": [
+          {"point": "embeddings", "layers": [-1]},
+          {"point": "resid_pre", "layers": [0, 1]},
+          {"point": "attn_in", "layers": [0, 1]},
+          {"point": "q", "layers": [0, 1]},
+          {"point": "k", "layers": [0, 1]},
+          {"point": "value", "layers": [0, 1]},
+          {"point": "attn_scores", "layers": [0, 1]},
+          {"point": "attn_probs", "layers": [0, 1]},
+          {"point": "z", "layers": [0, 1]},
+          {"point": "attn_out", "layers": [0, 1]},
+          {"point": "resid_mid", "layers": [0, 1]},
+          {"point": "mlp_in", "layers": [0, 1]},
+          {"point": "mlp_pre", "layers": [0, 1]},
+          {"point": "mlp_pre_linear", "layers": [0, 1]},
+          {"point": "mlp_act", "layers": [0, 1]},
+          {"point": "mlp_out", "layers": [0, 1]},
+          {"point": "resid_post", "layers": [0, 1]},
+          {"point": "final_norm", "layers": [-1]},
+          {"point": "lm_head", "layers": [-1]}
+        ],
+        "sources": [
+          {"point": "embeddings", "module": "model.layers.0", "how": "module input"},
+          {"point": "resid_pre", "module": "model.layers.{L}", "how": "module input"},
+          {"point": "attn_in", "module": "model.layers.{L}.self_attn", "how": "module input"},
+          {"point": "q", "module": "model.layers.{L}.self_attn", "how": "inside the attention call"},
+          {"point": "k", "module": "model.layers.{L}.self_attn", "how": "inside the attention call"},
+          {"point": "value", "module": "model.layers.{L}.self_attn", "how": "inside the attention call"},
+          {
+            "point": "attn_scores",
+            "module": "model.layers.{L}.self_attn",
+            "how": "inside the attention call (recomputed)"
+          },
+          {"point": "attn_probs", "module": "model.layers.{L}.self_attn", "how": "inside the attention call"},
+          {"point": "z", "module": "model.layers.{L}.self_attn", "how": "inside the attention call"},
+          {"point": "attn_out", "module": "model.layers.{L}.self_attn", "how": "module output"},
+          {"point": "resid_mid", "module": "model.layers.{L}.pre_ff_layernorm", "how": "input of the pre-MLP norm"},
+          {"point": "mlp_in", "module": "model.layers.{L}.feed_forward", "how": "module input"},
+          {"point": "mlp_pre", "module": "model.layers.{L}.feed_forward.gate_proj", "how": "module output"},
+          {"point": "mlp_pre_linear", "module": "model.layers.{L}.feed_forward.up_proj", "how": "module output"},
+          {"point": "mlp_act", "module": "model.layers.{L}.feed_forward.down_proj", "how": "module input"},
+          {"point": "mlp_out", "module": "model.layers.{L}.feed_forward", "how": "module output"},
+          {"point": "resid_post", "module": "model.layers.{L}", "how": "module output"},
+          {"point": "final_norm", "module": "model.final_layernorm", "how": "module output"},
+          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"}
         ],
         "error": null
       }
@@ -1051,7 +1538,7 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "module": "model.layers.{L}.mlp", "how": "module output"},
           {"point": "resid_post", "module": "model.layers.{L}", "how": "module output"},
           {"point": "final_norm", "module": "model.norm", "how": "module output"},
-          {"point": "lm_head", "module": "(model)", "how": "CausalLM logits"}
+          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"}
         ],
         "error": null
       },
@@ -1108,7 +1595,7 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "module": "model.layers.{L}.mlp", "how": "module output"},
           {"point": "resid_post", "module": "model.layers.{L}", "how": "module output"},
           {"point": "final_norm", "module": "model.norm", "how": "module output"},
-          {"point": "lm_head", "module": "(model)", "how": "CausalLM logits"}
+          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"}
         ],
         "error": null
       }
@@ -1199,7 +1686,7 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out_post", "module": "model.layers.{L}.post_feedforward_layernorm", "how": "module output"},
           {"point": "resid_post", "module": "model.layers.{L}", "how": "module output"},
           {"point": "final_norm", "module": "model.norm", "how": "module output"},
-          {"point": "lm_head", "module": "(model)", "how": "CausalLM logits"}
+          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"}
         ],
         "error": null
       },
@@ -1260,7 +1747,7 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out_post", "module": "model.layers.{L}.post_feedforward_layernorm", "how": "module output"},
           {"point": "resid_post", "module": "model.layers.{L}", "how": "module output"},
           {"point": "final_norm", "module": "model.norm", "how": "module output"},
-          {"point": "lm_head", "module": "(model)", "how": "CausalLM logits"}
+          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"}
         ],
         "error": null
       },
@@ -1321,7 +1808,7 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out_post", "module": "model.layers.{L}.post_feedforward_layernorm", "how": "module output"},
           {"point": "resid_post", "module": "model.layers.{L}", "how": "module output"},
           {"point": "final_norm", "module": "model.norm", "how": "module output"},
-          {"point": "lm_head", "module": "(model)", "how": "CausalLM logits"}
+          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"}
         ],
         "error": null
       }
@@ -1419,7 +1906,7 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out_post", "module": "model.layers.{L}.post_feedforward_layernorm", "how": "module output"},
           {"point": "resid_post", "module": "model.layers.{L}", "how": "module output"},
           {"point": "final_norm", "module": "model.norm", "how": "module output"},
-          {"point": "lm_head", "module": "(model)", "how": "CausalLM logits"}
+          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"}
         ],
         "error": null
       },
@@ -1488,7 +1975,7 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out_post", "module": "model.layers.{L}.post_feedforward_layernorm", "how": "module output"},
           {"point": "resid_post", "module": "model.layers.{L}", "how": "module output"},
           {"point": "final_norm", "module": "model.norm", "how": "module output"},
-          {"point": "lm_head", "module": "(model)", "how": "CausalLM logits"}
+          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"}
         ],
         "error": null
       },
@@ -1557,7 +2044,83 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out_post", "module": "model.layers.{L}.post_feedforward_layernorm", "how": "module output"},
           {"point": "resid_post", "module": "model.layers.{L}", "how": "module output"},
           {"point": "final_norm", "module": "model.norm", "how": "module output"},
-          {"point": "lm_head", "module": "(model)", "how": "CausalLM logits"}
+          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"}
+        ],
+        "error": null
+      }
+    ]
+  },
+  {
+    "family": "glm",
+    "modelTypes": ["glm"],
+    "quirks": ["rmsnorm", "partial-interleaved-rope", "gqa", "qkv-bias", "fused-gate-up"],
+    "notes": "",
+    "facts": {
+      "parallelBlocks": false,
+      "qkNorm": false,
+      "sandwichNorm": false,
+      "moe": false,
+      "hyperConnections": false,
+      "gatedAttention": false,
+      "mixers": [],
+      "attentionInterface": true
+    },
+    "refused": [],
+    "models": [
+      {
+        "name": "THUDM/glm-4-9b-chat-hf",
+        "modelType": "glm",
+        "nLayers": 2,
+        "vllm": true,
+        "points": [
+          {"point": "embeddings", "layers": [-1]},
+          {"point": "resid_pre", "layers": [0, 1]},
+          {"point": "attn_in", "layers": [0, 1]},
+          {"point": "q", "layers": [0, 1]},
+          {"point": "k", "layers": [0, 1]},
+          {"point": "value", "layers": [0, 1]},
+          {"point": "attn_scores", "layers": [0, 1]},
+          {"point": "attn_probs", "layers": [0, 1]},
+          {"point": "z", "layers": [0, 1]},
+          {"point": "attn_out", "layers": [0, 1]},
+          {"point": "resid_mid", "layers": [0, 1]},
+          {"point": "mlp_in", "layers": [0, 1]},
+          {"point": "mlp_pre", "layers": [0, 1]},
+          {"point": "mlp_pre_linear", "layers": [0, 1]},
+          {"point": "mlp_act", "layers": [0, 1]},
+          {"point": "mlp_out", "layers": [0, 1]},
+          {"point": "resid_post", "layers": [0, 1]},
+          {"point": "final_norm", "layers": [-1]},
+          {"point": "lm_head", "layers": [-1]}
+        ],
+        "sources": [
+          {"point": "embeddings", "module": "model.layers.0", "how": "module input"},
+          {"point": "resid_pre", "module": "model.layers.{L}", "how": "module input"},
+          {"point": "attn_in", "module": "model.layers.{L}.self_attn", "how": "module input"},
+          {"point": "q", "module": "model.layers.{L}.self_attn", "how": "inside the attention call"},
+          {"point": "k", "module": "model.layers.{L}.self_attn", "how": "inside the attention call"},
+          {"point": "value", "module": "model.layers.{L}.self_attn", "how": "inside the attention call"},
+          {
+            "point": "attn_scores",
+            "module": "model.layers.{L}.self_attn",
+            "how": "inside the attention call (recomputed)"
+          },
+          {"point": "attn_probs", "module": "model.layers.{L}.self_attn", "how": "inside the attention call"},
+          {"point": "z", "module": "model.layers.{L}.self_attn", "how": "inside the attention call"},
+          {"point": "attn_out", "module": "model.layers.{L}.self_attn", "how": "module output"},
+          {
+            "point": "resid_mid",
+            "module": "model.layers.{L}.post_attention_layernorm",
+            "how": "input of the pre-MLP norm"
+          },
+          {"point": "mlp_in", "module": "model.layers.{L}.mlp", "how": "module input"},
+          {"point": "mlp_pre", "module": "model.layers.{L}.mlp.gate_up_proj", "how": "module output"},
+          {"point": "mlp_pre_linear", "module": "model.layers.{L}.mlp.gate_up_proj", "how": "module output"},
+          {"point": "mlp_act", "module": "model.layers.{L}.mlp.down_proj", "how": "module input"},
+          {"point": "mlp_out", "module": "model.layers.{L}.mlp", "how": "module output"},
+          {"point": "resid_post", "module": "model.layers.{L}", "how": "module output"},
+          {"point": "final_norm", "module": "model.norm", "how": "module output"},
+          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"}
         ],
         "error": null
       }
@@ -1637,7 +2200,101 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out_post", "module": "model.layers.{L}.post_mlp_layernorm", "how": "module output"},
           {"point": "resid_post", "module": "model.layers.{L}", "how": "module output"},
           {"point": "final_norm", "module": "model.norm", "how": "module output"},
-          {"point": "lm_head", "module": "(model)", "how": "CausalLM logits"}
+          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"}
+        ],
+        "error": null
+      }
+    ]
+  },
+  {
+    "family": "glm4_moe",
+    "modelTypes": ["glm4_moe"],
+    "quirks": [
+      "rmsnorm",
+      "rope-partial",
+      "gqa",
+      "qkv-bias",
+      "qk-norm-optional",
+      "moe",
+      "shared-experts",
+      "first-k-dense",
+      "fused-experts",
+      "sigmoid-routing",
+      "group-limited-routing"
+    ],
+    "notes": "Standard GQA attention (QK-norm per head when use_qk_norm); MLP and routing as deepseek_v3 (first_k_dense_replace dense layers, sigmoid + correction-bias group-limited top-k, shared experts in mlp_out).",
+    "facts": {
+      "parallelBlocks": false,
+      "qkNorm": true,
+      "sandwichNorm": false,
+      "moe": true,
+      "hyperConnections": false,
+      "gatedAttention": false,
+      "mixers": [],
+      "attentionInterface": true
+    },
+    "refused": [],
+    "models": [
+      {
+        "name": "zai-org/GLM-4.5-Air",
+        "modelType": "glm4_moe",
+        "nLayers": 4,
+        "vllm": true,
+        "points": [
+          {"point": "embeddings", "layers": [-1]},
+          {"point": "resid_pre", "layers": [0, 1, 2, 3]},
+          {"point": "attn_in", "layers": [0, 1, 2, 3]},
+          {"point": "q", "layers": [0, 1, 2, 3]},
+          {"point": "k", "layers": [0, 1, 2, 3]},
+          {"point": "value", "layers": [0, 1, 2, 3]},
+          {"point": "attn_scores", "layers": [0, 1, 2, 3]},
+          {"point": "attn_probs", "layers": [0, 1, 2, 3]},
+          {"point": "z", "layers": [0, 1, 2, 3]},
+          {"point": "attn_out", "layers": [0, 1, 2, 3]},
+          {"point": "resid_mid", "layers": [0, 1, 2, 3]},
+          {"point": "mlp_in", "layers": [0, 1, 2, 3]},
+          {"point": "mlp_pre", "layers": [0]},
+          {"point": "mlp_pre_linear", "layers": [0]},
+          {"point": "mlp_act", "layers": [0]},
+          {"point": "router_logits", "layers": [1, 2, 3]},
+          {"point": "expert_weights", "layers": [1, 2, 3]},
+          {"point": "expert_indices", "layers": [1, 2, 3]},
+          {"point": "mlp_out", "layers": [0, 1, 2, 3]},
+          {"point": "resid_post", "layers": [0, 1, 2, 3]},
+          {"point": "final_norm", "layers": [-1]},
+          {"point": "lm_head", "layers": [-1]}
+        ],
+        "sources": [
+          {"point": "embeddings", "module": "model.layers.0", "how": "module input"},
+          {"point": "resid_pre", "module": "model.layers.{L}", "how": "module input"},
+          {"point": "attn_in", "module": "model.layers.{L}.self_attn", "how": "module input"},
+          {"point": "q", "module": "model.layers.{L}.self_attn", "how": "inside the attention call"},
+          {"point": "k", "module": "model.layers.{L}.self_attn", "how": "inside the attention call"},
+          {"point": "value", "module": "model.layers.{L}.self_attn", "how": "inside the attention call"},
+          {
+            "point": "attn_scores",
+            "module": "model.layers.{L}.self_attn",
+            "how": "inside the attention call (recomputed)"
+          },
+          {"point": "attn_probs", "module": "model.layers.{L}.self_attn", "how": "inside the attention call"},
+          {"point": "z", "module": "model.layers.{L}.self_attn", "how": "inside the attention call"},
+          {"point": "attn_out", "module": "model.layers.{L}.self_attn", "how": "module output"},
+          {
+            "point": "resid_mid",
+            "module": "model.layers.{L}.post_attention_layernorm",
+            "how": "input of the pre-MLP norm"
+          },
+          {"point": "mlp_in", "module": "model.layers.{L}.mlp", "how": "module input"},
+          {"point": "mlp_pre", "module": "model.layers.{L}.mlp.gate_proj", "how": "module output"},
+          {"point": "mlp_pre_linear", "module": "model.layers.{L}.mlp.up_proj", "how": "module output"},
+          {"point": "mlp_act", "module": "model.layers.{L}.mlp.down_proj", "how": "module input"},
+          {"point": "router_logits", "module": "model.layers.{L}.mlp.gate", "how": "module output"},
+          {"point": "expert_weights", "module": "model.layers.{L}.mlp.gate", "how": "module output"},
+          {"point": "expert_indices", "module": "model.layers.{L}.mlp.gate", "how": "module output"},
+          {"point": "mlp_out", "module": "model.layers.{L}.mlp", "how": "module output"},
+          {"point": "resid_post", "module": "model.layers.{L}", "how": "module output"},
+          {"point": "final_norm", "module": "model.norm", "how": "module output"},
+          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"}
         ],
         "error": null
       }
@@ -1703,7 +2360,7 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "module": "transformer.h.{L}.mlp", "how": "module output"},
           {"point": "resid_post", "module": "transformer.h.{L}", "how": "module output"},
           {"point": "final_norm", "module": "transformer.ln_f", "how": "module output"},
-          {"point": "lm_head", "module": "(model)", "how": "CausalLM logits"}
+          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"}
         ],
         "error": null
       },
@@ -1750,7 +2407,7 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "module": "transformer.h.{L}.mlp", "how": "module output"},
           {"point": "resid_post", "module": "transformer.h.{L}", "how": "module output"},
           {"point": "final_norm", "module": "transformer.ln_f", "how": "module output"},
-          {"point": "lm_head", "module": "(model)", "how": "CausalLM logits"}
+          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"}
         ],
         "error": null
       },
@@ -1797,7 +2454,7 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "module": "transformer.h.{L}.mlp", "how": "module output"},
           {"point": "resid_post", "module": "transformer.h.{L}", "how": "module output"},
           {"point": "final_norm", "module": "transformer.ln_f", "how": "module output"},
-          {"point": "lm_head", "module": "(model)", "how": "CausalLM logits"}
+          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"}
         ],
         "error": null
       }
@@ -1863,7 +2520,7 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "module": "transformer.h.{L}.mlp", "how": "module output"},
           {"point": "resid_post", "module": "transformer.h.{L}", "how": "module output"},
           {"point": "final_norm", "module": "transformer.ln_f", "how": "module output"},
-          {"point": "lm_head", "module": "(model)", "how": "CausalLM logits"}
+          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"}
         ],
         "error": null
       },
@@ -1910,7 +2567,121 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "module": "transformer.h.{L}.mlp", "how": "module output"},
           {"point": "resid_post", "module": "transformer.h.{L}", "how": "module output"},
           {"point": "final_norm", "module": "transformer.ln_f", "how": "module output"},
-          {"point": "lm_head", "module": "(model)", "how": "CausalLM logits"}
+          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"}
+        ],
+        "error": null
+      }
+    ]
+  },
+  {
+    "family": "gpt_neo",
+    "modelTypes": ["gpt_neo"],
+    "quirks": ["layernorm", "learned-positions", "local-global-attention", "no-attention-scaling", "plain-mlp", "tied-embeddings"],
+    "notes": "attention_layers alternates global and local (window_size) layers; q/k/value are the projection outputs per head, attn_probs (capture only) the probabilities the attention returns beside its output.",
+    "facts": {
+      "parallelBlocks": false,
+      "qkNorm": false,
+      "sandwichNorm": false,
+      "moe": false,
+      "hyperConnections": false,
+      "gatedAttention": false,
+      "mixers": [],
+      "attentionInterface": false
+    },
+    "refused": [
+      {
+        "point": "attn_scores",
+        "reason": "GPTNeoSelfAttention forms q.k (unscaled), applies its global/local causal bias and the padding mask inline in _attn (no ALL_ATTENTION_FUNCTIONS call), so the pre-softmax scores never pass a module boundary; capture attn_probs (or q and k)"
+      }
+    ],
+    "models": [
+      {
+        "name": "EleutherAI/gpt-neo-125m",
+        "modelType": "gpt_neo",
+        "nLayers": 4,
+        "vllm": false,
+        "points": [
+          {"point": "embeddings", "layers": [-1]},
+          {"point": "resid_pre", "layers": [0, 1, 2, 3]},
+          {"point": "attn_in", "layers": [0, 1, 2, 3]},
+          {"point": "q", "layers": [0, 1, 2, 3]},
+          {"point": "k", "layers": [0, 1, 2, 3]},
+          {"point": "value", "layers": [0, 1, 2, 3]},
+          {"point": "attn_probs", "layers": [0, 1, 2, 3]},
+          {"point": "z", "layers": [0, 1, 2, 3]},
+          {"point": "attn_out", "layers": [0, 1, 2, 3]},
+          {"point": "resid_mid", "layers": [0, 1, 2, 3]},
+          {"point": "mlp_in", "layers": [0, 1, 2, 3]},
+          {"point": "mlp_pre", "layers": [0, 1, 2, 3]},
+          {"point": "mlp_act", "layers": [0, 1, 2, 3]},
+          {"point": "mlp_out", "layers": [0, 1, 2, 3]},
+          {"point": "resid_post", "layers": [0, 1, 2, 3]},
+          {"point": "final_norm", "layers": [-1]},
+          {"point": "lm_head", "layers": [-1]}
+        ],
+        "sources": [
+          {"point": "embeddings", "module": "transformer.h.0", "how": "module input"},
+          {"point": "resid_pre", "module": "transformer.h.{L}", "how": "module input"},
+          {"point": "attn_in", "module": "transformer.h.{L}.attn", "how": "module input"},
+          {"point": "q", "module": "transformer.h.{L}.attn.attention.q_proj", "how": "module output"},
+          {"point": "k", "module": "transformer.h.{L}.attn.attention.k_proj", "how": "module output"},
+          {"point": "value", "module": "transformer.h.{L}.attn.attention.v_proj", "how": "module output"},
+          {"point": "attn_probs", "module": "transformer.h.{L}.attn", "how": "module output"},
+          {"point": "z", "module": "transformer.h.{L}.attn.attention.out_proj", "how": "module input"},
+          {"point": "attn_out", "module": "transformer.h.{L}.attn", "how": "module output"},
+          {"point": "resid_mid", "module": "transformer.h.{L}.ln_2", "how": "input of the pre-MLP norm"},
+          {"point": "mlp_in", "module": "transformer.h.{L}.mlp", "how": "module input"},
+          {"point": "mlp_pre", "module": "transformer.h.{L}.mlp.c_fc", "how": "module output"},
+          {"point": "mlp_act", "module": "transformer.h.{L}.mlp.c_proj", "how": "module input"},
+          {"point": "mlp_out", "module": "transformer.h.{L}.mlp", "how": "module output"},
+          {"point": "resid_post", "module": "transformer.h.{L}", "how": "module output"},
+          {"point": "final_norm", "module": "transformer.ln_f", "how": "module output"},
+          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"}
+        ],
+        "error": null
+      },
+      {
+        "name": "roneneldan/TinyStories-33M",
+        "modelType": "gpt_neo",
+        "nLayers": 4,
+        "vllm": false,
+        "points": [
+          {"point": "embeddings", "layers": [-1]},
+          {"point": "resid_pre", "layers": [0, 1, 2, 3]},
+          {"point": "attn_in", "layers": [0, 1, 2, 3]},
+          {"point": "q", "layers": [0, 1, 2, 3]},
+          {"point": "k", "layers": [0, 1, 2, 3]},
+          {"point": "value", "layers": [0, 1, 2, 3]},
+          {"point": "attn_probs", "layers": [0, 1, 2, 3]},
+          {"point": "z", "layers": [0, 1, 2, 3]},
+          {"point": "attn_out", "layers": [0, 1, 2, 3]},
+          {"point": "resid_mid", "layers": [0, 1, 2, 3]},
+          {"point": "mlp_in", "layers": [0, 1, 2, 3]},
+          {"point": "mlp_pre", "layers": [0, 1, 2, 3]},
+          {"point": "mlp_act", "layers": [0, 1, 2, 3]},
+          {"point": "mlp_out", "layers": [0, 1, 2, 3]},
+          {"point": "resid_post", "layers": [0, 1, 2, 3]},
+          {"point": "final_norm", "layers": [-1]},
+          {"point": "lm_head", "layers": [-1]}
+        ],
+        "sources": [
+          {"point": "embeddings", "module": "transformer.h.0", "how": "module input"},
+          {"point": "resid_pre", "module": "transformer.h.{L}", "how": "module input"},
+          {"point": "attn_in", "module": "transformer.h.{L}.attn", "how": "module input"},
+          {"point": "q", "module": "transformer.h.{L}.attn.attention.q_proj", "how": "module output"},
+          {"point": "k", "module": "transformer.h.{L}.attn.attention.k_proj", "how": "module output"},
+          {"point": "value", "module": "transformer.h.{L}.attn.attention.v_proj", "how": "module output"},
+          {"point": "attn_probs", "module": "transformer.h.{L}.attn", "how": "module output"},
+          {"point": "z", "module": "transformer.h.{L}.attn.attention.out_proj", "how": "module input"},
+          {"point": "attn_out", "module": "transformer.h.{L}.attn", "how": "module output"},
+          {"point": "resid_mid", "module": "transformer.h.{L}.ln_2", "how": "input of the pre-MLP norm"},
+          {"point": "mlp_in", "module": "transformer.h.{L}.mlp", "how": "module input"},
+          {"point": "mlp_pre", "module": "transformer.h.{L}.mlp.c_fc", "how": "module output"},
+          {"point": "mlp_act", "module": "transformer.h.{L}.mlp.c_proj", "how": "module input"},
+          {"point": "mlp_out", "module": "transformer.h.{L}.mlp", "how": "module output"},
+          {"point": "resid_post", "module": "transformer.h.{L}", "how": "module output"},
+          {"point": "final_norm", "module": "transformer.ln_f", "how": "module output"},
+          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"}
         ],
         "error": null
       }
@@ -1978,7 +2749,7 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "module": "gpt_neox.layers.{L}.mlp", "how": "module output"},
           {"point": "resid_post", "module": "gpt_neox.layers.{L}", "how": "module output"},
           {"point": "final_norm", "module": "gpt_neox.final_layer_norm", "how": "module output"},
-          {"point": "lm_head", "module": "(model)", "how": "CausalLM logits"}
+          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"}
         ],
         "error": null
       },
@@ -2027,7 +2798,7 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "module": "gpt_neox.layers.{L}.mlp", "how": "module output"},
           {"point": "resid_post", "module": "gpt_neox.layers.{L}", "how": "module output"},
           {"point": "final_norm", "module": "gpt_neox.final_layer_norm", "how": "module output"},
-          {"point": "lm_head", "module": "(model)", "how": "CausalLM logits"}
+          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"}
         ],
         "error": null
       },
@@ -2076,7 +2847,7 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "module": "gpt_neox.layers.{L}.mlp", "how": "module output"},
           {"point": "resid_post", "module": "gpt_neox.layers.{L}", "how": "module output"},
           {"point": "final_norm", "module": "gpt_neox.final_layer_norm", "how": "module output"},
-          {"point": "lm_head", "module": "(model)", "how": "CausalLM logits"}
+          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"}
         ],
         "error": null
       }
@@ -2163,7 +2934,7 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "module": "model.layers.{L}.mlp", "how": "module output"},
           {"point": "resid_post", "module": "model.layers.{L}", "how": "module output"},
           {"point": "final_norm", "module": "model.norm", "how": "module output"},
-          {"point": "lm_head", "module": "(model)", "how": "CausalLM logits"}
+          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"}
         ],
         "error": null
       }
@@ -2238,7 +3009,7 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "module": "transformer.h.{L}.mlp", "how": "module output"},
           {"point": "resid_post", "module": "transformer.h.{L}", "how": "module output"},
           {"point": "final_norm", "module": "transformer.ln_f", "how": "module output"},
-          {"point": "lm_head", "module": "(model)", "how": "CausalLM logits"}
+          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"}
         ],
         "error": null
       }
@@ -2323,7 +3094,7 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "module": "model.layers.{L}.mlp", "how": "module output"},
           {"point": "resid_post", "module": "model.layers.{L}", "how": "module output"},
           {"point": "final_norm", "module": "model.norm", "how": "module output"},
-          {"point": "lm_head", "module": "(model)", "how": "CausalLM logits"}
+          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"}
         ],
         "error": null
       },
@@ -2380,7 +3151,7 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "module": "model.layers.{L}.mlp", "how": "module output"},
           {"point": "resid_post", "module": "model.layers.{L}", "how": "module output"},
           {"point": "final_norm", "module": "model.norm", "how": "module output"},
-          {"point": "lm_head", "module": "(model)", "how": "CausalLM logits"}
+          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"}
         ],
         "error": null
       }
@@ -2466,7 +3237,96 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "module": "model.layers.{L}.block_sparse_moe", "how": "module output"},
           {"point": "resid_post", "module": "model.layers.{L}", "how": "module output"},
           {"point": "final_norm", "module": "model.norm", "how": "module output"},
-          {"point": "lm_head", "module": "(model)", "how": "CausalLM logits"}
+          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"}
+        ],
+        "error": null
+      }
+    ]
+  },
+  {
+    "family": "granitemoehybrid",
+    "modelTypes": ["granitemoehybrid"],
+    "quirks": [
+      "rmsnorm",
+      "nope-or-rope",
+      "gqa",
+      "mamba2",
+      "hybrid",
+      "moe",
+      "shared-mlp",
+      "fused-experts",
+      "embedding-multiplier",
+      "residual-multiplier",
+      "attention-multiplier",
+      "logits-scaling"
+    ],
+    "notes": "layer_types: linear_attention (Mamba-2 in mamba) or full_attention (self_attn). The MLP slot is block_sparse_moe(x) + shared_mlp(x): mlp_in is their common input, mlp_out their sum (before residual_multiplier); router as granitemoe (indices, weights, logits), top-k of the logits with a softmax over the k kept. The shared MLP's hidden activations are not mapped (mlp_pre/mlp_act are refused on MoE layers).",
+    "facts": {
+      "parallelBlocks": false,
+      "qkNorm": false,
+      "sandwichNorm": false,
+      "moe": true,
+      "hyperConnections": false,
+      "gatedAttention": false,
+      "mixers": ["mamba"],
+      "attentionInterface": true
+    },
+    "refused": [],
+    "models": [
+      {
+        "name": "ibm-granite/granite-4.0-h-tiny",
+        "modelType": "granitemoehybrid",
+        "nLayers": 4,
+        "vllm": false,
+        "points": [
+          {"point": "embeddings", "layers": [-1]},
+          {"point": "resid_pre", "layers": [0, 1, 2, 3]},
+          {"point": "attn_in", "layers": [0, 1, 2, 3]},
+          {"point": "q", "layers": [2]},
+          {"point": "k", "layers": [2]},
+          {"point": "value", "layers": [2]},
+          {"point": "attn_scores", "layers": [2]},
+          {"point": "attn_probs", "layers": [2]},
+          {"point": "z", "layers": [2]},
+          {"point": "attn_out", "layers": [0, 1, 2, 3]},
+          {"point": "resid_mid", "layers": [0, 1, 2, 3]},
+          {"point": "mlp_in", "layers": [0, 1, 2, 3]},
+          {"point": "router_logits", "layers": [0, 1, 2, 3]},
+          {"point": "expert_weights", "layers": [0, 1, 2, 3]},
+          {"point": "expert_indices", "layers": [0, 1, 2, 3]},
+          {"point": "mlp_out", "layers": [0, 1, 2, 3]},
+          {"point": "resid_post", "layers": [0, 1, 2, 3]},
+          {"point": "final_norm", "layers": [-1]},
+          {"point": "lm_head", "layers": [-1]}
+        ],
+        "sources": [
+          {"point": "embeddings", "module": "model.layers.0", "how": "module input"},
+          {"point": "resid_pre", "module": "model.layers.{L}", "how": "module input"},
+          {"point": "attn_in", "module": "model.layers.{L}.mamba", "how": "module input"},
+          {"point": "q", "module": "model.layers.{L}.self_attn", "how": "inside the attention call"},
+          {"point": "k", "module": "model.layers.{L}.self_attn", "how": "inside the attention call"},
+          {"point": "value", "module": "model.layers.{L}.self_attn", "how": "inside the attention call"},
+          {
+            "point": "attn_scores",
+            "module": "model.layers.{L}.self_attn",
+            "how": "inside the attention call (recomputed)"
+          },
+          {"point": "attn_probs", "module": "model.layers.{L}.self_attn", "how": "inside the attention call"},
+          {"point": "z", "module": "model.layers.{L}.self_attn", "how": "inside the attention call"},
+          {"point": "attn_out", "module": "model.layers.{L}.mamba", "how": "module output"},
+          {
+            "point": "resid_mid",
+            "module": "model.layers.{L}.post_attention_layernorm",
+            "how": "input of the pre-MLP norm"
+          },
+          {"point": "mlp_in", "module": "model.layers.{L}.block_sparse_moe", "how": "module input"},
+          {"point": "router_logits", "module": "model.layers.{L}.block_sparse_moe.router", "how": "module output"},
+          {"point": "expert_weights", "module": "model.layers.{L}.block_sparse_moe.router", "how": "module output"},
+          {"point": "expert_indices", "module": "model.layers.{L}.block_sparse_moe.router", "how": "module output"},
+          {"point": "mlp_out", "module": "model.layers.{L}.shared_mlp", "how": "sum"},
+          {"point": "resid_post", "module": "model.layers.{L}", "how": "module output"},
+          {"point": "final_norm", "module": "model.norm", "how": "module output"},
+          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"}
         ],
         "error": null
       }
@@ -2550,7 +3410,165 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "module": "model.layers.{L}.mlp", "how": "module output"},
           {"point": "resid_post", "module": "model.layers.{L}", "how": "module output"},
           {"point": "final_norm", "module": "model.norm", "how": "module output"},
-          {"point": "lm_head", "module": "(model)", "how": "CausalLM logits"}
+          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"}
+        ],
+        "error": null
+      }
+    ]
+  },
+  {
+    "family": "hunyuan_v1_moe",
+    "modelTypes": ["hunyuan_v1_moe"],
+    "quirks": ["rmsnorm", "rope", "gqa", "moe", "fused-experts", "qk-norm-after-rope", "shared-mlp"],
+    "notes": "QK-norm runs AFTER rotary on [b, heads, pos, hd]: q_norm_in/k_norm_in are the rotated projections and q/k equal q_norm_out/k_norm_out. Router: softmax top-k renormalized; mlp_out is the routed experts plus the shared MLP (both inside the MoE module).",
+    "facts": {
+      "parallelBlocks": false,
+      "qkNorm": true,
+      "sandwichNorm": false,
+      "moe": true,
+      "hyperConnections": false,
+      "gatedAttention": false,
+      "mixers": [],
+      "attentionInterface": true
+    },
+    "refused": [],
+    "models": [
+      {
+        "name": "tencent/Hunyuan-A13B-Instruct",
+        "modelType": "hunyuan_v1_moe",
+        "nLayers": 2,
+        "vllm": true,
+        "points": [
+          {"point": "embeddings", "layers": [-1]},
+          {"point": "resid_pre", "layers": [0, 1]},
+          {"point": "attn_in", "layers": [0, 1]},
+          {"point": "q_norm_in", "layers": [0, 1]},
+          {"point": "q_norm_out", "layers": [0, 1]},
+          {"point": "k_norm_in", "layers": [0, 1]},
+          {"point": "k_norm_out", "layers": [0, 1]},
+          {"point": "q", "layers": [0, 1]},
+          {"point": "k", "layers": [0, 1]},
+          {"point": "value", "layers": [0, 1]},
+          {"point": "attn_scores", "layers": [0, 1]},
+          {"point": "attn_probs", "layers": [0, 1]},
+          {"point": "z", "layers": [0, 1]},
+          {"point": "attn_out", "layers": [0, 1]},
+          {"point": "resid_mid", "layers": [0, 1]},
+          {"point": "mlp_in", "layers": [0, 1]},
+          {"point": "router_logits", "layers": [0, 1]},
+          {"point": "expert_weights", "layers": [0, 1]},
+          {"point": "expert_indices", "layers": [0, 1]},
+          {"point": "mlp_out", "layers": [0, 1]},
+          {"point": "resid_post", "layers": [0, 1]},
+          {"point": "final_norm", "layers": [-1]},
+          {"point": "lm_head", "layers": [-1]}
+        ],
+        "sources": [
+          {"point": "embeddings", "module": "model.layers.0", "how": "module input"},
+          {"point": "resid_pre", "module": "model.layers.{L}", "how": "module input"},
+          {"point": "attn_in", "module": "model.layers.{L}.self_attn", "how": "module input"},
+          {"point": "q_norm_in", "module": "model.layers.{L}.self_attn.query_layernorm", "how": "module input"},
+          {"point": "q_norm_out", "module": "model.layers.{L}.self_attn.query_layernorm", "how": "module output"},
+          {"point": "k_norm_in", "module": "model.layers.{L}.self_attn.key_layernorm", "how": "module input"},
+          {"point": "k_norm_out", "module": "model.layers.{L}.self_attn.key_layernorm", "how": "module output"},
+          {"point": "q", "module": "model.layers.{L}.self_attn", "how": "inside the attention call"},
+          {"point": "k", "module": "model.layers.{L}.self_attn", "how": "inside the attention call"},
+          {"point": "value", "module": "model.layers.{L}.self_attn", "how": "inside the attention call"},
+          {
+            "point": "attn_scores",
+            "module": "model.layers.{L}.self_attn",
+            "how": "inside the attention call (recomputed)"
+          },
+          {"point": "attn_probs", "module": "model.layers.{L}.self_attn", "how": "inside the attention call"},
+          {"point": "z", "module": "model.layers.{L}.self_attn", "how": "inside the attention call"},
+          {"point": "attn_out", "module": "model.layers.{L}.self_attn", "how": "module output"},
+          {
+            "point": "resid_mid",
+            "module": "model.layers.{L}.post_attention_layernorm",
+            "how": "input of the pre-MLP norm"
+          },
+          {"point": "mlp_in", "module": "model.layers.{L}.mlp", "how": "module input"},
+          {"point": "router_logits", "module": "model.layers.{L}.mlp.gate", "how": "module output"},
+          {"point": "expert_weights", "module": "model.layers.{L}.mlp.gate", "how": "module output"},
+          {"point": "expert_indices", "module": "model.layers.{L}.mlp.gate", "how": "module output"},
+          {"point": "mlp_out", "module": "model.layers.{L}.mlp", "how": "module output"},
+          {"point": "resid_post", "module": "model.layers.{L}", "how": "module output"},
+          {"point": "final_norm", "module": "model.norm", "how": "module output"},
+          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"}
+        ],
+        "error": null
+      }
+    ]
+  },
+  {
+    "family": "jamba",
+    "modelTypes": ["jamba"],
+    "quirks": ["rmsnorm", "no-positional-encoding", "gqa", "mamba1", "hybrid", "moe", "fused-experts", "dense-layers-by-period"],
+    "notes": "Attention every attn_layer_period layers (from attn_layer_offset), Mamba-1 elsewhere; MoE feed_forward every expert_layer_period layers, dense gated MLP elsewhere. The router is a bare Linear: router_logits is its output and the block routes from it (softmax top-k, not renormalized) in a method, so router_logits can be steered and expert_weights / expert_indices are never tensors of a module (refused).",
+    "facts": {
+      "parallelBlocks": false,
+      "qkNorm": false,
+      "sandwichNorm": false,
+      "moe": true,
+      "hyperConnections": false,
+      "gatedAttention": false,
+      "mixers": ["mamba"],
+      "attentionInterface": true
+    },
+    "refused": [],
+    "models": [
+      {
+        "name": "ai21labs/AI21-Jamba-Mini-1.5",
+        "modelType": "jamba",
+        "nLayers": 4,
+        "vllm": false,
+        "points": [
+          {"point": "embeddings", "layers": [-1]},
+          {"point": "resid_pre", "layers": [0, 1, 2, 3]},
+          {"point": "attn_in", "layers": [0, 1, 2, 3]},
+          {"point": "q", "layers": [2]},
+          {"point": "k", "layers": [2]},
+          {"point": "value", "layers": [2]},
+          {"point": "attn_scores", "layers": [2]},
+          {"point": "attn_probs", "layers": [2]},
+          {"point": "z", "layers": [2]},
+          {"point": "attn_out", "layers": [0, 1, 2, 3]},
+          {"point": "resid_mid", "layers": [0, 1, 2, 3]},
+          {"point": "mlp_in", "layers": [0, 1, 2, 3]},
+          {"point": "mlp_pre", "layers": [0, 2]},
+          {"point": "mlp_pre_linear", "layers": [0, 2]},
+          {"point": "mlp_act", "layers": [0, 2]},
+          {"point": "router_logits", "layers": [1, 3]},
+          {"point": "mlp_out", "layers": [0, 1, 2, 3]},
+          {"point": "resid_post", "layers": [0, 1, 2, 3]},
+          {"point": "final_norm", "layers": [-1]},
+          {"point": "lm_head", "layers": [-1]}
+        ],
+        "sources": [
+          {"point": "embeddings", "module": "model.layers.0", "how": "module input"},
+          {"point": "resid_pre", "module": "model.layers.{L}", "how": "module input"},
+          {"point": "attn_in", "module": "model.layers.{L}.mamba", "how": "module input"},
+          {"point": "q", "module": "model.layers.{L}.self_attn", "how": "inside the attention call"},
+          {"point": "k", "module": "model.layers.{L}.self_attn", "how": "inside the attention call"},
+          {"point": "value", "module": "model.layers.{L}.self_attn", "how": "inside the attention call"},
+          {
+            "point": "attn_scores",
+            "module": "model.layers.{L}.self_attn",
+            "how": "inside the attention call (recomputed)"
+          },
+          {"point": "attn_probs", "module": "model.layers.{L}.self_attn", "how": "inside the attention call"},
+          {"point": "z", "module": "model.layers.{L}.self_attn", "how": "inside the attention call"},
+          {"point": "attn_out", "module": "model.layers.{L}.mamba", "how": "module output"},
+          {"point": "resid_mid", "module": "model.layers.{L}.pre_ff_layernorm", "how": "input of the pre-MLP norm"},
+          {"point": "mlp_in", "module": "model.layers.{L}.feed_forward", "how": "module input"},
+          {"point": "mlp_pre", "module": "model.layers.{L}.feed_forward.gate_proj", "how": "module output"},
+          {"point": "mlp_pre_linear", "module": "model.layers.{L}.feed_forward.up_proj", "how": "module output"},
+          {"point": "mlp_act", "module": "model.layers.{L}.feed_forward.down_proj", "how": "module input"},
+          {"point": "router_logits", "module": "model.layers.{L}.feed_forward.router", "how": "module output"},
+          {"point": "mlp_out", "module": "model.layers.{L}.feed_forward", "how": "module output"},
+          {"point": "resid_post", "module": "model.layers.{L}", "how": "module output"},
+          {"point": "final_norm", "module": "model.final_layernorm", "how": "module output"},
+          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"}
         ],
         "error": null
       }
@@ -2630,7 +3648,106 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "module": "model.layers.{L}.feed_forward", "how": "module output"},
           {"point": "resid_post", "module": "model.layers.{L}", "how": "module output"},
           {"point": "final_norm", "module": "model.embedding_norm", "how": "module output"},
-          {"point": "lm_head", "module": "(model)", "how": "CausalLM logits"}
+          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"}
+        ],
+        "error": null
+      }
+    ]
+  },
+  {
+    "family": "lfm2_moe",
+    "modelTypes": ["lfm2_moe"],
+    "quirks": [
+      "rmsnorm",
+      "rope",
+      "gqa",
+      "qk-norm",
+      "gated-short-conv",
+      "hybrid",
+      "moe",
+      "fused-experts",
+      "sigmoid-routing",
+      "expert-bias",
+      "first-k-dense",
+      "tied-embeddings"
+    ],
+    "notes": "lfm2 with an MoE feed_forward after the first num_dense_layers (dense w1/w3/w2 there). Routing: sigmoid scores (plus the block's expert_bias when use_expert_bias) top-k, weights the unbiased scores, renormalized with norm_topk_prob, times routed_scaling_factor.",
+    "facts": {
+      "parallelBlocks": false,
+      "qkNorm": true,
+      "sandwichNorm": false,
+      "moe": true,
+      "hyperConnections": false,
+      "gatedAttention": false,
+      "mixers": ["conv"],
+      "attentionInterface": true
+    },
+    "refused": [],
+    "models": [
+      {
+        "name": "LiquidAI/LFM2-8B-A1B",
+        "modelType": "lfm2_moe",
+        "nLayers": 4,
+        "vllm": false,
+        "points": [
+          {"point": "embeddings", "layers": [-1]},
+          {"point": "resid_pre", "layers": [0, 1, 2, 3]},
+          {"point": "attn_in", "layers": [0, 1, 2, 3]},
+          {"point": "q_norm_in", "layers": [1, 3]},
+          {"point": "q_norm_out", "layers": [1, 3]},
+          {"point": "k_norm_in", "layers": [1, 3]},
+          {"point": "k_norm_out", "layers": [1, 3]},
+          {"point": "q", "layers": [1, 3]},
+          {"point": "k", "layers": [1, 3]},
+          {"point": "value", "layers": [1, 3]},
+          {"point": "attn_scores", "layers": [1, 3]},
+          {"point": "attn_probs", "layers": [1, 3]},
+          {"point": "z", "layers": [1, 3]},
+          {"point": "attn_out", "layers": [0, 1, 2, 3]},
+          {"point": "resid_mid", "layers": [0, 1, 2, 3]},
+          {"point": "mlp_in", "layers": [0, 1, 2, 3]},
+          {"point": "mlp_pre", "layers": [0]},
+          {"point": "mlp_pre_linear", "layers": [0]},
+          {"point": "mlp_act", "layers": [0]},
+          {"point": "router_logits", "layers": [1, 2, 3]},
+          {"point": "expert_weights", "layers": [1, 2, 3]},
+          {"point": "expert_indices", "layers": [1, 2, 3]},
+          {"point": "mlp_out", "layers": [0, 1, 2, 3]},
+          {"point": "resid_post", "layers": [0, 1, 2, 3]},
+          {"point": "final_norm", "layers": [-1]},
+          {"point": "lm_head", "layers": [-1]}
+        ],
+        "sources": [
+          {"point": "embeddings", "module": "model.layers.0", "how": "module input"},
+          {"point": "resid_pre", "module": "model.layers.{L}", "how": "module input"},
+          {"point": "attn_in", "module": "model.layers.{L}.conv", "how": "module input"},
+          {"point": "q_norm_in", "module": "model.layers.{L}.self_attn.q_layernorm", "how": "module input"},
+          {"point": "q_norm_out", "module": "model.layers.{L}.self_attn.q_layernorm", "how": "module output"},
+          {"point": "k_norm_in", "module": "model.layers.{L}.self_attn.k_layernorm", "how": "module input"},
+          {"point": "k_norm_out", "module": "model.layers.{L}.self_attn.k_layernorm", "how": "module output"},
+          {"point": "q", "module": "model.layers.{L}.self_attn", "how": "inside the attention call"},
+          {"point": "k", "module": "model.layers.{L}.self_attn", "how": "inside the attention call"},
+          {"point": "value", "module": "model.layers.{L}.self_attn", "how": "inside the attention call"},
+          {
+            "point": "attn_scores",
+            "module": "model.layers.{L}.self_attn",
+            "how": "inside the attention call (recomputed)"
+          },
+          {"point": "attn_probs", "module": "model.layers.{L}.self_attn", "how": "inside the attention call"},
+          {"point": "z", "module": "model.layers.{L}.self_attn", "how": "inside the attention call"},
+          {"point": "attn_out", "module": "model.layers.{L}.conv", "how": "module output"},
+          {"point": "resid_mid", "module": "model.layers.{L}.ffn_norm", "how": "input of the pre-MLP norm"},
+          {"point": "mlp_in", "module": "model.layers.{L}.feed_forward", "how": "module input"},
+          {"point": "mlp_pre", "module": "model.layers.{L}.feed_forward.w1", "how": "module output"},
+          {"point": "mlp_pre_linear", "module": "model.layers.{L}.feed_forward.w3", "how": "module output"},
+          {"point": "mlp_act", "module": "model.layers.{L}.feed_forward.w2", "how": "module input"},
+          {"point": "router_logits", "module": "model.layers.{L}.feed_forward.gate", "how": "module output"},
+          {"point": "expert_weights", "module": "model.layers.{L}.feed_forward.gate", "how": "module output"},
+          {"point": "expert_indices", "module": "model.layers.{L}.feed_forward.gate", "how": "module output"},
+          {"point": "mlp_out", "module": "model.layers.{L}.feed_forward", "how": "module output"},
+          {"point": "resid_post", "module": "model.layers.{L}", "how": "module output"},
+          {"point": "final_norm", "module": "model.embedding_norm", "how": "module output"},
+          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"}
         ],
         "error": null
       }
@@ -2706,7 +3823,7 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "module": "model.layers.{L}.mlp", "how": "module output"},
           {"point": "resid_post", "module": "model.layers.{L}", "how": "module output"},
           {"point": "final_norm", "module": "model.norm", "how": "module output"},
-          {"point": "lm_head", "module": "(model)", "how": "CausalLM logits"}
+          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"}
         ],
         "error": null
       },
@@ -2763,7 +3880,7 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "module": "model.layers.{L}.mlp", "how": "module output"},
           {"point": "resid_post", "module": "model.layers.{L}", "how": "module output"},
           {"point": "final_norm", "module": "model.norm", "how": "module output"},
-          {"point": "lm_head", "module": "(model)", "how": "CausalLM logits"}
+          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"}
         ],
         "error": null
       },
@@ -2820,7 +3937,7 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "module": "model.layers.{L}.mlp", "how": "module output"},
           {"point": "resid_post", "module": "model.layers.{L}", "how": "module output"},
           {"point": "final_norm", "module": "model.norm", "how": "module output"},
-          {"point": "lm_head", "module": "(model)", "how": "CausalLM logits"}
+          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"}
         ],
         "error": null
       },
@@ -2877,7 +3994,7 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "module": "model.layers.{L}.mlp", "how": "module output"},
           {"point": "resid_post", "module": "model.layers.{L}", "how": "module output"},
           {"point": "final_norm", "module": "model.norm", "how": "module output"},
-          {"point": "lm_head", "module": "(model)", "how": "CausalLM logits"}
+          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"}
         ],
         "error": null
       },
@@ -2934,7 +4051,7 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "module": "model.layers.{L}.mlp", "how": "module output"},
           {"point": "resid_post", "module": "model.layers.{L}", "how": "module output"},
           {"point": "final_norm", "module": "model.norm", "how": "module output"},
-          {"point": "lm_head", "module": "(model)", "how": "CausalLM logits"}
+          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"}
         ],
         "error": null
       },
@@ -2991,7 +4108,7 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "module": "model.layers.{L}.mlp", "how": "module output"},
           {"point": "resid_post", "module": "model.layers.{L}", "how": "module output"},
           {"point": "final_norm", "module": "model.norm", "how": "module output"},
-          {"point": "lm_head", "module": "(model)", "how": "CausalLM logits"}
+          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"}
         ],
         "error": null
       },
@@ -3048,7 +4165,7 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "module": "model.layers.{L}.mlp", "how": "module output"},
           {"point": "resid_post", "module": "model.layers.{L}", "how": "module output"},
           {"point": "final_norm", "module": "model.norm", "how": "module output"},
-          {"point": "lm_head", "module": "(model)", "how": "CausalLM logits"}
+          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"}
         ],
         "error": null
       },
@@ -3105,7 +4222,7 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "module": "model.layers.{L}.mlp", "how": "module output"},
           {"point": "resid_post", "module": "model.layers.{L}", "how": "module output"},
           {"point": "final_norm", "module": "model.norm", "how": "module output"},
-          {"point": "lm_head", "module": "(model)", "how": "CausalLM logits"}
+          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"}
         ],
         "error": null
       },
@@ -3162,7 +4279,7 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "module": "model.layers.{L}.mlp", "how": "module output"},
           {"point": "resid_post", "module": "model.layers.{L}", "how": "module output"},
           {"point": "final_norm", "module": "model.norm", "how": "module output"},
-          {"point": "lm_head", "module": "(model)", "how": "CausalLM logits"}
+          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"}
         ],
         "error": null
       },
@@ -3219,7 +4336,7 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "module": "model.layers.{L}.mlp", "how": "module output"},
           {"point": "resid_post", "module": "model.layers.{L}", "how": "module output"},
           {"point": "final_norm", "module": "model.norm", "how": "module output"},
-          {"point": "lm_head", "module": "(model)", "how": "CausalLM logits"}
+          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"}
         ],
         "error": null
       },
@@ -3276,7 +4393,7 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "module": "model.layers.{L}.mlp", "how": "module output"},
           {"point": "resid_post", "module": "model.layers.{L}", "how": "module output"},
           {"point": "final_norm", "module": "model.norm", "how": "module output"},
-          {"point": "lm_head", "module": "(model)", "how": "CausalLM logits"}
+          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"}
         ],
         "error": null
       },
@@ -3333,7 +4450,7 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "module": "model.layers.{L}.mlp", "how": "module output"},
           {"point": "resid_post", "module": "model.layers.{L}", "how": "module output"},
           {"point": "final_norm", "module": "model.norm", "how": "module output"},
-          {"point": "lm_head", "module": "(model)", "how": "CausalLM logits"}
+          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"}
         ],
         "error": null
       },
@@ -3390,7 +4507,7 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "module": "model.layers.{L}.mlp", "how": "module output"},
           {"point": "resid_post", "module": "model.layers.{L}", "how": "module output"},
           {"point": "final_norm", "module": "model.norm", "how": "module output"},
-          {"point": "lm_head", "module": "(model)", "how": "CausalLM logits"}
+          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"}
         ],
         "error": null
       },
@@ -3447,7 +4564,7 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "module": "model.layers.{L}.mlp", "how": "module output"},
           {"point": "resid_post", "module": "model.layers.{L}", "how": "module output"},
           {"point": "final_norm", "module": "model.norm", "how": "module output"},
-          {"point": "lm_head", "module": "(model)", "how": "CausalLM logits"}
+          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"}
         ],
         "error": null
       },
@@ -3504,7 +4621,7 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "module": "model.layers.{L}.mlp", "how": "module output"},
           {"point": "resid_post", "module": "model.layers.{L}", "how": "module output"},
           {"point": "final_norm", "module": "model.norm", "how": "module output"},
-          {"point": "lm_head", "module": "(model)", "how": "CausalLM logits"}
+          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"}
         ],
         "error": null
       },
@@ -3561,7 +4678,7 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "module": "model.layers.{L}.mlp", "how": "module output"},
           {"point": "resid_post", "module": "model.layers.{L}", "how": "module output"},
           {"point": "final_norm", "module": "model.norm", "how": "module output"},
-          {"point": "lm_head", "module": "(model)", "how": "CausalLM logits"}
+          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"}
         ],
         "error": null
       },
@@ -3618,7 +4735,7 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "module": "model.layers.{L}.mlp", "how": "module output"},
           {"point": "resid_post", "module": "model.layers.{L}", "how": "module output"},
           {"point": "final_norm", "module": "model.norm", "how": "module output"},
-          {"point": "lm_head", "module": "(model)", "how": "CausalLM logits"}
+          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"}
         ],
         "error": null
       }
@@ -3694,7 +4811,252 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "module": "model.layers.{L}.mlp", "how": "module output"},
           {"point": "resid_post", "module": "model.layers.{L}", "how": "module output"},
           {"point": "final_norm", "module": "model.norm", "how": "module output"},
-          {"point": "lm_head", "module": "(model)", "how": "CausalLM logits"}
+          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"}
+        ],
+        "error": null
+      }
+    ]
+  },
+  {
+    "family": "mpt",
+    "modelTypes": ["mpt"],
+    "quirks": [
+      "layernorm-no-bias",
+      "alibi",
+      "fused-qkv",
+      "plain-mlp",
+      "mlp-adds-residual",
+      "no-biases",
+      "clip-qkv-optional",
+      "tied-embeddings"
+    ],
+    "notes": "",
+    "facts": {
+      "parallelBlocks": false,
+      "qkNorm": false,
+      "sandwichNorm": false,
+      "moe": false,
+      "hyperConnections": false,
+      "gatedAttention": false,
+      "mixers": [],
+      "attentionInterface": false
+    },
+    "refused": [
+      {
+        "point": "attn_scores",
+        "reason": "MptAttention adds the ALiBi bias and the padding mask to q.k inline (no ALL_ATTENTION_FUNCTIONS call), so the pre-softmax scores never pass a module boundary; capture attn_probs"
+      },
+      {
+        "point": "k",
+        "reason": "attn_config.clip_qkv clamps Wqkv's output inside MptAttention after the projection returns, so the q/k/value the product uses are never a module output; use z or attn_out"
+      },
+      {
+        "point": "q",
+        "reason": "attn_config.clip_qkv clamps Wqkv's output inside MptAttention after the projection returns, so the q/k/value the product uses are never a module output; use z or attn_out"
+      },
+      {
+        "point": "value",
+        "reason": "attn_config.clip_qkv clamps Wqkv's output inside MptAttention after the projection returns, so the q/k/value the product uses are never a module output; use z or attn_out"
+      }
+    ],
+    "models": [
+      {
+        "name": "mosaicml/mpt-7b",
+        "modelType": "mpt",
+        "nLayers": 2,
+        "vllm": false,
+        "points": [
+          {"point": "embeddings", "layers": [-1]},
+          {"point": "resid_pre", "layers": [0, 1]},
+          {"point": "attn_in", "layers": [0, 1]},
+          {"point": "q", "layers": [0, 1]},
+          {"point": "k", "layers": [0, 1]},
+          {"point": "value", "layers": [0, 1]},
+          {"point": "attn_probs", "layers": [0, 1]},
+          {"point": "z", "layers": [0, 1]},
+          {"point": "attn_out", "layers": [0, 1]},
+          {"point": "resid_mid", "layers": [0, 1]},
+          {"point": "mlp_in", "layers": [0, 1]},
+          {"point": "mlp_pre", "layers": [0, 1]},
+          {"point": "mlp_act", "layers": [0, 1]},
+          {"point": "mlp_out", "layers": [0, 1]},
+          {"point": "resid_post", "layers": [0, 1]},
+          {"point": "final_norm", "layers": [-1]},
+          {"point": "lm_head", "layers": [-1]}
+        ],
+        "sources": [
+          {"point": "embeddings", "module": "transformer.blocks.0", "how": "module input"},
+          {"point": "resid_pre", "module": "transformer.blocks.{L}", "how": "module input"},
+          {"point": "attn_in", "module": "transformer.blocks.{L}.attn", "how": "module input"},
+          {"point": "q", "module": "transformer.blocks.{L}.attn.Wqkv", "how": "module output"},
+          {"point": "k", "module": "transformer.blocks.{L}.attn.Wqkv", "how": "module output"},
+          {"point": "value", "module": "transformer.blocks.{L}.attn.Wqkv", "how": "module output"},
+          {"point": "attn_probs", "module": "transformer.blocks.{L}.attn", "how": "module output"},
+          {"point": "z", "module": "transformer.blocks.{L}.attn.out_proj", "how": "module input"},
+          {"point": "attn_out", "module": "transformer.blocks.{L}.attn", "how": "module output"},
+          {"point": "resid_mid", "module": "transformer.blocks.{L}.norm_2", "how": "input of the pre-MLP norm"},
+          {"point": "mlp_in", "module": "transformer.blocks.{L}.ffn", "how": "module input"},
+          {"point": "mlp_pre", "module": "transformer.blocks.{L}.ffn.up_proj", "how": "module output"},
+          {"point": "mlp_act", "module": "transformer.blocks.{L}.ffn.down_proj", "how": "module input"},
+          {"point": "mlp_out", "module": "transformer.blocks.{L}.ffn", "how": "module output (recomputed)"},
+          {"point": "resid_post", "module": "transformer.blocks.{L}", "how": "module output"},
+          {"point": "final_norm", "module": "transformer.norm_f", "how": "module output"},
+          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"}
+        ],
+        "error": null
+      }
+    ]
+  },
+  {
+    "family": "nemotron",
+    "modelTypes": ["nemotron"],
+    "quirks": ["layernorm1p", "partial-rope", "gqa", "relu2-mlp", "non-gated-mlp"],
+    "notes": "",
+    "facts": {
+      "parallelBlocks": false,
+      "qkNorm": false,
+      "sandwichNorm": false,
+      "moe": false,
+      "hyperConnections": false,
+      "gatedAttention": false,
+      "mixers": [],
+      "attentionInterface": true
+    },
+    "refused": [],
+    "models": [
+      {
+        "name": "nvidia/Minitron-4B-Base",
+        "modelType": "nemotron",
+        "nLayers": 2,
+        "vllm": true,
+        "points": [
+          {"point": "embeddings", "layers": [-1]},
+          {"point": "resid_pre", "layers": [0, 1]},
+          {"point": "attn_in", "layers": [0, 1]},
+          {"point": "q", "layers": [0, 1]},
+          {"point": "k", "layers": [0, 1]},
+          {"point": "value", "layers": [0, 1]},
+          {"point": "attn_scores", "layers": [0, 1]},
+          {"point": "attn_probs", "layers": [0, 1]},
+          {"point": "z", "layers": [0, 1]},
+          {"point": "attn_out", "layers": [0, 1]},
+          {"point": "resid_mid", "layers": [0, 1]},
+          {"point": "mlp_in", "layers": [0, 1]},
+          {"point": "mlp_pre", "layers": [0, 1]},
+          {"point": "mlp_act", "layers": [0, 1]},
+          {"point": "mlp_out", "layers": [0, 1]},
+          {"point": "resid_post", "layers": [0, 1]},
+          {"point": "final_norm", "layers": [-1]},
+          {"point": "lm_head", "layers": [-1]}
+        ],
+        "sources": [
+          {"point": "embeddings", "module": "model.layers.0", "how": "module input"},
+          {"point": "resid_pre", "module": "model.layers.{L}", "how": "module input"},
+          {"point": "attn_in", "module": "model.layers.{L}.self_attn", "how": "module input"},
+          {"point": "q", "module": "model.layers.{L}.self_attn", "how": "inside the attention call"},
+          {"point": "k", "module": "model.layers.{L}.self_attn", "how": "inside the attention call"},
+          {"point": "value", "module": "model.layers.{L}.self_attn", "how": "inside the attention call"},
+          {
+            "point": "attn_scores",
+            "module": "model.layers.{L}.self_attn",
+            "how": "inside the attention call (recomputed)"
+          },
+          {"point": "attn_probs", "module": "model.layers.{L}.self_attn", "how": "inside the attention call"},
+          {"point": "z", "module": "model.layers.{L}.self_attn", "how": "inside the attention call"},
+          {"point": "attn_out", "module": "model.layers.{L}.self_attn", "how": "module output"},
+          {
+            "point": "resid_mid",
+            "module": "model.layers.{L}.post_attention_layernorm",
+            "how": "input of the pre-MLP norm"
+          },
+          {"point": "mlp_in", "module": "model.layers.{L}.mlp", "how": "module input"},
+          {"point": "mlp_pre", "module": "model.layers.{L}.mlp.up_proj", "how": "module output"},
+          {"point": "mlp_act", "module": "model.layers.{L}.mlp.down_proj", "how": "module input"},
+          {"point": "mlp_out", "module": "model.layers.{L}.mlp", "how": "module output"},
+          {"point": "resid_post", "module": "model.layers.{L}", "how": "module output"},
+          {"point": "final_norm", "module": "model.norm", "how": "module output"},
+          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"}
+        ],
+        "error": null
+      }
+    ]
+  },
+  {
+    "family": "nemotron_h",
+    "modelTypes": ["nemotron_h"],
+    "quirks": [
+      "rmsnorm",
+      "nope",
+      "gqa",
+      "mamba2",
+      "hybrid",
+      "one-sublayer-per-block",
+      "relu2-mlp",
+      "non-gated-mlp",
+      "moe-optional",
+      "sigmoid-routing",
+      "group-limited-routing"
+    ],
+    "notes": "layers_block_type gives each block's single mixer (model.layers[i].mixer): linear_attention (Mamba-2; attn_in/attn_out), full_attention (attention points), mlp (up_proj -> relu^2 -> down_proj: mlp_pre, mlp_act) or moe (router as deepseek_v3, non-gated experts plus shared experts in mlp_out). A layer is a block, as in HF's hidden_states.",
+    "facts": {
+      "parallelBlocks": false,
+      "qkNorm": false,
+      "sandwichNorm": false,
+      "moe": true,
+      "hyperConnections": false,
+      "gatedAttention": false,
+      "mixers": [],
+      "attentionInterface": true
+    },
+    "refused": [
+      {
+        "point": "resid_mid",
+        "reason": "each Nemotron-H block holds ONE sublayer (Mamba-2, attention, MLP or MoE) with its own norm and residual add, so there is no mid point; use resid_pre / resid_post of the block"
+      }
+    ],
+    "models": [
+      {
+        "name": "nvidia/NVIDIA-Nemotron-Nano-9B-v2",
+        "modelType": "nemotron_h",
+        "nLayers": 4,
+        "vllm": false,
+        "points": [
+          {"point": "embeddings", "layers": [-1]},
+          {"point": "resid_pre", "layers": [0, 1, 2, 3]},
+          {"point": "attn_in", "layers": [0, 2]},
+          {"point": "q", "layers": [2]},
+          {"point": "k", "layers": [2]},
+          {"point": "value", "layers": [2]},
+          {"point": "attn_scores", "layers": [2]},
+          {"point": "attn_probs", "layers": [2]},
+          {"point": "z", "layers": [2]},
+          {"point": "attn_out", "layers": [0, 2]},
+          {"point": "mlp_in", "layers": [1, 3]},
+          {"point": "mlp_pre", "layers": [1, 3]},
+          {"point": "mlp_act", "layers": [1, 3]},
+          {"point": "mlp_out", "layers": [1, 3]},
+          {"point": "resid_post", "layers": [0, 1, 2, 3]},
+          {"point": "final_norm", "layers": [-1]},
+          {"point": "lm_head", "layers": [-1]}
+        ],
+        "sources": [
+          {"point": "embeddings", "module": "model.layers.0", "how": "module input"},
+          {"point": "resid_pre", "module": "model.layers.{L}", "how": "module input"},
+          {"point": "attn_in", "module": "model.layers.{L}.mixer", "how": "module input"},
+          {"point": "q", "module": "model.layers.{L}.mixer", "how": "inside the attention call"},
+          {"point": "k", "module": "model.layers.{L}.mixer", "how": "inside the attention call"},
+          {"point": "value", "module": "model.layers.{L}.mixer", "how": "inside the attention call"},
+          {"point": "attn_scores", "module": "model.layers.{L}.mixer", "how": "inside the attention call (recomputed)"},
+          {"point": "attn_probs", "module": "model.layers.{L}.mixer", "how": "inside the attention call"},
+          {"point": "z", "module": "model.layers.{L}.mixer", "how": "inside the attention call"},
+          {"point": "attn_out", "module": "model.layers.{L}.mixer", "how": "module output"},
+          {"point": "mlp_in", "module": "model.layers.{L}.mixer", "how": "module input"},
+          {"point": "mlp_pre", "module": "model.layers.{L}.mixer.up_proj", "how": "module output"},
+          {"point": "mlp_act", "module": "model.layers.{L}.mixer.down_proj", "how": "module input"},
+          {"point": "mlp_out", "module": "model.layers.{L}.mixer", "how": "module output"},
+          {"point": "resid_post", "module": "model.layers.{L}", "how": "module output"},
+          {"point": "final_norm", "module": "model.norm_f", "how": "module output"},
+          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"}
         ],
         "error": null
       }
@@ -3770,7 +5132,7 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "module": "model.layers.{L}.mlp", "how": "module output"},
           {"point": "resid_post", "module": "model.layers.{L}", "how": "module output"},
           {"point": "final_norm", "module": "model.norm", "how": "module output"},
-          {"point": "lm_head", "module": "(model)", "how": "CausalLM logits"}
+          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"}
         ],
         "error": null
       },
@@ -3827,7 +5189,7 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "module": "model.layers.{L}.mlp", "how": "module output"},
           {"point": "resid_post", "module": "model.layers.{L}", "how": "module output"},
           {"point": "final_norm", "module": "model.norm", "how": "module output"},
-          {"point": "lm_head", "module": "(model)", "how": "CausalLM logits"}
+          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"}
         ],
         "error": null
       }
@@ -3911,7 +5273,7 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out_post", "module": "model.layers.{L}.post_feedforward_layernorm", "how": "module output"},
           {"point": "resid_post", "module": "model.layers.{L}", "how": "module output"},
           {"point": "final_norm", "module": "model.norm", "how": "module output"},
-          {"point": "lm_head", "module": "(model)", "how": "CausalLM logits"}
+          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"}
         ],
         "error": null
       },
@@ -3976,7 +5338,7 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out_post", "module": "model.layers.{L}.post_feedforward_layernorm", "how": "module output"},
           {"point": "resid_post", "module": "model.layers.{L}", "how": "module output"},
           {"point": "final_norm", "module": "model.norm", "how": "module output"},
-          {"point": "lm_head", "module": "(model)", "how": "CausalLM logits"}
+          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"}
         ],
         "error": null
       }
@@ -4060,7 +5422,7 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out_post", "module": "model.layers.{L}.post_feedforward_layernorm", "how": "module output"},
           {"point": "resid_post", "module": "model.layers.{L}", "how": "module output"},
           {"point": "final_norm", "module": "model.norm", "how": "module output"},
-          {"point": "lm_head", "module": "(model)", "how": "CausalLM logits"}
+          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"}
         ],
         "error": null
       }
@@ -4144,7 +5506,7 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "module": "model.layers.{L}.mlp", "how": "module output"},
           {"point": "resid_post", "module": "model.layers.{L}", "how": "module output"},
           {"point": "final_norm", "module": "model.norm", "how": "module output"},
-          {"point": "lm_head", "module": "(model)", "how": "CausalLM logits"}
+          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"}
         ],
         "error": null
       }
@@ -4226,7 +5588,7 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "module": "model.decoder.layers.{L}.fc2", "how": "module output"},
           {"point": "resid_post", "module": "model.decoder.layers.{L}", "how": "module output"},
           {"point": "final_norm", "module": "model.decoder.final_layer_norm", "how": "module output"},
-          {"point": "lm_head", "module": "(model)", "how": "CausalLM logits"}
+          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"}
         ],
         "error": null
       },
@@ -4275,7 +5637,7 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_act", "module": "model.decoder.layers.{L}.fc2", "how": "module input"},
           {"point": "mlp_out", "module": "model.decoder.layers.{L}.fc2", "how": "module output"},
           {"point": "resid_post", "module": "model.decoder.layers.{L}", "how": "module output"},
-          {"point": "lm_head", "module": "(model)", "how": "CausalLM logits"}
+          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"}
         ],
         "error": null
       }
@@ -4343,7 +5705,7 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "module": "model.layers.{L}.mlp", "how": "module output"},
           {"point": "resid_post", "module": "model.layers.{L}", "how": "module output"},
           {"point": "final_norm", "module": "model.final_layernorm", "how": "module output"},
-          {"point": "lm_head", "module": "(model)", "how": "CausalLM logits"}
+          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"}
         ],
         "error": null
       },
@@ -4392,7 +5754,7 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "module": "model.layers.{L}.mlp", "how": "module output"},
           {"point": "resid_post", "module": "model.layers.{L}", "how": "module output"},
           {"point": "final_norm", "module": "model.final_layernorm", "how": "module output"},
-          {"point": "lm_head", "module": "(model)", "how": "CausalLM logits"}
+          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"}
         ],
         "error": null
       }
@@ -4468,7 +5830,7 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "module": "model.layers.{L}.mlp", "how": "module output"},
           {"point": "resid_post", "module": "model.layers.{L}", "how": "module output"},
           {"point": "final_norm", "module": "model.norm", "how": "module output"},
-          {"point": "lm_head", "module": "(model)", "how": "CausalLM logits"}
+          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"}
         ],
         "error": null
       },
@@ -4525,7 +5887,7 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "module": "model.layers.{L}.mlp", "how": "module output"},
           {"point": "resid_post", "module": "model.layers.{L}", "how": "module output"},
           {"point": "final_norm", "module": "model.norm", "how": "module output"},
-          {"point": "lm_head", "module": "(model)", "how": "CausalLM logits"}
+          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"}
         ],
         "error": null
       },
@@ -4582,7 +5944,7 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "module": "model.layers.{L}.mlp", "how": "module output"},
           {"point": "resid_post", "module": "model.layers.{L}", "how": "module output"},
           {"point": "final_norm", "module": "model.norm", "how": "module output"},
-          {"point": "lm_head", "module": "(model)", "how": "CausalLM logits"}
+          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"}
         ],
         "error": null
       }
@@ -4658,7 +6020,7 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "module": "model.layers.{L}.mlp", "how": "module output"},
           {"point": "resid_post", "module": "model.layers.{L}", "how": "module output"},
           {"point": "final_norm", "module": "model.norm", "how": "module output"},
-          {"point": "lm_head", "module": "(model)", "how": "CausalLM logits"}
+          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"}
         ],
         "error": null
       }
@@ -4744,7 +6106,7 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "module": "model.layers.{L}.mlp", "how": "module output"},
           {"point": "resid_post", "module": "model.layers.{L}", "how": "module output"},
           {"point": "final_norm", "module": "model.norm", "how": "module output"},
-          {"point": "lm_head", "module": "(model)", "how": "CausalLM logits"}
+          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"}
         ],
         "error": null
       }
@@ -4828,7 +6190,7 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "module": "model.layers.{L}.mlp", "how": "module output"},
           {"point": "resid_post", "module": "model.layers.{L}", "how": "module output"},
           {"point": "final_norm", "module": "model.norm", "how": "module output"},
-          {"point": "lm_head", "module": "(model)", "how": "CausalLM logits"}
+          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"}
         ],
         "error": null
       },
@@ -4893,7 +6255,7 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "module": "model.layers.{L}.mlp", "how": "module output"},
           {"point": "resid_post", "module": "model.layers.{L}", "how": "module output"},
           {"point": "final_norm", "module": "model.norm", "how": "module output"},
-          {"point": "lm_head", "module": "(model)", "how": "CausalLM logits"}
+          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"}
         ],
         "error": null
       },
@@ -4958,7 +6320,7 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "module": "model.layers.{L}.mlp", "how": "module output"},
           {"point": "resid_post", "module": "model.layers.{L}", "how": "module output"},
           {"point": "final_norm", "module": "model.norm", "how": "module output"},
-          {"point": "lm_head", "module": "(model)", "how": "CausalLM logits"}
+          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"}
         ],
         "error": null
       },
@@ -5023,7 +6385,7 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "module": "model.layers.{L}.mlp", "how": "module output"},
           {"point": "resid_post", "module": "model.layers.{L}", "how": "module output"},
           {"point": "final_norm", "module": "model.norm", "how": "module output"},
-          {"point": "lm_head", "module": "(model)", "how": "CausalLM logits"}
+          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"}
         ],
         "error": null
       }
@@ -5107,7 +6469,7 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "module": "model.layers.{L}.mlp", "how": "module output"},
           {"point": "resid_post", "module": "model.layers.{L}", "how": "module output"},
           {"point": "final_norm", "module": "model.norm", "how": "module output"},
-          {"point": "lm_head", "module": "(model)", "how": "CausalLM logits"}
+          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"}
         ],
         "error": null
       }
@@ -5208,7 +6570,7 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "module": "model.layers.{L}.mlp", "how": "module output"},
           {"point": "resid_post", "module": "model.layers.{L}", "how": "module output"},
           {"point": "final_norm", "module": "model.norm", "how": "module output"},
-          {"point": "lm_head", "module": "(model)", "how": "CausalLM logits"}
+          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"}
         ],
         "error": null
       }
@@ -5284,7 +6646,7 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "module": "model.layers.{L}.mlp", "how": "module output"},
           {"point": "resid_post", "module": "model.layers.{L}", "how": "module output"},
           {"point": "final_norm", "module": "model.norm", "how": "module output"},
-          {"point": "lm_head", "module": "(model)", "how": "CausalLM logits"}
+          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"}
         ],
         "error": null
       },
@@ -5343,7 +6705,7 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "module": "model.layers.{L}.mlp", "how": "module output"},
           {"point": "resid_post", "module": "model.layers.{L}", "how": "module output"},
           {"point": "final_norm", "module": "model.norm", "how": "module output"},
-          {"point": "lm_head", "module": "(model)", "how": "CausalLM logits"}
+          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"}
         ],
         "error": null
       }
@@ -5417,7 +6779,107 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "module": "model.layers.{L}.mlp", "how": "module output"},
           {"point": "resid_post", "module": "model.layers.{L}", "how": "module output"},
           {"point": "final_norm", "module": "model.norm", "how": "module output"},
-          {"point": "lm_head", "module": "(model)", "how": "CausalLM logits"}
+          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"}
+        ],
+        "error": null
+      }
+    ]
+  },
+  {
+    "family": "zamba2",
+    "modelTypes": ["zamba2"],
+    "quirks": [
+      "rmsnorm",
+      "mamba2",
+      "hybrid",
+      "shared-transformer-block",
+      "attention-on-embeddings-concat",
+      "lora-adapters",
+      "gated-mlp",
+      "tied-embeddings"
+    ],
+    "notes": "layers_block_type: mamba (Mamba-2 in mamba: attn_in/attn_out) or hybrid (the shared transformer block, its own instance per layer with tied weights: attention points, mlp_in/mlp_act/mlp_out; attn_in is 2 * hidden wide). Only the Mamba-2 output is added to the residual.",
+    "facts": {
+      "parallelBlocks": false,
+      "qkNorm": false,
+      "sandwichNorm": false,
+      "moe": false,
+      "hyperConnections": false,
+      "gatedAttention": false,
+      "mixers": ["mamba"],
+      "attentionInterface": true
+    },
+    "refused": [
+      {
+        "point": "mlp_pre",
+        "reason": "Zamba2's MLP (the shared transformer's feed_forward, at hybrid layers only) adds its per-layer LoRA adapter's output to gate_up_proj's output before splitting gate and up, so neither pre-activation is ever a module output; use mlp_act (down_proj's input) or mlp_in"
+      },
+      {
+        "point": "mlp_pre_linear",
+        "reason": "Zamba2's MLP (the shared transformer's feed_forward, at hybrid layers only) adds its per-layer LoRA adapter's output to gate_up_proj's output before splitting gate and up, so neither pre-activation is ever a module output; use mlp_act (down_proj's input) or mlp_in"
+      },
+      {
+        "point": "resid_mid",
+        "reason": "a Zamba2 layer adds ONE write to the residual, the Mamba-2 mixer's output (x + mamba(norm(x)), or x + mamba(norm(x + linear(shared_transformer([x, embeddings])))) at hybrid layers); the shared transformer's attention and MLP feed the mixer's input, not the residual, so there is no mid point; use resid_pre / resid_post, or attn_out / mlp_out of the shared transformer"
+      }
+    ],
+    "models": [
+      {
+        "name": "Zyphra/Zamba2-1.2B",
+        "modelType": "zamba2",
+        "nLayers": 4,
+        "vllm": false,
+        "points": [
+          {"point": "embeddings", "layers": [-1]},
+          {"point": "resid_pre", "layers": [0, 1, 2, 3]},
+          {"point": "attn_in", "layers": [0, 1, 2, 3]},
+          {"point": "q", "layers": [1, 3]},
+          {"point": "k", "layers": [1, 3]},
+          {"point": "value", "layers": [1, 3]},
+          {"point": "attn_scores", "layers": [1, 3]},
+          {"point": "attn_probs", "layers": [1, 3]},
+          {"point": "z", "layers": [1, 3]},
+          {"point": "attn_out", "layers": [0, 1, 2, 3]},
+          {"point": "mlp_in", "layers": [1, 3]},
+          {"point": "mlp_act", "layers": [1, 3]},
+          {"point": "mlp_out", "layers": [1, 3]},
+          {"point": "resid_post", "layers": [0, 1, 2, 3]},
+          {"point": "final_norm", "layers": [-1]},
+          {"point": "lm_head", "layers": [-1]}
+        ],
+        "sources": [
+          {"point": "embeddings", "module": "model.layers.0", "how": "module input"},
+          {"point": "resid_pre", "module": "model.layers.{L}", "how": "module input"},
+          {"point": "attn_in", "module": "model.layers.{L}.mamba", "how": "module input"},
+          {"point": "q", "module": "model.layers.{L}.shared_transformer.self_attn", "how": "inside the attention call"},
+          {"point": "k", "module": "model.layers.{L}.shared_transformer.self_attn", "how": "inside the attention call"},
+          {
+            "point": "value",
+            "module": "model.layers.{L}.shared_transformer.self_attn",
+            "how": "inside the attention call"
+          },
+          {
+            "point": "attn_scores",
+            "module": "model.layers.{L}.shared_transformer.self_attn",
+            "how": "inside the attention call (recomputed)"
+          },
+          {
+            "point": "attn_probs",
+            "module": "model.layers.{L}.shared_transformer.self_attn",
+            "how": "inside the attention call"
+          },
+          {"point": "z", "module": "model.layers.{L}.shared_transformer.self_attn", "how": "inside the attention call"},
+          {"point": "attn_out", "module": "model.layers.{L}.mamba", "how": "module output"},
+          {"point": "mlp_in", "module": "model.layers.{L}.shared_transformer.feed_forward", "how": "module input"},
+          {
+            "point": "mlp_act",
+            "module": "model.layers.{L}.shared_transformer.feed_forward.down_proj",
+            "how": "module input"
+          },
+          {"point": "mlp_out", "module": "model.layers.{L}.shared_transformer.feed_forward", "how": "module output"},
+          {"point": "resid_post", "module": "model.layers.{L}", "how": "module output"},
+          {"point": "final_norm", "module": "model.final_layernorm", "how": "module output"},
+          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"}
         ],
         "error": null
       }
