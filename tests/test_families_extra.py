@@ -343,3 +343,23 @@ def test_family_reports_its_points(case):
 def test_refusals_name_the_reason(case, point, fragment):
     bundle(case)
     dense.test_refusals_name_the_reason(case, point, fragment)
+
+
+@pytest.mark.parametrize("case", ["gpt_neo", "mpt"])
+def test_validator_hf_reference_reads_inline_attention_like_the_engine(case):
+    """validator/engines/hf_layouts.py maps the same tensors independently (inline_qkv, probs_out,
+    mlp_adds_residual): its HF reference agrees with the engine on the validator's short prompt."""
+    from validator import prompts
+    from validator.engines import adapter_class
+    from validator.engines.base import ModelContext
+    m = bundle(case)[0]
+    name = CASES[case][0]
+    hf, tok = zoo.load_twin(name)
+    ctx = ModelContext(name, hf, tok, "zoo")
+    short = next(c for c in prompts.build_cases(tok, ctx.config) if c.name == "short")
+    addrs = [f"{p}.{L}" for L in range(m.n_layers) for p in ("q", "k", "value", "attn_probs", "mlp_out")]
+    got = adapter_class("hf")(ctx).capture(short, addrs)
+    _, ours = m.run_with_cache({"input_ids": short.input_ids, "attention_mask": short.attention_mask}, addrs)
+    for a in addrs:
+        assert not isinstance(got[a], Exception) and hasattr(got[a], "shape"), (a, got[a])
+        assert _rel(ours[a], got[a]) < TOL, a

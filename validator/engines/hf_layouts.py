@@ -34,6 +34,11 @@ class Layout:
     embed: str | None = None  # module whose output is the embeddings, where hidden_states[0] is not them
     streams: tuple[str, str] | None = None  # hyper-connection modules (attention side, MLP side)
     adds_residual: bool = False  # attention and MLP modules add the residual themselves (BLOOM)
+    mlp_adds_residual: bool = False  # only the MLP module adds it (MPT's ffn(x, residual))
+    # attention computed inline (no attention function) whose q/k/value are plain projection outputs:
+    # (q, k, value) specs relative to the attention module, a path or (path, chunk_index, n_chunks)
+    inline_qkv: tuple | None = None
+    probs_out: int | None = None  # inline attention returning its probabilities [b, h, q, k] at this index
     mlp_on_layer: bool = False  # MLP projections sit on the decoder layer itself (OPT)
     parallel: tuple[str, object] | None = None  # (config flag, value) that makes the block parallel
     always_parallel: bool = False
@@ -137,10 +142,18 @@ LAYOUTS: dict[str, Layout] = {
         "full_attention": {"attn": ("mixer",)}, "linear_attention": {"mixers": ("mixer",)},
         "mlp": {"mlp": "mixer", "gate": "up_proj", "up": None},
         "moe": {"mlp": "mixer", "router": _ROUTER}}),
+    # GPT-Neo's _attn and MPT's forward compute attention inline, unscaled / with ALiBi added to the scores,
+    # so q/k/value are the projection outputs themselves and the pattern is returned beside the output
     "gpt_neo": Layout(layers="transformer.h", final_norm="transformer.ln_f", attn=("attn",),
-                      o_proj="attention.out_proj", mid=("ln_2", "in"), gate="c_fc", up=None, down="c_proj"),
+                      o_proj="attention.out_proj", mid=("ln_2", "in"), gate="c_fc", up=None, down="c_proj",
+                      inline_qkv=("attention.q_proj", "attention.k_proj", "attention.v_proj"), probs_out=1),
     "mpt": Layout(layers="transformer.blocks", final_norm="transformer.norm_f", attn=("attn",), o_proj="out_proj",
-                  mid=("norm_2", "in"), mlp="ffn", gate="up_proj", up=None, down="down_proj"),
+                  mid=("norm_2", "in"), mlp="ffn", gate="up_proj", up=None, down="down_proj", mlp_adds_residual=True,
+                  inline_qkv=(("Wqkv", 0, 3), ("Wqkv", 1, 3), ("Wqkv", 2, 3)), probs_out=1),
+    # Zamba2: mamba layers hold `mamba`; hybrid layers run their own instance of the shared transformer
+    # (attention on [x, embeddings], then pre_ff_layernorm -> feed_forward, no residual inside it)
+    "zamba2": Layout(final_norm="model.final_layernorm", attn=("shared_transformer.self_attn",), mixers=("mamba",),
+                     mlp="shared_transformer.feed_forward", mid=None, gate=None, up=None, down="down_proj"),
     "deepseek_v4": replace(_L, o_proj="o_b_proj", router=_ROUTER, embed="model.embed_tokens", mid=None,
                            streams=("attn_hc", "ffn_hc")),
 }

@@ -33,12 +33,13 @@ TENSORS = {
     "mlp_pre": "output of the gate projection (first chunk of a fused gate_up_proj; fc1 / c_fc on plain MLPs)",
     "mlp_pre_linear": "output of the up projection (second chunk of gate_up_proj)",
     "mlp_act": "input of the down projection",
-    "mlp_out": "output of the MLP module (element 0 on gpt-oss; minus its residual argument on BLOOM; fc2 "
-               "output on OPT)",
+    "mlp_out": "output of the MLP module (element 0 on gpt-oss; minus its residual argument on BLOOM and "
+               "MPT; fc2 output on OPT)",
     "mlp_out_post": "output of the post-MLP sandwich norm",
     "q_norm_in": "input of the q norm module, per head", "q_norm_out": "output of the q norm module, per head",
     "k_norm_in": "input of the k norm module, per head", "k_norm_out": "output of the k norm module, per head",
-    "q": "query argument of eager_attention_forward, [b, h, pos, hd] -> [b, pos, h, hd]",
+    "q": "query argument of eager_attention_forward, [b, h, pos, hd] -> [b, pos, h, hd] (q/k/value: the "
+         "projection output per head where HF computes attention inline on them, GPT-Neo and MPT)",
     "k": "key argument of eager_attention_forward (not repeated for GQA)",
     "value": "value argument of eager_attention_forward",
     "attn_scores": "recomputed here from the recorded query, key, mask, scaling and softcap",
@@ -213,7 +214,8 @@ class HFReference(Reference):
             if point == "mlp_in":
                 rec.pre(root, key)
             else:
-                rec.post(root, key, index=lay.mlp_index, minus_arg=1 if lay.adds_residual else None)
+                rec.post(root, key, index=lay.mlp_index,
+                         minus_arg=1 if (lay.adds_residual or lay.mlp_adds_residual) else None)
             sib = get_path(self.layers[layer], lay.mlp_sibling) if (point == "mlp_out" and lay.mlp_sibling) else None
             if sib is not None:  # granite-4: the MLP slot is block_sparse_moe(x) + shared_mlp(x)
                 rec.post(sib, key + "#sibling")
@@ -261,6 +263,15 @@ class HFReference(Reference):
 
     def _internal(self, rec, attn, point, layer, key):
         if "eager_attention_forward" not in type(attn).forward.__globals__:
+            inline = self._lay(layer).inline_qkv
+            if point in ("q", "k", "value") and inline:  # the projection output is the tensor itself
+                path, chunk, parts = _spec(inline[("q", "k", "value").index(point)])
+                mod = get_path(attn, path)
+                if mod is None:
+                    return Missing(f"no projection {path!r} in the attention module")
+                rec.post(mod, key)
+                return lambda out, b, p: to_heads(rec.data[key] if chunk is None else
+                                                  rec.data[key].chunk(parts, dim=-1)[chunk], b, p, self.head_dim)
             if point == "z":
                 o_path = self._lay(layer).o_proj
                 o = get_path(attn, o_path)
@@ -378,6 +389,11 @@ class HFReference(Reference):
 
     def close(self):
         self.hf = None
+
+
+def _spec(spec):
+    """(path, chunk_index, n_chunks) from a layout spec (a bare path has no chunk)."""
+    return spec if isinstance(spec, tuple) else (spec, None, None)
 
 
 def _kv_heads(cfg) -> int:

@@ -15,7 +15,7 @@ import torch
 from validator.engines.base import (Case, EngineUnavailable, Missing, Reference, first, scores_from_qk,
                                     split_address, to_heads)
 from validator.engines.hf_layouts import get_path, layout_for
-from validator.engines.hf_ref import _find_layers, _kv_heads
+from validator.engines.hf_ref import _find_layers, _kv_heads, _spec
 
 TENSORS = {
     "embeddings": "model.layers[0].input (the embeddings as the first block receives them)",
@@ -23,15 +23,18 @@ TENSORS = {
     "final_norm": "<final norm>.output", "lm_head": "lm.output.logits",
     "attn_in": "<attn>.input", "attn_out": "<attn>.output[0] (minus the residual argument on BLOOM)",
     "attn_out_post": "<post-attention sandwich norm>.output", "resid_mid": "<pre-MLP norm>.input",
-    "mlp_in": "<mlp>.input", "mlp_out": "<mlp>.output", "mlp_out_post": "<post-MLP sandwich norm>.output",
+    "mlp_in": "<mlp>.input", "mlp_out": "<mlp>.output (minus the residual argument on BLOOM and MPT)",
+    "mlp_out_post": "<post-MLP sandwich norm>.output",
     "mlp_pre": "<gate proj>.output", "mlp_pre_linear": "<up proj>.output", "mlp_act": "<down proj>.input",
     "q_norm_in": "<q norm>.input", "q_norm_out": "<q norm>.output",
     "k_norm_in": "<k norm>.input", "k_norm_out": "<k norm>.output",
     "q": "<attn>.source.attention_interface_0 query argument",
     "k": "<attn>.source.attention_interface_0 key argument",
-    "value": "<attn>.source.attention_interface_0 value argument",
+    "value": "<attn>.source.attention_interface_0 value argument (q/k/value: <projection>.output per head "
+             "where HF computes attention inline on them, GPT-Neo and MPT)",
     "z": "<attn>.source.attention_interface_0 output[0]",
-    "attn_probs": "<attn>.source.attention_interface_0 output[1]",
+    "attn_probs": "<attn>.source.attention_interface_0 output[1] (<attn>.output[1] where HF computes "
+                  "attention inline and returns the pattern, GPT-Neo and MPT)",
     "attn_scores": "recomputed from the saved query, key, mask and scaling arguments",
     "router_logits": "<router>.output[i]", "expert_weights": "<router>.output[i]",
     "expert_indices": "<router>.output[i]",
@@ -99,6 +102,11 @@ class NNsightReference(Reference):
             if not self._has_fn(attn):
                 if point == "z":
                     return f"{attn}.{lay.o_proj}", "in", "heads"
+                if point in ("q", "k", "value") and lay.inline_qkv:  # the projection output is the tensor
+                    path, chunk, parts = _spec(lay.inline_qkv[("q", "k", "value").index(point)])
+                    return f"{attn}.{path}", "out", ("chunk_heads", chunk, parts)
+                if point == "attn_probs" and lay.probs_out is not None:
+                    return attn, "out", ("pattern", lay.probs_out)
                 if point != "attn_probs":
                     return Missing(f"{type(get_path(self.hf, attn)).__name__} computes attention inline: its "
                                    f"source has no {_FN} call, so {point} is never a separate tensor")
@@ -134,7 +142,7 @@ class NNsightReference(Reference):
             if lay.mlp_sibling:
                 return mlp, "out", ("plus", f"{lp}.{lay.mlp_sibling}")
             extra = ("index", lay.mlp_index) if lay.mlp_index is not None else \
-                ("minus_residual" if lay.adds_residual else "flat")
+                ("minus_residual" if (lay.adds_residual or lay.mlp_adds_residual) else "flat")
             return mlp, "out", extra
         if point in ("router_logits", "expert_weights", "expert_indices"):
             if not lay.router:
@@ -285,13 +293,15 @@ class NNsightReference(Reference):
         if event == "in":
             args, kwargs = val
             t = args[0] if args else kwargs.get("hidden_states", next(iter(kwargs.values()), None))
+        elif isinstance(extra, tuple) and extra[0] == "pattern":  # inline attention: [b, h, q, k] returned
+            return val[extra[1]].transpose(1, 2)
         elif isinstance(extra, tuple) and extra[0] == "index":
             t = val[extra[1]]
         else:
             t = first(val)
-        if isinstance(extra, tuple) and extra[0] == "chunk":
+        if isinstance(extra, tuple) and extra[0] in ("chunk", "chunk_heads") and extra[1] is not None:
             t = t.chunk(extra[2], dim=-1)[extra[1]]
-        if extra == "heads":
+        if extra == "heads" or (isinstance(extra, tuple) and extra[0] == "chunk_heads"):
             heads = _kv_heads(self.cfg) if point.startswith("k") else self.cfg.num_attention_heads
             return to_heads(t, b, p, t.shape[-1] if t.dim() == 4 else t.shape[-1] // heads)
         return t.reshape(b, p, *t.shape[2:]) if t.dim() >= 3 else t.reshape(b, p, -1)

@@ -33,6 +33,8 @@ DIFFERENT_TENSOR: dict[tuple[str, str], str] = {
                            "residual, not the attention write",
     ("bloom", "mlp_out"): "BLOOM's MLP module adds the residual itself, so mlps_output is resid_post, not the "
                           "MLP write",
+    ("mpt", "mlp_out"): "MPT's ffn module adds the residual itself (MptMLP.forward: output + residual), so "
+                        "mlps_output is resid_post, not the MLP write",
 }
 TENSORS = {p: a for p, (a, _) in ACCESSORS.items()}
 TENSORS["embeddings"] = "layers_input[0] (what the first block receives; token_embeddings lacks position " \

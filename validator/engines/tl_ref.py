@@ -53,6 +53,7 @@ HOOKS: dict[str, tuple[str, ...]] = {
 OVERRIDE: dict[tuple[str, str], str] = {
     ("bloom", "attn_out"): "blocks.{L}.attn.o.hook_out",
     ("bloom", "mlp_out"): "blocks.{L}.mlp.out.hook_out",
+    ("mpt", "mlp_out"): "blocks.{L}.mlp.out.hook_out",  # MptMLP adds the residual itself
 }
 # (model_type, point) -> why the bridge's hook of that name holds a different tensor than our point
 DIFFERENT_TENSOR: dict[tuple[str, str], str] = {
