@@ -17,7 +17,7 @@ from pathlib import Path
 from benchmarks import cells, env, stats
 from benchmarks.spec import Params
 from benchmarks.variants import get as get_variant
-from benchmarks.variants.base import NotApplicable
+from benchmarks.variants.base import NotApplicable, generated_tokens
 from benchmarks.workloads import get as get_workload
 
 
@@ -88,6 +88,11 @@ def run_cell(variant_name: str, workload_name: str, params: Params, run_id: str)
     status, reason = "ok", ""
     if check is not None and not check.get("passed"):
         status, reason = "invalid", f"check failed: {check.get('detail')}"
+    made = generated_tokens(last, params.prompt_tokens) if workload.generates else None
+    if made is not None and made != tokens:  # a run that stopped early would inflate tok/s
+        status, reason = "invalid", (f"the last timed run generated {made} tokens, not the {tokens} the "
+                                     f"figure counts ({workload.batch} x {params.new_tokens})")
+    base["generated_tokens_checked"] = made
     return cells.make_cell(variant_name, workload_name, status, reason, samples_s=samples,
                            summary=stats.summarize(samples, tokens), check=check, notes=job.notes,
                            wall_s=time.perf_counter() - t_start, **base)

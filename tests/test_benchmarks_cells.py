@@ -104,3 +104,25 @@ def test_one_cell_in_its_own_process(tmp_path):
     assert s["tok_s"]["median"] == pytest.approx(8 / s["seconds"]["median"])
     assert cell["env"]["hardware"] and cell["env"]["versions"]["torch"].startswith(torch.__version__.split("+")[0])
     assert cell["model_info"]["source"] == "zoo"
+
+
+def test_generated_token_counts_from_every_output_kind():
+    from types import SimpleNamespace as NS
+
+    from benchmarks.variants.base import generated_tokens
+    prompt = 5
+    seq = torch.zeros(3, prompt + 4, dtype=torch.long)
+    assert generated_tokens(NS(new_tokens=torch.zeros(3, 4)), prompt) == 12  # engine result
+    assert generated_tokens(NS(new_tokens=[torch.zeros(4), torch.zeros(2)]), prompt) == 6  # ragged vLLM
+    assert generated_tokens(seq, prompt) == 12  # HF / TL token ids
+    assert generated_tokens(NS(sequences=seq), prompt) == 12  # HF GenerateOutput
+    assert generated_tokens((seq, {"cache": 1}), prompt) == 12  # TL return_cache / nnsight (out, saved)
+    assert generated_tokens(NS(), prompt) is None
+
+
+def test_every_generation_cell_checks_its_token_count():
+    for v in ("eager", "hf-generate"):
+        cell = worker.run_cell(v, "decode", Params(**FAST), "t")
+        assert cell["status"] == "ok" and cell["generated_tokens_checked"] == FAST["new_tokens"]
+    cell = worker.run_cell("eager", "prefill", Params(**FAST), "t")
+    assert cell["generated_tokens_checked"] is None

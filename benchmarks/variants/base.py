@@ -59,3 +59,19 @@ def tokens_changed(steered, unsteered) -> dict:
     return {"passed": n > 0, "changed_tokens": n, "total_tokens": int(a.numel()),
             "detail": f"{n} of {a.numel()} generated tokens differ from unsteered generation"
                       if n else "steered generation equals unsteered generation: the steer was a no-op"}
+
+
+def generated_tokens(out, prompt_len: int) -> int | None:
+    """How many new tokens a generation run produced, across its streams, from whatever the variant
+    returned (engine results carry new_tokens; HF / TL / nnsight return prompt + new token ids);
+    None when the output says nothing about it."""
+    import torch
+    if isinstance(out, tuple) and out:
+        out = out[0]
+    new = getattr(out, "new_tokens", None)
+    if new is not None:
+        return int(new.numel()) if torch.is_tensor(new) else sum(len(x) for x in new)
+    seq = getattr(out, "sequences", out)
+    if torch.is_tensor(seq) and seq.dim() == 2:
+        return int(seq.shape[0] * (seq.shape[1] - prompt_len))
+    return None
