@@ -9,30 +9,40 @@ Variants (one model, greedy, `--new` tokens per request, prompts of equal length
                  buffers), resid_post captured at every layer
   vllm-generate  stock vLLM (compiled, prefix caching), no capture: the ceiling
 at 1 and 8 concurrent requests. tok/s = generated tokens / wall seconds of the whole call (prefill
-included), median of `--repeats` after one warmup. Every capture is checked to hold
-[prompt + new - 1] rows per request, so no variant times a no-op. Self-contained: the full
-benchmarks harness lives in benchmarks/ (another issue).
+included), best of `--repeats` after one warmup (median shown too), each variant in its own process. Every capture
+is checked to hold [prompt + new - 1] rows per request, so no variant times a no-op.
+Self-contained: the full benchmarks harness lives in benchmarks/ (another issue).
 """
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import statistics
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import torch
 from tqdm import tqdm
 
 PROMPT = "The quick brown fox jumps over the lazy dog while the cat"
+VARIANTS = ("eager", "vllm", "vllm-static", "vllm-generate")
+ROOT = str(Path(__file__).resolve().parents[1])
+MARK = "VLLM_DECODE_ROWS "
 
 
-def _timed(fn, repeats: int) -> tuple[float, object]:
+def _timed(fn, repeats: int) -> tuple[float, float, object]:
+    """(best, median) seconds of `repeats` calls after one warmup, and the last output. The best
+    is the headline: on a shared machine, other processes only ever add time."""
     fn()  # warmup
     times, out = [], None
     for _ in range(repeats):
         t0 = time.perf_counter()
         out = fn()
         times.append(time.perf_counter() - t0)
-    return statistics.median(times), out
+    return min(times), statistics.median(times), out
 
 
 def _check(cache, n_layers: int, rows: int, batch: int) -> None:
@@ -43,56 +53,64 @@ def _check(cache, n_layers: int, rows: int, batch: int) -> None:
             raise RuntimeError(f"resid_post.{layer} captured {got}, expected {(batch, rows)}: not timing a capture")
 
 
-def run(model_name: str, new: int, repeats: int, concurrency=(1, 8)) -> list[dict]:
+def measure(variant: str, model_name: str, new: int, repeats: int, concurrency=(1, 8)) -> list[dict]:
+    """Load one variant and time it at each concurrency (runs inside its own process)."""
     from engine.loading import load_model
+    t0 = time.perf_counter()
+    m = load_model(model_name, backend=variant, source="auto")
+    load_s = time.perf_counter() - t0
     rows = []
-    # eager last: the first vLLM engine sets the process's torch thread count, so every variant runs
-    # with the same one
-    plan = [("vllm-generate", {}), ("vllm", {}), ("vllm-static", {}), ("eager", {})]
-    bar = tqdm(total=len(plan) * len(concurrency), desc="vllm_decode", unit="cell")
-    for variant, kw in plan:
-        t0 = time.perf_counter()
-        m = load_model(model_name, backend=variant, source="auto", **kw)
-        load_s = time.perf_counter() - t0
-        try:
-            for conc in concurrency:
-                prompts = [PROMPT] * conc
-                if variant == "eager":
-                    enc = m.to_tokens(prompts)
-                    n_prompt = enc["input_ids"].shape[1]
+    try:
+        for conc in concurrency:
+            prompts = [PROMPT] * conc
+            if variant == "eager":
+                enc = m.to_tokens(prompts)
 
-                    def call():
-                        return m.generate(enc, new, points=["resid_post"])
-                elif variant == "vllm-generate":
-                    n_prompt = None
+                def call():
+                    return m.generate(enc, new, points=["resid_post"])
+            elif variant == "vllm-generate":
+                def call():
+                    return m.generate(prompts, new, return_logits=False)
+            else:
+                def call():
+                    return m.generate(prompts, new, points=["resid_post"], return_logits=False)
+            sec, med, out = _timed(call, repeats)
+            if variant == "eager":
+                _check(out.cache, m.n_layers, enc["input_ids"].shape[1] + new - 1, conc)
+            elif variant != "vllm-generate":
+                _check(out.cache, m.n_layers, len(out.requests[0].prompt_ids) + new - 1, conc)
+            rows.append(dict(variant=variant, concurrency=conc, tok_s=conc * new / sec, seconds=sec,
+                             median_tok_s=conc * new / med, load_s=load_s, threads=torch.get_num_threads()))
+    finally:
+        if hasattr(m, "close"):
+            m.close()
+    return rows
 
-                    def call():
-                        return m.generate(prompts, new, return_logits=False)
-                else:
-                    def call():
-                        return m.generate(prompts, new, points=["resid_post"], return_logits=False)
-                sec, out = _timed(call, repeats)
-                if variant != "vllm-generate":
-                    n_prompt = n_prompt if variant == "eager" else len(out.requests[0].prompt_ids)
-                    _check(out.cache, m.n_layers, n_prompt + new - 1, conc)
-                rows.append(dict(variant=variant, concurrency=conc, tok_s=conc * new / sec, seconds=sec,
-                                 load_s=load_s))
-                bar.update(1)
-        finally:
-            if hasattr(m, "close"):
-                m.close()
-    bar.close()
+
+def run(model_name: str, new: int, repeats: int) -> list[dict]:
+    """Every variant in a fresh process (vLLM binds threads and sets the process's torch thread
+    count at its first engine, which would otherwise skew whatever runs after it)."""
+    rows = []
+    for variant in tqdm(VARIANTS, desc="vllm_decode", unit="variant"):
+        cmd = [sys.executable, __file__, "--variant", variant, "--model", model_name, "--new", str(new),
+               "--repeats", str(repeats)]
+        proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": ROOT})
+        line = next((ln for ln in proc.stdout.splitlines() if ln.startswith(MARK)), None)
+        if proc.returncode or line is None:
+            raise RuntimeError(f"{variant} failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
+        rows += json.loads(line[len(MARK):])
     return rows
 
 
 def table(rows: list[dict]) -> str:
     ref = {(r["variant"], r["concurrency"]): r["tok_s"] for r in rows}
-    lines = [f"{'variant':<14} {'conc':>4} {'tok/s':>10} {'vs vllm-generate':>17} {'vs eager':>9} {'load s':>7}"]
+    lines = [f"{'variant':<14} {'conc':>4} {'tok/s':>10} {'vs vllm-generate':>17} {'vs eager':>9} "
+             f"{'median tok/s':>13} {'load s':>7}"]
     for r in rows:
         c = r["concurrency"]
         g, e = ref.get(("vllm-generate", c)), ref.get(("eager", c))
         lines.append(f"{r['variant']:<14} {c:>4} {r['tok_s']:>10.1f} {r['tok_s'] / g if g else float('nan'):>17.2f} "
-                     f"{r['tok_s'] / e if e else float('nan'):>9.2f} {r['load_s']:>7.1f}")
+                     f"{r['tok_s'] / e if e else float('nan'):>9.2f} {r['median_tok_s']:>13.1f} {r['load_s']:>7.1f}")
     return "\n".join(lines)
 
 
@@ -100,10 +118,16 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="meta-llama/Llama-3.2-1B", help="zoo twin or cached checkpoint")
     ap.add_argument("--new", type=int, default=64, help="new tokens per request")
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--variant", choices=VARIANTS, help=argparse.SUPPRESS)  # internal: one variant, JSON out
     args = ap.parse_args(argv)
+    if args.variant:
+        print(MARK + json.dumps(measure(args.variant, args.model, args.new, args.repeats)), flush=True)
+        return 0
+    load0 = os.getloadavg()[0]
     rows = run(args.model, args.new, args.repeats)
-    print(f"\ndecode throughput, {args.model}, {args.new} new tokens/request, torch threads {torch.get_num_threads()}")
+    print(f"\ndecode throughput, {args.model}, {args.new} new tokens/request, best of {args.repeats}, "
+          f"torch threads {sorted({r['threads'] for r in rows})}, load average {load0:.1f} -> {os.getloadavg()[0]:.1f}")
     print(table(rows))
     return 0
 
