@@ -75,8 +75,8 @@ class Plan:
 
     def add(self, key: str, pos0: int, rows: torch.Tensor) -> None:
         chunks = self.store.setdefault(key, [])
-        held = sum(c.shape[0] for _, c in chunks)
-        if pos0 < held:  # recomputed after preemption: drop what is being recomputed
+        end = chunks[-1][0] + chunks[-1][1].shape[0] if chunks else None
+        if end is not None and pos0 < end:  # recomputed after preemption: drop what is being recomputed
             self.recomputed += 1
             chunks[:] = [(p, c[: pos0 - p]) for p, c in chunks if p < pos0]
         chunks.append((pos0, rows))
