@@ -90,3 +90,39 @@ def test_vllm_static_declared_taps(family):
         assert decode_failures(static, em, pts, steer=steer, engine="vllm-static") == {}
     finally:
         drop(static)
+
+
+# Compiled vllm-static (torch.compile) on other module-tree shapes than the default Llama: single-tensor
+# layers (GPT-2), sandwich norms and sliding windows (Gemma-2), the Transformers backend's batched HF
+# tree (Pythia), q/k/value taps at the Attention module input (Qwen3).
+COMPILED = {
+    "openai-community/gpt2": ["resid_post", "attn_out", "mlp_out", "z.0", "resid_mid.0"],
+    "google/gemma-2-2b": ["resid_post", "attn_out", "mlp_out_post", "z.0", "resid_mid.0"],
+    "EleutherAI/pythia-70m-deduped": ["resid_post", "attn_out", "mlp_out", "z.0", "mlp_act.1"],
+    "Qwen/Qwen3-0.6B": ["resid_post", "attn_out", "q.0", "k.1", "value.0"],
+}
+
+
+@pytest.mark.parametrize("name", sorted(COMPILED))
+def test_compiled_static(name):
+    em = eager_model(name)
+    static = vllm_model(name, "vllm-static", static_points=COMPILED[name])
+    try:
+        assert static.load_report.compiled and static.load_report.extra["proof"]["steer_logit_change"] > 1e-3
+        pts = [str(a) for a in static.declared if a.point in em.points()]
+        assert prefill_failures(static, em, prompt=LONG, points=pts, engine="vllm-static") == {}
+        last = static.n_layers - 1
+        steer = [Steer("resid_post.0", "add", random_vector((static.d_model,))),
+                 Steer(f"attn_out.{last}", "scale", 0.5)]
+        assert decode_failures(static, em, pts, steer=steer, engine="vllm-static") == {}
+    finally:
+        drop(static)
+        _EAGER.pop(name, None)
+
+
+def test_undeclarable_tap_is_refused_and_the_engine_released():
+    from engine.backends.vllm_runtime import _LIVE
+    n = len(_LIVE)
+    with pytest.raises(Exception, match="parallel blocks; there is no mid point"):
+        vllm_model("EleutherAI/pythia-70m-deduped", "vllm-static", compile=False, static_points=["resid_mid.0"])
+    assert len(_LIVE) == n

@@ -441,17 +441,23 @@ def load(name: str, backend: str = "vllm", source: str = "auto", dtype=torch.flo
         taps = StaticTaps()
         internal = [] if Address("final_norm") in declared else [(Address("final_norm"), False)]
 
-        def install(runner):
-            model = runner.get_model()
-            tree = tree_for(model, text_cfg)
-            hd = getattr(text_cfg, "head_dim", None) or text_cfg.hidden_size // text_cfg.num_attention_heads
-            taps.install([(a, True) for a in declared] + internal,
-                         lambda a: resolve(model, tree, a.point, a.layer), text_cfg.hidden_size,
-                         runner.max_num_tokens, runner.device, runner.model_config.dtype,
-                         {p: hd for p in _HEADED})
+        def install(runner):  # errors wait until the engine exists, so that it can be released
+            try:
+                model = runner.get_model()
+                tree = tree_for(model, text_cfg)
+                hd = getattr(text_cfg, "head_dim", None) or text_cfg.hidden_size // text_cfg.num_attention_heads
+                taps.install([(a, True) for a in declared] + internal,
+                             lambda a: resolve(model, tree, a.point, a.layer), text_cfg.hidden_size,
+                             runner.max_num_tokens, runner.device, runner.model_config.dtype,
+                             {p: hd for p in _HEADED})
+            except Exception as e:  # noqa: BLE001 (re-raised below)
+                failed.append(e)
+    failed: list = []
     kw.update(llm_kwargs)
     llm, startup = rt.build_llm(path, install, env, **kw)
     try:
+        if failed:
+            raise failed[0]
         model = VLLMModel(name, backend, used, path, llm, startup, taps,
                           declared + [a for a, _ in internal] if declared is not None else None)
     except Exception:
