@@ -237,3 +237,20 @@ def test_vllm_generate_is_stock_and_refuses_capture(engines):
             gen.address("resid_post.0")
     finally:
         drop(gen)
+
+
+def test_a_failing_request_leaves_the_engine_clean(engines, monkeypatch):
+    """An error raised inside the forward (here: a capture hook) aborts the batch's requests, so the
+    next call returns only its own results."""
+    from engine.backends import vllm_batch
+    vm = engines(LLAMA)
+
+    def boom(self, key, pos0, rows):
+        raise RuntimeError("hook failed")
+    monkeypatch.setattr(vllm_batch.Plan, "add", boom)
+    with pytest.raises(RuntimeError, match="hook failed"):
+        vm.generate(PROMPTS, 3, points=["resid_post.0"])
+    monkeypatch.undo()
+    assert vm.llm.llm_engine.get_num_unfinished_requests() == 0
+    out = vm.generate(PROMPTS, 3, points=["resid_post.0"])
+    assert len(out.requests) == 2 and all(r.new_tokens.shape == (3,) for r in out.requests)

@@ -279,7 +279,14 @@ class VLLMModel:
             prompts.append(tp)
             sps.append(SamplingParams(**kw, extra_args={EXTRA_KEY: plan.key}))
         with torch.no_grad(), self._active(plans):
-            return self.llm.generate(prompts, sps, use_tqdm=progress)
+            try:
+                return self.llm.generate(prompts, sps, use_tqdm=progress)
+            except BaseException:  # never leave half-run requests in the engine for the next call
+                engine = self.llm.llm_engine
+                left = list(getattr(engine.output_processor, "request_states", {}))
+                if left:
+                    engine.abort_request(left, internal=True)
+                raise
 
     def _logits(self, rows: torch.Tensor) -> torch.Tensor:
         with torch.no_grad():
