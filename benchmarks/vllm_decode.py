@@ -87,14 +87,16 @@ def measure(variant: str, model_name: str, new: int, repeats: int, concurrency=(
     return rows
 
 
-def run(model_name: str, new: int, repeats: int) -> list[dict]:
+def run(model_name: str, new: int, repeats: int, threads: int) -> list[dict]:
     """Every variant in a fresh process (vLLM binds threads and sets the process's torch thread
-    count at its first engine, which would otherwise skew whatever runs after it)."""
+    count at its first engine, which would otherwise skew whatever runs after it), all with the
+    same OpenMP thread count (on a shared machine, OpenMP barriers over busy cores stall)."""
     rows = []
+    env = {**os.environ, "PYTHONPATH": ROOT, "OMP_NUM_THREADS": str(threads)}
     for variant in tqdm(VARIANTS, desc="vllm_decode", unit="variant"):
         cmd = [sys.executable, __file__, "--variant", variant, "--model", model_name, "--new", str(new),
                "--repeats", str(repeats)]
-        proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": ROOT})
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
         line = next((ln for ln in proc.stdout.splitlines() if ln.startswith(MARK)), None)
         if proc.returncode or line is None:
             raise RuntimeError(f"{variant} failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
@@ -119,13 +121,14 @@ def main(argv=None) -> int:
     ap.add_argument("--model", default="meta-llama/Llama-3.2-1B", help="zoo twin or cached checkpoint")
     ap.add_argument("--new", type=int, default=64, help="new tokens per request")
     ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--threads", type=int, default=1, help="OMP_NUM_THREADS of every variant")
     ap.add_argument("--variant", choices=VARIANTS, help=argparse.SUPPRESS)  # internal: one variant, JSON out
     args = ap.parse_args(argv)
     if args.variant:
         print(MARK + json.dumps(measure(args.variant, args.model, args.new, args.repeats)), flush=True)
         return 0
     load0 = os.getloadavg()[0]
-    rows = run(args.model, args.new, args.repeats)
+    rows = run(args.model, args.new, args.repeats, args.threads)
     print(f"\ndecode throughput, {args.model}, {args.new} new tokens/request, best of {args.repeats}, "
           f"torch threads {sorted({r['threads'] for r in rows})}, load average {load0:.1f} -> {os.getloadavg()[0]:.1f}")
     print(table(rows))
