@@ -217,11 +217,15 @@ def release(llm) -> None:
     if llm not in _LIVE:
         return
     _LIVE.remove(llm)
-    core = llm.llm_engine.engine_core.engine_core
+    client = llm.llm_engine.engine_core
     if not _LIVE:
-        llm.llm_engine.engine_core.shutdown()
-    else:
-        core.model_executor.shutdown()
-        core.scheduler.shutdown()
+        client.shutdown()
+    else:  # vLLM's finalizers would run the full shutdown when this object is collected: detach them
+        for owner in (llm.llm_engine, client):
+            fin = getattr(owner, "_finalizer", None)
+            if fin is not None:
+                fin.detach()
+        client.engine_core.model_executor.shutdown()
+        client.engine_core.scheduler.shutdown()
         gc.unfreeze()
     gc.collect()
