@@ -7,6 +7,15 @@ cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 stamp=.venv/.setup-stamp
 want=$(sha256sum pyproject.toml | cut -d' ' -f1)
+# TypeScript (pinned in visualizer-data/package-lock.json) for the site-data type-check test.
+if [ ! -x visualizer-data/node_modules/.bin/tsc ]; then
+  if command -v npm >/dev/null 2>&1; then
+    npm ci --prefix visualizer-data --no-audit --no-fund --loglevel=error >&2 \
+      || echo "setup: npm ci failed; the TypeScript type-check test will skip" >&2
+  else
+    echo "setup: npm not found; the TypeScript type-check test will skip" >&2
+  fi
+fi
 if [ -x .venv/bin/python ] && [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
   exit 0
 fi
