@@ -170,7 +170,7 @@ class EagerModel:
                 out += [Address(get_point(p).name, layer) for layer in self.point_layers(p)]
             else:
                 out.append(self.address(p))
-        return out
+        return list(dict.fromkeys(out))  # 'resid_post.-1' and 'resid_post.2' are one capture
 
     def _shape(self):
         return self._step.shape
@@ -244,7 +244,7 @@ class EagerModel:
 
             hs.add(self._site(addr.base), addr.point, read, "read")
         if any(self._site(a).get is not None and get_point(a.point).group == "moe" for a in capture + [
-                parse(s.address) for s in steers]):
+                self.address(s.address) for s in steers]):
             blk0 = sites.get_path(self.hf, f"{self.family.layers}.0")
 
             def shape_hook(module, args, kwargs):

@@ -280,3 +280,11 @@ def test_points_listing(llama):
     assert "resid_post" in pts and "q" in pts and "mlp_pre_linear" in pts
     assert "q_norm_in" not in pts and "router_logits" not in pts and "resid_streams" not in pts
     assert llama.point_layers("resid_post") == [0, 1, 2] and llama.point_layers("final_norm") == [-1]
+
+
+def test_negative_layer_steer_and_duplicate_addresses(llama):
+    v = torch.randn(llama.d_model)
+    _, base = _run(llama, ["resid_post.2"])
+    _, st = _run(llama, ["resid_post.-1", "resid_post.2"], [Steer("resid_post.-1", "add", v)])
+    assert list(st) == ["resid_post.2"]
+    torch.testing.assert_close(st["resid_post.-1"], base["resid_post.2"] + v)
