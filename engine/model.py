@@ -8,11 +8,12 @@ from dataclasses import dataclass, field
 import torch
 
 from engine import attention, lens, sites
+from engine.catalogue import PointCatalogue
 from engine.address import Address, closest, parse
 from engine.errors import AddressError, SteeringError, UnsupportedPointError
 from engine.families.base import Family
 from engine.hooks import HookSet
-from engine.points import ALIASES, BY_NAME, INTEGER_POINTS, POINTS, backend_status, get_point
+from engine.points import INTEGER_POINTS, backend_status, get_point
 from engine.steering import Steer, apply_steer, position_mask
 
 
@@ -81,7 +82,7 @@ class GenerationResult:
     extra: dict = field(default_factory=dict)
 
 
-class EagerModel:
+class EagerModel(PointCatalogue):
     backend = "eager"
 
     def __init__(self, name: str, hf, tokenizer, family: Family, source: str):
@@ -115,10 +116,6 @@ class EagerModel:
                     pass
             self._point_layers[point] = found
         return self._point_layers[point]
-
-    def points(self) -> list[str]:
-        """Names of every point this model has at one layer or more, in catalogue order."""
-        return [p.name for p in POINTS if self.point_layers(p.name)]
 
     def address(self, a) -> Address:
         """Parse and check an address against this model and backend; absolute layer."""
@@ -157,20 +154,6 @@ class EagerModel:
                 return 1
             return getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
         return getattr(cfg, "hc_mult", 1)
-
-    def expand(self, points) -> list[Address]:
-        """Addresses from strings/Addresses; a layer-scoped name without a layer means every layer."""
-        if isinstance(points, (str, Address)):
-            points = [points]
-        out = []
-        for p in points:
-            if isinstance(p, str) and "." not in p and (p in BY_NAME or p in ALIASES) \
-                    and get_point(p).scope == "layer":
-                self.address(f"{p}.{(self.point_layers(p) or [0])[0]}")  # checks backend and family
-                out += [Address(get_point(p).name, layer) for layer in self.point_layers(p)]
-            else:
-                out.append(self.address(p))
-        return list(dict.fromkeys(out))  # 'resid_post.-1' and 'resid_post.2' are one capture
 
     def _shape(self):
         return self._step.shape

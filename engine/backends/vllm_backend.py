@@ -15,6 +15,7 @@ import contextlib
 import torch
 
 from engine import lens
+from engine.catalogue import PointCatalogue
 from engine.address import Address, closest, parse
 from engine.backends import vllm_attn
 from engine.backends import vllm_runtime as rt
@@ -25,7 +26,7 @@ from engine.backends.vllm_static import StaticTaps, width_of
 from engine.backends.vllm_tree import resolve, tree_for
 from engine.errors import AddressError, SteeringError, UnsupportedPointError
 from engine.model import ActivationCache
-from engine.points import ALIASES, BY_NAME, INTEGER_POINTS, POINTS, backend_status, get_point
+from engine.points import ALIASES, BY_NAME, INTEGER_POINTS, backend_status, get_point
 from engine.sites import get_path
 from engine.steering import Steer
 
@@ -36,7 +37,7 @@ _NO_CAPTURE = ("vllm-generate is stock vLLM: no capture, no steering, no logit l
 _HEADED = ("z", "q", "k", "value")
 
 
-class VLLMModel:
+class VLLMModel(PointCatalogue):
     def __init__(self, name, backend, source, path, llm, startup_s, taps: StaticTaps | None = None,
                  declared: list[Address] | None = None):
         self.name, self.backend, self.source, self.path, self.llm = name, backend, source, path, llm
@@ -95,10 +96,6 @@ class VLLMModel:
             self._point_layers[point] = found
         return self._point_layers[point]
 
-    def points(self) -> list[str]:
-        """Names of every point this backend serves on this model, in catalogue order."""
-        return [p.name for p in POINTS if self.point_layers(p.name)]
-
     def _check(self, addr: Address) -> None:
         """Raise UnsupportedPointError unless this backend serves addr (no coordinates)."""
         if self.backend == "vllm-static":
@@ -128,22 +125,6 @@ class VLLMModel:
             if not -n <= value < n:
                 raise AddressError(f"{name} {value} is out of range for {addr.point!r} ({n} {name}s).")
         return addr
-
-    def expand(self, points) -> list[Address]:
-        """Addresses from strings/Addresses; a layer-scoped name without a layer means every layer."""
-        if isinstance(points, (str, Address)):
-            points = [points]
-        out = []
-        for p in points:
-            if isinstance(p, str) and "." not in p and (p in BY_NAME or p in ALIASES) \
-                    and get_point(p).scope == "layer":
-                layers = self.point_layers(p)
-                if not layers:
-                    self.address(f"{p}.0")  # raises with the reason
-                out += [Address(get_point(p).name, layer) for layer in layers]
-            else:
-                out.append(self.address(p))
-        return out
 
     def _heads(self, point: str) -> int:
         cfg = self.config

@@ -1,0 +1,29 @@
+"""What every backend's model shares about its point catalogue: listing the points it serves and
+expanding capture lists. Each backend supplies `point_layers(point)` and `address(a)`."""
+from __future__ import annotations
+
+from engine.address import Address
+from engine.points import ALIASES, BY_NAME, POINTS, get_point
+
+
+class PointCatalogue:
+    def points(self) -> list[str]:
+        """Names of every point this model serves at one layer or more, in catalogue order."""
+        return [p.name for p in POINTS if self.point_layers(p.name)]
+
+    def expand(self, points) -> list[Address]:
+        """Addresses from strings/Addresses; a layer-scoped name without a layer means every layer
+        that has it. Duplicates ('resid_post.-1' and 'resid_post.2' on 3 layers) are one capture."""
+        if isinstance(points, (str, Address)):
+            points = [points]
+        out = []
+        for p in points:
+            if isinstance(p, str) and "." not in p and (p in BY_NAME or p in ALIASES) \
+                    and get_point(p).scope == "layer":
+                layers = self.point_layers(p)
+                if not layers:
+                    self.address(f"{p}.0")  # raises with the reason
+                out += [Address(get_point(p).name, layer) for layer in layers]
+            else:
+                out.append(self.address(p))
+        return list(dict.fromkeys(out))
