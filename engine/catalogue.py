@@ -1,12 +1,33 @@
-"""What every backend's model shares about its point catalogue: listing the points it serves and
-expanding capture lists. Each backend supplies `point_layers(point)` and `address(a)`."""
+"""What every backend's model shares about its point catalogue: where each point exists, listing
+the points it serves and expanding capture lists. Each backend supplies `_probe(point, layer)`
+(raise UnsupportedPointError when it cannot serve the point there), `address(a)`, `n_layers` and
+a `_point_layers` dict used as the cache."""
 from __future__ import annotations
 
 from engine.address import Address
+from engine.errors import UnsupportedPointError
 from engine.points import ALIASES, BY_NAME, POINTS, get_point
 
 
 class PointCatalogue:
+    def _probe(self, point: str, layer: int | None) -> None:
+        raise NotImplementedError
+
+    def point_layers(self, point: str) -> list[int]:
+        """Layers at which this backend serves `point` on this model ([-1] stands for a trunk point)."""
+        point = get_point(point).name
+        if point not in self._point_layers:
+            layers = [None] if get_point(point).scope == "trunk" else range(self.n_layers)
+            found = []
+            for layer in layers:
+                try:
+                    self._probe(point, layer)
+                    found.append(-1 if layer is None else layer)
+                except UnsupportedPointError:
+                    pass
+            self._point_layers[point] = found
+        return self._point_layers[point]
+
     def points(self) -> list[str]:
         """Names of every point this model serves at one layer or more, in catalogue order."""
         return [p.name for p in POINTS if self.point_layers(p.name)]

@@ -102,20 +102,8 @@ class EagerModel(PointCatalogue):
                 f"layers={self.n_layers}, d_model={self.d_model}, backend={self.backend})>")
 
     # -- the point catalogue for this model -----------------------------------------------------
-    def point_layers(self, point: str) -> list[int]:
-        """Layers at which `point` exists on this model ([-1] stands for a trunk point)."""
-        point = get_point(point).name
-        if point not in self._point_layers:
-            layers = [None] if get_point(point).scope == "trunk" else range(self.n_layers)
-            found = []
-            for layer in layers:
-                try:
-                    sites.resolve(self.hf, self.family, point, layer, self._shape)
-                    found.append(-1 if layer is None else layer)
-                except UnsupportedPointError:
-                    pass
-            self._point_layers[point] = found
-        return self._point_layers[point]
+    def _probe(self, point, layer):
+        sites.resolve(self.hf, self.family, point, layer, self._shape)
 
     def address(self, a) -> Address:
         """Parse and check an address against this model and backend; absolute layer."""

@@ -81,20 +81,8 @@ class VLLMModel(PointCatalogue):
             self._sites[key] = resolve(self.vmodel, self.tree, addr.point, addr.layer)
         return self._sites[key]
 
-    def point_layers(self, point: str) -> list[int]:
-        """Layers at which this backend serves `point` on this model ([-1] stands for a trunk point)."""
-        point = get_point(point).name
-        if point not in self._point_layers:
-            layers = [None] if get_point(point).scope == "trunk" else range(self.n_layers)
-            found = []
-            for layer in layers:
-                try:
-                    self._check(Address(point, layer))
-                    found.append(-1 if layer is None else layer)
-                except UnsupportedPointError:
-                    pass
-            self._point_layers[point] = found
-        return self._point_layers[point]
+    def _probe(self, point, layer):
+        self._check(Address(point, layer))
 
     def _check(self, addr: Address) -> None:
         """Raise UnsupportedPointError unless this backend serves addr (no coordinates)."""
