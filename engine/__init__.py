@@ -9,6 +9,7 @@ from engine.address import Address, parse
 from engine.errors import (AddressError, EngineError, ModelNotFoundError, SteeringError,
                            UnsupportedPointError)
 from engine.loading import BACKENDS, load_model
+from engine.results import ActivationCache, GenerationResult, Request, RequestResult
 from engine.points import POINTS, get_point
 from engine.steering import Steer
 
@@ -19,4 +20,5 @@ def run_with_cache(model, inputs, points=(), steer=()):
 
 
 __all__ = ["Address", "parse", "load_model", "run_with_cache", "Steer", "POINTS", "get_point", "BACKENDS",
+           "ActivationCache", "GenerationResult", "Request", "RequestResult",
            "EngineError", "AddressError", "UnsupportedPointError", "SteeringError", "ModelNotFoundError"]

@@ -54,7 +54,7 @@ def load_model(name: str, backend: str = "eager", source: str = "auto", dtype=to
         from engine.address import closest
         raise ValueError(f"unknown backend {backend!r}.{closest(backend, BACKENDS)} Backends: {', '.join(BACKENDS)}.")
     if backend == "eager":
-        from engine.model import EagerModel
+        from engine.backends.eager import EagerModel
         hf, tok, used = load_hf(name, source, dtype, device)
         return EagerModel(name, hf, tok, family_for(hf.config.model_type), used)
     from engine.backends import vllm_backend

@@ -60,7 +60,7 @@ class HookedTaps:
                         continue
                     if out is t:
                         out = t.clone()
-                    out[row.a:row.b] = apply_steer(st, out[None, row.a:row.b], mask[None])[0]
+                    out[row.a:row.b] = apply_steer(st, out[row.a:row.b], mask)
             for row in step.rows:
                 for key, coord in readers.get(row.plan.key, ()):
                     skip = row.plan.wanted(key, row.pos0, row.b - row.a)
