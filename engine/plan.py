@@ -41,6 +41,7 @@ class Plan:
     key: int = field(default_factory=lambda: next(_keys))
     recomputed: int = 0  # chunks that restarted below what was held (preemption + recompute)
     store: dict = field(default_factory=dict)  # capture key -> list[(pos0, rows)]
+    error: str | None = None  # set when this plan failed inside a forward (vLLM workers)
 
     def reads(self) -> list[Address]:
         return list(dict.fromkeys(self.captures + self.internal))
@@ -122,39 +123,61 @@ class SiteWork:
     reads: dict = field(default_factory=dict)  # plan key -> [(capture key, coordinate index or None)]
 
 
-def site_work(plans: list[Plan], site_key: Callable[[Address], object]) -> dict:
-    """{site key: SiteWork} for the plans of a call; site_key(address without coords) names a site."""
+def site_work(plans: list[Plan], site_key: Callable[[Address], object], local_read=None, local_steer=None) -> dict:
+    """{site key: SiteWork} for the plans of a call; site_key(address without coords) names a site.
+    Under tensor parallelism local_read(plan, address) -> (capture key, coordinate) | None and
+    local_steer(steer) -> Steer | None say what this rank records and applies (its own shard)."""
     work: dict = {}
     for plan in plans:
         for st in plan.steers:
-            w = work.setdefault(site_key(st.address.base), SiteWork())
-            w.writes.setdefault(plan.key, []).append(st)
+            st_here = st if local_steer is None else local_steer(st)
+            if st_here is not None:
+                w = work.setdefault(site_key(st.address.base), SiteWork())
+                w.writes.setdefault(plan.key, []).append(st_here)
         for addr in plan.reads():
-            w = work.setdefault(site_key(addr.base), SiteWork())
-            coord = addr.coords[0][1] if addr.coords else None
-            w.reads.setdefault(plan.key, []).append((str(addr), coord))
+            read = (str(addr), addr.coords[0][1] if addr.coords else None) if local_read is None \
+                else local_read(plan, addr)
+            if read is not None:
+                w = work.setdefault(site_key(addr.base), SiteWork())
+                w.reads.setdefault(plan.key, []).append(read)
     return work
 
 
-def run_site(t: torch.Tensor, spans: list[Span], work: SiteWork, keep: Callable) -> torch.Tensor | None:
+def run_site(t: torch.Tensor, spans: list[Span], work: SiteWork, keep: Callable, on_error=None) -> torch.Tensor | None:
     """Steer then capture on the flat [tokens, ...] tensor `t` of one site. Writers run before
     readers, so a capture sees the steered value, as the rest of the forward does. keep(span, key,
     rows) makes what is stored (a detached copy, a CPU copy). Returns the replacement, or None when
-    nothing was steered (the forward then continues with `t` itself)."""
+    nothing was steered (the forward then continues with `t` itself). With on_error(plan, exc), a
+    failure is that plan's alone: it is reported and the plan skipped, the others carry on."""
     out = t
     for sp in spans:
-        for st in work.writes.get(sp.plan.key, ()):
-            m = sp.mask(st.positions)
-            if not bool(m.any()):
-                continue
-            if out is t:
-                out = t.clone()
-            out[sp.a:sp.b] = apply_steer(st, out[sp.a:sp.b], m)
+        if sp.plan.error is not None:
+            continue
+        try:
+            for st in work.writes.get(sp.plan.key, ()):
+                m = sp.mask(st.positions)
+                if not bool(m.any()):
+                    continue
+                new = apply_steer(st, out[sp.a:sp.b], m)
+                if out is t:
+                    out = t.clone()
+                out[sp.a:sp.b] = new
+        except Exception as e:
+            if on_error is None:
+                raise
+            on_error(sp.plan, e)
     for sp in spans:
-        for key, coord in work.reads.get(sp.plan.key, ()):
-            skip = sp.plan.wanted(key, sp.pos0, sp.b - sp.a)
-            if skip is None:
-                continue
-            seg = out[sp.a + skip:sp.b]
-            sp.plan.add(key, sp.pos0 + skip, keep(sp, key, seg if coord is None else seg[:, coord]))
+        if sp.plan.error is not None:
+            continue
+        try:
+            for key, coord in work.reads.get(sp.plan.key, ()):
+                skip = sp.plan.wanted(key, sp.pos0, sp.b - sp.a)
+                if skip is None:
+                    continue
+                seg = out[sp.a + skip:sp.b]
+                sp.plan.add(key, sp.pos0 + skip, keep(sp, key, seg if coord is None else seg[:, coord]))
+        except Exception as e:
+            if on_error is None:
+                raise
+            on_error(sp.plan, e)
     return None if out is t else out

@@ -10,7 +10,6 @@ asyncio task (a context variable), so two threads never see each other's steers.
 from __future__ import annotations
 
 import contextlib
-import contextvars
 import functools
 import threading
 from dataclasses import dataclass
@@ -19,9 +18,9 @@ import torch
 
 from engine import attention, lens, sites
 from engine.address import Address, closest, parse
-from engine.catalogue import PointCatalogue
-from engine.errors import AddressError, EngineError, SteeringError, UnsupportedPointError
+from engine.errors import AddressError, SteeringError, UnsupportedPointError
 from engine.families.base import Family
+from engine.model_base import ModelBase
 from engine.plan import Plan, SiteWork, Span, run_site, site_work
 from engine.points import INTEGER_POINTS, backend_status, get_point
 from engine.results import (PATTERNS, ActivationCache, GenerationResult, RequestResult, batch_cache, columns,
@@ -84,7 +83,7 @@ def _decode_layout(plans: list[Plan], mask: torch.Tensor, step: int) -> Layout:
     return Layout(spans, (mask.shape[0], 1), key_mask)
 
 
-class EagerModel(PointCatalogue):
+class EagerModel(ModelBase):
     backend = "eager"
 
     def __init__(self, name: str, hf, tokenizer, family: Family, source: str):
@@ -97,32 +96,19 @@ class EagerModel(PointCatalogue):
         if family.attn_interface:
             attention.use_on(hf)
         self._layout: Layout | None = None
-        self._point_layers: dict[str, list[int]] = {}
         self._sites: dict = {}
         self._lock = threading.RLock()
-        self._steers = contextvars.ContextVar(f"steering-{id(self)}", default=())
-        self._closed = False
+        self._init_base()
 
     def __repr__(self):
         return (f"<{type(self).__name__} {self.name} ({self.source}, family={self.family.name}, "
                 f"layers={self.n_layers}, d_model={self.d_model}, backend={self.backend})>")
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-        return False
 
     def close(self) -> None:
         """Release the HF model (idempotent); any later call says the model was closed."""
         self._closed = True
         self._sites.clear()
         self.hf = None
-
-    def _live(self):
-        if self._closed:
-            raise EngineError(f"{self.name} ({self.backend}) was closed; load it again with load_model().")
 
     # -- the point catalogue for this model -----------------------------------------------------
     def _shape(self):
@@ -225,7 +211,7 @@ class EagerModel(PointCatalogue):
     def _plans(self, lengths, points, steer, max_new_tokens: int) -> list[Plan]:
         capture = self.expand(points) if points else []
         given = [steer] if isinstance(steer, Steer) else list(steer)
-        steers = [self._steer(s) for s in (*self._steers.get(), *given)]
+        steers = [self._steer(s) for s in (*self._context_steers(), *given)]
         plans = [Plan(int(n), list(capture), steers) for n in lengths]
         for p in plans:
             p.check_positions(max_new_tokens)
@@ -316,18 +302,6 @@ class EagerModel(PointCatalogue):
             key = str(addr)
             cache[key] = plan.tensor(key, plan.start_at.get(key, 0))
         return cache
-
-    @contextlib.contextmanager
-    def steering(self, *steers: Steer):
-        """Apply steers to every call made in this block, in this thread / task (composable; nested
-        blocks add up and each exit removes exactly its own steers)."""
-        for s in steers:
-            self._steer(s)  # refuse bad steers when the block opens
-        token = self._steers.set((*self._steers.get(), *steers))
-        try:
-            yield self
-        finally:
-            self._steers.reset(token)
 
     def generate(self, inputs, max_new_tokens: int = 8, points=(), steer=(), do_sample=False, **kw):
         """Greedy (by default) generation with capture and steering in prefill and every step."""

@@ -1,0 +1,45 @@
+"""What every backend's model class shares beyond its point catalogue: steering blocks scoped to
+the calling thread or task, use as a context manager, and a clear error after close()."""
+from __future__ import annotations
+
+import contextlib
+import contextvars
+
+from engine.catalogue import PointCatalogue
+from engine.errors import EngineError
+
+
+class ModelBase(PointCatalogue):
+    """Subclasses set `name`, `backend`, implement `_steer(steer) -> Steer` (validation) and
+    `close()`, and call `_init_base()` in their constructor."""
+
+    def _init_base(self) -> None:
+        self._point_layers: dict = {}
+        self._steers = contextvars.ContextVar(f"steering-{id(self)}", default=())
+        self._closed = False
+
+    def _live(self) -> None:
+        if self._closed:
+            raise EngineError(f"{self.name} ({self.backend}) was closed; load it again with load_model().")
+
+    def _context_steers(self) -> tuple:
+        return self._steers.get()
+
+    @contextlib.contextmanager
+    def steering(self, *steers):
+        """Apply steers to every call made in this block, in this thread or asyncio task (composable:
+        nested blocks add up and each exit removes exactly its own steers)."""
+        for s in steers:
+            self._steer(s)  # refuse a bad steer when the block opens, not at the first call
+        token = self._steers.set((*self._steers.get(), *steers))
+        try:
+            yield self
+        finally:
+            self._steers.reset(token)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
