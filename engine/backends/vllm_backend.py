@@ -189,6 +189,8 @@ def load(name: str, backend: str = "vllm", source: str = "auto", dtype=torch.flo
         if backend != "vllm-generate":
             catalogue = VLLMCatalogue(loop.run(engine.collective_rpc("interp_setup", args=(backend,))), backend,
                                       declared)
+            for addr, why in catalogue.tap_errors.items():
+                raise UnsupportedPointError(f"{addr} cannot be a vllm-static tap on this model: {why}.")
         aio = AsyncVLLMModel(name, backend, used, path, engine, catalogue, text_cfg, engine.get_tokenizer())
         cache = engine.vllm_config.cache_config
         tokens = (cache.num_gpu_blocks or 0) * cache.block_size

@@ -23,6 +23,7 @@ class VLLMCatalogue:
         self.n_layers, self.tp = first["n_layers"], first["tp"]
         self.model_class = first["model_class"]
         self.tap_bytes = sum(d["tap_bytes"] for d in describes)
+        self.tap_errors = first.get("tap_errors", {})
         self.attn = {int(k): v for k, v in first["attn"].items()}
         self.table: dict = {}
         for point, layers in first["points"].items():

@@ -21,7 +21,7 @@ import torch
 
 from engine.address import Address, parse
 from engine.backends import vllm_attn, vllm_wire
-from engine.backends.vllm_loader import TAPS_ATTR
+from engine.backends.vllm_loader import ERRORS_ATTR, TAPS_ATTR
 from engine.backends.vllm_rows import ROWS
 from engine.backends.vllm_tree import resolve, tree_for
 from engine.errors import UnsupportedPointError
@@ -235,7 +235,8 @@ class WorkerState:
                     attn[str(layer)] = vllm_attn.params(site.module)
         return {"rank": self.rank, "tp": self.tp, "n_layers": len(self._layers()),
                 "model_class": type(self.model).__name__, "points": points, "attn": attn,
-                "tap_bytes": self.taps.nbytes if self.taps is not None else 0}
+                "tap_bytes": self.taps.nbytes if self.taps is not None else 0,
+                "tap_errors": getattr(self.model, ERRORS_ATTR, {})}
 
     def _layers(self):
         from engine.sites import get_path
