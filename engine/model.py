@@ -7,13 +7,15 @@ from dataclasses import dataclass, field
 
 import torch
 
-from engine import attention, lens, sites
+from engine import attention, family_limits, lens, sites
 from engine.catalogue import PointCatalogue
 from engine.address import Address, closest, parse
 from engine.errors import AddressError, SteeringError, UnsupportedPointError
 from engine.families.base import Family
 from engine.hooks import HookSet
 from engine.points import INTEGER_POINTS, backend_status, get_point
+from engine.inputs import limits_of, padded_batch
+from engine.steer_inputs import validate_steers
 from engine.steering import Steer, apply_steer, position_mask
 
 
@@ -160,17 +162,7 @@ class EagerModel(PointCatalogue):
         return {"input_ids": enc["input_ids"].to(self.device), "attention_mask": enc["attention_mask"].to(self.device)}
 
     def _inputs(self, inputs) -> dict:
-        if isinstance(inputs, (str, list)) and (isinstance(inputs, str) or isinstance(inputs[0], str)):
-            return self.to_tokens(inputs)
-        if isinstance(inputs, torch.Tensor):
-            ids = inputs if inputs.dim() == 2 else inputs[None]
-            return {"input_ids": ids.to(self.device), "attention_mask": torch.ones_like(ids).to(self.device)}
-        if isinstance(inputs, dict) and "input_ids" in inputs:
-            ids = inputs["input_ids"]
-            mask = inputs.get("attention_mask")
-            return {"input_ids": ids, "attention_mask": mask if mask is not None else torch.ones_like(ids)}
-        raise TypeError(f"inputs must be text, a list of texts, a token tensor or a dict with input_ids; "
-                        f"got {type(inputs).__name__}.")
+        return padded_batch(inputs, self.tokenizer, limits_of(self), self.device)  # validated (engine/inputs.py)
 
     # -- hooks ------------------------------------------------------------------------------------
     def _site(self, addr: Address):
@@ -237,7 +229,7 @@ class EagerModel(PointCatalogue):
         """One forward. Returns (logits [b, pos, vocab], ActivationCache of [b, pos, ...] tensors)."""
         enc = self._inputs(inputs)
         capture = self.expand(points) if points else []
-        steers = [steer] if isinstance(steer, Steer) else list(steer)
+        steers = validate_steers(steer)
         store: dict = {}
         self._step = _Step(0, False, self._last_index(enc["attention_mask"]), tuple(enc["input_ids"].shape))
         ctx = contextlib.nullcontext() if grad else torch.no_grad()
@@ -254,15 +246,16 @@ class EagerModel(PointCatalogue):
     @contextlib.contextmanager
     def steering(self, *steers: Steer):
         """Apply steers to every forward inside the block (composable; removed on exit)."""
-        hs = self._hookset([], list(steers), {}, True)
+        hs = self._hookset([], validate_steers(steers), {}, True)
         with hs:
             yield self
 
     def generate(self, inputs, max_new_tokens: int = 8, points=(), steer=(), do_sample=False, **kw):
         """Greedy (by default) generation with capture and steering in prefill and every step."""
         enc = self._inputs(inputs)
+        family_limits.check(self.config.model_type, "eager", "generate", batch=enc["input_ids"].shape[0])
         capture = self.expand(points) if points else []
-        steers = [steer] if isinstance(steer, Steer) else list(steer)
+        steers = validate_steers(steer)
         store: dict = {}
         mask = enc["attention_mask"]
         if not bool((mask[:, -1] == 1).all()):

@@ -28,6 +28,8 @@ from engine.errors import AddressError, SteeringError, UnsupportedPointError
 from engine.model import ActivationCache
 from engine.points import ALIASES, BY_NAME, INTEGER_POINTS, backend_status, get_point
 from engine.sites import get_path
+from engine.inputs import limits_of, token_rows
+from engine.steer_inputs import validate_steers
 from engine.steering import Steer
 
 __all__ = ["load", "VLLMModel", "Request", "RequestResult", "VLLMGeneration"]
@@ -171,29 +173,10 @@ class VLLMModel(PointCatalogue):
         return {"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"]}
 
     def _prompt_ids(self, prompt) -> list[int]:
-        if isinstance(prompt, str):
-            return list(self.tokenizer(prompt)["input_ids"])
-        if isinstance(prompt, torch.Tensor):
-            prompt = prompt.tolist()
-        if isinstance(prompt, (list, tuple)) and all(isinstance(i, int) for i in prompt) and prompt:
-            return list(prompt)
-        raise TypeError(f"a prompt is a string or a non-empty list/1-D tensor of token ids, got {prompt!r:.80}.")
+        return token_rows(prompt, self.tokenizer, limits_of(self), one=True)[0]  # validated (engine/inputs.py)
 
     def _prompts(self, inputs) -> list[list[int]]:
-        if isinstance(inputs, str):
-            return [self._prompt_ids(inputs)]
-        if isinstance(inputs, torch.Tensor):
-            return [self._prompt_ids(r) for r in (inputs if inputs.dim() == 2 else inputs[None])]
-        if isinstance(inputs, dict) and "input_ids" in inputs:
-            ids, mask = inputs["input_ids"], inputs.get("attention_mask")
-            return [self._prompt_ids(r[m.bool()] if mask is not None else r)
-                    for r, m in zip(ids, mask if mask is not None else ids)]
-        if isinstance(inputs, (list, tuple)) and inputs and all(isinstance(i, int) for i in inputs):
-            return [list(inputs)]
-        if isinstance(inputs, (list, tuple)) and inputs:
-            return [self._prompt_ids(p) for p in inputs]
-        raise TypeError(f"inputs must be text, a list of texts or token lists, a token tensor or a dict with "
-                        f"input_ids; got {type(inputs).__name__}.")
+        return token_rows(inputs, self.tokenizer, limits_of(self))
 
     def _plan(self, req: Request, logits: bool, prefill: bool = False) -> tuple[Plan, dict]:
         """A request's plan and sampling params. logits: keep final_norm from the last prompt token
@@ -201,7 +184,7 @@ class VLLMModel(PointCatalogue):
         caps = self.expand(req.points) if req.points else []
         if caps:
             self._refuse_if_generate("capture")
-        steers = [req.steer] if isinstance(req.steer, Steer) else list(req.steer)
+        steers = validate_steers(req.steer)
         steers = [self._steer(s) for s in self._context_steers + steers]
         if self.taps is not None:
             StaticTaps.check_order(steers)
@@ -327,7 +310,7 @@ class VLLMModel(PointCatalogue):
     @contextlib.contextmanager
     def steering(self, *steers: Steer):
         """Apply steers to every request made inside the block (on top of per-request steers)."""
-        checked = [self._steer(s) for s in steers]
+        checked = [self._steer(s) for s in validate_steers(steers)]
         self._context_steers.extend(checked)
         try:
             yield self
