@@ -152,6 +152,8 @@ def token_rows(inputs, tokenizer, limits: Limits, one: bool = False) -> list[lis
     n = len(prompts)
     rows = []
     for i, p in enumerate(prompts):
+        if isinstance(p, str) and tokenizer is None:
+            raise InputTypeError("this model has no tokenizer; give token ids instead of text.")
         ids = list(tokenizer(p)["input_ids"]) if isinstance(p, str) else _ids_of(p, i, n)
         rows.append(check_ids(ids, limits, i, n))
     return rows
@@ -166,10 +168,15 @@ def padded_batch(inputs, tokenizer, limits: Limits, device=None) -> dict:
         mask = torch.as_tensor(inputs["attention_mask"])
         ids, mask = (ids[None], mask[None]) if ids.dim() == 1 else (ids, mask)
         return {"input_ids": ids.to(device), "attention_mask": mask.to(device)}
-    if tokenizer.pad_token is None:
-        tokenizer.pad_token = tokenizer.eos_token
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    if isinstance(inputs, torch.Tensor):  # equal rows: no padding
+        ids = inputs if inputs.dim() == 2 else inputs[None]
+        return {"input_ids": ids.to(device), "attention_mask": torch.ones_like(ids).to(device)}
     width = max(len(r) for r in rows)
+    pad = 0
+    if tokenizer is not None and any(len(r) < width for r in rows):
+        if tokenizer.pad_token is None:
+            tokenizer.pad_token = tokenizer.eos_token
+        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     ids = torch.tensor([[pad] * (width - len(r)) + r for r in rows], dtype=torch.long)
     mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows], dtype=torch.long)
     return {"input_ids": ids.to(device), "attention_mask": mask.to(device)}
