@@ -119,6 +119,14 @@ def expand(patterns) -> list[str]:
     return out
 
 
+def for_cli(name: str, real: bool = False) -> ModelSource:
+    """A CLI's `--model NAME` (with `--real`: the cached real checkpoint): a model directory, or the
+    canonical repo id of the zoo twin / real checkpoint. Nothing is built or loaded."""
+    if isinstance(name, str) and looks_like_path(name.strip()):
+        return resolve(name, "local")
+    return resolve(name, "real" if real else "zoo", build=False)
+
+
 # -- local directories ---------------------------------------------------------------------------------
 def _local(asked: str, name: str, source: str) -> ModelSource:
     p = Path(name).expanduser()
