@@ -64,9 +64,9 @@ def _ids_of(x, i: int, n: int) -> list[int]:
     what = _label(i, n)
     if isinstance(x, torch.Tensor):
         if x.dim() != 1:
-            raise InputError(f"{what} is a {x.dim()}-D tensor; a prompt's token ids are 1-D.")
+            raise InputTypeError(f"{what} is a {x.dim()}-D tensor; a prompt's token ids are 1-D.")
         if x.is_floating_point() or x.dtype == torch.bool or x.is_complex():
-            raise InputError(f"{what} holds {x.dtype} values; token ids are integers (torch.long), "
+            raise InputTypeError(f"{what} holds {x.dtype} values; token ids are integers (torch.long), "
                              f"e.g. tokenizer(text, return_tensors='pt')['input_ids'].")
         return x.tolist()
     if isinstance(x, (list, tuple)):
