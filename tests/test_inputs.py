@@ -54,6 +54,7 @@ def dirs(tmp_path_factory, models):
     m.hf.save_pretrained(root / "no_tokenizer")
     shutil.copytree(full, root / "nested" / "checkpoint-10")
     (root / "nofile.bin").write_bytes(b"")
+    shutil.copytree(full, root / "no_weights", ignore=shutil.ignore_patterns("*.safetensors"))
     return root
 
 
@@ -101,6 +102,8 @@ TABLE = [
     ("directory without config.json", lambda e: e.load(e.d("empty")), (ModelNotFoundError, "has no config.json")),
     ("directory without tokenizer", lambda e: e.load(e.d("no_tokenizer")),
      (ModelNotFoundError, "no tokenizer files")),
+    ("directory without weights", lambda e: e.load(e.d("no_weights")),
+     (ModelNotFoundError, "has config.json but no weights")),
     ("parent of a saved model", lambda e: e.load(e.d("nested")),
      (ModelNotFoundError, "subdirectories hold saved models: checkpoint-10")),
     ("a file, not a directory", lambda e: e.load(e.d("nofile.bin")), (ModelNotFoundError, "is a file")),
