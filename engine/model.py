@@ -13,8 +13,8 @@ from engine.address import Address, closest, parse
 from engine.errors import AddressError, SteeringError, UnsupportedPointError
 from engine.families.base import Family
 from engine.hooks import HookSet
-from engine.points import INTEGER_POINTS, backend_status, get_point
 from engine.inputs import limits_of, padded_batch
+from engine.points import INTEGER_POINTS, backend_status, get_point
 from engine.steer_inputs import validate_steers
 from engine.steering import Steer, apply_steer, position_mask
 

@@ -25,10 +25,10 @@ from engine.backends.vllm_results import Request, RequestResult, VLLMGeneration,
 from engine.backends.vllm_static import StaticTaps, width_of
 from engine.backends.vllm_tree import resolve, tree_for
 from engine.errors import AddressError, SteeringError, UnsupportedPointError
+from engine.inputs import limits_of, token_rows
 from engine.model import ActivationCache
 from engine.points import ALIASES, BY_NAME, INTEGER_POINTS, backend_status, get_point
 from engine.sites import get_path
-from engine.inputs import limits_of, token_rows
 from engine.steer_inputs import validate_steers
 from engine.steering import Steer
 
