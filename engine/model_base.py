@@ -29,7 +29,8 @@ class ModelBase(PointCatalogue):
     def steering(self, *steers):
         """Apply steers to every call made in this block, in this thread or asyncio task (composable:
         nested blocks add up and each exit removes exactly its own steers)."""
-        for s in steers:
+        from engine.steer_inputs import validate_steers
+        for s in validate_steers(list(steers)):
             self._steer(s)  # refuse a bad steer when the block opens, not at the first call
         token = self._steers.set((*self._steers.get(), *steers))
         try:

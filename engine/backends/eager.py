@@ -16,15 +16,17 @@ from dataclasses import dataclass
 
 import torch
 
-from engine import attention, lens, sites
+from engine import attention, family_limits, lens, sites
 from engine.address import Address, closest, parse
 from engine.errors import AddressError, SteeringError, UnsupportedPointError
 from engine.families.base import Family
+from engine.inputs import limits_of, padded_batch
 from engine.model_base import ModelBase
 from engine.plan import Plan, SiteWork, Span, run_site, site_work
 from engine.points import INTEGER_POINTS, backend_status, get_point
 from engine.results import (PATTERNS, ActivationCache, GenerationResult, RequestResult, batch_cache, columns,
                             columns_of)
+from engine.steer_inputs import validate_steers
 from engine.steering import Steer
 
 
@@ -176,21 +178,9 @@ class EagerModel(ModelBase):
         return {"input_ids": enc["input_ids"].to(self.device), "attention_mask": enc["attention_mask"].to(self.device)}
 
     def _inputs(self, inputs) -> dict:
-        if isinstance(inputs, (str, list)) and (isinstance(inputs, str) or isinstance(inputs[0], str)):
-            enc = self.to_tokens(inputs)
-        elif isinstance(inputs, torch.Tensor):
-            ids = inputs if inputs.dim() == 2 else inputs[None]
-            enc = {"input_ids": ids.to(self.device), "attention_mask": torch.ones_like(ids).to(self.device)}
-        elif isinstance(inputs, dict) and "input_ids" in inputs:
-            ids = inputs["input_ids"]
-            mask = inputs.get("attention_mask")
-            enc = {"input_ids": ids, "attention_mask": mask if mask is not None else torch.ones_like(ids)}
-        else:
-            raise TypeError(f"inputs must be text, a list of texts, a token tensor or a dict with input_ids; "
-                            f"got {type(inputs).__name__}.")
+        """A validated (engine/inputs.py), padded batch; a given attention_mask keeps its layout."""
+        enc = padded_batch(inputs, self.tokenizer, limits_of(self), self.device)
         for r, cols in enumerate(columns_of(enc["attention_mask"])):
-            if len(cols) == 0:
-                raise ValueError(f"batch row {r} has no real tokens (empty prompt); drop it or give it text.")
             if int(cols[-1] - cols[0]) + 1 != len(cols):
                 raise ValueError(f"attention_mask row {r} has padding between real tokens; pad on one side only.")
         return enc
@@ -210,8 +200,7 @@ class EagerModel(ModelBase):
 
     def _plans(self, lengths, points, steer, max_new_tokens: int) -> list[Plan]:
         capture = self.expand(points) if points else []
-        given = [steer] if isinstance(steer, Steer) else list(steer)
-        steers = [self._steer(s) for s in (*self._context_steers(), *given)]
+        steers = [self._steer(s) for s in (*self._context_steers(), *validate_steers(steer))]
         plans = [Plan(int(n), list(capture), steers) for n in lengths]
         for p in plans:
             p.check_positions(max_new_tokens)
@@ -308,6 +297,7 @@ class EagerModel(ModelBase):
         self._live()
         enc = self._inputs(inputs)
         mask = enc["attention_mask"]
+        family_limits.check(self.config.model_type, "eager", "generate", batch=enc["input_ids"].shape[0])
         if not bool((mask[:, -1] == 1).all()):
             raise ValueError("generate needs left padding (pad on the left so every row ends in a real "
                              "token); use model.to_tokens(texts, padding_side='left').")

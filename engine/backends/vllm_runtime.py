@@ -17,11 +17,9 @@ import os
 import threading
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
-
 import torch
 
-from engine.errors import ModelNotFoundError
+from engine import sources
 
 log = logging.getLogger("engine.vllm")
 if not log.handlers:  # the load report is a log line users should see without configuring logging
@@ -30,7 +28,8 @@ if not log.handlers:  # the load report is a log line users should see without c
     log.addHandler(_h)
     log.setLevel(logging.INFO)
 
-ENV_DEFAULTS = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_LOGGING_LEVEL": "WARNING"}
+ENV_DEFAULTS = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_LOGGING_LEVEL": "WARNING",
+                "VLLM_NO_USAGE_STATS": "1"}  # offline: no usage report to stats.vllm.ai either
 WORKER_EXTENSION = "engine.backends.vllm_worker.InterpWorker"
 ROW_MAP = "engine.backends.vllm_rows:RowMap"
 
@@ -42,25 +41,9 @@ def prepare_env() -> None:
 
 
 def model_path(name: str, source: str) -> tuple[str, str]:
-    """(what to hand vLLM, source used): a local model directory, a cached real repo id, or the
-    snapshot directory of the zoo twin."""
-    if source not in ("auto", "zoo", "real"):
-        raise ValueError(f"source must be one of ('auto', 'zoo', 'real'), got {source!r}.")
-    p = Path(name).expanduser()
-    if p.is_dir():
-        if not (p / "config.json").is_file():
-            raise ModelNotFoundError(f"{name!r} is a directory without config.json; point at a saved model.")
-        return str(p.resolve()), "local"
-    from engine import zoo
-    real = zoo.real_checkpoint_available(name)
-    if source == "real" and not real:
-        raise ModelNotFoundError(f"{name!r} is not in the local HF model cache; download it first "
-                                 f"(huggingface-cli download {name}) or use source='zoo' for its tiny twin.")
-    if source == "real" or (source == "auto" and real):
-        return name, "real"
-    if name not in zoo.ZOO:
-        zoo.resolve(name)  # raises naming the closest entries
-    return str(zoo.ensure_twin(name)), "zoo"
+    """(local directory to hand vLLM, source used), resolved by engine.sources as on every backend."""
+    src = sources.resolve(name, source)
+    return src.path, src.source
 
 
 def kv_bytes_for(hf_config, max_num_seqs: int, max_model_len: int, dtype: torch.dtype) -> int:
