@@ -1,15 +1,17 @@
-"""What every backend's model class shares beyond its point catalogue: steering blocks scoped to
-the calling thread or task, use as a context manager, and a clear error after close()."""
+"""What every backend's model class shares beyond its point catalogue: verdicts before running
+(describe / serves / refuses, engine/capabilities.py), steering blocks scoped to the calling thread
+or task, use as a context manager, and a clear error after close()."""
 from __future__ import annotations
 
 import contextlib
 import contextvars
 
+from engine.capabilities import CapabilityMixin
 from engine.catalogue import PointCatalogue
 from engine.errors import EngineError
 
 
-class ModelBase(PointCatalogue):
+class ModelBase(PointCatalogue, CapabilityMixin):
     """Subclasses set `name`, `backend`, implement `_steer(steer) -> Steer` (validation) and
     `close()`, and call `_init_base()` in their constructor."""
 

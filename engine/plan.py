@@ -26,6 +26,7 @@ import torch
 
 from engine import positions
 from engine.address import Address
+from engine.errors import SteeringError
 from engine.steering import Steer, apply_steer
 
 _keys = itertools.count(1)
@@ -47,9 +48,15 @@ class Plan:
         return list(dict.fromkeys(self.captures + self.internal))
 
     def check_positions(self, max_new_tokens: int) -> None:
-        """Every steer must touch at least one position of this call (engine.positions.check)."""
+        """Every steer must touch at least one position of this call (engine.positions.check), also
+        after its exclusions; a per-row mask may select nothing in one sequence (checked per call)."""
+        n = positions.call_length(self.prompt_len, max_new_tokens)
         for st in self.steers:
-            positions.check(st.positions, self.prompt_len, max_new_tokens, f"steer {st.op!r} at {st.address}")
+            what = f"steer {st.op!r} at {st.address}"
+            positions.check(st.positions, self.prompt_len, max_new_tokens, what)
+            if st.exclude and not positions.is_mask(st.positions) and not bool(st.touched(0, n, self.prompt_len).any()):
+                raise SteeringError(f"{what}: every position it selects is excluded (exclude={st.exclude}); "
+                                    f"nothing would be steered.")
 
     def wanted(self, key: str, pos0: int, n: int) -> int | None:
         """How many leading rows of a chunk to skip for `key` (None: skip the whole chunk)."""
@@ -109,6 +116,10 @@ class Span:
     def mask(self, spec) -> torch.Tensor:
         return positions.mask(spec, self.pos0, self.b - self.a, self.plan.prompt_len)
 
+    def touched(self, steer: Steer) -> torch.Tensor:
+        """Bool [rows]: which rows of this span the steer touches (its positions minus exclusions)."""
+        return steer.touched(self.pos0, self.b - self.a, self.plan.prompt_len)
+
 
 @dataclass
 class Step:
@@ -155,10 +166,10 @@ def run_site(t: torch.Tensor, spans: list[Span], work: SiteWork, keep: Callable,
             continue
         try:
             for st in work.writes.get(sp.plan.key, ()):
-                m = sp.mask(st.positions)
+                m = sp.touched(st)
                 if not bool(m.any()):
                     continue
-                new = apply_steer(st, out[sp.a:sp.b], m)
+                new = apply_steer(st, out[sp.a:sp.b], m, sp.pos0)
                 if out is t:
                     out = t.clone()
                 out[sp.a:sp.b] = new

@@ -22,11 +22,27 @@ PATTERNS = ("attn_scores", "attn_probs")
 
 
 class ActivationCache(dict):
-    """Captured tensors keyed by address string; also indexable by Address or 'point.-1'."""
+    """Captured tensors keyed by address string; also indexable by Address or 'point.-1'.
 
-    def __init__(self, n_layers: int):
+    `columns`: for a padded batch ([batch, pos, ...] entries), the columns each sequence's own
+    positions occupy; None for the cache of one sequence ([pos, ...] entries). `entry(key)` gives
+    a capture as each sequence's own rows, the form a steer aligns by position (patching)."""
+
+    def __init__(self, n_layers: int, columns: "list[torch.Tensor] | None" = None):
         super().__init__()
         self.n_layers = n_layers
+        self.columns = columns
+
+    def entry(self, key):
+        """The capture at `key` as a CacheEntry: per sequence, its rows at its own positions."""
+        from engine.steering import CacheEntry
+        t = self[key]
+        k = self._key(key)
+        if self.columns is None:
+            return CacheEntry(k, [t], batched=False)
+        if k.split(".")[0] in PATTERNS:
+            return CacheEntry(k, [t[i, c][..., c.to(t.device)] for i, c in enumerate(self.columns)])
+        return CacheEntry(k, [t[i, c.to(t.device)] for i, c in enumerate(self.columns)])
 
     def _key(self, key):
         return str(parse(key).resolved(self.n_layers))
@@ -114,7 +130,7 @@ def scatter(key: str, rows: list[torch.Tensor], cols: list[torch.Tensor], width:
 
 def batch_cache(caches: list[ActivationCache], cols: list[torch.Tensor], width: int, n_layers: int):
     """One [b, width, ...] ActivationCache from per-sequence [len, ...] caches."""
-    out = ActivationCache(n_layers)
+    out = ActivationCache(n_layers, [c.cpu() for c in cols])
     for key in (caches[0] if caches else {}):
         out[key] = scatter(key, [c[key] for c in caches], cols, width)
     return out

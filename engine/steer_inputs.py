@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from engine.errors import SteeringError
-from engine.steering import Steer
+from engine.steering import OPS, Steer
 
 PROJECT_OUT_MIN_NORM = 1e-6  # below this a project_out direction is treated as zero
 _HOW = "pass engine.Steer objects, e.g. Steer('resid_post.3', 'add', vector)"
@@ -60,10 +60,13 @@ def validate_steers(steer) -> list[Steer]:
             raise SteeringError(f"the value of {where} ({st.op} at {st.address}) is on meta, the device of tensors "
                                 f"with a shape but no data (e.g. made under init_empty_weights or with "
                                 f"device='meta'); compute it on a real device (cpu or cuda) first.")
-        if st.op == "project_out" and isinstance(v, torch.Tensor):
+        p = st.positions
+        if isinstance(p, torch.Tensor) and not bool(p.any()):
+            raise SteeringError(f"the positions mask of {where} ({st.op} at {st.address}) selects no position.")
+        if OPS[st.op].value == "direction" and isinstance(v, torch.Tensor) and st.lead is None:
             norm = float(v.detach().double().norm())
             if not norm >= PROJECT_OUT_MIN_NORM:
-                raise SteeringError(f"project_out at {st.address} ({where}) needs a direction, but its value has "
+                raise SteeringError(f"{st.op} at {st.address} ({where}) needs a direction, but its value has "
                                     f"norm {norm:.3g} (below {PROJECT_OUT_MIN_NORM:g}), which would remove "
                                     f"nothing; pass a non-zero vector (it is normalized for you).")
     return items

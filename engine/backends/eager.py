@@ -18,6 +18,7 @@ import torch
 
 from engine import attention, family_limits, lens, sites
 from engine.address import Address, closest, parse
+from engine.capabilities import Verdict, refused
 from engine.errors import AddressError, SteeringError, UnsupportedPointError
 from engine.families.base import Family
 from engine.inputs import limits_of, padded_batch
@@ -28,6 +29,8 @@ from engine.results import (PATTERNS, ActivationCache, GenerationResult, Request
                             columns_of)
 from engine.steer_inputs import validate_steers
 from engine.steering import Steer
+from engine.tokens import special_ids
+from engine.weights import WeightsMixin
 
 
 @dataclass
@@ -85,7 +88,7 @@ def _decode_layout(plans: list[Plan], mask: torch.Tensor, step: int) -> Layout:
     return Layout(spans, (mask.shape[0], 1), key_mask)
 
 
-class EagerModel(ModelBase):
+class EagerModel(ModelBase, WeightsMixin):
     backend = "eager"
 
     def __init__(self, name: str, hf, tokenizer, family: Family, source: str):
@@ -124,6 +127,20 @@ class EagerModel(ModelBase):
 
     def _probe(self, point, layer):
         self._site(Address(point, layer) if layer is not None else Address(point))
+
+    def _verdict(self, point, layer) -> Verdict:
+        addr = Address(point, layer)
+        status, reason = backend_status(point, self.backend)
+        if status == "refused":
+            return refused(point, layer, self.backend, reason)
+        try:
+            site = self._site(addr)
+        except UnsupportedPointError as e:
+            return refused(point, layer, self.backend, str(e))
+        how = "recompute" if "recompute" in (status, site.how) else "hook"
+        only = ("integer expert indices: capture only" if point in INTEGER_POINTS else
+                self.family.capture_only.get(point) or site.capture_only)
+        return Verdict(str(addr), True, how, only)
 
     def address(self, a) -> Address:
         """Parse and check an address against this model and backend; absolute layer."""
@@ -198,10 +215,15 @@ class EagerModel(ModelBase):
             raise SteeringError(f"{addr} can be captured but not steered on this model: {why}.")
         return st.at(addr)
 
-    def _plans(self, lengths, points, steer, max_new_tokens: int) -> list[Plan]:
+    def _plans(self, enc: dict, points, steer, max_new_tokens: int) -> list[Plan]:
+        """One plan per batch row: its own length, its row of any batch value or mask, its exclusions."""
         capture = self.expand(points) if points else []
         steers = [self._steer(s) for s in (*self._context_steers(), *validate_steers(steer))]
-        plans = [Plan(int(n), list(capture), steers) for n in lengths]
+        rows = [enc["input_ids"][r, cols.to(enc["input_ids"].device)].tolist()
+                for r, cols in enumerate(columns_of(enc["attention_mask"]))]
+        special = special_ids(self.tokenizer)
+        plans = [Plan(len(ids), list(capture), [st.for_row(r, len(rows), ids, special) for st in steers])
+                 for r, ids in enumerate(rows)]
         for p in plans:
             p.check_positions(max_new_tokens)
             if max_new_tokens and Address("lm_head") in capture:  # generating: logits from the last prompt token
@@ -268,14 +290,14 @@ class EagerModel(ModelBase):
         self._live()
         enc = self._inputs(inputs)
         mask = enc["attention_mask"]
-        plans = self._plans(mask.sum(-1).tolist(), points, steer, 0)
+        plans = self._plans(enc, points, steer, 0)
         held = {} if grad else None
         ctx = contextlib.nullcontext() if grad else torch.no_grad()
         with self._lock, ctx, self._attached(plans, [_prefill_layout(plans, mask.cpu())], held):
             out = self.hf(**enc, position_ids=self._position_ids(mask), use_cache=False)
         logits = torch.where(mask.bool()[..., None], out.logits, torch.zeros((), dtype=out.logits.dtype))
         if grad:
-            cache = ActivationCache(self.n_layers)
+            cache = ActivationCache(self.n_layers, columns_of(mask))
             for addr in plans[0].captures:
                 cache[str(addr)] = held[str(addr)]
             return logits, cache
@@ -302,7 +324,7 @@ class EagerModel(ModelBase):
             raise ValueError("generate needs left padding (pad on the left so every row ends in a real "
                              "token); use model.to_tokens(texts, padding_side='left').")
         lengths = mask.sum(-1).tolist()
-        plans = self._plans(lengths, points, steer, max_new_tokens)
+        plans = self._plans(enc, points, steer, max_new_tokens)
         cpu_mask = mask.cpu()
         layouts = [_prefill_layout(plans, cpu_mask)] + [_decode_layout(plans, cpu_mask, i)
                                                          for i in range(1, max_new_tokens)]

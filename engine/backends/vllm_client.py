@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from engine.address import Address, parse
+from engine.capabilities import Verdict, refused
 from engine.backends import vllm_attn, vllm_wire
 from engine.backends.vllm_catalogue import HEADED, VLLMCatalogue
 from engine.backends.vllm_rows import EXTRA_KEY
@@ -30,7 +31,8 @@ from engine.points import INTEGER_POINTS
 from engine.results import (ActivationCache, GenerationResult, Request, RequestResult, batch_cache, columns,
                             columns_of, pad_rows)
 from engine.steer_inputs import validate_steers
-from engine.steering import Steer
+from engine.steering import OPS, Steer
+from engine.tokens import special_ids
 
 NO_CAPTURE = ("vllm-generate is stock vLLM: no capture, no steering, no logit lens; load the model with "
               "backend='vllm' (any servable point, per request) or backend='vllm-static' (declared taps)")
@@ -70,6 +72,23 @@ class AsyncVLLMModel(ModelBase):
         self._refuse_if_generate("capture")
         self.catalogue.check(Address(point, layer) if layer is not None else Address(point))
 
+    def _verdict(self, point, layer) -> Verdict:
+        addr = Address(point, layer)
+        if self.backend == "vllm-generate":
+            return refused(point, layer, self.backend, NO_CAPTURE)
+        try:
+            self.catalogue.check(addr)
+        except UnsupportedPointError as e:
+            return refused(point, layer, self.backend, str(e))
+        if point in vllm_attn.ATTN_POINTS:
+            return Verdict(str(addr), True, "recompute", "recomputed from q and k after the forward (capture only); "
+                                                         "steer q or k, or use backend='eager'")
+        info = self.catalogue.info(addr)
+        only = "integer expert indices: capture only" if point in INTEGER_POINTS else info.get("write_refused")
+        if self.backend == "vllm-static" and not only and not info.get("writable"):
+            only = "a read-only tap of this vllm-static engine; declare it in static_points to steer it"
+        return Verdict(str(addr), True, "hook", only)
+
     def address(self, a) -> Address:
         """Parse and check an address against this model and backend; absolute layer, coordinates
         counted from 0."""
@@ -84,6 +103,31 @@ class AsyncVLLMModel(ModelBase):
         if not -n <= value < n:
             raise AddressError(f"{name} {value} is out of range for {addr.point!r} ({n} {name}s).")
         return Address(addr.point, addr.layer, **{name: value % n})
+
+    def block_layout(self):
+        """The block layout from the family table and config (per-layer mixers: where q is served)."""
+        from engine.families import family_for
+        from engine.weights import layout
+        fam = family_for(self.config.model_type)
+        mixer = None
+        if self.catalogue is not None:
+            mixer = lambda i: "attention" if self.serves(f"q.{i}") else "other"  # noqa: E731
+        return layout(fam, self.config, self.n_layers, mixer)
+
+    def _weights_refused(self, what):
+        raise UnsupportedPointError(f"{what} lives in vLLM's worker processes (sharded under tensor parallelism) "
+                                    f"and is not copied to the client; load the model with backend='eager' to read "
+                                    f"weights.")
+
+    def W_O(self, layer):
+        self._weights_refused("W_O")
+
+    def W_down(self, layer):
+        self._weights_refused("W_down")
+
+    @property
+    def W_U(self):
+        self._weights_refused("W_U")
 
     def point_shape(self, addr: Address) -> tuple:
         """Per-token shape of a capture at addr (what a steering value must have)."""
@@ -106,29 +150,37 @@ class AsyncVLLMModel(ModelBase):
         if self.backend == "vllm-static" and not info.get("writable"):
             raise UnsupportedPointError(f"{addr} is a read-only tap of this vllm-static engine; declare it in "
                                         f"static_points to steer it, or use backend='vllm'.")
-        if info.get("sharded") and st.op == "project_out" and not addr.coords:
-            raise SteeringError(f"project_out at {addr} needs the whole vector, but this point is split across "
-                                f"{self.catalogue.tp} tensor-parallel ranks; project out one head "
-                                f"({addr}.head-N) or use tensor_parallel_size=1.")
+        if self.backend == "vllm-static":
+            from engine.backends.vllm_static import StaticTaps
+            StaticTaps.refuse(st)
+        if info.get("sharded") and OPS[st.op].whole and not addr.coords:
+            raise SteeringError(f"{st.op} at {addr} needs the whole vector, but this point is split across "
+                                f"{self.catalogue.tp} tensor-parallel ranks; steer one head ({addr}.head-N) or "
+                                f"use tensor_parallel_size=1.")
+        st = st.at(addr).bound()
         v = st.value
-        if isinstance(v, torch.Tensor) and st.op != "scale":
+        if isinstance(v, torch.Tensor):
             if v.device.type == "meta":
                 raise SteeringError(f"steering value for {addr} is on the meta device (it holds no data); "
                                     f"make it a real tensor.")
             want = self.point_shape(addr)
-            if tuple(v.shape) != want:
-                raise SteeringError(f"steering value for {addr} has shape {tuple(v.shape)} but the point's "
+            if not (st.op == "scale" and v.dim() == 0) and tuple(v.shape[st.lead:]) != want:
+                lead = "" if not st.lead else f" (after {st.lead} leading {'pos' if st.lead == 1 else 'batch, pos'} axes)"
+                raise SteeringError(f"steering value for {addr} has shape {tuple(v.shape)}{lead} but the point's "
                                     f"per-position shape is {want}.")
         return st.at(addr, v.detach().cpu() if isinstance(v, torch.Tensor) else None)
 
-    def _plan(self, req: Request, prefill: bool, logits: bool) -> tuple[Plan, dict]:
+    def _plan(self, req: Request, prefill: bool, logits: bool, row: int = 0, n_rows: int = 1) -> tuple[Plan, dict]:
         """A request's plan and sampling params. prefill: a forward over the prompt (run_with_cache):
-        every prompt position computed, logits at each; else logits of each new token."""
+        every prompt position computed, logits at each; else logits of each new token. The request
+        is sequence `row` of a call of `n_rows` (batch values and masks are cut to its row)."""
         prompt = self._prompt_ids(req.prompt)
         caps = self.expand(req.points) if req.points else []
         if caps:
             self._refuse_if_generate("capture")
-        steers = [self._steer(s) for s in (*self._context_steers(), *validate_steers(req.steer))]
+        special = special_ids(self.tokenizer)
+        steers = [self._steer(s).for_row(row, n_rows, prompt, special)
+                  for s in (*self._context_steers(), *validate_steers(req.steer))]
         if self.backend == "vllm-static":
             from engine.backends.vllm_static import StaticTaps
             StaticTaps.check_order(steers)
@@ -275,19 +327,23 @@ class AsyncVLLMModel(ModelBase):
 
     # -- public async API ----------------------------------------------------------------------------
     async def generate_batch(self, requests: list[Request], return_logits: bool = True) -> list[RequestResult]:
-        """Run requests concurrently (one continuous batch); each keeps its own captures and steers."""
+        """Run requests concurrently (one continuous batch); each keeps its own captures and steers
+        (each Request is one sequence: its steer values take no batch axis)."""
         self._live()
         want = return_logits and self.backend != "vllm-generate"
         return await self._run_many([self._plan(r, False, want) for r in requests], want)
 
     async def generate(self, inputs, max_new_tokens: int = 8, points=(), steer=(), return_logits: bool = True,
                        **sampling) -> GenerationResult:
-        """Greedy (by default) generation of every prompt, the same captures and steers for each;
-        results padded on the left like eager's."""
+        """Greedy (by default) generation of every prompt, the same captures and steers for each
+        (a steer value or mask with a batch axis gives each prompt its own row); results padded on
+        the left like eager's."""
+        self._live()
         prompts, _ = self._prompts(inputs)
-        res = await self.generate_batch([Request(p, max_new_tokens, points, steer, sampling) for p in prompts],
-                                        return_logits)
-        return self._batch(res)
+        want = return_logits and self.backend != "vllm-generate"
+        built = [self._plan(Request(p, max_new_tokens, points, steer, sampling), False, want, i, len(prompts))
+                 for i, p in enumerate(prompts)]
+        return self._batch(await self._run_many(built, want))
 
     async def capture(self, inputs, points=(), steer=()):
         """One forward over each prompt. Returns (logits [b, pos, vocab], cache of [b, pos, ...]),
@@ -295,7 +351,7 @@ class AsyncVLLMModel(ModelBase):
         self._live()
         self._refuse_if_generate("capture")
         prompts, mask = self._prompts(inputs)
-        built = [self._plan(Request(p, 1, points, steer), True, True) for p in prompts]
+        built = [self._plan(Request(p, 1, points, steer), True, True, i, len(prompts)) for i, p in enumerate(prompts)]
         res = await self._run_many(built, True, prefill=True)
         lengths = [len(p) for p in prompts]
         width = max(lengths) if mask is None else mask.shape[1]

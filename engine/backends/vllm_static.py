@@ -7,7 +7,9 @@ compilation, so torch.compile (CPU) and CUDA graphs (GPU) capture plain tensor o
 with fixed addresses and no Python, no data-dependent control flow. Between steps, Python fills
 the write buffers for each steering request's rows (identity elsewhere) and copies each
 capturing request's rows out of `cap`. That per-row affine form composes add / set / scale /
-ablate / mean_ablate in any order, and project_out when it comes first at a tap.
+ablate / mean_ablate / swap in any order (values per position too: each row gets its own), and
+project_out (rescale with coeff 0) when it comes first at a tap. Ops it cannot express (their
+`static` entry in engine.steering.OPS says why) are refused by name before a request runs.
 """
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ import torch
 from engine.backends.vllm_tree import VSite
 from engine.errors import SteeringError
 from engine.plan import Step
+from engine.steering import OPS, values_at
 
 
 class Tap:
@@ -78,19 +81,24 @@ class Tap:
         self.buf("mul").fill_(1.0)
         self.buf("add").zero_()
 
-    def fill(self, rows: torch.Tensor, steer, head_dim: int | None) -> None:
-        """Compose one steer into the write buffers at the given flat rows."""
+    def fill(self, rows: torch.Tensor, steer, head_dim: int | None, value=None) -> None:
+        """Compose one steer into the write buffers at the given flat rows; `value` is its value for
+        those rows (engine.steering.values_at: [n, *shape] per position, or one [*shape])."""
         u, mul, add = self.buf("u"), self.buf("mul"), self.buf("add")
         cols = slice(None)
         if steer.address.coords:
             (_, h), = steer.address.coords
             h = h % (self.width // head_dim)
             cols = slice(h * head_dim, (h + 1) * head_dim)
-        v = steer.value.to(mul.device, mul.dtype).reshape(-1) if steer.value is not None else None
+        v = steer.value if value is None else value
+        if v is not None:
+            v = v.to(mul.device, mul.dtype)
+            per_row = value is not None and steer.bound().lead == 1
+            v = v.reshape(rows.numel(), -1) if per_row else (v if v.dim() == 0 else v.reshape(-1))
         op = steer.op
         if op == "add":
             add[rows, cols] += v
-        elif op in ("set", "mean_ablate"):
+        elif op in ("set", "mean_ablate", "swap"):
             mul[rows, cols] = 0.0
             add[rows, cols] = v
         elif op == "scale":
@@ -99,9 +107,11 @@ class Tap:
         elif op == "ablate":
             mul[rows, cols] = 0.0
             add[rows, cols] = 0.0
-        else:  # project_out: only ahead of any affine op on these rows (checked at plan time)
-            unit = v / v.norm().clamp_min(1e-12)
-            u[rows, cols] = unit
+        elif op in ("project_out", "rescale"):  # rescale only with coeff 0; first at the tap (checked at plan time)
+            f = v.float()
+            u[rows, cols] = (f / f.norm(dim=-1, keepdim=True).clamp_min(1e-12)).to(u.dtype)
+        else:
+            raise SteeringError(f"vllm-static cannot apply {op!r}: {OPS[op].static}.")
 
 
 def width_of(site: VSite, point: str, d_model: int) -> int:
@@ -137,17 +147,27 @@ class StaticTaps:
         return sum(t.nbytes for t in self.taps.values())
 
     @staticmethod
+    def refuse(steer) -> None:
+        """Refuse by name an op the taps' per-row affine form cannot express."""
+        why = OPS[steer.op].static
+        if why and not (steer.op == "rescale" and steer.coeff == 0.0):
+            raise SteeringError(f"{steer.op!r} at {steer.address} cannot run on vllm-static: {why}; use "
+                                f"backend='vllm' or 'eager'.")
+
+    @staticmethod
     def check_order(steers) -> None:
-        """project_out composes only ahead of affine ops at the same tap."""
+        """project_out (rescale by 0) composes only ahead of affine ops at the same tap."""
         seen_affine = set()
         for st in steers:
+            StaticTaps.refuse(st)
             k = str(st.address.base)
-            if st.op == "project_out" and k in seen_affine:
-                raise SteeringError(f"vllm-static applies project_out at {k} before any other op there; "
-                                    f"put the project_out steer first or use backend='vllm'.")
-            if st.op != "project_out":
+            projects = st.op in ("project_out", "rescale")
+            if projects and k in seen_affine:
+                raise SteeringError(f"vllm-static applies {st.op} at {k} before any other op there; "
+                                    f"put the {st.op} steer first or use backend='vllm'.")
+            if not projects:
                 seen_affine.add(k)
-        ks = [str(s.address.base) for s in steers if s.op == "project_out"]
+        ks = [str(s.address.base) for s in steers if s.op in ("project_out", "rescale")]
         if len(ks) != len(set(ks)):
             raise SteeringError("vllm-static holds one project_out direction per tap and request; "
                                 "combine the directions or use backend='vllm'.")
@@ -166,9 +186,11 @@ class StaticTaps:
                 continue
             tap.reset()
             for sp, st in todo:
-                rows = torch.arange(sp.a, sp.b)[sp.mask(st.positions)].to(tap.buf("mul").device)
-                if rows.numel():
-                    tap.fill(rows, st, self.head_dim[name])
+                idx = torch.nonzero(sp.touched(st)).flatten()
+                if idx.numel():
+                    shape = self.shape_of(name)[1:] if st.address.coords else self.shape_of(name)
+                    v = values_at(st, idx + sp.pos0, shape)
+                    tap.fill((idx + sp.a).to(tap.buf("mul").device), st, self.head_dim[name], v)
             tap.dirty = bool(todo)
 
     def after(self, step: Step, work: dict) -> None:

@@ -55,23 +55,44 @@ def decode(x):
 def _positions_out(p):
     if isinstance(p, slice):
         return {"slice": [p.start, p.stop]}
+    if isinstance(p, torch.Tensor):
+        return {"mask": tensor_out(p)}
+    if isinstance(p, list):
+        return {"list": p}
     return p
 
 
 def _positions_in(p):
-    return slice(*p["slice"]) if isinstance(p, dict) else p
+    if not isinstance(p, dict):
+        return p
+    if "slice" in p:
+        return slice(*p["slice"])
+    if "mask" in p:
+        return tensor_in(p["mask"])
+    return list(p["list"])
+
+
+def steer_out(s: Steer) -> dict:
+    """A steer bound to one sequence (engine.steering.Steer.for_row) as plain data."""
+    return {"address": str(s.address), "op": s.op, "positions": _positions_out(s.positions),
+            "value": None if s.value is None else tensor_out(s.value), "coeff": s.coeff,
+            "bounds": None if s.bounds is None else list(s.bounds),
+            "exclude": s.exclude, "lead": s.lead}
+
+
+def steer_in(s: dict) -> Steer:
+    return Steer(s["address"], s["op"], None if s["value"] is None else tensor_in(s["value"]),
+                 _positions_in(s["positions"]), coeff=s.get("coeff"),
+                 bounds=None if s.get("bounds") is None else tuple(s["bounds"]),
+                 exclude=s.get("exclude"), lead=s.get("lead"))
 
 
 def plan_out(plan: Plan, key: str) -> dict:
     return {"key": key, "prompt_len": plan.prompt_len,
             "captures": [str(a) for a in plan.captures], "internal": [str(a) for a in plan.internal],
-            "start_at": dict(plan.start_at),
-            "steers": [{"address": str(s.address), "op": s.op, "positions": _positions_out(s.positions),
-                        "value": None if s.value is None else tensor_out(s.value)} for s in plan.steers]}
+            "start_at": dict(plan.start_at), "steers": [steer_out(s) for s in plan.steers]}
 
 
 def plan_in(d: dict) -> Plan:
-    steers = [Steer(s["address"], s["op"], None if s["value"] is None else tensor_in(s["value"]),
-                    _positions_in(s["positions"])) for s in d["steers"]]
-    return Plan(d["prompt_len"], [parse(a) for a in d["captures"]], steers,
+    return Plan(d["prompt_len"], [parse(a) for a in d["captures"]], [steer_in(s) for s in d["steers"]],
                 [parse(a) for a in d["internal"]], dict(d["start_at"]), key=d["key"])

@@ -101,8 +101,11 @@ class WorkerState:
                 return None
             local = Address(st.address.point, st.address.layer, **{name: held.index(h)})
             return type(st)(local, st.op, st.value, st.positions)
-        value = st.value if st.op == "scale" or st.value is None else st.value[torch.tensor(held)]
-        return st.at(st.address, value)
+        st = st.bound()
+        v = st.value
+        if v is None or v.dim() <= st.lead:  # no value, or a scalar scale
+            return st
+        return st.at(st.address, v.index_select(st.lead, torch.tensor(held, device=v.device)))
 
     def _rebuild(self) -> None:
         """Recompute what every site does for the registered plans; reattach hooks (`vllm`)."""

@@ -1,0 +1,104 @@
+"""Verdicts before running (engine/capabilities.py) agree with what a call then does, point by point
+and layer by layer, on one family of each kind; block layouts; weight accessors against the
+captured tensors they produce (z @ W_O = attn_out, mlp_act @ W_down = mlp_out, final_norm @ W_U =
+logits)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine import load_model
+from engine.errors import AddressError, SteeringError, UnsupportedPointError
+from engine.points import POINTS
+from engine.steering import Steer
+
+KINDS = {"gpt2": "openai-community/gpt2", "gqa_rope": "meta-llama/Llama-3.2-1B", "sandwich": "google/gemma-2-2b",
+         "moe": "mistralai/Mixtral-8x7B-v0.1", "hybrid": "LiquidAI/LFM2-350M"}
+TEXT = "The quick brown fox jumps over the lazy dog"
+_M: dict = {}
+
+
+def model(name):
+    if name not in _M:
+        _M[name] = load_model(name, source="zoo")
+    return _M[name]
+
+
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_every_verdict_matches_the_call(kind):
+    m = model(KINDS[kind])
+    table = m.describe()
+    assert len(table) == sum(1 if p.scope == "trunk" else m.n_layers for p in POINTS)
+    served = [v.address for v in table.served()]
+    _, cache = m.run_with_cache(TEXT, served)  # every served address captures, in one call
+    assert set(cache) == set(served)
+    for v in table:
+        if not v.served:
+            with pytest.raises(AddressError) as e:
+                m.address(v.address)
+            assert v.reason.rstrip(".").split(": ")[-1] in str(e.value)
+            assert m.refuses(v.address).startswith(v.reason)
+        else:
+            assert m.serves(v.address) and m.refuses(v.address) is None and v.how in ("hook", "recompute")
+    for v in [v for v in table if v.served and v.capture_only][:3]:
+        with pytest.raises((SteeringError, UnsupportedPointError)):
+            m.run_with_cache(TEXT, (), [Steer(v.address, "scale", 1.0)])
+
+
+def test_verdicts_name_the_reason_and_the_alternative():
+    llama, mixtral = model(KINDS["gqa_rope"]), model(KINDS["moe"])
+    assert "no post-attention sandwich norm" in llama.refuses("attn_out_post.0")
+    assert llama.verdict("attn_scores.-1").how == "recompute"
+    assert llama.verdict("resid_post.-1").address == f"resid_post.{llama.n_layers - 1}"
+    v = mixtral.verdict("mlp_act.0")
+    assert not v.served and "fused" in v.reason and v.instead and "mlp_in" in v.instead
+    assert mixtral.verdict("expert_indices.0").capture_only
+    assert "head 9 is out of range" in llama.refuses("z.0.head-9")
+    text = llama.describe().table()
+    assert "| `attn_out_post` | - |" in text and "| `resid_post` | layers 0-1 (hook) |" in text
+
+
+@pytest.mark.parametrize("name,kind", [("openai-community/gpt2", "sequential"), ("google/gemma-2-2b", "sandwich"),
+                                       ("EleutherAI/gpt-j-6b", "parallel"), ("allenai/OLMo-2-0425-1B", "post_norm"),
+                                       ("facebook/opt-350m", "post_ln")])
+def test_block_layout_kinds(name, kind):
+    assert model(name).block_layout().kind == kind
+
+
+def test_block_layout_facts():
+    lay = model("ibm-granite/granite-3.0-2b-base").block_layout()
+    assert lay.residual_multiplier == pytest.approx(0.22) and lay.embedding_multiplier == pytest.approx(12.0)
+    assert lay.logits == ("divide by 8",)
+    assert model("google/gemma-2-2b").block_layout().logits == ("softcap 30",)
+    hybrid = model(KINDS["hybrid"]).block_layout()
+    assert "attention" in hybrid.mixers and "conv" in hybrid.mixers
+    assert model(KINDS["moe"]).block_layout().moe_layers == (0, 1)
+    assert model("bigscience/bloom-560m").block_layout().sublayer_adds_residual
+
+
+@pytest.mark.parametrize("name", ["openai-community/gpt2", "meta-llama/Llama-3.2-1B", "google/gemma-2-2b"])
+def test_weights_reproduce_the_points_they_read(name):
+    m = model(name)
+    logits, c = m.run_with_cache(TEXT, ["z.1", "attn_out.1", "mlp_act.1", "mlp_out.1", "final_norm"])
+    fam = m.family
+    o = m.hf.get_submodule(f"{fam.layers}.1.{fam.attn}.{fam.o_proj}")
+    down = m.hf.get_submodule(f"{fam.layers}.1.{fam.mlp}.{fam.mlp_down}")
+    bias = lambda mod: 0 if getattr(mod, "bias", None) is None else mod.bias  # noqa: E731
+    W_O = m.W_O(1)
+    assert W_O.shape == (m.config.num_attention_heads, c["z.1"].shape[-1], m.d_model)
+    torch.testing.assert_close(torch.einsum("bphd,hdm->bpm", c["z.1"], W_O) + bias(o), c["attn_out.1"],
+                               rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(c["mlp_act.1"] @ m.W_down(1 - m.n_layers) + bias(down),
+                               c["mlp_out.1"], rtol=1e-4, atol=1e-5)
+    raw = c["final_norm"] @ m.W_U
+    cap = getattr(m.config, "final_logit_softcapping", None)
+    torch.testing.assert_close(torch.tanh(raw / cap) * cap if cap else raw, logits, rtol=1e-4, atol=1e-4)
+
+
+def test_weights_refused_by_name():
+    with pytest.raises(UnsupportedPointError, match="MoE layer"):
+        model(KINDS["moe"]).W_down(0)
+    hybrid = model(KINDS["hybrid"])
+    conv = hybrid.block_layout().mixers.index("conv")
+    with pytest.raises(UnsupportedPointError, match="not available at layer"):
+        hybrid.W_O(conv)

@@ -1,0 +1,113 @@
+"""The new interventions on every backend: the ops of engine.steering.OPS, values with position /
+batch axes, cache entries, position masks and exclusions, and patch_sweep, on vllm and
+vllm-static against eager on the same zoo weights (the validator's vLLM tolerances). vllm-static
+serves what its per-row affine taps express and refuses the rest by name."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine.errors import SteeringError
+from engine.patching import patch_sweep
+from engine.steering import Steer
+from test_vllm_common import (PROMPT, PROMPTS, check, decode_failures, drop, eager_model, random_vector,
+                              vllm_model)
+
+pytestmark = pytest.mark.vllm
+LLAMA = "meta-llama/Llama-3.2-1B"
+DECLARED = ["resid_post", "mlp_out.1", "z.1"]
+CLEAN = "When Mary and John went to the store, John gave a drink to"
+CORRUPT = "When Mary and John went to the store, Mary gave a drink to"
+
+
+@pytest.fixture(scope="module")
+def engines():
+    made = {}
+
+    def get(backend):
+        if backend not in made:
+            kw = {"static_points": DECLARED} if backend == "vllm-static" else {}
+            made[backend] = vllm_model(LLAMA, backend, **kw)
+        return made[backend]
+    yield get
+    for m in made.values():
+        drop(m)
+
+
+def _steers(d, n_prompt):
+    v = random_vector((d,), 1)
+    pos_v = random_vector((n_prompt, d), 2, 1.0)
+    return {
+        "rescale": Steer("resid_post.0", "rescale", v, coeff=3.0),
+        "projection_cap": Steer("resid_post.1", "projection_cap", v, bounds=(-0.2, 0.2)),
+        "norm_scaled_add": Steer("mlp_out.1", "norm_scaled_add", v, coeff=0.5, positions="last"),
+        "set_pos": Steer("resid_post.0", "set", pos_v, positions=slice(1, 5)),
+        "add_pos_exclude": Steer("resid_post.1", "add", pos_v, positions=slice(0, n_prompt), exclude=[0, 3]),
+        "scale_pos": Steer("mlp_out.1", "scale", pos_v.abs(), positions=[2, 4, -1]),
+        "mask": Steer("resid_post.0", "add", v, positions=torch.tensor([False, True, False, True])),
+        "head_pos": Steer("z.1.head-2", "set", random_vector((n_prompt, 64), 3), positions=(0, 3)),
+    }
+
+
+AFFINE = ["set_pos", "add_pos_exclude", "scale_pos", "mask", "head_pos"]
+
+
+@pytest.mark.parametrize("key", list(_steers(4, 8)))
+def test_ops_and_value_forms_match_eager_on_vllm(engines, key):
+    vm, em = engines("vllm"), eager_model(LLAMA)
+    st = _steers(vm.d_model, len(vm._prompt_ids(PROMPT)))[key]
+    reads = ["final_norm", str(st.address.base)]
+    assert decode_failures(vm, em, reads, steer=[st]) == {}
+    lv, cv = vm.run_with_cache(PROMPT, reads, [st])
+    le, ce = em.run_with_cache(PROMPT, reads, [st])
+    check(lv, le, "lm_head")
+    check(cv[reads[1]], ce[reads[1]], reads[1].split(".")[0])
+
+
+@pytest.mark.parametrize("key", AFFINE)
+def test_affine_value_forms_match_eager_on_vllm_static(engines, key):
+    sm, em = engines("vllm-static"), eager_model(LLAMA)
+    st = _steers(sm.d_model, len(sm._prompt_ids(PROMPT)))[key]
+    assert decode_failures(sm, em, ["final_norm", str(st.address.base)], steer=[st], engine="vllm-static") == {}
+
+
+def test_static_refuses_by_name_what_its_taps_cannot_express(engines):
+    sm = engines("vllm-static")
+    v = random_vector((sm.d_model,), 4)
+    for st, op in [(Steer("resid_post.0", "rescale", v, coeff=2.0), "rescale"),
+                   (Steer("resid_post.0", "projection_cap", v, bounds=(0, 1)), "projection_cap"),
+                   (Steer("resid_post.0", "norm_scaled_add", v, coeff=0.1), "norm_scaled_add")]:
+        with pytest.raises(SteeringError, match=f"'{op}' at resid_post.0 cannot run on vllm-static: vllm-static taps "
+                                                f"apply y = "):
+            sm.generate(PROMPT, 2, steer=[st])
+    a = sm.generate(PROMPT, 3, steer=[Steer("resid_post.0", "rescale", v, coeff=0.0)])
+    b = sm.generate(PROMPT, 3, steer=[Steer("resid_post.0", "project_out", v)])
+    assert torch.equal(a.new_tokens, b.new_tokens)
+    check(a.logits, b.logits, "lm_head", "vllm-static", case="decode")
+
+
+def test_batch_values_and_cache_entries_per_prompt(engines):
+    """A [batch, pos, d] value and a padded cache's entry give each prompt its own rows on vllm, as eager."""
+    vm, em = engines("vllm"), eager_model(LLAMA)
+    _, cache = em.run_with_cache(PROMPTS, ["resid_post.0"])
+    n = min(len(vm._prompt_ids(p)) for p in PROMPTS)
+    batch_v = random_vector((2, n, vm.d_model), 5, 1.0)
+    for st in (Steer("resid_post.0", "add", batch_v, positions=slice(0, n)),
+               Steer("resid_post.1", "set", cache.entry("resid_post.0"), positions=slice(1, n)),
+               Steer("resid_post.1", "add", random_vector((vm.d_model,), 6),
+                     positions=torch.tensor([[True, False, True], [False, True, False]]))):
+        gv, ge = vm.generate(PROMPTS, 3, points=["resid_post.1"], steer=[st]), em.generate(PROMPTS, 3, points=["resid_post.1"], steer=[st])
+        assert torch.equal(gv.new_tokens, ge.new_tokens)
+        check(gv.logits, ge.logits, "lm_head", case="decode")
+        check(gv.cache["resid_post.1"], ge.cache["resid_post.1"], "resid_post", case="decode")
+
+
+@pytest.mark.parametrize("backend", ["vllm", "vllm-static"])
+def test_patch_sweep_same_numbers_as_eager(engines, backend):
+    m, em = engines(backend), eager_model(LLAMA)
+    kw = dict(positions=[0, 11, -1], batch_size=4)
+    ours = patch_sweep(m, CLEAN, CORRUPT, "resid_post", **kw)
+    ref = patch_sweep(em, CLEAN, CORRUPT, "resid_post", **kw)
+    assert ours.addresses == ref.addresses and ours.positions == ref.positions
+    torch.testing.assert_close(ours.values, ref.values, rtol=0, atol=2e-4)
+    assert float(ref.values.max() - ref.values.min()) > 1e-3
