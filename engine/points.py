@@ -22,7 +22,9 @@ class Point:
     coords: tuple[str, ...] = ()  # coordinate names this point accepts, e.g. ("head",)
     group: str = "residual"  # residual | attention | mlp | moe | norm | streams | output
     aliases: tuple[str, ...] = ()
-    tl: str | None = None  # TransformerLens (bridge / legacy) hook name, {L} = layer
+    # equivalents on a Llama-style tree; engine/mappers.py gives the model-dependent name (BLOOM, models
+    # without rotary, sandwich norms) and each is tested by comparing tensors (tests/test_mappers.py)
+    tl: str | None = None  # TransformerLens TransformerBridge hook name, {L} = layer
     nnsight: str | None = None  # nnsight module path on a Llama-style HF tree, {L} = layer
     nnterp: str | None = None  # nnterp StandardizedTransformer accessor
     # backend -> (status, reason); status in {"hook", "recompute", "refused"}; missing = "hook"
@@ -52,7 +54,7 @@ POINTS: tuple[Point, ...] = (
     Point("embeddings", "trunk", "[b, pos, d]",
           "The trunk's input to the first block: token embedding plus any embedding scale and absolute "
           "position embedding (equals resid_pre.0 and HF hidden_states[0]).",
-          tl="hook_embed", nnsight="model.embed_tokens", nnterp="embeddings_output",
+          tl="blocks.0.hook_resid_pre", nnsight="model.layers.0.input", nnterp="layers_input[0]",
           backends=_vllm()),
     Point("resid_pre", "layer", "[b, pos, d]",
           "Residual stream entering block L (the block's input hidden state).",
@@ -61,7 +63,7 @@ POINTS: tuple[Point, ...] = (
     Point("attn_in", "layer", "[b, pos, d]",
           "Input of the attention module: the normalized residual (after the pre-attention norm).",
           group="attention", tl="blocks.{L}.attn.hook_in", nnsight="model.layers.{L}.self_attn.input",
-          backends=_vllm()),
+          nnterp="attentions_input[{L}]", backends=_vllm()),
     Point("q_norm_in", "layer", "[b, pos, h, hd]",
           "Query projection entering the QK-norm (QK-norm families), per head, before RoPE.",
           coords=("head",), group="attention", backends=_vllm(_VLLM_FUSED_QKV)),
@@ -76,12 +78,12 @@ POINTS: tuple[Point, ...] = (
           coords=("head",), group="attention", backends=_vllm(_VLLM_FUSED_QKV)),
     Point("q", "layer", "[b, pos, h, hd]",
           "Query as it enters the attention product: after projection, QK-norm and RoPE.",
-          coords=("head",), group="attention", tl="blocks.{L}.attn.hook_q",
+          coords=("head",), group="attention", tl="blocks.{L}.attn.hook_rot_q",
           backends=_vllm(_VLLM_KERNEL_IN)),
     Point("k", "layer", "[b, pos, kvh, hd]",
           "Key of the current positions as it enters the attention product (after QK-norm and RoPE); "
           "not repeated across GQA groups.",
-          coords=("head",), group="attention", tl="blocks.{L}.attn.hook_k",
+          coords=("head",), group="attention", tl="blocks.{L}.attn.hook_rot_k",
           backends=_vllm(_VLLM_KERNEL_IN)),
     Point("value", "layer", "[b, pos, kvh, hd]",
           "Value of the current positions, per key/value head, not repeated across GQA groups.",
@@ -96,7 +98,7 @@ POINTS: tuple[Point, ...] = (
     Point("attn_probs", "layer", "[b, pos, h, kpos]",
           "Attention pattern: softmax of attn_scores over key positions (sink logits excluded).",
           coords=("head",), group="attention", tl="blocks.{L}.attn.hook_pattern",
-          backends=_vllm(_VLLM_RECOMPUTE)),
+          nnterp="attention_probabilities[{L}]", backends=_vllm(_VLLM_RECOMPUTE)),
     Point("z", "layer", "[b, pos, h, hd]",
           "Per-head attention output (probs @ values) before any output gate and before the output "
           "projection.",
@@ -109,12 +111,12 @@ POINTS: tuple[Point, ...] = (
     Point("attn_out", "layer", "[b, pos, d]",
           "Output of the attention module's output projection (the raw sublayer output, before any "
           "post-attention sandwich norm).",
-          group="attention", tl="blocks.{L}.hook_attn_out", nnsight="model.layers.{L}.self_attn.output[0]",
+          group="attention", tl="blocks.{L}.attn.hook_out", nnsight="model.layers.{L}.self_attn.output[0]",
           nnterp="attentions_output[{L}]", backends=_vllm()),
     Point("attn_out_post", "layer", "[b, pos, d]",
           "Sandwich-norm families: the attention output after its post-attention norm, i.e. what is "
           "added to the residual.",
-          group="attention", backends=_vllm()),
+          group="attention", tl="blocks.{L}.ln1_post.hook_out", backends=_vllm()),
     Point("resid_mid", "layer", "[b, pos, d]",
           "Residual stream between the attention and MLP sublayers (sequential blocks only); steering "
           "it rewrites the attention write so the residual itself carries the change.",
@@ -122,7 +124,7 @@ POINTS: tuple[Point, ...] = (
     Point("mlp_in", "layer", "[b, pos, d]",
           "Input of the MLP (or MoE) module: the normalized residual after the pre-MLP norm.",
           group="mlp", tl="blocks.{L}.mlp.hook_in", nnsight="model.layers.{L}.mlp.input",
-          backends=_vllm()),
+          nnterp="mlps_input[{L}]", backends=_vllm()),
     Point("mlp_pre", "layer", "[b, pos, m]",
           "MLP pre-activation: the gate branch of a gated MLP, or the first linear layer's output of a "
           "plain MLP (dense layers only).",
@@ -145,12 +147,12 @@ POINTS: tuple[Point, ...] = (
     Point("mlp_out", "layer", "[b, pos, d]",
           "Output of the MLP or MoE module (for MoE: routed experts plus any shared expert), before "
           "any post-MLP sandwich norm.",
-          group="mlp", tl="blocks.{L}.hook_mlp_out", nnsight="model.layers.{L}.mlp.output",
+          group="mlp", tl="blocks.{L}.mlp.hook_out", nnsight="model.layers.{L}.mlp.output",
           nnterp="mlps_output[{L}]", backends=_vllm()),
     Point("mlp_out_post", "layer", "[b, pos, d]",
           "Sandwich-norm families: the MLP output after its post-MLP norm, i.e. what is added to the "
           "residual.",
-          group="mlp", backends=_vllm()),
+          group="mlp", tl="blocks.{L}.ln2_post.hook_out", backends=_vllm()),
     Point("resid_post", "layer", "[b, pos, d]",
           "Residual stream leaving block L (equals HF hidden_states[L+1], except after the last block "
           "where HF applies the final norm).",
@@ -158,7 +160,8 @@ POINTS: tuple[Point, ...] = (
           nnterp="layers_output[{L}]", backends=_vllm(static=("hook", "declared by static_points='auto'"))),
     Point("final_norm", "trunk", "[b, pos, d]",
           "Output of the final norm, the input of the unembedding.",
-          group="output", tl="ln_final.hook_normalized", nnsight="model.norm.output", backends=_vllm()),
+          group="output", tl="ln_final.hook_out", nnsight="model.norm.output", nnterp="ln_final.output",
+          backends=_vllm()),
     Point("lm_head", "trunk", "[b, pos, v]",
           "Logits: the unembedding of the final norm, after any final logit softcap.",
           group="output", aliases=("logits",), nnsight="lm_head.output", nnterp="logits",

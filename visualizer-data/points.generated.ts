@@ -59,7 +59,7 @@ export const points: readonly PointInfo[] = [
         "reason": "vllm-generate is stock vLLM: no capture, no steering"
       }
     ],
-    "equivalents": {"transformerLens": "hook_embed", "nnsight": "model.embed_tokens", "nnterp": "embeddings_output"}
+    "equivalents": {"transformerLens": "blocks.0.hook_resid_pre", "nnsight": "model.layers.0.input", "nnterp": "layers_input[0]"}
   },
   {
     "name": "resid_pre",
@@ -109,7 +109,11 @@ export const points: readonly PointInfo[] = [
         "reason": "vllm-generate is stock vLLM: no capture, no steering"
       }
     ],
-    "equivalents": {"transformerLens": "blocks.{L}.attn.hook_in", "nnsight": "model.layers.{L}.self_attn.input", "nnterp": null}
+    "equivalents": {
+      "transformerLens": "blocks.{L}.attn.hook_in",
+      "nnsight": "model.layers.{L}.self_attn.input",
+      "nnterp": "attentions_input[{L}]"
+    }
   },
   {
     "name": "q_norm_in",
@@ -254,7 +258,7 @@ export const points: readonly PointInfo[] = [
         "reason": "vllm-generate is stock vLLM: no capture, no steering"
       }
     ],
-    "equivalents": {"transformerLens": "blocks.{L}.attn.hook_q", "nnsight": null, "nnterp": null}
+    "equivalents": {"transformerLens": "blocks.{L}.attn.hook_rot_q", "nnsight": null, "nnterp": null}
   },
   {
     "name": "k",
@@ -283,7 +287,7 @@ export const points: readonly PointInfo[] = [
         "reason": "vllm-generate is stock vLLM: no capture, no steering"
       }
     ],
-    "equivalents": {"transformerLens": "blocks.{L}.attn.hook_k", "nnsight": null, "nnterp": null}
+    "equivalents": {"transformerLens": "blocks.{L}.attn.hook_rot_k", "nnsight": null, "nnterp": null}
   },
   {
     "name": "value",
@@ -374,7 +378,7 @@ export const points: readonly PointInfo[] = [
         "reason": "vllm-generate is stock vLLM: no capture, no steering"
       }
     ],
-    "equivalents": {"transformerLens": "blocks.{L}.attn.hook_pattern", "nnsight": null, "nnterp": null}
+    "equivalents": {"transformerLens": "blocks.{L}.attn.hook_pattern", "nnsight": null, "nnterp": "attention_probabilities[{L}]"}
   },
   {
     "name": "z",
@@ -454,7 +458,7 @@ export const points: readonly PointInfo[] = [
       }
     ],
     "equivalents": {
-      "transformerLens": "blocks.{L}.hook_attn_out",
+      "transformerLens": "blocks.{L}.attn.hook_out",
       "nnsight": "model.layers.{L}.self_attn.output[0]",
       "nnterp": "attentions_output[{L}]"
     }
@@ -482,7 +486,7 @@ export const points: readonly PointInfo[] = [
         "reason": "vllm-generate is stock vLLM: no capture, no steering"
       }
     ],
-    "equivalents": {"transformerLens": null, "nnsight": null, "nnterp": null}
+    "equivalents": {"transformerLens": "blocks.{L}.ln1_post.hook_out", "nnsight": null, "nnterp": null}
   },
   {
     "name": "resid_mid",
@@ -532,7 +536,7 @@ export const points: readonly PointInfo[] = [
         "reason": "vllm-generate is stock vLLM: no capture, no steering"
       }
     ],
-    "equivalents": {"transformerLens": "blocks.{L}.mlp.hook_in", "nnsight": "model.layers.{L}.mlp.input", "nnterp": null}
+    "equivalents": {"transformerLens": "blocks.{L}.mlp.hook_in", "nnsight": "model.layers.{L}.mlp.input", "nnterp": "mlps_input[{L}]"}
   },
   {
     "name": "mlp_pre",
@@ -728,7 +732,7 @@ export const points: readonly PointInfo[] = [
       }
     ],
     "equivalents": {
-      "transformerLens": "blocks.{L}.hook_mlp_out",
+      "transformerLens": "blocks.{L}.mlp.hook_out",
       "nnsight": "model.layers.{L}.mlp.output",
       "nnterp": "mlps_output[{L}]"
     }
@@ -756,7 +760,7 @@ export const points: readonly PointInfo[] = [
         "reason": "vllm-generate is stock vLLM: no capture, no steering"
       }
     ],
-    "equivalents": {"transformerLens": null, "nnsight": null, "nnterp": null}
+    "equivalents": {"transformerLens": "blocks.{L}.ln2_post.hook_out", "nnsight": null, "nnterp": null}
   },
   {
     "name": "resid_post",
@@ -806,7 +810,7 @@ export const points: readonly PointInfo[] = [
         "reason": "vllm-generate is stock vLLM: no capture, no steering"
       }
     ],
-    "equivalents": {"transformerLens": "ln_final.hook_normalized", "nnsight": "model.norm.output", "nnterp": null}
+    "equivalents": {"transformerLens": "ln_final.hook_out", "nnsight": "model.norm.output", "nnterp": "ln_final.output"}
   },
   {
     "name": "lm_head",

@@ -1,0 +1,198 @@
+"""engine/mappers.py: every mapped name is checked by comparing the tensor the other engine holds
+there with our capture (TransformerLens bridge hooks, nnsight envoys, nnterp accessors), on one
+family of each kind plus BLOOM; unmapped points say why."""
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from engine import load_model
+from engine.address import parse
+from engine.loading import load_hf
+from engine.mappers import UnmappedError, from_tl, rotary, to_nnsight, to_nnterp, to_tl
+
+TEXT = "When Mary and John went to the store, John gave"
+FAMILIES = {"gpt2": "openai-community/gpt2", "llama": "meta-llama/Llama-3.2-1B", "gemma2": "google/gemma-2-2b",
+            "mixtral": "mistralai/Mixtral-8x7B-v0.1", "lfm2": "LiquidAI/LFM2-350M", "bloom": "bigscience/bloom-560m"}
+_M: dict = {}
+
+
+def model(name):
+    if name not in _M:
+        _M[name] = load_model(name, source="zoo")
+    return _M[name]
+
+
+def _same(ours: torch.Tensor, theirs: torch.Tensor, point: str):
+    """theirs in our layout, or None when no layout rule makes the shapes agree."""
+    theirs = theirs.detach()
+    theirs = theirs.float() if theirs.is_floating_point() else theirs
+    if point in ("attn_scores", "attn_probs") and theirs.dim() == 4:
+        theirs = theirs.transpose(1, 2)  # [b, h, q, k] -> [b, q, h, k]
+    if theirs.shape == ours.shape:
+        return theirs
+    if theirs.dim() == ours.dim() and theirs.transpose(1, 2).shape == ours.shape:  # heads first
+        return theirs.transpose(1, 2)
+    if theirs.dim() == ours.dim() - 1 and theirs.reshape(ours.shape).shape == ours.shape:  # heads flattened
+        return theirs.reshape(ours.shape)
+    return None
+
+
+def _close(a, b, point):
+    if not a.is_floating_point():
+        return torch.equal(a, b.to(a.dtype))
+    if point == "attn_scores":  # masked entries: both very negative, compare where allowed
+        keep = a > -1e4
+        return torch.equal(keep, b > -1e4) and torch.allclose(a[keep], b[keep], rtol=1e-4, atol=1e-4)
+    return torch.allclose(a, b, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("fam", list(FAMILIES))
+def test_transformer_lens_names_hold_our_tensors(fam):
+    from transformer_lens.model_bridge import TransformerBridge
+
+    from engine.zoo import offline_session
+    m = model(FAMILIES[fam])
+    with offline_session():
+        bridge = TransformerBridge.boot_transformers(FAMILIES[fam], device="cpu")
+    ids = m._inputs(TEXT)["input_ids"]
+    served = [v.address for v in m.describe().served()]
+    mapped, unmapped = {}, {}
+    for a in served:
+        try:
+            mapped[a] = to_tl(m, a)
+        except UnmappedError as e:
+            unmapped[a] = str(e)
+    missing = {a: h for a, h in mapped.items() if h not in bridge.hook_dict}
+    assert not missing, f"mapped to hooks the bridge does not have: {missing}"
+    _, ours = m.run_with_cache(ids, list(mapped))
+    with torch.no_grad():
+        _, theirs = bridge.run_with_cache(ids, names_filter=lambda n: n in set(mapped.values()))
+    bad = {}
+    for a, h in mapped.items():
+        point = parse(a).point
+        t = _same(ours[a], theirs[h], point)
+        if t is None or not _close(ours[a], t, point):
+            bad[a] = (h, tuple(ours[a].shape), tuple(theirs[h].shape))
+        assert from_tl(m, h) == (parse("resid_pre.0") if a == "embeddings" else parse(a)), (a, h)
+    assert bad == {}, bad
+    assert "lm_head" in unmapped and "returns the logits" in unmapped["lm_head"]
+    assert {parse(a).point for a in mapped} >= {"resid_pre", "resid_post", "attn_out", "mlp_out", "final_norm",
+                                               "embeddings"}
+    # block-level aliases: hook_attn_out is our attn_out, or attn_out_post behind a sandwich norm
+    mixers = m.block_layout().mixers
+    h = f"blocks.{mixers.index('attention') if 'attention' in mixers else 1}.hook_attn_out"
+    if fam != "bloom":
+        alias = from_tl(m, h)
+        assert alias.point == ("attn_out_post" if fam == "gemma2" else "attn_out")
+        _, c = m.run_with_cache(ids, [str(alias)])
+        with torch.no_grad():
+            _, t = bridge.run_with_cache(ids, names_filter=lambda n: n == h)
+        torch.testing.assert_close(c[str(alias)], t[h], rtol=1e-4, atol=1e-4)
+
+
+def test_catalogue_tl_fixes():
+    """The issue's list: post-RoPE q/k are hook_rot_q/k, final_norm is ln_final.hook_out, Gemma-2's
+    attn_out/mlp_out are the module hooks (its block-level hooks are after the post-norm)."""
+    llama, gpt2, gemma = (model(FAMILIES[f]) for f in ("llama", "gpt2", "gemma2"))
+    assert to_tl(llama, "q.0") == "blocks.0.attn.hook_rot_q" and to_tl(llama, "k.1") == "blocks.1.attn.hook_rot_k"
+    assert rotary(llama) and not rotary(gpt2) and to_tl(gpt2, "q.0") == "blocks.0.attn.hook_q"
+    assert to_tl(llama, "final_norm") == "ln_final.hook_out"
+    assert to_tl(gemma, "attn_out.1") == "blocks.1.attn.hook_out" and to_tl(gemma, "mlp_out.1") == "blocks.1.mlp.hook_out"
+    assert to_tl(llama, "embeddings") == "blocks.0.hook_resid_pre"
+    assert to_tl(model(FAMILIES["bloom"]), "attn_out.0") == "blocks.0.attn.o.hook_out"
+    with pytest.raises(UnmappedError, match="top-k mixing weights"):
+        to_tl(model(FAMILIES["mixtral"]), "expert_weights.0")
+    with pytest.raises(UnmappedError, match="holds no tensor of our catalogue"):
+        from_tl(llama, "blocks.0.attn.hook_cos")
+
+
+def _order(m, ids):
+    """Execution order of module inputs / outputs in one forward (nnsight requires it in a trace)."""
+    names = {mod: n for n, mod in m.hf.named_modules()}
+    events, hooks = [], []
+    for mod, n in names.items():
+        hooks.append(mod.register_forward_pre_hook(lambda mod_, a, n=n: events.append((n, "input"))))
+        hooks.append(mod.register_forward_hook(lambda mod_, a, o, n=n: events.append((n, "output"))))
+    try:
+        with torch.no_grad():
+            m.hf(ids)
+    finally:
+        for h in hooks:
+            h.remove()
+    return {e: i for i, e in reversed(list(enumerate(events)))}
+
+
+@pytest.mark.parametrize("fam", ["gpt2", "llama", "gemma2", "bloom"])
+def test_nnsight_accessors_hold_our_tensors(fam):
+    from nnsight import LanguageModel
+    m = model(FAMILIES[fam])
+    ids = m._inputs(TEXT)["input_ids"]
+    acc, unmapped = {}, {}
+    for v in m.describe().served():
+        try:
+            acc[v.address] = to_nnsight(m, v.address)
+        except UnmappedError as e:
+            unmapped[v.address] = str(e)
+    order = _order(m, ids)
+    todo = sorted(acc.items(), key=lambda kv: order[(kv[1].module, kv[1].event)])
+    lm = LanguageModel(copy.deepcopy(m.hf), tokenizer=m.tokenizer)
+    saved = {}
+    with lm.trace(ids):
+        for a, x in todo:
+            env = x.envoy(lm)
+            saved[a] = (env.input if x.event == "input" else env.output).save()
+    _, ours = m.run_with_cache(ids, list(acc))
+    bad = {}
+    for a, x in acc.items():
+        t = saved[a]
+        t = t.logits if a == "lm_head" else t[0] if isinstance(t, tuple) else t
+        got = _same(ours[a], t, parse(a).point)
+        if got is None or not _close(ours[a], got, parse(a).point):
+            bad[a] = (str(x), tuple(ours[a].shape), tuple(t.shape))
+    assert bad == {}, bad
+    assert {parse(a).point for a in acc} >= {"resid_pre", "resid_post", "attn_in", "mlp_in", "mlp_act", "final_norm"}
+    if fam == "bloom":
+        assert "attn_out.0" in unmapped and "adds the residual" in unmapped["attn_out.0"]
+    assert str(to_nnsight(m, "resid_post.1")).endswith("[1].output")
+
+
+_NNTERP_RANK = ["layers_input", "attentions_input", "attention_probabilities", "attentions_output", "mlps_input",
+                "mlps_output", "layers_output", "ln_final", "logits"]
+
+
+@pytest.mark.parametrize("fam", ["llama", "gemma2"])
+def test_nnterp_accessors_hold_our_tensors(fam):
+    from nnterp import StandardizedTransformer
+    m = model(FAMILIES[fam])
+    ids = m._inputs(TEXT)["input_ids"]
+    acc = {}
+    for v in m.describe().served():
+        try:
+            acc[v.address] = to_nnterp(m, v.address)
+        except UnmappedError:
+            pass
+    hf, tok, _ = load_hf(FAMILIES[fam], source="zoo")  # a fresh HF model: nnterp reads its eager attention source
+    st = StandardizedTransformer(hf, tokenizer=tok, enable_attention_probs=True)
+
+    def key(kv):
+        name = kv[1].split("[")[0].split(".")[0]
+        layer = int(kv[1].split("[")[1].rstrip("]")) if "[" in kv[1] else m.n_layers
+        return layer, _NNTERP_RANK.index(name)
+    saved = {}
+    with st.trace(ids):
+        for a, name in sorted(acc.items(), key=key):
+            obj = st
+            head, _, idx = name.partition("[")
+            for part in head.split("."):
+                obj = getattr(obj, part)
+            if idx:
+                obj = obj[int(idx.rstrip("]"))]
+            saved[a] = obj.save()
+    _, ours = m.run_with_cache(ids, list(acc))
+    bad = {a: (acc[a],) for a in acc if (t := _same(ours[a], saved[a], parse(a).point)) is None
+           or not _close(ours[a], t, parse(a).point)}
+    assert bad == {}, bad
+    assert {parse(a).point for a in acc} >= {"resid_pre", "attn_out", "mlp_out", "resid_post", "lm_head", "attn_probs"}
