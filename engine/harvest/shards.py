@@ -11,6 +11,7 @@ the disk is slower than the model, and at most `depth` shards wait in memory.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import queue
 import threading
@@ -59,8 +60,11 @@ def remove_temps(directory: Path) -> int:
 
 
 def serialize(tensors: dict[str, torch.Tensor], metadata: dict[str, str]) -> bytes:
+    """safetensors bytes; the metadata goes in as one sorted JSON string under "harvest", because
+    safetensors writes a metadata map in hash order, which would differ from run to run."""
     from safetensors.torch import save
-    return save({k: v.contiguous() for k, v in tensors.items()}, metadata=metadata)
+    meta = {"harvest": json.dumps(metadata, sort_keys=True)}
+    return save({k: v.contiguous() for k, v in tensors.items()}, metadata=meta)
 
 
 def write_shard(path: Path, tensors: dict[str, torch.Tensor], metadata: dict[str, str]) -> tuple[str, int]:
