@@ -174,8 +174,8 @@ def run_part(model, points, data, out, *, backend: str = "vllm", positions: str 
         return _loop(model, keys, src, out, manifest, part, positions, shard_tokens, DTYPES[dtype], context,
                      batch_tokens, progress, total_docs, merge)
     finally:
-        if owned:
-            model.close() if hasattr(model, "close") else None
+        if owned and hasattr(model, "close"):  # eager models hold no engine
+            model.close()
 
 
 def _loop(model, keys, src, out, manifest, part, positions, shard_tokens, dtype, context, batch_tokens,
