@@ -143,6 +143,8 @@ def test_mixing_is_refused(model, data, tmp_path):
         harvest(model, POINTS, data, out, **dict(KW, dtype="fp16"))
     with pytest.raises(MixingError, match="parts: held 1, asked 2"):
         harvest(model, POINTS, data, out, part=(0, 2), **KW)
+    with mf.exclusive(part.parent), pytest.raises(MixingError, match="being harvested by another process"):
+        harvest(model, POINTS, data, out, **KW)  # the same part started twice
 
 
 def test_bad_input_errors(model, data, tmp_path):

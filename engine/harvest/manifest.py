@@ -14,7 +14,10 @@ what OUT already holds is refused rather than mixed in. Timestamps live only und
 """
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
+import os
 import time
 from pathlib import Path
 
@@ -80,6 +83,22 @@ def check_out(out: Path, identity: dict) -> dict | None:
         elif not p.name.endswith(f"-of-{identity['parts']:05d}"):
             raise MixingError(f"{p} belongs to a harvest split into other parts than {identity['parts']}.")
     return None
+
+
+@contextlib.contextmanager
+def exclusive(directory: Path):
+    """Hold the part's lock: two processes writing one part (a retried array task next to the
+    original, a command started twice) would interleave shards, so the second one is refused."""
+    fd = os.open(Path(directory) / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise MixingError(f"{directory} is being harvested by another process right now; wait for it "
+                              f"or stop it (it resumes where it stopped).") from None
+        yield
+    finally:
+        os.close(fd)
 
 
 class PartManifest:

@@ -169,10 +169,12 @@ def run_part(model, points, data, out, *, backend: str = "vllm", positions: str 
                     "tokenizer": tokenizer_digest(model.tokenizer), "n_layers": model.n_layers,
                     "d_model": model.d_model}
         info = {"data_path": str(src.root), "engine": engine_versions(backend)}
-        manifest = mf.PartManifest.open(pdir, identity, resolved, info)
-        remove_temps(pdir)
-        return _loop(model, keys, src, out, manifest, part, positions, shard_tokens, DTYPES[dtype], context,
-                     batch_tokens, progress, total_docs, merge)
+        pdir.mkdir(parents=True, exist_ok=True)
+        with mf.exclusive(pdir):
+            manifest = mf.PartManifest.open(pdir, identity, resolved, info)
+            remove_temps(pdir)
+            return _loop(model, keys, src, out, manifest, part, positions, shard_tokens, DTYPES[dtype], context,
+                         batch_tokens, progress, total_docs, merge)
     finally:
         if owned and hasattr(model, "close"):  # eager models hold no engine
             model.close()

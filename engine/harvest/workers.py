@@ -14,6 +14,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+MARK = "HARVEST_PART "  # vLLM logs to stdout too: the summary line carries this prefix
+
 
 def device_env(i: int, n: int, tensor_parallel: int = 1) -> dict:
     """Environment giving worker i of n its own GPUs (tensor_parallel each) or its own CPU cores."""
@@ -31,9 +33,12 @@ def device_env(i: int, n: int, tensor_parallel: int = 1) -> dict:
                              f"{len(ids)} visible.")
         return {"CUDA_VISIBLE_DEVICES": ",".join(mine)}
     cores = sorted(os.sched_getaffinity(0))
-    share = max(1, len(cores) // n)
+    share = max(tensor_parallel, len(cores) // n)
     mine = cores[(i * share) % len(cores):][:share]
-    return {"OMP_NUM_THREADS": str(len(mine)), "VLLM_CPU_OMP_THREADS_BIND": ",".join(map(str, mine))}
+    per_rank = max(1, len(mine) // tensor_parallel)  # vLLM on CPU: one core list per rank, '|'-separated
+    ranks = [mine[r * per_rank:(r + 1) * per_rank] or mine[-1:] for r in range(tensor_parallel)]
+    return {"OMP_NUM_THREADS": str(per_rank),
+            "VLLM_CPU_OMP_THREADS_BIND": "|".join(",".join(map(str, r)) for r in ranks)}
 
 
 def launch(kwargs: dict, workers: int) -> list[dict]:
@@ -53,7 +58,8 @@ def launch(kwargs: dict, workers: int) -> list[dict]:
         if p.returncode != 0:
             failed.append(f"part {i}/{workers} exited with {p.returncode}")
             continue
-        results.append(json.loads(stdout.strip().splitlines()[-1]))
+        results.append(next(json.loads(line[len(MARK):]) for line in reversed(stdout.splitlines())
+                            if line.startswith(MARK)))
     if failed:
         raise RuntimeError(f"{'; '.join(failed)} (see its output above); rerun the same command to resume.")
     mf.merge(Path(kwargs["out"]))
@@ -65,7 +71,7 @@ def _main(argv: list[str]) -> int:
     kw = json.loads(argv[0])
     kw["part"] = tuple(kw["part"])
     s = run_part(**kw)
-    print(json.dumps({"part": list(s.part), "status": s.status, "rows": s.rows, "tokens": s.tokens,
+    print(MARK + json.dumps({"part": list(s.part), "status": s.status, "rows": s.rows, "tokens": s.tokens,
                       "shards": s.shards, "seconds": s.seconds, "tokens_per_s": s.tokens_per_s,
                       "merged": s.merged}))
     return 0
