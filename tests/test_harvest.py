@@ -286,13 +286,18 @@ def test_kill9_then_resume_equals_uninterrupted_byte_for_byte(model, tmp_path):
             assert a[name] == b[name], name
 
 
-def test_cli_errors_and_workers(model, tmp_path):
+def test_cli_errors(tmp_path):
     base = [sys.executable, "-m", "engine.harvest"]
     r = subprocess.run(base + [LLAMA, "--data", str(tmp_path / "x.txt"), "--out", str(tmp_path / "o"), "--points",
                                "resid_post.0"], env=env(), capture_output=True, text=True)
     assert r.returncode == 2 and "error: input" in r.stderr and "does not exist" in r.stderr
     r = subprocess.run(base + [LLAMA, "--data", str(SAMPLE)], env=env(), capture_output=True, text=True)
     assert r.returncode == 2 and "--points, --out required" in r.stderr
+
+
+@pytest.mark.slow
+def test_cli_workers_split_disjoint_parts_and_merge(model, tmp_path):
+    base = [sys.executable, "-m", "engine.harvest"]
     data = tmp_path / "d.txt"
     data.write_text("\n".join(LINES[:9]) + "\n")
     out = tmp_path / "w"
@@ -321,6 +326,7 @@ def _peak_rss(args: list[str]) -> float:
     return int(r.stdout.split("HWM")[-1].split()[0]) * 1024
 
 
+@pytest.mark.slow
 def test_peak_memory_does_not_grow_with_the_dataset(tmp_path):
     """10 shards' worth of data vs 1: the extra peak memory stays under a few shards (the buffer being
     filled, the writer's queue and the shard being serialized), where keeping rows would add 9 shards."""
@@ -347,3 +353,28 @@ def test_peak_memory_does_not_grow_with_the_dataset(tmp_path):
     assert len(read_manifest(tmp_path / "o10")["shards"]) >= 10
     assert rss10 / rss1 < 1.3, (rss1, rss10)
     assert rss10 - rss1 < 5 * shard_bytes, ((rss10 - rss1) / shard_bytes, "shards of growth")
+
+
+def test_batches_rebuilt_from_any_cursor_are_the_uninterrupted_ones(model):
+    from engine.harvest import batches
+    docs = list(enumerate(DOCS))
+    full = list(batches.pack(batches.windows(docs, model.tokenizer, 32), 128))
+    assert len(full) > 4 and all(b.tokens <= 128 for b in full)
+    for k, b in enumerate(full):
+        for cur in (b.start, full[k - 1].end if k else b.start):
+            tail = list(batches.pack(batches.windows(docs, model.tokenizer, 32, start=cur), 128))
+            assert [[(w.doc, w.index) for w in x.windows] for x in tail] == \
+                   [[(w.doc, w.index) for w in x.windows] for x in full[k:]]
+
+
+def test_prefetch_keeps_order_and_raises_the_producers_error():
+    from engine.harvest.batches import prefetch
+    assert list(prefetch(iter(range(50)), depth=2)) == list(range(50))
+
+    def broken():
+        yield 1
+        raise OSError("disk read failed")
+    it = prefetch(broken())
+    assert next(it) == 1
+    with pytest.raises(OSError, match="disk read failed"):
+        next(it)

@@ -7,6 +7,8 @@ same way writes the same bytes.
 """
 from __future__ import annotations
 
+import queue
+import threading
 from dataclasses import dataclass
 from typing import Iterable, Iterator, NamedTuple
 
@@ -95,3 +97,38 @@ def pack(stream: Iterable[Window], batch_tokens: int) -> Iterator[Batch]:
 
 def _batch(ws: list[Window]) -> Batch:
     return Batch(list(ws), Cursor(ws[0].doc, ws[0].index), Cursor(ws[-1].doc, ws[-1].index + 1))
+
+
+def prefetch(items: Iterable, depth: int = 2) -> Iterator:
+    """Iterate `items` on a thread, `depth` ahead: reading and tokenizing the next batches overlaps
+    the current forward. Same items, same order; an error in the producer is raised here."""
+    q: queue.Queue = queue.Queue(maxsize=depth)
+    done, stop = object(), threading.Event()
+
+    def put(x) -> bool:
+        while not stop.is_set():
+            try:
+                q.put(x, timeout=0.1)
+                return True
+            except queue.Full:
+                pass
+        return False
+
+    def produce():
+        try:
+            for x in items:
+                if not put(x):
+                    return
+            put(done)
+        except BaseException as e:  # noqa: BLE001 (re-raised in the consumer)
+            put(e)
+
+    t = threading.Thread(target=produce, name="harvest-reader", daemon=True)
+    t.start()
+    try:
+        while (x := q.get()) is not done:
+            if isinstance(x, BaseException):
+                raise x
+            yield x
+    finally:
+        stop.set()

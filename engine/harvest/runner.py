@@ -6,6 +6,7 @@ whatever the size of the dataset.
 """
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import logging
@@ -190,7 +191,8 @@ def _loop(model, keys, src, out, manifest, part, positions, shard_tokens, dtype,
         start, skip = batches.Cursor(0, 0), 0
     row0 = manifest.rows
     docs = inputs.documents(src, i, of, start=start.doc)
-    stream = batches.pack(batches.windows(docs, model.tokenizer, context, positions, start), batch_tokens)
+    tok = copy.deepcopy(model.tokenizer)  # the reader thread's own: tokenizers need not be thread-safe
+    stream = batches.prefetch(batches.pack(batches.windows(docs, tok, context, positions, start), batch_tokens))
     meta = {"format": mf.FORMAT, "part": manifest.directory.name}
     writer = ShardWriter(manifest.directory, manifest.add, meta)
     summary = Summary(out, part, "written", writer=writer.stats)
@@ -234,7 +236,7 @@ def _loop(model, keys, src, out, manifest, part, positions, shard_tokens, dtype,
             bar.update(batch.tokens)
             bar.set_postfix(shards=index, rows=rows_done + (buf.n if buf else 0), refresh=False)
         if buf is not None and buf.n:
-            entry = {"rows": [rows_done, rows_done + buf.n], "docs": buf.docs, "resume": [1 << 62, 0, 0]}
+            entry = {"rows": [rows_done, rows_done + buf.n], "docs": buf.docs, "resume": None}  # the end
             writer.submit(Pending(index, buf.rows(), entry, final=True))
             rows_done += buf.n
             index += 1
