@@ -246,8 +246,8 @@ def test_readers_torch_dataset_and_hf_datasets(model, data, tmp_path):
 
 def test_kill9_then_resume_equals_uninterrupted_byte_for_byte(model, tmp_path):
     data = tmp_path / "docs.txt"
-    data.write_text(SAMPLE.read_text())
-    kw = dict(shard_tokens=40, context=32, batch_tokens=256)
+    data.write_text("\n".join(LINES[:30]) + "\n")  # ~1600 tokens: 80 shards of 20 rows
+    kw = dict(shard_tokens=20, context=32, batch_tokens=256)
     args = [sys.executable, "-m", "engine.harvest", LLAMA, "--backend", "eager", "--points", "resid_post.1,mlp_out.0",
             "--data", str(data), "--no-progress"] + [f"--{k.replace('_', '-')}={v}" for k, v in kw.items()]
     ref, out = tmp_path / "ref", tmp_path / "out"
@@ -286,13 +286,20 @@ def test_kill9_then_resume_equals_uninterrupted_byte_for_byte(model, tmp_path):
             assert a[name] == b[name], name
 
 
-def test_cli_errors(tmp_path):
-    base = [sys.executable, "-m", "engine.harvest"]
-    r = subprocess.run(base + [LLAMA, "--data", str(tmp_path / "x.txt"), "--out", str(tmp_path / "o"), "--points",
-                               "resid_post.0"], env=env(), capture_output=True, text=True)
-    assert r.returncode == 2 and "error: input" in r.stderr and "does not exist" in r.stderr
-    r = subprocess.run(base + [LLAMA, "--data", str(SAMPLE)], env=env(), capture_output=True, text=True)
-    assert r.returncode == 2 and "--points, --out required" in r.stderr
+def test_cli_errors(tmp_path, capsys):
+    from engine.harvest.__main__ import main
+    assert main([LLAMA, "--data", str(tmp_path / "x.txt"), "--out", str(tmp_path / "o"), "--points", "x.0"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: input") and "does not exist" in err
+    assert main([LLAMA, "--data", str(SAMPLE)]) == 2
+    assert "--points, --out required" in capsys.readouterr().err
+    assert main([LLAMA, "--points", "resid_post.0", "--data", str(SAMPLE), "--out", str(tmp_path / "o"),
+                 "--part", "1/2", "--workers", "2"]) == 2
+    assert "not both" in capsys.readouterr().err
+    assert main([LLAMA, "--points", "resid_post.0", "--data", str(SAMPLE), "--out", str(tmp_path / "o"),
+                 "--part", "one"]) == 2
+    assert "--part takes I/N" in capsys.readouterr().err
+    assert main(["merge", str(tmp_path)]) == 2 and "holds no harvest parts" in capsys.readouterr().err
 
 
 @pytest.mark.slow

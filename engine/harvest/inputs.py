@@ -79,7 +79,6 @@ def fingerprint(src: Source) -> str:
 
 def _stream(src: Source):
     import datasets
-    datasets.logging.disable_progress_bar()
     kw = {"sample_by": "line"} if src.builder == "text" else {}
     return datasets.load_dataset(src.builder, data_files=[str(f) for f in src.files], split="train",
                                  streaming=True, **kw)
