@@ -34,6 +34,7 @@ class Site:
     """Base: a module and the reason (if any) the point is capture-only here."""
     module: torch.nn.Module
     capture_only: str | None = None
+    kind = "site"  # what the site reads, named for the docs and site data (a class attribute)
     how: str = "hook"  # "hook" or "recompute" (derived from tensors around the module)
 
     def install(self, fn: Callable, writes: bool) -> list:
@@ -44,6 +45,7 @@ class Site:
 class OutSite(Site):
     """A module's output (get/put convert raw output <-> canonical). minus_residual: the module adds
     the residual it receives as its second argument (BLOOM), which the point excludes."""
+    kind = "out"
     get: Callable = None
     put: Callable = None
     minus_residual: bool = False
@@ -65,6 +67,7 @@ class OutSite(Site):
 @dataclass(eq=False)
 class InSite(Site):
     """A module's input (get/put convert (args, kwargs) <-> canonical)."""
+    kind = "in"
     get: Callable = None
     put: Callable = None
 
@@ -79,6 +82,7 @@ class InSite(Site):
 class AttnSite(Site):
     """A tensor inside the attention call (q, k, value, attn_scores, attn_probs, z), reached through
     the "interp" attention implementation (engine/attention.py)."""
+    kind = "attn"
     point: str = ""
 
     def install(self, fn, writes):
@@ -88,6 +92,7 @@ class AttnSite(Site):
 @dataclass(eq=False)
 class LogitsSite(Site):
     """The CausalLM output's logits."""
+    kind = "logits"
 
     def install(self, fn, writes):
         def hook(module, args, kwargs, output):
@@ -117,6 +122,7 @@ class ResidMidSite(Site):
     """The residual between attention and MLP. Read where it enters the pre-MLP norm (`module`);
     written through the attention write: new_write = (new_mid - resid_pre) / scale, where the block
     adds scale * write to its input (or the write already includes the residual, BLOOM)."""
+    kind = "resid_mid"
     get: Callable = None
     block: torch.nn.Module = None
     write: torch.nn.Module = None
@@ -148,6 +154,7 @@ class ResidMidSite(Site):
 class GateSite(Site):
     """Gated attention: `module` projects, per head, [query | gate]; the point is sigmoid(gate). A
     steered gate rescales the output projection's input (z * gate) by new / old, elementwise."""
+    kind = "gate"
     head_dim: int = 0
     o_proj: torch.nn.Module = None
 
@@ -187,6 +194,7 @@ class GateSite(Site):
 class StreamCollapseSite(Site):
     """Hyper-connection collapse weights, recomputed from the module's input streams; a steered set
     re-collapses the streams and replaces the module's collapsed output."""
+    kind = "hc_collapse"
     weights: Callable = None
     collapsed: int = 2
 
@@ -206,6 +214,7 @@ class SumSite(Site):
     """A sublayer made of two modules whose outputs are added (granite-4: routed experts plus a
     shared MLP): the point is first + second (`module` runs second); a steered sum replaces the
     second's output by new - first."""
+    kind = "sum"
     first: torch.nn.Module = None
 
     def install(self, fn, writes):

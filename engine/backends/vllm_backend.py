@@ -210,5 +210,5 @@ async def _start(path, env, kw):
 
 
 async def _stop(engine):
-    engine.shutdown()
+    rt.stop_engine(engine)
 

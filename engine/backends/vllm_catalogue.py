@@ -22,6 +22,7 @@ class VLLMCatalogue:
         self.backend, self.declared = backend, declared
         self.n_layers, self.tp = first["n_layers"], first["tp"]
         self.model_class = first["model_class"]
+        self.worker_pids = [d.get("pid") for d in describes]
         self.tap_bytes = sum(d["tap_bytes"] for d in describes)
         self.tap_errors = first.get("tap_errors", {})
         self.attn = {int(k): v for k, v in first["attn"].items()}

@@ -431,4 +431,5 @@ class AsyncVLLMModel(ModelBase):
         if not self._closed:
             self._closed = True
             engine, self.engine = self.engine, None
-            engine.shutdown()
+            from engine.backends.vllm_runtime import stop_engine
+            stop_engine(engine)

@@ -13,6 +13,7 @@ import concurrent.futures
 import contextlib
 import contextvars
 import logging
+import multiprocessing
 import os
 import threading
 import time
@@ -153,13 +154,27 @@ class Loop:
 
 
 def start_engine(path: str, env: dict, **engine_kw):
-    """An AsyncLLM (engine core in its own process). Returns (engine, seconds)."""
+    """An AsyncLLM (engine core in its own process). Returns (engine, seconds); the engine's child
+    processes are kept as `engine.interp_processes`, for stop_engine."""
     prepare_env()
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.v1.engine.async_llm import AsyncLLM
     if engine_kw.get("load_format") == "interp_static":
         import engine.backends.vllm_loader  # noqa: F401  (registers the load format)
     t0 = time.perf_counter()
+    before = set(multiprocessing.active_children())
     with scoped_env({"VLLM_ENABLE_V1_MULTIPROCESSING": "1", **env}):
         engine = AsyncLLM.from_engine_args(AsyncEngineArgs(model=path, **engine_kw))
+    engine.interp_processes = [p for p in multiprocessing.active_children() if p not in before]
     return engine, time.perf_counter() - t0
+
+
+def stop_engine(engine, timeout: float = 30.0) -> None:
+    """Shut the engine down and wait until its processes are gone (killed after `timeout`)."""
+    engine.shutdown()
+    deadline = time.monotonic() + timeout
+    for p in getattr(engine, "interp_processes", []):
+        p.join(max(0.0, deadline - time.monotonic()))
+        if p.is_alive():
+            p.kill()
+            p.join(5)

@@ -236,7 +236,8 @@ class WorkerState:
                 entry[str(layer)] = info
                 if p.name == "q":
                     attn[str(layer)] = vllm_attn.params(site.module)
-        return {"rank": self.rank, "tp": self.tp, "n_layers": len(self._layers()),
+        import os
+        return {"rank": self.rank, "tp": self.tp, "pid": os.getpid(), "n_layers": len(self._layers()),
                 "model_class": type(self.model).__name__, "points": points, "attn": attn,
                 "tap_bytes": self.taps.nbytes if self.taps is not None else 0,
                 "tap_errors": getattr(self.model, ERRORS_ATTR, {})}
