@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from engine.errors import InputError, InputTypeError
+from engine.tokens import encode
 
 _POSITION_FIELDS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length", "n_ctx",
                     "max_sequence_length")
@@ -143,8 +144,9 @@ def check_ids(ids: list[int], limits: Limits, i: int = 0, n: int = 1) -> list[in
     return ids
 
 
-def token_rows(inputs, tokenizer, limits: Limits, one: bool = False) -> list[list[int]]:
-    """Every prompt of `inputs` as a validated list of token ids. one=True: exactly one prompt."""
+def token_rows(inputs, tokenizer, limits: Limits, one: bool = False, prepend_bos: bool | None = None) -> list[list[int]]:
+    """Every prompt of `inputs` as a validated list of token ids. one=True: exactly one prompt. Text is
+    encoded with the BOS policy `prepend_bos` (engine/tokens.py); token ids are taken as given."""
     prompts = _split(inputs)
     if one and len(prompts) != 1:
         raise InputError(f"a request holds one prompt, got a batch of {len(prompts)}; make one request per "
@@ -154,15 +156,15 @@ def token_rows(inputs, tokenizer, limits: Limits, one: bool = False) -> list[lis
     for i, p in enumerate(prompts):
         if isinstance(p, str) and tokenizer is None:
             raise InputTypeError("this model has no tokenizer; give token ids instead of text.")
-        ids = list(tokenizer(p)["input_ids"]) if isinstance(p, str) else _ids_of(p, i, n)
+        ids = encode(tokenizer, p, prepend_bos) if isinstance(p, str) else _ids_of(p, i, n)
         rows.append(check_ids(ids, limits, i, n))
     return rows
 
 
-def padded_batch(inputs, tokenizer, limits: Limits, device=None) -> dict:
+def padded_batch(inputs, tokenizer, limits: Limits, device=None, prepend_bos: bool | None = None) -> dict:
     """input_ids / attention_mask for a batch: a given mask (and its padding side) is kept, everything
     else is validated and left-padded, as EagerModel.to_tokens pads text."""
-    rows = token_rows(inputs, tokenizer, limits)
+    rows = token_rows(inputs, tokenizer, limits, prepend_bos=prepend_bos)
     if (isinstance(inputs, Mapping) or hasattr(inputs, "keys")) and inputs.get("attention_mask") is not None:
         ids = torch.as_tensor(inputs["input_ids"])
         mask = torch.as_tensor(inputs["attention_mask"])

@@ -3,6 +3,7 @@
     ActivationCache   captured tensors keyed by address string ([batch, pos, ...] or [pos, ...])
     Request           one sequence of a concurrent batch: its prompt, length, captures, steers
     RequestResult     one sequence's tokens, text, captures ([pos, ...]) and logits
+    StreamStep        one token of a streamed generation (token, text, logprobs, captured rows)
     GenerationResult  a batch: padded [batch, ...] tensors plus the per-sequence results
 
 A batch of sequences of different lengths is padded (left by default, like the tokenizer's batch):
@@ -86,6 +87,22 @@ class RequestResult:
     @property
     def tokens(self) -> torch.Tensor:
         return torch.cat([self.prompt_ids, self.new_tokens])
+
+
+@dataclass
+class StreamStep:
+    """One generated token of a stream, the same on every backend. `logprob` and `top_logprobs`
+    ({token id: log-probability}, the n most likely, with logprobs=n) are over the model's raw
+    next-token distribution (before temperature / top-p / top-k); `rows` holds the captures of the
+    forward that produced this token ({address: [n, ...]}: the prompt for the first token, then the
+    previous token fed back), when points were asked. The last step carries the request's result."""
+    index: int
+    token: int
+    text: str
+    logprob: float | None = None
+    top_logprobs: dict = field(default_factory=dict)
+    rows: dict | None = None
+    result: "RequestResult | None" = None
 
 
 @dataclass

@@ -28,8 +28,9 @@ from engine.points import INTEGER_POINTS, backend_status, get_point
 from engine.results import (PATTERNS, ActivationCache, GenerationResult, RequestResult, batch_cache, columns,
                             columns_of)
 from engine.steer_inputs import validate_steers
+from engine.sampling import Sampling
 from engine.steering import Steer
-from engine.tokens import special_ids
+from engine.tokens import TokensMixin, special_ids, to_tokens
 from engine.weights import WeightsMixin
 
 
@@ -88,7 +89,7 @@ def _decode_layout(plans: list[Plan], mask: torch.Tensor, step: int) -> Layout:
     return Layout(spans, (mask.shape[0], 1), key_mask)
 
 
-class EagerModel(ModelBase, WeightsMixin):
+class EagerModel(ModelBase, WeightsMixin, TokensMixin):
     backend = "eager"
 
     def __init__(self, name: str, hf, tokenizer, family: Family, source: str):
@@ -182,21 +183,15 @@ class EagerModel(ModelBase, WeightsMixin):
         return getattr(cfg, "hc_mult", 1)
 
     # -- tokens ---------------------------------------------------------------------------------
-    def to_tokens(self, text, padding_side: str = "left") -> dict:
-        """Tokenize a string or a list of strings into input_ids / attention_mask (padded batch)."""
-        if padding_side not in ("left", "right"):
-            raise ValueError(f"padding_side must be 'left' or 'right', got {padding_side!r}.")
-        texts = [text] if isinstance(text, str) else list(text)
-        tok = self.tokenizer
-        tok.padding_side = padding_side
-        if tok.pad_token is None:
-            tok.pad_token = tok.eos_token
-        enc = tok(texts, return_tensors="pt", padding=True)
-        return {"input_ids": enc["input_ids"].to(self.device), "attention_mask": enc["attention_mask"].to(self.device)}
+    def to_tokens(self, text, padding_side: str = "left", prepend_bos: bool | None = None) -> dict:
+        """Tokenize a string or a list of strings into input_ids / attention_mask (padded batch), with
+        the BOS policy `prepend_bos` (None: the model's, see engine/tokens.py)."""
+        return to_tokens(self.tokenizer, text, padding_side, self.prepend_bos if prepend_bos is None else prepend_bos,
+                         self.device)
 
     def _inputs(self, inputs) -> dict:
         """A validated (engine/inputs.py), padded batch; a given attention_mask keeps its layout."""
-        enc = padded_batch(inputs, self.tokenizer, limits_of(self), self.device)
+        enc = padded_batch(inputs, self.tokenizer, limits_of(self), self.device, self.prepend_bos)
         for r, cols in enumerate(columns_of(enc["attention_mask"])):
             if int(cols[-1] - cols[0]) + 1 != len(cols):
                 raise ValueError(f"attention_mask row {r} has padding between real tokens; pad on one side only.")
@@ -314,9 +309,15 @@ class EagerModel(ModelBase, WeightsMixin):
             cache[key] = plan.tensor(key, plan.start_at.get(key, 0))
         return cache
 
-    def generate(self, inputs, max_new_tokens: int = 8, points=(), steer=(), do_sample=False, **kw):
-        """Greedy (by default) generation with capture and steering in prefill and every step."""
+    def generate(self, inputs, max_new_tokens: int = 8, points=(), steer=(), **sampling) -> GenerationResult:
+        """Generation (greedy by default; sampling knobs of engine/sampling.py: temperature, top_p,
+        top_k, seed) with capture and steering in prefill and every step."""
+        return self._generate(inputs, max_new_tokens, points, steer, sampling)
+
+    def _generate(self, inputs, max_new_tokens, points, steer, sampling, streamer=None, internal=(),
+                  stopping=None, on_plans=None) -> GenerationResult:
         self._live()
+        knobs = Sampling.parse(sampling, "eager")
         enc = self._inputs(inputs)
         mask = enc["attention_mask"]
         family_limits.check(self.config.model_type, "eager", "generate", batch=enc["input_ids"].shape[0])
@@ -325,14 +326,22 @@ class EagerModel(ModelBase, WeightsMixin):
                              "token); use model.to_tokens(texts, padding_side='left').")
         lengths = mask.sum(-1).tolist()
         plans = self._plans(enc, points, steer, max_new_tokens)
+        for p in plans:
+            for a in internal:  # read for the engine itself (a stream's logprobs), from the last prompt token
+                p.internal.append(a)
+                p.start_at.setdefault(str(a), p.prompt_len - 1)
+        if on_plans is not None:
+            on_plans(plans)
         cpu_mask = mask.cpu()
         layouts = [_prefill_layout(plans, cpu_mask)] + [_decode_layout(plans, cpu_mask, i)
                                                          for i in range(1, max_new_tokens)]
         with self._lock, torch.no_grad(), self._attached(plans, layouts):
-            out = self.hf.generate(**enc, max_new_tokens=max_new_tokens, do_sample=do_sample,
+            if knobs.seed is not None:
+                torch.manual_seed(knobs.seed)
+            out = self.hf.generate(**enc, max_new_tokens=max_new_tokens, **knobs.hf(),
                                    min_new_tokens=max_new_tokens, output_logits=True,
-                                   return_dict_in_generate=True,
-                                   pad_token_id=self.tokenizer.pad_token_id, **kw)
+                                   return_dict_in_generate=True, streamer=streamer, stopping_criteria=stopping,
+                                   pad_token_id=self.tokenizer.pad_token_id)
         seq = out.sequences
         new = seq[:, enc["input_ids"].shape[1]:]
         logits = torch.stack(out.logits, dim=1) if out.logits else None
@@ -347,6 +356,13 @@ class EagerModel(ModelBase, WeightsMixin):
         reqs = [RequestResult(seq[r, -(n + new.shape[1]):-new.shape[1]].cpu(), new[r].cpu(), text[r], caches[r],
                               None if logits is None else logits[r]) for r, n in enumerate(lengths)]
         return GenerationResult(seq, new, text, cache, logits, full_mask, reqs)
+
+    def stream(self, prompt, max_new_tokens: int = 8, points=(), steer=(), logprobs: int = 0, **sampling):
+        """Yield a StreamStep per generated token of one prompt (token, text, logprob and the top
+        `logprobs`, the captured rows of the forward that produced it); the last step carries the
+        RequestResult. Generation runs on a worker thread; closing the iterator stops it."""
+        from engine.backends.eager_stream import stream
+        return stream(self, prompt, max_new_tokens, points, steer, logprobs, sampling)
 
     def logit_lens(self, x, point: str = "resid_post") -> torch.Tensor:
         """Logits from a residual tensor (or an address captured in `x` when x is (cache, address))."""

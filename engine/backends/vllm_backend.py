@@ -56,6 +56,15 @@ class VLLMModel:
     def __repr__(self):
         return repr(self.aio).replace("AsyncVLLMModel", "VLLMModel", 1)
 
+    @property
+    def prepend_bos(self):
+        """The BOS policy for text prompts (engine/tokens.py); set it here, it applies to the async model."""
+        return self.aio.prepend_bos
+
+    @prepend_bos.setter
+    def prepend_bos(self, value):
+        self.aio.prepend_bos = value
+
     def __enter__(self):
         return self
 
@@ -84,6 +93,18 @@ class VLLMModel:
     def generate_batch(self, requests: list[Request], return_logits: bool = True, progress: bool = False):
         """Run requests concurrently (one continuous batch); each keeps its own captures and steers."""
         return self._run(self.aio.generate_batch(requests, return_logits))
+
+    def stream(self, prompt, max_new_tokens: int = 8, points=(), steer=(), logprobs: int = 0, **sampling):
+        """Iterate StreamSteps of one prompt (see AsyncVLLMModel.stream); closing the iterator aborts it."""
+        agen = self.aio.stream(prompt, max_new_tokens, points, steer, logprobs, **sampling)
+        try:
+            while True:
+                try:
+                    yield self._run(agen.__anext__())
+                except StopAsyncIteration:
+                    return
+        finally:
+            self._loop.run(agen.aclose())
 
     def logit_lens(self, x, point: str = "resid_post") -> torch.Tensor:
         return self._run(self.aio.logit_lens(x, point))

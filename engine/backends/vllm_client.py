@@ -4,7 +4,7 @@ loop, against a vLLM engine whose core runs in its own process.
     m = await AsyncVLLMModel.start(name, backend="vllm", ...)      (or load_model(..., backend="vllm").aio)
     logits, cache = await m.capture(["a prompt", "another"], ["resid_post.-1"])
     out = await m.generate("a prompt", 8, points=["z.1"], steer=[Steer("resid_post.2", "add", v)])
-    async for event in m.stream("a prompt", 8): ...
+    async for step in m.stream("a prompt", 8, logprobs=5): ...      (StreamStep: token, text, logprobs, rows)
 
 Per request: the plan goes to every worker (collective_rpc "interp_register"), the request runs in
 vLLM's continuous batch carrying the plan's key, and the captures come back when it finishes
@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from dataclasses import dataclass
 
 import torch
 
@@ -28,26 +27,31 @@ from engine.inputs import limits_of, token_rows
 from engine.model_base import ModelBase
 from engine.plan import Plan
 from engine.points import INTEGER_POINTS
-from engine.results import (ActivationCache, GenerationResult, Request, RequestResult, batch_cache, columns,
-                            columns_of, pad_rows)
+from engine.results import (ActivationCache, GenerationResult, Request, RequestResult, StreamStep, batch_cache,
+                            columns, columns_of, pad_rows)
+from engine.sampling import Sampling
 from engine.steer_inputs import validate_steers
 from engine.steering import OPS, Steer
-from engine.tokens import special_ids
+from engine.tokens import TokensMixin, special_ids, to_tokens
 
 NO_CAPTURE = ("vllm-generate is stock vLLM: no capture, no steering, no logit lens; load the model with "
               "backend='vllm' (any servable point, per request) or backend='vllm-static' (declared taps)")
 
 
-@dataclass
-class StreamEvent:
-    """One step of a streamed generation: the new token, the text it adds, and (on the last event)
-    the request's full result with its captures and logits."""
-    token: int
-    text: str
-    result: RequestResult | None = None
+StreamEvent = StreamStep  # the earlier name of one streamed step
 
 
-class AsyncVLLMModel(ModelBase):
+def _logprobs(entry, token: int, n: int) -> tuple:
+    """(the sampled token's log-probability, {id: log-probability} of the n most likely) from vLLM's
+    per-token logprobs dict ({id: Logprob(logprob, rank)})."""
+    if not entry:
+        return None, {}
+    top = {int(i): float(v.logprob) for i, v in entry.items() if v.rank is not None and v.rank <= n}
+    chosen = entry.get(token)
+    return (None if chosen is None else float(chosen.logprob)), top
+
+
+class AsyncVLLMModel(ModelBase, TokensMixin):
     """Capture and steering on a vLLM engine, async. Built by engine.backends.vllm_backend.load."""
 
     def __init__(self, name, backend, source, path, engine, catalogue: VLLMCatalogue | None, config, tokenizer):
@@ -196,8 +200,8 @@ class AsyncVLLMModel(ModelBase):
         plan.check_positions(0 if prefill else req.max_new_tokens)
         plan.salted = self._salted(plan, prefill)
         # min_tokens bans end-of-sequence until max_new_tokens, as eager's min_new_tokens does
-        params = dict(temperature=0.0, max_tokens=req.max_new_tokens, min_tokens=req.max_new_tokens)
-        params.update(req.sampling)
+        params = dict(max_tokens=req.max_new_tokens, min_tokens=req.max_new_tokens)
+        params.update(Sampling.parse(req.sampling, self.backend).vllm())
         return plan, params
 
     @staticmethod
@@ -213,27 +217,20 @@ class AsyncVLLMModel(ModelBase):
         return bool(plan.captures or plan.steers or getattr(plan, "derived", None) or prefill)
 
     # -- tokens ------------------------------------------------------------------------------------
-    def to_tokens(self, text, padding_side: str = "left") -> dict:
+    def to_tokens(self, text, padding_side: str = "left", prepend_bos: bool | None = None) -> dict:
         """Tokenize like EagerModel.to_tokens (a padded input_ids / attention_mask batch)."""
-        if padding_side not in ("left", "right"):
-            raise ValueError(f"padding_side must be 'left' or 'right', got {padding_side!r}.")
-        tok = self.tokenizer
-        tok.padding_side = padding_side
-        if tok.pad_token is None:
-            tok.pad_token = tok.eos_token
-        enc = tok([text] if isinstance(text, str) else list(text), return_tensors="pt", padding=True)
-        return {"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"]}
+        return to_tokens(self.tokenizer, text, padding_side, self.prepend_bos if prepend_bos is None else prepend_bos)
 
     def _prompt_ids(self, prompt) -> list[int]:
         """One prompt's validated token ids (engine/inputs.py)."""
-        return token_rows(prompt, self.tokenizer, limits_of(self), one=True)[0]
+        return token_rows(prompt, self.tokenizer, limits_of(self), one=True, prepend_bos=self.prepend_bos)[0]
 
     def _prompts(self, inputs) -> tuple[list[list[int]], torch.Tensor | None]:
         """Prompts as validated token lists, and the attention mask whose layout results follow (None:
         left-padded)."""
         mask = inputs.get("attention_mask") if isinstance(inputs, dict) else None
         mask = None if mask is None else torch.as_tensor(mask).reshape(-1, torch.as_tensor(mask).shape[-1]).cpu()
-        return token_rows(inputs, self.tokenizer, limits_of(self)), mask
+        return token_rows(inputs, self.tokenizer, limits_of(self), prepend_bos=self.prepend_bos), mask
 
     # -- running requests ----------------------------------------------------------------------------
     async def _rpc(self, method: str, *args):
@@ -258,9 +255,9 @@ class AsyncVLLMModel(ModelBase):
         return final
 
     async def _run_many(self, built: list[tuple[Plan, dict]], want_logits: bool, prefill: bool = False,
-                        on_output=None) -> list[RequestResult]:
+                        on_output=None, keys=None) -> list[RequestResult]:
         """Register every plan in one RPC, run the requests concurrently, collect in one RPC."""
-        keys = [uuid.uuid4().hex for _ in built]
+        keys = keys or [uuid.uuid4().hex for _ in built]
         active = [(k, p) for k, (p, _) in zip(keys, built) if self._needs_worker(p)]
         if active:
             await self._rpc("interp_register", [vllm_wire.plan_out(p, k) for k, p in active])
@@ -359,16 +356,23 @@ class AsyncVLLMModel(ModelBase):
         logits = pad_rows([r.logits for r in res], cols, width)
         return logits, batch_cache([r.cache for r in res], cols, width, self.n_layers)
 
-    async def stream(self, prompt, max_new_tokens: int = 8, points=(), steer=(), **sampling):
-        """Yield a StreamEvent per generated token; the last carries the full RequestResult."""
+    async def stream(self, prompt, max_new_tokens: int = 8, points=(), steer=(), logprobs: int = 0, **sampling):
+        """Yield a StreamStep per generated token (token, text, logprob and the top `logprobs` of the raw
+        distribution, the captured rows of the forward that produced it, read from the workers as the
+        step ends); the last step carries the full RequestResult."""
         self._live()
         from vllm.sampling_params import RequestOutputKind
+        if not isinstance(logprobs, int) or isinstance(logprobs, bool) or logprobs < 0:
+            raise ValueError(f"logprobs is how many top log-probabilities each step carries (an int >= 0), "
+                             f"got {logprobs!r}.")
         want = self.backend != "vllm-generate"
         plan, kw = self._plan(Request(prompt, max_new_tokens, points, steer, sampling), False, want)
         kw["output_kind"] = RequestOutputKind.DELTA
+        kw["logprobs"] = logprobs  # vLLM returns the sampled token's too
+        key = uuid.uuid4().hex
         queue: asyncio.Queue = asyncio.Queue()
-        task = asyncio.ensure_future(self._run_many([(plan, kw)], want, on_output=queue.put_nowait))
-        sent = 0
+        task = asyncio.ensure_future(self._run_many([(plan, kw)], want, on_output=queue.put_nowait, keys=[key]))
+        index, held = 0, None
         try:
             while not (task.done() and queue.empty()):
                 getter = asyncio.ensure_future(queue.get())
@@ -376,17 +380,28 @@ class AsyncVLLMModel(ModelBase):
                 if getter not in done:
                     getter.cancel()
                     continue
-                for tok in getter.result().outputs[0].token_ids:
-                    sent += 1
-                    if sent < max_new_tokens:
-                        yield StreamEvent(tok, self.tokenizer.decode([tok], skip_special_tokens=True))
-                    else:
-                        last = tok
+                out = getter.result().outputs[0]
+                for j, tok in enumerate(out.token_ids):
+                    lp, top = _logprobs(out.logprobs[j] if out.logprobs else None, tok, logprobs)
+                    rows = await self._peek(key, plan, index) if plan.captures else None
+                    step = StreamStep(index, tok, self.tokenizer.decode([tok], skip_special_tokens=True), lp, top, rows)
+                    index += 1
+                    if held is not None:
+                        yield held
+                    held = step
             (result,) = await task
-            yield StreamEvent(last, self.tokenizer.decode([last], skip_special_tokens=True), result)
+            if held is not None:
+                held.result = result
+                yield held
         finally:
             if not task.done():
                 task.cancel()
+
+    async def _peek(self, key: str, plan: Plan, index: int) -> dict:
+        """The captured rows of the forward that produced token `index` (the prompt, then one fed-back token)."""
+        lo, hi = (0, plan.prompt_len) if index == 0 else (plan.prompt_len + index - 1, plan.prompt_len + index)
+        ranks = await self._rpc("interp_peek", key, lo, hi)
+        return {str(a): self._gather(str(a), ranks) for a in plan.captures}
 
     def _batch(self, res: list[RequestResult]) -> GenerationResult:
         lengths = [r.tokens.shape[0] for r in res]

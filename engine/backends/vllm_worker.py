@@ -198,6 +198,22 @@ class WorkerState:
         self._rebuild()
         return out
 
+    def peek(self, key: str, lo: int, hi: int) -> dict:
+        """A running plan's captured rows at absolute positions lo..hi-1 (what a stream step shows)."""
+        plan = self.plans.get(key)
+        res = {"key": key, "captures": {}, "errors": {}, "held": {}}
+        if plan is None:
+            return res  # finished and collected already: the client finds nothing to show
+        for addr in plan.captures:
+            k = str(addr)
+            parts = [c[max(lo - p, 0):hi - p] for p, c in plan.store.get(k, []) if p < hi and p + c.shape[0] > lo]
+            if parts:
+                res["captures"][k] = [lo, vllm_wire.tensor_out(torch.cat(parts))]
+            held = self.site(addr.base).held
+            if held is not None:
+                res["held"][k] = held
+        return res
+
     def logits(self, x: torch.Tensor, apply_norm: bool) -> torch.Tensor:
         """Logits of [n, d] residual rows through vLLM's own final norm and head (all ranks call it)."""
         with torch.no_grad():
@@ -260,6 +276,9 @@ class InterpWorker:
 
     def interp_collect(self, keys: list, logits: list) -> list:
         return self._interp.collect(keys, logits)
+
+    def interp_peek(self, key: str, lo: int, hi: int) -> dict:
+        return self._interp.peek(key, lo, hi)
 
     def interp_lens(self, x: dict, apply_norm: bool):
         out = self._interp.logits(vllm_wire.tensor_in(x), apply_norm)
