@@ -6,10 +6,12 @@ on eager HF or vLLM, checked against TransformerLens, nnsight/nnterp and HF itse
     logits, cache = m.run_with_cache("Hello world", ["resid_post.-1", "z.0.head-1"])
 """
 from engine.address import Address, parse
+from engine.attention_capture import AttentionCapture, capture_attention
 from engine.errors import (AddressError, EngineError, FamilyLimitationError, InputError, ModelNotFoundError,
                            OptionError, SteeringError, UnsupportedPointError)
 from engine.loading import BACKENDS, load_model
-from engine.results import ActivationCache, GenerationResult, Request, RequestResult
+from engine.patching import PatchResult, logit_diff, patch_sweep
+from engine.results import ActivationCache, GenerationResult, Request, RequestResult, StreamStep
 from engine.points import POINTS, get_point
 from engine.steering import Steer
 
@@ -20,6 +22,7 @@ def run_with_cache(model, inputs, points=(), steer=()):
 
 
 __all__ = ["Address", "parse", "load_model", "run_with_cache", "Steer", "POINTS", "get_point", "BACKENDS",
-           "ActivationCache", "GenerationResult", "Request", "RequestResult",
+           "ActivationCache", "GenerationResult", "Request", "RequestResult", "StreamStep",
+           "patch_sweep", "logit_diff", "PatchResult", "capture_attention", "AttentionCapture",
            "EngineError", "AddressError", "UnsupportedPointError", "SteeringError", "ModelNotFoundError",
            "OptionError", "InputError", "FamilyLimitationError"]

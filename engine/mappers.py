@@ -165,6 +165,8 @@ def to_nnsight(model, address) -> Accessor:
         return Accessor(fam.final_norm, "output")
     if point == "lm_head":
         return Accessor("", "output", "the CausalLM output's .logits")
+    if point == "lm_head_raw":
+        return Accessor(fam.lm_head, "output")
     if point in ("attn_in", "attn_out"):
         if not fam.attn:
             unmapped("no attention module path")

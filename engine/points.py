@@ -52,8 +52,11 @@ def _vllm(status_vllm=("hook", ""), static=_VLLM_STATIC_ONLY_RESID):
 
 POINTS: tuple[Point, ...] = (
     Point("embeddings", "trunk", "[b, pos, d]",
-          "The trunk's input to the first block: token embedding plus any embedding scale and absolute "
-          "position embedding (equals resid_pre.0 and HF hidden_states[0]).",
+          "What the first block receives: the token embedding plus whatever the trunk adds before block 0 "
+          "(embedding scale or multiplier, embedding norm, absolute position embedding); equals resid_pre.0 "
+          "and HF hidden_states[0]. Not the token embedding alone (TransformerLens's hook_embed), which "
+          "differs wherever the trunk adds any of these (GPT-2, OPT, BLOOM, Gemma). Hyper-connection "
+          "families: the embedding before it is copied onto the streams.",
           tl="blocks.0.hook_resid_pre", nnsight="model.layers.0.input", nnterp="layers_input[0]",
           backends=_vllm()),
     Point("resid_pre", "layer", "[b, pos, d]",
@@ -100,8 +103,9 @@ POINTS: tuple[Point, ...] = (
           coords=("head",), group="attention", tl="blocks.{L}.attn.hook_pattern",
           nnterp="attention_probabilities[{L}]", backends=_vllm(_VLLM_RECOMPUTE)),
     Point("z", "layer", "[b, pos, h, hd]",
-          "Per-head attention output (probs @ values) before any output gate and before the output "
-          "projection.",
+          "Per-head attention output (probs @ values) as the output projection reads it: before any "
+          "output gate and the output projection, after anything the attention applies in between "
+          "(DeepSeek-V4: the inverse rotation of the rope slice its shared K=V picked up).",
           coords=("head",), group="attention", tl="blocks.{L}.attn.hook_z",
           backends=_vllm()),
     Point("attn_gate", "layer", "[b, pos, h, hd]",
@@ -114,8 +118,9 @@ POINTS: tuple[Point, ...] = (
           group="attention", tl="blocks.{L}.attn.hook_out", nnsight="model.layers.{L}.self_attn.output[0]",
           nnterp="attentions_output[{L}]", backends=_vllm()),
     Point("attn_out_post", "layer", "[b, pos, d]",
-          "Sandwich-norm families: the attention output after its post-attention norm, i.e. what is "
-          "added to the residual.",
+          "Families that normalize the attention output before the residual add (sandwich or "
+          "post-sublayer norms): that norm's output, i.e. what is added to the residual. Refused, not "
+          "aliased, elsewhere: there attn_out is already what is added (use it).",
           group="attention", tl="blocks.{L}.ln1_post.hook_out", backends=_vllm()),
     Point("resid_mid", "layer", "[b, pos, d]",
           "Residual stream between the attention and MLP sublayers (sequential blocks only); steering "
@@ -150,8 +155,9 @@ POINTS: tuple[Point, ...] = (
           group="mlp", tl="blocks.{L}.mlp.hook_out", nnsight="model.layers.{L}.mlp.output",
           nnterp="mlps_output[{L}]", backends=_vllm()),
     Point("mlp_out_post", "layer", "[b, pos, d]",
-          "Sandwich-norm families: the MLP output after its post-MLP norm, i.e. what is added to the "
-          "residual.",
+          "Families that normalize the MLP output before the residual add (sandwich or post-sublayer "
+          "norms): that norm's output, i.e. what is added to the residual. Refused, not aliased, "
+          "elsewhere: there mlp_out is already what is added (use it).",
           group="mlp", tl="blocks.{L}.ln2_post.hook_out", backends=_vllm()),
     Point("resid_post", "layer", "[b, pos, d]",
           "Residual stream leaving block L (equals HF hidden_states[L+1], except after the last block "
@@ -163,19 +169,36 @@ POINTS: tuple[Point, ...] = (
           group="output", tl="ln_final.hook_out", nnsight="model.norm.output", nnterp="ln_final.output",
           backends=_vllm()),
     Point("lm_head", "trunk", "[b, pos, v]",
-          "Logits: the unembedding of the final norm, after any final logit softcap.",
+          "Logits, as sampling sees them: the head's output after every transform the model applies to "
+          "it (logits_scaling, logit_scale, lm_head_multiplier, final softcap). lm_head_raw is the head "
+          "projection's own output.",
           group="output", aliases=("logits",), nnsight="lm_head.output", nnterp="logits",
           backends=_vllm(("refused", "vLLM computes logits for sampled positions only; use backend='eager' "
                                      "or the logits returned by generate"))),
+    Point("lm_head_raw", "trunk", "[b, pos, v]",
+          "The head projection's own output (the lm_head module), before the model's logit transforms "
+          "(scaling, softcap); equals lm_head on families without them.",
+          group="output", tl="unembed.hook_out", nnsight="lm_head.output",
+          backends=_vllm(("refused", "vLLM computes logits for sampled positions only and inside its own "
+                                     "logits processor; use backend='eager'"))),
     # Hyper-connection families (several residual streams, e.g. DeepSeek-V4 mHC).
     Point("resid_streams", "layer", "[b, pos, s, d]",
           "Hyper-connection families: all residual streams leaving block L.",
           coords=("stream",), group="streams", backends=_vllm(_VLLM_KERNEL)),
-    Point("attn_stream_collapse", "layer", "[b, pos, s]",
-          "Hyper-connections: weights collapsing the streams into the attention sublayer's input.",
+    Point("attn_stream_collapse", "layer", "[b, pos, d]",
+          "Hyper-connections: the streams collapsed into one vector, the attention sublayer's input "
+          "before its norm (attn_in is its normed form).",
           group="streams", backends=_vllm(_VLLM_KERNEL)),
-    Point("mlp_stream_collapse", "layer", "[b, pos, s]",
-          "Hyper-connections: weights collapsing the streams into the MLP sublayer's input.",
+    Point("attn_stream_collapse_weights", "layer", "[b, pos, s]",
+          "Hyper-connections: the weights that collapse the streams into attn_stream_collapse "
+          "(recomputed from the connection module's input; capture, and set to re-collapse).",
+          group="streams", backends=_vllm(_VLLM_KERNEL)),
+    Point("mlp_stream_collapse", "layer", "[b, pos, d]",
+          "Hyper-connections: the streams collapsed into one vector, the MLP sublayer's input before its "
+          "norm (mlp_in is its normed form).",
+          group="streams", backends=_vllm(_VLLM_KERNEL)),
+    Point("mlp_stream_collapse_weights", "layer", "[b, pos, s]",
+          "Hyper-connections: the weights that collapse the streams into mlp_stream_collapse.",
           group="streams", backends=_vllm(_VLLM_KERNEL)),
     Point("attn_stream_write", "layer", "[b, pos, s]",
           "Hyper-connections: weights expanding the attention output back onto each stream.",

@@ -13,7 +13,7 @@ from typing import Callable
 import torch
 
 from engine.errors import UnsupportedPointError
-from engine.families.base import Family, Split
+from engine.families.base import Family, FusedSplit, Split
 from engine.site_kinds import (AttnSite, GateSite, InSite, LogitsSite, OutSite, ResidMidSite, Site,
                                StreamCollapseSite, SumSite)
 
@@ -98,6 +98,24 @@ def in_site(module, arg="hidden_states", head_dim=None, shape_from=None) -> InSi
     return InSite(module, get=get, put=put)
 
 
+def grouped_in_site(module, head_dim: int) -> InSite:
+    """A module input [b, pos, groups, width] that is the heads [b, pos, h, hd] regrouped (DeepSeek-V4's
+    grouped output projection)."""
+    base = in_site(module, arg="x")
+    get, put = base.get, base.put
+
+    def get_heads(raw):
+        t = get(raw)
+        return t.reshape(*t.shape[:2], -1, head_dim)
+
+    def put_heads(raw, new):
+        args, kwargs = raw
+        like = args[0] if args else kwargs["x"]
+        return put(raw, new.reshape(like.shape))
+    base.get, base.put = get_heads, put_heads
+    return base
+
+
 def head_site(module, side: str, head_dim: int, heads_first: bool = False) -> Site:
     """A per-head site on a QK-norm's input or output, canonical [b, pos, heads, hd], also where the
     norm runs heads-first on [b, heads, pos, hd] (Gemma-3, Phi, StableLM)."""
@@ -155,6 +173,11 @@ class Ctx:
 # -- resolvers, one per point (or group of points sharing one rule) ---------------------------------
 def _lm_head(c: Ctx) -> Site:
     return LogitsSite(c.hf)
+
+
+def _lm_head_raw(c: Ctx) -> Site:
+    mod = get_path(c.hf, c.fam.lm_head)
+    return out_site(mod) if mod is not None else c.absent(f"no head module at {c.fam.lm_head!r}")
 
 
 def _final_norm(c: Ctx) -> Site:
@@ -220,10 +243,21 @@ def _inline(c: Ctx, attn, spec) -> Site:
         site.get = lambda raw: get(raw).transpose(1, 2)
         site.put = lambda raw, new: put(raw, new.transpose(1, 2))
         return site
-    path = spec.path if isinstance(spec, Split) else spec
+    path = spec.path if isinstance(spec, (Split, FusedSplit)) else spec
     mod = get_path(attn, path)
     if mod is None:
         c.absent(f"no projection {path!r} in this layer's attention module")
+    if isinstance(spec, FusedSplit):
+        split = getattr(attn, spec.method)
+        kv = getattr(c.cfg, "num_kv_heads", None) or getattr(c.cfg, "num_key_value_heads", None)
+
+        def get(raw):
+            t = split(_first(raw))[spec.index]
+            t = t.transpose(1, 2) if spec.heads_first else t
+            return t[:, :, :: t.shape[2] // kv] if spec.repeated and kv else t
+        return OutSite(mod, get=get, capture_only=(
+            f"split out of the fused {spec.path} output inline by {type(attn).__name__}.{spec.method}, so a written "
+            f"value would not reach the attention product; steer z or attn_out instead"))
     return out_site(mod, split=spec if isinstance(spec, Split) else None, head_dim=c.head_dim)
 
 
@@ -237,6 +271,11 @@ def _attn_gate(c: Ctx) -> Site:
 def _z(c: Ctx) -> Site:
     if c.attn is None or c.sub(c.attn, c.fam.o_proj) is None:
         c.absent("this layer has no softmax attention module")
+    if c.fam.z_in:  # the attention post-processes its product before projecting: z is what the projection reads
+        mod = c.sub(c.attn, c.fam.z_in)
+        if mod is None:
+            c.absent(f"no {c.fam.z_in!r} module in this layer's attention")
+        return grouped_in_site(mod, c.head_dim)
     if c.fam.attn_interface:
         return AttnSite(c.attn, point="z")
     return in_site(c.sub(c.attn, c.fam.o_proj), head_dim=c.head_dim)
@@ -246,7 +285,9 @@ def _post_norm(c: Ctx) -> Site:
     attn_side = c.point == "attn_out_post"
     mod = c.sub(c.blk, c.fam.attn_post_norm if attn_side else c.fam.mlp_post_norm)
     if mod is None:
-        c.absent(f"the family has no post-{'attention' if attn_side else 'MLP'} sandwich norm")
+        side = "attn" if attn_side else "mlp"
+        c.absent(f"the family has no post-{'attention' if attn_side else 'MLP'} sandwich norm, so {side}_out is "
+                 f"already what the block adds to the residual; use {side}_out")
     return out_site(mod)
 
 
@@ -331,13 +372,14 @@ def _stream(c: Ctx) -> Site:
     mod = get_path(c.blk, hc.attn if side == "attn" else hc.mlp)
     if mod is None:
         c.absent(f"no hyper-connection module around the {side} sublayer")
-    if what == "collapse":
+    if what == "collapse_weights":
         return StreamCollapseSite(mod, how="recompute", weights=hc.collapse_weights, collapsed=hc.collapsed)
-    return out_site(mod, index=hc.write if what == "write" else hc.mix)
+    index = {"collapse": hc.collapsed, "write": hc.write, "mix": hc.mix}[what]
+    return out_site(mod, index=index)
 
 
 RESOLVERS: dict[str, Callable[[Ctx], Site]] = {
-    "lm_head": _lm_head, "final_norm": _final_norm, "embeddings": _embeddings,
+    "lm_head": _lm_head, "lm_head_raw": _lm_head_raw, "final_norm": _final_norm, "embeddings": _embeddings,
     "resid_pre": _resid_pre, "resid_post": _resid_post, "resid_mid": _resid_mid,
     "attn_in": _attn_in, "attn_out": _attn_out, "attn_gate": _attn_gate, "z": _z,
     "q_norm_in": _qk_norm, "q_norm_out": _qk_norm, "k_norm_in": _qk_norm, "k_norm_out": _qk_norm,
@@ -347,7 +389,8 @@ RESOLVERS: dict[str, Callable[[Ctx], Site]] = {
     **{p: _router for p in ("router_logits", "expert_weights", "expert_indices")},
     **{p: _mlp_hidden for p in ("mlp_pre", "mlp_pre_linear", "mlp_act")},
     **{p: _stream for p in ("resid_streams", "attn_stream_collapse", "mlp_stream_collapse", "attn_stream_write",
-                            "attn_stream_mix", "mlp_stream_write", "mlp_stream_mix")},
+                            "attn_stream_mix", "mlp_stream_write", "mlp_stream_mix", "attn_stream_collapse_weights",
+                            "mlp_stream_collapse_weights")},
 }
 
 

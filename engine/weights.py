@@ -116,8 +116,8 @@ class WeightsMixin:
     def W_O(self, layer: int) -> torch.Tensor:
         """The attention output projection as [heads, head_dim, d_model] (z @ W_O, summed over heads,
         is attn_out without its bias)."""
-        mod = self._module(layer, "z", lambda f: f"{f.attn}.{f.o_proj}" if f.attn and f.o_proj else None,
-                           "softmax-attention output projection")
+        mod = self._module(layer, "z", lambda f: f"{f.attn}.{f.o_proj}" if f.attn and f.o_proj and not f.z_in else None,
+                           "softmax-attention output projection (DeepSeek-V4 projects z in two grouped steps)")
         w = _linear_in_out(mod)
         heads = self.config.num_attention_heads
         return w.reshape(heads, w.shape[0] // heads, w.shape[1]).detach()

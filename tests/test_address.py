@@ -7,8 +7,9 @@ from engine.points import BY_NAME, POINTS, backend_status, get_point
 
 
 def test_catalogue_has_the_anchor_points_plus_q_and_k():
-    assert len(POINTS) == 36
-    assert len(BY_NAME) == 36, "point names must be unique"
+    # the anchor's 34, post-RoPE q and k, lm_head_raw, and the two stream-collapse weight points
+    assert len(POINTS) == 39
+    assert len(BY_NAME) == 39, "point names must be unique"
     for name in ("embeddings", "resid_pre", "q", "k", "attn_scores", "z", "mlp_act", "router_logits",
                  "resid_post", "final_norm", "lm_head", "resid_streams", "mlp_stream_mix"):
         assert name in BY_NAME

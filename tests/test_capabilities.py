@@ -102,3 +102,46 @@ def test_weights_refused_by_name():
     conv = hybrid.block_layout().mixers.index("conv")
     with pytest.raises(UnsupportedPointError, match="not available at layer"):
         hybrid.W_O(conv)
+
+
+# -- point definitions (issue item 6) --------------------------------------------------------------------
+@pytest.mark.parametrize("name", ["openai-community/gpt2", "facebook/opt-125m", "bigscience/bloom-560m",
+                                  "google/gemma-2-2b"])
+def test_embeddings_is_what_block_0_receives(name):
+    """Not the token embedding alone: position embeddings, embedding norms and scales are in it."""
+    m = model(name)
+    ids = m._inputs(TEXT)["input_ids"]
+    _, c = m.run_with_cache(ids, ["embeddings", "resid_pre.0"])
+    with torch.no_grad():
+        hs = m.hf(ids, output_hidden_states=True).hidden_states[0]
+        tok = torch.nn.functional.embedding(ids, m.hf.get_input_embeddings().weight)  # the table rows alone
+    torch.testing.assert_close(c["embeddings"], c["resid_pre.0"])
+    torch.testing.assert_close(c["embeddings"], hs)
+    assert not torch.allclose(c["embeddings"], tok, atol=1e-4)
+
+
+@pytest.mark.parametrize("name,transform", [("google/gemma-2-2b", "softcap"), ("ibm-granite/granite-3.0-2b-base",
+                                                                              "divide"), ("meta-llama/Llama-3.2-1B", None)])
+def test_lm_head_raw_and_logits_are_both_named(name, transform):
+    m = model(name)
+    logits, c = m.run_with_cache(TEXT, ["lm_head", "lm_head_raw", "final_norm"])
+    raw = c["lm_head_raw"]
+    torch.testing.assert_close(c["lm_head"], logits)
+    torch.testing.assert_close(raw, c["final_norm"] @ m.W_U, rtol=1e-4, atol=1e-4)
+    cfg = m.config
+    if transform == "softcap":
+        cap = cfg.final_logit_softcapping
+        torch.testing.assert_close(torch.tanh(raw / cap) * cap, logits, rtol=1e-5, atol=1e-5)
+        assert not torch.allclose(raw, logits)
+    elif transform == "divide":
+        torch.testing.assert_close(raw / cfg.logits_scaling, logits, rtol=1e-5, atol=1e-5)
+    else:
+        torch.testing.assert_close(raw, logits)
+
+
+def test_post_norm_points_are_refused_not_aliased_without_those_norms():
+    llama, olmo2 = model(KINDS["gqa_rope"]), model("allenai/OLMo-2-0425-1B")
+    for p in ("attn_out_post", "mlp_out_post"):
+        side = p.split("_")[0]
+        assert f"use {side}_out" in llama.refuses(f"{p}.0") and llama.verdict(f"{p}.0").instead == f"use {side}_out"
+        assert olmo2.serves(f"{p}.0")  # post-sublayer norms (no pre-norm): served

@@ -56,6 +56,11 @@ class Ref:
     post_ln: str | None = None  # OPT-350m: resid_mid = this norm(resid_pre + attn_out)
     q_prescaled: bool = False  # OPT multiplies the query by attn.scaling before the product
     clip: bool = False  # OLMo clip_qkv
+    # attention computed inline (qkv=None): the projection that holds the values and how they sit in it:
+    # "per_head3" [h, (q,k,v), hd] (BLOOM, Falcon MHA), "mqa" [q(h*hd) | k(hd) | v(hd)] (Falcon multi-query),
+    # "groups" [kvh, (h/kvh queries, k, v), hd] (Falcon new architecture), "plain" (a v projection, GPT-J)
+    inline_v: tuple | None = None  # (projection path relative to the attention module, layout)
+    rotary_inline: bool = True  # q / k rotated inline (no reference for them from the projection)
 
 
 GPT = dict(layers="transformer.h", attn="attn", o="attn.c_proj", gate="mlp.c_fc", up=None, down="mlp.c_proj",
@@ -80,7 +85,8 @@ CASES = {
     "gpt_neox-sequential": ("EleutherAI/pythia-160m", {"use_parallel_residual": False},
                             Ref(**{**NEOX, "parallel": False, "mid_reader": "post_attention_layernorm"})),
     "gptj": ("EleutherAI/gpt-j-6b", None, Ref(**{**GPT, "o": "attn.out_proj", "gate": "mlp.fc_in",
-                                                 "down": "mlp.fc_out", "mid_reader": None}, qkv=None, parallel=True)),
+                                                 "down": "mlp.fc_out", "mid_reader": None}, qkv=None, parallel=True,
+                                              inline_v=("v_proj", "plain"))),
     "phi": ("microsoft/phi-2", None, Ref(o="self_attn.dense", gate="mlp.fc1", up=None, down="mlp.fc2", mid_reader=None,
                                          final="model.final_layernorm", final_in="model.final_layernorm",
                                          parallel=True)),
@@ -92,10 +98,14 @@ CASES = {
     "opt-post-ln": ("facebook/opt-350m", None,
                     Ref(**{**OPT, "mid_reader": "fc1", "final": None, "final_in": "model.decoder.project_out"},
                         post_ln="self_attn_layer_norm")),
-    "bloom": ("bigscience/bloom-560m", None, Ref(**OLD, adds_residual=True)),
-    "falcon-parallel-mqa": ("tiiuae/falcon-7b", None, Ref(**OLD, parallel=True, mid_reader=None)),
-    "falcon-sequential-alibi": ("tiiuae/falcon-rw-1b", None, Ref(**OLD)),
-    "falcon-new-arch": ("tiiuae/falcon-11B", None, Ref(**OLD, parallel=True, mid_reader=None)),
+    "bloom": ("bigscience/bloom-560m", None, Ref(**OLD, adds_residual=True, inline_v=("query_key_value", "per_head3"),
+                                                 rotary_inline=False)),
+    "falcon-parallel-mqa": ("tiiuae/falcon-7b", None, Ref(**OLD, parallel=True, mid_reader=None,
+                                                           inline_v=("query_key_value", "mqa"))),
+    "falcon-sequential-alibi": ("tiiuae/falcon-rw-1b", None, Ref(**OLD, inline_v=("query_key_value", "per_head3"),
+                                                                  rotary_inline=False)),
+    "falcon-new-arch": ("tiiuae/falcon-11B", None, Ref(**OLD, parallel=True, mid_reader=None,
+                                                       inline_v=("query_key_value", "groups"))),
     "stablelm": ("stabilityai/stablelm-2-1_6b", None, Ref()),
     "stablelm-parallel-qk-norm": ("stabilityai/stablelm-2-12b", None,
                                   Ref(parallel=True, mid_reader=None, qn="self_attn.q_layernorm",
@@ -205,8 +215,11 @@ def _record(hf, r: Ref, n_layers):
         for key, path in (("attn_out_post", r.attn_post), ("mlp_out_post", r.mlp_post)):
             if path:
                 post(_get(blk, path), lambda a, k, o, key=key, L=L: put((key, L))(o))
+        if r.inline_v:
+            post(_get(attn, r.inline_v[0]), lambda a, k, o, L=L: put(("qkv_raw", L))(o))
     if r.final:
         post(hf.get_submodule(r.final), lambda a, k, o: put("final_norm")(o))
+    post(hf.get_output_embeddings(), lambda a, k, o: put("lm_head_raw")(o))
     pre(hf.get_submodule(r.final_in), lambda a, k: put("final_in")(_first_arg(a, k)))
     return store, handles
 
@@ -265,7 +278,7 @@ def _references(m, r: Ref, rec, hs, attentions, logits):
     cfg, n, (b, s) = m.config, m.n_layers, hs[0].shape[:2]
     unflat = (lambda t: t.reshape(b, s, *t.shape[1:])) if r.flat_mlp else (lambda t: t)
     mult = getattr(cfg, "residual_multiplier", None) or 1.0
-    ref = {"embeddings": hs[0], "lm_head": logits}
+    ref = {"embeddings": hs[0], "lm_head": logits, "lm_head_raw": rec["lm_head_raw"]}
     if "final_norm" in rec:
         ref["final_norm"] = rec["final_norm"]
     for L in range(n):
@@ -299,7 +312,30 @@ def _references(m, r: Ref, rec, hs, attentions, logits):
             q, k, v = _qkv(attn, rec["attn_in", L], r, cfg, L, rec["attn_kw", L])
             ref.update({f"q.{L}": q, f"k.{L}": k, f"value.{L}": v})
             ref[f"attn_probs.{L}"] = attentions[L].transpose(1, 2)
+        elif r.inline_v:
+            q, k, v = _inline_qkv(rec["qkv_raw", L], r.inline_v[1], cfg, hd)
+            ref[f"value.{L}"] = v
+            ref[f"attn_probs.{L}"] = attentions[L].transpose(1, 2)
+            if not r.rotary_inline:
+                ref.update({f"q.{L}": q, f"k.{L}": k})
     return ref
+
+
+def _inline_qkv(x, layout, cfg, hd):
+    """q, k, v [b, s, heads, hd] cut out of an inline attention's projection output, by its layout."""
+    b, s, _ = x.shape
+    h = cfg.num_attention_heads
+    if layout == "plain":
+        return None, None, x.reshape(b, s, -1, hd)
+    if layout == "per_head3":
+        t = x.reshape(b, s, h, 3, hd)
+        return t[..., 0, :], t[..., 1, :], t[..., 2, :]
+    if layout == "mqa":
+        return (x[..., : h * hd].reshape(b, s, h, hd), x[..., h * hd: h * hd + hd].reshape(b, s, 1, hd),
+                x[..., h * hd + hd:].reshape(b, s, 1, hd))
+    kvh = cfg.num_kv_heads
+    t = x.reshape(b, s, kvh, h // kvh + 2, hd)
+    return t[..., :-2, :].reshape(b, s, h, hd), t[..., -2, :], t[..., -1, :]
 
 
 def _rel(a, b):
@@ -323,7 +359,7 @@ def bundle(case):
     rec, handles = _record(hf, r, n)
     try:
         with torch.no_grad():
-            out = hf(**enc, output_hidden_states=True, output_attentions=bool(r.qkv), use_cache=False)
+            out = hf(**enc, output_hidden_states=True, output_attentions=bool(r.qkv or r.inline_v), use_cache=False)
     finally:
         for h in handles:
             h.remove()
@@ -444,7 +480,9 @@ HAS = {
     "gpt_bigcode": ("q", "k", "attn_probs", "resid_mid"), "gpt_neox": ("q", "attn_probs"),
     "gpt_neox-sequential": ("resid_mid",), "phi-qk-layernorm": ("q_norm_in", "k_norm_out"),
     "opt": ("q", "resid_mid", "mlp_in", "final_norm"), "opt-post-ln": ("resid_mid",),
-    "bloom": ("resid_mid", "z"), "falcon-sequential-alibi": ("resid_mid",), "phi3": ("mlp_pre_linear",),
+    "bloom": ("resid_mid", "z", "q", "k", "value", "attn_probs"), "gptj": ("value", "attn_probs"),
+    "falcon-parallel-mqa": ("value", "attn_probs"), "falcon-new-arch": ("value", "attn_probs"),
+    "falcon-sequential-alibi": ("resid_mid", "q", "k", "value", "attn_probs"), "phi3": ("mlp_pre_linear",),
     "stablelm-parallel-qk-norm": ("q_norm_in",), "cohere": ("q_norm_out",), "olmo2": ("q_norm_in", "attn_out_post"),
     "gemma2": ("attn_out_post", "mlp_out_post", "attn_scores"), "gemma3_text": ("k_norm_in", "mlp_out_post"),
     "glm4": ("attn_out_post", "mlp_pre_linear"), "exaone4": ("q_norm_in", "mlp_out_post"),
@@ -452,10 +490,10 @@ HAS = {
 }
 
 REFUSED = [
-    ("gptj", "q", "GPTJAttention"), ("gptj", "attn_probs", "_attn"), ("gptj", "resid_mid", "parallel"),
-    ("bloom", "attn_scores", "BloomAttention"), ("bloom", "value", "ALiBi"),
+    ("gptj", "q", "GPTJAttention"), ("gptj", "attn_scores", "_attn"), ("gptj", "resid_mid", "parallel"),
+    ("bloom", "attn_scores", "BloomAttention"), ("falcon-parallel-mqa", "attn_scores", "FalconAttention"),
     ("falcon-parallel-mqa", "k", "FalconAttention"), ("falcon-parallel-mqa", "resid_mid", "parallel"),
-    ("falcon-sequential-alibi", "attn_probs", "FalconAttention"), ("falcon-new-arch", "resid_mid", "parallel"),
+    ("falcon-sequential-alibi", "attn_scores", "FalconAttention"), ("falcon-new-arch", "resid_mid", "parallel"),
     ("gpt_neox", "resid_mid", "parallel"), ("stablelm-parallel-qk-norm", "resid_mid", "parallel"),
     ("phi", "q_norm_in", "no QK-norm"), ("cohere", "resid_mid", "parallel"),
     ("opt-post-ln", "final_norm", "no final norm"), ("opt", "mlp_pre_linear", "not gated"),

@@ -137,6 +137,7 @@ def _zamba_refs(hf, enc):
         pre(st.feed_forward.down_proj, ("mlp_act", L))
     post(hf.model.final_layernorm, "final_norm")
     pre(hf.model.final_layernorm, "final_in")
+    post(hf.get_output_embeddings(), "lm_head_raw")
     try:
         with torch.no_grad():
             out = hf(**enc, output_hidden_states=True, output_attentions=True, use_cache=False)
@@ -144,7 +145,7 @@ def _zamba_refs(hf, enc):
         for h in handles:
             h.remove()
     hs, n = out.hidden_states, len(kinds)
-    ref = {"embeddings": hs[0], "lm_head": out.logits, "final_norm": store["final_norm"]}
+    ref = {"embeddings": hs[0], "lm_head": out.logits, "final_norm": store["final_norm"], "lm_head_raw": store["lm_head_raw"]}
     hybrid = [L for L, k in enumerate(kinds) if k == "hybrid"]
     for L, kind in enumerate(kinds):
         ref[f"resid_pre.{L}"] = hs[L]

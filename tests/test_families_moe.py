@@ -103,11 +103,12 @@ def bundle(mt):
                 "mlp_plus": _sub(blk, spec["mlp_plus"]) if "mlp_plus" in spec else None,
                 "ffn_hc": _sub(blk, "ffn_hc"), "q_proj": _sub(blk, "self_attn.q_proj"),
                 "o_proj": _sub(blk, "self_attn.o_proj"), "down": _sub(blk, "mlp.down_proj"),
+                "o_a_proj": _sub(blk, "self_attn.o_a_proj"),
                 "gate_proj": _sub(blk, "mlp.gate_proj"), "up_proj": _sub(blk, "mlp.up_proj")}
         for name, mod in mods.items():
             if mod is None:
                 continue
-            if name in ("o_proj", "down"):
+            if name in ("o_proj", "down", "o_a_proj"):
                 hooks.append(mod.register_forward_pre_hook(lambda _m, a, L=L, n=name: raw.__setitem__((n, L), a[0])))
             else:
                 hooks.append(mod.register_forward_hook(
@@ -121,7 +122,7 @@ def bundle(mt):
     wanted = ["embeddings", "final_norm", "resid_post", "resid_mid", "resid_streams", "attn_out", "mlp_out", "router_logits",
               "expert_weights", "expert_indices", "attn_gate", "z", "mlp_act", "mlp_pre", "mlp_pre_linear",
               "attn_stream_collapse", "attn_stream_write", "attn_stream_mix", "mlp_stream_collapse",
-              "mlp_stream_write", "mlp_stream_mix"]
+              "mlp_stream_write", "mlp_stream_mix", "attn_stream_collapse_weights", "mlp_stream_collapse_weights"]
     logits, cache = m.run_with_cache(ids, [p for p in wanted if m.point_layers(p)])
     _BUNDLES[mt] = b = dict(m=m, hf=hf, ids=ids, ref=ref, raw=raw, logits=logits, cache=cache)
     return b
@@ -475,10 +476,14 @@ def test_v4_stream_points_match_the_hyper_connection_modules():
         streams_in = c[f"resid_streams.{L - 1}"] if L else c["embeddings"][:, :, None].expand(-1, -1, s, -1)
         for side, name in (("attn", "attn_hc"), ("mlp", "ffn_hc")):
             (x,), (post, comb, collapsed) = raw[(name, L)]
-            w, mix, col = c[f"{side}_stream_write.{L}"], c[f"{side}_stream_mix.{L}"], c[f"{side}_stream_collapse.{L}"]
+            w, mix = c[f"{side}_stream_write.{L}"], c[f"{side}_stream_mix.{L}"]
+            col = c[f"{side}_stream_collapse_weights.{L}"]
             assert w.shape == col.shape == (2, T, s) and mix.shape == (2, T, s, s)
             assert rel(w, post) < 1e-7 and rel(mix, comb) < 1e-7
             assert rel((col[..., None] * x).sum(2), collapsed) < 1e-6
+            # the collapse point is the collapsed vector the sublayer reads (before its norm)
+            assert c[f"{side}_stream_collapse.{L}"].shape == (2, T, m.d_model)
+            assert rel(c[f"{side}_stream_collapse.{L}"], collapsed) == 0.0
         assert rel(raw[("attn_hc", L)][0][0], streams_in) < 1e-6
         # new_streams[k] = write[k] * sublayer_out + sum_j mix[j, k] * streams[j], around each sublayer
         mid = (c[f"attn_stream_write.{L}"][..., None] * c[f"attn_out.{L}"][:, :, None]
@@ -500,10 +505,24 @@ def test_v4_steering_streams_and_collapse_weights():
     norm = hf.model.layers[1].input_layernorm  # its input is the collapsed streams
     h = norm.register_forward_pre_hook(lambda _m, a: got.__setitem__("collapsed", a[0]))
     try:  # collapsing with a one-hot weight feeds stream 0 alone to the attention
-        m.run_with_cache(b["ids"], [], steer=[Steer("attn_stream_collapse.1", "set", torch.tensor([1.0, 0, 0, 0]))])
+        m.run_with_cache(b["ids"], [], steer=[Steer("attn_stream_collapse_weights.1", "set",
+                                                    torch.tensor([1.0, 0, 0, 0]))])
+        assert rel(got["collapsed"], c["resid_streams.0"][:, :, 0]) < 1e-7
+        x = torch.randn(m.d_model)  # setting the collapsed vector itself replaces the attention's input
+        m.run_with_cache(b["ids"], [], steer=[Steer("attn_stream_collapse.1", "set", x)])
+        assert rel(got["collapsed"], x.expand_as(got["collapsed"])) < 1e-7
     finally:
         h.remove()
-    assert rel(got["collapsed"], c["resid_streams.0"][:, :, 0]) < 1e-7
+
+
+def test_v4_z_is_what_the_grouped_output_projection_reads():
+    """z on DeepSeek-V4 is after the inverse rotation HF applies to the product's rope slice: o_a_proj's
+    input, regrouped per head (the attention call's own output differs on that slice)."""
+    b = bundle("deepseek_v4")
+    m, raw, c = b["m"], b["raw"], b["cache"]
+    for L in range(m.n_layers):
+        z, x = c[f"z.{L}"], raw[("o_a_proj", L)]
+        assert z.shape[-1] == m.config.head_dim and rel(z, x.reshape(z.shape)) == 0.0
 
 
 def test_v4_refuses_single_residual_points_with_the_stream_alternative():

@@ -79,6 +79,7 @@ def test_transformer_lens_names_hold_our_tensors(fam):
         assert from_tl(m, h) == (parse("resid_pre.0") if a == "embeddings" else parse(a)), (a, h)
     assert bad == {}, bad
     assert "lm_head" in unmapped and "returns the logits" in unmapped["lm_head"]
+    assert mapped.get("lm_head_raw") == "unembed.hook_out"
     assert {parse(a).point for a in mapped} >= {"resid_pre", "resid_post", "attn_out", "mlp_out", "final_norm",
                                                "embeddings"}
     # block-level aliases: hook_attn_out is our attn_out, or attn_out_post behind a sandwich norm

@@ -111,3 +111,63 @@ def test_patch_sweep_same_numbers_as_eager(engines, backend):
     assert ours.addresses == ref.addresses and ours.positions == ref.positions
     torch.testing.assert_close(ours.values, ref.values, rtol=0, atol=2e-4)
     assert float(ref.values.max() - ref.values.min()) > 1e-3
+
+
+# -- capability verdicts, streams and sampling knobs on vLLM -------------------------------------------
+@pytest.mark.parametrize("backend", ["vllm", "vllm-static"])
+def test_every_verdict_matches_the_call(engines, backend):
+    from engine.errors import AddressError
+    m = engines(backend)
+    table = m.describe()
+    served = [v.address for v in table.served()]
+    _, cache = m.run_with_cache(PROMPT, served)
+    assert set(cache) == set(served) and served
+    for v in table:
+        if not v.served:
+            with pytest.raises(AddressError) as e:
+                m.address(v.address)
+            assert v.reason.rstrip(".") in str(e.value)
+    if backend == "vllm-static":
+        assert {v.address for v in table.served()} == {str(a) for a in m.declared}
+        assert m.verdict("resid_post.0").capture_only is None and "declared at load" in m.refuses("mlp_in.0")
+    else:
+        assert m.verdict("attn_probs.0").how == "recompute" and m.verdict("attn_probs.0").capture_only
+        assert "fused" in m.refuses("mlp_pre.0") and m.block_layout().kind == "sequential"
+
+
+@pytest.mark.parametrize("backend", ["vllm", "vllm-static"])
+def test_stream_matches_eager_stream(engines, backend):
+    m, em = engines(backend), eager_model(LLAMA)
+    steer = [Steer("resid_post.0", "add", random_vector((m.d_model,), 8), "generated")]
+    got = list(m.stream(PROMPT, 4, points=["resid_post.1"], steer=steer, logprobs=3))
+    ref = list(em.stream(PROMPT, 4, points=["resid_post.1"], steer=steer, logprobs=3))
+    assert [s.token for s in got] == [s.token for s in ref]
+    for a, b in zip(got, ref):
+        assert a.logprob == pytest.approx(b.logprob, abs=1e-3)
+        assert set(a.top_logprobs) == set(b.top_logprobs)
+        check(a.rows["resid_post.1"][None], b.rows["resid_post.1"][None], "resid_post", backend, case="decode")
+    assert got[-1].result is not None and got[0].rows["resid_post.1"].shape[0] == len(m._prompt_ids(PROMPT))
+
+
+def test_sampling_knobs_on_vllm(engines):
+    from engine.errors import OptionError
+    vm, em = engines("vllm"), eager_model(LLAMA)
+    a = vm.generate(PROMPT, 5, temperature=1.5, seed=3)
+    assert torch.equal(a.new_tokens, vm.generate(PROMPT, 5, temperature=1.5, seed=3).new_tokens)
+    greedy = em.generate(PROMPT, 5).new_tokens
+    assert torch.equal(vm.generate(PROMPT, 5, temperature=1.0, top_k=1, seed=1).new_tokens, greedy)
+    with pytest.raises(OptionError, match="sample with temperature > 0"):
+        vm.generate(PROMPT, 2, do_sample=True)
+    with pytest.raises(OptionError, match=r"unknown sampling option \['temprature'\]"):
+        vm.generate(PROMPT, 2, temprature=1.0)
+
+
+def test_capture_attention_matches_eager(engines):
+    from engine.attention_capture import capture_attention
+    vm, em = engines("vllm"), eager_model(LLAMA)
+    got, ref = capture_attention(vm, PROMPT), capture_attention(em, PROMPT)
+    assert got.layers == ref.layers and not got.missing
+    for layer in ref.layers:
+        for piece, point in (("scores", "attn_scores"), ("probs", "attn_probs"), ("value", "value"), ("z", "z")):
+            check(getattr(got, piece)[layer], getattr(ref, piece)[layer], point)
+        check(got.mixed(layer), got.z[layer], "z")

@@ -41,7 +41,7 @@ export const points: readonly PointInfo[] = [
     "scope": "trunk",
     "shape": "[b, pos, d]",
     "width": "d",
-    "definition": "The trunk's input to the first block: token embedding plus any embedding scale and absolute position embedding (equals resid_pre.0 and HF hidden_states[0]).",
+    "definition": "What the first block receives: the token embedding plus whatever the trunk adds before block 0 (embedding scale or multiplier, embedding norm, absolute position embedding); equals resid_pre.0 and HF hidden_states[0]. Not the token embedding alone (TransformerLens's hook_embed), which differs wherever the trunk adds any of these (GPT-2, OPT, BLOOM, Gemma). Hyper-connection families: the embedding before it is copied onto the streams.",
     "group": "residual",
     "coords": [],
     "aliases": [],
@@ -385,7 +385,7 @@ export const points: readonly PointInfo[] = [
     "scope": "layer",
     "shape": "[b, pos, h, hd]",
     "width": "h, hd",
-    "definition": "Per-head attention output (probs @ values) before any output gate and before the output projection.",
+    "definition": "Per-head attention output (probs @ values) as the output projection reads it: before any output gate and the output projection, after anything the attention applies in between (DeepSeek-V4: the inverse rotation of the rope slice its shared K=V picked up).",
     "group": "attention",
     "coords": ["head"],
     "aliases": [],
@@ -468,7 +468,7 @@ export const points: readonly PointInfo[] = [
     "scope": "layer",
     "shape": "[b, pos, d]",
     "width": "d",
-    "definition": "Sandwich-norm families: the attention output after its post-attention norm, i.e. what is added to the residual.",
+    "definition": "Families that normalize the attention output before the residual add (sandwich or post-sublayer norms): that norm's output, i.e. what is added to the residual. Refused, not aliased, elsewhere: there attn_out is already what is added (use it).",
     "group": "attention",
     "coords": [],
     "aliases": [],
@@ -742,7 +742,7 @@ export const points: readonly PointInfo[] = [
     "scope": "layer",
     "shape": "[b, pos, d]",
     "width": "d",
-    "definition": "Sandwich-norm families: the MLP output after its post-MLP norm, i.e. what is added to the residual.",
+    "definition": "Families that normalize the MLP output before the residual add (sandwich or post-sublayer norms): that norm's output, i.e. what is added to the residual. Refused, not aliased, elsewhere: there mlp_out is already what is added (use it).",
     "group": "mlp",
     "coords": [],
     "aliases": [],
@@ -817,7 +817,7 @@ export const points: readonly PointInfo[] = [
     "scope": "trunk",
     "shape": "[b, pos, v]",
     "width": "v",
-    "definition": "Logits: the unembedding of the final norm, after any final logit softcap.",
+    "definition": "Logits, as sampling sees them: the head's output after every transform the model applies to it (logits_scaling, logit_scale, lm_head_multiplier, final softcap). lm_head_raw is the head projection's own output.",
     "group": "output",
     "coords": [],
     "aliases": ["logits"],
@@ -840,6 +840,35 @@ export const points: readonly PointInfo[] = [
       }
     ],
     "equivalents": {"transformerLens": null, "nnsight": "lm_head.output", "nnterp": "logits"}
+  },
+  {
+    "name": "lm_head_raw",
+    "scope": "trunk",
+    "shape": "[b, pos, v]",
+    "width": "v",
+    "definition": "The head projection's own output (the lm_head module), before the model's logit transforms (scaling, softcap); equals lm_head on families without them.",
+    "group": "output",
+    "coords": [],
+    "aliases": [],
+    "backends": [
+      {"backend": "eager", "status": "hook", "reason": ""},
+      {
+        "backend": "vllm",
+        "status": "refused",
+        "reason": "vLLM computes logits for sampled positions only and inside its own logits processor; use backend='eager'"
+      },
+      {
+        "backend": "vllm-static",
+        "status": "refused",
+        "reason": "vllm-static serves only the taps declared at load (static_points); declare it there or use backend='vllm'"
+      },
+      {
+        "backend": "vllm-generate",
+        "status": "refused",
+        "reason": "vllm-generate is stock vLLM: no capture, no steering"
+      }
+    ],
+    "equivalents": {"transformerLens": "unembed.hook_out", "nnsight": "lm_head.output", "nnterp": null}
   },
   {
     "name": "resid_streams",
@@ -873,9 +902,38 @@ export const points: readonly PointInfo[] = [
   {
     "name": "attn_stream_collapse",
     "scope": "layer",
+    "shape": "[b, pos, d]",
+    "width": "d",
+    "definition": "Hyper-connections: the streams collapsed into one vector, the attention sublayer's input before its norm (attn_in is its normed form).",
+    "group": "streams",
+    "coords": [],
+    "aliases": [],
+    "backends": [
+      {"backend": "eager", "status": "hook", "reason": ""},
+      {
+        "backend": "vllm",
+        "status": "refused",
+        "reason": "computed inside vLLM's fused attention kernel and never materialized; use backend='eager'"
+      },
+      {
+        "backend": "vllm-static",
+        "status": "refused",
+        "reason": "vllm-static serves only the taps declared at load (static_points); declare it there or use backend='vllm'"
+      },
+      {
+        "backend": "vllm-generate",
+        "status": "refused",
+        "reason": "vllm-generate is stock vLLM: no capture, no steering"
+      }
+    ],
+    "equivalents": {"transformerLens": null, "nnsight": null, "nnterp": null}
+  },
+  {
+    "name": "attn_stream_collapse_weights",
+    "scope": "layer",
     "shape": "[b, pos, s]",
     "width": "s",
-    "definition": "Hyper-connections: weights collapsing the streams into the attention sublayer's input.",
+    "definition": "Hyper-connections: the weights that collapse the streams into attn_stream_collapse (recomputed from the connection module's input; capture, and set to re-collapse).",
     "group": "streams",
     "coords": [],
     "aliases": [],
@@ -902,9 +960,38 @@ export const points: readonly PointInfo[] = [
   {
     "name": "mlp_stream_collapse",
     "scope": "layer",
+    "shape": "[b, pos, d]",
+    "width": "d",
+    "definition": "Hyper-connections: the streams collapsed into one vector, the MLP sublayer's input before its norm (mlp_in is its normed form).",
+    "group": "streams",
+    "coords": [],
+    "aliases": [],
+    "backends": [
+      {"backend": "eager", "status": "hook", "reason": ""},
+      {
+        "backend": "vllm",
+        "status": "refused",
+        "reason": "computed inside vLLM's fused attention kernel and never materialized; use backend='eager'"
+      },
+      {
+        "backend": "vllm-static",
+        "status": "refused",
+        "reason": "vllm-static serves only the taps declared at load (static_points); declare it there or use backend='vllm'"
+      },
+      {
+        "backend": "vllm-generate",
+        "status": "refused",
+        "reason": "vllm-generate is stock vLLM: no capture, no steering"
+      }
+    ],
+    "equivalents": {"transformerLens": null, "nnsight": null, "nnterp": null}
+  },
+  {
+    "name": "mlp_stream_collapse_weights",
+    "scope": "layer",
     "shape": "[b, pos, s]",
     "width": "s",
-    "definition": "Hyper-connections: weights collapsing the streams into the MLP sublayer's input.",
+    "definition": "Hyper-connections: the weights that collapse the streams into mlp_stream_collapse.",
     "group": "streams",
     "coords": [],
     "aliases": [],

@@ -3,7 +3,7 @@
 import importlib
 import pkgutil
 
-from engine.families.base import Family, Router, Split, Streams, family_for, register, registry  # noqa: F401
+from engine.families.base import Family, FusedSplit, Router, Split, Streams, family_for, register, registry  # noqa: F401
 
 for _mod in pkgutil.iter_modules(__path__):
     if _mod.name != "base":

@@ -21,6 +21,19 @@ class Split:
 
 
 @dataclass(frozen=True)
+class FusedSplit:
+    """A per-head tensor an inline attention splits out of its fused projection with its own method
+    (BLOOM's `_reshape`, Falcon's `_split_heads`): getattr(attention, method)(output of `path`)[index],
+    heads first ([b, h, pos, hd]) when `heads_first`. Capture only: the split is a view the module
+    computes inline, so a written value would not reach the product."""
+    path: str
+    method: str
+    index: int
+    heads_first: bool = False
+    repeated: bool = False  # the method repeats each key/value head over its query group: keep one of each
+
+
+@dataclass(frozen=True)
 class Router:
     """Where an MoE router lives (relative to the MLP module) and how to read its output.
 
@@ -97,10 +110,13 @@ class Family:
     k_norm: str | None = None
     attn_interface: bool = True  # HF attention goes through ALL_ATTENTION_FUNCTIONS (q/k/v/scores/probs)
     # attention computed inline (attn_interface False) whose tensors still pass a module boundary:
-    # "q" / "k" / "value" -> projection (path or Split, relative to the attention module) whose output
-    # IS that tensor (nothing, e.g. no rotary, between it and the product); "attn_probs" -> index of the
+    # "q" / "k" / "value" -> projection (path, Split or FusedSplit, relative to the attention module) whose
+    # output IS that tensor (nothing, e.g. no rotary, between it and the product); "attn_probs" -> index of the
     # probabilities [b, h, q, kpos] in the attention module's tuple output (capture only: nothing reads it)
     inline_attn: dict = field(default_factory=dict)
+    # the attention transforms its product before the output projection (DeepSeek-V4's inverse rotation):
+    # module (relative to the attention module) whose input, regrouped per head, is z
+    z_in: str | None = None
     # gated attention: projection whose output holds, per head, [query | gate]; attn_gate = sigmoid(gate)
     attn_gate: str | None = None
     # MLP (relative to the MLP module)

@@ -2,24 +2,25 @@
 
 Both the attention and the MLP module add the residual themselves (they take it as their second
 argument), so attn_out / mlp_out are the module output minus that residual. Attention is computed
-inline (ALiBi baddbmm) rather than through ALL_ATTENTION_FUNCTIONS: q/k/value/scores/probs are
-refused; z is `dense`'s input.
+inline (ALiBi baddbmm) rather than through ALL_ATTENTION_FUNCTIONS: q / k / value are the module's own
+per-head split of `query_key_value` (capture only), attn_probs its second output (capture only),
+attn_scores is refused; z is `dense`'s input.
 """
-from engine.families.base import Family, Variant, register
+from engine.families.base import Family, FusedSplit, Variant, register
 
-_INLINE = ("BloomAttention computes ALiBi scores, softmax and the value product inline (no "
-           "ALL_ATTENTION_FUNCTIONS call), so this tensor never passes a hookable boundary; use z "
-           "(dense input) or attn_out")
+_SCORES = ("BloomAttention forms the ALiBi scores with baddbmm inline and never materializes them at a "
+           "module boundary; capture attn_probs (or q and k)")
 _TP = ("pretraining_tp > 1 with slow_but_exact: BLOOM bypasses `dense` / `dense_4h_to_h` and uses "
        "sliced F.linear calls, so their inputs are never module inputs")
+# q / k / value: BloomAttention._reshape splits query_key_value per head (views, no rotary); the
+# probabilities are the attention's second output
+_QKV = {p: FusedSplit("query_key_value", "_reshape", i, heads_first=True) for i, p in enumerate(("q", "k", "value"))}
 
 register(
     Family("bloom", ("bloom",), layers="transformer.h", final_norm="transformer.ln_f", attn="self_attention",
            o_proj="dense", mlp_pre="dense_h_to_4h", mlp_pre_linear=None, mlp_down="dense_4h_to_h",
            attn_interface=False, attn_adds_residual=True, mlp_adds_residual=True,
-           refused={p: _INLINE for p in ("q", "k", "value", "attn_scores", "attn_probs")},
-           variants=(Variant("slow_but_exact", True,
-                             {"refused": {**{p: _INLINE for p in ("q", "k", "value", "attn_scores", "attn_probs")},
-                                          "z": _TP, "mlp_act": _TP}}),),
+           inline_attn={**_QKV, "attn_probs": 1}, refused={"attn_scores": _SCORES},
+           variants=(Variant("slow_but_exact", True, {"refused": {"attn_scores": _SCORES, "z": _TP, "mlp_act": _TP}}),),
            quirks=("layernorm", "alibi", "embedding-layernorm", "fused-qkv", "modules-add-residual", "plain-mlp")),
 )

@@ -50,7 +50,8 @@ register(
            quirks=("rmsnorm", "rope", "qk-norm", "moe", "shared-experts", "first-k-dense", "fused-experts",
                    "sigmoid-routing", "group-limited-routing"),
            notes="Qwen3-style attention with per-head QK-norm; MLP and routing as deepseek_v3."),
-    Family("deepseek_v4", ("deepseek_v4",), o_proj="o_b_proj", router=Router("gate"), embed="model.embed_tokens",
+    Family("deepseek_v4", ("deepseek_v4",), o_proj="o_b_proj", z_in="o_a_proj", router=Router("gate"),
+           embed="model.embed_tokens",
            streams=Streams("attn_hc", "ffn_hc", v4_collapse_weights, head="model.hc_head"),
            quirks=("rmsnorm", "hyper-connections", "sinkhorn-stream-mix", "shared-kv-mqa", "attention-sinks",
                    "partial-rope", "compressed-kv", "grouped-output-projection", "moe", "hash-routing",
@@ -71,12 +72,13 @@ register(
            },
            notes="resid_streams.L is decoder layer L's output [b, pos, s, d] (HF hidden_states[L+1] except "
                  "at the last layer, where HF stores norm(hc_head(streams))). Around each sublayer the "
-                 "hyper-connection computes: *_stream_collapse (pre, [b, pos, s]) collapsing the streams "
-                 "into the sublayer input, *_stream_write (post, [b, pos, s]) spreading the sublayer output "
-                 "onto the streams, and *_stream_mix (comb, [b, pos, s, s]) with new_streams[k] = "
-                 "post[k] * out + sum_j comb[j, k] * streams[j]. attn_in / mlp_in are the normed collapsed "
-                 "inputs. Attention: one shared K=V head with sinks; attn_probs exclude the sink and on "
-                 "compressed layers their key axis holds the window then the compressor entries; z is "
-                 "probs @ values before the inverse rotation of its rope slice and the grouped o_a/o_b "
-                 "projection. First layers route by token id (hash: expert_indices = tid2eid[token])."),
+                 "hyper-connection computes: *_stream_collapse_weights (pre, [b, pos, s]) collapsing the "
+                 "streams into *_stream_collapse (the sublayer input, [b, pos, d]), *_stream_write (post, "
+                 "[b, pos, s]) spreading the sublayer output onto the streams, and *_stream_mix (comb, "
+                 "[b, pos, s, s]) with new_streams[k] = post[k] * out + sum_j comb[j, k] * streams[j]. "
+                 "attn_in / mlp_in are the normed collapsed inputs. Attention: one shared K=V head with "
+                 "sinks; attn_probs exclude the sink and on compressed layers their key axis holds the "
+                 "window then the compressor entries; z is probs @ values after the inverse rotation of its "
+                 "rope slice (o_a_proj's input, per head): what the grouped o_a/o_b projection reads. "
+                 "First layers route by token id (hash: expert_indices = tid2eid[token])."),
 )

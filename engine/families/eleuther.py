@@ -13,9 +13,9 @@ beside the output (capture only); the pre-softmax scores are never a tensor anyo
 """
 from engine.families.base import Family, Variant, register
 
-_GPTJ_ATTN = ("GPTJAttention multiplies q and k (interleaved rotary applied inline) in its own _attn "
-              "method, not through ALL_ATTENTION_FUNCTIONS, so this tensor never passes a hookable "
-              "boundary; use z (out_proj input) or attn_out")
+_GPTJ_ATTN = ("GPTJAttention rotates q and k inline and multiplies them in its own _attn method, not through "
+              "ALL_ATTENTION_FUNCTIONS, so this tensor never passes a hookable boundary; capture value, "
+              "attn_probs or z")
 
 _NEO_SCORES = ("GPTNeoSelfAttention forms q.k (unscaled), applies its global/local causal bias and the "
                "padding mask inline in _attn (no ALL_ATTENTION_FUNCTIONS call), so the pre-softmax scores "
@@ -41,6 +41,7 @@ register(
                  "and resid_mid is post_attention_layernorm's input."),
     Family("gptj", ("gptj",), layers="transformer.h", final_norm="transformer.ln_f", attn="attn", mlp_norm=None,
            parallel=True, o_proj="out_proj", mlp_pre="fc_in", mlp_pre_linear=None, mlp_down="fc_out",
-           attn_interface=False, refused={p: _GPTJ_ATTN for p in ("q", "k", "value", "attn_scores", "attn_probs")},
+           attn_interface=False, inline_attn={"value": "v_proj", "attn_probs": 1},
+           refused={p: _GPTJ_ATTN for p in ("q", "k", "attn_scores")},
            quirks=("layernorm", "interleaved-partial-rope", "parallel-block", "plain-mlp", "lm-head-bias")),
 )
