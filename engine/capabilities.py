@@ -19,6 +19,7 @@ from engine.address import Address, parse
 from engine.errors import AddressError
 from engine.points import BACKENDS, POINTS, backend_status, get_point
 
+_LAYER = re.compile(r"at layer \d+")
 _USE = re.compile(r"(?:^|[;:,(] ?)((?:use|steer|capture|declare|lens|project out|load) [^;.()]*(?:\([^)]*\)[^;.()]*)*)")
 
 
@@ -76,7 +77,8 @@ class Capabilities(list):
             served = _layers([v for v in vs if v.served])
             hows = sorted({v.how for v in vs if v.served})
             co = sorted({v.capture_only for v in vs if v.capture_only})
-            ref = sorted({f"{v.reason}" + (f" (instead: {v.instead})" if v.instead else "") for v in vs if not v.served})
+            ref = sorted({_LAYER.sub("at layer L", v.reason) + (f" (instead: {v.instead})" if v.instead else "")
+                          for v in vs if not v.served})
             rows.append(f"| `{point}` | {served}{' (' + ', '.join(hows) + ')' if hows else ''} | {'; '.join(co)} | "
                         f"{'; '.join(r.replace('|', '/') for r in ref)} |")
         return "\n".join(rows) + "\n"

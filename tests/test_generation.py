@@ -24,7 +24,8 @@ def model(name=LLAMA):
     return _M[name]
 
 
-@pytest.mark.parametrize("name", [LLAMA, "google/gemma-2-2b"])
+@pytest.mark.parametrize("name", ["openai-community/gpt2", LLAMA, "google/gemma-2-2b", "mistralai/Mixtral-8x7B-v0.1",
+                                  "LiquidAI/LFM2-350M"])
 def test_stream_equals_generate(name):
     m = model(name)
     v = torch.randn(m.d_model, generator=torch.Generator().manual_seed(0))

@@ -11,6 +11,7 @@ from engine.errors import SteeringError
 from engine.steering import OPS, CacheEntry, Steer, apply_steer
 
 LLAMA, GEMMA2 = "meta-llama/Llama-3.2-1B", "google/gemma-2-2b"
+KINDS = ["openai-community/gpt2", LLAMA, GEMMA2, "mistralai/Mixtral-8x7B-v0.1", "LiquidAI/LFM2-350M"]
 TEXT = "The quick brown fox jumps over the lazy dog"
 _M: dict = {}
 
@@ -41,7 +42,7 @@ def _expected(op, x, v, **kw):
 @pytest.mark.parametrize("op,kw", [("rescale", {"coeff": 3.0}), ("rescale", {"coeff": -1.0}),
                                    ("projection_cap", {"bounds": (-0.5, 0.5)}), ("projection_cap", {"bounds": (None, 0.0)}),
                                    ("norm_scaled_add", {"coeff": 0.25})])
-@pytest.mark.parametrize("name", [LLAMA, GEMMA2])
+@pytest.mark.parametrize("name", KINDS)
 def test_direction_ops_follow_their_formula(name, op, kw):
     m = model(name)
     v = torch.randn(m.d_model, generator=torch.Generator().manual_seed(3))

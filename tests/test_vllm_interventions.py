@@ -171,3 +171,17 @@ def test_capture_attention_matches_eager(engines):
         for piece, point in (("scores", "attn_scores"), ("probs", "attn_probs"), ("value", "value"), ("z", "z")):
             check(getattr(got, piece)[layer], getattr(ref, piece)[layer], point)
         check(got.mixed(layer), got.z[layer], "z")
+
+
+def test_prepend_bos_on_vllm_matches_eager(engines):
+    vm, em = engines("vllm"), eager_model(LLAMA)
+    assert vm.bos() == em.bos()
+    try:
+        vm.prepend_bos = em.prepend_bos = True
+        lv, _ = vm.run_with_cache(PROMPT)
+        le, _ = em.run_with_cache(PROMPT)
+        assert vm.to_tokens(PROMPT)["input_ids"][0, 0] == vm.bos().id
+    finally:
+        vm.prepend_bos = em.prepend_bos = None
+    assert lv.shape[1] == len(vm._prompt_ids(PROMPT)) + 1
+    check(lv, le, "lm_head")
