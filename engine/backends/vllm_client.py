@@ -54,6 +54,9 @@ class AsyncVLLMModel(ModelBase):
         self.n_layers = catalogue.n_layers if catalogue else config.num_hidden_layers
         self.d_model = config.hidden_size
         self.declared = catalogue.declared if catalogue else None
+        self.dtype = engine.model_config.dtype  # what vLLM computes in
+        from vllm.platforms import current_platform
+        self.device = torch.device(current_platform.device_type)  # where vLLM runs (results come back on the CPU)
         self._init_base()
 
     def __repr__(self):
@@ -189,10 +192,10 @@ class AsyncVLLMModel(ModelBase):
 
     async def _submit(self, plan: Plan, params: dict, key: str, on_output=None):
         """Run one request in the continuous batch; returns vLLM's final RequestOutput."""
-        from vllm import SamplingParams, TokensPrompt
-        prompt = TokensPrompt(prompt_token_ids=plan.prompt)
-        if plan.salted:
-            prompt["cache_salt"] = f"interp-{key}"
+        from vllm import SamplingParams
+        extras = {"cache_salt": f"interp-{key}"} if plan.salted else None
+        (prompt,) = await self.engine.renderer.render_cmpl_async([{"prompt_token_ids": plan.prompt}],
+                                                                prompt_extras=extras)
         sp = SamplingParams(**params, extra_args={EXTRA_KEY: key} if self._needs_worker(plan) else None)
         final = None
         try:
