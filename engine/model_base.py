@@ -38,6 +38,19 @@ class ModelBase(PointCatalogue):
         finally:
             self._steers.reset(token)
 
+    def to_tokens(self, text, padding_side: str = "left") -> dict:
+        """Tokenize a string or a list of strings into input_ids / attention_mask (a padded batch), on
+        the device the model's inputs go to (eager: the model's; vLLM: the CPU)."""
+        if padding_side not in ("left", "right"):
+            raise ValueError(f"padding_side must be 'left' or 'right', got {padding_side!r}.")
+        tok = self.tokenizer
+        tok.padding_side = padding_side
+        if tok.pad_token is None:
+            tok.pad_token = tok.eos_token
+        enc = tok([text] if isinstance(text, str) else list(text), return_tensors="pt", padding=True)
+        device = self.device if self.backend == "eager" else "cpu"
+        return {"input_ids": enc["input_ids"].to(device), "attention_mask": enc["attention_mask"].to(device)}
+
     def __enter__(self):
         return self
 

@@ -164,19 +164,7 @@ class EagerModel(ModelBase):
             return getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
         return getattr(cfg, "hc_mult", 1)
 
-    # -- tokens ---------------------------------------------------------------------------------
-    def to_tokens(self, text, padding_side: str = "left") -> dict:
-        """Tokenize a string or a list of strings into input_ids / attention_mask (padded batch)."""
-        if padding_side not in ("left", "right"):
-            raise ValueError(f"padding_side must be 'left' or 'right', got {padding_side!r}.")
-        texts = [text] if isinstance(text, str) else list(text)
-        tok = self.tokenizer
-        tok.padding_side = padding_side
-        if tok.pad_token is None:
-            tok.pad_token = tok.eos_token
-        enc = tok(texts, return_tensors="pt", padding=True)
-        return {"input_ids": enc["input_ids"].to(self.device), "attention_mask": enc["attention_mask"].to(self.device)}
-
+    # -- tokens (to_tokens: ModelBase) --------------------------------------------------------------
     def _inputs(self, inputs) -> dict:
         """A validated (engine/inputs.py), padded batch; a given attention_mask keeps its layout."""
         enc = padded_batch(inputs, self.tokenizer, limits_of(self), self.device)

@@ -164,17 +164,6 @@ class AsyncVLLMModel(ModelBase):
         return bool(plan.captures or plan.steers or getattr(plan, "derived", None) or prefill)
 
     # -- tokens ------------------------------------------------------------------------------------
-    def to_tokens(self, text, padding_side: str = "left") -> dict:
-        """Tokenize like EagerModel.to_tokens (a padded input_ids / attention_mask batch)."""
-        if padding_side not in ("left", "right"):
-            raise ValueError(f"padding_side must be 'left' or 'right', got {padding_side!r}.")
-        tok = self.tokenizer
-        tok.padding_side = padding_side
-        if tok.pad_token is None:
-            tok.pad_token = tok.eos_token
-        enc = tok([text] if isinstance(text, str) else list(text), return_tensors="pt", padding=True)
-        return {"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"]}
-
     def _prompt_ids(self, prompt) -> list[int]:
         """One prompt's validated token ids (engine/inputs.py)."""
         return token_rows(prompt, self.tokenizer, limits_of(self), one=True)[0]
