@@ -29,8 +29,7 @@ def engines():
     made = {"vllm": vllm_model(LLAMA), "vllm-static": vllm_model(LLAMA, "vllm-static", compile=False,
                                                                   static_points=POINTS["vllm-static"])}
     yield made
-    for m in made.values():
-        drop(m)
+    drop(made["vllm-static"])  # the default Llama engine is shared for the session (tests/conftest.py)
 
 
 @pytest.fixture(scope="module")

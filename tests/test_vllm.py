@@ -34,7 +34,8 @@ def engines():
         return made[name]
     yield get
     for m in made.values():
-        drop(m)
+        if m.name != LLAMA:  # the default Llama engine is shared with other modules for the session
+            drop(m)
 
 
 @pytest.mark.parametrize("name", [LLAMA, GPT2, GEMMA2])
