@@ -40,6 +40,15 @@ class ModelBase(PointCatalogue, CapabilityMixin):
         finally:
             self._steers.reset(token)
 
+    def to_tokens(self, text, padding_side: str = "left", prepend_bos: bool | None = None) -> dict:
+        """Tokenize a string or a list of strings into input_ids / attention_mask (a padded batch), on
+        the device the model's inputs go to (eager: the model's; vLLM: the CPU), with the BOS policy
+        `prepend_bos` (None: the model's own, engine/tokens.py)."""
+        from engine.tokens import to_tokens
+        device = self.device if self.backend == "eager" else "cpu"
+        return to_tokens(self.tokenizer, text, padding_side,
+                         getattr(self, "prepend_bos", None) if prepend_bos is None else prepend_bos, device)
+
     def __enter__(self):
         return self
 

@@ -29,8 +29,7 @@ def engines():
     made = {"vllm": vllm_model(LLAMA), "vllm-static": vllm_model(LLAMA, "vllm-static", compile=False,
                                                                   static_points=POINTS["vllm-static"])}
     yield made
-    for m in made.values():
-        drop(m)
+    drop(made["vllm-static"])  # the default Llama engine is shared for the session (tests/conftest.py)
 
 
 @pytest.fixture(scope="module")
@@ -69,7 +68,7 @@ def test_rows_equal_run_with_cache_every_point_every_shard(engines, data, tmp_pa
         _, eref = em.run_with_cache(torch.tensor([w]), points)
         for p in points:
             got = rows[p][at:at + n]
-            torch.testing.assert_close(got, ref[p][i] if isinstance(ref[p], list) else ref[p][i])
+            torch.testing.assert_close(got, ref[p][i, -n:])  # the batch comes back left-padded
             # vLLM against eager: float32 kernels differ in the last bits (max abs ~5e-6 here)
             torch.testing.assert_close(got, eref[p][0], rtol=1e-3, atol=1e-4)
         at += n

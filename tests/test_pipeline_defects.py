@@ -181,3 +181,25 @@ def test_cache_get_resolves_negative_layers(em):
     assert isinstance(cache, ActivationCache) and "resid_post.-1" in cache
     assert cache.get("resid_post.-1") is cache[f"resid_post.{em.n_layers - 1}"]
     assert cache.get("resid_post.0") is None and cache.get("resid_post.0", 7) == 7
+
+
+# -- async generation stream --------------------------------------------------------------------------
+def test_stream_yields_each_token_then_the_full_result(vm):
+    v = random_vector((vm.d_model,), 21)
+    steer = [Steer("resid_post.0", "add", v)]
+    ref = vm.generate(PROMPT, 5, points=["resid_post.1"], steer=steer)
+
+    async def collect(stop_after=None):
+        events = []
+        async for ev in vm.aio.stream(PROMPT, 5, points=["resid_post.1"], steer=steer):
+            events.append(ev)
+            if stop_after is not None and len(events) == stop_after:
+                break
+        return events
+    events = vm._loop.run(collect())
+    assert [e.token for e in events] == ref.new_tokens[0].tolist()
+    assert all(e.result is None for e in events[:-1]) and events[-1].result is not None
+    check(events[-1].result.cache["resid_post.1"][None], ref.cache["resid_post.1"], "resid_post", case="decode")
+    assert "".join(e.text for e in events).strip() == ref.text[0].strip()
+    assert len(vm._loop.run(collect(stop_after=2))) == 2  # leaving early aborts the request...
+    assert torch.equal(vm.generate(PROMPT, 5, steer=steer).new_tokens, ref.new_tokens)  # ...and the engine serves on

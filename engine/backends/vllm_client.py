@@ -32,7 +32,7 @@ from engine.results import (ActivationCache, GenerationResult, Request, RequestR
 from engine.sampling import Sampling
 from engine.steer_inputs import validate_steers
 from engine.steering import OPS, Steer
-from engine.tokens import TokensMixin, special_ids, to_tokens
+from engine.tokens import TokensMixin, special_ids
 
 NO_CAPTURE = ("vllm-generate is stock vLLM: no capture, no steering, no logit lens; load the model with "
               "backend='vllm' (any servable point, per request) or backend='vllm-static' (declared taps)")
@@ -60,6 +60,9 @@ class AsyncVLLMModel(ModelBase, TokensMixin):
         self.n_layers = catalogue.n_layers if catalogue else config.num_hidden_layers
         self.d_model = config.hidden_size
         self.declared = catalogue.declared if catalogue else None
+        self.dtype = engine.model_config.dtype  # what vLLM computes in
+        from vllm.platforms import current_platform
+        self.device = torch.device(current_platform.device_type)  # where vLLM runs (results come back on the CPU)
         self._init_base()
 
     def __repr__(self):
@@ -217,10 +220,6 @@ class AsyncVLLMModel(ModelBase, TokensMixin):
         return bool(plan.captures or plan.steers or getattr(plan, "derived", None) or prefill)
 
     # -- tokens ------------------------------------------------------------------------------------
-    def to_tokens(self, text, padding_side: str = "left", prepend_bos: bool | None = None) -> dict:
-        """Tokenize like EagerModel.to_tokens (a padded input_ids / attention_mask batch)."""
-        return to_tokens(self.tokenizer, text, padding_side, self.prepend_bos if prepend_bos is None else prepend_bos)
-
     def _prompt_ids(self, prompt) -> list[int]:
         """One prompt's validated token ids (engine/inputs.py)."""
         return token_rows(prompt, self.tokenizer, limits_of(self), one=True, prepend_bos=self.prepend_bos)[0]
@@ -238,10 +237,10 @@ class AsyncVLLMModel(ModelBase, TokensMixin):
 
     async def _submit(self, plan: Plan, params: dict, key: str, on_output=None):
         """Run one request in the continuous batch; returns vLLM's final RequestOutput."""
-        from vllm import SamplingParams, TokensPrompt
-        prompt = TokensPrompt(prompt_token_ids=plan.prompt)
-        if plan.salted:
-            prompt["cache_salt"] = f"interp-{key}"
+        from vllm import SamplingParams
+        extras = {"cache_salt": f"interp-{key}"} if plan.salted else None
+        (prompt,) = await self.engine.renderer.render_cmpl_async([{"prompt_token_ids": plan.prompt}],
+                                                                prompt_extras=extras)
         sp = SamplingParams(**params, extra_args={EXTRA_KEY: key} if self._needs_worker(plan) else None)
         final = None
         try:
@@ -255,8 +254,9 @@ class AsyncVLLMModel(ModelBase, TokensMixin):
         return final
 
     async def _run_many(self, built: list[tuple[Plan, dict]], want_logits: bool, prefill: bool = False,
-                        on_output=None, keys=None) -> list[RequestResult]:
-        """Register every plan in one RPC, run the requests concurrently, collect in one RPC."""
+                        on_output=None, keys=None, hold: asyncio.Event | None = None) -> list[RequestResult]:
+        """Register every plan in one RPC, run the requests concurrently, collect in one RPC (after
+        `hold` is set, when given: a stream reads the plans' rows step by step until then)."""
         keys = keys or [uuid.uuid4().hex for _ in built]
         active = [(k, p) for k, (p, _) in zip(keys, built) if self._needs_worker(p)]
         if active:
@@ -264,6 +264,8 @@ class AsyncVLLMModel(ModelBase, TokensMixin):
         try:
             outs = await asyncio.gather(*(self._submit(p, kw, k, on_output) for k, (p, kw) in zip(keys, built)))
         finally:
+            if hold is not None:
+                await hold.wait()
             collected = {}
             if active:
                 per_rank = await self._rpc("interp_collect", [k for k, _ in active],
@@ -371,16 +373,22 @@ class AsyncVLLMModel(ModelBase, TokensMixin):
         kw["logprobs"] = logprobs  # vLLM returns the sampled token's too
         key = uuid.uuid4().hex
         queue: asyncio.Queue = asyncio.Queue()
-        task = asyncio.ensure_future(self._run_many([(plan, kw)], want, on_output=queue.put_nowait, keys=[key]))
+        hold = asyncio.Event()  # the plan stays registered until every step's rows were read
+        task = asyncio.ensure_future(self._run_many([(plan, kw)], want, on_output=queue.put_nowait, keys=[key],
+                                                    hold=hold))
         index, held = 0, None
         try:
-            while not (task.done() and queue.empty()):
+            finished = False
+            while not finished:
                 getter = asyncio.ensure_future(queue.get())
                 done, _ = await asyncio.wait({getter, task}, return_when=asyncio.FIRST_COMPLETED)
-                if getter not in done:
+                if getter not in done:  # the request ended without a final output: raise its error
                     getter.cancel()
-                    continue
-                out = getter.result().outputs[0]
+                    task.result()
+                    break
+                ro = getter.result()
+                finished = bool(getattr(ro, "finished", False))
+                out = ro.outputs[0]
                 for j, tok in enumerate(out.token_ids):
                     lp, top = _logprobs(out.logprobs[j] if out.logprobs else None, tok, logprobs)
                     rows = await self._peek(key, plan, index) if plan.captures else None
@@ -389,11 +397,13 @@ class AsyncVLLMModel(ModelBase, TokensMixin):
                     if held is not None:
                         yield held
                     held = step
+            hold.set()
             (result,) = await task
             if held is not None:
                 held.result = result
                 yield held
         finally:
+            hold.set()
             if not task.done():
                 task.cancel()
 

@@ -47,7 +47,7 @@ def static_points(points) -> list[str]:
 
 def per_document(cache, lengths: list[int], keys: list[str]) -> list[dict[str, torch.Tensor]]:
     """Per-window {address: [pos, ...]} from a capture that is either a right-padded [b, pos, ...]
-    tensor or a list of [pos, ...] tensors per key (vLLM's shape when prompt lengths differ)."""
+    tensor (eager's forward) or a list of [pos, ...] tensors per key (vLLM's per-request results)."""
     out: list[dict] = [{} for _ in lengths]
     for key in keys:
         value = cache[key]
