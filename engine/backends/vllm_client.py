@@ -328,6 +328,7 @@ class AsyncVLLMModel(ModelBase):
         since = {str(a): 0 for a in plan.captures} if rows else {}  # read from the workers up to here
         sent: dict = {}  # rows yielded up to here
         held, fresh = None, None  # the newest token (it goes out last, with the result); rows not sent yet
+        seen: list[int] = []
         try:
             while not (task.done() and queue.empty()):
                 getter = asyncio.ensure_future(queue.get())
@@ -337,6 +338,7 @@ class AsyncVLLMModel(ModelBase):
                     continue
                 out = getter.result()
                 toks = list(out.outputs[0].token_ids)
+                seen += toks
                 if since and toks and not out.finished:
                     fresh = _join(fresh, await self._peek(out.request_id, since))
                 for tok in toks:
@@ -346,6 +348,9 @@ class AsyncVLLMModel(ModelBase):
                         fresh = None
                     held = tok
             (result,) = await task
+            # DELTA outputs: vLLM's final output holds only the last delta's tokens
+            result.new_tokens = torch.tensor(seen, dtype=torch.long)
+            result.text = self.tokenizer.decode(seen, skip_special_tokens=True)
             if rows:  # the rest, from the result itself
                 fresh = {k: (sent.get(k, 0), t[sent.get(k, 0):]) for k, t in result.cache.items()}
             yield StreamEvent(held, self.tokenizer.decode([held], skip_special_tokens=True), result, fresh)
