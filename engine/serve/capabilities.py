@@ -34,8 +34,9 @@ def table(runner) -> dict:
             entry["steerable"] = refused is None
             if refused:
                 entry["steer_refused"] = refused
-            if hasattr(m, "point_shape"):
-                entry["per_token_shape"] = list(m.point_shape(m.address(addr)))
+            shape = runner.point_shape(m.address(addr))
+            if shape is not None:
+                entry["per_token_shape"] = list(shape)
         else:
             entry["refused"] = _refusal(lambda: m.address(f"{p.name}.0" if p.scope == "layer" else p.name))
         rows.append(entry)

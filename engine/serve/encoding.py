@@ -39,8 +39,9 @@ def encode(t: torch.Tensor, how: str = "base64") -> dict:
 
 def decode(obj: dict) -> torch.Tensor:
     """The tensor of an encoded object; ValueError says what is wrong with it."""
-    if not isinstance(obj, dict) or set(obj) - {"dtype", "shape", "data"} or not {"dtype", "shape", "data"} <= set(obj):
-        raise ValueError("a tensor object has exactly the keys dtype, shape and data")
+    if not isinstance(obj, dict) or set(obj) - {"dtype", "shape", "data", "positions"} \
+            or not {"dtype", "shape", "data"} <= set(obj):
+        raise ValueError("a tensor object has the keys dtype, shape and data (and, in a response, positions)")
     name, shape, data = obj["dtype"], obj["shape"], obj["data"]
     if name not in DTYPES:
         raise ValueError(f"dtype {name!r} is not one of {', '.join(DTYPES)}")

@@ -52,7 +52,7 @@ def check(runner, interp: Interp | None, calls: list[tuple[int, int]]) -> Asked:
     if spec:
         for n, new in set(calls):
             try:
-                engine_positions.check(spec.positions, n, new, "interp.capture.positions")
+                engine_positions.check(spec.positions, n, new, "the capture")
             except Exception as e:
                 raise from_engine(e, "interp.capture.positions") from None
     steers = []
@@ -76,18 +76,22 @@ def selected(spec: CaptureSpec, start: int, stop: int, prompt_len: int) -> torch
     return torch.nonzero(m, as_tuple=True)[0] + start
 
 
-def payload(spec: CaptureSpec, cache: dict, prompt_len: int, start: int = 0, limit: int | None = None) -> tuple[dict, int]:
-    """({positions, reduction, captures}, raw bytes) for a result's cache from position `start` on
-    (a stream sends earlier rows as they come). A reduction over no position gives null."""
-    n = max((t.shape[0] for t in cache.values()), default=0)
-    pos = selected(spec, start, n, prompt_len)
+def payload(spec: CaptureSpec, cache: dict, prompt_len: int, end: int, start: int = 0,
+            limit: int | None = None) -> tuple[dict, int]:
+    """({positions, reduction, captures}, raw bytes) for a result's cache over positions [start, end)
+    (`end`: prompt plus fed-back tokens; a stream sends earlier rows as they come). Every capture ends
+    at `end`; one that starts later (eager's lm_head while generating: the logits of each new token,
+    from the last prompt position on) carries its own `positions`. A reduction over none gives null."""
+    pos = selected(spec, start, end, prompt_len)
     out, nbytes = {}, 0
     for key, t in cache.items():
-        rows = t[pos]
+        off = end - t.shape[0]
+        mine = pos[pos >= off] if off > 0 else pos
+        rows = t[mine - off]
         if spec.reduction == "last":
-            rows = rows[-1] if len(pos) else None
+            rows = rows[-1] if len(mine) else None
         elif spec.reduction == "mean":
-            rows = rows.float().mean(0) if len(pos) else None
+            rows = rows.float().mean(0) if len(mine) else None
         if rows is not None:
             nbytes += rows.nelement() * rows.element_size()
             if limit is not None and nbytes > limit:
@@ -95,6 +99,8 @@ def payload(spec: CaptureSpec, cache: dict, prompt_len: int, start: int = 0, lim
                                       f"of {limit} bytes (--max-capture-bytes); capture fewer points or positions, "
                                       f"or use reduction 'last' or 'mean'", "interp.capture")
         out[key] = None if rows is None else encoding.encode(rows, spec.encoding)
+        if out[key] is not None and len(mine) != len(pos):
+            out[key]["positions"] = mine.tolist()
     return {"positions": pos.tolist(), "reduction": spec.reduction, "captures": out}, nbytes
 
 
@@ -132,10 +138,12 @@ class StreamRows:
         cut = {k: t[pos - start] for k, t in part.items()}
         return self._encoded(pos, cut)
 
-    def final(self, cache: dict) -> tuple[dict, int]:
-        n = max((t.shape[0] for t in cache.values()), default=0)
-        pos = selected(self.spec, self.next, n, self.prompt_len)
-        return self._encoded(pos, {k: t[pos] for k, t in cache.items()})
+    def final(self, cache: dict, end: int) -> tuple[dict, int]:
+        """The rows not sent yet, from the finished request's cache (positions up to `end`)."""
+        out, n = payload(self.spec, cache, self.prompt_len, end, self.next,
+                         None if self.limit is None else self.limit - self.nbytes)
+        self.nbytes += n
+        return out, n
 
     def _encoded(self, pos, cut: dict) -> tuple[dict, int]:
         nbytes = sum(t.nelement() * t.element_size() for t in cut.values())

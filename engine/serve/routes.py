@@ -134,6 +134,11 @@ def sse(obj) -> str:
 
 
 # -- generation (completions and chat) -----------------------------------------------------------------
+def fed(res) -> int:
+    """Positions a generation ran the model on: the prompt, then every new token but the last."""
+    return res.prompt_ids.shape[0] + max(res.new_tokens.shape[0] - 1, 0)
+
+
 @dataclass
 class Gen:
     """One generation request, checked: its jobs and how to shape the answer."""
@@ -163,7 +168,7 @@ class Gen:
         block = {"prompt_token_ids": self.prompts[i], "token_ids": res.new_tokens.tolist()}
         if self.asked.spec is not None:
             if rows_payload is None:
-                rows_payload, n = interp.payload(self.asked.spec, res.cache, len(self.prompts[i]),
+                rows_payload, n = interp.payload(self.asked.spec, res.cache, len(self.prompts[i]), fed(res),
                                                  limit=self.ctx.max_capture_bytes)
                 self.ctx.metrics.capture_bytes += n
             block.update(rows_payload)
@@ -305,7 +310,7 @@ async def stream_events(g: Gen):
             delta += detoks[i].final(res.text)
             final_rows = None
             if rows[i] is not None:
-                final_rows, n = rows[i].final(res.cache)
+                final_rows, n = rows[i].final(res.cache, fed(res))
                 ctx.metrics.capture_bytes += n
             yield sse(g.chunk([g.choice_delta(i, delta, reason, stop_reason, g.interp_block(i, res, final_rows))]))
         ctx.metrics.prompt_tokens += sum(map(len, g.prompts))
@@ -338,11 +343,11 @@ async def capture(request: Request):
         ticket.release()
     data, total = [], 0
     for i, (p, (cache, logits)) in enumerate(zip(prompts, results)):
-        item, n = interp.payload(spec, cache, len(p), limit=ctx.max_capture_bytes - total)
+        item, n = interp.payload(spec, cache, len(p), len(p), limit=ctx.max_capture_bytes - total)
         total += n
         item = {"index": i, "prompt_token_ids": p, **item}
         if logits is not None:
-            lg, n = interp.payload(spec, {"logits": logits}, len(p), limit=ctx.max_capture_bytes - total)
+            lg, n = interp.payload(spec, {"logits": logits}, len(p), len(p), limit=ctx.max_capture_bytes - total)
             total += n
             item["logits"] = lg["captures"]["logits"]
         data.append(item)

@@ -24,7 +24,7 @@ import torch
 from engine.inputs import limits_of, token_rows
 from engine.results import Request, RequestResult
 from engine.serve.errors import ServeError
-from engine.steering import Steer
+from engine.steering import Steer, check_value
 
 
 @dataclass
@@ -78,6 +78,10 @@ class Runner:
     def check_steer(self, st: Steer) -> Steer:
         # ModelBase's validation hook (what steering() runs when a block opens): address, op, width
         return self.catalogue._steer(st)
+
+    def point_shape(self, addr) -> tuple | None:
+        """Per-token shape of a capture at a resolved address (None: not known before a forward)."""
+        return tuple(self.catalogue.point_shape(addr))
 
     def sampling(self, req) -> dict:
         raise NotImplementedError
@@ -163,7 +167,26 @@ class EagerRunner(Runner):
     def __init__(self, model):
         super().__init__(model)
         self.pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="interp-eager")
-        model.points()  # resolve every site now: checks made on the event loop only read caches
+        self.shapes = self._probe_shapes()  # also resolves every site: checks on the event loop only read caches
+
+    def _probe_shapes(self) -> dict:
+        """Per-token shape of every served point, from one two-token forward at startup, so a steer's
+        width is refused before it runs (eager checks it only inside the forward)."""
+        try:
+            _, cache = self.model.run_with_cache([[0, 1]], self.model.points())
+        except Exception:  # then widths are checked inside the forward, as the library does
+            return {}
+        return {k: tuple(v.shape[2:]) for k, v in cache.items() if not k.startswith(("attn_scores", "attn_probs"))}
+
+    def point_shape(self, addr) -> tuple | None:
+        return self.shapes.get(str(addr.base))
+
+    def check_steer(self, st: Steer) -> Steer:
+        st = super().check_steer(st)
+        shape = self.shapes.get(str(st.address.base))
+        if shape is not None and isinstance(st.value, torch.Tensor) and st.op != "scale":
+            check_value(st, torch.empty((0, *shape), device=self.model.device))  # the engine's own message
+        return st
 
     def sampling(self, req) -> dict:
         for k in self.REFUSED:

@@ -15,6 +15,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr, 
 
 from engine import positions as engine_positions
 from engine.address import parse
+from engine.points import ALIASES, BY_NAME
 from engine.serve import encoding
 from engine.steering import Steer
 
@@ -33,6 +34,8 @@ def positions_in(p):
 
 
 def _address(p: str) -> str:
+    if "." not in p and (p in BY_NAME or p in ALIASES):
+        return p  # a bare name: every layer that has the point (PointCatalogue.expand)
     parse(p)  # AddressError names the point and the fix
     return p
 
