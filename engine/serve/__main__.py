@@ -31,7 +31,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", default="float32")
     p.add_argument("--max-model-len", type=int, default=512, help="vLLM: positions per sequence")
     p.add_argument("--max-num-seqs", type=int, default=32, help="vLLM: sequences batched per step")
-    p.add_argument("--static-points", default="auto", help="vllm-static: 'auto' or comma-separated points/addresses")
+    p.add_argument("--static-points", default="auto",
+                   help="vllm-static: 'auto' or comma-separated points / addresses")
     p.add_argument("--max-pending", type=int, default=256, help="sequences in flight before new requests get 429")
     p.add_argument("--max-body-bytes", type=_size, default=16 << 20, help="request body limit (413 above), e.g. 16MiB")
     p.add_argument("--max-capture-bytes", type=_size, default=256 << 20, help="captured bytes one request may return")

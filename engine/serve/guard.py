@@ -44,7 +44,8 @@ class Guard:
             return None
         got = headers.get(b"authorization", b"").decode("latin-1")
         if not got:
-            return "missing API key: send the header 'Authorization: Bearer <key>' (the server was started with --api-key)"
+            return ("missing API key: send the header 'Authorization: Bearer <key>' (the server was started "
+                    "with --api-key)")
         scheme, _, token = got.partition(" ")
         if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), self.api_key.encode()):
             return "invalid API key in the Authorization header"
@@ -54,7 +55,7 @@ class Guard:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         headers = dict(scope["headers"])
-        if scope["path"].startswith(PROTECTED) or scope["path"] == "/metrics":
+        if scope["path"].startswith(PROTECTED):
             why = self._auth_error(headers)
             if why:
                 await _drain(receive)

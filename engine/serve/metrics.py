@@ -32,9 +32,11 @@ class Metrics:
         for name, help_, value, kind in (
                 ("interp_prompt_tokens_total", "Prompt tokens processed.", self.prompt_tokens, "counter"),
                 ("interp_generation_tokens_total", "Tokens generated.", self.generation_tokens, "counter"),
-                ("interp_capture_bytes_total", "Raw bytes of captured tensors returned.", self.capture_bytes, "counter"),
+                ("interp_capture_bytes_total", "Raw bytes of captured tensors returned.", self.capture_bytes,
+                 "counter"),
                 ("interp_rejected_total", "Requests refused with 429 (queue full).", rejected, "counter"),
-                ("interp_queue_depth", "Sequences admitted and not finished (queued or running).", queue_depth, "gauge"),
+                ("interp_queue_depth", "Sequences admitted and not finished (queued or running).", queue_depth,
+                 "gauge"),
                 ("interp_queue_limit", "Most sequences admitted at once (--max-pending).", queue_limit, "gauge"),
                 ("interp_uptime_seconds", "Seconds since the server started.", round(time.time() - self.started, 3),
                  "gauge")):

@@ -79,6 +79,9 @@ def tokenize(ctx: Context, prompts: list) -> list[list[int]]:
 def budget(ctx: Context, req, prompt_len: int, default: int | None) -> int:
     """max_tokens for one prompt, checked against the model's positions and the server's cap."""
     room = None if ctx.runner.max_model_len is None else ctx.runner.max_model_len - prompt_len
+    if room is not None and room < 1:
+        raise ServeError(400, f"prompt: its {prompt_len} tokens fill all {ctx.runner.max_model_len} positions this "
+                              f"server's model takes (max_model_len); nothing can be generated after it", "prompt")
     n = req.max_tokens or min(x for x in (default, room, ctx.max_tokens_limit) if x is not None)
     if ctx.max_tokens_limit is not None and n > ctx.max_tokens_limit:
         raise ServeError(400, f"max_tokens: {n} is over this server's limit of {ctx.max_tokens_limit} "
@@ -318,8 +321,12 @@ async def stream_events(g: Gen):
         if req.stream_options is not None and req.stream_options.include_usage:
             yield sse(g.chunk([], g.usage(results)))
     except Exception as e:
-        err = e if isinstance(e, ServeError) else (
-            ServeError(400, str(e)) if is_client_error(e) or isinstance(e, ValueError) else ServeError(500, f"{type(e).__name__}: {e}"))
+        if isinstance(e, ServeError):
+            err = e
+        elif is_client_error(e) or isinstance(e, ValueError):
+            err = ServeError(400, str(e))
+        else:
+            err = ServeError(500, f"{type(e).__name__}: {e}")
         yield sse(payload(err.status, err.message, err.param))
     yield "data: [DONE]\n\n"
 
