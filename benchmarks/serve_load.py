@@ -74,6 +74,28 @@ class Proc:
                 self.proc.kill()
 
 
+def cpu_seconds(root: int) -> float:
+    """User + system CPU seconds of a process and its descendants (the API server, vLLM's engine core
+    and workers): what serving costs, much less disturbed by other jobs on the machine than wall time."""
+    tick = os.sysconf("SC_CLK_TCK")
+    stats = {}
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                f = open(f"/proc/{d}/stat").read().rsplit(")", 1)[1].split()
+                stats[int(d)] = (int(f[1]), int(f[11]) + int(f[12]))  # ppid, utime + stime
+            except (OSError, IndexError, ValueError):
+                pass
+    mine, total, grew = {root}, 0, True
+    while grew:
+        grew = False
+        for pid, (ppid, _) in stats.items():
+            if ppid in mine and pid not in mine:
+                mine.add(pid)
+                grew = True
+    return sum(stats[p][1] for p in mine if p in stats) / tick
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -111,8 +133,8 @@ def body(args, i: int, capture: bool) -> dict:
     return b
 
 
-async def cell(client, url: str, args, conc: int, n: int, capture: bool, offset: int) -> dict:
-    """n requests by a closed loop of conc clients: wall time and each request's latency."""
+async def cell(client, url: str, pid: int, args, conc: int, n: int, capture: bool, offset: int) -> dict:
+    """n requests by a closed loop of conc clients: wall time, each request's latency, the server's CPU."""
     lat, errors, nxt = [], 0, iter(range(n))
 
     async def worker():
@@ -123,11 +145,11 @@ async def cell(client, url: str, args, conc: int, n: int, capture: bool, offset:
             lat.append(time.perf_counter() - t0)
             if r.status_code != 200 or r.json()["usage"]["completion_tokens"] != args.max_tokens:
                 errors += 1
-    t0 = time.perf_counter()
+    cpu0, t0 = cpu_seconds(pid), time.perf_counter()
     await asyncio.gather(*(worker() for _ in range(conc)))
-    wall = time.perf_counter() - t0
+    wall, cpu = time.perf_counter() - t0, cpu_seconds(pid) - cpu0
     return {"n": n, "wall_s": wall, "rps": n / wall, "tok_s": n * args.max_tokens / wall, "latency_s": lat,
-            "errors": errors}
+            "cpu_ms_per_request": cpu / n * 1e3, "errors": errors}
 
 
 def pct(xs: list[float], q: float) -> float:
@@ -135,7 +157,7 @@ def pct(xs: list[float], q: float) -> float:
     return xs[min(len(xs) - 1, int(round(q * (len(xs) - 1))))]
 
 
-async def measure(args, urls: dict) -> dict:
+async def measure(args, urls: dict, pids: dict) -> dict:
     import httpx
     variants = [("stock vllm serve", "stock", False), ("ours", "ours", False), ("ours + capture", "ours", True)]
     results = {(c, v[0]): [] for c in args.concurrency for v in variants}
@@ -143,7 +165,11 @@ async def measure(args, urls: dict) -> dict:
     offset = 0
     async with httpx.AsyncClient(timeout=600, limits=httpx.Limits(max_connections=256)) as client:
         for name, server, cap in variants:  # warm-up
-            await cell(client, urls[server], args, 4, 8, cap, 10**6)
+            await cell(client, urls[server], pids[server], args, 4, 8, cap, 10**6)
+        idle = {k: cpu_seconds(p) for k, p in pids.items()}
+        await asyncio.sleep(5)
+        results["idle_cpu"] = {k: (cpu_seconds(p) - idle[k]) / 5 for k, p in pids.items()}
+        print(f"idle CPU (cores busy while no request runs): {results['idle_cpu']}", flush=True)
         for r in range(args.rounds):
             for c in args.concurrency:
                 order = variants if r % 2 == 0 else variants[::-1]
@@ -151,12 +177,13 @@ async def measure(args, urls: dict) -> dict:
                     if time.monotonic() > deadline:
                         print(f"time limit reached in round {r}", flush=True)
                         return results
-                    n = max(args.requests, 2 * c)
-                    res = await cell(client, urls[server], args, c, n, cap, offset)
+                    n = max(args.requests, 3 * c)
+                    res = await cell(client, urls[server], pids[server], args, c, n, cap, offset)
                     offset += n
                     results[(c, name)].append(res)
                     print(f"round {r} c={c:>2} {name:<17} {res['rps']:7.2f} req/s  p50 "
-                          f"{pct(res['latency_s'], .5) * 1e3:7.1f} ms  errors {res['errors']}", flush=True)
+                          f"{pct(res['latency_s'], .5) * 1e3:7.1f} ms  cpu {res['cpu_ms_per_request']:6.1f} ms/req  "
+                          f"errors {res['errors']}", flush=True)
     return results
 
 
@@ -183,6 +210,16 @@ def encodings(widths=(256, 4096), rows: int = 47, reps: int = 20) -> list[dict]:
     return out
 
 
+def _ratio(rs: list, stock: list, key: str, name: str) -> str:
+    """Median over rounds of the variant's figure over stock's in the same round, (min-max)."""
+    paired = sorted(r[key] / s[key] for r, s in zip(rs, stock))
+    if not paired:
+        return "n/a"
+    if name == "stock vllm serve":
+        return "1"
+    return f"{statistics.median(paired):.2f}x ({paired[0]:.2f}-{paired[-1]:.2f})"
+
+
 def report(args, results: dict, enc: list[dict], env: dict) -> str:
     lines = ["# Server load: engine.serve (backend vllm) vs stock `vllm serve`", "",
              f"Generated by `{env['command']}` at commit {env['commit']} on {env['cpu']} "
@@ -191,24 +228,29 @@ def report(args, results: dict, enc: list[dict], env: dict) -> str:
              f"max_num_seqs {args.max_num_seqs}, eager forward on both; each request a unique ~32-token prompt and "
              f"{args.max_tokens} new tokens (EOS ignored), non-streaming /v1/completions over loopback (httpx, one "
              f"client process). `ours + capture`: `interp.capture` of resid_post at every layer, every position, "
-             f"base64. Requests/s and tokens/s: median over {args.rounds} interleaved rounds; latency percentiles over "
-             f"all requests of the cell; ratio: requests/s over stock vLLM's at the same concurrency (same round "
-             f"order, same run).", "",
-             "| concurrency | variant | requests/s | tokens/s | p50 latency ms | p95 latency ms | ratio to stock | errors |",
-             "|---:|---|---:|---:|---:|---:|---:|---:|"]
+             f"base64. Requests/s: median over {args.rounds} interleaved rounds; latency percentiles over "
+             f"all requests of the cell; server CPU: user + system seconds of the server's processes (API server, "
+             f"engine core, workers) per request, far less disturbed by other jobs than wall time; ratios: the "
+             f"variant over stock vLLM in the same round (the variants run back to back), median over rounds and "
+             f"(range).", "",
+             "| concurrency | variant | requests/s | ratio to stock | p50 ms | p95 ms | server CPU ms / request | "
+             "CPU ratio to stock | errors |",
+             "|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
     for c in args.concurrency:
         stock = results.get((c, "stock vllm serve")) or []
-        base = statistics.median(r["rps"] for r in stock) if stock else None
         for name in ("stock vllm serve", "ours", "ours + capture"):
             rs = results.get((c, name)) or []
             if not rs:
                 continue
-            rps = statistics.median(r["rps"] for r in rs)
             lat = [x for r in rs for x in r["latency_s"]]
-            ratio = f"{rps / base:.2f}x" if base else "n/a"
-            lines.append(f"| {c} | {name} | {rps:.1f} | {statistics.median(r['tok_s'] for r in rs):.0f} | "
-                         f"{pct(lat, .5) * 1e3:.0f} | {pct(lat, .95) * 1e3:.0f} | {ratio} | "
-                         f"{sum(r['errors'] for r in rs)} |")
+            cells = [f"{statistics.median(r['rps'] for r in rs):.1f}", _ratio(rs, stock, "rps", name),
+                     f"{pct(lat, .5) * 1e3:.0f}", f"{pct(lat, .95) * 1e3:.0f}",
+                     f"{statistics.median(r['cpu_ms_per_request'] for r in rs):.1f}",
+                     _ratio(rs, stock, "cpu_ms_per_request", name), str(sum(r["errors"] for r in rs))]
+            lines.append(f"| {c} | {name} | " + " | ".join(cells) + " |")
+    idle = results.get("idle_cpu", {})
+    lines += ["", f"Idle servers (no request in flight) kept {idle.get('stock', float('nan')):.2f} (stock) and "
+              f"{idle.get('ours', float('nan')):.2f} (ours) cores busy."]
     lines += ["", "Capture encodings (one [47, width] float32 capture: `json.dumps` of the object, then decode "
               "and check exact):", "", "| shape | encoding | bytes | encode ms | decode ms |", "|---|---|---:|---:|---:|"]
     for e in enc:
@@ -255,7 +297,8 @@ def main(argv=None) -> int:
     try:
         ours.wait(args.startup_timeout)
         stock.wait(args.startup_timeout)
-        results = asyncio.run(measure(args, {"ours": ours.url, "stock": stock.url}))
+        results = asyncio.run(measure(args, {"ours": ours.url, "stock": stock.url},
+                                      {"ours": ours.proc.pid, "stock": stock.proc.pid}))
     finally:
         ours.stop()
         stock.stop()
@@ -263,6 +306,7 @@ def main(argv=None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "load-latest.md").write_text(report(args, results, enc, env))
     raw = {"env": env, "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+           "idle_cpu": results.pop("idle_cpu", None),
            "cells": [{"concurrency": c, "variant": v, "rounds": rs} for (c, v), rs in results.items()],
            "encodings": enc}
     (args.out / "load-latest.json").write_text(json.dumps(raw, indent=1))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import logging
 import os
 import socket
@@ -47,6 +48,11 @@ def main(argv=None) -> int:
     args = parser().parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(name)s: %(message)s")
     import uvicorn
+    try:  # the event loop vLLM's own server runs on; the vLLM backends' private loop is made under this policy
+        import uvloop
+        asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+    except ImportError:
+        pass
     from engine.loading import load_model
     from engine.serve import build_app, runner_for
     kw = {}

@@ -7,12 +7,12 @@ import logging
 
 from fastapi import FastAPI
 from starlette.exceptions import HTTPException
+from starlette.responses import JSONResponse
 
 from engine.serve import capabilities, routes
 from engine.serve.errors import ServeError, payload, response
 from engine.serve.guard import Admission, BodyTooLarge, Guard
 from engine.serve.metrics import Metrics, Recorder
-from starlette.responses import JSONResponse
 
 log = logging.getLogger("engine.serve")
 

@@ -21,7 +21,7 @@ from fastapi import FastAPI, Request
 from pydantic import ValidationError
 from starlette.responses import JSONResponse, PlainTextResponse, StreamingResponse
 
-from engine.serve import encoding, interp, text
+from engine.serve import interp, text
 from engine.serve.errors import ServeError, from_engine, from_validation, is_client_error, payload
 from engine.serve.guard import Admission, Ticket
 from engine.serve.metrics import Metrics

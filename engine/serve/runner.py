@@ -126,7 +126,10 @@ class VLLMRunner(Runner):
         return s
 
     async def generate(self, job: Job) -> RequestResult:
-        req = Request(job.prompt, job.max_tokens, job.points, job.steers, job.sampling)
+        from vllm.sampling_params import RequestOutputKind
+        # one output at the end, as vLLM's own server asks for non-streamed requests (not one per step)
+        sampling = {**job.sampling, "output_kind": RequestOutputKind.FINAL_ONLY}
+        req = Request(job.prompt, job.max_tokens, job.points, job.steers, sampling)
         (res,) = await self.model.aio.generate_batch([req], return_logits=False)
         return res
 
