@@ -82,7 +82,7 @@ def budget(ctx: Context, req, prompt_len: int, default: int | None) -> int:
     if room is not None and room < 1:
         raise ServeError(400, f"prompt: its {prompt_len} tokens fill all {ctx.runner.max_model_len} positions this "
                               f"server's model takes (max_model_len); nothing can be generated after it", "prompt")
-    n = req.max_tokens or min(x for x in (default, room, ctx.max_tokens_limit) if x is not None)
+    n = req.max_tokens or min([x for x in (default, room, ctx.max_tokens_limit) if x is not None] or [16])
     if ctx.max_tokens_limit is not None and n > ctx.max_tokens_limit:
         raise ServeError(400, f"max_tokens: {n} is over this server's limit of {ctx.max_tokens_limit} "
                               f"(--max-tokens-limit)", "max_tokens")
