@@ -391,5 +391,6 @@ def test_readme_openai_example_runs(url, capsys):
     code = code.replace("http://127.0.0.1:8000/v1", f"{url}/v1").replace('api_key="sk-local"', f'api_key="{KEY}"')
     exec(compile(code, "README.md", "exec"), {})
     out = capsys.readouterr().out
-    assert "resid_post.1 (1, 256)" in out and "z.0.head-1 (1, 64)" in out
+    # positions "last": the last prompt token, then the 7 generated tokens fed back
+    assert "resid_post.1 (8, 256)" in out and "z.0.head-1 (8, 64)" in out
     assert out.count("[") >= 3
