@@ -113,6 +113,9 @@ class VLLMRunner(Runner):
     def __init__(self, model):
         self.backend = model.backend
         super().__init__(model)
+        # the model runs in vLLM's own processes; here torch only cuts and copies small captures, and a
+        # thread pool for that (waiting on busy cores) made each response's slicing ~20x slower
+        torch.set_num_threads(1)
 
     @property
     def catalogue(self):
