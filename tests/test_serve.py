@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 
 import httpx
 import pytest
@@ -197,6 +198,18 @@ def test_prefix_cache_rule(client, lib):
     ref = library(lib, prompt, 6, ["resid_post.0"], [Steer("resid_post.0", "add", vec(256, 3, 50.0))])
     close(tensors(steered)["resid_post.0"], ref.cache["resid_post.0"], "steered rows")
     assert complete(client, prompt, 6, {})["choices"][0]["interp"]["token_ids"] == base
+
+
+def test_client_leaving_a_stream_frees_its_slot(client):
+    body = {"model": LLAMA, "prompt": PROMPT, "max_tokens": 100, "min_tokens": 100, "temperature": 0, "stream": True,
+            "interp": {"capture": ["resid_post.-1"]}}
+    with client.stream("POST", "/v1/completions", json=body) as r:
+        assert next(ln for ln in r.iter_lines() if ln.startswith("data: "))
+    deadline = time.monotonic() + 60
+    while client.get("/health").json()["queue_depth"] and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert client.get("/health").json()["queue_depth"] == 0
+    assert complete(client, PROMPT, 3, {})["choices"][0]["interp"]["token_ids"]  # and it serves on
 
 
 def _mixed(i: int) -> dict:
