@@ -9,6 +9,7 @@ test_vllm_common's session cache (test_vllm.py reuses it)."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import time
 
@@ -143,6 +144,24 @@ def test_stream_matches_non_stream(client):
     for k, t in tensors(whole["interp"]).items():
         close(rows[k], t, k)
     assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 8
+
+
+def test_library_stream_rows_and_early_stop(lib):
+    """The engine addition the server streams with: AsyncVLLMModel.stream(rows=True) hands out every
+    capture row once, in order, while generating; a sequence that stops early still ends with its result."""
+    async def collect(**kw):
+        return [ev async for ev in lib.aio.stream(PROMPT, 6, **kw)]
+    evs = lib._run(collect(points=["resid_post.-1", "z.0", "attn_probs.0"], rows=True))
+    res = evs[-1].result
+    assert [e.token for e in evs] == res.new_tokens.tolist() and len(evs) == 6
+    assert sum(1 for e in evs[:-1] if e.rows) >= 1, "no rows before the last event"
+    for k, t in res.cache.items():
+        parts = [e.rows[k] for e in evs if e.rows and k in e.rows]
+        assert [p for p, _ in parts] == list(itertools.accumulate([0] + [len(x) for _, x in parts[:-1]])), k
+        assert torch.equal(torch.cat([x for _, x in parts]), t), k
+    first = res.new_tokens[0].item()
+    early = lib._run(collect(stop_token_ids=[first], min_tokens=0, temperature=0.0))
+    assert [e.token for e in early] == [first] and early[-1].result.new_tokens.tolist() == [first]
 
 
 def test_capture_endpoint_matches_library(client, lib):
