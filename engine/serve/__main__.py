@@ -38,7 +38,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--max-body-bytes", type=_size, default=16 << 20, help="request body limit (413 above), e.g. 16MiB")
     p.add_argument("--max-capture-bytes", type=_size, default=256 << 20, help="captured bytes one request may return")
     p.add_argument("--max-tokens-limit", type=int, default=None, help="largest max_tokens a request may ask")
-    p.add_argument("--chat-template", default=None, help="a Jinja chat template (file or string) for models without one")
+    p.add_argument("--chat-template", default=None,
+                   help="a Jinja chat template (file or string) for models without one")
     p.add_argument("--log-level", default="warning")
     p.add_argument("--access-log", action="store_true")
     return p
