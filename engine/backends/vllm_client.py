@@ -43,6 +43,15 @@ class StreamEvent:
     token: int
     text: str
     result: RequestResult | None = None
+    rows: dict | None = None  # stream(rows=True): {address: (first position, [n, ...])} new since the last
+
+
+def _join(a: dict | None, b: dict) -> dict:
+    """Stream rows {address: (first position, rows)} of a then b, concatenated per address."""
+    out = dict(a or {})
+    for k, (p, t) in b.items():
+        out[k] = (out[k][0], torch.cat([out[k][1], t])) if k in out else (p, t)
+    return out
 
 
 class AsyncVLLMModel(ModelBase):
@@ -295,16 +304,23 @@ class AsyncVLLMModel(ModelBase):
         logits = pad_rows([r.logits for r in res], cols, width)
         return logits, batch_cache([r.cache for r in res], cols, width, self.n_layers)
 
-    async def stream(self, prompt, max_new_tokens: int = 8, points=(), steer=(), **sampling):
-        """Yield a StreamEvent per generated token; the last carries the full RequestResult."""
+    async def stream(self, prompt, max_new_tokens: int = 8, points=(), steer=(), return_logits: bool = True,
+                     rows: bool = False, **sampling):
+        """Yield a StreamEvent per generated token; the last carries the full RequestResult (also when
+        sampling lets generation stop before max_new_tokens). rows=True: events also carry the capture
+        rows computed since the previous rows ({address: (first position, [n, ...])}, read from the
+        workers while the request runs; attention patterns, recomputed at the end, come with the last)."""
         self._live()
         from vllm.sampling_params import RequestOutputKind
-        want = self.backend != "vllm-generate"
+        want = return_logits and self.backend != "vllm-generate"
         plan, kw = self._plan(Request(prompt, max_new_tokens, points, steer, sampling), False, want)
         kw["output_kind"] = RequestOutputKind.DELTA
         queue: asyncio.Queue = asyncio.Queue()
         task = asyncio.ensure_future(self._run_many([(plan, kw)], want, on_output=queue.put_nowait))
-        sent = 0
+        since = {str(a): 0 for a in plan.captures} if rows else {}  # read from the workers up to here
+        sent: dict = {}  # rows yielded up to here
+        held, fresh = None, None  # the newest token (it goes out last, with the result); rows not sent yet
+        seen: list[int] = []
         try:
             while not (task.done() and queue.empty()):
                 getter = asyncio.ensure_future(queue.get())
@@ -312,17 +328,39 @@ class AsyncVLLMModel(ModelBase):
                 if getter not in done:
                     getter.cancel()
                     continue
-                for tok in getter.result().outputs[0].token_ids:
-                    sent += 1
-                    if sent < max_new_tokens:
-                        yield StreamEvent(tok, self.tokenizer.decode([tok], skip_special_tokens=True))
-                    else:
-                        last = tok
+                out = getter.result()
+                toks = list(out.outputs[0].token_ids)
+                seen += toks
+                if since and toks and not out.finished:
+                    fresh = _join(fresh, await self._peek(out.request_id, since))
+                for tok in toks:
+                    if held is not None:
+                        yield StreamEvent(held, self.tokenizer.decode([held], skip_special_tokens=True), rows=fresh)
+                        sent.update({k: p + t.shape[0] for k, (p, t) in (fresh or {}).items()})
+                        fresh = None
+                    held = tok
             (result,) = await task
-            yield StreamEvent(last, self.tokenizer.decode([last], skip_special_tokens=True), result)
+            # DELTA outputs: vLLM's final output holds only the last delta's tokens
+            result.new_tokens = torch.tensor(seen, dtype=torch.long)
+            result.text = self.tokenizer.decode(seen, skip_special_tokens=True)
+            if rows:  # the rest, from the result itself
+                fresh = {k: (sent.get(k, 0), t[sent.get(k, 0):]) for k, t in result.cache.items()}
+            yield StreamEvent(held, self.tokenizer.decode([held], skip_special_tokens=True), result, fresh)
         finally:
             if not task.done():
                 task.cancel()
+
+    async def _peek(self, key: str, since: dict) -> dict:
+        """Capture rows of a running request from `since` ({address: position}, advanced here)."""
+        ranks = [r[0] for r in await self._rpc("interp_peek", [key], [dict(since)])]
+        out = {}
+        for k in since:
+            starts = [r["captures"][k][0] for r in ranks if k in r["captures"]]
+            if starts:
+                t = self._gather(k, ranks)
+                out[k] = (starts[0], t)
+                since[k] = starts[0] + t.shape[0]
+        return out
 
     def _batch(self, res: list[RequestResult]) -> GenerationResult:
         lengths = [r.tokens.shape[0] for r in res]
