@@ -351,12 +351,14 @@ class EagerModel(ModelBase, WeightsMixin, TokensMixin):
                               None if logits is None else logits[r]) for r, n in enumerate(lengths)]
         return GenerationResult(seq, new, text, cache, logits, full_mask, reqs)
 
-    def stream(self, prompt, max_new_tokens: int = 8, points=(), steer=(), logprobs: int = 0, **sampling):
+    def stream(self, prompt, max_new_tokens: int = 8, points=(), steer=(), logprobs: int = 0,
+               return_logits: bool = True, rows: bool = True, **sampling):
         """Yield a StreamStep per generated token of one prompt (token, text, logprob and the top
-        `logprobs`, the captured rows of the forward that produced it); the last step carries the
-        RequestResult. Generation runs on a worker thread; closing the iterator stops it."""
+        `logprobs`, with rows=True the captured rows of the forward that produced it); the last step
+        carries the RequestResult (its logits unless return_logits=False). Generation runs on a
+        worker thread; closing the iterator stops it."""
         from engine.backends.eager_stream import stream
-        return stream(self, prompt, max_new_tokens, points, steer, logprobs, sampling)
+        return stream(self, prompt, max_new_tokens, points, steer, logprobs, sampling, return_logits, rows)
 
     def logit_lens(self, x, point: str = "resid_post") -> torch.Tensor:
         """Logits from a residual tensor (or an address captured in `x` when x is (cache, address))."""

@@ -38,8 +38,8 @@ class _Stop(StoppingCriteria):
 class _Streamer(BaseStreamer):
     """Gets the prompt, then each new token, from HF generate (on the worker thread)."""
 
-    def __init__(self, model, n_logprobs: int, out: queue.Queue):
-        self.model, self.n, self.out = model, n_logprobs, out
+    def __init__(self, model, n_logprobs: int, out: queue.Queue, rows: bool = True):
+        self.model, self.n, self.out, self.want_rows = model, n_logprobs, out, rows
         self.plan = None
         self.seen_prompt = False
         self.index = 0
@@ -54,7 +54,7 @@ class _Streamer(BaseStreamer):
         chunks = plan.store.get(str(_LOGITS)) or []
         logprob, top = step_logprobs(chunks[-1][1][-1], token, self.n) if chunks else (None, {})
         rows = None
-        if plan.captures:
+        if plan.captures and self.want_rows:
             rows = {}
             for addr in plan.captures:
                 key = str(addr)
@@ -71,7 +71,7 @@ class _Streamer(BaseStreamer):
         pass
 
 
-def stream(model, prompt, max_new_tokens, points, steer, logprobs, sampling):
+def stream(model, prompt, max_new_tokens, points, steer, logprobs, sampling, return_logits=True, rows=True):
     if not isinstance(logprobs, int) or isinstance(logprobs, bool) or logprobs < 0:
         raise ValueError(f"logprobs is how many top log-probabilities each step carries (an int >= 0), got {logprobs!r}.")
     enc = model._inputs(prompt)
@@ -79,7 +79,7 @@ def stream(model, prompt, max_new_tokens, points, steer, logprobs, sampling):
         raise InputError(f"stream takes one prompt, got {enc['input_ids'].shape[0]}; stream each, or use generate "
                          f"for a batch.")
     out: queue.Queue = queue.Queue()
-    streamer, stop = _Streamer(model, logprobs, out), _Stop()
+    streamer, stop = _Streamer(model, logprobs, out, rows), _Stop()
 
     def on_plans(plans):
         streamer.plan = plans[0]
@@ -88,7 +88,10 @@ def stream(model, prompt, max_new_tokens, points, steer, logprobs, sampling):
         try:
             res = model._generate(enc, max_new_tokens, points, steer, sampling, streamer=streamer, internal=(_LOGITS,),
                                   stopping=StoppingCriteriaList([stop]), on_plans=on_plans)
-            out.put(("done", res.requests[0]))
+            req = res.requests[0]
+            if not return_logits:
+                req.logits = None
+            out.put(("done", req))
         except BaseException as e:  # noqa: BLE001  (handed to the caller's thread)
             out.put(("error", e))
     # validate everything a bad call would fail on before the thread starts (errors raise here)

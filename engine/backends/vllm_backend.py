@@ -94,9 +94,10 @@ class VLLMModel:
         """Run requests concurrently (one continuous batch); each keeps its own captures and steers."""
         return self._run(self.aio.generate_batch(requests, return_logits))
 
-    def stream(self, prompt, max_new_tokens: int = 8, points=(), steer=(), logprobs: int = 0, **sampling):
+    def stream(self, prompt, max_new_tokens: int = 8, points=(), steer=(), logprobs: int = 0,
+               return_logits: bool = True, rows: bool = True, **sampling):
         """Iterate StreamSteps of one prompt (see AsyncVLLMModel.stream); closing the iterator aborts it."""
-        agen = self.aio.stream(prompt, max_new_tokens, points, steer, logprobs, **sampling)
+        agen = self.aio.stream(prompt, max_new_tokens, points, steer, logprobs, return_logits, rows, **sampling)
         try:
             while True:
                 try:

@@ -51,6 +51,13 @@ def _logprobs(entry, token: int, n: int) -> tuple:
     return (None if chosen is None else float(chosen.logprob)), top
 
 
+def _step_rows(rows: dict, prompt_len: int, index: int) -> dict:
+    """The rows of the forward that produced new token `index` ({address: [n, ...]}): the prompt for
+    the first, then the token fed back; addresses not read that far are left out."""
+    lo, hi = (0, prompt_len) if index == 0 else (prompt_len + index - 1, prompt_len + index)
+    return {k: t[lo:hi] for k, t in rows.items() if t.shape[0] >= hi}
+
+
 class AsyncVLLMModel(ModelBase, TokensMixin):
     """Capture and steering on a vLLM engine, async. Built by engine.backends.vllm_backend.load."""
 
@@ -263,9 +270,9 @@ class AsyncVLLMModel(ModelBase, TokensMixin):
             await self._rpc("interp_register", [vllm_wire.plan_out(p, k) for k, p in active])
         try:
             outs = await asyncio.gather(*(self._submit(p, kw, k, on_output) for k, (p, kw) in zip(keys, built)))
-        finally:
             if hold is not None:
                 await hold.wait()
+        finally:
             collected = {}
             if active:
                 per_rank = await self._rpc("interp_collect", [k for k, _ in active],
@@ -358,25 +365,32 @@ class AsyncVLLMModel(ModelBase, TokensMixin):
         logits = pad_rows([r.logits for r in res], cols, width)
         return logits, batch_cache([r.cache for r in res], cols, width, self.n_layers)
 
-    async def stream(self, prompt, max_new_tokens: int = 8, points=(), steer=(), logprobs: int = 0, **sampling):
+    async def stream(self, prompt, max_new_tokens: int = 8, points=(), steer=(), logprobs: int = 0,
+                     return_logits: bool = True, rows: bool = True, **sampling):
         """Yield a StreamStep per generated token (token, text, logprob and the top `logprobs` of the raw
-        distribution, the captured rows of the forward that produced it, read from the workers as the
-        step ends); the last step carries the full RequestResult."""
+        distribution, and with rows=True the captured rows of the forward that produced it, read from
+        the workers while the request runs); the last step carries the full RequestResult, also when
+        sampling stops generation before max_new_tokens. Attention patterns are recomputed after the
+        request on vLLM: only the result holds them."""
         self._live()
         from vllm.sampling_params import RequestOutputKind
         if not isinstance(logprobs, int) or isinstance(logprobs, bool) or logprobs < 0:
             raise ValueError(f"logprobs is how many top log-probabilities each step carries (an int >= 0), "
                              f"got {logprobs!r}.")
-        want = self.backend != "vllm-generate"
+        want = return_logits and self.backend != "vllm-generate"
         plan, kw = self._plan(Request(prompt, max_new_tokens, points, steer, sampling), False, want)
         kw["output_kind"] = RequestOutputKind.DELTA
         kw["logprobs"] = logprobs  # vLLM returns the sampled token's too
         key = uuid.uuid4().hex
         queue: asyncio.Queue = asyncio.Queue()
-        hold = asyncio.Event()  # the plan stays registered until every step's rows were read
+        hold = asyncio.Event()  # the plan stays registered until the final output was seen
         task = asyncio.ensure_future(self._run_many([(plan, kw)], want, on_output=queue.put_nowait, keys=[key],
                                                     hold=hold))
-        index, held = 0, None
+        live = [str(a) for a in plan.captures if a.point not in vllm_attn.ATTN_POINTS] if rows else []
+        since = {k: 0 for k in live}  # read from the workers up to here
+        got: dict = {}  # {address: rows from position 0}, as read so far
+        pending: list[StreamStep] = []  # seen, not yielded (the newest goes out last, with the result)
+        seen: list[int] = []
         try:
             finished = False
             while not finished:
@@ -391,27 +405,48 @@ class AsyncVLLMModel(ModelBase, TokensMixin):
                 out = ro.outputs[0]
                 for j, tok in enumerate(out.token_ids):
                     lp, top = _logprobs(out.logprobs[j] if out.logprobs else None, tok, logprobs)
-                    rows = await self._peek(key, plan, index) if plan.captures else None
-                    step = StreamStep(index, tok, self.tokenizer.decode([tok], skip_special_tokens=True), lp, top, rows)
-                    index += 1
-                    if held is not None:
-                        yield held
-                    held = step
+                    pending.append(StreamStep(len(seen), tok, self.tokenizer.decode([tok], skip_special_tokens=True),
+                                              lp, top))
+                    seen.append(tok)
+                if finished:
+                    hold.set()
+                if len(pending) < 2 or finished:
+                    continue
+                if since:
+                    for k, t in (await self._peek(key, since)).items():
+                        got[k] = torch.cat([got[k], t]) if k in got else t
+                while len(pending) > 1:
+                    step = pending.pop(0)
+                    step.rows = _step_rows(got, plan.prompt_len, step.index) if live else None
+                    yield step
             hold.set()
             (result,) = await task
-            if held is not None:
-                held.result = result
-                yield held
+            # DELTA outputs: vLLM's final output holds only the last delta's tokens
+            result.new_tokens = torch.tensor(seen, dtype=torch.long)
+            result.text = self.tokenizer.decode(seen, skip_special_tokens=True)
+            cache = {k: result.cache[k] for k in live}
+            for step in pending:
+                step.rows = _step_rows(cache, plan.prompt_len, step.index) if live else None
+            if pending:
+                pending[-1].result = result
+            for step in pending:
+                yield step
         finally:
             hold.set()
             if not task.done():
                 task.cancel()
 
-    async def _peek(self, key: str, plan: Plan, index: int) -> dict:
-        """The captured rows of the forward that produced token `index` (the prompt, then one fed-back token)."""
-        lo, hi = (0, plan.prompt_len) if index == 0 else (plan.prompt_len + index - 1, plan.prompt_len + index)
-        ranks = await self._rpc("interp_peek", key, lo, hi)
-        return {str(a): self._gather(str(a), ranks) for a in plan.captures}
+    async def _peek(self, key: str, since: dict) -> dict:
+        """Capture rows of a running request from `since` ({address: position}, advanced here)."""
+        ranks = [r[0] for r in await self._rpc("interp_peek", [key], [dict(since)])]
+        out = {}
+        for k in since:
+            starts = [r["captures"][k][0] for r in ranks if k in r["captures"]]
+            if starts:
+                t = self._gather(k, ranks)
+                out[k] = t
+                since[k] = starts[0] + t.shape[0]
+        return out
 
     def _batch(self, res: list[RequestResult]) -> GenerationResult:
         lengths = [r.tokens.shape[0] for r in res]

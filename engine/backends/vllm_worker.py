@@ -49,6 +49,19 @@ def _query_start_loc(ctx) -> list[int]:
                        "architecture has no softmax attention layer the engine can align rows with")
 
 
+def _rows_from(chunks: list, start: int):
+    """The rows of (first position, rows) chunks from absolute position `start` up to the first gap."""
+    parts, at = [], start
+    for p, c in chunks:
+        if p + c.shape[0] <= at:
+            continue
+        if p > at:
+            break
+        parts.append(c[at - p:])
+        at = p + c.shape[0]
+    return torch.cat(parts) if parts else None
+
+
 class WorkerState:
     """What one rank holds: the registered plans, the sites they need and the current step."""
 
@@ -198,21 +211,22 @@ class WorkerState:
         self._rebuild()
         return out
 
-    def peek(self, key: str, lo: int, hi: int) -> dict:
-        """A running plan's captured rows at absolute positions lo..hi-1 (what a stream step shows)."""
-        plan = self.plans.get(key)
-        res = {"key": key, "captures": {}, "errors": {}, "held": {}}
-        if plan is None:
-            return res  # finished and collected already: the client finds nothing to show
-        for addr in plan.captures:
-            k = str(addr)
-            parts = [c[max(lo - p, 0):hi - p] for p, c in plan.store.get(k, []) if p < hi and p + c.shape[0] > lo]
-            if parts:
-                res["captures"][k] = [lo, vllm_wire.tensor_out(torch.cat(parts))]
-            held = self.site(addr.base).held
-            if held is not None:
-                res["held"][k] = held
-        return res
+    def peek(self, keys: list[str], since: list[dict]) -> list[dict]:
+        """Each plan's capture rows from the given absolute positions on ({capture key: position}),
+        keeping the plan: what a streaming client reads while its request runs."""
+        out = []
+        for key, starts in zip(keys, since):
+            plan = self.plans.get(key)
+            res = {"key": key, "captures": {}, "held": {}}
+            for k, start in (starts.items() if plan is not None and plan.error is None else ()):
+                rows = _rows_from(plan.store.get(k) or [], start)
+                if rows is not None:
+                    res["captures"][k] = [start, vllm_wire.tensor_out(rows)]
+                    held = self.site(parse(k).base).held
+                    if held is not None:
+                        res["held"][k] = held
+            out.append(res)
+        return out
 
     def logits(self, x: torch.Tensor, apply_norm: bool) -> torch.Tensor:
         """Logits of [n, d] residual rows through vLLM's own final norm and head (all ranks call it)."""
@@ -277,8 +291,8 @@ class InterpWorker:
     def interp_collect(self, keys: list, logits: list) -> list:
         return self._interp.collect(keys, logits)
 
-    def interp_peek(self, key: str, lo: int, hi: int) -> dict:
-        return self._interp.peek(key, lo, hi)
+    def interp_peek(self, keys: list, since: list) -> list:
+        return self._interp.peek(keys, since)
 
     def interp_lens(self, x: dict, apply_norm: bool):
         out = self._interp.logits(vllm_wire.tensor_in(x), apply_norm)
