@@ -101,7 +101,8 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "layers": [0, 1]},
           {"point": "resid_post", "layers": [0, 1]},
           {"point": "final_norm", "layers": [-1]},
-          {"point": "lm_head", "layers": [-1]}
+          {"point": "lm_head", "layers": [-1]},
+          {"point": "lm_head_raw", "layers": [-1]}
         ],
         "sources": [
           {"point": "embeddings", "module": "model.layers.0", "how": "module input"},
@@ -129,7 +130,8 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "module": "model.layers.{L}.mlp", "how": "module output"},
           {"point": "resid_post", "module": "model.layers.{L}", "how": "module output"},
           {"point": "final_norm", "module": "model.norm", "how": "module output"},
-          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"}
+          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"},
+          {"point": "lm_head_raw", "module": "lm_head", "how": "module output"}
         ],
         "error": null
       }
@@ -175,7 +177,8 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "layers": [0, 1]},
           {"point": "resid_post", "layers": [0, 1]},
           {"point": "final_norm", "layers": [-1]},
-          {"point": "lm_head", "layers": [-1]}
+          {"point": "lm_head", "layers": [-1]},
+          {"point": "lm_head_raw", "layers": [-1]}
         ],
         "sources": [
           {"point": "embeddings", "module": "model.layers.0", "how": "module input"},
@@ -203,7 +206,8 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "module": "model.layers.{L}.mlp", "how": "module output"},
           {"point": "resid_post", "module": "model.layers.{L}", "how": "module output"},
           {"point": "final_norm", "module": "model.norm", "how": "module output"},
-          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"}
+          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"},
+          {"point": "lm_head_raw", "module": "lm_head", "how": "module output"}
         ],
         "error": null
       }
@@ -250,7 +254,8 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "layers": [0, 1, 2, 3]},
           {"point": "resid_post", "layers": [0, 1, 2, 3]},
           {"point": "final_norm", "layers": [-1]},
-          {"point": "lm_head", "layers": [-1]}
+          {"point": "lm_head", "layers": [-1]},
+          {"point": "lm_head_raw", "layers": [-1]}
         ],
         "sources": [
           {"point": "embeddings", "module": "model.layers.0", "how": "module input"},
@@ -275,7 +280,8 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "module": "model.layers.{L}.feed_forward", "how": "module output"},
           {"point": "resid_post", "module": "model.layers.{L}", "how": "module output"},
           {"point": "final_norm", "module": "model.final_layernorm", "how": "module output"},
-          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"}
+          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"},
+          {"point": "lm_head_raw", "module": "lm_head", "how": "module output"}
         ],
         "error": null
       }
@@ -298,24 +304,8 @@ export const architectures: readonly Architecture[] = [
     },
     "refused": [
       {
-        "point": "attn_probs",
-        "reason": "BloomAttention computes ALiBi scores, softmax and the value product inline (no ALL_ATTENTION_FUNCTIONS call), so this tensor never passes a hookable boundary; use z (dense input) or attn_out"
-      },
-      {
         "point": "attn_scores",
-        "reason": "BloomAttention computes ALiBi scores, softmax and the value product inline (no ALL_ATTENTION_FUNCTIONS call), so this tensor never passes a hookable boundary; use z (dense input) or attn_out"
-      },
-      {
-        "point": "k",
-        "reason": "BloomAttention computes ALiBi scores, softmax and the value product inline (no ALL_ATTENTION_FUNCTIONS call), so this tensor never passes a hookable boundary; use z (dense input) or attn_out"
-      },
-      {
-        "point": "q",
-        "reason": "BloomAttention computes ALiBi scores, softmax and the value product inline (no ALL_ATTENTION_FUNCTIONS call), so this tensor never passes a hookable boundary; use z (dense input) or attn_out"
-      },
-      {
-        "point": "value",
-        "reason": "BloomAttention computes ALiBi scores, softmax and the value product inline (no ALL_ATTENTION_FUNCTIONS call), so this tensor never passes a hookable boundary; use z (dense input) or attn_out"
+        "reason": "BloomAttention forms the ALiBi scores with baddbmm inline and never materializes them at a module boundary; capture attn_probs (or q and k)"
       }
     ],
     "models": [
@@ -328,6 +318,10 @@ export const architectures: readonly Architecture[] = [
           {"point": "embeddings", "layers": [-1]},
           {"point": "resid_pre", "layers": [0, 1]},
           {"point": "attn_in", "layers": [0, 1]},
+          {"point": "q", "layers": [0, 1]},
+          {"point": "k", "layers": [0, 1]},
+          {"point": "value", "layers": [0, 1]},
+          {"point": "attn_probs", "layers": [0, 1]},
           {"point": "z", "layers": [0, 1]},
           {"point": "attn_out", "layers": [0, 1]},
           {"point": "resid_mid", "layers": [0, 1]},
@@ -337,12 +331,17 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "layers": [0, 1]},
           {"point": "resid_post", "layers": [0, 1]},
           {"point": "final_norm", "layers": [-1]},
-          {"point": "lm_head", "layers": [-1]}
+          {"point": "lm_head", "layers": [-1]},
+          {"point": "lm_head_raw", "layers": [-1]}
         ],
         "sources": [
           {"point": "embeddings", "module": "transformer.h.0", "how": "module input"},
           {"point": "resid_pre", "module": "transformer.h.{L}", "how": "module input"},
           {"point": "attn_in", "module": "transformer.h.{L}.self_attention", "how": "module input"},
+          {"point": "q", "module": "transformer.h.{L}.self_attention.query_key_value", "how": "module output"},
+          {"point": "k", "module": "transformer.h.{L}.self_attention.query_key_value", "how": "module output"},
+          {"point": "value", "module": "transformer.h.{L}.self_attention.query_key_value", "how": "module output"},
+          {"point": "attn_probs", "module": "transformer.h.{L}.self_attention", "how": "module output"},
           {"point": "z", "module": "transformer.h.{L}.self_attention.dense", "how": "module input"},
           {"point": "attn_out", "module": "transformer.h.{L}.self_attention", "how": "module output (recomputed)"},
           {
@@ -356,7 +355,8 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "module": "transformer.h.{L}.mlp", "how": "module output (recomputed)"},
           {"point": "resid_post", "module": "transformer.h.{L}", "how": "module output"},
           {"point": "final_norm", "module": "transformer.ln_f", "how": "module output"},
-          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"}
+          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"},
+          {"point": "lm_head_raw", "module": "lm_head", "how": "module output"}
         ],
         "error": null
       }
@@ -410,7 +410,8 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "layers": [0, 1]},
           {"point": "resid_post", "layers": [0, 1]},
           {"point": "final_norm", "layers": [-1]},
-          {"point": "lm_head", "layers": [-1]}
+          {"point": "lm_head", "layers": [-1]},
+          {"point": "lm_head_raw", "layers": [-1]}
         ],
         "sources": [
           {"point": "embeddings", "module": "model.layers.0", "how": "module input"},
@@ -434,7 +435,8 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "module": "model.layers.{L}.mlp", "how": "module output"},
           {"point": "resid_post", "module": "model.layers.{L}", "how": "module output"},
           {"point": "final_norm", "module": "model.norm", "how": "module output"},
-          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"}
+          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"},
+          {"point": "lm_head_raw", "module": "lm_head", "how": "module output"}
         ],
         "error": null
       },
@@ -465,7 +467,8 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "layers": [0, 1]},
           {"point": "resid_post", "layers": [0, 1]},
           {"point": "final_norm", "layers": [-1]},
-          {"point": "lm_head", "layers": [-1]}
+          {"point": "lm_head", "layers": [-1]},
+          {"point": "lm_head_raw", "layers": [-1]}
         ],
         "sources": [
           {"point": "embeddings", "module": "model.layers.0", "how": "module input"},
@@ -493,7 +496,8 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "module": "model.layers.{L}.mlp", "how": "module output"},
           {"point": "resid_post", "module": "model.layers.{L}", "how": "module output"},
           {"point": "final_norm", "module": "model.norm", "how": "module output"},
-          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"}
+          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"},
+          {"point": "lm_head_raw", "module": "lm_head", "how": "module output"}
         ],
         "error": null
       }
@@ -547,7 +551,8 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "layers": [0, 1, 2, 3]},
           {"point": "resid_post", "layers": [0, 1, 2, 3]},
           {"point": "final_norm", "layers": [-1]},
-          {"point": "lm_head", "layers": [-1]}
+          {"point": "lm_head", "layers": [-1]},
+          {"point": "lm_head_raw", "layers": [-1]}
         ],
         "sources": [
           {"point": "embeddings", "module": "model.layers.0", "how": "module input"},
@@ -571,7 +576,8 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "module": "model.layers.{L}.mlp", "how": "module output"},
           {"point": "resid_post", "module": "model.layers.{L}", "how": "module output"},
           {"point": "final_norm", "module": "model.norm", "how": "module output"},
-          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"}
+          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"},
+          {"point": "lm_head_raw", "module": "lm_head", "how": "module output"}
         ],
         "error": null
       }
@@ -630,7 +636,8 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "layers": [0, 1, 2, 3]},
           {"point": "resid_post", "layers": [0, 1, 2, 3]},
           {"point": "final_norm", "layers": [-1]},
-          {"point": "lm_head", "layers": [-1]}
+          {"point": "lm_head", "layers": [-1]},
+          {"point": "lm_head_raw", "layers": [-1]}
         ],
         "sources": [
           {"point": "embeddings", "module": "model.layers.0", "how": "module input"},
@@ -662,7 +669,8 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "module": "model.layers.{L}.mlp", "how": "module output"},
           {"point": "resid_post", "module": "model.layers.{L}", "how": "module output"},
           {"point": "final_norm", "module": "model.norm", "how": "module output"},
-          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"}
+          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"},
+          {"point": "lm_head_raw", "module": "lm_head", "how": "module output"}
         ],
         "error": null
       }
@@ -724,7 +732,8 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "layers": [0, 1, 2, 3]},
           {"point": "resid_post", "layers": [0, 1, 2, 3]},
           {"point": "final_norm", "layers": [-1]},
-          {"point": "lm_head", "layers": [-1]}
+          {"point": "lm_head", "layers": [-1]},
+          {"point": "lm_head_raw", "layers": [-1]}
         ],
         "sources": [
           {"point": "embeddings", "module": "model.layers.0", "how": "module input"},
@@ -756,7 +765,8 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "module": "model.layers.{L}.mlp", "how": "module output"},
           {"point": "resid_post", "module": "model.layers.{L}", "how": "module output"},
           {"point": "final_norm", "module": "model.norm", "how": "module output"},
-          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"}
+          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"},
+          {"point": "lm_head_raw", "module": "lm_head", "how": "module output"}
         ],
         "error": null
       }
@@ -779,7 +789,7 @@ export const architectures: readonly Architecture[] = [
       "shared-experts",
       "clamped-swiglu"
     ],
-    "notes": "resid_streams.L is decoder layer L's output [b, pos, s, d] (HF hidden_states[L+1] except at the last layer, where HF stores norm(hc_head(streams))). Around each sublayer the hyper-connection computes: *_stream_collapse (pre, [b, pos, s]) collapsing the streams into the sublayer input, *_stream_write (post, [b, pos, s]) spreading the sublayer output onto the streams, and *_stream_mix (comb, [b, pos, s, s]) with new_streams[k] = post[k] * out + sum_j comb[j, k] * streams[j]. attn_in / mlp_in are the normed collapsed inputs. Attention: one shared K=V head with sinks; attn_probs exclude the sink and on compressed layers their key axis holds the window then the compressor entries; z is probs @ values before the inverse rotation of its rope slice and the grouped o_a/o_b projection. First layers route by token id (hash: expert_indices = tid2eid[token]).",
+    "notes": "resid_streams.L is decoder layer L's output [b, pos, s, d] (HF hidden_states[L+1] except at the last layer, where HF stores norm(hc_head(streams))). Around each sublayer the hyper-connection computes: *_stream_collapse_weights (pre, [b, pos, s]) collapsing the streams into *_stream_collapse (the sublayer input, [b, pos, d]), *_stream_write (post, [b, pos, s]) spreading the sublayer output onto the streams, and *_stream_mix (comb, [b, pos, s, s]) with new_streams[k] = post[k] * out + sum_j comb[j, k] * streams[j]. attn_in / mlp_in are the normed collapsed inputs. Attention: one shared K=V head with sinks; attn_probs exclude the sink and on compressed layers their key axis holds the window then the compressor entries; z is probs @ values after the inverse rotation of its rope slice (o_a_proj's input, per head): what the grouped o_a/o_b projection reads. First layers route by token id (hash: expert_indices = tid2eid[token]).",
     "facts": {
       "parallelBlocks": false,
       "qkNorm": false,
@@ -849,9 +859,12 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "layers": [0, 1, 2, 3]},
           {"point": "final_norm", "layers": [-1]},
           {"point": "lm_head", "layers": [-1]},
+          {"point": "lm_head_raw", "layers": [-1]},
           {"point": "resid_streams", "layers": [0, 1, 2, 3]},
           {"point": "attn_stream_collapse", "layers": [0, 1, 2, 3]},
+          {"point": "attn_stream_collapse_weights", "layers": [0, 1, 2, 3]},
           {"point": "mlp_stream_collapse", "layers": [0, 1, 2, 3]},
+          {"point": "mlp_stream_collapse_weights", "layers": [0, 1, 2, 3]},
           {"point": "attn_stream_write", "layers": [0, 1, 2, 3]},
           {"point": "attn_stream_mix", "layers": [0, 1, 2, 3]},
           {"point": "mlp_stream_write", "layers": [0, 1, 2, 3]},
@@ -867,7 +880,7 @@ export const architectures: readonly Architecture[] = [
             "how": "inside the attention call (recomputed)"
           },
           {"point": "attn_probs", "module": "model.layers.{L}.self_attn", "how": "inside the attention call"},
-          {"point": "z", "module": "model.layers.{L}.self_attn", "how": "inside the attention call"},
+          {"point": "z", "module": "model.layers.{L}.self_attn.o_a_proj", "how": "module input"},
           {"point": "attn_out", "module": "model.layers.{L}.self_attn", "how": "module output"},
           {"point": "mlp_in", "module": "model.layers.{L}.mlp", "how": "module input"},
           {"point": "router_logits", "module": "model.layers.{L}.mlp.gate", "how": "module output"},
@@ -876,14 +889,17 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "module": "model.layers.{L}.mlp", "how": "module output"},
           {"point": "final_norm", "module": "model.norm", "how": "module output"},
           {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"},
+          {"point": "lm_head_raw", "module": "lm_head", "how": "module output"},
           {"point": "resid_streams", "module": "model.layers.{L}", "how": "module output"},
+          {"point": "attn_stream_collapse", "module": "model.layers.{L}.attn_hc", "how": "module output"},
           {
-            "point": "attn_stream_collapse",
+            "point": "attn_stream_collapse_weights",
             "module": "model.layers.{L}.attn_hc",
             "how": "recomputed from the stream collapse"
           },
+          {"point": "mlp_stream_collapse", "module": "model.layers.{L}.ffn_hc", "how": "module output"},
           {
-            "point": "mlp_stream_collapse",
+            "point": "mlp_stream_collapse_weights",
             "module": "model.layers.{L}.ffn_hc",
             "how": "recomputed from the stream collapse"
           },
@@ -954,7 +970,8 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "layers": [0, 1, 2, 3]},
           {"point": "resid_post", "layers": [0, 1, 2, 3]},
           {"point": "final_norm", "layers": [-1]},
-          {"point": "lm_head", "layers": [-1]}
+          {"point": "lm_head", "layers": [-1]},
+          {"point": "lm_head_raw", "layers": [-1]}
         ],
         "sources": [
           {"point": "embeddings", "module": "model.layers.0", "how": "module input"},
@@ -990,7 +1007,8 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "module": "model.layers.{L}.mlp", "how": "module output"},
           {"point": "resid_post", "module": "model.layers.{L}", "how": "module output"},
           {"point": "final_norm", "module": "model.norm", "how": "module output"},
-          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"}
+          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"},
+          {"point": "lm_head_raw", "module": "lm_head", "how": "module output"}
         ],
         "error": null
       }
@@ -1049,7 +1067,8 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "layers": [0, 1, 2, 3]},
           {"point": "resid_post", "layers": [0, 1, 2, 3]},
           {"point": "final_norm", "layers": [-1]},
-          {"point": "lm_head", "layers": [-1]}
+          {"point": "lm_head", "layers": [-1]},
+          {"point": "lm_head_raw", "layers": [-1]}
         ],
         "sources": [
           {"point": "embeddings", "module": "model.layers.0", "how": "module input"},
@@ -1081,7 +1100,8 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "module": "model.layers.{L}.mlp", "how": "module output"},
           {"point": "resid_post", "module": "model.layers.{L}", "how": "module output"},
           {"point": "final_norm", "module": "model.norm", "how": "module output"},
-          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"}
+          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"},
+          {"point": "lm_head_raw", "module": "lm_head", "how": "module output"}
         ],
         "error": null
       }
@@ -1143,7 +1163,8 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out_post", "layers": [0, 1, 2, 3]},
           {"point": "resid_post", "layers": [0, 1, 2, 3]},
           {"point": "final_norm", "layers": [-1]},
-          {"point": "lm_head", "layers": [-1]}
+          {"point": "lm_head", "layers": [-1]},
+          {"point": "lm_head_raw", "layers": [-1]}
         ],
         "sources": [
           {"point": "embeddings", "module": "model.layers.0", "how": "module input"},
@@ -1174,7 +1195,8 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out_post", "module": "model.layers.{L}.post_feedforward_layernorm", "how": "module output"},
           {"point": "resid_post", "module": "model.layers.{L}", "how": "module output"},
           {"point": "final_norm", "module": "model.norm", "how": "module output"},
-          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"}
+          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"},
+          {"point": "lm_head_raw", "module": "lm_head", "how": "module output"}
         ],
         "error": null
       },
@@ -1208,7 +1230,8 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out_post", "layers": [0, 1]},
           {"point": "resid_post", "layers": [0, 1]},
           {"point": "final_norm", "layers": [-1]},
-          {"point": "lm_head", "layers": [-1]}
+          {"point": "lm_head", "layers": [-1]},
+          {"point": "lm_head_raw", "layers": [-1]}
         ],
         "sources": [
           {"point": "embeddings", "module": "model.layers.0", "how": "module input"},
@@ -1239,7 +1262,8 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out_post", "module": "model.layers.{L}.post_feedforward_layernorm", "how": "module output"},
           {"point": "resid_post", "module": "model.layers.{L}", "how": "module output"},
           {"point": "final_norm", "module": "model.norm", "how": "module output"},
-          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"}
+          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"},
+          {"point": "lm_head_raw", "module": "lm_head", "how": "module output"}
         ],
         "error": null
       }
@@ -1262,24 +1286,16 @@ export const architectures: readonly Architecture[] = [
     },
     "refused": [
       {
-        "point": "attn_probs",
-        "reason": "FalconAttention applies rotary/ALiBi and computes scores, softmax and the value product inline (no ALL_ATTENTION_FUNCTIONS call), so this tensor never passes a hookable boundary; use z (dense input) or attn_out"
-      },
-      {
         "point": "attn_scores",
-        "reason": "FalconAttention applies rotary/ALiBi and computes scores, softmax and the value product inline (no ALL_ATTENTION_FUNCTIONS call), so this tensor never passes a hookable boundary; use z (dense input) or attn_out"
+        "reason": "FalconAttention forms its scores inline (no ALL_ATTENTION_FUNCTIONS call) and never materializes them at a module boundary; capture attn_probs"
       },
       {
         "point": "k",
-        "reason": "FalconAttention applies rotary/ALiBi and computes scores, softmax and the value product inline (no ALL_ATTENTION_FUNCTIONS call), so this tensor never passes a hookable boundary; use z (dense input) or attn_out"
+        "reason": "FalconAttention applies rotary to q and k inline after splitting query_key_value, so the rotated tensors never pass a module boundary; capture value, attn_probs or z"
       },
       {
         "point": "q",
-        "reason": "FalconAttention applies rotary/ALiBi and computes scores, softmax and the value product inline (no ALL_ATTENTION_FUNCTIONS call), so this tensor never passes a hookable boundary; use z (dense input) or attn_out"
-      },
-      {
-        "point": "value",
-        "reason": "FalconAttention applies rotary/ALiBi and computes scores, softmax and the value product inline (no ALL_ATTENTION_FUNCTIONS call), so this tensor never passes a hookable boundary; use z (dense input) or attn_out"
+        "reason": "FalconAttention applies rotary to q and k inline after splitting query_key_value, so the rotated tensors never pass a module boundary; capture value, attn_probs or z"
       }
     ],
     "models": [
@@ -1292,6 +1308,8 @@ export const architectures: readonly Architecture[] = [
           {"point": "embeddings", "layers": [-1]},
           {"point": "resid_pre", "layers": [0, 1]},
           {"point": "attn_in", "layers": [0, 1]},
+          {"point": "value", "layers": [0, 1]},
+          {"point": "attn_probs", "layers": [0, 1]},
           {"point": "z", "layers": [0, 1]},
           {"point": "attn_out", "layers": [0, 1]},
           {"point": "mlp_in", "layers": [0, 1]},
@@ -1300,12 +1318,15 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "layers": [0, 1]},
           {"point": "resid_post", "layers": [0, 1]},
           {"point": "final_norm", "layers": [-1]},
-          {"point": "lm_head", "layers": [-1]}
+          {"point": "lm_head", "layers": [-1]},
+          {"point": "lm_head_raw", "layers": [-1]}
         ],
         "sources": [
           {"point": "embeddings", "module": "transformer.h.0", "how": "module input"},
           {"point": "resid_pre", "module": "transformer.h.{L}", "how": "module input"},
           {"point": "attn_in", "module": "transformer.h.{L}.self_attention", "how": "module input"},
+          {"point": "value", "module": "transformer.h.{L}.self_attention.query_key_value", "how": "module output"},
+          {"point": "attn_probs", "module": "transformer.h.{L}.self_attention", "how": "module output"},
           {"point": "z", "module": "transformer.h.{L}.self_attention.dense", "how": "module input"},
           {"point": "attn_out", "module": "transformer.h.{L}.self_attention", "how": "module output"},
           {"point": "mlp_in", "module": "transformer.h.{L}.mlp", "how": "module input"},
@@ -1314,7 +1335,8 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "module": "transformer.h.{L}.mlp", "how": "module output"},
           {"point": "resid_post", "module": "transformer.h.{L}", "how": "module output"},
           {"point": "final_norm", "module": "transformer.ln_f", "how": "module output"},
-          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"}
+          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"},
+          {"point": "lm_head_raw", "module": "lm_head", "how": "module output"}
         ],
         "error": null
       },
@@ -1327,6 +1349,10 @@ export const architectures: readonly Architecture[] = [
           {"point": "embeddings", "layers": [-1]},
           {"point": "resid_pre", "layers": [0, 1]},
           {"point": "attn_in", "layers": [0, 1]},
+          {"point": "q", "layers": [0, 1]},
+          {"point": "k", "layers": [0, 1]},
+          {"point": "value", "layers": [0, 1]},
+          {"point": "attn_probs", "layers": [0, 1]},
           {"point": "z", "layers": [0, 1]},
           {"point": "attn_out", "layers": [0, 1]},
           {"point": "resid_mid", "layers": [0, 1]},
@@ -1336,12 +1362,17 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "layers": [0, 1]},
           {"point": "resid_post", "layers": [0, 1]},
           {"point": "final_norm", "layers": [-1]},
-          {"point": "lm_head", "layers": [-1]}
+          {"point": "lm_head", "layers": [-1]},
+          {"point": "lm_head_raw", "layers": [-1]}
         ],
         "sources": [
           {"point": "embeddings", "module": "transformer.h.0", "how": "module input"},
           {"point": "resid_pre", "module": "transformer.h.{L}", "how": "module input"},
           {"point": "attn_in", "module": "transformer.h.{L}.self_attention", "how": "module input"},
+          {"point": "q", "module": "transformer.h.{L}.self_attention.query_key_value", "how": "module output"},
+          {"point": "k", "module": "transformer.h.{L}.self_attention.query_key_value", "how": "module output"},
+          {"point": "value", "module": "transformer.h.{L}.self_attention.query_key_value", "how": "module output"},
+          {"point": "attn_probs", "module": "transformer.h.{L}.self_attention", "how": "module output"},
           {"point": "z", "module": "transformer.h.{L}.self_attention.dense", "how": "module input"},
           {"point": "attn_out", "module": "transformer.h.{L}.self_attention", "how": "module output"},
           {
@@ -1355,7 +1386,8 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "module": "transformer.h.{L}.mlp", "how": "module output"},
           {"point": "resid_post", "module": "transformer.h.{L}", "how": "module output"},
           {"point": "final_norm", "module": "transformer.ln_f", "how": "module output"},
-          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"}
+          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"},
+          {"point": "lm_head_raw", "module": "lm_head", "how": "module output"}
         ],
         "error": null
       },
@@ -1368,6 +1400,8 @@ export const architectures: readonly Architecture[] = [
           {"point": "embeddings", "layers": [-1]},
           {"point": "resid_pre", "layers": [0, 1]},
           {"point": "attn_in", "layers": [0, 1]},
+          {"point": "value", "layers": [0, 1]},
+          {"point": "attn_probs", "layers": [0, 1]},
           {"point": "z", "layers": [0, 1]},
           {"point": "attn_out", "layers": [0, 1]},
           {"point": "mlp_in", "layers": [0, 1]},
@@ -1376,12 +1410,15 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "layers": [0, 1]},
           {"point": "resid_post", "layers": [0, 1]},
           {"point": "final_norm", "layers": [-1]},
-          {"point": "lm_head", "layers": [-1]}
+          {"point": "lm_head", "layers": [-1]},
+          {"point": "lm_head_raw", "layers": [-1]}
         ],
         "sources": [
           {"point": "embeddings", "module": "transformer.h.0", "how": "module input"},
           {"point": "resid_pre", "module": "transformer.h.{L}", "how": "module input"},
           {"point": "attn_in", "module": "transformer.h.{L}.self_attention", "how": "module input"},
+          {"point": "value", "module": "transformer.h.{L}.self_attention.query_key_value", "how": "module output"},
+          {"point": "attn_probs", "module": "transformer.h.{L}.self_attention", "how": "module output"},
           {"point": "z", "module": "transformer.h.{L}.self_attention.dense", "how": "module input"},
           {"point": "attn_out", "module": "transformer.h.{L}.self_attention", "how": "module output"},
           {"point": "mlp_in", "module": "transformer.h.{L}.mlp", "how": "module input"},
@@ -1390,7 +1427,8 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "module": "transformer.h.{L}.mlp", "how": "module output"},
           {"point": "resid_post", "module": "transformer.h.{L}", "how": "module output"},
           {"point": "final_norm", "module": "transformer.ln_f", "how": "module output"},
-          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"}
+          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"},
+          {"point": "lm_head_raw", "module": "lm_head", "how": "module output"}
         ],
         "error": null
       }
@@ -1437,7 +1475,8 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "layers": [0, 1]},
           {"point": "resid_post", "layers": [0, 1]},
           {"point": "final_norm", "layers": [-1]},
-          {"point": "lm_head", "layers": [-1]}
+          {"point": "lm_head", "layers": [-1]},
+          {"point": "lm_head_raw", "layers": [-1]}
         ],
         "sources": [
           {"point": "embeddings", "module": "model.layers.0", "how": "module input"},
@@ -1462,7 +1501,8 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "module": "model.layers.{L}.feed_forward", "how": "module output"},
           {"point": "resid_post", "module": "model.layers.{L}", "how": "module output"},
           {"point": "final_norm", "module": "model.final_layernorm", "how": "module output"},
-          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"}
+          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"},
+          {"point": "lm_head_raw", "module": "lm_head", "how": "module output"}
         ],
         "error": null
       }
@@ -1509,7 +1549,8 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "layers": [0, 1]},
           {"point": "resid_post", "layers": [0, 1]},
           {"point": "final_norm", "layers": [-1]},
-          {"point": "lm_head", "layers": [-1]}
+          {"point": "lm_head", "layers": [-1]},
+          {"point": "lm_head_raw", "layers": [-1]}
         ],
         "sources": [
           {"point": "embeddings", "module": "model.layers.0", "how": "module input"},
@@ -1538,7 +1579,8 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "module": "model.layers.{L}.mlp", "how": "module output"},
           {"point": "resid_post", "module": "model.layers.{L}", "how": "module output"},
           {"point": "final_norm", "module": "model.norm", "how": "module output"},
-          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"}
+          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"},
+          {"point": "lm_head_raw", "module": "lm_head", "how": "module output"}
         ],
         "error": null
       },
@@ -1566,7 +1608,8 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "layers": [0, 1]},
           {"point": "resid_post", "layers": [0, 1]},
           {"point": "final_norm", "layers": [-1]},
-          {"point": "lm_head", "layers": [-1]}
+          {"point": "lm_head", "layers": [-1]},
+          {"point": "lm_head_raw", "layers": [-1]}
         ],
         "sources": [
           {"point": "embeddings", "module": "model.layers.0", "how": "module input"},
@@ -1595,7 +1638,8 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "module": "model.layers.{L}.mlp", "how": "module output"},
           {"point": "resid_post", "module": "model.layers.{L}", "how": "module output"},
           {"point": "final_norm", "module": "model.norm", "how": "module output"},
-          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"}
+          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"},
+          {"point": "lm_head_raw", "module": "lm_head", "how": "module output"}
         ],
         "error": null
       }
@@ -1655,7 +1699,8 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out_post", "layers": [0, 1, 2, 3]},
           {"point": "resid_post", "layers": [0, 1, 2, 3]},
           {"point": "final_norm", "layers": [-1]},
-          {"point": "lm_head", "layers": [-1]}
+          {"point": "lm_head", "layers": [-1]},
+          {"point": "lm_head_raw", "layers": [-1]}
         ],
         "sources": [
           {"point": "embeddings", "module": "model.layers.0", "how": "module input"},
@@ -1686,7 +1731,8 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out_post", "module": "model.layers.{L}.post_feedforward_layernorm", "how": "module output"},
           {"point": "resid_post", "module": "model.layers.{L}", "how": "module output"},
           {"point": "final_norm", "module": "model.norm", "how": "module output"},
-          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"}
+          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"},
+          {"point": "lm_head_raw", "module": "lm_head", "how": "module output"}
         ],
         "error": null
       },
@@ -1716,7 +1762,8 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out_post", "layers": [0, 1, 2, 3]},
           {"point": "resid_post", "layers": [0, 1, 2, 3]},
           {"point": "final_norm", "layers": [-1]},
-          {"point": "lm_head", "layers": [-1]}
+          {"point": "lm_head", "layers": [-1]},
+          {"point": "lm_head_raw", "layers": [-1]}
         ],
         "sources": [
           {"point": "embeddings", "module": "model.layers.0", "how": "module input"},
@@ -1747,7 +1794,8 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out_post", "module": "model.layers.{L}.post_feedforward_layernorm", "how": "module output"},
           {"point": "resid_post", "module": "model.layers.{L}", "how": "module output"},
           {"point": "final_norm", "module": "model.norm", "how": "module output"},
-          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"}
+          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"},
+          {"point": "lm_head_raw", "module": "lm_head", "how": "module output"}
         ],
         "error": null
       },
@@ -1777,7 +1825,8 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out_post", "layers": [0, 1, 2, 3]},
           {"point": "resid_post", "layers": [0, 1, 2, 3]},
           {"point": "final_norm", "layers": [-1]},
-          {"point": "lm_head", "layers": [-1]}
+          {"point": "lm_head", "layers": [-1]},
+          {"point": "lm_head_raw", "layers": [-1]}
         ],
         "sources": [
           {"point": "embeddings", "module": "model.layers.0", "how": "module input"},
@@ -1808,7 +1857,8 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out_post", "module": "model.layers.{L}.post_feedforward_layernorm", "how": "module output"},
           {"point": "resid_post", "module": "model.layers.{L}", "how": "module output"},
           {"point": "final_norm", "module": "model.norm", "how": "module output"},
-          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"}
+          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"},
+          {"point": "lm_head_raw", "module": "lm_head", "how": "module output"}
         ],
         "error": null
       }
@@ -1871,7 +1921,8 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out_post", "layers": [0, 1, 2, 3, 4, 5]},
           {"point": "resid_post", "layers": [0, 1, 2, 3, 4, 5]},
           {"point": "final_norm", "layers": [-1]},
-          {"point": "lm_head", "layers": [-1]}
+          {"point": "lm_head", "layers": [-1]},
+          {"point": "lm_head_raw", "layers": [-1]}
         ],
         "sources": [
           {"point": "embeddings", "module": "model.layers.0", "how": "module input"},
@@ -1906,7 +1957,8 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out_post", "module": "model.layers.{L}.post_feedforward_layernorm", "how": "module output"},
           {"point": "resid_post", "module": "model.layers.{L}", "how": "module output"},
           {"point": "final_norm", "module": "model.norm", "how": "module output"},
-          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"}
+          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"},
+          {"point": "lm_head_raw", "module": "lm_head", "how": "module output"}
         ],
         "error": null
       },
@@ -1940,7 +1992,8 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out_post", "layers": [0, 1, 2, 3, 4, 5]},
           {"point": "resid_post", "layers": [0, 1, 2, 3, 4, 5]},
           {"point": "final_norm", "layers": [-1]},
-          {"point": "lm_head", "layers": [-1]}
+          {"point": "lm_head", "layers": [-1]},
+          {"point": "lm_head_raw", "layers": [-1]}
         ],
         "sources": [
           {"point": "embeddings", "module": "model.layers.0", "how": "module input"},
@@ -1975,7 +2028,8 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out_post", "module": "model.layers.{L}.post_feedforward_layernorm", "how": "module output"},
           {"point": "resid_post", "module": "model.layers.{L}", "how": "module output"},
           {"point": "final_norm", "module": "model.norm", "how": "module output"},
-          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"}
+          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"},
+          {"point": "lm_head_raw", "module": "lm_head", "how": "module output"}
         ],
         "error": null
       },
@@ -2009,7 +2063,8 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out_post", "layers": [0, 1, 2, 3, 4, 5]},
           {"point": "resid_post", "layers": [0, 1, 2, 3, 4, 5]},
           {"point": "final_norm", "layers": [-1]},
-          {"point": "lm_head", "layers": [-1]}
+          {"point": "lm_head", "layers": [-1]},
+          {"point": "lm_head_raw", "layers": [-1]}
         ],
         "sources": [
           {"point": "embeddings", "module": "model.layers.0", "how": "module input"},
@@ -2044,7 +2099,8 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out_post", "module": "model.layers.{L}.post_feedforward_layernorm", "how": "module output"},
           {"point": "resid_post", "module": "model.layers.{L}", "how": "module output"},
           {"point": "final_norm", "module": "model.norm", "how": "module output"},
-          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"}
+          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"},
+          {"point": "lm_head_raw", "module": "lm_head", "how": "module output"}
         ],
         "error": null
       }
@@ -2091,7 +2147,8 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "layers": [0, 1]},
           {"point": "resid_post", "layers": [0, 1]},
           {"point": "final_norm", "layers": [-1]},
-          {"point": "lm_head", "layers": [-1]}
+          {"point": "lm_head", "layers": [-1]},
+          {"point": "lm_head_raw", "layers": [-1]}
         ],
         "sources": [
           {"point": "embeddings", "module": "model.layers.0", "how": "module input"},
@@ -2120,7 +2177,8 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "module": "model.layers.{L}.mlp", "how": "module output"},
           {"point": "resid_post", "module": "model.layers.{L}", "how": "module output"},
           {"point": "final_norm", "module": "model.norm", "how": "module output"},
-          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"}
+          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"},
+          {"point": "lm_head_raw", "module": "lm_head", "how": "module output"}
         ],
         "error": null
       }
@@ -2169,7 +2227,8 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out_post", "layers": [0, 1]},
           {"point": "resid_post", "layers": [0, 1]},
           {"point": "final_norm", "layers": [-1]},
-          {"point": "lm_head", "layers": [-1]}
+          {"point": "lm_head", "layers": [-1]},
+          {"point": "lm_head_raw", "layers": [-1]}
         ],
         "sources": [
           {"point": "embeddings", "module": "model.layers.0", "how": "module input"},
@@ -2200,7 +2259,8 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out_post", "module": "model.layers.{L}.post_mlp_layernorm", "how": "module output"},
           {"point": "resid_post", "module": "model.layers.{L}", "how": "module output"},
           {"point": "final_norm", "module": "model.norm", "how": "module output"},
-          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"}
+          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"},
+          {"point": "lm_head_raw", "module": "lm_head", "how": "module output"}
         ],
         "error": null
       }
@@ -2262,7 +2322,8 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "layers": [0, 1, 2, 3]},
           {"point": "resid_post", "layers": [0, 1, 2, 3]},
           {"point": "final_norm", "layers": [-1]},
-          {"point": "lm_head", "layers": [-1]}
+          {"point": "lm_head", "layers": [-1]},
+          {"point": "lm_head_raw", "layers": [-1]}
         ],
         "sources": [
           {"point": "embeddings", "module": "model.layers.0", "how": "module input"},
@@ -2294,7 +2355,8 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "module": "model.layers.{L}.mlp", "how": "module output"},
           {"point": "resid_post", "module": "model.layers.{L}", "how": "module output"},
           {"point": "final_norm", "module": "model.norm", "how": "module output"},
-          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"}
+          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"},
+          {"point": "lm_head_raw", "module": "lm_head", "how": "module output"}
         ],
         "error": null
       }
@@ -2340,7 +2402,8 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "layers": [0, 1]},
           {"point": "resid_post", "layers": [0, 1]},
           {"point": "final_norm", "layers": [-1]},
-          {"point": "lm_head", "layers": [-1]}
+          {"point": "lm_head", "layers": [-1]},
+          {"point": "lm_head_raw", "layers": [-1]}
         ],
         "sources": [
           {"point": "embeddings", "module": "transformer.h.0", "how": "module input"},
@@ -2360,7 +2423,8 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "module": "transformer.h.{L}.mlp", "how": "module output"},
           {"point": "resid_post", "module": "transformer.h.{L}", "how": "module output"},
           {"point": "final_norm", "module": "transformer.ln_f", "how": "module output"},
-          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"}
+          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"},
+          {"point": "lm_head_raw", "module": "lm_head", "how": "module output"}
         ],
         "error": null
       },
@@ -2387,7 +2451,8 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "layers": [0, 1]},
           {"point": "resid_post", "layers": [0, 1]},
           {"point": "final_norm", "layers": [-1]},
-          {"point": "lm_head", "layers": [-1]}
+          {"point": "lm_head", "layers": [-1]},
+          {"point": "lm_head_raw", "layers": [-1]}
         ],
         "sources": [
           {"point": "embeddings", "module": "transformer.h.0", "how": "module input"},
@@ -2407,7 +2472,8 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "module": "transformer.h.{L}.mlp", "how": "module output"},
           {"point": "resid_post", "module": "transformer.h.{L}", "how": "module output"},
           {"point": "final_norm", "module": "transformer.ln_f", "how": "module output"},
-          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"}
+          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"},
+          {"point": "lm_head_raw", "module": "lm_head", "how": "module output"}
         ],
         "error": null
       },
@@ -2434,7 +2500,8 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "layers": [0, 1]},
           {"point": "resid_post", "layers": [0, 1]},
           {"point": "final_norm", "layers": [-1]},
-          {"point": "lm_head", "layers": [-1]}
+          {"point": "lm_head", "layers": [-1]},
+          {"point": "lm_head_raw", "layers": [-1]}
         ],
         "sources": [
           {"point": "embeddings", "module": "transformer.h.0", "how": "module input"},
@@ -2454,7 +2521,8 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "module": "transformer.h.{L}.mlp", "how": "module output"},
           {"point": "resid_post", "module": "transformer.h.{L}", "how": "module output"},
           {"point": "final_norm", "module": "transformer.ln_f", "how": "module output"},
-          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"}
+          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"},
+          {"point": "lm_head_raw", "module": "lm_head", "how": "module output"}
         ],
         "error": null
       }
@@ -2500,7 +2568,8 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "layers": [0, 1]},
           {"point": "resid_post", "layers": [0, 1]},
           {"point": "final_norm", "layers": [-1]},
-          {"point": "lm_head", "layers": [-1]}
+          {"point": "lm_head", "layers": [-1]},
+          {"point": "lm_head_raw", "layers": [-1]}
         ],
         "sources": [
           {"point": "embeddings", "module": "transformer.h.0", "how": "module input"},
@@ -2520,7 +2589,8 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "module": "transformer.h.{L}.mlp", "how": "module output"},
           {"point": "resid_post", "module": "transformer.h.{L}", "how": "module output"},
           {"point": "final_norm", "module": "transformer.ln_f", "how": "module output"},
-          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"}
+          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"},
+          {"point": "lm_head_raw", "module": "lm_head", "how": "module output"}
         ],
         "error": null
       },
@@ -2547,7 +2617,8 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "layers": [0, 1]},
           {"point": "resid_post", "layers": [0, 1]},
           {"point": "final_norm", "layers": [-1]},
-          {"point": "lm_head", "layers": [-1]}
+          {"point": "lm_head", "layers": [-1]},
+          {"point": "lm_head_raw", "layers": [-1]}
         ],
         "sources": [
           {"point": "embeddings", "module": "transformer.h.0", "how": "module input"},
@@ -2567,7 +2638,8 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "module": "transformer.h.{L}.mlp", "how": "module output"},
           {"point": "resid_post", "module": "transformer.h.{L}", "how": "module output"},
           {"point": "final_norm", "module": "transformer.ln_f", "how": "module output"},
-          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"}
+          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"},
+          {"point": "lm_head_raw", "module": "lm_head", "how": "module output"}
         ],
         "error": null
       }
@@ -2617,7 +2689,8 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "layers": [0, 1, 2, 3]},
           {"point": "resid_post", "layers": [0, 1, 2, 3]},
           {"point": "final_norm", "layers": [-1]},
-          {"point": "lm_head", "layers": [-1]}
+          {"point": "lm_head", "layers": [-1]},
+          {"point": "lm_head_raw", "layers": [-1]}
         ],
         "sources": [
           {"point": "embeddings", "module": "transformer.h.0", "how": "module input"},
@@ -2636,7 +2709,8 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "module": "transformer.h.{L}.mlp", "how": "module output"},
           {"point": "resid_post", "module": "transformer.h.{L}", "how": "module output"},
           {"point": "final_norm", "module": "transformer.ln_f", "how": "module output"},
-          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"}
+          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"},
+          {"point": "lm_head_raw", "module": "lm_head", "how": "module output"}
         ],
         "error": null
       },
@@ -2662,7 +2736,8 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "layers": [0, 1, 2, 3]},
           {"point": "resid_post", "layers": [0, 1, 2, 3]},
           {"point": "final_norm", "layers": [-1]},
-          {"point": "lm_head", "layers": [-1]}
+          {"point": "lm_head", "layers": [-1]},
+          {"point": "lm_head_raw", "layers": [-1]}
         ],
         "sources": [
           {"point": "embeddings", "module": "transformer.h.0", "how": "module input"},
@@ -2681,7 +2756,8 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "module": "transformer.h.{L}.mlp", "how": "module output"},
           {"point": "resid_post", "module": "transformer.h.{L}", "how": "module output"},
           {"point": "final_norm", "module": "transformer.ln_f", "how": "module output"},
-          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"}
+          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"},
+          {"point": "lm_head_raw", "module": "lm_head", "how": "module output"}
         ],
         "error": null
       }
@@ -2726,7 +2802,8 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "layers": [0, 1]},
           {"point": "resid_post", "layers": [0, 1]},
           {"point": "final_norm", "layers": [-1]},
-          {"point": "lm_head", "layers": [-1]}
+          {"point": "lm_head", "layers": [-1]},
+          {"point": "lm_head_raw", "layers": [-1]}
         ],
         "sources": [
           {"point": "embeddings", "module": "gpt_neox.layers.0", "how": "module input"},
@@ -2749,7 +2826,8 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "module": "gpt_neox.layers.{L}.mlp", "how": "module output"},
           {"point": "resid_post", "module": "gpt_neox.layers.{L}", "how": "module output"},
           {"point": "final_norm", "module": "gpt_neox.final_layer_norm", "how": "module output"},
-          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"}
+          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"},
+          {"point": "lm_head_raw", "module": "lm_head", "how": "module output"}
         ],
         "error": null
       },
@@ -2775,7 +2853,8 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "layers": [0, 1]},
           {"point": "resid_post", "layers": [0, 1]},
           {"point": "final_norm", "layers": [-1]},
-          {"point": "lm_head", "layers": [-1]}
+          {"point": "lm_head", "layers": [-1]},
+          {"point": "lm_head_raw", "layers": [-1]}
         ],
         "sources": [
           {"point": "embeddings", "module": "gpt_neox.layers.0", "how": "module input"},
@@ -2798,7 +2877,8 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "module": "gpt_neox.layers.{L}.mlp", "how": "module output"},
           {"point": "resid_post", "module": "gpt_neox.layers.{L}", "how": "module output"},
           {"point": "final_norm", "module": "gpt_neox.final_layer_norm", "how": "module output"},
-          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"}
+          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"},
+          {"point": "lm_head_raw", "module": "lm_head", "how": "module output"}
         ],
         "error": null
       },
@@ -2824,7 +2904,8 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "layers": [0, 1]},
           {"point": "resid_post", "layers": [0, 1]},
           {"point": "final_norm", "layers": [-1]},
-          {"point": "lm_head", "layers": [-1]}
+          {"point": "lm_head", "layers": [-1]},
+          {"point": "lm_head_raw", "layers": [-1]}
         ],
         "sources": [
           {"point": "embeddings", "module": "gpt_neox.layers.0", "how": "module input"},
@@ -2847,7 +2928,8 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "module": "gpt_neox.layers.{L}.mlp", "how": "module output"},
           {"point": "resid_post", "module": "gpt_neox.layers.{L}", "how": "module output"},
           {"point": "final_norm", "module": "gpt_neox.final_layer_norm", "how": "module output"},
-          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"}
+          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"},
+          {"point": "lm_head_raw", "module": "lm_head", "how": "module output"}
         ],
         "error": null
       }
@@ -2905,7 +2987,8 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "layers": [0, 1, 2, 3]},
           {"point": "resid_post", "layers": [0, 1, 2, 3]},
           {"point": "final_norm", "layers": [-1]},
-          {"point": "lm_head", "layers": [-1]}
+          {"point": "lm_head", "layers": [-1]},
+          {"point": "lm_head_raw", "layers": [-1]}
         ],
         "sources": [
           {"point": "embeddings", "module": "model.layers.0", "how": "module input"},
@@ -2934,7 +3017,8 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "module": "model.layers.{L}.mlp", "how": "module output"},
           {"point": "resid_post", "module": "model.layers.{L}", "how": "module output"},
           {"point": "final_norm", "module": "model.norm", "how": "module output"},
-          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"}
+          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"},
+          {"point": "lm_head_raw", "module": "lm_head", "how": "module output"}
         ],
         "error": null
       }
@@ -2957,24 +3041,16 @@ export const architectures: readonly Architecture[] = [
     },
     "refused": [
       {
-        "point": "attn_probs",
-        "reason": "GPTJAttention multiplies q and k (interleaved rotary applied inline) in its own _attn method, not through ALL_ATTENTION_FUNCTIONS, so this tensor never passes a hookable boundary; use z (out_proj input) or attn_out"
-      },
-      {
         "point": "attn_scores",
-        "reason": "GPTJAttention multiplies q and k (interleaved rotary applied inline) in its own _attn method, not through ALL_ATTENTION_FUNCTIONS, so this tensor never passes a hookable boundary; use z (out_proj input) or attn_out"
+        "reason": "GPTJAttention rotates q and k inline and multiplies them in its own _attn method, not through ALL_ATTENTION_FUNCTIONS, so this tensor never passes a hookable boundary; capture value, attn_probs or z"
       },
       {
         "point": "k",
-        "reason": "GPTJAttention multiplies q and k (interleaved rotary applied inline) in its own _attn method, not through ALL_ATTENTION_FUNCTIONS, so this tensor never passes a hookable boundary; use z (out_proj input) or attn_out"
+        "reason": "GPTJAttention rotates q and k inline and multiplies them in its own _attn method, not through ALL_ATTENTION_FUNCTIONS, so this tensor never passes a hookable boundary; capture value, attn_probs or z"
       },
       {
         "point": "q",
-        "reason": "GPTJAttention multiplies q and k (interleaved rotary applied inline) in its own _attn method, not through ALL_ATTENTION_FUNCTIONS, so this tensor never passes a hookable boundary; use z (out_proj input) or attn_out"
-      },
-      {
-        "point": "value",
-        "reason": "GPTJAttention multiplies q and k (interleaved rotary applied inline) in its own _attn method, not through ALL_ATTENTION_FUNCTIONS, so this tensor never passes a hookable boundary; use z (out_proj input) or attn_out"
+        "reason": "GPTJAttention rotates q and k inline and multiplies them in its own _attn method, not through ALL_ATTENTION_FUNCTIONS, so this tensor never passes a hookable boundary; capture value, attn_probs or z"
       }
     ],
     "models": [
@@ -2987,6 +3063,8 @@ export const architectures: readonly Architecture[] = [
           {"point": "embeddings", "layers": [-1]},
           {"point": "resid_pre", "layers": [0, 1]},
           {"point": "attn_in", "layers": [0, 1]},
+          {"point": "value", "layers": [0, 1]},
+          {"point": "attn_probs", "layers": [0, 1]},
           {"point": "z", "layers": [0, 1]},
           {"point": "attn_out", "layers": [0, 1]},
           {"point": "mlp_in", "layers": [0, 1]},
@@ -2995,12 +3073,15 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "layers": [0, 1]},
           {"point": "resid_post", "layers": [0, 1]},
           {"point": "final_norm", "layers": [-1]},
-          {"point": "lm_head", "layers": [-1]}
+          {"point": "lm_head", "layers": [-1]},
+          {"point": "lm_head_raw", "layers": [-1]}
         ],
         "sources": [
           {"point": "embeddings", "module": "transformer.h.0", "how": "module input"},
           {"point": "resid_pre", "module": "transformer.h.{L}", "how": "module input"},
           {"point": "attn_in", "module": "transformer.h.{L}.attn", "how": "module input"},
+          {"point": "value", "module": "transformer.h.{L}.attn.v_proj", "how": "module output"},
+          {"point": "attn_probs", "module": "transformer.h.{L}.attn", "how": "module output"},
           {"point": "z", "module": "transformer.h.{L}.attn.out_proj", "how": "module input"},
           {"point": "attn_out", "module": "transformer.h.{L}.attn", "how": "module output"},
           {"point": "mlp_in", "module": "transformer.h.{L}.mlp", "how": "module input"},
@@ -3009,7 +3090,8 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "module": "transformer.h.{L}.mlp", "how": "module output"},
           {"point": "resid_post", "module": "transformer.h.{L}", "how": "module output"},
           {"point": "final_norm", "module": "transformer.ln_f", "how": "module output"},
-          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"}
+          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"},
+          {"point": "lm_head_raw", "module": "lm_head", "how": "module output"}
         ],
         "error": null
       }
@@ -3065,7 +3147,8 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "layers": [0, 1]},
           {"point": "resid_post", "layers": [0, 1]},
           {"point": "final_norm", "layers": [-1]},
-          {"point": "lm_head", "layers": [-1]}
+          {"point": "lm_head", "layers": [-1]},
+          {"point": "lm_head_raw", "layers": [-1]}
         ],
         "sources": [
           {"point": "embeddings", "module": "model.layers.0", "how": "module input"},
@@ -3094,7 +3177,8 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "module": "model.layers.{L}.mlp", "how": "module output"},
           {"point": "resid_post", "module": "model.layers.{L}", "how": "module output"},
           {"point": "final_norm", "module": "model.norm", "how": "module output"},
-          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"}
+          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"},
+          {"point": "lm_head_raw", "module": "lm_head", "how": "module output"}
         ],
         "error": null
       },
@@ -3122,7 +3206,8 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "layers": [0, 1]},
           {"point": "resid_post", "layers": [0, 1]},
           {"point": "final_norm", "layers": [-1]},
-          {"point": "lm_head", "layers": [-1]}
+          {"point": "lm_head", "layers": [-1]},
+          {"point": "lm_head_raw", "layers": [-1]}
         ],
         "sources": [
           {"point": "embeddings", "module": "model.layers.0", "how": "module input"},
@@ -3151,7 +3236,8 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "module": "model.layers.{L}.mlp", "how": "module output"},
           {"point": "resid_post", "module": "model.layers.{L}", "how": "module output"},
           {"point": "final_norm", "module": "model.norm", "how": "module output"},
-          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"}
+          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"},
+          {"point": "lm_head_raw", "module": "lm_head", "how": "module output"}
         ],
         "error": null
       }
@@ -3208,7 +3294,8 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "layers": [0, 1]},
           {"point": "resid_post", "layers": [0, 1]},
           {"point": "final_norm", "layers": [-1]},
-          {"point": "lm_head", "layers": [-1]}
+          {"point": "lm_head", "layers": [-1]},
+          {"point": "lm_head_raw", "layers": [-1]}
         ],
         "sources": [
           {"point": "embeddings", "module": "model.layers.0", "how": "module input"},
@@ -3237,7 +3324,8 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "module": "model.layers.{L}.block_sparse_moe", "how": "module output"},
           {"point": "resid_post", "module": "model.layers.{L}", "how": "module output"},
           {"point": "final_norm", "module": "model.norm", "how": "module output"},
-          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"}
+          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"},
+          {"point": "lm_head_raw", "module": "lm_head", "how": "module output"}
         ],
         "error": null
       }
@@ -3297,7 +3385,8 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "layers": [0, 1, 2, 3]},
           {"point": "resid_post", "layers": [0, 1, 2, 3]},
           {"point": "final_norm", "layers": [-1]},
-          {"point": "lm_head", "layers": [-1]}
+          {"point": "lm_head", "layers": [-1]},
+          {"point": "lm_head_raw", "layers": [-1]}
         ],
         "sources": [
           {"point": "embeddings", "module": "model.layers.0", "how": "module input"},
@@ -3326,7 +3415,8 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "module": "model.layers.{L}.shared_mlp", "how": "sum"},
           {"point": "resid_post", "module": "model.layers.{L}", "how": "module output"},
           {"point": "final_norm", "module": "model.norm", "how": "module output"},
-          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"}
+          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"},
+          {"point": "lm_head_raw", "module": "lm_head", "how": "module output"}
         ],
         "error": null
       }
@@ -3377,7 +3467,8 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "layers": [0, 1]},
           {"point": "resid_post", "layers": [0, 1]},
           {"point": "final_norm", "layers": [-1]},
-          {"point": "lm_head", "layers": [-1]}
+          {"point": "lm_head", "layers": [-1]},
+          {"point": "lm_head_raw", "layers": [-1]}
         ],
         "sources": [
           {"point": "embeddings", "module": "model.layers.0", "how": "module input"},
@@ -3410,7 +3501,8 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "module": "model.layers.{L}.mlp", "how": "module output"},
           {"point": "resid_post", "module": "model.layers.{L}", "how": "module output"},
           {"point": "final_norm", "module": "model.norm", "how": "module output"},
-          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"}
+          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"},
+          {"point": "lm_head_raw", "module": "lm_head", "how": "module output"}
         ],
         "error": null
       }
@@ -3461,7 +3553,8 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "layers": [0, 1]},
           {"point": "resid_post", "layers": [0, 1]},
           {"point": "final_norm", "layers": [-1]},
-          {"point": "lm_head", "layers": [-1]}
+          {"point": "lm_head", "layers": [-1]},
+          {"point": "lm_head_raw", "layers": [-1]}
         ],
         "sources": [
           {"point": "embeddings", "module": "model.layers.0", "how": "module input"},
@@ -3494,7 +3587,8 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "module": "model.layers.{L}.mlp", "how": "module output"},
           {"point": "resid_post", "module": "model.layers.{L}", "how": "module output"},
           {"point": "final_norm", "module": "model.norm", "how": "module output"},
-          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"}
+          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"},
+          {"point": "lm_head_raw", "module": "lm_head", "how": "module output"}
         ],
         "error": null
       }
@@ -3542,7 +3636,8 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "layers": [0, 1, 2, 3]},
           {"point": "resid_post", "layers": [0, 1, 2, 3]},
           {"point": "final_norm", "layers": [-1]},
-          {"point": "lm_head", "layers": [-1]}
+          {"point": "lm_head", "layers": [-1]},
+          {"point": "lm_head_raw", "layers": [-1]}
         ],
         "sources": [
           {"point": "embeddings", "module": "model.layers.0", "how": "module input"},
@@ -3568,7 +3663,8 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "module": "model.layers.{L}.feed_forward", "how": "module output"},
           {"point": "resid_post", "module": "model.layers.{L}", "how": "module output"},
           {"point": "final_norm", "module": "model.final_layernorm", "how": "module output"},
-          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"}
+          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"},
+          {"point": "lm_head_raw", "module": "lm_head", "how": "module output"}
         ],
         "error": null
       }
@@ -3619,7 +3715,8 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "layers": [0, 1, 2, 3]},
           {"point": "resid_post", "layers": [0, 1, 2, 3]},
           {"point": "final_norm", "layers": [-1]},
-          {"point": "lm_head", "layers": [-1]}
+          {"point": "lm_head", "layers": [-1]},
+          {"point": "lm_head_raw", "layers": [-1]}
         ],
         "sources": [
           {"point": "embeddings", "module": "model.layers.0", "how": "module input"},
@@ -3648,7 +3745,8 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "module": "model.layers.{L}.feed_forward", "how": "module output"},
           {"point": "resid_post", "module": "model.layers.{L}", "how": "module output"},
           {"point": "final_norm", "module": "model.embedding_norm", "how": "module output"},
-          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"}
+          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"},
+          {"point": "lm_head_raw", "module": "lm_head", "how": "module output"}
         ],
         "error": null
       }
@@ -3715,7 +3813,8 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "layers": [0, 1, 2, 3]},
           {"point": "resid_post", "layers": [0, 1, 2, 3]},
           {"point": "final_norm", "layers": [-1]},
-          {"point": "lm_head", "layers": [-1]}
+          {"point": "lm_head", "layers": [-1]},
+          {"point": "lm_head_raw", "layers": [-1]}
         ],
         "sources": [
           {"point": "embeddings", "module": "model.layers.0", "how": "module input"},
@@ -3747,7 +3846,8 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "module": "model.layers.{L}.feed_forward", "how": "module output"},
           {"point": "resid_post", "module": "model.layers.{L}", "how": "module output"},
           {"point": "final_norm", "module": "model.embedding_norm", "how": "module output"},
-          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"}
+          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"},
+          {"point": "lm_head_raw", "module": "lm_head", "how": "module output"}
         ],
         "error": null
       }
@@ -3794,7 +3894,8 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "layers": [0, 1]},
           {"point": "resid_post", "layers": [0, 1]},
           {"point": "final_norm", "layers": [-1]},
-          {"point": "lm_head", "layers": [-1]}
+          {"point": "lm_head", "layers": [-1]},
+          {"point": "lm_head_raw", "layers": [-1]}
         ],
         "sources": [
           {"point": "embeddings", "module": "model.layers.0", "how": "module input"},
@@ -3823,7 +3924,8 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "module": "model.layers.{L}.mlp", "how": "module output"},
           {"point": "resid_post", "module": "model.layers.{L}", "how": "module output"},
           {"point": "final_norm", "module": "model.norm", "how": "module output"},
-          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"}
+          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"},
+          {"point": "lm_head_raw", "module": "lm_head", "how": "module output"}
         ],
         "error": null
       },
@@ -3851,7 +3953,8 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "layers": [0, 1]},
           {"point": "resid_post", "layers": [0, 1]},
           {"point": "final_norm", "layers": [-1]},
-          {"point": "lm_head", "layers": [-1]}
+          {"point": "lm_head", "layers": [-1]},
+          {"point": "lm_head_raw", "layers": [-1]}
         ],
         "sources": [
           {"point": "embeddings", "module": "model.layers.0", "how": "module input"},
@@ -3880,7 +3983,8 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "module": "model.layers.{L}.mlp", "how": "module output"},
           {"point": "resid_post", "module": "model.layers.{L}", "how": "module output"},
           {"point": "final_norm", "module": "model.norm", "how": "module output"},
-          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"}
+          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"},
+          {"point": "lm_head_raw", "module": "lm_head", "how": "module output"}
         ],
         "error": null
       },
@@ -3908,7 +4012,8 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "layers": [0, 1]},
           {"point": "resid_post", "layers": [0, 1]},
           {"point": "final_norm", "layers": [-1]},
-          {"point": "lm_head", "layers": [-1]}
+          {"point": "lm_head", "layers": [-1]},
+          {"point": "lm_head_raw", "layers": [-1]}
         ],
         "sources": [
           {"point": "embeddings", "module": "model.layers.0", "how": "module input"},
@@ -3937,7 +4042,8 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "module": "model.layers.{L}.mlp", "how": "module output"},
           {"point": "resid_post", "module": "model.layers.{L}", "how": "module output"},
           {"point": "final_norm", "module": "model.norm", "how": "module output"},
-          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"}
+          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"},
+          {"point": "lm_head_raw", "module": "lm_head", "how": "module output"}
         ],
         "error": null
       },
@@ -3965,7 +4071,8 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "layers": [0, 1]},
           {"point": "resid_post", "layers": [0, 1]},
           {"point": "final_norm", "layers": [-1]},
-          {"point": "lm_head", "layers": [-1]}
+          {"point": "lm_head", "layers": [-1]},
+          {"point": "lm_head_raw", "layers": [-1]}
         ],
         "sources": [
           {"point": "embeddings", "module": "model.layers.0", "how": "module input"},
@@ -3994,7 +4101,8 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "module": "model.layers.{L}.mlp", "how": "module output"},
           {"point": "resid_post", "module": "model.layers.{L}", "how": "module output"},
           {"point": "final_norm", "module": "model.norm", "how": "module output"},
-          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"}
+          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"},
+          {"point": "lm_head_raw", "module": "lm_head", "how": "module output"}
         ],
         "error": null
       },
@@ -4022,7 +4130,8 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "layers": [0, 1]},
           {"point": "resid_post", "layers": [0, 1]},
           {"point": "final_norm", "layers": [-1]},
-          {"point": "lm_head", "layers": [-1]}
+          {"point": "lm_head", "layers": [-1]},
+          {"point": "lm_head_raw", "layers": [-1]}
         ],
         "sources": [
           {"point": "embeddings", "module": "model.layers.0", "how": "module input"},
@@ -4051,7 +4160,8 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "module": "model.layers.{L}.mlp", "how": "module output"},
           {"point": "resid_post", "module": "model.layers.{L}", "how": "module output"},
           {"point": "final_norm", "module": "model.norm", "how": "module output"},
-          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"}
+          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"},
+          {"point": "lm_head_raw", "module": "lm_head", "how": "module output"}
         ],
         "error": null
       },
@@ -4079,7 +4189,8 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "layers": [0, 1]},
           {"point": "resid_post", "layers": [0, 1]},
           {"point": "final_norm", "layers": [-1]},
-          {"point": "lm_head", "layers": [-1]}
+          {"point": "lm_head", "layers": [-1]},
+          {"point": "lm_head_raw", "layers": [-1]}
         ],
         "sources": [
           {"point": "embeddings", "module": "model.layers.0", "how": "module input"},
@@ -4108,7 +4219,8 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "module": "model.layers.{L}.mlp", "how": "module output"},
           {"point": "resid_post", "module": "model.layers.{L}", "how": "module output"},
           {"point": "final_norm", "module": "model.norm", "how": "module output"},
-          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"}
+          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"},
+          {"point": "lm_head_raw", "module": "lm_head", "how": "module output"}
         ],
         "error": null
       },
@@ -4136,7 +4248,8 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "layers": [0, 1]},
           {"point": "resid_post", "layers": [0, 1]},
           {"point": "final_norm", "layers": [-1]},
-          {"point": "lm_head", "layers": [-1]}
+          {"point": "lm_head", "layers": [-1]},
+          {"point": "lm_head_raw", "layers": [-1]}
         ],
         "sources": [
           {"point": "embeddings", "module": "model.layers.0", "how": "module input"},
@@ -4165,7 +4278,8 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "module": "model.layers.{L}.mlp", "how": "module output"},
           {"point": "resid_post", "module": "model.layers.{L}", "how": "module output"},
           {"point": "final_norm", "module": "model.norm", "how": "module output"},
-          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"}
+          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"},
+          {"point": "lm_head_raw", "module": "lm_head", "how": "module output"}
         ],
         "error": null
       },
@@ -4193,7 +4307,8 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "layers": [0, 1]},
           {"point": "resid_post", "layers": [0, 1]},
           {"point": "final_norm", "layers": [-1]},
-          {"point": "lm_head", "layers": [-1]}
+          {"point": "lm_head", "layers": [-1]},
+          {"point": "lm_head_raw", "layers": [-1]}
         ],
         "sources": [
           {"point": "embeddings", "module": "model.layers.0", "how": "module input"},
@@ -4222,7 +4337,8 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "module": "model.layers.{L}.mlp", "how": "module output"},
           {"point": "resid_post", "module": "model.layers.{L}", "how": "module output"},
           {"point": "final_norm", "module": "model.norm", "how": "module output"},
-          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"}
+          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"},
+          {"point": "lm_head_raw", "module": "lm_head", "how": "module output"}
         ],
         "error": null
       },
@@ -4250,7 +4366,8 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "layers": [0, 1]},
           {"point": "resid_post", "layers": [0, 1]},
           {"point": "final_norm", "layers": [-1]},
-          {"point": "lm_head", "layers": [-1]}
+          {"point": "lm_head", "layers": [-1]},
+          {"point": "lm_head_raw", "layers": [-1]}
         ],
         "sources": [
           {"point": "embeddings", "module": "model.layers.0", "how": "module input"},
@@ -4279,7 +4396,8 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "module": "model.layers.{L}.mlp", "how": "module output"},
           {"point": "resid_post", "module": "model.layers.{L}", "how": "module output"},
           {"point": "final_norm", "module": "model.norm", "how": "module output"},
-          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"}
+          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"},
+          {"point": "lm_head_raw", "module": "lm_head", "how": "module output"}
         ],
         "error": null
       },
@@ -4307,7 +4425,8 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "layers": [0, 1]},
           {"point": "resid_post", "layers": [0, 1]},
           {"point": "final_norm", "layers": [-1]},
-          {"point": "lm_head", "layers": [-1]}
+          {"point": "lm_head", "layers": [-1]},
+          {"point": "lm_head_raw", "layers": [-1]}
         ],
         "sources": [
           {"point": "embeddings", "module": "model.layers.0", "how": "module input"},
@@ -4336,7 +4455,8 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "module": "model.layers.{L}.mlp", "how": "module output"},
           {"point": "resid_post", "module": "model.layers.{L}", "how": "module output"},
           {"point": "final_norm", "module": "model.norm", "how": "module output"},
-          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"}
+          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"},
+          {"point": "lm_head_raw", "module": "lm_head", "how": "module output"}
         ],
         "error": null
       },
@@ -4364,7 +4484,8 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "layers": [0, 1]},
           {"point": "resid_post", "layers": [0, 1]},
           {"point": "final_norm", "layers": [-1]},
-          {"point": "lm_head", "layers": [-1]}
+          {"point": "lm_head", "layers": [-1]},
+          {"point": "lm_head_raw", "layers": [-1]}
         ],
         "sources": [
           {"point": "embeddings", "module": "model.layers.0", "how": "module input"},
@@ -4393,7 +4514,8 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "module": "model.layers.{L}.mlp", "how": "module output"},
           {"point": "resid_post", "module": "model.layers.{L}", "how": "module output"},
           {"point": "final_norm", "module": "model.norm", "how": "module output"},
-          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"}
+          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"},
+          {"point": "lm_head_raw", "module": "lm_head", "how": "module output"}
         ],
         "error": null
       },
@@ -4421,7 +4543,8 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "layers": [0, 1]},
           {"point": "resid_post", "layers": [0, 1]},
           {"point": "final_norm", "layers": [-1]},
-          {"point": "lm_head", "layers": [-1]}
+          {"point": "lm_head", "layers": [-1]},
+          {"point": "lm_head_raw", "layers": [-1]}
         ],
         "sources": [
           {"point": "embeddings", "module": "model.layers.0", "how": "module input"},
@@ -4450,7 +4573,8 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "module": "model.layers.{L}.mlp", "how": "module output"},
           {"point": "resid_post", "module": "model.layers.{L}", "how": "module output"},
           {"point": "final_norm", "module": "model.norm", "how": "module output"},
-          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"}
+          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"},
+          {"point": "lm_head_raw", "module": "lm_head", "how": "module output"}
         ],
         "error": null
       },
@@ -4478,7 +4602,8 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "layers": [0, 1, 2, 3]},
           {"point": "resid_post", "layers": [0, 1, 2, 3]},
           {"point": "final_norm", "layers": [-1]},
-          {"point": "lm_head", "layers": [-1]}
+          {"point": "lm_head", "layers": [-1]},
+          {"point": "lm_head_raw", "layers": [-1]}
         ],
         "sources": [
           {"point": "embeddings", "module": "model.layers.0", "how": "module input"},
@@ -4507,7 +4632,8 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "module": "model.layers.{L}.mlp", "how": "module output"},
           {"point": "resid_post", "module": "model.layers.{L}", "how": "module output"},
           {"point": "final_norm", "module": "model.norm", "how": "module output"},
-          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"}
+          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"},
+          {"point": "lm_head_raw", "module": "lm_head", "how": "module output"}
         ],
         "error": null
       },
@@ -4535,7 +4661,8 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "layers": [0, 1]},
           {"point": "resid_post", "layers": [0, 1]},
           {"point": "final_norm", "layers": [-1]},
-          {"point": "lm_head", "layers": [-1]}
+          {"point": "lm_head", "layers": [-1]},
+          {"point": "lm_head_raw", "layers": [-1]}
         ],
         "sources": [
           {"point": "embeddings", "module": "model.layers.0", "how": "module input"},
@@ -4564,7 +4691,8 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "module": "model.layers.{L}.mlp", "how": "module output"},
           {"point": "resid_post", "module": "model.layers.{L}", "how": "module output"},
           {"point": "final_norm", "module": "model.norm", "how": "module output"},
-          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"}
+          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"},
+          {"point": "lm_head_raw", "module": "lm_head", "how": "module output"}
         ],
         "error": null
       },
@@ -4592,7 +4720,8 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "layers": [0, 1]},
           {"point": "resid_post", "layers": [0, 1]},
           {"point": "final_norm", "layers": [-1]},
-          {"point": "lm_head", "layers": [-1]}
+          {"point": "lm_head", "layers": [-1]},
+          {"point": "lm_head_raw", "layers": [-1]}
         ],
         "sources": [
           {"point": "embeddings", "module": "model.layers.0", "how": "module input"},
@@ -4621,7 +4750,8 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "module": "model.layers.{L}.mlp", "how": "module output"},
           {"point": "resid_post", "module": "model.layers.{L}", "how": "module output"},
           {"point": "final_norm", "module": "model.norm", "how": "module output"},
-          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"}
+          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"},
+          {"point": "lm_head_raw", "module": "lm_head", "how": "module output"}
         ],
         "error": null
       },
@@ -4649,7 +4779,8 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "layers": [0, 1]},
           {"point": "resid_post", "layers": [0, 1]},
           {"point": "final_norm", "layers": [-1]},
-          {"point": "lm_head", "layers": [-1]}
+          {"point": "lm_head", "layers": [-1]},
+          {"point": "lm_head_raw", "layers": [-1]}
         ],
         "sources": [
           {"point": "embeddings", "module": "model.layers.0", "how": "module input"},
@@ -4678,7 +4809,8 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "module": "model.layers.{L}.mlp", "how": "module output"},
           {"point": "resid_post", "module": "model.layers.{L}", "how": "module output"},
           {"point": "final_norm", "module": "model.norm", "how": "module output"},
-          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"}
+          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"},
+          {"point": "lm_head_raw", "module": "lm_head", "how": "module output"}
         ],
         "error": null
       },
@@ -4706,7 +4838,8 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "layers": [0, 1]},
           {"point": "resid_post", "layers": [0, 1]},
           {"point": "final_norm", "layers": [-1]},
-          {"point": "lm_head", "layers": [-1]}
+          {"point": "lm_head", "layers": [-1]},
+          {"point": "lm_head_raw", "layers": [-1]}
         ],
         "sources": [
           {"point": "embeddings", "module": "model.layers.0", "how": "module input"},
@@ -4735,7 +4868,8 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "module": "model.layers.{L}.mlp", "how": "module output"},
           {"point": "resid_post", "module": "model.layers.{L}", "how": "module output"},
           {"point": "final_norm", "module": "model.norm", "how": "module output"},
-          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"}
+          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"},
+          {"point": "lm_head_raw", "module": "lm_head", "how": "module output"}
         ],
         "error": null
       }
@@ -4782,7 +4916,8 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "layers": [0, 1]},
           {"point": "resid_post", "layers": [0, 1]},
           {"point": "final_norm", "layers": [-1]},
-          {"point": "lm_head", "layers": [-1]}
+          {"point": "lm_head", "layers": [-1]},
+          {"point": "lm_head_raw", "layers": [-1]}
         ],
         "sources": [
           {"point": "embeddings", "module": "model.layers.0", "how": "module input"},
@@ -4811,7 +4946,8 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "module": "model.layers.{L}.mlp", "how": "module output"},
           {"point": "resid_post", "module": "model.layers.{L}", "how": "module output"},
           {"point": "final_norm", "module": "model.norm", "how": "module output"},
-          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"}
+          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"},
+          {"point": "lm_head_raw", "module": "lm_head", "how": "module output"}
         ],
         "error": null
       }
@@ -4882,7 +5018,8 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "layers": [0, 1]},
           {"point": "resid_post", "layers": [0, 1]},
           {"point": "final_norm", "layers": [-1]},
-          {"point": "lm_head", "layers": [-1]}
+          {"point": "lm_head", "layers": [-1]},
+          {"point": "lm_head_raw", "layers": [-1]}
         ],
         "sources": [
           {"point": "embeddings", "module": "transformer.blocks.0", "how": "module input"},
@@ -4901,7 +5038,8 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "module": "transformer.blocks.{L}.ffn", "how": "module output (recomputed)"},
           {"point": "resid_post", "module": "transformer.blocks.{L}", "how": "module output"},
           {"point": "final_norm", "module": "transformer.norm_f", "how": "module output"},
-          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"}
+          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"},
+          {"point": "lm_head_raw", "module": "lm_head", "how": "module output"}
         ],
         "error": null
       }
@@ -4947,7 +5085,8 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "layers": [0, 1]},
           {"point": "resid_post", "layers": [0, 1]},
           {"point": "final_norm", "layers": [-1]},
-          {"point": "lm_head", "layers": [-1]}
+          {"point": "lm_head", "layers": [-1]},
+          {"point": "lm_head_raw", "layers": [-1]}
         ],
         "sources": [
           {"point": "embeddings", "module": "model.layers.0", "how": "module input"},
@@ -4975,7 +5114,8 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "module": "model.layers.{L}.mlp", "how": "module output"},
           {"point": "resid_post", "module": "model.layers.{L}", "how": "module output"},
           {"point": "final_norm", "module": "model.norm", "how": "module output"},
-          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"}
+          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"},
+          {"point": "lm_head_raw", "module": "lm_head", "how": "module output"}
         ],
         "error": null
       }
@@ -5037,7 +5177,8 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "layers": [1, 3]},
           {"point": "resid_post", "layers": [0, 1, 2, 3]},
           {"point": "final_norm", "layers": [-1]},
-          {"point": "lm_head", "layers": [-1]}
+          {"point": "lm_head", "layers": [-1]},
+          {"point": "lm_head_raw", "layers": [-1]}
         ],
         "sources": [
           {"point": "embeddings", "module": "model.layers.0", "how": "module input"},
@@ -5056,7 +5197,8 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "module": "model.layers.{L}.mixer", "how": "module output"},
           {"point": "resid_post", "module": "model.layers.{L}", "how": "module output"},
           {"point": "final_norm", "module": "model.norm_f", "how": "module output"},
-          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"}
+          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"},
+          {"point": "lm_head_raw", "module": "lm_head", "how": "module output"}
         ],
         "error": null
       }
@@ -5103,7 +5245,8 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "layers": [0, 1]},
           {"point": "resid_post", "layers": [0, 1]},
           {"point": "final_norm", "layers": [-1]},
-          {"point": "lm_head", "layers": [-1]}
+          {"point": "lm_head", "layers": [-1]},
+          {"point": "lm_head_raw", "layers": [-1]}
         ],
         "sources": [
           {"point": "embeddings", "module": "model.layers.0", "how": "module input"},
@@ -5132,7 +5275,8 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "module": "model.layers.{L}.mlp", "how": "module output"},
           {"point": "resid_post", "module": "model.layers.{L}", "how": "module output"},
           {"point": "final_norm", "module": "model.norm", "how": "module output"},
-          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"}
+          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"},
+          {"point": "lm_head_raw", "module": "lm_head", "how": "module output"}
         ],
         "error": null
       },
@@ -5160,7 +5304,8 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "layers": [0, 1]},
           {"point": "resid_post", "layers": [0, 1]},
           {"point": "final_norm", "layers": [-1]},
-          {"point": "lm_head", "layers": [-1]}
+          {"point": "lm_head", "layers": [-1]},
+          {"point": "lm_head_raw", "layers": [-1]}
         ],
         "sources": [
           {"point": "embeddings", "module": "model.layers.0", "how": "module input"},
@@ -5189,7 +5334,8 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "module": "model.layers.{L}.mlp", "how": "module output"},
           {"point": "resid_post", "module": "model.layers.{L}", "how": "module output"},
           {"point": "final_norm", "module": "model.norm", "how": "module output"},
-          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"}
+          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"},
+          {"point": "lm_head_raw", "module": "lm_head", "how": "module output"}
         ],
         "error": null
       }
@@ -5242,7 +5388,8 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out_post", "layers": [0, 1]},
           {"point": "resid_post", "layers": [0, 1]},
           {"point": "final_norm", "layers": [-1]},
-          {"point": "lm_head", "layers": [-1]}
+          {"point": "lm_head", "layers": [-1]},
+          {"point": "lm_head_raw", "layers": [-1]}
         ],
         "sources": [
           {"point": "embeddings", "module": "model.layers.0", "how": "module input"},
@@ -5273,7 +5420,8 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out_post", "module": "model.layers.{L}.post_feedforward_layernorm", "how": "module output"},
           {"point": "resid_post", "module": "model.layers.{L}", "how": "module output"},
           {"point": "final_norm", "module": "model.norm", "how": "module output"},
-          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"}
+          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"},
+          {"point": "lm_head_raw", "module": "lm_head", "how": "module output"}
         ],
         "error": null
       },
@@ -5307,7 +5455,8 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out_post", "layers": [0, 1]},
           {"point": "resid_post", "layers": [0, 1]},
           {"point": "final_norm", "layers": [-1]},
-          {"point": "lm_head", "layers": [-1]}
+          {"point": "lm_head", "layers": [-1]},
+          {"point": "lm_head_raw", "layers": [-1]}
         ],
         "sources": [
           {"point": "embeddings", "module": "model.layers.0", "how": "module input"},
@@ -5338,7 +5487,8 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out_post", "module": "model.layers.{L}.post_feedforward_layernorm", "how": "module output"},
           {"point": "resid_post", "module": "model.layers.{L}", "how": "module output"},
           {"point": "final_norm", "module": "model.norm", "how": "module output"},
-          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"}
+          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"},
+          {"point": "lm_head_raw", "module": "lm_head", "how": "module output"}
         ],
         "error": null
       }
@@ -5391,7 +5541,8 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out_post", "layers": [0, 1, 2, 3]},
           {"point": "resid_post", "layers": [0, 1, 2, 3]},
           {"point": "final_norm", "layers": [-1]},
-          {"point": "lm_head", "layers": [-1]}
+          {"point": "lm_head", "layers": [-1]},
+          {"point": "lm_head_raw", "layers": [-1]}
         ],
         "sources": [
           {"point": "embeddings", "module": "model.layers.0", "how": "module input"},
@@ -5422,7 +5573,8 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out_post", "module": "model.layers.{L}.post_feedforward_layernorm", "how": "module output"},
           {"point": "resid_post", "module": "model.layers.{L}", "how": "module output"},
           {"point": "final_norm", "module": "model.norm", "how": "module output"},
-          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"}
+          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"},
+          {"point": "lm_head_raw", "module": "lm_head", "how": "module output"}
         ],
         "error": null
       }
@@ -5473,7 +5625,8 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "layers": [0, 1]},
           {"point": "resid_post", "layers": [0, 1]},
           {"point": "final_norm", "layers": [-1]},
-          {"point": "lm_head", "layers": [-1]}
+          {"point": "lm_head", "layers": [-1]},
+          {"point": "lm_head_raw", "layers": [-1]}
         ],
         "sources": [
           {"point": "embeddings", "module": "model.layers.0", "how": "module input"},
@@ -5506,7 +5659,8 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "module": "model.layers.{L}.mlp", "how": "module output"},
           {"point": "resid_post", "module": "model.layers.{L}", "how": "module output"},
           {"point": "final_norm", "module": "model.norm", "how": "module output"},
-          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"}
+          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"},
+          {"point": "lm_head_raw", "module": "lm_head", "how": "module output"}
         ],
         "error": null
       }
@@ -5560,7 +5714,8 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "layers": [0, 1]},
           {"point": "resid_post", "layers": [0, 1]},
           {"point": "final_norm", "layers": [-1]},
-          {"point": "lm_head", "layers": [-1]}
+          {"point": "lm_head", "layers": [-1]},
+          {"point": "lm_head_raw", "layers": [-1]}
         ],
         "sources": [
           {"point": "embeddings", "module": "model.decoder.layers.0", "how": "module input"},
@@ -5588,7 +5743,8 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "module": "model.decoder.layers.{L}.fc2", "how": "module output"},
           {"point": "resid_post", "module": "model.decoder.layers.{L}", "how": "module output"},
           {"point": "final_norm", "module": "model.decoder.final_layer_norm", "how": "module output"},
-          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"}
+          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"},
+          {"point": "lm_head_raw", "module": "lm_head", "how": "module output"}
         ],
         "error": null
       },
@@ -5614,7 +5770,8 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_act", "layers": [0, 1]},
           {"point": "mlp_out", "layers": [0, 1]},
           {"point": "resid_post", "layers": [0, 1]},
-          {"point": "lm_head", "layers": [-1]}
+          {"point": "lm_head", "layers": [-1]},
+          {"point": "lm_head_raw", "layers": [-1]}
         ],
         "sources": [
           {"point": "embeddings", "module": "model.decoder.layers.0", "how": "module input"},
@@ -5637,7 +5794,8 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_act", "module": "model.decoder.layers.{L}.fc2", "how": "module input"},
           {"point": "mlp_out", "module": "model.decoder.layers.{L}.fc2", "how": "module output"},
           {"point": "resid_post", "module": "model.decoder.layers.{L}", "how": "module output"},
-          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"}
+          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"},
+          {"point": "lm_head_raw", "module": "lm_head", "how": "module output"}
         ],
         "error": null
       }
@@ -5682,7 +5840,8 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "layers": [0, 1]},
           {"point": "resid_post", "layers": [0, 1]},
           {"point": "final_norm", "layers": [-1]},
-          {"point": "lm_head", "layers": [-1]}
+          {"point": "lm_head", "layers": [-1]},
+          {"point": "lm_head_raw", "layers": [-1]}
         ],
         "sources": [
           {"point": "embeddings", "module": "model.layers.0", "how": "module input"},
@@ -5705,7 +5864,8 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "module": "model.layers.{L}.mlp", "how": "module output"},
           {"point": "resid_post", "module": "model.layers.{L}", "how": "module output"},
           {"point": "final_norm", "module": "model.final_layernorm", "how": "module output"},
-          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"}
+          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"},
+          {"point": "lm_head_raw", "module": "lm_head", "how": "module output"}
         ],
         "error": null
       },
@@ -5731,7 +5891,8 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "layers": [0, 1]},
           {"point": "resid_post", "layers": [0, 1]},
           {"point": "final_norm", "layers": [-1]},
-          {"point": "lm_head", "layers": [-1]}
+          {"point": "lm_head", "layers": [-1]},
+          {"point": "lm_head_raw", "layers": [-1]}
         ],
         "sources": [
           {"point": "embeddings", "module": "model.layers.0", "how": "module input"},
@@ -5754,7 +5915,8 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "module": "model.layers.{L}.mlp", "how": "module output"},
           {"point": "resid_post", "module": "model.layers.{L}", "how": "module output"},
           {"point": "final_norm", "module": "model.final_layernorm", "how": "module output"},
-          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"}
+          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"},
+          {"point": "lm_head_raw", "module": "lm_head", "how": "module output"}
         ],
         "error": null
       }
@@ -5801,7 +5963,8 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "layers": [0, 1]},
           {"point": "resid_post", "layers": [0, 1]},
           {"point": "final_norm", "layers": [-1]},
-          {"point": "lm_head", "layers": [-1]}
+          {"point": "lm_head", "layers": [-1]},
+          {"point": "lm_head_raw", "layers": [-1]}
         ],
         "sources": [
           {"point": "embeddings", "module": "model.layers.0", "how": "module input"},
@@ -5830,7 +5993,8 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "module": "model.layers.{L}.mlp", "how": "module output"},
           {"point": "resid_post", "module": "model.layers.{L}", "how": "module output"},
           {"point": "final_norm", "module": "model.norm", "how": "module output"},
-          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"}
+          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"},
+          {"point": "lm_head_raw", "module": "lm_head", "how": "module output"}
         ],
         "error": null
       },
@@ -5858,7 +6022,8 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "layers": [0, 1]},
           {"point": "resid_post", "layers": [0, 1]},
           {"point": "final_norm", "layers": [-1]},
-          {"point": "lm_head", "layers": [-1]}
+          {"point": "lm_head", "layers": [-1]},
+          {"point": "lm_head_raw", "layers": [-1]}
         ],
         "sources": [
           {"point": "embeddings", "module": "model.layers.0", "how": "module input"},
@@ -5887,7 +6052,8 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "module": "model.layers.{L}.mlp", "how": "module output"},
           {"point": "resid_post", "module": "model.layers.{L}", "how": "module output"},
           {"point": "final_norm", "module": "model.norm", "how": "module output"},
-          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"}
+          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"},
+          {"point": "lm_head_raw", "module": "lm_head", "how": "module output"}
         ],
         "error": null
       },
@@ -5915,7 +6081,8 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "layers": [0, 1]},
           {"point": "resid_post", "layers": [0, 1]},
           {"point": "final_norm", "layers": [-1]},
-          {"point": "lm_head", "layers": [-1]}
+          {"point": "lm_head", "layers": [-1]},
+          {"point": "lm_head_raw", "layers": [-1]}
         ],
         "sources": [
           {"point": "embeddings", "module": "model.layers.0", "how": "module input"},
@@ -5944,7 +6111,8 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "module": "model.layers.{L}.mlp", "how": "module output"},
           {"point": "resid_post", "module": "model.layers.{L}", "how": "module output"},
           {"point": "final_norm", "module": "model.norm", "how": "module output"},
-          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"}
+          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"},
+          {"point": "lm_head_raw", "module": "lm_head", "how": "module output"}
         ],
         "error": null
       }
@@ -5991,7 +6159,8 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "layers": [0, 1]},
           {"point": "resid_post", "layers": [0, 1]},
           {"point": "final_norm", "layers": [-1]},
-          {"point": "lm_head", "layers": [-1]}
+          {"point": "lm_head", "layers": [-1]},
+          {"point": "lm_head_raw", "layers": [-1]}
         ],
         "sources": [
           {"point": "embeddings", "module": "model.layers.0", "how": "module input"},
@@ -6020,7 +6189,8 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "module": "model.layers.{L}.mlp", "how": "module output"},
           {"point": "resid_post", "module": "model.layers.{L}", "how": "module output"},
           {"point": "final_norm", "module": "model.norm", "how": "module output"},
-          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"}
+          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"},
+          {"point": "lm_head_raw", "module": "lm_head", "how": "module output"}
         ],
         "error": null
       }
@@ -6077,7 +6247,8 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "layers": [0, 1]},
           {"point": "resid_post", "layers": [0, 1]},
           {"point": "final_norm", "layers": [-1]},
-          {"point": "lm_head", "layers": [-1]}
+          {"point": "lm_head", "layers": [-1]},
+          {"point": "lm_head_raw", "layers": [-1]}
         ],
         "sources": [
           {"point": "embeddings", "module": "model.layers.0", "how": "module input"},
@@ -6106,7 +6277,8 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "module": "model.layers.{L}.mlp", "how": "module output"},
           {"point": "resid_post", "module": "model.layers.{L}", "how": "module output"},
           {"point": "final_norm", "module": "model.norm", "how": "module output"},
-          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"}
+          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"},
+          {"point": "lm_head_raw", "module": "lm_head", "how": "module output"}
         ],
         "error": null
       }
@@ -6157,7 +6329,8 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "layers": [0, 1]},
           {"point": "resid_post", "layers": [0, 1]},
           {"point": "final_norm", "layers": [-1]},
-          {"point": "lm_head", "layers": [-1]}
+          {"point": "lm_head", "layers": [-1]},
+          {"point": "lm_head_raw", "layers": [-1]}
         ],
         "sources": [
           {"point": "embeddings", "module": "model.layers.0", "how": "module input"},
@@ -6190,7 +6363,8 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "module": "model.layers.{L}.mlp", "how": "module output"},
           {"point": "resid_post", "module": "model.layers.{L}", "how": "module output"},
           {"point": "final_norm", "module": "model.norm", "how": "module output"},
-          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"}
+          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"},
+          {"point": "lm_head_raw", "module": "lm_head", "how": "module output"}
         ],
         "error": null
       },
@@ -6222,7 +6396,8 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "layers": [0, 1]},
           {"point": "resid_post", "layers": [0, 1]},
           {"point": "final_norm", "layers": [-1]},
-          {"point": "lm_head", "layers": [-1]}
+          {"point": "lm_head", "layers": [-1]},
+          {"point": "lm_head_raw", "layers": [-1]}
         ],
         "sources": [
           {"point": "embeddings", "module": "model.layers.0", "how": "module input"},
@@ -6255,7 +6430,8 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "module": "model.layers.{L}.mlp", "how": "module output"},
           {"point": "resid_post", "module": "model.layers.{L}", "how": "module output"},
           {"point": "final_norm", "module": "model.norm", "how": "module output"},
-          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"}
+          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"},
+          {"point": "lm_head_raw", "module": "lm_head", "how": "module output"}
         ],
         "error": null
       },
@@ -6287,7 +6463,8 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "layers": [0, 1]},
           {"point": "resid_post", "layers": [0, 1]},
           {"point": "final_norm", "layers": [-1]},
-          {"point": "lm_head", "layers": [-1]}
+          {"point": "lm_head", "layers": [-1]},
+          {"point": "lm_head_raw", "layers": [-1]}
         ],
         "sources": [
           {"point": "embeddings", "module": "model.layers.0", "how": "module input"},
@@ -6320,7 +6497,8 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "module": "model.layers.{L}.mlp", "how": "module output"},
           {"point": "resid_post", "module": "model.layers.{L}", "how": "module output"},
           {"point": "final_norm", "module": "model.norm", "how": "module output"},
-          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"}
+          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"},
+          {"point": "lm_head_raw", "module": "lm_head", "how": "module output"}
         ],
         "error": null
       },
@@ -6352,7 +6530,8 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "layers": [0, 1]},
           {"point": "resid_post", "layers": [0, 1]},
           {"point": "final_norm", "layers": [-1]},
-          {"point": "lm_head", "layers": [-1]}
+          {"point": "lm_head", "layers": [-1]},
+          {"point": "lm_head_raw", "layers": [-1]}
         ],
         "sources": [
           {"point": "embeddings", "module": "model.layers.0", "how": "module input"},
@@ -6385,7 +6564,8 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "module": "model.layers.{L}.mlp", "how": "module output"},
           {"point": "resid_post", "module": "model.layers.{L}", "how": "module output"},
           {"point": "final_norm", "module": "model.norm", "how": "module output"},
-          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"}
+          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"},
+          {"point": "lm_head_raw", "module": "lm_head", "how": "module output"}
         ],
         "error": null
       }
@@ -6436,7 +6616,8 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "layers": [0, 1]},
           {"point": "resid_post", "layers": [0, 1]},
           {"point": "final_norm", "layers": [-1]},
-          {"point": "lm_head", "layers": [-1]}
+          {"point": "lm_head", "layers": [-1]},
+          {"point": "lm_head_raw", "layers": [-1]}
         ],
         "sources": [
           {"point": "embeddings", "module": "model.layers.0", "how": "module input"},
@@ -6469,7 +6650,8 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "module": "model.layers.{L}.mlp", "how": "module output"},
           {"point": "resid_post", "module": "model.layers.{L}", "how": "module output"},
           {"point": "final_norm", "module": "model.norm", "how": "module output"},
-          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"}
+          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"},
+          {"point": "lm_head_raw", "module": "lm_head", "how": "module output"}
         ],
         "error": null
       }
@@ -6532,7 +6714,8 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "layers": [0, 1, 2, 3]},
           {"point": "resid_post", "layers": [0, 1, 2, 3]},
           {"point": "final_norm", "layers": [-1]},
-          {"point": "lm_head", "layers": [-1]}
+          {"point": "lm_head", "layers": [-1]},
+          {"point": "lm_head_raw", "layers": [-1]}
         ],
         "sources": [
           {"point": "embeddings", "module": "model.layers.0", "how": "module input"},
@@ -6570,7 +6753,8 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "module": "model.layers.{L}.mlp", "how": "module output"},
           {"point": "resid_post", "module": "model.layers.{L}", "how": "module output"},
           {"point": "final_norm", "module": "model.norm", "how": "module output"},
-          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"}
+          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"},
+          {"point": "lm_head_raw", "module": "lm_head", "how": "module output"}
         ],
         "error": null
       }
@@ -6617,7 +6801,8 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "layers": [0, 1]},
           {"point": "resid_post", "layers": [0, 1]},
           {"point": "final_norm", "layers": [-1]},
-          {"point": "lm_head", "layers": [-1]}
+          {"point": "lm_head", "layers": [-1]},
+          {"point": "lm_head_raw", "layers": [-1]}
         ],
         "sources": [
           {"point": "embeddings", "module": "model.layers.0", "how": "module input"},
@@ -6646,7 +6831,8 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "module": "model.layers.{L}.mlp", "how": "module output"},
           {"point": "resid_post", "module": "model.layers.{L}", "how": "module output"},
           {"point": "final_norm", "module": "model.norm", "how": "module output"},
-          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"}
+          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"},
+          {"point": "lm_head_raw", "module": "lm_head", "how": "module output"}
         ],
         "error": null
       },
@@ -6677,7 +6863,8 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "layers": [0, 1]},
           {"point": "resid_post", "layers": [0, 1]},
           {"point": "final_norm", "layers": [-1]},
-          {"point": "lm_head", "layers": [-1]}
+          {"point": "lm_head", "layers": [-1]},
+          {"point": "lm_head_raw", "layers": [-1]}
         ],
         "sources": [
           {"point": "embeddings", "module": "model.layers.0", "how": "module input"},
@@ -6705,7 +6892,8 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "module": "model.layers.{L}.mlp", "how": "module output"},
           {"point": "resid_post", "module": "model.layers.{L}", "how": "module output"},
           {"point": "final_norm", "module": "model.norm", "how": "module output"},
-          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"}
+          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"},
+          {"point": "lm_head_raw", "module": "lm_head", "how": "module output"}
         ],
         "error": null
       }
@@ -6751,7 +6939,8 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "layers": [0, 1]},
           {"point": "resid_post", "layers": [0, 1]},
           {"point": "final_norm", "layers": [-1]},
-          {"point": "lm_head", "layers": [-1]}
+          {"point": "lm_head", "layers": [-1]},
+          {"point": "lm_head_raw", "layers": [-1]}
         ],
         "sources": [
           {"point": "embeddings", "module": "model.layers.0", "how": "module input"},
@@ -6779,7 +6968,8 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "module": "model.layers.{L}.mlp", "how": "module output"},
           {"point": "resid_post", "module": "model.layers.{L}", "how": "module output"},
           {"point": "final_norm", "module": "model.norm", "how": "module output"},
-          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"}
+          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"},
+          {"point": "lm_head_raw", "module": "lm_head", "how": "module output"}
         ],
         "error": null
       }
@@ -6845,7 +7035,8 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "layers": [1, 3]},
           {"point": "resid_post", "layers": [0, 1, 2, 3]},
           {"point": "final_norm", "layers": [-1]},
-          {"point": "lm_head", "layers": [-1]}
+          {"point": "lm_head", "layers": [-1]},
+          {"point": "lm_head_raw", "layers": [-1]}
         ],
         "sources": [
           {"point": "embeddings", "module": "model.layers.0", "how": "module input"},
@@ -6879,7 +7070,8 @@ export const architectures: readonly Architecture[] = [
           {"point": "mlp_out", "module": "model.layers.{L}.shared_transformer.feed_forward", "how": "module output"},
           {"point": "resid_post", "module": "model.layers.{L}", "how": "module output"},
           {"point": "final_norm", "module": "model.final_layernorm", "how": "module output"},
-          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"}
+          {"point": "lm_head", "module": "lm_head", "how": "CausalLM logits (after any final softcap)"},
+          {"point": "lm_head_raw", "module": "lm_head", "how": "module output"}
         ],
         "error": null
       }
