@@ -137,6 +137,13 @@ def test_lm_head_raw_and_logits_are_both_named(name, transform):
         torch.testing.assert_close(raw / cfg.logits_scaling, logits, rtol=1e-5, atol=1e-5)
     else:
         torch.testing.assert_close(raw, logits)
+    # while generating both are read from the last prompt token on: [b, new, vocab], like the logits
+    out = m.generate(TEXT, 3, points=["lm_head", "lm_head_raw"])
+    assert out.cache["lm_head_raw"].shape == out.cache["lm_head"].shape == out.logits.shape
+    torch.testing.assert_close(out.cache["lm_head"], out.logits)
+    if transform == "softcap":
+        cap = cfg.final_logit_softcapping
+        torch.testing.assert_close(torch.tanh(out.cache["lm_head_raw"] / cap) * cap, out.logits, rtol=1e-5, atol=1e-5)
 
 
 def test_post_norm_points_are_refused_not_aliased_without_those_norms():

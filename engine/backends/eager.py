@@ -33,6 +33,8 @@ from engine.steering import Steer
 from engine.tokens import TokensMixin, special_ids
 from engine.weights import WeightsMixin
 
+_HEADS = ("lm_head", "lm_head_raw")  # read at the last prompt token and each new one while generating
+
 
 @dataclass
 class Layout:
@@ -215,8 +217,9 @@ class EagerModel(ModelBase, WeightsMixin, TokensMixin):
                  for r, ids in enumerate(rows)]
         for p in plans:
             p.check_positions(max_new_tokens)
-            if max_new_tokens and Address("lm_head") in capture:  # generating: logits from the last prompt token
-                p.start_at["lm_head"] = p.prompt_len - 1
+            for head in _HEADS:  # generating: logits from the last prompt token (HF keeps only its logits)
+                if max_new_tokens and Address(head) in capture:
+                    p.start_at[head] = p.prompt_len - 1
         return plans
 
     # -- attaching ------------------------------------------------------------------------------
@@ -342,10 +345,11 @@ class EagerModel(ModelBase, WeightsMixin, TokensMixin):
         text = self.tokenizer.batch_decode(new, skip_special_tokens=True)
         caches = [self._cache(p) for p in plans]
         width = seq.shape[1] - 1
-        cache = batch_cache([{k: v for k, v in c.items() if k != "lm_head"} for c in caches],
+        cache = batch_cache([{k: v for k, v in c.items() if k not in _HEADS} for c in caches],
                             columns([n + new.shape[1] - 1 for n in lengths], width, "left"), width, self.n_layers)
-        if "lm_head" in caches[0]:  # [b, new, vocab], like the logits
-            cache["lm_head"] = torch.stack([c["lm_head"] for c in caches])
+        for head in _HEADS:  # [b, new, vocab], like the logits
+            if head in caches[0]:
+                cache[head] = torch.stack([c[head] for c in caches])
         full_mask = torch.cat([cpu_mask, torch.ones_like(new.cpu())], dim=1)
         reqs = [RequestResult(seq[r, -(n + new.shape[1]):-new.shape[1]].cpu(), new[r].cpu(), text[r], caches[r],
                               None if logits is None else logits[r]) for r, n in enumerate(lengths)]
