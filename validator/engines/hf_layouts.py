@@ -19,6 +19,7 @@ class Layout:
     attn: tuple[str, ...] = ("self_attn",)  # softmax attention module (first that exists)
     mixers: tuple[str, ...] = ()  # other token mixers in the attention slot (hybrids)
     o_proj: str = "o_proj"  # relative to the attention module
+    z_in: str | None = None  # module whose input is z where HF changes the attention output first (V4: inverse RoPE)
     mlp: str | None = "mlp"
     mid: tuple[str, str] | None = ("post_attention_layernorm", "in")
     attn_post: str | None = None  # sandwich norm on the attention output (its output is added)
@@ -154,7 +155,7 @@ LAYOUTS: dict[str, Layout] = {
     # (attention on [x, embeddings], then pre_ff_layernorm -> feed_forward, no residual inside it)
     "zamba2": Layout(final_norm="model.final_layernorm", attn=("shared_transformer.self_attn",), mixers=("mamba",),
                      mlp="shared_transformer.feed_forward", mid=None, gate=None, up=None, down="down_proj"),
-    "deepseek_v4": replace(_L, o_proj="o_b_proj", router=_ROUTER, embed="model.embed_tokens", mid=None,
+    "deepseek_v4": replace(_L, o_proj="o_b_proj", z_in="o_a_proj", router=_ROUTER, embed="model.embed_tokens", mid=None,
                            streams=("attn_hc", "ffn_hc")),
 }
 

@@ -24,6 +24,7 @@ TENSORS = {
                   "hidden state is after the final norm)",
     "final_norm": "output of the final norm module (layout final_norm)",
     "lm_head": "CausalLM output .logits",
+    "lm_head_raw": "output of get_output_embeddings() (the head module, before logit scaling / softcap)",
     "attn_in": "input hidden_states of the layer's attention (or mixer) module",
     "attn_out": "output[0] of the attention (or mixer) module; minus its residual argument on BLOOM",
     "attn_out_post": "output of the post-attention sandwich norm",
@@ -44,7 +45,8 @@ TENSORS = {
     "value": "value argument of eager_attention_forward",
     "attn_scores": "recomputed here from the recorded query, key, mask, scaling and softcap",
     "attn_probs": "output_attentions[L] transposed to [b, pos, h, kpos]",
-    "z": "first output of eager_attention_forward (the o_proj input per head where HF has no attention "
+    "z": "first output of eager_attention_forward (o_a_proj's input per head on DeepSeek-V4, after its inverse "
+         "RoPE; the o_proj input per head where HF has no attention "
          "function)",
     "router_logits": "router module output (element per layout), reshaped to [b, pos, e]",
     "expert_weights": "router module output (element per layout), reshaped to [b, pos, k]",
@@ -53,7 +55,8 @@ TENSORS = {
 
 _ATTN_INTERNAL = ("q", "k", "value", "attn_scores", "z")
 _STREAM_WEIGHTS = ("attn_stream_collapse", "mlp_stream_collapse", "attn_stream_write", "mlp_stream_write",
-                   "attn_stream_mix", "mlp_stream_mix")
+                   "attn_stream_mix", "mlp_stream_mix", "attn_stream_collapse_weights", "mlp_stream_collapse_weights")
+_HC_OUTPUT = {"write": 0, "mix": 1, "collapse": 2}  # the connection module returns (post, comb, collapsed input)
 
 
 class _Recorder:
@@ -143,6 +146,9 @@ class HFReference(Reference):
             return lambda out, b, p: rec.data[key]
         if point == "lm_head":
             return lambda out, b, p: out.logits
+        if point == "lm_head_raw":
+            rec.post(self.hf.get_output_embeddings(), key)
+            return lambda out, b, p: rec.data[key]
         if point == "attn_probs":
             attn, softmax = self._attn(layer)
             if attn is not None and softmax and "eager_attention_forward" in type(attn).forward.__globals__:
@@ -188,11 +194,11 @@ class HFReference(Reference):
         if point in _STREAM_WEIGHTS:
             if not lay.streams:
                 return Missing("not a hyper-connection family")
-            if point.endswith("_collapse"):
+            if point.endswith("_collapse_weights"):
                 return Missing("HF's hyper-connection module computes its collapse weights inside forward and "
                                "returns only the collapsed input")
             hc = get_path(self.layers[layer], lay.streams[0 if point.startswith("attn") else 1])
-            rec.post(hc, key, index=0 if point.endswith("_write") else 1)
+            rec.post(hc, key, index=_HC_OUTPUT[point.split("_stream_")[1]])
             return lambda out, b, p: rec.data[key]
         if point == "resid_mid":
             if lay.is_parallel(self.cfg) or lay.mid is None:
@@ -262,6 +268,11 @@ class HFReference(Reference):
         return finish
 
     def _internal(self, rec, attn, point, layer, key):
+        z_in = self._lay(layer).z_in
+        if point == "z" and z_in:  # what the output projection reads, per head
+            rec.pre(get_path(attn, z_in), key)
+            n = self.cfg.num_attention_heads
+            return lambda out, b, p: rec.data[key].reshape(b, p, n, -1)  # V4: [b, pos, groups, heads/group * hd]
         if "eager_attention_forward" not in type(attn).forward.__globals__:
             inline = self._lay(layer).inline_qkv
             if point in ("q", "k", "value") and inline:  # the projection output is the tensor itself

@@ -21,6 +21,7 @@ TENSORS = {
     "embeddings": "model.layers[0].input (the embeddings as the first block receives them)",
     "resid_pre": "layers[L].input", "resid_post": "layers[L].output (first element)",
     "final_norm": "<final norm>.output", "lm_head": "lm.output.logits",
+    "lm_head_raw": "<get_output_embeddings() module>.output",
     "attn_in": "<attn>.input", "attn_out": "<attn>.output[0] (minus the residual argument on BLOOM)",
     "attn_out_post": "<post-attention sandwich norm>.output", "resid_mid": "<pre-MLP norm>.input",
     "mlp_in": "<mlp>.input", "mlp_out": "<mlp>.output (minus the residual argument on BLOOM and MPT)",
@@ -32,7 +33,7 @@ TENSORS = {
     "k": "<attn>.source.attention_interface_0 key argument",
     "value": "<attn>.source.attention_interface_0 value argument (q/k/value: <projection>.output per head "
              "where HF computes attention inline on them, GPT-Neo and MPT)",
-    "z": "<attn>.source.attention_interface_0 output[0]",
+    "z": "<attn>.source.attention_interface_0 output[0] (<o_a_proj>.input per head on DeepSeek-V4)",
     "attn_probs": "<attn>.source.attention_interface_0 output[1] (<attn>.output[1] where HF computes "
                   "attention inline and returns the pattern, GPT-Neo and MPT)",
     "attn_scores": "recomputed from the saved query, key, mask and scaling arguments",
@@ -81,6 +82,9 @@ class NNsightReference(Reference):
             return lp, "out", None
         if point == "lm_head":
             return "", "logits", None
+        if point == "lm_head_raw":
+            head = self.hf.get_output_embeddings()
+            return next(n for n, mod in self.hf.named_modules() if mod is head), "out", None
         if lay is None:
             return Missing(f"the validator's layout table has no row for {self.ctx.model_type!r}")
         if point == "final_norm":
@@ -99,6 +103,8 @@ class NNsightReference(Reference):
         if point in ("q", "k", "value", "z", "attn_probs", "attn_scores"):
             if attn is None:
                 return Missing(f"layer {layer} has no softmax attention module")
+            if point == "z" and lay.z_in:  # what the output projection reads, per head
+                return f"{attn}.{lay.z_in}", "in", "z_heads"
             if not self._has_fn(attn):
                 if point == "z":
                     return f"{attn}.{lay.o_proj}", "in", "heads"
@@ -118,14 +124,14 @@ class NNsightReference(Reference):
             if not sub or attn is None or get_path(self.hf, f"{attn}.{sub}") is None:
                 return Missing(f"no {point[:6]} module at layer {layer}")
             return f"{attn}.{sub}", "in" if point.endswith("_in") else "out", "heads"
-        if point.endswith(("_stream_write", "_stream_mix", "_stream_collapse")):
+        if point.endswith(("_stream_write", "_stream_mix", "_stream_collapse", "_stream_collapse_weights")):
             if not lay.streams:
                 return Missing("not a hyper-connection family")
-            if point.endswith("_collapse"):
+            if point.endswith("_collapse_weights"):
                 return Missing("HF's hyper-connection module computes its collapse weights inside forward and "
                                "returns only the collapsed input")
             hc = lay.streams[0 if point.startswith("attn") else 1]
-            return f"{lp}.{hc}", "out", ("index", 0 if point.endswith("_write") else 1)
+            return f"{lp}.{hc}", "out", ("index", {"write": 0, "mix": 1, "collapse": 2}[point.split("_stream_")[1]])
         if point in ("attn_out_post", "mlp_out_post"):
             sub = lay.attn_post if point == "attn_out_post" else lay.mlp_post
             return (f"{lp}.{sub}", "out", None) if sub else Missing(f"no sandwich norm for {point}")
@@ -301,6 +307,8 @@ class NNsightReference(Reference):
             t = first(val)
         if isinstance(extra, tuple) and extra[0] in ("chunk", "chunk_heads") and extra[1] is not None:
             t = t.chunk(extra[2], dim=-1)[extra[1]]
+        if extra == "z_heads":  # V4: [b, pos, groups, heads/group * hd]
+            return t.reshape(b, p, self.cfg.num_attention_heads, -1)
         if extra == "heads" or (isinstance(extra, tuple) and extra[0] == "chunk_heads"):
             heads = _kv_heads(self.cfg) if point.startswith("k") else self.cfg.num_attention_heads
             return to_heads(t, b, p, t.shape[-1] if t.dim() == 4 else t.shape[-1] // heads)

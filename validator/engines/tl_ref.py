@@ -47,6 +47,7 @@ HOOKS: dict[str, tuple[str, ...]] = {
     "mlp_out_post": ("blocks.{L}.ln2_post.hook_out",),
     "resid_post": ("blocks.{L}.hook_resid_post",),
     "final_norm": ("ln_final.hook_out",),  # ln_final.hook_normalized is before the norm's gain
+    "lm_head_raw": ("unembed.hook_out",),  # the head module's output, before the model's logit transforms
 }
 # (model_type, point) -> the hook that holds our point where the default one does not: BLOOM's attention
 # and MLP modules add the residual themselves, so their outputs are not the sublayer writes
