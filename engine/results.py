@@ -133,12 +133,16 @@ def scatter(key: str, rows: list[torch.Tensor], cols: list[torch.Tensor], width:
     attention pattern's key axis too); padded entries hold 0 (the most negative score for scores)."""
     first = rows[0]
     pattern = key.split(".")[0] in PATTERNS
+    # a key axis that is not the sequence's positions (DeepSeek-V4: window then compressed entries) stays as is
+    keys = max(r.shape[-1] for r in rows) if pattern and any(r.shape[-1] != r.shape[0] for r in rows) else None
     fill = torch.finfo(first.dtype).min if key.startswith("attn_scores") else 0.0
-    shape = (len(rows), width, *first.shape[1:-1], width) if pattern else (len(rows), width, *first.shape[1:])
+    shape = (len(rows), width, *first.shape[1:-1], keys or width) if pattern else (len(rows), width, *first.shape[1:])
     out = torch.full(shape, fill, dtype=first.dtype, device=first.device)
     for i, (r, c) in enumerate(zip(rows, cols)):
         c = c.to(r.device)
-        if pattern:
+        if keys:
+            out[i, c, ..., : r.shape[-1]] = r
+        elif pattern:
             out[i, c[:, None], ..., c[None, :]] = r.movedim(-1, 1) if r.dim() > 2 else r
         else:
             out[i, c] = r

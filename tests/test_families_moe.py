@@ -525,6 +525,24 @@ def test_v4_z_is_what_the_grouped_output_projection_reads():
         assert z.shape[-1] == m.config.head_dim and rel(z, x.reshape(z.shape)) == 0.0
 
 
+def test_v4_compressed_layers_keep_their_key_axis_in_a_batch():
+    """attn_probs on V4's compressed layers: the key axis (window then compressor entries) is not the
+    sequence's positions; a [2, T] batch keeps it as HF's output_attentions have it."""
+    b = bundle("deepseek_v4")
+    m, hf, ids = b["m"], b["hf"], b["ids"]
+    pts = [f"attn_probs.{L}" for L in m.point_layers("attn_probs")]
+    _, c = m.run_with_cache(ids, pts)
+    with torch.no_grad():
+        att = hf(input_ids=ids, attention_mask=torch.ones_like(ids), output_attentions=True, use_cache=False).attentions
+    wider = 0
+    for p in pts:
+        L = int(p.split(".")[1])
+        ref = att[L].transpose(1, 2)  # [b, pos, h, keys]
+        assert c[p].shape == ref.shape and rel(c[p], ref) < 1e-5, p
+        wider += ref.shape[-1] > T
+    assert wider, "no compressed layer: the test proves nothing"
+
+
 def test_v4_refuses_single_residual_points_with_the_stream_alternative():
     m = bundle("deepseek_v4")["m"]
     for p in ("resid_post", "resid_pre", "resid_mid"):

@@ -95,6 +95,11 @@ KNOWN: tuple[Known, ...] = (
           "HF computes this family's attention inline (no attention function), so q/k/v never exist as "
           "separate tensors in HF", "the modeling file has no eager_attention_forward",
           match=r"computes attention inline|attention_interface_0"),
+    Known("nnsight-inline-probs", "gap", "nnsight", "attn_probs",
+          "HF computes this family's attention inline: the pattern leaves the module only through "
+          "output_attentions, which the nnsight trace does not read (the hf reference does)",
+          "the modeling file has no attention function to read the pattern from",
+          match=r"no attention_interface_0 call to read the pattern from"),
     Known("vllm-refused", "gap", "vllm|vllm-static", "*",
           "the vLLM backend refuses this point by name (fused kernels never materialize it, or vllm-static "
           "did not declare it as a tap)", "engine/points.py backend status for vllm / vllm-static; the "

@@ -227,7 +227,8 @@ class NNsightReference(Reference):
         needs = {a: [(path, event)] + ([(path, "in")] if extra == "minus_residual" else []) +
                  ([(extra[1], "out")] if isinstance(extra, tuple) and extra[0] == "plus" else [])
                  for a, (path, event, extra) in plans.items()}
-        o_proj = self.layout.o_proj if self.layout else "o_proj"
+        # the module right after the attention call: the output projection, or what reads z first (V4)
+        o_proj = (self.layout.z_in or self.layout.o_proj) if self.layout else "o_proj"
         fn_paths = {p[0] for p in plans.values() if p[1] == "fn"}
         siblings = {p[2][1] for p in plans.values() if isinstance(p[2], tuple) and p[2][0] == "plus"}
         order = self._execution_order(case, {p[0] for p in plans.values()} | siblings |
