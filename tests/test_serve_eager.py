@@ -81,6 +81,10 @@ def test_eager_refusals_and_seeded_sampling(client, lib):
     assert f"per-position shape is ({lib.config.intermediate_size},)" in err["message"]
     r = client.post("/v1/completions", json={"model": LLAMA, "prompt": "hi", "stop": ["x"]})
     assert r.status_code == 400 and r.json()["error"]["param"] == "stop" and "backend 'eager'" in r.text
+    r = client.post("/v1/completions", json={"model": LLAMA, "prompt": "hi", "min_p": 0.1})  # not an engine knob
+    assert r.status_code == 400 and r.json()["error"]["param"] == "min_p" and "backend 'eager'" in r.text
+    greedy = {"model": LLAMA, "prompt": PROMPT, "max_tokens": 4, "temperature": 0, "top_p": 0.5, "top_k": -1}
+    assert client.post("/v1/completions", json=greedy).status_code == 200  # greedy ignores top_p / top_k
     body = {"model": LLAMA, "prompt": PROMPT, "max_tokens": 6, "temperature": 1.0, "seed": 7, "interp": {}}
     a, b = (client.post("/v1/completions", json=body).json()["choices"][0]["interp"]["token_ids"] for _ in range(2))
     assert a == b
