@@ -186,3 +186,19 @@ def test_prepend_bos_on_vllm_matches_eager(engines):
         vm.prepend_bos = em.prepend_bos = None
     assert lv.shape[1] == len(vm._prompt_ids(PROMPT)) + 1
     check(lv, le, "lm_head")
+
+
+@pytest.mark.parametrize("backend", ["vllm", "vllm-static"])
+def test_swap_matches_eager(engines, backend):
+    """swap: each prompt takes the other prompt's activation at the same positions (from a cache of the
+    prompts in reverse order); the captured rows there are the other prompt's, on every backend."""
+    m, em = engines(backend), eager_model(LLAMA)
+    _, other = em.run_with_cache(PROMPTS[::-1], ["resid_post.1"])
+    n = min(len(m._prompt_ids(p)) for p in PROMPTS)
+    st = Steer("resid_post.1", "swap", other.entry("resid_post.1"), positions=slice(1, n))
+    got, ref = (x.generate(PROMPTS, 3, points=["resid_post.1"], steer=[st]) for x in (m, em))
+    for r, req in enumerate(ref.requests):  # the independent part: the other prompt's own rows
+        torch.testing.assert_close(req.cache["resid_post.1"][1:n], other.entry("resid_post.1").rows[r][1:n])
+    assert torch.equal(got.new_tokens, ref.new_tokens)
+    check(got.logits, ref.logits, "lm_head", backend, case="decode")
+    check(got.cache["resid_post.1"], ref.cache["resid_post.1"], "resid_post", backend, case="decode")
