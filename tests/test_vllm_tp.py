@@ -13,12 +13,8 @@ from engine.steering import Steer
 from test_vllm_common import (PROMPT, check, decode_failures, drop, eager_model, prefill_failures, random_vector,
                               shared_points, vllm_model)
 
-pytestmark = [pytest.mark.vllm]
-# CI's slow step: Qwen3 (split key/value heads, QK-norm: the most sharded points); `-m sweep` adds the
-# replicated-kv and MoE cases (~4 min each on 2 cores).
-FAMILIES = [pytest.param("meta-llama/Llama-3.2-1B", marks=pytest.mark.sweep),
-            pytest.param("Qwen/Qwen3-0.6B", marks=pytest.mark.slow),
-            pytest.param("allenai/OLMoE-1B-7B-0924", marks=pytest.mark.sweep)]
+pytestmark = [pytest.mark.slow, pytest.mark.vllm]
+FAMILIES = ["meta-llama/Llama-3.2-1B", "Qwen/Qwen3-0.6B", "allenai/OLMoE-1B-7B-0924"]
 
 
 @pytest.mark.parametrize("name", FAMILIES)
