@@ -203,3 +203,9 @@ def test_stream_yields_each_token_then_the_full_result(vm):
     assert "".join(e.text for e in events).strip() == ref.text[0].strip()
     assert len(vm._loop.run(collect(stop_after=2))) == 2  # leaving early aborts the request...
     assert torch.equal(vm.generate(PROMPT, 5, steer=steer).new_tokens, ref.new_tokens)  # ...and the engine serves on
+
+
+def test_sync_vllm_model_refuses_async_only_methods_by_name(vm):
+    """`model.capture` exists only on the async model: the sync facade must not hand out a coroutine."""
+    with pytest.raises(AttributeError, match=r"await model\.aio\.capture"):
+        vm.capture("hello")

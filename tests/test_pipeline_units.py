@@ -279,3 +279,38 @@ def test_ranks_tables_merge_into_full_shapes():
     assert cat.tp == 2 and cat.n_layers == 1
     with pytest.raises(Exception, match="no post-attention sandwich norm"):
         cat.check(Address("attn_out_post", 0))
+
+
+# -- step anchors in vLLM's worker --------------------------------------------------------------------
+class _Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.model = torch.nn.Module()
+        self.model.layers = torch.nn.ModuleList([torch.nn.Linear(2, 2), torch.nn.Linear(2, 2)])
+        self.model.norm = torch.nn.LayerNorm(2)
+
+
+class _WholeCompiled(_Net):
+    """Like a class under vLLM's @support_torch_compile: __call__ goes to forward, skipping hooks."""
+
+    def __call__(self, *args, **kwargs):
+        return self.forward(*args, **kwargs)
+
+
+def test_step_anchor_is_the_top_model_where_its_hooks_fire():
+    from engine.backends.vllm_tree import Tree
+    from engine.backends.vllm_worker import _step_anchors
+    net = _Net()
+    assert _step_anchors(net, Tree()) == (net, net, 1, None)
+
+
+def test_step_anchor_falls_back_to_first_layer_and_final_norm_when_the_top_is_compile_decorated():
+    from engine.backends.vllm_tree import Tree
+    from engine.backends.vllm_worker import _step_anchors
+    net = _WholeCompiled()
+    net.do_not_compile = True  # vllm (eager forward): layer hooks fire
+    begin, end, positions_at, error = _step_anchors(net, Tree())
+    assert begin is net.model.layers[0] and end is net.model.norm and positions_at == 0 and error is None
+    net.do_not_compile = False  # compiled whole: nothing inside is visible
+    error = _step_anchors(net, Tree())[3]
+    assert "_WholeCompiled as a whole" in error and "compile=False" in error

@@ -14,6 +14,7 @@ and steering. The engine core runs in its own process; `VLLMModel` drives the as
 from __future__ import annotations
 
 import os
+import inspect
 import weakref
 
 import torch
@@ -23,7 +24,7 @@ from engine import options
 from engine.backends import vllm_runtime as rt
 from engine.backends.vllm_catalogue import VLLMCatalogue
 from engine.backends.vllm_client import AsyncVLLMModel, StreamEvent
-from engine.errors import AddressError, UnsupportedPointError
+from engine.errors import AddressError, FamilyLimitationError, UnsupportedPointError
 from engine.points import ALIASES, BY_NAME, backend_status, get_point
 from engine.results import GenerationResult, Request, RequestResult
 
@@ -51,7 +52,12 @@ class VLLMModel:
     def __getattr__(self, name):  # catalogue and attributes: name, backend, n_layers, points(), address() ...
         if name.startswith("__") or name in ("aio", "_loop"):
             raise AttributeError(name)
-        return getattr(self.aio, name)
+        value = getattr(self.aio, name)
+        if inspect.iscoroutinefunction(value) or inspect.isasyncgenfunction(value):
+            raise AttributeError(f"VLLMModel.{name} is async only: call `await model.aio.{name}(...)` from "
+                                 f"an event loop (the sync API is run_with_cache / forward / generate / "
+                                 f"generate_batch / logit_lens).")
+        return value
 
     def __repr__(self):
         return repr(self.aio).replace("AsyncVLLMModel", "VLLMModel", 1)
@@ -203,6 +209,8 @@ def load(name: str, backend: str = "vllm", source: str = "auto", dtype=torch.flo
         if backend != "vllm-generate":
             catalogue = VLLMCatalogue(loop.run(engine.collective_rpc("interp_setup", args=(backend,))), backend,
                                       declared)
+            if catalogue.anchor_error:
+                raise FamilyLimitationError(f"{name} on {backend}: {catalogue.anchor_error}.")
             for addr, why in catalogue.tap_errors.items():
                 raise UnsupportedPointError(f"{addr} cannot be a vllm-static tap on this model: {why}.")
         aio = AsyncVLLMModel(name, backend, used, path, engine, catalogue, text_cfg, engine.get_tokenizer())

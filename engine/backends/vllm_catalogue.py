@@ -25,6 +25,7 @@ class VLLMCatalogue:
         self.worker_pids = [d.get("pid") for d in describes]
         self.tap_bytes = sum(d["tap_bytes"] for d in describes)
         self.tap_errors = first.get("tap_errors", {})
+        self.anchor_error = first.get("anchor_error")
         self.attn = {int(k): v for k, v in first["attn"].items()}
         self.table: dict = {}
         for point, layers in first["points"].items():

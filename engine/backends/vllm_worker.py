@@ -62,6 +62,33 @@ def _rows_from(chunks: list, start: int):
     return torch.cat(parts) if parts else None
 
 
+def _hooks_fire(module) -> bool:
+    """True when calling the module runs torch's hooks. vLLM's @support_torch_compile replaces a
+    class's __call__ with one that calls forward (or the compiled graph) directly, skipping them."""
+    return type(module).__call__ is torch.nn.Module.__call__
+
+
+def _step_anchors(model, tree):
+    """(module whose pre-hook begins a step, module whose hook ends it, index of `positions` in the
+    begin module's positional args, why no anchor can work or None).
+
+    The top-level model is the anchor wherever its hooks fire. Some vLLM classes are compile-decorated
+    at the top (Ernie4_5ForCausalLM in vLLM 0.32): then the first decoder layer begins the step
+    (it receives `positions` first) and the final norm ends it; those fire only when the forward runs
+    uncompiled (vllm, or vllm-static with compile=False)."""
+    from engine.sites import get_path
+    if _hooks_fire(model):
+        return model, model, 1, None
+    layers = get_path(model, tree.layers)
+    end = get_path(model, tree.final_norm) if tree.final_norm else layers[-1]
+    error = None
+    if not getattr(model, "do_not_compile", True):
+        error = (f"vLLM compiles {type(model).__name__} as a whole (its top-level class is "
+                 f"torch.compile-decorated), so no step boundary is visible to the engine; load "
+                 f"vllm-static with compile=False for this architecture")
+    return layers[0], end, 0, error
+
+
 class WorkerState:
     """What one rank holds: the registered plans, the sites they need and the current step."""
 
@@ -79,8 +106,9 @@ class WorkerState:
         self.sites: dict = {}  # (point, layer) -> VSite, one object per module slot
         self.handles: list = []
         self.step: Step | None = None
-        self.model.register_forward_pre_hook(self._begin, with_kwargs=True)
-        self.model.register_forward_hook(self._end)
+        begin, self.end_module, self.positions_at, self.anchor_error = _step_anchors(self.model, self.tree)
+        begin.register_forward_pre_hook(self._begin, with_kwargs=True)  # before any site's pre-hook
+        self.end_handle = self.end_module.register_forward_hook(self._end)
 
     # -- sites ------------------------------------------------------------------------------------
     def site(self, addr: Address):
@@ -130,6 +158,8 @@ class WorkerState:
         if self.taps is None:
             for site, work in self.work.items():
                 self.handles += site.install(functools.partial(self._at_site, work))
+        self.end_handle.remove()  # after every site's hook, where the end module is also a site
+        self.end_handle = self.end_module.register_forward_hook(self._end)
 
     def _at_site(self, work, t):
         step = self.step
@@ -155,7 +185,7 @@ class WorkerState:
     def _start_step(self, mine, args, kwargs):
         from vllm.forward_context import get_forward_context
         qsl = _query_start_loc(get_forward_context())
-        positions = kwargs["positions"] if "positions" in kwargs else args[1]
+        positions = kwargs["positions"] if "positions" in kwargs else args[self.positions_at]
         flat = positions[0] if positions.dim() == 2 else positions  # M-RoPE: [3, tokens]
         starts = flat[torch.tensor([qsl[i] for i, _ in mine], device=flat.device)].tolist()
         spans = [Span(plan, qsl[i], qsl[i + 1], int(p0), i) for (i, plan), p0 in zip(mine, starts)
@@ -270,7 +300,7 @@ class WorkerState:
         return {"rank": self.rank, "tp": self.tp, "pid": os.getpid(), "n_layers": len(self._layers()),
                 "model_class": type(self.model).__name__, "points": points, "attn": attn,
                 "tap_bytes": self.taps.nbytes if self.taps is not None else 0,
-                "tap_errors": getattr(self.model, ERRORS_ATTR, {})}
+                "tap_errors": getattr(self.model, ERRORS_ATTR, {}), "anchor_error": self.anchor_error}
 
     def _layers(self):
         from engine.sites import get_path
