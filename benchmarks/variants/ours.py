@@ -102,6 +102,8 @@ class VllmRunner(EagerRunner):
     """vllm / vllm-static / vllm-generate: the same calls on the vLLM backends; what a backend refuses
     (by its own error) becomes this cell's n/a reason."""
     NOTE_PREFIX = "vLLM prefix caching off, so every timed run computes its prompt as eager does"
+    # on one GPU the three vLLM workers and the eager one are loaded at once: each engine takes a share
+    GPU_SHARE = 0.25
 
     def load(self):
         from transformers import AutoConfig
@@ -117,6 +119,8 @@ class VllmRunner(EagerRunner):
         # every timed run recomputes its prompt, as on eager: identical prompts repeated across timed runs
         # would otherwise be served from vLLM's prefix cache and time a prefill that never happens
         self.load_kw = {"enable_prefix_caching": False, "max_model_len": self.max_len}
+        if p.device.startswith("cuda"):
+            self.load_kw["gpu_memory_utilization"] = self.GPU_SHARE
         super().load()
         rep = getattr(self.m, "load_report", None)
         self.model_info["max_model_len"] = self.max_len
