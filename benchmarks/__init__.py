@@ -5,5 +5,17 @@ paired per round and reported as a median with a 95% interval (unresolved when i
     python -m benchmarks run [--model M --size real]   # one sweep -> reports/benchmarks/sweeps/<sweep>/
     python -m benchmarks publish                       # report, README block, site data, plots (all or nothing)
     python -m benchmarks publish --check               # fail when a committed output drifted from its cells
-    bash benchmarks/gpu.sh                             # the headline sweep on a CUDA machine
+    bash benchmarks/gpu.sh                             # the headline run on a CUDA machine (see the script)
+
+Modules: spec (settings), workloads and variants (the two tables), worker (one variant's model, kept
+warm, timing samples on request) and pool (its process, from the sweep's side), rounds (the rotated
+order), sweep (load, warm up, rounds, checks, cells), cells (strict files), ci (the interval over
+rounds), table (what may share a table), ratios (what is compared with what), report / publish /
+plots and visualizer_data/benchmarks_ts.py (the outputs).
+
+Regenerate (zoo cache: INTERP_ZOO_HOME; offline: HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1):
+
+    python -m benchmarks run                                              # cpu-llama-3.2-1b-tiny
+    python -m benchmarks run --model HuggingFaceTB/SmolLM2-135M --size real   # cpu-smollm2-135m-real
+    python -m benchmarks publish   # results-latest.md, plots, README THROUGHPUT block, benchmarks.generated.ts
 """

@@ -29,10 +29,11 @@ class Params:
     prompt_tokens: int = 32
     long_prompt_tokens: int = 512  # the long-prompt workloads
     new_tokens: int = 16
-    rounds: int = 12  # every variant of every workload runs once per round
+    rounds: int = 15  # every variant of every workload runs once per round
     warmups: int = 2  # untimed runs per cell before the first round
     # one sample repeats a short run back to back until about this long, and lasts its fastest run
-    min_sample_s: float = 0.5
+    # (short samples keep a round short, so the two sides of a ratio run seconds apart)
+    min_sample_s: float = 0.2
     dtype: str = "float32"
     device: str = "cpu"
     # torch / OpenMP threads per worker (0 = the library default). One by default: on a small shared

@@ -142,25 +142,25 @@ class Sweep:
             return None
         return reply
 
-    def prepare(self) -> dict[str, list[str]]:
-        """Warm up and size every runnable cell; the blocks of variants each round will run."""
+    def prepare(self) -> list[tuple[str, str]]:
+        """Warm up and size every runnable cell; the cells each round will run, in table order."""
         self.prepared: dict[tuple[str, str], dict] = {}
-        blocks: dict[str, list[str]] = {}
-        for w in self.workloads:
-            for v in self.variants:
+        ready = []
+        for v in self.variants:
+            for w in self.workloads:
                 if (v, w) in self.cells or v not in self.workers:
                     continue
                 reply = self._ask(v, w, {"op": "prepare", "workload": w})
                 if reply:
                     self.prepared[(v, w)] = {"k": reply["k"], "est_s": reply["est_s"], "notes": reply["notes"],
                                              "samples": []}
-                    blocks.setdefault(w, []).append(v)
-        return blocks
+                    ready.append((v, w))
+        return ready
 
-    def run_rounds(self, blocks: dict[str, list[str]]) -> None:
+    def run_rounds(self, ready: list[tuple[str, str]]) -> None:
         for r in range(self.p.rounds):
             t0, load0 = time.perf_counter(), env.load1()
-            for pos, (v, w) in enumerate(rounds.schedule(blocks, r)):
+            for pos, (v, w) in enumerate(rounds.schedule(ready, r, lambda w: get_workload(w).baseline)):
                 if (v, w) in self.cells:  # failed earlier in this sweep
                     continue
                 reply = self._ask(v, w, {"op": "sample", "workload": w})
@@ -209,10 +209,9 @@ def run_sweep(params: Params, variants=None, workloads=None, root: Path = cells.
     s = Sweep(params, name, vs, ws, logs, log)
     try:
         s.start()
-        blocks = s.prepare()
-        log(f"{sum(len(b) for b in blocks.values())} cells ready in {len(blocks)} workloads; "
-            f"{params.rounds} rounds")
-        s.run_rounds(blocks)
+        ready = s.prepare()
+        log(f"{len(ready)} cells ready; {params.rounds} rounds")
+        s.run_rounds(ready)
         s.check()
     finally:
         s.close()

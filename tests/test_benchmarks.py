@@ -31,14 +31,40 @@ def test_every_variant_takes_every_position_equally_often():
         assert set(seen.values()) == {n_rounds // len(vs)} and len(seen) == len(vs) ** 2
 
 
-def test_schedule_runs_workload_blocks_in_table_order_with_rotated_variants():
-    blocks = {"decode": ["eager", "vllm", "hf-generate"], "prefill": ["eager", "hf-generate"]}
-    assert rounds.schedule(blocks, 0) == [("eager", "decode"), ("vllm", "decode"), ("hf-generate", "decode"),
-                                          ("eager", "prefill"), ("hf-generate", "prefill")]
-    assert rounds.schedule(blocks, 1) == [("vllm", "decode"), ("hf-generate", "decode"), ("eager", "decode"),
-                                          ("hf-generate", "prefill"), ("eager", "prefill")]
-    for r in range(4):  # every round runs every cell exactly once
-        assert Counter(rounds.schedule(blocks, r)) == Counter((v, w) for w, vs in blocks.items() for v in vs)
+def _baseline(w):
+    from benchmarks.workloads import get
+    return get(w).baseline
+
+
+CELLS = [(v, w) for v in ("eager", "vllm", "hf-generate")
+         for w in ("decode", "prefill", "capture_all", "steer_all", "capture_gen")] + [("nnsight", "prefill")]
+
+
+def test_round_zero_groups_cells_by_baseline_variant_by_variant():
+    assert rounds.schedule(CELLS, 0, _baseline) == [
+        ("eager", "decode"), ("eager", "steer_all"), ("eager", "capture_gen"),
+        ("vllm", "decode"), ("vllm", "steer_all"), ("vllm", "capture_gen"),
+        ("hf-generate", "decode"), ("hf-generate", "steer_all"), ("hf-generate", "capture_gen"),
+        ("eager", "prefill"), ("eager", "capture_all"), ("vllm", "prefill"), ("vllm", "capture_all"),
+        ("hf-generate", "prefill"), ("hf-generate", "capture_all"), ("nnsight", "prefill")]
+
+
+def test_each_round_rotates_variants_and_their_workloads():
+    order = rounds.schedule(CELLS, 1, _baseline)
+    assert order[:3] == [("vllm", "steer_all"), ("vllm", "capture_gen"), ("vllm", "decode")]
+    assert order[9:] == [("vllm", "capture_all"), ("vllm", "prefill"), ("hf-generate", "capture_all"),
+                         ("hf-generate", "prefill"), ("nnsight", "prefill"), ("eager", "capture_all"),
+                         ("eager", "prefill")]
+    for r in range(6):  # every round runs every cell exactly once
+        assert Counter(rounds.schedule(CELLS, r, _baseline)) == Counter(CELLS)
+
+
+def test_the_two_sides_of_every_reported_ratio_share_a_group():
+    from benchmarks.workloads import NAMES
+    variants = ["eager", "vllm", "vllm-static", "vllm-generate", "hf-generate", "transformerlens", "nnsight",
+                "interp-engine"]
+    for spec in R.all_specs(variants, list(NAMES)):
+        assert _baseline(spec.num[1]) == _baseline(spec.den[1]), spec.key
 
 
 # -- the interval over rounds -------------------------------------------------------------------------
