@@ -64,28 +64,44 @@ def _png(fig, d: str) -> bytes:
 
 
 def plot_ratios(tables: list[Table]) -> bytes:
+    """One forest plot: a row per headline ratio, a marker and interval per sweep (hollow and grey
+    when unresolved), on a log axis centred on 1."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import FixedLocator, NullFormatter, NullLocator
     data = ratios_data(tables)
+    labels = [s.title for s in R.HEADLINE if any(r[0] == s.title for rows in data.values() for r in rows)]
+    row = {label: i for i, label in enumerate(labels[::-1])}
+    fig, ax = plt.subplots(figsize=(11, 0.34 * max(len(labels), 3) + 1.6))
     n = max(len(data), 1)
-    rows = max((len(r) for r in data.values()), default=1)
-    fig, axes = plt.subplots(1, n, figsize=(6.5 * n, 0.32 * rows + 1.8), squeeze=False, sharey=False)
-    for ax, (name, rws) in zip(axes.flat, data.items()):
-        rws = rws[::-1]
-        ys = range(len(rws))
-        for y, (label, med, lo, hi, ok) in zip(ys, rws):
-            ax.plot([lo, hi], [y, y], color="black" if ok else "#bbbbbb", lw=1.2)
-            ax.plot([med], [y], "o", color="#1f77b4" if ok else "white", mec="black" if ok else "#bbbbbb")
-        ax.axvline(1.0, color="black", lw=0.8, ls="--")
-        ax.set_xscale("log")
-        ax.set_yticks(list(ys))
-        ax.set_yticklabels([r[0] for r in rws], fontsize=7)
-        ax.set_title(name, fontsize=9)
-        ax.set_xlabel("tok/s ratio (log); hollow grey = unresolved", fontsize=7)
-        ax.tick_params(axis="x", labelsize=7)
-    fig.suptitle("Headline ratios: median and 95% interval over interleaved rounds (>1: the first is faster)",
-                 fontsize=9)
+    palette = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#8c564b"]
+    values = []
+    for i, (name, rows) in enumerate(data.items()):
+        color = palette[i % len(palette)]
+        dy = (i - (n - 1) / 2) * 0.6 / n
+        for label, med, lo, hi, ok in rows:
+            y = row[label] + dy
+            ax.plot([lo, hi], [y, y], color=color if ok else "#bbbbbb", lw=1.3)
+            ax.plot([med], [y], "o", ms=5, color=color if ok else "white", mec=color if ok else "#999999")
+            values += [lo, hi]
+        ax.plot([], [], "o", color=color, label=name)
+    ax.axvline(1.0, color="black", lw=0.8, ls="--")
+    ax.set_xscale("log")
+    lo, hi = (min(values), max(values)) if values else (0.5, 2.0)
+    ticks = [t for t in (0.1, 0.2, 0.25, 0.33, 0.5, 0.67, 0.8, 1.0, 1.25, 1.5, 2.0, 3.0, 4.0, 5.0, 10.0)
+             if lo / 1.3 <= t <= hi * 1.3]
+    ax.set_xlim(min(ticks + [lo]) / 1.1, max(ticks + [hi]) * 1.1)
+    ax.xaxis.set_major_locator(FixedLocator(ticks))
+    ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda x, _: f"{x:g}"))
+    ax.xaxis.set_minor_locator(NullLocator())
+    ax.xaxis.set_minor_formatter(NullFormatter())
+    ax.set_yticks(range(len(labels)))
+    ax.set_yticklabels(labels[::-1], fontsize=8)
+    ax.set_xlabel("tok/s ratio, log scale (above 1: the first is faster); hollow grey = unresolved", fontsize=8)
+    ax.tick_params(axis="x", labelsize=8)
+    ax.legend(fontsize=8, loc="lower right")
+    ax.set_title("Headline ratios: median and 95% interval over interleaved rounds", fontsize=10)
     fig.tight_layout()
     return _png(fig, digest(data))
 
