@@ -118,12 +118,16 @@ class VllmRunner(EagerRunner):
         self.max_len = min(-(-need // 16) * 16, positions)
         # every timed run recomputes its prompt, as on eager: identical prompts repeated across timed runs
         # would otherwise be served from vLLM's prefix cache and time a prefill that never happens
-        self.load_kw = {"enable_prefix_caching": False, "max_model_len": self.max_len}
+        # tokens one engine step must hold: the longest prompt, or 8 prompts prefilled together; no more,
+        # since vllm-static sizes a read and a write buffer per tap by it (8192 tokens default: 1.1 GiB of
+        # buffers on a 30-layer 576-wide model)
+        step = -(-max(p.long_prompt_tokens + 1, 8 * p.prompt_tokens, self.max_len) // 16) * 16
+        self.load_kw = {"enable_prefix_caching": False, "max_model_len": self.max_len, "max_num_batched_tokens": step}
         if p.device.startswith("cuda"):
             self.load_kw["gpu_memory_utilization"] = self.GPU_SHARE
         super().load()
         rep = getattr(self.m, "load_report", None)
-        self.model_info["max_model_len"] = self.max_len
+        self.model_info.update(max_model_len=self.max_len, max_num_batched_tokens=self.load_kw["max_num_batched_tokens"])
         if rep is not None:
             self.model_info["startup_s"] = getattr(rep, "startup_s", None)
             self.model_info["compiled"] = getattr(rep, "compiled", None)
