@@ -7,6 +7,7 @@ from pathlib import Path
 
 from benchmarks import cells
 from benchmarks.spec import CLOCKS, DEFAULT_MODEL, DTYPES, MIN_ROUNDS, SIZES, Params
+from engine import sources
 
 
 def _csv(text):
@@ -17,7 +18,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__)
     sub = ap.add_subparsers(dest="cmd", required=True)
     run = sub.add_parser("run", help="run one sweep: every variant in a long-lived worker, interleaved rounds")
-    run.add_argument("--model", default=DEFAULT_MODEL, help=f"checkpoint name (default {DEFAULT_MODEL})")
+    run.add_argument("--model", default=DEFAULT_MODEL,
+                     help=f"checkpoint name or a model directory (default {DEFAULT_MODEL})")
     run.add_argument("--size", default="tiny", choices=SIZES,
                      help="zoo twin size: tiny (default) or real (the checkpoint's real dimensions)")
     run.add_argument("--real", action="store_true",
@@ -64,7 +66,8 @@ def main(argv=None) -> int:
     try:
         if args.cmd == "run":
             from benchmarks.sweep import run_sweep
-            params = Params(model=args.model, source="real" if args.real else "zoo", size=args.size,
+            src = sources.for_cli(args.model, args.real)  # a model directory, or the canonical repo id
+            params = Params(model=src.name, source=src.source, size=args.size,
                             prompt_tokens=args.prompt_tokens, long_prompt_tokens=args.long_prompt_tokens,
                             new_tokens=args.new_tokens, rounds=args.rounds, warmups=args.warmups,
                             min_sample_s=args.min_sample, dtype=args.dtype, device=args.device,

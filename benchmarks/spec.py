@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 DEFAULT_MODEL = "meta-llama/Llama-3.2-1B"
 DTYPES = ("float32", "bfloat16", "float16")
-SOURCES = ("zoo", "real")
+SOURCES = ("zoo", "real", "local")  # local: a model directory
 SIZES = ("tiny", "real")
 CLOCKS = ("cpu", "wall")
 # Fewer rounds cannot give a 95% interval for a median: with n rounds, [min, max] covers the median
@@ -24,7 +24,7 @@ _TEXT = ("The quick brown fox jumps over the lazy dog while the river runs past 
 class Params:
     """Sweep-wide settings; every cell records them so a table never mixes different settings."""
     model: str = DEFAULT_MODEL
-    source: str = "zoo"  # "zoo" (offline twin) or "real" (cached checkpoint)
+    source: str = "zoo"  # "zoo" (offline twin), "real" (cached checkpoint) or "local" (a directory)
     size: str = "tiny"  # zoo twin size: "tiny" (framework overhead dominates) or "real" (real shape)
     prompt_tokens: int = 32
     long_prompt_tokens: int = 512  # the long-prompt workloads
@@ -55,8 +55,9 @@ class Params:
         for name, allowed in (("source", SOURCES), ("size", SIZES), ("dtype", DTYPES), ("clock", CLOCKS)):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}.")
-        if self.source == "real" and self.size != "tiny":
-            raise ValueError("size applies to zoo twins; a real checkpoint is always its real size (drop --size).")
+        if self.source != "zoo" and self.size != "tiny":
+            raise ValueError(f"size applies to zoo twins; a {self.source} checkpoint is always its own size "
+                             f"(drop --size).")
         for name in ("prompt_tokens", "long_prompt_tokens", "new_tokens"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)!r}.")
