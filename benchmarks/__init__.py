@@ -15,7 +15,13 @@ plots and visualizer_data/benchmarks_ts.py (the outputs).
 
 Regenerate (zoo cache: INTERP_ZOO_HOME; offline: HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1):
 
+    bash benchmarks/cpu.sh   # both committed CPU sweeps, publish, --check (about 30 min here)
+
+which runs, in turn:
+
+    python -m benchmarks run --model HuggingFaceTB/SmolLM2-135M --size real --rounds 6 --warmups 1 \
+        --workloads decode,concurrency8,prefill,capture_all,capture_gen,capture_gen8,steer_all,long_prefill,long_capture
+                                                                          # cpu-smollm2-135m-real
     python -m benchmarks run                                              # cpu-llama-3.2-1b-tiny
-    python -m benchmarks run --model HuggingFaceTB/SmolLM2-135M --size real   # cpu-smollm2-135m-real
     python -m benchmarks publish   # results-latest.md, plots, README THROUGHPUT block, benchmarks.generated.ts
 """
