@@ -89,3 +89,19 @@ def test_cli_lists_real_sizes_with_what_is_uncertain(capsys):
     out = capsys.readouterr().out
     assert "Zyphra/Zamba2-1.2B" in out and "which layers reuse the shared block" in out
     assert "google/gemma-2-2b       26    2304   2.61B  -" in out
+
+
+def test_sources_resolve_a_zoo_name_at_this_process_size(monkeypatch):
+    """load_model, vLLM and the benchmark workers name twins through engine.sources: with
+    $INTERP_ZOO_SIZE=real they must get the real-size snapshot, never the tiny one."""
+    from engine import sources
+    name = "HuggingFaceTB/SmolLM2-135M"
+    monkeypatch.delenv(sizes.SIZE_ENV, raising=False)
+    assert sources.resolve(name, "zoo", build=False).path == str(build.snapshot_dir(name))
+    monkeypatch.setenv(sizes.SIZE_ENV, "real")
+    src = sources.resolve(name, "zoo", build=False)
+    assert src.path == str(sizes.snapshot_dir(name, "real")) and src.source == "zoo"
+    assert "/sizes/real/hub/" in src.path
+    built = []  # building goes through the size-aware ensure (not the tiny builder)
+    monkeypatch.setattr(sizes, "ensure", lambda n, size=None: built.append((n, size)) or sizes.snapshot_dir(n))
+    assert sources.resolve(name.lower(), "zoo").path == src.path and built == [(name, None)]
