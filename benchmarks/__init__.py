@@ -1,6 +1,27 @@
-"""Throughput of every backend and of the peers, one process per cell.
+"""Throughput of every backend and of the peers, measured so that ratios can be trusted on a noisy
+machine: every variant in a long-lived worker, every workload timed in interleaved rounds, ratios
+paired per round and reported as a median with a 95% interval (unresolved when it is too wide).
 
-    python -m benchmarks run        # sweep -> reports/benchmarks/cells/*.json
-    python -m benchmarks report     # -> reports/benchmarks/results-latest.md
-    python -m benchmarks publish    # README THROUGHPUT block, visualizer-data/benchmarks.generated.ts, plots
+    python -m benchmarks run [--model M --size real]   # one sweep -> reports/benchmarks/sweeps/<sweep>/
+    python -m benchmarks publish                       # report, README block, site data, plots (all or nothing)
+    python -m benchmarks publish --check               # fail when a committed output drifted from its cells
+    bash benchmarks/gpu.sh                             # the headline run on a CUDA machine (see the script)
+
+Modules: spec (settings), workloads and variants (the two tables), worker (one variant's model, kept
+warm, timing samples on request) and pool (its process, from the sweep's side), rounds (the rotated
+order), sweep (load, warm up, rounds, checks, cells), cells (strict files), ci (the interval over
+rounds), table (what may share a table), ratios (what is compared with what), report / publish /
+plots and visualizer_data/benchmarks_ts.py (the outputs).
+
+Regenerate (zoo cache: INTERP_ZOO_HOME; offline: HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1):
+
+    bash benchmarks/cpu.sh   # both committed CPU sweeps, publish, --check (about 30 min here)
+
+which runs, in turn:
+
+    python -m benchmarks run --model HuggingFaceTB/SmolLM2-135M --size real --rounds 6 --warmups 1 \
+        --workloads decode,concurrency8,prefill,capture_all,capture_gen,capture_gen8,steer_all,long_prefill,long_capture
+                                                                          # cpu-smollm2-135m-real
+    python -m benchmarks run                                              # cpu-llama-3.2-1b-tiny
+    python -m benchmarks publish   # results-latest.md, plots, README THROUGHPUT block, benchmarks.generated.ts
 """

@@ -6,8 +6,8 @@ import sys
 from pathlib import Path
 
 from benchmarks import cells
+from benchmarks.spec import CLOCKS, DEFAULT_MODEL, DTYPES, MIN_ROUNDS, SIZES, Params
 from engine import sources
-from benchmarks.spec import DEFAULT_MODEL, DTYPES, MIN_REPEATS, Params
 
 
 def _csv(text):
@@ -17,42 +17,46 @@ def _csv(text):
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__)
     sub = ap.add_subparsers(dest="cmd", required=True)
-    run = sub.add_parser("run", help="run the sweep, one subprocess per (variant, workload) cell")
+    run = sub.add_parser("run", help="run one sweep: every variant in a long-lived worker, interleaved rounds")
     run.add_argument("--model", default=DEFAULT_MODEL,
                      help=f"checkpoint name or a model directory (default {DEFAULT_MODEL})")
+    run.add_argument("--size", default="tiny", choices=SIZES,
+                     help="zoo twin size: tiny (default) or real (the checkpoint's real dimensions)")
     run.add_argument("--real", action="store_true",
-                     help="use the real checkpoint from the HF cache instead of its tiny zoo twin")
+                     help="use the real checkpoint from the HF cache instead of a zoo twin")
     run.add_argument("--prompt-tokens", type=int, default=Params.prompt_tokens)
+    run.add_argument("--long-prompt-tokens", type=int, default=Params.long_prompt_tokens)
     run.add_argument("--new-tokens", type=int, default=Params.new_tokens)
-    run.add_argument("--repeats", type=int, default=Params.repeats, help=f"timed repeats per cell (>= {MIN_REPEATS})")
-    run.add_argument("--min-time", type=float, default=Params.min_time_s,
-                     help="add timed runs until they take about this many seconds (short workloads)")
+    run.add_argument("--rounds", type=int, default=Params.rounds, help=f"interleaved rounds (>= {MIN_ROUNDS})")
     run.add_argument("--warmups", type=int, default=Params.warmups)
+    run.add_argument("--min-sample", type=float, default=Params.min_sample_s,
+                     help="seconds one sample lasts at least (short runs are repeated back to back)")
     run.add_argument("--dtype", default="float32", choices=DTYPES)
     run.add_argument("--device", default="cpu", help="cpu or cuda")
     run.add_argument("--threads", type=int, default=Params.threads,
-                     help="torch/OpenMP threads per cell process (0 = library default; default 1, see spec.py)")
+                     help="torch/OpenMP threads per worker (0 = library default; default 1, see spec.py)")
+    run.add_argument("--clock", default="auto", choices=("auto", *CLOCKS),
+                     help="what a sample's duration is: cpu (CPU seconds of the worker; auto on CPU) or wall "
+                          "(elapsed; auto on a GPU)")
+    run.add_argument("--ci-bound", type=float, default=Params.ci_bound,
+                     help="a ratio whose 95%% interval spans more than this fraction of it is unresolved")
     run.add_argument("--variants", type=_csv, default=None, help="comma list (default: all)")
     run.add_argument("--workloads", type=_csv, default=None, help="comma list (default: all)")
-    run.add_argument("--timeout", type=int, default=600, help="seconds per cell process")
-    run.add_argument("--fresh", action="store_true", help="delete existing cells first")
-    run.add_argument("--only-missing", action="store_true",
-                     help="skip cells that already have an ok / n/a / invalid result")
-    run.add_argument("--noisy", type=float, default=0.25,
-                     help="run a cell again once at the end when its IQR exceeds this fraction of its median "
-                          "(0 = never)")
-    run.add_argument("--only-noisy", action="store_true",
-                     help="run no sweep: only rerun the noisy cells already in --cells")
-    run.add_argument("--cells", type=Path, default=cells.CELLS_DIR)
-    rep = sub.add_parser("report", help="write reports/benchmarks/results-latest.md from the cells")
-    rep.add_argument("--cells", type=Path, default=cells.CELLS_DIR)
+    run.add_argument("--timeout", type=int, default=Params.timeout_s, help="seconds per worker request")
+    run.add_argument("--sweep", default=None, help="sweep name (default: <device>-<model>-<size>)")
+    run.add_argument("--sweeps", type=Path, default=cells.CELLS_DIR, help="folder of sweep folders")
+    rep = sub.add_parser("report", help="write reports/benchmarks/results-latest.md from the sweeps")
+    rep.add_argument("--sweeps", type=Path, nargs="+", default=None,
+                     help="sweep folders (default: every folder under reports/benchmarks/sweeps)")
     rep.add_argument("--out", type=Path, default=cells.REPORT_DIR / "results-latest.md")
     rep.add_argument("--check", action="store_true", help="fail if the committed report drifts from the cells")
-    pub = sub.add_parser("publish", help="README THROUGHPUT block, benchmarks.generated.ts and PNG plots")
-    pub.add_argument("--cells", type=Path, default=cells.CELLS_DIR)
+    pub = sub.add_parser("publish", help="report, README THROUGHPUT block, benchmarks.generated.ts and plots, "
+                                         "all or nothing")
+    pub.add_argument("--sweeps", type=Path, nargs="+", default=None,
+                     help="sweep folders (default: every folder under reports/benchmarks/sweeps)")
     pub.add_argument("--readme", type=Path, default=cells.ROOT / "README.md")
     pub.add_argument("--ts", type=Path, default=cells.ROOT / "visualizer-data" / "benchmarks.generated.ts")
-    pub.add_argument("--plots", type=Path, default=cells.REPORT_DIR)
+    pub.add_argument("--out", type=Path, default=cells.REPORT_DIR, help="folder of the report and plots")
     pub.add_argument("--check", action="store_true", help="fail if a committed file drifts from the cells")
     return ap
 
@@ -61,23 +65,19 @@ def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     try:
         if args.cmd == "run":
-            from benchmarks.sweep import rerun_noisy, run_sweep
-            if args.only_noisy:
-                rerun_noisy(args.cells, args.noisy or 0.25)
-                return 0
+            from benchmarks.sweep import run_sweep
             src = sources.for_cli(args.model, args.real)  # a model directory, or the canonical repo id
-            params = Params(model=src.name, source=src.source,
-                            prompt_tokens=args.prompt_tokens, new_tokens=args.new_tokens, warmups=args.warmups,
-                            repeats=args.repeats, min_time_s=args.min_time, dtype=args.dtype,
-                            device=args.device, threads=args.threads, timeout_s=args.timeout)
-            run_sweep(params, args.variants, args.workloads, args.cells, args.fresh, args.only_missing,
-                      args.noisy)
+            params = Params(model=src.name, source=src.source, size=args.size,
+                            prompt_tokens=args.prompt_tokens, long_prompt_tokens=args.long_prompt_tokens,
+                            new_tokens=args.new_tokens, rounds=args.rounds, warmups=args.warmups,
+                            min_sample_s=args.min_sample, dtype=args.dtype, device=args.device,
+                            threads=args.threads, clock=args.clock, ci_bound=args.ci_bound, timeout_s=args.timeout)
+            run_sweep(params, args.variants, args.workloads, args.sweeps, args.sweep)
             return 0
-        if args.cmd == "report":
-            from benchmarks import report
-            return report.main(args.cells, args.out, args.check)
         from benchmarks import publish
-        return publish.main(args.cells, args.readme, args.ts, args.plots, args.check)
+        if args.cmd == "report":
+            return publish.report_main(args.sweeps, args.out, args.check)
+        return publish.main(args.sweeps, args.readme, args.ts, args.out, args.check)
     except (ValueError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -1,25 +1,44 @@
-"""Cells: one JSON file per (variant, workload), written atomically, read back for tables.
+"""Cells: one JSON file per (variant, workload) of a sweep, written atomically, read back strictly.
+
+Layout: ``reports/benchmarks/sweeps/<sweep>/<variant>__<workload>.json``. A sweep is one run of
+``python -m benchmarks run`` on one machine and model; its cells carry their per-round samples, so
+ratios pair the rounds of that run. Reading refuses anything that could silently change a table: a
+file whose name is not its cell's id (a copy would otherwise override the real cell), a cell filed
+under another sweep's folder, an old schema, malformed JSON.
 
 Status values: "ok" (timed), "invalid" (ran, but its check failed: e.g. a steer that changed
-nothing; its figure is never published as a result), "n/a" (the variant cannot do this workload,
-with the reason), "skipped" (the variant is not available here, with the reason), "error" (the
-cell process failed or timed out, with the message)."""
+nothing; its figure is never published), "n/a" (the variant cannot do this workload, with the
+reason), "skipped" (the variant is not available here, with the reason), "error" (the worker failed
+or timed out, with the message)."""
 from __future__ import annotations
 
 import json
 import os
+import re
 import tempfile
 from pathlib import Path
 
-SCHEMA = 1
+SCHEMA = 2
 STATUSES = ("ok", "invalid", "n/a", "skipped", "error")
 ROOT = Path(__file__).resolve().parent.parent
 REPORT_DIR = ROOT / "reports" / "benchmarks"
-CELLS_DIR = REPORT_DIR / "cells"
+CELLS_DIR = REPORT_DIR / "sweeps"  # one folder per sweep
+SWEEP_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
+
+
+class CellError(ValueError):
+    """A cell file that must not be read into a table."""
 
 
 def cell_id(variant: str, workload: str) -> str:
     return f"{variant}__{workload}"
+
+
+def check_sweep_name(name: str) -> str:
+    if not SWEEP_NAME.match(name or ""):
+        raise ValueError(f"sweep name {name!r} must be lower-case letters, digits, '.', '_' or '-' "
+                         f"(it names a folder and a table column).")
+    return name
 
 
 def write_atomic(path: Path, text: str) -> None:
@@ -40,40 +59,68 @@ def write_atomic(path: Path, text: str) -> None:
         raise
 
 
-def make_cell(variant: str, workload: str, status: str, reason: str = "", **fields) -> dict:
+def make_cell(sweep: str, variant: str, workload: str, status: str, reason: str = "", **fields) -> dict:
     if status not in STATUSES:
         raise ValueError(f"cell status must be one of {STATUSES}, got {status!r}.")
     if status != "ok" and not reason:
         raise ValueError(f"a {status!r} cell needs a reason ({variant} x {workload}).")
-    return {"schema": SCHEMA, "id": cell_id(variant, workload), "variant": variant, "workload": workload,
-            "status": status, "reason": reason, **fields}
+    return {"schema": SCHEMA, "sweep": check_sweep_name(sweep), "id": cell_id(variant, workload),
+            "variant": variant, "workload": workload, "status": status, "reason": reason, **fields}
 
 
-def write_cell(cell: dict, cells_dir: Path = CELLS_DIR) -> Path:
-    path = Path(cells_dir) / f"{cell['id']}.json"
+def cell_path(cell: dict, root: Path = CELLS_DIR) -> Path:
+    return Path(root) / cell["sweep"] / f"{cell['id']}.json"
+
+
+def write_cell(cell: dict, root: Path = CELLS_DIR) -> Path:
+    path = cell_path(cell, root)
     write_atomic(path, json.dumps(cell, indent=1, sort_keys=True) + "\n")
     return path
 
 
-def load_cells(cells_dir: Path = CELLS_DIR) -> list[dict]:
-    """Every cell in the folder, sorted by id; a malformed file is an error naming it."""
-    out = []
-    for p in sorted(Path(cells_dir).glob("*.json")):
-        try:
-            cell = json.loads(p.read_text())
-        except json.JSONDecodeError as e:
-            raise ValueError(f"benchmark cell {p} is not valid JSON ({e}); delete it and re-run "
-                             f"`python -m benchmarks run`.") from None
-        if cell.get("schema") != SCHEMA or cell.get("status") not in STATUSES:
-            raise ValueError(f"benchmark cell {p} has schema {cell.get('schema')!r} / status "
-                             f"{cell.get('status')!r}; expected schema {SCHEMA}. Re-run `python -m benchmarks run`.")
-        out.append(cell)
-    return out
+def read_cell(path: Path) -> dict:
+    """One cell file, refused unless it is a current cell filed under its own id and sweep."""
+    path = Path(path)
+    try:
+        cell = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise CellError(f"benchmark cell {path} is not valid JSON ({e}); delete it and re-run "
+                        f"`python -m benchmarks run`.") from None
+    if not isinstance(cell, dict) or cell.get("schema") != SCHEMA or cell.get("status") not in STATUSES:
+        got = (cell.get("schema"), cell.get("status")) if isinstance(cell, dict) else (None, None)
+        raise CellError(f"benchmark cell {path} has schema {got[0]!r} / status {got[1]!r}; expected schema "
+                        f"{SCHEMA}. Re-run `python -m benchmarks run`.")
+    if path.stem != cell.get("id") or path.parent.name != cell.get("sweep"):
+        raise CellError(f"benchmark cell file {path} holds cell {cell.get('id')!r} of sweep {cell.get('sweep')!r}: "
+                        f"a copied or renamed cell file, which would override the real one. Delete it.")
+    return cell
 
 
-def clear_cells(cells_dir: Path = CELLS_DIR) -> int:
+def sweep_dirs(root: Path = CELLS_DIR) -> list[Path]:
+    """Every sweep folder under `root` (sorted by name); FileNotFoundError when `root` is missing."""
+    root = Path(root)
+    if not root.is_dir():
+        raise FileNotFoundError(f"no such benchmark sweeps folder: {root} (run `python -m benchmarks run`, "
+                                f"or point --sweeps at an existing folder).")
+    return sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
+
+
+def load_sweep(sweep_dir: Path) -> list[dict]:
+    """The cells of one sweep folder, sorted by id."""
+    sweep_dir = Path(sweep_dir)
+    if not sweep_dir.is_dir():
+        raise FileNotFoundError(f"no such benchmark sweep folder: {sweep_dir}.")
+    return [read_cell(p) for p in sorted(sweep_dir.glob("*.json"))]
+
+
+def load_cells(root: Path = CELLS_DIR) -> list[dict]:
+    """Every cell of every sweep under `root`."""
+    return [c for d in sweep_dirs(root) for c in load_sweep(d)]
+
+
+def clear_sweep(root: Path, sweep: str) -> int:
     n = 0
-    for p in Path(cells_dir).glob("*.json"):
+    for p in (Path(root) / check_sweep_name(sweep)).glob("*.json"):
         p.unlink()
         n += 1
     return n

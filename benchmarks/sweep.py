@@ -1,19 +1,24 @@
-"""The sweep: every (variant, workload) cell in its own subprocess, one after another.
+"""The sweep: every variant in its own long-lived worker, every workload timed in interleaved rounds.
 
-Cells a variant cannot run are written as "n/a" (with the table's reason) and unavailable variants
-as "skipped" without starting a process; a process that dies or times out leaves an "error" cell
-naming what happened, and the sweep goes on."""
+    load every worker -> warm up and size every cell -> rounds: for each workload, every variant
+    once, in an order rotated per round -> check every cell's last output -> write the cells
+
+A ratio of two cells then pairs samples taken seconds apart in the same round, so whatever else the
+machine is doing shifts both sides of it alike; a sweep that ran cells one after another over
+twenty minutes would have measured the machine instead. Cells a variant cannot run are "n/a" (with
+the table's reason) and unavailable variants "skipped", without starting a process; a worker that
+fails or hangs leaves "error" cells naming what happened, and the sweep goes on without it."""
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
+import statistics
+import tempfile
 import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-from benchmarks import cells
+from benchmarks import cells, env, rounds
+from benchmarks.ci import median_ci
+from benchmarks.pool import WorkerDied, WorkerProc
 from benchmarks.spec import Params
 from benchmarks.variants import VARIANTS
 from benchmarks.variants import get as get_variant
@@ -21,134 +26,203 @@ from benchmarks.workloads import NAMES as WORKLOAD_NAMES
 from benchmarks.workloads import get as get_workload
 
 
-def cell_env(params: Params) -> dict:
-    """The subprocess environment: zoo twins load by repo id offline; vLLM runs in-process."""
-    e = dict(os.environ)
-    if params.source == "zoo":
-        from engine import zoo
-        e.update(zoo.offline_env())
-    e.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # KV cache size: the backend sizes it per model
-    if params.threads:  # every library in the cell, vLLM's CPU worker included, gets the same thread count
-        e["OMP_NUM_THREADS"] = str(params.threads)
-        if params.device == "cpu":
-            e["VLLM_CPU_OMP_THREADS_BIND"] = "nobind"
-    e["PYTHONPATH"] = os.pathsep.join([str(cells.ROOT), *filter(None, [e.get("PYTHONPATH")])])
-    e.setdefault("TOKENIZERS_PARALLELISM", "false")
-    return e
+SAMPLE_FIELDS = ("seconds", "cpu_s", "min_seconds", "min_cpu_s", "k", "load1", "t")
 
 
-def plan(variants=None, workloads=None) -> list[tuple[str, str]]:
+def git_commit() -> str | None:
+    """The commit the sweep ran at ('+dirty' when the tree had changes), or None outside a checkout."""
+    import subprocess
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=cells.ROOT, capture_output=True,
+                              text=True, timeout=30).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=cells.ROOT,
+                               capture_output=True, text=True, timeout=30).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return (head + ("+dirty" if dirty else "")) or None
+
+
+def default_sweep_name(p: Params) -> str:
+    """cpu-smollm2-135m-real: device, checkpoint, and which weights (tiny / real-size twin, real)."""
+    model = p.model.split("/")[-1].lower()
+    which = p.size if p.source == "zoo" else "weights"
+    return cells.check_sweep_name(f"{p.device.split(':')[0]}-{model}-{which}")
+
+
+def plan(variants=None, workloads=None) -> tuple[list[str], list[str]]:
     vs = [get_variant(v).name for v in variants] if variants else [v.name for v in VARIANTS]
     ws = [get_workload(w).name for w in workloads] if workloads else list(WORKLOAD_NAMES)
-    return [(v, w) for v in vs for w in ws]
+    return vs, ws
 
 
-def _static_cell(variant: str, workload: str, params: Params, run_id: str) -> dict | None:
-    v = get_variant(variant)
-    why = v.unavailable()
-    base = {"run_id": run_id, "params": params.to_dict(), "title": v.title, "kind": v.kind}
-    na = v.supports(workload)
-    if na:  # a fact about the variant, true whether or not it is installed here
-        return cells.make_cell(variant, workload, "n/a", na, **base)
-    if why:
-        return cells.make_cell(variant, workload, "skipped", f"{v.name} unavailable: {why}", **base)
-    return None
+def summarize(samples: list[dict], tokens: int, p: Params) -> dict:
+    """tok/s on the sweep's clock over rounds (median and its interval), CPU time per wall second,
+    machine load."""
+    from benchmarks.table import CLOCK_FIELD
+    tok = median_ci([tokens / s[CLOCK_FIELD[p.clock]] for s in samples], p.ci_level)
+    cpu = [s["cpu_s"] / s["seconds"] for s in samples if s.get("cpu_s") is not None]
+    loads = [s["load1"] for s in samples if s.get("load1") is not None]
+    return {"rounds": len(samples), "tokens_per_run": tokens, "tok_s": tok.to_dict(),
+            "cpu_per_wall": statistics.median(cpu) if cpu else None,
+            "load1": [min(loads), max(loads)] if loads else None}
 
 
-def run_one(variant: str, workload: str, params: Params, run_id: str, cells_dir: Path) -> dict:
-    """Run one cell in a fresh subprocess; returns the cell written."""
-    static = _static_cell(variant, workload, params, run_id)
-    if static:
-        cells.write_cell(static, cells_dir)
-        return static
-    spec = json.dumps({"variant": variant, "workload": workload, "params": params.to_dict(),
-                       "run_id": run_id, "cells_dir": str(cells_dir)})
-    path = Path(cells_dir) / f"{cells.cell_id(variant, workload)}.json"
-    before = path.stat().st_mtime_ns if path.exists() else None
-    t0 = time.perf_counter()
-    try:
-        proc = subprocess.run([sys.executable, "-m", "benchmarks.worker", spec], cwd=cells.ROOT,
-                              env=cell_env(params), capture_output=True, text=True, timeout=params.timeout_s)
-        failed = None if proc.returncode == 0 else (
-            f"cell process exited with code {proc.returncode}: {_tail(proc.stderr)}")
-    except subprocess.TimeoutExpired as e:
-        failed = (f"cell process timed out after {params.timeout_s} s (raise --timeout or lower "
-                  f"--new-tokens); stderr: {_tail(e.stderr)}")
-    written = path.exists() and path.stat().st_mtime_ns != before
-    if failed or not written:
-        cell = cells.make_cell(variant, workload, "error", failed or "cell process wrote no cell",
-                               run_id=run_id, params=params.to_dict(), wall_s=time.perf_counter() - t0)
-        cells.write_cell(cell, cells_dir)
-        return cell
-    return json.loads(path.read_text())
+class Sweep:
+    def __init__(self, params: Params, name: str, variants: list[str], workloads: list[str], log_dir: Path,
+                 log=print):
+        self.p, self.name, self.log = params, name, log
+        self.variants, self.workloads, self.log_dir = variants, workloads, Path(log_dir)
+        self.run_id = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+        self.commit = git_commit()
+        self.cells: dict[tuple[str, str], dict] = {}
+        self.workers: dict[str, WorkerProc] = {}
+        self.loaded: dict[str, dict] = {}
+
+    def _base(self, v: str) -> dict:
+        var = get_variant(v)
+        out = {"run_id": self.run_id, "commit": self.commit, "params": self.p.to_dict(), "title": var.title,
+               "kind": var.kind}
+        if v in self.loaded:
+            out.update(env=self.loaded[v]["env"], load_s=self.loaded[v]["load_s"],
+                       model_info=self.loaded[v]["model_info"])
+        return out
+
+    def _finish(self, v: str, w: str, status: str, reason: str = "", **fields) -> None:
+        self.cells[(v, w)] = cells.make_cell(self.name, v, w, status, reason, **self._base(v), **fields)
+
+    # -- phases ------------------------------------------------------------------------------------
+    def start(self) -> None:
+        """Static n/a and skipped cells; a worker (loaded) for every variant with something to run."""
+        for v in self.variants:
+            var = get_variant(v)
+            runnable = [w for w in self.workloads if not var.supports(w)]
+            for w in set(self.workloads) - set(runnable):
+                self._finish(v, w, "n/a", var.supports(w))
+            why = var.unavailable()
+            if why:
+                for w in runnable:
+                    self._finish(v, w, "skipped", f"{v} unavailable: {why}")
+                continue
+            if not runnable:
+                continue
+            t0 = time.perf_counter()
+            wp = WorkerProc(v, self.p, self.log_dir)
+            try:
+                reply = wp.request({"op": "load", "variant": v, "params": self.p.to_dict()})
+            except WorkerDied as e:
+                reply = {"ok": False, "reason": str(e)}
+            if not reply.get("ok"):
+                wp.close()
+                for w in runnable:
+                    self._finish(v, w, "error", f"loading {v} failed: {reply.get('reason')}",
+                                 traceback=reply.get("traceback"))
+                self.log(f"{v:>15}: load failed: {str(reply.get('reason'))[:200]}")
+                continue
+            self.workers[v], self.loaded[v] = wp, reply
+            self.log(f"{v:>15}: loaded in {time.perf_counter() - t0:.0f} s (RSS {wp.rss_gib()} GiB)")
+
+    def _ask(self, v: str, w: str, req: dict) -> dict | None:
+        """A worker request; on failure the cell becomes an error and None comes back. A worker that
+        died takes the rest of its cells with it."""
+        wp = self.workers.get(v)
+        if wp is None:
+            return None
+        try:
+            reply = wp.request(req)
+        except WorkerDied as e:
+            self.workers.pop(v)
+            for ww in self.workloads:
+                if (v, ww) not in self.cells:
+                    self._finish(v, ww, "error", str(e))
+            self.log(f"{v:>15}: worker lost: {str(e)[:200]}")
+            return None
+        if not reply.get("ok"):
+            self._finish(v, w, reply.get("status", "error"), reply.get("reason", "?"),
+                         traceback=reply.get("traceback"))
+            return None
+        return reply
+
+    def prepare(self) -> list[tuple[str, str]]:
+        """Warm up and size every runnable cell; the cells each round will run, in table order."""
+        self.prepared: dict[tuple[str, str], dict] = {}
+        ready = []
+        for v in self.variants:
+            for w in self.workloads:
+                if (v, w) in self.cells or v not in self.workers:
+                    continue
+                reply = self._ask(v, w, {"op": "prepare", "workload": w})
+                if reply:
+                    self.prepared[(v, w)] = {"k": reply["k"], "est_s": reply["est_s"], "notes": reply["notes"],
+                                             "samples": []}
+                    ready.append((v, w))
+        return ready
+
+    def run_rounds(self, ready: list[tuple[str, str]]) -> None:
+        for r in range(self.p.rounds):
+            t0, load0 = time.perf_counter(), env.load1()
+            for pos, (v, w) in enumerate(rounds.schedule(ready, r, lambda w: get_workload(w).baseline)):
+                if (v, w) in self.cells:  # failed earlier in this sweep
+                    continue
+                reply = self._ask(v, w, {"op": "sample", "workload": w})
+                if reply:
+                    self.prepared[(v, w)]["samples"].append(
+                        {"round": r, "position": pos, **{k: reply[k] for k in SAMPLE_FIELDS}})
+            self.log(f"round {r + 1}/{self.p.rounds}: {time.perf_counter() - t0:.0f} s, machine load "
+                     f"{load0} -> {env.load1()}")
+
+    def check(self) -> None:
+        for (v, w), prep in self.prepared.items():
+            if (v, w) in self.cells:
+                continue
+            reply = self._ask(v, w, {"op": "check", "workload": w})
+            if reply is None:
+                continue
+            wl = get_workload(w)
+            tokens = wl.tokens(self.p)
+            status, reason, check = "ok", "", reply["check"]
+            if check is not None and not check.get("passed"):
+                status, reason = "invalid", f"check failed: {check.get('detail')}"
+            made = reply["generated"]
+            if wl.generates and made != tokens:  # a run that stopped early would inflate tok/s
+                status, reason = "invalid", (f"the last timed run generated {made} tokens, not the {tokens} the "
+                                             f"figure counts ({wl.batch} x {self.p.new_tokens})")
+            samples = prep["samples"]
+            self._finish(v, w, status, reason, samples=samples, warmup={"k": prep["k"], "est_s": prep["est_s"]},
+                         summary=summarize(samples, tokens, self.p), check=check,
+                         generated_tokens_checked=made, notes=prep["notes"])
+
+    def close(self) -> None:
+        for wp in self.workers.values():
+            wp.close()
+        self.workers.clear()
 
 
-def _tail(text, n=600) -> str:
-    if isinstance(text, bytes):
-        text = text.decode(errors="replace")
-    text = (text or "").strip()
-    return text[-n:] if text else "(no stderr)"
-
-
-NOISY_IQR = 0.25  # a cell whose interquartile range exceeds this fraction of its median is run again
-
-
-def noisy(cell: dict, threshold: float = NOISY_IQR) -> bool:
-    return cell["status"] == "ok" and cell.get("summary", {}).get("iqr_rel", 0.0) > threshold
-
-
-def rerun_noisy(cells_dir: Path, threshold: float = NOISY_IQR, log=print) -> list[dict]:
-    """Run every noisy cell once more, in a fresh process with the parameters it was run with, and
-    keep whichever of the two runs has the smaller interquartile range; the kept cell says that it
-    was run twice and carries the other run's samples and spread."""
-    first = [c for c in cells.load_cells(cells_dir) if noisy(c, threshold)]
-    out = []
-    for c in first:
-        again = run_one(c["variant"], c["workload"], Params.from_dict(c["params"]), c.get("run_id", "rerun"),
-                        cells_dir)
-        a_iqr = again.get("summary", {}).get("iqr_rel") if again["status"] in ("ok", "invalid") else None
-        keep_rerun = a_iqr is not None and a_iqr < c["summary"]["iqr_rel"]
-        kept, other = (again, c) if keep_rerun else (c, again)
-        kept = dict(kept, notes=list(kept.get("notes") or []))
-        o_sum = other.get("summary")
-        other_txt = (f"{o_sum['iqr_rel']:.0%} of its median ({o_sum['tok_s']['median']:.4g} tok/s over "
-                     f"{o_sum['n']} runs)" if o_sum else f"{other['status']}: {other.get('reason', '')[:120]}")
-        kept["notes"].append(
-            f"run twice (its first run's interquartile range was over the {threshold:.0%} limit); kept the "
-            f"{'second' if keep_rerun else 'first'} run, IQR {kept['summary']['iqr_rel']:.0%} of its median; "
-            f"the other run: {other_txt}")
-        kept["other_run"] = {"status": other["status"], "summary": o_sum, "samples_s": other.get("samples_s"),
-                             "env": other.get("env")}
-        cells.write_cell(kept, cells_dir)
-        out.append(kept)
-        log(f"rerun {c['id']}: IQR {c['summary']['iqr_rel']:.0%} then "
-            f"{'—' if a_iqr is None else f'{a_iqr:.0%}'}; kept the {'second' if keep_rerun else 'first'}")
-    return out
-
-
-def run_sweep(params: Params, variants=None, workloads=None, cells_dir: Path = cells.CELLS_DIR,
-              fresh: bool = False, only_missing: bool = False, noisy_iqr: float = NOISY_IQR,
+def run_sweep(params: Params, variants=None, workloads=None, root: Path = cells.CELLS_DIR, name: str | None = None,
               log=print) -> list[dict]:
-    from tqdm import tqdm
-    cells_dir = Path(cells_dir)
-    if fresh:
-        cells.clear_cells(cells_dir)
-    run_id = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-    todo = plan(variants, workloads)
-    if only_missing:
-        have = {c["id"] for c in cells.load_cells(cells_dir) if c["status"] in ("ok", "n/a", "invalid")}
-        todo = [(v, w) for v, w in todo if cells.cell_id(v, w) not in have]
-    out = []
+    """Run one sweep and write its cells to `root/<name>/` (replacing that sweep's old cells)."""
+    vs, ws = plan(variants, workloads)
+    name = cells.check_sweep_name(name or default_sweep_name(params))
+    root = Path(root)
     t0 = time.perf_counter()
-    with tqdm(todo, desc="benchmark cells", unit="cell") as bar:
-        for v, w in bar:
-            bar.set_postfix_str(f"{v} x {w}")
-            cell = run_one(v, w, params, run_id, cells_dir)
-            out.append(cell)
-            figure = cell.get("summary", {}).get("tok_s", {}).get("median")
-            log(f"{v:>15} x {w:<13} {cell['status']:<8} "
-                + (f"{figure:.4g} tok/s" if figure else cell["reason"][:110]))
-    if noisy_iqr:
-        rerun_noisy(cells_dir, noisy_iqr, log)
-    log(f"{len(out)} cells in {time.perf_counter() - t0:.0f} s -> {cells_dir}")
+    logs = Path(tempfile.gettempdir()) / "interp-benchmarks" / name  # each worker's stderr
+    log(f"sweep {name}: worker logs in {logs}")
+    s = Sweep(params, name, vs, ws, logs, log)
+    try:
+        s.start()
+        ready = s.prepare()
+        log(f"{len(ready)} cells ready; {params.rounds} rounds")
+        s.run_rounds(ready)
+        s.check()
+    finally:
+        s.close()
+    wall = time.perf_counter() - t0
+    cells.clear_sweep(root, name)
+    out = []
+    for (v, w) in sorted(s.cells, key=lambda k: (vs.index(k[0]), ws.index(k[1]))):
+        cell = dict(s.cells[(v, w)], sweep_wall_s=wall)
+        cells.write_cell(cell, root)
+        out.append(cell)
+        med = (cell.get("summary") or {}).get("tok_s", {}).get("median")
+        log(f"{v:>15} x {w:<13} {cell['status']:<8} " + (f"{med:.4g} tok/s" if med else cell["reason"][:110]))
+    log(f"sweep {name}: {len(out)} cells in {wall / 60:.1f} min -> {root / name}")
     return out

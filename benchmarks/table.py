@@ -1,49 +1,65 @@
-"""The one view of a set of cells that every output (report, README, site data, plots) renders:
-comparability checks, figures and ratios, computed in one place."""
+"""The one view of a sweep's cells that every output (report, README, site data, plots) renders:
+the checks that the cells can share a table, and the per-round figures ratios are paired from."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from benchmarks import stats
-from benchmarks.spec import COMPARABLE
+from benchmarks import env as envmod
+from benchmarks.ci import Interval, median_ci
+from benchmarks.spec import COMPARABLE, Params
 from benchmarks.variants import NAMES as VARIANT_ORDER
 from benchmarks.workloads import BY_NAME as WORKLOADS
 from benchmarks.workloads import NAMES as WORKLOAD_ORDER
 
-STOCK = "vllm-generate"
-EAGER = "eager"
+
+CLOCK_FIELD = {"cpu": "min_cpu_s", "wall": "min_seconds"}  # a sample lasts its fastest run, on the clock
 
 
 class MixedCellsError(ValueError):
-    """Cells from different machines, dtypes or settings were about to share one table."""
+    """Cells that must not share a table: different machines, threads, library versions, settings or
+    runs, or a timed cell that cannot say where it ran."""
 
 
 def _groups(cells: list[dict], key) -> dict:
     out: dict = {}
     for c in cells:
-        k = key(c)
-        if k is not None:
-            out.setdefault(k, []).append(c["id"])
+        out.setdefault(key(c), []).append(c["id"])
     return out
 
 
+def _refuse_split(what: str, sweep: str, groups: dict, fix: str) -> None:
+    detail = "; ".join(f"{k}: {', '.join(sorted(ids)[:3])}{' ...' if len(ids) > 3 else ''}"
+                       for k, ids in sorted(groups.items(), key=str))
+    raise MixedCellsError(f"refusing to mix cells with different {what} in sweep {sweep!r} ({detail}). {fix}")
+
+
 def check_comparable(cells: list[dict]) -> None:
-    """Refuse (MixedCellsError) unless every measured cell ran on one machine with one dtype and
-    every cell used the same model, source, prompt and generation lengths."""
+    """Refuse (MixedCellsError) unless the cells are one sweep's: one run, every timed cell with its
+    environment, one machine / thread count / set of library versions, one set of settings."""
+    if not cells:
+        return
+    rerun = "Re-run the sweep (`python -m benchmarks run`) so every cell comes from one run."
+    sweeps = _groups(cells, lambda c: c.get("sweep"))
+    if len(sweeps) > 1:
+        _refuse_split("sweep names", "?", sweeps, "A table is one sweep; publish renders each sweep separately.")
+    sweep = next(iter(sweeps))
+    for c in cells:
+        if c.get("samples") and not c.get("env"):
+            raise MixedCellsError(f"benchmark cell {sweep}/{c['id']} has timing samples but no env: nothing says "
+                                  f"which machine, threads or library versions it ran with. {rerun}")
+    runs = _groups(cells, lambda c: c.get("run_id"))
+    if len(runs) > 1:
+        _refuse_split("run ids", sweep, runs, "Ratios pair the rounds of one run. " + rerun)
     measured = [c for c in cells if c.get("env")]
-    hw = _groups(measured, lambda c: (c["env"].get("hardware"), c["env"].get("dtype")))
-    if len(hw) > 1:
-        lines = "; ".join(f"{h} / {d}: {', '.join(sorted(ids)[:4])}{' ...' if len(ids) > 4 else ''}"
-                          for (h, d), ids in sorted(hw.items(), key=str))
-        raise MixedCellsError(
-            f"refusing to mix cells from different hardware or dtypes in one table ({lines}). Re-run the "
-            f"sweep with `python -m benchmarks run --fresh`, or point --cells at one sweep's folder.")
+    for field in envmod.MACHINE_FIELDS:
+        groups = _groups(measured, lambda c: repr(c["env"].get(field)))
+        if len(groups) > 1:
+            what = "library versions" if field == "versions" else repr(field)
+            _refuse_split(what, sweep, groups, rerun)
     for field in COMPARABLE:
-        vals = _groups(cells, lambda c: repr(c.get("params", {}).get(field)))
-        if len(vals) > 1:
-            detail = "; ".join(f"{v}: {', '.join(sorted(ids)[:3])}" for v, ids in sorted(vals.items()))
-            raise MixedCellsError(f"refusing to mix cells with different {field!r} in one table ({detail}). "
-                                  f"Re-run with `python -m benchmarks run --fresh`.")
+        groups = _groups(cells, lambda c: repr(c.get("params", {}).get(field)))
+        if len(groups) > 1:
+            _refuse_split(repr(field), sweep, groups, rerun)
 
 
 @dataclass
@@ -57,43 +73,52 @@ class Table:
         self.variants = [v for v in VARIANT_ORDER if any(k[0] == v for k in self.by)] + sorted(
             {k[0] for k in self.by} - known)
         self.workloads = [w for w in WORKLOAD_ORDER if any(k[1] == w for k in self.by)]
+        self.name = self.cells[0]["sweep"] if self.cells else ""
 
     # -- figures ----------------------------------------------------------------------------------
     def cell(self, variant, workload) -> dict | None:
         return self.by.get((variant, workload))
 
-    def tok_s(self, variant, workload, stat="median") -> float | None:
-        """A published figure: only "ok" cells have one (invalid cells never do)."""
+    def params(self) -> Params:
+        return Params.from_dict(self.cells[0].get("params", {})) if self.cells else Params()
+
+    def per_round(self, variant, workload) -> dict[int, float]:
+        """{round: tok/s on the sweep's clock} of an "ok" cell (invalid cells never have a published figure)."""
         c = self.cell(variant, workload)
         if not c or c["status"] != "ok":
-            return None
-        return c["summary"]["tok_s"][stat]
+            return {}
+        p = self.params()
+        key = CLOCK_FIELD[p.clock]
+        tokens = WORKLOADS[workload].tokens(p)
+        return {s["round"]: tokens / s[key] for s in c["samples"]}
 
-    def vs_eager(self, variant, workload) -> float | None:
-        return stats.ratio(self.tok_s(variant, workload), self.tok_s(EAGER, workload))
-
-    def vs_stock(self, variant, workload) -> float | None:
-        """Against stock vLLM on the plain workload this one is priced against (the speed ceiling)."""
-        return stats.ratio(self.tok_s(variant, workload), self.tok_s(STOCK, WORKLOADS[workload].baseline))
-
-    def vs_own(self, variant, workload) -> float | None:
-        """Against the same variant's plain baseline workload (capture/steer/lens overhead)."""
-        base = WORKLOADS[workload].baseline
-        return None if base == workload else stats.ratio(self.tok_s(variant, workload), self.tok_s(variant, base))
+    def tok_s(self, variant, workload) -> Interval | None:
+        xs = list(self.per_round(variant, workload).values())
+        return median_ci(xs, self.params().ci_level) if xs else None
 
     # -- facts shared by every rendering -------------------------------------------------------
     def env(self) -> dict:
-        """The environment of the first measured cell (all measured cells agree on hardware/dtype)."""
         for c in self.cells:
             if c.get("env"):
                 return c["env"]
         return {}
 
-    def params(self) -> dict:
-        return self.cells[0].get("params", {}) if self.cells else {}
+    def model_info(self) -> dict:
+        """What the loaded model looked like (layers, width, parameters), from the eager cell first."""
+        cs = sorted((c for c in self.cells if c.get("model_info")), key=lambda c: c["variant"] != "eager")
+        return cs[0]["model_info"] if cs else {}
 
-    def run_ids(self) -> list[str]:
-        return sorted({c.get("run_id") for c in self.cells if c.get("run_id")})
+    def run_id(self) -> str:
+        return next((c["run_id"] for c in self.cells if c.get("run_id")), "")
+
+    def commit(self) -> str:
+        return next((c["commit"] for c in self.cells if c.get("commit")), "unknown")
+
+    def wall_s(self) -> float | None:
+        return next((c["sweep_wall_s"] for c in self.cells if c.get("sweep_wall_s")), None)
+
+    def loads(self) -> list[float]:
+        return sorted(s["load1"] for c in self.cells for s in c.get("samples") or [] if s.get("load1") is not None)
 
     def deviations(self) -> list[tuple[dict, str]]:
         """(cell, statement) for every cell that ran differently from its workload's definition or

@@ -1,24 +1,35 @@
-"""One cell in its own process: `python -m benchmarks.worker '<json spec>'`.
+"""A long-lived benchmark worker: one variant's model, loaded once and kept warm, timing one sample
+whenever the sweep asks for it (`python -m benchmarks.worker`, started by benchmarks/pool.py).
 
-Loads the variant's model (timed separately), builds the workload's job, runs the warmups, then
-the timed repeats, runs the job's check, and writes the cell JSON atomically. Running each cell in
-a fresh process keeps one variant's allocator, thread pools and compiled kernels from colouring
-the next one's numbers."""
+One process per variant keeps one library's allocator, thread pools and compiled kernels from
+colouring another's numbers; keeping it alive across rounds is what lets the sweep interleave the
+variants (a fresh process per cell would pay the model load every time).
+
+Protocol: one JSON request per line on stdin, one JSON reply per line on the original stdout.
+Everything else the libraries print (their C code included) goes to stderr, so it can never be
+mistaken for a reply. Requests:
+    {"op": "load", "variant": ..., "params": {...}}  -> {"ok", "env", "load_s", "model_info"}
+    {"op": "prepare", "workload": w}                  -> {"ok", "k", "est_s", "notes"} (warmups, on the
+                                                         sweep's clock, size the sample here)
+    {"op": "sample", "workload": w}                   -> {"ok", "seconds", "cpu_s", "min_seconds", "min_cpu_s",
+                                                          "k", "load1", "t"} (per run: mean and fastest of k)
+    {"op": "check", "workload": w}                    -> {"ok", "check", "generated"}
+    {"op": "close"}                                   -> {"ok"} and exit
+A failure answers {"ok": false, "status": "n/a" | "error", "reason": ..., "traceback": ...}."""
 from __future__ import annotations
 
 import json
 import math
+import os
 import sys
 import time
 import traceback
-from datetime import datetime, timezone
-from pathlib import Path
 
-from benchmarks import cells, env, stats
+from benchmarks import env
 from benchmarks.spec import Params
-from benchmarks.variants import get as get_variant
-from benchmarks.variants.base import NotApplicable, generated_tokens
-from benchmarks.workloads import get as get_workload
+
+MAX_K = 500  # runs per sample at most (a sub-millisecond run would otherwise ask for thousands)
+MIN_K = 1  # a run longer than min_sample_s is a sample on its own
 
 
 def _sync(device: str):
@@ -27,87 +38,119 @@ def _sync(device: str):
         torch.cuda.synchronize()
 
 
-MAX_REPEATS = 200
+def runs_per_sample(est_s: float, min_sample_s: float) -> int:
+    """How many back-to-back runs make one sample of about `min_sample_s` seconds."""
+    return max(MIN_K, min(MAX_K, math.ceil(min_sample_s / max(est_s, 1e-6))))
 
 
-def time_job(job, warmups: int, repeats: int, device: str, progress=None, min_time_s: float = 0.0):
-    """(samples_s, last_output): warmups untimed, then at least `repeats` timed runs, more (up to
-    MAX_REPEATS) when runs are so short that `repeats` of them would take under `min_time_s`: a
-    5 ms prefill timed 5 times is mostly scheduler noise on a shared machine."""
-    est = None
-    for _ in range(max(warmups, 1 if min_time_s else 0)):
+class Worker:
+    def __init__(self):
+        self.runner = None
+        self.params: Params | None = None
+        self.jobs: dict = {}
+        self.k: dict[str, int] = {}
+        self.last: dict = {}
+        self.cpu = None
+
+    def handle(self, req: dict) -> dict:
+        from benchmarks.variants.base import NotApplicable
+        op = req.get("op")
+        try:
+            fn = getattr(self, f"op_{op}")
+        except AttributeError:
+            return {"ok": False, "status": "error", "reason": f"unknown worker request {op!r}"}
+        try:
+            return {"ok": True, **fn(req)}
+        except NotApplicable as e:
+            return {"ok": False, "status": "n/a", "reason": str(e)}
+        except Exception as e:  # the sweep records it in the cell and goes on
+            return {"ok": False, "status": "error", "reason": f"{type(e).__name__}: {e}",
+                    "traceback": traceback.format_exc(limit=8)}
+
+    def op_load(self, req):
+        import torch
+
+        from benchmarks.variants import get as get_variant
+        self.params = p = Params.from_dict(req["params"])
+        if p.threads:
+            torch.set_num_threads(p.threads)
+        captured = env.capture(p.dtype, p.device)  # the threads this worker was configured with
+        variant = get_variant(req["variant"])
+        self.runner = variant.load_runner()(p, variant)
         t0 = time.perf_counter()
-        job.run()
-        _sync(device)
-        est = time.perf_counter() - t0
-    if est and min_time_s:
-        repeats = min(max(repeats, math.ceil(min_time_s / max(est, 1e-6))), max(MAX_REPEATS, repeats))
-    if progress is not None:
-        progress.total = repeats
-    samples, out = [], None
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        out = job.run()
-        _sync(device)
-        samples.append(time.perf_counter() - t0)
-        if progress:
-            progress.update(1)
-    return samples, out
+        self.runner.load()
+        info = {**self.runner.model_info, "torch_threads_after_load": torch.get_num_threads()}
+        self.cpu = env.CpuClock()  # after loading: a vLLM engine core process exists by now
+        info["child_processes"] = len(self.cpu.children)
+        return {"env": captured, "load_s": time.perf_counter() - t0, "model_info": info, "pid": os.getpid()}
 
+    def _clock(self) -> float:
+        return self.cpu() if self.params.clock == "cpu" else time.perf_counter()
 
-def run_cell(variant_name: str, workload_name: str, params: Params, run_id: str) -> dict:
-    """Run one cell in this process and return the cell dict (never raises for a failed cell)."""
-    variant, workload = get_variant(variant_name), get_workload(workload_name)
-    base = {"run_id": run_id, "params": params.to_dict(), "title": variant.title, "kind": variant.kind,
-            "started": datetime.now(timezone.utc).isoformat(timespec="seconds")}
-    import torch
-    if params.threads:
-        torch.set_num_threads(params.threads)
-    base["env"] = env.capture(params.dtype, params.device)
-    t_start = time.perf_counter()
-    try:
-        runner = variant.load_runner()(params, variant)
-        t0 = time.perf_counter()
-        runner.load()
-        base["load_s"] = time.perf_counter() - t0
-        base["model_info"] = {**runner.model_info, "torch_threads_after_load": torch.get_num_threads()}
-        job = runner.job(workload_name)
-        from tqdm import tqdm
-        with tqdm(total=params.repeats, desc=f"{variant_name} x {workload_name}", leave=False,
-                  file=sys.stderr, disable=not sys.stderr.isatty()) as bar:
-            samples, last = time_job(job, params.warmups, params.repeats, params.device, bar,
-                                     params.min_time_s)
+    def op_prepare(self, req):
+        w, p = req["workload"], self.params
+        job = self.runner.job(w)
+        est = None
+        for _ in range(p.warmups):
+            t0 = self._clock()
+            self.last[w] = job.run()
+            _sync(p.device)
+            est = self._clock() - t0
+        self.jobs[w] = job
+        self.k[w] = runs_per_sample(est, p.min_sample_s)
+        return {"k": self.k[w], "est_s": est, "notes": list(job.notes)}
+
+    def op_sample(self, req):
+        """k back-to-back runs, each timed on both clocks; the sample keeps their mean and their
+        fastest (other work on the machine only ever adds time, so the fastest run is the least
+        disturbed one)."""
+        w, p = req["workload"], self.params
+        job, k = self.jobs[w], self.k[w]
+        t = time.time()
+        walls, cpus = [], []
+        for _ in range(k):
+            c0, w0 = self.cpu(), time.perf_counter()
+            out = job.run()
+            _sync(p.device)
+            walls.append(time.perf_counter() - w0)
+            cpus.append(self.cpu() - c0)
+        self.last[w] = out
+        return {"seconds": sum(walls) / k, "cpu_s": sum(cpus) / k, "min_seconds": min(walls), "min_cpu_s": min(cpus),
+                "k": k, "load1": env.load1(), "t": t}
+
+    def op_check(self, req):
+        from benchmarks.variants.base import generated_tokens
+        from benchmarks.workloads import get as get_workload
+        w = req["workload"]
+        wl, job, last = get_workload(w), self.jobs[w], self.last[w]
         check = job.check(last) if job.check else None
-    except NotApplicable as e:
-        return cells.make_cell(variant_name, workload_name, "n/a", str(e), **base)
-    except Exception as e:  # a failed cell is recorded with its message, the sweep goes on
-        tb = traceback.format_exc(limit=6)
-        return cells.make_cell(variant_name, workload_name, "error", f"{type(e).__name__}: {e}",
-                               traceback=tb, **base)
-    tokens = workload.tokens(params.prompt_tokens, params.new_tokens)
-    status, reason = "ok", ""
-    if check is not None and not check.get("passed"):
-        status, reason = "invalid", f"check failed: {check.get('detail')}"
-    made = generated_tokens(last, params.prompt_tokens) if workload.generates else None
-    if made is not None and made != tokens:  # a run that stopped early would inflate tok/s
-        status, reason = "invalid", (f"the last timed run generated {made} tokens, not the {tokens} the "
-                                     f"figure counts ({workload.batch} x {params.new_tokens})")
-    base["generated_tokens_checked"] = made
-    return cells.make_cell(variant_name, workload_name, status, reason, samples_s=samples,
-                           summary=stats.summarize(samples, tokens), check=check, notes=job.notes,
-                           wall_s=time.perf_counter() - t_start, **base)
+        made = generated_tokens(last, wl.prompt_len(self.params)) if wl.generates else None
+        return {"check": check, "generated": made}
+
+    def op_close(self, req):
+        if self.runner is not None:
+            self.runner.close()
+        return {}
 
 
-def main(argv=None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    if len(argv) != 1:
-        print("usage: python -m benchmarks.worker '<json spec>' (started by `python -m benchmarks run`)",
-              file=sys.stderr)
-        return 2
-    spec = json.loads(argv[0])
-    cell = run_cell(spec["variant"], spec["workload"], Params.from_dict(spec["params"]), spec["run_id"])
-    cells.write_cell(cell, Path(spec["cells_dir"]))
-    print(json.dumps({"id": cell["id"], "status": cell["status"], "reason": cell["reason"]}))
+def serve(inp, out) -> None:
+    w = Worker()
+    for line in inp:
+        if not line.strip():
+            continue
+        req = json.loads(line)
+        reply = w.handle(req)
+        out.write(json.dumps(reply, default=repr) + "\n")
+        out.flush()
+        if req.get("op") == "close":
+            return
+
+
+def main() -> int:
+    proto = os.fdopen(os.dup(1), "w")  # replies go here ...
+    os.dup2(2, 1)  # ... and anything printed to stdout, by Python or C code, goes to stderr
+    sys.stdout = sys.stderr
+    serve(sys.stdin, proto)
     return 0
 
 

@@ -1,5 +1,5 @@
-"""The workload table: what each benchmark times, how many tokens one run produces, and which
-plain workload its overhead is priced against."""
+"""The workload table: what each benchmark times, how many tokens one run accounts for, what its
+check proves, and which plain workload of the same variant its cost is priced against."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -13,33 +13,54 @@ class Workload:
     batch: int  # prompts per run
     generates: bool  # tokens counted are new tokens (else prompt tokens)
     baseline: str  # the plain workload of the same variant its cost is compared with
+    long: bool = False  # the prompt is Params.long_prompt_tokens long (else prompt_tokens)
+    captures: int = 0  # layers whose resid_post it returns: 0, 1, or -1 for every layer
+    steers: int = 0  # layers it steers: 0, 1 (the middle one) or -1 for every layer
 
-    def tokens(self, prompt_tokens: int, new_tokens: int) -> int:
+    def prompt_len(self, p) -> int:
+        return p.long_prompt_tokens if self.long else p.prompt_tokens
+
+    def tokens(self, p) -> int:
         """Tokens one timed run accounts for (tok/s = tokens / seconds)."""
-        return self.batch * (new_tokens if self.generates else prompt_tokens)
+        return self.batch * (p.new_tokens if self.generates else self.prompt_len(p))
+
+    def rows(self, p) -> int:
+        """Positions a full capture returns per prompt: the prompt, plus every generated token that
+        was fed back (the last one never is)."""
+        return self.prompt_len(p) + (p.new_tokens - 1 if self.generates else 0)
 
 
+_GEN = "greedy generation of new_tokens (prefill included in the time)"
 WORKLOADS: tuple[Workload, ...] = (
-    Workload("decode", "decode (1 stream)",
-             "greedy generation of new_tokens from one prompt; prefill included in the time", 1, True, "decode"),
+    Workload("decode", "decode (1 stream)", f"{_GEN} from one prompt", 1, True, "decode"),
     Workload("concurrency8", "concurrency 8 (aggregate)",
-             "8 different prompts generated together (one batch / 8 concurrent requests); "
-             "tok/s is the aggregate over the 8 streams", 8, True, "concurrency8"),
+             f"{_GEN} for 8 different prompts together (one batch / 8 concurrent requests); tok/s is the "
+             "aggregate over the 8 streams", 8, True, "concurrency8"),
     Workload("prefill", "prefill", "one forward pass over the prompt, no capture", 1, False, "prefill"),
     Workload("capture_one", "capture at one layer",
-             "one forward pass over the prompt capturing resid_post at the middle layer", 1, False, "prefill"),
+             "one forward pass capturing resid_post at the middle layer", 1, False, "prefill", captures=1),
     Workload("capture_all", "capture at every layer",
-             "one forward pass over the prompt capturing resid_post at every layer", 1, False, "prefill"),
-    Workload("capture_gen", "capture during generation",
-             "greedy generation of new_tokens capturing resid_post at every layer for the prompt and "
-             "every generated token", 1, True, "decode"),
-    Workload("steer", "steer",
-             "greedy generation of new_tokens with a vector added to resid_post at the middle layer at "
-             "every position; the cell is invalid unless the tokens differ from unsteered generation",
-             1, True, "decode"),
+             "one forward pass capturing resid_post at every layer", 1, False, "prefill", captures=-1),
     Workload("lens", "logit lens",
-             "one forward pass capturing resid_post at every layer, then the unembedding (final norm, "
-             "lm_head) applied to each", 1, False, "prefill"),
+             "one forward pass capturing resid_post at every layer, then the unembedding (final norm, lm_head) "
+             "applied to each", 1, False, "prefill", captures=-1),
+    Workload("capture_gen", "capture during generation",
+             f"{_GEN} capturing resid_post at every layer for the prompt and every fed-back token", 1, True,
+             "decode", captures=-1),
+    Workload("capture_gen8", "capture during generation, 8 streams",
+             f"{_GEN} for 8 prompts together, each capturing resid_post at every layer", 8, True,
+             "concurrency8", captures=-1),
+    Workload("steer", "steer one layer",
+             f"{_GEN} with a vector added to resid_post at the middle layer at every position", 1, True, "decode",
+             steers=1),
+    Workload("steer_all", "steer every layer",
+             f"{_GEN} with a vector added to resid_post at every layer at every position", 1, True, "decode",
+             steers=-1),
+    Workload("long_prefill", "long prompt prefill", "one forward pass over the long prompt, no capture", 1,
+             False, "long_prefill", long=True),
+    Workload("long_capture", "long prompt, capture at every layer",
+             "one forward pass over the long prompt capturing resid_post at every layer", 1, False,
+             "long_prefill", long=True, captures=-1),
 )
 
 BY_NAME = {w.name: w for w in WORKLOADS}
@@ -51,3 +72,15 @@ def get(name: str) -> Workload:
         from engine.address import closest
         raise ValueError(f"unknown workload {name!r}.{closest(name, NAMES)} Workloads: {', '.join(NAMES)}.")
     return BY_NAME[name]
+
+
+def _check_table() -> None:
+    for w in WORKLOADS:
+        base = BY_NAME.get(w.baseline)
+        if base is None or base.baseline != base.name or base.generates != w.generates or base.long != w.long \
+                or base.batch != w.batch:
+            raise AssertionError(f"workload {w.name!r} is priced against {w.baseline!r}, which is not a plain "
+                                 f"workload of the same shape")
+
+
+_check_table()

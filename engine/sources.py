@@ -95,7 +95,7 @@ def resolve(name, source: str = "auto", build: bool = True) -> ModelSource:
         where = "" if source == "zoo" else (" It is not a local directory or a checkpoint in the local HF "
                                             f"cache ({zoo._user_hub_cache()}) either.")
         raise ModelNotFoundError(f"{str(e).rstrip('.')}.{where}") from None
-    path = zoo.build_twin(canon) if build else zoo.snapshot_dir(canon)
+    path = zoo.ensure_twin(canon) if build else zoo.snapshot_dir(canon)  # this process's twin size
     return ModelSource(canon, str(path), "zoo", canon, asked)
 
 

@@ -1,65 +1,236 @@
-"""Benchmark harness: statistics and rounding, tables and ratios, refusal to mix hardware, the
-README marker rewrite, report/publish --check (fresh passes, drift fails)."""
+"""Benchmark harness, pure parts: the interleaving order, the interval over rounds, ratios paired per
+round, every refusal to put cells in one table, and the number formatting. (Workers, sweeps and
+publishing have their own files.)"""
 from __future__ import annotations
 
-import json
 import random
-import statistics
+from collections import Counter
 
-import numpy as np
 import pytest
 
-from benchmarks import cells as cellio
-from benchmarks import env, plots, publish, report, stats
+from benchmarks import ci, rounds, stats
+from benchmarks import ratios as R
 from benchmarks.spec import Params
 from benchmarks.table import MixedCellsError, Table
-from benchmarks.workloads import BY_NAME as WORKLOADS
+from tests.bench_fakes import fake_cell, fake_sweep
 
 
-def fake_cell(variant, workload, samples, hardware="CPU Test CPU x2", dtype="float32", status="ok", **params):
-    p = Params(**params).to_dict()
-    p["dtype"] = dtype
-    tokens = WORKLOADS[workload].tokens(p["prompt_tokens"], p["new_tokens"])
-    fields = {"params": p, "run_id": "20260101T000000Z", "kind": "ours" if variant == "eager" else "peer",
-              "env": {"hardware": hardware, "dtype": dtype, "device": "cpu", "cpu": "Test CPU", "gpu": None,
-                      "cpu_count": 2, "torch_threads": 2, "versions": {"torch": "0"}, "load_avg_1m": 0.5}}
-    if status in ("ok", "invalid"):
-        fields.update(samples_s=samples, summary=stats.summarize(samples, tokens), notes=[])
-    return cellio.make_cell(variant, workload, status, "" if status == "ok" else "because", **fields)
+# -- the interleaving order -------------------------------------------------------------------------
+def test_round_zero_runs_the_table_order_and_each_round_rotates_by_one():
+    vs = ["eager", "vllm", "hf-generate", "nnsight"]
+    assert rounds.rotated(vs, 0) == vs
+    assert rounds.rotated(vs, 1) == ["vllm", "hf-generate", "nnsight", "eager"]
+    assert rounds.rotated(vs, 5) == rounds.rotated(vs, 1)
+    assert rounds.rotated([], 3) == []
 
 
-def sweep(hardware="CPU Test CPU x2", dtype="float32"):
-    s = [0.10, 0.11, 0.12, 0.13, 0.30]
-    return [fake_cell("eager", "decode", s, hardware, dtype),
-            fake_cell("eager", "capture_gen", [x * 2 for x in s], hardware, dtype),
-            fake_cell("eager", "prefill", [x / 4 for x in s], hardware, dtype),
-            fake_cell("eager", "capture_all", [x / 2 for x in s], hardware, dtype),
-            fake_cell("vllm-generate", "decode", [x / 5 for x in s], hardware, dtype),
-            fake_cell("transformerlens", "capture_all", [x * 3 for x in s], hardware, dtype),
-            fake_cell("nnsight", "steer", s, hardware, dtype, status="invalid"),
-            cellio.make_cell("hf-generate", "steer", "n/a", "plain HF has no steering API",
-                             params=Params().to_dict())]
+def test_every_variant_takes_every_position_equally_often():
+    vs = ["a", "b", "c", "d", "e"]
+    for n_rounds in (5, 10, 15):
+        seen = Counter((v, pos) for r in range(n_rounds) for pos, v in enumerate(rounds.rotated(vs, r)))
+        assert set(seen.values()) == {n_rounds // len(vs)} and len(seen) == len(vs) ** 2
 
 
-# -- statistics and rounding -----------------------------------------------------------------------
-def test_quantile_and_summary_match_numpy_and_statistics():
+def _baseline(w):
+    from benchmarks.workloads import get
+    return get(w).baseline
+
+
+CELLS = [(v, w) for v in ("eager", "vllm", "hf-generate")
+         for w in ("decode", "prefill", "capture_all", "steer_all", "capture_gen")] + [("nnsight", "prefill")]
+
+
+def test_round_zero_groups_cells_by_baseline_variant_by_variant():
+    assert rounds.schedule(CELLS, 0, _baseline) == [
+        ("eager", "decode"), ("eager", "steer_all"), ("eager", "capture_gen"),
+        ("vllm", "decode"), ("vllm", "steer_all"), ("vllm", "capture_gen"),
+        ("hf-generate", "decode"), ("hf-generate", "steer_all"), ("hf-generate", "capture_gen"),
+        ("eager", "prefill"), ("eager", "capture_all"), ("vllm", "prefill"), ("vllm", "capture_all"),
+        ("hf-generate", "prefill"), ("hf-generate", "capture_all"), ("nnsight", "prefill")]
+
+
+def test_each_round_rotates_variants_and_their_workloads():
+    order = rounds.schedule(CELLS, 1, _baseline)
+    assert order[:3] == [("vllm", "steer_all"), ("vllm", "capture_gen"), ("vllm", "decode")]
+    assert order[9:] == [("vllm", "capture_all"), ("vllm", "prefill"), ("hf-generate", "capture_all"),
+                         ("hf-generate", "prefill"), ("nnsight", "prefill"), ("eager", "capture_all"),
+                         ("eager", "prefill")]
+    for r in range(6):  # every round runs every cell exactly once
+        assert Counter(rounds.schedule(CELLS, r, _baseline)) == Counter(CELLS)
+
+
+def test_the_two_sides_of_every_reported_ratio_share_a_group():
+    from benchmarks.workloads import NAMES
+    variants = ["eager", "vllm", "vllm-static", "vllm-generate", "hf-generate", "transformerlens", "nnsight",
+                "interp-engine"]
+    for spec in R.all_specs(variants, list(NAMES)):
+        assert _baseline(spec.num[1]) == _baseline(spec.den[1]), spec.key
+
+
+# -- the interval over rounds -------------------------------------------------------------------------
+@pytest.mark.parametrize("n, k, coverage", [(6, 1, 1 - 2 / 64), (8, 1, 1 - 2 / 256), (9, 2, 1 - 2 * 10 / 512),
+                                            (12, 3, 1 - 2 * 79 / 4096), (20, 6, 1 - 2 * 21700 / 2 ** 20)])
+def test_order_statistic_ranks_are_the_widest_that_reach_95_percent(n, k, coverage):
+    got_k, got_cov = ci.order_ranks(n, 0.95)
+    assert (got_k, got_cov) == (k, pytest.approx(coverage))
+    assert got_cov >= 0.95
+    if k + 1 <= n // 2:  # one rank further in would fall below the level
+        assert 1 - 2 * ci._binom_cdf_half(n, k) < 0.95
+
+
+def test_five_rounds_cannot_give_a_95_percent_interval():
+    with pytest.raises(ValueError, match=r"5 rounds cannot give a 95% interval for a median .* covers 93.8%"):
+        ci.order_ranks(5, 0.95)
+
+
+def test_median_ci_picks_the_order_statistics():
+    xs = [5.0, 1.0, 9.0, 3.0, 7.0, 2.0, 8.0, 4.0, 6.0]  # 1..9 shuffled
+    iv = ci.median_ci(xs)
+    assert (iv.median, iv.lo, iv.hi, iv.n) == (5.0, 2.0, 8.0, 9)
+    assert iv.width == pytest.approx(6 / 5) and not iv.resolved(0.25)
+    tight = ci.median_ci([1.0, 1.01, 0.99, 1.02, 0.98, 1.0])
+    assert (tight.lo, tight.hi) == (0.98, 1.02) and tight.resolved(0.05)
+    with pytest.raises(ValueError, match="finite values"):
+        ci.median_ci([1.0, float("nan")] * 3)
+
+
+def test_interval_covers_the_median_at_its_stated_rate():
+    """Simulated: skewed noise (a shared machine only ever adds time); the interval covers the true
+    median at least as often as it says."""
     rng = random.Random(0)
-    for n in (1, 2, 5, 9):
-        xs = [rng.uniform(0.01, 2.0) for _ in range(n)]
-        for q in (0.0, 0.25, 0.5, 0.75, 1.0):
-            assert stats.quantile(xs, q) == pytest.approx(float(np.quantile(xs, q)), rel=1e-12)
-        s = stats.summarize(xs, 16)
-        assert s["seconds"]["median"] == pytest.approx(statistics.median(xs))
-        assert s["tok_s"]["median"] == pytest.approx(16 / statistics.median(xs))
-        assert s["tok_s"]["max"] == pytest.approx(16 / min(xs)) and s["tok_s"]["min"] == pytest.approx(16 / max(xs))
-        assert s["tok_s"]["q1"] <= s["tok_s"]["median"] <= s["tok_s"]["q3"]
+    true_median = 1.0 + 0.3 * 0.6931471805599453  # median of 1 + Exp(mean 0.3)
+    trials, hits = 2000, 0
+    for _ in range(trials):
+        iv = ci.median_ci([1 + rng.expovariate(1 / 0.3) for _ in range(12)])
+        hits += iv.lo <= true_median <= iv.hi
+    assert hits / trials >= 0.95
 
 
-@pytest.mark.parametrize("bad, msg", [([], "no timing samples"), ([0.1, -1.0], "positive finite"),
-                                       ([float("nan")], "positive finite")])
-def test_summarize_rejects_bad_samples(bad, msg):
-    with pytest.raises(ValueError, match=msg):
-        stats.summarize(bad, 8)
+# -- ratios paired per round --------------------------------------------------------------------------
+def test_pairing_cancels_drift_between_rounds():
+    """The machine gets 3x slower over the sweep; both sides of the ratio see it in the same round, so
+    the ratio is exact although each side's tok/s spreads over 3x."""
+    drift = [1.0 + 0.2 * r for r in range(12)]
+    cells = fake_sweep({("eager", "capture_all"): [0.010 * d for d in drift],
+                        ("hf-generate", "prefill"): [0.008 * d for d in drift]})
+    t = Table(cells)
+    assert not t.tok_s("eager", "capture_all").resolved(Params().ci_bound)  # each side alone: unresolved
+    res = R.compute(t, R.HEADLINE[0])
+    assert res.interval.median == pytest.approx(0.8) and res.interval.width == pytest.approx(0, abs=1e-12)
+    assert res.resolved
+
+
+def test_ratio_uses_only_rounds_both_cells_have():
+    spec = R.RatioSpec("steer", ("eager", "steer_all"), ("eager", "decode"))
+
+    def sweep(shift):
+        cells = fake_sweep({("eager", "decode"): [0.1] * 12, ("eager", "steer_all"): [0.2] * 12})
+        for s in cells[1]["samples"]:
+            s["round"] += shift
+        return Table(cells)
+    res = R.compute(sweep(6), spec)  # rounds 6..11 in common
+    assert res.interval.median == pytest.approx(0.5) and res.interval.n == 6 and sorted(res.per_round) == list(
+        range(6, 12))
+    assert R.compute(sweep(8), spec) is None  # 4 rounds in common: no 95% interval
+
+
+def test_noisy_ratio_is_unresolved():
+    rng = random.Random(3)
+    cells = fake_sweep({("eager", "decode"): [0.1 * rng.uniform(0.5, 2.0) for _ in range(12)],
+                        ("eager", "steer_all"): [0.1 * rng.uniform(0.5, 2.0) for _ in range(12)]})
+    res = R.compute(Table(cells), R.RatioSpec("steer", ("eager", "steer_all"), ("eager", "decode")))
+    assert not res.resolved and res.interval.width > Params().ci_bound
+
+
+def test_invalid_cells_have_no_figure_and_no_ratio():
+    cells = fake_sweep({("eager", "decode"): [0.1] * 12})
+    cells.append(fake_cell("eager", "steer_all", [0.1] * 12, status="invalid"))
+    t = Table(cells)
+    assert t.tok_s("eager", "steer_all") is None
+    assert R.compute(t, R.RatioSpec("steer", ("eager", "steer_all"), ("eager", "decode"))) is None
+
+
+def test_cpu_clock_uses_the_fastest_run_in_cpu_seconds():
+    c = fake_cell("eager", "decode", [0.1] * 12)
+    for s in c["samples"]:
+        s["seconds"], s["min_seconds"] = 9.0, 9.0  # waiting for a core: not counted on the cpu clock
+    assert Table([c]).tok_s("eager", "decode").median == pytest.approx(16 / 0.1)
+
+
+def test_all_specs_cover_the_issue_comparisons_once_each():
+    specs = R.all_specs(["eager", "vllm", "vllm-static", "vllm-generate", "hf-generate", "transformerlens",
+                         "nnsight", "interp-engine"], ["decode", "prefill", "capture_all", "capture_gen", "steer_all"])
+    keys = [s.key for s in specs]
+    assert len(keys) == len(set(keys))
+    for want in ("eager:capture_all/hf-generate:prefill", "eager:capture_all/transformerlens:capture_all",
+                 "eager:capture_all/nnsight:capture_all", "eager:capture_all/interp-engine:capture_all",
+                 "vllm:capture_gen/vllm-generate:decode", "vllm-static:capture_gen/vllm-generate:decode",
+                 "eager:steer_all/eager:decode"):
+        assert want in keys
+    assert not [s for s in specs if s.num == s.den]
+
+
+# -- refusals to share a table ------------------------------------------------------------------------
+def _two(**changes):
+    a = fake_cell("eager", "decode", [0.1] * 12)
+    b = fake_cell("hf-generate", "decode", [0.1] * 12)
+    for path, value in changes.items():
+        target = b
+        *parents, leaf = path.split(".")
+        for p in parents:
+            target = target[p]
+        target[leaf] = value
+    return [a, b]
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"env.torch_threads": 2}, "different 'torch_threads' in sweep 'test'"),
+    ({"env.hardware": "GPU NVIDIA H200"}, "different 'hardware' in sweep 'test'"),
+    ({"env.dtype": "bfloat16"}, "different 'dtype' in sweep 'test'"),
+    ({"env.versions": {"torch": "9.9"}}, "different library versions in sweep 'test'"),
+    ({"params.threads": 2}, "different 'threads' in sweep 'test'"),
+    ({"params.prompt_tokens": 64}, "different 'prompt_tokens' in sweep 'test'"),
+    ({"params.size": "real"}, "different 'size' in sweep 'test'"),
+    ({"run_id": "20270101T000000Z"}, "different run ids in sweep 'test'.*Ratios pair the rounds of one run"),
+    ({"sweep": "other"}, "different sweep names"),
+])
+def test_table_refuses_cells_that_differ(change, message):
+    with pytest.raises(MixedCellsError, match=message):
+        Table(_two(**change))
+
+
+def test_table_refuses_a_timed_cell_without_env():
+    cells = _two()
+    del cells[1]["env"]
+    with pytest.raises(MixedCellsError, match="test/hf-generate__decode has timing samples but no env"):
+        Table(cells)
+
+
+def test_untimed_cells_need_no_env():
+    from benchmarks import cells as cellio
+    na = cellio.make_cell("test", "hf-generate", "steer", "n/a", "plain HF has no steering API",
+                          params=fake_cell("eager", "decode", [0.1] * 6)["params"], run_id="20260101T000000Z")
+    assert Table(_two() + [na]).cell("hf-generate", "steer")["status"] == "n/a"
+
+
+# -- params and formatting -----------------------------------------------------------------------------
+@pytest.mark.parametrize("kw, message", [
+    (dict(rounds=5), "rounds must be >= 6"),
+    (dict(threads=2), "clock 'cpu' needs threads=1"),
+    (dict(device="cuda", clock="cpu"), "would time the host"),
+    (dict(source="real", size="real"), "size applies to zoo twins"),
+    (dict(dtype="fp8"), "dtype must be one of"),
+    (dict(warmups=0), "warmups must be >= 1"),
+])
+def test_params_refuse_what_cannot_be_measured(kw, message):
+    with pytest.raises(ValueError, match=message):
+        Params(**kw)
+
+
+def test_clock_follows_the_device():
+    assert Params().clock == "cpu"
+    assert Params(device="cuda", threads=0).clock == "wall"
+    assert Params.from_dict(Params(device="cuda").to_dict()).clock == "wall"
 
 
 def test_sig_agrees_with_python_g_format_and_keeps_plain_notation():
@@ -70,212 +241,11 @@ def test_sig_agrees_with_python_g_format_and_keeps_plain_notation():
             text = stats.sig(x, d)
             assert "e" not in text.lower()
             assert float(text) == pytest.approx(float(f"{x:.{d}g}"), rel=1e-12, abs=0), (x, d, text)
-            digits = text.lstrip("-").replace(".", "").lstrip("0")
-            if "." in text:  # trailing zeros after the point are kept, so precision is visible
-                assert len(digits) == d, (x, d, text)
 
 
-def test_sig_edge_cases():
-    assert stats.sig(999.96, 3) == "1000"  # carries into the next decade
-    assert stats.sig(0.0012345, 3) == "0.00123"
-    assert stats.sig(2.0, 3) == "2.00"
-    assert stats.sig(0.0, 3) == "0.00"
-    assert stats.sig(None) == "—"
+def test_formatting_edge_cases():
+    assert stats.sig(999.96, 3) == "1000" and stats.sig(0.0012345, 3) == "0.00123" and stats.sig(2.0) == "2.00"
+    assert stats.fmt_interval(1.2345, 1.1, 1.41, 3, "x") == "1.23x [1.10–1.41]"
+    assert float(stats.full(1 / 3)) == 1 / 3
     with pytest.raises(ValueError, match="digits must be >= 1"):
         stats.sig(1.0, 0)
-
-
-def test_full_precision_round_trips():
-    for x in (1 / 3, 123.456789012345678, 1e-9 / 7):
-        assert float(stats.full(x)) == x
-
-
-# -- tables and ratios -------------------------------------------------------------------------------
-def test_ratios_are_computed_from_the_cells():
-    cs = sweep()
-    t = Table(cs)
-    med = {c["id"]: c["summary"]["tok_s"]["median"] for c in cs if c["status"] == "ok"}
-    assert t.vs_own("eager", "capture_gen") == pytest.approx(med["eager__capture_gen"] / med["eager__decode"])
-    assert t.vs_own("eager", "capture_all") == pytest.approx(med["eager__capture_all"] / med["eager__prefill"])
-    assert t.vs_stock("eager", "capture_gen") == pytest.approx(med["eager__capture_gen"] / med["vllm-generate__decode"])
-    assert t.vs_eager("transformerlens", "capture_all") == pytest.approx(
-        med["transformerlens__capture_all"] / med["eager__capture_all"])
-    assert t.tok_s("nnsight", "steer") is None  # an invalid cell never has a published figure
-    assert t.vs_own("eager", "decode") is None
-
-
-def test_refuses_mixed_hardware_and_dtypes():
-    with pytest.raises(MixedCellsError, match="different hardware or dtypes"):
-        Table(sweep()[:3] + [fake_cell("nnsight", "decode", [0.1] * 5, hardware="GPU NVIDIA H100")])
-    with pytest.raises(MixedCellsError, match="different hardware or dtypes"):
-        Table(sweep()[:3] + [fake_cell("nnsight", "decode", [0.1] * 5, dtype="bfloat16")])
-    with pytest.raises(MixedCellsError, match="'prompt_tokens'"):
-        Table(sweep()[:3] + [fake_cell("nnsight", "decode", [0.1] * 5, prompt_tokens=64)])
-
-
-def test_publish_cli_refuses_mixed_cells(tmp_path, capsys):
-    from benchmarks.__main__ import main
-    d = tmp_path / "cells"
-    for c in sweep() + [fake_cell("nnsight", "decode", [0.1] * 5, hardware="GPU NVIDIA H100")]:
-        cellio.write_cell(c, d)
-    readme = tmp_path / "README.md"
-    readme.write_text(f"x\n{publish.START}\n{publish.END}\n")
-    rc = main(["publish", "--cells", str(d), "--readme", str(readme), "--ts", str(tmp_path / "b.ts"),
-               "--plots", str(tmp_path)])
-    assert rc == 2
-    assert "refusing to mix" in capsys.readouterr().err
-    assert readme.read_text() == f"x\n{publish.START}\n{publish.END}\n"  # nothing written
-
-
-def test_hardware_key_prefers_the_gpu():
-    assert env.hardware_key({"gpu": "NVIDIA H200", "cpu": "Xeon", "cpu_count": 16}) == "GPU NVIDIA H200"
-    assert env.hardware_key({"gpu": None, "cpu": "Xeon", "cpu_count": 2}) == "CPU Xeon x2"
-
-
-# -- cells --------------------------------------------------------------------------------------------
-def test_cells_round_trip_and_bad_files(tmp_path):
-    c = sweep()[0]
-    p = cellio.write_cell(c, tmp_path)
-    assert json.loads(p.read_text()) == c and not list(tmp_path.glob(".*.tmp"))
-    assert cellio.load_cells(tmp_path) == [c]
-    (tmp_path / "broken.json").write_text("{")
-    with pytest.raises(ValueError, match="broken.json is not valid JSON"):
-        cellio.load_cells(tmp_path)
-    with pytest.raises(ValueError, match="needs a reason"):
-        cellio.make_cell("eager", "decode", "n/a")
-    with pytest.raises(ValueError, match="status must be one of"):
-        cellio.make_cell("eager", "decode", "great")
-
-
-def test_params_validate():
-    with pytest.raises(ValueError, match="repeats must be >= 5"):
-        Params(repeats=3)
-    with pytest.raises(ValueError, match="dtype must be one of"):
-        Params(dtype="fp8")
-
-
-# -- README marker rewrite --------------------------------------------------------------------------
-def test_replace_block_touches_only_the_block():
-    before, after = "# Title\n\nintro text\n", "\n## Later\nmore text\n"
-    text = before + publish.START + "\nold table\n" + publish.END + after
-    out = publish.replace_block(text, "new table\nline 2")
-    assert out == before + publish.START + "\nnew table\nline 2\n" + publish.END + after
-    assert publish.replace_block(out, "new table\nline 2") == out  # idempotent
-
-
-@pytest.mark.parametrize("text, msg", [
-    ("no markers here\n", "must contain exactly one"),
-    (f"{publish.START}\n{publish.START}\n{publish.END}\n", "found 2 and 1"),
-    (f"{publish.END}\nx\n{publish.START}\n", "comes before"),
-])
-def test_replace_block_errors_say_how_to_fix(text, msg):
-    with pytest.raises(publish.MarkerError, match=msg) as e:
-        publish.replace_block(text, "x")
-    assert "marker" in str(e.value).lower() or "START" in str(e.value)
-
-
-def test_publish_fails_without_markers(tmp_path):
-    d = tmp_path / "cells"
-    for c in sweep():
-        cellio.write_cell(c, d)
-    readme = tmp_path / "README.md"
-    readme.write_text("# Project\n")
-    with pytest.raises(publish.MarkerError, match="Add the two marker lines"):
-        publish.main(d, readme, tmp_path / "b.ts", tmp_path, check=False, log=lambda *_: None)
-    assert readme.read_text() == "# Project\n"
-
-
-# -- report / publish: fresh passes --check, drift fails -----------------------------------------------
-def _published(tmp_path):
-    d = tmp_path / "cells"
-    for c in sweep():
-        cellio.write_cell(c, d)
-    readme = tmp_path / "README.md"
-    readme.write_text(f"# Project\n\n{publish.START}\n{publish.END}\n\nfooter\n")
-    ts, out = tmp_path / "benchmarks.generated.ts", tmp_path / "results.md"
-    quiet = lambda *_: None  # noqa: E731
-    assert publish.main(d, readme, ts, tmp_path, check=False, log=quiet) == 0
-    assert report.main(d, out, check=False) == 0
-    return d, readme, ts, out, quiet
-
-
-def test_report_and_publish_check_fresh_then_drift(tmp_path):
-    d, readme, ts, out, quiet = _published(tmp_path)
-    assert publish.main(d, readme, ts, tmp_path, check=True, log=quiet) == 0
-    assert report.main(d, out, check=True) == 0
-    text = readme.read_text()
-    assert text.startswith("# Project\n\n") and text.endswith("\n\nfooter\n")
-    # the README block carries the median of every ok cell, 3 significant figures
-    t = Table(cellio.load_cells(d))
-    assert f"| eager | {stats.sig(t.tok_s('eager', 'decode'), 3)} |" in text
-    # a cell changes: every output drifts
-    c = json.loads((d / "eager__decode.json").read_text())
-    c["samples_s"] = [x * 2 for x in c["samples_s"]]
-    c["summary"] = stats.summarize(c["samples_s"], c["summary"]["tokens_per_run"])
-    cellio.write_cell(c, d)
-    assert publish.main(d, readme, ts, tmp_path, check=True, log=quiet) == 1
-    assert report.main(d, out, check=True) == 1
-
-
-@pytest.mark.parametrize("victim", ["README.md", "benchmarks.generated.ts", plots.THROUGHPUT_PNG,
-                                    plots.OVERHEAD_PNG])
-def test_publish_check_catches_each_edited_file(tmp_path, victim):
-    d, readme, ts, out, quiet = _published(tmp_path)
-    path = tmp_path / victim
-    if victim.endswith(".png"):
-        other = tmp_path / "other.png"
-        plots.plot_throughput(Table(cellio.load_cells(d)[:2]), other)  # a plot of different data
-        other.replace(path)
-    else:
-        path.write_text(path.read_text().replace("eager", "eagre", 1))
-    msgs = []
-    assert publish.main(d, readme, ts, tmp_path, check=True, log=msgs.append) == 1
-    assert any(victim in m for m in msgs) and "python -m benchmarks publish" in msgs[-1]
-
-
-def test_report_states_every_row_that_ran_differently(tmp_path):
-    text = report.render(sweep())
-    section = text.split("## Rows that ran differently")[1].split("## Full precision")[0]
-    assert "- invalid: because — **nnsight x steer**" in section
-    assert "- n/a: plain HF has no steering API — **hf-generate x steer**" in section
-    # full precision: the exact median appears unrounded
-    med = Table(sweep()).tok_s("eager", "decode")
-    assert repr(med) in text
-
-
-def test_committed_outputs_match_committed_cells():
-    """The committed report, README block, TS file and plots are what the committed cells give."""
-    if not list(cellio.CELLS_DIR.glob("*.json")):
-        pytest.skip("no committed benchmark cells yet (run `python -m benchmarks run`)")
-    assert report.main(cellio.CELLS_DIR, cellio.REPORT_DIR / "results-latest.md", check=True) == 0
-    readme = cellio.ROOT / "README.md"
-    assert publish.main(cellio.CELLS_DIR, readme, cellio.ROOT / "visualizer-data" / "benchmarks.generated.ts",
-                        cellio.REPORT_DIR, check=True) == 0
-
-
-def test_noisy_cells_are_run_again_and_the_tighter_run_is_kept(tmp_path, monkeypatch):
-    from benchmarks import sweep as sw
-    wild = fake_cell("eager", "decode", [0.1, 0.1, 0.3, 0.5, 0.9])
-    wild2 = fake_cell("eager", "capture_gen", [0.1, 0.1, 0.3, 0.5, 0.9])
-    tight = fake_cell("eager", "prefill", [0.1, 0.1, 0.1, 0.1, 0.1])
-    for c in (wild, wild2, tight):
-        cellio.write_cell(c, tmp_path)
-    assert sw.noisy(wild) and not sw.noisy(tight)
-    calls = []
-    reruns = {"decode": [0.2, 0.2, 0.21, 0.2, 0.2], "capture_gen": [0.1, 0.9, 0.1, 2.0, 3.0]}
-
-    def fake_run_one(variant, workload, params, run_id, cells_dir):
-        calls.append(workload)
-        c = fake_cell(variant, workload, reruns[workload])
-        cellio.write_cell(c, cells_dir)
-        return c
-    monkeypatch.setattr(sw, "run_one", fake_run_one)
-    sw.rerun_noisy(tmp_path, log=lambda *_: None)
-    assert sorted(calls) == ["capture_gen", "decode"]
-    dec = json.loads((tmp_path / "eager__decode.json").read_text())  # the rerun is tighter: kept
-    assert dec["samples_s"] == reruns["decode"] and dec["other_run"]["samples_s"] == wild["samples_s"]
-    gen = json.loads((tmp_path / "eager__capture_gen.json").read_text())  # the rerun is wilder: first kept
-    assert gen["samples_s"] == wild2["samples_s"] and gen["other_run"]["samples_s"] == reruns["capture_gen"]
-    assert any("kept the second run" in n for n in dec["notes"])
-    assert any("kept the first run" in n for n in gen["notes"])
-    assert "run twice" in report.render(cellio.load_cells(tmp_path))

@@ -1,5 +1,6 @@
-"""visualizer-data/benchmarks.generated.ts from the benchmark cells (the same Table the report
-and the README block render, so the site never disagrees with them)."""
+"""visualizer-data/benchmarks.generated.ts from the benchmark sweeps' cells (the same Tables and
+ratio table the report and the README block render, so the site never disagrees with them).
+An unresolved ratio carries its interval but no median: it is never shown as a figure."""
 from __future__ import annotations
 
 from visualizer_data.ts import module
@@ -7,21 +8,31 @@ from visualizer_data.ts import module
 INTERFACES = """
 export type BenchmarkStatus = "ok" | "invalid" | "n/a" | "skipped" | "error";
 
-export interface BenchmarkEnvironment {
+export interface BenchmarkSweep {
+  name: string;
+  model: string;
+  modelLabel: string;
+  source: string;
+  size: string;
+  parameters: number | null;
+  nLayers: number | null;
+  dModel: number | null;
   hardware: string;
   device: string;
   cpu: string | null;
   gpu: string | null;
   torchThreads: number | null;
   dtype: string;
-  model: string;
-  source: string;
   promptTokens: number;
+  longPromptTokens: number;
   newTokens: number;
-  warmups: number;
-  repeats: number;
+  rounds: number;
+  ciLevel: number;
+  ciBound: number;
   versions: Record<string, string>;
-  runIds: string[];
+  runId: string;
+  wallS: number | null;
+  machineLoad: [number, number] | null;
 }
 
 export interface BenchmarkWorkload {
@@ -39,70 +50,114 @@ export interface BenchmarkVariant {
 
 export interface TokensPerSecond {
   median: number;
-  q1: number;
-  q3: number;
-  min: number;
-  max: number;
+  lo: number;
+  hi: number;
 }
 
 export interface BenchmarkCell {
+  sweep: string;
   variant: string;
   workload: string;
   status: BenchmarkStatus;
   reason: string;
   tokS: TokensPerSecond | null;
-  n: number | null;
-  vsEager: number | null;
-  vsStockVllm: number | null;
-  vsOwnPlain: number | null;
+  rounds: number | null;
+  cpuPerWall: number | null;
+  check: string | null;
   notes: string[];
   samplesS: number[];
 }
+
+export interface BenchmarkRatio {
+  sweep: string;
+  key: string;
+  group: string;
+  label: string;
+  num: { variant: string; workload: string };
+  den: { variant: string; workload: string };
+  median: number | null;
+  lo: number;
+  hi: number;
+  rounds: number;
+  resolved: boolean;
+  headline: boolean;
+}
 """
+
+
+def _sweep(t) -> dict:
+    p, e, mi, loads = t.params(), t.env(), t.model_info(), t.loads()
+    return {"name": t.name, "model": p.model, "modelLabel": p.model_label(), "source": p.source, "size": p.size,
+            "parameters": mi.get("parameters"), "nLayers": mi.get("n_layers"), "dModel": mi.get("d_model"),
+            "hardware": e.get("hardware", "unmeasured"), "device": e.get("device", p.device), "cpu": e.get("cpu"),
+            "gpu": e.get("gpu"), "torchThreads": e.get("torch_threads"), "dtype": p.dtype,
+            "promptTokens": p.prompt_tokens, "longPromptTokens": p.long_prompt_tokens, "newTokens": p.new_tokens,
+            "rounds": p.rounds, "ciLevel": p.ci_level, "ciBound": p.ci_bound,
+            "versions": dict(sorted((e.get("versions") or {}).items())), "runId": t.run_id(), "wallS": t.wall_s(),
+            "machineLoad": [loads[0], loads[-1]] if loads else None}
+
+
+def _cells(t) -> list[dict]:
+    out = []
+    for v in t.variants:
+        for w in t.workloads:
+            c = t.cell(v, w)
+            if not c:
+                continue
+            iv = t.tok_s(v, w)
+            out.append({
+                "sweep": t.name, "variant": v, "workload": w, "status": c["status"], "reason": c["reason"],
+                "tokS": {"median": iv.median, "lo": iv.lo, "hi": iv.hi} if iv else None,
+                "rounds": iv.n if iv else None,
+                "cpuPerWall": (c.get("summary") or {}).get("cpu_per_wall"),
+                "check": (c.get("check") or {}).get("detail"), "notes": list(c.get("notes") or []),
+                "samplesS": [s["seconds"] for s in c.get("samples") or []]})
+    return out
+
+
+def _ratios(t) -> list[dict]:
+    from benchmarks import ratios as R
+    headline = {s.key for s in R.HEADLINE}
+    out = []
+    for spec in R.all_specs(t.variants, t.workloads):
+        res = R.compute(t, spec)
+        if res is None:
+            continue
+        iv = res.interval
+        out.append({"sweep": t.name, "key": spec.key, "group": spec.group, "label": spec.title,
+                    "num": {"variant": spec.num[0], "workload": spec.num[1]},
+                    "den": {"variant": spec.den[0], "workload": spec.den[1]},
+                    "median": iv.median if res.resolved else None, "lo": iv.lo, "hi": iv.hi, "rounds": iv.n,
+                    "resolved": res.resolved, "headline": spec.key in headline})
+    return out
 
 
 def data(cells: list[dict]) -> dict:
     from benchmarks.table import Table
     from benchmarks.variants import BY_NAME as VARIANTS
     from benchmarks.workloads import WORKLOADS
-    t = Table(cells)
-    e, p = t.env(), t.params()
-    env = None if not cells else {
-        "hardware": e.get("hardware", "unmeasured"), "device": e.get("device", p.get("device", "")),
-        "cpu": e.get("cpu"), "gpu": e.get("gpu"), "torchThreads": e.get("torch_threads"),
-        "dtype": p.get("dtype", ""), "model": p.get("model", ""), "source": p.get("source", ""),
-        "promptTokens": p.get("prompt_tokens", 0), "newTokens": p.get("new_tokens", 0),
-        "warmups": p.get("warmups", 0), "repeats": p.get("repeats", 0),
-        "versions": dict(sorted((e.get("versions") or {}).items())), "runIds": t.run_ids()}
-    out_cells = []
-    for v in t.variants:
-        for w in t.workloads:
-            c = t.cell(v, w)
-            if not c:
-                continue
-            s = (c.get("summary") or {}).get("tok_s")
-            ok = c["status"] == "ok"
-            out_cells.append({
-                "variant": v, "workload": w, "status": c["status"], "reason": c["reason"],
-                "tokS": {k: s[k] for k in ("median", "q1", "q3", "min", "max")} if ok else None,
-                "n": c["summary"]["n"] if ok else None,
-                "vsEager": t.vs_eager(v, w), "vsStockVllm": t.vs_stock(v, w), "vsOwnPlain": t.vs_own(v, w),
-                "notes": list(c.get("notes") or []), "samplesS": list(c.get("samples_s") or [])})
+    by_sweep: dict = {}
+    for c in cells:
+        by_sweep.setdefault(c["sweep"], []).append(c)
+    tables = [Table(cs) for _, cs in sorted(by_sweep.items())]
+    variants = [v for v in VARIANTS if any(v in t.variants for t in tables)]
+    workloads = {w for t in tables for w in t.workloads}
     return {
-        "benchmarkEnvironment": env,
+        "benchmarkSweeps": [_sweep(t) for t in tables],
         "benchmarkWorkloads": [{"name": w.name, "title": w.title, "what": w.what, "baseline": w.baseline}
-                               for w in WORKLOADS if w.name in t.workloads],
-        "benchmarkVariants": [{"name": v, "kind": VARIANTS[v].kind if v in VARIANTS else "peer",
-                               "title": VARIANTS[v].title if v in VARIANTS else v} for v in t.variants],
-        "benchmarkCells": out_cells,
+                               for w in WORKLOADS if w.name in workloads],
+        "benchmarkVariants": [{"name": v, "kind": VARIANTS[v].kind, "title": VARIANTS[v].title} for v in variants],
+        "benchmarkCells": [c for t in tables for c in _cells(t)],
+        "benchmarkRatios": [r for t in tables for r in _ratios(t)],
     }
 
 
 def render(cells: list[dict]) -> str:
     d = data(cells)
-    return module("python -m benchmarks publish", "reports/benchmarks/cells/*.json", INTERFACES, [
-        ("benchmarkEnvironment", "BenchmarkEnvironment | null", d["benchmarkEnvironment"]),
+    return module("python -m benchmarks publish", "reports/benchmarks/sweeps/*/*.json", INTERFACES, [
+        ("benchmarkSweeps", "readonly BenchmarkSweep[]", d["benchmarkSweeps"]),
         ("benchmarkWorkloads", "readonly BenchmarkWorkload[]", d["benchmarkWorkloads"]),
         ("benchmarkVariants", "readonly BenchmarkVariant[]", d["benchmarkVariants"]),
         ("benchmarkCells", "readonly BenchmarkCell[]", d["benchmarkCells"]),
+        ("benchmarkRatios", "readonly BenchmarkRatio[]", d["benchmarkRatios"]),
     ])

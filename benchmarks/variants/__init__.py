@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from benchmarks.workloads import NAMES as WORKLOADS
 
 _STOCK = "stock vLLM serves no capture, steering or lens: it is the speed ceiling the others are priced against"
+_HF_STEER = ("plain HF has no steering API (writing into a layer needs hooks, which is what the eager backend "
+             "adds)")
 
 
 @dataclass(frozen=True)
@@ -56,18 +58,23 @@ VARIANTS: tuple[Variant, ...] = (
             requires=_VLLM_REQ, backend="vllm-static"),
     Variant("vllm-generate", "ours", "stock vLLM (generate only)", "benchmarks.variants.ours:VllmRunner",
             requires=_VLLM_REQ, backend="vllm-generate",
-            na={w: _STOCK for w in ("capture_one", "capture_all", "capture_gen", "steer", "lens")}),
+            na={w: _STOCK for w in ("capture_one", "capture_all", "capture_gen", "capture_gen8", "steer",
+                                    "steer_all", "lens", "long_capture")}),
     Variant("hf-generate", "peer", "peer: plain HF transformers", "benchmarks.variants.hf:HFRunner",
             requires=("transformers",),
             na={"capture_one": "plain HF has no per-layer capture: output_hidden_states returns every "
                                "layer (timed under capture at every layer)",
-                "steer": "plain HF has no steering API (writing into a layer needs hooks, which is what the "
-                         "eager backend adds)",
-                "lens": "plain HF has no logit-lens API"}),
+                "steer": _HF_STEER, "steer_all": _HF_STEER, "lens": "plain HF has no logit-lens API"}),
     Variant("transformerlens", "peer", "peer: TransformerLens (TransformerBridge)",
-            "benchmarks.variants.tl:TLRunner", requires=("transformer_lens",)),
+            "benchmarks.variants.tl:TLRunner", requires=("transformer_lens",),
+            na={"capture_gen8": "TransformerLens 4.3 refuses generate(return_cache=True) for more than one prompt "
+                                "(NotImplementedError: not supported for batched generation yet)"}),
     Variant("nnsight", "peer", "peer: nnsight trace", "benchmarks.variants.nn:NNsightRunner",
             requires=("nnsight",)),
+    Variant("interp-engine", "peer", "peer: interp-engine (PyPI), eager backend", "benchmarks.variants.ie:IERunner",
+            requires=("interp_engine",),
+            na={w: "interp-engine's eager backend generates one prompt per call (no batched generation)"
+                for w in ("concurrency8", "capture_gen8")}),
 )
 
 BY_NAME = {v.name: v for v in VARIANTS}

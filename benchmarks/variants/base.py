@@ -2,6 +2,9 @@
 
 A Runner has one method per workload it supports, named after the workload; a workload without
 a method is "n/a" with the reason from the variant's table entry (benchmarks/variants/__init__.py).
+Every job's check (run on the last timed output) proves what the figure claims: a capture returned
+every layer and every row, a steer changed the generated tokens; the worker also counts the tokens
+a generation produced.
 """
 from __future__ import annotations
 
@@ -9,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from benchmarks.spec import Params
+from benchmarks.workloads import get as get_workload
 
 
 class NotApplicable(Exception):
@@ -18,7 +22,7 @@ class NotApplicable(Exception):
 
 @dataclass
 class Job:
-    """`run` is timed; `check(last_output)` (untimed, after the repeats) returns
+    """`run` is timed; `check(last_output)` (untimed, after the rounds) returns
     {"passed": bool, "detail": str, ...}; `notes` say how this row ran differently from the
     workload's definition."""
     run: Callable[[], Any]
@@ -37,6 +41,9 @@ class Runner:
     def load(self) -> None:
         raise NotImplementedError
 
+    def close(self) -> None:
+        """Free what load() holds (vLLM engines); the worker calls it before exiting."""
+
     def job(self, workload: str) -> Job:
         fn = getattr(self, workload, None)
         if fn is None:
@@ -46,6 +53,27 @@ class Runner:
     # helpers shared by runners --------------------------------------------------------------
     def middle_layer(self, n_layers: int) -> int:
         return n_layers // 2
+
+    def steer_layers(self, workload: str, n_layers: int) -> list[int]:
+        return list(range(n_layers)) if get_workload(workload).steers == -1 else [self.middle_layer(n_layers)]
+
+    def capture_check(self, workload: str, n_layers: int, shapes: list, d: int | None = None) -> Callable:
+        """A check that `shapes(last_output)` holds every layer the workload captures, each with the
+        workload's batch and rows (and width `d` when given)."""
+        wl = get_workload(workload)
+        layers = n_layers if wl.captures == -1 else wl.captures
+        return lambda out: rows_check(shapes(out), layers, wl.batch, wl.rows(self.p), d)
+
+
+def rows_check(shapes: list[tuple], layers: int, batch: int, rows: int, width: int | None = None) -> dict:
+    """Whether a capture returned `layers` tensors of [batch, rows, (width)]."""
+    want = (batch, rows) + ((width,) if width else ())
+    bad = [s for s in shapes if tuple(s[:len(want)]) != want]
+    ok = len(shapes) == layers and not bad
+    detail = (f"{len(shapes)} layers captured, each {list(want)}" if ok else
+              f"expected {layers} layers of {list(want)}, got {len(shapes)} layers"
+              + (f", shapes {sorted({tuple(s) for s in bad})[:3]}" if bad else ""))
+    return {"passed": ok, "detail": detail, "layers": len(shapes), "expected": [layers, *want]}
 
 
 def tokens_changed(steered, unsteered) -> dict:
@@ -63,14 +91,20 @@ def tokens_changed(steered, unsteered) -> dict:
 
 def generated_tokens(out, prompt_len: int) -> int | None:
     """How many new tokens a generation run produced, across its streams, from whatever the variant
-    returned (engine results carry new_tokens; HF / TL / nnsight return prompt + new token ids);
-    None when the output says nothing about it."""
+    returned (engine results carry new_tokens; HF / TL / nnsight return prompt + new token ids;
+    interp-engine a completion's token_ids); None when the output says nothing about it."""
     import torch
     if isinstance(out, tuple) and out:
         out = out[0]
+    if isinstance(out, list) and all(isinstance(t, int) for t in out):  # token ids of one stream
+        return len(out)
     new = getattr(out, "new_tokens", None)
+    if new is None:
+        new = getattr(out, "token_ids", None)
     if new is not None:
-        return int(new.numel()) if torch.is_tensor(new) else sum(len(x) for x in new)
+        if torch.is_tensor(new):
+            return int(new.numel())
+        return sum(len(x) for x in new) if new and not isinstance(new[0], int) else len(new)
     seq = getattr(out, "sequences", out)
     if torch.is_tensor(seq) and seq.dim() == 2:
         return int(seq.shape[0] * (seq.shape[1] - prompt_len))

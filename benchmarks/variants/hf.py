@@ -6,17 +6,22 @@ import torch
 from benchmarks.spec import prompt_ids
 from benchmarks.variants.base import Job, Runner
 
+_LAST_NORMED = ("HF output_hidden_states: every layer's output, the last one after the final norm (resid_post of "
+                "the last layer is not among them)")
+
 
 class HFRunner(Runner):
     def load(self):
         from engine.loading import load_hf
         p = self.p
-        # the eager attention HF picks by default for these tiny models; no engine hooks are attached
+        # the eager attention HF picks by default for these models; no engine hooks are attached
         self.hf, self.tok, used = load_hf(p.model, p.source, p.torch_dtype(), p.device)
         self.pad = self.tok.pad_token_id if self.tok.pad_token_id is not None else self.tok.eos_token_id
         self.ids1 = prompt_ids(self.tok, p.prompt_tokens, 1).to(p.device)
         self.ids8 = prompt_ids(self.tok, p.prompt_tokens, 8).to(p.device)
-        self.model_info = {"n_layers": self.hf.config.get_text_config().num_hidden_layers, "source": used}
+        self.ids_long = prompt_ids(self.tok, p.long_prompt_tokens, 1).to(p.device)
+        self.n_layers = self.hf.config.get_text_config().num_hidden_layers
+        self.model_info = {"n_layers": self.n_layers, "source": used}
 
     def _gen(self, ids, **kw):
         n = self.p.new_tokens
@@ -27,11 +32,16 @@ class HFRunner(Runner):
                                         min_new_tokens=n, do_sample=False, pad_token_id=self.pad, **kw)
         return run
 
-    def _fwd(self, **kw):
+    def _fwd(self, ids, **kw):
         def run():
             with torch.no_grad():
-                return self.hf(self.ids1, use_cache=False, **kw)
+                return self.hf(ids, use_cache=False, **kw)
         return run
+
+    def _hidden(self, workload, ids):
+        # hidden_states holds the embeddings first, then one entry per layer
+        check = self.capture_check(workload, self.n_layers, lambda out: [tuple(h.shape) for h in out.hidden_states[1:]])
+        return Job(self._fwd(ids, output_hidden_states=True), check, notes=[_LAST_NORMED])
 
     def decode(self):
         return Job(self._gen(self.ids1))
@@ -40,14 +50,29 @@ class HFRunner(Runner):
         return Job(self._gen(self.ids8))
 
     def prefill(self):
-        return Job(self._fwd())
+        return Job(self._fwd(self.ids1))
+
+    def long_prefill(self):
+        return Job(self._fwd(self.ids_long))
 
     def capture_all(self):
-        return Job(self._fwd(output_hidden_states=True),
-                   notes=["HF output_hidden_states: every layer's output, the last one after the final "
-                          "norm (resid_post of the last layer is not among them)"])
+        return self._hidden("capture_all", self.ids1)
+
+    def long_capture(self):
+        return self._hidden("long_capture", self.ids_long)
+
+    def _capture_gen(self, workload, ids):
+        def shapes(out):  # one tuple per step: the prompt's rows first, then one row per fed-back token
+            steps = out.hidden_states
+            return [(steps[0][i + 1].shape[0], sum(s[i + 1].shape[1] for s in steps), steps[0][i + 1].shape[2])
+                    for i in range(self.n_layers)]
+        return Job(self._gen(ids, output_hidden_states=True, return_dict_in_generate=True),
+                   self.capture_check(workload, self.n_layers, shapes),
+                   notes=["HF generate(output_hidden_states=True): hidden states per step, the last entry after "
+                          "the final norm"])
 
     def capture_gen(self):
-        return Job(self._gen(self.ids1, output_hidden_states=True, return_dict_in_generate=True),
-                   notes=["HF generate(output_hidden_states=True): hidden states per step, the last "
-                          "entry after the final norm"])
+        return self._capture_gen("capture_gen", self.ids1)
+
+    def capture_gen8(self):
+        return self._capture_gen("capture_gen8", self.ids8)

@@ -15,6 +15,10 @@ def envoy(root, path: str):
     return root
 
 
+def _out(t):
+    return t[0] if isinstance(t, tuple) else t
+
+
 class NNsightRunner(Runner):
     def load(self):
         from nnsight import LanguageModel
@@ -32,6 +36,7 @@ class NNsightRunner(Runner):
         self.d_model = cfg.hidden_size
         self.ids1 = prompt_ids(self.lm.tokenizer, p.prompt_tokens, 1).to(p.device)
         self.ids8 = prompt_ids(self.lm.tokenizer, p.prompt_tokens, 8).to(p.device)
+        self.ids_long = prompt_ids(self.lm.tokenizer, p.long_prompt_tokens, 1).to(p.device)
         self.model_info = {"n_layers": self.n_layers, "d_model": self.d_model, "layer": self.L,
                            "source": p.source, "family": self.fam.name}
 
@@ -53,10 +58,10 @@ class NNsightRunner(Runner):
             return res["out"], res.get("saved")
         return run
 
-    def _trace(self, layers, lens=False):
+    def _trace(self, ids, layers, lens=False):
         def run():
             saved = []
-            with torch.no_grad(), self.lm.trace(self.ids1):
+            with torch.no_grad(), self.lm.trace(ids):
                 for i in layers:
                     h = self.layer(i).output
                     if lens:
@@ -69,6 +74,11 @@ class NNsightRunner(Runner):
             return saved
         return run
 
+    def _capture(self, workload, ids, layers, lens=False):
+        check = self.capture_check(workload, self.n_layers, lambda out: [tuple(_out(t).shape) for t in out],
+                                   None if lens else self.d_model)
+        return Job(self._trace(ids, layers, lens), check)
+
     def decode(self):
         return Job(self._generate(self.ids1))
 
@@ -76,30 +86,48 @@ class NNsightRunner(Runner):
         return Job(self._generate(self.ids8))
 
     def prefill(self):
-        return Job(self._trace([]), notes=["nnsight trace saving the logits (lm_head output)"])
+        return Job(self._trace(self.ids1, []), notes=["nnsight trace saving the logits (lm_head output)"])
+
+    def long_prefill(self):
+        return Job(self._trace(self.ids_long, []), notes=["nnsight trace saving the logits (lm_head output)"])
 
     def capture_one(self):
-        return Job(self._trace([self.L]))
+        return self._capture("capture_one", self.ids1, [self.L])
 
     def capture_all(self):
-        return Job(self._trace(range(self.n_layers)))
+        return self._capture("capture_all", self.ids1, range(self.n_layers))
+
+    def long_capture(self):
+        return self._capture("long_capture", self.ids_long, range(self.n_layers))
+
+    def _capture_gen(self, workload, ids):
+        def body(tracer):
+            saved = [list().save() for _ in range(self.n_layers)]
+            with tracer.all():  # every step appends its rows, so the lists hold prompt + fed-back tokens
+                for i in range(self.n_layers):
+                    saved[i].append(self.layer(i).output)
+            return saved
+
+        def shapes(out):
+            per_layer = out[1]
+            return [(_out(s[0]).shape[0], sum(_out(t).shape[1] for t in s), _out(s[0]).shape[2]) for s in per_layer]
+        return Job(self._generate(ids, body), self.capture_check(workload, self.n_layers, shapes, self.d_model),
+                   notes=["nnsight generate with tracer.all(), appending every step's layer outputs to saved lists"])
 
     def capture_gen(self):
-        def body(tracer):
-            saved = []
-            with tracer.all():
-                for i in range(self.n_layers):
-                    saved.append(self.layer(i).output.save())
-            return saved
-        return Job(self._generate(self.ids1, body))
+        return self._capture_gen("capture_gen", self.ids1)
 
-    def steer(self):
+    def capture_gen8(self):
+        return self._capture_gen("capture_gen8", self.ids8)
+
+    def _steer(self, workload):
         v = steer_vector(self.d_model, self.p.steer_scale).to(self.p.device)
-        L = self.L
+        layers = self.steer_layers(workload, self.n_layers)
 
         def body(tracer):
             with tracer.all():
-                self.layer(L).output[:] += v
+                for i in layers:
+                    self.layer(i).output[:] += v
         run = self._generate(self.ids1, body)
         plain = self._generate(self.ids1)
 
@@ -108,7 +136,14 @@ class NNsightRunner(Runner):
             return tokens_changed(last[0][:, n:], plain()[0][:, n:])
         return Job(run, check)
 
+    def steer(self):
+        return self._steer("steer")
+
+    def steer_all(self):
+        return self._steer("steer_all")
+
     def lens(self):
-        return Job(self._trace(range(self.n_layers), lens=True),
-                   notes=["nnsight lens: the final norm and lm_head modules applied to each saved layer "
-                          "output inside the trace"])
+        job = self._capture("lens", self.ids1, range(self.n_layers), lens=True)
+        job.notes.append("nnsight lens: the final norm and lm_head modules applied to each saved layer output "
+                         "inside the trace")
+        return job

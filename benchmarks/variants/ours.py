@@ -6,6 +6,10 @@ from benchmarks.spec import prompt_ids, steer_vector
 from benchmarks.variants.base import Job, NotApplicable, Runner, tokens_changed
 
 
+def _shapes(cache) -> list:
+    return [tuple(v.shape) if hasattr(v, "shape") else (len(v), *v[0].shape) for v in cache.values()]
+
+
 class EagerRunner(Runner):
     load_kw: dict = {}
 
@@ -19,12 +23,20 @@ class EagerRunner(Runner):
         tok = self.m.tokenizer
         self.ids1 = prompt_ids(tok, p.prompt_tokens, 1).to(p.device)
         self.ids8 = prompt_ids(tok, p.prompt_tokens, 8).to(p.device)
+        self.ids_long = prompt_ids(tok, p.long_prompt_tokens, 1).to(p.device)
         self.model_info = {"n_layers": self.n_layers, "d_model": self.m.d_model,
                            "source": getattr(self.m, "source", p.source), "layer": self.L,
                            "family": getattr(getattr(self.m, "family", None), "name", None)}
+        hf = getattr(self.m, "hf", None)  # eager only: the vLLM model lives in its engine
+        if hf is not None:
+            self.model_info["parameters"] = sum(t.numel() for t in hf.parameters())
 
     def _gen(self, ids, **kw):
         return lambda: self.m.generate(ids, max_new_tokens=self.p.new_tokens, **kw)
+
+    def _capture(self, workload, ids, points):
+        return Job(lambda: self.m.run_with_cache(ids, points),
+                   self.capture_check(workload, self.n_layers, lambda out: _shapes(out[1]), self.m.d_model))
 
     def decode(self):
         return Job(self._gen(self.ids1))
@@ -35,31 +47,50 @@ class EagerRunner(Runner):
     def prefill(self):
         return Job(lambda: self.m.run_with_cache(self.ids1, []))
 
+    def long_prefill(self):
+        return Job(lambda: self.m.run_with_cache(self.ids_long, []))
+
     def capture_one(self):
-        return Job(lambda: self.m.run_with_cache(self.ids1, [f"resid_post.{self.L}"]))
+        return self._capture("capture_one", self.ids1, [f"resid_post.{self.L}"])
 
     def capture_all(self):
-        return Job(lambda: self.m.run_with_cache(self.ids1, ["resid_post"]))
+        return self._capture("capture_all", self.ids1, ["resid_post"])
+
+    def long_capture(self):
+        return self._capture("long_capture", self.ids_long, ["resid_post"])
+
+    def _capture_gen(self, workload, ids):
+        return Job(self._gen(ids, points=["resid_post"]),
+                   self.capture_check(workload, self.n_layers, lambda out: _shapes(out.cache), self.m.d_model))
 
     def capture_gen(self):
-        return Job(self._gen(self.ids1, points=["resid_post"]))
+        return self._capture_gen("capture_gen", self.ids1)
 
-    def steer(self):
+    def capture_gen8(self):
+        return self._capture_gen("capture_gen8", self.ids8)
+
+    def _steer(self, workload):
         from engine.steering import Steer
         v = steer_vector(self.m.d_model, self.p.steer_scale, self.m.dtype).to(self.p.device)
-        st = [Steer(f"resid_post.{self.L}", "add", v)]
+        st = [Steer(f"resid_post.{i}", "add", v) for i in self.steer_layers(workload, self.n_layers)]
         run = self._gen(self.ids1, steer=st)
 
         def check(last):
-            plain = self.m.generate(self.ids1, max_new_tokens=self.p.new_tokens)
+            plain = self._gen(self.ids1)()
             return tokens_changed(_new_tokens(last), _new_tokens(plain))
         return Job(run, check)
+
+    def steer(self):
+        return self._steer("steer")
+
+    def steer_all(self):
+        return self._steer("steer_all")
 
     def lens(self):
         def run():
             _, cache = self.m.run_with_cache(self.ids1, ["resid_post"])
             return [self.m.logit_lens(cache[f"resid_post.{i}"]) for i in range(self.n_layers)]
-        return Job(run)
+        return Job(run, self.capture_check("lens", self.n_layers, lambda out: [tuple(t.shape) for t in out]))
 
 
 def _new_tokens(result):
@@ -70,19 +101,63 @@ def _new_tokens(result):
 class VllmRunner(EagerRunner):
     """vllm / vllm-static / vllm-generate: the same calls on the vLLM backends; what a backend refuses
     (by its own error) becomes this cell's n/a reason."""
-    # every timed run recomputes its prompt, as on eager: identical prompts repeated across timed runs
-    # would otherwise be served from vLLM's prefix cache and time a prefill that never happens
-    load_kw = {"enable_prefix_caching": False}
     NOTE_PREFIX = "vLLM prefix caching off, so every timed run computes its prompt as eager does"
+    # on one GPU the three vLLM workers and the eager one are loaded at once: each engine takes a share
+    GPU_SHARE = 0.25
+
+    def load(self):
+        from transformers import AutoConfig
+
+        from engine import zoo
+        p = self.p
+        # room for the longest request this sweep makes (vLLM refuses a prompt past max_model_len)
+        need = max(p.prompt_tokens + p.new_tokens, p.long_prompt_tokens + 1)
+        name = str(zoo.ensure_twin(p.model)) if p.source == "zoo" else p.model
+        cfg = AutoConfig.from_pretrained(name)
+        positions = getattr(cfg.get_text_config(), "max_position_embeddings", None) or need
+        self.max_len = min(-(-need // 16) * 16, positions)
+        # every timed run recomputes its prompt, as on eager: identical prompts repeated across timed runs
+        # would otherwise be served from vLLM's prefix cache and time a prefill that never happens
+        # tokens one engine step must hold: the longest prompt, or 8 prompts prefilled together; no more,
+        # since vllm-static sizes a read and a write buffer per tap by it (8192 tokens default: 1.1 GiB of
+        # buffers on a 30-layer 576-wide model)
+        step = -(-max(p.long_prompt_tokens + 1, 8 * p.prompt_tokens, self.max_len) // 16) * 16
+        self.load_kw = {"enable_prefix_caching": False, "max_model_len": self.max_len, "max_num_batched_tokens": step}
+        if p.device.startswith("cuda"):
+            self.load_kw["gpu_memory_utilization"] = self.GPU_SHARE
+        super().load()
+        rep = getattr(self.m, "load_report", None)
+        self.model_info.update(max_model_len=self.max_len, max_num_batched_tokens=self.load_kw["max_num_batched_tokens"])
+        if rep is not None:
+            self.model_info["startup_s"] = getattr(rep, "startup_s", None)
+            self.model_info["compiled"] = getattr(rep, "compiled", None)
+
+    def close(self):
+        if hasattr(self, "m"):
+            self.m.close()
 
     def _gen(self, ids, **kw):
         # logits of the new tokens are extra work stock generate does not do; the figure is generation
         return super()._gen(ids, return_logits=False, **kw)
 
-    def prefill(self):
-        return Job(lambda: self.m.generate(self.ids1, max_new_tokens=1, return_logits=False),
-                   notes=["prefill timed as generate with max_new_tokens=1 (stock vLLM has no bare forward): "
+    def _prefill(self, ids, what):
+        if ids.shape[1] + 1 > self.max_len:
+            raise NotApplicable(f"the model's {self.max_len} positions leave no room for the token vLLM must "
+                                f"generate after a {ids.shape[1]}-token prompt")
+        return Job(lambda: self.m.generate(ids, max_new_tokens=1, return_logits=False),
+                   notes=[f"{what} timed as generate with max_new_tokens=1 (stock vLLM has no bare forward): "
                           "the prompt's forward plus one sampled token"])
+
+    def prefill(self):
+        return self._prefill(self.ids1, "prefill")
+
+    def long_prefill(self):
+        return self._prefill(self.ids_long, "long prompt prefill")
+
+    def long_capture(self):
+        if self.ids_long.shape[1] + 1 > self.max_len:
+            return self._prefill(self.ids_long, "")  # raises the same n/a
+        return super().long_capture()
 
     def job(self, workload):
         from engine.errors import UnsupportedPointError
@@ -97,10 +172,3 @@ class VllmRunner(EagerRunner):
         job.run = probe
         job.notes.append(self.NOTE_PREFIX)
         return job
-
-    def load(self):
-        super().load()
-        rep = getattr(self.m, "load_report", None)
-        if rep is not None:
-            self.model_info["startup_s"] = getattr(rep, "startup_s", None)
-            self.model_info["compiled"] = getattr(rep, "compiled", None)

@@ -21,6 +21,7 @@ class TLRunner(Runner):
         tok = self.b.tokenizer
         self.ids1 = prompt_ids(tok, p.prompt_tokens, 1).to(p.device)
         self.ids8 = prompt_ids(tok, p.prompt_tokens, 8).to(p.device)
+        self.ids_long = prompt_ids(tok, p.long_prompt_tokens, 1).to(p.device)
         self.d_model = self.b.cfg.d_model
         self.model_info = {"n_layers": self.n_layers, "d_model": self.d_model, "layer": self.L,
                            "source": p.source}
@@ -36,12 +37,24 @@ class TLRunner(Runner):
     def _names(self, layers):
         return [f"blocks.{i}.hook_resid_post" for i in layers]
 
-    def _cache(self, layers):
+    def _cache(self, ids, layers):
         names = self._names(layers)
 
         def run():
             with torch.no_grad():
-                return self.b.run_with_cache(self.ids1, names_filter=names)
+                return self.b.run_with_cache(ids, names_filter=names)
+        return run
+
+    def _capture(self, workload, ids, layers):
+        names = self._names(layers)  # the cache also holds each hook's aliases (hook_out): read ours only
+        return Job(self._cache(ids, layers),
+                   self.capture_check(workload, self.n_layers, lambda out: [tuple(out[1][n].shape) for n in names],
+                                      self.d_model))
+
+    def _fwd(self, ids):
+        def run():
+            with torch.no_grad():
+                return self.b(ids)
         return run
 
     def decode(self):
@@ -51,45 +64,64 @@ class TLRunner(Runner):
         return Job(self._gen(self.ids8))
 
     def prefill(self):
-        def run():
-            with torch.no_grad():
-                return self.b(self.ids1)
-        return Job(run)
+        return Job(self._fwd(self.ids1))
+
+    def long_prefill(self):
+        return Job(self._fwd(self.ids_long))
 
     def capture_one(self):
-        return Job(self._cache([self.L]))
+        return self._capture("capture_one", self.ids1, [self.L])
 
     def capture_all(self):
-        return Job(self._cache(range(self.n_layers)))
+        return self._capture("capture_all", self.ids1, range(self.n_layers))
+
+    def long_capture(self):
+        return self._capture("long_capture", self.ids_long, range(self.n_layers))
+
+    def _capture_gen(self, workload, ids):
+        names = self._names(range(self.n_layers))
+
+        def shapes(out):  # the clean forward covers prompt + every new token; the last has no place in a
+            # generation loop's capture, so a full capture here has one row more than the loop's
+            return [(out[1][n].shape[0], out[1][n].shape[1] - 1, *out[1][n].shape[2:]) for n in names]
+        return Job(self._gen(ids, return_cache=True, names_filter=names),
+                   self.capture_check(workload, self.n_layers, shapes, self.d_model),
+                   notes=["TransformerLens generate(return_cache=True) generates first, then runs one extra clean "
+                          "forward over prompt + output to fill the cache (its rows include the last new token)"])
 
     def capture_gen(self):
-        return Job(self._gen(self.ids1, return_cache=True, names_filter=self._names(range(self.n_layers))),
-                   notes=["TransformerLens generate(return_cache=True) generates first, then runs one "
-                          "extra clean forward over prompt + output to fill the cache"])
+        return self._capture_gen("capture_gen", self.ids1)
 
-    def steer(self):
+    def _steer(self, workload):
         v = steer_vector(self.d_model, self.p.steer_scale).to(self.p.device)
 
         def add(t, hook):
             return t + v.to(t.dtype)
+        hooks = [(f"blocks.{i}.hook_resid_post", add) for i in self.steer_layers(workload, self.n_layers)]
         gen = self._gen(self.ids1)
 
         def run():
-            with self.b.hooks(fwd_hooks=[(f"blocks.{self.L}.hook_resid_post", add)]):
+            with self.b.hooks(fwd_hooks=hooks):
                 return gen()
 
         def check(last):
             return tokens_changed(_new(last, self.ids1), _new(gen(), self.ids1))
         return Job(run, check)
 
+    def steer(self):
+        return self._steer("steer")
+
+    def steer_all(self):
+        return self._steer("steer_all")
+
     def lens(self):
-        run_cache = self._cache(range(self.n_layers))
+        run_cache = self._cache(self.ids1, range(self.n_layers))
 
         def run():
             with torch.no_grad():
                 _, cache = run_cache()
                 return [self.b.unembed(self.b.ln_final(cache[n])) for n in self._names(range(self.n_layers))]
-        return Job(run)
+        return Job(run, self.capture_check("lens", self.n_layers, lambda out: [tuple(t.shape) for t in out]))
 
 
 def _new(tokens, prompt):

@@ -17,8 +17,13 @@ the environment at import); ``offline_session()`` also patches the already-impor
 The zoo home is ``$INTERP_ZOO_HOME`` or ``<repo>/.zoo-cache``; a twin's snapshot carries a
 ``zoo_twin.json`` marker, and :func:`real_checkpoint_available` never mistakes a twin for real weights.
 
+Sizes: every entry also builds at the checkpoint's real dimensions (engine/zoo/real.py, seeded random
+weights, for real-shape throughput). ``$INTERP_ZOO_SIZE=real`` (or ``--size real`` on the CLI) makes
+this process's ``ensure_twin`` / ``load_twin`` / ``zoo_hub_cache`` / ``offline_env`` use the real-size
+twins, which live in their own hub cache (engine/zoo/sizes.py); tiny stays the default.
+
 CLI: ``python -m engine.zoo list [PATTERNS]``, ``python -m engine.zoo build [--all | NAMES...] [--force]``,
-``python -m engine.zoo path NAME``, ``python -m engine.zoo env``.
+``python -m engine.zoo path NAME``, ``python -m engine.zoo env`` (each with ``--size tiny|real``).
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ from pathlib import Path
 
 import torch
 
+from . import build, sizes
 from .build import (
     MARKER,
     ZOO_VERSION,
@@ -38,12 +44,12 @@ from .build import (
     build_twin,
     is_complete,
     read_marker,
-    snapshot_dir,
     snapshot_hash,
     zoo_home,
-    zoo_hub_cache,
 )
 from .entries import DROPPED, ZOO, ZooEntry
+from .real import REAL
+from .sizes import SIZE_ENV, SIZES, current_size
 from .tokenizer import build_tokenizer
 
 __all__ = [
@@ -65,6 +71,10 @@ __all__ = [
     "build_twin",
     "build_tokenizer",
     "snapshot_dir",
+    "REAL",
+    "SIZES",
+    "SIZE_ENV",
+    "current_size",
 ]
 
 _GLOB_CHARS = set("*?[")
@@ -80,9 +90,24 @@ def canonical_name(name: str) -> str:
     return hits[0]
 
 
-def ensure_twin(name: str) -> Path:
-    """Build the twin of ``name`` in the zoo cache if it is missing; return its snapshot dir."""
-    return build_twin(canonical_name(name))
+def ensure_twin(name: str, size: str | None = None) -> Path:
+    """Build the twin of ``name`` in the zoo cache if it is missing; return its snapshot dir.
+    ``size`` defaults to this process's (``$INTERP_ZOO_SIZE``, else tiny)."""
+    return sizes.ensure(canonical_name(name), size)
+
+
+def zoo_hub_cache(root: Path | str | None = None, size: str | None = None) -> Path:
+    """The hub cache of this process's twin size (``root`` given: that zoo home's tiny hub)."""
+    if root is not None:
+        return build.zoo_hub_cache(root)
+    return sizes.hub_cache(size)
+
+
+def snapshot_dir(name: str, root: Path | str | None = None, size: str | None = None) -> Path:
+    """The snapshot dir of the twin of ``name`` at this process's size (``root`` given: tiny there)."""
+    if root is not None:
+        return build.snapshot_dir(name, root)
+    return sizes.snapshot_dir(canonical_name(name), size)
 
 
 def load_twin(name: str, dtype: torch.dtype = torch.float32, **from_pretrained_kwargs):
@@ -151,19 +176,24 @@ def resolve(pattern: str) -> list[str]:
     )
 
 
-def offline_env() -> dict[str, str]:
+def offline_env(size: str | None = None) -> dict[str, str]:
     """Environment that makes any HF-based library load twins by repo id from the zoo, offline.
 
-    ``HF_HUB_CACHE`` points at the zoo hub; ``HF_HOME`` at the zoo home so that nothing from the
-    user's own HF home (token, real weights) is seen either. Set it before importing the library
-    (huggingface_hub reads these at import time) or pass it to a subprocess.
+    ``HF_HUB_CACHE`` points at the zoo hub (of ``size``, default this process's); ``HF_HOME`` at the
+    zoo home so that nothing from the user's own HF home (token, real weights) is seen either. Set it
+    before importing the library (huggingface_hub reads these at import time) or pass it to a
+    subprocess. A real size is passed on as ``$INTERP_ZOO_SIZE`` so the subprocess builds that size.
     """
-    return {
+    env = {
         "HF_HUB_OFFLINE": "1",
         "TRANSFORMERS_OFFLINE": "1",
         "HF_HOME": str(zoo_home()),
-        "HF_HUB_CACHE": str(zoo_hub_cache()),
+        "HF_HUB_CACHE": str(zoo_hub_cache(size=size)),
     }
+    size = size or current_size()
+    if size != "tiny":
+        env[SIZE_ENV] = size
+    return env
 
 
 @contextlib.contextmanager

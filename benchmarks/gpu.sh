@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# The GPU run, in one script, for a CUDA machine with no model hub (everything offline), within a
+# device-time budget: real-size twins of the headline models, the gpu-marked tests, the vLLM /
+# vllm-static validator columns, the headline sweep (1 stream and 8 concurrent; eager, vllm,
+# vllm-static, vllm-generate; 512-token prompt, 128 new tokens), then publish.
+#
+#   bash benchmarks/gpu.sh                       # on the GPU machine, from the repository root
+#
+# Each phase gets what is left of BUDGET_S and is skipped, saying so, when less than its estimate is
+# left; sweeps run one model at a time in SWEEP_MODELS order and publish whatever finished. Every
+# knob is an environment variable, so the same script runs on CPU with a tiny model as its test:
+#
+#   DEVICE=cpu SIZE=tiny MODELS=meta-llama/Llama-3.2-1B PROMPT=32 NEW=4 ROUNDS=6 SKIP_TESTS=1 \
+#     SKIP_VALIDATOR=1 OUT=/tmp/gpu-smoke PUBLISH_ARGS="--readme /tmp/R.md --ts /tmp/b.ts --out /tmp/o" \
+#     bash benchmarks/gpu.sh
+#
+# Needs: .venv (or PY) with CUDA torch and vLLM for CUDA (the repository's CPU pins do not run on a GPU);
+# the zoo cache is built here, so no hub is needed.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+PY=${PY:-.venv/bin/python}
+DEVICE=${DEVICE:-cuda}
+SIZE=${SIZE:-real}
+MODELS=${MODELS:-"google/gemma-2-2b Qwen/Qwen3-4B meta-llama/Llama-3.1-8B"}
+SWEEP_MODELS=${SWEEP_MODELS:-$MODELS}
+VARIANTS=${VARIANTS:-eager,vllm,vllm-static,vllm-generate}
+WORKLOADS=${WORKLOADS:-decode,concurrency8,capture_gen,capture_gen8,steer_all}
+PROMPT=${PROMPT:-512}
+NEW=${NEW:-128}
+ROUNDS=${ROUNDS:-6}
+MIN_SAMPLE=${MIN_SAMPLE:-0.5}
+BUDGET_S=${BUDGET_S:-570}                 # the device time this script may use, in seconds
+OUT=${OUT:-reports/benchmarks/sweeps}     # sweeps root; publish reads every sweep under it
+VALIDATOR_OUT=${VALIDATOR_OUT:-/tmp/gpu-validator}
+PUBLISH_ARGS=${PUBLISH_ARGS:-}
+if [ "$DEVICE" = cpu ]; then DTYPE=${DTYPE:-float32}; THREADS=${THREADS:-1}; else DTYPE=${DTYPE:-bfloat16}; THREADS=${THREADS:-0}; fi
+
+export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 INTERP_ZOO_SIZE=$SIZE
+START=$(date +%s)
+left() { echo $(( BUDGET_S - ($(date +%s) - START) )); }
+phase() {  # phase NAME ESTIMATE_S COMMAND...: run COMMAND under what is left of the budget, or skip it
+  local name=$1 est=$2; shift 2
+  local l; l=$(left)
+  if [ "$l" -lt "$est" ]; then
+    echo "== $name: skipped ($l s of the budget left, it needs about $est s)"; SKIPPED+=("$name"); return 0
+  fi
+  echo "== $name (budget left $l s)"
+  local t0; t0=$(date +%s)
+  timeout --kill-after=20 "$l" "$@"; local rc=$?
+  echo "== $name: exit $rc after $(( $(date +%s) - t0 )) s"
+  [ "$rc" -eq 0 ] || FAILED+=("$name (exit $rc)")
+  return 0
+}
+SKIPPED=(); FAILED=()
+
+if [ "$DEVICE" = cuda ]; then
+  "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" \
+    || { echo "DEVICE=cuda but torch sees no GPU; for the CPU test of this script set DEVICE=cpu"; exit 2; }
+fi
+
+# 1. twins at the chosen size, in parallel (CPU-bound: seeded init and calibration, then bf16 on disk)
+build() { local pids=(); for m in $MODELS; do "$PY" -m engine.zoo build --size "$SIZE" "$m" & pids+=($!); done
+          local rc=0; for p in "${pids[@]}"; do wait "$p" || rc=1; done; return $rc; }
+phase "build $SIZE twins" 60 bash -c "$(declare -f build); PY='$PY' SIZE='$SIZE' MODELS='$MODELS' build"
+
+# 2. the gpu-marked tests (tiny twins; the CUDA-graph path of vllm-static)
+[ -n "${SKIP_TESTS:-}" ] || phase "gpu-marked tests" 90 env INTERP_ZOO_SIZE=tiny "$PY" -m pytest -q -p no:cacheprovider -m gpu
+
+# 3. the vLLM / vllm-static validator columns on the headline models (tiny twins: what they check,
+#    the capture and steering of the CUDA-graph path, does not depend on size)
+[ -n "${SKIP_VALIDATOR:-}" ] || phase "validator vllm,vllm-static" 120 env INTERP_ZOO_SIZE=tiny \
+  "$PY" -m validator run --engines vllm,vllm-static --device "$DEVICE" --out "$VALIDATOR_OUT" \
+  $(for m in $MODELS; do printf -- "--models %s " "$m"; done)
+
+# 4. the headline sweep, one model at a time
+for m in $SWEEP_MODELS; do
+  phase "sweep $m" 150 "$PY" -m benchmarks run --model "$m" --size "$SIZE" --device "$DEVICE" --dtype "$DTYPE" \
+    --threads "$THREADS" --prompt-tokens "$PROMPT" --long-prompt-tokens "$PROMPT" --new-tokens "$NEW" \
+    --rounds "$ROUNDS" --min-sample "$MIN_SAMPLE" --variants "$VARIANTS" --workloads "$WORKLOADS" --sweeps "$OUT"
+done
+
+# 5. publish every sweep under OUT (the CPU sweeps beside the GPU ones), all or nothing
+phase "publish" 5 "$PY" -m benchmarks publish --sweeps $(ls -d "$OUT"/*/) $PUBLISH_ARGS
+
+echo "== done in $(( $(date +%s) - START )) s of a ${BUDGET_S} s budget"
+[ ${#SKIPPED[@]} -eq 0 ] || printf '   skipped: %s\n' "${SKIPPED[@]}"
+[ ${#FAILED[@]} -eq 0 ] || { printf '   failed: %s\n' "${FAILED[@]}"; exit 1; }

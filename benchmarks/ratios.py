@@ -1,0 +1,110 @@
+"""The ratios a sweep answers, as one table, and how each is computed: per round, then the median
+with its interval over rounds.
+
+Every ratio is tok/s of the first cell over tok/s of the second (above 1: the first is faster),
+computed round by round from samples taken in the same round, so drift on the machine between
+rounds cancels instead of landing on one side. A ratio whose interval spans more than the sweep's
+bound (Params.ci_bound, as a fraction of the median) is unresolved: it is shown as such and never
+as a figure."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from benchmarks.ci import Interval, median_ci
+from benchmarks.spec import MIN_ROUNDS
+from benchmarks.workloads import BY_NAME as WORKLOADS
+
+EAGER, STOCK, HF = "eager", "vllm-generate", "hf-generate"
+PEERS = ("transformerlens", "nnsight", "interp-engine")
+VLLM_OURS = ("vllm", "vllm-static")
+
+GROUPS = {
+    "hf": "Our capture against a plain HF forward",
+    "peers": "Ours (eager) against the peers, same workload",
+    "stock": "vLLM with capture or steering against stock vLLM generate",
+    "steer": "Steering at every layer against no steering",
+    "own": "Capture, steering and lens against the same variant's plain run",
+}
+
+
+@dataclass(frozen=True)
+class RatioSpec:
+    group: str
+    num: tuple[str, str]  # (variant, workload)
+    den: tuple[str, str]
+    label: str = ""
+
+    @property
+    def key(self) -> str:
+        return f"{self.num[0]}:{self.num[1]}/{self.den[0]}:{self.den[1]}"
+
+    @property
+    def title(self) -> str:
+        return self.label or f"{self.num[0]} {self.num[1]} / {self.den[0]} {self.den[1]}"
+
+
+def _s(group, nv, nw, dv, dw, label=""):
+    return RatioSpec(group, (nv, nw), (dv, dw), label)
+
+
+HEADLINE: tuple[RatioSpec, ...] = (
+    _s("hf", EAGER, "capture_all", HF, "prefill", "eager, capture at every layer / HF forward"),
+    _s("hf", EAGER, "long_capture", HF, "long_prefill", "eager, capture at every layer / HF forward, 512-token prompt"),
+    *(_s("peers", EAGER, w, p, w, f"eager / {p}, {WORKLOADS[w].title}")
+      for p in PEERS for w in ("capture_all", "capture_gen", "steer_all")),
+    *(_s("stock", v, w, STOCK, WORKLOADS[w].baseline,
+         f"{v}, {WORKLOADS[w].title} / stock {WORKLOADS[WORKLOADS[w].baseline].title}")
+      for v in VLLM_OURS for w in ("capture_gen", "capture_gen8", "steer_all")),
+    _s("stock", EAGER, "capture_gen", STOCK, "decode", "eager, capture during generation / stock decode (1 stream)"),
+    *(_s("steer", v, "steer_all", v, "decode", f"{v}, steer every layer / no steer")
+      for v in (EAGER, *VLLM_OURS)),
+)
+
+
+def all_specs(variants: list[str], workloads: list[str]) -> list[RatioSpec]:
+    """Every ratio the full report shows for a sweep with these variants and workloads: the
+    headline ones, then each variant's costs against its own plain run, ours against every peer and
+    against stock vLLM on every workload. Specs whose cells the sweep lacks are dropped."""
+    out = list(HEADLINE)
+    for v in variants:
+        for w in workloads:
+            base = WORKLOADS[w].baseline
+            if base != w:
+                out.append(_s("own", v, w, v, base))
+    for w in workloads:
+        for p in (HF, *PEERS):
+            out.append(_s("peers", EAGER, w, p, w))
+        for v in (EAGER, *VLLM_OURS):
+            out.append(_s("stock", v, w, STOCK, WORKLOADS[w].baseline))
+    have = set(variants), set(workloads)
+    seen, kept = set(), []
+    for s in out:
+        if s.key in seen or not (s.num[0] in have[0] and s.den[0] in have[0] and s.num[1] in have[1]
+                                 and s.den[1] in have[1]) or s.num == s.den:
+            continue
+        seen.add(s.key)
+        kept.append(s)
+    return kept
+
+
+@dataclass(frozen=True)
+class RatioResult:
+    spec: RatioSpec
+    interval: Interval
+    per_round: dict[int, float]
+    bound: float
+
+    @property
+    def resolved(self) -> bool:
+        return self.interval.resolved(self.bound)
+
+
+def compute(table, spec: RatioSpec) -> RatioResult | None:
+    """The ratio over the rounds both cells have, or None when either cell has no published figure."""
+    a, b = table.per_round(*spec.num), table.per_round(*spec.den)
+    common = sorted(a.keys() & b.keys())
+    if len(common) < MIN_ROUNDS:
+        return None
+    per = {r: a[r] / b[r] for r in common}
+    p = table.params()
+    return RatioResult(spec, median_ci(list(per.values()), p.ci_level), per, p.ci_bound)

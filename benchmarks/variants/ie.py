@@ -1,0 +1,105 @@
+"""Peer: interp-engine (the PyPI engine we aim to surpass), its eager backend, through its documented
+free functions (`load_model`, `capture`, `capture_generation`, `generate_stream`, `steer`,
+`layer_logits`), loaded by repo id from the same cache as every other variant."""
+from __future__ import annotations
+
+from benchmarks.spec import prompt_ids, steer_vector
+from benchmarks.variants.base import Job, Runner, tokens_changed
+
+
+class IERunner(Runner):
+    def load(self):
+        import interp_engine as ie
+        p = self.p
+        if p.source == "zoo":
+            from engine import zoo
+            zoo.ensure_twin(p.model)
+        self.ie = ie
+        self.m = ie.load_model(p.model, backend="eager", device=p.device, dtype=p.dtype)
+        self.n_layers, self.d_model = self.m.n_layers, self.m.d_model
+        self.L = self.middle_layer(self.n_layers)
+        tok = self.m.tokenizer
+        self.ids1 = prompt_ids(tok, p.prompt_tokens, 1).to(p.device)
+        self.ids_long = prompt_ids(tok, p.long_prompt_tokens, 1).to(p.device)
+        self.model_info = {"n_layers": self.n_layers, "d_model": self.d_model, "layer": self.L,
+                           "source": p.source, "version": getattr(ie, "__version__", None)}
+
+    def _points(self, layers):
+        return [f"resid_post.{i}" for i in layers]
+
+    def _capture(self, workload, ids, layers):
+        points = self._points(layers)
+        return Job(lambda: self.ie.capture(self.m, ids, points),
+                   self.capture_check(workload, self.n_layers, lambda c: [tuple(t.shape) for t in c.tensors.values()],
+                                      self.d_model))
+
+    def _gen(self, ids):
+        def run():  # greedy, never stopping at EOS, so every run makes new_tokens tokens
+            return [s.token_id for s in self.ie.generate_stream(self.m, ids, max_tokens=self.p.new_tokens,
+                                                                 temperature=0.0, stop_at_eos=False)]
+        return run
+
+    def decode(self):
+        return Job(self._gen(self.ids1), notes=["interp-engine generate_stream (greedy, one token per step)"])
+
+    def prefill(self):
+        return Job(lambda: self.ie.capture(self.m, self.ids1, []),
+                   notes=["interp-engine capture with no points: one forward pass"])
+
+    def long_prefill(self):
+        return Job(lambda: self.ie.capture(self.m, self.ids_long, []),
+                   notes=["interp-engine capture with no points: one forward pass"])
+
+    def capture_one(self):
+        return self._capture("capture_one", self.ids1, [self.L])
+
+    def capture_all(self):
+        return self._capture("capture_all", self.ids1, range(self.n_layers))
+
+    def long_capture(self):
+        return self._capture("long_capture", self.ids_long, range(self.n_layers))
+
+    def capture_gen(self):
+        points = self._points(range(self.n_layers))
+
+        def run():
+            return self.ie.capture_generation(self.m, self.ids1, points, max_tokens=self.p.new_tokens,
+                                              temperature=0.0)
+        return Job(run, self.capture_check("capture_gen", self.n_layers,
+                                           lambda out: [tuple(t.shape) for t in out[1].tensors.values()],
+                                           self.d_model),
+                   notes=["interp-engine capture_generation generates, then runs one extra forward over prompt + "
+                          "generated tokens to capture them"])
+
+    def _steer(self, workload):
+        ie = self.ie
+        v = steer_vector(self.d_model, self.p.steer_scale)
+        spec = ie.SteeringSpec(layers={i: ie.LayerSteeringSpec(operations=[ie.AddSpec(vector=v, scale=1.0)])
+                                       for i in self.steer_layers(workload, self.n_layers)})
+        gen = self._gen(self.ids1)
+
+        def run():
+            with ie.steer(self.m, spec):
+                return gen()
+
+        def check(last):
+            import torch
+            return tokens_changed(torch.tensor(last), torch.tensor(gen()))
+        return Job(run, check)
+
+    def steer(self):
+        return self._steer("steer")
+
+    def steer_all(self):
+        return self._steer("steer_all")
+
+    def lens(self):
+        layers = list(range(self.n_layers))
+
+        def run():
+            return self.ie.layer_logits(self.m, self.ids1, {"logit_lens": layers})["logit_lens"]
+
+        def shapes(out):  # [pos, vocab] per layer (interp-engine drops the batch axis)
+            return [(1, *tuple(t.shape)) for t in out.values()]
+        return Job(run, self.capture_check("lens", self.n_layers, shapes),
+                   notes=["interp-engine layer_logits (logit lens): one forward, final norm + lm_head per layer"])

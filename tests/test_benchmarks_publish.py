@@ -1,0 +1,225 @@
+"""Publishing that cannot lie: every refusal by its message, all-or-nothing writes, `--check` on
+fresh and drifted outputs, what the README block shows (ratios with intervals, model size, machine;
+no absolute tok/s), and that the committed outputs are what the committed cells give."""
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from benchmarks import cells as cellio
+from benchmarks import plots, publish
+from benchmarks.__main__ import main as cli
+from tests.bench_fakes import fake_cell
+
+QUIET = lambda *_: None  # noqa: E731
+README = f"# Project\n\n{publish.START}\nold block\n{publish.END}\n\nfooter\n"
+
+
+def sweep_cells(sweep="cpu-test-tiny", scale=1.0, **params):
+    s = [0.10, 0.11, 0.10, 0.12, 0.10, 0.11, 0.10, 0.13, 0.10, 0.11, 0.10, 0.12]
+    return [fake_cell("eager", "decode", [x * scale for x in s], sweep=sweep, **params),
+            fake_cell("eager", "steer_all", [x * 1.1 * scale for x in s], sweep=sweep, **params),
+            fake_cell("eager", "prefill", [x / 4 for x in s], sweep=sweep, **params),
+            fake_cell("eager", "capture_all", [x / 3.8 for x in s], sweep=sweep, **params),
+            fake_cell("hf-generate", "prefill", [x / 4.2 for x in s], sweep=sweep, **params),
+            fake_cell("nnsight", "capture_all", [x / 2 for x in s], sweep=sweep, **params),
+            fake_cell("nnsight", "steer_all", [x * 3 for x in s], sweep=sweep, status="invalid", **params),
+            cellio.make_cell(sweep, "hf-generate", "steer_all", "n/a", "plain HF has no steering API",
+                             params=fake_cell("eager", "decode", s, **params)["params"], run_id="20260101T000000Z")]
+
+
+@pytest.fixture
+def site(tmp_path):
+    """A sweeps root with two sweeps, a README with markers, and where TS / report / plots go."""
+    root = tmp_path / "sweeps"
+    for c in sweep_cells() + sweep_cells("cpu-test-real", 3.0, size="real"):
+        cellio.write_cell(c, root)
+    readme = tmp_path / "README.md"
+    readme.write_text(README)
+    return {"root": root, "sweeps": sorted(root.iterdir()), "readme": readme, "ts": tmp_path / "bench.ts",
+            "out": tmp_path / "out"}
+
+
+def run_publish(site, check=False, log=QUIET, sweeps=None):
+    return publish.main(sweeps or site["sweeps"], site["readme"], site["ts"], site["out"], check, log)
+
+
+def ts_export(path, name):
+    """The JSON value of `export const name: T = ...;` in a generated TS file."""
+    text = path.read_text().split(f"export const {name}: ")[1]
+    return json.loads(text.split(" = ", 1)[1].split(";\n", 1)[0])
+
+
+def snapshot(site) -> dict:
+    files = [site["readme"], site["ts"], *site["out"].glob("*")] if site["out"].exists() else [site["readme"],
+                                                                                              site["ts"]]
+    return {p: p.read_bytes() for p in files if p.exists()}
+
+
+# -- what gets published --------------------------------------------------------------------------------
+def test_readme_block_shows_ratios_with_intervals_model_and_machine_but_no_tok_s(site):
+    assert run_publish(site) == 0
+    text = site["readme"].read_text()
+    assert text.startswith("# Project\n\n") and text.endswith("\n\nfooter\n") and "old block" not in text
+    block = text.split(publish.START)[1].split(publish.END)[0]
+    assert "| ratio | `cpu-test-real` | `cpu-test-tiny` |" in block
+    assert "| eager, capture at every layer / HF forward | 0.905x [0.905–0.905] | 0.905x [0.905–0.905] |" in block
+    assert "| eager, steer every layer / no steer | 0.909x [0.909–0.909] | 0.909x [0.909–0.909] |" in block
+    assert "meta-llama/Llama-3.2-1B (real-size zoo twin) (1M parameters, 2 layers, d_model 256)" in block
+    assert "float32 on CPU Test CPU x2, 1 thread(s) per worker, timed in CPU seconds" in block
+    assert "tok/s]" not in block and "153" not in block  # eager decode is 153 tok/s: never in the README
+    report = (site["out"] / publish.REPORT_MD).read_text()
+    assert "| eager | decode | 153 [133–160] | 1 | 1.0 |" in report  # absolute figures live in the report
+    assert "invalid: because — **nnsight x steer_all**" in report
+    assert "n/a: plain HF has no steering API — **hf-generate x steer_all**" in report
+    rows = ts_export(site["ts"], "benchmarkRatios")
+    row = next(r for r in rows if r["sweep"] == "cpu-test-tiny" and r["key"] == "eager:steer_all/eager:decode")
+    assert row["median"] == pytest.approx(1 / 1.1) and row["resolved"] and row["headline"]
+    assert [s["name"] for s in ts_export(site["ts"], "benchmarkSweeps")] == ["cpu-test-real", "cpu-test-tiny"]
+    assert {p.name for p in site["out"].glob("*.png")} == {plots.RATIOS_PNG, "throughput-cpu-test-real.png",
+                                                           "throughput-cpu-test-tiny.png"}
+
+
+def test_unresolved_ratio_is_never_a_figure(site, tmp_path):
+    root = tmp_path / "noisy"
+    cells = sweep_cells("cpu-noisy")
+    noisy = [0.1, 0.3, 0.1, 0.05, 0.2, 0.1, 0.4, 0.1, 0.08, 0.3, 0.1, 0.2]
+    cells[1] = fake_cell("eager", "steer_all", noisy, sweep="cpu-noisy")
+    for c in cells:
+        cellio.write_cell(c, root)
+    assert run_publish(site, sweeps=[root / "cpu-noisy"]) == 0
+    block = site["readme"].read_text()
+    assert "| eager, steer every layer / no steer | unresolved |" in block
+    report = (site["out"] / publish.REPORT_MD).read_text()
+    assert "| eager, steer every layer / no steer | unresolved ([" in report and "spans" in report
+    row = next(r for r in ts_export(site["ts"], "benchmarkRatios") if r["key"] == "eager:steer_all/eager:decode")
+    assert row["median"] is None and row["resolved"] is False and row["lo"] < row["hi"]
+
+
+# -- refusals, by message, and nothing written ----------------------------------------------------------
+def refuses(site, capsys, argv_sweeps, message):
+    before = snapshot(site)
+    rc = cli(["publish", "--sweeps", *map(str, argv_sweeps), "--readme", str(site["readme"]), "--ts",
+              str(site["ts"]), "--out", str(site["out"])])
+    assert rc == 2
+    err = capsys.readouterr().err
+    assert message in err, err
+    assert snapshot(site) == before  # nothing published
+
+
+def test_refuses_a_sweeps_folder_that_does_not_exist(site, capsys):
+    refuses(site, capsys, [site["root"] / "no-such-sweep"], "no such benchmark sweep folder")
+
+
+def test_refuses_an_empty_sweep_folder(site, capsys):
+    (site["root"] / "empty").mkdir()
+    refuses(site, capsys, [site["root"] / "empty"], "holds no cells")
+
+
+def test_default_sweeps_root_must_exist(monkeypatch, tmp_path):
+    monkeypatch.setattr(cellio, "CELLS_DIR", tmp_path / "missing")
+    with pytest.raises(FileNotFoundError, match="no such benchmark sweeps folder"):
+        publish.load_tables(None)
+    (tmp_path / "missing").mkdir()
+    with pytest.raises(ValueError, match="no benchmark sweeps under .*nothing to publish"):
+        publish.load_tables(None)
+
+
+def test_refuses_a_duplicate_cell_file(site, capsys):
+    d = site["sweeps"][0]
+    shutil.copy(d / "eager__decode.json", d / "eager__decode (copy).json")
+    refuses(site, capsys, site["sweeps"], "holds cell 'eager__decode' of sweep 'cpu-test-real': a copied or renamed")
+
+
+def test_refuses_a_cell_filed_under_another_sweep(site, capsys):
+    shutil.copy(site["sweeps"][0] / "eager__decode.json", site["sweeps"][1] / "eager__decode.json")
+    refuses(site, capsys, site["sweeps"], "holds cell 'eager__decode' of sweep 'cpu-test-real'")
+
+
+def _edit(site, cell_file, fn):
+    p = site["sweeps"][1] / cell_file
+    c = json.loads(p.read_text())
+    fn(c)
+    p.write_text(json.dumps(c))
+
+
+def test_refuses_a_timed_cell_without_env(site, capsys):
+    _edit(site, "eager__decode.json", lambda c: c.pop("env"))
+    refuses(site, capsys, site["sweeps"], "cpu-test-tiny/eager__decode has timing samples but no env")
+
+
+def test_refuses_a_cell_with_other_threads(site, capsys):
+    _edit(site, "eager__decode.json", lambda c: c["env"].update(torch_threads=2))
+    refuses(site, capsys, site["sweeps"], "refusing to mix cells with different 'torch_threads'")
+
+
+def test_refuses_a_cell_with_other_library_versions(site, capsys):
+    _edit(site, "nnsight__capture_all.json", lambda c: c["env"]["versions"].update(nnsight="0.8.1"))
+    refuses(site, capsys, site["sweeps"], "refusing to mix cells with different library versions")
+
+
+def test_refuses_an_old_schema_cell(site, capsys):
+    _edit(site, "eager__decode.json", lambda c: c.update(schema=1))
+    refuses(site, capsys, site["sweeps"], "has schema 1 / status 'ok'; expected schema 2")
+
+
+def test_refuses_a_readme_without_markers(site):
+    site["readme"].write_text("# Project\n")
+    with pytest.raises(publish.MarkerError, match="Add the two marker lines"):
+        run_publish(site)
+    assert site["readme"].read_text() == "# Project\n" and not site["ts"].exists()
+
+
+def test_a_plot_error_publishes_nothing(site, monkeypatch):
+    assert run_publish(site) == 0
+    before = snapshot(site)
+    for c in sweep_cells("cpu-test-tiny", 2.0):  # new figures, so every output would change
+        cellio.write_cell(c, site["root"])
+
+    def broken(tables):
+        raise RuntimeError("matplotlib exploded")
+    monkeypatch.setattr(plots, "plot_ratios", broken)
+    with pytest.raises(RuntimeError, match="matplotlib exploded"):
+        run_publish(site)
+    assert snapshot(site) == before
+
+
+@pytest.mark.parametrize("text, msg", [
+    ("no markers here\n", "must contain exactly one"),
+    (f"{publish.START}\n{publish.START}\n{publish.END}\n", "found 2 and 1"),
+    (f"{publish.END}\nx\n{publish.START}\n", "comes before"),
+])
+def test_replace_block_errors_say_how_to_fix(text, msg):
+    with pytest.raises(publish.MarkerError, match=msg):
+        publish.replace_block(text, "x")
+
+
+# -- --check ---------------------------------------------------------------------------------------------
+def test_check_passes_fresh_and_catches_each_drifted_file(site):
+    assert run_publish(site) == 0
+    assert run_publish(site, check=True) == 0
+    victims = [site["readme"], site["ts"], site["out"] / publish.REPORT_MD, site["out"] / plots.RATIOS_PNG,
+               site["out"] / "throughput-cpu-test-tiny.png"]
+    for victim in victims:
+        saved = victim.read_bytes()
+        if victim.suffix == ".png":
+            shutil.copy(site["out"] / "throughput-cpu-test-real.png", victim)  # a plot of other data
+        else:
+            victim.write_text(victim.read_text().replace("eager", "eagre", 1))
+        msgs = []
+        assert run_publish(site, check=True, log=msgs.append) == 1
+        assert any(victim.name in m for m in msgs) and "python -m benchmarks publish" in msgs[-1]
+        victim.write_bytes(saved)
+    assert run_publish(site, check=True) == 0
+
+
+def test_committed_outputs_match_committed_cells():
+    """The committed report, README block, TS file and plots are what the committed cells give."""
+    if not cellio.CELLS_DIR.is_dir() or not cellio.sweep_dirs():
+        pytest.skip("no committed benchmark sweeps yet (run `python -m benchmarks run`)")
+    msgs = []
+    rc = publish.main(None, cellio.ROOT / "README.md", cellio.ROOT / "visualizer-data" / "benchmarks.generated.ts",
+                      cellio.REPORT_DIR, True, msgs.append)
+    assert rc == 0, msgs
