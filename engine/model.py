@@ -49,27 +49,51 @@ class _Step:
     shape: tuple = (0, 0)
 
 
-def _pad_key_axis(key: str, chunks: list) -> list:
+def _split_kv(t, positions: int, compress_rate: int):
+    """(window part, compressor entries) of a pattern's key axis. Compressed-KV layers (DeepSeek-V4
+    CSA/HCA) append one compressor entry per `compress_rate` positions seen so far after the window."""
+    extra = positions // compress_rate if compress_rate else 0
+    cut = t.shape[-1] - extra
+    return t[..., :cut], t[..., cut:]
+
+
+def _pad_key_axis(key: str, chunks: list, compress_rate: int = 0) -> list:
     """Attention patterns grow a key axis at every decode step ([b, 1, h, kpos] with kpos = prompt + step);
-    right-pad the earlier chunks (probability 0, or a masked score) so the steps concatenate by position."""
+    right-pad the earlier chunks (probability 0, or a masked score) so the steps concatenate by position.
+    On compressed-KV layers the padding goes between the positions and the compressor entries, so
+    every step keeps the layout [positions..., compressor entries...]."""
     n = max(c.shape[-1] for c in chunks)
     if key.split(".")[0] not in ("attn_scores", "attn_probs") or all(c.shape[-1] == n for c in chunks):
         return chunks
     fill = torch.finfo(chunks[0].dtype).min if key.startswith("attn_scores") else 0.0
-    return [torch.nn.functional.pad(c, (0, n - c.shape[-1]), value=fill) for c in chunks]
+    if not compress_rate:
+        return [torch.nn.functional.pad(c, (0, n - c.shape[-1]), value=fill) for c in chunks]
+    seen, parts = 0, []
+    for c in chunks:  # chunk i covers positions up to the running total of query lengths
+        seen += c.shape[1]
+        parts.append(_split_kv(c, seen, compress_rate))
+    width = max(w.shape[-1] for w, _ in parts)
+    extra = max(e.shape[-1] for _, e in parts)
+    pad = torch.nn.functional.pad
+    return [torch.cat([pad(w, (0, width - w.shape[-1]), value=fill), pad(e, (0, extra - e.shape[-1]), value=fill)],
+                      dim=-1) for w, e in parts]
 
 
-def _absolute_keys(key: str, t, step) -> "torch.Tensor":
+def _absolute_keys(key: str, t, step, compress_rate: int = 0) -> "torch.Tensor":
     """At a decode step a sliding-window cache holds only the last keys, so a pattern's key axis is
     shorter than the absolute positions it covers; left-pad it (probability 0, or a masked score) so
-    that key index k is position k, as in prefill."""
+    that key index k is position k, as in prefill. Compressor entries after the window (DeepSeek-V4's
+    compressed layers) are not positions: only the window part is padded, so the decode-time layout
+    is the prefill one, [positions..., compressor entries...]."""
     if not step.decoding or key.split(".")[0] not in ("attn_scores", "attn_probs"):
         return t
-    missing = step.offset + t.shape[1] - t.shape[-1]
+    total = step.offset + t.shape[1]
+    window, entries = _split_kv(t, total, compress_rate)
+    missing = total - window.shape[-1]
     if missing <= 0:
         return t
     fill = torch.finfo(t.dtype).min if key.startswith("attn_scores") else 0.0
-    return torch.nn.functional.pad(t, (missing, 0), value=fill)
+    return torch.cat([torch.nn.functional.pad(window, (missing, 0), value=fill), entries], dim=-1)
 
 
 @dataclass
@@ -146,6 +170,14 @@ class EagerModel(PointCatalogue):
     def _shape(self):
         return self._step.shape
 
+    def _compress_rate(self, addr: Address) -> int:
+        """Positions per compressor entry on this layer's attention key axis (DeepSeek-V4 CSA/HCA
+        layers); 0 where the key axis holds positions only."""
+        if addr.point not in ("attn_scores", "attn_probs") or addr.layer is None or not self.family.attn:
+            return 0
+        attn = sites.get_path(self.hf, f"{self.family.layers}.{addr.layer}.{self.family.attn}")
+        return int(getattr(getattr(attn, "compressor", None), "compress_rate", 0) or 0)
+
     # -- tokens ---------------------------------------------------------------------------------
     def to_tokens(self, text, padding_side: str = "left") -> dict:
         """Tokenize a string or a list of strings into input_ids / attention_mask (padded batch)."""
@@ -197,13 +229,14 @@ class EagerModel(PointCatalogue):
         for addr in capture:
             key = str(addr)
             coords = dict(addr.coords)
+            rate = self._compress_rate(addr)
 
-            def read(t, key=key, coords=coords):
+            def read(t, key=key, coords=coords, rate=rate):
                 full = t
                 if coords:
                     (_, idx), = coords.items()
                     t = t[:, :, idx]
-                t = _absolute_keys(key, t, self._step)
+                t = _absolute_keys(key, t, self._step, rate)
                 if detach:
                     store.setdefault(key, []).append(t.detach().clone())
                     return None
@@ -291,7 +324,7 @@ class EagerModel(PointCatalogue):
             handle.remove()
         cache = ActivationCache(self.n_layers)
         for k, v in store.items():
-            cache[k] = torch.cat(_pad_key_axis(k, v), dim=1)
+            cache[k] = torch.cat(_pad_key_axis(k, v, self._compress_rate(self.address(k))), dim=1)
         seq = out.sequences
         new = seq[:, enc["input_ids"].shape[1]:]
         logits = torch.stack(out.logits, dim=1) if out.logits else None
