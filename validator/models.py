@@ -58,7 +58,7 @@ def zoo_spec(name: str, dtype: str = "float32", device: str = "cpu") -> ModelSpe
         zoo.ensure_twin(name)
         return _from_pretrained(name, dtype, device, cache_dir=zoo.zoo_hub_cache())
 
-    return ModelSpec(name, "zoo", f"zoo:{snap}", load_engine, load_reference)
+    return ModelSpec(name, "zoo", f"zoo:{snap}", load_engine, load_reference, n_layers=zoo.ZOO[name].layers)
 
 
 def real_spec(name: str, dtype: str = "float32", device: str = "cpu") -> ModelSpec:
