@@ -29,6 +29,14 @@ def test_main_job_twice_writes_nothing_the_second_time(tmp_path, capsys):
     assert _snapshot(tmp_path) == first  # nothing recomputed, nothing rewritten, nothing added
     err = capsys.readouterr().err
     assert "0 cells to compute, 1 up to date" in err
+    assert cli.main(argv + ["--check"]) == exits.OK
+    assert "validator: 0 of 1 cells" in capsys.readouterr().err
+    path = cells.cell_path(tmp_path, GPT2, "hf")
+    stale = json.loads(path.read_text())
+    stale["inputs_digest"] = "0" * 16  # as if the code that computed it had changed
+    path.write_text(json.dumps(stale))
+    assert cli.main(argv + ["--check"]) == exits.FAILED
+    assert f"stale or missing: {GPT2} / hf" in capsys.readouterr().err
 
 
 def test_adhoc_run_never_touches_the_published_directory(tmp_path, monkeypatch, capsys):

@@ -69,6 +69,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"output directory (cells/ and reports; default: {_rel(cells.DEFAULT_OUT)} for the "
                         f"published job, .validator/runs/<name> for any other)")
     r.add_argument("--force", action="store_true", help="recompute cells even when up to date")
+    r.add_argument("--check", action="store_true",
+                   help="compute nothing: exit 1 when any selected cell is missing or stale (0: a rerun would "
+                        "recompute and rewrite nothing)")
     r.add_argument("--no-decode", action="store_true", help="skip decode-time capture")
     r.add_argument("--no-steer", action="store_true", help="skip steering parity")
     rp = sub.add_parser("report", help="re-render the reports from the cells", epilog=exits.epilog())
@@ -162,6 +165,8 @@ def cmd_run(args) -> int:
         specs = {n: _spec(n, args.real, variant.dtype, args.device or variant.device) for n in names}
     except FileNotFoundError as e:
         raise UsageError(str(e)) from None
+    if args.check:
+        return _check(args, engines, variant, out, names, specs)
     from validator import quiet
     log = outputs.log_path()
     with quiet.to_log(log) as con:
@@ -171,6 +176,18 @@ def cmd_run(args) -> int:
             con.say(f"validator: interrupted; the cells finished so far are kept in {_rel(out)} and the next run "
                     f"resumes there. Log: {_rel(log)}")
             return exits.INTERRUPTED
+
+
+def _check(args, engines, variant, out, names, specs) -> int:
+    """run --check: list the cells a run would compute (missing or stale), compute nothing."""
+    from validator import runner
+    opts = _options(args, engines, variant, out)
+    todo = [(n, e) for n in names for e in runner.pending(specs[n], opts)]
+    for n, e in todo[:20]:
+        print(f"stale or missing: {n} / {e}", file=sys.stderr)
+    print(f"validator: {len(todo)} of {len(names) * len(engines)} cells in {_rel(out)} would be computed"
+          f"{' (and more above)' if len(todo) > 20 else ''}.", file=sys.stderr)
+    return exits.FAILED if todo else exits.OK
 
 
 def _run(args, engines, variant, out, names, specs, con, all_models) -> int:

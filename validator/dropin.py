@@ -64,7 +64,7 @@ def _cell(per: dict, cat: str) -> str:
     return f"{len(models)}" + (f" ({', '.join(ids)})" if ids else "")
 
 
-def _verdict(per: dict) -> str:
+def verdict_of(per: dict) -> str:
     if per.get("undeclared"):
         return "**no: undeclared failure**"
     if per.get("differs"):
@@ -76,7 +76,7 @@ def _verdict(per: dict) -> str:
 
 def render_dropin(all_cells) -> list[str]:
     """Markdown lines (empty when there is no published interp-engine column)."""
-    from validator.report import _point_rank
+    from validator.report import point_rank
     t = table(all_cells)
     if not t:
         return []
@@ -89,10 +89,10 @@ def render_dropin(all_cells) -> list[str]:
              "are aligned by `validator/engines/interp_align.py`.", "",
              "| point | same | defined differently | not served by interp-engine | undeclared failure | drop-in |",
              "|---|---|---|---|---|---|"]
-    for point in sorted(t, key=_point_rank):
+    for point in sorted(t, key=point_rank):
         per = t[point]
         lines.append(f"| {point} | {_cell(per, 'same')} | {_cell(per, 'differs')} | {_cell(per, 'not_served')} | "
-                     f"{_cell(per, 'undeclared')} | {_verdict(per)} |")
+                     f"{_cell(per, 'undeclared')} | {verdict_of(per)} |")
     return lines + _by_cause(all_cells)
 
 

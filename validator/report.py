@@ -229,7 +229,7 @@ def render_details(model: str, all_cells) -> str:
                 if err is not None and (cur[1] is None or err > cur[1]):
                     cur[1] = err
                 cur[2] = cur[2] or kind
-    for (point, layer), per in sorted(table.items(), key=lambda kv: (_point_rank(kv[0][0]), kv[0][1])):
+    for (point, layer), per in sorted(table.items(), key=lambda kv: (point_rank(kv[0][0]), kv[0][1])):
         vals = []
         for e in engines:
             v = per.get(e)
@@ -269,7 +269,7 @@ def render_details(model: str, all_cells) -> str:
         if gaps:
             lines += ["", "Gaps (declared in validator/known_gaps.py; the runtime reason is the evidence):", ""]
             for (kid, why), where in sorted(gaps.items()):
-                pts = sorted(set(where), key=lambda w: (_point_rank(w.split(".")[0]), w))
+                pts = sorted(set(where), key=lambda w: (point_rank(w.split(".")[0]), w))
                 lines.append(f"- [{kid}] {', '.join(pts)} ({len(where)} rows): {why[:240]}")
         if c.get("tensors"):
             lines += ["", "Which tensor this engine compares:", ""]
@@ -277,7 +277,7 @@ def render_details(model: str, all_cells) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _point_rank(point):
+def point_rank(point):
     from engine.points import POINTS
     names = [p.name for p in POINTS] + ["steer", "decode"]
     return names.index(point) if point in names else len(names)
@@ -333,7 +333,7 @@ def heat_data(all_cells):
         return {}, [], []
     worst = df.groupby(["family", "point"])["rel_err"].max()
     fams = sorted(df["family"].unique())
-    pts = sorted(df["point"].unique(), key=_point_rank)
+    pts = sorted(df["point"].unique(), key=point_rank)
     return {k: float(v) for k, v in worst.items()}, fams, pts
 
 
