@@ -140,3 +140,16 @@ def test_partial_matrix_says_so(tmp_path):
     readme = (tmp_path / "README.md").read_text()
     from engine.zoo import ZOO
     assert "partial matrix:**" in readme and f"- `hf`: 1 of {len(ZOO)} zoo models; missing" in readme
+
+
+def test_code_digest_covers_what_decides_a_cell_and_nothing_else():
+    names = {p.relative_to(cells.REPO).as_posix() for p in cells.code_files()}
+    assert {"engine/model.py", "engine/attention.py", "validator/scoring.py", "validator/known_gaps.py",
+            "validator/tolerances.py", "validator/subject.py"} <= names
+    assert not {n for n in names if n.startswith(("engine/backends/", "validator/report", "validator/cli"))}
+    assert not {n for n in names if n.endswith("__main__.py")}
+    from validator.engines import adapter_source_files
+    vllm = {Path(p).relative_to(cells.REPO).as_posix() for p in adapter_source_files("vllm")}
+    assert "engine/backends/vllm_backend.py" in vllm and "validator/engines/vllm_ref.py" in vllm
+    assert "validator/engines/interp_align.py" in {Path(p).relative_to(cells.REPO).as_posix()
+                                                   for p in adapter_source_files("interp-engine")}

@@ -150,14 +150,15 @@ def files_digest(paths) -> str:
 
 # validator modules whose code decides a cell's rows; the reports, the CLI and the run plumbing do not
 CELL_MODULES = ("runner", "subject", "prompts", "matrix", "scoring", "tolerances", "known_gaps", "rows", "models",
-                "variant", "cells")
+                "variant")
 # engine/ paths that only some engines run (their adapters list them) or that never touch a capture
 ENGINE_EXCLUDED = ("backends", "docs.py", "serve", "harvest")
 
 
 def code_files() -> list[Path]:
-    """The engine and validator code every cell depends on (adapters add their own files)."""
-    eng = [p for p in (REPO / "engine").rglob("*.py") if "__pycache__" not in p.parts
+    """The engine and validator code every cell depends on (adapters add their own files); command-line
+    entry points (__main__.py) compute nothing a cell holds."""
+    eng = [p for p in (REPO / "engine").rglob("*.py") if "__pycache__" not in p.parts and p.name != "__main__.py"
            and p.relative_to(REPO / "engine").parts[0] not in ENGINE_EXCLUDED]
     return eng + [REPO / "validator" / f"{m}.py" for m in CELL_MODULES]
 
