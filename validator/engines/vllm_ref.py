@@ -99,11 +99,20 @@ class VllmStaticEngine(VllmEngine):
 
     def __init__(self, ctx):
         Reference.__init__(self, ctx)
-        self.notes, self.m = [], None
+        self.notes, self.m, self.failed = [], None, None
 
     def _ensure(self, addresses) -> None:
         if self.m is not None:
             return
+        if self.failed is not None:  # every case would retry a load that cannot succeed: once is enough
+            raise self.failed
+        try:
+            self._load_declaring(addresses)
+        except EngineUnavailable as e:
+            self.failed = e
+            raise
+
+    def _load_declaring(self, addresses) -> None:
         from engine.points import backend_status
         taps = [a for a in addresses if a != "lm_head"
                 and backend_status(split_address(a)[0], "vllm")[0] not in ("refused", "recompute")]
