@@ -69,3 +69,14 @@ def test_dropin_table_by_point():
     assert "| z |  |  |  | 1 | **no: undeclared failure** |" in md
     assert "| ie-embeddings-token-only | definition | embeddings | 1 | 1 |" in md
     assert dropin.render_dropin([_cell(rows)]) == []  # no interp-engine column, no section
+
+
+def test_failures_section_separates_undeclared_from_declared():
+    leak = _row("lm_head", "fail", case="leak", layer=None, structural=["padding leak: row 0"],
+                known="hf-deepseek-v4-padding-leak")
+    declared_only = report.render_readme([_cell([leak])], zoo=["acme/tiny"])
+    section = declared_only.split("## Failures")[1].split("##")[0]
+    assert "Undeclared (these fail the run):\n\nNone." in section
+    assert "- acme/tiny: 1 rows in hf (lm_head): `hf-deepseek-v4-padding-leak`" in section
+    both = report.render_readme([_cell([leak, SHAPE])], zoo=["acme/tiny"])
+    assert "- acme/tiny / decode / attn_probs.1 (hf): shape mismatch: ours (1, 1, 4, 21)" in both

@@ -174,22 +174,29 @@ def render_readme(all_cells, zoo: list[str] | None = None) -> str:
 
 
 def _failures(all_cells, per_model: int = 6) -> list[str]:
-    """Failing cells and rows, grouped: a model that did not load once, and each failing row once with
-    the engines it failed against (the engine side is shared, so one defect fails every column)."""
-    out = []
+    """Undeclared failures (they fail the run) row by row, then failures with a declared upstream cause
+    grouped per model and cause. A model that did not load is listed once, and each failing row once
+    with the columns it failed in (the engine side is shared, so one defect fails every column)."""
+    out = ["Undeclared (these fail the run):", ""]
     load = {}
     for c in all_cells:
         if c.get("status") == "error":
             load.setdefault(c["model"], (c.get("error") or "").split(" Supported:")[0][:240])
     for mdl, err in sorted(load.items()):
         out.append(f"- **{mdl}**: ERROR: {err}")
-    groups = defaultdict(list)
+    groups, declared = defaultdict(list), defaultdict(lambda: [set(), set(), 0])
     for c in all_cells:
         for r in c.get("rows", []):
-            if r["verdict"] == "fail":
-                why = "; ".join(r.get("structural", [])) or r.get("reason") or f"relative error {_fmt(r.get('rel_err'))}"
-                cause = f" (declared cause: {_kid(r)})" if r.get("known") else ""
-                groups[(c["model"], r["case"], _where(r), why[:240] + cause)].append(col(c))
+            if r["verdict"] != "fail":
+                continue
+            if r.get("known"):
+                d = declared[(c["model"], _kid(r))]
+                d[0].add(_where(r))
+                d[1].add(col(c))
+                d[2] += 1
+                continue
+            why = "; ".join(r.get("structural", [])) or r.get("reason") or f"relative error {_fmt(r.get('rel_err'))}"
+            groups[(c["model"], r["case"], _where(r), why[:240])].append(col(c))
     by_model = defaultdict(list)
     for (mdl, case, where, why), engines in sorted(groups.items()):
         by_model[mdl].append(f"- {mdl} / {case} / {where} ({', '.join(engines)}): {why}")
@@ -198,7 +205,17 @@ def _failures(all_cells, per_model: int = 6) -> list[str]:
         if len(items) > per_model:
             out.append(f"- {mdl}: {len(items) - per_model} more failing rows in "
                        f"[its details](details/{cells.slug(mdl)}.md)")
-    return out or ["None."]
+    if len(out) == 2:
+        out.append("None.")
+    if declared:
+        out += ["", "With a declared upstream cause (they stay failures, with the cause's evidence; they do not "
+                    "fail the run):", ""]
+        for (mdl, kid), (where, cols, n) in sorted(declared.items()):
+            pts = sorted(where, key=lambda w: (point_rank(w.split(".")[0]), w))
+            out.append(f"- {mdl}: {n} rows in {', '.join(sorted(cols))} ({', '.join(pts[:8])}"
+                       f"{' ...' if len(pts) > 8 else ''}): `{kid}`, see below and "
+                       f"[its details](details/{cells.slug(mdl)}.md)")
+    return out
 
 
 # -- details ----------------------------------------------------------------------------------------
