@@ -171,7 +171,7 @@ def cmd_run(args) -> int:
     log = outputs.log_path()
     with quiet.to_log(log) as con:
         try:
-            return _run(args, engines, variant, out, names, specs, con, all_models)
+            return _run(args, engines, variant, out, names, specs, con)
         except KeyboardInterrupt:
             con.say(f"validator: interrupted; the cells finished so far are kept in {_rel(out)} and the next run "
                     f"resumes there. Log: {_rel(log)}")
@@ -190,7 +190,7 @@ def _check(args, engines, variant, out, names, specs) -> int:
     return exits.FAILED if todo else exits.OK
 
 
-def _run(args, engines, variant, out, names, specs, con, all_models) -> int:
+def _run(args, engines, variant, out, names, specs, con) -> int:
     import os
 
     import torch

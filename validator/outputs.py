@@ -64,5 +64,12 @@ def ensure_writable(out: Path) -> None:
                           f"Pass a writable directory with --out.") from None
 
 
+KEEP_LOGS = 30
+
+
 def log_path() -> Path:
+    """A new log file name for this run; only the newest KEEP_LOGS logs are kept."""
+    old = sorted(LOGS.glob("run-*.log"), key=lambda p: p.stat().st_mtime)
+    for p in old[:max(0, len(old) - KEEP_LOGS + 1)]:
+        p.unlink(missing_ok=True)
     return LOGS / f"run-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.log"
