@@ -144,8 +144,9 @@ def test_partial_matrix_says_so(tmp_path):
 
 def test_code_digest_covers_what_decides_a_cell_and_nothing_else():
     names = {p.relative_to(cells.REPO).as_posix() for p in cells.code_files()}
-    assert {"engine/model.py", "engine/attention.py", "validator/scoring.py", "validator/known_gaps.py",
-            "validator/tolerances.py", "validator/subject.py"} <= names
+    assert {"engine/model.py", "engine/attention.py", "validator/scoring.py", "validator/tolerances.py",
+            "validator/subject.py"} <= names
+    assert "validator/known_gaps.py" not in names  # per cell: known_gaps.digest(engine, model_type)
     assert not {n for n in names if n.startswith(("engine/backends/", "validator/report", "validator/cli"))}
     assert not {n for n in names if n.endswith("__main__.py")}
     from validator.engines import adapter_source_files
@@ -153,3 +154,14 @@ def test_code_digest_covers_what_decides_a_cell_and_nothing_else():
     assert "engine/backends/vllm_backend.py" in vllm and "validator/engines/vllm_ref.py" in vllm
     assert "validator/engines/interp_align.py" in {Path(p).relative_to(cells.REPO).as_posix()
                                                    for p in adapter_source_files("interp-engine")}
+
+
+def test_a_declaration_makes_only_the_cells_it_can_apply_to_stale(monkeypatch, tmp_path):
+    from validator import known_gaps
+    specs = {m: zoo_spec(m) for m in (GPT2, "google/gemma-2-2b")}
+    before = {(m, e): runner.inputs_digest(s, e, runner.Options(engines=(e,), out=tmp_path))
+              for m, s in specs.items() for e in ("hf", "vllm")}
+    extra = known_gaps.Known("test-entry", "bug", "vllm", "lm_head", "r", "e", numeric=True, model_types="gemma2")
+    monkeypatch.setattr(known_gaps, "KNOWN", known_gaps.KNOWN + (extra,))
+    after = {k: runner.inputs_digest(specs[k[0]], k[1], runner.Options(engines=(k[1],), out=tmp_path)) for k in before}
+    assert {k for k in before if before[k] != after[k]} == {("google/gemma-2-2b", "vllm")}

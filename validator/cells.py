@@ -148,9 +148,10 @@ def files_digest(paths) -> str:
     return h.hexdigest()[:16]
 
 
-# validator modules whose code decides a cell's rows; the reports, the CLI and the run plumbing do not
-CELL_MODULES = ("runner", "subject", "prompts", "matrix", "scoring", "tolerances", "known_gaps", "rows", "models",
-                "variant")
+# validator modules whose code decides a cell's rows; the reports, the CLI and the run plumbing do not.
+# known_gaps is not a file dependency: each cell depends on the entries that can apply to it
+# (known_gaps.digest, in runner.inputs_digest)
+CELL_MODULES = ("runner", "subject", "prompts", "matrix", "scoring", "tolerances", "rows", "models", "variant")
 # engine/ paths that only some engines run (their adapters list them) or that never touch a capture
 ENGINE_EXCLUDED = ("backends", "docs.py", "serve", "harvest")
 

