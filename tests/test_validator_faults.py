@@ -189,3 +189,17 @@ def test_declared_entries_reproduce_with_commands_that_parse():
         run, show = _commands(k.repro.format(model="openai-community/gpt2", engine="hf"))
         a, b = parser.parse_args(run), parser.parse_args(show)
         assert a.cmd == "run" and b.cmd == "show" and a.out == b.out, k.id
+
+
+def test_backend_load_errors_name_their_root_cause():
+    """torch.compile hides the real error behind hints; the cell must carry the cause (the evidence)."""
+    from validator.engines.vllm_ref import _root_cause
+    try:
+        try:
+            raise ValueError("too many values to unpack (expected 3)")
+        except ValueError as inner:
+            raise RuntimeError("Observed exception\n  Hint: Your code may result in an error") from inner
+    except RuntimeError as e:
+        text = _root_cause(e)
+    assert text.startswith("ValueError: too many values to unpack (expected 3) (surfacing as RuntimeError: Observed")
+    assert "\n" not in text

