@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 from benchmarks import cells
+from engine import sources
 from benchmarks.spec import DEFAULT_MODEL, DTYPES, MIN_REPEATS, Params
 
 
@@ -17,7 +18,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__)
     sub = ap.add_subparsers(dest="cmd", required=True)
     run = sub.add_parser("run", help="run the sweep, one subprocess per (variant, workload) cell")
-    run.add_argument("--model", default=DEFAULT_MODEL, help=f"checkpoint name (default {DEFAULT_MODEL})")
+    run.add_argument("--model", default=DEFAULT_MODEL,
+                     help=f"checkpoint name or a model directory (default {DEFAULT_MODEL})")
     run.add_argument("--real", action="store_true",
                      help="use the real checkpoint from the HF cache instead of its tiny zoo twin")
     run.add_argument("--prompt-tokens", type=int, default=Params.prompt_tokens)
@@ -63,7 +65,8 @@ def main(argv=None) -> int:
             if args.only_noisy:
                 rerun_noisy(args.cells, args.noisy or 0.25)
                 return 0
-            params = Params(model=args.model, source="real" if args.real else "zoo",
+            src = sources.for_cli(args.model, args.real)  # a model directory, or the canonical repo id
+            params = Params(model=src.name, source=src.source,
                             prompt_tokens=args.prompt_tokens, new_tokens=args.new_tokens, warmups=args.warmups,
                             repeats=args.repeats, min_time_s=args.min_time, dtype=args.dtype,
                             device=args.device, threads=args.threads, timeout_s=args.timeout)

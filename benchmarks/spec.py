@@ -19,7 +19,7 @@ _TEXT = ("The quick brown fox jumps over the lazy dog while the river runs past 
 class Params:
     """Sweep-wide settings; every cell records them so a table never mixes different settings."""
     model: str = DEFAULT_MODEL
-    source: str = "zoo"  # "zoo" (tiny twin, offline) or "real" (cached checkpoint)
+    source: str = "zoo"  # "zoo" (tiny twin, offline), "real" (cached checkpoint) or "local" (a directory)
     prompt_tokens: int = 32
     new_tokens: int = 16
     warmups: int = 2
@@ -34,8 +34,8 @@ class Params:
     timeout_s: int = 600
 
     def __post_init__(self):
-        if self.source not in ("zoo", "real"):
-            raise ValueError(f"source must be 'zoo' or 'real', got {self.source!r}.")
+        if self.source not in ("zoo", "real", "local"):
+            raise ValueError(f"source must be 'zoo', 'real' or 'local' (a model directory), got {self.source!r}.")
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}.")
         for name in ("prompt_tokens", "new_tokens"):

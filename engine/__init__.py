@@ -6,9 +6,10 @@ on eager HF or vLLM, checked against TransformerLens, nnsight/nnterp and HF itse
     logits, cache = m.run_with_cache("Hello world", ["resid_post.-1", "z.0.head-1"])
 """
 from engine.address import Address, parse
-from engine.errors import (AddressError, EngineError, ModelNotFoundError, SteeringError,
-                           UnsupportedPointError)
+from engine.errors import (AddressError, EngineError, FamilyLimitationError, InputError, ModelNotFoundError,
+                           OptionError, SteeringError, UnsupportedPointError)
 from engine.loading import BACKENDS, load_model
+from engine.results import ActivationCache, GenerationResult, Request, RequestResult
 from engine.points import POINTS, get_point
 from engine.steering import Steer
 
@@ -19,4 +20,6 @@ def run_with_cache(model, inputs, points=(), steer=()):
 
 
 __all__ = ["Address", "parse", "load_model", "run_with_cache", "Steer", "POINTS", "get_point", "BACKENDS",
-           "EngineError", "AddressError", "UnsupportedPointError", "SteeringError", "ModelNotFoundError"]
+           "ActivationCache", "GenerationResult", "Request", "RequestResult",
+           "EngineError", "AddressError", "UnsupportedPointError", "SteeringError", "ModelNotFoundError",
+           "OptionError", "InputError", "FamilyLimitationError"]

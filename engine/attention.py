@@ -4,7 +4,8 @@ HF models call `ALL_ATTENTION_FUNCTIONS.get_interface(config._attn_implementatio
 We register one more implementation, "interp", which runs the family's own eager attention
 (looked up in the module's modeling file, so softcaps, sinks and sliding windows stay exactly
 HF's) and, only when callbacks are attached to that attention module, lets them read or replace
-the tensors that flow through. With no callbacks it is the family's eager path, byte for byte.
+the tensors that flow through. With no callbacks it is the family's eager path, byte for byte; a
+callback that only reads (returns None) leaves every tensor of the call untouched.
 """
 from __future__ import annotations
 
@@ -18,6 +19,34 @@ NAME = "interp"
 CALLBACKS_ATTR = "_interp_callbacks"  # dict point -> list of fn(canonical tensor) -> tensor | None
 
 
+class _Attached:
+    """Handle of one callback attached to one attention module; remove() detaches that callback
+    (by identity) and leaves the module clean once none is left."""
+
+    def __init__(self, module, point, fn):
+        self.module, self.point, self.fn = module, point, fn
+
+    def remove(self):
+        cbs = getattr(self.module, CALLBACKS_ATTR, None)
+        if not cbs or self.point not in cbs:
+            return
+        cbs[self.point] = [f for f in cbs[self.point] if f is not self.fn]
+        if not cbs[self.point]:
+            del cbs[self.point]
+        if not cbs:
+            delattr(self.module, CALLBACKS_ATTR)
+
+
+def attach(module, point: str, fn) -> _Attached:
+    """Attach fn(canonical tensor) -> replacement | None at `point` inside module's attention call."""
+    cbs = getattr(module, CALLBACKS_ATTR, None)
+    if cbs is None:
+        cbs = {}
+        setattr(module, CALLBACKS_ATTR, cbs)
+    cbs.setdefault(point, []).append(fn)
+    return _Attached(module, point, fn)
+
+
 def _eager_fn(module):
     fn = getattr(sys.modules[type(module).__module__], "eager_attention_forward", None)
     if fn is None:
@@ -26,11 +55,13 @@ def _eager_fn(module):
 
 
 def _run(cbs, point, canon):
+    """Run the callbacks of `point`; returns the replacement, or None when every one only read."""
+    new = None
     for fn in cbs.get(point, ()):
-        out = fn(canon)
+        out = fn(canon if new is None else new)
         if out is not None:
-            canon = out
-    return canon
+            new = out
+    return new
 
 
 def _heads_first_to_pos_first(t):  # [b, h, p, d] -> [b, p, h, d]
@@ -43,7 +74,7 @@ def _new_tail(module, t, q_len, cbs, point):
         return t
     tail = _heads_first_to_pos_first(t[:, :, -q_len:, :])
     new = _run(cbs, point, tail)
-    if new is tail:
+    if new is None:
         return t
     new = _heads_first_to_pos_first(new)
     return torch.cat([t[:, :, :-q_len, :], new], dim=2) if t.shape[2] > q_len else new
@@ -74,7 +105,8 @@ def interp_attention(module, query, key, value, attention_mask, scaling=None, **
         return eager(module, query, key, value, attention_mask, scaling=scaling, **kwargs)
     q_len = query.shape[2]
     if "q" in cbs:
-        query = _heads_first_to_pos_first(_run(cbs, "q", _heads_first_to_pos_first(query)))
+        new = _run(cbs, "q", _heads_first_to_pos_first(query))
+        query = query if new is None else _heads_first_to_pos_first(new)
     key = _new_tail(module, key, q_len, cbs, "k")
     value = _new_tail(module, value, q_len, cbs, "value")
     if "attn_scores" in cbs:
@@ -84,13 +116,14 @@ def interp_attention(module, query, key, value, attention_mask, scaling=None, **
     out, probs = eager(module, query, key, value, attention_mask, scaling=scaling, **kwargs)
     if "attn_probs" in cbs and probs is not None:
         new = _run(cbs, "attn_probs", probs.transpose(1, 2))
-        if new is not probs.transpose(1, 2) and new is not None:
+        if new is not None:  # steered: the output is recomputed from the new probabilities
             probs = new.transpose(1, 2)
             groups = probs.shape[1] // value.shape[1]
             v = value.repeat_interleave(groups, dim=1) if groups > 1 else value
             out = torch.matmul(probs.to(v.dtype), v).transpose(1, 2).contiguous()
     if "z" in cbs:
-        out = _run(cbs, "z", out)  # out is already [b, q, h, d]
+        new = _run(cbs, "z", out)  # out is already [b, q, h, d]
+        out = out if new is None else new
     return out, probs
 
 

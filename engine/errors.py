@@ -17,5 +17,24 @@ class SteeringError(EngineError, ValueError):
     """Bad steering input: width, dtype, device, NaN, op, positions."""
 
 
-class ModelNotFoundError(EngineError, LookupError):
-    """A model name that is neither a zoo entry nor a cached real checkpoint."""
+class ModelNotFoundError(EngineError, LookupError, ValueError):
+    """A model name that is neither a local model directory, a zoo entry nor a cached real checkpoint
+    (also a ValueError, as unknown names have always been)."""
+
+
+class OptionError(EngineError, ValueError):
+    """A bad load option: dtype, device or source."""
+
+
+class InputError(EngineError, ValueError):
+    """Bad model input: an empty prompt, a prompt longer than the model's positions, token ids out of
+    the vocabulary, a malformed batch."""
+
+
+class FamilyLimitationError(EngineError, NotImplementedError):
+    """What was asked is a known limitation of the family's upstream implementation (see
+    engine/family_limits.py); the message names the limitation and the workaround."""
+
+
+class InputTypeError(InputError, TypeError):
+    """Model input of a type no backend takes (also a TypeError)."""

@@ -1,7 +1,9 @@
 """load_model: a name in, a model on the chosen backend out, saying where its weights came from.
 
-The real checkpoint is used when it is in the local HF cache; otherwise the zoo twin (same
-architecture, tiny, seeded random weights) is built and loaded from the zoo's private cache.
+Names resolve once for every backend (engine/sources.py): a local model directory (what
+`save_pretrained` wrote), the real checkpoint when it is in the local HF cache, otherwise the zoo
+twin (same architecture, tiny, seeded random weights) built in the zoo's private cache. Repo ids
+match in any letter case and nothing is downloaded. dtype and device are parsed by engine/options.py.
 """
 from __future__ import annotations
 
@@ -9,53 +11,49 @@ import logging
 
 import torch
 
-from engine.errors import ModelNotFoundError
+from engine import options, sources
 from engine.families.base import family_for
 
 log = logging.getLogger("engine")
 BACKENDS = ("eager", "vllm", "vllm-static", "vllm-generate")
-SOURCES = ("auto", "zoo", "real")
+SOURCES = sources.SOURCES
+_FROM = {"real": "the local HF cache (real weights)", "zoo": "the zoo (tiny twin, seeded random weights)",
+         "local": "a local model directory"}
+
+
+def _load_hf(src: sources.ModelSource, dtype, device):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    hf = AutoModelForCausalLM.from_pretrained(src.path, dtype=dtype, local_files_only=True,
+                                              attn_implementation="eager")
+    tok = AutoTokenizer.from_pretrained(src.path, local_files_only=True)
+    hf.eval().to(device)
+    log.info("loaded %s from %s", src.name, _FROM[src.source])
+    return hf, tok
 
 
 def load_hf(name: str, source: str = "auto", dtype=torch.float32, device: str = "cpu"):
-    """(hf_model, tokenizer, source_used) for a name, from the real cache or the zoo."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from engine import zoo
-    if source not in SOURCES:
-        raise ValueError(f"source must be one of {SOURCES}, got {source!r}.")
-    use_real = source == "real" or (source == "auto" and zoo.real_checkpoint_available(name))
-    if source == "real" and not zoo.real_checkpoint_available(name):
-        raise ModelNotFoundError(f"{name!r} is not in the local HF model cache; download it first "
-                                 f"(huggingface-cli download {name}) or use source='zoo' for its tiny twin.")
-    if use_real:
-        hf = AutoModelForCausalLM.from_pretrained(name, dtype=dtype, local_files_only=True,
-                                                  attn_implementation="eager")
-        tok = AutoTokenizer.from_pretrained(name, local_files_only=True)
-        used = "real"
-    else:
-        if name not in zoo.ZOO:
-            zoo.resolve(name)  # raises with the closest names
-        zoo.ensure_twin(name)
-        hf = AutoModelForCausalLM.from_pretrained(name, cache_dir=zoo.zoo_hub_cache(), local_files_only=True,
-                                                  dtype=dtype, attn_implementation="eager")
-        tok = AutoTokenizer.from_pretrained(name, cache_dir=zoo.zoo_hub_cache(), local_files_only=True)
-        used = "zoo"
-    hf.eval().to(device)
-    log.info("loaded %s from %s", name, "the local HF cache (real weights)" if used == "real"
-             else "the zoo (tiny twin, seeded random weights)")
-    return hf, tok, used
+    """(hf_model, tokenizer, source_used) for a name or a model directory; never downloads."""
+    src = sources.resolve(name, source)
+    hf, tok = _load_hf(src, options.parse_dtype(dtype, "eager"), options.parse_device(device, "eager"))
+    return hf, tok, src.source
 
 
 def load_model(name: str, backend: str = "eager", source: str = "auto", dtype=torch.float32,
-               device: str = "cpu", **backend_kw):
-    """Load `name` on `backend`. `source`: "auto" (real if cached, else zoo twin), "zoo", "real"."""
+               device: str | None = None, **backend_kw):
+    """Load `name` (a repo id in any case, or a model directory) on `backend`. `source`: "auto"
+    (the directory, else real if cached, else the zoo twin), "zoo", "real" or "local". `dtype`: a
+    torch dtype or a name ("bf16", "float16", ...). `device`: "cpu", "cuda", "cuda:N"; unset, the
+    backend's own (eager: cpu; vLLM: the device the installed vLLM runs on, the only one it takes)."""
     if backend not in BACKENDS:
         from engine.address import closest
         raise ValueError(f"unknown backend {backend!r}.{closest(backend, BACKENDS)} Backends: {', '.join(BACKENDS)}.")
+    sources.check_source(source)
+    dtype = options.parse_dtype(dtype, backend)
+    device = options.parse_device(device, backend)
+    src = sources.resolve(name, source)
     if backend == "eager":
-        from engine.model import EagerModel
-        hf, tok, used = load_hf(name, source, dtype, device)
-        return EagerModel(name, hf, tok, family_for(hf.config.model_type), used)
+        from engine.backends.eager import EagerModel
+        hf, tok = _load_hf(src, dtype, device)
+        return EagerModel(src.name, hf, tok, family_for(hf.config.model_type), src.source)
     from engine.backends import vllm_backend
-    return vllm_backend.load(name, backend=backend, source=source, dtype=dtype, device=device, **backend_kw)
+    return vllm_backend.load(src.name, backend=backend, source=src.source, dtype=dtype, device=device, **backend_kw)

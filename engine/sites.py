@@ -1,8 +1,9 @@
-"""Sites: where (in one loaded HF model) a point at a layer is read and written.
+"""Where (in one loaded HF model) a point at a layer is read and written: one resolver per point.
 
-A Site turns the raw value a hook sees into the canonical `[batch, pos, ...]` tensor and back.
-Resolution is driven only by the family table (engine/families) and the module tree, so adding a
-family never touches this file.
+`resolve(hf, family, point, layer, shape)` returns a typed site (engine/site_kinds.py) or raises
+UnsupportedPointError naming why the point is absent there. Resolution reads only the family table
+(engine/families) and the module tree, so adding a family never touches this file. `shape()` gives
+(batch, pos) of the running forward, for modules that see the tokens flattened to [batch*pos, ...].
 """
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ import torch
 
 from engine.errors import UnsupportedPointError
 from engine.families.base import Family, Split
+from engine.site_kinds import (AttnSite, GateSite, InSite, LogitsSite, OutSite, ResidMidSite, Site,
+                               StreamCollapseSite, SumSite)
 
 
 def get_path(root, path: str):
@@ -31,28 +34,8 @@ def get_path(root, path: str):
     return obj
 
 
-@dataclass
-class Site:
-    """kind: "out" (module output), "in" (module input), "attn" (inside the attention call),
-    "logits" (the CausalLM output), "resid_mid" (composite: read at the MLP norm's input,
-    written through the attention write), "gate" (gated attention: read from the projection that
-    emits the gate, written through the output projection's input), "hc_collapse" (hyper-connection
-    collapse weights: recomputed from the module's input, written by re-collapsing its output),
-    "sum" (two modules whose outputs are added, e.g. routed experts + shared MLP)."""
-    kind: str
-    module: torch.nn.Module
-    get: Callable = None  # raw -> canonical
-    put: Callable = None  # (raw, canonical) -> raw
-    how: str = "hook"
-    extra: dict = None
-
-
 def _first(x):
     return x[0] if isinstance(x, tuple) else x
-
-
-def _replace_first(x, new):
-    return (new, *x[1:]) if isinstance(x, tuple) else new
 
 
 def _heads(t, head_dim):
@@ -64,11 +47,12 @@ def _flat(t):
     return t.reshape(*t.shape[:-2], -1)
 
 
-def out_site(module, index=None, split: Split | None = None, head_dim=None, shape_from=None):
+def out_site(module, index=None, split: Split | None = None, head_dim=None, shape_from=None, **kw) -> OutSite:
     """A module-output site; `index` picks from a tuple output; `split` takes a chunk of it."""
+    pick = (lambda raw: raw[index]) if index is not None else _first
 
     def get(raw):
-        t = raw[index] if index is not None else _first(raw)
+        t = pick(raw)
         if split is not None:
             t = t.chunk(split.parts, dim=-1)[split.index]
         if shape_from is not None:
@@ -76,25 +60,23 @@ def out_site(module, index=None, split: Split | None = None, head_dim=None, shap
         return _heads(t, head_dim) if head_dim else t
 
     def put(raw, new):
-        if head_dim and (raw[index] if index is not None else _first(raw)).dim() == 3:
+        if head_dim and pick(raw).dim() == 3:
             new = _flat(new)
         if shape_from is not None:
             new = new.reshape(-1, *new.shape[2:])
         if split is not None:
-            t = raw[index] if index is not None else _first(raw)
-            chunks = list(t.chunk(split.parts, dim=-1))
+            chunks = list(pick(raw).chunk(split.parts, dim=-1))
             chunks[split.index] = new
             new = torch.cat(chunks, dim=-1)
         if index is not None:
             return tuple(new if i == index else r for i, r in enumerate(raw))
-        return _replace_first(raw, new)
+        return (new, *raw[1:]) if isinstance(raw, tuple) else new
 
-    return Site("out", module, get, put)
+    return OutSite(module, get=get, put=put, **kw)
 
 
-def in_site(module, arg="hidden_states", head_dim=None, shape_from=None):
-    """A module-input site: the first positional argument or the keyword `arg`; `shape_from` gives
-    (batch, pos) for modules that see the tokens flattened to [batch*pos, ...]."""
+def in_site(module, arg="hidden_states", head_dim=None, shape_from=None) -> InSite:
+    """A module-input site: the first positional argument or the keyword `arg`."""
 
     def get(raw):
         args, kwargs = raw
@@ -113,210 +95,273 @@ def in_site(module, arg="hidden_states", head_dim=None, shape_from=None):
             return (new, *args[1:]), kwargs
         return args, {**kwargs, arg: new}
 
-    return Site("in", module, get, put)
+    return InSite(module, get=get, put=put)
 
 
-def gate_site(proj, o_proj, head_dim):
-    """Gated attention: `proj` emits per head [query | gate]; the point is sigmoid(gate) per head.
-    Written through `o_proj`'s input (z * gate), rescaled by new / old gate (hooks._install_gate)."""
-
-    def get(raw):
-        t = _first(raw)
-        return torch.sigmoid(t.reshape(*t.shape[:-1], -1, 2 * head_dim)[..., head_dim:])
-
-    return Site("gate", proj, get, extra={"o_proj": o_proj})
-
-
-def head_site(module, side: str, head_dim: int, heads_first: bool = False):
+def head_site(module, side: str, head_dim: int, heads_first: bool = False) -> Site:
     """A per-head site on a QK-norm's input or output, canonical [b, pos, heads, hd], also where the
     norm runs heads-first on [b, heads, pos, hd] (Gemma-3, Phi, StableLM)."""
     base = in_site(module, head_dim=head_dim) if side == "in" else out_site(module, head_dim=head_dim)
-    if not heads_first:
-        return base
-    return Site(base.kind, module, lambda raw: base.get(raw).transpose(1, 2),
-                lambda raw, new: base.put(raw, new.transpose(1, 2)))
+    if heads_first:
+        get, put = base.get, base.put
+        base.get = lambda raw: get(raw).transpose(1, 2)
+        base.put = lambda raw, new: put(raw, new.transpose(1, 2))
+    return base
 
 
-ATTN_INTERNAL = ("q", "k", "value", "attn_scores", "attn_probs")
-STREAM_POINTS = ("resid_streams", "attn_stream_collapse", "mlp_stream_collapse", "attn_stream_write",
-                 "attn_stream_mix", "mlp_stream_write", "mlp_stream_mix")
+@dataclass
+class Ctx:
+    """Everything a resolver needs about one (point, layer) of one loaded model."""
+    hf: torch.nn.Module
+    fam: Family
+    cfg: object
+    point: str
+    layer: int | None
+    head_dim: int
+    shape: Callable
+
+    def absent(self, why: str):
+        raise UnsupportedPointError(f"{self.point!r} is not available at layer {self.layer} of this "
+                                    f"{self.fam.name}-family model: {why}")
+
+    def sub(self, root, path):
+        return get_path(root, path) if (root is not None and path) else None
+
+    @property
+    def blk(self):
+        blk = get_path(self.hf, f"{self.fam.layers}.{self.layer}")
+        return blk if blk is not None else self.absent("no such decoder layer")
+
+    @property
+    def attn(self):
+        return self.sub(self.blk, self.fam.attn)
+
+    @property
+    def mlp(self):
+        return self.sub(self.blk, self.fam.mlp)
+
+    @property
+    def mixer(self):
+        """The token mixer in the attention slot: softmax attention, else a hybrid's other mixer."""
+        if self.attn is not None:
+            return self.attn
+        return next((m for m in (self.sub(self.blk, p) for p in self.fam.mixers) if m is not None), None)
+
+    @property
+    def flat(self):
+        return self.shape if self.fam.mlp_flat else None
 
 
-def resolve(hf, fam: Family, point: str, layer: int | None, shape_state) -> Site:
-    """The site for `point` at `layer`, or UnsupportedPointError naming why it is absent."""
-    cfg = hf.config.get_text_config() if hasattr(hf.config, "get_text_config") else hf.config
-    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-    fam = fam.for_config(cfg, layer)
-
-    def absent(why):
-        raise UnsupportedPointError(f"{point!r} is not available at layer {layer} of this "
-                                    f"{fam.name}-family model: {why}")
-
-    if point in fam.refused:
-        absent(fam.refused[point])
-    if point == "lm_head":
-        return Site("logits", hf)
-    if point == "final_norm":
-        mod = get_path(hf, fam.final_norm) if fam.final_norm else None
-        return out_site(mod) if mod is not None else absent("the family has no final norm")
-    if point == "embeddings" and fam.embed:
-        mod = get_path(hf, fam.embed)
-        return out_site(mod) if mod is not None else absent(f"no embedding module at {fam.embed!r}")
-    if point == "embeddings":
-        layer = 0
-    blk = get_path(hf, f"{fam.layers}.{layer}")
-    if blk is None:
-        absent("no such decoder layer")
-    if point in ("embeddings", "resid_pre"):
-        return in_site(blk)
-    if point == "resid_post":
-        return out_site(blk)
-
-    attn = get_path(blk, fam.attn) if fam.attn else None
-    mlp = get_path(blk, fam.mlp) if fam.mlp else None
-    sub = lambda root, path: get_path(root, path) if (root is not None and path) else None  # noqa: E731
-    # the token mixer in the attention slot: softmax attention, else a hybrid's other mixer
-    mixer = attn if attn is not None else next(
-        (m for m in (get_path(blk, p) for p in fam.mixers) if m is not None), None)
-
-    if point in STREAM_POINTS:
-        return _stream_site(fam, blk, point, absent)
-    if point == "attn_in":
-        return in_site(mixer) if mixer is not None else absent("this layer has no attention module")
-    if point == "attn_out":
-        if mixer is None:
-            absent("this layer has no attention module")
-        site = out_site(mixer)
-        if fam.attn_adds_residual:
-            site.how = "recompute"
-            site.extra = {"minus_residual": True}
-        return site
-    if point in ("q_norm_in", "q_norm_out", "k_norm_in", "k_norm_out"):
-        norm = sub(attn, fam.q_norm if point.startswith("q") else fam.k_norm)
-        if norm is None:
-            absent("the family has no QK-norm at this layer")
-        return head_site(norm, point.rsplit("_", 1)[1], head_dim, fam.qk_norm_heads_first)
-    if point in ATTN_INTERNAL:
-        if attn is None or sub(attn, fam.o_proj) is None:
-            absent("this layer has no softmax attention module")
-        if not fam.attn_interface:
-            if point in fam.inline_attn:
-                return _inline_site(attn, point, fam.inline_attn[point], head_dim, absent)
-            absent("this family's HF attention does not run through the attention interface, so "
-                   "its q/k/v/scores/probs are never separate tensors; use z or attn_out")
-        return Site("attn", attn, how="recompute" if point == "attn_scores" else "hook")
-    if point == "attn_gate":
-        proj, o_proj = sub(attn, fam.attn_gate), sub(attn, fam.o_proj)
-        if proj is None or o_proj is None:
-            absent("no gated softmax attention at this layer" if fam.attn_gate else "the family's attention is not gated")
-        return gate_site(proj, o_proj, head_dim)
-    if point == "z":
-        if attn is None or sub(attn, fam.o_proj) is None:
-            absent("this layer has no softmax attention module")
-        if fam.attn_interface:
-            return Site("attn", attn)
-        return in_site(sub(attn, fam.o_proj), head_dim=head_dim)
-    if point == "attn_out_post":
-        mod = sub(blk, fam.attn_post_norm)
-        return out_site(mod) if mod is not None else absent("the family has no post-attention sandwich norm")
-    if point == "mlp_out_post":
-        mod = sub(blk, fam.mlp_post_norm)
-        return out_site(mod) if mod is not None else absent("the family has no post-MLP sandwich norm")
-    flat = shape_state if fam.mlp_flat else None
-    if point == "resid_mid":
-        if fam.parallel:
-            absent("attention and MLP read the same residual in parallel blocks; there is no mid point")
-        if fam.resid_mid_out:  # post-LN: the renormalized residual is that norm's output
-            mod = sub(blk, fam.resid_mid_out)
-            return out_site(mod) if mod is not None else absent("no post-attention norm at this layer")
-        norm = sub(blk, fam.mlp_norm)
-        if norm is None or mixer is None:
-            absent("no pre-MLP norm to read the mid residual from")
-        write = sub(blk, fam.attn_post_norm) if fam.attn_post_norm else mixer
-        # granite-style blocks add residual_multiplier * sublayer output
-        scale = float(getattr(cfg, "residual_multiplier", None) or 1.0)
-        return Site("resid_mid", norm, get=in_site(norm, shape_from=flat).get,
-                    extra={"block": blk, "write": write, "write_scale": scale,
-                                              "write_includes_residual": fam.attn_adds_residual})
-    if point == "mlp_out" and mlp is not None and sub(blk, fam.mlp_sibling) is not None:
-        return Site("sum", sub(blk, fam.mlp_sibling), extra={"first": mlp})
-    mlp_root = blk if fam.mlp_on_layer else mlp
-    if point in ("mlp_in", "mlp_out"):
-        if fam.mlp_on_layer:  # no MLP module: its first projection's input, its last one's output
-            pre = fam.mlp_pre.path if isinstance(fam.mlp_pre, Split) else fam.mlp_pre
-            mod = sub(blk, pre if point == "mlp_in" else fam.mlp_down)
-        else:
-            mod = mlp
-        if mod is None:
-            absent("this layer has no MLP module")
-        if point == "mlp_in":
-            return in_site(mod, arg="input" if fam.mlp_on_layer else "hidden_states", shape_from=flat)
-        site = out_site(mod, shape_from=flat)
-        if fam.mlp_adds_residual:
-            site.how = "recompute"
-            site.extra = {"minus_residual": True}
-        return site
-    if point in ("router_logits", "expert_weights", "expert_indices"):
-        router = sub(mlp, fam.router.path) if fam.router else None
-        if router is None:
-            absent("this layer has a dense MLP, not a routed MoE")
-        index = {"router_logits": fam.router.logits, "expert_weights": fam.router.weights,
-                 "expert_indices": fam.router.indices}[point]
-        if index is None:
-            absent("this family's router does not return it as a tensor")
-        # index 0 also reads a router that returns the bare logits tensor (a Linear, e.g. jamba)
-        site = out_site(router, index=index or None, shape_from=shape_state)
-        if point == "router_logits" and not fam.router.logits_used:
-            site.extra = {"capture_only": "the MoE block discards the logits its router returns (top-k and "
-                                          "weights are computed inside the router), so a steered value would "
-                                          "change nothing; steer expert_weights (the weights mixing the experts) "
-                                          "or mlp_in instead"}
-        return site
-    if point in ("mlp_pre", "mlp_pre_linear", "mlp_act"):
-        if mlp is not None and fam.router is not None and sub(mlp, fam.router.path) is not None:
-            absent("MoE layer: experts run as one fused batched module, so per-token expert hidden "
-                   "activations are never materialized; use mlp_in/mlp_out/router points")
-        spec = {"mlp_pre": fam.mlp_pre, "mlp_pre_linear": fam.mlp_pre_linear, "mlp_act": fam.mlp_down}[point]
-        path = spec.path if isinstance(spec, Split) else spec
-        mod = sub(mlp_root, path)
-        if mod is None:
-            absent("the MLP is not gated" if point == "mlp_pre_linear" else "no such MLP projection")
-        if point == "mlp_act":
-            return in_site(mod, arg="input", shape_from=flat)
-        return out_site(mod, split=spec if isinstance(spec, Split) else None, shape_from=flat)
-    absent(f"the {fam.name} adapter does not map this point")
+# -- resolvers, one per point (or group of points sharing one rule) ---------------------------------
+def _lm_head(c: Ctx) -> Site:
+    return LogitsSite(c.hf)
 
 
-def _inline_site(attn, point: str, spec, head_dim: int, absent) -> Site:
+def _final_norm(c: Ctx) -> Site:
+    mod = get_path(c.hf, c.fam.final_norm) if c.fam.final_norm else None
+    return out_site(mod) if mod is not None else c.absent("the family has no final norm")
+
+
+def _embeddings(c: Ctx) -> Site:
+    if c.fam.embed:
+        mod = get_path(c.hf, c.fam.embed)
+        return out_site(mod) if mod is not None else c.absent(f"no embedding module at {c.fam.embed!r}")
+    c.layer = 0
+    return in_site(c.blk)
+
+
+def _resid_pre(c: Ctx) -> Site:
+    return in_site(c.blk)
+
+
+def _resid_post(c: Ctx) -> Site:
+    return out_site(c.blk)
+
+
+def _attn_in(c: Ctx) -> Site:
+    return in_site(c.mixer) if c.mixer is not None else c.absent("this layer has no attention module")
+
+
+def _attn_out(c: Ctx) -> Site:
+    if c.mixer is None:
+        c.absent("this layer has no attention module")
+    site = out_site(c.mixer, minus_residual=c.fam.attn_adds_residual)
+    site.how = "recompute" if c.fam.attn_adds_residual else "hook"
+    return site
+
+
+def _qk_norm(c: Ctx) -> Site:
+    norm = c.sub(c.attn, c.fam.q_norm if c.point.startswith("q") else c.fam.k_norm)
+    if norm is None:
+        c.absent("the family has no QK-norm at this layer")
+    return head_site(norm, c.point.rsplit("_", 1)[1], c.head_dim, c.fam.qk_norm_heads_first)
+
+
+def _attn_internal(c: Ctx) -> Site:
+    attn = c.attn
+    if attn is None or c.sub(attn, c.fam.o_proj) is None:
+        c.absent("this layer has no softmax attention module")
+    if not c.fam.attn_interface:
+        if c.point in c.fam.inline_attn:
+            return _inline(c, attn, c.fam.inline_attn[c.point])
+        c.absent("this family's HF attention does not run through the attention interface, so its "
+                 "q/k/v/scores/probs are never separate tensors; use z or attn_out")
+    return AttnSite(attn, point=c.point, how="recompute" if c.point == "attn_scores" else "hook")
+
+
+def _inline(c: Ctx, attn, spec) -> Site:
     """Attention computed inline (Family.inline_attn): q/k/value at the projection whose output they
     are, per head; attn_probs from the attention module's tuple output, [b, h, q, k] -> [b, q, h, k]."""
-    if point == "attn_probs":
-        base = out_site(attn, index=spec)
-        return Site("out", attn, lambda raw: base.get(raw).transpose(1, 2),
-                    lambda raw, new: base.put(raw, new.transpose(1, 2)),
-                    extra={"capture_only": "the attention computes its probabilities inline and only returns "
-                                          "them beside its output, where nothing reads them, so a steered "
-                                          "value would change nothing; steer z or attn_out instead"})
+    if c.point == "attn_probs":
+        site = out_site(attn, index=spec, capture_only=(
+            "the attention computes its probabilities inline and only returns them beside its output, where "
+            "nothing reads them, so a steered value would change nothing; steer z or attn_out instead"))
+        get, put = site.get, site.put
+        site.get = lambda raw: get(raw).transpose(1, 2)
+        site.put = lambda raw, new: put(raw, new.transpose(1, 2))
+        return site
     path = spec.path if isinstance(spec, Split) else spec
     mod = get_path(attn, path)
     if mod is None:
-        absent(f"no projection {path!r} in this layer's attention module")
-    return out_site(mod, split=spec if isinstance(spec, Split) else None, head_dim=head_dim)
+        c.absent(f"no projection {path!r} in this layer's attention module")
+    return out_site(mod, split=spec if isinstance(spec, Split) else None, head_dim=c.head_dim)
 
 
-def _stream_site(fam: Family, blk, point: str, absent) -> Site:
+def _attn_gate(c: Ctx) -> Site:
+    proj, o_proj = c.sub(c.attn, c.fam.attn_gate), c.sub(c.attn, c.fam.o_proj)
+    if proj is None or o_proj is None:
+        c.absent("no gated softmax attention at this layer" if c.fam.attn_gate else "the family's attention is not gated")
+    return GateSite(proj, head_dim=c.head_dim, o_proj=o_proj)
+
+
+def _z(c: Ctx) -> Site:
+    if c.attn is None or c.sub(c.attn, c.fam.o_proj) is None:
+        c.absent("this layer has no softmax attention module")
+    if c.fam.attn_interface:
+        return AttnSite(c.attn, point="z")
+    return in_site(c.sub(c.attn, c.fam.o_proj), head_dim=c.head_dim)
+
+
+def _post_norm(c: Ctx) -> Site:
+    attn_side = c.point == "attn_out_post"
+    mod = c.sub(c.blk, c.fam.attn_post_norm if attn_side else c.fam.mlp_post_norm)
+    if mod is None:
+        c.absent(f"the family has no post-{'attention' if attn_side else 'MLP'} sandwich norm")
+    return out_site(mod)
+
+
+def _resid_mid(c: Ctx) -> Site:
+    fam, blk = c.fam, c.blk
+    if fam.parallel:
+        c.absent("attention and MLP read the same residual in parallel blocks; there is no mid point")
+    if fam.resid_mid_out:  # post-LN: the renormalized residual is that norm's output
+        mod = c.sub(blk, fam.resid_mid_out)
+        return out_site(mod) if mod is not None else c.absent("no post-attention norm at this layer")
+    norm = c.sub(blk, fam.mlp_norm)
+    if norm is None or c.mixer is None:
+        c.absent("no pre-MLP norm to read the mid residual from")
+    write = c.sub(blk, fam.attn_post_norm) if fam.attn_post_norm else c.mixer
+    # granite-style blocks add residual_multiplier * sublayer output
+    scale = float(getattr(c.cfg, "residual_multiplier", None) or 1.0)
+    return ResidMidSite(norm, get=in_site(norm, shape_from=c.flat).get, block=blk, write=write, scale=scale,
+                        includes_residual=fam.attn_adds_residual)
+
+
+def _mlp_io(c: Ctx) -> Site:
+    fam, blk, mlp = c.fam, c.blk, c.mlp
+    if c.point == "mlp_out" and mlp is not None and c.sub(blk, fam.mlp_sibling) is not None:
+        return SumSite(c.sub(blk, fam.mlp_sibling), first=mlp)
+    if fam.mlp_on_layer:  # no MLP module: its first projection's input, its last one's output
+        pre = fam.mlp_pre.path if isinstance(fam.mlp_pre, Split) else fam.mlp_pre
+        mod = c.sub(blk, pre if c.point == "mlp_in" else fam.mlp_down)
+    else:
+        mod = mlp
+    if mod is None:
+        c.absent("this layer has no MLP module")
+    if c.point == "mlp_in":
+        return in_site(mod, arg="input" if fam.mlp_on_layer else "hidden_states", shape_from=c.flat)
+    site = out_site(mod, shape_from=c.flat, minus_residual=fam.mlp_adds_residual)
+    site.how = "recompute" if fam.mlp_adds_residual else "hook"
+    return site
+
+
+_ROUTER_DISCARDS_LOGITS = (
+    "the MoE block discards the logits its router returns (top-k and weights are computed inside the "
+    "router), so a steered value would change nothing; steer expert_weights (the weights mixing the "
+    "experts) or mlp_in instead")
+
+
+def _router(c: Ctx) -> Site:
+    r = c.fam.router
+    router = c.sub(c.mlp, r.path) if r else None
+    if router is None:
+        c.absent("this layer has a dense MLP, not a routed MoE")
+    index = {"router_logits": r.logits, "expert_weights": r.weights, "expert_indices": r.indices}[c.point]
+    if index is None:
+        c.absent("this family's router does not return it as a tensor")
+    # index 0 also reads a router that returns the bare logits tensor (a Linear, e.g. jamba)
+    only = _ROUTER_DISCARDS_LOGITS if c.point == "router_logits" and not r.logits_used else None
+    return out_site(router, index=index or None, shape_from=c.shape, capture_only=only)
+
+
+def _mlp_hidden(c: Ctx) -> Site:
+    fam, mlp = c.fam, c.mlp
+    if mlp is not None and fam.router is not None and c.sub(mlp, fam.router.path) is not None:
+        c.absent("MoE layer: experts run as one fused batched module, so per-token expert hidden "
+                 "activations are never materialized; use mlp_in/mlp_out/router points")
+    spec = {"mlp_pre": fam.mlp_pre, "mlp_pre_linear": fam.mlp_pre_linear, "mlp_act": fam.mlp_down}[c.point]
+    path = spec.path if isinstance(spec, Split) else spec
+    mod = c.sub(c.blk if fam.mlp_on_layer else mlp, path)
+    if mod is None:
+        c.absent("the MLP is not gated" if c.point == "mlp_pre_linear" else "no such MLP projection")
+    if c.point == "mlp_act":
+        return in_site(mod, arg="input", shape_from=c.flat)
+    return out_site(mod, split=spec if isinstance(spec, Split) else None, shape_from=c.flat)
+
+
+def _stream(c: Ctx) -> Site:
     """Hyper-connection points: the block's output streams, and the weights of the connection module
     around the attention or MLP sublayer (write and mix are outputs; collapse is recomputed)."""
-    hc = fam.streams
+    hc = c.fam.streams
     if hc is None:
-        absent("the family has a single residual stream (no hyper-connections)")
-    if point == "resid_streams":
-        return out_site(blk)
-    side, what = point.split("_stream_")
-    mod = get_path(blk, hc.attn if side == "attn" else hc.mlp)
+        c.absent("the family has a single residual stream (no hyper-connections)")
+    if c.point == "resid_streams":
+        return out_site(c.blk)
+    side, what = c.point.split("_stream_")
+    mod = get_path(c.blk, hc.attn if side == "attn" else hc.mlp)
     if mod is None:
-        absent(f"no hyper-connection module around the {side} sublayer")
+        c.absent(f"no hyper-connection module around the {side} sublayer")
     if what == "collapse":
-        return Site("hc_collapse", mod, how="recompute",
-                    extra={"weights": hc.collapse_weights, "collapsed": hc.collapsed})
+        return StreamCollapseSite(mod, how="recompute", weights=hc.collapse_weights, collapsed=hc.collapsed)
     return out_site(mod, index=hc.write if what == "write" else hc.mix)
+
+
+RESOLVERS: dict[str, Callable[[Ctx], Site]] = {
+    "lm_head": _lm_head, "final_norm": _final_norm, "embeddings": _embeddings,
+    "resid_pre": _resid_pre, "resid_post": _resid_post, "resid_mid": _resid_mid,
+    "attn_in": _attn_in, "attn_out": _attn_out, "attn_gate": _attn_gate, "z": _z,
+    "q_norm_in": _qk_norm, "q_norm_out": _qk_norm, "k_norm_in": _qk_norm, "k_norm_out": _qk_norm,
+    **{p: _attn_internal for p in ("q", "k", "value", "attn_scores", "attn_probs")},
+    "attn_out_post": _post_norm, "mlp_out_post": _post_norm,
+    "mlp_in": _mlp_io, "mlp_out": _mlp_io,
+    **{p: _router for p in ("router_logits", "expert_weights", "expert_indices")},
+    **{p: _mlp_hidden for p in ("mlp_pre", "mlp_pre_linear", "mlp_act")},
+    **{p: _stream for p in ("resid_streams", "attn_stream_collapse", "mlp_stream_collapse", "attn_stream_write",
+                            "attn_stream_mix", "mlp_stream_write", "mlp_stream_mix")},
+}
+
+
+def text_config(hf):
+    return hf.config.get_text_config() if hasattr(hf.config, "get_text_config") else hf.config
+
+
+def resolve(hf, fam: Family, point: str, layer: int | None, shape: Callable) -> Site:
+    """The site for `point` at `layer`, or UnsupportedPointError naming why it is absent."""
+    cfg = text_config(hf)
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    c = Ctx(hf, fam.for_config(cfg, layer), cfg, point, layer, head_dim, shape)
+    if point in c.fam.refused:
+        c.absent(c.fam.refused[point])
+    if point not in RESOLVERS:
+        c.absent(f"the {fam.name} adapter does not map this point")
+    return RESOLVERS[point](c)

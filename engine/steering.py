@@ -1,7 +1,7 @@
 """Steering specs and the ops they apply: add, set, scale, ablate (zero / mean), project_out.
 
 A Steer is pure data (so the vLLM backends can ship it to their workers); `apply_steer` is the one
-implementation of the ops every backend calls on a canonical `[batch, pos, ...]` tensor.
+implementation of the ops every backend calls, on the `[n, ...]` rows of one sequence at one site.
 """
 from __future__ import annotations
 
@@ -9,19 +9,19 @@ from dataclasses import dataclass
 
 import torch
 
+from engine import positions as pos
 from engine.address import Address, parse
 from engine.errors import SteeringError
 from engine.points import INTEGER_POINTS
 
 OPS = ("add", "set", "scale", "ablate", "mean_ablate", "project_out")
-POSITION_WORDS = ("all", "last", "generated")
 
 
-@dataclass
+@dataclass(eq=False)
 class Steer:
-    """One intervention. `value` is a vector over the point's trailing shape (or a scalar for
-    `scale`); `positions` is "all", "last", "generated" (decode steps only), an int, or a
-    slice / (start, stop) over absolute token positions."""
+    """One intervention. `value` is a vector over the point's per-token shape (or a scalar for
+    `scale`); `positions` is a spec of engine.positions ("all", "last", "generated", an int, a slice
+    or (start, stop)). Steers compare by identity: two equal-looking steers are two interventions."""
     address: "str | Address"
     op: str = "add"
     value: "torch.Tensor | float | None" = None
@@ -52,84 +52,54 @@ class Steer:
                                     f"got dtype {self.value.dtype}.")
             if self.value.device.type != "meta" and not torch.isfinite(self.value).all():
                 raise SteeringError(f"steering value for {self.address} contains NaN or inf.")
-        p = self.positions
-        if isinstance(p, str) and p not in POSITION_WORDS:
-            raise SteeringError(f"positions {p!r} is not one of {POSITION_WORDS}, an int, a slice or (start, stop).")
-        if isinstance(p, tuple):
-            if len(p) != 2:
-                raise SteeringError(f"positions tuple must be (start, stop), got {p!r}.")
-            self.positions = slice(*p)
-        elif not isinstance(p, (str, int, slice)):
-            raise SteeringError(f"positions must be 'all', 'last', 'generated', an int or a slice, got {p!r}.")
+        self.positions = pos.normalize(self.positions)
+
+    def at(self, address: Address, value=None) -> "Steer":
+        """The same intervention at a resolved address (and value cast for the model)."""
+        return Steer(address, self.op, self.value if value is None else value, self.positions)
 
 
-def check_value(steer: Steer, target: torch.Tensor) -> torch.Tensor:
-    """Validate the value's width/dtype/device against the tensor it will touch; return it cast."""
+def check_value(steer: Steer, rows: torch.Tensor) -> torch.Tensor:
+    """Validate the value's shape/device against the [n, ...] rows it will touch; return it cast."""
     v = steer.value
     if v is None or steer.op == "scale":
-        return v.to(target.device, target.dtype) if v is not None else None
-    trailing = tuple(target.shape[2:])
-    if steer.address.coords:  # a head/stream coordinate selects one slice of axis 2
-        trailing = trailing[1:]
-    if tuple(v.shape) != trailing:
+        return v.to(rows.device, rows.dtype) if v is not None else None
+    per_token = tuple(rows.shape[1:])
+    if steer.address.coords:  # a head/stream coordinate selects one slice of the first per-token axis
+        per_token = per_token[1:]
+    if tuple(v.shape) != per_token:
         raise SteeringError(f"steering value for {steer.address} has shape {tuple(v.shape)} but the point's "
-                            f"per-position shape is {trailing} (capture is {tuple(target.shape)}).")
-    if v.device.type != target.device.type:
+                            f"per-position shape is {per_token}.")
+    if v.device.type != rows.device.type:
         raise SteeringError(f"steering value for {steer.address} is on {v.device}, the model runs on "
-                            f"{target.device}; move it with .to({str(target.device)!r}).")
-    return v.to(target.dtype)
+                            f"{rows.device}; move it with .to({str(rows.device)!r}).")
+    return v.to(rows.dtype)
 
 
-def position_mask(positions, n_pos: int, offset: int, decoding: bool, last_index=None, device=None):
-    """A [batch or 1, pos] boolean mask of the positions of this forward chunk to touch.
-
-    offset is the absolute position of the chunk's first token; decoding is True on generation
-    steps; last_index (per row) marks each row's last real token in a padded prefill."""
-    idx = torch.arange(offset, offset + n_pos, device=device)
-    if positions == "all":
-        return torch.ones(1, n_pos, dtype=torch.bool, device=device)
-    if positions == "generated":
-        return torch.full((1, n_pos), decoding, dtype=torch.bool, device=device)
-    if positions == "last":
-        if decoding:
-            return torch.ones(1, n_pos, dtype=torch.bool, device=device)
-        if last_index is not None:
-            return torch.arange(n_pos, device=device)[None, :] == last_index[:, None]
-        return (torch.arange(n_pos, device=device) == n_pos - 1)[None, :]
-    if isinstance(positions, int):
-        return (idx == positions)[None, :]
-    start = positions.start or 0
-    stop = positions.stop if positions.stop is not None else 1 << 62
-    return ((idx >= start) & (idx < stop))[None, :]
-
-
-def apply_steer(steer: Steer, t: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Return a new tensor with the op applied where mask[b, pos] (never in place)."""
-    v = check_value(steer, t)
+def apply_steer(steer: Steer, rows: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Rows [n, ...] with the op applied where mask[n] (a new tensor, never in place)."""
+    v = check_value(steer, rows)
     coords = dict(steer.address.coords)
-    view = t
+    view = rows
     if coords:
         (_, idx), = coords.items()
-        view = t[:, :, idx]
+        view = rows[:, idx]
     if steer.op == "add":
         new = view + v
-    elif steer.op == "set":
+    elif steer.op in ("set", "mean_ablate"):
         new = v.expand_as(view)
     elif steer.op == "scale":
         new = view * v
     elif steer.op == "ablate":
         new = torch.zeros_like(view)
-    elif steer.op == "mean_ablate":
-        new = v.expand_as(view)
     else:  # project_out: remove the component along v
-        u = v / v.norm().clamp_min(1e-12)
-        flat = view.reshape(*view.shape[:2], -1)
-        uf = u.reshape(-1)
-        new = (flat - (flat @ uf)[..., None] * uf).reshape(view.shape)
-    m = mask.reshape(*mask.shape, *([1] * (view.dim() - 2)))
+        u = (v / v.norm().clamp_min(1e-12)).reshape(-1)
+        flat = view.reshape(view.shape[0], -1)
+        new = (flat - (flat @ u)[:, None] * u).reshape(view.shape)
+    m = mask.to(view.device).reshape(-1, *([1] * (view.dim() - 1)))
     new = torch.where(m, new, view)
     if coords:
-        out = t.clone()
-        out[:, :, idx] = new
+        out = rows.clone()
+        out[:, idx] = new
         return out
     return new

@@ -6,9 +6,8 @@ import pytest
 import torch
 
 from engine.address import Address
-from engine.backends import vllm_static
 from engine.backends.vllm_backend import Request, _declared, load
-from engine.backends.vllm_proof import TapProofError
+from engine.backends.vllm_proof import TapProofError, prove_taps
 from engine.errors import AddressError, SteeringError, UnsupportedPointError
 from engine.points import backend_status
 from engine.steering import Steer
@@ -48,8 +47,13 @@ def test_startup_proof_and_report(static):
     proof = r.extra["proof"]
     assert proof["steer_logit_change"] > 1e-3 and proof["reset_drift"] < 1e-4
     assert proof["lens_max_abs"] is not None and proof["lens_max_abs"] < 1e-3
-    assert len(static.taps.taps) == len(_declared(DECLARED, static.n_layers)) + 1  # + internal final_norm
-    assert static.tap_buffer_bytes == sum(t.nbytes for t in static.taps.taps.values()) > 0
+    assert len(static.declared) == len(_declared(DECLARED, static.n_layers)) + 1  # + internal final_norm
+    rows = static.aio.engine.vllm_config.scheduler_config.max_num_batched_tokens  # one row per step token
+    want = 0
+    for a in static.declared:  # float32 buffers: cap, and u / mul / add on write taps
+        info = static.catalogue.info(a)
+        want += rows * int(torch.tensor(info["shape"]).prod()) * 4 * (4 if info["writable"] else 1)
+    assert static.tap_buffer_bytes == want > 0
     assert static.points() == ["embeddings", "attn_in", "z", "attn_out", "resid_mid", "mlp_act", "mlp_out",
                                "resid_post", "final_norm"]
 
@@ -127,12 +131,31 @@ def test_refusals_name_the_declared_set(static):
     assert static.generate(PROMPT, 2).new_tokens.shape == (1, 2)
 
 
-@pytest.mark.vllm
-def test_proof_refuses_taps_that_do_not_run(monkeypatch):
-    """With the tap wrappers never installed the buffers stay zero: the engine must not serve."""
-    monkeypatch.setattr(vllm_static.Tap, "_wrap", lambda self: None)
-    with pytest.raises(TapProofError, match="refuses to serve"):
-        load(GPT2, backend="vllm-static", source="zoo", compile=False, max_model_len=MAX_LEN)
+class _DeadTaps:
+    """A model whose taps never run (what a forward that skipped them would give): captures all zero,
+    a steer that changes nothing."""
+    name, n_layers, d_model = "dead", 2, 4
+    declared = [Address("resid_post", 0), Address("resid_post", 1), Address("final_norm")]
+
+    class catalogue:
+        @staticmethod
+        def info(a):
+            return {"writable": a.point == "resid_post"}
+
+    def _prompt_ids(self, text):
+        return [1, 2, 3]
+
+    def generate_batch(self, reqs):
+        from engine.results import ActivationCache, RequestResult
+        cache = ActivationCache(self.n_layers)
+        for p in reqs[0].points:
+            cache[p] = torch.zeros(4, self.d_model)
+        return [RequestResult(torch.tensor([1, 2, 3]), torch.tensor([0, 0]), "", cache, torch.zeros(2, 8))]
+
+
+def test_proof_refuses_taps_that_do_not_run():
+    with pytest.raises(TapProofError, match="refuses to serve dead: tap resid_post.0 captured shape"):
+        prove_taps(_DeadTaps())
 
 
 @pytest.mark.gpu

@@ -15,17 +15,10 @@ from validator.runner import DTYPES, ModelSpec
 
 
 def resolve_names(patterns: list[str] | None) -> list[str]:
-    """Zoo names for exact names or globs (default: the whole zoo); unknown names raise with the
-    closest zoo names."""
-    from engine import zoo
-    if not patterns:
-        return list(zoo.ZOO)
-    out = []
-    for p in patterns:
-        for name in zoo.resolve(p):  # raises ValueError naming the closest entries
-            if name not in out:
-                out.append(name)
-    return out
+    """Zoo names for exact names (any case) or globs, and model directories as absolute paths (default:
+    the whole zoo); unknown names raise with the closest zoo names (engine/sources.py)."""
+    from engine import sources
+    return sources.expand(patterns)
 
 
 def closest_model(name: str) -> list[str]:
@@ -47,7 +40,9 @@ def _from_pretrained(name: str, dtype: str, device: str, cache_dir=None):
 
 
 def zoo_spec(name: str, dtype: str = "float32", device: str = "cpu") -> ModelSpec:
-    from engine import zoo
+    from engine import sources, zoo
+    if sources.looks_like_path(name):
+        return local_spec(name, dtype, device)
     from engine.loading import load_model
     snap = Path(zoo.snapshot_dir(name)).name
 
@@ -65,7 +60,9 @@ def zoo_spec(name: str, dtype: str = "float32", device: str = "cpu") -> ModelSpe
 
 
 def real_spec(name: str, dtype: str = "float32", device: str = "cpu") -> ModelSpec:
-    from engine import zoo
+    from engine import sources, zoo
+    if sources.looks_like_path(name):
+        return local_spec(name, dtype, device)
     from engine.loading import load_model
     if not zoo.real_checkpoint_available(name):
         raise FileNotFoundError(f"{name!r} is not in the local HF model cache; download it first "
@@ -83,3 +80,13 @@ def real_spec(name: str, dtype: str = "float32", device: str = "cpu") -> ModelSp
 
 def default_device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def local_spec(path: str, dtype: str = "float32", device: str = "cpu") -> ModelSpec:
+    """A model directory (a fine-tune, what save_pretrained wrote): engine and reference load its files."""
+    from engine import sources
+    from engine.loading import load_model
+    src = sources.resolve(path, "local")
+    return ModelSpec(src.name, "local", src.fingerprint(),
+                     lambda: load_model(src.path, dtype=DTYPES[dtype], device=device),
+                     lambda: _from_pretrained(src.path, dtype, device))

@@ -21,7 +21,7 @@ class TapProofError(RuntimeError):
 
 
 def prove_taps(model) -> dict:
-    from engine.backends.vllm_backend import Request
+    from engine.results import Request
     from engine.steering import Steer
     refuse = ("vllm-static refuses to serve {}: {}; the forward does not run its taps. "
               "Use compile=False or backend='vllm'.")
@@ -46,7 +46,7 @@ def prove_taps(model) -> dict:
         if lens_err > 1e-3 * max(1.0, float(base.logits.abs().max())):
             raise TapProofError(refuse.format(model.name, f"lens of {last} differs from the logits by {lens_err:.3g}"))
     proof = {"taps": len(reads), "sampled": base.new_tokens.tolist(), "lens_max_abs": lens_err}
-    writable = [str(a) for a in model.declared if model.taps.taps[str(a)].writable]
+    writable = [str(a) for a in model.declared if model.catalogue.info(a).get("writable")]
     if writable:
         tap = writable[0]
         x = base.cache[tap]

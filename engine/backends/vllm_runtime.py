@@ -1,23 +1,26 @@
-"""Building an in-process vLLM engine and reaching its model runner; the load-time report.
+"""Starting a vLLM engine for the engine's backends, and what loading cost.
 
-The engine core must run in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0) so that hooks,
-closures and tap buffers reach the torch model. Several engines may live in one process, but
-vLLM's shutdown tears down process-wide distributed state, so only the last engine alive is shut
-down fully (`release`).
+The engine core runs in its own process (vLLM's default). The backends reach their workers only
+through vLLM's public seams: `worker_extension_cls` (engine/backends/vllm_worker.py, called with
+collective_rpc), `logits_processors` (engine/backends/vllm_rows.py) and, for vllm-static, a model
+loader registered by load format (engine/backends/vllm_loader.py). A private event loop in a daemon
+thread drives the async engine for the synchronous API (`Loop`).
 """
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import contextlib
-import gc
+import contextvars
 import logging
+import multiprocessing
 import os
+import threading
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
-
 import torch
 
-from engine.errors import ModelNotFoundError
+from engine import sources
 
 log = logging.getLogger("engine.vllm")
 if not log.handlers:  # the load report is a log line users should see without configuring logging
@@ -26,37 +29,22 @@ if not log.handlers:  # the load report is a log line users should see without c
     log.addHandler(_h)
     log.setLevel(logging.INFO)
 
-ENV_DEFAULTS = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_LOGGING_LEVEL": "WARNING"}
-_LIVE: list = []  # engines alive in this process (see release)
+ENV_DEFAULTS = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_LOGGING_LEVEL": "WARNING",
+                "VLLM_NO_USAGE_STATS": "1"}  # offline: no usage report to stats.vllm.ai either
+WORKER_EXTENSION = "engine.backends.vllm_worker.InterpWorker"
+ROW_MAP = "engine.backends.vllm_rows:RowMap"
 
 
 def prepare_env() -> None:
-    """Environment vLLM must see before it is imported / an engine is built."""
+    """Environment vLLM must see before it is imported."""
     for k, v in ENV_DEFAULTS.items():
         os.environ.setdefault(k, v)
-    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # hooks need the engine core in-process
 
 
 def model_path(name: str, source: str) -> tuple[str, str]:
-    """(what to hand vLLM, source used): a local model directory, a cached real repo id, or the
-    snapshot directory of the zoo twin."""
-    if source not in ("auto", "zoo", "real"):
-        raise ValueError(f"source must be one of ('auto', 'zoo', 'real'), got {source!r}.")
-    p = Path(name).expanduser()
-    if p.is_dir():
-        if not (p / "config.json").is_file():
-            raise ModelNotFoundError(f"{name!r} is a directory without config.json; point at a saved model.")
-        return str(p.resolve()), "local"
-    from engine import zoo
-    real = zoo.real_checkpoint_available(name)
-    if source == "real" and not real:
-        raise ModelNotFoundError(f"{name!r} is not in the local HF model cache; download it first "
-                                 f"(huggingface-cli download {name}) or use source='zoo' for its tiny twin.")
-    if source == "real" or (source == "auto" and real):
-        return name, "real"
-    if name not in zoo.ZOO:
-        zoo.resolve(name)  # raises naming the closest entries
-    return str(zoo.ensure_twin(name)), "zoo"
+    """(local directory to hand vLLM, source used), resolved by engine.sources as on every backend."""
+    src = sources.resolve(name, source)
+    return src.path, src.source
 
 
 def kv_bytes_for(hf_config, max_num_seqs: int, max_model_len: int, dtype: torch.dtype) -> int:
@@ -70,9 +58,23 @@ def kv_bytes_for(hf_config, max_num_seqs: int, max_model_len: int, dtype: torch.
     return max(16 << 20, 2 * per_token * max_num_seqs * (max_model_len + 128))
 
 
+def cpu_binding(tp: int) -> str | None:
+    """VLLM_CPU_OMP_THREADS_BIND for tp ranks on a CPU machine: the allowed cores split evenly, one
+    group per rank (vLLM refuses several CPU ranks without it on a one-NUMA-node machine)."""
+    if tp <= 1:
+        return None
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < tp:
+        raise ValueError(f"tensor_parallel_size={tp} needs at least {tp} CPU cores; this process may use "
+                         f"{len(cores)}.")
+    per = len(cores) // tp
+    groups = [cores[i * per:(i + 1) * per] for i in range(tp)]
+    return "|".join(",".join(str(c) for c in g) for g in groups)
+
+
 @dataclass
 class LoadReport:
-    """What loading cost: seconds, KV cache and tap buffer sizes, process memory."""
+    """What loading cost: seconds, KV cache and tap buffer sizes, client memory."""
     backend: str
     startup_s: float
     kv_cache_bytes: int
@@ -80,12 +82,14 @@ class LoadReport:
     tap_buffer_bytes: int = 0
     rss_gib: float = 0.0
     compiled: bool = False
+    tensor_parallel_size: int = 1
     extra: dict = field(default_factory=dict)
 
     def line(self) -> str:
+        tp = f", tensor parallel {self.tensor_parallel_size}" if self.tensor_parallel_size > 1 else ""
         return (f"{self.backend}: startup {self.startup_s:.1f} s, KV cache {self.kv_cache_bytes / 2**20:.1f} MiB "
                 f"({self.kv_cache_tokens} tokens), tap buffers {self.tap_buffer_bytes / 2**10:.1f} KiB, "
-                f"RSS {self.rss_gib:.2f} GiB, {'compiled' if self.compiled else 'eager'} forward")
+                f"client RSS {self.rss_gib:.2f} GiB, {'compiled' if self.compiled else 'eager'} forward{tp}")
 
 
 def rss_gib() -> float:
@@ -96,33 +100,9 @@ def rss_gib() -> float:
 
 
 @contextlib.contextmanager
-def after_load_model(fn):
-    """Run fn(runner) right after vLLM loads the weights and before it compiles/captures graphs,
-    so that modules changed by fn are what torch.compile traces."""
-    from vllm.v1.worker import cpu_model_runner, gpu_model_runner
-    classes = [gpu_model_runner.GPUModelRunner, cpu_model_runner.CPUModelRunner]
-    originals = [c.__dict__.get("load_model") for c in classes]
-
-    def wrap(orig):
-        def load_model(self, *a, **kw):
-            orig(self, *a, **kw)
-            fn(self)
-        return load_model
-    try:
-        for c, o in zip(classes, originals):
-            if o is not None:
-                c.load_model = wrap(o)
-        yield
-    finally:
-        for c, o in zip(classes, originals):
-            if o is not None:
-                c.load_model = o
-
-
-@contextlib.contextmanager
 def scoped_env(env: dict):
-    """Environment variables for one engine's construction. vLLM caches its env reads once an
-    engine is up, so the cache is dropped first, or a second engine would see the first's."""
+    """Environment variables for one engine's construction (its processes inherit them). vLLM caches
+    its env reads once an engine is up, so the cache is dropped first."""
     import vllm.envs
     vllm.envs.disable_envs_cache()
     saved = {k: os.environ.get(k) for k in env}
@@ -137,95 +117,64 @@ def scoped_env(env: dict):
                 os.environ[k] = v
 
 
-_PATCHED_KEYS = ("__init__", "__call__", "_ignore_compile_vllm")
+class Loop:
+    """A private event loop in a daemon thread. `run(coro)` runs a coroutine there with the calling
+    thread's context (so `steering()` blocks apply) and waits for its result."""
+
+    def __init__(self):
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, name="interp-vllm-loop", daemon=True)
+        self.thread.start()
+
+    def run(self, coro):
+        if threading.current_thread() is self.thread:
+            raise RuntimeError("a synchronous model call was made from the model's own event loop; await the "
+                               "async API (model.aio) there instead.")
+        ctx = contextvars.copy_context()
+        fut: concurrent.futures.Future = concurrent.futures.Future()
+
+        def start():
+            task = ctx.run(self.loop.create_task, coro)
+
+            def done(t):
+                if t.cancelled():
+                    fut.cancel()
+                elif t.exception() is not None:
+                    fut.set_exception(t.exception())
+                else:
+                    fut.set_result(t.result())
+            task.add_done_callback(done)
+        self.loop.call_soon_threadsafe(start)
+        return fut.result()
+
+    def stop(self) -> None:
+        if self.loop.is_running():
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self.thread.join(timeout=30)
 
 
-@contextlib.contextmanager
-def hf_classes_kept_pristine(found: list):
-    """vLLM's Transformers backend decorates the HF decoder class *in place* for torch.compile
-    (new __init__, __call__ and base class), after which the eager backend can no longer build that
-    class in this process ("Current vLLM config is not set"). Record each HF class it decorates,
-    so that `restore_hf_classes` can undo it once the engine exists."""
-    from vllm.compilation import decorators as d
-    orig = d._support_torch_compile
-
-    def record(cls, *args, **kwargs):
-        if cls.__module__.startswith("transformers.") and d.TorchCompileWithNoGuardsWrapper not in cls.__bases__:
-            found.append((cls, cls.__bases__, {k: cls.__dict__[k] for k in _PATCHED_KEYS if k in cls.__dict__}))
-        return orig(cls, *args, **kwargs)
-    d._support_torch_compile = record
-    try:
-        yield
-    finally:
-        d._support_torch_compile = orig
-
-
-def restore_hf_classes(found: list, model) -> None:
-    """Give the engine's instances a private subclass carrying vLLM's decoration, and put the
-    shared HF class back the way transformers defined it."""
-    from vllm.compilation.wrapper import TorchCompileWithNoGuardsWrapper
-    for cls, bases, saved in found:
-        decorated = {k: cls.__dict__[k] for k in _PATCHED_KEYS if k in cls.__dict__}
-        for k in decorated:
-            delattr(cls, k)
-        for k, v in saved.items():
-            setattr(cls, k, v)
-        cls.__bases__ = bases
-        private = type(cls.__name__, (cls, TorchCompileWithNoGuardsWrapper),
-                       {**decorated, "__module__": cls.__module__, "__qualname__": f"vllm[{cls.__qualname__}]"})
-        for m in model.modules():
-            if type(m) is cls:
-                m.__class__ = private
-
-
-def build_llm(path: str, install=None, env: dict | None = None, **llm_kw):
-    """Construct vllm.LLM in-process; `install(runner)` runs between weight load and compile."""
+def start_engine(path: str, env: dict, **engine_kw):
+    """An AsyncLLM (engine core in its own process). Returns (engine, seconds); the engine's child
+    processes are kept as `engine.interp_processes`, for stop_engine."""
     prepare_env()
-    from vllm import LLM
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.v1.engine.async_llm import AsyncLLM
+    if engine_kw.get("load_format") == "interp_static":
+        import engine.backends.vllm_loader  # noqa: F401  (registers the load format)
     t0 = time.perf_counter()
-    ctx = after_load_model(install) if install is not None else contextlib.nullcontext()
-    decorated: list = []
-    with scoped_env(env or {}), ctx, hf_classes_kept_pristine(decorated):
-        llm = LLM(model=path, **llm_kw)
-    restore_hf_classes(decorated, runner_of(llm).get_model())
-    _LIVE.append(llm)
-    return llm, time.perf_counter() - t0
+    before = set(multiprocessing.active_children())
+    with scoped_env({"VLLM_ENABLE_V1_MULTIPROCESSING": "1", **env}):
+        engine = AsyncLLM.from_engine_args(AsyncEngineArgs(model=path, **engine_kw))
+    engine.interp_processes = [p for p in multiprocessing.active_children() if p not in before]
+    return engine, time.perf_counter() - t0
 
 
-def runner_of(llm):
-    """The model runner of an in-process engine (raises when the engine core is another process)."""
-    try:
-        return llm.llm_engine.engine_core.engine_core.model_executor.driver_worker.worker.model_runner
-    except AttributeError:
-        raise RuntimeError("the vLLM engine core is not in this process; the vllm backends need "
-                           "VLLM_ENABLE_V1_MULTIPROCESSING=0 (set by engine.backends before vLLM starts)") from None
-
-
-def kv_cache_size(runner) -> tuple[int, int]:
-    """(bytes, tokens) of the KV cache vLLM allocated."""
-    cfg = getattr(runner, "kv_cache_config", None)
-    if cfg is None:
-        return 0, 0
-    nbytes = sum(t.size for t in cfg.kv_cache_tensors)
-    block = cfg.kv_cache_groups[0].kv_cache_spec.block_size if cfg.kv_cache_groups else 0
-    return nbytes, cfg.num_blocks * block
-
-
-def release(llm) -> None:
-    """Free an engine. vLLM's full shutdown also destroys the process-wide distributed state that
-    other live engines need, so it runs only for the last engine alive."""
-    if llm not in _LIVE:
-        return
-    _LIVE.remove(llm)
-    client = llm.llm_engine.engine_core
-    if not _LIVE:
-        client.shutdown()
-    else:  # vLLM's finalizers would run the full shutdown when this object is collected: detach them
-        for owner in (llm.llm_engine, client):
-            fin = getattr(owner, "_finalizer", None)
-            if fin is not None:
-                fin.detach()
-        client.engine_core.model_executor.shutdown()
-        client.engine_core.scheduler.shutdown()
-        gc.unfreeze()
-    gc.collect()
+def stop_engine(engine, timeout: float = 30.0) -> None:
+    """Shut the engine down and wait until its processes are gone (killed after `timeout`)."""
+    engine.shutdown()
+    deadline = time.monotonic() + timeout
+    for p in getattr(engine, "interp_processes", []):
+        p.join(max(0.0, deadline - time.monotonic()))
+        if p.is_alive():
+            p.kill()
+            p.join(5)

@@ -15,9 +15,9 @@ import math
 
 import torch
 
-from engine.backends.vllm_batch import Step
 from engine.backends.vllm_tree import VSite
 from engine.errors import SteeringError
+from engine.plan import Step
 
 
 class Tap:
@@ -152,37 +152,40 @@ class StaticTaps:
             raise SteeringError("vllm-static holds one project_out direction per tap and request; "
                                 "combine the directions or use backend='vllm'.")
 
-    def before(self, step: Step) -> None:
+    def before(self, step: Step, work: dict) -> None:
+        """Fill each write tap's buffers for the steering rows of this step (identity elsewhere);
+        work: tap name -> SiteWork of the registered plans (steers already local to this rank)."""
         if step.n_tokens > max((t.rows for t in self.taps.values()), default=math.inf):
             raise RuntimeError(f"step of {step.n_tokens} tokens exceeds the tap buffers; raise max_num_batched_tokens")
         for name, tap in self.taps.items():
             if not tap.writable:
                 continue
-            writes = [(row, st) for row in step.rows for st in row.plan.steers if str(st.address.base) == name]
-            if not writes and not tap.dirty:
+            writes = work[name].writes if name in work else {}
+            todo = [(sp, st) for sp in step.spans for st in writes.get(sp.plan.key, ())]
+            if not todo and not tap.dirty:
                 continue
             tap.reset()
-            for row, st in writes:
-                mask = row.mask(st.positions)
-                rows = torch.arange(row.a, row.b)[mask].to(tap.buf("mul").device)
+            for sp, st in todo:
+                rows = torch.arange(sp.a, sp.b)[sp.mask(st.positions)].to(tap.buf("mul").device)
                 if rows.numel():
                     tap.fill(rows, st, self.head_dim[name])
-            tap.dirty = bool(writes)
+            tap.dirty = bool(todo)
 
-    def after(self, step: Step) -> None:
-        for row in step.rows:
-            for addr in row.plan.reads():
-                tap = self.taps[str(addr.base)]
-                skip = row.plan.wanted(str(addr), row.pos0, row.b - row.a)
-                if skip is None:
-                    continue
-                seg = tap.buf("cap")[row.a + skip:row.b]
-                if addr.coords:
-                    (_, h), = addr.coords
-                    seg = seg.reshape(seg.shape[0], -1, self.head_dim[str(addr.base)])[:, h]
-                else:
-                    seg = seg.reshape(seg.shape[0], *self.shape_of(str(addr.base)))
-                row.plan.add(str(addr), row.pos0 + skip, seg.to("cpu", copy=True))
+    def after(self, step: Step, work: dict) -> None:
+        """Copy each capturing plan's rows out of the capture buffers (CPU copies)."""
+        for name, w in work.items():
+            if not w.reads:
+                continue
+            tap = self.taps[name]
+            cap = tap.buf("cap")
+            for sp in step.spans:
+                for key, coord in w.reads.get(sp.plan.key, ()):
+                    skip = sp.plan.wanted(key, sp.pos0, sp.b - sp.a)
+                    if skip is None:
+                        continue
+                    seg = cap[sp.a + skip:sp.b].reshape(sp.b - sp.a - skip, *self.shape_of(name))
+                    seg = seg[:, coord] if coord is not None else seg
+                    sp.plan.add(key, sp.pos0 + skip, seg.to("cpu", copy=True))
 
     def shape_of(self, name: str) -> tuple:
         tap, hd = self.taps[name], self.head_dim[name]

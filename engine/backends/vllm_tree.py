@@ -142,22 +142,36 @@ def _set_arg(args, kwargs, idx, name, value):
     return tuple(args), kwargs
 
 
-@dataclass
+@dataclass(eq=False)
 class VSite:
     """One place in the tree. phase "pre": raw is (args, kwargs); phase "post": raw is the output.
-    get(raw) -> canonical [tokens, *shape]; put(raw, canonical) -> raw."""
+    get(raw) -> canonical [tokens, *shape]; put(raw, canonical) -> raw. Under tensor parallelism a
+    head- or neuron-sharded site holds on this rank only the indices `held` of canonical axis 1."""
     module: torch.nn.Module
     phase: str
     kind: str
     get: Callable
     put: Callable
-    shape: tuple = ()  # per-token shape of the canonical tensor, e.g. (d,) or (heads, head_dim)
     how: str = "hook"
     write_refused: str | None = None  # capture-only here: why a write would not do what it says
+    held: list | None = None  # sharded: global indices of axis 1 this rank holds (None: replicated)
 
     @property
     def key(self):
         return id(self.module), self.phase, self.kind
+
+    def install(self, fn) -> list:
+        """Attach fn(canonical) -> replacement | None as a forward (pre-)hook; returns the handles."""
+        if self.phase == "pre":
+            def pre(module, args, kwargs):
+                new = fn(self.get((args, kwargs)))
+                return None if new is None else self.put((args, kwargs), new)
+            return [self.module.register_forward_pre_hook(pre, with_kwargs=True)]
+
+        def post(module, args, kwargs, output):
+            new = fn(self.get(output))
+            return None if new is None else self.put(output, new)
+        return [self.module.register_forward_hook(post, with_kwargs=True)]
 
 
 def _canon(t, batched, heads):
@@ -240,81 +254,169 @@ def pair_out_site(module, batched=False, kind="pair_out", pair_style=True) -> VS
     return VSite(module, "post", kind, get, put)
 
 
-# -- resolution ----------------------------------------------------------------------------------
+# -- resolution: one resolver per point ---------------------------------------------------------
 KERNEL_ARGS = {"q": 0, "k": 1, "value": 2}
 
 
-def resolve(model, tree: Tree, point: str, layer: int | None) -> VSite:
-    """The site of `point` at `layer` in a loaded vLLM model, or UnsupportedPointError with why."""
-    def absent(why):
-        where = "" if layer is None else f" at layer {layer}"
-        raise UnsupportedPointError(f"{point!r}{where} is not served by vLLM's {type(model).__name__}: {why}")
+@dataclass
+class Ctx:
+    """One (point, layer) of one loaded vLLM model, and this worker's tensor-parallel rank."""
+    model: torch.nn.Module
+    tree: Tree
+    point: str
+    layer: int | None
+    rank: int = 0
+    tp: int = 1
 
+    def absent(self, why: str):
+        where = "" if self.layer is None else f" at layer {self.layer}"
+        raise UnsupportedPointError(f"{self.point!r}{where} is not served by vLLM's {type(self.model).__name__}: {why}")
+
+    @staticmethod
     def sub(root, path):
         return get_path(root, path) if root is not None and path else None
 
-    b = tree.batched
+    @property
+    def b(self) -> bool:
+        return self.tree.batched
+
+    @property
+    def blk(self):
+        blk = self.sub(self.model, f"{self.tree.layers}.{0 if self.point == 'embeddings' else self.layer}")
+        return blk if blk is not None else self.absent("no such decoder layer")
+
+    @property
+    def attn(self):
+        return self.sub(self.blk, self.tree.attn)
+
+    @property
+    def mlp(self):
+        return self.sub(self.blk, self.tree.mlp)
+
+    def model_heads(self, kv: bool = False) -> int:
+        """Total query (or key/value) heads of the model, from its config."""
+        cfg = getattr(self.model, "config", None)
+        cfg = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+        heads = getattr(cfg, "num_attention_heads", None) or getattr(cfg, "n_head", None)
+        return (getattr(cfg, "num_key_value_heads", None) or heads) if kv else heads
+
+    def held(self, local: int, total: int) -> list | None:
+        """Global indices this rank holds of an axis of `total` entries split `local` per rank
+        (entries replicated across ranks when there are fewer than ranks); None when not split."""
+        if self.tp == 1 or local == total:
+            return None
+        if local * self.tp == total:
+            return list(range(self.rank * local, (self.rank + 1) * local))
+        replicas = self.tp // total  # e.g. 2 kv heads on 4 ranks: each held by 2 ranks
+        return [self.rank // replicas]
+
+
+def _final_norm(c: Ctx) -> VSite:
+    mod = c.sub(c.model, c.tree.final_norm)
+    return out_site(mod, c.b) if mod is not None else c.absent("the architecture has no final norm")
+
+
+def _resid_in(c: Ctx) -> VSite:
+    return pair_in_site(c.blk, c.b, kind="resid_in", pair=c.tree.pair)
+
+
+def _resid_post(c: Ctx) -> VSite:
+    return pair_out_site(c.blk, c.b, kind="resid_out", pair_style=c.tree.pair)
+
+
+def _attn_io(c: Ctx) -> VSite:
+    if c.attn is None:
+        c.absent("this layer has no attention module")
+    return in_site(c.attn, c.b) if c.point == "attn_in" else out_site(c.attn, c.b)
+
+
+def _z(c: Ctx) -> VSite:
+    o = c.sub(c.attn, c.tree.o_proj)
+    if o is None:
+        c.absent("this layer has no attention output projection")
+    heads = _n_heads(c.attn, c.model)
+    site = in_site(o, c.b, heads=heads)
+    site.held = c.held(heads, c.model_heads())
+    return site
+
+
+def _kernel_arg(c: Ctx) -> VSite:
+    kern = c.sub(c.attn, c.tree.kernel)
+    if kern is None or not hasattr(kern, "num_kv_heads"):
+        c.absent("this architecture runs attention without vLLM's Attention module (Transformers "
+                 "backend or a fused kernel), so q/k/v never reach a hookable input")
+    heads = kern.num_heads if c.point == "q" else kern.num_kv_heads
+    site = in_site(kern, c.b, heads=heads, kind=c.point, slot=KERNEL_ARGS[c.point])
+    site.held = c.held(heads, c.model_heads(kv=c.point != "q"))
+    return site
+
+
+def _post_norm(c: Ctx) -> VSite:
+    attn_side = c.point == "attn_out_post"
+    mod = c.sub(c.blk, c.tree.attn_post_norm if attn_side else c.tree.mlp_post_norm)
+    if mod is None:
+        c.absent(f"no post-{'attention' if attn_side else 'MLP'} sandwich norm")
+    return out_site(mod, c.b)
+
+
+def _resid_mid(c: Ctx) -> VSite:
+    if c.tree.parallel:
+        c.absent("attention and MLP read the same residual in parallel blocks; there is no mid point")
+    norm = c.sub(c.blk, c.tree.mlp_norm)
+    if norm is None:
+        c.absent("no pre-MLP norm")
+    site = pair_in_site(norm, c.b, kind="resid_mid", pair=c.tree.pair)
+    if not c.tree.pair:
+        site.write_refused = (
+            f"{type(c.blk).__name__} keeps its own reference to the mid residual, so a write at the "
+            f"pre-MLP norm would reach the MLP input but not the stream; steer attn_out, "
+            f"resid_post.{c.layer} or resid_pre.{c.layer + 1} instead, or use backend='eager'")
+    return site
+
+
+def _mlp_io(c: Ctx) -> VSite:
+    path = c.tree.mlp_in if c.point == "mlp_in" else c.tree.mlp_out
+    mod = c.sub(c.blk, path) if path else c.mlp
+    if mod is None:
+        c.absent("this layer has no MLP module")
+    return in_site(mod, c.b) if c.point == "mlp_in" else out_site(mod, c.b)
+
+
+def _mlp_act(c: Ctx) -> VSite:
+    down = c.sub(c.mlp if c.mlp is not None else c.blk, c.tree.down)
+    if down is None:
+        c.absent(_MOE_ACT if c.mlp is not None else "no MLP")
+    site = in_site(down, c.b)
+    local = getattr(down, "input_size_per_partition", None)
+    if local and getattr(down, "input_is_parallel", False):
+        site.held = c.held(local, local * c.tp)
+    return site
+
+
+RESOLVERS: dict[str, Callable[[Ctx], VSite]] = {
+    "final_norm": _final_norm, "embeddings": _resid_in, "resid_pre": _resid_in, "resid_post": _resid_post,
+    "attn_in": _attn_io, "attn_out": _attn_io, "z": _z, **{p: _kernel_arg for p in KERNEL_ARGS},
+    "attn_out_post": _post_norm, "mlp_out_post": _post_norm, "resid_mid": _resid_mid,
+    "mlp_in": _mlp_io, "mlp_out": _mlp_io, "mlp_act": _mlp_act,
+}
+
+
+def resolve(model, tree: Tree, point: str, layer: int | None, rank: int = 0, tp: int = 1) -> VSite:
+    """The site of `point` at `layer` in a loaded vLLM model, or UnsupportedPointError with why."""
+    c = Ctx(model, tree, point, layer, rank, tp)
     if point in tree.refused:
-        absent(tree.refused[point])
-    if point == "final_norm":
-        mod = sub(model, tree.final_norm)
-        return out_site(mod, b) if mod is not None else absent("the architecture has no final norm")
-    blk = sub(model, f"{tree.layers}.{0 if point == 'embeddings' else layer}")
-    if blk is None:
-        absent("no such decoder layer")
-    if point in ("embeddings", "resid_pre"):
-        return pair_in_site(blk, b, kind="resid_in", pair=tree.pair)
-    if point == "resid_post":
-        return pair_out_site(blk, b, kind="resid_out", pair_style=tree.pair)
-    attn, mlp = sub(blk, tree.attn), sub(blk, tree.mlp)
-    mlp_in = sub(blk, tree.mlp_in) if tree.mlp_in else mlp
-    mlp_out = sub(blk, tree.mlp_out) if tree.mlp_out else mlp
-    if point == "attn_in":
-        return in_site(attn, b) if attn is not None else absent("this layer has no attention module")
-    if point == "attn_out":
-        return out_site(attn, b) if attn is not None else absent("this layer has no attention module")
-    if point == "z":
-        o = sub(attn, tree.o_proj)
-        if o is None:
-            absent("this layer has no attention output projection")
-        return in_site(o, b, heads=_n_heads(attn, model))
-    if point in KERNEL_ARGS:
-        kern = sub(attn, tree.kernel)
-        if kern is None or not hasattr(kern, "num_kv_heads"):
-            absent("this architecture runs attention without vLLM's Attention module (Transformers "
-                   "backend or a fused kernel), so q/k/v never reach a hookable input")
-        heads = kern.num_heads if point == "q" else kern.num_kv_heads
-        return in_site(kern, b, heads=heads, kind=point, slot=KERNEL_ARGS[point])
-    if point == "attn_out_post":
-        mod = sub(blk, tree.attn_post_norm)
-        return out_site(mod, b) if mod is not None else absent("no post-attention sandwich norm")
-    if point == "mlp_out_post":
-        mod = sub(blk, tree.mlp_post_norm)
-        return out_site(mod, b) if mod is not None else absent("no post-MLP sandwich norm")
-    if point == "resid_mid":
-        if tree.parallel:
-            absent("attention and MLP read the same residual in parallel blocks; there is no mid point")
-        norm = sub(blk, tree.mlp_norm)
-        if norm is None:
-            absent("no pre-MLP norm")
-        site = pair_in_site(norm, b, kind="resid_mid", pair=tree.pair)
-        if not tree.pair:
-            site.write_refused = (
-                f"{type(blk).__name__} keeps its own reference to the mid residual, so a write at the "
-                f"pre-MLP norm would reach the MLP input but not the stream; steer attn_out, "
-                f"resid_post.{layer} or resid_pre.{layer + 1} instead, or use backend='eager'")
-        return site
-    if point == "mlp_in":
-        return in_site(mlp_in, b) if mlp_in is not None else absent("this layer has no MLP module")
-    if point == "mlp_out":
-        return out_site(mlp_out, b) if mlp_out is not None else absent("this layer has no MLP module")
-    if point == "mlp_act":
-        down = sub(mlp if mlp is not None else blk, tree.down)
-        return in_site(down, b) if down is not None else absent(_MOE_ACT if mlp is not None else "no MLP")
-    absent("the vLLM point table does not map this point")
+        c.absent(tree.refused[point])
+    if point not in RESOLVERS:
+        c.absent("the vLLM point table does not map this point")
+    site = RESOLVERS[point](c)
+    if site.held is not None and tree.batched:
+        c.absent("the Transformers backend shards it across tensor-parallel ranks in a layout the engine "
+                 "does not gather; use tensor_parallel_size=1")
+    return site
 
 
 def _n_heads(attn, model):
+    """Query heads of one attention module on this rank."""
     kern = getattr(attn, "attn", None)
     if kern is not None and hasattr(kern, "num_heads"):
         return kern.num_heads

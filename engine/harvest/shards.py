@@ -1,0 +1,168 @@
+"""Shards: fixed-size row buffers, and the writer thread that puts them on disk atomically.
+
+A shard becomes visible only by an atomic rename of a complete, fsynced file, and it counts only once
+the manifest lists it (the manifest is rewritten the same way, after the shard). A crash therefore
+leaves complete shards, at most one complete shard the manifest does not list yet (rewritten with the
+same bytes on resume), and temp files that resume deletes.
+
+Writing happens on one thread behind a bounded queue, so the forward never waits on the disk unless
+the disk is slower than the model, and at most `depth` shards wait in memory.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+# the index columns every shard holds beside one column per address
+INDEX_COLUMNS = {"token_ids": torch.int32, "doc_index": torch.int64, "position": torch.int32}
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+TMP_MARK = ".tmp-"
+
+
+def shard_name(index: int) -> str:
+    return f"shard-{index:06d}.safetensors"
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def atomic_write(path: Path, data: bytes) -> None:
+    """Write data to path so that readers see the old file or the whole new one, never a part."""
+    tmp = path.with_name(f".{path.name}{TMP_MARK}{os.getpid()}")
+    with open(tmp, "wb") as fh:
+        fh.write(data)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+    fsync_dir(path.parent)
+
+
+def remove_temps(directory: Path) -> int:
+    """Delete temp files a killed run left behind; how many."""
+    n = 0
+    for p in directory.glob(f".*{TMP_MARK}*"):
+        p.unlink(missing_ok=True)
+        n += 1
+    return n
+
+
+def serialize(tensors: dict[str, torch.Tensor], metadata: dict[str, str]) -> bytes:
+    """safetensors bytes; the metadata goes in as one sorted JSON string under "harvest", because
+    safetensors writes a metadata map in hash order, which would differ from run to run."""
+    from safetensors.torch import save
+    meta = {"harvest": json.dumps(metadata, sort_keys=True)}
+    return save({k: v.contiguous() for k, v in tensors.items()}, metadata=meta)
+
+
+def write_shard(path: Path, tensors: dict[str, torch.Tensor], metadata: dict[str, str]) -> tuple[str, int]:
+    """Serialize, hash and atomically write one shard; (sha256, bytes)."""
+    data = serialize(tensors, metadata)
+    atomic_write(path, data)
+    return hashlib.sha256(data).hexdigest(), len(data)
+
+
+class ShardBuffer:
+    """Preallocated rows of the next shard; columns cast to the storage dtype as they are filled."""
+
+    def __init__(self, size: int, columns: dict[str, tuple[tuple, torch.dtype]]):
+        self.size, self.n = size, 0
+        self.tensors = {k: torch.empty((size, *shape), dtype=dt) for k, (shape, dt) in columns.items()}
+        self.docs: list[int] = []  # first and last document index held
+
+    @property
+    def full(self) -> bool:
+        return self.n == self.size
+
+    def fill(self, rows: dict[str, torch.Tensor], a: int, b: int) -> None:
+        for k, t in self.tensors.items():
+            t[self.n:self.n + b - a].copy_(rows[k][a:b])
+        d = rows["doc_index"]
+        self.docs = [int(d[a]) if not self.docs else self.docs[0], int(d[b - 1])]
+        self.n += b - a
+
+    def rows(self) -> dict[str, torch.Tensor]:
+        return {k: t[:self.n] for k, t in self.tensors.items()}
+
+
+@dataclass
+class Pending:
+    """A full (or final) shard on its way to disk, with what its manifest entry says."""
+    index: int
+    tensors: dict[str, torch.Tensor]
+    entry: dict
+    final: bool = False
+
+
+@dataclass
+class WriterStats:
+    shards: int = 0
+    bytes: int = 0
+    write_s: float = 0.0  # time the writer thread spent serializing, hashing and writing
+    stall_s: float = 0.0  # time the forward loop waited for room in the queue
+    _t: float = field(default=0.0, repr=False)
+
+
+class ShardWriter:
+    """Writes shards on a thread, in order, then records each in the manifest (`on_written`)."""
+
+    def __init__(self, directory: Path, on_written, metadata: dict[str, str], depth: int = 2):
+        self.directory, self.on_written, self.metadata = directory, on_written, metadata
+        self.queue: queue.Queue = queue.Queue(maxsize=depth)
+        self.error: BaseException | None = None
+        self.stats = WriterStats()
+        self.thread = threading.Thread(target=self._run, name="harvest-writer", daemon=True)
+        self.thread.start()
+
+    def _run(self):
+        while True:
+            item = self.queue.get()
+            if item is None:
+                return
+            if self.error is not None:
+                continue  # drain: after a failure nothing else may be recorded
+            try:
+                t0 = time.perf_counter()
+                meta = dict(self.metadata, shard=str(item.index), rows=f"{item.entry['rows'][0]}-{item.entry['rows'][1]}")
+                sha, n = write_shard(self.directory / shard_name(item.index), item.tensors, meta)
+                item.entry.update(file=shard_name(item.index), sha256=sha, bytes=n)
+                self.on_written(item.entry, item.final)
+                self.stats.shards += 1
+                self.stats.bytes += n
+                self.stats.write_s += time.perf_counter() - t0
+            except BaseException as e:  # noqa: BLE001 (handed to the forward loop)
+                self.error = e
+
+    def submit(self, item: Pending) -> None:
+        """Queue a shard; blocks (counted as stall) only while `depth` shards are already waiting."""
+        self.check()
+        t0 = time.perf_counter()
+        while True:
+            try:
+                self.queue.put(item, timeout=0.5)
+                break
+            except queue.Full:
+                self.check()
+        self.stats.stall_s += time.perf_counter() - t0
+
+    def check(self) -> None:
+        if self.error is not None:
+            raise RuntimeError(f"writing shards to {self.directory} failed: {self.error}") from self.error
+
+    def close(self) -> None:
+        """Wait for every queued shard; re-raise a write failure."""
+        self.queue.put(None)
+        self.thread.join()
+        self.check()

@@ -1,0 +1,128 @@
+"""What every backend returns: one set of result types, so the backends are peers.
+
+    ActivationCache   captured tensors keyed by address string ([batch, pos, ...] or [pos, ...])
+    Request           one sequence of a concurrent batch: its prompt, length, captures, steers
+    RequestResult     one sequence's tokens, text, captures ([pos, ...]) and logits
+    GenerationResult  a batch: padded [batch, ...] tensors plus the per-sequence results
+
+A batch of sequences of different lengths is padded (left by default, like the tokenizer's batch):
+`attention_mask` marks the real tokens, captures are zero at padded positions, and attention
+patterns hold the masked value (probability 0, the most negative score) at padded keys.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from engine.address import parse
+from engine.errors import AddressError
+
+PATTERNS = ("attn_scores", "attn_probs")
+
+
+class ActivationCache(dict):
+    """Captured tensors keyed by address string; also indexable by Address or 'point.-1'."""
+
+    def __init__(self, n_layers: int):
+        super().__init__()
+        self.n_layers = n_layers
+
+    def _key(self, key):
+        return str(parse(key).resolved(self.n_layers))
+
+    def __getitem__(self, key):
+        k = self._key(key)
+        if not dict.__contains__(self, k):
+            raise KeyError(f"{k!r} was not captured; captured: {', '.join(self) or 'nothing'}.")
+        return dict.__getitem__(self, k)
+
+    def __contains__(self, key):
+        try:
+            return dict.__contains__(self, self._key(key))
+        except AddressError:
+            return False
+
+    def get(self, key, default=None):
+        return self[key] if key in self else default
+
+
+@dataclass
+class Request:
+    """One request of a concurrent batch: its own prompt, length, captures, steers and sampling."""
+    prompt: "str | list[int]"
+    max_new_tokens: int = 8
+    points: "list | tuple | str" = ()
+    steer: "list | tuple" = ()
+    sampling: dict = field(default_factory=dict)
+
+
+@dataclass
+class RequestResult:
+    prompt_ids: torch.Tensor  # [P]
+    new_tokens: torch.Tensor  # [N]
+    text: str
+    cache: ActivationCache  # [pos, ...]: the prompt, then every generated token fed back (P + N - 1)
+    logits: torch.Tensor | None  # [N, vocab] (generation) or [P, vocab] (a forward)
+    cached_tokens: int = 0  # prompt tokens served from a prefix cache (0 when capturing/steering)
+    recomputed: int = 0  # times the scheduler preempted and recomputed this request
+
+    @property
+    def tokens(self) -> torch.Tensor:
+        return torch.cat([self.prompt_ids, self.new_tokens])
+
+
+@dataclass
+class GenerationResult:
+    tokens: torch.Tensor  # [b, P + N], padded
+    new_tokens: torch.Tensor  # [b, N]
+    text: list[str]
+    cache: ActivationCache  # [b, P + N - 1, ...]: prompt then each fed-back token, padded
+    logits: torch.Tensor | None  # [b, N, vocab], the scores each new token was chosen from
+    attention_mask: torch.Tensor  # [b, P + N]: 1 on real tokens
+    requests: list[RequestResult] = field(default_factory=list)
+
+
+def columns(lengths: list[int], width: int, side: str) -> list[torch.Tensor]:
+    """Per sequence, the columns of a padded batch of `width` its positions 0..len-1 occupy."""
+    if side not in ("left", "right"):
+        raise ValueError(f"padding side must be 'left' or 'right', got {side!r}.")
+    return [torch.arange(width - n, width) if side == "left" else torch.arange(n) for n in lengths]
+
+
+def columns_of(mask: torch.Tensor) -> list[torch.Tensor]:
+    """The columns of each row's real tokens in a [b, T] attention mask."""
+    return [torch.nonzero(row.bool(), as_tuple=True)[0].cpu() for row in mask]
+
+
+def scatter(key: str, rows: list[torch.Tensor], cols: list[torch.Tensor], width: int) -> torch.Tensor:
+    """Stack per-sequence [len, ...] captures into [b, width, ...], each at its own columns (an
+    attention pattern's key axis too); padded entries hold 0 (the most negative score for scores)."""
+    first = rows[0]
+    pattern = key.split(".")[0] in PATTERNS
+    fill = torch.finfo(first.dtype).min if key.startswith("attn_scores") else 0.0
+    shape = (len(rows), width, *first.shape[1:-1], width) if pattern else (len(rows), width, *first.shape[1:])
+    out = torch.full(shape, fill, dtype=first.dtype, device=first.device)
+    for i, (r, c) in enumerate(zip(rows, cols)):
+        c = c.to(r.device)
+        if pattern:
+            out[i, c[:, None], ..., c[None, :]] = r.movedim(-1, 1) if r.dim() > 2 else r
+        else:
+            out[i, c] = r
+    return out
+
+
+def batch_cache(caches: list[ActivationCache], cols: list[torch.Tensor], width: int, n_layers: int):
+    """One [b, width, ...] ActivationCache from per-sequence [len, ...] caches."""
+    out = ActivationCache(n_layers)
+    for key in (caches[0] if caches else {}):
+        out[key] = scatter(key, [c[key] for c in caches], cols, width)
+    return out
+
+
+def pad_rows(rows: list[torch.Tensor], cols: list[torch.Tensor], width: int, fill=0) -> torch.Tensor:
+    """[b, width, ...] from per-sequence [len, ...] tensors (token ids, logits) at their columns."""
+    out = torch.full((len(rows), width, *rows[0].shape[1:]), fill, dtype=rows[0].dtype)
+    for i, (r, c) in enumerate(zip(rows, cols)):
+        out[i, c] = r.cpu()
+    return out

@@ -1,0 +1,86 @@
+"""python -m engine.serve MODEL [--backend vllm|vllm-static|eager] [--host 127.0.0.1] [--port 8000]
+[--api-key KEY] ...: load the model, then serve it (uvicorn) until SIGINT / SIGTERM."""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import socket
+import sys
+
+BACKENDS = ("vllm", "vllm-static", "eager")
+
+
+def _size(s: str) -> int:
+    units = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
+    s = s.strip().lower().removesuffix("ib").removesuffix("b")
+    return int(float(s[:-1]) * units[s[-1]]) if s and s[-1] in units else int(s)
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m engine.serve", description=__doc__.split("\n\n")[0])
+    p.add_argument("model", help="a repo id (real if cached, else the zoo twin) or a model directory")
+    p.add_argument("--backend", default="vllm", choices=BACKENDS)
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000, help="0: any free port (printed on startup)")
+    p.add_argument("--api-key", default=os.environ.get("INTERP_API_KEY"),
+                   help="require 'Authorization: Bearer KEY' on /v1/* and /metrics (default: $INTERP_API_KEY)")
+    p.add_argument("--served-model-name", action="append", default=None,
+                   help="name(s) clients send as `model` (default: MODEL); repeatable")
+    p.add_argument("--source", default="auto", choices=("auto", "zoo", "real", "local"))
+    p.add_argument("--dtype", default="float32")
+    p.add_argument("--max-model-len", type=int, default=512, help="vLLM: positions per sequence")
+    p.add_argument("--max-num-seqs", type=int, default=32, help="vLLM: sequences batched per step")
+    p.add_argument("--static-points", default="auto",
+                   help="vllm-static: 'auto' or comma-separated points / addresses")
+    p.add_argument("--max-pending", type=int, default=256, help="sequences in flight before new requests get 429")
+    p.add_argument("--max-body-bytes", type=_size, default=16 << 20, help="request body limit (413 above), e.g. 16MiB")
+    p.add_argument("--max-capture-bytes", type=_size, default=256 << 20, help="captured bytes one request may return")
+    p.add_argument("--max-tokens-limit", type=int, default=None, help="largest max_tokens a request may ask")
+    p.add_argument("--chat-template", default=None,
+                   help="a Jinja chat template (file or string) for models without one")
+    p.add_argument("--log-level", default="warning")
+    p.add_argument("--access-log", action="store_true")
+    return p
+
+
+def main(argv=None) -> int:
+    args = parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(name)s: %(message)s")
+    import uvicorn
+    try:  # the event loop vLLM's own server runs on; the vLLM backends' private loop is made under this policy
+        import uvloop
+        asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+    except ImportError:
+        pass
+    from engine.loading import load_model
+    from engine.serve import build_app, runner_for
+    kw = {}
+    if args.backend != "eager":
+        kw = dict(max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs)
+        if args.backend == "vllm-static":
+            kw["static_points"] = "auto" if args.static_points == "auto" else args.static_points.split(",")
+    template = args.chat_template
+    if template and os.path.isfile(template):
+        template = open(template).read()
+    sock = socket.socket(socket.AF_INET6 if ":" in args.host else socket.AF_INET)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((args.host, args.port))  # before loading: a taken port fails in a second, not after a minute
+    model = load_model(args.model, backend=args.backend, source=args.source, dtype=args.dtype, **kw)
+    runner = runner_for(model)
+    try:
+        app = build_app(runner, args.served_model_name, args.api_key, args.max_body_bytes, args.max_pending,
+                        args.max_capture_bytes, args.max_tokens_limit, template)
+        server = uvicorn.Server(uvicorn.Config(app, log_level=args.log_level, access_log=args.access_log,
+                                               timeout_graceful_shutdown=5))
+        host, port = sock.getsockname()[:2]
+        print(f"engine.serve: {model.name} ({args.backend}) listening on http://{host}:{port}", flush=True)
+        runner.serve(server.serve(sockets=[sock]), server)
+    finally:
+        runner.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

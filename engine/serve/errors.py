@@ -1,0 +1,67 @@
+"""Errors as OpenAI-shaped JSON (`{"error": {"message", "type", "param", "code"}}`, what the
+`openai` client parses), and which exceptions are the client's fault (4xx) rather than ours (500).
+
+A request the engine refuses (an unknown point, a steer of the wrong width, a prompt too long: the
+engine's AddressError, SteeringError, InputError, ...) is a 400 carrying the engine's own message and
+the field it came from; only a failure that is not about the input is a 500.
+"""
+from __future__ import annotations
+
+from pydantic import ValidationError
+from starlette.responses import JSONResponse
+
+from engine.errors import EngineError
+
+TYPES = {400: "BadRequestError", 401: "AuthenticationError", 404: "NotFoundError", 405: "MethodNotAllowedError",
+         413: "RequestTooLargeError", 429: "RateLimitError", 500: "InternalServerError",
+         503: "ServiceUnavailableError"}
+
+
+class ServeError(Exception):
+    """An error response: HTTP status, a message saying what was wrong and the fix, the field."""
+
+    def __init__(self, status: int, message: str, param: str | None = None, headers: dict | None = None):
+        super().__init__(message)
+        self.status, self.message, self.param, self.headers = status, message, param, headers
+
+
+def payload(status: int, message: str, param: str | None = None) -> dict:
+    return {"error": {"message": message, "type": TYPES.get(status, "Error"), "param": param, "code": status}}
+
+
+def response(err: ServeError) -> JSONResponse:
+    return JSONResponse(payload(err.status, err.message, err.param), status_code=err.status, headers=err.headers)
+
+
+def field_name(loc: tuple) -> str:
+    """('interp', 'steer', 0, 'value') -> 'interp.steer[0].value'."""
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
+_MESSAGES = {"extra_forbidden": "unknown field (not part of this API; check the spelling)",
+             "missing": "field required"}
+
+
+def from_validation(e: ValidationError, prefix: tuple = ()) -> ServeError:
+    """A 400 naming the first bad field (and counting the others)."""
+    errs = e.errors(include_url=False)
+    first = errs[0]
+    name = field_name(prefix + tuple(first["loc"]))
+    msg = _MESSAGES.get(first["type"]) or first["msg"].removeprefix("Value error, ")
+    more = f" (and {len(errs) - 1} more error{'s' if len(errs) > 2 else ''})" if len(errs) > 1 else ""
+    return ServeError(400, f"{name}: {msg}{more}" if name else f"{msg}{more}", name or None)
+
+
+def is_client_error(e: BaseException) -> bool:
+    """The engine's refusals of bad input (every EngineError subclass is one; a bare EngineError is a
+    failure while running)."""
+    return isinstance(e, EngineError) and type(e) is not EngineError
+
+
+def from_engine(e: BaseException, param: str | None = None) -> ServeError:
+    if is_client_error(e):
+        return ServeError(400, f"{param}: {e}" if param else str(e), param)
+    return ServeError(500, f"{type(e).__name__}: {e}")

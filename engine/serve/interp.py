@@ -1,0 +1,164 @@
+"""The `interp` field against the loaded model, and each result cut to what was asked.
+
+Before anything runs, every capture point and steer is checked against the model one by one (the
+engine's own checks: `expand` for points, the backend's steer validation for ops, widths and
+capture-only points, engine.positions for position specs), so a 400 names the exact entry
+(`interp.steer[1]`). After the run, a request's captures ([positions, ...], the prompt then every
+generated token fed back, exactly the library's RequestResult.cache) are cut to the asked
+positions, reduced (none / last / mean over them) and encoded.
+
+Capture keys are the engine's canonical addresses (absolute layer: `resid_post.-1` on a 4-layer
+model comes back as `resid_post.3`), as in the library's ActivationCache.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from engine import positions as engine_positions
+from engine.points import INTEGER_POINTS
+from engine.serve import encoding
+from engine.serve.errors import ServeError, from_engine
+from engine.serve.schemas import CaptureSpec, Interp
+
+
+@dataclass
+class Asked:
+    """What one request asks of the engine: points to capture, steers, and how to return captures."""
+    points: list[str] = field(default_factory=list)
+    steers: list = field(default_factory=list)
+    spec: CaptureSpec | None = None
+
+    @property
+    def wants_rows(self) -> bool:
+        return self.spec is not None and self.spec.reduction == "none"
+
+
+def check(runner, interp: Interp | None, calls: list[tuple[int, int]]) -> Asked:
+    """Validate `interp` for calls of (prompt length, new tokens) (0 new tokens: a forward)."""
+    if interp is None:
+        return Asked()
+    spec = interp.capture
+    points = list(spec.points) if spec else []
+    for i, p in enumerate(points):
+        try:
+            addrs = runner.check_point(p)
+        except Exception as e:
+            raise from_engine(e, f"interp.capture.points[{i}]") from None
+        if spec.reduction == "mean" and any(a.point in INTEGER_POINTS for a in addrs):
+            raise ServeError(400, f"interp.capture.reduction: 'mean' of {p} (integer expert indices) is not "
+                                  f"defined; use 'none' or 'last'", "interp.capture.reduction")
+    if spec:
+        for n, new in set(calls):
+            try:
+                engine_positions.check(spec.positions, n, new, "the capture")
+            except Exception as e:
+                raise from_engine(e, "interp.capture.positions") from None
+    steers = []
+    for i, s in enumerate(interp.steer):
+        where = f"interp.steer[{i}]"
+        try:
+            runner.check_steer(s.steer)
+            for n, new in set(calls):
+                engine_positions.check(s.steer.positions, n, new, f"{s.op} at {s.address}")
+        except Exception as e:
+            raise from_engine(e, where) from None
+        steers.append(s.steer)
+    return Asked(points, steers, spec)
+
+
+def selected(spec: CaptureSpec, start: int, stop: int, prompt_len: int) -> torch.Tensor:
+    """Absolute positions in [start, stop) that the capture's position spec selects."""
+    if stop <= start:
+        return torch.zeros(0, dtype=torch.long)
+    m = engine_positions.mask(spec.positions, start, stop - start, prompt_len)
+    return torch.nonzero(m, as_tuple=True)[0] + start
+
+
+def payload(spec: CaptureSpec, cache: dict, prompt_len: int, end: int, start: int = 0,
+            limit: int | None = None) -> tuple[dict, int]:
+    """({positions, reduction, captures}, raw bytes) for a result's cache over positions [start, end)
+    (`end`: prompt plus fed-back tokens; a stream sends earlier rows as they come). Every capture ends
+    at `end`; one that starts later (eager's lm_head while generating: the logits of each new token,
+    from the last prompt position on) carries its own `positions`. A reduction over none gives null."""
+    pos = selected(spec, start, end, prompt_len)
+    out, nbytes = {}, 0
+    for key, t in cache.items():
+        off = end - t.shape[0]
+        mine = pos[pos >= off] if off > 0 else pos
+        rows = t[mine - off]
+        if spec.reduction == "last":
+            rows = rows[-1] if len(mine) else None
+        elif spec.reduction == "mean":
+            rows = rows.float().mean(0) if len(mine) else None
+        if rows is not None:
+            nbytes += rows.nelement() * rows.element_size()
+            if limit is not None and nbytes > limit:
+                raise ServeError(400, f"interp.capture: the captures of this request are over this server's limit "
+                                      f"of {limit} bytes (--max-capture-bytes); capture fewer points or positions, "
+                                      f"or use reduction 'last' or 'mean'", "interp.capture")
+        out[key] = None if rows is None else encoding.encode(rows, spec.encoding)
+        if out[key] is not None and len(mine) != len(pos):
+            out[key]["positions"] = mine.tolist()
+    return {"positions": pos.tolist(), "reduction": spec.reduction, "captures": out}, nbytes
+
+
+class StreamRows:
+    """Capture rows of a stream as they arrive ({address: (first position, rows)}), sent once every
+    expected address has them (attention patterns, recomputed at the end, hold every row back to
+    the final chunk), cut to the asked positions; the rest goes out with the final result."""
+
+    def __init__(self, spec: CaptureSpec, keys: list[str], prompt_len: int, limit: int | None):
+        self.spec, self.keys, self.prompt_len, self.limit = spec, set(keys), prompt_len, limit
+        self.next = 0  # first position not sent yet (every address)
+        self.pending: dict = {}  # address -> rows from self.next on
+        self.nbytes = 0
+
+    def add(self, rows: dict | None) -> tuple[dict | None, int]:
+        if not rows:
+            return None, 0
+        for k, (p, t) in rows.items():
+            have = self.pending.get(k)
+            end = self.next + (0 if have is None else have.shape[0])
+            if p > end:  # a gap cannot be filled from here: wait for the final result
+                continue
+            t = t[end - p:]
+            self.pending[k] = t if have is None else torch.cat([have, t])
+        keys = self.keys
+        ready = min((self.pending[k].shape[0] if k in self.pending else 0) for k in keys) if keys else 0
+        if ready == 0:
+            return None, 0
+        part = {k: self.pending[k][:ready] for k in keys}
+        self.pending = {k: v[ready:] for k, v in self.pending.items()}
+        start, self.next = self.next, self.next + ready
+        pos = selected(self.spec, start, self.next, self.prompt_len)
+        if len(pos) == 0:
+            return None, 0
+        cut = {k: t[pos - start] for k, t in part.items()}
+        return self._encoded(pos, cut)
+
+    def final(self, cache: dict, end: int) -> tuple[dict, int]:
+        """The rows not sent yet, from the finished request's cache (positions up to `end`)."""
+        out, n = payload(self.spec, cache, self.prompt_len, end, self.next,
+                         None if self.limit is None else self.limit - self.nbytes)
+        self.nbytes += n
+        return out, n
+
+    def _encoded(self, pos, cut: dict) -> tuple[dict, int]:
+        nbytes = sum(t.nelement() * t.element_size() for t in cut.values())
+        self.nbytes += nbytes
+        if self.limit is not None and self.nbytes > self.limit:
+            raise ServeError(400, f"interp.capture: the captures of this request passed this server's limit of "
+                                  f"{self.limit} bytes (--max-capture-bytes); capture fewer points or positions, "
+                                  f"or use reduction 'last' or 'mean'", "interp.capture")
+        return ({"positions": pos.tolist(), "reduction": "none",
+                 "captures": {k: encoding.encode(t, self.spec.encoding) for k, t in cut.items()}}, nbytes)
+
+
+def canonical(runner, points: list[str]) -> list[str]:
+    """The cache keys a capture list produces (expanded, absolute layers), in order."""
+    out = []
+    for p in points:
+        out += [str(a) for a in runner.check_point(p)]
+    return list(dict.fromkeys(out))

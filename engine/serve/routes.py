@@ -1,0 +1,405 @@
+"""The endpoints: OpenAI-compatible /v1/completions and /v1/chat/completions (streaming or not, each
+with an optional `interp` field), /v1/capture (a forward, no generation), /v1/points, /v1/models,
+/health and /metrics.
+
+Every request is parsed and checked in full (body, model name, prompts, budget, every capture point
+and steer against the model) before it takes a queue slot, so a bad one is a 400 that costs the
+engine nothing; then each prompt runs as its own engine request (its own plan: captures and steers
+never mix with other requests' rows, and a capturing or steering request gets its own prefix-cache
+salt, engine/backends/vllm_client.py).
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+import uuid
+from dataclasses import dataclass
+
+from fastapi import FastAPI, Request
+from pydantic import ValidationError
+from starlette.responses import JSONResponse, PlainTextResponse, StreamingResponse
+
+from engine.serve import interp, text
+from engine.serve.errors import ServeError, from_engine, from_validation, is_client_error, payload
+from engine.serve.guard import Admission, Ticket
+from engine.serve.metrics import Metrics
+from engine.serve.runner import Job, Runner
+from engine.serve.schemas import CaptureRequest, CaptureSpec, ChatRequest, CompletionRequest
+
+
+@dataclass
+class Context:
+    """What the handlers share: the model, the names it answers to, the limits and the counters."""
+    runner: Runner
+    served: list[str]
+    admission: Admission
+    metrics: Metrics
+    max_capture_bytes: int
+    max_tokens_limit: int | None
+    chat_template: str | None
+    points: dict
+
+
+# -- parsing and checking ------------------------------------------------------------------------------
+async def parse(request: Request, cls):
+    raw = await request.body()
+    if not raw.strip():
+        raise ServeError(400, "request body is empty; send a JSON object")
+    try:
+        obj = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        where = f" at line {e.lineno} column {e.colno}" if isinstance(e, json.JSONDecodeError) else ""
+        raise ServeError(400, f"request body is not valid JSON ({getattr(e, 'msg', e)}{where})") from None
+    if not isinstance(obj, dict):
+        raise ServeError(400, f"request body must be a JSON object, got a JSON {type(obj).__name__}")
+    try:
+        return cls.model_validate(obj)
+    except ValidationError as e:
+        raise from_validation(e) from None
+
+
+def check_model(ctx: Context, name: str | None) -> None:
+    if name is not None and name not in ctx.served:
+        raise ServeError(404, f"model {name!r} is not served here; this server serves {ctx.served[0]!r} "
+                              f"(GET /v1/models)", "model")
+
+
+def tokenize(ctx: Context, prompts: list) -> list[list[int]]:
+    out = []
+    for i, p in enumerate(prompts):
+        try:
+            out.append(ctx.runner.tokenize(p))
+        except Exception as e:
+            raise from_engine(e, "prompt" if len(prompts) == 1 else f"prompt[{i}]") from None
+    return out
+
+
+def budget(ctx: Context, req, prompt_len: int, default: int | None) -> int:
+    """max_tokens for one prompt, checked against the model's positions and the server's cap."""
+    room = None if ctx.runner.max_model_len is None else ctx.runner.max_model_len - prompt_len
+    if room is not None and room < 1:
+        raise ServeError(400, f"prompt: its {prompt_len} tokens fill all {ctx.runner.max_model_len} positions this "
+                              f"server's model takes (max_model_len); nothing can be generated after it", "prompt")
+    n = req.max_tokens or min([x for x in (default, room, ctx.max_tokens_limit) if x is not None] or [16])
+    if ctx.max_tokens_limit is not None and n > ctx.max_tokens_limit:
+        raise ServeError(400, f"max_tokens: {n} is over this server's limit of {ctx.max_tokens_limit} "
+                              f"(--max-tokens-limit)", "max_tokens")
+    if room is not None and n > room:
+        raise ServeError(400, f"max_tokens: {n} new tokens after a {prompt_len}-token prompt exceed the "
+                              f"{ctx.runner.max_model_len} positions this server's model takes (max_model_len); "
+                              f"ask for at most {max(room, 0)}", "max_tokens")
+    if req.min_tokens > n:
+        raise ServeError(400, f"min_tokens: {req.min_tokens} is more than max_tokens ({n})", "min_tokens")
+    return n
+
+
+async def guarded(coro):
+    """Run one engine call: the engine's refusals become 400s naming what it refused."""
+    try:
+        return await coro
+    except ServeError:
+        raise
+    except Exception as e:
+        if is_client_error(e) or (isinstance(e, ValueError) and not isinstance(e, UnicodeError)):
+            raise ServeError(400, str(e)) from None
+        raise
+
+
+async def gather_all(coros) -> list:
+    """Every call runs to its end (a failed one never leaves the others running unaccounted); the
+    first failure is raised."""
+    out = await asyncio.gather(*coros, return_exceptions=True)
+    for r in out:
+        if isinstance(r, BaseException):
+            raise r
+    return out
+
+
+class Stream(StreamingResponse):
+    """Server-sent events whose queue slot is given back however the stream ends (also when the
+    client leaves before the first byte)."""
+
+    def __init__(self, body, ticket: Ticket):
+        super().__init__(body, media_type="text/event-stream", headers={"cache-control": "no-cache"})
+        self.ticket = ticket
+
+    async def __call__(self, scope, receive, send):
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.ticket.release()
+
+
+def sse(obj) -> str:
+    return f"data: {json.dumps(obj, separators=(',', ':'))}\n\n"
+
+
+# -- generation (completions and chat) -----------------------------------------------------------------
+def fed(res) -> int:
+    """Positions a generation ran the model on: the prompt, then every new token but the last."""
+    return res.prompt_ids.shape[0] + max(res.new_tokens.shape[0] - 1, 0)
+
+
+@dataclass
+class Gen:
+    """One generation request, checked: its jobs and how to shape the answer."""
+    ctx: Context
+    req: object
+    chat: bool
+    prompts: list[list[int]]
+    jobs: list[Job]
+    asked: interp.Asked
+    keys: list[str]
+    rid: str
+    created: int
+
+    @property
+    def model(self) -> str:
+        return self.req.model
+
+    def finish(self, i: int, res):
+        r, j = self.req, self.jobs[i]
+        tok = self.ctx.runner.tokenizer
+        return text.finish(res, j.max_tokens, len(j.prompt), self.ctx.runner.max_model_len, r.stop,
+                           r.stop_token_ids, tok.eos_token_id, r.ignore_eos)
+
+    def interp_block(self, i: int, res, rows_payload: dict | None = None) -> dict | None:
+        if self.req.interp is None:
+            return None
+        block = {"prompt_token_ids": self.prompts[i], "token_ids": res.new_tokens.tolist()}
+        if self.asked.spec is not None:
+            if rows_payload is None:
+                rows_payload, n = interp.payload(self.asked.spec, res.cache, len(self.prompts[i]), fed(res),
+                                                 limit=self.ctx.max_capture_bytes)
+                self.ctx.metrics.capture_bytes += n
+            block.update(rows_payload)
+        return block
+
+    def usage(self, results) -> dict:
+        p = sum(len(x) for x in self.prompts)
+        c = sum(r.new_tokens.shape[0] for r in results)
+        return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
+
+    def chunk(self, choices: list, usage=None) -> dict:
+        out = {"id": self.rid, "object": "chat.completion.chunk" if self.chat else "text_completion",
+               "created": self.created, "model": self.model, "choices": choices}
+        if usage is not None:
+            out["usage"] = usage
+        return out
+
+    def choice_delta(self, i: int, delta: str | None, finish=None, stop_reason=None, block=None, role=False):
+        if self.chat:
+            d = {}
+            if role:
+                d["role"] = "assistant"
+            if delta is not None:
+                d["content"] = delta
+            c = {"index": i, "delta": d, "logprobs": None, "finish_reason": finish}
+        else:
+            c = {"index": i, "text": delta or "", "logprobs": None, "finish_reason": finish}
+        if finish is not None:
+            c["stop_reason"] = stop_reason
+        if block is not None:
+            c["interp"] = block
+        return c
+
+
+async def generation(request: Request, cls, chat: bool):
+    ctx: Context = request.app.state.ctx
+    req = await parse(request, cls)
+    check_model(ctx, req.model)
+    if chat:
+        prompts = [text.chat_ids(ctx.runner.tokenizer, req.messages, ctx.chat_template, req.add_generation_prompt,
+                                 req.chat_template_kwargs)]
+        try:
+            ctx.runner.tokenize(prompts[0])
+        except Exception as e:
+            raise from_engine(e, "messages") from None
+    else:
+        prompts = tokenize(ctx, req.prompt)
+    sampling = ctx.runner.sampling(req)
+    budgets = [budget(ctx, req, len(p), None if chat else 16) for p in prompts]
+    asked = interp.check(ctx.runner, req.interp, list(zip(map(len, prompts), budgets)))
+    keys = interp.canonical(ctx.runner, asked.points)
+    rows = bool(req.stream and asked.wants_rows)
+    jobs = [Job(p, n, asked.points, asked.steers, sampling, rows) for p, n in zip(prompts, budgets)]
+    g = Gen(ctx, req, chat, prompts, jobs, asked, keys, f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}",
+            int(time.time()))
+    ticket = ctx.admission.enter(len(jobs))
+    if req.stream:
+        return Stream(stream_events(g), ticket)
+    try:
+        results = await gather_all(guarded(ctx.runner.generate(j)) for j in jobs)
+    finally:
+        ticket.release()
+    ctx.metrics.prompt_tokens += sum(map(len, prompts))
+    ctx.metrics.generation_tokens += sum(r.new_tokens.shape[0] for r in results)
+    choices = []
+    for i, res in enumerate(results):
+        out, reason, stop_reason = g.finish(i, res)
+        c = {"index": i, "logprobs": None, "finish_reason": reason, "stop_reason": stop_reason}
+        if chat:
+            c["message"] = {"role": "assistant", "content": out}
+        else:
+            c["text"] = out
+        block = g.interp_block(i, res)
+        if block is not None:
+            c["interp"] = block
+        choices.append(c)
+    return JSONResponse({"id": g.rid, "object": "chat.completion" if chat else "text_completion", "created": g.created,
+                         "model": g.model, "choices": choices, "usage": g.usage(results)})
+
+
+async def merged(gens: list):
+    """(index, item) from several async iterators as items arrive."""
+    if len(gens) == 1:
+        async with contextlib.aclosing(gens[0]) as it:
+            async for x in it:
+                yield 0, x
+        return
+    q: asyncio.Queue = asyncio.Queue()
+    end = object()
+
+    async def pump(i, g):
+        try:
+            async with contextlib.aclosing(g) as it:
+                async for x in it:
+                    await q.put((i, x))
+            await q.put((i, end))
+        except Exception as e:
+            await q.put((i, e))
+    tasks = [asyncio.ensure_future(pump(i, g)) for i, g in enumerate(gens)]
+    try:
+        left = len(gens)
+        while left:
+            i, x = await q.get()
+            if x is end:
+                left -= 1
+            elif isinstance(x, BaseException):
+                raise x
+            else:
+                yield i, x
+    finally:
+        for t in tasks:
+            t.cancel()
+
+
+async def stream_events(g: Gen):
+    """The SSE body: a chunk per token (text deltas that add up to the final text), capture rows as
+    the engine produces them, then the finish reason and the interp block, usage, [DONE]."""
+    ctx, req = g.ctx, g.req
+    detoks = [text.Detok(ctx.runner.tokenizer, req.stop) for _ in g.jobs]
+    rows = [interp.StreamRows(g.asked.spec, g.keys, len(p), ctx.max_capture_bytes) if g.asked.wants_rows else None
+            for p in g.prompts]
+    results: list = [None] * len(g.jobs)
+    try:
+        if g.chat:
+            yield sse(g.chunk([g.choice_delta(i, "", role=True) for i in range(len(g.jobs))]))
+        async for i, ev in merged([ctx.runner.stream(j) for j in g.jobs]):
+            delta = detoks[i].push(ev.token)
+            block = None
+            if rows[i] is not None and ev.rows:
+                part, n = rows[i].add(ev.rows) if ev.result is None else (None, 0)
+                ctx.metrics.capture_bytes += n
+                block = part
+            if ev.result is None:
+                if delta or block:
+                    yield sse(g.chunk([g.choice_delta(i, delta, block=block)]))
+                continue
+            res = results[i] = ev.result
+            out, reason, stop_reason = g.finish(i, res)
+            delta += detoks[i].final(res.text)
+            final_rows = None
+            if rows[i] is not None:
+                final_rows, n = rows[i].final(res.cache, fed(res))
+                ctx.metrics.capture_bytes += n
+            yield sse(g.chunk([g.choice_delta(i, delta, reason, stop_reason, g.interp_block(i, res, final_rows))]))
+        ctx.metrics.prompt_tokens += sum(map(len, g.prompts))
+        ctx.metrics.generation_tokens += sum(r.new_tokens.shape[0] for r in results)
+        if req.stream_options is not None and req.stream_options.include_usage:
+            yield sse(g.chunk([], g.usage(results)))
+    except Exception as e:
+        if isinstance(e, ServeError):
+            err = e
+        elif is_client_error(e) or isinstance(e, ValueError):
+            err = ServeError(400, str(e))
+        else:
+            err = ServeError(500, f"{type(e).__name__}: {e}")
+        yield sse(payload(err.status, err.message, err.param))
+    yield "data: [DONE]\n\n"
+
+
+# -- capture -----------------------------------------------------------------------------------------------
+async def capture(request: Request):
+    ctx: Context = request.app.state.ctx
+    req = await parse(request, CaptureRequest)
+    check_model(ctx, req.model)
+    prompts = tokenize(ctx, req.prompt)
+    asked = interp.check(ctx.runner, req.interp, [(len(p), 0) for p in prompts])
+    if asked.spec is None and not req.return_logits:
+        raise ServeError(400, "interp.capture: nothing to return; give interp.capture points, or return_logits: true",
+                         "interp.capture")
+    spec = asked.spec or CaptureSpec.model_construct(points=[], positions="all", reduction="none", encoding="base64")
+    ticket = ctx.admission.enter(len(prompts))
+    try:
+        results = await gather_all(guarded(ctx.runner.capture(p, asked.points, asked.steers, req.return_logits))
+                                   for p in prompts)
+    finally:
+        ticket.release()
+    data, total = [], 0
+    for i, (p, (cache, logits)) in enumerate(zip(prompts, results)):
+        item, n = interp.payload(spec, cache, len(p), len(p), limit=ctx.max_capture_bytes - total)
+        total += n
+        item = {"index": i, "prompt_token_ids": p, **item}
+        if logits is not None:
+            lg, n = interp.payload(spec, {"logits": logits}, len(p), len(p), limit=ctx.max_capture_bytes - total)
+            total += n
+            item["logits"] = lg["captures"]["logits"]
+        data.append(item)
+    ctx.metrics.prompt_tokens += sum(map(len, prompts))
+    ctx.metrics.capture_bytes += total
+    return JSONResponse({"object": "capture", "model": ctx.served[0], "data": data,
+                         "usage": {"prompt_tokens": sum(map(len, prompts)), "total_tokens": sum(map(len, prompts))}})
+
+
+# -- the rest ---------------------------------------------------------------------------------------------
+def register(app: FastAPI) -> None:
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        return await generation(request, CompletionRequest, chat=False)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request):
+        return await generation(request, ChatRequest, chat=True)
+
+    app.post("/v1/capture")(capture)
+
+    @app.get("/v1/points")
+    async def points(request: Request):
+        return JSONResponse(request.app.state.ctx.points)
+
+    @app.get("/v1/models")
+    async def models(request: Request):
+        ctx: Context = request.app.state.ctx
+        return JSONResponse({"object": "list", "data": [
+            {"id": n, "object": "model", "created": int(ctx.metrics.started), "owned_by": "interp-engine",
+             "root": ctx.runner.name, "max_model_len": ctx.runner.max_model_len} for n in ctx.served]})
+
+    @app.get("/health")
+    async def health(request: Request):
+        ctx: Context = request.app.state.ctx
+        why = await ctx.runner.problem()
+        body = {"status": "ok" if why is None else "unhealthy", "model": ctx.runner.name,
+                "backend": ctx.runner.backend, "queue_depth": ctx.admission.depth}
+        if why:
+            body["reason"] = why
+        return JSONResponse(body, status_code=200 if why is None else 503)
+
+    @app.get("/metrics")
+    async def metrics(request: Request):
+        ctx: Context = request.app.state.ctx
+        a = ctx.admission
+        return PlainTextResponse(ctx.metrics.render(a.depth, a.limit, a.rejected, ctx.runner.name, ctx.runner.backend),
+                                 media_type="text/plain; version=0.0.4")

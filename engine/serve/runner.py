@@ -1,0 +1,251 @@
+"""The loaded model behind the server: one small interface over both kinds of backend.
+
+vLLM (`vllm`, `vllm-static`): the async model (`VLLMModel.aio`) belongs to the event loop it was
+built on: the AsyncLLM's output handler task and its ZMQ sockets live on the private loop that
+engine/backends/vllm_runtime.Loop runs in a daemon thread. Rather than hop between two loops on
+every request (and bridge every streamed token across threads), the server runs ON that loop:
+uvicorn's `serve()` coroutine is handed to the model's Loop, so the handlers await the async API
+directly and vLLM's scheduler batches whatever requests are in flight. The main thread only waits
+and turns SIGINT / SIGTERM into a graceful shutdown.
+
+eager: EagerModel is synchronous and serialises calls with a lock, so its calls go to one worker
+thread and the server's own loop stays free to answer health checks, 4xx and 429s meanwhile.
+"""
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import signal
+from dataclasses import dataclass
+from typing import AsyncIterator
+
+import torch
+
+from engine.inputs import limits_of, token_rows
+from engine.results import Request, RequestResult
+from engine.serve.errors import ServeError
+from engine.steering import Steer, check_value
+
+
+@dataclass
+class Job:
+    """One sequence to generate: token ids, budget, what to capture and steer, sampling fields."""
+    prompt: list[int]
+    max_tokens: int
+    points: list
+    steers: list
+    sampling: dict
+    rows: bool = False  # stream the capture rows per step
+
+
+@dataclass
+class Event:
+    """One streamed token, the capture rows new since the last event (if any), the result (last)."""
+    token: int
+    rows: dict | None = None
+    result: RequestResult | None = None
+
+
+_SAMPLING = ("top_p", "top_k", "min_p", "seed", "stop", "stop_token_ids", "presence_penalty", "frequency_penalty",
+             "repetition_penalty")
+
+
+class Runner:
+    backend: str
+
+    def __init__(self, model):
+        self.model = model
+        self.name = model.name
+        self.tokenizer = model.tokenizer
+        self.limits = limits_of(self.catalogue)
+
+    @property
+    def catalogue(self):
+        """The object the engine checks addresses and steers on."""
+        return self.model
+
+    @property
+    def max_model_len(self) -> int | None:
+        return self.limits.max_positions
+
+    # -- checks (the engine's own) ------------------------------------------------------------------
+    def tokenize(self, prompt) -> list[int]:
+        return token_rows(prompt, self.tokenizer, self.limits, one=True)[0]
+
+    def check_point(self, p: str):
+        return self.catalogue.expand([p])
+
+    def check_steer(self, st: Steer) -> Steer:
+        # ModelBase's validation hook (what steering() runs when a block opens): address, op, width
+        return self.catalogue._steer(st)
+
+    def point_shape(self, addr) -> tuple | None:
+        """Per-token shape of a capture at a resolved address (None: not known before a forward)."""
+        return tuple(self.catalogue.point_shape(addr))
+
+    def sampling(self, req) -> dict:
+        raise NotImplementedError
+
+    # -- running ----------------------------------------------------------------------------------------
+    async def generate(self, job: Job) -> RequestResult:
+        raise NotImplementedError
+
+    def stream(self, job: Job) -> AsyncIterator[Event]:
+        raise NotImplementedError
+
+    async def capture(self, prompt: list[int], points, steers, logits: bool):
+        """One forward: ({address: [P, ...]}, logits [P, vocab] or None)."""
+        raise NotImplementedError
+
+    async def problem(self) -> str | None:
+        """None when healthy, else why not."""
+        return "closed" if self.catalogue._closed else None
+
+    def serve(self, coro, server) -> None:
+        """Run uvicorn's serve() coroutine until it returns (SIGINT / SIGTERM end it gracefully)."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        self.model.close()
+
+
+class VLLMRunner(Runner):
+    def __init__(self, model):
+        self.backend = model.backend
+        super().__init__(model)
+        # the model runs in vLLM's own processes; here torch only cuts and copies small captures, and a
+        # thread pool for that (waiting on busy cores) made each response's slicing ~20x slower
+        torch.set_num_threads(1)
+
+    @property
+    def catalogue(self):
+        return self.model.aio
+
+    def sampling(self, req) -> dict:
+        s = {"temperature": 1.0 if req.temperature is None else req.temperature, "min_tokens": req.min_tokens}
+        s.update({k: getattr(req, k) for k in _SAMPLING if getattr(req, k) is not None})
+        if req.ignore_eos:
+            s["ignore_eos"] = True
+        return s
+
+    async def generate(self, job: Job) -> RequestResult:
+        from vllm.sampling_params import RequestOutputKind
+        # one output at the end, as vLLM's own server asks for non-streamed requests (not one per step)
+        sampling = {**job.sampling, "output_kind": RequestOutputKind.FINAL_ONLY}
+        req = Request(job.prompt, job.max_tokens, job.points, job.steers, sampling)
+        (res,) = await self.model.aio.generate_batch([req], return_logits=False)
+        return res
+
+    async def stream(self, job: Job):
+        async for ev in self.model.aio.stream(job.prompt, job.max_tokens, job.points, job.steers,
+                                              return_logits=False, rows=job.rows, **job.sampling):
+            yield Event(ev.token, ev.rows, ev.result)
+
+    async def capture(self, prompt, points, steers, logits: bool):
+        lg, cache = await self.model.aio.capture([prompt], points, steers)
+        return {k: v[0] for k, v in cache.items()}, (lg[0] if logits else None)
+
+    async def problem(self) -> str | None:
+        if self.catalogue._closed:
+            return "closed"
+        try:
+            await self.catalogue.engine.check_health()
+        except Exception as e:
+            return f"the vLLM engine is down ({type(e).__name__}: {e})"
+        return None
+
+    def serve(self, coro, server) -> None:
+        """On the model's own loop (see the module docstring); uvicorn leaves signals alone off the
+        main thread, so the main thread turns them into its graceful exit."""
+        stop = lambda *_: setattr(server, "should_exit", True)  # noqa: E731  (polled by uvicorn's main loop)
+        old = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            self.model._loop.run(coro)
+        finally:
+            for s, h in old.items():
+                signal.signal(s, h)
+
+
+class EagerRunner(Runner):
+    backend = "eager"
+    REFUSED = ("stop", "stop_token_ids", "presence_penalty", "frequency_penalty")
+
+    def __init__(self, model):
+        super().__init__(model)
+        self.pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="interp-eager")
+        self.shapes = self._probe_shapes()  # also resolves every site: checks on the event loop only read caches
+
+    def _probe_shapes(self) -> dict:
+        """Per-token shape of every served point, from one two-token forward at startup, so a steer's
+        width is refused before it runs (eager checks it only inside the forward)."""
+        try:
+            _, cache = self.model.run_with_cache([[0, 1]], self.model.points())
+        except Exception:  # then widths are checked inside the forward, as the library does
+            return {}
+        return {k: tuple(v.shape[2:]) for k, v in cache.items() if not k.startswith(("attn_scores", "attn_probs"))}
+
+    def point_shape(self, addr) -> tuple | None:
+        return self.shapes.get(str(addr.base))
+
+    def check_steer(self, st: Steer) -> Steer:
+        st = super().check_steer(st)
+        shape = self.shapes.get(str(st.address.base))
+        if shape is not None and isinstance(st.value, torch.Tensor) and st.op != "scale":
+            check_value(st, torch.empty((0, *shape), device=self.model.device))  # the engine's own message
+        return st
+
+    def sampling(self, req) -> dict:
+        for k in self.REFUSED:
+            if getattr(req, k) is not None:
+                raise ServeError(400, f"{k}: not supported on backend 'eager' (it always generates exactly "
+                                      f"max_tokens); use --backend vllm", k)
+        t = 1.0 if req.temperature is None else req.temperature
+        s = {"do_sample": t > 0, "seed": req.seed}
+        if t > 0:
+            s.update(temperature=t, **{k: getattr(req, k) for k in ("top_p", "top_k", "min_p") if getattr(req, k)
+                                       is not None})
+        if req.repetition_penalty is not None:
+            s["repetition_penalty"] = req.repetition_penalty
+        return s
+
+    def _generate(self, job: Job) -> RequestResult:
+        kw = dict(job.sampling)
+        seed = kw.pop("seed", None)
+        if seed is not None:
+            torch.manual_seed(seed)
+        out = self.model.generate([job.prompt], job.max_tokens, job.points, job.steers, **kw)
+        return out.requests[0]
+
+    async def _call(self, fn, *args):
+        return await asyncio.get_running_loop().run_in_executor(self.pool, fn, *args)
+
+    async def generate(self, job: Job) -> RequestResult:
+        return await self._call(self._generate, job)
+
+    async def stream(self, job: Job):
+        """Eager generates in one call: the tokens go out when it returns, the rows with the last."""
+        res = await self.generate(job)
+        toks = res.new_tokens.tolist()
+        for tok in toks[:-1]:
+            yield Event(tok)
+        yield Event(toks[-1], {k: (0, v) for k, v in res.cache.items()} if job.rows else None, res)
+
+    def _capture(self, prompt, points, steers, logits: bool):
+        lg, cache = self.model.run_with_cache([prompt], points, steers)
+        return {k: v[0] for k, v in cache.items()}, (lg[0] if logits else None)
+
+    async def capture(self, prompt, points, steers, logits: bool):
+        return await self._call(self._capture, prompt, points, steers, logits)
+
+    def serve(self, coro, server) -> None:
+        asyncio.run(coro)
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=True)
+        self.model.close()
+
+
+def make(model) -> Runner:
+    return EagerRunner(model) if model.backend == "eager" else VLLMRunner(model)
+
+

@@ -1,0 +1,238 @@
+"""Request bodies, checked before anything runs, with messages that name the field.
+
+Only structure and the model-independent rules live here. What a point address, a steering op or a
+position spec means is checked by the engine itself (engine.address.parse, engine.steering.Steer,
+engine.positions.normalize), so names, ops and refusals have one source; what depends on the loaded
+model (a point it lacks, a steering value of the wrong width) is checked by engine/serve/interp.py
+against the model. Unknown fields are refused rather than ignored: a misspelt `interp` key must not
+silently return nothing.
+"""
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
+
+from engine import positions as engine_positions
+from engine.address import parse
+from engine.points import ALIASES, BY_NAME
+from engine.serve import encoding
+from engine.steering import Steer
+
+
+class Body(BaseModel):
+    model_config = ConfigDict(extra="forbid", arbitrary_types_allowed=True)
+
+
+def positions_in(p):
+    """A position spec from JSON: "all" | "last" | "generated" | int | [start, stop] (null = open)."""
+    if isinstance(p, list):
+        if len(p) != 2:
+            raise ValueError(f"positions as a list is [start, stop], got {len(p)} items")
+        p = tuple(p)
+    return engine_positions.normalize(p)
+
+
+def _address(p: str) -> str:
+    if "." not in p and (p in BY_NAME or p in ALIASES):
+        return p  # a bare name: every layer that has the point (PointCatalogue.expand)
+    parse(p)  # AddressError names the point and the fix
+    return p
+
+
+PointName = Annotated[str, AfterValidator(_address)]
+
+
+class CaptureSpec(Body):
+    """What to capture and how to return it. points: addresses (a bare layer point = every layer);
+    positions: which token positions to return (the steering vocabulary); reduction over them."""
+    points: list[PointName] = Field(min_length=1)
+    positions: Any = "all"
+    reduction: Literal["none", "last", "mean"] = "none"
+    encoding: Literal["base64", "list"] = "base64"
+
+    @field_validator("positions")
+    @classmethod
+    def _positions(cls, v):
+        return positions_in(v)
+
+
+class SteerSpec(Body):
+    """One engine.steering.Steer in JSON. value: a number (scale), nested lists, or a tensor object
+    (engine/serve/encoding.py)."""
+    address: str
+    op: str = "add"
+    value: Any = None
+    positions: Any = "all"
+    _steer: Steer | None = PrivateAttr(default=None)
+
+    @field_validator("value")
+    @classmethod
+    def _value(cls, v):
+        return encoding.value_in(v)
+
+    @field_validator("positions")
+    @classmethod
+    def _positions(cls, v):
+        return positions_in(v)
+
+    @model_validator(mode="after")
+    def _build(self):
+        self._steer = Steer(self.address, self.op, self.value, self.positions)
+        return self
+
+    @property
+    def steer(self) -> Steer:
+        return self._steer
+
+
+class Interp(Body):
+    """The per-request interpretability field: captures to return and steers to apply."""
+    capture: CaptureSpec | None = None
+    steer: list[SteerSpec] = Field(default_factory=list)
+
+    @field_validator("capture", mode="before")
+    @classmethod
+    def _short(cls, v):
+        if isinstance(v, str):
+            return {"points": [v]}
+        if isinstance(v, list):  # shorthand: a list of points
+            return {"points": v}
+        return v
+
+
+def prompts_in(p) -> list:
+    """The prompts of an OpenAI `prompt`: a string, a list of strings, a list of token ids or a list
+    of token-id lists."""
+    def ids(x):
+        return isinstance(x, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in x)
+    if isinstance(p, str):
+        return [p]
+    if isinstance(p, list) and p:
+        if ids(p):
+            return [p]
+        if all(isinstance(x, str) for x in p) or all(ids(x) for x in p):
+            return list(p)
+    raise ValueError("prompt must be a string, a list of strings, a list of token ids or a list of token-id lists")
+
+
+class StreamOptions(Body):
+    include_usage: bool = False
+    continuous_usage_stats: bool = False
+
+
+class Sampling(Body):
+    """The OpenAI sampling fields this server honours, plus vLLM's common extensions (top_k, min_p,
+    min_tokens, ignore_eos, repetition_penalty, stop_token_ids). temperature defaults to 1.0 as in
+    OpenAI's API; pass 0 for greedy."""
+    model: str
+    max_tokens: int | None = Field(None, ge=1)
+    temperature: float | None = Field(None, ge=0)
+    top_p: float | None = Field(None, gt=0, le=1)
+    top_k: int | None = Field(None, ge=-1)
+    min_p: float | None = Field(None, ge=0, le=1)
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    presence_penalty: float | None = Field(None, ge=-2, le=2)
+    frequency_penalty: float | None = Field(None, ge=-2, le=2)
+    repetition_penalty: float | None = Field(None, gt=0)
+    ignore_eos: bool = False
+    min_tokens: int = Field(0, ge=0)
+    n: int = 1
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    user: str | None = None
+    logit_bias: dict | None = None
+    interp: Interp | None = None
+
+    @field_validator("n")
+    @classmethod
+    def _n(cls, v):
+        if v != 1:
+            raise ValueError(f"only n=1 is served (got {v}); send one request per sample (vary seed)")
+        return v
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _bias(cls, v):
+        if v:
+            raise ValueError("logit_bias is not supported by this server; steer the model instead (interp.steer)")
+        return v
+
+    @field_validator("stop")
+    @classmethod
+    def _stop(cls, v):
+        v = [v] if isinstance(v, str) else v
+        if v is not None and any(s == "" for s in v):
+            raise ValueError("stop strings must be non-empty")
+        return v or None
+
+
+def _refuse(name: str, why: str, allowed=(None, False)):
+    def check(cls, v):
+        if not any(v is a or (type(v) is type(a) and v == a) for a in allowed):
+            raise ValueError(f"{name} is not supported by this server: {why}")
+        return v
+    return field_validator(name)(classmethod(check))
+
+
+class CompletionRequest(Sampling):
+    prompt: Any
+    echo: bool = False
+    best_of: int | None = None
+    suffix: str | None = None
+    logprobs: int | None = None
+
+    _prompt = field_validator("prompt")(classmethod(lambda cls, v: prompts_in(v)))
+    _echo = _refuse("echo", "the prompt's tokens are in interp.prompt_token_ids when interp is set")
+    _best_of = _refuse("best_of", "send several requests", (None, 1))
+    _suffix = _refuse("suffix", "no insertion mode")
+    _logprobs = _refuse("logprobs", "capture 'final_norm' and apply the unembedding, or use the library's "
+                                    "generate(return_logits=True)")
+
+
+class TextPart(Body):
+    type: Literal["text"]
+    text: str
+
+
+class Message(Body):
+    role: Literal["system", "developer", "user", "assistant"]
+    content: str | list[TextPart]
+    name: str | None = None
+
+    def text(self) -> str:
+        return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
+
+
+class ChatRequest(Sampling):
+    messages: list[Message] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+    add_generation_prompt: bool = True
+    chat_template_kwargs: dict | None = None
+    logprobs: bool = False
+    top_logprobs: int | None = None
+
+    _logprobs = _refuse("logprobs", "capture 'final_norm' and apply the unembedding, or use the library's "
+                                    "generate(return_logits=True)")
+    _top = _refuse("top_logprobs", "logprobs are not served", (None, 0))
+
+    @model_validator(mode="after")
+    def _budget(self):
+        if self.max_completion_tokens is not None:
+            if self.max_tokens is not None and self.max_tokens != self.max_completion_tokens:
+                raise ValueError("max_tokens and max_completion_tokens disagree; send one")
+            self.max_tokens = self.max_completion_tokens
+        return self
+
+
+class CaptureRequest(Body):
+    """/v1/capture: one forward over each prompt (no generation), with interp.capture and
+    interp.steer; return_logits adds the logits at the selected positions."""
+    model: str | None = None
+    prompt: Any
+    interp: Interp
+    return_logits: bool = False
+
+    _prompt = field_validator("prompt")(classmethod(lambda cls, v: prompts_in(v)))

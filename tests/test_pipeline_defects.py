@@ -1,0 +1,205 @@
+"""Regression tests for the defects the shared pipeline fixed, on eager and vLLM: nested steering by
+identity, no callbacks left behind, positions in each row's own tokens on padded batches, read-only
+captures that leave the forward bit-identical, calls from several threads and tasks, the model's
+life cycle (context manager, close, use after close), and the engine core in its own process."""
+from __future__ import annotations
+
+import asyncio
+import gc
+import os
+import threading
+
+import pytest
+import torch
+
+from engine.errors import EngineError, SteeringError
+from engine.results import ActivationCache
+from engine.steering import Steer
+from test_vllm_common import PROMPT, PROMPTS, check, eager_model, random_vector, vllm_model
+
+LLAMA = "meta-llama/Llama-3.2-1B"
+LEFT = ["The quick brown fox jumps over the lazy dog", "Hi there"]  # different lengths: row 1 is padded
+
+
+@pytest.fixture(scope="module")
+def em():
+    return eager_model(LLAMA)
+
+
+@pytest.fixture(scope="module")
+def vm():
+    return vllm_model(LLAMA)
+
+
+def _tier(backend):
+    return "hf" if backend == "eager" else backend  # eager against eager: the float32 identity tier
+
+
+def _callbacks(model):
+    return sum(len(m._forward_hooks) + len(m._forward_pre_hooks) + len(getattr(m, "_interp_callbacks", {}))
+               for m in model.hf.modules())
+
+
+# -- nested steering ---------------------------------------------------------------------------------
+@pytest.mark.parametrize("backend", ["eager", "vllm"])
+def test_nested_steering_exits_by_identity(em, vm, backend):
+    m = em if backend == "eager" else vm
+    a, b = random_vector((m.d_model,), 1), random_vector((m.d_model,), 2)
+    outer, inner = Steer("resid_post.0", "add", a), Steer("resid_post.0", "add", a.clone())  # equal values
+    _, base = m.run_with_cache(PROMPT, ["resid_post.0"])
+    with m.steering(outer):
+        with m.steering(inner, Steer("resid_post.0", "add", b)):
+            _, both = m.run_with_cache(PROMPT, ["resid_post.0"])
+        _, only_outer = m.run_with_cache(PROMPT, ["resid_post.0"])
+    _, after = m.run_with_cache(PROMPT, ["resid_post.0"])
+    check(both["resid_post.0"], base["resid_post.0"] + 2 * a + b, "resid_post")
+    check(only_outer["resid_post.0"], base["resid_post.0"] + a, "resid_post")
+    assert torch.equal(after["resid_post.0"], base["resid_post.0"]) and m._context_steers() == ()
+
+
+def test_nested_steer_calls_at_attention_points_leave_nothing_behind(em):
+    q_shape = (em.config.num_attention_heads, em.config.head_dim)
+    steer = Steer("q.1", "scale", 1.5)
+    before = _callbacks(em)
+    with em.steering(Steer("attn_probs.0", "scale", 1.0)):
+        for i in range(200):
+            em.run_with_cache(PROMPT, ["attn_probs.1", "z.0"], steer=[steer, Steer("z.1", "add", torch.zeros(q_shape))])
+    assert _callbacks(em) == before == 0
+
+
+# -- positions on padded batches -----------------------------------------------------------------------
+@pytest.mark.parametrize("positions", [2, slice(1, 3), (0, 2), -1])
+@pytest.mark.parametrize("backend", ["eager", "vllm"])
+def test_int_and_slice_positions_are_each_rows_own(em, vm, backend, positions):
+    m = em if backend == "eager" else vm
+    v = random_vector((m.d_model,), 3)
+    st = Steer("resid_post.0", "add", v, positions)
+    _, batch = m.run_with_cache(LEFT, ["resid_post.1"], steer=[st])
+    for row, text in enumerate(LEFT):
+        _, solo = em.run_with_cache(text, ["resid_post.1"], steer=[st])
+        n = solo["resid_post.1"].shape[1]
+        check(batch["resid_post.1"][row:row + 1, -n:], solo["resid_post.1"], "resid_post", _tier(backend))
+
+
+@pytest.mark.parametrize("backend", ["eager", "vllm"])
+@pytest.mark.parametrize("positions,fragment", [(999, "position 999 matches no token"),
+                                                ((100, 200), "matches no token"),
+                                                ((3, 1), "matches no token"),
+                                                ("generated", "a plain forward has no generated tokens")])
+def test_positions_matching_no_token_are_errors(em, vm, backend, positions, fragment):
+    m = em if backend == "eager" else vm
+    with pytest.raises(SteeringError, match=fragment):
+        m.run_with_cache(PROMPT, [], steer=[Steer("resid_post.0", "add", torch.ones(m.d_model), positions)])
+    with pytest.raises(SteeringError, match="positions=True is not a position spec"):
+        Steer("resid_post.0", "add", torch.ones(m.d_model), True)
+
+
+# -- read-only captures -------------------------------------------------------------------------------
+def test_every_read_only_capture_leaves_logits_bit_identical(em):
+    enc = em.to_tokens(LEFT)
+    base = em.run_with_cache(enc)[0]
+    for point in em.points():
+        logits, _ = em.run_with_cache(enc, [point])
+        assert torch.equal(logits, base), f"capturing {point} changed the forward"
+
+
+# -- threads and tasks --------------------------------------------------------------------------------
+@pytest.mark.parametrize("backend", ["eager", "vllm"])
+def test_calls_from_several_threads_equal_their_solo_runs(em, vm, backend):
+    m = em if backend == "eager" else vm
+    vectors = [random_vector((m.d_model,), 10 + i) for i in range(4)]
+    texts = [PROMPT, PROMPTS[1], "Water boils at a hundred degrees", "One two three"]
+    solo = [m.run_with_cache(t, ["resid_post.1"], steer=[Steer("resid_post.0", "add", v)])[1]["resid_post.1"]
+            for t, v in zip(texts, vectors)]
+    got: dict = {}
+
+    def work(i):
+        with m.steering(Steer("resid_post.0", "add", vectors[i])):  # per thread: never seen by the others
+            for _ in range(3):
+                got[i] = m.run_with_cache(texts[i], ["resid_post.1"])[1]["resid_post.1"]
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for i in range(4):
+        check(got[i], solo[i], "resid_post", _tier(backend))
+
+
+def test_sixteen_concurrent_async_captures_equal_their_solo_results(vm):
+    texts = [" ".join(PROMPT.split()[: 2 + i % 8]) for i in range(16)]
+    steers = [[Steer(f"resid_post.{i % 2}", "add", random_vector((vm.d_model,), i))] if i % 3 else [] for i in range(16)]
+    points = [["resid_post.1", "z.0.head-1"], ["attn_probs.1"], ["mlp_act.0", "resid_mid.1"], ["final_norm"]]
+
+    async def all_at_once():
+        return await asyncio.gather(*(vm.aio.capture(t, points[i % 4], steers[i]) for i, t in enumerate(texts)))
+    together = vm._loop.run(all_at_once())
+    for i, (logits, cache) in enumerate(together):
+        solo_logits, solo = vm.run_with_cache(texts[i], points[i % 4], steers[i])
+        check(logits, solo_logits, "lm_head")
+        for k in solo:
+            check(cache[k], solo[k], k.split(".")[0], what=k)
+
+
+# -- life cycle ----------------------------------------------------------------------------------------
+def test_engine_core_runs_in_its_own_process(vm):
+    assert vm.catalogue.worker_pids and os.getpid() not in vm.catalogue.worker_pids
+
+
+def test_eager_close_and_context_manager():
+    from engine.loading import load_model
+    with load_model(LLAMA, source="zoo") as m:
+        assert m.run_with_cache(PROMPT)[0].shape[0] == 1
+    m.close()  # idempotent
+    with pytest.raises(EngineError, match="was closed; load it again"):
+        m.run_with_cache(PROMPT)
+    with pytest.raises(EngineError, match="was closed"):
+        m.address("resid_post.0")
+
+
+@pytest.mark.vllm
+def test_vllm_close_frees_the_engine_and_use_after_close_says_so():
+    import multiprocessing
+
+    from engine.backends.vllm_backend import load
+    before = {p.pid for p in multiprocessing.active_children()}
+    with load("openai-community/gpt2", source="zoo", max_model_len=128) as m:
+        assert m.generate(PROMPT, 2).new_tokens.shape == (1, 2)
+    m.close()
+    with pytest.raises(EngineError, match="was closed; load it again"):
+        m.generate(PROMPT, 2)
+    assert {p.pid for p in multiprocessing.active_children()} <= before
+    dropped = load("openai-community/gpt2", source="zoo", max_model_len=128)  # never closed: freed when dropped
+    assert {p.pid for p in multiprocessing.active_children()} - before
+    del dropped
+    gc.collect()
+    assert {p.pid for p in multiprocessing.active_children()} <= before
+
+
+def test_cache_get_resolves_negative_layers(em):
+    _, cache = em.run_with_cache(PROMPT, ["resid_post.-1"])
+    assert isinstance(cache, ActivationCache) and "resid_post.-1" in cache
+    assert cache.get("resid_post.-1") is cache[f"resid_post.{em.n_layers - 1}"]
+    assert cache.get("resid_post.0") is None and cache.get("resid_post.0", 7) == 7
+
+
+# -- async generation stream --------------------------------------------------------------------------
+def test_stream_yields_each_token_then_the_full_result(vm):
+    v = random_vector((vm.d_model,), 21)
+    steer = [Steer("resid_post.0", "add", v)]
+    ref = vm.generate(PROMPT, 5, points=["resid_post.1"], steer=steer)
+
+    async def collect(stop_after=None):
+        events = []
+        async for ev in vm.aio.stream(PROMPT, 5, points=["resid_post.1"], steer=steer):
+            events.append(ev)
+            if stop_after is not None and len(events) == stop_after:
+                break
+        return events
+    events = vm._loop.run(collect())
+    assert [e.token for e in events] == ref.new_tokens[0].tolist()
+    assert all(e.result is None for e in events[:-1]) and events[-1].result is not None
+    check(events[-1].result.cache["resid_post.1"][None], ref.cache["resid_post.1"], "resid_post", case="decode")
+    assert "".join(e.text for e in events).strip() == ref.text[0].strip()
+    assert len(vm._loop.run(collect(stop_after=2))) == 2  # leaving early aborts the request...
+    assert torch.equal(vm.generate(PROMPT, 5, steer=steer).new_tokens, ref.new_tokens)  # ...and the engine serves on

@@ -1,0 +1,281 @@
+"""The shared pipeline's pure parts, without an engine: position specs, per-sequence accumulation
+across chunks / preemption / prefix-cache gaps, run_site on a flat batch, the row map of vLLM's
+persistent batch, plain-data messages, static taps' composition, the recompute of attention
+patterns, and the merge of tensor-parallel ranks' tables."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine import positions
+from engine.address import Address
+from engine.backends.vllm_attn import params, probs, scores
+from engine.backends.vllm_catalogue import VLLMCatalogue
+from engine.backends.vllm_rows import apply_update
+from engine.backends.vllm_static import StaticTaps, Tap
+from engine.backends.vllm_tree import VSite
+from engine.backends.vllm_wire import decode, encode, plan_in, plan_out
+from engine.errors import SteeringError
+from engine.plan import Plan, SiteWork, Span, run_site, site_work
+from engine.steering import Steer, apply_steer
+
+
+def _rows(p0, n, d=3):
+    return torch.arange(p0, p0 + n, dtype=torch.float32)[:, None].expand(n, d).clone()
+
+
+# -- accumulation -------------------------------------------------------------------------------------
+def test_chunks_assemble_by_absolute_position():
+    plan = Plan(10)
+    for p0, n in ((0, 4), (4, 4), (8, 2), (10, 1)):  # chunked prefill, then a decode step
+        plan.add("resid_post.0", p0, _rows(p0, n))
+    t = plan.tensor("resid_post.0")
+    assert torch.equal(t[:, 0], torch.arange(11, dtype=torch.float32)) and plan.recomputed == 0
+
+
+def test_preemption_recompute_truncates_then_continues():
+    plan = Plan(6)
+    plan.add("k", 0, _rows(0, 6))
+    plan.add("k", 6, _rows(6, 1) + 100)  # a value computed before preemption...
+    plan.add("k", 0, _rows(0, 7))  # ...recomputed from scratch after it
+    plan.add("k", 7, _rows(7, 1))
+    assert torch.equal(plan.tensor("k")[:, 0], torch.arange(8, dtype=torch.float32))
+    assert plan.recomputed == 1
+
+
+def test_positions_never_computed_are_an_error_not_a_short_tensor():
+    plan = Plan(8)
+    plan.add("resid_post.1", 4, _rows(4, 4))  # positions 0..3 came from a prefix cache
+    with pytest.raises(RuntimeError, match=r"positions 0..3 were never computed"):
+        plan.tensor("resid_post.1")
+    with pytest.raises(RuntimeError, match="never computed for this request"):
+        plan.tensor("resid_post.0")
+
+
+def test_tail_captures_start_where_asked():
+    plan = Plan(5)
+    plan.start_at["final_norm"] = 4
+    assert plan.wanted("final_norm", 0, 3) is None  # a chunk wholly before the tail
+    assert plan.wanted("final_norm", 3, 2) == 1
+    plan.add("final_norm", 4, _rows(4, 1))
+    plan.add("final_norm", 5, _rows(5, 1))
+    assert plan.first("final_norm") == 4
+    assert torch.equal(plan.tensor("final_norm", 4)[:, 0], torch.tensor([4.0, 5.0]))
+
+
+def test_attention_patterns_concatenate_over_a_growing_key_axis():
+    plan = Plan(3)
+    plan.add("attn_probs.0", 0, torch.ones(3, 2, 3))
+    plan.add("attn_probs.0", 3, torch.ones(1, 2, 4))
+    t = plan.tensor("attn_probs.0")
+    assert t.shape == (4, 2, 4) and t[:3, :, 3].abs().max() == 0 and t[3].min() == 1
+
+
+# -- position specs ---------------------------------------------------------------------------------
+@pytest.mark.parametrize("spec,touched", [("all", range(8)), ("last", range(4, 8)), ("generated", range(5, 8)),
+                                          (2, [2]), (-1, [4]), (slice(1, 3), [1, 2]), ((6, None), [6, 7]),
+                                          (slice(-2, None), [3, 4, 5, 6, 7])])
+def test_masks_are_absolute_and_chunking_does_not_matter(spec, touched):
+    spec = positions.normalize(spec)
+    whole = positions.mask(spec, 0, 8, prompt_len=5)
+    assert torch.nonzero(whole).flatten().tolist() == list(touched)
+    chunked = torch.cat([positions.mask(spec, 0, 3, 5), positions.mask(spec, 3, 2, 5)] +
+                        [positions.mask(spec, p, 1, 5) for p in range(5, 8)])
+    assert torch.equal(chunked, whole)
+
+
+@pytest.mark.parametrize("spec,prompt,new,fragment", [
+    (999, 5, 0, "position 999 matches no token in a plain forward over 5 prompt tokens"),
+    (-6, 5, 0, "position -6 matches no token"),
+    (5, 5, 0, r"valid: 0..4"),
+    ((3, 1), 5, 0, "matches no token"),
+    ((100, 200), 5, 4, "matches no token in a call over 5 prompt tokens and 3 fed-back"),
+    ("generated", 5, 0, "a plain forward has no generated tokens"),
+    ("generated", 5, 1, "1 new token feeds back none"),
+])
+def test_specs_that_match_nothing_are_errors(spec, prompt, new, fragment):
+    with pytest.raises(SteeringError, match=fragment):
+        positions.check(positions.normalize(spec), prompt, new, "steer")
+
+
+@pytest.mark.parametrize("spec,fragment", [(True, "positions=True is not a position spec"),
+                                           ("first", "positions 'first'"), (slice(0, 6, 2), "step 2"),
+                                           ((1, 2, 3), r"\(start, stop\)"), (1.5, "got 1.5")])
+def test_malformed_specs_are_errors(spec, fragment):
+    with pytest.raises(SteeringError, match=fragment):
+        positions.normalize(spec)
+
+
+def test_negative_positions_count_back_from_the_prompt_end_during_generation():
+    positions.check(-1, 5, 4, "steer")  # the last prompt token, also while generating
+    assert torch.nonzero(positions.mask(-1, 0, 8, 5)).flatten().tolist() == [4]
+
+
+# -- run_site -------------------------------------------------------------------------------------
+def test_run_site_touches_each_sequence_only_in_its_own_rows():
+    a = Plan(3, [Address("resid_post", 0)], [Steer("resid_post.0", "add", torch.ones(2), positions=1)])
+    b = Plan(2, [Address("resid_post", 0)])
+    work = site_work([a, b], lambda addr: "site")["site"]
+    t = torch.zeros(6, 2)  # rows: a at 0..2 (positions 0..2), a pad row, b at 4..5 (positions 0..1)
+    spans = [Span(a, 0, 3, 0, 0), Span(b, 4, 6, 0, 1)]
+    new = run_site(t, spans, work, lambda sp, k, r: r.clone())
+    assert torch.equal(new[:, 0], torch.tensor([0.0, 1, 0, 0, 0, 0]))
+    assert torch.equal(a.tensor("resid_post.0")[:, 0], torch.tensor([0.0, 1, 0]))  # a sees its steer
+    assert b.tensor("resid_post.0").abs().max() == 0 and t.abs().max() == 0  # t itself untouched
+
+
+def test_run_site_read_only_returns_none():
+    plan = Plan(2, [Address("resid_post", 0)])
+    work = site_work([plan], lambda addr: "s")["s"]
+    assert run_site(torch.randn(2, 4), [Span(plan, 0, 2, 0)], work, lambda sp, k, r: r.clone()) is None
+
+
+def test_run_site_isolates_a_failing_plan_when_asked():
+    bad = Plan(2, [], [Steer("resid_post.0", "add", torch.ones(3))])  # wrong width
+    good = Plan(2, [Address("resid_post", 0)], [Steer("resid_post.0", "add", torch.ones(2))])
+    work = site_work([bad, good], lambda addr: "s")["s"]
+    spans = [Span(bad, 0, 2, 0), Span(good, 2, 4, 0)]
+    with pytest.raises(SteeringError):
+        run_site(torch.zeros(4, 2), spans, work, lambda sp, k, r: r.clone())
+    errors = []
+    new = run_site(torch.zeros(4, 2), spans, work, lambda sp, k, r: r.clone(),
+                   lambda p, e: (errors.append(p), setattr(p, "error", str(e))))
+    assert errors == [bad] and "shape (3,)" in bad.error and torch.equal(new[2:], torch.ones(2, 2))
+
+
+# -- vLLM's persistent batch -----------------------------------------------------------------------
+class _Params:
+    def __init__(self, key):
+        self.extra_args = {"interp_plan": key} if key else None
+
+
+class _Update:
+    def __init__(self, removed=(), added=(), moved=()):
+        self.removed, self.added, self.moved = removed, added, moved
+
+
+def test_row_map_follows_adds_removes_moves_and_swaps():
+    from vllm.v1.sample.logits_processor import MoveDirectionality as D
+    rows = {}
+    apply_update(rows, _Update(added=[(0, _Params("a"), [], []), (1, _Params(None), [], []), (2, _Params("c"), [], [])]))
+    assert rows == {0: "a", 2: "c"}
+    apply_update(rows, _Update(removed=[0], moved=[(2, 0, D.UNIDIRECTIONAL)]))  # condense
+    assert rows == {0: "c"}
+    apply_update(rows, _Update(added=[(1, _Params("d"), [], [])], moved=[(0, 1, D.SWAP)]))
+    assert rows == {1: "c", 0: "d"}
+    apply_update(rows, _Update(added=[(0, _Params(None), [], [])]))  # a plain request replaces d
+    assert rows == {1: "c"}
+
+
+# -- plain-data messages --------------------------------------------------------------------------
+def test_tensors_and_plans_survive_the_wire():
+    x = {"a": [torch.randn(2, 3), torch.arange(4)], "b": torch.randn(3).to(torch.bfloat16), "n": 3}
+    back = decode(encode(x))
+    assert torch.equal(back["a"][0], x["a"][0]) and torch.equal(back["a"][1], x["a"][1])
+    assert back["b"].dtype == torch.bfloat16 and torch.equal(back["b"], x["b"]) and back["n"] == 3
+    plan = Plan(5, [Address("z", 1, head=2)], [Steer("resid_post.0", "add", torch.randn(4), slice(1, 3)),
+                                              Steer("mlp_out.1", "scale", 0.5, "generated")],
+                [Address("final_norm")], {"final_norm": 4})
+    got = plan_in(plan_out(plan, "k1"))
+    assert got.key == "k1" and got.prompt_len == 5 and got.captures == plan.captures
+    assert got.internal == plan.internal and got.start_at == {"final_norm": 4}
+    for a, b in zip(got.steers, plan.steers):
+        assert (a.address, a.op, a.positions) == (b.address, b.op, b.positions)
+        assert torch.equal(a.value, b.value)
+
+
+# -- static taps --------------------------------------------------------------------------------
+class _Lin(torch.nn.Module):
+    def forward(self, x):
+        return x
+
+
+def _tap(width=8):
+    site = VSite(_Lin(), "post", "out", lambda o: o, lambda o, n: n)
+    return Tap("x.0", site, width, rows=6, writable=True, device="cpu", dtype=torch.float32, index=0)
+
+
+@pytest.mark.parametrize("steers", [
+    [Steer("resid_post.0", "add", torch.arange(8.0))],
+    [Steer("resid_post.0", "set", torch.ones(8)), Steer("resid_post.0", "add", torch.arange(8.0))],
+    [Steer("resid_post.0", "add", torch.arange(8.0)), Steer("resid_post.0", "scale", -2.0),
+     Steer("resid_post.0", "mean_ablate", torch.ones(8))],
+    [Steer("resid_post.0", "project_out", torch.randn(8)), Steer("resid_post.0", "scale", 0.5)],
+    [Steer("resid_post.0", "ablate"), Steer("resid_post.0", "add", torch.ones(8))],
+])
+def test_static_composition_equals_sequential_ops(steers):
+    tap = _tap()
+    x = torch.randn(6, 8)
+    rows = torch.tensor([1, 2, 4])
+    for st in steers:
+        tap.fill(rows, st, None)
+    got = tap.site.module(x)  # the wrapped forward applies the buffers
+    want = x.clone()
+    mask = torch.zeros(6, dtype=torch.bool)
+    mask[rows] = True
+    for st in steers:
+        want = apply_steer(st, want, mask)
+    torch.testing.assert_close(got, want)
+    assert torch.equal(tap.buf("cap")[:6], got)  # the capture holds the steered value
+
+
+def test_static_head_coordinate_touches_only_that_head():
+    tap = _tap(width=8)
+    st = Steer("z.0.head-1", "set", torch.tensor([5.0, 6.0, 7.0, 8.0]))
+    tap.fill(torch.tensor([0]), st, 4)
+    x = torch.randn(6, 8)
+    got = tap.site.module(x)
+    want = apply_steer(st, x.reshape(6, 2, 4), torch.tensor([True, False, False, False, False, False]))
+    torch.testing.assert_close(got, want.reshape(6, 8))
+
+
+def test_static_refuses_orders_it_cannot_compose():
+    v = torch.ones(4)
+    with pytest.raises(SteeringError, match="project_out at resid_post.0 before any other op"):
+        StaticTaps.check_order([Steer("resid_post.0", "add", v), Steer("resid_post.0", "project_out", v)])
+    with pytest.raises(SteeringError, match="one project_out direction per tap"):
+        StaticTaps.check_order([Steer("resid_post.0", "project_out", v), Steer("resid_post.0", "project_out", v)])
+    StaticTaps.check_order([Steer("resid_post.0", "project_out", v), Steer("resid_post.1", "add", v)])
+
+
+# -- attention recompute ----------------------------------------------------------------------------
+class _Impl:
+    scale, logits_soft_cap, sliding_window, alibi_slopes, sinks = 0.5, 0, 3, None, None
+
+
+class _Kernel:
+    impl = _Impl()
+
+
+def test_recomputed_scores_follow_the_causal_and_window_mask():
+    q, k = torch.randn(5, 4, 2), torch.randn(5, 2, 2)  # 4 query heads over 2 kv heads
+    p = params(_Kernel())
+    s = scores(q, k, p)
+    ref = torch.einsum("qhd,khd->qhk", q, k.repeat_interleave(2, dim=1)) * 0.5
+    i, j = torch.arange(5)[:, None], torch.arange(5)[None, :]
+    allowed = (j <= i) & (i - j < 3)
+    torch.testing.assert_close(s[allowed[:, None, :].expand_as(s)], ref[allowed[:, None, :].expand_as(ref)])
+    assert bool((s[~allowed[:, None, :].expand_as(s)] == torch.finfo(s.dtype).min).all())
+    torch.testing.assert_close(probs(s).sum(-1), torch.ones(5, 4))
+
+
+# -- tensor-parallel tables --------------------------------------------------------------------------
+def _describe(rank, held_q, held_k):
+    pts = {"q": {"0": {"shape": [len(held_q), 8], "held": held_q, "write_refused": None}},
+           "k": {"0": {"shape": [len(held_k), 8], "held": held_k, "write_refused": None}},
+           "resid_post": {"0": {"shape": [16], "held": None, "write_refused": None}},
+           "final_norm": {"None": {"shape": [16], "held": None, "write_refused": None}},
+           "attn_out_post": {"0": {"why": "'attn_out_post' at layer 0 is not served: no post-attention sandwich norm"}}}
+    return {"rank": rank, "tp": 2, "n_layers": 1, "model_class": "X", "points": pts, "tap_bytes": 0,
+            "attn": {"0": {"scale": 1.0, "softcap": None, "window": None, "alibi": False, "sinks": False}}}
+
+
+def test_ranks_tables_merge_into_full_shapes():
+    # 4 query heads split 2 + 2; one kv head replicated on both ranks
+    cat = VLLMCatalogue([_describe(0, [0, 1], [0]), _describe(1, [2, 3], [0])], "vllm", None)
+    assert cat.shape(Address("q", 0)) == (4, 8) and cat.shape(Address("k", 0)) == (1, 8)
+    assert cat.shape(Address("q", 0, head=1)) == (8,) and cat.heads(Address("attn_probs", 0)) == 4
+    assert cat.info(Address("q", 0))["sharded"] and not cat.info(Address("resid_post", 0))["sharded"]
+    assert cat.tp == 2 and cat.n_layers == 1
+    with pytest.raises(Exception, match="no post-attention sandwich norm"):
+        cat.check(Address("attn_out_post", 0))

