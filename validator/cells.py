@@ -152,15 +152,22 @@ def files_digest(paths) -> str:
 # known_gaps is not a file dependency: each cell depends on the entries that can apply to it
 # (known_gaps.digest, in runner.inputs_digest)
 CELL_MODULES = ("runner", "subject", "prompts", "matrix", "scoring", "tolerances", "rows", "models", "variant")
-# engine/ paths that only some engines run (their adapters list them) or that never touch a capture
-ENGINE_EXCLUDED = ("backends", "docs.py", "serve", "harvest")
+# engine/ paths that never touch a capture; the vLLM backends (engine/backends/vllm_*.py) only decide
+# the vllm columns, whose adapters list them. The eager backend (engine/backends/eager.py) decides all.
+ENGINE_EXCLUDED = ("docs.py", "serve", "harvest")
+
+
+def _engine_file(rel: Path) -> bool:
+    if rel.name == "__main__.py" or "__pycache__" in rel.parts or rel.parts[0] in ENGINE_EXCLUDED:
+        return False
+    return not (rel.parts[0] == "backends" and rel.name.startswith("vllm_"))
 
 
 def code_files() -> list[Path]:
     """The engine and validator code every cell depends on (adapters add their own files); command-line
     entry points (__main__.py) compute nothing a cell holds."""
-    eng = [p for p in (REPO / "engine").rglob("*.py") if "__pycache__" not in p.parts and p.name != "__main__.py"
-           and p.relative_to(REPO / "engine").parts[0] not in ENGINE_EXCLUDED]
+    root = REPO / "engine"
+    eng = [p for p in root.rglob("*.py") if _engine_file(p.relative_to(root))]
     return eng + [REPO / "validator" / f"{m}.py" for m in CELL_MODULES]
 
 

@@ -1,8 +1,8 @@
 """Columns `vllm` and `vllm-static`: the engine's own vLLM backends, compared with the eager engine.
 
-vLLM has no padding: each row of a case is sent as its own prompt (its real tokens only) and the
-per-prompt captures are left-padded back into the case's [batch, pos, ...] layout (the pad
-positions are never compared). Points a backend refuses (fused kernels, undeclared static taps)
+vLLM has no padding: each row of a case runs as its own request (its real tokens only); the
+backend hands the results back in the layout of the case's attention_mask (engine/results.py:
+padded positions hold 0, pad keys the masked value), which is the layout the references use. Points a backend refuses (fused kernels, undeclared static taps)
 come back as missing with the backend's own reason, which the declared gap `vllm-refused` covers.
 `vllm-static` is loaded at its first capture, declaring as taps every compared address a tap can
 hold (so the column measures the taps rather than the refusals of the default "auto" set); when
@@ -13,7 +13,6 @@ from __future__ import annotations
 import torch
 
 from validator.engines.base import Case, EngineUnavailable, Missing, Reference, split_address
-from validator.scoring import KPOS_POINTS
 
 TENSORS = {"*": "the eager engine's point definition, captured by hooks inside vLLM's worker (engine/backends)",
            "lm_head": "the logits run_with_cache returns (vLLM's own head on every prompt position)"}
@@ -50,22 +49,18 @@ class VllmEngine(Reference):
                 out[a] = Missing(f"refused by backend {self.backend!r}: {e}")
         return ok, out
 
-    def _prompts(self, case: Case) -> list[list[int]]:
-        return [row[mask.bool()].tolist() for row, mask in zip(case.input_ids, case.attention_mask)]
+    @staticmethod
+    def _inputs(case: Case) -> dict:
+        return {"input_ids": case.input_ids, "attention_mask": case.attention_mask}
 
     def capture(self, case: Case, addresses: list[str]) -> dict:
         self._ensure(addresses)
         ok, out = self._servable(addresses)
         if not ok:
             return out
-        prompts = self._prompts(case)
-        logits, cache = self.m.run_with_cache(prompts, [a for a in ok if a != "lm_head"])
+        logits, cache = self.m.run_with_cache(self._inputs(case), [a for a in ok if a != "lm_head"])
         for a in ok:
-            point, _ = split_address(a)
-            if point == "lm_head":
-                out[a] = _left_pad(logits, case, point)
-            else:
-                out[a] = _left_pad(cache[a], case, point)
+            out[a] = _cpu(logits if a == "lm_head" else cache[a])
         return out
 
     def _ensure(self, addresses) -> None:
@@ -74,8 +69,8 @@ class VllmEngine(Reference):
     def steer_logits(self, case: Case, layer: int, vector: torch.Tensor) -> torch.Tensor:
         from engine.steering import Steer
         self._ensure([f"resid_post.{layer}"])
-        logits, _ = self.m.run_with_cache(self._prompts(case), [], steer=[Steer(f"resid_post.{layer}", "add", vector)])
-        return _left_pad(logits, case, "lm_head")
+        logits, _ = self.m.run_with_cache(self._inputs(case), [], steer=[Steer(f"resid_post.{layer}", "add", vector)])
+        return _cpu(logits)
 
     def versions(self) -> dict:
         from importlib import metadata
@@ -140,22 +135,5 @@ def _root_cause(e: BaseException) -> str:
     return f"{type(root).__name__}: {flat(root)[:200]} (surfacing as {type(e).__name__}: {flat(e)[:150]})"
 
 
-def _left_pad(t, case: Case, point: str) -> torch.Tensor:
-    """Per-prompt [pos_i, ...] tensors (a stacked [b, pos, ...] or a list) -> the case's left-padded
-    [b, pos, ...]; attention patterns also left-pad their key axis."""
-    rows = list(t) if not isinstance(t, list) else t
-    b, n = case.input_ids.shape
-    first = rows[0]
-    tail = tuple(first.shape[1:])
-    if point in KPOS_POINTS:
-        tail = tail[:-1] + (n,)
-    fill = float("-inf") if point == "attn_scores" else 0.0  # pad keys are masked, pad positions unused
-    out = torch.full((b, n, *tail), fill, dtype=torch.float32)
-    for i, r in enumerate(rows):
-        r = r.detach().float().cpu()
-        k = r.shape[0]
-        if point in KPOS_POINTS:
-            out[i, n - k:, ..., n - k:] = r
-        else:
-            out[i, n - k:] = r
-    return out
+def _cpu(t: torch.Tensor) -> torch.Tensor:
+    return t.detach().float().cpu()
