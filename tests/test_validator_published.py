@@ -1,6 +1,7 @@
 """The committed matrix (reports/validator): its reports render from its cells, it covers every zoo model
 in every published column (the default engines, vllm and vllm-static), and nothing in it fails
-without a declared cause, so the main job on a fresh clone exits 0."""
+without a declared cause, so the main job on a fresh clone exits 0; and a one-twin sample recomputed now
+reproduces it (tests/validator_sample.py)."""
 from validator import cells, report
 from validator.engines import DEFAULT_ENGINES
 from validator.report import cell_failed
@@ -33,3 +34,11 @@ def test_vllm_columns_skip_only_what_the_zoo_marks_unserved():
     for c in _published():
         if c["engine"].startswith("vllm") and c["status"] == "skipped":
             assert not ZOO[c["model"]].vllm, c["model"]
+
+
+def test_a_sample_of_the_main_job_reproduces_the_committed_cells(tmp_path):
+    """Recomputed now, one twin's cells in every default column equal the committed ones (verdict counts
+    and failing rows): red when the committed results are not what this code computes, not merely
+    because the code changed since they were made."""
+    from validator_sample import assert_sample_reproduces
+    assert_sample_reproduces(["openai-community/gpt2"], DEFAULT_ENGINES, tmp_path)
