@@ -92,17 +92,25 @@ class Plan:
                                    f"(served from vLLM's prefix cache); capturing requests need their own "
                                    f"cache salt, which the engine sets: report this as a bug.")
             at += c.shape[0]
-        return torch.cat(pad_key_axis(key, [c for _, c in chunks]), dim=0)
+        return torch.cat(pad_key_axis(key, [c for _, c in chunks], [p + c.shape[0] for p, c in chunks]), dim=0)
 
 
-def pad_key_axis(key: str, chunks: list) -> list:
+def pad_key_axis(key: str, chunks: list, seen: list | None = None) -> list:
     """Attention patterns [q, h, kpos] grow a key axis at every decode step; right-pad the earlier
-    chunks (probability 0, or the most negative score) so the steps concatenate by position."""
+    chunks (probability 0, or the most negative score) so the steps concatenate by position.
+    `seen[i]`: positions chunk i's keys cover; keys beyond them are compressor entries
+    (DeepSeek-V4), which stay after the positions: the padding goes between the two."""
     if key.split(".")[0] not in ("attn_scores", "attn_probs") or len({c.shape[-1] for c in chunks}) <= 1:
         return chunks
-    n = max(c.shape[-1] for c in chunks)
     fill = torch.finfo(chunks[0].dtype).min if key.startswith("attn_scores") else 0.0
-    return [torch.nn.functional.pad(c, (0, n - c.shape[-1]), value=fill) for c in chunks]
+    pad = torch.nn.functional.pad
+    extra = [c.shape[-1] - s for c, s in zip(chunks, seen)] if seen else []
+    if not extra or min(extra) < 0 or max(extra) == 0:
+        n = max(c.shape[-1] for c in chunks)
+        return [pad(c, (0, n - c.shape[-1]), value=fill) for c in chunks]
+    width, most = max(seen), max(extra)
+    return [torch.cat([pad(c[..., :s], (0, width - s), value=fill), pad(c[..., s:], (0, most - e), value=fill)], -1)
+            for c, s, e in zip(chunks, seen, extra)]
 
 
 @dataclass

@@ -130,20 +130,21 @@ def columns_of(mask: torch.Tensor) -> list[torch.Tensor]:
 
 def scatter(key: str, rows: list[torch.Tensor], cols: list[torch.Tensor], width: int) -> torch.Tensor:
     """Stack per-sequence [len, ...] captures into [b, width, ...], each at its own columns (an
-    attention pattern's key axis too); padded entries hold 0 (the most negative score for scores)."""
+    attention pattern's key axis too); padded entries hold 0 (the most negative score for scores).
+    Keys past a pattern's positions (DeepSeek-V4's compressor entries) go after the `width` columns."""
     first = rows[0]
     pattern = key.split(".")[0] in PATTERNS
-    # a key axis that is not the sequence's positions (DeepSeek-V4: window then compressed entries) stays as is
-    keys = max(r.shape[-1] for r in rows) if pattern and any(r.shape[-1] != r.shape[0] for r in rows) else None
     fill = torch.finfo(first.dtype).min if key.startswith("attn_scores") else 0.0
-    shape = (len(rows), width, *first.shape[1:-1], keys or width) if pattern else (len(rows), width, *first.shape[1:])
+    extra = max(r.shape[-1] - len(c) for r, c in zip(rows, cols)) if pattern else 0
+    shape = ((len(rows), width, *first.shape[1:-1], width + extra) if pattern
+             else (len(rows), width, *first.shape[1:]))
     out = torch.full(shape, fill, dtype=first.dtype, device=first.device)
     for i, (r, c) in enumerate(zip(rows, cols)):
         c = c.to(r.device)
-        if keys:
-            out[i, c, ..., : r.shape[-1]] = r
-        elif pattern:
-            out[i, c[:, None], ..., c[None, :]] = r.movedim(-1, 1) if r.dim() > 2 else r
+        if pattern:
+            n = len(c)
+            keys = torch.cat([c, torch.arange(width, width + r.shape[-1] - n, device=r.device)])
+            out[i, c[:, None], ..., keys[None, :]] = r.movedim(-1, 1) if r.dim() > 2 else r
         else:
             out[i, c] = r
     return out

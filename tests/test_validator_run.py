@@ -45,12 +45,17 @@ def _opts(out, engines=("hf",), **kw):
     return runner.Options(engines=engines, out=out, points=POINTS, steer=False, **kw)
 
 
+def _path(out, model, engine, **kw):
+    """Where a cell of these tests' variant (POINTS, no steering) lives."""
+    return runner.path_of(zoo_spec(model), engine, _opts(out, **kw))
+
+
 def test_planted_wrong_layer_fails_the_run(tmp_path, planted, capsys):
     code = cli.main(["run", "--models", MODELS[0], "--engines", "hf,planted", "--points", ",".join(POINTS),
                      "--no-steer", "--out", str(tmp_path)])
     assert code == 1
-    hf = cells.read(cells.cell_path(tmp_path, MODELS[0], "hf"))
-    bad = cells.read(cells.cell_path(tmp_path, MODELS[0], "planted"))
+    hf = cells.read(_path(tmp_path, MODELS[0], "hf"))
+    bad = cells.read(_path(tmp_path, MODELS[0], "planted"))
     assert hf["summary"]["fail"] == 0 and hf["summary"]["pass"] > 0
     failing = {(r["case"], r["point"], r["layer"]) for r in bad["rows"] if r["verdict"] == "fail"}
     assert ("short", "resid_post", 0) in failing and ("long", "resid_post", 0) in failing
@@ -79,7 +84,7 @@ def test_killed_run_resumes_without_losing_or_recomputing_cells(tmp_path, plante
     opts = _opts(tmp_path, engines, decode=False, after_cell=again.append)
     for spec in specs:
         runner.run_model(spec, opts)
-    all_paths = {cells.cell_path(tmp_path, m, e) for m in MODELS for e in engines}
+    all_paths = {_path(tmp_path, m, e, decode=False) for m in MODELS for e in engines}
     assert set(again) == all_paths - set(written)  # only the missing cell was computed
     assert all(p.stat().st_mtime_ns == t for p, t in before.items())
     assert {p for p in cells.cell_dir(tmp_path).iterdir()} == all_paths
@@ -113,7 +118,7 @@ def test_drift_check_passes_fresh_and_fails_after_a_cell_changes(tmp_path):
     report.render(tmp_path)
     assert report.check(tmp_path) == []
     assert cli.main(["report", "--check", "--out", str(tmp_path)]) == 0
-    path = cells.cell_path(tmp_path, MODELS[0], "hf")
+    path = _path(tmp_path, MODELS[0], "hf", decode=False)
     cell = cells.read(path)
     cell["rows"][0]["verdict"] = "fail"
     cell["summary"] = {"pass": 0, "warn": 0, "fail": 1, "gap": 0}
@@ -131,7 +136,7 @@ def test_drift_check_passes_fresh_and_fails_after_a_cell_changes(tmp_path):
 def test_reports_render_counts_and_heatmap(tmp_path):
     runner.run_model(zoo_spec(MODELS[0]), _opts(tmp_path, decode=False))
     report.render(tmp_path)
-    cell = cells.read(cells.cell_path(tmp_path, MODELS[0], "hf"))
+    cell = cells.read(_path(tmp_path, MODELS[0], "hf", decode=False))
     s = cell["summary"]
     readme = (tmp_path / "README.md").read_text()
     assert f"{s['pass']}/{s['warn']}/{s['fail']}/{s['gap']}" in readme
@@ -149,7 +154,7 @@ def test_reports_render_counts_and_heatmap(tmp_path):
 
 def test_provenance_is_recorded(tmp_path):
     runner.run_model(zoo_spec(MODELS[0]), _opts(tmp_path, decode=False))
-    prov = cells.read(cells.cell_path(tmp_path, MODELS[0], "hf"))["provenance"]
+    prov = cells.read(_path(tmp_path, MODELS[0], "hf", decode=False))["provenance"]
     assert prov["versions"]["torch"] == torch.__version__.split("+")[0] or prov["versions"]["torch"].startswith(
         torch.__version__.split("+")[0])
     for key in ("dtype", "device", "torch_threads", "prompt_digest", "reference_digest", "commit", "code_digest",

@@ -1,6 +1,5 @@
 """`python -m validator ...` (see validator/cli.py)."""
-import sys
-
 from validator.cli import main
+from validator.pipes import run
 
-sys.exit(main())
+run(main)

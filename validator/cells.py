@@ -1,10 +1,12 @@
 """Cell files: one JSON per model x engine, with provenance, written atomically.
 
 A cell is complete or absent: it is written to a temporary file in the same directory and moved
-into place with os.replace, so a killed run never leaves half a cell. Its `inputs_digest` covers
-everything that decides its content (model weights fingerprint, dtype, engine, point/layer
-selection, the code of engine/ and validator/, package versions); a run skips a cell whose digest
-matches (resume) unless --force.
+into place with os.replace, so a killed run never leaves half a cell. Its file name is its key:
+model, engine and variant tag (validator/variant.py), so cells of different meaning never share a
+file. Its `inputs_digest` covers everything else that decides its content (weights fingerprint, the
+code that computes and scores it, package versions); a run skips a cell whose digest matches
+(resume) unless --force. Reading is strict: a file in cells/ that is not a cell of this schema, or
+sits under another cell's name, is an error that names it (never silently dropped).
 """
 from __future__ import annotations
 
@@ -20,7 +22,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = REPO / "reports" / "validator"
 SCHEMA = 1
-PACKAGES = ("torch", "transformers", "transformer_lens", "nnsight", "nnterp", "vllm")
+PACKAGES = ("torch", "transformers", "transformer_lens", "nnsight", "nnterp", "vllm", "interp_engine")
 
 
 def cell_dir(out: Path) -> Path:
@@ -32,8 +34,17 @@ def slug(name: str) -> str:
     return name.replace("/", "__")
 
 
-def cell_path(out: Path, model: str, engine: str) -> Path:
-    return cell_dir(out) / f"{slug(model)}__{engine}.json"
+def cell_path(out: Path, model: str, engine: str, tag: str = "") -> Path:
+    """The one file of (model, engine, variant tag); the published variant has no tag."""
+    return cell_dir(out) / f"{slug(model)}__{engine}{'@' + tag if tag else ''}.json"
+
+
+class CellError(ValueError):
+    """Files under cells/ that are not readable cells; the message names each file and why."""
+
+    def __init__(self, problems: list[str]):
+        self.problems = problems
+        super().__init__("; ".join(problems))
 
 
 def write_atomic(path: Path, data: dict) -> None:
@@ -54,16 +65,48 @@ def write_atomic(path: Path, data: dict) -> None:
 
 
 def read(path: Path) -> dict | None:
+    """The cell at `path`, or None when it is absent or unreadable (resume treats both as missing)."""
     try:
         return json.loads(Path(path).read_text())
-    except (OSError, json.JSONDecodeError):
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError):
         return None
 
 
+def problem(path: Path) -> tuple[dict | None, str]:
+    """(cell, "") or (None, why this file is not a cell of this schema under its own name)."""
+    path = Path(path)
+    try:
+        c = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError) as e:
+        return None, f"{path}: unreadable ({type(e).__name__}: {e})"
+    except json.JSONDecodeError as e:
+        return None, f"{path}: not valid JSON ({e})"
+    if not isinstance(c, dict):
+        return None, f"{path}: a JSON {type(c).__name__}, not a cell object"
+    missing = [k for k in ("schema", "model", "engine", "status") if not isinstance(c.get(k), (str, int))]
+    if missing:
+        return None, f"{path}: not a validator cell (missing {', '.join(missing)})"
+    if c["schema"] != SCHEMA:
+        return None, f"{path}: cell schema {c['schema']!r}, this validator reads schema {SCHEMA}"
+    want = cell_path(path.parent.parent, c["model"], c["engine"], c.get("variant_tag", "")).name
+    if path.name != want:
+        return None, f"{path}: holds the cell of {c['model']} / {c['engine']}, whose file is {want}"
+    return c, ""
+
+
 def load_all(out: Path) -> list[dict]:
-    """Every readable cell under `out`, sorted by (model, engine)."""
-    cells = [c for p in sorted(cell_dir(out).glob("*.json")) if (c := read(p)) is not None]
-    return sorted(cells, key=lambda c: (c.get("model", ""), c.get("engine", "")))
+    """Every cell under `out`, sorted by (model, engine, variant tag); CellError names any file in
+    cells/ that is not one."""
+    cells, problems = [], []
+    for p in sorted(cell_dir(out).glob("*.json")):
+        c, why = problem(p)
+        if why:
+            problems.append(why)
+        else:
+            cells.append(c)
+    if problems:
+        raise CellError(problems)
+    return sorted(cells, key=lambda c: (c["model"], c["engine"], c.get("variant_tag", "")))
 
 
 def up_to_date(path: Path, inputs_digest: str) -> bool:
@@ -78,7 +121,7 @@ def versions() -> dict:
     from importlib import metadata
     out = {"python": platform.python_version()}
     for pkg in PACKAGES:
-        name = {"transformer_lens": "transformer-lens"}.get(pkg, pkg)
+        name = {"transformer_lens": "transformer-lens", "interp_engine": "interp-engine"}.get(pkg, pkg)
         try:
             out[pkg] = metadata.version(name)
         except metadata.PackageNotFoundError:
@@ -105,11 +148,33 @@ def files_digest(paths) -> str:
     return h.hexdigest()[:16]
 
 
+# validator modules whose code decides a cell's rows; the reports, the CLI and the run plumbing do not.
+# known_gaps is not a file dependency: each cell depends on the entries that can apply to it
+# (known_gaps.digest, in runner.inputs_digest)
+CELL_MODULES = ("runner", "subject", "prompts", "matrix", "scoring", "tolerances", "rows", "models", "variant")
+# engine/ paths that never touch a capture; the vLLM backends (engine/backends/vllm_*.py) only decide
+# the vllm columns, whose adapters list them. The eager backend (engine/backends/eager.py) decides all.
+ENGINE_EXCLUDED = ("docs.py", "serve", "harvest")
+
+
+def _engine_file(rel: Path) -> bool:
+    if rel.name == "__main__.py" or "__pycache__" in rel.parts or rel.parts[0] in ENGINE_EXCLUDED:
+        return False
+    return not (rel.parts[0] == "backends" and rel.name.startswith("vllm_"))
+
+
+def code_files() -> list[Path]:
+    """The engine and validator code every cell depends on (adapters add their own files); command-line
+    entry points (__main__.py) compute nothing a cell holds."""
+    root = REPO / "engine"
+    eng = [p for p in root.rglob("*.py") if _engine_file(p.relative_to(root))]
+    return eng + [REPO / "validator" / f"{m}.py" for m in CELL_MODULES]
+
+
 @lru_cache(maxsize=1)
 def code_digest() -> str:
-    """Digest of every .py file under engine/ and validator/ (what decides a cell's numbers)."""
-    files = [p for d in ("engine", "validator") for p in (REPO / d).rglob("*.py") if "__pycache__" not in p.parts]
-    return files_digest(files)
+    """Digest of code_files() (what decides a cell's numbers and verdicts)."""
+    return files_digest(code_files())
 
 
 @lru_cache(maxsize=1)

@@ -1,44 +1,60 @@
 """`python -m validator run | report | show`.
 
 run     compute the missing or stale cells (resume by default, --force recomputes), render the
-        reports, print a summary; exit 1 when any selected cell fails, 2 on bad arguments.
+        reports, print a summary table per engine. The published job (no --models, the published
+        variant) writes into reports/validator; any other run writes into its own directory under
+        .validator/runs/ unless --out is given. Third-party output goes to a log file per run
+        (.validator/logs/), named in the summary.
 report  re-render the reports from the cells on disk; --check exits 1 when they drift.
 show    print one model's details (from its cells).
+
+Heavy modules (torch, transformers, the reference engines) are imported only once a command runs,
+so --help and bad arguments answer at once.
 """
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 from pathlib import Path
 
-from validator import cells, matrix
+from validator import cells, exits
 from validator.engines import DEFAULT_ENGINES, ENGINES
+from validator.variant import Variant, label
 
 
 class UsageError(ValueError):
     """Bad command-line input; the message names it and the fix."""
 
 
-def _split(values) -> list[str]:
-    return [v.strip() for item in (values or []) for v in item.split(",") if v.strip()]
+def _split(values, flag: str) -> list[str] | None:
+    """Comma-separated values of a repeatable option; None when the option was not given, UsageError
+    when it was given but names nothing (`--models ''` is a mistake, not "everything")."""
+    if values is None:
+        return None
+    names = [v.strip() for item in values for v in item.split(",") if v.strip()]
+    if not names:
+        raise UsageError(f"{flag} names nothing (got {' '.join(repr(v) for v in values)}); give at least one "
+                         f"name, or omit {flag} for the default.")
+    return names
 
 
 def parse_engines(values) -> tuple[str, ...]:
-    from engine.address import closest
-    names = _split(values) or list(DEFAULT_ENGINES)
+    from difflib import get_close_matches
+    names = _split(values, "--engines") or list(DEFAULT_ENGINES)
     for n in names:
         if n not in ENGINES:
-            raise UsageError(f"unknown engine {n!r}.{closest(n, ENGINES)} Engines: {', '.join(ENGINES)}.")
+            near = get_close_matches(n, list(ENGINES), n=1, cutoff=0.5)
+            hint = f" Did you mean {near[0]!r}?" if near else ""
+            raise UsageError(f"unknown engine {n!r}.{hint} Engines: {', '.join(ENGINES)}.")
     return tuple(dict.fromkeys(names))
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m validator", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m validator", description=__doc__, epilog=exits.epilog(),
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True)
-    r = sub.add_parser("run", help="compute cells and render the reports")
+    r = sub.add_parser("run", help="compute cells and render the reports", epilog=exits.epilog())
     r.add_argument("--models", action="append", help="zoo names or globs, comma-separated (default: the whole zoo)")
     r.add_argument("--engines", action="append",
                    help=f"comma-separated, from {', '.join(ENGINES)} (default: {','.join(DEFAULT_ENGINES)})")
@@ -49,14 +65,19 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     r.add_argument("--real", action="store_true", help="validate the real checkpoints from the local HF cache")
     r.add_argument("--jobs", type=int, default=1, help="models validated in parallel processes")
-    r.add_argument("--out", default=str(cells.DEFAULT_OUT), help="output directory (cells/ and reports)")
+    r.add_argument("--out", default=None,
+                   help=f"output directory (cells/ and reports; default: {_rel(cells.DEFAULT_OUT)} for the "
+                        f"published job, .validator/runs/<name> for any other)")
     r.add_argument("--force", action="store_true", help="recompute cells even when up to date")
+    r.add_argument("--check", action="store_true",
+                   help="compute nothing: exit 1 when any selected cell is missing or stale (0: a rerun would "
+                        "recompute and rewrite nothing)")
     r.add_argument("--no-decode", action="store_true", help="skip decode-time capture")
     r.add_argument("--no-steer", action="store_true", help="skip steering parity")
-    rp = sub.add_parser("report", help="re-render the reports from the cells")
+    rp = sub.add_parser("report", help="re-render the reports from the cells", epilog=exits.epilog())
     rp.add_argument("--out", default=str(cells.DEFAULT_OUT))
     rp.add_argument("--check", action="store_true", help="exit 1 when the reports drift from the cells")
-    s = sub.add_parser("show", help="print one model's details")
+    s = sub.add_parser("show", help="print one model's details", epilog=exits.epilog())
     s.add_argument("model")
     s.add_argument("--out", default=str(cells.DEFAULT_OUT))
     return p
@@ -68,21 +89,43 @@ def main(argv=None) -> int:
         return {"run": cmd_run, "report": cmd_report, "show": cmd_show}[args.cmd](args)
     except UsageError as e:
         print(f"error: {e}", file=sys.stderr)
-        return 2
+        return exits.USAGE
+    except cells.CellError as e:
+        print(f"error: {len(e.problems)} file(s) in the cells directory are not validator cells:", file=sys.stderr)
+        for p in e.problems:
+            print(f"  {p}", file=sys.stderr)
+        print("Move them out of cells/ (or re-run `python -m validator run` to recompute a damaged cell).",
+              file=sys.stderr)
+        return exits.CELLS
+
+
+def _rel(p: Path) -> str:
+    try:
+        return str(Path(p).resolve().relative_to(Path.cwd()))
+    except ValueError:
+        return str(p)
 
 
 # -- run ----------------------------------------------------------------------------------------------
-def _options(args, engines):
-    from validator import runner
+def _variant(args) -> Variant:
+    from validator import matrix
     from validator.models import default_device
     try:
         points = matrix.parse_points(args.points)
         layers = matrix.parse_layers(args.layers)
     except ValueError as e:
         raise UsageError(str(e)) from None
-    return runner.Options(engines=engines, out=Path(args.out), dtype=args.dtype,
-                          device=args.device or default_device(), points=points, layers=layers, force=args.force,
-                          decode=not args.no_decode, steer=not args.no_steer)
+    if args.device is not None and args.device.split(":")[0] not in ("cpu", "cuda", "mps"):
+        raise UsageError(f"--device {args.device!r}: use cpu, cuda, cuda:N or mps.")
+    return Variant.of("real" if args.real else "zoo", args.dtype, args.device or default_device(), points, layers,
+                      not args.no_decode, not args.no_steer)
+
+
+def _options(args, engines, variant: Variant, out: Path):
+    from validator import runner
+    return runner.Options(engines=engines, out=out, dtype=variant.dtype, device=args.device or variant.device,
+                          points=list(variant.points) if variant.points else None, layers=variant.layers,
+                          force=args.force, decode=variant.decode, steer=variant.steer)
 
 
 def _spec(name, real, dtype, device):
@@ -90,79 +133,144 @@ def _spec(name, real, dtype, device):
     return (real_spec if real else zoo_spec)(name, dtype, device)
 
 
-def _worker(name, real, opts_kw, threads):
+def _worker(name, real, opts_kw):
     """One model in a worker process (specs hold closures, so they are rebuilt here)."""
-    import torch
-
     from validator import runner
-    torch.set_num_threads(threads)
     opts = runner.Options(**opts_kw)
-    return [str(p) for p in runner.run_model(_spec(name, real, opts.dtype, opts.device), opts)]
+    written = runner.run_model(_spec(name, real, opts.dtype, opts.device), opts)
+    return [str(p) for p in written], [(str(p), e) for p, e in opts.kept]
 
 
 def cmd_run(args) -> int:
-    import torch
-    from tqdm import tqdm
-
-    from validator import report, runner
-    from validator.models import resolve_names
+    from validator import outputs
     if args.jobs < 1:
         raise UsageError(f"--jobs must be at least 1, got {args.jobs}.")
     engines = parse_engines(args.engines)
-    opts = _options(args, engines)
+    wanted = _split(args.models, "--models")
+    variant = _variant(args)
+    from validator.models import resolve_names
     try:
-        names = resolve_names(_split(args.models))
+        names = resolve_names(wanted)
     except ValueError as e:
         raise UsageError(str(e)) from None
+    all_models = wanted is None
+    out = Path(args.out) if args.out else outputs.default_out(variant, names, all_models)
     try:
-        specs = {n: _spec(n, args.real, opts.dtype, opts.device) for n in names}
+        outputs.ensure_writable(out)
+    except outputs.OutputError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return exits.OUTPUT
+    cells.load_all(out)  # a foreign file in cells/ stops the run before any model does (CellError)
+    try:
+        specs = {n: _spec(n, args.real, variant.dtype, args.device or variant.device) for n in names}
     except FileNotFoundError as e:
         raise UsageError(str(e)) from None
-    # one thread per process by default: tiny models gain nothing from more, and OpenMP threads stall
-    # when the cores are shared
-    threads = int(os.environ.get("VALIDATOR_THREADS", 1))
+    if args.check:
+        return _check(args, engines, variant, out, names, specs)
+    from validator import quiet
+    log = outputs.log_path()
+    with quiet.to_log(log) as con:
+        try:
+            return _run(args, engines, variant, out, names, specs, con)
+        except KeyboardInterrupt:
+            con.say(f"validator: interrupted; the cells finished so far are kept in {_rel(out)} and the next run "
+                    f"resumes there. Log: {_rel(log)}")
+            return exits.INTERRUPTED
+
+
+def _check(args, engines, variant, out, names, specs) -> int:
+    """run --check: list the cells a run would compute (missing or stale), compute nothing."""
+    from validator import runner
+    opts = _options(args, engines, variant, out)
+    todo = [(n, e) for n in names for e in runner.pending(specs[n], opts)]
+    for n, e in todo[:20]:
+        print(f"stale or missing: {n} / {e}", file=sys.stderr)
+    print(f"validator: {len(todo)} of {len(names) * len(engines)} cells in {_rel(out)} would be computed"
+          f"{' (and more above)' if len(todo) > 20 else ''}.", file=sys.stderr)
+    return exits.FAILED if todo else exits.OK
+
+
+def _run(args, engines, variant, out, names, specs, con) -> int:
+    import os
+
+    import torch
+
+    from validator import report, runner
+    from validator.progress import Progress
+    threads = int(os.environ.get("VALIDATOR_THREADS", 1))  # tiny models gain nothing from more; shared cores stall
     torch.set_num_threads(threads)
     t0 = time.time()
-    todo = [n for n in names if runner.pending(specs[n], opts)]
-    print(f"validator: {len(names)} models x {len(engines)} engines; {len(names) - len(todo)} models up to date, "
-          f"{len(todo)} to run (jobs {args.jobs}, {threads} torch threads each)", file=sys.stderr)
-    bar = tqdm(total=len(todo), desc="models", unit="model", position=0, dynamic_ncols=True)
-    if args.jobs == 1:
-        for n in todo:
-            opts.progress = bar
-            runner.run_model(specs[n], opts)
-            bar.update(1)
-    else:
-        import multiprocessing as mp
-        from concurrent.futures import ProcessPoolExecutor, as_completed
-        kw = {k: getattr(opts, k) for k in ("engines", "out", "dtype", "device", "points", "layers", "force",
-                                            "decode", "steer")}
-        with ProcessPoolExecutor(args.jobs, mp_context=mp.get_context("spawn")) as pool:
-            futs = {pool.submit(_worker, n, args.real, kw, threads): n for n in todo}
-            for f in as_completed(futs):
-                f.result()
-                bar.set_postfix_str(futs[f].split("/")[-1])
-                bar.update(1)
-    bar.close()
-    report.render(opts.out)
-    selected = [c for c in cells.load_all(opts.out) if c["model"] in names and c["engine"] in engines]
-    print(summary_table(selected, engines))
-    print(f"validator: {time.time() - t0:.0f} s; reports in {opts.out}", file=sys.stderr)
-    return 1 if any(report.cell_failed(c) for c in selected) else 0
+    opts = _options(args, engines, variant, out)
+    todo = {n: runner.pending(specs[n], opts) for n in names}
+    todo = {n: e for n, e in todo.items() if e}
+    n_cells = sum(len(e) for e in todo.values())
+    where = "published results" if out.resolve() == cells.DEFAULT_OUT.resolve() else "ad-hoc run"
+    con.say(f"validator: {len(names)} models x {len(engines)} engines ({variant.describe()}) -> {_rel(out)} "
+            f"({where}); {n_cells} cells to compute, {len(names) * len(engines) - n_cells} up to date "
+            f"(jobs {args.jobs}, {threads} torch thread(s) each); log: {_rel(con.log)}")
+    bar = Progress(n_cells, con.err)
+    kept = []
+    try:
+        if args.jobs == 1:
+            opts.progress = bar.start
+            for n, eng in todo.items():
+                runner.run_model(specs[n], opts)
+                bar.finish(n, len(eng))
+            kept = opts.kept
+        else:
+            from concurrent.futures import as_completed
+
+            from validator import workers
+            kw = {k: getattr(opts, k) for k in ("engines", "out", "dtype", "device", "points", "layers", "force",
+                                                "decode", "steer")}
+            with workers.pool(args.jobs, threads) as pool:
+                futs = {pool.submit(_worker, n, args.real, kw): n for n in todo}
+                for f in as_completed(futs):
+                    _, k = f.result()
+                    kept += [(Path(p), e) for p, e in k]
+                    bar.finish(futs[f], len(todo[futs[f]]))
+    finally:
+        bar.close()
+    report.render(out)
+    tag = variant.tag()
+    selected = [c for c in cells.load_all(out)
+                if c["model"] in names and c["engine"] in engines and c.get("variant_tag", "") == tag]
+    print(summary_table(selected, engines, tag), file=con.out, flush=True)
+    bad = sorted({c["model"] for c in selected if report.cell_failed(c)})
+    for path, err in kept:
+        con.say(f"error (kept the previous passing cell {_rel(path)}): {err[:300]}")
+    if bad:
+        show = " ".join(["python -m validator show '{m}'"] + ([] if out.resolve() == cells.DEFAULT_OUT.resolve()
+                                                               else ["--out", _rel(out)]))
+        con.say(f"undeclared failures or errors in {len(bad)} model(s): {', '.join(bad[:8])}"
+                f"{' ...' if len(bad) > 8 else ''}; details: `{show.format(m=bad[0])}`")
+    code = exits.FAILED if bad or kept else exits.OK
+    con.say(f"validator: {time.time() - t0:.0f} s; reports in {_rel(out)}; third-party output in {_rel(con.log)}; "
+            f"exit {code} ({exits.MEANING[code]})")
+    return code
 
 
-def summary_table(selected, engines) -> str:
+def summary_table(selected, engines, tag: str = "") -> str:
+    """Rows per engine: cells, pass, warn, fail (undeclared), declared (failing rows with a declared
+    upstream cause), gap, errors, skipped."""
     from collections import defaultdict
+
+    from validator.report import declared_failures
     tot = defaultdict(lambda: defaultdict(int))
     for c in selected:
+        t = tot[c["engine"]]
         for v, n in c.get("summary", {}).items():
-            tot[c["engine"]][v] += n
-        tot[c["engine"]]["cells"] += 1
-        tot[c["engine"]]["errors"] += c.get("status") == "error"
-    cols = ("cells", "pass", "warn", "fail", "gap", "errors")
-    lines = [f"{'engine':18s}" + "".join(f"{c:>8s}" for c in cols)]
+            t[v] += n
+        known = declared_failures(c)
+        t["fail"] -= known
+        t["declared"] += known
+        t["cells"] += 1
+        t["errors"] += c.get("status") == "error"
+        t["skipped"] += c.get("status") == "skipped"
+    cols = ("cells", "pass", "warn", "fail", "declared", "gap", "errors", "skipped")
+    lines = [f"{'engine':24s}" + "".join(f"{c:>9s}" for c in cols)]
     for e in engines:
-        lines.append(f"{e:18s}" + "".join(f"{tot[e][c]:8d}" for c in cols))
+        lines.append(f"{label(e, tag):24s}" + "".join(f"{tot[e][c]:9d}" for c in cols))
     return "\n".join(lines)
 
 
@@ -177,11 +285,12 @@ def cmd_report(args) -> int:
         for p in problems:
             print(f"drift: {p}", file=sys.stderr)
         if problems:
-            print("reports drifted from the cells; re-render with `python -m validator report`.", file=sys.stderr)
-        return 1 if problems else 0
+            print(f"reports drifted from the cells; re-render with `python -m validator report --out {args.out}`.",
+                  file=sys.stderr)
+        return exits.FAILED if problems else exits.OK
     for p in report.render(out):
         print(p)
-    return 0
+    return exits.OK
 
 
 def cmd_show(args) -> int:
@@ -193,7 +302,14 @@ def cmd_show(args) -> int:
     if args.model not in models:
         near = difflib.get_close_matches(args.model, models, n=3, cutoff=0.3)
         hint = f" Did you mean {', '.join(near)}?" if near else ""
-        raise UsageError(f"no cells for model {args.model!r} under {args.out}.{hint} Run "
-                         f"`python -m validator run --models '{args.model}'` first.")
+        raise UsageError(f"no cells for model {args.model!r} under {args.out}.{hint} Compute them with "
+                         f"`{show_hint(args.model, args.out)}`.")
     print(report.render_details(args.model, all_cells))
-    return 0
+    return exits.OK
+
+
+def show_hint(model: str, out) -> str:
+    """A command that computes `model`'s cells into `out` and shows them (works as printed)."""
+    o = _rel(Path(out))
+    return (f"python -m validator run --models '{model}' --out {o} && "
+            f"python -m validator show '{model}' --out {o}")

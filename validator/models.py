@@ -6,6 +6,7 @@ engine's loader, so nothing the engine does to its own copy can leak into the re
 from __future__ import annotations
 
 import difflib
+import json
 from pathlib import Path
 
 import torch
@@ -53,7 +54,9 @@ def zoo_spec(name: str, dtype: str = "float32", device: str = "cpu") -> ModelSpe
         zoo.ensure_twin(name)
         return _from_pretrained(name, dtype, device, cache_dir=zoo.zoo_hub_cache())
 
-    return ModelSpec(name, "zoo", f"zoo:{snap}", load_engine, load_reference)
+    entry = zoo.ZOO[name]
+    return ModelSpec(name, "zoo", f"zoo:{snap}", load_engine, load_reference, n_layers=entry.layers,
+                     model_type=entry.model_type)
 
 
 def real_spec(name: str, dtype: str = "float32", device: str = "cpu") -> ModelSpec:
@@ -67,9 +70,12 @@ def real_spec(name: str, dtype: str = "float32", device: str = "cpu") -> ModelSp
     from huggingface_hub import try_to_load_from_cache
     cfg_path = try_to_load_from_cache(repo_id=name, filename="config.json")
     snap = Path(cfg_path).parent.name if isinstance(cfg_path, str) else "unknown"
+    cfg = json.loads(Path(cfg_path).read_text()) if isinstance(cfg_path, str) else {}
     return ModelSpec(name, "real", f"real:{snap}",
                      lambda: load_model(name, source="real", dtype=DTYPES[dtype], device=device),
-                     lambda: _from_pretrained(name, dtype, device))
+                     lambda: _from_pretrained(name, dtype, device),
+                     n_layers=(cfg.get("text_config") or cfg).get("num_hidden_layers"),
+                     model_type=(cfg.get("text_config") or cfg).get("model_type", "?"))
 
 
 def default_device() -> str:

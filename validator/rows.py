@@ -31,6 +31,13 @@ def resolve(row: dict, engine: str, model_type: str, model: str, ours, ref, scor
             row.update(verdict="fail", reason=f"undeclared gap: {ref.reason}")
         return row
     row.update({k: v for k, v in score.to_dict().items() if v not in (None, [], "")})
+    definition = known_gaps.explain_definition(engine, model_type, point)
+    if definition is not None:  # the reference names another tensor: a failure measures the definition
+        if score.verdict == "fail":
+            row.update(verdict="gap", raw_verdict="fail", known=known_gaps.describe(definition, model, engine))
+        else:
+            row["stale_known"] = definition.id
+        return row
     if score.structural:
         k = known_gaps.explain_structural(engine, model_type, point, score.structural)
         if k:

@@ -3,6 +3,8 @@
 Cost is dominated by loading: each model's engine copy and each reference are built once per model
 and every case is one forward capturing all points. Cells are written as soon as each engine is
 scored, so an interrupted run keeps everything finished so far and the next run resumes there.
+A failure never destroys a result: an error cell (the model did not load, --layers does not fit it)
+replaces no passing cell; the previous cell stays and the run reports the error (`Options.kept`).
 """
 from __future__ import annotations
 
@@ -14,9 +16,10 @@ from typing import Callable
 
 import torch
 
-from validator import cells, matrix, prompts, rows
-from validator.engines import ENGINES, adapter_class, adapter_source_files, availability
+from validator import cells, known_gaps, matrix, prompts, rows
+from validator.engines import ENGINES, adapter_class, adapter_source_files, availability, model_skip_reason
 from validator.engines.base import EngineUnavailable, Missing, ModelContext
+from validator.variant import DEFAULT_LAYERS, Variant
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -30,6 +33,8 @@ class ModelSpec:
     fingerprint: str  # identifies the weights (zoo snapshot hash, real snapshot commit, ...)
     load_engine: Callable
     load_reference: Callable
+    n_layers: int | None = None  # known before loading (zoo entries): --layers is checked against it
+    model_type: str = "?"  # known before loading: the declared gaps a cell depends on are chosen by it
 
 
 @dataclass
@@ -39,38 +44,64 @@ class Options:
     dtype: str = "float32"
     device: str = "cpu"
     points: list[str] | None = None
-    layers: tuple = matrix.DEFAULT_LAYERS
+    layers: tuple = DEFAULT_LAYERS
     force: bool = False
     decode: bool = True
     steer: bool = True
     after_cell: Callable | None = None  # test hook: called with each written cell path
-    progress: object = None  # a tqdm bar to describe per-engine progress on
-    log: list = field(default_factory=list)
+    progress: Callable | None = None  # called with (model, engine) as each engine starts
+    kept: list = field(default_factory=list)  # (path, error) of error cells not written over a passing cell
+
+
+def variant(spec: ModelSpec, opts: Options) -> Variant:
+    return Variant.of(spec.source, opts.dtype, opts.device, opts.points, opts.layers, opts.decode, opts.steer)
+
+
+def path_of(spec: ModelSpec, engine: str, opts: Options) -> Path:
+    return cells.cell_path(opts.out, spec.name, engine, variant(spec, opts).tag())
 
 
 def inputs_digest(spec: ModelSpec, engine: str, opts: Options) -> str:
     files = adapter_source_files(engine) if engine in ENGINES else []
-    return cells.sha(spec.name, spec.source, spec.fingerprint, opts.dtype, opts.device, engine, opts.points,
-                     list(opts.layers), opts.decode, opts.steer, cells.code_digest(),
-                     cells.files_digest(files) if files else "", cells.versions())
+    return cells.sha(spec.name, spec.source, spec.fingerprint, variant(spec, opts).as_dict(), engine,
+                     cells.code_digest(), cells.files_digest(files) if files else "", cells.versions(),
+                     known_gaps.digest(engine, spec.model_type))
 
 
 def pending(spec: ModelSpec, opts: Options) -> list[str]:
     """Engines of this model whose cell is missing or stale (all with --force)."""
     return [e for e in opts.engines if opts.force or not cells.up_to_date(
-        cells.cell_path(opts.out, spec.name, e), inputs_digest(spec, e, opts))]
+        path_of(spec, e, opts), inputs_digest(spec, e, opts))]
 
 
 def _base_cell(spec, engine, opts, status, **extra) -> dict:
+    v = variant(spec, opts)
     return {"schema": cells.SCHEMA, "model": spec.name, "engine": engine, "status": status,
-            "source": spec.source, "inputs_digest": inputs_digest(spec, engine, opts),
+            "source": spec.source, "variant": v.as_dict(), "variant_tag": v.tag(),
+            "inputs_digest": inputs_digest(spec, engine, opts),
             "engine_what": ENGINES[engine].what if engine in ENGINES else "", **extra}
 
 
-def _write(path: Path, data: dict, opts: Options) -> None:
+def _write(path: Path, data: dict, opts: Options) -> bool:
+    """Write a cell; an error cell never replaces a passing one (returns False and records it)."""
+    if data.get("status") == "error":
+        old = cells.read(path)
+        if old and old.get("status") == "ok":
+            opts.kept.append((path, data.get("error", "")))
+            return False
     cells.write_atomic(path, data)
     if opts.after_cell:
         opts.after_cell(path)
+    return True
+
+
+def _fail_all(spec, todo, opts, error: str, trace: str = "") -> list[Path]:
+    written = []
+    for engine in todo:
+        path = path_of(spec, engine, opts)
+        if _write(path, _base_cell(spec, engine, opts, "error", error=error, trace=trace, rows=[]), opts):
+            written.append(path)
+    return written
 
 
 def run_model(spec: ModelSpec, opts: Options) -> list[Path]:
@@ -79,36 +110,39 @@ def run_model(spec: ModelSpec, opts: Options) -> list[Path]:
     if not todo:
         return []
     written = []
+    skips = {e: why for e in todo if (why := _skip_reason(spec, e))}
+    for engine, why in skips.items():  # engines that cannot run this model at all: no load needed
+        path = path_of(spec, engine, opts)
+        if _write(path, _base_cell(spec, engine, opts, "skipped", reason=why, rows=[]), opts):
+            written.append(path)
+    todo = [e for e in todo if e not in skips]
+    if not todo:
+        return written
+    if opts.layers != DEFAULT_LAYERS and spec.n_layers is not None:
+        try:  # --layers that do not fit this model: its error, before anything loads
+            matrix.check_layers(opts.layers, spec.n_layers)
+        except ValueError as e:
+            return written + _fail_all(spec, todo, opts, f"bad --layers for {spec.name}: {e}")
     t_model = time.time()
     try:
         m = spec.load_engine()
         hf_ref, tok = spec.load_reference()
     except Exception as e:  # noqa: BLE001  (a model that does not load fails all its cells)
-        err = f"{type(e).__name__}: {e}"
-        for engine in todo:
-            path = cells.cell_path(opts.out, spec.name, engine)
-            _write(path, _base_cell(spec, engine, opts, "error", error=f"model failed to load: {err}",
-                                    trace=traceback.format_exc()[-2000:], rows=[]), opts)
-            written.append(path)
-        return written
+        return written + _fail_all(spec, todo, opts, f"model failed to load: {type(e).__name__}: {e}",
+                                   traceback.format_exc()[-2000:])
     ctx = ModelContext(spec.name, hf_ref, tok, spec.source, DTYPES[opts.dtype])
-    common = _subject_side(m, ctx, opts)
+    try:
+        common = _subject_side(m, ctx, opts)
+    except matrix.SelectionError as e:  # --points / --layers that select nothing valid on this model
+        return written + _fail_all(spec, todo, opts, f"bad selection for {spec.name}: {e}")
+    except Exception as e:  # noqa: BLE001  (an engine-side crash fails this model's cells, not the run)
+        return written + _fail_all(spec, todo, opts, f"engine side failed: {type(e).__name__}: {e}",
+                                   traceback.format_exc()[-2000:])
     common["engine_seconds"] = round(time.time() - t_model, 2)
-    inner = None
-    if opts.progress is not None:  # a per-model bar under the overall one
-        from tqdm import tqdm
-        inner = tqdm(total=len(todo), desc=spec.name.split("/")[-1][:28], unit="engine", position=1, leave=False,
-                     dynamic_ncols=True)
     for engine in todo:
-        if inner is not None:
-            inner.set_postfix_str(engine)
-            inner.update(0)
-        path = cells.cell_path(opts.out, spec.name, engine)
-        ok, why = availability(engine) if engine in ENGINES else (False, f"unknown engine {engine!r}")
-        if not ok:
-            _write(path, _base_cell(spec, engine, opts, "skipped", reason=why, rows=[]), opts)
-            written.append(path)
-            continue
+        if opts.progress is not None:
+            opts.progress(spec.name, engine)
+        path = path_of(spec, engine, opts)
         t0 = time.time()
         try:
             cell = _run_engine(engine, spec, ctx, common, opts)
@@ -116,13 +150,16 @@ def run_model(spec: ModelSpec, opts: Options) -> list[Path]:
             cell = _base_cell(spec, engine, opts, "error", error=f"{type(e).__name__}: {e}",
                               trace=traceback.format_exc()[-2000:], rows=[])
         cell["provenance"] = _provenance(spec, engine, opts, common, time.time() - t0)
-        _write(path, cell, opts)
-        written.append(path)
-        if inner is not None:
-            inner.update(1)
-    if inner is not None:
-        inner.close()
+        if _write(path, cell, opts):
+            written.append(path)
     return written
+
+
+def _skip_reason(spec, engine) -> str:
+    if engine not in ENGINES:
+        return f"unknown engine {engine!r}"
+    ok, why = availability(engine)
+    return why if not ok else model_skip_reason(engine, spec.name, spec.source)
 
 
 def _subject_side(m, ctx, opts) -> dict:
@@ -191,6 +228,7 @@ def _run_engine(engine, spec, ctx, common, opts) -> dict:
                 scored.append({"case": key.split("_")[0], "point": key.split("_")[0], "layer": None,
                                "verdict": "fail", "reason": common[key]})
         versions = ref.versions() if ref is not None else {}
+        adapter_notes = list(getattr(ref, "notes", None) or [])
         tensors = {p: getattr(ref, "TENSORS", {}).get(p, "") for p in {r["point"] for r in scored}} if ref else {}
     finally:
         if ref is not None:
@@ -206,8 +244,8 @@ def _run_engine(engine, spec, ctx, common, opts) -> dict:
                       cases={c.name: list(c.input_ids.shape) for c in cases}, reference_versions=versions)
     if unavailable:
         cell["unavailable"] = unavailable
-    if common.get("notes"):
-        cell["notes"] = common["notes"]
+    if common.get("notes") or adapter_notes:
+        cell["notes"] = list(common.get("notes", [])) + adapter_notes
     return cell
 
 

@@ -32,6 +32,7 @@ TIERS: dict[tuple[str, str], Tier] = {
     ("transformer_lens", "float32"): _F32,
     ("nnsight", "float32"): _F32,
     ("nnterp", "float32"): _F32,
+    ("interp-engine", "float32"): _F32,
     ("vllm", "float32"): _F32_KERNELS,
     ("vllm-static", "float32"): _F32_KERNELS,
     ("*", "bfloat16"): _BF16,

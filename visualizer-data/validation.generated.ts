@@ -18,6 +18,36 @@ export interface ValidationCell {
   source: string | null;
   /** The cell file, relative to the repository root. */
   file: string;
+  /** "" for the published configuration, else what differs (the validator's variant tag). */
+  variant: string;
+  /** Failing pairs whose upstream cause is declared with evidence (they do not fail the run). */
+  declared: number;
+}
+
+export interface ValidationEngine {
+  /** The matrix column: the engine name, with "@variant" when not the published configuration. */
+  column: string;
+  engine: string;
+  /** What this column compares with the engine (one line from the validator's registry). */
+  compares: string;
+  cells: number;
+  counts: Record<string, number>;
+  declared: number;
+  /** Cells with an undeclared failure or an error. */
+  failing: number;
+  skipped: number;
+}
+
+export interface DropInPoint {
+  point: string;
+  /** Models per outcome: the same tensor, defined differently (declared), not served by interp-engine, undeclared. */
+  same: number;
+  definedDifferently: number;
+  notServed: number;
+  undeclared: number;
+  /** The declared causes (validator/known_gaps.py ids) behind definedDifferently and notServed. */
+  causes: string[];
+  dropIn: string;
 }
 
 export const validation: readonly ValidationCell[] = [
@@ -32,7 +62,24 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/ByteDance-Seed__Seed-OSS-36B-Base__hf.json"
+    "file": "reports/validator/cells/ByteDance-Seed__Seed-OSS-36B-Base__hf.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "ByteDance-Seed/Seed-OSS-36B-Base",
+    "engine": "interp-engine",
+    "family": "llama",
+    "modelType": "seed_oss",
+    "status": "ok",
+    "verdict": "gap",
+    "counts": {"gap": 20, "pass": 156},
+    "dtype": "float32",
+    "device": "cpu",
+    "source": "zoo",
+    "file": "reports/validator/cells/ByteDance-Seed__Seed-OSS-36B-Base__interp-engine.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "ByteDance-Seed/Seed-OSS-36B-Base",
@@ -45,7 +92,9 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/ByteDance-Seed__Seed-OSS-36B-Base__nnsight.json"
+    "file": "reports/validator/cells/ByteDance-Seed__Seed-OSS-36B-Base__nnsight.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "ByteDance-Seed/Seed-OSS-36B-Base",
@@ -58,7 +107,9 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/ByteDance-Seed__Seed-OSS-36B-Base__nnterp.json"
+    "file": "reports/validator/cells/ByteDance-Seed__Seed-OSS-36B-Base__nnterp.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "ByteDance-Seed/Seed-OSS-36B-Base",
@@ -71,7 +122,39 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/ByteDance-Seed__Seed-OSS-36B-Base__transformer_lens.json"
+    "file": "reports/validator/cells/ByteDance-Seed__Seed-OSS-36B-Base__transformer_lens.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "ByteDance-Seed/Seed-OSS-36B-Base",
+    "engine": "vllm",
+    "family": "llama",
+    "modelType": "seed_oss",
+    "status": "ok",
+    "verdict": "gap",
+    "counts": {"gap": 70, "pass": 106},
+    "dtype": "float32",
+    "device": "cpu",
+    "source": "zoo",
+    "file": "reports/validator/cells/ByteDance-Seed__Seed-OSS-36B-Base__vllm.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "ByteDance-Seed/Seed-OSS-36B-Base",
+    "engine": "vllm-static",
+    "family": "llama",
+    "modelType": "seed_oss",
+    "status": "ok",
+    "verdict": "gap",
+    "counts": {"gap": 155, "pass": 21},
+    "dtype": "float32",
+    "device": "cpu",
+    "source": "zoo",
+    "file": "reports/validator/cells/ByteDance-Seed__Seed-OSS-36B-Base__vllm-static.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "CohereForAI/c4ai-command-r-plus",
@@ -84,7 +167,24 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/CohereForAI__c4ai-command-r-plus__hf.json"
+    "file": "reports/validator/cells/CohereForAI__c4ai-command-r-plus__hf.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "CohereForAI/c4ai-command-r-plus",
+    "engine": "interp-engine",
+    "family": "cohere",
+    "modelType": "cohere",
+    "status": "ok",
+    "verdict": "gap",
+    "counts": {"gap": 26, "pass": 180},
+    "dtype": "float32",
+    "device": "cpu",
+    "source": "zoo",
+    "file": "reports/validator/cells/CohereForAI__c4ai-command-r-plus__interp-engine.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "CohereForAI/c4ai-command-r-plus",
@@ -97,7 +197,9 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/CohereForAI__c4ai-command-r-plus__nnsight.json"
+    "file": "reports/validator/cells/CohereForAI__c4ai-command-r-plus__nnsight.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "CohereForAI/c4ai-command-r-plus",
@@ -110,7 +212,9 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/CohereForAI__c4ai-command-r-plus__nnterp.json"
+    "file": "reports/validator/cells/CohereForAI__c4ai-command-r-plus__nnterp.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "CohereForAI/c4ai-command-r-plus",
@@ -123,7 +227,39 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/CohereForAI__c4ai-command-r-plus__transformer_lens.json"
+    "file": "reports/validator/cells/CohereForAI__c4ai-command-r-plus__transformer_lens.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "CohereForAI/c4ai-command-r-plus",
+    "engine": "vllm",
+    "family": "cohere",
+    "modelType": "cohere",
+    "status": "ok",
+    "verdict": "gap",
+    "counts": {"gap": 60, "pass": 146},
+    "dtype": "float32",
+    "device": "cpu",
+    "source": "zoo",
+    "file": "reports/validator/cells/CohereForAI__c4ai-command-r-plus__vllm.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "CohereForAI/c4ai-command-r-plus",
+    "engine": "vllm-static",
+    "family": "cohere",
+    "modelType": "cohere",
+    "status": "ok",
+    "verdict": "gap",
+    "counts": {"gap": 80, "pass": 126},
+    "dtype": "float32",
+    "device": "cpu",
+    "source": "zoo",
+    "file": "reports/validator/cells/CohereForAI__c4ai-command-r-plus__vllm-static.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "CohereForAI/c4ai-command-r-v01",
@@ -136,7 +272,24 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/CohereForAI__c4ai-command-r-v01__hf.json"
+    "file": "reports/validator/cells/CohereForAI__c4ai-command-r-v01__hf.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "CohereForAI/c4ai-command-r-v01",
+    "engine": "interp-engine",
+    "family": "cohere",
+    "modelType": "cohere",
+    "status": "ok",
+    "verdict": "gap",
+    "counts": {"gap": 26, "pass": 140},
+    "dtype": "float32",
+    "device": "cpu",
+    "source": "zoo",
+    "file": "reports/validator/cells/CohereForAI__c4ai-command-r-v01__interp-engine.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "CohereForAI/c4ai-command-r-v01",
@@ -149,7 +302,9 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/CohereForAI__c4ai-command-r-v01__nnsight.json"
+    "file": "reports/validator/cells/CohereForAI__c4ai-command-r-v01__nnsight.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "CohereForAI/c4ai-command-r-v01",
@@ -162,7 +317,9 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/CohereForAI__c4ai-command-r-v01__nnterp.json"
+    "file": "reports/validator/cells/CohereForAI__c4ai-command-r-v01__nnterp.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "CohereForAI/c4ai-command-r-v01",
@@ -175,7 +332,39 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/CohereForAI__c4ai-command-r-v01__transformer_lens.json"
+    "file": "reports/validator/cells/CohereForAI__c4ai-command-r-v01__transformer_lens.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "CohereForAI/c4ai-command-r-v01",
+    "engine": "vllm",
+    "family": "cohere",
+    "modelType": "cohere",
+    "status": "ok",
+    "verdict": "gap",
+    "counts": {"gap": 20, "pass": 146},
+    "dtype": "float32",
+    "device": "cpu",
+    "source": "zoo",
+    "file": "reports/validator/cells/CohereForAI__c4ai-command-r-v01__vllm.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "CohereForAI/c4ai-command-r-v01",
+    "engine": "vllm-static",
+    "family": "cohere",
+    "modelType": "cohere",
+    "status": "ok",
+    "verdict": "gap",
+    "counts": {"gap": 40, "pass": 126},
+    "dtype": "float32",
+    "device": "cpu",
+    "source": "zoo",
+    "file": "reports/validator/cells/CohereForAI__c4ai-command-r-v01__vllm-static.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "CohereForAI/c4ai-command-r7b-12-2024",
@@ -188,7 +377,24 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/CohereForAI__c4ai-command-r7b-12-2024__hf.json"
+    "file": "reports/validator/cells/CohereForAI__c4ai-command-r7b-12-2024__hf.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "CohereForAI/c4ai-command-r7b-12-2024",
+    "engine": "interp-engine",
+    "family": "cohere2",
+    "modelType": "cohere2",
+    "status": "ok",
+    "verdict": "gap",
+    "counts": {"gap": 36, "pass": 205},
+    "dtype": "float32",
+    "device": "cpu",
+    "source": "zoo",
+    "file": "reports/validator/cells/CohereForAI__c4ai-command-r7b-12-2024__interp-engine.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "CohereForAI/c4ai-command-r7b-12-2024",
@@ -201,7 +407,9 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/CohereForAI__c4ai-command-r7b-12-2024__nnsight.json"
+    "file": "reports/validator/cells/CohereForAI__c4ai-command-r7b-12-2024__nnsight.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "CohereForAI/c4ai-command-r7b-12-2024",
@@ -214,7 +422,9 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/CohereForAI__c4ai-command-r7b-12-2024__nnterp.json"
+    "file": "reports/validator/cells/CohereForAI__c4ai-command-r7b-12-2024__nnterp.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "CohereForAI/c4ai-command-r7b-12-2024",
@@ -227,7 +437,39 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/CohereForAI__c4ai-command-r7b-12-2024__transformer_lens.json"
+    "file": "reports/validator/cells/CohereForAI__c4ai-command-r7b-12-2024__transformer_lens.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "CohereForAI/c4ai-command-r7b-12-2024",
+    "engine": "vllm",
+    "family": "cohere2",
+    "modelType": "cohere2",
+    "status": "ok",
+    "verdict": "fail",
+    "counts": {"fail": 41, "gap": 143, "pass": 45, "warn": 12},
+    "dtype": "float32",
+    "device": "cpu",
+    "source": "zoo",
+    "file": "reports/validator/cells/CohereForAI__c4ai-command-r7b-12-2024__vllm.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "CohereForAI/c4ai-command-r7b-12-2024",
+    "engine": "vllm-static",
+    "family": "cohere2",
+    "modelType": "cohere2",
+    "status": "ok",
+    "verdict": "fail",
+    "counts": {"fail": 27, "gap": 157, "pass": 45, "warn": 12},
+    "dtype": "float32",
+    "device": "cpu",
+    "source": "zoo",
+    "file": "reports/validator/cells/CohereForAI__c4ai-command-r7b-12-2024__vllm-static.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "EleutherAI/gpt-j-6b",
@@ -235,12 +477,29 @@ export const validation: readonly ValidationCell[] = [
     "family": "gptj",
     "modelType": "gptj",
     "status": "ok",
-    "verdict": "gap",
-    "counts": {"gap": 10, "pass": 121},
+    "verdict": "pass",
+    "counts": {"pass": 106},
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/EleutherAI__gpt-j-6b__hf.json"
+    "file": "reports/validator/cells/EleutherAI__gpt-j-6b__hf.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "EleutherAI/gpt-j-6b",
+    "engine": "interp-engine",
+    "family": "gptj",
+    "modelType": "gptj",
+    "status": "ok",
+    "verdict": "pass",
+    "counts": {"pass": 106},
+    "dtype": "float32",
+    "device": "cpu",
+    "source": "zoo",
+    "file": "reports/validator/cells/EleutherAI__gpt-j-6b__interp-engine.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "EleutherAI/gpt-j-6b",
@@ -248,12 +507,14 @@ export const validation: readonly ValidationCell[] = [
     "family": "gptj",
     "modelType": "gptj",
     "status": "ok",
-    "verdict": "gap",
-    "counts": {"gap": 20, "pass": 111},
+    "verdict": "pass",
+    "counts": {"pass": 106},
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/EleutherAI__gpt-j-6b__nnsight.json"
+    "file": "reports/validator/cells/EleutherAI__gpt-j-6b__nnsight.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "EleutherAI/gpt-j-6b",
@@ -262,11 +523,13 @@ export const validation: readonly ValidationCell[] = [
     "modelType": "gptj",
     "status": "ok",
     "verdict": "gap",
-    "counts": {"gap": 45, "pass": 86},
+    "counts": {"gap": 30, "pass": 76},
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/EleutherAI__gpt-j-6b__nnterp.json"
+    "file": "reports/validator/cells/EleutherAI__gpt-j-6b__nnterp.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "EleutherAI/gpt-j-6b",
@@ -275,11 +538,43 @@ export const validation: readonly ValidationCell[] = [
     "modelType": "gptj",
     "status": "ok",
     "verdict": "pass",
-    "counts": {"pass": 131},
+    "counts": {"pass": 106},
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/EleutherAI__gpt-j-6b__transformer_lens.json"
+    "file": "reports/validator/cells/EleutherAI__gpt-j-6b__transformer_lens.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "EleutherAI/gpt-j-6b",
+    "engine": "vllm",
+    "family": "gptj",
+    "modelType": "gptj",
+    "status": "ok",
+    "verdict": "gap",
+    "counts": {"gap": 10, "pass": 96},
+    "dtype": "float32",
+    "device": "cpu",
+    "source": "zoo",
+    "file": "reports/validator/cells/EleutherAI__gpt-j-6b__vllm.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "EleutherAI/gpt-j-6b",
+    "engine": "vllm-static",
+    "family": "gptj",
+    "modelType": "gptj",
+    "status": "ok",
+    "verdict": "gap",
+    "counts": {"gap": 10, "pass": 96},
+    "dtype": "float32",
+    "device": "cpu",
+    "source": "zoo",
+    "file": "reports/validator/cells/EleutherAI__gpt-j-6b__vllm-static.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "EleutherAI/gpt-neo-125m",
@@ -292,7 +587,24 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/EleutherAI__gpt-neo-125m__hf.json"
+    "file": "reports/validator/cells/EleutherAI__gpt-neo-125m__hf.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "EleutherAI/gpt-neo-125m",
+    "engine": "interp-engine",
+    "family": "gpt_neo",
+    "modelType": "gpt_neo",
+    "status": "ok",
+    "verdict": "gap",
+    "counts": {"gap": 65, "pass": 161},
+    "dtype": "float32",
+    "device": "cpu",
+    "source": "zoo",
+    "file": "reports/validator/cells/EleutherAI__gpt-neo-125m__interp-engine.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "EleutherAI/gpt-neo-125m",
@@ -305,7 +617,9 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/EleutherAI__gpt-neo-125m__nnsight.json"
+    "file": "reports/validator/cells/EleutherAI__gpt-neo-125m__nnsight.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "EleutherAI/gpt-neo-125m",
@@ -318,7 +632,9 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/EleutherAI__gpt-neo-125m__nnterp.json"
+    "file": "reports/validator/cells/EleutherAI__gpt-neo-125m__nnterp.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "EleutherAI/gpt-neo-125m",
@@ -331,7 +647,39 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/EleutherAI__gpt-neo-125m__transformer_lens.json"
+    "file": "reports/validator/cells/EleutherAI__gpt-neo-125m__transformer_lens.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "EleutherAI/gpt-neo-125m",
+    "engine": "vllm",
+    "family": null,
+    "modelType": null,
+    "status": "skipped",
+    "verdict": "skipped",
+    "counts": {},
+    "dtype": null,
+    "device": null,
+    "source": "zoo",
+    "file": "reports/validator/cells/EleutherAI__gpt-neo-125m__vllm.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "EleutherAI/gpt-neo-125m",
+    "engine": "vllm-static",
+    "family": null,
+    "modelType": null,
+    "status": "skipped",
+    "verdict": "skipped",
+    "counts": {},
+    "dtype": null,
+    "device": null,
+    "source": "zoo",
+    "file": "reports/validator/cells/EleutherAI__gpt-neo-125m__vllm-static.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "EleutherAI/pythia-1.4b",
@@ -344,7 +692,24 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/EleutherAI__pythia-1.4b__hf.json"
+    "file": "reports/validator/cells/EleutherAI__pythia-1.4b__hf.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "EleutherAI/pythia-1.4b",
+    "engine": "interp-engine",
+    "family": "gpt_neox",
+    "modelType": "gpt_neox",
+    "status": "ok",
+    "verdict": "gap",
+    "counts": {"gap": 20, "pass": 136},
+    "dtype": "float32",
+    "device": "cpu",
+    "source": "zoo",
+    "file": "reports/validator/cells/EleutherAI__pythia-1.4b__interp-engine.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "EleutherAI/pythia-1.4b",
@@ -357,7 +722,9 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/EleutherAI__pythia-1.4b__nnsight.json"
+    "file": "reports/validator/cells/EleutherAI__pythia-1.4b__nnsight.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "EleutherAI/pythia-1.4b",
@@ -370,7 +737,9 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/EleutherAI__pythia-1.4b__nnterp.json"
+    "file": "reports/validator/cells/EleutherAI__pythia-1.4b__nnterp.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "EleutherAI/pythia-1.4b",
@@ -383,7 +752,39 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/EleutherAI__pythia-1.4b__transformer_lens.json"
+    "file": "reports/validator/cells/EleutherAI__pythia-1.4b__transformer_lens.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "EleutherAI/pythia-1.4b",
+    "engine": "vllm",
+    "family": "gpt_neox",
+    "modelType": "gpt_neox",
+    "status": "ok",
+    "verdict": "gap",
+    "counts": {"gap": 60, "pass": 96},
+    "dtype": "float32",
+    "device": "cpu",
+    "source": "zoo",
+    "file": "reports/validator/cells/EleutherAI__pythia-1.4b__vllm.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "EleutherAI/pythia-1.4b",
+    "engine": "vllm-static",
+    "family": "gpt_neox",
+    "modelType": "gpt_neox",
+    "status": "ok",
+    "verdict": "gap",
+    "counts": {"gap": 135, "pass": 21},
+    "dtype": "float32",
+    "device": "cpu",
+    "source": "zoo",
+    "file": "reports/validator/cells/EleutherAI__pythia-1.4b__vllm-static.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "EleutherAI/pythia-160m",
@@ -396,7 +797,24 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/EleutherAI__pythia-160m__hf.json"
+    "file": "reports/validator/cells/EleutherAI__pythia-160m__hf.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "EleutherAI/pythia-160m",
+    "engine": "interp-engine",
+    "family": "gpt_neox",
+    "modelType": "gpt_neox",
+    "status": "ok",
+    "verdict": "gap",
+    "counts": {"gap": 20, "pass": 136},
+    "dtype": "float32",
+    "device": "cpu",
+    "source": "zoo",
+    "file": "reports/validator/cells/EleutherAI__pythia-160m__interp-engine.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "EleutherAI/pythia-160m",
@@ -409,7 +827,9 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/EleutherAI__pythia-160m__nnsight.json"
+    "file": "reports/validator/cells/EleutherAI__pythia-160m__nnsight.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "EleutherAI/pythia-160m",
@@ -422,7 +842,9 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/EleutherAI__pythia-160m__nnterp.json"
+    "file": "reports/validator/cells/EleutherAI__pythia-160m__nnterp.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "EleutherAI/pythia-160m",
@@ -435,7 +857,39 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/EleutherAI__pythia-160m__transformer_lens.json"
+    "file": "reports/validator/cells/EleutherAI__pythia-160m__transformer_lens.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "EleutherAI/pythia-160m",
+    "engine": "vllm",
+    "family": "gpt_neox",
+    "modelType": "gpt_neox",
+    "status": "ok",
+    "verdict": "gap",
+    "counts": {"gap": 60, "pass": 96},
+    "dtype": "float32",
+    "device": "cpu",
+    "source": "zoo",
+    "file": "reports/validator/cells/EleutherAI__pythia-160m__vllm.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "EleutherAI/pythia-160m",
+    "engine": "vllm-static",
+    "family": "gpt_neox",
+    "modelType": "gpt_neox",
+    "status": "ok",
+    "verdict": "gap",
+    "counts": {"gap": 135, "pass": 21},
+    "dtype": "float32",
+    "device": "cpu",
+    "source": "zoo",
+    "file": "reports/validator/cells/EleutherAI__pythia-160m__vllm-static.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "EleutherAI/pythia-70m-deduped",
@@ -448,7 +902,24 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/EleutherAI__pythia-70m-deduped__hf.json"
+    "file": "reports/validator/cells/EleutherAI__pythia-70m-deduped__hf.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "EleutherAI/pythia-70m-deduped",
+    "engine": "interp-engine",
+    "family": "gpt_neox",
+    "modelType": "gpt_neox",
+    "status": "ok",
+    "verdict": "gap",
+    "counts": {"gap": 20, "pass": 136},
+    "dtype": "float32",
+    "device": "cpu",
+    "source": "zoo",
+    "file": "reports/validator/cells/EleutherAI__pythia-70m-deduped__interp-engine.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "EleutherAI/pythia-70m-deduped",
@@ -461,7 +932,9 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/EleutherAI__pythia-70m-deduped__nnsight.json"
+    "file": "reports/validator/cells/EleutherAI__pythia-70m-deduped__nnsight.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "EleutherAI/pythia-70m-deduped",
@@ -474,7 +947,9 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/EleutherAI__pythia-70m-deduped__nnterp.json"
+    "file": "reports/validator/cells/EleutherAI__pythia-70m-deduped__nnterp.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "EleutherAI/pythia-70m-deduped",
@@ -487,7 +962,39 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/EleutherAI__pythia-70m-deduped__transformer_lens.json"
+    "file": "reports/validator/cells/EleutherAI__pythia-70m-deduped__transformer_lens.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "EleutherAI/pythia-70m-deduped",
+    "engine": "vllm",
+    "family": "gpt_neox",
+    "modelType": "gpt_neox",
+    "status": "ok",
+    "verdict": "gap",
+    "counts": {"gap": 60, "pass": 96},
+    "dtype": "float32",
+    "device": "cpu",
+    "source": "zoo",
+    "file": "reports/validator/cells/EleutherAI__pythia-70m-deduped__vllm.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "EleutherAI/pythia-70m-deduped",
+    "engine": "vllm-static",
+    "family": "gpt_neox",
+    "modelType": "gpt_neox",
+    "status": "ok",
+    "verdict": "gap",
+    "counts": {"gap": 135, "pass": 21},
+    "dtype": "float32",
+    "device": "cpu",
+    "source": "zoo",
+    "file": "reports/validator/cells/EleutherAI__pythia-70m-deduped__vllm-static.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "HuggingFaceTB/SmolLM2-1.7B",
@@ -500,7 +1007,24 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/HuggingFaceTB__SmolLM2-1.7B__hf.json"
+    "file": "reports/validator/cells/HuggingFaceTB__SmolLM2-1.7B__hf.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "HuggingFaceTB/SmolLM2-1.7B",
+    "engine": "interp-engine",
+    "family": "llama",
+    "modelType": "llama",
+    "status": "ok",
+    "verdict": "gap",
+    "counts": {"gap": 20, "pass": 156},
+    "dtype": "float32",
+    "device": "cpu",
+    "source": "zoo",
+    "file": "reports/validator/cells/HuggingFaceTB__SmolLM2-1.7B__interp-engine.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "HuggingFaceTB/SmolLM2-1.7B",
@@ -513,7 +1037,9 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/HuggingFaceTB__SmolLM2-1.7B__nnsight.json"
+    "file": "reports/validator/cells/HuggingFaceTB__SmolLM2-1.7B__nnsight.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "HuggingFaceTB/SmolLM2-1.7B",
@@ -526,7 +1052,9 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/HuggingFaceTB__SmolLM2-1.7B__nnterp.json"
+    "file": "reports/validator/cells/HuggingFaceTB__SmolLM2-1.7B__nnterp.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "HuggingFaceTB/SmolLM2-1.7B",
@@ -539,7 +1067,39 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/HuggingFaceTB__SmolLM2-1.7B__transformer_lens.json"
+    "file": "reports/validator/cells/HuggingFaceTB__SmolLM2-1.7B__transformer_lens.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "HuggingFaceTB/SmolLM2-1.7B",
+    "engine": "vllm",
+    "family": "llama",
+    "modelType": "llama",
+    "status": "ok",
+    "verdict": "gap",
+    "counts": {"gap": 20, "pass": 156},
+    "dtype": "float32",
+    "device": "cpu",
+    "source": "zoo",
+    "file": "reports/validator/cells/HuggingFaceTB__SmolLM2-1.7B__vllm.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "HuggingFaceTB/SmolLM2-1.7B",
+    "engine": "vllm-static",
+    "family": "llama",
+    "modelType": "llama",
+    "status": "ok",
+    "verdict": "gap",
+    "counts": {"gap": 40, "pass": 136},
+    "dtype": "float32",
+    "device": "cpu",
+    "source": "zoo",
+    "file": "reports/validator/cells/HuggingFaceTB__SmolLM2-1.7B__vllm-static.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "HuggingFaceTB/SmolLM2-135M",
@@ -552,7 +1112,24 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/HuggingFaceTB__SmolLM2-135M__hf.json"
+    "file": "reports/validator/cells/HuggingFaceTB__SmolLM2-135M__hf.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "HuggingFaceTB/SmolLM2-135M",
+    "engine": "interp-engine",
+    "family": "llama",
+    "modelType": "llama",
+    "status": "ok",
+    "verdict": "gap",
+    "counts": {"gap": 20, "pass": 156},
+    "dtype": "float32",
+    "device": "cpu",
+    "source": "zoo",
+    "file": "reports/validator/cells/HuggingFaceTB__SmolLM2-135M__interp-engine.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "HuggingFaceTB/SmolLM2-135M",
@@ -565,7 +1142,9 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/HuggingFaceTB__SmolLM2-135M__nnsight.json"
+    "file": "reports/validator/cells/HuggingFaceTB__SmolLM2-135M__nnsight.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "HuggingFaceTB/SmolLM2-135M",
@@ -578,7 +1157,9 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/HuggingFaceTB__SmolLM2-135M__nnterp.json"
+    "file": "reports/validator/cells/HuggingFaceTB__SmolLM2-135M__nnterp.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "HuggingFaceTB/SmolLM2-135M",
@@ -591,7 +1172,39 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/HuggingFaceTB__SmolLM2-135M__transformer_lens.json"
+    "file": "reports/validator/cells/HuggingFaceTB__SmolLM2-135M__transformer_lens.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "HuggingFaceTB/SmolLM2-135M",
+    "engine": "vllm",
+    "family": "llama",
+    "modelType": "llama",
+    "status": "ok",
+    "verdict": "gap",
+    "counts": {"gap": 20, "pass": 156},
+    "dtype": "float32",
+    "device": "cpu",
+    "source": "zoo",
+    "file": "reports/validator/cells/HuggingFaceTB__SmolLM2-135M__vllm.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "HuggingFaceTB/SmolLM2-135M",
+    "engine": "vllm-static",
+    "family": "llama",
+    "modelType": "llama",
+    "status": "ok",
+    "verdict": "gap",
+    "counts": {"gap": 40, "pass": 136},
+    "dtype": "float32",
+    "device": "cpu",
+    "source": "zoo",
+    "file": "reports/validator/cells/HuggingFaceTB__SmolLM2-135M__vllm-static.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "HuggingFaceTB/SmolLM2-360M",
@@ -604,7 +1217,24 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/HuggingFaceTB__SmolLM2-360M__hf.json"
+    "file": "reports/validator/cells/HuggingFaceTB__SmolLM2-360M__hf.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "HuggingFaceTB/SmolLM2-360M",
+    "engine": "interp-engine",
+    "family": "llama",
+    "modelType": "llama",
+    "status": "ok",
+    "verdict": "gap",
+    "counts": {"gap": 20, "pass": 156},
+    "dtype": "float32",
+    "device": "cpu",
+    "source": "zoo",
+    "file": "reports/validator/cells/HuggingFaceTB__SmolLM2-360M__interp-engine.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "HuggingFaceTB/SmolLM2-360M",
@@ -617,7 +1247,9 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/HuggingFaceTB__SmolLM2-360M__nnsight.json"
+    "file": "reports/validator/cells/HuggingFaceTB__SmolLM2-360M__nnsight.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "HuggingFaceTB/SmolLM2-360M",
@@ -630,7 +1262,9 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/HuggingFaceTB__SmolLM2-360M__nnterp.json"
+    "file": "reports/validator/cells/HuggingFaceTB__SmolLM2-360M__nnterp.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "HuggingFaceTB/SmolLM2-360M",
@@ -643,7 +1277,39 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/HuggingFaceTB__SmolLM2-360M__transformer_lens.json"
+    "file": "reports/validator/cells/HuggingFaceTB__SmolLM2-360M__transformer_lens.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "HuggingFaceTB/SmolLM2-360M",
+    "engine": "vllm",
+    "family": "llama",
+    "modelType": "llama",
+    "status": "ok",
+    "verdict": "gap",
+    "counts": {"gap": 20, "pass": 156},
+    "dtype": "float32",
+    "device": "cpu",
+    "source": "zoo",
+    "file": "reports/validator/cells/HuggingFaceTB__SmolLM2-360M__vllm.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "HuggingFaceTB/SmolLM2-360M",
+    "engine": "vllm-static",
+    "family": "llama",
+    "modelType": "llama",
+    "status": "ok",
+    "verdict": "gap",
+    "counts": {"gap": 40, "pass": 136},
+    "dtype": "float32",
+    "device": "cpu",
+    "source": "zoo",
+    "file": "reports/validator/cells/HuggingFaceTB__SmolLM2-360M__vllm-static.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "HuggingFaceTB/SmolLM3-3B",
@@ -656,7 +1322,24 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/HuggingFaceTB__SmolLM3-3B__hf.json"
+    "file": "reports/validator/cells/HuggingFaceTB__SmolLM3-3B__hf.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "HuggingFaceTB/SmolLM3-3B",
+    "engine": "interp-engine",
+    "family": "llama",
+    "modelType": "smollm3",
+    "status": "ok",
+    "verdict": "gap",
+    "counts": {"gap": 30, "pass": 226},
+    "dtype": "float32",
+    "device": "cpu",
+    "source": "zoo",
+    "file": "reports/validator/cells/HuggingFaceTB__SmolLM3-3B__interp-engine.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "HuggingFaceTB/SmolLM3-3B",
@@ -669,7 +1352,9 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/HuggingFaceTB__SmolLM3-3B__nnsight.json"
+    "file": "reports/validator/cells/HuggingFaceTB__SmolLM3-3B__nnsight.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "HuggingFaceTB/SmolLM3-3B",
@@ -682,7 +1367,9 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/HuggingFaceTB__SmolLM3-3B__nnterp.json"
+    "file": "reports/validator/cells/HuggingFaceTB__SmolLM3-3B__nnterp.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "HuggingFaceTB/SmolLM3-3B",
@@ -695,7 +1382,39 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/HuggingFaceTB__SmolLM3-3B__transformer_lens.json"
+    "file": "reports/validator/cells/HuggingFaceTB__SmolLM3-3B__transformer_lens.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "HuggingFaceTB/SmolLM3-3B",
+    "engine": "vllm",
+    "family": "llama",
+    "modelType": "smollm3",
+    "status": "ok",
+    "verdict": "gap",
+    "counts": {"gap": 105, "pass": 151},
+    "dtype": "float32",
+    "device": "cpu",
+    "source": "zoo",
+    "file": "reports/validator/cells/HuggingFaceTB__SmolLM3-3B__vllm.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "HuggingFaceTB/SmolLM3-3B",
+    "engine": "vllm-static",
+    "family": "llama",
+    "modelType": "smollm3",
+    "status": "ok",
+    "verdict": "gap",
+    "counts": {"gap": 230, "pass": 26},
+    "dtype": "float32",
+    "device": "cpu",
+    "source": "zoo",
+    "file": "reports/validator/cells/HuggingFaceTB__SmolLM3-3B__vllm-static.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "LGAI-EXAONE/EXAONE-4.0-1.2B",
@@ -708,7 +1427,24 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/LGAI-EXAONE__EXAONE-4.0-1.2B__hf.json"
+    "file": "reports/validator/cells/LGAI-EXAONE__EXAONE-4.0-1.2B__hf.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "LGAI-EXAONE/EXAONE-4.0-1.2B",
+    "engine": "interp-engine",
+    "family": "exaone4",
+    "modelType": "exaone4",
+    "status": "ok",
+    "verdict": "gap",
+    "counts": {"gap": 20, "pass": 216},
+    "dtype": "float32",
+    "device": "cpu",
+    "source": "zoo",
+    "file": "reports/validator/cells/LGAI-EXAONE__EXAONE-4.0-1.2B__interp-engine.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "LGAI-EXAONE/EXAONE-4.0-1.2B",
@@ -721,7 +1457,9 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/LGAI-EXAONE__EXAONE-4.0-1.2B__nnsight.json"
+    "file": "reports/validator/cells/LGAI-EXAONE__EXAONE-4.0-1.2B__nnsight.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "LGAI-EXAONE/EXAONE-4.0-1.2B",
@@ -734,7 +1472,9 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/LGAI-EXAONE__EXAONE-4.0-1.2B__nnterp.json"
+    "file": "reports/validator/cells/LGAI-EXAONE__EXAONE-4.0-1.2B__nnterp.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "LGAI-EXAONE/EXAONE-4.0-1.2B",
@@ -747,7 +1487,39 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/LGAI-EXAONE__EXAONE-4.0-1.2B__transformer_lens.json"
+    "file": "reports/validator/cells/LGAI-EXAONE__EXAONE-4.0-1.2B__transformer_lens.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "LGAI-EXAONE/EXAONE-4.0-1.2B",
+    "engine": "vllm",
+    "family": "exaone4",
+    "modelType": "exaone4",
+    "status": "ok",
+    "verdict": "gap",
+    "counts": {"gap": 60, "pass": 176},
+    "dtype": "float32",
+    "device": "cpu",
+    "source": "zoo",
+    "file": "reports/validator/cells/LGAI-EXAONE__EXAONE-4.0-1.2B__vllm.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "LGAI-EXAONE/EXAONE-4.0-1.2B",
+    "engine": "vllm-static",
+    "family": "exaone4",
+    "modelType": "exaone4",
+    "status": "ok",
+    "verdict": "gap",
+    "counts": {"gap": 80, "pass": 156},
+    "dtype": "float32",
+    "device": "cpu",
+    "source": "zoo",
+    "file": "reports/validator/cells/LGAI-EXAONE__EXAONE-4.0-1.2B__vllm-static.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "LGAI-EXAONE/EXAONE-4.0-32B",
@@ -760,7 +1532,24 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/LGAI-EXAONE__EXAONE-4.0-32B__hf.json"
+    "file": "reports/validator/cells/LGAI-EXAONE__EXAONE-4.0-32B__hf.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "LGAI-EXAONE/EXAONE-4.0-32B",
+    "engine": "interp-engine",
+    "family": "exaone4",
+    "modelType": "exaone4",
+    "status": "ok",
+    "verdict": "gap",
+    "counts": {"gap": 30, "pass": 316},
+    "dtype": "float32",
+    "device": "cpu",
+    "source": "zoo",
+    "file": "reports/validator/cells/LGAI-EXAONE__EXAONE-4.0-32B__interp-engine.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "LGAI-EXAONE/EXAONE-4.0-32B",
@@ -773,7 +1562,9 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/LGAI-EXAONE__EXAONE-4.0-32B__nnsight.json"
+    "file": "reports/validator/cells/LGAI-EXAONE__EXAONE-4.0-32B__nnsight.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "LGAI-EXAONE/EXAONE-4.0-32B",
@@ -786,7 +1577,9 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/LGAI-EXAONE__EXAONE-4.0-32B__nnterp.json"
+    "file": "reports/validator/cells/LGAI-EXAONE__EXAONE-4.0-32B__nnterp.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "LGAI-EXAONE/EXAONE-4.0-32B",
@@ -799,7 +1592,9 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/LGAI-EXAONE__EXAONE-4.0-32B__transformer_lens.json"
+    "file": "reports/validator/cells/LGAI-EXAONE__EXAONE-4.0-32B__transformer_lens.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "LiquidAI/LFM2-350M",
@@ -812,7 +1607,24 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/LiquidAI__LFM2-350M__hf.json"
+    "file": "reports/validator/cells/LiquidAI__LFM2-350M__hf.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "LiquidAI/LFM2-350M",
+    "engine": "interp-engine",
+    "family": "lfm2",
+    "modelType": "lfm2",
+    "status": "ok",
+    "verdict": "gap",
+    "counts": {"gap": 60, "pass": 206},
+    "dtype": "float32",
+    "device": "cpu",
+    "source": "zoo",
+    "file": "reports/validator/cells/LiquidAI__LFM2-350M__interp-engine.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "LiquidAI/LFM2-350M",
@@ -825,7 +1637,9 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/LiquidAI__LFM2-350M__nnsight.json"
+    "file": "reports/validator/cells/LiquidAI__LFM2-350M__nnsight.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "LiquidAI/LFM2-350M",
@@ -838,7 +1652,9 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/LiquidAI__LFM2-350M__nnterp.json"
+    "file": "reports/validator/cells/LiquidAI__LFM2-350M__nnterp.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "LiquidAI/LFM2-350M",
@@ -851,7 +1667,39 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/LiquidAI__LFM2-350M__transformer_lens.json"
+    "file": "reports/validator/cells/LiquidAI__LFM2-350M__transformer_lens.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "LiquidAI/LFM2-350M",
+    "engine": "vllm",
+    "family": null,
+    "modelType": null,
+    "status": "skipped",
+    "verdict": "skipped",
+    "counts": {},
+    "dtype": null,
+    "device": null,
+    "source": "zoo",
+    "file": "reports/validator/cells/LiquidAI__LFM2-350M__vllm.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "LiquidAI/LFM2-350M",
+    "engine": "vllm-static",
+    "family": null,
+    "modelType": null,
+    "status": "skipped",
+    "verdict": "skipped",
+    "counts": {},
+    "dtype": null,
+    "device": null,
+    "source": "zoo",
+    "file": "reports/validator/cells/LiquidAI__LFM2-350M__vllm-static.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "LiquidAI/LFM2-8B-A1B",
@@ -864,7 +1712,24 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/LiquidAI__LFM2-8B-A1B__hf.json"
+    "file": "reports/validator/cells/LiquidAI__LFM2-8B-A1B__hf.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "LiquidAI/LFM2-8B-A1B",
+    "engine": "interp-engine",
+    "family": "lfm2_moe",
+    "modelType": "lfm2_moe",
+    "status": "ok",
+    "verdict": "gap",
+    "counts": {"gap": 70, "pass": 196},
+    "dtype": "float32",
+    "device": "cpu",
+    "source": "zoo",
+    "file": "reports/validator/cells/LiquidAI__LFM2-8B-A1B__interp-engine.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "LiquidAI/LFM2-8B-A1B",
@@ -877,7 +1742,9 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/LiquidAI__LFM2-8B-A1B__nnsight.json"
+    "file": "reports/validator/cells/LiquidAI__LFM2-8B-A1B__nnsight.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "LiquidAI/LFM2-8B-A1B",
@@ -890,7 +1757,9 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/LiquidAI__LFM2-8B-A1B__nnterp.json"
+    "file": "reports/validator/cells/LiquidAI__LFM2-8B-A1B__nnterp.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "LiquidAI/LFM2-8B-A1B",
@@ -903,7 +1772,39 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/LiquidAI__LFM2-8B-A1B__transformer_lens.json"
+    "file": "reports/validator/cells/LiquidAI__LFM2-8B-A1B__transformer_lens.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "LiquidAI/LFM2-8B-A1B",
+    "engine": "vllm",
+    "family": null,
+    "modelType": null,
+    "status": "skipped",
+    "verdict": "skipped",
+    "counts": {},
+    "dtype": null,
+    "device": null,
+    "source": "zoo",
+    "file": "reports/validator/cells/LiquidAI__LFM2-8B-A1B__vllm.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "LiquidAI/LFM2-8B-A1B",
+    "engine": "vllm-static",
+    "family": null,
+    "modelType": null,
+    "status": "skipped",
+    "verdict": "skipped",
+    "counts": {},
+    "dtype": null,
+    "device": null,
+    "source": "zoo",
+    "file": "reports/validator/cells/LiquidAI__LFM2-8B-A1B__vllm-static.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "Qwen/Qwen1.5-MoE-A2.7B",
@@ -916,7 +1817,24 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/Qwen__Qwen1.5-MoE-A2.7B__hf.json"
+    "file": "reports/validator/cells/Qwen__Qwen1.5-MoE-A2.7B__hf.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "Qwen/Qwen1.5-MoE-A2.7B",
+    "engine": "interp-engine",
+    "family": "qwen2_moe",
+    "modelType": "qwen2_moe",
+    "status": "ok",
+    "verdict": "gap",
+    "counts": {"gap": 20, "pass": 156},
+    "dtype": "float32",
+    "device": "cpu",
+    "source": "zoo",
+    "file": "reports/validator/cells/Qwen__Qwen1.5-MoE-A2.7B__interp-engine.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "Qwen/Qwen1.5-MoE-A2.7B",
@@ -929,7 +1847,9 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/Qwen__Qwen1.5-MoE-A2.7B__nnsight.json"
+    "file": "reports/validator/cells/Qwen__Qwen1.5-MoE-A2.7B__nnsight.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "Qwen/Qwen1.5-MoE-A2.7B",
@@ -942,7 +1862,9 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/Qwen__Qwen1.5-MoE-A2.7B__nnterp.json"
+    "file": "reports/validator/cells/Qwen__Qwen1.5-MoE-A2.7B__nnterp.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "Qwen/Qwen1.5-MoE-A2.7B",
@@ -955,7 +1877,39 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/Qwen__Qwen1.5-MoE-A2.7B__transformer_lens.json"
+    "file": "reports/validator/cells/Qwen__Qwen1.5-MoE-A2.7B__transformer_lens.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "Qwen/Qwen1.5-MoE-A2.7B",
+    "engine": "vllm",
+    "family": "qwen2_moe",
+    "modelType": "qwen2_moe",
+    "status": "ok",
+    "verdict": "gap",
+    "counts": {"gap": 30, "pass": 146},
+    "dtype": "float32",
+    "device": "cpu",
+    "source": "zoo",
+    "file": "reports/validator/cells/Qwen__Qwen1.5-MoE-A2.7B__vllm.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "Qwen/Qwen1.5-MoE-A2.7B",
+    "engine": "vllm-static",
+    "family": "qwen2_moe",
+    "modelType": "qwen2_moe",
+    "status": "ok",
+    "verdict": "gap",
+    "counts": {"gap": 50, "pass": 126},
+    "dtype": "float32",
+    "device": "cpu",
+    "source": "zoo",
+    "file": "reports/validator/cells/Qwen__Qwen1.5-MoE-A2.7B__vllm-static.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "Qwen/Qwen2.5-0.5B",
@@ -968,7 +1922,24 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/Qwen__Qwen2.5-0.5B__hf.json"
+    "file": "reports/validator/cells/Qwen__Qwen2.5-0.5B__hf.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "Qwen/Qwen2.5-0.5B",
+    "engine": "interp-engine",
+    "family": "llama",
+    "modelType": "qwen2",
+    "status": "ok",
+    "verdict": "gap",
+    "counts": {"gap": 20, "pass": 156},
+    "dtype": "float32",
+    "device": "cpu",
+    "source": "zoo",
+    "file": "reports/validator/cells/Qwen__Qwen2.5-0.5B__interp-engine.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "Qwen/Qwen2.5-0.5B",
@@ -981,7 +1952,9 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/Qwen__Qwen2.5-0.5B__nnsight.json"
+    "file": "reports/validator/cells/Qwen__Qwen2.5-0.5B__nnsight.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "Qwen/Qwen2.5-0.5B",
@@ -994,7 +1967,9 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/Qwen__Qwen2.5-0.5B__nnterp.json"
+    "file": "reports/validator/cells/Qwen__Qwen2.5-0.5B__nnterp.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "Qwen/Qwen2.5-0.5B",
@@ -1007,7 +1982,39 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/Qwen__Qwen2.5-0.5B__transformer_lens.json"
+    "file": "reports/validator/cells/Qwen__Qwen2.5-0.5B__transformer_lens.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "Qwen/Qwen2.5-0.5B",
+    "engine": "vllm",
+    "family": "llama",
+    "modelType": "qwen2",
+    "status": "ok",
+    "verdict": "gap",
+    "counts": {"gap": 20, "pass": 156},
+    "dtype": "float32",
+    "device": "cpu",
+    "source": "zoo",
+    "file": "reports/validator/cells/Qwen__Qwen2.5-0.5B__vllm.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "Qwen/Qwen2.5-0.5B",
+    "engine": "vllm-static",
+    "family": "llama",
+    "modelType": "qwen2",
+    "status": "ok",
+    "verdict": "gap",
+    "counts": {"gap": 40, "pass": 136},
+    "dtype": "float32",
+    "device": "cpu",
+    "source": "zoo",
+    "file": "reports/validator/cells/Qwen__Qwen2.5-0.5B__vllm-static.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "Qwen/Qwen2.5-7B-Instruct",
@@ -1020,7 +2027,24 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/Qwen__Qwen2.5-7B-Instruct__hf.json"
+    "file": "reports/validator/cells/Qwen__Qwen2.5-7B-Instruct__hf.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "Qwen/Qwen2.5-7B-Instruct",
+    "engine": "interp-engine",
+    "family": "llama",
+    "modelType": "qwen2",
+    "status": "ok",
+    "verdict": "gap",
+    "counts": {"gap": 20, "pass": 156},
+    "dtype": "float32",
+    "device": "cpu",
+    "source": "zoo",
+    "file": "reports/validator/cells/Qwen__Qwen2.5-7B-Instruct__interp-engine.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "Qwen/Qwen2.5-7B-Instruct",
@@ -1033,7 +2057,9 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/Qwen__Qwen2.5-7B-Instruct__nnsight.json"
+    "file": "reports/validator/cells/Qwen__Qwen2.5-7B-Instruct__nnsight.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "Qwen/Qwen2.5-7B-Instruct",
@@ -1046,7 +2072,9 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/Qwen__Qwen2.5-7B-Instruct__nnterp.json"
+    "file": "reports/validator/cells/Qwen__Qwen2.5-7B-Instruct__nnterp.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "Qwen/Qwen2.5-7B-Instruct",
@@ -1059,7 +2087,39 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/Qwen__Qwen2.5-7B-Instruct__transformer_lens.json"
+    "file": "reports/validator/cells/Qwen__Qwen2.5-7B-Instruct__transformer_lens.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "Qwen/Qwen2.5-7B-Instruct",
+    "engine": "vllm",
+    "family": "llama",
+    "modelType": "qwen2",
+    "status": "ok",
+    "verdict": "gap",
+    "counts": {"gap": 20, "pass": 156},
+    "dtype": "float32",
+    "device": "cpu",
+    "source": "zoo",
+    "file": "reports/validator/cells/Qwen__Qwen2.5-7B-Instruct__vllm.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "Qwen/Qwen2.5-7B-Instruct",
+    "engine": "vllm-static",
+    "family": "llama",
+    "modelType": "qwen2",
+    "status": "ok",
+    "verdict": "gap",
+    "counts": {"gap": 40, "pass": 136},
+    "dtype": "float32",
+    "device": "cpu",
+    "source": "zoo",
+    "file": "reports/validator/cells/Qwen__Qwen2.5-7B-Instruct__vllm-static.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "Qwen/Qwen3-0.6B",
@@ -1072,7 +2132,24 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/Qwen__Qwen3-0.6B__hf.json"
+    "file": "reports/validator/cells/Qwen__Qwen3-0.6B__hf.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "Qwen/Qwen3-0.6B",
+    "engine": "interp-engine",
+    "family": "qwen3",
+    "modelType": "qwen3",
+    "status": "ok",
+    "verdict": "gap",
+    "counts": {"gap": 20, "pass": 196},
+    "dtype": "float32",
+    "device": "cpu",
+    "source": "zoo",
+    "file": "reports/validator/cells/Qwen__Qwen3-0.6B__interp-engine.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "Qwen/Qwen3-0.6B",
@@ -1085,7 +2162,9 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/Qwen__Qwen3-0.6B__nnsight.json"
+    "file": "reports/validator/cells/Qwen__Qwen3-0.6B__nnsight.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "Qwen/Qwen3-0.6B",
@@ -1098,7 +2177,9 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/Qwen__Qwen3-0.6B__nnterp.json"
+    "file": "reports/validator/cells/Qwen__Qwen3-0.6B__nnterp.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "Qwen/Qwen3-0.6B",
@@ -1111,7 +2192,39 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/Qwen__Qwen3-0.6B__transformer_lens.json"
+    "file": "reports/validator/cells/Qwen__Qwen3-0.6B__transformer_lens.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "Qwen/Qwen3-0.6B",
+    "engine": "vllm",
+    "family": "qwen3",
+    "modelType": "qwen3",
+    "status": "ok",
+    "verdict": "gap",
+    "counts": {"gap": 60, "pass": 156},
+    "dtype": "float32",
+    "device": "cpu",
+    "source": "zoo",
+    "file": "reports/validator/cells/Qwen__Qwen3-0.6B__vllm.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "Qwen/Qwen3-0.6B",
+    "engine": "vllm-static",
+    "family": "qwen3",
+    "modelType": "qwen3",
+    "status": "ok",
+    "verdict": "gap",
+    "counts": {"gap": 80, "pass": 136},
+    "dtype": "float32",
+    "device": "cpu",
+    "source": "zoo",
+    "file": "reports/validator/cells/Qwen__Qwen3-0.6B__vllm-static.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "Qwen/Qwen3-1.7B",
@@ -1124,7 +2237,24 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/Qwen__Qwen3-1.7B__hf.json"
+    "file": "reports/validator/cells/Qwen__Qwen3-1.7B__hf.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "Qwen/Qwen3-1.7B",
+    "engine": "interp-engine",
+    "family": "qwen3",
+    "modelType": "qwen3",
+    "status": "ok",
+    "verdict": "gap",
+    "counts": {"gap": 20, "pass": 196},
+    "dtype": "float32",
+    "device": "cpu",
+    "source": "zoo",
+    "file": "reports/validator/cells/Qwen__Qwen3-1.7B__interp-engine.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "Qwen/Qwen3-1.7B",
@@ -1137,7 +2267,9 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/Qwen__Qwen3-1.7B__nnsight.json"
+    "file": "reports/validator/cells/Qwen__Qwen3-1.7B__nnsight.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "Qwen/Qwen3-1.7B",
@@ -1150,7 +2282,9 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/Qwen__Qwen3-1.7B__nnterp.json"
+    "file": "reports/validator/cells/Qwen__Qwen3-1.7B__nnterp.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "Qwen/Qwen3-1.7B",
@@ -1163,7 +2297,39 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/Qwen__Qwen3-1.7B__transformer_lens.json"
+    "file": "reports/validator/cells/Qwen__Qwen3-1.7B__transformer_lens.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "Qwen/Qwen3-1.7B",
+    "engine": "vllm",
+    "family": "qwen3",
+    "modelType": "qwen3",
+    "status": "ok",
+    "verdict": "gap",
+    "counts": {"gap": 60, "pass": 156},
+    "dtype": "float32",
+    "device": "cpu",
+    "source": "zoo",
+    "file": "reports/validator/cells/Qwen__Qwen3-1.7B__vllm.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "Qwen/Qwen3-1.7B",
+    "engine": "vllm-static",
+    "family": "qwen3",
+    "modelType": "qwen3",
+    "status": "ok",
+    "verdict": "gap",
+    "counts": {"gap": 80, "pass": 136},
+    "dtype": "float32",
+    "device": "cpu",
+    "source": "zoo",
+    "file": "reports/validator/cells/Qwen__Qwen3-1.7B__vllm-static.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "Qwen/Qwen3-30B-A3B",
@@ -1176,7 +2342,24 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/Qwen__Qwen3-30B-A3B__hf.json"
+    "file": "reports/validator/cells/Qwen__Qwen3-30B-A3B__hf.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "Qwen/Qwen3-30B-A3B",
+    "engine": "interp-engine",
+    "family": "qwen3_moe",
+    "modelType": "qwen3_moe",
+    "status": "ok",
+    "verdict": "gap",
+    "counts": {"gap": 20, "pass": 196},
+    "dtype": "float32",
+    "device": "cpu",
+    "source": "zoo",
+    "file": "reports/validator/cells/Qwen__Qwen3-30B-A3B__interp-engine.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "Qwen/Qwen3-30B-A3B",
@@ -1189,7 +2372,9 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/Qwen__Qwen3-30B-A3B__nnsight.json"
+    "file": "reports/validator/cells/Qwen__Qwen3-30B-A3B__nnsight.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "Qwen/Qwen3-30B-A3B",
@@ -1202,7 +2387,9 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/Qwen__Qwen3-30B-A3B__nnterp.json"
+    "file": "reports/validator/cells/Qwen__Qwen3-30B-A3B__nnterp.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "Qwen/Qwen3-30B-A3B",
@@ -1215,7 +2402,39 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/Qwen__Qwen3-30B-A3B__transformer_lens.json"
+    "file": "reports/validator/cells/Qwen__Qwen3-30B-A3B__transformer_lens.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "Qwen/Qwen3-30B-A3B",
+    "engine": "vllm",
+    "family": "qwen3_moe",
+    "modelType": "qwen3_moe",
+    "status": "ok",
+    "verdict": "gap",
+    "counts": {"gap": 70, "pass": 146},
+    "dtype": "float32",
+    "device": "cpu",
+    "source": "zoo",
+    "file": "reports/validator/cells/Qwen__Qwen3-30B-A3B__vllm.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "Qwen/Qwen3-30B-A3B",
+    "engine": "vllm-static",
+    "family": "qwen3_moe",
+    "modelType": "qwen3_moe",
+    "status": "ok",
+    "verdict": "gap",
+    "counts": {"gap": 90, "pass": 126},
+    "dtype": "float32",
+    "device": "cpu",
+    "source": "zoo",
+    "file": "reports/validator/cells/Qwen__Qwen3-30B-A3B__vllm-static.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "Qwen/Qwen3-4B",
@@ -1228,7 +2447,24 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/Qwen__Qwen3-4B__hf.json"
+    "file": "reports/validator/cells/Qwen__Qwen3-4B__hf.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "Qwen/Qwen3-4B",
+    "engine": "interp-engine",
+    "family": "qwen3",
+    "modelType": "qwen3",
+    "status": "ok",
+    "verdict": "gap",
+    "counts": {"gap": 20, "pass": 196},
+    "dtype": "float32",
+    "device": "cpu",
+    "source": "zoo",
+    "file": "reports/validator/cells/Qwen__Qwen3-4B__interp-engine.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "Qwen/Qwen3-4B",
@@ -1241,7 +2477,9 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/Qwen__Qwen3-4B__nnsight.json"
+    "file": "reports/validator/cells/Qwen__Qwen3-4B__nnsight.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "Qwen/Qwen3-4B",
@@ -1254,7 +2492,9 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/Qwen__Qwen3-4B__nnterp.json"
+    "file": "reports/validator/cells/Qwen__Qwen3-4B__nnterp.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "Qwen/Qwen3-4B",
@@ -1267,7 +2507,39 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/Qwen__Qwen3-4B__transformer_lens.json"
+    "file": "reports/validator/cells/Qwen__Qwen3-4B__transformer_lens.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "Qwen/Qwen3-4B",
+    "engine": "vllm",
+    "family": "qwen3",
+    "modelType": "qwen3",
+    "status": "ok",
+    "verdict": "gap",
+    "counts": {"gap": 60, "pass": 156},
+    "dtype": "float32",
+    "device": "cpu",
+    "source": "zoo",
+    "file": "reports/validator/cells/Qwen__Qwen3-4B__vllm.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "Qwen/Qwen3-4B",
+    "engine": "vllm-static",
+    "family": "qwen3",
+    "modelType": "qwen3",
+    "status": "ok",
+    "verdict": "gap",
+    "counts": {"gap": 80, "pass": 136},
+    "dtype": "float32",
+    "device": "cpu",
+    "source": "zoo",
+    "file": "reports/validator/cells/Qwen__Qwen3-4B__vllm-static.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "Qwen/Qwen3-8B",
@@ -1280,7 +2552,24 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/Qwen__Qwen3-8B__hf.json"
+    "file": "reports/validator/cells/Qwen__Qwen3-8B__hf.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "Qwen/Qwen3-8B",
+    "engine": "interp-engine",
+    "family": "qwen3",
+    "modelType": "qwen3",
+    "status": "ok",
+    "verdict": "gap",
+    "counts": {"gap": 20, "pass": 196},
+    "dtype": "float32",
+    "device": "cpu",
+    "source": "zoo",
+    "file": "reports/validator/cells/Qwen__Qwen3-8B__interp-engine.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "Qwen/Qwen3-8B",
@@ -1293,7 +2582,9 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/Qwen__Qwen3-8B__nnsight.json"
+    "file": "reports/validator/cells/Qwen__Qwen3-8B__nnsight.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "Qwen/Qwen3-8B",
@@ -1306,7 +2597,9 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/Qwen__Qwen3-8B__nnterp.json"
+    "file": "reports/validator/cells/Qwen__Qwen3-8B__nnterp.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "Qwen/Qwen3-8B",
@@ -1319,7 +2612,39 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/Qwen__Qwen3-8B__transformer_lens.json"
+    "file": "reports/validator/cells/Qwen__Qwen3-8B__transformer_lens.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "Qwen/Qwen3-8B",
+    "engine": "vllm",
+    "family": "qwen3",
+    "modelType": "qwen3",
+    "status": "ok",
+    "verdict": "gap",
+    "counts": {"gap": 60, "pass": 156},
+    "dtype": "float32",
+    "device": "cpu",
+    "source": "zoo",
+    "file": "reports/validator/cells/Qwen__Qwen3-8B__vllm.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "Qwen/Qwen3-8B",
+    "engine": "vllm-static",
+    "family": "qwen3",
+    "modelType": "qwen3",
+    "status": "ok",
+    "verdict": "gap",
+    "counts": {"gap": 80, "pass": 136},
+    "dtype": "float32",
+    "device": "cpu",
+    "source": "zoo",
+    "file": "reports/validator/cells/Qwen__Qwen3-8B__vllm-static.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "Qwen/Qwen3-Next-80B-A3B-Instruct",
@@ -1332,7 +2657,24 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/Qwen__Qwen3-Next-80B-A3B-Instruct__hf.json"
+    "file": "reports/validator/cells/Qwen__Qwen3-Next-80B-A3B-Instruct__hf.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "Qwen/Qwen3-Next-80B-A3B-Instruct",
+    "engine": "interp-engine",
+    "family": "qwen3_next",
+    "modelType": "qwen3_next",
+    "status": "ok",
+    "verdict": "gap",
+    "counts": {"gap": 20, "pass": 201},
+    "dtype": "float32",
+    "device": "cpu",
+    "source": "zoo",
+    "file": "reports/validator/cells/Qwen__Qwen3-Next-80B-A3B-Instruct__interp-engine.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "Qwen/Qwen3-Next-80B-A3B-Instruct",
@@ -1345,7 +2687,9 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/Qwen__Qwen3-Next-80B-A3B-Instruct__nnsight.json"
+    "file": "reports/validator/cells/Qwen__Qwen3-Next-80B-A3B-Instruct__nnsight.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "Qwen/Qwen3-Next-80B-A3B-Instruct",
@@ -1358,7 +2702,9 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/Qwen__Qwen3-Next-80B-A3B-Instruct__nnterp.json"
+    "file": "reports/validator/cells/Qwen__Qwen3-Next-80B-A3B-Instruct__nnterp.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "Qwen/Qwen3-Next-80B-A3B-Instruct",
@@ -1371,7 +2717,39 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/Qwen__Qwen3-Next-80B-A3B-Instruct__transformer_lens.json"
+    "file": "reports/validator/cells/Qwen__Qwen3-Next-80B-A3B-Instruct__transformer_lens.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "Qwen/Qwen3-Next-80B-A3B-Instruct",
+    "engine": "vllm",
+    "family": null,
+    "modelType": null,
+    "status": "skipped",
+    "verdict": "skipped",
+    "counts": {},
+    "dtype": null,
+    "device": null,
+    "source": "zoo",
+    "file": "reports/validator/cells/Qwen__Qwen3-Next-80B-A3B-Instruct__vllm.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "Qwen/Qwen3-Next-80B-A3B-Instruct",
+    "engine": "vllm-static",
+    "family": null,
+    "modelType": null,
+    "status": "skipped",
+    "verdict": "skipped",
+    "counts": {},
+    "dtype": null,
+    "device": null,
+    "source": "zoo",
+    "file": "reports/validator/cells/Qwen__Qwen3-Next-80B-A3B-Instruct__vllm-static.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "THUDM/glm-4-9b-chat-hf",
@@ -1384,7 +2762,24 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/THUDM__glm-4-9b-chat-hf__hf.json"
+    "file": "reports/validator/cells/THUDM__glm-4-9b-chat-hf__hf.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "THUDM/glm-4-9b-chat-hf",
+    "engine": "interp-engine",
+    "family": "glm",
+    "modelType": "glm",
+    "status": "ok",
+    "verdict": "gap",
+    "counts": {"gap": 40, "pass": 136},
+    "dtype": "float32",
+    "device": "cpu",
+    "source": "zoo",
+    "file": "reports/validator/cells/THUDM__glm-4-9b-chat-hf__interp-engine.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "THUDM/glm-4-9b-chat-hf",
@@ -1397,7 +2792,9 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/THUDM__glm-4-9b-chat-hf__nnsight.json"
+    "file": "reports/validator/cells/THUDM__glm-4-9b-chat-hf__nnsight.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "THUDM/glm-4-9b-chat-hf",
@@ -1410,7 +2807,9 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/THUDM__glm-4-9b-chat-hf__nnterp.json"
+    "file": "reports/validator/cells/THUDM__glm-4-9b-chat-hf__nnterp.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "THUDM/glm-4-9b-chat-hf",
@@ -1423,7 +2822,9 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/THUDM__glm-4-9b-chat-hf__transformer_lens.json"
+    "file": "reports/validator/cells/THUDM__glm-4-9b-chat-hf__transformer_lens.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "TinyLlama/TinyLlama-1.1B-Chat-v1.0",
@@ -1436,7 +2837,24 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/TinyLlama__TinyLlama-1.1B-Chat-v1.0__hf.json"
+    "file": "reports/validator/cells/TinyLlama__TinyLlama-1.1B-Chat-v1.0__hf.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "TinyLlama/TinyLlama-1.1B-Chat-v1.0",
+    "engine": "interp-engine",
+    "family": "llama",
+    "modelType": "llama",
+    "status": "ok",
+    "verdict": "gap",
+    "counts": {"gap": 20, "pass": 156},
+    "dtype": "float32",
+    "device": "cpu",
+    "source": "zoo",
+    "file": "reports/validator/cells/TinyLlama__TinyLlama-1.1B-Chat-v1.0__interp-engine.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "TinyLlama/TinyLlama-1.1B-Chat-v1.0",
@@ -1449,7 +2867,9 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/TinyLlama__TinyLlama-1.1B-Chat-v1.0__nnsight.json"
+    "file": "reports/validator/cells/TinyLlama__TinyLlama-1.1B-Chat-v1.0__nnsight.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "TinyLlama/TinyLlama-1.1B-Chat-v1.0",
@@ -1462,7 +2882,9 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/TinyLlama__TinyLlama-1.1B-Chat-v1.0__nnterp.json"
+    "file": "reports/validator/cells/TinyLlama__TinyLlama-1.1B-Chat-v1.0__nnterp.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "TinyLlama/TinyLlama-1.1B-Chat-v1.0",
@@ -1475,7 +2897,39 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/TinyLlama__TinyLlama-1.1B-Chat-v1.0__transformer_lens.json"
+    "file": "reports/validator/cells/TinyLlama__TinyLlama-1.1B-Chat-v1.0__transformer_lens.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "TinyLlama/TinyLlama-1.1B-Chat-v1.0",
+    "engine": "vllm",
+    "family": "llama",
+    "modelType": "llama",
+    "status": "ok",
+    "verdict": "gap",
+    "counts": {"gap": 20, "pass": 156},
+    "dtype": "float32",
+    "device": "cpu",
+    "source": "zoo",
+    "file": "reports/validator/cells/TinyLlama__TinyLlama-1.1B-Chat-v1.0__vllm.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "TinyLlama/TinyLlama-1.1B-Chat-v1.0",
+    "engine": "vllm-static",
+    "family": "llama",
+    "modelType": "llama",
+    "status": "ok",
+    "verdict": "gap",
+    "counts": {"gap": 40, "pass": 136},
+    "dtype": "float32",
+    "device": "cpu",
+    "source": "zoo",
+    "file": "reports/validator/cells/TinyLlama__TinyLlama-1.1B-Chat-v1.0__vllm-static.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "Zyphra/Zamba2-1.2B",
@@ -1488,7 +2942,24 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/Zyphra__Zamba2-1.2B__hf.json"
+    "file": "reports/validator/cells/Zyphra__Zamba2-1.2B__hf.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "Zyphra/Zamba2-1.2B",
+    "engine": "interp-engine",
+    "family": "zamba2",
+    "modelType": "zamba2",
+    "status": "ok",
+    "verdict": "gap",
+    "counts": {"gap": 30, "pass": 136},
+    "dtype": "float32",
+    "device": "cpu",
+    "source": "zoo",
+    "file": "reports/validator/cells/Zyphra__Zamba2-1.2B__interp-engine.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "Zyphra/Zamba2-1.2B",
@@ -1501,7 +2972,9 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/Zyphra__Zamba2-1.2B__nnsight.json"
+    "file": "reports/validator/cells/Zyphra__Zamba2-1.2B__nnsight.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "Zyphra/Zamba2-1.2B",
@@ -1514,7 +2987,9 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/Zyphra__Zamba2-1.2B__nnterp.json"
+    "file": "reports/validator/cells/Zyphra__Zamba2-1.2B__nnterp.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "Zyphra/Zamba2-1.2B",
@@ -1527,7 +3002,39 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/Zyphra__Zamba2-1.2B__transformer_lens.json"
+    "file": "reports/validator/cells/Zyphra__Zamba2-1.2B__transformer_lens.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "Zyphra/Zamba2-1.2B",
+    "engine": "vllm",
+    "family": null,
+    "modelType": null,
+    "status": "skipped",
+    "verdict": "skipped",
+    "counts": {},
+    "dtype": null,
+    "device": null,
+    "source": "zoo",
+    "file": "reports/validator/cells/Zyphra__Zamba2-1.2B__vllm.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "Zyphra/Zamba2-1.2B",
+    "engine": "vllm-static",
+    "family": null,
+    "modelType": null,
+    "status": "skipped",
+    "verdict": "skipped",
+    "counts": {},
+    "dtype": null,
+    "device": null,
+    "source": "zoo",
+    "file": "reports/validator/cells/Zyphra__Zamba2-1.2B__vllm-static.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "ai21labs/AI21-Jamba-Mini-1.5",
@@ -1540,7 +3047,24 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/ai21labs__AI21-Jamba-Mini-1.5__hf.json"
+    "file": "reports/validator/cells/ai21labs__AI21-Jamba-Mini-1.5__hf.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "ai21labs/AI21-Jamba-Mini-1.5",
+    "engine": "interp-engine",
+    "family": "jamba",
+    "modelType": "jamba",
+    "status": "ok",
+    "verdict": "gap",
+    "counts": {"gap": 40, "pass": 186},
+    "dtype": "float32",
+    "device": "cpu",
+    "source": "zoo",
+    "file": "reports/validator/cells/ai21labs__AI21-Jamba-Mini-1.5__interp-engine.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "ai21labs/AI21-Jamba-Mini-1.5",
@@ -1553,7 +3077,9 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/ai21labs__AI21-Jamba-Mini-1.5__nnsight.json"
+    "file": "reports/validator/cells/ai21labs__AI21-Jamba-Mini-1.5__nnsight.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "ai21labs/AI21-Jamba-Mini-1.5",
@@ -1566,7 +3092,9 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/ai21labs__AI21-Jamba-Mini-1.5__nnterp.json"
+    "file": "reports/validator/cells/ai21labs__AI21-Jamba-Mini-1.5__nnterp.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "ai21labs/AI21-Jamba-Mini-1.5",
@@ -1579,7 +3107,39 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/ai21labs__AI21-Jamba-Mini-1.5__transformer_lens.json"
+    "file": "reports/validator/cells/ai21labs__AI21-Jamba-Mini-1.5__transformer_lens.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "ai21labs/AI21-Jamba-Mini-1.5",
+    "engine": "vllm",
+    "family": null,
+    "modelType": null,
+    "status": "skipped",
+    "verdict": "skipped",
+    "counts": {},
+    "dtype": null,
+    "device": null,
+    "source": "zoo",
+    "file": "reports/validator/cells/ai21labs__AI21-Jamba-Mini-1.5__vllm.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "ai21labs/AI21-Jamba-Mini-1.5",
+    "engine": "vllm-static",
+    "family": null,
+    "modelType": null,
+    "status": "skipped",
+    "verdict": "skipped",
+    "counts": {},
+    "dtype": null,
+    "device": null,
+    "source": "zoo",
+    "file": "reports/validator/cells/ai21labs__AI21-Jamba-Mini-1.5__vllm-static.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "allenai/OLMo-1B-hf",
@@ -1592,7 +3152,24 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/allenai__OLMo-1B-hf__hf.json"
+    "file": "reports/validator/cells/allenai__OLMo-1B-hf__hf.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "allenai/OLMo-1B-hf",
+    "engine": "interp-engine",
+    "family": "olmo",
+    "modelType": "olmo",
+    "status": "ok",
+    "verdict": "gap",
+    "counts": {"gap": 20, "pass": 156},
+    "dtype": "float32",
+    "device": "cpu",
+    "source": "zoo",
+    "file": "reports/validator/cells/allenai__OLMo-1B-hf__interp-engine.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "allenai/OLMo-1B-hf",
@@ -1605,7 +3182,9 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/allenai__OLMo-1B-hf__nnsight.json"
+    "file": "reports/validator/cells/allenai__OLMo-1B-hf__nnsight.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "allenai/OLMo-1B-hf",
@@ -1618,7 +3197,9 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/allenai__OLMo-1B-hf__nnterp.json"
+    "file": "reports/validator/cells/allenai__OLMo-1B-hf__nnterp.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "allenai/OLMo-1B-hf",
@@ -1631,7 +3212,39 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/allenai__OLMo-1B-hf__transformer_lens.json"
+    "file": "reports/validator/cells/allenai__OLMo-1B-hf__transformer_lens.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "allenai/OLMo-1B-hf",
+    "engine": "vllm",
+    "family": "olmo",
+    "modelType": "olmo",
+    "status": "ok",
+    "verdict": "gap",
+    "counts": {"gap": 70, "pass": 106},
+    "dtype": "float32",
+    "device": "cpu",
+    "source": "zoo",
+    "file": "reports/validator/cells/allenai__OLMo-1B-hf__vllm.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "allenai/OLMo-1B-hf",
+    "engine": "vllm-static",
+    "family": "olmo",
+    "modelType": "olmo",
+    "status": "ok",
+    "verdict": "gap",
+    "counts": {"gap": 155, "pass": 21},
+    "dtype": "float32",
+    "device": "cpu",
+    "source": "zoo",
+    "file": "reports/validator/cells/allenai__OLMo-1B-hf__vllm-static.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "allenai/OLMo-2-0425-1B",
@@ -1644,7 +3257,24 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/allenai__OLMo-2-0425-1B__hf.json"
+    "file": "reports/validator/cells/allenai__OLMo-2-0425-1B__hf.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "allenai/OLMo-2-0425-1B",
+    "engine": "interp-engine",
+    "family": "olmo2",
+    "modelType": "olmo2",
+    "status": "ok",
+    "verdict": "gap",
+    "counts": {"gap": 20, "pass": 216},
+    "dtype": "float32",
+    "device": "cpu",
+    "source": "zoo",
+    "file": "reports/validator/cells/allenai__OLMo-2-0425-1B__interp-engine.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "allenai/OLMo-2-0425-1B",
@@ -1657,7 +3287,9 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/allenai__OLMo-2-0425-1B__nnsight.json"
+    "file": "reports/validator/cells/allenai__OLMo-2-0425-1B__nnsight.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "allenai/OLMo-2-0425-1B",
@@ -1670,7 +3302,9 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/allenai__OLMo-2-0425-1B__nnterp.json"
+    "file": "reports/validator/cells/allenai__OLMo-2-0425-1B__nnterp.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "allenai/OLMo-2-0425-1B",
@@ -1683,7 +3317,39 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/allenai__OLMo-2-0425-1B__transformer_lens.json"
+    "file": "reports/validator/cells/allenai__OLMo-2-0425-1B__transformer_lens.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "allenai/OLMo-2-0425-1B",
+    "engine": "vllm",
+    "family": "olmo2",
+    "modelType": "olmo2",
+    "status": "ok",
+    "verdict": "gap",
+    "counts": {"gap": 110, "pass": 126},
+    "dtype": "float32",
+    "device": "cpu",
+    "source": "zoo",
+    "file": "reports/validator/cells/allenai__OLMo-2-0425-1B__vllm.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "allenai/OLMo-2-0425-1B",
+    "engine": "vllm-static",
+    "family": "olmo2",
+    "modelType": "olmo2",
+    "status": "ok",
+    "verdict": "gap",
+    "counts": {"gap": 215, "pass": 21},
+    "dtype": "float32",
+    "device": "cpu",
+    "source": "zoo",
+    "file": "reports/validator/cells/allenai__OLMo-2-0425-1B__vllm-static.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "allenai/OLMo-2-1124-7B",
@@ -1696,7 +3362,24 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/allenai__OLMo-2-1124-7B__hf.json"
+    "file": "reports/validator/cells/allenai__OLMo-2-1124-7B__hf.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "allenai/OLMo-2-1124-7B",
+    "engine": "interp-engine",
+    "family": "olmo2",
+    "modelType": "olmo2",
+    "status": "ok",
+    "verdict": "gap",
+    "counts": {"gap": 20, "pass": 216},
+    "dtype": "float32",
+    "device": "cpu",
+    "source": "zoo",
+    "file": "reports/validator/cells/allenai__OLMo-2-1124-7B__interp-engine.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "allenai/OLMo-2-1124-7B",
@@ -1709,7 +3392,9 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/allenai__OLMo-2-1124-7B__nnsight.json"
+    "file": "reports/validator/cells/allenai__OLMo-2-1124-7B__nnsight.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "allenai/OLMo-2-1124-7B",
@@ -1722,7 +3407,9 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/allenai__OLMo-2-1124-7B__nnterp.json"
+    "file": "reports/validator/cells/allenai__OLMo-2-1124-7B__nnterp.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "allenai/OLMo-2-1124-7B",
@@ -1735,7 +3422,39 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/allenai__OLMo-2-1124-7B__transformer_lens.json"
+    "file": "reports/validator/cells/allenai__OLMo-2-1124-7B__transformer_lens.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "allenai/OLMo-2-1124-7B",
+    "engine": "vllm",
+    "family": "olmo2",
+    "modelType": "olmo2",
+    "status": "ok",
+    "verdict": "gap",
+    "counts": {"gap": 110, "pass": 126},
+    "dtype": "float32",
+    "device": "cpu",
+    "source": "zoo",
+    "file": "reports/validator/cells/allenai__OLMo-2-1124-7B__vllm.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "allenai/OLMo-2-1124-7B",
+    "engine": "vllm-static",
+    "family": "olmo2",
+    "modelType": "olmo2",
+    "status": "ok",
+    "verdict": "gap",
+    "counts": {"gap": 215, "pass": 21},
+    "dtype": "float32",
+    "device": "cpu",
+    "source": "zoo",
+    "file": "reports/validator/cells/allenai__OLMo-2-1124-7B__vllm-static.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "allenai/OLMo-7B-0424-hf",
@@ -1748,7 +3467,24 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/allenai__OLMo-7B-0424-hf__hf.json"
+    "file": "reports/validator/cells/allenai__OLMo-7B-0424-hf__hf.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "allenai/OLMo-7B-0424-hf",
+    "engine": "interp-engine",
+    "family": "olmo",
+    "modelType": "olmo",
+    "status": "ok",
+    "verdict": "gap",
+    "counts": {"gap": 20, "pass": 156},
+    "dtype": "float32",
+    "device": "cpu",
+    "source": "zoo",
+    "file": "reports/validator/cells/allenai__OLMo-7B-0424-hf__interp-engine.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "allenai/OLMo-7B-0424-hf",
@@ -1761,7 +3497,9 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/allenai__OLMo-7B-0424-hf__nnsight.json"
+    "file": "reports/validator/cells/allenai__OLMo-7B-0424-hf__nnsight.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "allenai/OLMo-7B-0424-hf",
@@ -1774,7 +3512,9 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/allenai__OLMo-7B-0424-hf__nnterp.json"
+    "file": "reports/validator/cells/allenai__OLMo-7B-0424-hf__nnterp.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "allenai/OLMo-7B-0424-hf",
@@ -1787,7 +3527,39 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/allenai__OLMo-7B-0424-hf__transformer_lens.json"
+    "file": "reports/validator/cells/allenai__OLMo-7B-0424-hf__transformer_lens.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "allenai/OLMo-7B-0424-hf",
+    "engine": "vllm",
+    "family": "olmo",
+    "modelType": "olmo",
+    "status": "ok",
+    "verdict": "gap",
+    "counts": {"gap": 70, "pass": 106},
+    "dtype": "float32",
+    "device": "cpu",
+    "source": "zoo",
+    "file": "reports/validator/cells/allenai__OLMo-7B-0424-hf__vllm.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "allenai/OLMo-7B-0424-hf",
+    "engine": "vllm-static",
+    "family": "olmo",
+    "modelType": "olmo",
+    "status": "ok",
+    "verdict": "gap",
+    "counts": {"gap": 155, "pass": 21},
+    "dtype": "float32",
+    "device": "cpu",
+    "source": "zoo",
+    "file": "reports/validator/cells/allenai__OLMo-7B-0424-hf__vllm-static.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "allenai/OLMoE-1B-7B-0924",
@@ -1800,7 +3572,24 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/allenai__OLMoE-1B-7B-0924__hf.json"
+    "file": "reports/validator/cells/allenai__OLMoE-1B-7B-0924__hf.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "allenai/OLMoE-1B-7B-0924",
+    "engine": "interp-engine",
+    "family": "olmoe",
+    "modelType": "olmoe",
+    "status": "ok",
+    "verdict": "gap",
+    "counts": {"gap": 20, "pass": 196},
+    "dtype": "float32",
+    "device": "cpu",
+    "source": "zoo",
+    "file": "reports/validator/cells/allenai__OLMoE-1B-7B-0924__interp-engine.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "allenai/OLMoE-1B-7B-0924",
@@ -1813,7 +3602,9 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/allenai__OLMoE-1B-7B-0924__nnsight.json"
+    "file": "reports/validator/cells/allenai__OLMoE-1B-7B-0924__nnsight.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "allenai/OLMoE-1B-7B-0924",
@@ -1826,7 +3617,9 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/allenai__OLMoE-1B-7B-0924__nnterp.json"
+    "file": "reports/validator/cells/allenai__OLMoE-1B-7B-0924__nnterp.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "allenai/OLMoE-1B-7B-0924",
@@ -1839,7 +3632,39 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/allenai__OLMoE-1B-7B-0924__transformer_lens.json"
+    "file": "reports/validator/cells/allenai__OLMoE-1B-7B-0924__transformer_lens.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "allenai/OLMoE-1B-7B-0924",
+    "engine": "vllm",
+    "family": "olmoe",
+    "modelType": "olmoe",
+    "status": "ok",
+    "verdict": "gap",
+    "counts": {"gap": 70, "pass": 146},
+    "dtype": "float32",
+    "device": "cpu",
+    "source": "zoo",
+    "file": "reports/validator/cells/allenai__OLMoE-1B-7B-0924__vllm.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "allenai/OLMoE-1B-7B-0924",
+    "engine": "vllm-static",
+    "family": "olmoe",
+    "modelType": "olmoe",
+    "status": "ok",
+    "verdict": "gap",
+    "counts": {"gap": 90, "pass": 126},
+    "dtype": "float32",
+    "device": "cpu",
+    "source": "zoo",
+    "file": "reports/validator/cells/allenai__OLMoE-1B-7B-0924__vllm-static.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "allenai/Olmo-3-1025-7B",
@@ -1852,7 +3677,24 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/allenai__Olmo-3-1025-7B__hf.json"
+    "file": "reports/validator/cells/allenai__Olmo-3-1025-7B__hf.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "allenai/Olmo-3-1025-7B",
+    "engine": "interp-engine",
+    "family": "olmo3",
+    "modelType": "olmo3",
+    "status": "ok",
+    "verdict": "gap",
+    "counts": {"gap": 30, "pass": 316},
+    "dtype": "float32",
+    "device": "cpu",
+    "source": "zoo",
+    "file": "reports/validator/cells/allenai__Olmo-3-1025-7B__interp-engine.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "allenai/Olmo-3-1025-7B",
@@ -1865,7 +3707,9 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/allenai__Olmo-3-1025-7B__nnsight.json"
+    "file": "reports/validator/cells/allenai__Olmo-3-1025-7B__nnsight.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "allenai/Olmo-3-1025-7B",
@@ -1878,7 +3722,9 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/allenai__Olmo-3-1025-7B__nnterp.json"
+    "file": "reports/validator/cells/allenai__Olmo-3-1025-7B__nnterp.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "allenai/Olmo-3-1025-7B",
@@ -1891,7 +3737,39 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/allenai__Olmo-3-1025-7B__transformer_lens.json"
+    "file": "reports/validator/cells/allenai__Olmo-3-1025-7B__transformer_lens.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "allenai/Olmo-3-1025-7B",
+    "engine": "vllm",
+    "family": "olmo3",
+    "modelType": "olmo3",
+    "status": "ok",
+    "verdict": "gap",
+    "counts": {"gap": 165, "pass": 181},
+    "dtype": "float32",
+    "device": "cpu",
+    "source": "zoo",
+    "file": "reports/validator/cells/allenai__Olmo-3-1025-7B__vllm.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "allenai/Olmo-3-1025-7B",
+    "engine": "vllm-static",
+    "family": "olmo3",
+    "modelType": "olmo3",
+    "status": "ok",
+    "verdict": "gap",
+    "counts": {"gap": 320, "pass": 26},
+    "dtype": "float32",
+    "device": "cpu",
+    "source": "zoo",
+    "file": "reports/validator/cells/allenai__Olmo-3-1025-7B__vllm-static.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "arcee-ai/AFM-4.5B-Base",
@@ -1904,7 +3782,24 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/arcee-ai__AFM-4.5B-Base__hf.json"
+    "file": "reports/validator/cells/arcee-ai__AFM-4.5B-Base__hf.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "arcee-ai/AFM-4.5B-Base",
+    "engine": "interp-engine",
+    "family": "arcee",
+    "modelType": "arcee",
+    "status": "ok",
+    "verdict": "gap",
+    "counts": {"gap": 20, "pass": 146},
+    "dtype": "float32",
+    "device": "cpu",
+    "source": "zoo",
+    "file": "reports/validator/cells/arcee-ai__AFM-4.5B-Base__interp-engine.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "arcee-ai/AFM-4.5B-Base",
@@ -1917,7 +3812,9 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/arcee-ai__AFM-4.5B-Base__nnsight.json"
+    "file": "reports/validator/cells/arcee-ai__AFM-4.5B-Base__nnsight.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "arcee-ai/AFM-4.5B-Base",
@@ -1930,7 +3827,9 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/arcee-ai__AFM-4.5B-Base__nnterp.json"
+    "file": "reports/validator/cells/arcee-ai__AFM-4.5B-Base__nnterp.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "arcee-ai/AFM-4.5B-Base",
@@ -1943,7 +3842,9 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/arcee-ai__AFM-4.5B-Base__transformer_lens.json"
+    "file": "reports/validator/cells/arcee-ai__AFM-4.5B-Base__transformer_lens.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "baidu/ERNIE-4.5-0.3B-PT",
@@ -1956,7 +3857,24 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/baidu__ERNIE-4.5-0.3B-PT__hf.json"
+    "file": "reports/validator/cells/baidu__ERNIE-4.5-0.3B-PT__hf.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "baidu/ERNIE-4.5-0.3B-PT",
+    "engine": "interp-engine",
+    "family": "llama",
+    "modelType": "ernie4_5",
+    "status": "ok",
+    "verdict": "gap",
+    "counts": {"gap": 20, "pass": 156},
+    "dtype": "float32",
+    "device": "cpu",
+    "source": "zoo",
+    "file": "reports/validator/cells/baidu__ERNIE-4.5-0.3B-PT__interp-engine.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "baidu/ERNIE-4.5-0.3B-PT",
@@ -1969,7 +3887,9 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/baidu__ERNIE-4.5-0.3B-PT__nnsight.json"
+    "file": "reports/validator/cells/baidu__ERNIE-4.5-0.3B-PT__nnsight.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "baidu/ERNIE-4.5-0.3B-PT",
@@ -1982,7 +3902,9 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/baidu__ERNIE-4.5-0.3B-PT__nnterp.json"
+    "file": "reports/validator/cells/baidu__ERNIE-4.5-0.3B-PT__nnterp.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "baidu/ERNIE-4.5-0.3B-PT",
@@ -1995,7 +3917,9 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/baidu__ERNIE-4.5-0.3B-PT__transformer_lens.json"
+    "file": "reports/validator/cells/baidu__ERNIE-4.5-0.3B-PT__transformer_lens.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "baidu/ERNIE-4.5-21B-A3B-PT",
@@ -2008,7 +3932,24 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/baidu__ERNIE-4.5-21B-A3B-PT__hf.json"
+    "file": "reports/validator/cells/baidu__ERNIE-4.5-21B-A3B-PT__hf.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "baidu/ERNIE-4.5-21B-A3B-PT",
+    "engine": "interp-engine",
+    "family": "ernie4_5_moe",
+    "modelType": "ernie4_5_moe",
+    "status": "ok",
+    "verdict": "gap",
+    "counts": {"gap": 30, "pass": 226},
+    "dtype": "float32",
+    "device": "cpu",
+    "source": "zoo",
+    "file": "reports/validator/cells/baidu__ERNIE-4.5-21B-A3B-PT__interp-engine.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "baidu/ERNIE-4.5-21B-A3B-PT",
@@ -2021,7 +3962,9 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/baidu__ERNIE-4.5-21B-A3B-PT__nnsight.json"
+    "file": "reports/validator/cells/baidu__ERNIE-4.5-21B-A3B-PT__nnsight.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "baidu/ERNIE-4.5-21B-A3B-PT",
@@ -2034,7 +3977,9 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/baidu__ERNIE-4.5-21B-A3B-PT__nnterp.json"
+    "file": "reports/validator/cells/baidu__ERNIE-4.5-21B-A3B-PT__nnterp.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "baidu/ERNIE-4.5-21B-A3B-PT",
@@ -2047,7 +3992,9 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/baidu__ERNIE-4.5-21B-A3B-PT__transformer_lens.json"
+    "file": "reports/validator/cells/baidu__ERNIE-4.5-21B-A3B-PT__transformer_lens.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "bigcode/gpt_bigcode-santacoder",
@@ -2060,7 +4007,24 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/bigcode__gpt_bigcode-santacoder__hf.json"
+    "file": "reports/validator/cells/bigcode__gpt_bigcode-santacoder__hf.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "bigcode/gpt_bigcode-santacoder",
+    "engine": "interp-engine",
+    "family": "gpt_bigcode",
+    "modelType": "gpt_bigcode",
+    "status": "ok",
+    "verdict": "gap",
+    "counts": {"gap": 25, "pass": 141},
+    "dtype": "float32",
+    "device": "cpu",
+    "source": "zoo",
+    "file": "reports/validator/cells/bigcode__gpt_bigcode-santacoder__interp-engine.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "bigcode/gpt_bigcode-santacoder",
@@ -2073,7 +4037,9 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/bigcode__gpt_bigcode-santacoder__nnsight.json"
+    "file": "reports/validator/cells/bigcode__gpt_bigcode-santacoder__nnsight.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "bigcode/gpt_bigcode-santacoder",
@@ -2086,7 +4052,9 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/bigcode__gpt_bigcode-santacoder__nnterp.json"
+    "file": "reports/validator/cells/bigcode__gpt_bigcode-santacoder__nnterp.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "bigcode/gpt_bigcode-santacoder",
@@ -2099,7 +4067,39 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/bigcode__gpt_bigcode-santacoder__transformer_lens.json"
+    "file": "reports/validator/cells/bigcode__gpt_bigcode-santacoder__transformer_lens.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "bigcode/gpt_bigcode-santacoder",
+    "engine": "vllm",
+    "family": "gpt_bigcode",
+    "modelType": "gpt_bigcode",
+    "status": "ok",
+    "verdict": "gap",
+    "counts": {"gap": 60, "pass": 106},
+    "dtype": "float32",
+    "device": "cpu",
+    "source": "zoo",
+    "file": "reports/validator/cells/bigcode__gpt_bigcode-santacoder__vllm.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "bigcode/gpt_bigcode-santacoder",
+    "engine": "vllm-static",
+    "family": "gpt_bigcode",
+    "modelType": "gpt_bigcode",
+    "status": "ok",
+    "verdict": "gap",
+    "counts": {"gap": 145, "pass": 21},
+    "dtype": "float32",
+    "device": "cpu",
+    "source": "zoo",
+    "file": "reports/validator/cells/bigcode__gpt_bigcode-santacoder__vllm-static.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "bigcode/starcoder2-3b",
@@ -2112,7 +4112,24 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/bigcode__starcoder2-3b__hf.json"
+    "file": "reports/validator/cells/bigcode__starcoder2-3b__hf.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "bigcode/starcoder2-3b",
+    "engine": "interp-engine",
+    "family": "starcoder2",
+    "modelType": "starcoder2",
+    "status": "ok",
+    "verdict": "gap",
+    "counts": {"gap": 20, "pass": 146},
+    "dtype": "float32",
+    "device": "cpu",
+    "source": "zoo",
+    "file": "reports/validator/cells/bigcode__starcoder2-3b__interp-engine.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "bigcode/starcoder2-3b",
@@ -2125,7 +4142,9 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/bigcode__starcoder2-3b__nnsight.json"
+    "file": "reports/validator/cells/bigcode__starcoder2-3b__nnsight.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "bigcode/starcoder2-3b",
@@ -2138,7 +4157,9 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/bigcode__starcoder2-3b__nnterp.json"
+    "file": "reports/validator/cells/bigcode__starcoder2-3b__nnterp.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "bigcode/starcoder2-3b",
@@ -2151,7 +4172,39 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/bigcode__starcoder2-3b__transformer_lens.json"
+    "file": "reports/validator/cells/bigcode__starcoder2-3b__transformer_lens.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "bigcode/starcoder2-3b",
+    "engine": "vllm",
+    "family": "starcoder2",
+    "modelType": "starcoder2",
+    "status": "ok",
+    "verdict": "gap",
+    "counts": {"gap": 60, "pass": 106},
+    "dtype": "float32",
+    "device": "cpu",
+    "source": "zoo",
+    "file": "reports/validator/cells/bigcode__starcoder2-3b__vllm.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "bigcode/starcoder2-3b",
+    "engine": "vllm-static",
+    "family": "starcoder2",
+    "modelType": "starcoder2",
+    "status": "ok",
+    "verdict": "gap",
+    "counts": {"gap": 145, "pass": 21},
+    "dtype": "float32",
+    "device": "cpu",
+    "source": "zoo",
+    "file": "reports/validator/cells/bigcode__starcoder2-3b__vllm-static.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "bigcode/starcoderbase-1b",
@@ -2164,7 +4217,24 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/bigcode__starcoderbase-1b__hf.json"
+    "file": "reports/validator/cells/bigcode__starcoderbase-1b__hf.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "bigcode/starcoderbase-1b",
+    "engine": "interp-engine",
+    "family": "gpt_bigcode",
+    "modelType": "gpt_bigcode",
+    "status": "ok",
+    "verdict": "gap",
+    "counts": {"gap": 25, "pass": 141},
+    "dtype": "float32",
+    "device": "cpu",
+    "source": "zoo",
+    "file": "reports/validator/cells/bigcode__starcoderbase-1b__interp-engine.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "bigcode/starcoderbase-1b",
@@ -2177,7 +4247,9 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/bigcode__starcoderbase-1b__nnsight.json"
+    "file": "reports/validator/cells/bigcode__starcoderbase-1b__nnsight.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "bigcode/starcoderbase-1b",
@@ -2190,7 +4262,9 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/bigcode__starcoderbase-1b__nnterp.json"
+    "file": "reports/validator/cells/bigcode__starcoderbase-1b__nnterp.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "bigcode/starcoderbase-1b",
@@ -2203,7 +4277,39 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/bigcode__starcoderbase-1b__transformer_lens.json"
+    "file": "reports/validator/cells/bigcode__starcoderbase-1b__transformer_lens.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "bigcode/starcoderbase-1b",
+    "engine": "vllm",
+    "family": "gpt_bigcode",
+    "modelType": "gpt_bigcode",
+    "status": "ok",
+    "verdict": "gap",
+    "counts": {"gap": 60, "pass": 106},
+    "dtype": "float32",
+    "device": "cpu",
+    "source": "zoo",
+    "file": "reports/validator/cells/bigcode__starcoderbase-1b__vllm.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "bigcode/starcoderbase-1b",
+    "engine": "vllm-static",
+    "family": "gpt_bigcode",
+    "modelType": "gpt_bigcode",
+    "status": "ok",
+    "verdict": "gap",
+    "counts": {"gap": 145, "pass": 21},
+    "dtype": "float32",
+    "device": "cpu",
+    "source": "zoo",
+    "file": "reports/validator/cells/bigcode__starcoderbase-1b__vllm-static.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "bigscience/bloom-560m",
@@ -2211,12 +4317,29 @@ export const validation: readonly ValidationCell[] = [
     "family": "bloom",
     "modelType": "bloom",
     "status": "ok",
-    "verdict": "gap",
-    "counts": {"gap": 30, "pass": 131},
+    "verdict": "pass",
+    "counts": {"pass": 116},
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/bigscience__bloom-560m__hf.json"
+    "file": "reports/validator/cells/bigscience__bloom-560m__hf.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "bigscience/bloom-560m",
+    "engine": "interp-engine",
+    "family": "bloom",
+    "modelType": "bloom",
+    "status": "ok",
+    "verdict": "gap",
+    "counts": {"gap": 5, "pass": 111},
+    "dtype": "float32",
+    "device": "cpu",
+    "source": "zoo",
+    "file": "reports/validator/cells/bigscience__bloom-560m__interp-engine.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "bigscience/bloom-560m",
@@ -2224,12 +4347,14 @@ export const validation: readonly ValidationCell[] = [
     "family": "bloom",
     "modelType": "bloom",
     "status": "ok",
-    "verdict": "gap",
-    "counts": {"gap": 40, "pass": 121},
+    "verdict": "pass",
+    "counts": {"pass": 116},
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/bigscience__bloom-560m__nnsight.json"
+    "file": "reports/validator/cells/bigscience__bloom-560m__nnsight.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "bigscience/bloom-560m",
@@ -2238,11 +4363,13 @@ export const validation: readonly ValidationCell[] = [
     "modelType": "bloom",
     "status": "ok",
     "verdict": "gap",
-    "counts": {"gap": 95, "pass": 66},
+    "counts": {"gap": 60, "pass": 56},
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/bigscience__bloom-560m__nnterp.json"
+    "file": "reports/validator/cells/bigscience__bloom-560m__nnterp.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "bigscience/bloom-560m",
@@ -2251,11 +4378,43 @@ export const validation: readonly ValidationCell[] = [
     "modelType": "bloom",
     "status": "ok",
     "verdict": "pass",
-    "counts": {"pass": 161},
+    "counts": {"pass": 116},
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/bigscience__bloom-560m__transformer_lens.json"
+    "file": "reports/validator/cells/bigscience__bloom-560m__transformer_lens.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "bigscience/bloom-560m",
+    "engine": "vllm",
+    "family": "bloom",
+    "modelType": "bloom",
+    "status": "ok",
+    "verdict": "warn",
+    "counts": {"gap": 10, "pass": 50, "warn": 56},
+    "dtype": "float32",
+    "device": "cpu",
+    "source": "zoo",
+    "file": "reports/validator/cells/bigscience__bloom-560m__vllm.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "bigscience/bloom-560m",
+    "engine": "vllm-static",
+    "family": "bloom",
+    "modelType": "bloom",
+    "status": "ok",
+    "verdict": "warn",
+    "counts": {"gap": 10, "pass": 50, "warn": 56},
+    "dtype": "float32",
+    "device": "cpu",
+    "source": "zoo",
+    "file": "reports/validator/cells/bigscience__bloom-560m__vllm-static.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "deepseek-ai/DeepSeek-V2-Lite",
@@ -2268,7 +4427,24 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/deepseek-ai__DeepSeek-V2-Lite__hf.json"
+    "file": "reports/validator/cells/deepseek-ai__DeepSeek-V2-Lite__hf.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "deepseek-ai/DeepSeek-V2-Lite",
+    "engine": "interp-engine",
+    "family": "deepseek_v2",
+    "modelType": "deepseek_v2",
+    "status": "ok",
+    "verdict": "gap",
+    "counts": {"gap": 45, "pass": 211},
+    "dtype": "float32",
+    "device": "cpu",
+    "source": "zoo",
+    "file": "reports/validator/cells/deepseek-ai__DeepSeek-V2-Lite__interp-engine.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "deepseek-ai/DeepSeek-V2-Lite",
@@ -2281,7 +4457,9 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/deepseek-ai__DeepSeek-V2-Lite__nnsight.json"
+    "file": "reports/validator/cells/deepseek-ai__DeepSeek-V2-Lite__nnsight.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "deepseek-ai/DeepSeek-V2-Lite",
@@ -2294,7 +4472,9 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/deepseek-ai__DeepSeek-V2-Lite__nnterp.json"
+    "file": "reports/validator/cells/deepseek-ai__DeepSeek-V2-Lite__nnterp.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "deepseek-ai/DeepSeek-V2-Lite",
@@ -2307,7 +4487,9 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/deepseek-ai__DeepSeek-V2-Lite__transformer_lens.json"
+    "file": "reports/validator/cells/deepseek-ai__DeepSeek-V2-Lite__transformer_lens.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "deepseek-ai/DeepSeek-V3",
@@ -2320,7 +4502,24 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/deepseek-ai__DeepSeek-V3__hf.json"
+    "file": "reports/validator/cells/deepseek-ai__DeepSeek-V3__hf.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "deepseek-ai/DeepSeek-V3",
+    "engine": "interp-engine",
+    "family": "deepseek_v3",
+    "modelType": "deepseek_v3",
+    "status": "ok",
+    "verdict": "gap",
+    "counts": {"gap": 45, "pass": 211},
+    "dtype": "float32",
+    "device": "cpu",
+    "source": "zoo",
+    "file": "reports/validator/cells/deepseek-ai__DeepSeek-V3__interp-engine.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "deepseek-ai/DeepSeek-V3",
@@ -2333,7 +4532,9 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/deepseek-ai__DeepSeek-V3__nnsight.json"
+    "file": "reports/validator/cells/deepseek-ai__DeepSeek-V3__nnsight.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "deepseek-ai/DeepSeek-V3",
@@ -2346,7 +4547,9 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/deepseek-ai__DeepSeek-V3__nnterp.json"
+    "file": "reports/validator/cells/deepseek-ai__DeepSeek-V3__nnterp.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "deepseek-ai/DeepSeek-V3",
@@ -2359,7 +4562,9 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/deepseek-ai__DeepSeek-V3__transformer_lens.json"
+    "file": "reports/validator/cells/deepseek-ai__DeepSeek-V3__transformer_lens.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "deepseek-ai/DeepSeek-V4-Flash",
@@ -2368,11 +4573,28 @@ export const validation: readonly ValidationCell[] = [
     "modelType": "deepseek_v4",
     "status": "ok",
     "verdict": "fail",
-    "counts": {"fail": 52, "gap": 40, "pass": 322},
+    "counts": {"fail": 40, "gap": 40, "pass": 289},
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/deepseek-ai__DeepSeek-V4-Flash__hf.json"
+    "file": "reports/validator/cells/deepseek-ai__DeepSeek-V4-Flash__hf.json",
+    "variant": "",
+    "declared": 40
+  },
+  {
+    "model": "deepseek-ai/DeepSeek-V4-Flash",
+    "engine": "interp-engine",
+    "family": "deepseek_v4",
+    "modelType": "deepseek_v4",
+    "status": "ok",
+    "verdict": "fail",
+    "counts": {"fail": 35, "gap": 80, "pass": 254},
+    "dtype": "float32",
+    "device": "cpu",
+    "source": "zoo",
+    "file": "reports/validator/cells/deepseek-ai__DeepSeek-V4-Flash__interp-engine.json",
+    "variant": "",
+    "declared": 35
   },
   {
     "model": "deepseek-ai/DeepSeek-V4-Flash",
@@ -2381,11 +4603,13 @@ export const validation: readonly ValidationCell[] = [
     "modelType": "deepseek_v4",
     "status": "ok",
     "verdict": "fail",
-    "counts": {"fail": 52, "gap": 40, "pass": 322},
+    "counts": {"fail": 40, "gap": 40, "pass": 289},
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/deepseek-ai__DeepSeek-V4-Flash__nnsight.json"
+    "file": "reports/validator/cells/deepseek-ai__DeepSeek-V4-Flash__nnsight.json",
+    "variant": "",
+    "declared": 40
   },
   {
     "model": "deepseek-ai/DeepSeek-V4-Flash",
@@ -2394,11 +4618,13 @@ export const validation: readonly ValidationCell[] = [
     "modelType": "deepseek_v4",
     "status": "ok",
     "verdict": "gap",
-    "counts": {"gap": 414},
+    "counts": {"gap": 369},
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/deepseek-ai__DeepSeek-V4-Flash__nnterp.json"
+    "file": "reports/validator/cells/deepseek-ai__DeepSeek-V4-Flash__nnterp.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "deepseek-ai/DeepSeek-V4-Flash",
@@ -2407,11 +4633,43 @@ export const validation: readonly ValidationCell[] = [
     "modelType": "deepseek_v4",
     "status": "ok",
     "verdict": "fail",
-    "counts": {"fail": 14, "gap": 319, "pass": 81},
+    "counts": {"fail": 13, "gap": 279, "pass": 77},
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/deepseek-ai__DeepSeek-V4-Flash__transformer_lens.json"
+    "file": "reports/validator/cells/deepseek-ai__DeepSeek-V4-Flash__transformer_lens.json",
+    "variant": "",
+    "declared": 13
+  },
+  {
+    "model": "deepseek-ai/DeepSeek-V4-Flash",
+    "engine": "vllm",
+    "family": null,
+    "modelType": null,
+    "status": "skipped",
+    "verdict": "skipped",
+    "counts": {},
+    "dtype": null,
+    "device": null,
+    "source": "zoo",
+    "file": "reports/validator/cells/deepseek-ai__DeepSeek-V4-Flash__vllm.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "deepseek-ai/DeepSeek-V4-Flash",
+    "engine": "vllm-static",
+    "family": null,
+    "modelType": null,
+    "status": "skipped",
+    "verdict": "skipped",
+    "counts": {},
+    "dtype": null,
+    "device": null,
+    "source": "zoo",
+    "file": "reports/validator/cells/deepseek-ai__DeepSeek-V4-Flash__vllm-static.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "distilbert/distilgpt2",
@@ -2424,7 +4682,24 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/distilbert__distilgpt2__hf.json"
+    "file": "reports/validator/cells/distilbert__distilgpt2__hf.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "distilbert/distilgpt2",
+    "engine": "interp-engine",
+    "family": "gpt2",
+    "modelType": "gpt2",
+    "status": "ok",
+    "verdict": "gap",
+    "counts": {"gap": 25, "pass": 141},
+    "dtype": "float32",
+    "device": "cpu",
+    "source": "zoo",
+    "file": "reports/validator/cells/distilbert__distilgpt2__interp-engine.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "distilbert/distilgpt2",
@@ -2437,7 +4712,9 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/distilbert__distilgpt2__nnsight.json"
+    "file": "reports/validator/cells/distilbert__distilgpt2__nnsight.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "distilbert/distilgpt2",
@@ -2450,7 +4727,9 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/distilbert__distilgpt2__nnterp.json"
+    "file": "reports/validator/cells/distilbert__distilgpt2__nnterp.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "distilbert/distilgpt2",
@@ -2463,7 +4742,39 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/distilbert__distilgpt2__transformer_lens.json"
+    "file": "reports/validator/cells/distilbert__distilgpt2__transformer_lens.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "distilbert/distilgpt2",
+    "engine": "vllm",
+    "family": "gpt2",
+    "modelType": "gpt2",
+    "status": "ok",
+    "verdict": "gap",
+    "counts": {"gap": 10, "pass": 156},
+    "dtype": "float32",
+    "device": "cpu",
+    "source": "zoo",
+    "file": "reports/validator/cells/distilbert__distilgpt2__vllm.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "distilbert/distilgpt2",
+    "engine": "vllm-static",
+    "family": "gpt2",
+    "modelType": "gpt2",
+    "status": "ok",
+    "verdict": "gap",
+    "counts": {"gap": 30, "pass": 136},
+    "dtype": "float32",
+    "device": "cpu",
+    "source": "zoo",
+    "file": "reports/validator/cells/distilbert__distilgpt2__vllm-static.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "facebook/opt-125m",
@@ -2476,7 +4787,24 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/facebook__opt-125m__hf.json"
+    "file": "reports/validator/cells/facebook__opt-125m__hf.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "facebook/opt-125m",
+    "engine": "interp-engine",
+    "family": "opt",
+    "modelType": "opt",
+    "status": "ok",
+    "verdict": "gap",
+    "counts": {"gap": 35, "pass": 131},
+    "dtype": "float32",
+    "device": "cpu",
+    "source": "zoo",
+    "file": "reports/validator/cells/facebook__opt-125m__interp-engine.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "facebook/opt-125m",
@@ -2489,7 +4817,9 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/facebook__opt-125m__nnsight.json"
+    "file": "reports/validator/cells/facebook__opt-125m__nnsight.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "facebook/opt-125m",
@@ -2502,7 +4832,9 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/facebook__opt-125m__nnterp.json"
+    "file": "reports/validator/cells/facebook__opt-125m__nnterp.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "facebook/opt-125m",
@@ -2515,7 +4847,39 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/facebook__opt-125m__transformer_lens.json"
+    "file": "reports/validator/cells/facebook__opt-125m__transformer_lens.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "facebook/opt-125m",
+    "engine": "vllm",
+    "family": "opt",
+    "modelType": "opt",
+    "status": "ok",
+    "verdict": "gap",
+    "counts": {"gap": 40, "pass": 126},
+    "dtype": "float32",
+    "device": "cpu",
+    "source": "zoo",
+    "file": "reports/validator/cells/facebook__opt-125m__vllm.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "facebook/opt-125m",
+    "engine": "vllm-static",
+    "family": "opt",
+    "modelType": "opt",
+    "status": "ok",
+    "verdict": "gap",
+    "counts": {"gap": 145, "pass": 21},
+    "dtype": "float32",
+    "device": "cpu",
+    "source": "zoo",
+    "file": "reports/validator/cells/facebook__opt-125m__vllm-static.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "facebook/opt-350m",
@@ -2528,7 +4892,24 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/facebook__opt-350m__hf.json"
+    "file": "reports/validator/cells/facebook__opt-350m__hf.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "facebook/opt-350m",
+    "engine": "interp-engine",
+    "family": "opt",
+    "modelType": "opt",
+    "status": "ok",
+    "verdict": "gap",
+    "counts": {"gap": 35, "pass": 126},
+    "dtype": "float32",
+    "device": "cpu",
+    "source": "zoo",
+    "file": "reports/validator/cells/facebook__opt-350m__interp-engine.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "facebook/opt-350m",
@@ -2541,7 +4922,9 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/facebook__opt-350m__nnsight.json"
+    "file": "reports/validator/cells/facebook__opt-350m__nnsight.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "facebook/opt-350m",
@@ -2554,7 +4937,9 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/facebook__opt-350m__nnterp.json"
+    "file": "reports/validator/cells/facebook__opt-350m__nnterp.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "facebook/opt-350m",
@@ -2567,7 +4952,39 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/facebook__opt-350m__transformer_lens.json"
+    "file": "reports/validator/cells/facebook__opt-350m__transformer_lens.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "facebook/opt-350m",
+    "engine": "vllm",
+    "family": "opt",
+    "modelType": "opt",
+    "status": "ok",
+    "verdict": "gap",
+    "counts": {"gap": 161},
+    "dtype": "float32",
+    "device": "cpu",
+    "source": "zoo",
+    "file": "reports/validator/cells/facebook__opt-350m__vllm.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "facebook/opt-350m",
+    "engine": "vllm-static",
+    "family": "opt",
+    "modelType": "opt",
+    "status": "ok",
+    "verdict": "gap",
+    "counts": {"gap": 161},
+    "dtype": "float32",
+    "device": "cpu",
+    "source": "zoo",
+    "file": "reports/validator/cells/facebook__opt-350m__vllm-static.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "google/gemma-2-27b",
@@ -2580,7 +4997,24 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/google__gemma-2-27b__hf.json"
+    "file": "reports/validator/cells/google__gemma-2-27b__hf.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "google/gemma-2-27b",
+    "engine": "interp-engine",
+    "family": "gemma2",
+    "modelType": "gemma2",
+    "status": "ok",
+    "verdict": "gap",
+    "counts": {"gap": 36, "pass": 250},
+    "dtype": "float32",
+    "device": "cpu",
+    "source": "zoo",
+    "file": "reports/validator/cells/google__gemma-2-27b__interp-engine.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "google/gemma-2-27b",
@@ -2593,7 +5027,9 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/google__gemma-2-27b__nnsight.json"
+    "file": "reports/validator/cells/google__gemma-2-27b__nnsight.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "google/gemma-2-27b",
@@ -2606,7 +5042,9 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/google__gemma-2-27b__nnterp.json"
+    "file": "reports/validator/cells/google__gemma-2-27b__nnterp.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "google/gemma-2-27b",
@@ -2619,7 +5057,39 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/google__gemma-2-27b__transformer_lens.json"
+    "file": "reports/validator/cells/google__gemma-2-27b__transformer_lens.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "google/gemma-2-27b",
+    "engine": "vllm",
+    "family": "gemma2",
+    "modelType": "gemma2",
+    "status": "ok",
+    "verdict": "gap",
+    "counts": {"gap": 30, "pass": 256},
+    "dtype": "float32",
+    "device": "cpu",
+    "source": "zoo",
+    "file": "reports/validator/cells/google__gemma-2-27b__vllm.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "google/gemma-2-27b",
+    "engine": "vllm-static",
+    "family": "gemma2",
+    "modelType": "gemma2",
+    "status": "ok",
+    "verdict": "gap",
+    "counts": {"gap": 60, "pass": 226},
+    "dtype": "float32",
+    "device": "cpu",
+    "source": "zoo",
+    "file": "reports/validator/cells/google__gemma-2-27b__vllm-static.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "google/gemma-2-2b",
@@ -2632,7 +5102,24 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/google__gemma-2-2b__hf.json"
+    "file": "reports/validator/cells/google__gemma-2-2b__hf.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "google/gemma-2-2b",
+    "engine": "interp-engine",
+    "family": "gemma2",
+    "modelType": "gemma2",
+    "status": "ok",
+    "verdict": "gap",
+    "counts": {"gap": 36, "pass": 250},
+    "dtype": "float32",
+    "device": "cpu",
+    "source": "zoo",
+    "file": "reports/validator/cells/google__gemma-2-2b__interp-engine.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "google/gemma-2-2b",
@@ -2645,7 +5132,9 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/google__gemma-2-2b__nnsight.json"
+    "file": "reports/validator/cells/google__gemma-2-2b__nnsight.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "google/gemma-2-2b",
@@ -2658,7 +5147,9 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/google__gemma-2-2b__nnterp.json"
+    "file": "reports/validator/cells/google__gemma-2-2b__nnterp.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "google/gemma-2-2b",
@@ -2671,7 +5162,39 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/google__gemma-2-2b__transformer_lens.json"
+    "file": "reports/validator/cells/google__gemma-2-2b__transformer_lens.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "google/gemma-2-2b",
+    "engine": "vllm",
+    "family": "gemma2",
+    "modelType": "gemma2",
+    "status": "ok",
+    "verdict": "gap",
+    "counts": {"gap": 30, "pass": 256},
+    "dtype": "float32",
+    "device": "cpu",
+    "source": "zoo",
+    "file": "reports/validator/cells/google__gemma-2-2b__vllm.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "google/gemma-2-2b",
+    "engine": "vllm-static",
+    "family": "gemma2",
+    "modelType": "gemma2",
+    "status": "ok",
+    "verdict": "gap",
+    "counts": {"gap": 60, "pass": 226},
+    "dtype": "float32",
+    "device": "cpu",
+    "source": "zoo",
+    "file": "reports/validator/cells/google__gemma-2-2b__vllm-static.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "google/gemma-2-9b",
@@ -2684,7 +5207,24 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/google__gemma-2-9b__hf.json"
+    "file": "reports/validator/cells/google__gemma-2-9b__hf.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "google/gemma-2-9b",
+    "engine": "interp-engine",
+    "family": "gemma2",
+    "modelType": "gemma2",
+    "status": "ok",
+    "verdict": "gap",
+    "counts": {"gap": 36, "pass": 250},
+    "dtype": "float32",
+    "device": "cpu",
+    "source": "zoo",
+    "file": "reports/validator/cells/google__gemma-2-9b__interp-engine.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "google/gemma-2-9b",
@@ -2697,7 +5237,9 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/google__gemma-2-9b__nnsight.json"
+    "file": "reports/validator/cells/google__gemma-2-9b__nnsight.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "google/gemma-2-9b",
@@ -2710,7 +5252,9 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/google__gemma-2-9b__nnterp.json"
+    "file": "reports/validator/cells/google__gemma-2-9b__nnterp.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "google/gemma-2-9b",
@@ -2723,7 +5267,39 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/google__gemma-2-9b__transformer_lens.json"
+    "file": "reports/validator/cells/google__gemma-2-9b__transformer_lens.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "google/gemma-2-9b",
+    "engine": "vllm",
+    "family": "gemma2",
+    "modelType": "gemma2",
+    "status": "ok",
+    "verdict": "gap",
+    "counts": {"gap": 30, "pass": 256},
+    "dtype": "float32",
+    "device": "cpu",
+    "source": "zoo",
+    "file": "reports/validator/cells/google__gemma-2-9b__vllm.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "google/gemma-2-9b",
+    "engine": "vllm-static",
+    "family": "gemma2",
+    "modelType": "gemma2",
+    "status": "ok",
+    "verdict": "gap",
+    "counts": {"gap": 60, "pass": 226},
+    "dtype": "float32",
+    "device": "cpu",
+    "source": "zoo",
+    "file": "reports/validator/cells/google__gemma-2-9b__vllm-static.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "google/gemma-2b",
@@ -2736,7 +5312,24 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/google__gemma-2b__hf.json"
+    "file": "reports/validator/cells/google__gemma-2b__hf.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "google/gemma-2b",
+    "engine": "interp-engine",
+    "family": "gemma",
+    "modelType": "gemma",
+    "status": "ok",
+    "verdict": "gap",
+    "counts": {"gap": 20, "pass": 156},
+    "dtype": "float32",
+    "device": "cpu",
+    "source": "zoo",
+    "file": "reports/validator/cells/google__gemma-2b__interp-engine.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "google/gemma-2b",
@@ -2749,7 +5342,9 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/google__gemma-2b__nnsight.json"
+    "file": "reports/validator/cells/google__gemma-2b__nnsight.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "google/gemma-2b",
@@ -2762,7 +5357,9 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/google__gemma-2b__nnterp.json"
+    "file": "reports/validator/cells/google__gemma-2b__nnterp.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "google/gemma-2b",
@@ -2775,7 +5372,39 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/google__gemma-2b__transformer_lens.json"
+    "file": "reports/validator/cells/google__gemma-2b__transformer_lens.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "google/gemma-2b",
+    "engine": "vllm",
+    "family": "gemma",
+    "modelType": "gemma",
+    "status": "ok",
+    "verdict": "gap",
+    "counts": {"gap": 20, "pass": 156},
+    "dtype": "float32",
+    "device": "cpu",
+    "source": "zoo",
+    "file": "reports/validator/cells/google__gemma-2b__vllm.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "google/gemma-2b",
+    "engine": "vllm-static",
+    "family": "gemma",
+    "modelType": "gemma",
+    "status": "ok",
+    "verdict": "gap",
+    "counts": {"gap": 40, "pass": 136},
+    "dtype": "float32",
+    "device": "cpu",
+    "source": "zoo",
+    "file": "reports/validator/cells/google__gemma-2b__vllm-static.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "google/gemma-3-1b-pt",
@@ -2788,7 +5417,24 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/google__gemma-3-1b-pt__hf.json"
+    "file": "reports/validator/cells/google__gemma-3-1b-pt__hf.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "google/gemma-3-1b-pt",
+    "engine": "interp-engine",
+    "family": "gemma3_text",
+    "modelType": "gemma3_text",
+    "status": "ok",
+    "verdict": "gap",
+    "counts": {"gap": 30, "pass": 316},
+    "dtype": "float32",
+    "device": "cpu",
+    "source": "zoo",
+    "file": "reports/validator/cells/google__gemma-3-1b-pt__interp-engine.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "google/gemma-3-1b-pt",
@@ -2801,7 +5447,9 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/google__gemma-3-1b-pt__nnsight.json"
+    "file": "reports/validator/cells/google__gemma-3-1b-pt__nnsight.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "google/gemma-3-1b-pt",
@@ -2814,7 +5462,9 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/google__gemma-3-1b-pt__nnterp.json"
+    "file": "reports/validator/cells/google__gemma-3-1b-pt__nnterp.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "google/gemma-3-1b-pt",
@@ -2827,7 +5477,39 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/google__gemma-3-1b-pt__transformer_lens.json"
+    "file": "reports/validator/cells/google__gemma-3-1b-pt__transformer_lens.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "google/gemma-3-1b-pt",
+    "engine": "vllm",
+    "family": "gemma3_text",
+    "modelType": "gemma3_text",
+    "status": "ok",
+    "verdict": "gap",
+    "counts": {"gap": 90, "pass": 256},
+    "dtype": "float32",
+    "device": "cpu",
+    "source": "zoo",
+    "file": "reports/validator/cells/google__gemma-3-1b-pt__vllm.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "google/gemma-3-1b-pt",
+    "engine": "vllm-static",
+    "family": "gemma3_text",
+    "modelType": "gemma3_text",
+    "status": "ok",
+    "verdict": "gap",
+    "counts": {"gap": 120, "pass": 226},
+    "dtype": "float32",
+    "device": "cpu",
+    "source": "zoo",
+    "file": "reports/validator/cells/google__gemma-3-1b-pt__vllm-static.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "google/gemma-3-270m",
@@ -2840,7 +5522,24 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/google__gemma-3-270m__hf.json"
+    "file": "reports/validator/cells/google__gemma-3-270m__hf.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "google/gemma-3-270m",
+    "engine": "interp-engine",
+    "family": "gemma3_text",
+    "modelType": "gemma3_text",
+    "status": "ok",
+    "verdict": "gap",
+    "counts": {"gap": 30, "pass": 316},
+    "dtype": "float32",
+    "device": "cpu",
+    "source": "zoo",
+    "file": "reports/validator/cells/google__gemma-3-270m__interp-engine.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "google/gemma-3-270m",
@@ -2853,7 +5552,9 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/google__gemma-3-270m__nnsight.json"
+    "file": "reports/validator/cells/google__gemma-3-270m__nnsight.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "google/gemma-3-270m",
@@ -2866,7 +5567,9 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/google__gemma-3-270m__nnterp.json"
+    "file": "reports/validator/cells/google__gemma-3-270m__nnterp.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "google/gemma-3-270m",
@@ -2879,7 +5582,9 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/google__gemma-3-270m__transformer_lens.json"
+    "file": "reports/validator/cells/google__gemma-3-270m__transformer_lens.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "google/gemma-3-4b-it",
@@ -2892,7 +5597,24 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/google__gemma-3-4b-it__hf.json"
+    "file": "reports/validator/cells/google__gemma-3-4b-it__hf.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "google/gemma-3-4b-it",
+    "engine": "interp-engine",
+    "family": "gemma3_text",
+    "modelType": "gemma3_text",
+    "status": "ok",
+    "verdict": "gap",
+    "counts": {"gap": 30, "pass": 316},
+    "dtype": "float32",
+    "device": "cpu",
+    "source": "zoo",
+    "file": "reports/validator/cells/google__gemma-3-4b-it__interp-engine.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "google/gemma-3-4b-it",
@@ -2905,7 +5627,9 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/google__gemma-3-4b-it__nnsight.json"
+    "file": "reports/validator/cells/google__gemma-3-4b-it__nnsight.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "google/gemma-3-4b-it",
@@ -2918,7 +5642,9 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/google__gemma-3-4b-it__nnterp.json"
+    "file": "reports/validator/cells/google__gemma-3-4b-it__nnterp.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "google/gemma-3-4b-it",
@@ -2931,7 +5657,39 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/google__gemma-3-4b-it__transformer_lens.json"
+    "file": "reports/validator/cells/google__gemma-3-4b-it__transformer_lens.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "google/gemma-3-4b-it",
+    "engine": "vllm",
+    "family": "gemma3_text",
+    "modelType": "gemma3_text",
+    "status": "ok",
+    "verdict": "gap",
+    "counts": {"gap": 90, "pass": 256},
+    "dtype": "float32",
+    "device": "cpu",
+    "source": "zoo",
+    "file": "reports/validator/cells/google__gemma-3-4b-it__vllm.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "google/gemma-3-4b-it",
+    "engine": "vllm-static",
+    "family": "gemma3_text",
+    "modelType": "gemma3_text",
+    "status": "ok",
+    "verdict": "gap",
+    "counts": {"gap": 120, "pass": 226},
+    "dtype": "float32",
+    "device": "cpu",
+    "source": "zoo",
+    "file": "reports/validator/cells/google__gemma-3-4b-it__vllm-static.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "google/gemma-7b",
@@ -2944,7 +5702,24 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/google__gemma-7b__hf.json"
+    "file": "reports/validator/cells/google__gemma-7b__hf.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "google/gemma-7b",
+    "engine": "interp-engine",
+    "family": "gemma",
+    "modelType": "gemma",
+    "status": "ok",
+    "verdict": "gap",
+    "counts": {"gap": 20, "pass": 156},
+    "dtype": "float32",
+    "device": "cpu",
+    "source": "zoo",
+    "file": "reports/validator/cells/google__gemma-7b__interp-engine.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "google/gemma-7b",
@@ -2957,7 +5732,9 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/google__gemma-7b__nnsight.json"
+    "file": "reports/validator/cells/google__gemma-7b__nnsight.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "google/gemma-7b",
@@ -2970,7 +5747,9 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/google__gemma-7b__nnterp.json"
+    "file": "reports/validator/cells/google__gemma-7b__nnterp.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "google/gemma-7b",
@@ -2983,7 +5762,39 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/google__gemma-7b__transformer_lens.json"
+    "file": "reports/validator/cells/google__gemma-7b__transformer_lens.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "google/gemma-7b",
+    "engine": "vllm",
+    "family": "gemma",
+    "modelType": "gemma",
+    "status": "ok",
+    "verdict": "gap",
+    "counts": {"gap": 20, "pass": 156},
+    "dtype": "float32",
+    "device": "cpu",
+    "source": "zoo",
+    "file": "reports/validator/cells/google__gemma-7b__vllm.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "google/gemma-7b",
+    "engine": "vllm-static",
+    "family": "gemma",
+    "modelType": "gemma",
+    "status": "ok",
+    "verdict": "gap",
+    "counts": {"gap": 40, "pass": 136},
+    "dtype": "float32",
+    "device": "cpu",
+    "source": "zoo",
+    "file": "reports/validator/cells/google__gemma-7b__vllm-static.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "ibm-ai-platform/Bamba-9B",
@@ -2996,7 +5807,24 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/ibm-ai-platform__Bamba-9B__hf.json"
+    "file": "reports/validator/cells/ibm-ai-platform__Bamba-9B__hf.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "ibm-ai-platform/Bamba-9B",
+    "engine": "interp-engine",
+    "family": "bamba",
+    "modelType": "bamba",
+    "status": "ok",
+    "verdict": "gap",
+    "counts": {"gap": 40, "pass": 206},
+    "dtype": "float32",
+    "device": "cpu",
+    "source": "zoo",
+    "file": "reports/validator/cells/ibm-ai-platform__Bamba-9B__interp-engine.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "ibm-ai-platform/Bamba-9B",
@@ -3009,7 +5837,9 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/ibm-ai-platform__Bamba-9B__nnsight.json"
+    "file": "reports/validator/cells/ibm-ai-platform__Bamba-9B__nnsight.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "ibm-ai-platform/Bamba-9B",
@@ -3022,7 +5852,9 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/ibm-ai-platform__Bamba-9B__nnterp.json"
+    "file": "reports/validator/cells/ibm-ai-platform__Bamba-9B__nnterp.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "ibm-ai-platform/Bamba-9B",
@@ -3035,7 +5867,39 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/ibm-ai-platform__Bamba-9B__transformer_lens.json"
+    "file": "reports/validator/cells/ibm-ai-platform__Bamba-9B__transformer_lens.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "ibm-ai-platform/Bamba-9B",
+    "engine": "vllm",
+    "family": null,
+    "modelType": null,
+    "status": "skipped",
+    "verdict": "skipped",
+    "counts": {},
+    "dtype": null,
+    "device": null,
+    "source": "zoo",
+    "file": "reports/validator/cells/ibm-ai-platform__Bamba-9B__vllm.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "ibm-ai-platform/Bamba-9B",
+    "engine": "vllm-static",
+    "family": null,
+    "modelType": null,
+    "status": "skipped",
+    "verdict": "skipped",
+    "counts": {},
+    "dtype": null,
+    "device": null,
+    "source": "zoo",
+    "file": "reports/validator/cells/ibm-ai-platform__Bamba-9B__vllm-static.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "ibm-granite/granite-3.0-1b-a400m-base",
@@ -3048,7 +5912,24 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/ibm-granite__granite-3.0-1b-a400m-base__hf.json"
+    "file": "reports/validator/cells/ibm-granite__granite-3.0-1b-a400m-base__hf.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "ibm-granite/granite-3.0-1b-a400m-base",
+    "engine": "interp-engine",
+    "family": "granitemoe",
+    "modelType": "granitemoe",
+    "status": "ok",
+    "verdict": "gap",
+    "counts": {"gap": 31, "pass": 145},
+    "dtype": "float32",
+    "device": "cpu",
+    "source": "zoo",
+    "file": "reports/validator/cells/ibm-granite__granite-3.0-1b-a400m-base__interp-engine.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "ibm-granite/granite-3.0-1b-a400m-base",
@@ -3061,7 +5942,9 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/ibm-granite__granite-3.0-1b-a400m-base__nnsight.json"
+    "file": "reports/validator/cells/ibm-granite__granite-3.0-1b-a400m-base__nnsight.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "ibm-granite/granite-3.0-1b-a400m-base",
@@ -3074,7 +5957,9 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/ibm-granite__granite-3.0-1b-a400m-base__nnterp.json"
+    "file": "reports/validator/cells/ibm-granite__granite-3.0-1b-a400m-base__nnterp.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "ibm-granite/granite-3.0-1b-a400m-base",
@@ -3087,7 +5972,39 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/ibm-granite__granite-3.0-1b-a400m-base__transformer_lens.json"
+    "file": "reports/validator/cells/ibm-granite__granite-3.0-1b-a400m-base__transformer_lens.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "ibm-granite/granite-3.0-1b-a400m-base",
+    "engine": "vllm",
+    "family": "granitemoe",
+    "modelType": "granitemoe",
+    "status": "ok",
+    "verdict": "gap",
+    "counts": {"gap": 30, "pass": 146},
+    "dtype": "float32",
+    "device": "cpu",
+    "source": "zoo",
+    "file": "reports/validator/cells/ibm-granite__granite-3.0-1b-a400m-base__vllm.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "ibm-granite/granite-3.0-1b-a400m-base",
+    "engine": "vllm-static",
+    "family": "granitemoe",
+    "modelType": "granitemoe",
+    "status": "ok",
+    "verdict": "gap",
+    "counts": {"gap": 50, "pass": 126},
+    "dtype": "float32",
+    "device": "cpu",
+    "source": "zoo",
+    "file": "reports/validator/cells/ibm-granite__granite-3.0-1b-a400m-base__vllm-static.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "ibm-granite/granite-3.0-2b-base",
@@ -3100,7 +6017,24 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/ibm-granite__granite-3.0-2b-base__hf.json"
+    "file": "reports/validator/cells/ibm-granite__granite-3.0-2b-base__hf.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "ibm-granite/granite-3.0-2b-base",
+    "engine": "interp-engine",
+    "family": "granite",
+    "modelType": "granite",
+    "status": "ok",
+    "verdict": "gap",
+    "counts": {"gap": 31, "pass": 145},
+    "dtype": "float32",
+    "device": "cpu",
+    "source": "zoo",
+    "file": "reports/validator/cells/ibm-granite__granite-3.0-2b-base__interp-engine.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "ibm-granite/granite-3.0-2b-base",
@@ -3113,7 +6047,9 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/ibm-granite__granite-3.0-2b-base__nnsight.json"
+    "file": "reports/validator/cells/ibm-granite__granite-3.0-2b-base__nnsight.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "ibm-granite/granite-3.0-2b-base",
@@ -3126,7 +6062,9 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/ibm-granite__granite-3.0-2b-base__nnterp.json"
+    "file": "reports/validator/cells/ibm-granite__granite-3.0-2b-base__nnterp.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "ibm-granite/granite-3.0-2b-base",
@@ -3139,7 +6077,39 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/ibm-granite__granite-3.0-2b-base__transformer_lens.json"
+    "file": "reports/validator/cells/ibm-granite__granite-3.0-2b-base__transformer_lens.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "ibm-granite/granite-3.0-2b-base",
+    "engine": "vllm",
+    "family": "granite",
+    "modelType": "granite",
+    "status": "ok",
+    "verdict": "gap",
+    "counts": {"gap": 20, "pass": 156},
+    "dtype": "float32",
+    "device": "cpu",
+    "source": "zoo",
+    "file": "reports/validator/cells/ibm-granite__granite-3.0-2b-base__vllm.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "ibm-granite/granite-3.0-2b-base",
+    "engine": "vllm-static",
+    "family": "granite",
+    "modelType": "granite",
+    "status": "ok",
+    "verdict": "gap",
+    "counts": {"gap": 40, "pass": 136},
+    "dtype": "float32",
+    "device": "cpu",
+    "source": "zoo",
+    "file": "reports/validator/cells/ibm-granite__granite-3.0-2b-base__vllm-static.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "ibm-granite/granite-3.1-8b-base",
@@ -3152,7 +6122,24 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/ibm-granite__granite-3.1-8b-base__hf.json"
+    "file": "reports/validator/cells/ibm-granite__granite-3.1-8b-base__hf.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "ibm-granite/granite-3.1-8b-base",
+    "engine": "interp-engine",
+    "family": "granite",
+    "modelType": "granite",
+    "status": "ok",
+    "verdict": "gap",
+    "counts": {"gap": 31, "pass": 145},
+    "dtype": "float32",
+    "device": "cpu",
+    "source": "zoo",
+    "file": "reports/validator/cells/ibm-granite__granite-3.1-8b-base__interp-engine.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "ibm-granite/granite-3.1-8b-base",
@@ -3165,7 +6152,9 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/ibm-granite__granite-3.1-8b-base__nnsight.json"
+    "file": "reports/validator/cells/ibm-granite__granite-3.1-8b-base__nnsight.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "ibm-granite/granite-3.1-8b-base",
@@ -3178,7 +6167,9 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/ibm-granite__granite-3.1-8b-base__nnterp.json"
+    "file": "reports/validator/cells/ibm-granite__granite-3.1-8b-base__nnterp.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "ibm-granite/granite-3.1-8b-base",
@@ -3191,7 +6182,39 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/ibm-granite__granite-3.1-8b-base__transformer_lens.json"
+    "file": "reports/validator/cells/ibm-granite__granite-3.1-8b-base__transformer_lens.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "ibm-granite/granite-3.1-8b-base",
+    "engine": "vllm",
+    "family": "granite",
+    "modelType": "granite",
+    "status": "ok",
+    "verdict": "gap",
+    "counts": {"gap": 20, "pass": 156},
+    "dtype": "float32",
+    "device": "cpu",
+    "source": "zoo",
+    "file": "reports/validator/cells/ibm-granite__granite-3.1-8b-base__vllm.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "ibm-granite/granite-3.1-8b-base",
+    "engine": "vllm-static",
+    "family": "granite",
+    "modelType": "granite",
+    "status": "ok",
+    "verdict": "gap",
+    "counts": {"gap": 40, "pass": 136},
+    "dtype": "float32",
+    "device": "cpu",
+    "source": "zoo",
+    "file": "reports/validator/cells/ibm-granite__granite-3.1-8b-base__vllm-static.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "ibm-granite/granite-4.0-h-tiny",
@@ -3204,7 +6227,24 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/ibm-granite__granite-4.0-h-tiny__hf.json"
+    "file": "reports/validator/cells/ibm-granite__granite-4.0-h-tiny__hf.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "ibm-granite/granite-4.0-h-tiny",
+    "engine": "interp-engine",
+    "family": "granitemoehybrid",
+    "modelType": "granitemoehybrid",
+    "status": "ok",
+    "verdict": "gap",
+    "counts": {"gap": 71, "pass": 175},
+    "dtype": "float32",
+    "device": "cpu",
+    "source": "zoo",
+    "file": "reports/validator/cells/ibm-granite__granite-4.0-h-tiny__interp-engine.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "ibm-granite/granite-4.0-h-tiny",
@@ -3217,7 +6257,9 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/ibm-granite__granite-4.0-h-tiny__nnsight.json"
+    "file": "reports/validator/cells/ibm-granite__granite-4.0-h-tiny__nnsight.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "ibm-granite/granite-4.0-h-tiny",
@@ -3230,7 +6272,9 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/ibm-granite__granite-4.0-h-tiny__nnterp.json"
+    "file": "reports/validator/cells/ibm-granite__granite-4.0-h-tiny__nnterp.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "ibm-granite/granite-4.0-h-tiny",
@@ -3243,7 +6287,39 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/ibm-granite__granite-4.0-h-tiny__transformer_lens.json"
+    "file": "reports/validator/cells/ibm-granite__granite-4.0-h-tiny__transformer_lens.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "ibm-granite/granite-4.0-h-tiny",
+    "engine": "vllm",
+    "family": null,
+    "modelType": null,
+    "status": "skipped",
+    "verdict": "skipped",
+    "counts": {},
+    "dtype": null,
+    "device": null,
+    "source": "zoo",
+    "file": "reports/validator/cells/ibm-granite__granite-4.0-h-tiny__vllm.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "ibm-granite/granite-4.0-h-tiny",
+    "engine": "vllm-static",
+    "family": null,
+    "modelType": null,
+    "status": "skipped",
+    "verdict": "skipped",
+    "counts": {},
+    "dtype": null,
+    "device": null,
+    "source": "zoo",
+    "file": "reports/validator/cells/ibm-granite__granite-4.0-h-tiny__vllm-static.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "meta-llama/Llama-2-7b-hf",
@@ -3256,7 +6332,24 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/meta-llama__Llama-2-7b-hf__hf.json"
+    "file": "reports/validator/cells/meta-llama__Llama-2-7b-hf__hf.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "meta-llama/Llama-2-7b-hf",
+    "engine": "interp-engine",
+    "family": "llama",
+    "modelType": "llama",
+    "status": "ok",
+    "verdict": "gap",
+    "counts": {"gap": 20, "pass": 156},
+    "dtype": "float32",
+    "device": "cpu",
+    "source": "zoo",
+    "file": "reports/validator/cells/meta-llama__Llama-2-7b-hf__interp-engine.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "meta-llama/Llama-2-7b-hf",
@@ -3269,7 +6362,9 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/meta-llama__Llama-2-7b-hf__nnsight.json"
+    "file": "reports/validator/cells/meta-llama__Llama-2-7b-hf__nnsight.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "meta-llama/Llama-2-7b-hf",
@@ -3282,7 +6377,9 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/meta-llama__Llama-2-7b-hf__nnterp.json"
+    "file": "reports/validator/cells/meta-llama__Llama-2-7b-hf__nnterp.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "meta-llama/Llama-2-7b-hf",
@@ -3295,7 +6392,39 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/meta-llama__Llama-2-7b-hf__transformer_lens.json"
+    "file": "reports/validator/cells/meta-llama__Llama-2-7b-hf__transformer_lens.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "meta-llama/Llama-2-7b-hf",
+    "engine": "vllm",
+    "family": "llama",
+    "modelType": "llama",
+    "status": "ok",
+    "verdict": "gap",
+    "counts": {"gap": 20, "pass": 156},
+    "dtype": "float32",
+    "device": "cpu",
+    "source": "zoo",
+    "file": "reports/validator/cells/meta-llama__Llama-2-7b-hf__vllm.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "meta-llama/Llama-2-7b-hf",
+    "engine": "vllm-static",
+    "family": "llama",
+    "modelType": "llama",
+    "status": "ok",
+    "verdict": "gap",
+    "counts": {"gap": 40, "pass": 136},
+    "dtype": "float32",
+    "device": "cpu",
+    "source": "zoo",
+    "file": "reports/validator/cells/meta-llama__Llama-2-7b-hf__vllm-static.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "meta-llama/Llama-3.1-8B",
@@ -3308,7 +6437,24 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/meta-llama__Llama-3.1-8B__hf.json"
+    "file": "reports/validator/cells/meta-llama__Llama-3.1-8B__hf.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "meta-llama/Llama-3.1-8B",
+    "engine": "interp-engine",
+    "family": "llama",
+    "modelType": "llama",
+    "status": "ok",
+    "verdict": "gap",
+    "counts": {"gap": 20, "pass": 156},
+    "dtype": "float32",
+    "device": "cpu",
+    "source": "zoo",
+    "file": "reports/validator/cells/meta-llama__Llama-3.1-8B__interp-engine.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "meta-llama/Llama-3.1-8B",
@@ -3321,7 +6467,9 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/meta-llama__Llama-3.1-8B__nnsight.json"
+    "file": "reports/validator/cells/meta-llama__Llama-3.1-8B__nnsight.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "meta-llama/Llama-3.1-8B",
@@ -3334,7 +6482,9 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/meta-llama__Llama-3.1-8B__nnterp.json"
+    "file": "reports/validator/cells/meta-llama__Llama-3.1-8B__nnterp.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "meta-llama/Llama-3.1-8B",
@@ -3347,7 +6497,39 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/meta-llama__Llama-3.1-8B__transformer_lens.json"
+    "file": "reports/validator/cells/meta-llama__Llama-3.1-8B__transformer_lens.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "meta-llama/Llama-3.1-8B",
+    "engine": "vllm",
+    "family": "llama",
+    "modelType": "llama",
+    "status": "ok",
+    "verdict": "gap",
+    "counts": {"gap": 20, "pass": 156},
+    "dtype": "float32",
+    "device": "cpu",
+    "source": "zoo",
+    "file": "reports/validator/cells/meta-llama__Llama-3.1-8B__vllm.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "meta-llama/Llama-3.1-8B",
+    "engine": "vllm-static",
+    "family": "llama",
+    "modelType": "llama",
+    "status": "ok",
+    "verdict": "gap",
+    "counts": {"gap": 40, "pass": 136},
+    "dtype": "float32",
+    "device": "cpu",
+    "source": "zoo",
+    "file": "reports/validator/cells/meta-llama__Llama-3.1-8B__vllm-static.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "meta-llama/Llama-3.2-1B",
@@ -3360,7 +6542,24 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/meta-llama__Llama-3.2-1B__hf.json"
+    "file": "reports/validator/cells/meta-llama__Llama-3.2-1B__hf.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "meta-llama/Llama-3.2-1B",
+    "engine": "interp-engine",
+    "family": "llama",
+    "modelType": "llama",
+    "status": "ok",
+    "verdict": "gap",
+    "counts": {"gap": 20, "pass": 156},
+    "dtype": "float32",
+    "device": "cpu",
+    "source": "zoo",
+    "file": "reports/validator/cells/meta-llama__Llama-3.2-1B__interp-engine.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "meta-llama/Llama-3.2-1B",
@@ -3373,7 +6572,9 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/meta-llama__Llama-3.2-1B__nnsight.json"
+    "file": "reports/validator/cells/meta-llama__Llama-3.2-1B__nnsight.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "meta-llama/Llama-3.2-1B",
@@ -3386,7 +6587,9 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/meta-llama__Llama-3.2-1B__nnterp.json"
+    "file": "reports/validator/cells/meta-llama__Llama-3.2-1B__nnterp.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "meta-llama/Llama-3.2-1B",
@@ -3399,7 +6602,39 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/meta-llama__Llama-3.2-1B__transformer_lens.json"
+    "file": "reports/validator/cells/meta-llama__Llama-3.2-1B__transformer_lens.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "meta-llama/Llama-3.2-1B",
+    "engine": "vllm",
+    "family": "llama",
+    "modelType": "llama",
+    "status": "ok",
+    "verdict": "gap",
+    "counts": {"gap": 20, "pass": 156},
+    "dtype": "float32",
+    "device": "cpu",
+    "source": "zoo",
+    "file": "reports/validator/cells/meta-llama__Llama-3.2-1B__vllm.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "meta-llama/Llama-3.2-1B",
+    "engine": "vllm-static",
+    "family": "llama",
+    "modelType": "llama",
+    "status": "ok",
+    "verdict": "gap",
+    "counts": {"gap": 40, "pass": 136},
+    "dtype": "float32",
+    "device": "cpu",
+    "source": "zoo",
+    "file": "reports/validator/cells/meta-llama__Llama-3.2-1B__vllm-static.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "meta-llama/Llama-3.2-3B",
@@ -3412,7 +6647,24 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/meta-llama__Llama-3.2-3B__hf.json"
+    "file": "reports/validator/cells/meta-llama__Llama-3.2-3B__hf.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "meta-llama/Llama-3.2-3B",
+    "engine": "interp-engine",
+    "family": "llama",
+    "modelType": "llama",
+    "status": "ok",
+    "verdict": "gap",
+    "counts": {"gap": 20, "pass": 156},
+    "dtype": "float32",
+    "device": "cpu",
+    "source": "zoo",
+    "file": "reports/validator/cells/meta-llama__Llama-3.2-3B__interp-engine.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "meta-llama/Llama-3.2-3B",
@@ -3425,7 +6677,9 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/meta-llama__Llama-3.2-3B__nnsight.json"
+    "file": "reports/validator/cells/meta-llama__Llama-3.2-3B__nnsight.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "meta-llama/Llama-3.2-3B",
@@ -3438,7 +6692,9 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/meta-llama__Llama-3.2-3B__nnterp.json"
+    "file": "reports/validator/cells/meta-llama__Llama-3.2-3B__nnterp.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "meta-llama/Llama-3.2-3B",
@@ -3451,7 +6707,9 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/meta-llama__Llama-3.2-3B__transformer_lens.json"
+    "file": "reports/validator/cells/meta-llama__Llama-3.2-3B__transformer_lens.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "meta-llama/Meta-Llama-3-8B",
@@ -3464,7 +6722,24 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/meta-llama__Meta-Llama-3-8B__hf.json"
+    "file": "reports/validator/cells/meta-llama__Meta-Llama-3-8B__hf.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "meta-llama/Meta-Llama-3-8B",
+    "engine": "interp-engine",
+    "family": "llama",
+    "modelType": "llama",
+    "status": "ok",
+    "verdict": "gap",
+    "counts": {"gap": 20, "pass": 156},
+    "dtype": "float32",
+    "device": "cpu",
+    "source": "zoo",
+    "file": "reports/validator/cells/meta-llama__Meta-Llama-3-8B__interp-engine.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "meta-llama/Meta-Llama-3-8B",
@@ -3477,7 +6752,9 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/meta-llama__Meta-Llama-3-8B__nnsight.json"
+    "file": "reports/validator/cells/meta-llama__Meta-Llama-3-8B__nnsight.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "meta-llama/Meta-Llama-3-8B",
@@ -3490,7 +6767,9 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/meta-llama__Meta-Llama-3-8B__nnterp.json"
+    "file": "reports/validator/cells/meta-llama__Meta-Llama-3-8B__nnterp.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "meta-llama/Meta-Llama-3-8B",
@@ -3503,7 +6782,9 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/meta-llama__Meta-Llama-3-8B__transformer_lens.json"
+    "file": "reports/validator/cells/meta-llama__Meta-Llama-3-8B__transformer_lens.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "microsoft/Phi-3-medium-4k-instruct",
@@ -3516,7 +6797,24 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/microsoft__Phi-3-medium-4k-instruct__hf.json"
+    "file": "reports/validator/cells/microsoft__Phi-3-medium-4k-instruct__hf.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "microsoft/Phi-3-medium-4k-instruct",
+    "engine": "interp-engine",
+    "family": "phi3",
+    "modelType": "phi3",
+    "status": "ok",
+    "verdict": "gap",
+    "counts": {"gap": 20, "pass": 156},
+    "dtype": "float32",
+    "device": "cpu",
+    "source": "zoo",
+    "file": "reports/validator/cells/microsoft__Phi-3-medium-4k-instruct__interp-engine.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "microsoft/Phi-3-medium-4k-instruct",
@@ -3529,7 +6827,9 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/microsoft__Phi-3-medium-4k-instruct__nnsight.json"
+    "file": "reports/validator/cells/microsoft__Phi-3-medium-4k-instruct__nnsight.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "microsoft/Phi-3-medium-4k-instruct",
@@ -3542,7 +6842,9 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/microsoft__Phi-3-medium-4k-instruct__nnterp.json"
+    "file": "reports/validator/cells/microsoft__Phi-3-medium-4k-instruct__nnterp.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "microsoft/Phi-3-medium-4k-instruct",
@@ -3555,7 +6857,39 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/microsoft__Phi-3-medium-4k-instruct__transformer_lens.json"
+    "file": "reports/validator/cells/microsoft__Phi-3-medium-4k-instruct__transformer_lens.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "microsoft/Phi-3-medium-4k-instruct",
+    "engine": "vllm",
+    "family": "phi3",
+    "modelType": "phi3",
+    "status": "ok",
+    "verdict": "gap",
+    "counts": {"gap": 20, "pass": 156},
+    "dtype": "float32",
+    "device": "cpu",
+    "source": "zoo",
+    "file": "reports/validator/cells/microsoft__Phi-3-medium-4k-instruct__vllm.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "microsoft/Phi-3-medium-4k-instruct",
+    "engine": "vllm-static",
+    "family": "phi3",
+    "modelType": "phi3",
+    "status": "ok",
+    "verdict": "gap",
+    "counts": {"gap": 40, "pass": 136},
+    "dtype": "float32",
+    "device": "cpu",
+    "source": "zoo",
+    "file": "reports/validator/cells/microsoft__Phi-3-medium-4k-instruct__vllm-static.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "microsoft/Phi-3-mini-4k-instruct",
@@ -3568,7 +6902,24 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/microsoft__Phi-3-mini-4k-instruct__hf.json"
+    "file": "reports/validator/cells/microsoft__Phi-3-mini-4k-instruct__hf.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "microsoft/Phi-3-mini-4k-instruct",
+    "engine": "interp-engine",
+    "family": "phi3",
+    "modelType": "phi3",
+    "status": "ok",
+    "verdict": "gap",
+    "counts": {"gap": 20, "pass": 156},
+    "dtype": "float32",
+    "device": "cpu",
+    "source": "zoo",
+    "file": "reports/validator/cells/microsoft__Phi-3-mini-4k-instruct__interp-engine.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "microsoft/Phi-3-mini-4k-instruct",
@@ -3581,7 +6932,9 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/microsoft__Phi-3-mini-4k-instruct__nnsight.json"
+    "file": "reports/validator/cells/microsoft__Phi-3-mini-4k-instruct__nnsight.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "microsoft/Phi-3-mini-4k-instruct",
@@ -3594,7 +6947,9 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/microsoft__Phi-3-mini-4k-instruct__nnterp.json"
+    "file": "reports/validator/cells/microsoft__Phi-3-mini-4k-instruct__nnterp.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "microsoft/Phi-3-mini-4k-instruct",
@@ -3607,7 +6962,39 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/microsoft__Phi-3-mini-4k-instruct__transformer_lens.json"
+    "file": "reports/validator/cells/microsoft__Phi-3-mini-4k-instruct__transformer_lens.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "microsoft/Phi-3-mini-4k-instruct",
+    "engine": "vllm",
+    "family": "phi3",
+    "modelType": "phi3",
+    "status": "ok",
+    "verdict": "gap",
+    "counts": {"gap": 20, "pass": 156},
+    "dtype": "float32",
+    "device": "cpu",
+    "source": "zoo",
+    "file": "reports/validator/cells/microsoft__Phi-3-mini-4k-instruct__vllm.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "microsoft/Phi-3-mini-4k-instruct",
+    "engine": "vllm-static",
+    "family": "phi3",
+    "modelType": "phi3",
+    "status": "ok",
+    "verdict": "gap",
+    "counts": {"gap": 40, "pass": 136},
+    "dtype": "float32",
+    "device": "cpu",
+    "source": "zoo",
+    "file": "reports/validator/cells/microsoft__Phi-3-mini-4k-instruct__vllm-static.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "microsoft/Phi-3.5-MoE-instruct",
@@ -3620,7 +7007,24 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/microsoft__Phi-3.5-MoE-instruct__hf.json"
+    "file": "reports/validator/cells/microsoft__Phi-3.5-MoE-instruct__hf.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "microsoft/Phi-3.5-MoE-instruct",
+    "engine": "interp-engine",
+    "family": "phimoe",
+    "modelType": "phimoe",
+    "status": "ok",
+    "verdict": "gap",
+    "counts": {"gap": 20, "pass": 156},
+    "dtype": "float32",
+    "device": "cpu",
+    "source": "zoo",
+    "file": "reports/validator/cells/microsoft__Phi-3.5-MoE-instruct__interp-engine.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "microsoft/Phi-3.5-MoE-instruct",
@@ -3633,7 +7037,9 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/microsoft__Phi-3.5-MoE-instruct__nnsight.json"
+    "file": "reports/validator/cells/microsoft__Phi-3.5-MoE-instruct__nnsight.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "microsoft/Phi-3.5-MoE-instruct",
@@ -3646,7 +7052,9 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/microsoft__Phi-3.5-MoE-instruct__nnterp.json"
+    "file": "reports/validator/cells/microsoft__Phi-3.5-MoE-instruct__nnterp.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "microsoft/Phi-3.5-MoE-instruct",
@@ -3659,7 +7067,39 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/microsoft__Phi-3.5-MoE-instruct__transformer_lens.json"
+    "file": "reports/validator/cells/microsoft__Phi-3.5-MoE-instruct__transformer_lens.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "microsoft/Phi-3.5-MoE-instruct",
+    "engine": "vllm",
+    "family": "phimoe",
+    "modelType": "phimoe",
+    "status": "ok",
+    "verdict": "fail",
+    "counts": {"fail": 176},
+    "dtype": "float32",
+    "device": "cpu",
+    "source": "zoo",
+    "file": "reports/validator/cells/microsoft__Phi-3.5-MoE-instruct__vllm.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "microsoft/Phi-3.5-MoE-instruct",
+    "engine": "vllm-static",
+    "family": "phimoe",
+    "modelType": "phimoe",
+    "status": "ok",
+    "verdict": "gap",
+    "counts": {"gap": 176},
+    "dtype": "float32",
+    "device": "cpu",
+    "source": "zoo",
+    "file": "reports/validator/cells/microsoft__Phi-3.5-MoE-instruct__vllm-static.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "microsoft/Phi-4-mini-instruct",
@@ -3672,7 +7112,24 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/microsoft__Phi-4-mini-instruct__hf.json"
+    "file": "reports/validator/cells/microsoft__Phi-4-mini-instruct__hf.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "microsoft/Phi-4-mini-instruct",
+    "engine": "interp-engine",
+    "family": "phi3",
+    "modelType": "phi3",
+    "status": "ok",
+    "verdict": "gap",
+    "counts": {"gap": 20, "pass": 156},
+    "dtype": "float32",
+    "device": "cpu",
+    "source": "zoo",
+    "file": "reports/validator/cells/microsoft__Phi-4-mini-instruct__interp-engine.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "microsoft/Phi-4-mini-instruct",
@@ -3685,7 +7142,9 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/microsoft__Phi-4-mini-instruct__nnsight.json"
+    "file": "reports/validator/cells/microsoft__Phi-4-mini-instruct__nnsight.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "microsoft/Phi-4-mini-instruct",
@@ -3698,7 +7157,9 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/microsoft__Phi-4-mini-instruct__nnterp.json"
+    "file": "reports/validator/cells/microsoft__Phi-4-mini-instruct__nnterp.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "microsoft/Phi-4-mini-instruct",
@@ -3711,7 +7172,39 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/microsoft__Phi-4-mini-instruct__transformer_lens.json"
+    "file": "reports/validator/cells/microsoft__Phi-4-mini-instruct__transformer_lens.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "microsoft/Phi-4-mini-instruct",
+    "engine": "vllm",
+    "family": "phi3",
+    "modelType": "phi3",
+    "status": "ok",
+    "verdict": "gap",
+    "counts": {"gap": 20, "pass": 156},
+    "dtype": "float32",
+    "device": "cpu",
+    "source": "zoo",
+    "file": "reports/validator/cells/microsoft__Phi-4-mini-instruct__vllm.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "microsoft/Phi-4-mini-instruct",
+    "engine": "vllm-static",
+    "family": "phi3",
+    "modelType": "phi3",
+    "status": "ok",
+    "verdict": "gap",
+    "counts": {"gap": 40, "pass": 136},
+    "dtype": "float32",
+    "device": "cpu",
+    "source": "zoo",
+    "file": "reports/validator/cells/microsoft__Phi-4-mini-instruct__vllm-static.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "microsoft/phi-1_5",
@@ -3724,7 +7217,24 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/microsoft__phi-1_5__hf.json"
+    "file": "reports/validator/cells/microsoft__phi-1_5__hf.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "microsoft/phi-1_5",
+    "engine": "interp-engine",
+    "family": "phi",
+    "modelType": "phi",
+    "status": "ok",
+    "verdict": "gap",
+    "counts": {"gap": 20, "pass": 136},
+    "dtype": "float32",
+    "device": "cpu",
+    "source": "zoo",
+    "file": "reports/validator/cells/microsoft__phi-1_5__interp-engine.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "microsoft/phi-1_5",
@@ -3737,7 +7247,9 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/microsoft__phi-1_5__nnsight.json"
+    "file": "reports/validator/cells/microsoft__phi-1_5__nnsight.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "microsoft/phi-1_5",
@@ -3750,7 +7262,9 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/microsoft__phi-1_5__nnterp.json"
+    "file": "reports/validator/cells/microsoft__phi-1_5__nnterp.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "microsoft/phi-1_5",
@@ -3763,7 +7277,39 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/microsoft__phi-1_5__transformer_lens.json"
+    "file": "reports/validator/cells/microsoft__phi-1_5__transformer_lens.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "microsoft/phi-1_5",
+    "engine": "vllm",
+    "family": "phi",
+    "modelType": "phi",
+    "status": "ok",
+    "verdict": "gap",
+    "counts": {"gap": 60, "pass": 96},
+    "dtype": "float32",
+    "device": "cpu",
+    "source": "zoo",
+    "file": "reports/validator/cells/microsoft__phi-1_5__vllm.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "microsoft/phi-1_5",
+    "engine": "vllm-static",
+    "family": "phi",
+    "modelType": "phi",
+    "status": "ok",
+    "verdict": "gap",
+    "counts": {"gap": 135, "pass": 21},
+    "dtype": "float32",
+    "device": "cpu",
+    "source": "zoo",
+    "file": "reports/validator/cells/microsoft__phi-1_5__vllm-static.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "microsoft/phi-2",
@@ -3776,7 +7322,24 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/microsoft__phi-2__hf.json"
+    "file": "reports/validator/cells/microsoft__phi-2__hf.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "microsoft/phi-2",
+    "engine": "interp-engine",
+    "family": "phi",
+    "modelType": "phi",
+    "status": "ok",
+    "verdict": "gap",
+    "counts": {"gap": 20, "pass": 136},
+    "dtype": "float32",
+    "device": "cpu",
+    "source": "zoo",
+    "file": "reports/validator/cells/microsoft__phi-2__interp-engine.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "microsoft/phi-2",
@@ -3789,7 +7352,9 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/microsoft__phi-2__nnsight.json"
+    "file": "reports/validator/cells/microsoft__phi-2__nnsight.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "microsoft/phi-2",
@@ -3802,7 +7367,9 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/microsoft__phi-2__nnterp.json"
+    "file": "reports/validator/cells/microsoft__phi-2__nnterp.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "microsoft/phi-2",
@@ -3815,7 +7382,39 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/microsoft__phi-2__transformer_lens.json"
+    "file": "reports/validator/cells/microsoft__phi-2__transformer_lens.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "microsoft/phi-2",
+    "engine": "vllm",
+    "family": "phi",
+    "modelType": "phi",
+    "status": "ok",
+    "verdict": "gap",
+    "counts": {"gap": 60, "pass": 96},
+    "dtype": "float32",
+    "device": "cpu",
+    "source": "zoo",
+    "file": "reports/validator/cells/microsoft__phi-2__vllm.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "microsoft/phi-2",
+    "engine": "vllm-static",
+    "family": "phi",
+    "modelType": "phi",
+    "status": "ok",
+    "verdict": "gap",
+    "counts": {"gap": 135, "pass": 21},
+    "dtype": "float32",
+    "device": "cpu",
+    "source": "zoo",
+    "file": "reports/validator/cells/microsoft__phi-2__vllm-static.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "mistralai/Mistral-7B-Instruct-v0.3",
@@ -3828,7 +7427,24 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/mistralai__Mistral-7B-Instruct-v0.3__hf.json"
+    "file": "reports/validator/cells/mistralai__Mistral-7B-Instruct-v0.3__hf.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "mistralai/Mistral-7B-Instruct-v0.3",
+    "engine": "interp-engine",
+    "family": "llama",
+    "modelType": "mistral",
+    "status": "ok",
+    "verdict": "gap",
+    "counts": {"gap": 20, "pass": 156},
+    "dtype": "float32",
+    "device": "cpu",
+    "source": "zoo",
+    "file": "reports/validator/cells/mistralai__Mistral-7B-Instruct-v0.3__interp-engine.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "mistralai/Mistral-7B-Instruct-v0.3",
@@ -3841,7 +7457,9 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/mistralai__Mistral-7B-Instruct-v0.3__nnsight.json"
+    "file": "reports/validator/cells/mistralai__Mistral-7B-Instruct-v0.3__nnsight.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "mistralai/Mistral-7B-Instruct-v0.3",
@@ -3854,7 +7472,9 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/mistralai__Mistral-7B-Instruct-v0.3__nnterp.json"
+    "file": "reports/validator/cells/mistralai__Mistral-7B-Instruct-v0.3__nnterp.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "mistralai/Mistral-7B-Instruct-v0.3",
@@ -3867,7 +7487,39 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/mistralai__Mistral-7B-Instruct-v0.3__transformer_lens.json"
+    "file": "reports/validator/cells/mistralai__Mistral-7B-Instruct-v0.3__transformer_lens.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "mistralai/Mistral-7B-Instruct-v0.3",
+    "engine": "vllm",
+    "family": "llama",
+    "modelType": "mistral",
+    "status": "ok",
+    "verdict": "gap",
+    "counts": {"gap": 20, "pass": 156},
+    "dtype": "float32",
+    "device": "cpu",
+    "source": "zoo",
+    "file": "reports/validator/cells/mistralai__Mistral-7B-Instruct-v0.3__vllm.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "mistralai/Mistral-7B-Instruct-v0.3",
+    "engine": "vllm-static",
+    "family": "llama",
+    "modelType": "mistral",
+    "status": "ok",
+    "verdict": "gap",
+    "counts": {"gap": 40, "pass": 136},
+    "dtype": "float32",
+    "device": "cpu",
+    "source": "zoo",
+    "file": "reports/validator/cells/mistralai__Mistral-7B-Instruct-v0.3__vllm-static.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "mistralai/Mistral-7B-v0.1",
@@ -3880,7 +7532,24 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/mistralai__Mistral-7B-v0.1__hf.json"
+    "file": "reports/validator/cells/mistralai__Mistral-7B-v0.1__hf.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "mistralai/Mistral-7B-v0.1",
+    "engine": "interp-engine",
+    "family": "llama",
+    "modelType": "mistral",
+    "status": "ok",
+    "verdict": "gap",
+    "counts": {"gap": 20, "pass": 156},
+    "dtype": "float32",
+    "device": "cpu",
+    "source": "zoo",
+    "file": "reports/validator/cells/mistralai__Mistral-7B-v0.1__interp-engine.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "mistralai/Mistral-7B-v0.1",
@@ -3893,7 +7562,9 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/mistralai__Mistral-7B-v0.1__nnsight.json"
+    "file": "reports/validator/cells/mistralai__Mistral-7B-v0.1__nnsight.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "mistralai/Mistral-7B-v0.1",
@@ -3906,7 +7577,9 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/mistralai__Mistral-7B-v0.1__nnterp.json"
+    "file": "reports/validator/cells/mistralai__Mistral-7B-v0.1__nnterp.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "mistralai/Mistral-7B-v0.1",
@@ -3919,7 +7592,39 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/mistralai__Mistral-7B-v0.1__transformer_lens.json"
+    "file": "reports/validator/cells/mistralai__Mistral-7B-v0.1__transformer_lens.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "mistralai/Mistral-7B-v0.1",
+    "engine": "vllm",
+    "family": "llama",
+    "modelType": "mistral",
+    "status": "ok",
+    "verdict": "gap",
+    "counts": {"gap": 20, "pass": 156},
+    "dtype": "float32",
+    "device": "cpu",
+    "source": "zoo",
+    "file": "reports/validator/cells/mistralai__Mistral-7B-v0.1__vllm.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "mistralai/Mistral-7B-v0.1",
+    "engine": "vllm-static",
+    "family": "llama",
+    "modelType": "mistral",
+    "status": "ok",
+    "verdict": "gap",
+    "counts": {"gap": 40, "pass": 136},
+    "dtype": "float32",
+    "device": "cpu",
+    "source": "zoo",
+    "file": "reports/validator/cells/mistralai__Mistral-7B-v0.1__vllm-static.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "mistralai/Mistral-Nemo-Base-2407",
@@ -3932,7 +7637,24 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/mistralai__Mistral-Nemo-Base-2407__hf.json"
+    "file": "reports/validator/cells/mistralai__Mistral-Nemo-Base-2407__hf.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "mistralai/Mistral-Nemo-Base-2407",
+    "engine": "interp-engine",
+    "family": "llama",
+    "modelType": "mistral",
+    "status": "ok",
+    "verdict": "gap",
+    "counts": {"gap": 20, "pass": 156},
+    "dtype": "float32",
+    "device": "cpu",
+    "source": "zoo",
+    "file": "reports/validator/cells/mistralai__Mistral-Nemo-Base-2407__interp-engine.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "mistralai/Mistral-Nemo-Base-2407",
@@ -3945,7 +7667,9 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/mistralai__Mistral-Nemo-Base-2407__nnsight.json"
+    "file": "reports/validator/cells/mistralai__Mistral-Nemo-Base-2407__nnsight.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "mistralai/Mistral-Nemo-Base-2407",
@@ -3958,7 +7682,9 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/mistralai__Mistral-Nemo-Base-2407__nnterp.json"
+    "file": "reports/validator/cells/mistralai__Mistral-Nemo-Base-2407__nnterp.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "mistralai/Mistral-Nemo-Base-2407",
@@ -3971,7 +7697,39 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/mistralai__Mistral-Nemo-Base-2407__transformer_lens.json"
+    "file": "reports/validator/cells/mistralai__Mistral-Nemo-Base-2407__transformer_lens.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "mistralai/Mistral-Nemo-Base-2407",
+    "engine": "vllm",
+    "family": "llama",
+    "modelType": "mistral",
+    "status": "ok",
+    "verdict": "gap",
+    "counts": {"gap": 20, "pass": 156},
+    "dtype": "float32",
+    "device": "cpu",
+    "source": "zoo",
+    "file": "reports/validator/cells/mistralai__Mistral-Nemo-Base-2407__vllm.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "mistralai/Mistral-Nemo-Base-2407",
+    "engine": "vllm-static",
+    "family": "llama",
+    "modelType": "mistral",
+    "status": "ok",
+    "verdict": "gap",
+    "counts": {"gap": 40, "pass": 136},
+    "dtype": "float32",
+    "device": "cpu",
+    "source": "zoo",
+    "file": "reports/validator/cells/mistralai__Mistral-Nemo-Base-2407__vllm-static.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "mistralai/Mixtral-8x7B-v0.1",
@@ -3984,7 +7742,24 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/mistralai__Mixtral-8x7B-v0.1__hf.json"
+    "file": "reports/validator/cells/mistralai__Mixtral-8x7B-v0.1__hf.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "mistralai/Mixtral-8x7B-v0.1",
+    "engine": "interp-engine",
+    "family": "mixtral",
+    "modelType": "mixtral",
+    "status": "ok",
+    "verdict": "gap",
+    "counts": {"gap": 20, "pass": 156},
+    "dtype": "float32",
+    "device": "cpu",
+    "source": "zoo",
+    "file": "reports/validator/cells/mistralai__Mixtral-8x7B-v0.1__interp-engine.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "mistralai/Mixtral-8x7B-v0.1",
@@ -3997,7 +7772,9 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/mistralai__Mixtral-8x7B-v0.1__nnsight.json"
+    "file": "reports/validator/cells/mistralai__Mixtral-8x7B-v0.1__nnsight.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "mistralai/Mixtral-8x7B-v0.1",
@@ -4010,7 +7787,9 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/mistralai__Mixtral-8x7B-v0.1__nnterp.json"
+    "file": "reports/validator/cells/mistralai__Mixtral-8x7B-v0.1__nnterp.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "mistralai/Mixtral-8x7B-v0.1",
@@ -4023,7 +7802,39 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/mistralai__Mixtral-8x7B-v0.1__transformer_lens.json"
+    "file": "reports/validator/cells/mistralai__Mixtral-8x7B-v0.1__transformer_lens.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "mistralai/Mixtral-8x7B-v0.1",
+    "engine": "vllm",
+    "family": "mixtral",
+    "modelType": "mixtral",
+    "status": "ok",
+    "verdict": "gap",
+    "counts": {"gap": 30, "pass": 146},
+    "dtype": "float32",
+    "device": "cpu",
+    "source": "zoo",
+    "file": "reports/validator/cells/mistralai__Mixtral-8x7B-v0.1__vllm.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "mistralai/Mixtral-8x7B-v0.1",
+    "engine": "vllm-static",
+    "family": "mixtral",
+    "modelType": "mixtral",
+    "status": "ok",
+    "verdict": "gap",
+    "counts": {"gap": 50, "pass": 126},
+    "dtype": "float32",
+    "device": "cpu",
+    "source": "zoo",
+    "file": "reports/validator/cells/mistralai__Mixtral-8x7B-v0.1__vllm-static.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "mosaicml/mpt-7b",
@@ -4036,7 +7847,24 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/mosaicml__mpt-7b__hf.json"
+    "file": "reports/validator/cells/mosaicml__mpt-7b__hf.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "mosaicml/mpt-7b",
+    "engine": "interp-engine",
+    "family": "mpt",
+    "modelType": "mpt",
+    "status": "ok",
+    "verdict": "gap",
+    "counts": {"gap": 20, "pass": 136},
+    "dtype": "float32",
+    "device": "cpu",
+    "source": "zoo",
+    "file": "reports/validator/cells/mosaicml__mpt-7b__interp-engine.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "mosaicml/mpt-7b",
@@ -4049,7 +7877,9 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/mosaicml__mpt-7b__nnsight.json"
+    "file": "reports/validator/cells/mosaicml__mpt-7b__nnsight.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "mosaicml/mpt-7b",
@@ -4062,7 +7892,9 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/mosaicml__mpt-7b__nnterp.json"
+    "file": "reports/validator/cells/mosaicml__mpt-7b__nnterp.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "mosaicml/mpt-7b",
@@ -4075,7 +7907,39 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/mosaicml__mpt-7b__transformer_lens.json"
+    "file": "reports/validator/cells/mosaicml__mpt-7b__transformer_lens.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "mosaicml/mpt-7b",
+    "engine": "vllm",
+    "family": null,
+    "modelType": null,
+    "status": "skipped",
+    "verdict": "skipped",
+    "counts": {},
+    "dtype": null,
+    "device": null,
+    "source": "zoo",
+    "file": "reports/validator/cells/mosaicml__mpt-7b__vllm.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "mosaicml/mpt-7b",
+    "engine": "vllm-static",
+    "family": null,
+    "modelType": null,
+    "status": "skipped",
+    "verdict": "skipped",
+    "counts": {},
+    "dtype": null,
+    "device": null,
+    "source": "zoo",
+    "file": "reports/validator/cells/mosaicml__mpt-7b__vllm-static.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "nvidia/Minitron-4B-Base",
@@ -4088,7 +7952,24 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/nvidia__Minitron-4B-Base__hf.json"
+    "file": "reports/validator/cells/nvidia__Minitron-4B-Base__hf.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "nvidia/Minitron-4B-Base",
+    "engine": "interp-engine",
+    "family": "nemotron",
+    "modelType": "nemotron",
+    "status": "ok",
+    "verdict": "gap",
+    "counts": {"gap": 20, "pass": 146},
+    "dtype": "float32",
+    "device": "cpu",
+    "source": "zoo",
+    "file": "reports/validator/cells/nvidia__Minitron-4B-Base__interp-engine.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "nvidia/Minitron-4B-Base",
@@ -4101,7 +7982,9 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/nvidia__Minitron-4B-Base__nnsight.json"
+    "file": "reports/validator/cells/nvidia__Minitron-4B-Base__nnsight.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "nvidia/Minitron-4B-Base",
@@ -4114,7 +7997,9 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/nvidia__Minitron-4B-Base__nnterp.json"
+    "file": "reports/validator/cells/nvidia__Minitron-4B-Base__nnterp.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "nvidia/Minitron-4B-Base",
@@ -4127,7 +8012,9 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/nvidia__Minitron-4B-Base__transformer_lens.json"
+    "file": "reports/validator/cells/nvidia__Minitron-4B-Base__transformer_lens.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "nvidia/NVIDIA-Nemotron-Nano-9B-v2",
@@ -4140,7 +8027,24 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/nvidia__NVIDIA-Nemotron-Nano-9B-v2__hf.json"
+    "file": "reports/validator/cells/nvidia__NVIDIA-Nemotron-Nano-9B-v2__hf.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "nvidia/NVIDIA-Nemotron-Nano-9B-v2",
+    "engine": "interp-engine",
+    "family": "nemotron_h",
+    "modelType": "nemotron_h",
+    "status": "ok",
+    "verdict": "warn",
+    "counts": {"gap": 20, "pass": 106, "warn": 20},
+    "dtype": "float32",
+    "device": "cpu",
+    "source": "zoo",
+    "file": "reports/validator/cells/nvidia__NVIDIA-Nemotron-Nano-9B-v2__interp-engine.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "nvidia/NVIDIA-Nemotron-Nano-9B-v2",
@@ -4153,7 +8057,9 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/nvidia__NVIDIA-Nemotron-Nano-9B-v2__nnsight.json"
+    "file": "reports/validator/cells/nvidia__NVIDIA-Nemotron-Nano-9B-v2__nnsight.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "nvidia/NVIDIA-Nemotron-Nano-9B-v2",
@@ -4166,7 +8072,9 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/nvidia__NVIDIA-Nemotron-Nano-9B-v2__nnterp.json"
+    "file": "reports/validator/cells/nvidia__NVIDIA-Nemotron-Nano-9B-v2__nnterp.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "nvidia/NVIDIA-Nemotron-Nano-9B-v2",
@@ -4179,7 +8087,39 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/nvidia__NVIDIA-Nemotron-Nano-9B-v2__transformer_lens.json"
+    "file": "reports/validator/cells/nvidia__NVIDIA-Nemotron-Nano-9B-v2__transformer_lens.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "nvidia/NVIDIA-Nemotron-Nano-9B-v2",
+    "engine": "vllm",
+    "family": null,
+    "modelType": null,
+    "status": "skipped",
+    "verdict": "skipped",
+    "counts": {},
+    "dtype": null,
+    "device": null,
+    "source": "zoo",
+    "file": "reports/validator/cells/nvidia__NVIDIA-Nemotron-Nano-9B-v2__vllm.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "nvidia/NVIDIA-Nemotron-Nano-9B-v2",
+    "engine": "vllm-static",
+    "family": null,
+    "modelType": null,
+    "status": "skipped",
+    "verdict": "skipped",
+    "counts": {},
+    "dtype": null,
+    "device": null,
+    "source": "zoo",
+    "file": "reports/validator/cells/nvidia__NVIDIA-Nemotron-Nano-9B-v2__vllm-static.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "openai-community/gpt2",
@@ -4192,7 +8132,24 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/openai-community__gpt2__hf.json"
+    "file": "reports/validator/cells/openai-community__gpt2__hf.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "openai-community/gpt2",
+    "engine": "interp-engine",
+    "family": "gpt2",
+    "modelType": "gpt2",
+    "status": "ok",
+    "verdict": "gap",
+    "counts": {"gap": 25, "pass": 141},
+    "dtype": "float32",
+    "device": "cpu",
+    "source": "zoo",
+    "file": "reports/validator/cells/openai-community__gpt2__interp-engine.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "openai-community/gpt2",
@@ -4205,7 +8162,9 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/openai-community__gpt2__nnsight.json"
+    "file": "reports/validator/cells/openai-community__gpt2__nnsight.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "openai-community/gpt2",
@@ -4218,7 +8177,9 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/openai-community__gpt2__nnterp.json"
+    "file": "reports/validator/cells/openai-community__gpt2__nnterp.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "openai-community/gpt2",
@@ -4231,7 +8192,39 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/openai-community__gpt2__transformer_lens.json"
+    "file": "reports/validator/cells/openai-community__gpt2__transformer_lens.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "openai-community/gpt2",
+    "engine": "vllm",
+    "family": "gpt2",
+    "modelType": "gpt2",
+    "status": "ok",
+    "verdict": "gap",
+    "counts": {"gap": 10, "pass": 156},
+    "dtype": "float32",
+    "device": "cpu",
+    "source": "zoo",
+    "file": "reports/validator/cells/openai-community__gpt2__vllm.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "openai-community/gpt2",
+    "engine": "vllm-static",
+    "family": "gpt2",
+    "modelType": "gpt2",
+    "status": "ok",
+    "verdict": "gap",
+    "counts": {"gap": 30, "pass": 136},
+    "dtype": "float32",
+    "device": "cpu",
+    "source": "zoo",
+    "file": "reports/validator/cells/openai-community__gpt2__vllm-static.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "openai-community/gpt2-medium",
@@ -4244,7 +8237,24 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/openai-community__gpt2-medium__hf.json"
+    "file": "reports/validator/cells/openai-community__gpt2-medium__hf.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "openai-community/gpt2-medium",
+    "engine": "interp-engine",
+    "family": "gpt2",
+    "modelType": "gpt2",
+    "status": "ok",
+    "verdict": "gap",
+    "counts": {"gap": 25, "pass": 141},
+    "dtype": "float32",
+    "device": "cpu",
+    "source": "zoo",
+    "file": "reports/validator/cells/openai-community__gpt2-medium__interp-engine.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "openai-community/gpt2-medium",
@@ -4257,7 +8267,9 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/openai-community__gpt2-medium__nnsight.json"
+    "file": "reports/validator/cells/openai-community__gpt2-medium__nnsight.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "openai-community/gpt2-medium",
@@ -4270,7 +8282,9 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/openai-community__gpt2-medium__nnterp.json"
+    "file": "reports/validator/cells/openai-community__gpt2-medium__nnterp.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "openai-community/gpt2-medium",
@@ -4283,7 +8297,39 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/openai-community__gpt2-medium__transformer_lens.json"
+    "file": "reports/validator/cells/openai-community__gpt2-medium__transformer_lens.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "openai-community/gpt2-medium",
+    "engine": "vllm",
+    "family": "gpt2",
+    "modelType": "gpt2",
+    "status": "ok",
+    "verdict": "gap",
+    "counts": {"gap": 10, "pass": 156},
+    "dtype": "float32",
+    "device": "cpu",
+    "source": "zoo",
+    "file": "reports/validator/cells/openai-community__gpt2-medium__vllm.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "openai-community/gpt2-medium",
+    "engine": "vllm-static",
+    "family": "gpt2",
+    "modelType": "gpt2",
+    "status": "ok",
+    "verdict": "gap",
+    "counts": {"gap": 30, "pass": 136},
+    "dtype": "float32",
+    "device": "cpu",
+    "source": "zoo",
+    "file": "reports/validator/cells/openai-community__gpt2-medium__vllm-static.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "openai/gpt-oss-20b",
@@ -4296,7 +8342,24 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/openai__gpt-oss-20b__hf.json"
+    "file": "reports/validator/cells/openai__gpt-oss-20b__hf.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "openai/gpt-oss-20b",
+    "engine": "interp-engine",
+    "family": "gpt_oss",
+    "modelType": "gpt_oss",
+    "status": "ok",
+    "verdict": "gap",
+    "counts": {"gap": 30, "pass": 226},
+    "dtype": "float32",
+    "device": "cpu",
+    "source": "zoo",
+    "file": "reports/validator/cells/openai__gpt-oss-20b__interp-engine.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "openai/gpt-oss-20b",
@@ -4309,7 +8372,9 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/openai__gpt-oss-20b__nnsight.json"
+    "file": "reports/validator/cells/openai__gpt-oss-20b__nnsight.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "openai/gpt-oss-20b",
@@ -4322,7 +8387,9 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/openai__gpt-oss-20b__nnterp.json"
+    "file": "reports/validator/cells/openai__gpt-oss-20b__nnterp.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "openai/gpt-oss-20b",
@@ -4335,7 +8402,24 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/openai__gpt-oss-20b__transformer_lens.json"
+    "file": "reports/validator/cells/openai__gpt-oss-20b__transformer_lens.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "openai/gpt-oss-20b",
+    "engine": "vllm",
+    "family": "gpt_oss",
+    "modelType": "gpt_oss",
+    "status": "ok",
+    "verdict": "gap",
+    "counts": {"gap": 60, "pass": 196},
+    "dtype": "float32",
+    "device": "cpu",
+    "source": "zoo",
+    "file": "reports/validator/cells/openai__gpt-oss-20b__vllm.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "rednote-hilab/dots.llm1.base",
@@ -4348,7 +8432,24 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/rednote-hilab__dots.llm1.base__hf.json"
+    "file": "reports/validator/cells/rednote-hilab__dots.llm1.base__hf.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "rednote-hilab/dots.llm1.base",
+    "engine": "interp-engine",
+    "family": "dots1",
+    "modelType": "dots1",
+    "status": "ok",
+    "verdict": "gap",
+    "counts": {"gap": 30, "pass": 286},
+    "dtype": "float32",
+    "device": "cpu",
+    "source": "zoo",
+    "file": "reports/validator/cells/rednote-hilab__dots.llm1.base__interp-engine.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "rednote-hilab/dots.llm1.base",
@@ -4361,7 +8462,9 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/rednote-hilab__dots.llm1.base__nnsight.json"
+    "file": "reports/validator/cells/rednote-hilab__dots.llm1.base__nnsight.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "rednote-hilab/dots.llm1.base",
@@ -4374,7 +8477,9 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/rednote-hilab__dots.llm1.base__nnterp.json"
+    "file": "reports/validator/cells/rednote-hilab__dots.llm1.base__nnterp.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "rednote-hilab/dots.llm1.base",
@@ -4387,7 +8492,39 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/rednote-hilab__dots.llm1.base__transformer_lens.json"
+    "file": "reports/validator/cells/rednote-hilab__dots.llm1.base__transformer_lens.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "rednote-hilab/dots.llm1.base",
+    "engine": "vllm",
+    "family": null,
+    "modelType": null,
+    "status": "skipped",
+    "verdict": "skipped",
+    "counts": {},
+    "dtype": null,
+    "device": null,
+    "source": "zoo",
+    "file": "reports/validator/cells/rednote-hilab__dots.llm1.base__vllm.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "rednote-hilab/dots.llm1.base",
+    "engine": "vllm-static",
+    "family": null,
+    "modelType": null,
+    "status": "skipped",
+    "verdict": "skipped",
+    "counts": {},
+    "dtype": null,
+    "device": null,
+    "source": "zoo",
+    "file": "reports/validator/cells/rednote-hilab__dots.llm1.base__vllm-static.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "roneneldan/TinyStories-33M",
@@ -4400,7 +8537,24 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/roneneldan__TinyStories-33M__hf.json"
+    "file": "reports/validator/cells/roneneldan__TinyStories-33M__hf.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "roneneldan/TinyStories-33M",
+    "engine": "interp-engine",
+    "family": "gpt_neo",
+    "modelType": "gpt_neo",
+    "status": "ok",
+    "verdict": "gap",
+    "counts": {"gap": 65, "pass": 161},
+    "dtype": "float32",
+    "device": "cpu",
+    "source": "zoo",
+    "file": "reports/validator/cells/roneneldan__TinyStories-33M__interp-engine.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "roneneldan/TinyStories-33M",
@@ -4413,7 +8567,9 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/roneneldan__TinyStories-33M__nnsight.json"
+    "file": "reports/validator/cells/roneneldan__TinyStories-33M__nnsight.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "roneneldan/TinyStories-33M",
@@ -4426,7 +8582,9 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/roneneldan__TinyStories-33M__nnterp.json"
+    "file": "reports/validator/cells/roneneldan__TinyStories-33M__nnterp.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "roneneldan/TinyStories-33M",
@@ -4439,7 +8597,39 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/roneneldan__TinyStories-33M__transformer_lens.json"
+    "file": "reports/validator/cells/roneneldan__TinyStories-33M__transformer_lens.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "roneneldan/TinyStories-33M",
+    "engine": "vllm",
+    "family": null,
+    "modelType": null,
+    "status": "skipped",
+    "verdict": "skipped",
+    "counts": {},
+    "dtype": null,
+    "device": null,
+    "source": "zoo",
+    "file": "reports/validator/cells/roneneldan__TinyStories-33M__vllm.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "roneneldan/TinyStories-33M",
+    "engine": "vllm-static",
+    "family": null,
+    "modelType": null,
+    "status": "skipped",
+    "verdict": "skipped",
+    "counts": {},
+    "dtype": null,
+    "device": null,
+    "source": "zoo",
+    "file": "reports/validator/cells/roneneldan__TinyStories-33M__vllm-static.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "stabilityai/stablelm-2-12b",
@@ -4452,7 +8642,24 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/stabilityai__stablelm-2-12b__hf.json"
+    "file": "reports/validator/cells/stabilityai__stablelm-2-12b__hf.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "stabilityai/stablelm-2-12b",
+    "engine": "interp-engine",
+    "family": "stablelm",
+    "modelType": "stablelm",
+    "status": "ok",
+    "verdict": "gap",
+    "counts": {"gap": 60, "pass": 146},
+    "dtype": "float32",
+    "device": "cpu",
+    "source": "zoo",
+    "file": "reports/validator/cells/stabilityai__stablelm-2-12b__interp-engine.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "stabilityai/stablelm-2-12b",
@@ -4465,7 +8672,9 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/stabilityai__stablelm-2-12b__nnsight.json"
+    "file": "reports/validator/cells/stabilityai__stablelm-2-12b__nnsight.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "stabilityai/stablelm-2-12b",
@@ -4478,7 +8687,9 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/stabilityai__stablelm-2-12b__nnterp.json"
+    "file": "reports/validator/cells/stabilityai__stablelm-2-12b__nnterp.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "stabilityai/stablelm-2-12b",
@@ -4491,7 +8702,39 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/stabilityai__stablelm-2-12b__transformer_lens.json"
+    "file": "reports/validator/cells/stabilityai__stablelm-2-12b__transformer_lens.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "stabilityai/stablelm-2-12b",
+    "engine": "vllm",
+    "family": "stablelm",
+    "modelType": "stablelm",
+    "status": "ok",
+    "verdict": "gap",
+    "counts": {"gap": 206},
+    "dtype": "float32",
+    "device": "cpu",
+    "source": "zoo",
+    "file": "reports/validator/cells/stabilityai__stablelm-2-12b__vllm.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "stabilityai/stablelm-2-12b",
+    "engine": "vllm-static",
+    "family": "stablelm",
+    "modelType": "stablelm",
+    "status": "ok",
+    "verdict": "gap",
+    "counts": {"gap": 206},
+    "dtype": "float32",
+    "device": "cpu",
+    "source": "zoo",
+    "file": "reports/validator/cells/stabilityai__stablelm-2-12b__vllm-static.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "stabilityai/stablelm-2-1_6b",
@@ -4504,7 +8747,24 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/stabilityai__stablelm-2-1_6b__hf.json"
+    "file": "reports/validator/cells/stabilityai__stablelm-2-1_6b__hf.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "stabilityai/stablelm-2-1_6b",
+    "engine": "interp-engine",
+    "family": "stablelm",
+    "modelType": "stablelm",
+    "status": "ok",
+    "verdict": "gap",
+    "counts": {"gap": 20, "pass": 156},
+    "dtype": "float32",
+    "device": "cpu",
+    "source": "zoo",
+    "file": "reports/validator/cells/stabilityai__stablelm-2-1_6b__interp-engine.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "stabilityai/stablelm-2-1_6b",
@@ -4517,7 +8777,9 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/stabilityai__stablelm-2-1_6b__nnsight.json"
+    "file": "reports/validator/cells/stabilityai__stablelm-2-1_6b__nnsight.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "stabilityai/stablelm-2-1_6b",
@@ -4530,7 +8792,9 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/stabilityai__stablelm-2-1_6b__nnterp.json"
+    "file": "reports/validator/cells/stabilityai__stablelm-2-1_6b__nnterp.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "stabilityai/stablelm-2-1_6b",
@@ -4543,7 +8807,39 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/stabilityai__stablelm-2-1_6b__transformer_lens.json"
+    "file": "reports/validator/cells/stabilityai__stablelm-2-1_6b__transformer_lens.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "stabilityai/stablelm-2-1_6b",
+    "engine": "vllm",
+    "family": "stablelm",
+    "modelType": "stablelm",
+    "status": "ok",
+    "verdict": "gap",
+    "counts": {"gap": 20, "pass": 156},
+    "dtype": "float32",
+    "device": "cpu",
+    "source": "zoo",
+    "file": "reports/validator/cells/stabilityai__stablelm-2-1_6b__vllm.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "stabilityai/stablelm-2-1_6b",
+    "engine": "vllm-static",
+    "family": "stablelm",
+    "modelType": "stablelm",
+    "status": "ok",
+    "verdict": "gap",
+    "counts": {"gap": 40, "pass": 136},
+    "dtype": "float32",
+    "device": "cpu",
+    "source": "zoo",
+    "file": "reports/validator/cells/stabilityai__stablelm-2-1_6b__vllm-static.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "swiss-ai/Apertus-8B-2509",
@@ -4556,7 +8852,24 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/swiss-ai__Apertus-8B-2509__hf.json"
+    "file": "reports/validator/cells/swiss-ai__Apertus-8B-2509__hf.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "swiss-ai/Apertus-8B-2509",
+    "engine": "interp-engine",
+    "family": "apertus",
+    "modelType": "apertus",
+    "status": "ok",
+    "verdict": "gap",
+    "counts": {"gap": 20, "pass": 186},
+    "dtype": "float32",
+    "device": "cpu",
+    "source": "zoo",
+    "file": "reports/validator/cells/swiss-ai__Apertus-8B-2509__interp-engine.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "swiss-ai/Apertus-8B-2509",
@@ -4569,7 +8882,9 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/swiss-ai__Apertus-8B-2509__nnsight.json"
+    "file": "reports/validator/cells/swiss-ai__Apertus-8B-2509__nnsight.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "swiss-ai/Apertus-8B-2509",
@@ -4582,7 +8897,9 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/swiss-ai__Apertus-8B-2509__nnterp.json"
+    "file": "reports/validator/cells/swiss-ai__Apertus-8B-2509__nnterp.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "swiss-ai/Apertus-8B-2509",
@@ -4595,7 +8912,9 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/swiss-ai__Apertus-8B-2509__transformer_lens.json"
+    "file": "reports/validator/cells/swiss-ai__Apertus-8B-2509__transformer_lens.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "tencent/Hunyuan-1.8B-Pretrain",
@@ -4608,7 +8927,24 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/tencent__Hunyuan-1.8B-Pretrain__hf.json"
+    "file": "reports/validator/cells/tencent__Hunyuan-1.8B-Pretrain__hf.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "tencent/Hunyuan-1.8B-Pretrain",
+    "engine": "interp-engine",
+    "family": "hunyuan_v1_dense",
+    "modelType": "hunyuan_v1_dense",
+    "status": "ok",
+    "verdict": "gap",
+    "counts": {"gap": 60, "pass": 156},
+    "dtype": "float32",
+    "device": "cpu",
+    "source": "zoo",
+    "file": "reports/validator/cells/tencent__Hunyuan-1.8B-Pretrain__interp-engine.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "tencent/Hunyuan-1.8B-Pretrain",
@@ -4621,7 +8957,9 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/tencent__Hunyuan-1.8B-Pretrain__nnsight.json"
+    "file": "reports/validator/cells/tencent__Hunyuan-1.8B-Pretrain__nnsight.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "tencent/Hunyuan-1.8B-Pretrain",
@@ -4634,7 +8972,9 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/tencent__Hunyuan-1.8B-Pretrain__nnterp.json"
+    "file": "reports/validator/cells/tencent__Hunyuan-1.8B-Pretrain__nnterp.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "tencent/Hunyuan-1.8B-Pretrain",
@@ -4647,7 +8987,9 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/tencent__Hunyuan-1.8B-Pretrain__transformer_lens.json"
+    "file": "reports/validator/cells/tencent__Hunyuan-1.8B-Pretrain__transformer_lens.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "tencent/Hunyuan-A13B-Instruct",
@@ -4660,7 +9002,24 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/tencent__Hunyuan-A13B-Instruct__hf.json"
+    "file": "reports/validator/cells/tencent__Hunyuan-A13B-Instruct__hf.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "tencent/Hunyuan-A13B-Instruct",
+    "engine": "interp-engine",
+    "family": "hunyuan_v1_moe",
+    "modelType": "hunyuan_v1_moe",
+    "status": "ok",
+    "verdict": "gap",
+    "counts": {"gap": 60, "pass": 156},
+    "dtype": "float32",
+    "device": "cpu",
+    "source": "zoo",
+    "file": "reports/validator/cells/tencent__Hunyuan-A13B-Instruct__interp-engine.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "tencent/Hunyuan-A13B-Instruct",
@@ -4673,7 +9032,9 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/tencent__Hunyuan-A13B-Instruct__nnsight.json"
+    "file": "reports/validator/cells/tencent__Hunyuan-A13B-Instruct__nnsight.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "tencent/Hunyuan-A13B-Instruct",
@@ -4686,7 +9047,9 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/tencent__Hunyuan-A13B-Instruct__nnterp.json"
+    "file": "reports/validator/cells/tencent__Hunyuan-A13B-Instruct__nnterp.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "tencent/Hunyuan-A13B-Instruct",
@@ -4699,7 +9062,9 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/tencent__Hunyuan-A13B-Instruct__transformer_lens.json"
+    "file": "reports/validator/cells/tencent__Hunyuan-A13B-Instruct__transformer_lens.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "tiiuae/Falcon-H1-0.5B-Base",
@@ -4712,7 +9077,24 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/tiiuae__Falcon-H1-0.5B-Base__hf.json"
+    "file": "reports/validator/cells/tiiuae__Falcon-H1-0.5B-Base__hf.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "tiiuae/Falcon-H1-0.5B-Base",
+    "engine": "interp-engine",
+    "family": "falcon_h1",
+    "modelType": "falcon_h1",
+    "status": "ok",
+    "verdict": "gap",
+    "counts": {"gap": 31, "pass": 145},
+    "dtype": "float32",
+    "device": "cpu",
+    "source": "zoo",
+    "file": "reports/validator/cells/tiiuae__Falcon-H1-0.5B-Base__interp-engine.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "tiiuae/Falcon-H1-0.5B-Base",
@@ -4725,7 +9107,9 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/tiiuae__Falcon-H1-0.5B-Base__nnsight.json"
+    "file": "reports/validator/cells/tiiuae__Falcon-H1-0.5B-Base__nnsight.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "tiiuae/Falcon-H1-0.5B-Base",
@@ -4738,7 +9122,9 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/tiiuae__Falcon-H1-0.5B-Base__nnterp.json"
+    "file": "reports/validator/cells/tiiuae__Falcon-H1-0.5B-Base__nnterp.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "tiiuae/Falcon-H1-0.5B-Base",
@@ -4751,7 +9137,39 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/tiiuae__Falcon-H1-0.5B-Base__transformer_lens.json"
+    "file": "reports/validator/cells/tiiuae__Falcon-H1-0.5B-Base__transformer_lens.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "tiiuae/Falcon-H1-0.5B-Base",
+    "engine": "vllm",
+    "family": null,
+    "modelType": null,
+    "status": "skipped",
+    "verdict": "skipped",
+    "counts": {},
+    "dtype": null,
+    "device": null,
+    "source": "zoo",
+    "file": "reports/validator/cells/tiiuae__Falcon-H1-0.5B-Base__vllm.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "tiiuae/Falcon-H1-0.5B-Base",
+    "engine": "vllm-static",
+    "family": null,
+    "modelType": null,
+    "status": "skipped",
+    "verdict": "skipped",
+    "counts": {},
+    "dtype": null,
+    "device": null,
+    "source": "zoo",
+    "file": "reports/validator/cells/tiiuae__Falcon-H1-0.5B-Base__vllm-static.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "tiiuae/falcon-11B",
@@ -4759,12 +9177,29 @@ export const validation: readonly ValidationCell[] = [
     "family": "falcon",
     "modelType": "falcon",
     "status": "ok",
-    "verdict": "gap",
-    "counts": {"gap": 10, "pass": 121},
+    "verdict": "pass",
+    "counts": {"pass": 106},
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/tiiuae__falcon-11B__hf.json"
+    "file": "reports/validator/cells/tiiuae__falcon-11B__hf.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "tiiuae/falcon-11B",
+    "engine": "interp-engine",
+    "family": "falcon",
+    "modelType": "falcon",
+    "status": "ok",
+    "verdict": "pass",
+    "counts": {"pass": 106},
+    "dtype": "float32",
+    "device": "cpu",
+    "source": "zoo",
+    "file": "reports/validator/cells/tiiuae__falcon-11B__interp-engine.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "tiiuae/falcon-11B",
@@ -4772,12 +9207,14 @@ export const validation: readonly ValidationCell[] = [
     "family": "falcon",
     "modelType": "falcon",
     "status": "ok",
-    "verdict": "gap",
-    "counts": {"gap": 20, "pass": 111},
+    "verdict": "pass",
+    "counts": {"pass": 106},
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/tiiuae__falcon-11B__nnsight.json"
+    "file": "reports/validator/cells/tiiuae__falcon-11B__nnsight.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "tiiuae/falcon-11B",
@@ -4786,11 +9223,13 @@ export const validation: readonly ValidationCell[] = [
     "modelType": "falcon",
     "status": "ok",
     "verdict": "gap",
-    "counts": {"gap": 55, "pass": 76},
+    "counts": {"gap": 30, "pass": 76},
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/tiiuae__falcon-11B__nnterp.json"
+    "file": "reports/validator/cells/tiiuae__falcon-11B__nnterp.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "tiiuae/falcon-11B",
@@ -4799,11 +9238,43 @@ export const validation: readonly ValidationCell[] = [
     "modelType": "falcon",
     "status": "ok",
     "verdict": "pass",
-    "counts": {"pass": 131},
+    "counts": {"pass": 106},
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/tiiuae__falcon-11B__transformer_lens.json"
+    "file": "reports/validator/cells/tiiuae__falcon-11B__transformer_lens.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "tiiuae/falcon-11B",
+    "engine": "vllm",
+    "family": "falcon",
+    "modelType": "falcon",
+    "status": "ok",
+    "verdict": "gap",
+    "counts": {"gap": 106},
+    "dtype": "float32",
+    "device": "cpu",
+    "source": "zoo",
+    "file": "reports/validator/cells/tiiuae__falcon-11B__vllm.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "tiiuae/falcon-11B",
+    "engine": "vllm-static",
+    "family": "falcon",
+    "modelType": "falcon",
+    "status": "ok",
+    "verdict": "gap",
+    "counts": {"gap": 106},
+    "dtype": "float32",
+    "device": "cpu",
+    "source": "zoo",
+    "file": "reports/validator/cells/tiiuae__falcon-11B__vllm-static.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "tiiuae/falcon-7b",
@@ -4811,12 +9282,29 @@ export const validation: readonly ValidationCell[] = [
     "family": "falcon",
     "modelType": "falcon",
     "status": "ok",
-    "verdict": "gap",
-    "counts": {"gap": 10, "pass": 121},
+    "verdict": "pass",
+    "counts": {"pass": 106},
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/tiiuae__falcon-7b__hf.json"
+    "file": "reports/validator/cells/tiiuae__falcon-7b__hf.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "tiiuae/falcon-7b",
+    "engine": "interp-engine",
+    "family": "falcon",
+    "modelType": "falcon",
+    "status": "ok",
+    "verdict": "pass",
+    "counts": {"pass": 106},
+    "dtype": "float32",
+    "device": "cpu",
+    "source": "zoo",
+    "file": "reports/validator/cells/tiiuae__falcon-7b__interp-engine.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "tiiuae/falcon-7b",
@@ -4824,12 +9312,14 @@ export const validation: readonly ValidationCell[] = [
     "family": "falcon",
     "modelType": "falcon",
     "status": "ok",
-    "verdict": "gap",
-    "counts": {"gap": 20, "pass": 111},
+    "verdict": "pass",
+    "counts": {"pass": 106},
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/tiiuae__falcon-7b__nnsight.json"
+    "file": "reports/validator/cells/tiiuae__falcon-7b__nnsight.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "tiiuae/falcon-7b",
@@ -4838,11 +9328,13 @@ export const validation: readonly ValidationCell[] = [
     "modelType": "falcon",
     "status": "ok",
     "verdict": "gap",
-    "counts": {"gap": 55, "pass": 76},
+    "counts": {"gap": 30, "pass": 76},
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/tiiuae__falcon-7b__nnterp.json"
+    "file": "reports/validator/cells/tiiuae__falcon-7b__nnterp.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "tiiuae/falcon-7b",
@@ -4851,11 +9343,43 @@ export const validation: readonly ValidationCell[] = [
     "modelType": "falcon",
     "status": "ok",
     "verdict": "pass",
-    "counts": {"pass": 131},
+    "counts": {"pass": 106},
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/tiiuae__falcon-7b__transformer_lens.json"
+    "file": "reports/validator/cells/tiiuae__falcon-7b__transformer_lens.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "tiiuae/falcon-7b",
+    "engine": "vllm",
+    "family": "falcon",
+    "modelType": "falcon",
+    "status": "ok",
+    "verdict": "gap",
+    "counts": {"gap": 106},
+    "dtype": "float32",
+    "device": "cpu",
+    "source": "zoo",
+    "file": "reports/validator/cells/tiiuae__falcon-7b__vllm.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "tiiuae/falcon-7b",
+    "engine": "vllm-static",
+    "family": "falcon",
+    "modelType": "falcon",
+    "status": "ok",
+    "verdict": "gap",
+    "counts": {"gap": 106},
+    "dtype": "float32",
+    "device": "cpu",
+    "source": "zoo",
+    "file": "reports/validator/cells/tiiuae__falcon-7b__vllm-static.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "tiiuae/falcon-rw-1b",
@@ -4863,12 +9387,29 @@ export const validation: readonly ValidationCell[] = [
     "family": "falcon",
     "modelType": "falcon",
     "status": "ok",
-    "verdict": "gap",
-    "counts": {"gap": 30, "pass": 131},
+    "verdict": "pass",
+    "counts": {"pass": 116},
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/tiiuae__falcon-rw-1b__hf.json"
+    "file": "reports/validator/cells/tiiuae__falcon-rw-1b__hf.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "tiiuae/falcon-rw-1b",
+    "engine": "interp-engine",
+    "family": "falcon",
+    "modelType": "falcon",
+    "status": "ok",
+    "verdict": "pass",
+    "counts": {"pass": 116},
+    "dtype": "float32",
+    "device": "cpu",
+    "source": "zoo",
+    "file": "reports/validator/cells/tiiuae__falcon-rw-1b__interp-engine.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "tiiuae/falcon-rw-1b",
@@ -4876,12 +9417,14 @@ export const validation: readonly ValidationCell[] = [
     "family": "falcon",
     "modelType": "falcon",
     "status": "ok",
-    "verdict": "gap",
-    "counts": {"gap": 40, "pass": 121},
+    "verdict": "pass",
+    "counts": {"pass": 116},
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/tiiuae__falcon-rw-1b__nnsight.json"
+    "file": "reports/validator/cells/tiiuae__falcon-rw-1b__nnsight.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "tiiuae/falcon-rw-1b",
@@ -4890,11 +9433,13 @@ export const validation: readonly ValidationCell[] = [
     "modelType": "falcon",
     "status": "ok",
     "verdict": "gap",
-    "counts": {"gap": 85, "pass": 76},
+    "counts": {"gap": 40, "pass": 76},
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/tiiuae__falcon-rw-1b__nnterp.json"
+    "file": "reports/validator/cells/tiiuae__falcon-rw-1b__nnterp.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "tiiuae/falcon-rw-1b",
@@ -4903,11 +9448,43 @@ export const validation: readonly ValidationCell[] = [
     "modelType": "falcon",
     "status": "ok",
     "verdict": "pass",
-    "counts": {"pass": 161},
+    "counts": {"pass": 116},
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/tiiuae__falcon-rw-1b__transformer_lens.json"
+    "file": "reports/validator/cells/tiiuae__falcon-rw-1b__transformer_lens.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "tiiuae/falcon-rw-1b",
+    "engine": "vllm",
+    "family": "falcon",
+    "modelType": "falcon",
+    "status": "ok",
+    "verdict": "gap",
+    "counts": {"gap": 116},
+    "dtype": "float32",
+    "device": "cpu",
+    "source": "zoo",
+    "file": "reports/validator/cells/tiiuae__falcon-rw-1b__vllm.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "tiiuae/falcon-rw-1b",
+    "engine": "vllm-static",
+    "family": "falcon",
+    "modelType": "falcon",
+    "status": "ok",
+    "verdict": "gap",
+    "counts": {"gap": 116},
+    "dtype": "float32",
+    "device": "cpu",
+    "source": "zoo",
+    "file": "reports/validator/cells/tiiuae__falcon-rw-1b__vllm-static.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "zai-org/GLM-4-9B-0414",
@@ -4920,7 +9497,24 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/zai-org__GLM-4-9B-0414__hf.json"
+    "file": "reports/validator/cells/zai-org__GLM-4-9B-0414__hf.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "zai-org/GLM-4-9B-0414",
+    "engine": "interp-engine",
+    "family": "glm4",
+    "modelType": "glm4",
+    "status": "ok",
+    "verdict": "gap",
+    "counts": {"gap": 20, "pass": 176},
+    "dtype": "float32",
+    "device": "cpu",
+    "source": "zoo",
+    "file": "reports/validator/cells/zai-org__GLM-4-9B-0414__interp-engine.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "zai-org/GLM-4-9B-0414",
@@ -4933,7 +9527,9 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/zai-org__GLM-4-9B-0414__nnsight.json"
+    "file": "reports/validator/cells/zai-org__GLM-4-9B-0414__nnsight.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "zai-org/GLM-4-9B-0414",
@@ -4946,7 +9542,9 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/zai-org__GLM-4-9B-0414__nnterp.json"
+    "file": "reports/validator/cells/zai-org__GLM-4-9B-0414__nnterp.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "zai-org/GLM-4-9B-0414",
@@ -4959,7 +9557,9 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/zai-org__GLM-4-9B-0414__transformer_lens.json"
+    "file": "reports/validator/cells/zai-org__GLM-4-9B-0414__transformer_lens.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "zai-org/GLM-4.5-Air",
@@ -4972,7 +9572,24 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/zai-org__GLM-4.5-Air__hf.json"
+    "file": "reports/validator/cells/zai-org__GLM-4.5-Air__hf.json",
+    "variant": "",
+    "declared": 0
+  },
+  {
+    "model": "zai-org/GLM-4.5-Air",
+    "engine": "interp-engine",
+    "family": "glm4_moe",
+    "modelType": "glm4_moe",
+    "status": "ok",
+    "verdict": "gap",
+    "counts": {"gap": 30, "pass": 226},
+    "dtype": "float32",
+    "device": "cpu",
+    "source": "zoo",
+    "file": "reports/validator/cells/zai-org__GLM-4.5-Air__interp-engine.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "zai-org/GLM-4.5-Air",
@@ -4985,7 +9602,9 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/zai-org__GLM-4.5-Air__nnsight.json"
+    "file": "reports/validator/cells/zai-org__GLM-4.5-Air__nnsight.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "zai-org/GLM-4.5-Air",
@@ -4998,7 +9617,9 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/zai-org__GLM-4.5-Air__nnterp.json"
+    "file": "reports/validator/cells/zai-org__GLM-4.5-Air__nnterp.json",
+    "variant": "",
+    "declared": 0
   },
   {
     "model": "zai-org/GLM-4.5-Air",
@@ -5011,6 +9632,417 @@ export const validation: readonly ValidationCell[] = [
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
-    "file": "reports/validator/cells/zai-org__GLM-4.5-Air__transformer_lens.json"
+    "file": "reports/validator/cells/zai-org__GLM-4.5-Air__transformer_lens.json",
+    "variant": "",
+    "declared": 0
+  }
+];
+
+export const validationEngines: readonly ValidationEngine[] = [
+  {
+    "column": "hf",
+    "engine": "hf",
+    "compares": "HF transformers itself: output_hidden_states / output_attentions, raw module hooks and the tensors HF's eager attention function receives, mapped by the validator's own layout table",
+    "cells": 96,
+    "counts": {"fail": 40, "gap": 45, "pass": 19366, "warn": 23},
+    "declared": 40,
+    "failing": 0,
+    "skipped": 0
+  },
+  {
+    "column": "transformer_lens",
+    "engine": "transformer_lens",
+    "compares": "TransformerLens 4 TransformerBridge hooks (raw HF numerics, no compatibility mode)",
+    "cells": 96,
+    "counts": {"fail": 13, "gap": 2067, "pass": 17373, "warn": 21},
+    "declared": 13,
+    "failing": 0,
+    "skipped": 0
+  },
+  {
+    "column": "nnsight",
+    "engine": "nnsight",
+    "compares": "nnsight LanguageModel.trace: saved module inputs/outputs and the attention call's arguments (.source)",
+    "cells": 96,
+    "counts": {"fail": 40, "gap": 45, "pass": 19366, "warn": 23},
+    "declared": 40,
+    "failing": 0,
+    "skipped": 0
+  },
+  {
+    "column": "nnterp",
+    "engine": "nnterp",
+    "compares": "nnterp StandardizedTransformer accessors (layers_*, attentions_*, mlps_*, attention_probabilities, ln_final, logits)",
+    "cells": 96,
+    "counts": {"gap": 11891, "pass": 7583},
+    "declared": 0,
+    "failing": 0,
+    "skipped": 0
+  },
+  {
+    "column": "interp-engine",
+    "engine": "interp-engine",
+    "compares": "the published interp-engine package (PyPI interp-engine 1.14.2, eager backend): the same address strings, aligned by validator/engines/interp_align.py",
+    "cells": 96,
+    "counts": {"fail": 35, "gap": 2631, "pass": 16788, "warn": 20},
+    "declared": 35,
+    "failing": 0,
+    "skipped": 0
+  },
+  {
+    "column": "vllm",
+    "engine": "vllm",
+    "compares": "the engine's own vLLM backend (hooks in the worker), compared with the eager engine",
+    "cells": 80,
+    "counts": {"fail": 217, "gap": 3448, "pass": 8903, "warn": 68},
+    "declared": 0,
+    "failing": 2,
+    "skipped": 14
+  },
+  {
+    "column": "vllm-static",
+    "engine": "vllm-static",
+    "compares": "the engine's vllm-static backend (taps declared at load), compared with the eager engine",
+    "cells": 79,
+    "counts": {"fail": 27, "gap": 5908, "pass": 6377, "warn": 68},
+    "declared": 0,
+    "failing": 1,
+    "skipped": 14
+  }
+];
+
+export const interpEngineDropIn: readonly DropInPoint[] = [
+  {
+    "point": "embeddings",
+    "same": 81,
+    "definedDifferently": 15,
+    "notServed": 0,
+    "undeclared": 0,
+    "causes": ["ie-embeddings-token-only"],
+    "dropIn": "no: defined differently on some models"
+  },
+  {
+    "point": "resid_pre",
+    "same": 95,
+    "definedDifferently": 0,
+    "notServed": 0,
+    "undeclared": 0,
+    "causes": [],
+    "dropIn": "yes"
+  },
+  {
+    "point": "attn_in",
+    "same": 89,
+    "definedDifferently": 0,
+    "notServed": 7,
+    "undeclared": 0,
+    "causes": ["ie-refuses"],
+    "dropIn": "yes, where interp-engine serves it"
+  },
+  {
+    "point": "q_norm_in",
+    "same": 18,
+    "definedDifferently": 0,
+    "notServed": 5,
+    "undeclared": 0,
+    "causes": ["ie-refuses"],
+    "dropIn": "yes, where interp-engine serves it"
+  },
+  {
+    "point": "q_norm_out",
+    "same": 18,
+    "definedDifferently": 0,
+    "notServed": 5,
+    "undeclared": 0,
+    "causes": ["ie-refuses"],
+    "dropIn": "yes, where interp-engine serves it"
+  },
+  {
+    "point": "k_norm_in",
+    "same": 18,
+    "definedDifferently": 0,
+    "notServed": 5,
+    "undeclared": 0,
+    "causes": ["ie-refuses"],
+    "dropIn": "yes, where interp-engine serves it"
+  },
+  {
+    "point": "k_norm_out",
+    "same": 18,
+    "definedDifferently": 0,
+    "notServed": 5,
+    "undeclared": 0,
+    "causes": ["ie-refuses"],
+    "dropIn": "yes, where interp-engine serves it"
+  },
+  {
+    "point": "q",
+    "same": 0,
+    "definedDifferently": 0,
+    "notServed": 91,
+    "undeclared": 0,
+    "causes": ["ie-no-point"],
+    "dropIn": "ours only"
+  },
+  {
+    "point": "k",
+    "same": 0,
+    "definedDifferently": 0,
+    "notServed": 90,
+    "undeclared": 0,
+    "causes": ["ie-no-point"],
+    "dropIn": "ours only"
+  },
+  {
+    "point": "value",
+    "same": 86,
+    "definedDifferently": 0,
+    "notServed": 4,
+    "undeclared": 0,
+    "causes": ["ie-refuses"],
+    "dropIn": "yes, where interp-engine serves it"
+  },
+  {
+    "point": "attn_scores",
+    "same": 88,
+    "definedDifferently": 0,
+    "notServed": 0,
+    "undeclared": 0,
+    "causes": [],
+    "dropIn": "yes"
+  },
+  {
+    "point": "attn_probs",
+    "same": 91,
+    "definedDifferently": 0,
+    "notServed": 0,
+    "undeclared": 0,
+    "causes": [],
+    "dropIn": "yes"
+  },
+  {
+    "point": "z",
+    "same": 92,
+    "definedDifferently": 2,
+    "notServed": 2,
+    "undeclared": 0,
+    "causes": ["ie-refuses", "ie-z-after-gate", "ie-z-derotated"],
+    "dropIn": "no: defined differently on some models"
+  },
+  {
+    "point": "attn_gate",
+    "same": 0,
+    "definedDifferently": 1,
+    "notServed": 0,
+    "undeclared": 0,
+    "causes": ["ie-attn-gate-raw"],
+    "dropIn": "no: defined differently"
+  },
+  {
+    "point": "attn_out",
+    "same": 89,
+    "definedDifferently": 0,
+    "notServed": 7,
+    "undeclared": 0,
+    "causes": ["ie-refuses"],
+    "dropIn": "yes, where interp-engine serves it"
+  },
+  {
+    "point": "attn_out_post",
+    "same": 12,
+    "definedDifferently": 0,
+    "notServed": 0,
+    "undeclared": 0,
+    "causes": [],
+    "dropIn": "yes"
+  },
+  {
+    "point": "resid_mid",
+    "same": 79,
+    "definedDifferently": 0,
+    "notServed": 2,
+    "undeclared": 0,
+    "causes": ["ie-refuses"],
+    "dropIn": "yes, where interp-engine serves it"
+  },
+  {
+    "point": "mlp_in",
+    "same": 96,
+    "definedDifferently": 0,
+    "notServed": 0,
+    "undeclared": 0,
+    "causes": [],
+    "dropIn": "yes"
+  },
+  {
+    "point": "mlp_pre",
+    "same": 83,
+    "definedDifferently": 0,
+    "notServed": 1,
+    "undeclared": 0,
+    "causes": ["ie-refuses"],
+    "dropIn": "yes, where interp-engine serves it"
+  },
+  {
+    "point": "mlp_pre_linear",
+    "same": 58,
+    "definedDifferently": 0,
+    "notServed": 1,
+    "undeclared": 0,
+    "causes": ["ie-refuses"],
+    "dropIn": "yes, where interp-engine serves it"
+  },
+  {
+    "point": "mlp_act",
+    "same": 85,
+    "definedDifferently": 0,
+    "notServed": 0,
+    "undeclared": 0,
+    "causes": [],
+    "dropIn": "yes"
+  },
+  {
+    "point": "router_logits",
+    "same": 18,
+    "definedDifferently": 0,
+    "notServed": 0,
+    "undeclared": 0,
+    "causes": [],
+    "dropIn": "yes"
+  },
+  {
+    "point": "expert_weights",
+    "same": 17,
+    "definedDifferently": 0,
+    "notServed": 0,
+    "undeclared": 0,
+    "causes": [],
+    "dropIn": "yes"
+  },
+  {
+    "point": "expert_indices",
+    "same": 17,
+    "definedDifferently": 0,
+    "notServed": 0,
+    "undeclared": 0,
+    "causes": [],
+    "dropIn": "yes"
+  },
+  {
+    "point": "mlp_out",
+    "same": 95,
+    "definedDifferently": 1,
+    "notServed": 0,
+    "undeclared": 0,
+    "causes": ["ie-mlp-out-routed-only"],
+    "dropIn": "no: defined differently on some models"
+  },
+  {
+    "point": "mlp_out_post",
+    "same": 12,
+    "definedDifferently": 0,
+    "notServed": 0,
+    "undeclared": 0,
+    "causes": [],
+    "dropIn": "yes"
+  },
+  {
+    "point": "resid_post",
+    "same": 95,
+    "definedDifferently": 0,
+    "notServed": 0,
+    "undeclared": 0,
+    "causes": [],
+    "dropIn": "yes"
+  },
+  {
+    "point": "final_norm",
+    "same": 95,
+    "definedDifferently": 0,
+    "notServed": 0,
+    "undeclared": 0,
+    "causes": [],
+    "dropIn": "yes"
+  },
+  {
+    "point": "lm_head",
+    "same": 85,
+    "definedDifferently": 11,
+    "notServed": 0,
+    "undeclared": 0,
+    "causes": ["ie-logits-before-scaling"],
+    "dropIn": "no: defined differently on some models"
+  },
+  {
+    "point": "resid_streams",
+    "same": 1,
+    "definedDifferently": 0,
+    "notServed": 0,
+    "undeclared": 0,
+    "causes": [],
+    "dropIn": "yes"
+  },
+  {
+    "point": "attn_stream_collapse",
+    "same": 0,
+    "definedDifferently": 1,
+    "notServed": 0,
+    "undeclared": 0,
+    "causes": ["ie-collapse-vector"],
+    "dropIn": "no: defined differently"
+  },
+  {
+    "point": "mlp_stream_collapse",
+    "same": 0,
+    "definedDifferently": 1,
+    "notServed": 0,
+    "undeclared": 0,
+    "causes": ["ie-collapse-vector"],
+    "dropIn": "no: defined differently"
+  },
+  {
+    "point": "attn_stream_write",
+    "same": 1,
+    "definedDifferently": 0,
+    "notServed": 0,
+    "undeclared": 0,
+    "causes": [],
+    "dropIn": "yes"
+  },
+  {
+    "point": "attn_stream_mix",
+    "same": 1,
+    "definedDifferently": 0,
+    "notServed": 0,
+    "undeclared": 0,
+    "causes": [],
+    "dropIn": "yes"
+  },
+  {
+    "point": "mlp_stream_write",
+    "same": 1,
+    "definedDifferently": 0,
+    "notServed": 0,
+    "undeclared": 0,
+    "causes": [],
+    "dropIn": "yes"
+  },
+  {
+    "point": "mlp_stream_mix",
+    "same": 1,
+    "definedDifferently": 0,
+    "notServed": 0,
+    "undeclared": 0,
+    "causes": [],
+    "dropIn": "yes"
+  },
+  {
+    "point": "steer",
+    "same": 84,
+    "definedDifferently": 11,
+    "notServed": 0,
+    "undeclared": 0,
+    "causes": ["ie-logits-before-scaling"],
+    "dropIn": "no: defined differently on some models"
   }
 ];

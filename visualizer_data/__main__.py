@@ -48,4 +48,5 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from validator.pipes import run  # `| head` ends the command quietly (exit 141)
+    run(main)

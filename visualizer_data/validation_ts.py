@@ -1,5 +1,7 @@
 """visualizer-data/validation.generated.ts: per model x engine verdicts from the validator's cells
-(reports/validator/cells/*.json). Whatever cells exist are read; none is a valid, empty list.
+(reports/validator/cells/*.json), the totals of each engine column (the vLLM backends and the
+interp-engine reference included), and the interp-engine drop-in table by point. Whatever cells
+exist are read; none is a valid, empty list.
 
 The reader needs only `model`, `engine` and the `verdict` fields found anywhere inside a cell
 (every scored pair carries one), so it keeps working as the cell format grows."""
@@ -33,6 +35,36 @@ export interface ValidationCell {
   source: string | null;
   /** The cell file, relative to the repository root. */
   file: string;
+  /** "" for the published configuration, else what differs (the validator's variant tag). */
+  variant: string;
+  /** Failing pairs whose upstream cause is declared with evidence (they do not fail the run). */
+  declared: number;
+}
+
+export interface ValidationEngine {
+  /** The matrix column: the engine name, with "@variant" when not the published configuration. */
+  column: string;
+  engine: string;
+  /** What this column compares with the engine (one line from the validator's registry). */
+  compares: string;
+  cells: number;
+  counts: Record<string, number>;
+  declared: number;
+  /** Cells with an undeclared failure or an error. */
+  failing: number;
+  skipped: number;
+}
+
+export interface DropInPoint {
+  point: string;
+  /** Models per outcome: the same tensor, defined differently (declared), not served by interp-engine, undeclared. */
+  same: number;
+  definedDifferently: number;
+  notServed: number;
+  undeclared: number;
+  /** The declared causes (validator/known_gaps.py ids) behind definedDifferently and notServed. */
+  causes: string[];
+  dropIn: string;
 }
 """
 
@@ -76,7 +108,48 @@ def summarize(cell: dict, file: str) -> dict:
             "modelType": _s(_find(cell, "model_type")), "status": _s(cell.get("status")), "verdict": overall,
             "counts": dict(sorted(counts.items())),
             "dtype": _s(_find(cell, "dtype")), "device": _s(_find(cell, "device")),
-            "source": _s(_find(cell, "source")), "file": file}
+            "source": _s(_find(cell, "source")), "file": file, "variant": str(cell.get("variant_tag") or ""),
+            "declared": _declared(cell)}
+
+
+def _declared(cell: dict) -> int:
+    rows = cell.get("rows") if isinstance(cell.get("rows"), list) else []
+    return sum(1 for r in rows if isinstance(r, dict) and r.get("verdict") == "fail" and r.get("known"))
+
+
+def engines(cells: list[tuple[dict, dict]]) -> list[dict]:
+    """Totals per matrix column from (raw cell, summarized cell) pairs, in the validator's column order."""
+    from validator.engines import ENGINES
+    out: dict = {}
+    for raw, c in cells:
+        col = c["engine"] + (f"@{c['variant']}" if c["variant"] else "")
+        e = out.setdefault(col, {"column": col, "engine": c["engine"],
+                                 "compares": ENGINES[c["engine"]].what if c["engine"] in ENGINES else "",
+                                 "cells": 0, "counts": Counter(), "declared": 0, "failing": 0, "skipped": 0})
+        e["cells"] += 1
+        e["counts"].update(c["counts"])
+        e["declared"] += c["declared"]
+        undeclared = c["counts"].get("fail", 0) > c["declared"] or c["status"] == "error"
+        e["failing"] += bool(undeclared)
+        e["skipped"] += c["status"] == "skipped"
+    order = {n: i for i, n in enumerate(ENGINES)}
+    rows = sorted(out.values(), key=lambda e: (order.get(e["engine"], len(order)), e["column"]))
+    return [{**e, "counts": dict(sorted(e["counts"].items()))} for e in rows]
+
+
+def drop_in(raw_cells: list[dict]) -> list[dict]:
+    """The interp-engine drop-in table (validator/dropin.py), one entry per point."""
+    from validator import dropin
+    from validator.report import point_rank
+    t = dropin.table([c for c in raw_cells if isinstance(c.get("rows"), list) and "model" in c and "engine" in c])
+    out = []
+    for point in sorted(t, key=point_rank):
+        per = t[point]
+        causes = sorted({k for cat in ("differs", "not_served") for ks in per.get(cat, {}).values() for k in ks})
+        out.append({"point": point, "same": len(per.get("same", {})), "definedDifferently": len(per.get("differs", {})),
+                    "notServed": len(per.get("not_served", {})), "undeclared": len(per.get("undeclared", {})),
+                    "causes": causes, "dropIn": dropin.verdict_of(per).strip("*")})
+    return out
 
 
 def _s(x):
@@ -84,6 +157,11 @@ def _s(x):
 
 
 def data(cells_dir: Path = CELLS_DIR) -> list[dict]:
+    return [c for _, c in _read(cells_dir)]
+
+
+def _read(cells_dir: Path) -> list[tuple[dict, dict]]:
+    """(raw cell, summarized cell) for every cell file, sorted by model, engine, file."""
     out = []
     for p in sorted(Path(cells_dir).glob("*.json")):
         try:
@@ -92,10 +170,13 @@ def data(cells_dir: Path = CELLS_DIR) -> list[dict]:
             raise ValueError(f"validator cell {p} is not valid JSON ({e}); re-run `python -m validator run`.") \
                 from None
         rel = str(p.relative_to(ROOT)) if p.is_relative_to(ROOT) else p.name
-        out.append(summarize(cell, rel))
-    return sorted(out, key=lambda c: (c["model"], c["engine"], c["file"]))
+        out.append((cell, summarize(cell, rel)))
+    return sorted(out, key=lambda rc: (rc[1]["model"], rc[1]["engine"], rc[1]["file"]))
 
 
 def render(cells_dir: Path = CELLS_DIR) -> str:
+    read = _read(cells_dir)
     return module("python -m visualizer_data build", "reports/validator/cells/*.json", INTERFACES,
-                  [("validation", "readonly ValidationCell[]", data(cells_dir))])
+                  [("validation", "readonly ValidationCell[]", [c for _, c in read]),
+                   ("validationEngines", "readonly ValidationEngine[]", engines(read)),
+                   ("interpEngineDropIn", "readonly DropInPoint[]", drop_in([r for r, _ in read]))])

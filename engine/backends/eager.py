@@ -59,20 +59,22 @@ class Layout:
                 out.append(Span(sp.plan, a, a + c1 - lo, sp.pos0 + lo - c0, sp.row))
         return out
 
-    def align_keys(self, row: int, seg: torch.Tensor, key: str) -> torch.Tensor:
+    def align_keys(self, row: int, seg: torch.Tensor, key: str, compress_rate: int = 0) -> torch.Tensor:
         """An attention pattern's key axis, which covers the last K columns of the sequence so far
         (a sliding-window cache holds only the newest keys), as the row's own absolute key positions:
-        pad keys dropped, keys the cache no longer holds filled with the masked value."""
+        pad keys dropped, keys the cache no longer holds filled with the masked value. Compressed-KV
+        layers (DeepSeek-V4) append one compressor entry per `compress_rate` columns after the
+        positions: those are kept as they are, after the aligned positions."""
+        extra = self.key_mask.shape[1] // compress_rate if compress_rate else 0
+        seg, entries = seg[..., :seg.shape[-1] - extra], seg[..., seg.shape[-1] - extra:]
         k = seg.shape[-1]
-        if k > self.key_mask.shape[1]:  # a key axis that is not positional (compressed keys): as is
-            return seg
         real = self.key_mask[row, -k:].to(seg.device)
         seg = seg[..., real]
         missing = int(self.key_mask[row].sum()) - seg.shape[-1]
         if missing > 0:
             fill = torch.finfo(seg.dtype).min if key.startswith("attn_scores") else 0.0
             seg = torch.nn.functional.pad(seg, (missing, 0), value=fill)
-        return seg
+        return torch.cat([seg, entries], dim=-1) if extra else seg
 
 
 def _prefill_layout(plans: list[Plan], mask: torch.Tensor) -> Layout:
@@ -223,10 +225,23 @@ class EagerModel(ModelBase, WeightsMixin, TokensMixin):
         return plans
 
     # -- attaching ------------------------------------------------------------------------------
+    def _compress_rate(self, key: str) -> int:
+        """Columns per compressor entry on a layer's attention key axis (DeepSeek-V4's compressed
+        layers); 0 where the key axis holds positions only."""
+        layer = parse(key).layer
+        if layer is None or not self.family.attn:
+            return 0
+        attn = sites.get_path(self.hf, f"{self.family.layers}.{layer}.{self.family.attn}")
+        return int(getattr(getattr(attn, "compressor", None), "compress_rate", 0) or 0)
+
     def _keep(self):
+        rates: dict[str, int] = {}
+
         def keep(span, key, rows):
             if key.split(".")[0] in PATTERNS:
-                rows = self._layout.align_keys(span.row, rows, key)
+                if key not in rates:
+                    rates[key] = self._compress_rate(key)
+                rows = self._layout.align_keys(span.row, rows, key, rates[key])
             # a copy: HF edits some outputs in place after the hook (Falcon adds the attention output
             # into mlp_out), which must not reach the capture
             return rows.detach().clone()

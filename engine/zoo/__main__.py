@@ -85,4 +85,11 @@ def _list_real(names: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:  # `python -m engine.zoo list | head`: a closed pipe ends the command quietly (exit 141)
+        code = main()
+        sys.stdout.flush()
+    except BrokenPipeError:
+        import os
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        code = 141
+    sys.exit(code)

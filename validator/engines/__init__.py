@@ -18,6 +18,8 @@ class EngineSpec:
     default: bool  # part of `python -m validator run` without --engines
     requires: tuple[str, ...]  # modules that must be importable
     what: str  # one line: what this column compares
+    zoo_flag: str = ""  # a ZooEntry attribute that must be true for this engine to run a zoo twin
+    code: tuple[str, ...] = ()  # repo directories (besides its adapter) whose code decides its cells
 
 
 ENGINES: dict[str, EngineSpec] = {e.name: e for e in (
@@ -32,10 +34,15 @@ ENGINES: dict[str, EngineSpec] = {e.name: e for e in (
     EngineSpec("nnterp", "nnterp_ref", "NNterpReference", True, ("nnterp",),
                "nnterp StandardizedTransformer accessors (layers_*, attentions_*, mlps_*, "
                "attention_probabilities, ln_final, logits)"),
+    EngineSpec("interp-engine", "interp_engine_ref", "InterpEngineReference", True, ("interp_engine",),
+               "the published interp-engine package (PyPI interp-engine 1.14.2, eager backend): the same "
+               "address strings, aligned by validator/engines/interp_align.py"),
     EngineSpec("vllm", "vllm_ref", "VllmEngine", False, ("vllm", "engine.backends.vllm_backend"),
-               "the engine's own vLLM backend (hooks in the worker), compared with the eager engine"),
+               "the engine's own vLLM backend (hooks in the worker), compared with the eager engine",
+               zoo_flag="vllm", code=("engine/backends",)),
     EngineSpec("vllm-static", "vllm_ref", "VllmStaticEngine", False, ("vllm", "engine.backends.vllm_backend"),
-               "the engine's vllm-static backend (taps declared at load), compared with the eager engine"),
+               "the engine's vllm-static backend (taps declared at load), compared with the eager engine",
+               zoo_flag="vllm", code=("engine/backends",)),
 )}
 
 DEFAULT_ENGINES = tuple(n for n, e in ENGINES.items() if e.default)
@@ -54,6 +61,19 @@ def availability(name: str) -> tuple[bool, str]:
     return True, ""
 
 
+def model_skip_reason(name: str, model: str, source: str) -> str:
+    """Why this engine does not run this model at all ("" when it does): the zoo entry says the
+    engine cannot serve its architecture."""
+    flag = ENGINES[name].zoo_flag
+    if not flag or source != "zoo":
+        return ""
+    from engine.zoo import ZOO
+    entry = ZOO.get(model)
+    if entry is None or getattr(entry, flag):
+        return ""
+    return f"the zoo marks the architecture as not served by {name} (engine/zoo/entries.py: {flag}=False)"
+
+
 def adapter_class(name: str):
     spec = ENGINES[name]
     return getattr(importlib.import_module(f"validator.engines.{spec.module}"), spec.cls)
@@ -66,4 +86,9 @@ def adapter_source_files(name: str) -> list[str]:
     files = [here / "base.py", here / f"{ENGINES[name].module}.py"]
     if name in ("hf", "nnsight"):
         files.append(here / "hf_layouts.py")
+    if name == "interp-engine":
+        files.append(here / "interp_align.py")
+    root = here.parents[1]
+    for d in ENGINES[name].code:
+        files += sorted(p for p in (root / d).rglob("*.py") if "__pycache__" not in p.parts)
     return [str(f) for f in files if f.exists()]

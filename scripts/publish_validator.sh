@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Regenerate the committed validator matrix at the commit that publishes it, in one command:
+# the main job (default engines), the vLLM columns, the site data, then the checks that a clean
+# rerun on this commit computes and rewrites nothing. Only stale cells are recomputed (a cell's
+# inputs digest covers the code, package versions and declarations that decide it), so after an
+# engine change expect the whole matrix. Commit what it leaves in reports/validator and
+# visualizer-data/validation.generated.ts.
+#   JOBS=2 (main job processes)   SKIP_VLLM=1 (default engines only; the vLLM cells stay as they are)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+py=.venv/bin/python
+if [ -n "$(git status --porcelain -- engine validator)" ]; then
+  echo "publish_validator: engine/ or validator/ has uncommitted changes; commit them first (cells record" \
+       "the commit they were computed at)" >&2
+  exit 2
+fi
+start=$(date +%s)
+$py -m validator run --jobs "${JOBS:-2}"
+if [ -z "${SKIP_VLLM:-}" ]; then
+  $py -m validator run --engines vllm,vllm-static
+fi
+$py -m visualizer_data build --only validation
+$py -m validator run --check
+[ -n "${SKIP_VLLM:-}" ] || $py -m validator run --engines vllm,vllm-static --check
+$py -m validator report --check
+echo "publish_validator: done in $(( ($(date +%s) - start) / 60 )) min; commit reports/validator and" \
+     "visualizer-data/validation.generated.ts" >&2
+git status --short -- reports/validator visualizer-data | head -5 >&2
