@@ -390,6 +390,34 @@ def _write_text_atomic(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
+def install_snapshot(work: Path, repo: Path, rev: str, tmp_root: Path) -> None:
+    """Make the finished build directory `work` the repo's snapshot `rev`, atomically, point
+    refs/main at it and drop older revisions (the tiny and the real-size builders share this)."""
+    snap = repo / "snapshots" / rev
+    snap.parent.mkdir(parents=True, exist_ok=True)
+    if snap.exists():
+        # force, or a damaged snapshot: move it aside first (rename is atomic), then drop it
+        trash = tmp_root / f"trash-{rev[:12]}.{os.getpid()}.{uuid.uuid4().hex[:8]}"
+        try:
+            os.rename(snap, trash)
+        except FileNotFoundError:
+            pass
+        shutil.rmtree(trash, ignore_errors=True)
+    try:
+        os.rename(work, snap)
+    except OSError:
+        # another process finished the same snapshot first: keep theirs
+        if not is_complete(snap):
+            raise
+        shutil.rmtree(work, ignore_errors=True)
+    ref = repo / "refs" / "main"
+    ref.parent.mkdir(parents=True, exist_ok=True)
+    _write_text_atomic(ref, rev)
+    for other in snap.parent.iterdir():  # older revisions of this repo
+        if other.name != rev and other.is_dir():
+            shutil.rmtree(other, ignore_errors=True)
+
+
 def build_twin(name: str, root: Path | str | None = None, force: bool = False) -> Path:
     """Build (if missing, or always with ``force``) the twin of ``name``; return its snapshot dir."""
     entry = get_entry(name)
@@ -431,28 +459,7 @@ def build_twin(name: str, root: Path | str | None = None, force: bool = False) -
             "libs": _lib_versions(),
         }
         (work / MARKER).write_text(json.dumps(marker, indent=2, sort_keys=True, default=repr))
-        (repo / "snapshots").mkdir(parents=True, exist_ok=True)
-        if snap.exists():
-            # force, or a damaged snapshot: move it aside first (rename is atomic), then drop it
-            trash = tmp_root / f"trash-{rev[:12]}.{os.getpid()}.{uuid.uuid4().hex[:8]}"
-            try:
-                os.rename(snap, trash)
-            except FileNotFoundError:
-                pass
-            shutil.rmtree(trash, ignore_errors=True)
-        try:
-            os.rename(work, snap)
-        except OSError:
-            # another process finished the same snapshot first: keep theirs
-            if not is_complete(snap):
-                raise
-            shutil.rmtree(work, ignore_errors=True)
-        ref.parent.mkdir(parents=True, exist_ok=True)
-        _write_text_atomic(ref, rev)
-        # drop snapshots of older revisions of this repo
-        for other in (repo / "snapshots").iterdir():
-            if other.name != rev and other.is_dir():
-                shutil.rmtree(other, ignore_errors=True)
+        install_snapshot(work, repo, rev, tmp_root)
     finally:
         if bars:
             hf_logging.enable_progress_bar()

@@ -135,24 +135,7 @@ def build_real(name: str, force: bool = False) -> Path:
                   "entry": json.loads(entry.canonical()), "notes": entry.notes, "libs": build._lib_versions()}
         del model
         (work / build.MARKER).write_text(json.dumps(marker, indent=2, sort_keys=True, default=repr))
-        (repo / "snapshots").mkdir(parents=True, exist_ok=True)
-        if snap.exists():
-            trash = tmp_root / f"trash-{rev[:12]}.{os.getpid()}.{uuid.uuid4().hex[:8]}"
-            try:
-                os.rename(snap, trash)
-            except FileNotFoundError:
-                pass
-            shutil.rmtree(trash, ignore_errors=True)
-        try:
-            os.rename(work, snap)
-        except OSError:
-            if not build.is_complete(snap):
-                raise
-        ref.parent.mkdir(parents=True, exist_ok=True)
-        build._write_text_atomic(ref, rev)
-        for other in (repo / "snapshots").iterdir():
-            if other.name != rev and other.is_dir():
-                shutil.rmtree(other, ignore_errors=True)
+        build.install_snapshot(work, repo, rev, tmp_root)
     finally:
         if work.exists():
             shutil.rmtree(work, ignore_errors=True)
