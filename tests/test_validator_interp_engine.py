@@ -160,9 +160,18 @@ def _evidence_gate():
     assert rel(torch.sigmoid(theirs["attn_gate.3"][..., hd:]), ours["attn_gate.3"]) < 1e-6
 
 
+def _evidence_mqa_value():
+    for name in ("tiiuae/falcon-7b", "tiiuae/falcon-11B"):
+        m, _, ie, cases = _load(name)
+        ours, theirs = _ours(m, cases[0], ["value.0"])["value.0"], ie.capture(cases[0], ["value.0"])["value.0"]
+        assert ours.shape[-2:] == (1, m.hf.config.hidden_size // m.hf.config.num_attention_heads), name
+        assert theirs.shape[-2] == m.hf.config.num_attention_heads and theirs.shape != ours.shape, name
+        assert torch.equal(theirs.reshape(ours.shape), ours), name
+
+
 EVIDENCE = {"ie-embeddings-token-only": _evidence_embeddings, "ie-logits-before-scaling": _evidence_logits,
             "ie-mlp-out-routed-only": _evidence_routed_only, "ie-z-after-gate": _evidence_gate,
-            "ie-attn-gate-raw": _evidence_gate}
+            "ie-attn-gate-raw": _evidence_gate, "ie-mqa-value-split": _evidence_mqa_value}
 
 
 def test_every_definition_has_its_evidence_here():

@@ -183,6 +183,11 @@ KNOWN: tuple[Known, ...] = (
           "ours adds shared_mlp, which the block adds to the residual with it",
           "theirs == block_sparse_moe output and ours == block_sparse_moe + shared_mlp outputs, both exactly "
           "(granite-4.0-h-tiny twin, layer 0)", model_types="granitemoehybrid"),
+    Known("ie-mqa-value-split", "definition", "interp-engine", "value",
+          "interp-engine's value on multi-query Falcon splits the single key/value head's head_dim vector "
+          "into [n_heads, head_dim / n_heads]; ours keeps [n_kv_heads=1, head_dim] (the numbers are the same)",
+          "theirs.reshape(ours.shape) == ours exactly, theirs [1, 17, 4, 8] vs ours [1, 17, 1, 32] (falcon-7b "
+          "and falcon-11B twins: hidden 128, 4 heads, one kv head, layer 0)", model_types="falcon"),
     Known("ie-z-after-gate", "definition", "interp-engine", "z",
           "interp-engine's z on gated attention is o_proj's input (after the sigmoid output gate); ours is the "
           "per-head attention output before the gate (the gate is its own point, attn_gate)",
