@@ -79,7 +79,11 @@ class VLLMModel:
         return False
 
     def _run(self, coro):
-        self.aio._live()
+        try:
+            self.aio._live()
+        except BaseException:
+            coro.close()  # never started: no "was never awaited" warning on top of the clear error
+            raise
         return self._loop.run(coro)
 
     def run_with_cache(self, inputs, points=(), steer=()):
