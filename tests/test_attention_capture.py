@@ -7,21 +7,16 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine import load_model
 from engine.attention_capture import capture_attention
+from test_vllm_common import eager_model
 
 TEXT = "When Mary and John went to the store, John gave a drink to"
 FAMILIES = {"gpt2": "openai-community/gpt2", "llama": "meta-llama/Llama-3.2-1B", "gemma2": "google/gemma-2-2b",
             "mixtral": "mistralai/Mixtral-8x7B-v0.1", "lfm2": "LiquidAI/LFM2-350M", "bloom": "bigscience/bloom-560m",
             "falcon": "tiiuae/falcon-7b", "gptj": "EleutherAI/gpt-j-6b"}
 INLINE = ("bloom", "falcon", "gptj")
-_M: dict = {}
-
-
-def model(name):
-    if name not in _M:
-        _M[name] = load_model(name, source="zoo")
-    return _M[name]
+def model(name):  # eager models are shared across the session's test modules
+    return eager_model(name)
 
 
 @pytest.mark.parametrize("fam", list(FAMILIES))

@@ -7,21 +7,16 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine import load_model
 from engine.errors import AddressError, SteeringError, UnsupportedPointError
 from engine.points import POINTS
 from engine.steering import Steer
+from test_vllm_common import eager_model
 
 KINDS = {"gpt2": "openai-community/gpt2", "gqa_rope": "meta-llama/Llama-3.2-1B", "sandwich": "google/gemma-2-2b",
          "moe": "mistralai/Mixtral-8x7B-v0.1", "hybrid": "LiquidAI/LFM2-350M"}
 TEXT = "The quick brown fox jumps over the lazy dog"
-_M: dict = {}
-
-
-def model(name):
-    if name not in _M:
-        _M[name] = load_model(name, source="zoo")
-    return _M[name]
+def model(name):  # eager models are shared across the session's test modules
+    return eager_model(name)
 
 
 @pytest.mark.parametrize("kind", list(KINDS))

@@ -8,20 +8,15 @@ import threading
 import pytest
 import torch
 
-from engine import load_model
 from engine.errors import InputError, OptionError
 from engine.sampling import KNOBS, Sampling
 from engine.steering import Steer
+from test_vllm_common import eager_model
 
 LLAMA = "meta-llama/Llama-3.2-1B"
 TEXT = "The quick brown fox jumps over the lazy dog"
-_M: dict = {}
-
-
-def model(name=LLAMA):
-    if name not in _M:
-        _M[name] = load_model(name, source="zoo")
-    return _M[name]
+def model(name=LLAMA):  # eager models are shared across the session's test modules
+    return eager_model(name)
 
 
 @pytest.mark.parametrize("name", ["openai-community/gpt2", LLAMA, "google/gemma-2-2b", "mistralai/Mixtral-8x7B-v0.1",

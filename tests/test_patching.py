@@ -6,21 +6,16 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine import load_model
 from engine.errors import InputError, SteeringError
 from engine.patching import logit_diff, patch_sweep
 from engine.steering import Steer
+from test_vllm_common import eager_model
 
 CLEAN = "When Mary and John went to the store, John gave a drink to"
 CORRUPT = "When Mary and John went to the store, Mary gave a drink to"
 LLAMA = "meta-llama/Llama-3.2-1B"
-_MODELS: dict = {}
-
-
-def model(name):
-    if name not in _MODELS:
-        _MODELS[name] = load_model(name, source="zoo")
-    return _MODELS[name]
+def model(name):  # eager models are shared across the session's test modules
+    return eager_model(name)
 
 
 def _ids(m, text):

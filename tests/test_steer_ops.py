@@ -6,20 +6,15 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine import load_model
 from engine.errors import SteeringError
 from engine.steering import OPS, CacheEntry, Steer, apply_steer
+from test_vllm_common import eager_model
 
 LLAMA, GEMMA2 = "meta-llama/Llama-3.2-1B", "google/gemma-2-2b"
 KINDS = ["openai-community/gpt2", LLAMA, GEMMA2, "mistralai/Mixtral-8x7B-v0.1", "LiquidAI/LFM2-350M"]
 TEXT = "The quick brown fox jumps over the lazy dog"
-_M: dict = {}
-
-
-def model(name=LLAMA):
-    if name not in _M:
-        _M[name] = load_model(name, source="zoo")
-    return _M[name]
+def model(name=LLAMA):  # eager models are shared across the session's test modules
+    return eager_model(name)
 
 
 def _u(v):
