@@ -12,7 +12,6 @@ from pathlib import Path
 
 from benchmarks import cells as cellio
 from benchmarks import plots, report
-from benchmarks import ratios as R
 from benchmarks.table import Table
 
 START, END = "<!-- THROUGHPUT:START -->", "<!-- THROUGHPUT:END -->"
@@ -59,16 +58,7 @@ def readme_block(tables: list[Table]) -> str:
              f"95% interval; a ratio whose interval spans more than {p.ci_bound:.0%} of it is shown as unresolved, "
              f"never as a figure. Absolute tok/s, every ratio, every check and every sample: "
              f"[reports/benchmarks/{REPORT_MD}](reports/benchmarks/{REPORT_MD}).", "",
-             "| ratio | " + " | ".join(f"`{t.name}`" for t in tables) + " |", "|---|" + "---:|" * len(tables)]
-    group = None
-    for spec in R.HEADLINE:
-        res = [R.compute(t, spec) for t in tables]
-        if all(r is None for r in res):
-            continue
-        if spec.group != group:
-            group = spec.group
-            lines.append(f"| **{R.GROUPS[group]}** |" + " |" * len(tables))
-        lines.append(f"| {spec.title} | " + " | ".join(report.ratio_cell(r) for r in res) + " |")
+             *report.ratio_table(tables)]
     lines += ["", "Sweeps:"] + [f"- {report.sweep_line(t)}" for t in tables]
     lines += ["", f"![headline ratios with 95% intervals](reports/benchmarks/{plots.RATIOS_PNG})"]
     return "\n".join(lines)

@@ -64,11 +64,10 @@ def method(tables: list[Table]) -> list[str]:
             "Reproduce:", "", "```", REPRODUCE, "```", ""]
 
 
-def headline(tables: list[Table]) -> list[str]:
-    lines = ["## Headline ratios", "",
-             "tok/s of the first over the second (above 1: the first is faster), median [95% interval] over rounds.",
-             "", "| ratio | " + " | ".join(f"`{t.name}`" for t in tables) + " |",
-             "|---|" + "---:|" * len(tables)]
+def ratio_table(tables: list[Table], show_unresolved_interval: bool = False) -> list[str]:
+    """The headline ratios, one column per sweep, grouped as ratios.HEADLINE groups them (the README
+    block says "unresolved", the full report also the interval behind it)."""
+    lines = ["| ratio | " + " | ".join(f"`{t.name}`" for t in tables) + " |", "|---|" + "---:|" * len(tables)]
     group = None
     for spec in R.HEADLINE:
         cells = [R.compute(t, spec) for t in tables]
@@ -77,8 +76,14 @@ def headline(tables: list[Table]) -> list[str]:
         if spec.group != group:
             group = spec.group
             lines.append(f"| **{R.GROUPS[group]}** |" + " |" * len(tables))
-        lines.append(f"| {spec.title} | " + " | ".join(ratio_cell(c, True) for c in cells) + " |")
-    return lines + [""]
+        lines.append(f"| {spec.title} | " + " | ".join(ratio_cell(c, show_unresolved_interval) for c in cells) + " |")
+    return lines
+
+
+def headline(tables: list[Table]) -> list[str]:
+    return ["## Headline ratios", "",
+            "tok/s of the first over the second (above 1: the first is faster), median [95% interval] over rounds.",
+            "", *ratio_table(tables, show_unresolved_interval=True), ""]
 
 
 def environment(t: Table) -> list[str]:
