@@ -64,7 +64,8 @@ def test_nested_steer_calls_at_attention_points_leave_nothing_behind(em):
     with em.steering(Steer("attn_probs.0", "scale", 1.0)):
         for i in range(200):
             em.run_with_cache(PROMPT, ["attn_probs.1", "z.0"], steer=[steer, Steer("z.1", "add", torch.zeros(q_shape))])
-    assert _callbacks(em) == before == 0
+    assert _callbacks(em) == before  # HF's own output-recording hooks (installed on its first
+    # output_attentions=True call by any module sharing this model) may be there, ours never
 
 
 # -- positions on padded batches -----------------------------------------------------------------------
