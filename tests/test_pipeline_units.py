@@ -314,3 +314,31 @@ def test_step_anchor_falls_back_to_first_layer_and_final_norm_when_the_top_is_co
     net.do_not_compile = False  # compiled whole: nothing inside is visible
     error = _step_anchors(net, Tree())[3]
     assert "_WholeCompiled as a whole" in error and "compile=False" in error
+
+
+# -- the sync API's event loop ---------------------------------------------------------------------------
+_INTERRUPTED_LOOP = r"""
+import asyncio, sys
+from engine.backends.vllm_runtime import Loop
+loop = Loop()
+started = asyncio.run_coroutine_threadsafe(asyncio.sleep(0), loop.loop)
+started.result(5)
+pending = []
+loop.loop.call_soon_threadsafe(lambda: pending.append(loop.loop.create_task(asyncio.sleep(1000))))
+started = asyncio.run_coroutine_threadsafe(asyncio.sleep(0.05), loop.loop)
+started.result(5)
+loop.stop()
+print("cancelled" if pending[0].cancelled() else "pending", flush=True)
+"""
+
+
+def test_stopping_the_loop_unwinds_interrupted_calls_instead_of_destroying_them():
+    """A call interrupted by Ctrl-C leaves its task on the loop: stop() cancels it and lets it unwind,
+    so exit prints no "Task was destroyed but it is pending" lines."""
+    import subprocess
+    import sys
+    r = subprocess.run([sys.executable, "-c", _INTERRUPTED_LOOP], capture_output=True, text=True, timeout=60,
+                       cwd=str(__import__("pathlib").Path(__file__).parents[1]))
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "cancelled"
+    assert "Task was destroyed" not in r.stderr, r.stderr

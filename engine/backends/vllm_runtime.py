@@ -147,10 +147,27 @@ class Loop:
         self.loop.call_soon_threadsafe(start)
         return fut.result()
 
-    def stop(self) -> None:
-        if self.loop.is_running():
-            self.loop.call_soon_threadsafe(self.loop.stop)
-            self.thread.join(timeout=30)
+    def stop(self, timeout: float = 10.0) -> None:
+        """Cancel what still runs on the loop (a call interrupted by Ctrl-C, vLLM's output handler) and
+        let it unwind before the loop stops: a task left pending is reported as destroyed at exit."""
+        if not self.loop.is_running():
+            return
+        if threading.current_thread() is self.thread:
+            self.loop.stop()
+            return
+        with contextlib.suppress(Exception):
+            asyncio.run_coroutine_threadsafe(_cancel_pending(timeout), self.loop).result(timeout + 5)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(timeout=30)
+
+
+async def _cancel_pending(timeout: float) -> None:
+    me = asyncio.current_task()
+    tasks = [t for t in asyncio.all_tasks() if t is not me and not t.done()]
+    for t in tasks:
+        t.cancel()
+    if tasks:
+        await asyncio.wait(tasks, timeout=timeout)
 
 
 def start_engine(path: str, env: dict, **engine_kw):
