@@ -36,8 +36,10 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--threads", type=int, default=Params.threads,
                      help="torch/OpenMP threads per worker (0 = library default; default 1, see spec.py)")
     run.add_argument("--clock", default="auto", choices=("auto", *CLOCKS),
-                     help="what a sample's duration is: cpu (CPU seconds of the worker; auto on CPU) or wall "
-                          "(elapsed; auto on a GPU)")
+                     help="what a sample's duration is: cpu (CPU seconds of the worker and its processes: "
+                          "for a shared machine; refused with vLLM variants, whose processes busy-wait) or wall "
+                          "(elapsed: an idle machine, or a GPU). auto: wall when the sweep has vLLM variants or "
+                          "runs on a GPU, else cpu")
     run.add_argument("--ci-bound", type=float, default=Params.ci_bound,
                      help="a ratio whose 95%% interval spans more than this fraction of it is unresolved")
     run.add_argument("--variants", type=_csv, default=None, help="comma list (default: all)")

@@ -3,20 +3,22 @@
 # the tiny twin (framework overhead) and the real-size SmolLM2-135M twin (real shape), then publish
 # and the --check that the committed outputs match the new cells.
 #
-#   bash benchmarks/cpu.sh             # about 30 minutes on the 2-core dev machine under load
-#   SKIP_REAL=1 bash benchmarks/cpu.sh # the tiny sweep only (about 13 minutes)
+#   bash benchmarks/cpu.sh             # about 35 minutes on the idle 2-core dev machine
+#   SKIP_REAL=1 bash benchmarks/cpu.sh # the tiny sweep only (about 10 minutes)
 #
 # Each sweep replaces its folder under reports/benchmarks/sweeps/; commit first (a sweep records the
 # commit it ran at, '+dirty' when the tree had changes). Knobs: TINY_ROUNDS, REAL_ROUNDS,
-# REAL_MODEL, REAL_WORKLOADS. Timing is in CPU seconds of each worker, so other jobs on the machine
-# lengthen the run but not the figures (see reports/benchmarks/results-latest.md, "How").
+# REAL_MODEL, REAL_WORKLOADS. The sweeps include the vLLM variants, so they are timed on the wall
+# clock: run them on an otherwise idle machine (the sweep warns when it is not, and every sample
+# records the machine's load). 9 rounds is the fewest whose 95% interval for a median leaves out the
+# fastest and the slowest round.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 PY=${PY:-.venv/bin/python}
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 TINY_ROUNDS=${TINY_ROUNDS:-15}
-REAL_ROUNDS=${REAL_ROUNDS:-6}
+REAL_ROUNDS=${REAL_ROUNDS:-9}
 REAL_MODEL=${REAL_MODEL:-HuggingFaceTB/SmolLM2-135M}
 # what the headline ratios need; lens, capture_one and steer one layer only add minutes at this size
 REAL_WORKLOADS=${REAL_WORKLOADS:-decode,concurrency8,prefill,capture_all,capture_gen,capture_gen8,steer_all,long_prefill,long_capture}

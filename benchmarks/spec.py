@@ -40,9 +40,11 @@ class Params:
     # CPU, multi-threaded GEMMs stall on each other under contention (measured 25-100x slower)
     threads: int = 1
     # what a sample's duration is: "cpu" (CPU seconds of the worker and its child processes: time spent
-    # waiting for a core other work holds does not count, which is what makes a 2-core machine shared
-    # with other jobs measurable) or "wall" (elapsed; the only meaningful clock on a GPU). "auto": cpu on
-    # a CPU device, wall otherwise. Both are recorded for every sample either way.
+    # waiting for a core other work holds does not count, which makes a 2-core machine shared with
+    # other jobs measurable, but vLLM's processes busy-wait between messages, so it cannot time them) or
+    # "wall" (elapsed: needs an otherwise idle machine; the only meaningful clock on a GPU). "auto":
+    # wall on a GPU; on a CPU, decided by the sweep's variants (Params.for_variants). Both clocks are
+    # recorded for every sample either way.
     clock: str = "auto"
     steer_scale: float = 4.0  # steering vector = steer_scale * unit-variance random vector
     ci_level: float = 0.95  # confidence of the interval around each median
@@ -50,9 +52,9 @@ class Params:
     timeout_s: int = 900  # one worker request (load, warmup or one sample)
 
     def __post_init__(self):
-        if self.clock == "auto":
-            object.__setattr__(self, "clock", "cpu" if self.device == "cpu" else "wall")
-        for name, allowed in (("source", SOURCES), ("size", SIZES), ("dtype", DTYPES), ("clock", CLOCKS)):
+        if self.clock == "auto" and (self.device != "cpu" or self.threads != 1):
+            object.__setattr__(self, "clock", "wall")
+        for name, allowed in (("source", SOURCES), ("size", SIZES), ("dtype", DTYPES), ("clock", ("auto", *CLOCKS))):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}.")
         if self.source != "zoo" and self.size != "tiny":
@@ -76,6 +78,18 @@ class Params:
             raise ValueError(f"ci_level must be in (0.5, 1), got {self.ci_level!r}.")
         if self.ci_bound <= 0:
             raise ValueError(f"ci_bound must be > 0, got {self.ci_bound!r}.")
+
+    def for_variants(self, busy_waiting: list[str]) -> "Params":
+        """These settings with the clock decided for a sweep whose variants `busy_waiting` (names) spin
+        between messages: "auto" becomes wall when there are any (one clock for the whole sweep, so
+        every ratio pairs like with like) and cpu otherwise; "cpu" with any of them is refused."""
+        if self.clock == "auto":
+            return dataclasses.replace(self, clock="wall" if busy_waiting else "cpu")
+        if self.clock == "cpu" and busy_waiting:
+            raise ValueError(f"clock 'cpu' cannot time {', '.join(busy_waiting)}: their processes busy-wait "
+                             f"between messages, so their CPU time counts spinning, not work. Use --clock wall "
+                             f"on an otherwise idle machine, or leave them out (--variants).")
+        return self
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

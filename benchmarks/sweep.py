@@ -201,11 +201,16 @@ def run_sweep(params: Params, variants=None, workloads=None, root: Path = cells.
               log=print) -> list[dict]:
     """Run one sweep and write its cells to `root/<name>/` (replacing that sweep's old cells)."""
     vs, ws = plan(variants, workloads)
+    params = params.for_variants([v for v in vs if get_variant(v).busy_waits])
     name = cells.check_sweep_name(name or default_sweep_name(params))
     root = Path(root)
     t0 = time.perf_counter()
     logs = Path(tempfile.gettempdir()) / "interp-benchmarks" / name  # each worker's stderr
-    log(f"sweep {name}: worker logs in {logs}")
+    log(f"sweep {name}: worker logs in {logs}; timed on the {params.clock} clock")
+    busy = env.load1()
+    if params.clock == "wall" and params.device == "cpu" and busy is not None and busy > 0.5:
+        log(f"warning: the machine's 1-minute load is {busy:g} before the sweep starts; wall-clock figures "
+            f"include time other jobs take from the cores (the cells record the load of every sample)")
     s = Sweep(params, name, vs, ws, logs, log)
     try:
         s.start()

@@ -12,7 +12,7 @@ ENV = {"hardware": "CPU Test CPU x2", "dtype": "float32", "device": "cpu", "cpu"
 
 
 def fake_cell(variant, workload, seconds, status="ok", sweep="test", **params):
-    p = Params(**params)
+    p = Params(**params).for_variants([])  # cells record the clock a sweep decided
     samples = [{"round": r, "position": 0, "seconds": s, "cpu_s": s, "min_seconds": s, "min_cpu_s": s, "k": 1,
                 "load1": 1.0 + r, "t": 1.7e9 + r} for r, s in enumerate(seconds)]
     fields = {"params": p.to_dict(), "run_id": "20260101T000000Z", "commit": "abc", "env": dict(ENV),

@@ -216,7 +216,7 @@ def test_untimed_cells_need_no_env():
 # -- params and formatting -----------------------------------------------------------------------------
 @pytest.mark.parametrize("kw, message", [
     (dict(rounds=5), "rounds must be >= 6"),
-    (dict(threads=2), "clock 'cpu' needs threads=1"),
+    (dict(threads=2, clock="cpu"), "clock 'cpu' needs threads=1"),
     (dict(device="cuda", clock="cpu"), "would time the host"),
     (dict(source="real", size="real"), "size applies to zoo twins"),
     (dict(dtype="fp8"), "dtype must be one of"),
@@ -227,10 +227,40 @@ def test_params_refuse_what_cannot_be_measured(kw, message):
         Params(**kw)
 
 
-def test_clock_follows_the_device():
-    assert Params().clock == "cpu"
+def test_clock_follows_the_device_and_the_variants():
     assert Params(device="cuda", threads=0).clock == "wall"
     assert Params.from_dict(Params(device="cuda").to_dict()).clock == "wall"
+    assert Params(threads=2).clock == "wall"  # CPU time would add a multi-threaded worker's threads up
+    assert Params().for_variants([]).clock == "cpu"  # eager and peers: one thread each, CPU time is work
+    assert Params().for_variants(["vllm"]).clock == "wall"  # one clock for every cell of a sweep with vLLM
+    assert Params(clock="wall").for_variants([]).clock == "wall"
+
+
+def test_cpu_clock_is_refused_for_variants_that_busy_wait():
+    from benchmarks.variants import VARIANTS
+    waits = [v.name for v in VARIANTS if v.busy_waits]
+    assert waits == ["vllm", "vllm-static", "vllm-generate"]
+    with pytest.raises(ValueError, match="clock 'cpu' cannot time vllm, vllm-static, vllm-generate: their processes "
+                                         "busy-wait"):
+        Params(clock="cpu").for_variants(waits)
+
+
+def test_a_sweep_with_vllm_variants_records_the_wall_clock(monkeypatch, tmp_path):
+    """run_sweep decides the clock before any worker starts, and every cell records it."""
+    from benchmarks import sweep as sweepmod
+    seen = {}
+
+    class Stop(Exception):
+        pass
+
+    def fake_sweep(params, *a, **k):
+        seen["clock"] = params.clock
+        raise Stop
+    monkeypatch.setattr(sweepmod, "Sweep", fake_sweep)
+    for variants, clock in ((["eager", "vllm-generate"], "wall"), (["eager", "hf-generate"], "cpu")):
+        with pytest.raises(Stop):
+            sweepmod.run_sweep(Params(rounds=6), variants, ["decode"], tmp_path, "t", log=lambda *_: None)
+        assert seen["clock"] == clock
 
 
 def test_sig_agrees_with_python_g_format_and_keeps_plain_notation():

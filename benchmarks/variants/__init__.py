@@ -26,6 +26,9 @@ class Variant:
     requires: tuple[str, ...] = ()
     na: dict = field(default_factory=dict)  # workload -> reason it cannot run there
     backend: str | None = None  # engine backend name for our variants
+    # its work runs in processes that busy-wait between messages (vLLM's shared-memory queues spin for
+    # up to a second after each read), so their CPU time is not the work done: time it on the wall clock
+    busy_waits: bool = False
 
     def unavailable(self) -> str | None:
         """Why this variant cannot run on this machine now, or None."""
@@ -53,11 +56,11 @@ VARIANTS: tuple[Variant, ...] = (
     Variant("eager", "ours", "ours: eager (HF + hooks)", "benchmarks.variants.ours:EagerRunner",
             backend="eager"),
     Variant("vllm", "ours", "ours: vLLM with per-request hooks", "benchmarks.variants.ours:VllmRunner",
-            requires=_VLLM_REQ, backend="vllm"),
+            requires=_VLLM_REQ, backend="vllm", busy_waits=True),
     Variant("vllm-static", "ours", "ours: vLLM static taps", "benchmarks.variants.ours:VllmRunner",
-            requires=_VLLM_REQ, backend="vllm-static"),
+            requires=_VLLM_REQ, backend="vllm-static", busy_waits=True),
     Variant("vllm-generate", "ours", "stock vLLM (generate only)", "benchmarks.variants.ours:VllmRunner",
-            requires=_VLLM_REQ, backend="vllm-generate",
+            requires=_VLLM_REQ, backend="vllm-generate", busy_waits=True,
             na={w: _STOCK for w in ("capture_one", "capture_all", "capture_gen", "capture_gen8", "steer",
                                     "steer_all", "lens", "long_capture")}),
     Variant("hf-generate", "peer", "peer: plain HF transformers", "benchmarks.variants.hf:HFRunner",
