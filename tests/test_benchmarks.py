@@ -245,8 +245,8 @@ def test_cpu_clock_is_refused_for_variants_that_busy_wait():
         Params(clock="cpu").for_variants(waits)
 
 
-def test_a_sweep_with_vllm_variants_records_the_wall_clock(monkeypatch, tmp_path):
-    """run_sweep decides the clock before any worker starts, and every cell records it."""
+def test_a_sweep_with_vllm_variants_is_timed_on_the_wall_clock(monkeypatch, tmp_path):
+    """run_sweep decides the clock from its variants before any worker starts."""
     from benchmarks import sweep as sweepmod
     seen = {}
 
