@@ -5,7 +5,7 @@
 # inputs digest covers the code, package versions and declarations that decide it), so after an
 # engine change expect the whole matrix. Commit what it leaves in reports/validator and
 # visualizer-data/validation.generated.ts.
-#   JOBS=2 (main job processes)   SKIP_VLLM=1 (default engines only; the vLLM cells stay as they are)
+#   JOBS=2 (models validated in parallel processes, both runs)   SKIP_VLLM=1 (default engines only; the vLLM cells stay as they are)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
@@ -18,7 +18,7 @@ fi
 start=$(date +%s)
 $py -m validator run --jobs "${JOBS:-2}"
 if [ -z "${SKIP_VLLM:-}" ]; then
-  $py -m validator run --engines vllm,vllm-static
+  $py -m validator run --engines vllm,vllm-static --jobs "${JOBS:-2}"
 fi
 $py -m visualizer_data build --only validation
 $py -m validator run --check
