@@ -45,6 +45,24 @@ def load1() -> float | None:
     return round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None
 
 
+def others_running(samples: int = 10, every_s: float = 0.05, read=None) -> float | None:
+    """How many other tasks are running right now: the runnable count of /proc/loadavg (which
+    includes the reader) less one, averaged over half a second. Unlike the 1-minute load average it
+    does not still count a sweep that just finished. None where /proc/loadavg does not exist."""
+    import time
+    read = read or (lambda: open("/proc/loadavg").read())
+    counts = []
+    for i in range(samples):
+        try:
+            running = int(read().split()[3].split("/")[0])
+        except (OSError, IndexError, ValueError):
+            return None
+        counts.append(max(running - 1, 0))
+        if i + 1 < samples:
+            time.sleep(every_s)
+    return sum(counts) / len(counts)
+
+
 def capture(dtype: str, device: str) -> dict:
     """Everything needed to tell whether two cells are comparable."""
     import torch

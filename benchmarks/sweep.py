@@ -29,14 +29,20 @@ from benchmarks.workloads import get as get_workload
 SAMPLE_FIELDS = ("seconds", "cpu_s", "min_seconds", "min_cpu_s", "k", "load1", "t")
 
 
+# generated outputs, not what a sweep runs: a second sweep in one session (benchmarks/cpu.sh) finds the
+# first one's cells there, which must not mark it '+dirty'
+OUTPUTS = (":(exclude)reports", ":(exclude)visualizer-data", ":(exclude)README.md")
+
+
 def git_commit() -> str | None:
-    """The commit the sweep ran at ('+dirty' when the tree had changes), or None outside a checkout."""
+    """The commit the sweep ran at ('+dirty' when code had uncommitted changes), or None outside a
+    checkout."""
     import subprocess
     try:
         head = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=cells.ROOT, capture_output=True,
                               text=True, timeout=30).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=cells.ROOT,
-                               capture_output=True, text=True, timeout=30).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ".", *OUTPUTS],
+                               cwd=cells.ROOT, capture_output=True, text=True, timeout=30).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return None
     return (head + ("+dirty" if dirty else "")) or None
@@ -207,10 +213,10 @@ def run_sweep(params: Params, variants=None, workloads=None, root: Path = cells.
     t0 = time.perf_counter()
     logs = Path(tempfile.gettempdir()) / "interp-benchmarks" / name  # each worker's stderr
     log(f"sweep {name}: worker logs in {logs}; timed on the {params.clock} clock")
-    busy = env.load1()
+    busy = env.others_running()
     if params.clock == "wall" and params.device == "cpu" and busy is not None and busy > 0.5:
-        log(f"warning: the machine's 1-minute load is {busy:g} before the sweep starts; wall-clock figures "
-            f"include time other jobs take from the cores (the cells record the load of every sample)")
+        log(f"warning: {busy:.1f} other tasks are running as the sweep starts; wall-clock figures include time "
+            f"other jobs take from the cores (the cells record the load of every sample)")
     s = Sweep(params, name, vs, ws, logs, log)
     try:
         s.start()

@@ -279,3 +279,34 @@ def test_formatting_edge_cases():
     assert float(stats.full(1 / 3)) == 1 / 3
     with pytest.raises(ValueError, match="digits must be >= 1"):
         stats.sig(1.0, 0)
+
+
+def test_others_running_reads_the_runnable_count_less_the_reader():
+    from benchmarks.env import others_running
+    lines = iter(["0.50 0.40 0.30 1/300 99", "3.10 0.40 0.30 3/300 99"])
+    assert others_running(samples=2, every_s=0, read=lambda: next(lines)) == 1.0  # (0 + 2) / 2
+    assert others_running(samples=1, read=lambda: "garbage") is None
+    here = others_running(samples=3, every_s=0)
+    assert here is None or here >= 0
+
+
+def test_a_sweep_is_not_dirty_because_of_its_own_outputs(tmp_path, monkeypatch):
+    """cpu.sh runs two sweeps: the second finds the first's cells changed in reports/, which is not a
+    change to what it runs."""
+    import subprocess
+
+    from benchmarks import cells, sweep
+    def git(*a):
+        subprocess.run(["git", *a], cwd=tmp_path, check=True, capture_output=True)
+    git("init", "-q")
+    for f in ("reports/x.json", "code.py", "README.md"):
+        (tmp_path / f).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / f).write_text("a")
+    git("add", "-A")
+    git("-c", "user.email=t@t", "-c", "user.name=t", "commit", "-qm", "x")
+    monkeypatch.setattr(cells, "ROOT", tmp_path)
+    (tmp_path / "reports/x.json").write_text("b")
+    (tmp_path / "README.md").write_text("b")
+    assert not sweep.git_commit().endswith("+dirty")
+    (tmp_path / "code.py").write_text("b")
+    assert sweep.git_commit().endswith("+dirty")
