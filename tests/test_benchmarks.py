@@ -6,6 +6,8 @@ from __future__ import annotations
 import random
 from collections import Counter
 
+from pathlib import Path
+
 import pytest
 
 from benchmarks import ci, rounds, stats
@@ -286,8 +288,11 @@ def test_others_running_reads_the_runnable_count_less_the_reader():
     lines = iter(["0.50 0.40 0.30 1/300 99", "3.10 0.40 0.30 3/300 99"])
     assert others_running(samples=2, every_s=0, read=lambda: next(lines)) == 1.0  # (0 + 2) / 2
     assert others_running(samples=1, read=lambda: "garbage") is None
-    here = others_running(samples=3, every_s=0)
-    assert here is None or here >= 0
+    here = others_running(samples=3, every_s=0)  # the real file parses wherever it exists
+    if Path("/proc/loadavg").exists():
+        assert here is not None and here >= 0
+    else:
+        assert here is None
 
 
 def test_a_sweep_is_not_dirty_because_of_its_own_outputs(tmp_path, monkeypatch):
