@@ -1,0 +1,50 @@
+// Builds dist/ from src/ (one bundle per page) and static/ (HTML, CSS): plain files that open from
+// file:// (classic scripts, no module loading, no network). `--check` builds in memory and fails
+// (exit 1) when dist/ differs, naming each file. The data comes only from ../visualizer-data.
+import * as esbuild from "esbuild";
+import { mkdirSync, readFileSync, readdirSync, existsSync, writeFileSync, rmSync } from "node:fs";
+import { dirname, join } from "node:path";
+import { fileURLToPath } from "node:url";
+
+const root = dirname(fileURLToPath(import.meta.url));
+const dist = join(root, "dist");
+const check = process.argv.includes("--check");
+const PAGES = ["index", "points", "validation", "speed", "dropin"];
+
+const result = await esbuild.build({
+  entryPoints: Object.fromEntries(PAGES.map((p) => [p, join(root, "src", `page-${p}.ts`)])),
+  bundle: true,
+  format: "iife",
+  target: "es2020",
+  outdir: dist,
+  write: false,
+  legalComments: "none",
+  minify: true,
+  charset: "utf8",
+  logLevel: "warning",
+});
+
+const files = new Map();
+for (const f of result.outputFiles) files.set(f.path.slice(dist.length + 1), Buffer.from(f.contents));
+for (const name of readdirSync(join(root, "static")).sort()) files.set(name, readFileSync(join(root, "static", name)));
+
+if (check) {
+  const drift = [];
+  for (const [name, bytes] of files) {
+    const path = join(dist, name);
+    if (!existsSync(path) || !readFileSync(path).equals(bytes)) drift.push(name);
+  }
+  const extra = existsSync(dist) ? readdirSync(dist).filter((n) => !files.has(n)) : [];
+  for (const n of drift) console.log(`drift: visualizer-web/dist/${n} differs from what src/, static/ and visualizer-data build`);
+  for (const n of extra) console.log(`drift: visualizer-web/dist/${n} is not built by anything (stale)`);
+  if (drift.length || extra.length) {
+    console.log("regenerate with `npm run build --prefix visualizer-web`");
+    process.exit(1);
+  }
+  console.log(`${files.size} site file(s) match their sources`);
+} else {
+  rmSync(dist, { recursive: true, force: true });
+  mkdirSync(dist, { recursive: true });
+  for (const [name, bytes] of files) writeFileSync(join(dist, name), bytes);
+  console.log(`wrote ${files.size} files to visualizer-web/dist/ (open visualizer-web/dist/index.html)`);
+}
