@@ -4,6 +4,7 @@ uncaught exception and failed load the page produced."""
 from __future__ import annotations
 
 import base64
+import contextlib
 import itertools
 import json
 import re
@@ -40,7 +41,8 @@ class Browser:
         if url is None:
             self.close()
             raise RuntimeError(f"{binary} did not start a DevTools endpoint; its output:\n{''.join(seen)[-2000:]}")
-        self.ws = connect(url, max_size=None, open_timeout=timeout)
+        self._stack = contextlib.ExitStack()
+        self.ws = self._stack.enter_context(connect(url, max_size=None, open_timeout=timeout))
         self._ids = itertools.count(1)
         self.events: list[dict] = []
         target = self._send("Target.createTarget", {"url": "about:blank"})["targetId"]
@@ -123,7 +125,8 @@ class Browser:
         for e in self.events:
             p = e.get("params", {})
             if e["method"] == "Runtime.consoleAPICalled" and p.get("type") in ("error", "assert"):
-                out.append("console.error: " + " ".join(str(a.get("value", a.get("description", ""))) for a in p["args"]))
+                args = (str(a.get("value", a.get("description", ""))) for a in p["args"])
+                out.append("console.error: " + " ".join(args))
             elif e["method"] == "Runtime.exceptionThrown":
                 d = p.get("exceptionDetails", {})
                 out.append("exception: " + str(d.get("exception", {}).get("description") or d.get("text")))
@@ -144,13 +147,22 @@ class Browser:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(base64.b64decode(shot["data"]))
 
+    def view_shot(self, path: Path, selector: str) -> None:
+        """A PNG of the viewport with `selector` scrolled to its top (e.g. a panel the page opened)."""
+        self.js(f"document.querySelector({json.dumps(selector)}).scrollIntoView({{block: 'start'}}), "
+                "window.scrollBy(0, -60)")
+        shot = self.send("Page.captureScreenshot", {"format": "png"})
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(base64.b64decode(shot["data"]))
+
     def close(self) -> None:
-        ws = getattr(self, "ws", None)
-        if ws is not None:
-            try:
-                ws.close()
-            except Exception:
-                pass
+        if getattr(self, "session", None):
+            with contextlib.suppress(Exception):
+                self._send("Browser.close")
+        stack = getattr(self, "_stack", None)
+        if stack is not None:
+            with contextlib.suppress(Exception):
+                stack.close()
         if self.proc.poll() is None:
             self.proc.terminate()
             try:

@@ -4,9 +4,9 @@ import type { BenchmarkRatio } from "../../visualizer-data/benchmarks.generated"
 import { num, s } from "./dom";
 
 const ROW = 26;
-const LABEL_W = 480;
-const PLOT_W = 420;
-const RIGHT = 120;
+const LABEL_W = 440;
+const PLOT_W = 300;
+const RIGHT = 92;
 
 export function ratioChart(ratios: readonly BenchmarkRatio[], title: string): SVGElement {
   const lo = Math.min(1, ...ratios.map((r) => r.lo));
@@ -33,7 +33,7 @@ export function ratioChart(ratios: readonly BenchmarkRatio[], title: string): SV
   g.append(s("text", { x: LABEL_W + PLOT_W / 2, y: 14, "text-anchor": "middle", class: "axis" }, "ratio (log scale), 95% interval; right of 1× is faster"));
   ratios.forEach((r, i) => {
     const y = top + i * ROW + ROW / 2;
-    const label = s("text", { x: LABEL_W - 10, y: y + 4, "text-anchor": "end", class: "rlabel" }, r.label.length > 68 ? r.label.slice(0, 67) + "…" : r.label);
+    const label = s("text", { x: LABEL_W - 10, y: y + 4, "text-anchor": "end", class: "rlabel" }, r.label.length > 64 ? r.label.slice(0, 63) + "…" : r.label);
     label.append(s("title", {}, r.label));
     g.append(label);
     g.append(s("line", { x1: x(r.lo), x2: x(r.hi), y1: y, y2: y, class: r.resolved ? "iv" : "iv unresolved" }));

@@ -43,8 +43,8 @@ function render(): void {
         h("h3", {}, `${GROUP_TEXT[g] ?? g}`, h("span", { class: "muted" }, ` · ${sw.hardware} · ${sw.size} ${sw.model} · ${sw.dtype} · ${sw.clock} clock`)),
         h("div", { class: "chart-pair" },
           h("figure", {}, ratioChart(rs, title)),
-          h("div", { class: "scroll" }, table<BenchmarkRatio>(`${title}: the numbers`, [
-            { head: "ratio", cell: (r) => h("span", {}, r.label, r.headline ? badge("headline", "headline") : null) },
+          h("div", { class: "scroll" }, table<BenchmarkRatio>("The numbers of the chart", [
+            { head: "ratio", cell: (r) => h("span", {}, r.label, r.headline && !headlineOnly ? badge("headline", "headline") : null) },
             { head: "median", cls: "num", cell: (r) => r.resolved && r.median !== null ? `${num(r.median)}×` : badge("unresolved", "unresolved") },
             { head: "95% interval", cls: "num", cell: (r) => `${num(r.lo)} – ${num(r.hi)}` },
             { head: "rounds", cls: "num", cell: (r) => r.rounds },

@@ -21,7 +21,7 @@ const main = frame("validation.html", "Validation",
 // --- engine totals ------------------------------------------------------------------------
 main.append(h("section", { "aria-labelledby": "engines-h" }, h("h2", { id: "engines-h" }, "Engines"),
   h("div", { class: "scroll" }, table(`What each column compares, with its totals over ${models.length} models`, [
-    { head: "engine", cell: (e) => h("code", {}, e.column) },
+    { head: "engine", cell: (e) => h("code", { class: "pname" }, e.column) },
     { head: "compares", cell: (e) => e.compares },
     { head: "cells", cls: "num", cell: (e) => e.cells },
     { head: "rows passed", cls: "num", cell: (e) => e.counts["pass"] ?? 0 },
