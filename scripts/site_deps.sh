@@ -19,9 +19,10 @@ case "${1:-}" in
     echo "visualizer-web/node_modules" ;;
   chromium)
     # $CHROME wins; then Debian's chromium; then what CI images ship (Ubuntu's apt chromium is a snap stub)
+    # (a candidate must answer --version: a snap stub without snapd does not)
     if [ -n "${CHROME:-}" ] && [ -x "$CHROME" ]; then echo "$CHROME"; exit 0; fi
     for b in chromium chromium-browser google-chrome google-chrome-stable; do
-      if command -v "$b" >/dev/null 2>&1; then command -v "$b"; exit 0; fi
+      if command -v "$b" >/dev/null 2>&1 && timeout 60 "$b" --version >/dev/null 2>&1; then command -v "$b"; exit 0; fi
     done
     if [ "$(id -u)" = 0 ]; then SUDO=""; elif sudo -n true 2>/dev/null; then SUDO="sudo -n"; else
       echo "chromium is not installed and apt-get needs root (run: sudo apt-get install -y chromium)" >&2; exit 3
