@@ -234,6 +234,7 @@ def test_site_in_headless_chromium(node_modules):
             if page == "points":
                 b.screenshot(SHOTS / "points.png")
                 _check_points(b)
+                b.view_shot(SHOTS / "points-family.png", "#families")
             elif page == "validation":
                 b.screenshot(SHOTS / "validation.png")
                 _check_validation(b)

@@ -91,8 +91,7 @@ def test_architecture_layout_and_other_engines_names_come_from_the_engine():
         except AddressError:
             assert eq["nnsight"]["name"] is None
             continue
-        if layer is not None:
-            assert eq["nnsight"]["name"].split(" (")[0].replace("{L}", str(layer)) == f"{acc.module}.{acc.event}"
+        assert eq["nnsight"]["name"].split(" (")[0].replace("{L}", str(layer)) == str(acc)
     assert checked > 20
 
 

@@ -163,7 +163,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_pre", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].input", "why": ""},
               {"engine": "nnterp", "name": "layers_input[{L}]", "why": ""}
             ]
           },
@@ -173,7 +173,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_in", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.self_attn.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].self_attn.input", "why": ""},
               {"engine": "nnterp", "name": "attentions_input[{L}]", "why": ""}
             ]
           },
@@ -185,7 +185,7 @@ export const architectures: readonly Architecture[] = [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.q_norm.hook_in", "why": ""},
               {
                 "engine": "nnsight",
-                "name": "model.layers.{L}.self_attn.q_norm.input (per head: reshape the last axis to [heads, head_dim])",
+                "name": "model.layers[{L}].self_attn.q_norm.input (per head: reshape the last axis to [heads, head_dim])",
                 "why": ""
               },
               {
@@ -203,7 +203,7 @@ export const architectures: readonly Architecture[] = [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.q_norm.hook_out", "why": ""},
               {
                 "engine": "nnsight",
-                "name": "model.layers.{L}.self_attn.q_norm.output (per head: reshape the last axis to [heads, head_dim])",
+                "name": "model.layers[{L}].self_attn.q_norm.output (per head: reshape the last axis to [heads, head_dim])",
                 "why": ""
               },
               {
@@ -221,7 +221,7 @@ export const architectures: readonly Architecture[] = [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.k_norm.hook_in", "why": ""},
               {
                 "engine": "nnsight",
-                "name": "model.layers.{L}.self_attn.k_norm.input (per head: reshape the last axis to [heads, head_dim])",
+                "name": "model.layers[{L}].self_attn.k_norm.input (per head: reshape the last axis to [heads, head_dim])",
                 "why": ""
               },
               {
@@ -239,7 +239,7 @@ export const architectures: readonly Architecture[] = [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.k_norm.hook_out", "why": ""},
               {
                 "engine": "nnsight",
-                "name": "model.layers.{L}.self_attn.k_norm.output (per head: reshape the last axis to [heads, head_dim])",
+                "name": "model.layers[{L}].self_attn.k_norm.output (per head: reshape the last axis to [heads, head_dim])",
                 "why": ""
               },
               {
@@ -343,7 +343,7 @@ export const architectures: readonly Architecture[] = [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_z", "why": ""},
               {
                 "engine": "nnsight",
-                "name": "model.layers.{L}.self_attn.o_proj.input (per head: reshape the last axis to [heads, head_dim])",
+                "name": "model.layers[{L}].self_attn.o_proj.input (per head: reshape the last axis to [heads, head_dim])",
                 "why": ""
               },
               {
@@ -359,7 +359,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_out", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.self_attn.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].self_attn.output", "why": ""},
               {"engine": "nnterp", "name": "attentions_output[{L}]", "why": ""}
             ]
           },
@@ -369,7 +369,7 @@ export const architectures: readonly Architecture[] = [
             "how": "input of the pre-MLP norm",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_mid", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.feedforward_layernorm.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].feedforward_layernorm.input", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -383,7 +383,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_in", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.input", "why": ""},
               {"engine": "nnterp", "name": "mlps_input[{L}]", "why": ""}
             ]
           },
@@ -393,7 +393,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_pre", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.up_proj.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.up_proj.output", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -407,7 +407,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_post", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.down_proj.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.down_proj.input", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -421,7 +421,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_out", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.output", "why": ""},
               {"engine": "nnterp", "name": "mlps_output[{L}]", "why": ""}
             ]
           },
@@ -431,7 +431,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_post", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].output", "why": ""},
               {"engine": "nnterp", "name": "layers_output[{L}]", "why": ""}
             ]
           },
@@ -455,7 +455,7 @@ export const architectures: readonly Architecture[] = [
                 "name": null,
                 "why": "lm_head has no TransformerLens hook: the bridge's forward returns the logits (no hook; unembed.hook_out is before logit scaling / softcap)."
               },
-              {"engine": "nnsight", "name": "output", "why": ""},
+              {"engine": "nnsight", "name": "output (the CausalLM output's .logits)", "why": ""},
               {"engine": "nnterp", "name": "logits", "why": ""}
             ]
           },
@@ -549,7 +549,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_pre", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].input", "why": ""},
               {"engine": "nnterp", "name": "layers_input[{L}]", "why": ""}
             ]
           },
@@ -559,7 +559,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_in", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.self_attn.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].self_attn.input", "why": ""},
               {"engine": "nnterp", "name": "attentions_input[{L}]", "why": ""}
             ]
           },
@@ -657,7 +657,7 @@ export const architectures: readonly Architecture[] = [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_z", "why": ""},
               {
                 "engine": "nnsight",
-                "name": "model.layers.{L}.self_attn.o_proj.input (per head: reshape the last axis to [heads, head_dim])",
+                "name": "model.layers[{L}].self_attn.o_proj.input (per head: reshape the last axis to [heads, head_dim])",
                 "why": ""
               },
               {
@@ -673,7 +673,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_out", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.self_attn.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].self_attn.output", "why": ""},
               {"engine": "nnterp", "name": "attentions_output[{L}]", "why": ""}
             ]
           },
@@ -683,7 +683,7 @@ export const architectures: readonly Architecture[] = [
             "how": "input of the pre-MLP norm",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_mid", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.post_attention_layernorm.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].post_attention_layernorm.input", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -697,7 +697,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_in", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.input", "why": ""},
               {"engine": "nnterp", "name": "mlps_input[{L}]", "why": ""}
             ]
           },
@@ -707,7 +707,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_pre", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.up_proj.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.up_proj.output", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -721,7 +721,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_post", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.down_proj.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.down_proj.input", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -735,7 +735,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_out", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.output", "why": ""},
               {"engine": "nnterp", "name": "mlps_output[{L}]", "why": ""}
             ]
           },
@@ -745,7 +745,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_post", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].output", "why": ""},
               {"engine": "nnterp", "name": "layers_output[{L}]", "why": ""}
             ]
           },
@@ -769,7 +769,7 @@ export const architectures: readonly Architecture[] = [
                 "name": null,
                 "why": "lm_head has no TransformerLens hook: the bridge's forward returns the logits (no hook; unembed.hook_out is before logit scaling / softcap)."
               },
-              {"engine": "nnsight", "name": "output", "why": ""},
+              {"engine": "nnsight", "name": "output (the CausalLM output's .logits)", "why": ""},
               {"engine": "nnterp", "name": "logits", "why": ""}
             ]
           },
@@ -864,7 +864,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_pre", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].input", "why": ""},
               {"engine": "nnterp", "name": "layers_input[{L}]", "why": ""}
             ]
           },
@@ -874,7 +874,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mamba.hook_in", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.self_attn.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].self_attn.input", "why": ""},
               {"engine": "nnterp", "name": "attentions_input[{L}]", "why": ""}
             ]
           },
@@ -972,7 +972,7 @@ export const architectures: readonly Architecture[] = [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_z", "why": ""},
               {
                 "engine": "nnsight",
-                "name": "model.layers.{L}.self_attn.o_proj.input (per head: reshape the last axis to [heads, head_dim])",
+                "name": "model.layers[{L}].self_attn.o_proj.input (per head: reshape the last axis to [heads, head_dim])",
                 "why": ""
               },
               {
@@ -988,7 +988,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mamba.hook_out", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.self_attn.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].self_attn.output", "why": ""},
               {"engine": "nnterp", "name": "attentions_output[{L}]", "why": ""}
             ]
           },
@@ -998,7 +998,7 @@ export const architectures: readonly Architecture[] = [
             "how": "input of the pre-MLP norm",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_mid", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.pre_ff_layernorm.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].pre_ff_layernorm.input", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -1012,7 +1012,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_in", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.feed_forward.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].feed_forward.input", "why": ""},
               {"engine": "nnterp", "name": "mlps_input[{L}]", "why": ""}
             ]
           },
@@ -1022,7 +1022,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_pre", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.feed_forward.gate_proj.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].feed_forward.gate_proj.output", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -1036,7 +1036,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_pre_linear", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.feed_forward.up_proj.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].feed_forward.up_proj.output", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -1050,7 +1050,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_post", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.feed_forward.down_proj.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].feed_forward.down_proj.input", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -1064,7 +1064,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_out", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.feed_forward.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].feed_forward.output", "why": ""},
               {"engine": "nnterp", "name": "mlps_output[{L}]", "why": ""}
             ]
           },
@@ -1074,7 +1074,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_post", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].output", "why": ""},
               {"engine": "nnterp", "name": "layers_output[{L}]", "why": ""}
             ]
           },
@@ -1098,7 +1098,7 @@ export const architectures: readonly Architecture[] = [
                 "name": null,
                 "why": "lm_head has no TransformerLens hook: the bridge's forward returns the logits (no hook; unembed.hook_out is before logit scaling / softcap)."
               },
-              {"engine": "nnsight", "name": "output", "why": ""},
+              {"engine": "nnsight", "name": "output (the CausalLM output's .logits)", "why": ""},
               {"engine": "nnterp", "name": "logits", "why": ""}
             ]
           },
@@ -1196,7 +1196,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_pre", "why": ""},
-              {"engine": "nnsight", "name": "transformer.h.{L}.input", "why": ""},
+              {"engine": "nnsight", "name": "transformer.h[{L}].input", "why": ""},
               {"engine": "nnterp", "name": "layers_input[{L}]", "why": ""}
             ]
           },
@@ -1206,7 +1206,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_in", "why": ""},
-              {"engine": "nnsight", "name": "transformer.h.{L}.self_attention.input", "why": ""},
+              {"engine": "nnsight", "name": "transformer.h[{L}].self_attention.input", "why": ""},
               {"engine": "nnterp", "name": "attentions_input[{L}]", "why": ""}
             ]
           },
@@ -1286,7 +1286,7 @@ export const architectures: readonly Architecture[] = [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_z", "why": ""},
               {
                 "engine": "nnsight",
-                "name": "transformer.h.{L}.self_attention.dense.input (per head: reshape the last axis to [heads, head_dim])",
+                "name": "transformer.h[{L}].self_attention.dense.input (per head: reshape the last axis to [heads, head_dim])",
                 "why": ""
               },
               {
@@ -1320,7 +1320,7 @@ export const architectures: readonly Architecture[] = [
             "how": "input of the pre-MLP norm",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_mid", "why": ""},
-              {"engine": "nnsight", "name": "transformer.h.{L}.post_attention_layernorm.input", "why": ""},
+              {"engine": "nnsight", "name": "transformer.h[{L}].post_attention_layernorm.input", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -1334,7 +1334,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_in", "why": ""},
-              {"engine": "nnsight", "name": "transformer.h.{L}.mlp.input", "why": ""},
+              {"engine": "nnsight", "name": "transformer.h[{L}].mlp.input", "why": ""},
               {"engine": "nnterp", "name": "mlps_input[{L}]", "why": ""}
             ]
           },
@@ -1344,7 +1344,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_pre", "why": ""},
-              {"engine": "nnsight", "name": "transformer.h.{L}.mlp.dense_h_to_4h.output", "why": ""},
+              {"engine": "nnsight", "name": "transformer.h[{L}].mlp.dense_h_to_4h.output", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -1358,7 +1358,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_post", "why": ""},
-              {"engine": "nnsight", "name": "transformer.h.{L}.mlp.dense_4h_to_h.input", "why": ""},
+              {"engine": "nnsight", "name": "transformer.h[{L}].mlp.dense_4h_to_h.input", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -1390,7 +1390,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_post", "why": ""},
-              {"engine": "nnsight", "name": "transformer.h.{L}.output", "why": ""},
+              {"engine": "nnsight", "name": "transformer.h[{L}].output", "why": ""},
               {"engine": "nnterp", "name": "layers_output[{L}]", "why": ""}
             ]
           },
@@ -1414,7 +1414,7 @@ export const architectures: readonly Architecture[] = [
                 "name": null,
                 "why": "lm_head has no TransformerLens hook: the bridge's forward returns the logits (no hook; unembed.hook_out is before logit scaling / softcap)."
               },
-              {"engine": "nnsight", "name": "output", "why": ""},
+              {"engine": "nnsight", "name": "output (the CausalLM output's .logits)", "why": ""},
               {"engine": "nnterp", "name": "logits", "why": ""}
             ]
           },
@@ -1516,7 +1516,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_pre", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].input", "why": ""},
               {"engine": "nnterp", "name": "layers_input[{L}]", "why": ""}
             ]
           },
@@ -1526,7 +1526,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_in", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.self_attn.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].self_attn.input", "why": ""},
               {"engine": "nnterp", "name": "attentions_input[{L}]", "why": ""}
             ]
           },
@@ -1624,7 +1624,7 @@ export const architectures: readonly Architecture[] = [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_z", "why": ""},
               {
                 "engine": "nnsight",
-                "name": "model.layers.{L}.self_attn.o_proj.input (per head: reshape the last axis to [heads, head_dim])",
+                "name": "model.layers[{L}].self_attn.o_proj.input (per head: reshape the last axis to [heads, head_dim])",
                 "why": ""
               },
               {
@@ -1640,7 +1640,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_out", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.self_attn.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].self_attn.output", "why": ""},
               {"engine": "nnterp", "name": "attentions_output[{L}]", "why": ""}
             ]
           },
@@ -1650,7 +1650,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_in", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.input", "why": ""},
               {"engine": "nnterp", "name": "mlps_input[{L}]", "why": ""}
             ]
           },
@@ -1660,7 +1660,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_pre", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.gate_proj.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.gate_proj.output", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -1674,7 +1674,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_pre_linear", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.up_proj.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.up_proj.output", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -1688,7 +1688,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_post", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.down_proj.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.down_proj.input", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -1702,7 +1702,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_out", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.output", "why": ""},
               {"engine": "nnterp", "name": "mlps_output[{L}]", "why": ""}
             ]
           },
@@ -1712,7 +1712,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_post", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].output", "why": ""},
               {"engine": "nnterp", "name": "layers_output[{L}]", "why": ""}
             ]
           },
@@ -1736,7 +1736,7 @@ export const architectures: readonly Architecture[] = [
                 "name": null,
                 "why": "lm_head has no TransformerLens hook: the bridge's forward returns the logits (no hook; unembed.hook_out is before logit scaling / softcap)."
               },
-              {"engine": "nnsight", "name": "output", "why": ""},
+              {"engine": "nnsight", "name": "output (the CausalLM output's .logits)", "why": ""},
               {"engine": "nnterp", "name": "logits", "why": ""}
             ]
           },
@@ -1815,7 +1815,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_pre", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].input", "why": ""},
               {"engine": "nnterp", "name": "layers_input[{L}]", "why": ""}
             ]
           },
@@ -1825,7 +1825,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_in", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.self_attn.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].self_attn.input", "why": ""},
               {"engine": "nnterp", "name": "attentions_input[{L}]", "why": ""}
             ]
           },
@@ -1837,7 +1837,7 @@ export const architectures: readonly Architecture[] = [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.q_norm.hook_in", "why": ""},
               {
                 "engine": "nnsight",
-                "name": "model.layers.{L}.self_attn.q_norm.input (per head: reshape the last axis to [heads, head_dim])",
+                "name": "model.layers[{L}].self_attn.q_norm.input (per head: reshape the last axis to [heads, head_dim])",
                 "why": ""
               },
               {
@@ -1855,7 +1855,7 @@ export const architectures: readonly Architecture[] = [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.q_norm.hook_out", "why": ""},
               {
                 "engine": "nnsight",
-                "name": "model.layers.{L}.self_attn.q_norm.output (per head: reshape the last axis to [heads, head_dim])",
+                "name": "model.layers[{L}].self_attn.q_norm.output (per head: reshape the last axis to [heads, head_dim])",
                 "why": ""
               },
               {
@@ -1873,7 +1873,7 @@ export const architectures: readonly Architecture[] = [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.k_norm.hook_in", "why": ""},
               {
                 "engine": "nnsight",
-                "name": "model.layers.{L}.self_attn.k_norm.input (per head: reshape the last axis to [heads, head_dim])",
+                "name": "model.layers[{L}].self_attn.k_norm.input (per head: reshape the last axis to [heads, head_dim])",
                 "why": ""
               },
               {
@@ -1891,7 +1891,7 @@ export const architectures: readonly Architecture[] = [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.k_norm.hook_out", "why": ""},
               {
                 "engine": "nnsight",
-                "name": "model.layers.{L}.self_attn.k_norm.output (per head: reshape the last axis to [heads, head_dim])",
+                "name": "model.layers[{L}].self_attn.k_norm.output (per head: reshape the last axis to [heads, head_dim])",
                 "why": ""
               },
               {
@@ -1995,7 +1995,7 @@ export const architectures: readonly Architecture[] = [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_z", "why": ""},
               {
                 "engine": "nnsight",
-                "name": "model.layers.{L}.self_attn.o_proj.input (per head: reshape the last axis to [heads, head_dim])",
+                "name": "model.layers[{L}].self_attn.o_proj.input (per head: reshape the last axis to [heads, head_dim])",
                 "why": ""
               },
               {
@@ -2011,7 +2011,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_out", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.self_attn.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].self_attn.output", "why": ""},
               {"engine": "nnterp", "name": "attentions_output[{L}]", "why": ""}
             ]
           },
@@ -2021,7 +2021,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_in", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.input", "why": ""},
               {"engine": "nnterp", "name": "mlps_input[{L}]", "why": ""}
             ]
           },
@@ -2031,7 +2031,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_pre", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.gate_proj.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.gate_proj.output", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -2045,7 +2045,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_pre_linear", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.up_proj.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.up_proj.output", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -2059,7 +2059,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_post", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.down_proj.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.down_proj.input", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -2073,7 +2073,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_out", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.output", "why": ""},
               {"engine": "nnterp", "name": "mlps_output[{L}]", "why": ""}
             ]
           },
@@ -2083,7 +2083,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_post", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].output", "why": ""},
               {"engine": "nnterp", "name": "layers_output[{L}]", "why": ""}
             ]
           },
@@ -2107,7 +2107,7 @@ export const architectures: readonly Architecture[] = [
                 "name": null,
                 "why": "lm_head has no TransformerLens hook: the bridge's forward returns the logits (no hook; unembed.hook_out is before logit scaling / softcap)."
               },
-              {"engine": "nnsight", "name": "output", "why": ""},
+              {"engine": "nnsight", "name": "output (the CausalLM output's .logits)", "why": ""},
               {"engine": "nnterp", "name": "logits", "why": ""}
             ]
           },
@@ -2209,7 +2209,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_pre", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].input", "why": ""},
               {"engine": "nnterp", "name": "layers_input[{L}]", "why": ""}
             ]
           },
@@ -2219,7 +2219,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_in", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.self_attn.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].self_attn.input", "why": ""},
               {"engine": "nnterp", "name": "attentions_input[{L}]", "why": ""}
             ]
           },
@@ -2317,7 +2317,7 @@ export const architectures: readonly Architecture[] = [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_z", "why": ""},
               {
                 "engine": "nnsight",
-                "name": "model.layers.{L}.self_attn.o_proj.input (per head: reshape the last axis to [heads, head_dim])",
+                "name": "model.layers[{L}].self_attn.o_proj.input (per head: reshape the last axis to [heads, head_dim])",
                 "why": ""
               },
               {
@@ -2333,7 +2333,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_out", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.self_attn.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].self_attn.output", "why": ""},
               {"engine": "nnterp", "name": "attentions_output[{L}]", "why": ""}
             ]
           },
@@ -2343,7 +2343,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_in", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.input", "why": ""},
               {"engine": "nnterp", "name": "mlps_input[{L}]", "why": ""}
             ]
           },
@@ -2353,7 +2353,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_pre", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.gate_proj.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.gate_proj.output", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -2367,7 +2367,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_pre_linear", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.up_proj.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.up_proj.output", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -2381,7 +2381,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_post", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.down_proj.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.down_proj.input", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -2395,7 +2395,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_out", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.output", "why": ""},
               {"engine": "nnterp", "name": "mlps_output[{L}]", "why": ""}
             ]
           },
@@ -2405,7 +2405,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_post", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].output", "why": ""},
               {"engine": "nnterp", "name": "layers_output[{L}]", "why": ""}
             ]
           },
@@ -2429,7 +2429,7 @@ export const architectures: readonly Architecture[] = [
                 "name": null,
                 "why": "lm_head has no TransformerLens hook: the bridge's forward returns the logits (no hook; unembed.hook_out is before logit scaling / softcap)."
               },
-              {"engine": "nnsight", "name": "output", "why": ""},
+              {"engine": "nnsight", "name": "output (the CausalLM output's .logits)", "why": ""},
               {"engine": "nnterp", "name": "logits", "why": ""}
             ]
           },
@@ -2536,7 +2536,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_pre", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].input", "why": ""},
               {"engine": "nnterp", "name": "layers_input[{L}]", "why": ""}
             ]
           },
@@ -2546,7 +2546,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_in", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.self_attn.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].self_attn.input", "why": ""},
               {"engine": "nnterp", "name": "attentions_input[{L}]", "why": ""}
             ]
           },
@@ -2652,7 +2652,7 @@ export const architectures: readonly Architecture[] = [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_z", "why": ""},
               {
                 "engine": "nnsight",
-                "name": "model.layers.{L}.self_attn.o_proj.input (per head: reshape the last axis to [heads, head_dim])",
+                "name": "model.layers[{L}].self_attn.o_proj.input (per head: reshape the last axis to [heads, head_dim])",
                 "why": ""
               },
               {
@@ -2668,7 +2668,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_out", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.self_attn.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].self_attn.output", "why": ""},
               {"engine": "nnterp", "name": "attentions_output[{L}]", "why": ""}
             ]
           },
@@ -2678,7 +2678,7 @@ export const architectures: readonly Architecture[] = [
             "how": "input of the pre-MLP norm",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_mid", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.post_attention_layernorm.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].post_attention_layernorm.input", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -2692,7 +2692,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_in", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.input", "why": ""},
               {"engine": "nnterp", "name": "mlps_input[{L}]", "why": ""}
             ]
           },
@@ -2702,7 +2702,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_pre", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.gate_proj.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.gate_proj.output", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -2716,7 +2716,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_pre_linear", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.up_proj.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.up_proj.output", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -2730,7 +2730,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_post", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.down_proj.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.down_proj.input", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -2802,7 +2802,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_out", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.output", "why": ""},
               {"engine": "nnterp", "name": "mlps_output[{L}]", "why": ""}
             ]
           },
@@ -2812,7 +2812,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_post", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].output", "why": ""},
               {"engine": "nnterp", "name": "layers_output[{L}]", "why": ""}
             ]
           },
@@ -2836,7 +2836,7 @@ export const architectures: readonly Architecture[] = [
                 "name": null,
                 "why": "lm_head has no TransformerLens hook: the bridge's forward returns the logits (no hook; unembed.hook_out is before logit scaling / softcap)."
               },
-              {"engine": "nnsight", "name": "output", "why": ""},
+              {"engine": "nnsight", "name": "output (the CausalLM output's .logits)", "why": ""},
               {"engine": "nnterp", "name": "logits", "why": ""}
             ]
           },
@@ -2946,7 +2946,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_pre", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].input", "why": ""},
               {"engine": "nnterp", "name": "layers_input[{L}]", "why": ""}
             ]
           },
@@ -2956,7 +2956,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_in", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.self_attn.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].self_attn.input", "why": ""},
               {"engine": "nnterp", "name": "attentions_input[{L}]", "why": ""}
             ]
           },
@@ -3062,7 +3062,7 @@ export const architectures: readonly Architecture[] = [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_z", "why": ""},
               {
                 "engine": "nnsight",
-                "name": "model.layers.{L}.self_attn.o_proj.input (per head: reshape the last axis to [heads, head_dim])",
+                "name": "model.layers[{L}].self_attn.o_proj.input (per head: reshape the last axis to [heads, head_dim])",
                 "why": ""
               },
               {
@@ -3078,7 +3078,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_out", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.self_attn.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].self_attn.output", "why": ""},
               {"engine": "nnterp", "name": "attentions_output[{L}]", "why": ""}
             ]
           },
@@ -3088,7 +3088,7 @@ export const architectures: readonly Architecture[] = [
             "how": "input of the pre-MLP norm",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_mid", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.post_attention_layernorm.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].post_attention_layernorm.input", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -3102,7 +3102,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_in", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.input", "why": ""},
               {"engine": "nnterp", "name": "mlps_input[{L}]", "why": ""}
             ]
           },
@@ -3112,7 +3112,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_pre", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.gate_proj.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.gate_proj.output", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -3126,7 +3126,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_pre_linear", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.up_proj.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.up_proj.output", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -3140,7 +3140,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_post", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.down_proj.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.down_proj.input", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -3212,7 +3212,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_out", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.output", "why": ""},
               {"engine": "nnterp", "name": "mlps_output[{L}]", "why": ""}
             ]
           },
@@ -3222,7 +3222,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_post", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].output", "why": ""},
               {"engine": "nnterp", "name": "layers_output[{L}]", "why": ""}
             ]
           },
@@ -3246,7 +3246,7 @@ export const architectures: readonly Architecture[] = [
                 "name": null,
                 "why": "lm_head has no TransformerLens hook: the bridge's forward returns the logits (no hook; unembed.hook_out is before logit scaling / softcap)."
               },
-              {"engine": "nnsight", "name": "output", "why": ""},
+              {"engine": "nnsight", "name": "output (the CausalLM output's .logits)", "why": ""},
               {"engine": "nnterp", "name": "logits", "why": ""}
             ]
           },
@@ -3395,7 +3395,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_in", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.self_attn.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].self_attn.input", "why": ""},
               {"engine": "nnterp", "name": "attentions_input[{L}]", "why": ""}
             ]
           },
@@ -3457,7 +3457,7 @@ export const architectures: readonly Architecture[] = [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_z", "why": ""},
               {
                 "engine": "nnsight",
-                "name": "model.layers.{L}.self_attn.o_b_proj.input (per head: reshape the last axis to [heads, head_dim])",
+                "name": "model.layers[{L}].self_attn.o_b_proj.input (per head: reshape the last axis to [heads, head_dim])",
                 "why": ""
               },
               {
@@ -3473,7 +3473,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_out", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.self_attn.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].self_attn.output", "why": ""},
               {"engine": "nnterp", "name": "attentions_output[{L}]", "why": ""}
             ]
           },
@@ -3483,7 +3483,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_in", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.input", "why": ""},
               {"engine": "nnterp", "name": "mlps_input[{L}]", "why": ""}
             ]
           },
@@ -3551,7 +3551,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_out", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.output", "why": ""},
               {"engine": "nnterp", "name": "mlps_output[{L}]", "why": ""}
             ]
           },
@@ -3575,7 +3575,7 @@ export const architectures: readonly Architecture[] = [
                 "name": null,
                 "why": "lm_head has no TransformerLens hook: the bridge's forward returns the logits (no hook; unembed.hook_out is before logit scaling / softcap)."
               },
-              {"engine": "nnsight", "name": "output", "why": ""},
+              {"engine": "nnsight", "name": "output (the CausalLM output's .logits)", "why": ""},
               {"engine": "nnterp", "name": "logits", "why": ""}
             ]
           },
@@ -3885,7 +3885,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_pre", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].input", "why": ""},
               {"engine": "nnterp", "name": "layers_input[{L}]", "why": ""}
             ]
           },
@@ -3895,7 +3895,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_in", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.self_attn.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].self_attn.input", "why": ""},
               {"engine": "nnterp", "name": "attentions_input[{L}]", "why": ""}
             ]
           },
@@ -3907,7 +3907,7 @@ export const architectures: readonly Architecture[] = [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.q_norm.hook_in", "why": ""},
               {
                 "engine": "nnsight",
-                "name": "model.layers.{L}.self_attn.q_norm.input (per head: reshape the last axis to [heads, head_dim])",
+                "name": "model.layers[{L}].self_attn.q_norm.input (per head: reshape the last axis to [heads, head_dim])",
                 "why": ""
               },
               {
@@ -3925,7 +3925,7 @@ export const architectures: readonly Architecture[] = [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.q_norm.hook_out", "why": ""},
               {
                 "engine": "nnsight",
-                "name": "model.layers.{L}.self_attn.q_norm.output (per head: reshape the last axis to [heads, head_dim])",
+                "name": "model.layers[{L}].self_attn.q_norm.output (per head: reshape the last axis to [heads, head_dim])",
                 "why": ""
               },
               {
@@ -3943,7 +3943,7 @@ export const architectures: readonly Architecture[] = [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.k_norm.hook_in", "why": ""},
               {
                 "engine": "nnsight",
-                "name": "model.layers.{L}.self_attn.k_norm.input (per head: reshape the last axis to [heads, head_dim])",
+                "name": "model.layers[{L}].self_attn.k_norm.input (per head: reshape the last axis to [heads, head_dim])",
                 "why": ""
               },
               {
@@ -3961,7 +3961,7 @@ export const architectures: readonly Architecture[] = [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.k_norm.hook_out", "why": ""},
               {
                 "engine": "nnsight",
-                "name": "model.layers.{L}.self_attn.k_norm.output (per head: reshape the last axis to [heads, head_dim])",
+                "name": "model.layers[{L}].self_attn.k_norm.output (per head: reshape the last axis to [heads, head_dim])",
                 "why": ""
               },
               {
@@ -4065,7 +4065,7 @@ export const architectures: readonly Architecture[] = [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_z", "why": ""},
               {
                 "engine": "nnsight",
-                "name": "model.layers.{L}.self_attn.o_proj.input (per head: reshape the last axis to [heads, head_dim])",
+                "name": "model.layers[{L}].self_attn.o_proj.input (per head: reshape the last axis to [heads, head_dim])",
                 "why": ""
               },
               {
@@ -4081,7 +4081,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_out", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.self_attn.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].self_attn.output", "why": ""},
               {"engine": "nnterp", "name": "attentions_output[{L}]", "why": ""}
             ]
           },
@@ -4091,7 +4091,7 @@ export const architectures: readonly Architecture[] = [
             "how": "input of the pre-MLP norm",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_mid", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.post_attention_layernorm.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].post_attention_layernorm.input", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -4105,7 +4105,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_in", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.input", "why": ""},
               {"engine": "nnterp", "name": "mlps_input[{L}]", "why": ""}
             ]
           },
@@ -4115,7 +4115,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_pre", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.gate_proj.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.gate_proj.output", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -4129,7 +4129,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_pre_linear", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.up_proj.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.up_proj.output", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -4143,7 +4143,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_post", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.down_proj.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.down_proj.input", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -4215,7 +4215,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_out", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.output", "why": ""},
               {"engine": "nnterp", "name": "mlps_output[{L}]", "why": ""}
             ]
           },
@@ -4225,7 +4225,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_post", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].output", "why": ""},
               {"engine": "nnterp", "name": "layers_output[{L}]", "why": ""}
             ]
           },
@@ -4249,7 +4249,7 @@ export const architectures: readonly Architecture[] = [
                 "name": null,
                 "why": "lm_head has no TransformerLens hook: the bridge's forward returns the logits (no hook; unembed.hook_out is before logit scaling / softcap)."
               },
-              {"engine": "nnsight", "name": "output", "why": ""},
+              {"engine": "nnsight", "name": "output (the CausalLM output's .logits)", "why": ""},
               {"engine": "nnterp", "name": "logits", "why": ""}
             ]
           },
@@ -4356,7 +4356,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_pre", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].input", "why": ""},
               {"engine": "nnterp", "name": "layers_input[{L}]", "why": ""}
             ]
           },
@@ -4366,7 +4366,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_in", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.self_attn.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].self_attn.input", "why": ""},
               {"engine": "nnterp", "name": "attentions_input[{L}]", "why": ""}
             ]
           },
@@ -4464,7 +4464,7 @@ export const architectures: readonly Architecture[] = [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_z", "why": ""},
               {
                 "engine": "nnsight",
-                "name": "model.layers.{L}.self_attn.o_proj.input (per head: reshape the last axis to [heads, head_dim])",
+                "name": "model.layers[{L}].self_attn.o_proj.input (per head: reshape the last axis to [heads, head_dim])",
                 "why": ""
               },
               {
@@ -4480,7 +4480,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_out", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.self_attn.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].self_attn.output", "why": ""},
               {"engine": "nnterp", "name": "attentions_output[{L}]", "why": ""}
             ]
           },
@@ -4490,7 +4490,7 @@ export const architectures: readonly Architecture[] = [
             "how": "input of the pre-MLP norm",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_mid", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.post_attention_layernorm.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].post_attention_layernorm.input", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -4504,7 +4504,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_in", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.input", "why": ""},
               {"engine": "nnterp", "name": "mlps_input[{L}]", "why": ""}
             ]
           },
@@ -4514,7 +4514,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_pre", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.gate_proj.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.gate_proj.output", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -4528,7 +4528,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_pre_linear", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.up_proj.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.up_proj.output", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -4542,7 +4542,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_post", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.down_proj.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.down_proj.input", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -4614,7 +4614,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_out", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.output", "why": ""},
               {"engine": "nnterp", "name": "mlps_output[{L}]", "why": ""}
             ]
           },
@@ -4624,7 +4624,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_post", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].output", "why": ""},
               {"engine": "nnterp", "name": "layers_output[{L}]", "why": ""}
             ]
           },
@@ -4648,7 +4648,7 @@ export const architectures: readonly Architecture[] = [
                 "name": null,
                 "why": "lm_head has no TransformerLens hook: the bridge's forward returns the logits (no hook; unembed.hook_out is before logit scaling / softcap)."
               },
-              {"engine": "nnsight", "name": "output", "why": ""},
+              {"engine": "nnsight", "name": "output (the CausalLM output's .logits)", "why": ""},
               {"engine": "nnterp", "name": "logits", "why": ""}
             ]
           },
@@ -4758,7 +4758,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_pre", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].input", "why": ""},
               {"engine": "nnterp", "name": "layers_input[{L}]", "why": ""}
             ]
           },
@@ -4768,7 +4768,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_in", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.self_attn.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].self_attn.input", "why": ""},
               {"engine": "nnterp", "name": "attentions_input[{L}]", "why": ""}
             ]
           },
@@ -4780,7 +4780,7 @@ export const architectures: readonly Architecture[] = [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.q_norm.hook_in", "why": ""},
               {
                 "engine": "nnsight",
-                "name": "model.layers.{L}.self_attn.q_norm.input (per head: reshape the last axis to [heads, head_dim])",
+                "name": "model.layers[{L}].self_attn.q_norm.input (per head: reshape the last axis to [heads, head_dim])",
                 "why": ""
               },
               {
@@ -4798,7 +4798,7 @@ export const architectures: readonly Architecture[] = [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.q_norm.hook_out", "why": ""},
               {
                 "engine": "nnsight",
-                "name": "model.layers.{L}.self_attn.q_norm.output (per head: reshape the last axis to [heads, head_dim])",
+                "name": "model.layers[{L}].self_attn.q_norm.output (per head: reshape the last axis to [heads, head_dim])",
                 "why": ""
               },
               {
@@ -4816,7 +4816,7 @@ export const architectures: readonly Architecture[] = [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.k_norm.hook_in", "why": ""},
               {
                 "engine": "nnsight",
-                "name": "model.layers.{L}.self_attn.k_norm.input (per head: reshape the last axis to [heads, head_dim])",
+                "name": "model.layers[{L}].self_attn.k_norm.input (per head: reshape the last axis to [heads, head_dim])",
                 "why": ""
               },
               {
@@ -4834,7 +4834,7 @@ export const architectures: readonly Architecture[] = [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.k_norm.hook_out", "why": ""},
               {
                 "engine": "nnsight",
-                "name": "model.layers.{L}.self_attn.k_norm.output (per head: reshape the last axis to [heads, head_dim])",
+                "name": "model.layers[{L}].self_attn.k_norm.output (per head: reshape the last axis to [heads, head_dim])",
                 "why": ""
               },
               {
@@ -4938,7 +4938,7 @@ export const architectures: readonly Architecture[] = [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_z", "why": ""},
               {
                 "engine": "nnsight",
-                "name": "model.layers.{L}.self_attn.o_proj.input (per head: reshape the last axis to [heads, head_dim])",
+                "name": "model.layers[{L}].self_attn.o_proj.input (per head: reshape the last axis to [heads, head_dim])",
                 "why": ""
               },
               {
@@ -4954,7 +4954,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_out", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.self_attn.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].self_attn.output", "why": ""},
               {"engine": "nnterp", "name": "attentions_output[{L}]", "why": ""}
             ]
           },
@@ -4964,7 +4964,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.ln1_post.hook_out", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.post_attention_layernorm.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].post_attention_layernorm.output", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -4996,7 +4996,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_in", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.input", "why": ""},
               {"engine": "nnterp", "name": "mlps_input[{L}]", "why": ""}
             ]
           },
@@ -5006,7 +5006,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_pre", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.gate_proj.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.gate_proj.output", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -5020,7 +5020,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_pre_linear", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.up_proj.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.up_proj.output", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -5034,7 +5034,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_post", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.down_proj.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.down_proj.input", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -5048,7 +5048,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_out", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.output", "why": ""},
               {"engine": "nnterp", "name": "mlps_output[{L}]", "why": ""}
             ]
           },
@@ -5058,7 +5058,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.ln2_post.hook_out", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.post_feedforward_layernorm.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].post_feedforward_layernorm.output", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -5072,7 +5072,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_post", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].output", "why": ""},
               {"engine": "nnterp", "name": "layers_output[{L}]", "why": ""}
             ]
           },
@@ -5096,7 +5096,7 @@ export const architectures: readonly Architecture[] = [
                 "name": null,
                 "why": "lm_head has no TransformerLens hook: the bridge's forward returns the logits (no hook; unembed.hook_out is before logit scaling / softcap)."
               },
-              {"engine": "nnsight", "name": "output", "why": ""},
+              {"engine": "nnsight", "name": "output (the CausalLM output's .logits)", "why": ""},
               {"engine": "nnterp", "name": "logits", "why": ""}
             ]
           },
@@ -5178,7 +5178,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_pre", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].input", "why": ""},
               {"engine": "nnterp", "name": "layers_input[{L}]", "why": ""}
             ]
           },
@@ -5188,7 +5188,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_in", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.self_attn.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].self_attn.input", "why": ""},
               {"engine": "nnterp", "name": "attentions_input[{L}]", "why": ""}
             ]
           },
@@ -5200,7 +5200,7 @@ export const architectures: readonly Architecture[] = [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.q_norm.hook_in", "why": ""},
               {
                 "engine": "nnsight",
-                "name": "model.layers.{L}.self_attn.q_norm.input (per head: reshape the last axis to [heads, head_dim])",
+                "name": "model.layers[{L}].self_attn.q_norm.input (per head: reshape the last axis to [heads, head_dim])",
                 "why": ""
               },
               {
@@ -5218,7 +5218,7 @@ export const architectures: readonly Architecture[] = [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.q_norm.hook_out", "why": ""},
               {
                 "engine": "nnsight",
-                "name": "model.layers.{L}.self_attn.q_norm.output (per head: reshape the last axis to [heads, head_dim])",
+                "name": "model.layers[{L}].self_attn.q_norm.output (per head: reshape the last axis to [heads, head_dim])",
                 "why": ""
               },
               {
@@ -5236,7 +5236,7 @@ export const architectures: readonly Architecture[] = [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.k_norm.hook_in", "why": ""},
               {
                 "engine": "nnsight",
-                "name": "model.layers.{L}.self_attn.k_norm.input (per head: reshape the last axis to [heads, head_dim])",
+                "name": "model.layers[{L}].self_attn.k_norm.input (per head: reshape the last axis to [heads, head_dim])",
                 "why": ""
               },
               {
@@ -5254,7 +5254,7 @@ export const architectures: readonly Architecture[] = [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.k_norm.hook_out", "why": ""},
               {
                 "engine": "nnsight",
-                "name": "model.layers.{L}.self_attn.k_norm.output (per head: reshape the last axis to [heads, head_dim])",
+                "name": "model.layers[{L}].self_attn.k_norm.output (per head: reshape the last axis to [heads, head_dim])",
                 "why": ""
               },
               {
@@ -5358,7 +5358,7 @@ export const architectures: readonly Architecture[] = [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_z", "why": ""},
               {
                 "engine": "nnsight",
-                "name": "model.layers.{L}.self_attn.o_proj.input (per head: reshape the last axis to [heads, head_dim])",
+                "name": "model.layers[{L}].self_attn.o_proj.input (per head: reshape the last axis to [heads, head_dim])",
                 "why": ""
               },
               {
@@ -5374,7 +5374,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_out", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.self_attn.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].self_attn.output", "why": ""},
               {"engine": "nnterp", "name": "attentions_output[{L}]", "why": ""}
             ]
           },
@@ -5384,7 +5384,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.ln1_post.hook_out", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.post_attention_layernorm.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].post_attention_layernorm.output", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -5416,7 +5416,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_in", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.input", "why": ""},
               {"engine": "nnterp", "name": "mlps_input[{L}]", "why": ""}
             ]
           },
@@ -5426,7 +5426,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_pre", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.gate_proj.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.gate_proj.output", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -5440,7 +5440,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_pre_linear", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.up_proj.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.up_proj.output", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -5454,7 +5454,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_post", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.down_proj.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.down_proj.input", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -5468,7 +5468,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_out", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.output", "why": ""},
               {"engine": "nnterp", "name": "mlps_output[{L}]", "why": ""}
             ]
           },
@@ -5478,7 +5478,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.ln2_post.hook_out", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.post_feedforward_layernorm.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].post_feedforward_layernorm.output", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -5492,7 +5492,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_post", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].output", "why": ""},
               {"engine": "nnterp", "name": "layers_output[{L}]", "why": ""}
             ]
           },
@@ -5516,7 +5516,7 @@ export const architectures: readonly Architecture[] = [
                 "name": null,
                 "why": "lm_head has no TransformerLens hook: the bridge's forward returns the logits (no hook; unembed.hook_out is before logit scaling / softcap)."
               },
-              {"engine": "nnsight", "name": "output", "why": ""},
+              {"engine": "nnsight", "name": "output (the CausalLM output's .logits)", "why": ""},
               {"engine": "nnterp", "name": "logits", "why": ""}
             ]
           },
@@ -5619,7 +5619,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_pre", "why": ""},
-              {"engine": "nnsight", "name": "transformer.h.{L}.input", "why": ""},
+              {"engine": "nnsight", "name": "transformer.h[{L}].input", "why": ""},
               {"engine": "nnterp", "name": "layers_input[{L}]", "why": ""}
             ]
           },
@@ -5629,7 +5629,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_in", "why": ""},
-              {"engine": "nnsight", "name": "transformer.h.{L}.self_attention.input", "why": ""},
+              {"engine": "nnsight", "name": "transformer.h[{L}].self_attention.input", "why": ""},
               {"engine": "nnterp", "name": "attentions_input[{L}]", "why": ""}
             ]
           },
@@ -5673,7 +5673,7 @@ export const architectures: readonly Architecture[] = [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_z", "why": ""},
               {
                 "engine": "nnsight",
-                "name": "transformer.h.{L}.self_attention.dense.input (per head: reshape the last axis to [heads, head_dim])",
+                "name": "transformer.h[{L}].self_attention.dense.input (per head: reshape the last axis to [heads, head_dim])",
                 "why": ""
               },
               {
@@ -5689,7 +5689,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_out", "why": ""},
-              {"engine": "nnsight", "name": "transformer.h.{L}.self_attention.output", "why": ""},
+              {"engine": "nnsight", "name": "transformer.h[{L}].self_attention.output", "why": ""},
               {"engine": "nnterp", "name": "attentions_output[{L}]", "why": ""}
             ]
           },
@@ -5699,7 +5699,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_in", "why": ""},
-              {"engine": "nnsight", "name": "transformer.h.{L}.mlp.input", "why": ""},
+              {"engine": "nnsight", "name": "transformer.h[{L}].mlp.input", "why": ""},
               {"engine": "nnterp", "name": "mlps_input[{L}]", "why": ""}
             ]
           },
@@ -5709,7 +5709,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_pre", "why": ""},
-              {"engine": "nnsight", "name": "transformer.h.{L}.mlp.dense_h_to_4h.output", "why": ""},
+              {"engine": "nnsight", "name": "transformer.h[{L}].mlp.dense_h_to_4h.output", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -5723,7 +5723,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_post", "why": ""},
-              {"engine": "nnsight", "name": "transformer.h.{L}.mlp.dense_4h_to_h.input", "why": ""},
+              {"engine": "nnsight", "name": "transformer.h[{L}].mlp.dense_4h_to_h.input", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -5737,7 +5737,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_out", "why": ""},
-              {"engine": "nnsight", "name": "transformer.h.{L}.mlp.output", "why": ""},
+              {"engine": "nnsight", "name": "transformer.h[{L}].mlp.output", "why": ""},
               {"engine": "nnterp", "name": "mlps_output[{L}]", "why": ""}
             ]
           },
@@ -5747,7 +5747,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_post", "why": ""},
-              {"engine": "nnsight", "name": "transformer.h.{L}.output", "why": ""},
+              {"engine": "nnsight", "name": "transformer.h[{L}].output", "why": ""},
               {"engine": "nnterp", "name": "layers_output[{L}]", "why": ""}
             ]
           },
@@ -5771,7 +5771,7 @@ export const architectures: readonly Architecture[] = [
                 "name": null,
                 "why": "lm_head has no TransformerLens hook: the bridge's forward returns the logits (no hook; unembed.hook_out is before logit scaling / softcap)."
               },
-              {"engine": "nnsight", "name": "output", "why": ""},
+              {"engine": "nnsight", "name": "output (the CausalLM output's .logits)", "why": ""},
               {"engine": "nnterp", "name": "logits", "why": ""}
             ]
           },
@@ -5845,7 +5845,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_pre", "why": ""},
-              {"engine": "nnsight", "name": "transformer.h.{L}.input", "why": ""},
+              {"engine": "nnsight", "name": "transformer.h[{L}].input", "why": ""},
               {"engine": "nnterp", "name": "layers_input[{L}]", "why": ""}
             ]
           },
@@ -5855,7 +5855,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_in", "why": ""},
-              {"engine": "nnsight", "name": "transformer.h.{L}.self_attention.input", "why": ""},
+              {"engine": "nnsight", "name": "transformer.h[{L}].self_attention.input", "why": ""},
               {"engine": "nnterp", "name": "attentions_input[{L}]", "why": ""}
             ]
           },
@@ -5935,7 +5935,7 @@ export const architectures: readonly Architecture[] = [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_z", "why": ""},
               {
                 "engine": "nnsight",
-                "name": "transformer.h.{L}.self_attention.dense.input (per head: reshape the last axis to [heads, head_dim])",
+                "name": "transformer.h[{L}].self_attention.dense.input (per head: reshape the last axis to [heads, head_dim])",
                 "why": ""
               },
               {
@@ -5951,7 +5951,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_out", "why": ""},
-              {"engine": "nnsight", "name": "transformer.h.{L}.self_attention.output", "why": ""},
+              {"engine": "nnsight", "name": "transformer.h[{L}].self_attention.output", "why": ""},
               {"engine": "nnterp", "name": "attentions_output[{L}]", "why": ""}
             ]
           },
@@ -5961,7 +5961,7 @@ export const architectures: readonly Architecture[] = [
             "how": "input of the pre-MLP norm",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_mid", "why": ""},
-              {"engine": "nnsight", "name": "transformer.h.{L}.post_attention_layernorm.input", "why": ""},
+              {"engine": "nnsight", "name": "transformer.h[{L}].post_attention_layernorm.input", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -5975,7 +5975,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_in", "why": ""},
-              {"engine": "nnsight", "name": "transformer.h.{L}.mlp.input", "why": ""},
+              {"engine": "nnsight", "name": "transformer.h[{L}].mlp.input", "why": ""},
               {"engine": "nnterp", "name": "mlps_input[{L}]", "why": ""}
             ]
           },
@@ -5985,7 +5985,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_pre", "why": ""},
-              {"engine": "nnsight", "name": "transformer.h.{L}.mlp.dense_h_to_4h.output", "why": ""},
+              {"engine": "nnsight", "name": "transformer.h[{L}].mlp.dense_h_to_4h.output", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -5999,7 +5999,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_post", "why": ""},
-              {"engine": "nnsight", "name": "transformer.h.{L}.mlp.dense_4h_to_h.input", "why": ""},
+              {"engine": "nnsight", "name": "transformer.h[{L}].mlp.dense_4h_to_h.input", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -6013,7 +6013,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_out", "why": ""},
-              {"engine": "nnsight", "name": "transformer.h.{L}.mlp.output", "why": ""},
+              {"engine": "nnsight", "name": "transformer.h[{L}].mlp.output", "why": ""},
               {"engine": "nnterp", "name": "mlps_output[{L}]", "why": ""}
             ]
           },
@@ -6023,7 +6023,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_post", "why": ""},
-              {"engine": "nnsight", "name": "transformer.h.{L}.output", "why": ""},
+              {"engine": "nnsight", "name": "transformer.h[{L}].output", "why": ""},
               {"engine": "nnterp", "name": "layers_output[{L}]", "why": ""}
             ]
           },
@@ -6047,7 +6047,7 @@ export const architectures: readonly Architecture[] = [
                 "name": null,
                 "why": "lm_head has no TransformerLens hook: the bridge's forward returns the logits (no hook; unembed.hook_out is before logit scaling / softcap)."
               },
-              {"engine": "nnsight", "name": "output", "why": ""},
+              {"engine": "nnsight", "name": "output (the CausalLM output's .logits)", "why": ""},
               {"engine": "nnterp", "name": "logits", "why": ""}
             ]
           },
@@ -6118,7 +6118,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_pre", "why": ""},
-              {"engine": "nnsight", "name": "transformer.h.{L}.input", "why": ""},
+              {"engine": "nnsight", "name": "transformer.h[{L}].input", "why": ""},
               {"engine": "nnterp", "name": "layers_input[{L}]", "why": ""}
             ]
           },
@@ -6128,7 +6128,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_in", "why": ""},
-              {"engine": "nnsight", "name": "transformer.h.{L}.self_attention.input", "why": ""},
+              {"engine": "nnsight", "name": "transformer.h[{L}].self_attention.input", "why": ""},
               {"engine": "nnterp", "name": "attentions_input[{L}]", "why": ""}
             ]
           },
@@ -6172,7 +6172,7 @@ export const architectures: readonly Architecture[] = [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_z", "why": ""},
               {
                 "engine": "nnsight",
-                "name": "transformer.h.{L}.self_attention.dense.input (per head: reshape the last axis to [heads, head_dim])",
+                "name": "transformer.h[{L}].self_attention.dense.input (per head: reshape the last axis to [heads, head_dim])",
                 "why": ""
               },
               {
@@ -6188,7 +6188,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_out", "why": ""},
-              {"engine": "nnsight", "name": "transformer.h.{L}.self_attention.output", "why": ""},
+              {"engine": "nnsight", "name": "transformer.h[{L}].self_attention.output", "why": ""},
               {"engine": "nnterp", "name": "attentions_output[{L}]", "why": ""}
             ]
           },
@@ -6198,7 +6198,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_in", "why": ""},
-              {"engine": "nnsight", "name": "transformer.h.{L}.mlp.input", "why": ""},
+              {"engine": "nnsight", "name": "transformer.h[{L}].mlp.input", "why": ""},
               {"engine": "nnterp", "name": "mlps_input[{L}]", "why": ""}
             ]
           },
@@ -6208,7 +6208,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_pre", "why": ""},
-              {"engine": "nnsight", "name": "transformer.h.{L}.mlp.dense_h_to_4h.output", "why": ""},
+              {"engine": "nnsight", "name": "transformer.h[{L}].mlp.dense_h_to_4h.output", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -6222,7 +6222,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_post", "why": ""},
-              {"engine": "nnsight", "name": "transformer.h.{L}.mlp.dense_4h_to_h.input", "why": ""},
+              {"engine": "nnsight", "name": "transformer.h[{L}].mlp.dense_4h_to_h.input", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -6236,7 +6236,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_out", "why": ""},
-              {"engine": "nnsight", "name": "transformer.h.{L}.mlp.output", "why": ""},
+              {"engine": "nnsight", "name": "transformer.h[{L}].mlp.output", "why": ""},
               {"engine": "nnterp", "name": "mlps_output[{L}]", "why": ""}
             ]
           },
@@ -6246,7 +6246,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_post", "why": ""},
-              {"engine": "nnsight", "name": "transformer.h.{L}.output", "why": ""},
+              {"engine": "nnsight", "name": "transformer.h[{L}].output", "why": ""},
               {"engine": "nnterp", "name": "layers_output[{L}]", "why": ""}
             ]
           },
@@ -6270,7 +6270,7 @@ export const architectures: readonly Architecture[] = [
                 "name": null,
                 "why": "lm_head has no TransformerLens hook: the bridge's forward returns the logits (no hook; unembed.hook_out is before logit scaling / softcap)."
               },
-              {"engine": "nnsight", "name": "output", "why": ""},
+              {"engine": "nnsight", "name": "output (the CausalLM output's .logits)", "why": ""},
               {"engine": "nnterp", "name": "logits", "why": ""}
             ]
           },
@@ -6365,7 +6365,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_pre", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].input", "why": ""},
               {"engine": "nnterp", "name": "layers_input[{L}]", "why": ""}
             ]
           },
@@ -6375,7 +6375,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_in", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.self_attn.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].self_attn.input", "why": ""},
               {"engine": "nnterp", "name": "attentions_input[{L}]", "why": ""}
             ]
           },
@@ -6473,7 +6473,7 @@ export const architectures: readonly Architecture[] = [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_z", "why": ""},
               {
                 "engine": "nnsight",
-                "name": "model.layers.{L}.self_attn.o_proj.input (per head: reshape the last axis to [heads, head_dim])",
+                "name": "model.layers[{L}].self_attn.o_proj.input (per head: reshape the last axis to [heads, head_dim])",
                 "why": ""
               },
               {
@@ -6489,7 +6489,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_out", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.self_attn.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].self_attn.output", "why": ""},
               {"engine": "nnterp", "name": "attentions_output[{L}]", "why": ""}
             ]
           },
@@ -6499,7 +6499,7 @@ export const architectures: readonly Architecture[] = [
             "how": "input of the pre-MLP norm",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_mid", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.pre_ff_layernorm.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].pre_ff_layernorm.input", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -6513,7 +6513,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_in", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.feed_forward.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].feed_forward.input", "why": ""},
               {"engine": "nnterp", "name": "mlps_input[{L}]", "why": ""}
             ]
           },
@@ -6523,7 +6523,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_pre", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.feed_forward.gate_proj.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].feed_forward.gate_proj.output", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -6537,7 +6537,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_pre_linear", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.feed_forward.up_proj.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].feed_forward.up_proj.output", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -6551,7 +6551,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_post", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.feed_forward.down_proj.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].feed_forward.down_proj.input", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -6565,7 +6565,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_out", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.feed_forward.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].feed_forward.output", "why": ""},
               {"engine": "nnterp", "name": "mlps_output[{L}]", "why": ""}
             ]
           },
@@ -6575,7 +6575,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_post", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].output", "why": ""},
               {"engine": "nnterp", "name": "layers_output[{L}]", "why": ""}
             ]
           },
@@ -6599,7 +6599,7 @@ export const architectures: readonly Architecture[] = [
                 "name": null,
                 "why": "lm_head has no TransformerLens hook: the bridge's forward returns the logits (no hook; unembed.hook_out is before logit scaling / softcap)."
               },
-              {"engine": "nnsight", "name": "output", "why": ""},
+              {"engine": "nnsight", "name": "output (the CausalLM output's .logits)", "why": ""},
               {"engine": "nnterp", "name": "logits", "why": ""}
             ]
           },
@@ -6694,7 +6694,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_pre", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].input", "why": ""},
               {"engine": "nnterp", "name": "layers_input[{L}]", "why": ""}
             ]
           },
@@ -6704,7 +6704,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_in", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.self_attn.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].self_attn.input", "why": ""},
               {"engine": "nnterp", "name": "attentions_input[{L}]", "why": ""}
             ]
           },
@@ -6802,7 +6802,7 @@ export const architectures: readonly Architecture[] = [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_z", "why": ""},
               {
                 "engine": "nnsight",
-                "name": "model.layers.{L}.self_attn.o_proj.input (per head: reshape the last axis to [heads, head_dim])",
+                "name": "model.layers[{L}].self_attn.o_proj.input (per head: reshape the last axis to [heads, head_dim])",
                 "why": ""
               },
               {
@@ -6818,7 +6818,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_out", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.self_attn.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].self_attn.output", "why": ""},
               {"engine": "nnterp", "name": "attentions_output[{L}]", "why": ""}
             ]
           },
@@ -6828,7 +6828,7 @@ export const architectures: readonly Architecture[] = [
             "how": "input of the pre-MLP norm",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_mid", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.post_attention_layernorm.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].post_attention_layernorm.input", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -6842,7 +6842,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_in", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.input", "why": ""},
               {"engine": "nnterp", "name": "mlps_input[{L}]", "why": ""}
             ]
           },
@@ -6852,7 +6852,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_pre", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.gate_proj.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.gate_proj.output", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -6866,7 +6866,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_pre_linear", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.up_proj.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.up_proj.output", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -6880,7 +6880,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_post", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.down_proj.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.down_proj.input", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -6894,7 +6894,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_out", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.output", "why": ""},
               {"engine": "nnterp", "name": "mlps_output[{L}]", "why": ""}
             ]
           },
@@ -6904,7 +6904,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_post", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].output", "why": ""},
               {"engine": "nnterp", "name": "layers_output[{L}]", "why": ""}
             ]
           },
@@ -6928,7 +6928,7 @@ export const architectures: readonly Architecture[] = [
                 "name": null,
                 "why": "lm_head has no TransformerLens hook: the bridge's forward returns the logits (no hook; unembed.hook_out is before logit scaling / softcap)."
               },
-              {"engine": "nnsight", "name": "output", "why": ""},
+              {"engine": "nnsight", "name": "output (the CausalLM output's .logits)", "why": ""},
               {"engine": "nnterp", "name": "logits", "why": ""}
             ]
           },
@@ -7004,7 +7004,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_pre", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].input", "why": ""},
               {"engine": "nnterp", "name": "layers_input[{L}]", "why": ""}
             ]
           },
@@ -7014,7 +7014,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_in", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.self_attn.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].self_attn.input", "why": ""},
               {"engine": "nnterp", "name": "attentions_input[{L}]", "why": ""}
             ]
           },
@@ -7112,7 +7112,7 @@ export const architectures: readonly Architecture[] = [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_z", "why": ""},
               {
                 "engine": "nnsight",
-                "name": "model.layers.{L}.self_attn.o_proj.input (per head: reshape the last axis to [heads, head_dim])",
+                "name": "model.layers[{L}].self_attn.o_proj.input (per head: reshape the last axis to [heads, head_dim])",
                 "why": ""
               },
               {
@@ -7128,7 +7128,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_out", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.self_attn.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].self_attn.output", "why": ""},
               {"engine": "nnterp", "name": "attentions_output[{L}]", "why": ""}
             ]
           },
@@ -7138,7 +7138,7 @@ export const architectures: readonly Architecture[] = [
             "how": "input of the pre-MLP norm",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_mid", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.post_attention_layernorm.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].post_attention_layernorm.input", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -7152,7 +7152,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_in", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.input", "why": ""},
               {"engine": "nnterp", "name": "mlps_input[{L}]", "why": ""}
             ]
           },
@@ -7162,7 +7162,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_pre", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.gate_proj.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.gate_proj.output", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -7176,7 +7176,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_pre_linear", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.up_proj.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.up_proj.output", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -7190,7 +7190,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_post", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.down_proj.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.down_proj.input", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -7204,7 +7204,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_out", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.output", "why": ""},
               {"engine": "nnterp", "name": "mlps_output[{L}]", "why": ""}
             ]
           },
@@ -7214,7 +7214,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_post", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].output", "why": ""},
               {"engine": "nnterp", "name": "layers_output[{L}]", "why": ""}
             ]
           },
@@ -7238,7 +7238,7 @@ export const architectures: readonly Architecture[] = [
                 "name": null,
                 "why": "lm_head has no TransformerLens hook: the bridge's forward returns the logits (no hook; unembed.hook_out is before logit scaling / softcap)."
               },
-              {"engine": "nnsight", "name": "output", "why": ""},
+              {"engine": "nnsight", "name": "output (the CausalLM output's .logits)", "why": ""},
               {"engine": "nnterp", "name": "logits", "why": ""}
             ]
           },
@@ -7346,7 +7346,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_pre", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].input", "why": ""},
               {"engine": "nnterp", "name": "layers_input[{L}]", "why": ""}
             ]
           },
@@ -7356,7 +7356,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_in", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.self_attn.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].self_attn.input", "why": ""},
               {"engine": "nnterp", "name": "attentions_input[{L}]", "why": ""}
             ]
           },
@@ -7454,7 +7454,7 @@ export const architectures: readonly Architecture[] = [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_z", "why": ""},
               {
                 "engine": "nnsight",
-                "name": "model.layers.{L}.self_attn.o_proj.input (per head: reshape the last axis to [heads, head_dim])",
+                "name": "model.layers[{L}].self_attn.o_proj.input (per head: reshape the last axis to [heads, head_dim])",
                 "why": ""
               },
               {
@@ -7470,7 +7470,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_out", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.self_attn.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].self_attn.output", "why": ""},
               {"engine": "nnterp", "name": "attentions_output[{L}]", "why": ""}
             ]
           },
@@ -7480,7 +7480,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.ln1_post.hook_out", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.post_attention_layernorm.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].post_attention_layernorm.output", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -7494,7 +7494,7 @@ export const architectures: readonly Architecture[] = [
             "how": "input of the pre-MLP norm",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_mid", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.pre_feedforward_layernorm.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].pre_feedforward_layernorm.input", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -7508,7 +7508,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_in", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.input", "why": ""},
               {"engine": "nnterp", "name": "mlps_input[{L}]", "why": ""}
             ]
           },
@@ -7518,7 +7518,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_pre", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.gate_proj.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.gate_proj.output", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -7532,7 +7532,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_pre_linear", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.up_proj.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.up_proj.output", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -7546,7 +7546,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_post", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.down_proj.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.down_proj.input", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -7560,7 +7560,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_out", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.output", "why": ""},
               {"engine": "nnterp", "name": "mlps_output[{L}]", "why": ""}
             ]
           },
@@ -7570,7 +7570,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.ln2_post.hook_out", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.post_feedforward_layernorm.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].post_feedforward_layernorm.output", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -7584,7 +7584,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_post", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].output", "why": ""},
               {"engine": "nnterp", "name": "layers_output[{L}]", "why": ""}
             ]
           },
@@ -7608,7 +7608,7 @@ export const architectures: readonly Architecture[] = [
                 "name": null,
                 "why": "lm_head has no TransformerLens hook: the bridge's forward returns the logits (no hook; unembed.hook_out is before logit scaling / softcap)."
               },
-              {"engine": "nnsight", "name": "output", "why": ""},
+              {"engine": "nnsight", "name": "output (the CausalLM output's .logits)", "why": ""},
               {"engine": "nnterp", "name": "logits", "why": ""}
             ]
           },
@@ -7686,7 +7686,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_pre", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].input", "why": ""},
               {"engine": "nnterp", "name": "layers_input[{L}]", "why": ""}
             ]
           },
@@ -7696,7 +7696,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_in", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.self_attn.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].self_attn.input", "why": ""},
               {"engine": "nnterp", "name": "attentions_input[{L}]", "why": ""}
             ]
           },
@@ -7794,7 +7794,7 @@ export const architectures: readonly Architecture[] = [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_z", "why": ""},
               {
                 "engine": "nnsight",
-                "name": "model.layers.{L}.self_attn.o_proj.input (per head: reshape the last axis to [heads, head_dim])",
+                "name": "model.layers[{L}].self_attn.o_proj.input (per head: reshape the last axis to [heads, head_dim])",
                 "why": ""
               },
               {
@@ -7810,7 +7810,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_out", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.self_attn.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].self_attn.output", "why": ""},
               {"engine": "nnterp", "name": "attentions_output[{L}]", "why": ""}
             ]
           },
@@ -7820,7 +7820,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.ln1_post.hook_out", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.post_attention_layernorm.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].post_attention_layernorm.output", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -7834,7 +7834,7 @@ export const architectures: readonly Architecture[] = [
             "how": "input of the pre-MLP norm",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_mid", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.pre_feedforward_layernorm.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].pre_feedforward_layernorm.input", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -7848,7 +7848,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_in", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.input", "why": ""},
               {"engine": "nnterp", "name": "mlps_input[{L}]", "why": ""}
             ]
           },
@@ -7858,7 +7858,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_pre", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.gate_proj.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.gate_proj.output", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -7872,7 +7872,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_pre_linear", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.up_proj.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.up_proj.output", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -7886,7 +7886,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_post", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.down_proj.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.down_proj.input", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -7900,7 +7900,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_out", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.output", "why": ""},
               {"engine": "nnterp", "name": "mlps_output[{L}]", "why": ""}
             ]
           },
@@ -7910,7 +7910,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.ln2_post.hook_out", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.post_feedforward_layernorm.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].post_feedforward_layernorm.output", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -7924,7 +7924,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_post", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].output", "why": ""},
               {"engine": "nnterp", "name": "layers_output[{L}]", "why": ""}
             ]
           },
@@ -7948,7 +7948,7 @@ export const architectures: readonly Architecture[] = [
                 "name": null,
                 "why": "lm_head has no TransformerLens hook: the bridge's forward returns the logits (no hook; unembed.hook_out is before logit scaling / softcap)."
               },
-              {"engine": "nnsight", "name": "output", "why": ""},
+              {"engine": "nnsight", "name": "output (the CausalLM output's .logits)", "why": ""},
               {"engine": "nnterp", "name": "logits", "why": ""}
             ]
           },
@@ -8026,7 +8026,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_pre", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].input", "why": ""},
               {"engine": "nnterp", "name": "layers_input[{L}]", "why": ""}
             ]
           },
@@ -8036,7 +8036,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_in", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.self_attn.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].self_attn.input", "why": ""},
               {"engine": "nnterp", "name": "attentions_input[{L}]", "why": ""}
             ]
           },
@@ -8134,7 +8134,7 @@ export const architectures: readonly Architecture[] = [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_z", "why": ""},
               {
                 "engine": "nnsight",
-                "name": "model.layers.{L}.self_attn.o_proj.input (per head: reshape the last axis to [heads, head_dim])",
+                "name": "model.layers[{L}].self_attn.o_proj.input (per head: reshape the last axis to [heads, head_dim])",
                 "why": ""
               },
               {
@@ -8150,7 +8150,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_out", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.self_attn.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].self_attn.output", "why": ""},
               {"engine": "nnterp", "name": "attentions_output[{L}]", "why": ""}
             ]
           },
@@ -8160,7 +8160,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.ln1_post.hook_out", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.post_attention_layernorm.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].post_attention_layernorm.output", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -8174,7 +8174,7 @@ export const architectures: readonly Architecture[] = [
             "how": "input of the pre-MLP norm",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_mid", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.pre_feedforward_layernorm.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].pre_feedforward_layernorm.input", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -8188,7 +8188,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_in", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.input", "why": ""},
               {"engine": "nnterp", "name": "mlps_input[{L}]", "why": ""}
             ]
           },
@@ -8198,7 +8198,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_pre", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.gate_proj.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.gate_proj.output", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -8212,7 +8212,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_pre_linear", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.up_proj.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.up_proj.output", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -8226,7 +8226,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_post", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.down_proj.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.down_proj.input", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -8240,7 +8240,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_out", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.output", "why": ""},
               {"engine": "nnterp", "name": "mlps_output[{L}]", "why": ""}
             ]
           },
@@ -8250,7 +8250,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.ln2_post.hook_out", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.post_feedforward_layernorm.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].post_feedforward_layernorm.output", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -8264,7 +8264,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_post", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].output", "why": ""},
               {"engine": "nnterp", "name": "layers_output[{L}]", "why": ""}
             ]
           },
@@ -8288,7 +8288,7 @@ export const architectures: readonly Architecture[] = [
                 "name": null,
                 "why": "lm_head has no TransformerLens hook: the bridge's forward returns the logits (no hook; unembed.hook_out is before logit scaling / softcap)."
               },
-              {"engine": "nnsight", "name": "output", "why": ""},
+              {"engine": "nnsight", "name": "output (the CausalLM output's .logits)", "why": ""},
               {"engine": "nnterp", "name": "logits", "why": ""}
             ]
           },
@@ -8399,7 +8399,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_pre", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].input", "why": ""},
               {"engine": "nnterp", "name": "layers_input[{L}]", "why": ""}
             ]
           },
@@ -8409,7 +8409,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_in", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.self_attn.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].self_attn.input", "why": ""},
               {"engine": "nnterp", "name": "attentions_input[{L}]", "why": ""}
             ]
           },
@@ -8421,7 +8421,7 @@ export const architectures: readonly Architecture[] = [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.q_norm.hook_in", "why": ""},
               {
                 "engine": "nnsight",
-                "name": "model.layers.{L}.self_attn.q_norm.input (per head: reshape the last axis to [heads, head_dim])",
+                "name": "model.layers[{L}].self_attn.q_norm.input (per head: reshape the last axis to [heads, head_dim])",
                 "why": ""
               },
               {
@@ -8439,7 +8439,7 @@ export const architectures: readonly Architecture[] = [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.q_norm.hook_out", "why": ""},
               {
                 "engine": "nnsight",
-                "name": "model.layers.{L}.self_attn.q_norm.output (per head: reshape the last axis to [heads, head_dim])",
+                "name": "model.layers[{L}].self_attn.q_norm.output (per head: reshape the last axis to [heads, head_dim])",
                 "why": ""
               },
               {
@@ -8457,7 +8457,7 @@ export const architectures: readonly Architecture[] = [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.k_norm.hook_in", "why": ""},
               {
                 "engine": "nnsight",
-                "name": "model.layers.{L}.self_attn.k_norm.input (per head: reshape the last axis to [heads, head_dim])",
+                "name": "model.layers[{L}].self_attn.k_norm.input (per head: reshape the last axis to [heads, head_dim])",
                 "why": ""
               },
               {
@@ -8475,7 +8475,7 @@ export const architectures: readonly Architecture[] = [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.k_norm.hook_out", "why": ""},
               {
                 "engine": "nnsight",
-                "name": "model.layers.{L}.self_attn.k_norm.output (per head: reshape the last axis to [heads, head_dim])",
+                "name": "model.layers[{L}].self_attn.k_norm.output (per head: reshape the last axis to [heads, head_dim])",
                 "why": ""
               },
               {
@@ -8579,7 +8579,7 @@ export const architectures: readonly Architecture[] = [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_z", "why": ""},
               {
                 "engine": "nnsight",
-                "name": "model.layers.{L}.self_attn.o_proj.input (per head: reshape the last axis to [heads, head_dim])",
+                "name": "model.layers[{L}].self_attn.o_proj.input (per head: reshape the last axis to [heads, head_dim])",
                 "why": ""
               },
               {
@@ -8595,7 +8595,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_out", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.self_attn.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].self_attn.output", "why": ""},
               {"engine": "nnterp", "name": "attentions_output[{L}]", "why": ""}
             ]
           },
@@ -8605,7 +8605,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.ln1_post.hook_out", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.post_attention_layernorm.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].post_attention_layernorm.output", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -8619,7 +8619,7 @@ export const architectures: readonly Architecture[] = [
             "how": "input of the pre-MLP norm",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_mid", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.pre_feedforward_layernorm.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].pre_feedforward_layernorm.input", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -8633,7 +8633,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_in", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.input", "why": ""},
               {"engine": "nnterp", "name": "mlps_input[{L}]", "why": ""}
             ]
           },
@@ -8643,7 +8643,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_pre", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.gate_proj.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.gate_proj.output", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -8657,7 +8657,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_pre_linear", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.up_proj.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.up_proj.output", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -8671,7 +8671,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_post", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.down_proj.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.down_proj.input", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -8685,7 +8685,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_out", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.output", "why": ""},
               {"engine": "nnterp", "name": "mlps_output[{L}]", "why": ""}
             ]
           },
@@ -8695,7 +8695,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.ln2_post.hook_out", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.post_feedforward_layernorm.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].post_feedforward_layernorm.output", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -8709,7 +8709,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_post", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].output", "why": ""},
               {"engine": "nnterp", "name": "layers_output[{L}]", "why": ""}
             ]
           },
@@ -8733,7 +8733,7 @@ export const architectures: readonly Architecture[] = [
                 "name": null,
                 "why": "lm_head has no TransformerLens hook: the bridge's forward returns the logits (no hook; unembed.hook_out is before logit scaling / softcap)."
               },
-              {"engine": "nnsight", "name": "output", "why": ""},
+              {"engine": "nnsight", "name": "output (the CausalLM output's .logits)", "why": ""},
               {"engine": "nnterp", "name": "logits", "why": ""}
             ]
           },
@@ -8815,7 +8815,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_pre", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].input", "why": ""},
               {"engine": "nnterp", "name": "layers_input[{L}]", "why": ""}
             ]
           },
@@ -8825,7 +8825,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_in", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.self_attn.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].self_attn.input", "why": ""},
               {"engine": "nnterp", "name": "attentions_input[{L}]", "why": ""}
             ]
           },
@@ -8837,7 +8837,7 @@ export const architectures: readonly Architecture[] = [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.q_norm.hook_in", "why": ""},
               {
                 "engine": "nnsight",
-                "name": "model.layers.{L}.self_attn.q_norm.input (per head: reshape the last axis to [heads, head_dim])",
+                "name": "model.layers[{L}].self_attn.q_norm.input (per head: reshape the last axis to [heads, head_dim])",
                 "why": ""
               },
               {
@@ -8855,7 +8855,7 @@ export const architectures: readonly Architecture[] = [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.q_norm.hook_out", "why": ""},
               {
                 "engine": "nnsight",
-                "name": "model.layers.{L}.self_attn.q_norm.output (per head: reshape the last axis to [heads, head_dim])",
+                "name": "model.layers[{L}].self_attn.q_norm.output (per head: reshape the last axis to [heads, head_dim])",
                 "why": ""
               },
               {
@@ -8873,7 +8873,7 @@ export const architectures: readonly Architecture[] = [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.k_norm.hook_in", "why": ""},
               {
                 "engine": "nnsight",
-                "name": "model.layers.{L}.self_attn.k_norm.input (per head: reshape the last axis to [heads, head_dim])",
+                "name": "model.layers[{L}].self_attn.k_norm.input (per head: reshape the last axis to [heads, head_dim])",
                 "why": ""
               },
               {
@@ -8891,7 +8891,7 @@ export const architectures: readonly Architecture[] = [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.k_norm.hook_out", "why": ""},
               {
                 "engine": "nnsight",
-                "name": "model.layers.{L}.self_attn.k_norm.output (per head: reshape the last axis to [heads, head_dim])",
+                "name": "model.layers[{L}].self_attn.k_norm.output (per head: reshape the last axis to [heads, head_dim])",
                 "why": ""
               },
               {
@@ -8995,7 +8995,7 @@ export const architectures: readonly Architecture[] = [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_z", "why": ""},
               {
                 "engine": "nnsight",
-                "name": "model.layers.{L}.self_attn.o_proj.input (per head: reshape the last axis to [heads, head_dim])",
+                "name": "model.layers[{L}].self_attn.o_proj.input (per head: reshape the last axis to [heads, head_dim])",
                 "why": ""
               },
               {
@@ -9011,7 +9011,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_out", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.self_attn.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].self_attn.output", "why": ""},
               {"engine": "nnterp", "name": "attentions_output[{L}]", "why": ""}
             ]
           },
@@ -9021,7 +9021,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.ln1_post.hook_out", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.post_attention_layernorm.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].post_attention_layernorm.output", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -9035,7 +9035,7 @@ export const architectures: readonly Architecture[] = [
             "how": "input of the pre-MLP norm",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_mid", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.pre_feedforward_layernorm.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].pre_feedforward_layernorm.input", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -9049,7 +9049,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_in", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.input", "why": ""},
               {"engine": "nnterp", "name": "mlps_input[{L}]", "why": ""}
             ]
           },
@@ -9059,7 +9059,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_pre", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.gate_proj.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.gate_proj.output", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -9073,7 +9073,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_pre_linear", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.up_proj.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.up_proj.output", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -9087,7 +9087,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_post", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.down_proj.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.down_proj.input", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -9101,7 +9101,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_out", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.output", "why": ""},
               {"engine": "nnterp", "name": "mlps_output[{L}]", "why": ""}
             ]
           },
@@ -9111,7 +9111,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.ln2_post.hook_out", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.post_feedforward_layernorm.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].post_feedforward_layernorm.output", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -9125,7 +9125,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_post", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].output", "why": ""},
               {"engine": "nnterp", "name": "layers_output[{L}]", "why": ""}
             ]
           },
@@ -9149,7 +9149,7 @@ export const architectures: readonly Architecture[] = [
                 "name": null,
                 "why": "lm_head has no TransformerLens hook: the bridge's forward returns the logits (no hook; unembed.hook_out is before logit scaling / softcap)."
               },
-              {"engine": "nnsight", "name": "output", "why": ""},
+              {"engine": "nnsight", "name": "output (the CausalLM output's .logits)", "why": ""},
               {"engine": "nnterp", "name": "logits", "why": ""}
             ]
           },
@@ -9231,7 +9231,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_pre", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].input", "why": ""},
               {"engine": "nnterp", "name": "layers_input[{L}]", "why": ""}
             ]
           },
@@ -9241,7 +9241,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_in", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.self_attn.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].self_attn.input", "why": ""},
               {"engine": "nnterp", "name": "attentions_input[{L}]", "why": ""}
             ]
           },
@@ -9253,7 +9253,7 @@ export const architectures: readonly Architecture[] = [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.q_norm.hook_in", "why": ""},
               {
                 "engine": "nnsight",
-                "name": "model.layers.{L}.self_attn.q_norm.input (per head: reshape the last axis to [heads, head_dim])",
+                "name": "model.layers[{L}].self_attn.q_norm.input (per head: reshape the last axis to [heads, head_dim])",
                 "why": ""
               },
               {
@@ -9271,7 +9271,7 @@ export const architectures: readonly Architecture[] = [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.q_norm.hook_out", "why": ""},
               {
                 "engine": "nnsight",
-                "name": "model.layers.{L}.self_attn.q_norm.output (per head: reshape the last axis to [heads, head_dim])",
+                "name": "model.layers[{L}].self_attn.q_norm.output (per head: reshape the last axis to [heads, head_dim])",
                 "why": ""
               },
               {
@@ -9289,7 +9289,7 @@ export const architectures: readonly Architecture[] = [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.k_norm.hook_in", "why": ""},
               {
                 "engine": "nnsight",
-                "name": "model.layers.{L}.self_attn.k_norm.input (per head: reshape the last axis to [heads, head_dim])",
+                "name": "model.layers[{L}].self_attn.k_norm.input (per head: reshape the last axis to [heads, head_dim])",
                 "why": ""
               },
               {
@@ -9307,7 +9307,7 @@ export const architectures: readonly Architecture[] = [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.k_norm.hook_out", "why": ""},
               {
                 "engine": "nnsight",
-                "name": "model.layers.{L}.self_attn.k_norm.output (per head: reshape the last axis to [heads, head_dim])",
+                "name": "model.layers[{L}].self_attn.k_norm.output (per head: reshape the last axis to [heads, head_dim])",
                 "why": ""
               },
               {
@@ -9411,7 +9411,7 @@ export const architectures: readonly Architecture[] = [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_z", "why": ""},
               {
                 "engine": "nnsight",
-                "name": "model.layers.{L}.self_attn.o_proj.input (per head: reshape the last axis to [heads, head_dim])",
+                "name": "model.layers[{L}].self_attn.o_proj.input (per head: reshape the last axis to [heads, head_dim])",
                 "why": ""
               },
               {
@@ -9427,7 +9427,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_out", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.self_attn.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].self_attn.output", "why": ""},
               {"engine": "nnterp", "name": "attentions_output[{L}]", "why": ""}
             ]
           },
@@ -9437,7 +9437,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.ln1_post.hook_out", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.post_attention_layernorm.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].post_attention_layernorm.output", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -9451,7 +9451,7 @@ export const architectures: readonly Architecture[] = [
             "how": "input of the pre-MLP norm",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_mid", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.pre_feedforward_layernorm.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].pre_feedforward_layernorm.input", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -9465,7 +9465,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_in", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.input", "why": ""},
               {"engine": "nnterp", "name": "mlps_input[{L}]", "why": ""}
             ]
           },
@@ -9475,7 +9475,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_pre", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.gate_proj.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.gate_proj.output", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -9489,7 +9489,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_pre_linear", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.up_proj.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.up_proj.output", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -9503,7 +9503,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_post", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.down_proj.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.down_proj.input", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -9517,7 +9517,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_out", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.output", "why": ""},
               {"engine": "nnterp", "name": "mlps_output[{L}]", "why": ""}
             ]
           },
@@ -9527,7 +9527,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.ln2_post.hook_out", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.post_feedforward_layernorm.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].post_feedforward_layernorm.output", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -9541,7 +9541,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_post", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].output", "why": ""},
               {"engine": "nnterp", "name": "layers_output[{L}]", "why": ""}
             ]
           },
@@ -9565,7 +9565,7 @@ export const architectures: readonly Architecture[] = [
                 "name": null,
                 "why": "lm_head has no TransformerLens hook: the bridge's forward returns the logits (no hook; unembed.hook_out is before logit scaling / softcap)."
               },
-              {"engine": "nnsight", "name": "output", "why": ""},
+              {"engine": "nnsight", "name": "output (the CausalLM output's .logits)", "why": ""},
               {"engine": "nnterp", "name": "logits", "why": ""}
             ]
           },
@@ -9660,7 +9660,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_pre", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].input", "why": ""},
               {"engine": "nnterp", "name": "layers_input[{L}]", "why": ""}
             ]
           },
@@ -9670,7 +9670,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_in", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.self_attn.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].self_attn.input", "why": ""},
               {"engine": "nnterp", "name": "attentions_input[{L}]", "why": ""}
             ]
           },
@@ -9768,7 +9768,7 @@ export const architectures: readonly Architecture[] = [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_z", "why": ""},
               {
                 "engine": "nnsight",
-                "name": "model.layers.{L}.self_attn.o_proj.input (per head: reshape the last axis to [heads, head_dim])",
+                "name": "model.layers[{L}].self_attn.o_proj.input (per head: reshape the last axis to [heads, head_dim])",
                 "why": ""
               },
               {
@@ -9784,7 +9784,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_out", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.self_attn.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].self_attn.output", "why": ""},
               {"engine": "nnterp", "name": "attentions_output[{L}]", "why": ""}
             ]
           },
@@ -9794,7 +9794,7 @@ export const architectures: readonly Architecture[] = [
             "how": "input of the pre-MLP norm",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_mid", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.post_attention_layernorm.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].post_attention_layernorm.input", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -9808,7 +9808,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_in", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.input", "why": ""},
               {"engine": "nnterp", "name": "mlps_input[{L}]", "why": ""}
             ]
           },
@@ -9854,7 +9854,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_post", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.down_proj.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.down_proj.input", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -9868,7 +9868,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_out", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.output", "why": ""},
               {"engine": "nnterp", "name": "mlps_output[{L}]", "why": ""}
             ]
           },
@@ -9878,7 +9878,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_post", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].output", "why": ""},
               {"engine": "nnterp", "name": "layers_output[{L}]", "why": ""}
             ]
           },
@@ -9902,7 +9902,7 @@ export const architectures: readonly Architecture[] = [
                 "name": null,
                 "why": "lm_head has no TransformerLens hook: the bridge's forward returns the logits (no hook; unembed.hook_out is before logit scaling / softcap)."
               },
-              {"engine": "nnsight", "name": "output", "why": ""},
+              {"engine": "nnsight", "name": "output (the CausalLM output's .logits)", "why": ""},
               {"engine": "nnterp", "name": "logits", "why": ""}
             ]
           },
@@ -9999,7 +9999,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_pre", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].input", "why": ""},
               {"engine": "nnterp", "name": "layers_input[{L}]", "why": ""}
             ]
           },
@@ -10009,7 +10009,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_in", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.self_attn.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].self_attn.input", "why": ""},
               {"engine": "nnterp", "name": "attentions_input[{L}]", "why": ""}
             ]
           },
@@ -10107,7 +10107,7 @@ export const architectures: readonly Architecture[] = [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_z", "why": ""},
               {
                 "engine": "nnsight",
-                "name": "model.layers.{L}.self_attn.o_proj.input (per head: reshape the last axis to [heads, head_dim])",
+                "name": "model.layers[{L}].self_attn.o_proj.input (per head: reshape the last axis to [heads, head_dim])",
                 "why": ""
               },
               {
@@ -10123,7 +10123,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_out", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.self_attn.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].self_attn.output", "why": ""},
               {"engine": "nnterp", "name": "attentions_output[{L}]", "why": ""}
             ]
           },
@@ -10133,7 +10133,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.ln1_post.hook_out", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.post_self_attn_layernorm.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].post_self_attn_layernorm.output", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -10147,7 +10147,7 @@ export const architectures: readonly Architecture[] = [
             "how": "input of the pre-MLP norm",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_mid", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.post_attention_layernorm.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].post_attention_layernorm.input", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -10161,7 +10161,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_in", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.input", "why": ""},
               {"engine": "nnterp", "name": "mlps_input[{L}]", "why": ""}
             ]
           },
@@ -10207,7 +10207,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_post", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.down_proj.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.down_proj.input", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -10221,7 +10221,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_out", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.output", "why": ""},
               {"engine": "nnterp", "name": "mlps_output[{L}]", "why": ""}
             ]
           },
@@ -10231,7 +10231,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.ln2_post.hook_out", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.post_mlp_layernorm.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].post_mlp_layernorm.output", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -10245,7 +10245,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_post", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].output", "why": ""},
               {"engine": "nnterp", "name": "layers_output[{L}]", "why": ""}
             ]
           },
@@ -10269,7 +10269,7 @@ export const architectures: readonly Architecture[] = [
                 "name": null,
                 "why": "lm_head has no TransformerLens hook: the bridge's forward returns the logits (no hook; unembed.hook_out is before logit scaling / softcap)."
               },
-              {"engine": "nnsight", "name": "output", "why": ""},
+              {"engine": "nnsight", "name": "output (the CausalLM output's .logits)", "why": ""},
               {"engine": "nnterp", "name": "logits", "why": ""}
             ]
           },
@@ -10379,7 +10379,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_pre", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].input", "why": ""},
               {"engine": "nnterp", "name": "layers_input[{L}]", "why": ""}
             ]
           },
@@ -10389,7 +10389,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_in", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.self_attn.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].self_attn.input", "why": ""},
               {"engine": "nnterp", "name": "attentions_input[{L}]", "why": ""}
             ]
           },
@@ -10487,7 +10487,7 @@ export const architectures: readonly Architecture[] = [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_z", "why": ""},
               {
                 "engine": "nnsight",
-                "name": "model.layers.{L}.self_attn.o_proj.input (per head: reshape the last axis to [heads, head_dim])",
+                "name": "model.layers[{L}].self_attn.o_proj.input (per head: reshape the last axis to [heads, head_dim])",
                 "why": ""
               },
               {
@@ -10503,7 +10503,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_out", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.self_attn.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].self_attn.output", "why": ""},
               {"engine": "nnterp", "name": "attentions_output[{L}]", "why": ""}
             ]
           },
@@ -10513,7 +10513,7 @@ export const architectures: readonly Architecture[] = [
             "how": "input of the pre-MLP norm",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_mid", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.post_attention_layernorm.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].post_attention_layernorm.input", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -10527,7 +10527,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_in", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.input", "why": ""},
               {"engine": "nnterp", "name": "mlps_input[{L}]", "why": ""}
             ]
           },
@@ -10537,7 +10537,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_pre", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.gate_proj.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.gate_proj.output", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -10551,7 +10551,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_pre_linear", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.up_proj.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.up_proj.output", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -10565,7 +10565,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_post", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.down_proj.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.down_proj.input", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -10637,7 +10637,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_out", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.output", "why": ""},
               {"engine": "nnterp", "name": "mlps_output[{L}]", "why": ""}
             ]
           },
@@ -10647,7 +10647,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_post", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].output", "why": ""},
               {"engine": "nnterp", "name": "layers_output[{L}]", "why": ""}
             ]
           },
@@ -10671,7 +10671,7 @@ export const architectures: readonly Architecture[] = [
                 "name": null,
                 "why": "lm_head has no TransformerLens hook: the bridge's forward returns the logits (no hook; unembed.hook_out is before logit scaling / softcap)."
               },
-              {"engine": "nnsight", "name": "output", "why": ""},
+              {"engine": "nnsight", "name": "output (the CausalLM output's .logits)", "why": ""},
               {"engine": "nnterp", "name": "logits", "why": ""}
             ]
           },
@@ -10765,7 +10765,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_pre", "why": ""},
-              {"engine": "nnsight", "name": "transformer.h.{L}.input", "why": ""},
+              {"engine": "nnsight", "name": "transformer.h[{L}].input", "why": ""},
               {"engine": "nnterp", "name": "layers_input[{L}]", "why": ""}
             ]
           },
@@ -10775,7 +10775,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_in", "why": ""},
-              {"engine": "nnsight", "name": "transformer.h.{L}.attn.input", "why": ""},
+              {"engine": "nnsight", "name": "transformer.h[{L}].attn.input", "why": ""},
               {"engine": "nnterp", "name": "attentions_input[{L}]", "why": ""}
             ]
           },
@@ -10873,7 +10873,7 @@ export const architectures: readonly Architecture[] = [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_z", "why": ""},
               {
                 "engine": "nnsight",
-                "name": "transformer.h.{L}.attn.c_proj.input (per head: reshape the last axis to [heads, head_dim])",
+                "name": "transformer.h[{L}].attn.c_proj.input (per head: reshape the last axis to [heads, head_dim])",
                 "why": ""
               },
               {
@@ -10889,7 +10889,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_out", "why": ""},
-              {"engine": "nnsight", "name": "transformer.h.{L}.attn.output", "why": ""},
+              {"engine": "nnsight", "name": "transformer.h[{L}].attn.output", "why": ""},
               {"engine": "nnterp", "name": "attentions_output[{L}]", "why": ""}
             ]
           },
@@ -10899,7 +10899,7 @@ export const architectures: readonly Architecture[] = [
             "how": "input of the pre-MLP norm",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_mid", "why": ""},
-              {"engine": "nnsight", "name": "transformer.h.{L}.ln_2.input", "why": ""},
+              {"engine": "nnsight", "name": "transformer.h[{L}].ln_2.input", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -10913,7 +10913,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_in", "why": ""},
-              {"engine": "nnsight", "name": "transformer.h.{L}.mlp.input", "why": ""},
+              {"engine": "nnsight", "name": "transformer.h[{L}].mlp.input", "why": ""},
               {"engine": "nnterp", "name": "mlps_input[{L}]", "why": ""}
             ]
           },
@@ -10923,7 +10923,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_pre", "why": ""},
-              {"engine": "nnsight", "name": "transformer.h.{L}.mlp.c_fc.output", "why": ""},
+              {"engine": "nnsight", "name": "transformer.h[{L}].mlp.c_fc.output", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -10937,7 +10937,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_post", "why": ""},
-              {"engine": "nnsight", "name": "transformer.h.{L}.mlp.c_proj.input", "why": ""},
+              {"engine": "nnsight", "name": "transformer.h[{L}].mlp.c_proj.input", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -10951,7 +10951,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_out", "why": ""},
-              {"engine": "nnsight", "name": "transformer.h.{L}.mlp.output", "why": ""},
+              {"engine": "nnsight", "name": "transformer.h[{L}].mlp.output", "why": ""},
               {"engine": "nnterp", "name": "mlps_output[{L}]", "why": ""}
             ]
           },
@@ -10961,7 +10961,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_post", "why": ""},
-              {"engine": "nnsight", "name": "transformer.h.{L}.output", "why": ""},
+              {"engine": "nnsight", "name": "transformer.h[{L}].output", "why": ""},
               {"engine": "nnterp", "name": "layers_output[{L}]", "why": ""}
             ]
           },
@@ -10985,7 +10985,7 @@ export const architectures: readonly Architecture[] = [
                 "name": null,
                 "why": "lm_head has no TransformerLens hook: the bridge's forward returns the logits (no hook; unembed.hook_out is before logit scaling / softcap)."
               },
-              {"engine": "nnsight", "name": "output", "why": ""},
+              {"engine": "nnsight", "name": "output (the CausalLM output's .logits)", "why": ""},
               {"engine": "nnterp", "name": "logits", "why": ""}
             ]
           },
@@ -11060,7 +11060,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_pre", "why": ""},
-              {"engine": "nnsight", "name": "transformer.h.{L}.input", "why": ""},
+              {"engine": "nnsight", "name": "transformer.h[{L}].input", "why": ""},
               {"engine": "nnterp", "name": "layers_input[{L}]", "why": ""}
             ]
           },
@@ -11070,7 +11070,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_in", "why": ""},
-              {"engine": "nnsight", "name": "transformer.h.{L}.attn.input", "why": ""},
+              {"engine": "nnsight", "name": "transformer.h[{L}].attn.input", "why": ""},
               {"engine": "nnterp", "name": "attentions_input[{L}]", "why": ""}
             ]
           },
@@ -11168,7 +11168,7 @@ export const architectures: readonly Architecture[] = [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_z", "why": ""},
               {
                 "engine": "nnsight",
-                "name": "transformer.h.{L}.attn.c_proj.input (per head: reshape the last axis to [heads, head_dim])",
+                "name": "transformer.h[{L}].attn.c_proj.input (per head: reshape the last axis to [heads, head_dim])",
                 "why": ""
               },
               {
@@ -11184,7 +11184,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_out", "why": ""},
-              {"engine": "nnsight", "name": "transformer.h.{L}.attn.output", "why": ""},
+              {"engine": "nnsight", "name": "transformer.h[{L}].attn.output", "why": ""},
               {"engine": "nnterp", "name": "attentions_output[{L}]", "why": ""}
             ]
           },
@@ -11194,7 +11194,7 @@ export const architectures: readonly Architecture[] = [
             "how": "input of the pre-MLP norm",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_mid", "why": ""},
-              {"engine": "nnsight", "name": "transformer.h.{L}.ln_2.input", "why": ""},
+              {"engine": "nnsight", "name": "transformer.h[{L}].ln_2.input", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -11208,7 +11208,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_in", "why": ""},
-              {"engine": "nnsight", "name": "transformer.h.{L}.mlp.input", "why": ""},
+              {"engine": "nnsight", "name": "transformer.h[{L}].mlp.input", "why": ""},
               {"engine": "nnterp", "name": "mlps_input[{L}]", "why": ""}
             ]
           },
@@ -11218,7 +11218,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_pre", "why": ""},
-              {"engine": "nnsight", "name": "transformer.h.{L}.mlp.c_fc.output", "why": ""},
+              {"engine": "nnsight", "name": "transformer.h[{L}].mlp.c_fc.output", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -11232,7 +11232,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_post", "why": ""},
-              {"engine": "nnsight", "name": "transformer.h.{L}.mlp.c_proj.input", "why": ""},
+              {"engine": "nnsight", "name": "transformer.h[{L}].mlp.c_proj.input", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -11246,7 +11246,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_out", "why": ""},
-              {"engine": "nnsight", "name": "transformer.h.{L}.mlp.output", "why": ""},
+              {"engine": "nnsight", "name": "transformer.h[{L}].mlp.output", "why": ""},
               {"engine": "nnterp", "name": "mlps_output[{L}]", "why": ""}
             ]
           },
@@ -11256,7 +11256,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_post", "why": ""},
-              {"engine": "nnsight", "name": "transformer.h.{L}.output", "why": ""},
+              {"engine": "nnsight", "name": "transformer.h[{L}].output", "why": ""},
               {"engine": "nnterp", "name": "layers_output[{L}]", "why": ""}
             ]
           },
@@ -11280,7 +11280,7 @@ export const architectures: readonly Architecture[] = [
                 "name": null,
                 "why": "lm_head has no TransformerLens hook: the bridge's forward returns the logits (no hook; unembed.hook_out is before logit scaling / softcap)."
               },
-              {"engine": "nnsight", "name": "output", "why": ""},
+              {"engine": "nnsight", "name": "output (the CausalLM output's .logits)", "why": ""},
               {"engine": "nnterp", "name": "logits", "why": ""}
             ]
           },
@@ -11355,7 +11355,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_pre", "why": ""},
-              {"engine": "nnsight", "name": "transformer.h.{L}.input", "why": ""},
+              {"engine": "nnsight", "name": "transformer.h[{L}].input", "why": ""},
               {"engine": "nnterp", "name": "layers_input[{L}]", "why": ""}
             ]
           },
@@ -11365,7 +11365,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_in", "why": ""},
-              {"engine": "nnsight", "name": "transformer.h.{L}.attn.input", "why": ""},
+              {"engine": "nnsight", "name": "transformer.h[{L}].attn.input", "why": ""},
               {"engine": "nnterp", "name": "attentions_input[{L}]", "why": ""}
             ]
           },
@@ -11463,7 +11463,7 @@ export const architectures: readonly Architecture[] = [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_z", "why": ""},
               {
                 "engine": "nnsight",
-                "name": "transformer.h.{L}.attn.c_proj.input (per head: reshape the last axis to [heads, head_dim])",
+                "name": "transformer.h[{L}].attn.c_proj.input (per head: reshape the last axis to [heads, head_dim])",
                 "why": ""
               },
               {
@@ -11479,7 +11479,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_out", "why": ""},
-              {"engine": "nnsight", "name": "transformer.h.{L}.attn.output", "why": ""},
+              {"engine": "nnsight", "name": "transformer.h[{L}].attn.output", "why": ""},
               {"engine": "nnterp", "name": "attentions_output[{L}]", "why": ""}
             ]
           },
@@ -11489,7 +11489,7 @@ export const architectures: readonly Architecture[] = [
             "how": "input of the pre-MLP norm",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_mid", "why": ""},
-              {"engine": "nnsight", "name": "transformer.h.{L}.ln_2.input", "why": ""},
+              {"engine": "nnsight", "name": "transformer.h[{L}].ln_2.input", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -11503,7 +11503,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_in", "why": ""},
-              {"engine": "nnsight", "name": "transformer.h.{L}.mlp.input", "why": ""},
+              {"engine": "nnsight", "name": "transformer.h[{L}].mlp.input", "why": ""},
               {"engine": "nnterp", "name": "mlps_input[{L}]", "why": ""}
             ]
           },
@@ -11513,7 +11513,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_pre", "why": ""},
-              {"engine": "nnsight", "name": "transformer.h.{L}.mlp.c_fc.output", "why": ""},
+              {"engine": "nnsight", "name": "transformer.h[{L}].mlp.c_fc.output", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -11527,7 +11527,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_post", "why": ""},
-              {"engine": "nnsight", "name": "transformer.h.{L}.mlp.c_proj.input", "why": ""},
+              {"engine": "nnsight", "name": "transformer.h[{L}].mlp.c_proj.input", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -11541,7 +11541,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_out", "why": ""},
-              {"engine": "nnsight", "name": "transformer.h.{L}.mlp.output", "why": ""},
+              {"engine": "nnsight", "name": "transformer.h[{L}].mlp.output", "why": ""},
               {"engine": "nnterp", "name": "mlps_output[{L}]", "why": ""}
             ]
           },
@@ -11551,7 +11551,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_post", "why": ""},
-              {"engine": "nnsight", "name": "transformer.h.{L}.output", "why": ""},
+              {"engine": "nnsight", "name": "transformer.h[{L}].output", "why": ""},
               {"engine": "nnterp", "name": "layers_output[{L}]", "why": ""}
             ]
           },
@@ -11575,7 +11575,7 @@ export const architectures: readonly Architecture[] = [
                 "name": null,
                 "why": "lm_head has no TransformerLens hook: the bridge's forward returns the logits (no hook; unembed.hook_out is before logit scaling / softcap)."
               },
-              {"engine": "nnsight", "name": "output", "why": ""},
+              {"engine": "nnsight", "name": "output (the CausalLM output's .logits)", "why": ""},
               {"engine": "nnterp", "name": "logits", "why": ""}
             ]
           },
@@ -11669,7 +11669,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_pre", "why": ""},
-              {"engine": "nnsight", "name": "transformer.h.{L}.input", "why": ""},
+              {"engine": "nnsight", "name": "transformer.h[{L}].input", "why": ""},
               {"engine": "nnterp", "name": "layers_input[{L}]", "why": ""}
             ]
           },
@@ -11679,7 +11679,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_in", "why": ""},
-              {"engine": "nnsight", "name": "transformer.h.{L}.attn.input", "why": ""},
+              {"engine": "nnsight", "name": "transformer.h[{L}].attn.input", "why": ""},
               {"engine": "nnterp", "name": "attentions_input[{L}]", "why": ""}
             ]
           },
@@ -11777,7 +11777,7 @@ export const architectures: readonly Architecture[] = [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_z", "why": ""},
               {
                 "engine": "nnsight",
-                "name": "transformer.h.{L}.attn.c_proj.input (per head: reshape the last axis to [heads, head_dim])",
+                "name": "transformer.h[{L}].attn.c_proj.input (per head: reshape the last axis to [heads, head_dim])",
                 "why": ""
               },
               {
@@ -11793,7 +11793,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_out", "why": ""},
-              {"engine": "nnsight", "name": "transformer.h.{L}.attn.output", "why": ""},
+              {"engine": "nnsight", "name": "transformer.h[{L}].attn.output", "why": ""},
               {"engine": "nnterp", "name": "attentions_output[{L}]", "why": ""}
             ]
           },
@@ -11803,7 +11803,7 @@ export const architectures: readonly Architecture[] = [
             "how": "input of the pre-MLP norm",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_mid", "why": ""},
-              {"engine": "nnsight", "name": "transformer.h.{L}.ln_2.input", "why": ""},
+              {"engine": "nnsight", "name": "transformer.h[{L}].ln_2.input", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -11817,7 +11817,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_in", "why": ""},
-              {"engine": "nnsight", "name": "transformer.h.{L}.mlp.input", "why": ""},
+              {"engine": "nnsight", "name": "transformer.h[{L}].mlp.input", "why": ""},
               {"engine": "nnterp", "name": "mlps_input[{L}]", "why": ""}
             ]
           },
@@ -11827,7 +11827,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_pre", "why": ""},
-              {"engine": "nnsight", "name": "transformer.h.{L}.mlp.c_fc.output", "why": ""},
+              {"engine": "nnsight", "name": "transformer.h[{L}].mlp.c_fc.output", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -11841,7 +11841,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_post", "why": ""},
-              {"engine": "nnsight", "name": "transformer.h.{L}.mlp.c_proj.input", "why": ""},
+              {"engine": "nnsight", "name": "transformer.h[{L}].mlp.c_proj.input", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -11855,7 +11855,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_out", "why": ""},
-              {"engine": "nnsight", "name": "transformer.h.{L}.mlp.output", "why": ""},
+              {"engine": "nnsight", "name": "transformer.h[{L}].mlp.output", "why": ""},
               {"engine": "nnterp", "name": "mlps_output[{L}]", "why": ""}
             ]
           },
@@ -11865,7 +11865,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_post", "why": ""},
-              {"engine": "nnsight", "name": "transformer.h.{L}.output", "why": ""},
+              {"engine": "nnsight", "name": "transformer.h[{L}].output", "why": ""},
               {"engine": "nnterp", "name": "layers_output[{L}]", "why": ""}
             ]
           },
@@ -11889,7 +11889,7 @@ export const architectures: readonly Architecture[] = [
                 "name": null,
                 "why": "lm_head has no TransformerLens hook: the bridge's forward returns the logits (no hook; unembed.hook_out is before logit scaling / softcap)."
               },
-              {"engine": "nnsight", "name": "output", "why": ""},
+              {"engine": "nnsight", "name": "output (the CausalLM output's .logits)", "why": ""},
               {"engine": "nnterp", "name": "logits", "why": ""}
             ]
           },
@@ -11964,7 +11964,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_pre", "why": ""},
-              {"engine": "nnsight", "name": "transformer.h.{L}.input", "why": ""},
+              {"engine": "nnsight", "name": "transformer.h[{L}].input", "why": ""},
               {"engine": "nnterp", "name": "layers_input[{L}]", "why": ""}
             ]
           },
@@ -11974,7 +11974,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_in", "why": ""},
-              {"engine": "nnsight", "name": "transformer.h.{L}.attn.input", "why": ""},
+              {"engine": "nnsight", "name": "transformer.h[{L}].attn.input", "why": ""},
               {"engine": "nnterp", "name": "attentions_input[{L}]", "why": ""}
             ]
           },
@@ -12072,7 +12072,7 @@ export const architectures: readonly Architecture[] = [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_z", "why": ""},
               {
                 "engine": "nnsight",
-                "name": "transformer.h.{L}.attn.c_proj.input (per head: reshape the last axis to [heads, head_dim])",
+                "name": "transformer.h[{L}].attn.c_proj.input (per head: reshape the last axis to [heads, head_dim])",
                 "why": ""
               },
               {
@@ -12088,7 +12088,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_out", "why": ""},
-              {"engine": "nnsight", "name": "transformer.h.{L}.attn.output", "why": ""},
+              {"engine": "nnsight", "name": "transformer.h[{L}].attn.output", "why": ""},
               {"engine": "nnterp", "name": "attentions_output[{L}]", "why": ""}
             ]
           },
@@ -12098,7 +12098,7 @@ export const architectures: readonly Architecture[] = [
             "how": "input of the pre-MLP norm",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_mid", "why": ""},
-              {"engine": "nnsight", "name": "transformer.h.{L}.ln_2.input", "why": ""},
+              {"engine": "nnsight", "name": "transformer.h[{L}].ln_2.input", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -12112,7 +12112,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_in", "why": ""},
-              {"engine": "nnsight", "name": "transformer.h.{L}.mlp.input", "why": ""},
+              {"engine": "nnsight", "name": "transformer.h[{L}].mlp.input", "why": ""},
               {"engine": "nnterp", "name": "mlps_input[{L}]", "why": ""}
             ]
           },
@@ -12122,7 +12122,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_pre", "why": ""},
-              {"engine": "nnsight", "name": "transformer.h.{L}.mlp.c_fc.output", "why": ""},
+              {"engine": "nnsight", "name": "transformer.h[{L}].mlp.c_fc.output", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -12136,7 +12136,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_post", "why": ""},
-              {"engine": "nnsight", "name": "transformer.h.{L}.mlp.c_proj.input", "why": ""},
+              {"engine": "nnsight", "name": "transformer.h[{L}].mlp.c_proj.input", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -12150,7 +12150,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_out", "why": ""},
-              {"engine": "nnsight", "name": "transformer.h.{L}.mlp.output", "why": ""},
+              {"engine": "nnsight", "name": "transformer.h[{L}].mlp.output", "why": ""},
               {"engine": "nnterp", "name": "mlps_output[{L}]", "why": ""}
             ]
           },
@@ -12160,7 +12160,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_post", "why": ""},
-              {"engine": "nnsight", "name": "transformer.h.{L}.output", "why": ""},
+              {"engine": "nnsight", "name": "transformer.h[{L}].output", "why": ""},
               {"engine": "nnterp", "name": "layers_output[{L}]", "why": ""}
             ]
           },
@@ -12184,7 +12184,7 @@ export const architectures: readonly Architecture[] = [
                 "name": null,
                 "why": "lm_head has no TransformerLens hook: the bridge's forward returns the logits (no hook; unembed.hook_out is before logit scaling / softcap)."
               },
-              {"engine": "nnsight", "name": "output", "why": ""},
+              {"engine": "nnsight", "name": "output (the CausalLM output's .logits)", "why": ""},
               {"engine": "nnterp", "name": "logits", "why": ""}
             ]
           },
@@ -12282,7 +12282,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_pre", "why": ""},
-              {"engine": "nnsight", "name": "transformer.h.{L}.input", "why": ""},
+              {"engine": "nnsight", "name": "transformer.h[{L}].input", "why": ""},
               {"engine": "nnterp", "name": "layers_input[{L}]", "why": ""}
             ]
           },
@@ -12292,7 +12292,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_in", "why": ""},
-              {"engine": "nnsight", "name": "transformer.h.{L}.attn.input", "why": ""},
+              {"engine": "nnsight", "name": "transformer.h[{L}].attn.input", "why": ""},
               {"engine": "nnterp", "name": "attentions_input[{L}]", "why": ""}
             ]
           },
@@ -12372,7 +12372,7 @@ export const architectures: readonly Architecture[] = [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_z", "why": ""},
               {
                 "engine": "nnsight",
-                "name": "transformer.h.{L}.attn.attention.out_proj.input (per head: reshape the last axis to [heads, head_dim])",
+                "name": "transformer.h[{L}].attn.attention.out_proj.input (per head: reshape the last axis to [heads, head_dim])",
                 "why": ""
               },
               {
@@ -12388,7 +12388,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_out", "why": ""},
-              {"engine": "nnsight", "name": "transformer.h.{L}.attn.output", "why": ""},
+              {"engine": "nnsight", "name": "transformer.h[{L}].attn.output", "why": ""},
               {"engine": "nnterp", "name": "attentions_output[{L}]", "why": ""}
             ]
           },
@@ -12398,7 +12398,7 @@ export const architectures: readonly Architecture[] = [
             "how": "input of the pre-MLP norm",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_mid", "why": ""},
-              {"engine": "nnsight", "name": "transformer.h.{L}.ln_2.input", "why": ""},
+              {"engine": "nnsight", "name": "transformer.h[{L}].ln_2.input", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -12412,7 +12412,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_in", "why": ""},
-              {"engine": "nnsight", "name": "transformer.h.{L}.mlp.input", "why": ""},
+              {"engine": "nnsight", "name": "transformer.h[{L}].mlp.input", "why": ""},
               {"engine": "nnterp", "name": "mlps_input[{L}]", "why": ""}
             ]
           },
@@ -12422,7 +12422,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_pre", "why": ""},
-              {"engine": "nnsight", "name": "transformer.h.{L}.mlp.c_fc.output", "why": ""},
+              {"engine": "nnsight", "name": "transformer.h[{L}].mlp.c_fc.output", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -12436,7 +12436,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_post", "why": ""},
-              {"engine": "nnsight", "name": "transformer.h.{L}.mlp.c_proj.input", "why": ""},
+              {"engine": "nnsight", "name": "transformer.h[{L}].mlp.c_proj.input", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -12450,7 +12450,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_out", "why": ""},
-              {"engine": "nnsight", "name": "transformer.h.{L}.mlp.output", "why": ""},
+              {"engine": "nnsight", "name": "transformer.h[{L}].mlp.output", "why": ""},
               {"engine": "nnterp", "name": "mlps_output[{L}]", "why": ""}
             ]
           },
@@ -12460,7 +12460,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_post", "why": ""},
-              {"engine": "nnsight", "name": "transformer.h.{L}.output", "why": ""},
+              {"engine": "nnsight", "name": "transformer.h[{L}].output", "why": ""},
               {"engine": "nnterp", "name": "layers_output[{L}]", "why": ""}
             ]
           },
@@ -12484,7 +12484,7 @@ export const architectures: readonly Architecture[] = [
                 "name": null,
                 "why": "lm_head has no TransformerLens hook: the bridge's forward returns the logits (no hook; unembed.hook_out is before logit scaling / softcap)."
               },
-              {"engine": "nnsight", "name": "output", "why": ""},
+              {"engine": "nnsight", "name": "output (the CausalLM output's .logits)", "why": ""},
               {"engine": "nnterp", "name": "logits", "why": ""}
             ]
           },
@@ -12558,7 +12558,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_pre", "why": ""},
-              {"engine": "nnsight", "name": "transformer.h.{L}.input", "why": ""},
+              {"engine": "nnsight", "name": "transformer.h[{L}].input", "why": ""},
               {"engine": "nnterp", "name": "layers_input[{L}]", "why": ""}
             ]
           },
@@ -12568,7 +12568,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_in", "why": ""},
-              {"engine": "nnsight", "name": "transformer.h.{L}.attn.input", "why": ""},
+              {"engine": "nnsight", "name": "transformer.h[{L}].attn.input", "why": ""},
               {"engine": "nnterp", "name": "attentions_input[{L}]", "why": ""}
             ]
           },
@@ -12648,7 +12648,7 @@ export const architectures: readonly Architecture[] = [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_z", "why": ""},
               {
                 "engine": "nnsight",
-                "name": "transformer.h.{L}.attn.attention.out_proj.input (per head: reshape the last axis to [heads, head_dim])",
+                "name": "transformer.h[{L}].attn.attention.out_proj.input (per head: reshape the last axis to [heads, head_dim])",
                 "why": ""
               },
               {
@@ -12664,7 +12664,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_out", "why": ""},
-              {"engine": "nnsight", "name": "transformer.h.{L}.attn.output", "why": ""},
+              {"engine": "nnsight", "name": "transformer.h[{L}].attn.output", "why": ""},
               {"engine": "nnterp", "name": "attentions_output[{L}]", "why": ""}
             ]
           },
@@ -12674,7 +12674,7 @@ export const architectures: readonly Architecture[] = [
             "how": "input of the pre-MLP norm",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_mid", "why": ""},
-              {"engine": "nnsight", "name": "transformer.h.{L}.ln_2.input", "why": ""},
+              {"engine": "nnsight", "name": "transformer.h[{L}].ln_2.input", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -12688,7 +12688,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_in", "why": ""},
-              {"engine": "nnsight", "name": "transformer.h.{L}.mlp.input", "why": ""},
+              {"engine": "nnsight", "name": "transformer.h[{L}].mlp.input", "why": ""},
               {"engine": "nnterp", "name": "mlps_input[{L}]", "why": ""}
             ]
           },
@@ -12698,7 +12698,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_pre", "why": ""},
-              {"engine": "nnsight", "name": "transformer.h.{L}.mlp.c_fc.output", "why": ""},
+              {"engine": "nnsight", "name": "transformer.h[{L}].mlp.c_fc.output", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -12712,7 +12712,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_post", "why": ""},
-              {"engine": "nnsight", "name": "transformer.h.{L}.mlp.c_proj.input", "why": ""},
+              {"engine": "nnsight", "name": "transformer.h[{L}].mlp.c_proj.input", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -12726,7 +12726,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_out", "why": ""},
-              {"engine": "nnsight", "name": "transformer.h.{L}.mlp.output", "why": ""},
+              {"engine": "nnsight", "name": "transformer.h[{L}].mlp.output", "why": ""},
               {"engine": "nnterp", "name": "mlps_output[{L}]", "why": ""}
             ]
           },
@@ -12736,7 +12736,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_post", "why": ""},
-              {"engine": "nnsight", "name": "transformer.h.{L}.output", "why": ""},
+              {"engine": "nnsight", "name": "transformer.h[{L}].output", "why": ""},
               {"engine": "nnterp", "name": "layers_output[{L}]", "why": ""}
             ]
           },
@@ -12760,7 +12760,7 @@ export const architectures: readonly Architecture[] = [
                 "name": null,
                 "why": "lm_head has no TransformerLens hook: the bridge's forward returns the logits (no hook; unembed.hook_out is before logit scaling / softcap)."
               },
-              {"engine": "nnsight", "name": "output", "why": ""},
+              {"engine": "nnsight", "name": "output (the CausalLM output's .logits)", "why": ""},
               {"engine": "nnterp", "name": "logits", "why": ""}
             ]
           },
@@ -12853,7 +12853,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_pre", "why": ""},
-              {"engine": "nnsight", "name": "gpt_neox.layers.{L}.input", "why": ""},
+              {"engine": "nnsight", "name": "gpt_neox.layers[{L}].input", "why": ""},
               {"engine": "nnterp", "name": "layers_input[{L}]", "why": ""}
             ]
           },
@@ -12863,7 +12863,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_in", "why": ""},
-              {"engine": "nnsight", "name": "gpt_neox.layers.{L}.attention.input", "why": ""},
+              {"engine": "nnsight", "name": "gpt_neox.layers[{L}].attention.input", "why": ""},
               {"engine": "nnterp", "name": "attentions_input[{L}]", "why": ""}
             ]
           },
@@ -12961,7 +12961,7 @@ export const architectures: readonly Architecture[] = [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_z", "why": ""},
               {
                 "engine": "nnsight",
-                "name": "gpt_neox.layers.{L}.attention.dense.input (per head: reshape the last axis to [heads, head_dim])",
+                "name": "gpt_neox.layers[{L}].attention.dense.input (per head: reshape the last axis to [heads, head_dim])",
                 "why": ""
               },
               {
@@ -12977,7 +12977,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_out", "why": ""},
-              {"engine": "nnsight", "name": "gpt_neox.layers.{L}.attention.output", "why": ""},
+              {"engine": "nnsight", "name": "gpt_neox.layers[{L}].attention.output", "why": ""},
               {"engine": "nnterp", "name": "attentions_output[{L}]", "why": ""}
             ]
           },
@@ -12987,7 +12987,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_in", "why": ""},
-              {"engine": "nnsight", "name": "gpt_neox.layers.{L}.mlp.input", "why": ""},
+              {"engine": "nnsight", "name": "gpt_neox.layers[{L}].mlp.input", "why": ""},
               {"engine": "nnterp", "name": "mlps_input[{L}]", "why": ""}
             ]
           },
@@ -12997,7 +12997,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_pre", "why": ""},
-              {"engine": "nnsight", "name": "gpt_neox.layers.{L}.mlp.dense_h_to_4h.output", "why": ""},
+              {"engine": "nnsight", "name": "gpt_neox.layers[{L}].mlp.dense_h_to_4h.output", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -13011,7 +13011,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_post", "why": ""},
-              {"engine": "nnsight", "name": "gpt_neox.layers.{L}.mlp.dense_4h_to_h.input", "why": ""},
+              {"engine": "nnsight", "name": "gpt_neox.layers[{L}].mlp.dense_4h_to_h.input", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -13025,7 +13025,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_out", "why": ""},
-              {"engine": "nnsight", "name": "gpt_neox.layers.{L}.mlp.output", "why": ""},
+              {"engine": "nnsight", "name": "gpt_neox.layers[{L}].mlp.output", "why": ""},
               {"engine": "nnterp", "name": "mlps_output[{L}]", "why": ""}
             ]
           },
@@ -13035,7 +13035,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_post", "why": ""},
-              {"engine": "nnsight", "name": "gpt_neox.layers.{L}.output", "why": ""},
+              {"engine": "nnsight", "name": "gpt_neox.layers[{L}].output", "why": ""},
               {"engine": "nnterp", "name": "layers_output[{L}]", "why": ""}
             ]
           },
@@ -13059,7 +13059,7 @@ export const architectures: readonly Architecture[] = [
                 "name": null,
                 "why": "lm_head has no TransformerLens hook: the bridge's forward returns the logits (no hook; unembed.hook_out is before logit scaling / softcap)."
               },
-              {"engine": "nnsight", "name": "output", "why": ""},
+              {"engine": "nnsight", "name": "output (the CausalLM output's .logits)", "why": ""},
               {"engine": "nnterp", "name": "logits", "why": ""}
             ]
           },
@@ -13133,7 +13133,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_pre", "why": ""},
-              {"engine": "nnsight", "name": "gpt_neox.layers.{L}.input", "why": ""},
+              {"engine": "nnsight", "name": "gpt_neox.layers[{L}].input", "why": ""},
               {"engine": "nnterp", "name": "layers_input[{L}]", "why": ""}
             ]
           },
@@ -13143,7 +13143,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_in", "why": ""},
-              {"engine": "nnsight", "name": "gpt_neox.layers.{L}.attention.input", "why": ""},
+              {"engine": "nnsight", "name": "gpt_neox.layers[{L}].attention.input", "why": ""},
               {"engine": "nnterp", "name": "attentions_input[{L}]", "why": ""}
             ]
           },
@@ -13241,7 +13241,7 @@ export const architectures: readonly Architecture[] = [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_z", "why": ""},
               {
                 "engine": "nnsight",
-                "name": "gpt_neox.layers.{L}.attention.dense.input (per head: reshape the last axis to [heads, head_dim])",
+                "name": "gpt_neox.layers[{L}].attention.dense.input (per head: reshape the last axis to [heads, head_dim])",
                 "why": ""
               },
               {
@@ -13257,7 +13257,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_out", "why": ""},
-              {"engine": "nnsight", "name": "gpt_neox.layers.{L}.attention.output", "why": ""},
+              {"engine": "nnsight", "name": "gpt_neox.layers[{L}].attention.output", "why": ""},
               {"engine": "nnterp", "name": "attentions_output[{L}]", "why": ""}
             ]
           },
@@ -13267,7 +13267,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_in", "why": ""},
-              {"engine": "nnsight", "name": "gpt_neox.layers.{L}.mlp.input", "why": ""},
+              {"engine": "nnsight", "name": "gpt_neox.layers[{L}].mlp.input", "why": ""},
               {"engine": "nnterp", "name": "mlps_input[{L}]", "why": ""}
             ]
           },
@@ -13277,7 +13277,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_pre", "why": ""},
-              {"engine": "nnsight", "name": "gpt_neox.layers.{L}.mlp.dense_h_to_4h.output", "why": ""},
+              {"engine": "nnsight", "name": "gpt_neox.layers[{L}].mlp.dense_h_to_4h.output", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -13291,7 +13291,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_post", "why": ""},
-              {"engine": "nnsight", "name": "gpt_neox.layers.{L}.mlp.dense_4h_to_h.input", "why": ""},
+              {"engine": "nnsight", "name": "gpt_neox.layers[{L}].mlp.dense_4h_to_h.input", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -13305,7 +13305,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_out", "why": ""},
-              {"engine": "nnsight", "name": "gpt_neox.layers.{L}.mlp.output", "why": ""},
+              {"engine": "nnsight", "name": "gpt_neox.layers[{L}].mlp.output", "why": ""},
               {"engine": "nnterp", "name": "mlps_output[{L}]", "why": ""}
             ]
           },
@@ -13315,7 +13315,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_post", "why": ""},
-              {"engine": "nnsight", "name": "gpt_neox.layers.{L}.output", "why": ""},
+              {"engine": "nnsight", "name": "gpt_neox.layers[{L}].output", "why": ""},
               {"engine": "nnterp", "name": "layers_output[{L}]", "why": ""}
             ]
           },
@@ -13339,7 +13339,7 @@ export const architectures: readonly Architecture[] = [
                 "name": null,
                 "why": "lm_head has no TransformerLens hook: the bridge's forward returns the logits (no hook; unembed.hook_out is before logit scaling / softcap)."
               },
-              {"engine": "nnsight", "name": "output", "why": ""},
+              {"engine": "nnsight", "name": "output (the CausalLM output's .logits)", "why": ""},
               {"engine": "nnterp", "name": "logits", "why": ""}
             ]
           },
@@ -13413,7 +13413,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_pre", "why": ""},
-              {"engine": "nnsight", "name": "gpt_neox.layers.{L}.input", "why": ""},
+              {"engine": "nnsight", "name": "gpt_neox.layers[{L}].input", "why": ""},
               {"engine": "nnterp", "name": "layers_input[{L}]", "why": ""}
             ]
           },
@@ -13423,7 +13423,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_in", "why": ""},
-              {"engine": "nnsight", "name": "gpt_neox.layers.{L}.attention.input", "why": ""},
+              {"engine": "nnsight", "name": "gpt_neox.layers[{L}].attention.input", "why": ""},
               {"engine": "nnterp", "name": "attentions_input[{L}]", "why": ""}
             ]
           },
@@ -13521,7 +13521,7 @@ export const architectures: readonly Architecture[] = [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_z", "why": ""},
               {
                 "engine": "nnsight",
-                "name": "gpt_neox.layers.{L}.attention.dense.input (per head: reshape the last axis to [heads, head_dim])",
+                "name": "gpt_neox.layers[{L}].attention.dense.input (per head: reshape the last axis to [heads, head_dim])",
                 "why": ""
               },
               {
@@ -13537,7 +13537,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_out", "why": ""},
-              {"engine": "nnsight", "name": "gpt_neox.layers.{L}.attention.output", "why": ""},
+              {"engine": "nnsight", "name": "gpt_neox.layers[{L}].attention.output", "why": ""},
               {"engine": "nnterp", "name": "attentions_output[{L}]", "why": ""}
             ]
           },
@@ -13547,7 +13547,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_in", "why": ""},
-              {"engine": "nnsight", "name": "gpt_neox.layers.{L}.mlp.input", "why": ""},
+              {"engine": "nnsight", "name": "gpt_neox.layers[{L}].mlp.input", "why": ""},
               {"engine": "nnterp", "name": "mlps_input[{L}]", "why": ""}
             ]
           },
@@ -13557,7 +13557,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_pre", "why": ""},
-              {"engine": "nnsight", "name": "gpt_neox.layers.{L}.mlp.dense_h_to_4h.output", "why": ""},
+              {"engine": "nnsight", "name": "gpt_neox.layers[{L}].mlp.dense_h_to_4h.output", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -13571,7 +13571,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_post", "why": ""},
-              {"engine": "nnsight", "name": "gpt_neox.layers.{L}.mlp.dense_4h_to_h.input", "why": ""},
+              {"engine": "nnsight", "name": "gpt_neox.layers[{L}].mlp.dense_4h_to_h.input", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -13585,7 +13585,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_out", "why": ""},
-              {"engine": "nnsight", "name": "gpt_neox.layers.{L}.mlp.output", "why": ""},
+              {"engine": "nnsight", "name": "gpt_neox.layers[{L}].mlp.output", "why": ""},
               {"engine": "nnterp", "name": "mlps_output[{L}]", "why": ""}
             ]
           },
@@ -13595,7 +13595,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_post", "why": ""},
-              {"engine": "nnsight", "name": "gpt_neox.layers.{L}.output", "why": ""},
+              {"engine": "nnsight", "name": "gpt_neox.layers[{L}].output", "why": ""},
               {"engine": "nnterp", "name": "layers_output[{L}]", "why": ""}
             ]
           },
@@ -13619,7 +13619,7 @@ export const architectures: readonly Architecture[] = [
                 "name": null,
                 "why": "lm_head has no TransformerLens hook: the bridge's forward returns the logits (no hook; unembed.hook_out is before logit scaling / softcap)."
               },
-              {"engine": "nnsight", "name": "output", "why": ""},
+              {"engine": "nnsight", "name": "output (the CausalLM output's .logits)", "why": ""},
               {"engine": "nnterp", "name": "logits", "why": ""}
             ]
           },
@@ -13725,7 +13725,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_pre", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].input", "why": ""},
               {"engine": "nnterp", "name": "layers_input[{L}]", "why": ""}
             ]
           },
@@ -13735,7 +13735,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_in", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.self_attn.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].self_attn.input", "why": ""},
               {"engine": "nnterp", "name": "attentions_input[{L}]", "why": ""}
             ]
           },
@@ -13833,7 +13833,7 @@ export const architectures: readonly Architecture[] = [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_z", "why": ""},
               {
                 "engine": "nnsight",
-                "name": "model.layers.{L}.self_attn.o_proj.input (per head: reshape the last axis to [heads, head_dim])",
+                "name": "model.layers[{L}].self_attn.o_proj.input (per head: reshape the last axis to [heads, head_dim])",
                 "why": ""
               },
               {
@@ -13849,7 +13849,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_out", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.self_attn.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].self_attn.output", "why": ""},
               {"engine": "nnterp", "name": "attentions_output[{L}]", "why": ""}
             ]
           },
@@ -13859,7 +13859,7 @@ export const architectures: readonly Architecture[] = [
             "how": "input of the pre-MLP norm",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_mid", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.post_attention_layernorm.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].post_attention_layernorm.input", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -13873,7 +13873,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_in", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.input", "why": ""},
               {"engine": "nnterp", "name": "mlps_input[{L}]", "why": ""}
             ]
           },
@@ -13941,7 +13941,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_out", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.output", "why": ""},
               {"engine": "nnterp", "name": "mlps_output[{L}]", "why": ""}
             ]
           },
@@ -13951,7 +13951,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_post", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].output", "why": ""},
               {"engine": "nnterp", "name": "layers_output[{L}]", "why": ""}
             ]
           },
@@ -13975,7 +13975,7 @@ export const architectures: readonly Architecture[] = [
                 "name": null,
                 "why": "lm_head has no TransformerLens hook: the bridge's forward returns the logits (no hook; unembed.hook_out is before logit scaling / softcap)."
               },
-              {"engine": "nnsight", "name": "output", "why": ""},
+              {"engine": "nnsight", "name": "output (the CausalLM output's .logits)", "why": ""},
               {"engine": "nnterp", "name": "logits", "why": ""}
             ]
           },
@@ -14078,7 +14078,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_pre", "why": ""},
-              {"engine": "nnsight", "name": "transformer.h.{L}.input", "why": ""},
+              {"engine": "nnsight", "name": "transformer.h[{L}].input", "why": ""},
               {"engine": "nnterp", "name": "layers_input[{L}]", "why": ""}
             ]
           },
@@ -14088,7 +14088,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_in", "why": ""},
-              {"engine": "nnsight", "name": "transformer.h.{L}.attn.input", "why": ""},
+              {"engine": "nnsight", "name": "transformer.h[{L}].attn.input", "why": ""},
               {"engine": "nnterp", "name": "attentions_input[{L}]", "why": ""}
             ]
           },
@@ -14132,7 +14132,7 @@ export const architectures: readonly Architecture[] = [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_z", "why": ""},
               {
                 "engine": "nnsight",
-                "name": "transformer.h.{L}.attn.out_proj.input (per head: reshape the last axis to [heads, head_dim])",
+                "name": "transformer.h[{L}].attn.out_proj.input (per head: reshape the last axis to [heads, head_dim])",
                 "why": ""
               },
               {
@@ -14148,7 +14148,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_out", "why": ""},
-              {"engine": "nnsight", "name": "transformer.h.{L}.attn.output", "why": ""},
+              {"engine": "nnsight", "name": "transformer.h[{L}].attn.output", "why": ""},
               {"engine": "nnterp", "name": "attentions_output[{L}]", "why": ""}
             ]
           },
@@ -14158,7 +14158,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_in", "why": ""},
-              {"engine": "nnsight", "name": "transformer.h.{L}.mlp.input", "why": ""},
+              {"engine": "nnsight", "name": "transformer.h[{L}].mlp.input", "why": ""},
               {"engine": "nnterp", "name": "mlps_input[{L}]", "why": ""}
             ]
           },
@@ -14168,7 +14168,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_pre", "why": ""},
-              {"engine": "nnsight", "name": "transformer.h.{L}.mlp.fc_in.output", "why": ""},
+              {"engine": "nnsight", "name": "transformer.h[{L}].mlp.fc_in.output", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -14182,7 +14182,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_post", "why": ""},
-              {"engine": "nnsight", "name": "transformer.h.{L}.mlp.fc_out.input", "why": ""},
+              {"engine": "nnsight", "name": "transformer.h[{L}].mlp.fc_out.input", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -14196,7 +14196,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_out", "why": ""},
-              {"engine": "nnsight", "name": "transformer.h.{L}.mlp.output", "why": ""},
+              {"engine": "nnsight", "name": "transformer.h[{L}].mlp.output", "why": ""},
               {"engine": "nnterp", "name": "mlps_output[{L}]", "why": ""}
             ]
           },
@@ -14206,7 +14206,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_post", "why": ""},
-              {"engine": "nnsight", "name": "transformer.h.{L}.output", "why": ""},
+              {"engine": "nnsight", "name": "transformer.h[{L}].output", "why": ""},
               {"engine": "nnterp", "name": "layers_output[{L}]", "why": ""}
             ]
           },
@@ -14230,7 +14230,7 @@ export const architectures: readonly Architecture[] = [
                 "name": null,
                 "why": "lm_head has no TransformerLens hook: the bridge's forward returns the logits (no hook; unembed.hook_out is before logit scaling / softcap)."
               },
-              {"engine": "nnsight", "name": "output", "why": ""},
+              {"engine": "nnsight", "name": "output (the CausalLM output's .logits)", "why": ""},
               {"engine": "nnterp", "name": "logits", "why": ""}
             ]
           },
@@ -14334,7 +14334,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_pre", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].input", "why": ""},
               {"engine": "nnterp", "name": "layers_input[{L}]", "why": ""}
             ]
           },
@@ -14344,7 +14344,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_in", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.self_attn.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].self_attn.input", "why": ""},
               {"engine": "nnterp", "name": "attentions_input[{L}]", "why": ""}
             ]
           },
@@ -14442,7 +14442,7 @@ export const architectures: readonly Architecture[] = [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_z", "why": ""},
               {
                 "engine": "nnsight",
-                "name": "model.layers.{L}.self_attn.o_proj.input (per head: reshape the last axis to [heads, head_dim])",
+                "name": "model.layers[{L}].self_attn.o_proj.input (per head: reshape the last axis to [heads, head_dim])",
                 "why": ""
               },
               {
@@ -14458,7 +14458,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_out", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.self_attn.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].self_attn.output", "why": ""},
               {"engine": "nnterp", "name": "attentions_output[{L}]", "why": ""}
             ]
           },
@@ -14468,7 +14468,7 @@ export const architectures: readonly Architecture[] = [
             "how": "input of the pre-MLP norm",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_mid", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.post_attention_layernorm.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].post_attention_layernorm.input", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -14482,7 +14482,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_in", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.input", "why": ""},
               {"engine": "nnterp", "name": "mlps_input[{L}]", "why": ""}
             ]
           },
@@ -14492,7 +14492,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_pre", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.gate_proj.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.gate_proj.output", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -14506,7 +14506,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_pre_linear", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.up_proj.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.up_proj.output", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -14520,7 +14520,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_post", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.down_proj.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.down_proj.input", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -14534,7 +14534,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_out", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.output", "why": ""},
               {"engine": "nnterp", "name": "mlps_output[{L}]", "why": ""}
             ]
           },
@@ -14544,7 +14544,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_post", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].output", "why": ""},
               {"engine": "nnterp", "name": "layers_output[{L}]", "why": ""}
             ]
           },
@@ -14568,7 +14568,7 @@ export const architectures: readonly Architecture[] = [
                 "name": null,
                 "why": "lm_head has no TransformerLens hook: the bridge's forward returns the logits (no hook; unembed.hook_out is before logit scaling / softcap)."
               },
-              {"engine": "nnsight", "name": "output", "why": ""},
+              {"engine": "nnsight", "name": "output (the CausalLM output's .logits)", "why": ""},
               {"engine": "nnterp", "name": "logits", "why": ""}
             ]
           },
@@ -14644,7 +14644,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_pre", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].input", "why": ""},
               {"engine": "nnterp", "name": "layers_input[{L}]", "why": ""}
             ]
           },
@@ -14654,7 +14654,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_in", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.self_attn.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].self_attn.input", "why": ""},
               {"engine": "nnterp", "name": "attentions_input[{L}]", "why": ""}
             ]
           },
@@ -14752,7 +14752,7 @@ export const architectures: readonly Architecture[] = [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_z", "why": ""},
               {
                 "engine": "nnsight",
-                "name": "model.layers.{L}.self_attn.o_proj.input (per head: reshape the last axis to [heads, head_dim])",
+                "name": "model.layers[{L}].self_attn.o_proj.input (per head: reshape the last axis to [heads, head_dim])",
                 "why": ""
               },
               {
@@ -14768,7 +14768,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_out", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.self_attn.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].self_attn.output", "why": ""},
               {"engine": "nnterp", "name": "attentions_output[{L}]", "why": ""}
             ]
           },
@@ -14778,7 +14778,7 @@ export const architectures: readonly Architecture[] = [
             "how": "input of the pre-MLP norm",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_mid", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.post_attention_layernorm.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].post_attention_layernorm.input", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -14792,7 +14792,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_in", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.input", "why": ""},
               {"engine": "nnterp", "name": "mlps_input[{L}]", "why": ""}
             ]
           },
@@ -14802,7 +14802,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_pre", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.gate_proj.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.gate_proj.output", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -14816,7 +14816,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_pre_linear", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.up_proj.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.up_proj.output", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -14830,7 +14830,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_post", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.down_proj.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.down_proj.input", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -14844,7 +14844,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_out", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.output", "why": ""},
               {"engine": "nnterp", "name": "mlps_output[{L}]", "why": ""}
             ]
           },
@@ -14854,7 +14854,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_post", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].output", "why": ""},
               {"engine": "nnterp", "name": "layers_output[{L}]", "why": ""}
             ]
           },
@@ -14878,7 +14878,7 @@ export const architectures: readonly Architecture[] = [
                 "name": null,
                 "why": "lm_head has no TransformerLens hook: the bridge's forward returns the logits (no hook; unembed.hook_out is before logit scaling / softcap)."
               },
-              {"engine": "nnsight", "name": "output", "why": ""},
+              {"engine": "nnsight", "name": "output (the CausalLM output's .logits)", "why": ""},
               {"engine": "nnterp", "name": "logits", "why": ""}
             ]
           },
@@ -14983,7 +14983,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_pre", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].input", "why": ""},
               {"engine": "nnterp", "name": "layers_input[{L}]", "why": ""}
             ]
           },
@@ -14993,7 +14993,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_in", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.self_attn.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].self_attn.input", "why": ""},
               {"engine": "nnterp", "name": "attentions_input[{L}]", "why": ""}
             ]
           },
@@ -15091,7 +15091,7 @@ export const architectures: readonly Architecture[] = [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_z", "why": ""},
               {
                 "engine": "nnsight",
-                "name": "model.layers.{L}.self_attn.o_proj.input (per head: reshape the last axis to [heads, head_dim])",
+                "name": "model.layers[{L}].self_attn.o_proj.input (per head: reshape the last axis to [heads, head_dim])",
                 "why": ""
               },
               {
@@ -15107,7 +15107,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_out", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.self_attn.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].self_attn.output", "why": ""},
               {"engine": "nnterp", "name": "attentions_output[{L}]", "why": ""}
             ]
           },
@@ -15117,7 +15117,7 @@ export const architectures: readonly Architecture[] = [
             "how": "input of the pre-MLP norm",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_mid", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.post_attention_layernorm.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].post_attention_layernorm.input", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -15131,7 +15131,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_in", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.block_sparse_moe.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].block_sparse_moe.input", "why": ""},
               {"engine": "nnterp", "name": "mlps_input[{L}]", "why": ""}
             ]
           },
@@ -15199,7 +15199,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_out", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.block_sparse_moe.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].block_sparse_moe.output", "why": ""},
               {"engine": "nnterp", "name": "mlps_output[{L}]", "why": ""}
             ]
           },
@@ -15209,7 +15209,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_post", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].output", "why": ""},
               {"engine": "nnterp", "name": "layers_output[{L}]", "why": ""}
             ]
           },
@@ -15233,7 +15233,7 @@ export const architectures: readonly Architecture[] = [
                 "name": null,
                 "why": "lm_head has no TransformerLens hook: the bridge's forward returns the logits (no hook; unembed.hook_out is before logit scaling / softcap)."
               },
-              {"engine": "nnsight", "name": "output", "why": ""},
+              {"engine": "nnsight", "name": "output (the CausalLM output's .logits)", "why": ""},
               {"engine": "nnterp", "name": "logits", "why": ""}
             ]
           },
@@ -15341,7 +15341,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_pre", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].input", "why": ""},
               {"engine": "nnterp", "name": "layers_input[{L}]", "why": ""}
             ]
           },
@@ -15351,7 +15351,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mamba.hook_in", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.self_attn.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].self_attn.input", "why": ""},
               {"engine": "nnterp", "name": "attentions_input[{L}]", "why": ""}
             ]
           },
@@ -15449,7 +15449,7 @@ export const architectures: readonly Architecture[] = [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_z", "why": ""},
               {
                 "engine": "nnsight",
-                "name": "model.layers.{L}.self_attn.o_proj.input (per head: reshape the last axis to [heads, head_dim])",
+                "name": "model.layers[{L}].self_attn.o_proj.input (per head: reshape the last axis to [heads, head_dim])",
                 "why": ""
               },
               {
@@ -15465,7 +15465,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mamba.hook_out", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.self_attn.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].self_attn.output", "why": ""},
               {"engine": "nnterp", "name": "attentions_output[{L}]", "why": ""}
             ]
           },
@@ -15475,7 +15475,7 @@ export const architectures: readonly Architecture[] = [
             "how": "input of the pre-MLP norm",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_mid", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.post_attention_layernorm.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].post_attention_layernorm.input", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -15489,7 +15489,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_in", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.block_sparse_moe.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].block_sparse_moe.input", "why": ""},
               {"engine": "nnterp", "name": "mlps_input[{L}]", "why": ""}
             ]
           },
@@ -15571,7 +15571,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_post", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].output", "why": ""},
               {"engine": "nnterp", "name": "layers_output[{L}]", "why": ""}
             ]
           },
@@ -15595,7 +15595,7 @@ export const architectures: readonly Architecture[] = [
                 "name": null,
                 "why": "lm_head has no TransformerLens hook: the bridge's forward returns the logits (no hook; unembed.hook_out is before logit scaling / softcap)."
               },
-              {"engine": "nnsight", "name": "output", "why": ""},
+              {"engine": "nnsight", "name": "output (the CausalLM output's .logits)", "why": ""},
               {"engine": "nnterp", "name": "logits", "why": ""}
             ]
           },
@@ -15694,7 +15694,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_pre", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].input", "why": ""},
               {"engine": "nnterp", "name": "layers_input[{L}]", "why": ""}
             ]
           },
@@ -15704,7 +15704,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_in", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.self_attn.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].self_attn.input", "why": ""},
               {"engine": "nnterp", "name": "attentions_input[{L}]", "why": ""}
             ]
           },
@@ -15716,7 +15716,7 @@ export const architectures: readonly Architecture[] = [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.q_norm.hook_in", "why": ""},
               {
                 "engine": "nnsight",
-                "name": "model.layers.{L}.self_attn.query_layernorm.input (per head: reshape the last axis to [heads, head_dim])",
+                "name": "model.layers[{L}].self_attn.query_layernorm.input (per head: reshape the last axis to [heads, head_dim])",
                 "why": ""
               },
               {
@@ -15734,7 +15734,7 @@ export const architectures: readonly Architecture[] = [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.q_norm.hook_out", "why": ""},
               {
                 "engine": "nnsight",
-                "name": "model.layers.{L}.self_attn.query_layernorm.output (per head: reshape the last axis to [heads, head_dim])",
+                "name": "model.layers[{L}].self_attn.query_layernorm.output (per head: reshape the last axis to [heads, head_dim])",
                 "why": ""
               },
               {
@@ -15752,7 +15752,7 @@ export const architectures: readonly Architecture[] = [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.k_norm.hook_in", "why": ""},
               {
                 "engine": "nnsight",
-                "name": "model.layers.{L}.self_attn.key_layernorm.input (per head: reshape the last axis to [heads, head_dim])",
+                "name": "model.layers[{L}].self_attn.key_layernorm.input (per head: reshape the last axis to [heads, head_dim])",
                 "why": ""
               },
               {
@@ -15770,7 +15770,7 @@ export const architectures: readonly Architecture[] = [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.k_norm.hook_out", "why": ""},
               {
                 "engine": "nnsight",
-                "name": "model.layers.{L}.self_attn.key_layernorm.output (per head: reshape the last axis to [heads, head_dim])",
+                "name": "model.layers[{L}].self_attn.key_layernorm.output (per head: reshape the last axis to [heads, head_dim])",
                 "why": ""
               },
               {
@@ -15882,7 +15882,7 @@ export const architectures: readonly Architecture[] = [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_z", "why": ""},
               {
                 "engine": "nnsight",
-                "name": "model.layers.{L}.self_attn.o_proj.input (per head: reshape the last axis to [heads, head_dim])",
+                "name": "model.layers[{L}].self_attn.o_proj.input (per head: reshape the last axis to [heads, head_dim])",
                 "why": ""
               },
               {
@@ -15898,7 +15898,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_out", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.self_attn.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].self_attn.output", "why": ""},
               {"engine": "nnterp", "name": "attentions_output[{L}]", "why": ""}
             ]
           },
@@ -15908,7 +15908,7 @@ export const architectures: readonly Architecture[] = [
             "how": "input of the pre-MLP norm",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_mid", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.post_attention_layernorm.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].post_attention_layernorm.input", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -15922,7 +15922,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_in", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.input", "why": ""},
               {"engine": "nnterp", "name": "mlps_input[{L}]", "why": ""}
             ]
           },
@@ -15932,7 +15932,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_pre", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.gate_proj.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.gate_proj.output", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -15946,7 +15946,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_pre_linear", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.up_proj.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.up_proj.output", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -15960,7 +15960,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_post", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.down_proj.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.down_proj.input", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -15974,7 +15974,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_out", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.output", "why": ""},
               {"engine": "nnterp", "name": "mlps_output[{L}]", "why": ""}
             ]
           },
@@ -15984,7 +15984,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_post", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].output", "why": ""},
               {"engine": "nnterp", "name": "layers_output[{L}]", "why": ""}
             ]
           },
@@ -16008,7 +16008,7 @@ export const architectures: readonly Architecture[] = [
                 "name": null,
                 "why": "lm_head has no TransformerLens hook: the bridge's forward returns the logits (no hook; unembed.hook_out is before logit scaling / softcap)."
               },
-              {"engine": "nnsight", "name": "output", "why": ""},
+              {"engine": "nnsight", "name": "output (the CausalLM output's .logits)", "why": ""},
               {"engine": "nnterp", "name": "logits", "why": ""}
             ]
           },
@@ -16107,7 +16107,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_pre", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].input", "why": ""},
               {"engine": "nnterp", "name": "layers_input[{L}]", "why": ""}
             ]
           },
@@ -16117,7 +16117,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_in", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.self_attn.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].self_attn.input", "why": ""},
               {"engine": "nnterp", "name": "attentions_input[{L}]", "why": ""}
             ]
           },
@@ -16129,7 +16129,7 @@ export const architectures: readonly Architecture[] = [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.q_norm.hook_in", "why": ""},
               {
                 "engine": "nnsight",
-                "name": "model.layers.{L}.self_attn.query_layernorm.input (per head: reshape the last axis to [heads, head_dim])",
+                "name": "model.layers[{L}].self_attn.query_layernorm.input (per head: reshape the last axis to [heads, head_dim])",
                 "why": ""
               },
               {
@@ -16147,7 +16147,7 @@ export const architectures: readonly Architecture[] = [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.q_norm.hook_out", "why": ""},
               {
                 "engine": "nnsight",
-                "name": "model.layers.{L}.self_attn.query_layernorm.output (per head: reshape the last axis to [heads, head_dim])",
+                "name": "model.layers[{L}].self_attn.query_layernorm.output (per head: reshape the last axis to [heads, head_dim])",
                 "why": ""
               },
               {
@@ -16165,7 +16165,7 @@ export const architectures: readonly Architecture[] = [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.k_norm.hook_in", "why": ""},
               {
                 "engine": "nnsight",
-                "name": "model.layers.{L}.self_attn.key_layernorm.input (per head: reshape the last axis to [heads, head_dim])",
+                "name": "model.layers[{L}].self_attn.key_layernorm.input (per head: reshape the last axis to [heads, head_dim])",
                 "why": ""
               },
               {
@@ -16183,7 +16183,7 @@ export const architectures: readonly Architecture[] = [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.k_norm.hook_out", "why": ""},
               {
                 "engine": "nnsight",
-                "name": "model.layers.{L}.self_attn.key_layernorm.output (per head: reshape the last axis to [heads, head_dim])",
+                "name": "model.layers[{L}].self_attn.key_layernorm.output (per head: reshape the last axis to [heads, head_dim])",
                 "why": ""
               },
               {
@@ -16295,7 +16295,7 @@ export const architectures: readonly Architecture[] = [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_z", "why": ""},
               {
                 "engine": "nnsight",
-                "name": "model.layers.{L}.self_attn.o_proj.input (per head: reshape the last axis to [heads, head_dim])",
+                "name": "model.layers[{L}].self_attn.o_proj.input (per head: reshape the last axis to [heads, head_dim])",
                 "why": ""
               },
               {
@@ -16311,7 +16311,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_out", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.self_attn.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].self_attn.output", "why": ""},
               {"engine": "nnterp", "name": "attentions_output[{L}]", "why": ""}
             ]
           },
@@ -16321,7 +16321,7 @@ export const architectures: readonly Architecture[] = [
             "how": "input of the pre-MLP norm",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_mid", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.post_attention_layernorm.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].post_attention_layernorm.input", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -16335,7 +16335,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_in", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.input", "why": ""},
               {"engine": "nnterp", "name": "mlps_input[{L}]", "why": ""}
             ]
           },
@@ -16403,7 +16403,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_out", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.output", "why": ""},
               {"engine": "nnterp", "name": "mlps_output[{L}]", "why": ""}
             ]
           },
@@ -16413,7 +16413,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_post", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].output", "why": ""},
               {"engine": "nnterp", "name": "layers_output[{L}]", "why": ""}
             ]
           },
@@ -16437,7 +16437,7 @@ export const architectures: readonly Architecture[] = [
                 "name": null,
                 "why": "lm_head has no TransformerLens hook: the bridge's forward returns the logits (no hook; unembed.hook_out is before logit scaling / softcap)."
               },
-              {"engine": "nnsight", "name": "output", "why": ""},
+              {"engine": "nnsight", "name": "output (the CausalLM output's .logits)", "why": ""},
               {"engine": "nnterp", "name": "logits", "why": ""}
             ]
           },
@@ -16533,7 +16533,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_pre", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].input", "why": ""},
               {"engine": "nnterp", "name": "layers_input[{L}]", "why": ""}
             ]
           },
@@ -16543,7 +16543,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mamba.hook_in", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.self_attn.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].self_attn.input", "why": ""},
               {"engine": "nnterp", "name": "attentions_input[{L}]", "why": ""}
             ]
           },
@@ -16645,7 +16645,7 @@ export const architectures: readonly Architecture[] = [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_z", "why": ""},
               {
                 "engine": "nnsight",
-                "name": "model.layers.{L}.self_attn.o_proj.input (per head: reshape the last axis to [heads, head_dim])",
+                "name": "model.layers[{L}].self_attn.o_proj.input (per head: reshape the last axis to [heads, head_dim])",
                 "why": ""
               },
               {
@@ -16661,7 +16661,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mamba.hook_out", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.self_attn.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].self_attn.output", "why": ""},
               {"engine": "nnterp", "name": "attentions_output[{L}]", "why": ""}
             ]
           },
@@ -16671,7 +16671,7 @@ export const architectures: readonly Architecture[] = [
             "how": "input of the pre-MLP norm",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_mid", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.pre_ff_layernorm.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].pre_ff_layernorm.input", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -16685,7 +16685,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_in", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.feed_forward.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].feed_forward.input", "why": ""},
               {"engine": "nnterp", "name": "mlps_input[{L}]", "why": ""}
             ]
           },
@@ -16695,7 +16695,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_pre", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.feed_forward.gate_proj.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].feed_forward.gate_proj.output", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -16709,7 +16709,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_pre_linear", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.feed_forward.up_proj.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].feed_forward.up_proj.output", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -16723,7 +16723,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_post", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.feed_forward.down_proj.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].feed_forward.down_proj.input", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -16755,7 +16755,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_out", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.feed_forward.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].feed_forward.output", "why": ""},
               {"engine": "nnterp", "name": "mlps_output[{L}]", "why": ""}
             ]
           },
@@ -16765,7 +16765,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_post", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].output", "why": ""},
               {"engine": "nnterp", "name": "layers_output[{L}]", "why": ""}
             ]
           },
@@ -16789,7 +16789,7 @@ export const architectures: readonly Architecture[] = [
                 "name": null,
                 "why": "lm_head has no TransformerLens hook: the bridge's forward returns the logits (no hook; unembed.hook_out is before logit scaling / softcap)."
               },
-              {"engine": "nnsight", "name": "output", "why": ""},
+              {"engine": "nnsight", "name": "output (the CausalLM output's .logits)", "why": ""},
               {"engine": "nnterp", "name": "logits", "why": ""}
             ]
           },
@@ -16888,7 +16888,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_pre", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].input", "why": ""},
               {"engine": "nnterp", "name": "layers_input[{L}]", "why": ""}
             ]
           },
@@ -16898,7 +16898,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.conv.hook_in", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.self_attn.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].self_attn.input", "why": ""},
               {"engine": "nnterp", "name": "attentions_input[{L}]", "why": ""}
             ]
           },
@@ -16910,7 +16910,7 @@ export const architectures: readonly Architecture[] = [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.q_norm.hook_in", "why": ""},
               {
                 "engine": "nnsight",
-                "name": "model.layers.{L}.self_attn.q_layernorm.input (per head: reshape the last axis to [heads, head_dim])",
+                "name": "model.layers[{L}].self_attn.q_layernorm.input (per head: reshape the last axis to [heads, head_dim])",
                 "why": ""
               },
               {
@@ -16928,7 +16928,7 @@ export const architectures: readonly Architecture[] = [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.q_norm.hook_out", "why": ""},
               {
                 "engine": "nnsight",
-                "name": "model.layers.{L}.self_attn.q_layernorm.output (per head: reshape the last axis to [heads, head_dim])",
+                "name": "model.layers[{L}].self_attn.q_layernorm.output (per head: reshape the last axis to [heads, head_dim])",
                 "why": ""
               },
               {
@@ -16946,7 +16946,7 @@ export const architectures: readonly Architecture[] = [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.k_norm.hook_in", "why": ""},
               {
                 "engine": "nnsight",
-                "name": "model.layers.{L}.self_attn.k_layernorm.input (per head: reshape the last axis to [heads, head_dim])",
+                "name": "model.layers[{L}].self_attn.k_layernorm.input (per head: reshape the last axis to [heads, head_dim])",
                 "why": ""
               },
               {
@@ -16964,7 +16964,7 @@ export const architectures: readonly Architecture[] = [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.k_norm.hook_out", "why": ""},
               {
                 "engine": "nnsight",
-                "name": "model.layers.{L}.self_attn.k_layernorm.output (per head: reshape the last axis to [heads, head_dim])",
+                "name": "model.layers[{L}].self_attn.k_layernorm.output (per head: reshape the last axis to [heads, head_dim])",
                 "why": ""
               },
               {
@@ -17068,7 +17068,7 @@ export const architectures: readonly Architecture[] = [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_z", "why": ""},
               {
                 "engine": "nnsight",
-                "name": "model.layers.{L}.self_attn.out_proj.input (per head: reshape the last axis to [heads, head_dim])",
+                "name": "model.layers[{L}].self_attn.out_proj.input (per head: reshape the last axis to [heads, head_dim])",
                 "why": ""
               },
               {
@@ -17084,7 +17084,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.conv.hook_out", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.self_attn.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].self_attn.output", "why": ""},
               {"engine": "nnterp", "name": "attentions_output[{L}]", "why": ""}
             ]
           },
@@ -17094,7 +17094,7 @@ export const architectures: readonly Architecture[] = [
             "how": "input of the pre-MLP norm",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_mid", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.ffn_norm.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].ffn_norm.input", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -17108,7 +17108,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_in", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.feed_forward.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].feed_forward.input", "why": ""},
               {"engine": "nnterp", "name": "mlps_input[{L}]", "why": ""}
             ]
           },
@@ -17118,7 +17118,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_pre", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.feed_forward.w1.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].feed_forward.w1.output", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -17132,7 +17132,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_pre_linear", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.feed_forward.w3.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].feed_forward.w3.output", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -17146,7 +17146,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_post", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.feed_forward.w2.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].feed_forward.w2.input", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -17160,7 +17160,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_out", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.feed_forward.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].feed_forward.output", "why": ""},
               {"engine": "nnterp", "name": "mlps_output[{L}]", "why": ""}
             ]
           },
@@ -17170,7 +17170,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_post", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].output", "why": ""},
               {"engine": "nnterp", "name": "layers_output[{L}]", "why": ""}
             ]
           },
@@ -17194,7 +17194,7 @@ export const architectures: readonly Architecture[] = [
                 "name": null,
                 "why": "lm_head has no TransformerLens hook: the bridge's forward returns the logits (no hook; unembed.hook_out is before logit scaling / softcap)."
               },
-              {"engine": "nnsight", "name": "output", "why": ""},
+              {"engine": "nnsight", "name": "output (the CausalLM output's .logits)", "why": ""},
               {"engine": "nnterp", "name": "logits", "why": ""}
             ]
           },
@@ -17309,7 +17309,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_pre", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].input", "why": ""},
               {"engine": "nnterp", "name": "layers_input[{L}]", "why": ""}
             ]
           },
@@ -17319,7 +17319,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.conv.hook_in", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.self_attn.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].self_attn.input", "why": ""},
               {"engine": "nnterp", "name": "attentions_input[{L}]", "why": ""}
             ]
           },
@@ -17331,7 +17331,7 @@ export const architectures: readonly Architecture[] = [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.q_norm.hook_in", "why": ""},
               {
                 "engine": "nnsight",
-                "name": "model.layers.{L}.self_attn.q_layernorm.input (per head: reshape the last axis to [heads, head_dim])",
+                "name": "model.layers[{L}].self_attn.q_layernorm.input (per head: reshape the last axis to [heads, head_dim])",
                 "why": ""
               },
               {
@@ -17349,7 +17349,7 @@ export const architectures: readonly Architecture[] = [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.q_norm.hook_out", "why": ""},
               {
                 "engine": "nnsight",
-                "name": "model.layers.{L}.self_attn.q_layernorm.output (per head: reshape the last axis to [heads, head_dim])",
+                "name": "model.layers[{L}].self_attn.q_layernorm.output (per head: reshape the last axis to [heads, head_dim])",
                 "why": ""
               },
               {
@@ -17367,7 +17367,7 @@ export const architectures: readonly Architecture[] = [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.k_norm.hook_in", "why": ""},
               {
                 "engine": "nnsight",
-                "name": "model.layers.{L}.self_attn.k_layernorm.input (per head: reshape the last axis to [heads, head_dim])",
+                "name": "model.layers[{L}].self_attn.k_layernorm.input (per head: reshape the last axis to [heads, head_dim])",
                 "why": ""
               },
               {
@@ -17385,7 +17385,7 @@ export const architectures: readonly Architecture[] = [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.k_norm.hook_out", "why": ""},
               {
                 "engine": "nnsight",
-                "name": "model.layers.{L}.self_attn.k_layernorm.output (per head: reshape the last axis to [heads, head_dim])",
+                "name": "model.layers[{L}].self_attn.k_layernorm.output (per head: reshape the last axis to [heads, head_dim])",
                 "why": ""
               },
               {
@@ -17489,7 +17489,7 @@ export const architectures: readonly Architecture[] = [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_z", "why": ""},
               {
                 "engine": "nnsight",
-                "name": "model.layers.{L}.self_attn.out_proj.input (per head: reshape the last axis to [heads, head_dim])",
+                "name": "model.layers[{L}].self_attn.out_proj.input (per head: reshape the last axis to [heads, head_dim])",
                 "why": ""
               },
               {
@@ -17505,7 +17505,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.conv.hook_out", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.self_attn.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].self_attn.output", "why": ""},
               {"engine": "nnterp", "name": "attentions_output[{L}]", "why": ""}
             ]
           },
@@ -17515,7 +17515,7 @@ export const architectures: readonly Architecture[] = [
             "how": "input of the pre-MLP norm",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_mid", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.ffn_norm.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].ffn_norm.input", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -17529,7 +17529,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_in", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.feed_forward.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].feed_forward.input", "why": ""},
               {"engine": "nnterp", "name": "mlps_input[{L}]", "why": ""}
             ]
           },
@@ -17539,7 +17539,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_pre", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.feed_forward.w1.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].feed_forward.w1.output", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -17553,7 +17553,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_pre_linear", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.feed_forward.w3.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].feed_forward.w3.output", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -17567,7 +17567,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_post", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.feed_forward.w2.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].feed_forward.w2.input", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -17639,7 +17639,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_out", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.feed_forward.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].feed_forward.output", "why": ""},
               {"engine": "nnterp", "name": "mlps_output[{L}]", "why": ""}
             ]
           },
@@ -17649,7 +17649,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_post", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].output", "why": ""},
               {"engine": "nnterp", "name": "layers_output[{L}]", "why": ""}
             ]
           },
@@ -17673,7 +17673,7 @@ export const architectures: readonly Architecture[] = [
                 "name": null,
                 "why": "lm_head has no TransformerLens hook: the bridge's forward returns the logits (no hook; unembed.hook_out is before logit scaling / softcap)."
               },
-              {"engine": "nnsight", "name": "output", "why": ""},
+              {"engine": "nnsight", "name": "output (the CausalLM output's .logits)", "why": ""},
               {"engine": "nnterp", "name": "logits", "why": ""}
             ]
           },
@@ -17768,7 +17768,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_pre", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].input", "why": ""},
               {"engine": "nnterp", "name": "layers_input[{L}]", "why": ""}
             ]
           },
@@ -17778,7 +17778,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_in", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.self_attn.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].self_attn.input", "why": ""},
               {"engine": "nnterp", "name": "attentions_input[{L}]", "why": ""}
             ]
           },
@@ -17876,7 +17876,7 @@ export const architectures: readonly Architecture[] = [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_z", "why": ""},
               {
                 "engine": "nnsight",
-                "name": "model.layers.{L}.self_attn.o_proj.input (per head: reshape the last axis to [heads, head_dim])",
+                "name": "model.layers[{L}].self_attn.o_proj.input (per head: reshape the last axis to [heads, head_dim])",
                 "why": ""
               },
               {
@@ -17892,7 +17892,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_out", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.self_attn.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].self_attn.output", "why": ""},
               {"engine": "nnterp", "name": "attentions_output[{L}]", "why": ""}
             ]
           },
@@ -17902,7 +17902,7 @@ export const architectures: readonly Architecture[] = [
             "how": "input of the pre-MLP norm",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_mid", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.post_attention_layernorm.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].post_attention_layernorm.input", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -17916,7 +17916,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_in", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.input", "why": ""},
               {"engine": "nnterp", "name": "mlps_input[{L}]", "why": ""}
             ]
           },
@@ -17926,7 +17926,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_pre", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.gate_proj.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.gate_proj.output", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -17940,7 +17940,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_pre_linear", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.up_proj.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.up_proj.output", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -17954,7 +17954,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_post", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.down_proj.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.down_proj.input", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -17968,7 +17968,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_out", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.output", "why": ""},
               {"engine": "nnterp", "name": "mlps_output[{L}]", "why": ""}
             ]
           },
@@ -17978,7 +17978,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_post", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].output", "why": ""},
               {"engine": "nnterp", "name": "layers_output[{L}]", "why": ""}
             ]
           },
@@ -18002,7 +18002,7 @@ export const architectures: readonly Architecture[] = [
                 "name": null,
                 "why": "lm_head has no TransformerLens hook: the bridge's forward returns the logits (no hook; unembed.hook_out is before logit scaling / softcap)."
               },
-              {"engine": "nnsight", "name": "output", "why": ""},
+              {"engine": "nnsight", "name": "output (the CausalLM output's .logits)", "why": ""},
               {"engine": "nnterp", "name": "logits", "why": ""}
             ]
           },
@@ -18078,7 +18078,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_pre", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].input", "why": ""},
               {"engine": "nnterp", "name": "layers_input[{L}]", "why": ""}
             ]
           },
@@ -18088,7 +18088,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_in", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.self_attn.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].self_attn.input", "why": ""},
               {"engine": "nnterp", "name": "attentions_input[{L}]", "why": ""}
             ]
           },
@@ -18186,7 +18186,7 @@ export const architectures: readonly Architecture[] = [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_z", "why": ""},
               {
                 "engine": "nnsight",
-                "name": "model.layers.{L}.self_attn.o_proj.input (per head: reshape the last axis to [heads, head_dim])",
+                "name": "model.layers[{L}].self_attn.o_proj.input (per head: reshape the last axis to [heads, head_dim])",
                 "why": ""
               },
               {
@@ -18202,7 +18202,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_out", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.self_attn.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].self_attn.output", "why": ""},
               {"engine": "nnterp", "name": "attentions_output[{L}]", "why": ""}
             ]
           },
@@ -18212,7 +18212,7 @@ export const architectures: readonly Architecture[] = [
             "how": "input of the pre-MLP norm",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_mid", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.post_attention_layernorm.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].post_attention_layernorm.input", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -18226,7 +18226,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_in", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.input", "why": ""},
               {"engine": "nnterp", "name": "mlps_input[{L}]", "why": ""}
             ]
           },
@@ -18236,7 +18236,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_pre", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.gate_proj.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.gate_proj.output", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -18250,7 +18250,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_pre_linear", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.up_proj.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.up_proj.output", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -18264,7 +18264,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_post", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.down_proj.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.down_proj.input", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -18278,7 +18278,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_out", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.output", "why": ""},
               {"engine": "nnterp", "name": "mlps_output[{L}]", "why": ""}
             ]
           },
@@ -18288,7 +18288,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_post", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].output", "why": ""},
               {"engine": "nnterp", "name": "layers_output[{L}]", "why": ""}
             ]
           },
@@ -18312,7 +18312,7 @@ export const architectures: readonly Architecture[] = [
                 "name": null,
                 "why": "lm_head has no TransformerLens hook: the bridge's forward returns the logits (no hook; unembed.hook_out is before logit scaling / softcap)."
               },
-              {"engine": "nnsight", "name": "output", "why": ""},
+              {"engine": "nnsight", "name": "output (the CausalLM output's .logits)", "why": ""},
               {"engine": "nnterp", "name": "logits", "why": ""}
             ]
           },
@@ -18388,7 +18388,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_pre", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].input", "why": ""},
               {"engine": "nnterp", "name": "layers_input[{L}]", "why": ""}
             ]
           },
@@ -18398,7 +18398,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_in", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.self_attn.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].self_attn.input", "why": ""},
               {"engine": "nnterp", "name": "attentions_input[{L}]", "why": ""}
             ]
           },
@@ -18496,7 +18496,7 @@ export const architectures: readonly Architecture[] = [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_z", "why": ""},
               {
                 "engine": "nnsight",
-                "name": "model.layers.{L}.self_attn.o_proj.input (per head: reshape the last axis to [heads, head_dim])",
+                "name": "model.layers[{L}].self_attn.o_proj.input (per head: reshape the last axis to [heads, head_dim])",
                 "why": ""
               },
               {
@@ -18512,7 +18512,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_out", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.self_attn.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].self_attn.output", "why": ""},
               {"engine": "nnterp", "name": "attentions_output[{L}]", "why": ""}
             ]
           },
@@ -18522,7 +18522,7 @@ export const architectures: readonly Architecture[] = [
             "how": "input of the pre-MLP norm",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_mid", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.post_attention_layernorm.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].post_attention_layernorm.input", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -18536,7 +18536,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_in", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.input", "why": ""},
               {"engine": "nnterp", "name": "mlps_input[{L}]", "why": ""}
             ]
           },
@@ -18546,7 +18546,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_pre", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.gate_proj.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.gate_proj.output", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -18560,7 +18560,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_pre_linear", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.up_proj.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.up_proj.output", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -18574,7 +18574,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_post", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.down_proj.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.down_proj.input", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -18588,7 +18588,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_out", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.output", "why": ""},
               {"engine": "nnterp", "name": "mlps_output[{L}]", "why": ""}
             ]
           },
@@ -18598,7 +18598,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_post", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].output", "why": ""},
               {"engine": "nnterp", "name": "layers_output[{L}]", "why": ""}
             ]
           },
@@ -18622,7 +18622,7 @@ export const architectures: readonly Architecture[] = [
                 "name": null,
                 "why": "lm_head has no TransformerLens hook: the bridge's forward returns the logits (no hook; unembed.hook_out is before logit scaling / softcap)."
               },
-              {"engine": "nnsight", "name": "output", "why": ""},
+              {"engine": "nnsight", "name": "output (the CausalLM output's .logits)", "why": ""},
               {"engine": "nnterp", "name": "logits", "why": ""}
             ]
           },
@@ -18698,7 +18698,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_pre", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].input", "why": ""},
               {"engine": "nnterp", "name": "layers_input[{L}]", "why": ""}
             ]
           },
@@ -18708,7 +18708,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_in", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.self_attn.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].self_attn.input", "why": ""},
               {"engine": "nnterp", "name": "attentions_input[{L}]", "why": ""}
             ]
           },
@@ -18806,7 +18806,7 @@ export const architectures: readonly Architecture[] = [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_z", "why": ""},
               {
                 "engine": "nnsight",
-                "name": "model.layers.{L}.self_attn.o_proj.input (per head: reshape the last axis to [heads, head_dim])",
+                "name": "model.layers[{L}].self_attn.o_proj.input (per head: reshape the last axis to [heads, head_dim])",
                 "why": ""
               },
               {
@@ -18822,7 +18822,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_out", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.self_attn.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].self_attn.output", "why": ""},
               {"engine": "nnterp", "name": "attentions_output[{L}]", "why": ""}
             ]
           },
@@ -18832,7 +18832,7 @@ export const architectures: readonly Architecture[] = [
             "how": "input of the pre-MLP norm",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_mid", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.post_attention_layernorm.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].post_attention_layernorm.input", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -18846,7 +18846,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_in", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.input", "why": ""},
               {"engine": "nnterp", "name": "mlps_input[{L}]", "why": ""}
             ]
           },
@@ -18856,7 +18856,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_pre", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.gate_proj.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.gate_proj.output", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -18870,7 +18870,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_pre_linear", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.up_proj.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.up_proj.output", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -18884,7 +18884,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_post", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.down_proj.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.down_proj.input", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -18898,7 +18898,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_out", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.output", "why": ""},
               {"engine": "nnterp", "name": "mlps_output[{L}]", "why": ""}
             ]
           },
@@ -18908,7 +18908,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_post", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].output", "why": ""},
               {"engine": "nnterp", "name": "layers_output[{L}]", "why": ""}
             ]
           },
@@ -18932,7 +18932,7 @@ export const architectures: readonly Architecture[] = [
                 "name": null,
                 "why": "lm_head has no TransformerLens hook: the bridge's forward returns the logits (no hook; unembed.hook_out is before logit scaling / softcap)."
               },
-              {"engine": "nnsight", "name": "output", "why": ""},
+              {"engine": "nnsight", "name": "output (the CausalLM output's .logits)", "why": ""},
               {"engine": "nnterp", "name": "logits", "why": ""}
             ]
           },
@@ -19008,7 +19008,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_pre", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].input", "why": ""},
               {"engine": "nnterp", "name": "layers_input[{L}]", "why": ""}
             ]
           },
@@ -19018,7 +19018,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_in", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.self_attn.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].self_attn.input", "why": ""},
               {"engine": "nnterp", "name": "attentions_input[{L}]", "why": ""}
             ]
           },
@@ -19116,7 +19116,7 @@ export const architectures: readonly Architecture[] = [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_z", "why": ""},
               {
                 "engine": "nnsight",
-                "name": "model.layers.{L}.self_attn.o_proj.input (per head: reshape the last axis to [heads, head_dim])",
+                "name": "model.layers[{L}].self_attn.o_proj.input (per head: reshape the last axis to [heads, head_dim])",
                 "why": ""
               },
               {
@@ -19132,7 +19132,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_out", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.self_attn.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].self_attn.output", "why": ""},
               {"engine": "nnterp", "name": "attentions_output[{L}]", "why": ""}
             ]
           },
@@ -19142,7 +19142,7 @@ export const architectures: readonly Architecture[] = [
             "how": "input of the pre-MLP norm",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_mid", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.post_attention_layernorm.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].post_attention_layernorm.input", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -19156,7 +19156,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_in", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.input", "why": ""},
               {"engine": "nnterp", "name": "mlps_input[{L}]", "why": ""}
             ]
           },
@@ -19166,7 +19166,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_pre", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.gate_proj.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.gate_proj.output", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -19180,7 +19180,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_pre_linear", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.up_proj.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.up_proj.output", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -19194,7 +19194,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_post", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.down_proj.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.down_proj.input", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -19208,7 +19208,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_out", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.output", "why": ""},
               {"engine": "nnterp", "name": "mlps_output[{L}]", "why": ""}
             ]
           },
@@ -19218,7 +19218,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_post", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].output", "why": ""},
               {"engine": "nnterp", "name": "layers_output[{L}]", "why": ""}
             ]
           },
@@ -19242,7 +19242,7 @@ export const architectures: readonly Architecture[] = [
                 "name": null,
                 "why": "lm_head has no TransformerLens hook: the bridge's forward returns the logits (no hook; unembed.hook_out is before logit scaling / softcap)."
               },
-              {"engine": "nnsight", "name": "output", "why": ""},
+              {"engine": "nnsight", "name": "output (the CausalLM output's .logits)", "why": ""},
               {"engine": "nnterp", "name": "logits", "why": ""}
             ]
           },
@@ -19318,7 +19318,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_pre", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].input", "why": ""},
               {"engine": "nnterp", "name": "layers_input[{L}]", "why": ""}
             ]
           },
@@ -19328,7 +19328,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_in", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.self_attn.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].self_attn.input", "why": ""},
               {"engine": "nnterp", "name": "attentions_input[{L}]", "why": ""}
             ]
           },
@@ -19426,7 +19426,7 @@ export const architectures: readonly Architecture[] = [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_z", "why": ""},
               {
                 "engine": "nnsight",
-                "name": "model.layers.{L}.self_attn.o_proj.input (per head: reshape the last axis to [heads, head_dim])",
+                "name": "model.layers[{L}].self_attn.o_proj.input (per head: reshape the last axis to [heads, head_dim])",
                 "why": ""
               },
               {
@@ -19442,7 +19442,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_out", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.self_attn.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].self_attn.output", "why": ""},
               {"engine": "nnterp", "name": "attentions_output[{L}]", "why": ""}
             ]
           },
@@ -19452,7 +19452,7 @@ export const architectures: readonly Architecture[] = [
             "how": "input of the pre-MLP norm",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_mid", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.post_attention_layernorm.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].post_attention_layernorm.input", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -19466,7 +19466,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_in", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.input", "why": ""},
               {"engine": "nnterp", "name": "mlps_input[{L}]", "why": ""}
             ]
           },
@@ -19476,7 +19476,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_pre", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.gate_proj.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.gate_proj.output", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -19490,7 +19490,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_pre_linear", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.up_proj.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.up_proj.output", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -19504,7 +19504,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_post", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.down_proj.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.down_proj.input", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -19518,7 +19518,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_out", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.output", "why": ""},
               {"engine": "nnterp", "name": "mlps_output[{L}]", "why": ""}
             ]
           },
@@ -19528,7 +19528,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_post", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].output", "why": ""},
               {"engine": "nnterp", "name": "layers_output[{L}]", "why": ""}
             ]
           },
@@ -19552,7 +19552,7 @@ export const architectures: readonly Architecture[] = [
                 "name": null,
                 "why": "lm_head has no TransformerLens hook: the bridge's forward returns the logits (no hook; unembed.hook_out is before logit scaling / softcap)."
               },
-              {"engine": "nnsight", "name": "output", "why": ""},
+              {"engine": "nnsight", "name": "output (the CausalLM output's .logits)", "why": ""},
               {"engine": "nnterp", "name": "logits", "why": ""}
             ]
           },
@@ -19628,7 +19628,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_pre", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].input", "why": ""},
               {"engine": "nnterp", "name": "layers_input[{L}]", "why": ""}
             ]
           },
@@ -19638,7 +19638,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_in", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.self_attn.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].self_attn.input", "why": ""},
               {"engine": "nnterp", "name": "attentions_input[{L}]", "why": ""}
             ]
           },
@@ -19736,7 +19736,7 @@ export const architectures: readonly Architecture[] = [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_z", "why": ""},
               {
                 "engine": "nnsight",
-                "name": "model.layers.{L}.self_attn.o_proj.input (per head: reshape the last axis to [heads, head_dim])",
+                "name": "model.layers[{L}].self_attn.o_proj.input (per head: reshape the last axis to [heads, head_dim])",
                 "why": ""
               },
               {
@@ -19752,7 +19752,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_out", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.self_attn.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].self_attn.output", "why": ""},
               {"engine": "nnterp", "name": "attentions_output[{L}]", "why": ""}
             ]
           },
@@ -19762,7 +19762,7 @@ export const architectures: readonly Architecture[] = [
             "how": "input of the pre-MLP norm",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_mid", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.post_attention_layernorm.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].post_attention_layernorm.input", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -19776,7 +19776,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_in", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.input", "why": ""},
               {"engine": "nnterp", "name": "mlps_input[{L}]", "why": ""}
             ]
           },
@@ -19786,7 +19786,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_pre", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.gate_proj.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.gate_proj.output", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -19800,7 +19800,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_pre_linear", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.up_proj.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.up_proj.output", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -19814,7 +19814,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_post", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.down_proj.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.down_proj.input", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -19828,7 +19828,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_out", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.output", "why": ""},
               {"engine": "nnterp", "name": "mlps_output[{L}]", "why": ""}
             ]
           },
@@ -19838,7 +19838,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_post", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].output", "why": ""},
               {"engine": "nnterp", "name": "layers_output[{L}]", "why": ""}
             ]
           },
@@ -19862,7 +19862,7 @@ export const architectures: readonly Architecture[] = [
                 "name": null,
                 "why": "lm_head has no TransformerLens hook: the bridge's forward returns the logits (no hook; unembed.hook_out is before logit scaling / softcap)."
               },
-              {"engine": "nnsight", "name": "output", "why": ""},
+              {"engine": "nnsight", "name": "output (the CausalLM output's .logits)", "why": ""},
               {"engine": "nnterp", "name": "logits", "why": ""}
             ]
           },
@@ -19938,7 +19938,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_pre", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].input", "why": ""},
               {"engine": "nnterp", "name": "layers_input[{L}]", "why": ""}
             ]
           },
@@ -19948,7 +19948,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_in", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.self_attn.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].self_attn.input", "why": ""},
               {"engine": "nnterp", "name": "attentions_input[{L}]", "why": ""}
             ]
           },
@@ -20046,7 +20046,7 @@ export const architectures: readonly Architecture[] = [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_z", "why": ""},
               {
                 "engine": "nnsight",
-                "name": "model.layers.{L}.self_attn.o_proj.input (per head: reshape the last axis to [heads, head_dim])",
+                "name": "model.layers[{L}].self_attn.o_proj.input (per head: reshape the last axis to [heads, head_dim])",
                 "why": ""
               },
               {
@@ -20062,7 +20062,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_out", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.self_attn.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].self_attn.output", "why": ""},
               {"engine": "nnterp", "name": "attentions_output[{L}]", "why": ""}
             ]
           },
@@ -20072,7 +20072,7 @@ export const architectures: readonly Architecture[] = [
             "how": "input of the pre-MLP norm",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_mid", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.post_attention_layernorm.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].post_attention_layernorm.input", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -20086,7 +20086,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_in", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.input", "why": ""},
               {"engine": "nnterp", "name": "mlps_input[{L}]", "why": ""}
             ]
           },
@@ -20096,7 +20096,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_pre", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.gate_proj.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.gate_proj.output", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -20110,7 +20110,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_pre_linear", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.up_proj.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.up_proj.output", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -20124,7 +20124,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_post", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.down_proj.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.down_proj.input", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -20138,7 +20138,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_out", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.output", "why": ""},
               {"engine": "nnterp", "name": "mlps_output[{L}]", "why": ""}
             ]
           },
@@ -20148,7 +20148,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_post", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].output", "why": ""},
               {"engine": "nnterp", "name": "layers_output[{L}]", "why": ""}
             ]
           },
@@ -20172,7 +20172,7 @@ export const architectures: readonly Architecture[] = [
                 "name": null,
                 "why": "lm_head has no TransformerLens hook: the bridge's forward returns the logits (no hook; unembed.hook_out is before logit scaling / softcap)."
               },
-              {"engine": "nnsight", "name": "output", "why": ""},
+              {"engine": "nnsight", "name": "output (the CausalLM output's .logits)", "why": ""},
               {"engine": "nnterp", "name": "logits", "why": ""}
             ]
           },
@@ -20248,7 +20248,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_pre", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].input", "why": ""},
               {"engine": "nnterp", "name": "layers_input[{L}]", "why": ""}
             ]
           },
@@ -20258,7 +20258,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_in", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.self_attn.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].self_attn.input", "why": ""},
               {"engine": "nnterp", "name": "attentions_input[{L}]", "why": ""}
             ]
           },
@@ -20356,7 +20356,7 @@ export const architectures: readonly Architecture[] = [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_z", "why": ""},
               {
                 "engine": "nnsight",
-                "name": "model.layers.{L}.self_attn.o_proj.input (per head: reshape the last axis to [heads, head_dim])",
+                "name": "model.layers[{L}].self_attn.o_proj.input (per head: reshape the last axis to [heads, head_dim])",
                 "why": ""
               },
               {
@@ -20372,7 +20372,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_out", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.self_attn.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].self_attn.output", "why": ""},
               {"engine": "nnterp", "name": "attentions_output[{L}]", "why": ""}
             ]
           },
@@ -20382,7 +20382,7 @@ export const architectures: readonly Architecture[] = [
             "how": "input of the pre-MLP norm",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_mid", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.post_attention_layernorm.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].post_attention_layernorm.input", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -20396,7 +20396,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_in", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.input", "why": ""},
               {"engine": "nnterp", "name": "mlps_input[{L}]", "why": ""}
             ]
           },
@@ -20406,7 +20406,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_pre", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.gate_proj.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.gate_proj.output", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -20420,7 +20420,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_pre_linear", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.up_proj.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.up_proj.output", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -20434,7 +20434,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_post", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.down_proj.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.down_proj.input", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -20448,7 +20448,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_out", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.output", "why": ""},
               {"engine": "nnterp", "name": "mlps_output[{L}]", "why": ""}
             ]
           },
@@ -20458,7 +20458,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_post", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].output", "why": ""},
               {"engine": "nnterp", "name": "layers_output[{L}]", "why": ""}
             ]
           },
@@ -20482,7 +20482,7 @@ export const architectures: readonly Architecture[] = [
                 "name": null,
                 "why": "lm_head has no TransformerLens hook: the bridge's forward returns the logits (no hook; unembed.hook_out is before logit scaling / softcap)."
               },
-              {"engine": "nnsight", "name": "output", "why": ""},
+              {"engine": "nnsight", "name": "output (the CausalLM output's .logits)", "why": ""},
               {"engine": "nnterp", "name": "logits", "why": ""}
             ]
           },
@@ -20558,7 +20558,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_pre", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].input", "why": ""},
               {"engine": "nnterp", "name": "layers_input[{L}]", "why": ""}
             ]
           },
@@ -20568,7 +20568,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_in", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.self_attn.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].self_attn.input", "why": ""},
               {"engine": "nnterp", "name": "attentions_input[{L}]", "why": ""}
             ]
           },
@@ -20666,7 +20666,7 @@ export const architectures: readonly Architecture[] = [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_z", "why": ""},
               {
                 "engine": "nnsight",
-                "name": "model.layers.{L}.self_attn.o_proj.input (per head: reshape the last axis to [heads, head_dim])",
+                "name": "model.layers[{L}].self_attn.o_proj.input (per head: reshape the last axis to [heads, head_dim])",
                 "why": ""
               },
               {
@@ -20682,7 +20682,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_out", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.self_attn.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].self_attn.output", "why": ""},
               {"engine": "nnterp", "name": "attentions_output[{L}]", "why": ""}
             ]
           },
@@ -20692,7 +20692,7 @@ export const architectures: readonly Architecture[] = [
             "how": "input of the pre-MLP norm",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_mid", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.post_attention_layernorm.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].post_attention_layernorm.input", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -20706,7 +20706,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_in", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.input", "why": ""},
               {"engine": "nnterp", "name": "mlps_input[{L}]", "why": ""}
             ]
           },
@@ -20716,7 +20716,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_pre", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.gate_proj.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.gate_proj.output", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -20730,7 +20730,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_pre_linear", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.up_proj.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.up_proj.output", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -20744,7 +20744,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_post", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.down_proj.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.down_proj.input", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -20758,7 +20758,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_out", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.output", "why": ""},
               {"engine": "nnterp", "name": "mlps_output[{L}]", "why": ""}
             ]
           },
@@ -20768,7 +20768,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_post", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].output", "why": ""},
               {"engine": "nnterp", "name": "layers_output[{L}]", "why": ""}
             ]
           },
@@ -20792,7 +20792,7 @@ export const architectures: readonly Architecture[] = [
                 "name": null,
                 "why": "lm_head has no TransformerLens hook: the bridge's forward returns the logits (no hook; unembed.hook_out is before logit scaling / softcap)."
               },
-              {"engine": "nnsight", "name": "output", "why": ""},
+              {"engine": "nnsight", "name": "output (the CausalLM output's .logits)", "why": ""},
               {"engine": "nnterp", "name": "logits", "why": ""}
             ]
           },
@@ -20868,7 +20868,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_pre", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].input", "why": ""},
               {"engine": "nnterp", "name": "layers_input[{L}]", "why": ""}
             ]
           },
@@ -20878,7 +20878,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_in", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.self_attn.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].self_attn.input", "why": ""},
               {"engine": "nnterp", "name": "attentions_input[{L}]", "why": ""}
             ]
           },
@@ -20976,7 +20976,7 @@ export const architectures: readonly Architecture[] = [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_z", "why": ""},
               {
                 "engine": "nnsight",
-                "name": "model.layers.{L}.self_attn.o_proj.input (per head: reshape the last axis to [heads, head_dim])",
+                "name": "model.layers[{L}].self_attn.o_proj.input (per head: reshape the last axis to [heads, head_dim])",
                 "why": ""
               },
               {
@@ -20992,7 +20992,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_out", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.self_attn.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].self_attn.output", "why": ""},
               {"engine": "nnterp", "name": "attentions_output[{L}]", "why": ""}
             ]
           },
@@ -21002,7 +21002,7 @@ export const architectures: readonly Architecture[] = [
             "how": "input of the pre-MLP norm",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_mid", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.post_attention_layernorm.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].post_attention_layernorm.input", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -21016,7 +21016,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_in", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.input", "why": ""},
               {"engine": "nnterp", "name": "mlps_input[{L}]", "why": ""}
             ]
           },
@@ -21026,7 +21026,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_pre", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.gate_proj.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.gate_proj.output", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -21040,7 +21040,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_pre_linear", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.up_proj.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.up_proj.output", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -21054,7 +21054,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_post", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.down_proj.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.down_proj.input", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -21068,7 +21068,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_out", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.output", "why": ""},
               {"engine": "nnterp", "name": "mlps_output[{L}]", "why": ""}
             ]
           },
@@ -21078,7 +21078,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_post", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].output", "why": ""},
               {"engine": "nnterp", "name": "layers_output[{L}]", "why": ""}
             ]
           },
@@ -21102,7 +21102,7 @@ export const architectures: readonly Architecture[] = [
                 "name": null,
                 "why": "lm_head has no TransformerLens hook: the bridge's forward returns the logits (no hook; unembed.hook_out is before logit scaling / softcap)."
               },
-              {"engine": "nnsight", "name": "output", "why": ""},
+              {"engine": "nnsight", "name": "output (the CausalLM output's .logits)", "why": ""},
               {"engine": "nnterp", "name": "logits", "why": ""}
             ]
           },
@@ -21178,7 +21178,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_pre", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].input", "why": ""},
               {"engine": "nnterp", "name": "layers_input[{L}]", "why": ""}
             ]
           },
@@ -21188,7 +21188,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_in", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.self_attn.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].self_attn.input", "why": ""},
               {"engine": "nnterp", "name": "attentions_input[{L}]", "why": ""}
             ]
           },
@@ -21286,7 +21286,7 @@ export const architectures: readonly Architecture[] = [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_z", "why": ""},
               {
                 "engine": "nnsight",
-                "name": "model.layers.{L}.self_attn.o_proj.input (per head: reshape the last axis to [heads, head_dim])",
+                "name": "model.layers[{L}].self_attn.o_proj.input (per head: reshape the last axis to [heads, head_dim])",
                 "why": ""
               },
               {
@@ -21302,7 +21302,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_out", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.self_attn.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].self_attn.output", "why": ""},
               {"engine": "nnterp", "name": "attentions_output[{L}]", "why": ""}
             ]
           },
@@ -21312,7 +21312,7 @@ export const architectures: readonly Architecture[] = [
             "how": "input of the pre-MLP norm",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_mid", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.post_attention_layernorm.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].post_attention_layernorm.input", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -21326,7 +21326,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_in", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.input", "why": ""},
               {"engine": "nnterp", "name": "mlps_input[{L}]", "why": ""}
             ]
           },
@@ -21336,7 +21336,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_pre", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.gate_proj.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.gate_proj.output", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -21350,7 +21350,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_pre_linear", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.up_proj.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.up_proj.output", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -21364,7 +21364,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_post", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.down_proj.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.down_proj.input", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -21378,7 +21378,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_out", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.output", "why": ""},
               {"engine": "nnterp", "name": "mlps_output[{L}]", "why": ""}
             ]
           },
@@ -21388,7 +21388,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_post", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].output", "why": ""},
               {"engine": "nnterp", "name": "layers_output[{L}]", "why": ""}
             ]
           },
@@ -21412,7 +21412,7 @@ export const architectures: readonly Architecture[] = [
                 "name": null,
                 "why": "lm_head has no TransformerLens hook: the bridge's forward returns the logits (no hook; unembed.hook_out is before logit scaling / softcap)."
               },
-              {"engine": "nnsight", "name": "output", "why": ""},
+              {"engine": "nnsight", "name": "output (the CausalLM output's .logits)", "why": ""},
               {"engine": "nnterp", "name": "logits", "why": ""}
             ]
           },
@@ -21488,7 +21488,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_pre", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].input", "why": ""},
               {"engine": "nnterp", "name": "layers_input[{L}]", "why": ""}
             ]
           },
@@ -21498,7 +21498,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_in", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.self_attn.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].self_attn.input", "why": ""},
               {"engine": "nnterp", "name": "attentions_input[{L}]", "why": ""}
             ]
           },
@@ -21596,7 +21596,7 @@ export const architectures: readonly Architecture[] = [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_z", "why": ""},
               {
                 "engine": "nnsight",
-                "name": "model.layers.{L}.self_attn.o_proj.input (per head: reshape the last axis to [heads, head_dim])",
+                "name": "model.layers[{L}].self_attn.o_proj.input (per head: reshape the last axis to [heads, head_dim])",
                 "why": ""
               },
               {
@@ -21612,7 +21612,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_out", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.self_attn.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].self_attn.output", "why": ""},
               {"engine": "nnterp", "name": "attentions_output[{L}]", "why": ""}
             ]
           },
@@ -21622,7 +21622,7 @@ export const architectures: readonly Architecture[] = [
             "how": "input of the pre-MLP norm",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_mid", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.post_attention_layernorm.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].post_attention_layernorm.input", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -21636,7 +21636,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_in", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.input", "why": ""},
               {"engine": "nnterp", "name": "mlps_input[{L}]", "why": ""}
             ]
           },
@@ -21646,7 +21646,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_pre", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.gate_proj.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.gate_proj.output", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -21660,7 +21660,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_pre_linear", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.up_proj.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.up_proj.output", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -21674,7 +21674,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_post", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.down_proj.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.down_proj.input", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -21688,7 +21688,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_out", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.output", "why": ""},
               {"engine": "nnterp", "name": "mlps_output[{L}]", "why": ""}
             ]
           },
@@ -21698,7 +21698,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_post", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].output", "why": ""},
               {"engine": "nnterp", "name": "layers_output[{L}]", "why": ""}
             ]
           },
@@ -21722,7 +21722,7 @@ export const architectures: readonly Architecture[] = [
                 "name": null,
                 "why": "lm_head has no TransformerLens hook: the bridge's forward returns the logits (no hook; unembed.hook_out is before logit scaling / softcap)."
               },
-              {"engine": "nnsight", "name": "output", "why": ""},
+              {"engine": "nnsight", "name": "output (the CausalLM output's .logits)", "why": ""},
               {"engine": "nnterp", "name": "logits", "why": ""}
             ]
           },
@@ -21798,7 +21798,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_pre", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].input", "why": ""},
               {"engine": "nnterp", "name": "layers_input[{L}]", "why": ""}
             ]
           },
@@ -21808,7 +21808,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_in", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.self_attn.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].self_attn.input", "why": ""},
               {"engine": "nnterp", "name": "attentions_input[{L}]", "why": ""}
             ]
           },
@@ -21906,7 +21906,7 @@ export const architectures: readonly Architecture[] = [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_z", "why": ""},
               {
                 "engine": "nnsight",
-                "name": "model.layers.{L}.self_attn.o_proj.input (per head: reshape the last axis to [heads, head_dim])",
+                "name": "model.layers[{L}].self_attn.o_proj.input (per head: reshape the last axis to [heads, head_dim])",
                 "why": ""
               },
               {
@@ -21922,7 +21922,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_out", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.self_attn.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].self_attn.output", "why": ""},
               {"engine": "nnterp", "name": "attentions_output[{L}]", "why": ""}
             ]
           },
@@ -21932,7 +21932,7 @@ export const architectures: readonly Architecture[] = [
             "how": "input of the pre-MLP norm",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_mid", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.post_attention_layernorm.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].post_attention_layernorm.input", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -21946,7 +21946,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_in", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.input", "why": ""},
               {"engine": "nnterp", "name": "mlps_input[{L}]", "why": ""}
             ]
           },
@@ -21956,7 +21956,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_pre", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.gate_proj.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.gate_proj.output", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -21970,7 +21970,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_pre_linear", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.up_proj.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.up_proj.output", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -21984,7 +21984,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_post", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.down_proj.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.down_proj.input", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -21998,7 +21998,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_out", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.output", "why": ""},
               {"engine": "nnterp", "name": "mlps_output[{L}]", "why": ""}
             ]
           },
@@ -22008,7 +22008,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_post", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].output", "why": ""},
               {"engine": "nnterp", "name": "layers_output[{L}]", "why": ""}
             ]
           },
@@ -22032,7 +22032,7 @@ export const architectures: readonly Architecture[] = [
                 "name": null,
                 "why": "lm_head has no TransformerLens hook: the bridge's forward returns the logits (no hook; unembed.hook_out is before logit scaling / softcap)."
               },
-              {"engine": "nnsight", "name": "output", "why": ""},
+              {"engine": "nnsight", "name": "output (the CausalLM output's .logits)", "why": ""},
               {"engine": "nnterp", "name": "logits", "why": ""}
             ]
           },
@@ -22108,7 +22108,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_pre", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].input", "why": ""},
               {"engine": "nnterp", "name": "layers_input[{L}]", "why": ""}
             ]
           },
@@ -22118,7 +22118,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_in", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.self_attn.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].self_attn.input", "why": ""},
               {"engine": "nnterp", "name": "attentions_input[{L}]", "why": ""}
             ]
           },
@@ -22216,7 +22216,7 @@ export const architectures: readonly Architecture[] = [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_z", "why": ""},
               {
                 "engine": "nnsight",
-                "name": "model.layers.{L}.self_attn.o_proj.input (per head: reshape the last axis to [heads, head_dim])",
+                "name": "model.layers[{L}].self_attn.o_proj.input (per head: reshape the last axis to [heads, head_dim])",
                 "why": ""
               },
               {
@@ -22232,7 +22232,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_out", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.self_attn.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].self_attn.output", "why": ""},
               {"engine": "nnterp", "name": "attentions_output[{L}]", "why": ""}
             ]
           },
@@ -22242,7 +22242,7 @@ export const architectures: readonly Architecture[] = [
             "how": "input of the pre-MLP norm",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_mid", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.post_attention_layernorm.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].post_attention_layernorm.input", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -22256,7 +22256,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_in", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.input", "why": ""},
               {"engine": "nnterp", "name": "mlps_input[{L}]", "why": ""}
             ]
           },
@@ -22266,7 +22266,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_pre", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.gate_proj.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.gate_proj.output", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -22280,7 +22280,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_pre_linear", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.up_proj.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.up_proj.output", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -22294,7 +22294,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_post", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.down_proj.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.down_proj.input", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -22308,7 +22308,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_out", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.output", "why": ""},
               {"engine": "nnterp", "name": "mlps_output[{L}]", "why": ""}
             ]
           },
@@ -22318,7 +22318,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_post", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].output", "why": ""},
               {"engine": "nnterp", "name": "layers_output[{L}]", "why": ""}
             ]
           },
@@ -22342,7 +22342,7 @@ export const architectures: readonly Architecture[] = [
                 "name": null,
                 "why": "lm_head has no TransformerLens hook: the bridge's forward returns the logits (no hook; unembed.hook_out is before logit scaling / softcap)."
               },
-              {"engine": "nnsight", "name": "output", "why": ""},
+              {"engine": "nnsight", "name": "output (the CausalLM output's .logits)", "why": ""},
               {"engine": "nnterp", "name": "logits", "why": ""}
             ]
           },
@@ -22418,7 +22418,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_pre", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].input", "why": ""},
               {"engine": "nnterp", "name": "layers_input[{L}]", "why": ""}
             ]
           },
@@ -22428,7 +22428,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_in", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.self_attn.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].self_attn.input", "why": ""},
               {"engine": "nnterp", "name": "attentions_input[{L}]", "why": ""}
             ]
           },
@@ -22526,7 +22526,7 @@ export const architectures: readonly Architecture[] = [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_z", "why": ""},
               {
                 "engine": "nnsight",
-                "name": "model.layers.{L}.self_attn.o_proj.input (per head: reshape the last axis to [heads, head_dim])",
+                "name": "model.layers[{L}].self_attn.o_proj.input (per head: reshape the last axis to [heads, head_dim])",
                 "why": ""
               },
               {
@@ -22542,7 +22542,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_out", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.self_attn.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].self_attn.output", "why": ""},
               {"engine": "nnterp", "name": "attentions_output[{L}]", "why": ""}
             ]
           },
@@ -22552,7 +22552,7 @@ export const architectures: readonly Architecture[] = [
             "how": "input of the pre-MLP norm",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_mid", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.post_attention_layernorm.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].post_attention_layernorm.input", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -22566,7 +22566,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_in", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.input", "why": ""},
               {"engine": "nnterp", "name": "mlps_input[{L}]", "why": ""}
             ]
           },
@@ -22576,7 +22576,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_pre", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.gate_proj.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.gate_proj.output", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -22590,7 +22590,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_pre_linear", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.up_proj.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.up_proj.output", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -22604,7 +22604,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_post", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.down_proj.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.down_proj.input", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -22618,7 +22618,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_out", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.output", "why": ""},
               {"engine": "nnterp", "name": "mlps_output[{L}]", "why": ""}
             ]
           },
@@ -22628,7 +22628,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_post", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].output", "why": ""},
               {"engine": "nnterp", "name": "layers_output[{L}]", "why": ""}
             ]
           },
@@ -22652,7 +22652,7 @@ export const architectures: readonly Architecture[] = [
                 "name": null,
                 "why": "lm_head has no TransformerLens hook: the bridge's forward returns the logits (no hook; unembed.hook_out is before logit scaling / softcap)."
               },
-              {"engine": "nnsight", "name": "output", "why": ""},
+              {"engine": "nnsight", "name": "output (the CausalLM output's .logits)", "why": ""},
               {"engine": "nnterp", "name": "logits", "why": ""}
             ]
           },
@@ -22728,7 +22728,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_pre", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].input", "why": ""},
               {"engine": "nnterp", "name": "layers_input[{L}]", "why": ""}
             ]
           },
@@ -22738,7 +22738,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_in", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.self_attn.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].self_attn.input", "why": ""},
               {"engine": "nnterp", "name": "attentions_input[{L}]", "why": ""}
             ]
           },
@@ -22836,7 +22836,7 @@ export const architectures: readonly Architecture[] = [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_z", "why": ""},
               {
                 "engine": "nnsight",
-                "name": "model.layers.{L}.self_attn.o_proj.input (per head: reshape the last axis to [heads, head_dim])",
+                "name": "model.layers[{L}].self_attn.o_proj.input (per head: reshape the last axis to [heads, head_dim])",
                 "why": ""
               },
               {
@@ -22852,7 +22852,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_out", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.self_attn.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].self_attn.output", "why": ""},
               {"engine": "nnterp", "name": "attentions_output[{L}]", "why": ""}
             ]
           },
@@ -22862,7 +22862,7 @@ export const architectures: readonly Architecture[] = [
             "how": "input of the pre-MLP norm",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_mid", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.post_attention_layernorm.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].post_attention_layernorm.input", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -22876,7 +22876,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_in", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.input", "why": ""},
               {"engine": "nnterp", "name": "mlps_input[{L}]", "why": ""}
             ]
           },
@@ -22886,7 +22886,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_pre", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.gate_proj.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.gate_proj.output", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -22900,7 +22900,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_pre_linear", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.up_proj.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.up_proj.output", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -22914,7 +22914,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_post", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.down_proj.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.down_proj.input", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -22928,7 +22928,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_out", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.output", "why": ""},
               {"engine": "nnterp", "name": "mlps_output[{L}]", "why": ""}
             ]
           },
@@ -22938,7 +22938,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_post", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].output", "why": ""},
               {"engine": "nnterp", "name": "layers_output[{L}]", "why": ""}
             ]
           },
@@ -22962,7 +22962,7 @@ export const architectures: readonly Architecture[] = [
                 "name": null,
                 "why": "lm_head has no TransformerLens hook: the bridge's forward returns the logits (no hook; unembed.hook_out is before logit scaling / softcap)."
               },
-              {"engine": "nnsight", "name": "output", "why": ""},
+              {"engine": "nnsight", "name": "output (the CausalLM output's .logits)", "why": ""},
               {"engine": "nnterp", "name": "logits", "why": ""}
             ]
           },
@@ -23057,7 +23057,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_pre", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].input", "why": ""},
               {"engine": "nnterp", "name": "layers_input[{L}]", "why": ""}
             ]
           },
@@ -23067,7 +23067,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_in", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.self_attn.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].self_attn.input", "why": ""},
               {"engine": "nnterp", "name": "attentions_input[{L}]", "why": ""}
             ]
           },
@@ -23165,7 +23165,7 @@ export const architectures: readonly Architecture[] = [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_z", "why": ""},
               {
                 "engine": "nnsight",
-                "name": "model.layers.{L}.self_attn.o_proj.input (per head: reshape the last axis to [heads, head_dim])",
+                "name": "model.layers[{L}].self_attn.o_proj.input (per head: reshape the last axis to [heads, head_dim])",
                 "why": ""
               },
               {
@@ -23181,7 +23181,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_out", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.self_attn.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].self_attn.output", "why": ""},
               {"engine": "nnterp", "name": "attentions_output[{L}]", "why": ""}
             ]
           },
@@ -23191,7 +23191,7 @@ export const architectures: readonly Architecture[] = [
             "how": "input of the pre-MLP norm",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_mid", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.post_attention_layernorm.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].post_attention_layernorm.input", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -23205,7 +23205,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_in", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.input", "why": ""},
               {"engine": "nnterp", "name": "mlps_input[{L}]", "why": ""}
             ]
           },
@@ -23273,7 +23273,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_out", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.output", "why": ""},
               {"engine": "nnterp", "name": "mlps_output[{L}]", "why": ""}
             ]
           },
@@ -23283,7 +23283,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_post", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].output", "why": ""},
               {"engine": "nnterp", "name": "layers_output[{L}]", "why": ""}
             ]
           },
@@ -23307,7 +23307,7 @@ export const architectures: readonly Architecture[] = [
                 "name": null,
                 "why": "lm_head has no TransformerLens hook: the bridge's forward returns the logits (no hook; unembed.hook_out is before logit scaling / softcap)."
               },
-              {"engine": "nnsight", "name": "output", "why": ""},
+              {"engine": "nnsight", "name": "output (the CausalLM output's .logits)", "why": ""},
               {"engine": "nnterp", "name": "logits", "why": ""}
             ]
           },
@@ -23426,7 +23426,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_pre", "why": ""},
-              {"engine": "nnsight", "name": "transformer.blocks.{L}.input", "why": ""},
+              {"engine": "nnsight", "name": "transformer.blocks[{L}].input", "why": ""},
               {"engine": "nnterp", "name": "layers_input[{L}]", "why": ""}
             ]
           },
@@ -23436,7 +23436,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_in", "why": ""},
-              {"engine": "nnsight", "name": "transformer.blocks.{L}.attn.input", "why": ""},
+              {"engine": "nnsight", "name": "transformer.blocks[{L}].attn.input", "why": ""},
               {"engine": "nnterp", "name": "attentions_input[{L}]", "why": ""}
             ]
           },
@@ -23516,7 +23516,7 @@ export const architectures: readonly Architecture[] = [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_z", "why": ""},
               {
                 "engine": "nnsight",
-                "name": "transformer.blocks.{L}.attn.out_proj.input (per head: reshape the last axis to [heads, head_dim])",
+                "name": "transformer.blocks[{L}].attn.out_proj.input (per head: reshape the last axis to [heads, head_dim])",
                 "why": ""
               },
               {
@@ -23532,7 +23532,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_out", "why": ""},
-              {"engine": "nnsight", "name": "transformer.blocks.{L}.attn.output", "why": ""},
+              {"engine": "nnsight", "name": "transformer.blocks[{L}].attn.output", "why": ""},
               {"engine": "nnterp", "name": "attentions_output[{L}]", "why": ""}
             ]
           },
@@ -23542,7 +23542,7 @@ export const architectures: readonly Architecture[] = [
             "how": "input of the pre-MLP norm",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_mid", "why": ""},
-              {"engine": "nnsight", "name": "transformer.blocks.{L}.norm_2.input", "why": ""},
+              {"engine": "nnsight", "name": "transformer.blocks[{L}].norm_2.input", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -23556,7 +23556,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_in", "why": ""},
-              {"engine": "nnsight", "name": "transformer.blocks.{L}.ffn.input", "why": ""},
+              {"engine": "nnsight", "name": "transformer.blocks[{L}].ffn.input", "why": ""},
               {"engine": "nnterp", "name": "mlps_input[{L}]", "why": ""}
             ]
           },
@@ -23566,7 +23566,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_pre", "why": ""},
-              {"engine": "nnsight", "name": "transformer.blocks.{L}.ffn.up_proj.output", "why": ""},
+              {"engine": "nnsight", "name": "transformer.blocks[{L}].ffn.up_proj.output", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -23580,7 +23580,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_post", "why": ""},
-              {"engine": "nnsight", "name": "transformer.blocks.{L}.ffn.down_proj.input", "why": ""},
+              {"engine": "nnsight", "name": "transformer.blocks[{L}].ffn.down_proj.input", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -23612,7 +23612,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_post", "why": ""},
-              {"engine": "nnsight", "name": "transformer.blocks.{L}.output", "why": ""},
+              {"engine": "nnsight", "name": "transformer.blocks[{L}].output", "why": ""},
               {"engine": "nnterp", "name": "layers_output[{L}]", "why": ""}
             ]
           },
@@ -23636,7 +23636,7 @@ export const architectures: readonly Architecture[] = [
                 "name": null,
                 "why": "lm_head has no TransformerLens hook: the bridge's forward returns the logits (no hook; unembed.hook_out is before logit scaling / softcap)."
               },
-              {"engine": "nnsight", "name": "output", "why": ""},
+              {"engine": "nnsight", "name": "output (the CausalLM output's .logits)", "why": ""},
               {"engine": "nnterp", "name": "logits", "why": ""}
             ]
           },
@@ -23730,7 +23730,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_pre", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].input", "why": ""},
               {"engine": "nnterp", "name": "layers_input[{L}]", "why": ""}
             ]
           },
@@ -23740,7 +23740,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_in", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.self_attn.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].self_attn.input", "why": ""},
               {"engine": "nnterp", "name": "attentions_input[{L}]", "why": ""}
             ]
           },
@@ -23838,7 +23838,7 @@ export const architectures: readonly Architecture[] = [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_z", "why": ""},
               {
                 "engine": "nnsight",
-                "name": "model.layers.{L}.self_attn.o_proj.input (per head: reshape the last axis to [heads, head_dim])",
+                "name": "model.layers[{L}].self_attn.o_proj.input (per head: reshape the last axis to [heads, head_dim])",
                 "why": ""
               },
               {
@@ -23854,7 +23854,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_out", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.self_attn.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].self_attn.output", "why": ""},
               {"engine": "nnterp", "name": "attentions_output[{L}]", "why": ""}
             ]
           },
@@ -23864,7 +23864,7 @@ export const architectures: readonly Architecture[] = [
             "how": "input of the pre-MLP norm",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_mid", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.post_attention_layernorm.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].post_attention_layernorm.input", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -23878,7 +23878,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_in", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.input", "why": ""},
               {"engine": "nnterp", "name": "mlps_input[{L}]", "why": ""}
             ]
           },
@@ -23888,7 +23888,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_pre", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.up_proj.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.up_proj.output", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -23902,7 +23902,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_post", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.down_proj.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.down_proj.input", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -23916,7 +23916,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_out", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.output", "why": ""},
               {"engine": "nnterp", "name": "mlps_output[{L}]", "why": ""}
             ]
           },
@@ -23926,7 +23926,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_post", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].output", "why": ""},
               {"engine": "nnterp", "name": "layers_output[{L}]", "why": ""}
             ]
           },
@@ -23950,7 +23950,7 @@ export const architectures: readonly Architecture[] = [
                 "name": null,
                 "why": "lm_head has no TransformerLens hook: the bridge's forward returns the logits (no hook; unembed.hook_out is before logit scaling / softcap)."
               },
-              {"engine": "nnsight", "name": "output", "why": ""},
+              {"engine": "nnsight", "name": "output (the CausalLM output's .logits)", "why": ""},
               {"engine": "nnterp", "name": "logits", "why": ""}
             ]
           },
@@ -24060,7 +24060,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_pre", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].input", "why": ""},
               {"engine": "nnterp", "name": "layers_input[{L}]", "why": ""}
             ]
           },
@@ -24172,7 +24172,7 @@ export const architectures: readonly Architecture[] = [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_z", "why": ""},
               {
                 "engine": "nnsight",
-                "name": "model.layers.{L}.mixer.o_proj.input (per head: reshape the last axis to [heads, head_dim])",
+                "name": "model.layers[{L}].mixer.o_proj.input (per head: reshape the last axis to [heads, head_dim])",
                 "why": ""
               },
               {
@@ -24202,7 +24202,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_in", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mixer.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mixer.input", "why": ""},
               {"engine": "nnterp", "name": "mlps_input[{L}]", "why": ""}
             ]
           },
@@ -24212,7 +24212,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_pre", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mixer.up_proj.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mixer.up_proj.output", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -24226,7 +24226,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_post", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mixer.down_proj.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mixer.down_proj.input", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -24240,7 +24240,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_out", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mixer.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mixer.output", "why": ""},
               {"engine": "nnterp", "name": "mlps_output[{L}]", "why": ""}
             ]
           },
@@ -24250,7 +24250,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_post", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].output", "why": ""},
               {"engine": "nnterp", "name": "layers_output[{L}]", "why": ""}
             ]
           },
@@ -24274,7 +24274,7 @@ export const architectures: readonly Architecture[] = [
                 "name": null,
                 "why": "lm_head has no TransformerLens hook: the bridge's forward returns the logits (no hook; unembed.hook_out is before logit scaling / softcap)."
               },
-              {"engine": "nnsight", "name": "output", "why": ""},
+              {"engine": "nnsight", "name": "output (the CausalLM output's .logits)", "why": ""},
               {"engine": "nnterp", "name": "logits", "why": ""}
             ]
           },
@@ -24369,7 +24369,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_pre", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].input", "why": ""},
               {"engine": "nnterp", "name": "layers_input[{L}]", "why": ""}
             ]
           },
@@ -24379,7 +24379,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_in", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.self_attn.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].self_attn.input", "why": ""},
               {"engine": "nnterp", "name": "attentions_input[{L}]", "why": ""}
             ]
           },
@@ -24477,7 +24477,7 @@ export const architectures: readonly Architecture[] = [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_z", "why": ""},
               {
                 "engine": "nnsight",
-                "name": "model.layers.{L}.self_attn.o_proj.input (per head: reshape the last axis to [heads, head_dim])",
+                "name": "model.layers[{L}].self_attn.o_proj.input (per head: reshape the last axis to [heads, head_dim])",
                 "why": ""
               },
               {
@@ -24493,7 +24493,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_out", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.self_attn.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].self_attn.output", "why": ""},
               {"engine": "nnterp", "name": "attentions_output[{L}]", "why": ""}
             ]
           },
@@ -24503,7 +24503,7 @@ export const architectures: readonly Architecture[] = [
             "how": "input of the pre-MLP norm",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_mid", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.post_attention_layernorm.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].post_attention_layernorm.input", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -24517,7 +24517,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_in", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.input", "why": ""},
               {"engine": "nnterp", "name": "mlps_input[{L}]", "why": ""}
             ]
           },
@@ -24527,7 +24527,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_pre", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.gate_proj.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.gate_proj.output", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -24541,7 +24541,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_pre_linear", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.up_proj.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.up_proj.output", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -24555,7 +24555,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_post", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.down_proj.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.down_proj.input", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -24569,7 +24569,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_out", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.output", "why": ""},
               {"engine": "nnterp", "name": "mlps_output[{L}]", "why": ""}
             ]
           },
@@ -24579,7 +24579,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_post", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].output", "why": ""},
               {"engine": "nnterp", "name": "layers_output[{L}]", "why": ""}
             ]
           },
@@ -24603,7 +24603,7 @@ export const architectures: readonly Architecture[] = [
                 "name": null,
                 "why": "lm_head has no TransformerLens hook: the bridge's forward returns the logits (no hook; unembed.hook_out is before logit scaling / softcap)."
               },
-              {"engine": "nnsight", "name": "output", "why": ""},
+              {"engine": "nnsight", "name": "output (the CausalLM output's .logits)", "why": ""},
               {"engine": "nnterp", "name": "logits", "why": ""}
             ]
           },
@@ -24679,7 +24679,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_pre", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].input", "why": ""},
               {"engine": "nnterp", "name": "layers_input[{L}]", "why": ""}
             ]
           },
@@ -24689,7 +24689,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_in", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.self_attn.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].self_attn.input", "why": ""},
               {"engine": "nnterp", "name": "attentions_input[{L}]", "why": ""}
             ]
           },
@@ -24787,7 +24787,7 @@ export const architectures: readonly Architecture[] = [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_z", "why": ""},
               {
                 "engine": "nnsight",
-                "name": "model.layers.{L}.self_attn.o_proj.input (per head: reshape the last axis to [heads, head_dim])",
+                "name": "model.layers[{L}].self_attn.o_proj.input (per head: reshape the last axis to [heads, head_dim])",
                 "why": ""
               },
               {
@@ -24803,7 +24803,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_out", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.self_attn.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].self_attn.output", "why": ""},
               {"engine": "nnterp", "name": "attentions_output[{L}]", "why": ""}
             ]
           },
@@ -24813,7 +24813,7 @@ export const architectures: readonly Architecture[] = [
             "how": "input of the pre-MLP norm",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_mid", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.post_attention_layernorm.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].post_attention_layernorm.input", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -24827,7 +24827,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_in", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.input", "why": ""},
               {"engine": "nnterp", "name": "mlps_input[{L}]", "why": ""}
             ]
           },
@@ -24837,7 +24837,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_pre", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.gate_proj.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.gate_proj.output", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -24851,7 +24851,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_pre_linear", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.up_proj.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.up_proj.output", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -24865,7 +24865,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_post", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.down_proj.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.down_proj.input", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -24879,7 +24879,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_out", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.output", "why": ""},
               {"engine": "nnterp", "name": "mlps_output[{L}]", "why": ""}
             ]
           },
@@ -24889,7 +24889,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_post", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].output", "why": ""},
               {"engine": "nnterp", "name": "layers_output[{L}]", "why": ""}
             ]
           },
@@ -24913,7 +24913,7 @@ export const architectures: readonly Architecture[] = [
                 "name": null,
                 "why": "lm_head has no TransformerLens hook: the bridge's forward returns the logits (no hook; unembed.hook_out is before logit scaling / softcap)."
               },
-              {"engine": "nnsight", "name": "output", "why": ""},
+              {"engine": "nnsight", "name": "output (the CausalLM output's .logits)", "why": ""},
               {"engine": "nnterp", "name": "logits", "why": ""}
             ]
           },
@@ -25014,7 +25014,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_pre", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].input", "why": ""},
               {"engine": "nnterp", "name": "layers_input[{L}]", "why": ""}
             ]
           },
@@ -25024,7 +25024,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_in", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.self_attn.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].self_attn.input", "why": ""},
               {"engine": "nnterp", "name": "attentions_input[{L}]", "why": ""}
             ]
           },
@@ -25036,7 +25036,7 @@ export const architectures: readonly Architecture[] = [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.q_norm.hook_in", "why": ""},
               {
                 "engine": "nnsight",
-                "name": "model.layers.{L}.self_attn.q_norm.input (per head: reshape the last axis to [heads, head_dim])",
+                "name": "model.layers[{L}].self_attn.q_norm.input (per head: reshape the last axis to [heads, head_dim])",
                 "why": ""
               },
               {
@@ -25054,7 +25054,7 @@ export const architectures: readonly Architecture[] = [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.q_norm.hook_out", "why": ""},
               {
                 "engine": "nnsight",
-                "name": "model.layers.{L}.self_attn.q_norm.output (per head: reshape the last axis to [heads, head_dim])",
+                "name": "model.layers[{L}].self_attn.q_norm.output (per head: reshape the last axis to [heads, head_dim])",
                 "why": ""
               },
               {
@@ -25072,7 +25072,7 @@ export const architectures: readonly Architecture[] = [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.k_norm.hook_in", "why": ""},
               {
                 "engine": "nnsight",
-                "name": "model.layers.{L}.self_attn.k_norm.input (per head: reshape the last axis to [heads, head_dim])",
+                "name": "model.layers[{L}].self_attn.k_norm.input (per head: reshape the last axis to [heads, head_dim])",
                 "why": ""
               },
               {
@@ -25090,7 +25090,7 @@ export const architectures: readonly Architecture[] = [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.k_norm.hook_out", "why": ""},
               {
                 "engine": "nnsight",
-                "name": "model.layers.{L}.self_attn.k_norm.output (per head: reshape the last axis to [heads, head_dim])",
+                "name": "model.layers[{L}].self_attn.k_norm.output (per head: reshape the last axis to [heads, head_dim])",
                 "why": ""
               },
               {
@@ -25194,7 +25194,7 @@ export const architectures: readonly Architecture[] = [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_z", "why": ""},
               {
                 "engine": "nnsight",
-                "name": "model.layers.{L}.self_attn.o_proj.input (per head: reshape the last axis to [heads, head_dim])",
+                "name": "model.layers[{L}].self_attn.o_proj.input (per head: reshape the last axis to [heads, head_dim])",
                 "why": ""
               },
               {
@@ -25210,7 +25210,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_out", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.self_attn.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].self_attn.output", "why": ""},
               {"engine": "nnterp", "name": "attentions_output[{L}]", "why": ""}
             ]
           },
@@ -25220,7 +25220,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.ln1_post.hook_out", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.post_attention_layernorm.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].post_attention_layernorm.output", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -25252,7 +25252,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_in", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.input", "why": ""},
               {"engine": "nnterp", "name": "mlps_input[{L}]", "why": ""}
             ]
           },
@@ -25262,7 +25262,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_pre", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.gate_proj.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.gate_proj.output", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -25276,7 +25276,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_pre_linear", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.up_proj.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.up_proj.output", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -25290,7 +25290,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_post", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.down_proj.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.down_proj.input", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -25304,7 +25304,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_out", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.output", "why": ""},
               {"engine": "nnterp", "name": "mlps_output[{L}]", "why": ""}
             ]
           },
@@ -25314,7 +25314,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.ln2_post.hook_out", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.post_feedforward_layernorm.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].post_feedforward_layernorm.output", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -25328,7 +25328,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_post", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].output", "why": ""},
               {"engine": "nnterp", "name": "layers_output[{L}]", "why": ""}
             ]
           },
@@ -25352,7 +25352,7 @@ export const architectures: readonly Architecture[] = [
                 "name": null,
                 "why": "lm_head has no TransformerLens hook: the bridge's forward returns the logits (no hook; unembed.hook_out is before logit scaling / softcap)."
               },
-              {"engine": "nnsight", "name": "output", "why": ""},
+              {"engine": "nnsight", "name": "output (the CausalLM output's .logits)", "why": ""},
               {"engine": "nnterp", "name": "logits", "why": ""}
             ]
           },
@@ -25434,7 +25434,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_pre", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].input", "why": ""},
               {"engine": "nnterp", "name": "layers_input[{L}]", "why": ""}
             ]
           },
@@ -25444,7 +25444,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_in", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.self_attn.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].self_attn.input", "why": ""},
               {"engine": "nnterp", "name": "attentions_input[{L}]", "why": ""}
             ]
           },
@@ -25456,7 +25456,7 @@ export const architectures: readonly Architecture[] = [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.q_norm.hook_in", "why": ""},
               {
                 "engine": "nnsight",
-                "name": "model.layers.{L}.self_attn.q_norm.input (per head: reshape the last axis to [heads, head_dim])",
+                "name": "model.layers[{L}].self_attn.q_norm.input (per head: reshape the last axis to [heads, head_dim])",
                 "why": ""
               },
               {
@@ -25474,7 +25474,7 @@ export const architectures: readonly Architecture[] = [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.q_norm.hook_out", "why": ""},
               {
                 "engine": "nnsight",
-                "name": "model.layers.{L}.self_attn.q_norm.output (per head: reshape the last axis to [heads, head_dim])",
+                "name": "model.layers[{L}].self_attn.q_norm.output (per head: reshape the last axis to [heads, head_dim])",
                 "why": ""
               },
               {
@@ -25492,7 +25492,7 @@ export const architectures: readonly Architecture[] = [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.k_norm.hook_in", "why": ""},
               {
                 "engine": "nnsight",
-                "name": "model.layers.{L}.self_attn.k_norm.input (per head: reshape the last axis to [heads, head_dim])",
+                "name": "model.layers[{L}].self_attn.k_norm.input (per head: reshape the last axis to [heads, head_dim])",
                 "why": ""
               },
               {
@@ -25510,7 +25510,7 @@ export const architectures: readonly Architecture[] = [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.k_norm.hook_out", "why": ""},
               {
                 "engine": "nnsight",
-                "name": "model.layers.{L}.self_attn.k_norm.output (per head: reshape the last axis to [heads, head_dim])",
+                "name": "model.layers[{L}].self_attn.k_norm.output (per head: reshape the last axis to [heads, head_dim])",
                 "why": ""
               },
               {
@@ -25614,7 +25614,7 @@ export const architectures: readonly Architecture[] = [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_z", "why": ""},
               {
                 "engine": "nnsight",
-                "name": "model.layers.{L}.self_attn.o_proj.input (per head: reshape the last axis to [heads, head_dim])",
+                "name": "model.layers[{L}].self_attn.o_proj.input (per head: reshape the last axis to [heads, head_dim])",
                 "why": ""
               },
               {
@@ -25630,7 +25630,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_out", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.self_attn.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].self_attn.output", "why": ""},
               {"engine": "nnterp", "name": "attentions_output[{L}]", "why": ""}
             ]
           },
@@ -25640,7 +25640,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.ln1_post.hook_out", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.post_attention_layernorm.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].post_attention_layernorm.output", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -25672,7 +25672,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_in", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.input", "why": ""},
               {"engine": "nnterp", "name": "mlps_input[{L}]", "why": ""}
             ]
           },
@@ -25682,7 +25682,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_pre", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.gate_proj.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.gate_proj.output", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -25696,7 +25696,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_pre_linear", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.up_proj.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.up_proj.output", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -25710,7 +25710,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_post", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.down_proj.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.down_proj.input", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -25724,7 +25724,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_out", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.output", "why": ""},
               {"engine": "nnterp", "name": "mlps_output[{L}]", "why": ""}
             ]
           },
@@ -25734,7 +25734,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.ln2_post.hook_out", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.post_feedforward_layernorm.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].post_feedforward_layernorm.output", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -25748,7 +25748,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_post", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].output", "why": ""},
               {"engine": "nnterp", "name": "layers_output[{L}]", "why": ""}
             ]
           },
@@ -25772,7 +25772,7 @@ export const architectures: readonly Architecture[] = [
                 "name": null,
                 "why": "lm_head has no TransformerLens hook: the bridge's forward returns the logits (no hook; unembed.hook_out is before logit scaling / softcap)."
               },
-              {"engine": "nnsight", "name": "output", "why": ""},
+              {"engine": "nnsight", "name": "output (the CausalLM output's .logits)", "why": ""},
               {"engine": "nnterp", "name": "logits", "why": ""}
             ]
           },
@@ -25873,7 +25873,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_pre", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].input", "why": ""},
               {"engine": "nnterp", "name": "layers_input[{L}]", "why": ""}
             ]
           },
@@ -25883,7 +25883,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_in", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.self_attn.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].self_attn.input", "why": ""},
               {"engine": "nnterp", "name": "attentions_input[{L}]", "why": ""}
             ]
           },
@@ -25895,7 +25895,7 @@ export const architectures: readonly Architecture[] = [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.q_norm.hook_in", "why": ""},
               {
                 "engine": "nnsight",
-                "name": "model.layers.{L}.self_attn.q_norm.input (per head: reshape the last axis to [heads, head_dim])",
+                "name": "model.layers[{L}].self_attn.q_norm.input (per head: reshape the last axis to [heads, head_dim])",
                 "why": ""
               },
               {
@@ -25913,7 +25913,7 @@ export const architectures: readonly Architecture[] = [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.q_norm.hook_out", "why": ""},
               {
                 "engine": "nnsight",
-                "name": "model.layers.{L}.self_attn.q_norm.output (per head: reshape the last axis to [heads, head_dim])",
+                "name": "model.layers[{L}].self_attn.q_norm.output (per head: reshape the last axis to [heads, head_dim])",
                 "why": ""
               },
               {
@@ -25931,7 +25931,7 @@ export const architectures: readonly Architecture[] = [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.k_norm.hook_in", "why": ""},
               {
                 "engine": "nnsight",
-                "name": "model.layers.{L}.self_attn.k_norm.input (per head: reshape the last axis to [heads, head_dim])",
+                "name": "model.layers[{L}].self_attn.k_norm.input (per head: reshape the last axis to [heads, head_dim])",
                 "why": ""
               },
               {
@@ -25949,7 +25949,7 @@ export const architectures: readonly Architecture[] = [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.k_norm.hook_out", "why": ""},
               {
                 "engine": "nnsight",
-                "name": "model.layers.{L}.self_attn.k_norm.output (per head: reshape the last axis to [heads, head_dim])",
+                "name": "model.layers[{L}].self_attn.k_norm.output (per head: reshape the last axis to [heads, head_dim])",
                 "why": ""
               },
               {
@@ -26053,7 +26053,7 @@ export const architectures: readonly Architecture[] = [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_z", "why": ""},
               {
                 "engine": "nnsight",
-                "name": "model.layers.{L}.self_attn.o_proj.input (per head: reshape the last axis to [heads, head_dim])",
+                "name": "model.layers[{L}].self_attn.o_proj.input (per head: reshape the last axis to [heads, head_dim])",
                 "why": ""
               },
               {
@@ -26069,7 +26069,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_out", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.self_attn.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].self_attn.output", "why": ""},
               {"engine": "nnterp", "name": "attentions_output[{L}]", "why": ""}
             ]
           },
@@ -26079,7 +26079,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.ln1_post.hook_out", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.post_attention_layernorm.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].post_attention_layernorm.output", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -26111,7 +26111,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_in", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.input", "why": ""},
               {"engine": "nnterp", "name": "mlps_input[{L}]", "why": ""}
             ]
           },
@@ -26121,7 +26121,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_pre", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.gate_proj.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.gate_proj.output", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -26135,7 +26135,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_pre_linear", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.up_proj.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.up_proj.output", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -26149,7 +26149,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_post", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.down_proj.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.down_proj.input", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -26163,7 +26163,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_out", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.output", "why": ""},
               {"engine": "nnterp", "name": "mlps_output[{L}]", "why": ""}
             ]
           },
@@ -26173,7 +26173,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.ln2_post.hook_out", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.post_feedforward_layernorm.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].post_feedforward_layernorm.output", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -26187,7 +26187,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_post", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].output", "why": ""},
               {"engine": "nnterp", "name": "layers_output[{L}]", "why": ""}
             ]
           },
@@ -26211,7 +26211,7 @@ export const architectures: readonly Architecture[] = [
                 "name": null,
                 "why": "lm_head has no TransformerLens hook: the bridge's forward returns the logits (no hook; unembed.hook_out is before logit scaling / softcap)."
               },
-              {"engine": "nnsight", "name": "output", "why": ""},
+              {"engine": "nnsight", "name": "output (the CausalLM output's .logits)", "why": ""},
               {"engine": "nnterp", "name": "logits", "why": ""}
             ]
           },
@@ -26310,7 +26310,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_pre", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].input", "why": ""},
               {"engine": "nnterp", "name": "layers_input[{L}]", "why": ""}
             ]
           },
@@ -26320,7 +26320,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_in", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.self_attn.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].self_attn.input", "why": ""},
               {"engine": "nnterp", "name": "attentions_input[{L}]", "why": ""}
             ]
           },
@@ -26332,7 +26332,7 @@ export const architectures: readonly Architecture[] = [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.q_norm.hook_in", "why": ""},
               {
                 "engine": "nnsight",
-                "name": "model.layers.{L}.self_attn.q_norm.input (per head: reshape the last axis to [heads, head_dim])",
+                "name": "model.layers[{L}].self_attn.q_norm.input (per head: reshape the last axis to [heads, head_dim])",
                 "why": ""
               },
               {
@@ -26350,7 +26350,7 @@ export const architectures: readonly Architecture[] = [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.q_norm.hook_out", "why": ""},
               {
                 "engine": "nnsight",
-                "name": "model.layers.{L}.self_attn.q_norm.output (per head: reshape the last axis to [heads, head_dim])",
+                "name": "model.layers[{L}].self_attn.q_norm.output (per head: reshape the last axis to [heads, head_dim])",
                 "why": ""
               },
               {
@@ -26368,7 +26368,7 @@ export const architectures: readonly Architecture[] = [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.k_norm.hook_in", "why": ""},
               {
                 "engine": "nnsight",
-                "name": "model.layers.{L}.self_attn.k_norm.input (per head: reshape the last axis to [heads, head_dim])",
+                "name": "model.layers[{L}].self_attn.k_norm.input (per head: reshape the last axis to [heads, head_dim])",
                 "why": ""
               },
               {
@@ -26386,7 +26386,7 @@ export const architectures: readonly Architecture[] = [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.k_norm.hook_out", "why": ""},
               {
                 "engine": "nnsight",
-                "name": "model.layers.{L}.self_attn.k_norm.output (per head: reshape the last axis to [heads, head_dim])",
+                "name": "model.layers[{L}].self_attn.k_norm.output (per head: reshape the last axis to [heads, head_dim])",
                 "why": ""
               },
               {
@@ -26490,7 +26490,7 @@ export const architectures: readonly Architecture[] = [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_z", "why": ""},
               {
                 "engine": "nnsight",
-                "name": "model.layers.{L}.self_attn.o_proj.input (per head: reshape the last axis to [heads, head_dim])",
+                "name": "model.layers[{L}].self_attn.o_proj.input (per head: reshape the last axis to [heads, head_dim])",
                 "why": ""
               },
               {
@@ -26506,7 +26506,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_out", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.self_attn.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].self_attn.output", "why": ""},
               {"engine": "nnterp", "name": "attentions_output[{L}]", "why": ""}
             ]
           },
@@ -26516,7 +26516,7 @@ export const architectures: readonly Architecture[] = [
             "how": "input of the pre-MLP norm",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_mid", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.post_attention_layernorm.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].post_attention_layernorm.input", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -26530,7 +26530,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_in", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.input", "why": ""},
               {"engine": "nnterp", "name": "mlps_input[{L}]", "why": ""}
             ]
           },
@@ -26598,7 +26598,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_out", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.output", "why": ""},
               {"engine": "nnterp", "name": "mlps_output[{L}]", "why": ""}
             ]
           },
@@ -26608,7 +26608,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_post", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].output", "why": ""},
               {"engine": "nnterp", "name": "layers_output[{L}]", "why": ""}
             ]
           },
@@ -26632,7 +26632,7 @@ export const architectures: readonly Architecture[] = [
                 "name": null,
                 "why": "lm_head has no TransformerLens hook: the bridge's forward returns the logits (no hook; unembed.hook_out is before logit scaling / softcap)."
               },
-              {"engine": "nnsight", "name": "output", "why": ""},
+              {"engine": "nnsight", "name": "output (the CausalLM output's .logits)", "why": ""},
               {"engine": "nnterp", "name": "logits", "why": ""}
             ]
           },
@@ -26734,7 +26734,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_pre", "why": ""},
-              {"engine": "nnsight", "name": "model.decoder.layers.{L}.input", "why": ""},
+              {"engine": "nnsight", "name": "model.decoder.layers[{L}].input", "why": ""},
               {"engine": "nnterp", "name": "layers_input[{L}]", "why": ""}
             ]
           },
@@ -26744,7 +26744,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_in", "why": ""},
-              {"engine": "nnsight", "name": "model.decoder.layers.{L}.self_attn.input", "why": ""},
+              {"engine": "nnsight", "name": "model.decoder.layers[{L}].self_attn.input", "why": ""},
               {"engine": "nnterp", "name": "attentions_input[{L}]", "why": ""}
             ]
           },
@@ -26846,7 +26846,7 @@ export const architectures: readonly Architecture[] = [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_z", "why": ""},
               {
                 "engine": "nnsight",
-                "name": "model.decoder.layers.{L}.self_attn.out_proj.input (per head: reshape the last axis to [heads, head_dim])",
+                "name": "model.decoder.layers[{L}].self_attn.out_proj.input (per head: reshape the last axis to [heads, head_dim])",
                 "why": ""
               },
               {
@@ -26862,7 +26862,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_out", "why": ""},
-              {"engine": "nnsight", "name": "model.decoder.layers.{L}.self_attn.output", "why": ""},
+              {"engine": "nnsight", "name": "model.decoder.layers[{L}].self_attn.output", "why": ""},
               {"engine": "nnterp", "name": "attentions_output[{L}]", "why": ""}
             ]
           },
@@ -26872,7 +26872,7 @@ export const architectures: readonly Architecture[] = [
             "how": "input of the pre-MLP norm",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_mid", "why": ""},
-              {"engine": "nnsight", "name": "model.decoder.layers.{L}.final_layer_norm.input", "why": ""},
+              {"engine": "nnsight", "name": "model.decoder.layers[{L}].final_layer_norm.input", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -26888,7 +26888,7 @@ export const architectures: readonly Architecture[] = [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_in", "why": ""},
               {
                 "engine": "nnsight",
-                "name": "model.decoder.layers.{L}.fc1.input (flattened to [batch*pos, d])",
+                "name": "model.decoder.layers[{L}].fc1.input (flattened to [batch*pos, d])",
                 "why": ""
               },
               {"engine": "nnterp", "name": "mlps_input[{L}]", "why": ""}
@@ -26900,7 +26900,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_pre", "why": ""},
-              {"engine": "nnsight", "name": "model.decoder.layers.{L}.fc1.output", "why": ""},
+              {"engine": "nnsight", "name": "model.decoder.layers[{L}].fc1.output", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -26914,7 +26914,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_post", "why": ""},
-              {"engine": "nnsight", "name": "model.decoder.layers.{L}.fc2.input", "why": ""},
+              {"engine": "nnsight", "name": "model.decoder.layers[{L}].fc2.input", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -26930,7 +26930,7 @@ export const architectures: readonly Architecture[] = [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_out", "why": ""},
               {
                 "engine": "nnsight",
-                "name": "model.decoder.layers.{L}.fc2.output (flattened to [batch*pos, d])",
+                "name": "model.decoder.layers[{L}].fc2.output (flattened to [batch*pos, d])",
                 "why": ""
               },
               {"engine": "nnterp", "name": "mlps_output[{L}]", "why": ""}
@@ -26942,7 +26942,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_post", "why": ""},
-              {"engine": "nnsight", "name": "model.decoder.layers.{L}.output", "why": ""},
+              {"engine": "nnsight", "name": "model.decoder.layers[{L}].output", "why": ""},
               {"engine": "nnterp", "name": "layers_output[{L}]", "why": ""}
             ]
           },
@@ -26966,7 +26966,7 @@ export const architectures: readonly Architecture[] = [
                 "name": null,
                 "why": "lm_head has no TransformerLens hook: the bridge's forward returns the logits (no hook; unembed.hook_out is before logit scaling / softcap)."
               },
-              {"engine": "nnsight", "name": "output", "why": ""},
+              {"engine": "nnsight", "name": "output (the CausalLM output's .logits)", "why": ""},
               {"engine": "nnterp", "name": "logits", "why": ""}
             ]
           },
@@ -27040,7 +27040,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_pre", "why": ""},
-              {"engine": "nnsight", "name": "model.decoder.layers.{L}.input", "why": ""},
+              {"engine": "nnsight", "name": "model.decoder.layers[{L}].input", "why": ""},
               {"engine": "nnterp", "name": "layers_input[{L}]", "why": ""}
             ]
           },
@@ -27050,7 +27050,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_in", "why": ""},
-              {"engine": "nnsight", "name": "model.decoder.layers.{L}.self_attn.input", "why": ""},
+              {"engine": "nnsight", "name": "model.decoder.layers[{L}].self_attn.input", "why": ""},
               {"engine": "nnterp", "name": "attentions_input[{L}]", "why": ""}
             ]
           },
@@ -27152,7 +27152,7 @@ export const architectures: readonly Architecture[] = [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_z", "why": ""},
               {
                 "engine": "nnsight",
-                "name": "model.decoder.layers.{L}.self_attn.out_proj.input (per head: reshape the last axis to [heads, head_dim])",
+                "name": "model.decoder.layers[{L}].self_attn.out_proj.input (per head: reshape the last axis to [heads, head_dim])",
                 "why": ""
               },
               {
@@ -27168,7 +27168,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_out", "why": ""},
-              {"engine": "nnsight", "name": "model.decoder.layers.{L}.self_attn.output", "why": ""},
+              {"engine": "nnsight", "name": "model.decoder.layers[{L}].self_attn.output", "why": ""},
               {"engine": "nnterp", "name": "attentions_output[{L}]", "why": ""}
             ]
           },
@@ -27178,7 +27178,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_mid", "why": ""},
-              {"engine": "nnsight", "name": "model.decoder.layers.{L}.self_attn_layer_norm.output", "why": ""},
+              {"engine": "nnsight", "name": "model.decoder.layers[{L}].self_attn_layer_norm.output", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -27194,7 +27194,7 @@ export const architectures: readonly Architecture[] = [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_in", "why": ""},
               {
                 "engine": "nnsight",
-                "name": "model.decoder.layers.{L}.fc1.input (flattened to [batch*pos, d])",
+                "name": "model.decoder.layers[{L}].fc1.input (flattened to [batch*pos, d])",
                 "why": ""
               },
               {"engine": "nnterp", "name": "mlps_input[{L}]", "why": ""}
@@ -27206,7 +27206,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_pre", "why": ""},
-              {"engine": "nnsight", "name": "model.decoder.layers.{L}.fc1.output", "why": ""},
+              {"engine": "nnsight", "name": "model.decoder.layers[{L}].fc1.output", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -27220,7 +27220,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_post", "why": ""},
-              {"engine": "nnsight", "name": "model.decoder.layers.{L}.fc2.input", "why": ""},
+              {"engine": "nnsight", "name": "model.decoder.layers[{L}].fc2.input", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -27236,7 +27236,7 @@ export const architectures: readonly Architecture[] = [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_out", "why": ""},
               {
                 "engine": "nnsight",
-                "name": "model.decoder.layers.{L}.fc2.output (flattened to [batch*pos, d])",
+                "name": "model.decoder.layers[{L}].fc2.output (flattened to [batch*pos, d])",
                 "why": ""
               },
               {"engine": "nnterp", "name": "mlps_output[{L}]", "why": ""}
@@ -27248,7 +27248,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_post", "why": ""},
-              {"engine": "nnsight", "name": "model.decoder.layers.{L}.output", "why": ""},
+              {"engine": "nnsight", "name": "model.decoder.layers[{L}].output", "why": ""},
               {"engine": "nnterp", "name": "layers_output[{L}]", "why": ""}
             ]
           },
@@ -27262,7 +27262,7 @@ export const architectures: readonly Architecture[] = [
                 "name": null,
                 "why": "lm_head has no TransformerLens hook: the bridge's forward returns the logits (no hook; unembed.hook_out is before logit scaling / softcap)."
               },
-              {"engine": "nnsight", "name": "output", "why": ""},
+              {"engine": "nnsight", "name": "output (the CausalLM output's .logits)", "why": ""},
               {"engine": "nnterp", "name": "logits", "why": ""}
             ]
           },
@@ -27355,7 +27355,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_pre", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].input", "why": ""},
               {"engine": "nnterp", "name": "layers_input[{L}]", "why": ""}
             ]
           },
@@ -27365,7 +27365,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_in", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.self_attn.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].self_attn.input", "why": ""},
               {"engine": "nnterp", "name": "attentions_input[{L}]", "why": ""}
             ]
           },
@@ -27463,7 +27463,7 @@ export const architectures: readonly Architecture[] = [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_z", "why": ""},
               {
                 "engine": "nnsight",
-                "name": "model.layers.{L}.self_attn.dense.input (per head: reshape the last axis to [heads, head_dim])",
+                "name": "model.layers[{L}].self_attn.dense.input (per head: reshape the last axis to [heads, head_dim])",
                 "why": ""
               },
               {
@@ -27479,7 +27479,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_out", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.self_attn.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].self_attn.output", "why": ""},
               {"engine": "nnterp", "name": "attentions_output[{L}]", "why": ""}
             ]
           },
@@ -27489,7 +27489,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_in", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.input", "why": ""},
               {"engine": "nnterp", "name": "mlps_input[{L}]", "why": ""}
             ]
           },
@@ -27499,7 +27499,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_pre", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.fc1.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.fc1.output", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -27513,7 +27513,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_post", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.fc2.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.fc2.input", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -27527,7 +27527,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_out", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.output", "why": ""},
               {"engine": "nnterp", "name": "mlps_output[{L}]", "why": ""}
             ]
           },
@@ -27537,7 +27537,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_post", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].output", "why": ""},
               {"engine": "nnterp", "name": "layers_output[{L}]", "why": ""}
             ]
           },
@@ -27561,7 +27561,7 @@ export const architectures: readonly Architecture[] = [
                 "name": null,
                 "why": "lm_head has no TransformerLens hook: the bridge's forward returns the logits (no hook; unembed.hook_out is before logit scaling / softcap)."
               },
-              {"engine": "nnsight", "name": "output", "why": ""},
+              {"engine": "nnsight", "name": "output (the CausalLM output's .logits)", "why": ""},
               {"engine": "nnterp", "name": "logits", "why": ""}
             ]
           },
@@ -27635,7 +27635,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_pre", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].input", "why": ""},
               {"engine": "nnterp", "name": "layers_input[{L}]", "why": ""}
             ]
           },
@@ -27645,7 +27645,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_in", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.self_attn.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].self_attn.input", "why": ""},
               {"engine": "nnterp", "name": "attentions_input[{L}]", "why": ""}
             ]
           },
@@ -27743,7 +27743,7 @@ export const architectures: readonly Architecture[] = [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_z", "why": ""},
               {
                 "engine": "nnsight",
-                "name": "model.layers.{L}.self_attn.dense.input (per head: reshape the last axis to [heads, head_dim])",
+                "name": "model.layers[{L}].self_attn.dense.input (per head: reshape the last axis to [heads, head_dim])",
                 "why": ""
               },
               {
@@ -27759,7 +27759,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_out", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.self_attn.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].self_attn.output", "why": ""},
               {"engine": "nnterp", "name": "attentions_output[{L}]", "why": ""}
             ]
           },
@@ -27769,7 +27769,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_in", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.input", "why": ""},
               {"engine": "nnterp", "name": "mlps_input[{L}]", "why": ""}
             ]
           },
@@ -27779,7 +27779,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_pre", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.fc1.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.fc1.output", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -27793,7 +27793,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_post", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.fc2.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.fc2.input", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -27807,7 +27807,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_out", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.output", "why": ""},
               {"engine": "nnterp", "name": "mlps_output[{L}]", "why": ""}
             ]
           },
@@ -27817,7 +27817,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_post", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].output", "why": ""},
               {"engine": "nnterp", "name": "layers_output[{L}]", "why": ""}
             ]
           },
@@ -27841,7 +27841,7 @@ export const architectures: readonly Architecture[] = [
                 "name": null,
                 "why": "lm_head has no TransformerLens hook: the bridge's forward returns the logits (no hook; unembed.hook_out is before logit scaling / softcap)."
               },
-              {"engine": "nnsight", "name": "output", "why": ""},
+              {"engine": "nnsight", "name": "output (the CausalLM output's .logits)", "why": ""},
               {"engine": "nnterp", "name": "logits", "why": ""}
             ]
           },
@@ -27936,7 +27936,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_pre", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].input", "why": ""},
               {"engine": "nnterp", "name": "layers_input[{L}]", "why": ""}
             ]
           },
@@ -27946,7 +27946,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_in", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.self_attn.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].self_attn.input", "why": ""},
               {"engine": "nnterp", "name": "attentions_input[{L}]", "why": ""}
             ]
           },
@@ -28044,7 +28044,7 @@ export const architectures: readonly Architecture[] = [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_z", "why": ""},
               {
                 "engine": "nnsight",
-                "name": "model.layers.{L}.self_attn.o_proj.input (per head: reshape the last axis to [heads, head_dim])",
+                "name": "model.layers[{L}].self_attn.o_proj.input (per head: reshape the last axis to [heads, head_dim])",
                 "why": ""
               },
               {
@@ -28060,7 +28060,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_out", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.self_attn.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].self_attn.output", "why": ""},
               {"engine": "nnterp", "name": "attentions_output[{L}]", "why": ""}
             ]
           },
@@ -28070,7 +28070,7 @@ export const architectures: readonly Architecture[] = [
             "how": "input of the pre-MLP norm",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_mid", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.post_attention_layernorm.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].post_attention_layernorm.input", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -28084,7 +28084,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_in", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.input", "why": ""},
               {"engine": "nnterp", "name": "mlps_input[{L}]", "why": ""}
             ]
           },
@@ -28130,7 +28130,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_post", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.down_proj.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.down_proj.input", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -28144,7 +28144,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_out", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.output", "why": ""},
               {"engine": "nnterp", "name": "mlps_output[{L}]", "why": ""}
             ]
           },
@@ -28154,7 +28154,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_post", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].output", "why": ""},
               {"engine": "nnterp", "name": "layers_output[{L}]", "why": ""}
             ]
           },
@@ -28178,7 +28178,7 @@ export const architectures: readonly Architecture[] = [
                 "name": null,
                 "why": "lm_head has no TransformerLens hook: the bridge's forward returns the logits (no hook; unembed.hook_out is before logit scaling / softcap)."
               },
-              {"engine": "nnsight", "name": "output", "why": ""},
+              {"engine": "nnsight", "name": "output (the CausalLM output's .logits)", "why": ""},
               {"engine": "nnterp", "name": "logits", "why": ""}
             ]
           },
@@ -28254,7 +28254,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_pre", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].input", "why": ""},
               {"engine": "nnterp", "name": "layers_input[{L}]", "why": ""}
             ]
           },
@@ -28264,7 +28264,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_in", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.self_attn.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].self_attn.input", "why": ""},
               {"engine": "nnterp", "name": "attentions_input[{L}]", "why": ""}
             ]
           },
@@ -28362,7 +28362,7 @@ export const architectures: readonly Architecture[] = [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_z", "why": ""},
               {
                 "engine": "nnsight",
-                "name": "model.layers.{L}.self_attn.o_proj.input (per head: reshape the last axis to [heads, head_dim])",
+                "name": "model.layers[{L}].self_attn.o_proj.input (per head: reshape the last axis to [heads, head_dim])",
                 "why": ""
               },
               {
@@ -28378,7 +28378,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_out", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.self_attn.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].self_attn.output", "why": ""},
               {"engine": "nnterp", "name": "attentions_output[{L}]", "why": ""}
             ]
           },
@@ -28388,7 +28388,7 @@ export const architectures: readonly Architecture[] = [
             "how": "input of the pre-MLP norm",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_mid", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.post_attention_layernorm.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].post_attention_layernorm.input", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -28402,7 +28402,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_in", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.input", "why": ""},
               {"engine": "nnterp", "name": "mlps_input[{L}]", "why": ""}
             ]
           },
@@ -28448,7 +28448,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_post", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.down_proj.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.down_proj.input", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -28462,7 +28462,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_out", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.output", "why": ""},
               {"engine": "nnterp", "name": "mlps_output[{L}]", "why": ""}
             ]
           },
@@ -28472,7 +28472,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_post", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].output", "why": ""},
               {"engine": "nnterp", "name": "layers_output[{L}]", "why": ""}
             ]
           },
@@ -28496,7 +28496,7 @@ export const architectures: readonly Architecture[] = [
                 "name": null,
                 "why": "lm_head has no TransformerLens hook: the bridge's forward returns the logits (no hook; unembed.hook_out is before logit scaling / softcap)."
               },
-              {"engine": "nnsight", "name": "output", "why": ""},
+              {"engine": "nnsight", "name": "output (the CausalLM output's .logits)", "why": ""},
               {"engine": "nnterp", "name": "logits", "why": ""}
             ]
           },
@@ -28572,7 +28572,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_pre", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].input", "why": ""},
               {"engine": "nnterp", "name": "layers_input[{L}]", "why": ""}
             ]
           },
@@ -28582,7 +28582,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_in", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.self_attn.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].self_attn.input", "why": ""},
               {"engine": "nnterp", "name": "attentions_input[{L}]", "why": ""}
             ]
           },
@@ -28680,7 +28680,7 @@ export const architectures: readonly Architecture[] = [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_z", "why": ""},
               {
                 "engine": "nnsight",
-                "name": "model.layers.{L}.self_attn.o_proj.input (per head: reshape the last axis to [heads, head_dim])",
+                "name": "model.layers[{L}].self_attn.o_proj.input (per head: reshape the last axis to [heads, head_dim])",
                 "why": ""
               },
               {
@@ -28696,7 +28696,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_out", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.self_attn.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].self_attn.output", "why": ""},
               {"engine": "nnterp", "name": "attentions_output[{L}]", "why": ""}
             ]
           },
@@ -28706,7 +28706,7 @@ export const architectures: readonly Architecture[] = [
             "how": "input of the pre-MLP norm",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_mid", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.post_attention_layernorm.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].post_attention_layernorm.input", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -28720,7 +28720,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_in", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.input", "why": ""},
               {"engine": "nnterp", "name": "mlps_input[{L}]", "why": ""}
             ]
           },
@@ -28766,7 +28766,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_post", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.down_proj.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.down_proj.input", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -28780,7 +28780,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_out", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.output", "why": ""},
               {"engine": "nnterp", "name": "mlps_output[{L}]", "why": ""}
             ]
           },
@@ -28790,7 +28790,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_post", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].output", "why": ""},
               {"engine": "nnterp", "name": "layers_output[{L}]", "why": ""}
             ]
           },
@@ -28814,7 +28814,7 @@ export const architectures: readonly Architecture[] = [
                 "name": null,
                 "why": "lm_head has no TransformerLens hook: the bridge's forward returns the logits (no hook; unembed.hook_out is before logit scaling / softcap)."
               },
-              {"engine": "nnsight", "name": "output", "why": ""},
+              {"engine": "nnsight", "name": "output (the CausalLM output's .logits)", "why": ""},
               {"engine": "nnterp", "name": "logits", "why": ""}
             ]
           },
@@ -28909,7 +28909,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_pre", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].input", "why": ""},
               {"engine": "nnterp", "name": "layers_input[{L}]", "why": ""}
             ]
           },
@@ -28919,7 +28919,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_in", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.self_attn.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].self_attn.input", "why": ""},
               {"engine": "nnterp", "name": "attentions_input[{L}]", "why": ""}
             ]
           },
@@ -29017,7 +29017,7 @@ export const architectures: readonly Architecture[] = [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_z", "why": ""},
               {
                 "engine": "nnsight",
-                "name": "model.layers.{L}.self_attn.o_proj.input (per head: reshape the last axis to [heads, head_dim])",
+                "name": "model.layers[{L}].self_attn.o_proj.input (per head: reshape the last axis to [heads, head_dim])",
                 "why": ""
               },
               {
@@ -29033,7 +29033,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_out", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.self_attn.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].self_attn.output", "why": ""},
               {"engine": "nnterp", "name": "attentions_output[{L}]", "why": ""}
             ]
           },
@@ -29043,7 +29043,7 @@ export const architectures: readonly Architecture[] = [
             "how": "input of the pre-MLP norm",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_mid", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.post_attention_layernorm.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].post_attention_layernorm.input", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -29057,7 +29057,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_in", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.input", "why": ""},
               {"engine": "nnterp", "name": "mlps_input[{L}]", "why": ""}
             ]
           },
@@ -29125,7 +29125,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_out", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.output", "why": ""},
               {"engine": "nnterp", "name": "mlps_output[{L}]", "why": ""}
             ]
           },
@@ -29135,7 +29135,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_post", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].output", "why": ""},
               {"engine": "nnterp", "name": "layers_output[{L}]", "why": ""}
             ]
           },
@@ -29159,7 +29159,7 @@ export const architectures: readonly Architecture[] = [
                 "name": null,
                 "why": "lm_head has no TransformerLens hook: the bridge's forward returns the logits (no hook; unembed.hook_out is before logit scaling / softcap)."
               },
-              {"engine": "nnsight", "name": "output", "why": ""},
+              {"engine": "nnsight", "name": "output (the CausalLM output's .logits)", "why": ""},
               {"engine": "nnterp", "name": "logits", "why": ""}
             ]
           },
@@ -29264,7 +29264,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_pre", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].input", "why": ""},
               {"engine": "nnterp", "name": "layers_input[{L}]", "why": ""}
             ]
           },
@@ -29274,7 +29274,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_in", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.self_attn.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].self_attn.input", "why": ""},
               {"engine": "nnterp", "name": "attentions_input[{L}]", "why": ""}
             ]
           },
@@ -29372,7 +29372,7 @@ export const architectures: readonly Architecture[] = [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_z", "why": ""},
               {
                 "engine": "nnsight",
-                "name": "model.layers.{L}.self_attn.o_proj.input (per head: reshape the last axis to [heads, head_dim])",
+                "name": "model.layers[{L}].self_attn.o_proj.input (per head: reshape the last axis to [heads, head_dim])",
                 "why": ""
               },
               {
@@ -29388,7 +29388,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_out", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.self_attn.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].self_attn.output", "why": ""},
               {"engine": "nnterp", "name": "attentions_output[{L}]", "why": ""}
             ]
           },
@@ -29398,7 +29398,7 @@ export const architectures: readonly Architecture[] = [
             "how": "input of the pre-MLP norm",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_mid", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.post_attention_layernorm.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].post_attention_layernorm.input", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -29412,7 +29412,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_in", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.input", "why": ""},
               {"engine": "nnterp", "name": "mlps_input[{L}]", "why": ""}
             ]
           },
@@ -29480,7 +29480,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_out", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.output", "why": ""},
               {"engine": "nnterp", "name": "mlps_output[{L}]", "why": ""}
             ]
           },
@@ -29490,7 +29490,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_post", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].output", "why": ""},
               {"engine": "nnterp", "name": "layers_output[{L}]", "why": ""}
             ]
           },
@@ -29514,7 +29514,7 @@ export const architectures: readonly Architecture[] = [
                 "name": null,
                 "why": "lm_head has no TransformerLens hook: the bridge's forward returns the logits (no hook; unembed.hook_out is before logit scaling / softcap)."
               },
-              {"engine": "nnsight", "name": "output", "why": ""},
+              {"engine": "nnsight", "name": "output (the CausalLM output's .logits)", "why": ""},
               {"engine": "nnterp", "name": "logits", "why": ""}
             ]
           },
@@ -29613,7 +29613,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_pre", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].input", "why": ""},
               {"engine": "nnterp", "name": "layers_input[{L}]", "why": ""}
             ]
           },
@@ -29623,7 +29623,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_in", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.self_attn.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].self_attn.input", "why": ""},
               {"engine": "nnterp", "name": "attentions_input[{L}]", "why": ""}
             ]
           },
@@ -29635,7 +29635,7 @@ export const architectures: readonly Architecture[] = [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.q_norm.hook_in", "why": ""},
               {
                 "engine": "nnsight",
-                "name": "model.layers.{L}.self_attn.q_norm.input (per head: reshape the last axis to [heads, head_dim])",
+                "name": "model.layers[{L}].self_attn.q_norm.input (per head: reshape the last axis to [heads, head_dim])",
                 "why": ""
               },
               {
@@ -29653,7 +29653,7 @@ export const architectures: readonly Architecture[] = [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.q_norm.hook_out", "why": ""},
               {
                 "engine": "nnsight",
-                "name": "model.layers.{L}.self_attn.q_norm.output (per head: reshape the last axis to [heads, head_dim])",
+                "name": "model.layers[{L}].self_attn.q_norm.output (per head: reshape the last axis to [heads, head_dim])",
                 "why": ""
               },
               {
@@ -29671,7 +29671,7 @@ export const architectures: readonly Architecture[] = [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.k_norm.hook_in", "why": ""},
               {
                 "engine": "nnsight",
-                "name": "model.layers.{L}.self_attn.k_norm.input (per head: reshape the last axis to [heads, head_dim])",
+                "name": "model.layers[{L}].self_attn.k_norm.input (per head: reshape the last axis to [heads, head_dim])",
                 "why": ""
               },
               {
@@ -29689,7 +29689,7 @@ export const architectures: readonly Architecture[] = [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.k_norm.hook_out", "why": ""},
               {
                 "engine": "nnsight",
-                "name": "model.layers.{L}.self_attn.k_norm.output (per head: reshape the last axis to [heads, head_dim])",
+                "name": "model.layers[{L}].self_attn.k_norm.output (per head: reshape the last axis to [heads, head_dim])",
                 "why": ""
               },
               {
@@ -29793,7 +29793,7 @@ export const architectures: readonly Architecture[] = [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_z", "why": ""},
               {
                 "engine": "nnsight",
-                "name": "model.layers.{L}.self_attn.o_proj.input (per head: reshape the last axis to [heads, head_dim])",
+                "name": "model.layers[{L}].self_attn.o_proj.input (per head: reshape the last axis to [heads, head_dim])",
                 "why": ""
               },
               {
@@ -29809,7 +29809,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_out", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.self_attn.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].self_attn.output", "why": ""},
               {"engine": "nnterp", "name": "attentions_output[{L}]", "why": ""}
             ]
           },
@@ -29819,7 +29819,7 @@ export const architectures: readonly Architecture[] = [
             "how": "input of the pre-MLP norm",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_mid", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.post_attention_layernorm.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].post_attention_layernorm.input", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -29833,7 +29833,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_in", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.input", "why": ""},
               {"engine": "nnterp", "name": "mlps_input[{L}]", "why": ""}
             ]
           },
@@ -29843,7 +29843,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_pre", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.gate_proj.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.gate_proj.output", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -29857,7 +29857,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_pre_linear", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.up_proj.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.up_proj.output", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -29871,7 +29871,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_post", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.down_proj.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.down_proj.input", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -29885,7 +29885,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_out", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.output", "why": ""},
               {"engine": "nnterp", "name": "mlps_output[{L}]", "why": ""}
             ]
           },
@@ -29895,7 +29895,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_post", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].output", "why": ""},
               {"engine": "nnterp", "name": "layers_output[{L}]", "why": ""}
             ]
           },
@@ -29919,7 +29919,7 @@ export const architectures: readonly Architecture[] = [
                 "name": null,
                 "why": "lm_head has no TransformerLens hook: the bridge's forward returns the logits (no hook; unembed.hook_out is before logit scaling / softcap)."
               },
-              {"engine": "nnsight", "name": "output", "why": ""},
+              {"engine": "nnsight", "name": "output (the CausalLM output's .logits)", "why": ""},
               {"engine": "nnterp", "name": "logits", "why": ""}
             ]
           },
@@ -29999,7 +29999,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_pre", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].input", "why": ""},
               {"engine": "nnterp", "name": "layers_input[{L}]", "why": ""}
             ]
           },
@@ -30009,7 +30009,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_in", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.self_attn.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].self_attn.input", "why": ""},
               {"engine": "nnterp", "name": "attentions_input[{L}]", "why": ""}
             ]
           },
@@ -30021,7 +30021,7 @@ export const architectures: readonly Architecture[] = [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.q_norm.hook_in", "why": ""},
               {
                 "engine": "nnsight",
-                "name": "model.layers.{L}.self_attn.q_norm.input (per head: reshape the last axis to [heads, head_dim])",
+                "name": "model.layers[{L}].self_attn.q_norm.input (per head: reshape the last axis to [heads, head_dim])",
                 "why": ""
               },
               {
@@ -30039,7 +30039,7 @@ export const architectures: readonly Architecture[] = [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.q_norm.hook_out", "why": ""},
               {
                 "engine": "nnsight",
-                "name": "model.layers.{L}.self_attn.q_norm.output (per head: reshape the last axis to [heads, head_dim])",
+                "name": "model.layers[{L}].self_attn.q_norm.output (per head: reshape the last axis to [heads, head_dim])",
                 "why": ""
               },
               {
@@ -30057,7 +30057,7 @@ export const architectures: readonly Architecture[] = [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.k_norm.hook_in", "why": ""},
               {
                 "engine": "nnsight",
-                "name": "model.layers.{L}.self_attn.k_norm.input (per head: reshape the last axis to [heads, head_dim])",
+                "name": "model.layers[{L}].self_attn.k_norm.input (per head: reshape the last axis to [heads, head_dim])",
                 "why": ""
               },
               {
@@ -30075,7 +30075,7 @@ export const architectures: readonly Architecture[] = [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.k_norm.hook_out", "why": ""},
               {
                 "engine": "nnsight",
-                "name": "model.layers.{L}.self_attn.k_norm.output (per head: reshape the last axis to [heads, head_dim])",
+                "name": "model.layers[{L}].self_attn.k_norm.output (per head: reshape the last axis to [heads, head_dim])",
                 "why": ""
               },
               {
@@ -30179,7 +30179,7 @@ export const architectures: readonly Architecture[] = [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_z", "why": ""},
               {
                 "engine": "nnsight",
-                "name": "model.layers.{L}.self_attn.o_proj.input (per head: reshape the last axis to [heads, head_dim])",
+                "name": "model.layers[{L}].self_attn.o_proj.input (per head: reshape the last axis to [heads, head_dim])",
                 "why": ""
               },
               {
@@ -30195,7 +30195,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_out", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.self_attn.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].self_attn.output", "why": ""},
               {"engine": "nnterp", "name": "attentions_output[{L}]", "why": ""}
             ]
           },
@@ -30205,7 +30205,7 @@ export const architectures: readonly Architecture[] = [
             "how": "input of the pre-MLP norm",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_mid", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.post_attention_layernorm.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].post_attention_layernorm.input", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -30219,7 +30219,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_in", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.input", "why": ""},
               {"engine": "nnterp", "name": "mlps_input[{L}]", "why": ""}
             ]
           },
@@ -30229,7 +30229,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_pre", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.gate_proj.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.gate_proj.output", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -30243,7 +30243,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_pre_linear", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.up_proj.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.up_proj.output", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -30257,7 +30257,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_post", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.down_proj.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.down_proj.input", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -30271,7 +30271,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_out", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.output", "why": ""},
               {"engine": "nnterp", "name": "mlps_output[{L}]", "why": ""}
             ]
           },
@@ -30281,7 +30281,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_post", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].output", "why": ""},
               {"engine": "nnterp", "name": "layers_output[{L}]", "why": ""}
             ]
           },
@@ -30305,7 +30305,7 @@ export const architectures: readonly Architecture[] = [
                 "name": null,
                 "why": "lm_head has no TransformerLens hook: the bridge's forward returns the logits (no hook; unembed.hook_out is before logit scaling / softcap)."
               },
-              {"engine": "nnsight", "name": "output", "why": ""},
+              {"engine": "nnsight", "name": "output (the CausalLM output's .logits)", "why": ""},
               {"engine": "nnterp", "name": "logits", "why": ""}
             ]
           },
@@ -30385,7 +30385,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_pre", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].input", "why": ""},
               {"engine": "nnterp", "name": "layers_input[{L}]", "why": ""}
             ]
           },
@@ -30395,7 +30395,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_in", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.self_attn.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].self_attn.input", "why": ""},
               {"engine": "nnterp", "name": "attentions_input[{L}]", "why": ""}
             ]
           },
@@ -30407,7 +30407,7 @@ export const architectures: readonly Architecture[] = [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.q_norm.hook_in", "why": ""},
               {
                 "engine": "nnsight",
-                "name": "model.layers.{L}.self_attn.q_norm.input (per head: reshape the last axis to [heads, head_dim])",
+                "name": "model.layers[{L}].self_attn.q_norm.input (per head: reshape the last axis to [heads, head_dim])",
                 "why": ""
               },
               {
@@ -30425,7 +30425,7 @@ export const architectures: readonly Architecture[] = [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.q_norm.hook_out", "why": ""},
               {
                 "engine": "nnsight",
-                "name": "model.layers.{L}.self_attn.q_norm.output (per head: reshape the last axis to [heads, head_dim])",
+                "name": "model.layers[{L}].self_attn.q_norm.output (per head: reshape the last axis to [heads, head_dim])",
                 "why": ""
               },
               {
@@ -30443,7 +30443,7 @@ export const architectures: readonly Architecture[] = [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.k_norm.hook_in", "why": ""},
               {
                 "engine": "nnsight",
-                "name": "model.layers.{L}.self_attn.k_norm.input (per head: reshape the last axis to [heads, head_dim])",
+                "name": "model.layers[{L}].self_attn.k_norm.input (per head: reshape the last axis to [heads, head_dim])",
                 "why": ""
               },
               {
@@ -30461,7 +30461,7 @@ export const architectures: readonly Architecture[] = [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.k_norm.hook_out", "why": ""},
               {
                 "engine": "nnsight",
-                "name": "model.layers.{L}.self_attn.k_norm.output (per head: reshape the last axis to [heads, head_dim])",
+                "name": "model.layers[{L}].self_attn.k_norm.output (per head: reshape the last axis to [heads, head_dim])",
                 "why": ""
               },
               {
@@ -30565,7 +30565,7 @@ export const architectures: readonly Architecture[] = [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_z", "why": ""},
               {
                 "engine": "nnsight",
-                "name": "model.layers.{L}.self_attn.o_proj.input (per head: reshape the last axis to [heads, head_dim])",
+                "name": "model.layers[{L}].self_attn.o_proj.input (per head: reshape the last axis to [heads, head_dim])",
                 "why": ""
               },
               {
@@ -30581,7 +30581,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_out", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.self_attn.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].self_attn.output", "why": ""},
               {"engine": "nnterp", "name": "attentions_output[{L}]", "why": ""}
             ]
           },
@@ -30591,7 +30591,7 @@ export const architectures: readonly Architecture[] = [
             "how": "input of the pre-MLP norm",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_mid", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.post_attention_layernorm.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].post_attention_layernorm.input", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -30605,7 +30605,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_in", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.input", "why": ""},
               {"engine": "nnterp", "name": "mlps_input[{L}]", "why": ""}
             ]
           },
@@ -30615,7 +30615,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_pre", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.gate_proj.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.gate_proj.output", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -30629,7 +30629,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_pre_linear", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.up_proj.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.up_proj.output", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -30643,7 +30643,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_post", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.down_proj.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.down_proj.input", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -30657,7 +30657,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_out", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.output", "why": ""},
               {"engine": "nnterp", "name": "mlps_output[{L}]", "why": ""}
             ]
           },
@@ -30667,7 +30667,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_post", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].output", "why": ""},
               {"engine": "nnterp", "name": "layers_output[{L}]", "why": ""}
             ]
           },
@@ -30691,7 +30691,7 @@ export const architectures: readonly Architecture[] = [
                 "name": null,
                 "why": "lm_head has no TransformerLens hook: the bridge's forward returns the logits (no hook; unembed.hook_out is before logit scaling / softcap)."
               },
-              {"engine": "nnsight", "name": "output", "why": ""},
+              {"engine": "nnsight", "name": "output (the CausalLM output's .logits)", "why": ""},
               {"engine": "nnterp", "name": "logits", "why": ""}
             ]
           },
@@ -30771,7 +30771,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_pre", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].input", "why": ""},
               {"engine": "nnterp", "name": "layers_input[{L}]", "why": ""}
             ]
           },
@@ -30781,7 +30781,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_in", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.self_attn.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].self_attn.input", "why": ""},
               {"engine": "nnterp", "name": "attentions_input[{L}]", "why": ""}
             ]
           },
@@ -30793,7 +30793,7 @@ export const architectures: readonly Architecture[] = [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.q_norm.hook_in", "why": ""},
               {
                 "engine": "nnsight",
-                "name": "model.layers.{L}.self_attn.q_norm.input (per head: reshape the last axis to [heads, head_dim])",
+                "name": "model.layers[{L}].self_attn.q_norm.input (per head: reshape the last axis to [heads, head_dim])",
                 "why": ""
               },
               {
@@ -30811,7 +30811,7 @@ export const architectures: readonly Architecture[] = [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.q_norm.hook_out", "why": ""},
               {
                 "engine": "nnsight",
-                "name": "model.layers.{L}.self_attn.q_norm.output (per head: reshape the last axis to [heads, head_dim])",
+                "name": "model.layers[{L}].self_attn.q_norm.output (per head: reshape the last axis to [heads, head_dim])",
                 "why": ""
               },
               {
@@ -30829,7 +30829,7 @@ export const architectures: readonly Architecture[] = [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.k_norm.hook_in", "why": ""},
               {
                 "engine": "nnsight",
-                "name": "model.layers.{L}.self_attn.k_norm.input (per head: reshape the last axis to [heads, head_dim])",
+                "name": "model.layers[{L}].self_attn.k_norm.input (per head: reshape the last axis to [heads, head_dim])",
                 "why": ""
               },
               {
@@ -30847,7 +30847,7 @@ export const architectures: readonly Architecture[] = [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.k_norm.hook_out", "why": ""},
               {
                 "engine": "nnsight",
-                "name": "model.layers.{L}.self_attn.k_norm.output (per head: reshape the last axis to [heads, head_dim])",
+                "name": "model.layers[{L}].self_attn.k_norm.output (per head: reshape the last axis to [heads, head_dim])",
                 "why": ""
               },
               {
@@ -30951,7 +30951,7 @@ export const architectures: readonly Architecture[] = [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_z", "why": ""},
               {
                 "engine": "nnsight",
-                "name": "model.layers.{L}.self_attn.o_proj.input (per head: reshape the last axis to [heads, head_dim])",
+                "name": "model.layers[{L}].self_attn.o_proj.input (per head: reshape the last axis to [heads, head_dim])",
                 "why": ""
               },
               {
@@ -30967,7 +30967,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_out", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.self_attn.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].self_attn.output", "why": ""},
               {"engine": "nnterp", "name": "attentions_output[{L}]", "why": ""}
             ]
           },
@@ -30977,7 +30977,7 @@ export const architectures: readonly Architecture[] = [
             "how": "input of the pre-MLP norm",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_mid", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.post_attention_layernorm.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].post_attention_layernorm.input", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -30991,7 +30991,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_in", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.input", "why": ""},
               {"engine": "nnterp", "name": "mlps_input[{L}]", "why": ""}
             ]
           },
@@ -31001,7 +31001,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_pre", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.gate_proj.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.gate_proj.output", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -31015,7 +31015,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_pre_linear", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.up_proj.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.up_proj.output", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -31029,7 +31029,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_post", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.down_proj.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.down_proj.input", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -31043,7 +31043,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_out", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.output", "why": ""},
               {"engine": "nnterp", "name": "mlps_output[{L}]", "why": ""}
             ]
           },
@@ -31053,7 +31053,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_post", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].output", "why": ""},
               {"engine": "nnterp", "name": "layers_output[{L}]", "why": ""}
             ]
           },
@@ -31077,7 +31077,7 @@ export const architectures: readonly Architecture[] = [
                 "name": null,
                 "why": "lm_head has no TransformerLens hook: the bridge's forward returns the logits (no hook; unembed.hook_out is before logit scaling / softcap)."
               },
-              {"engine": "nnsight", "name": "output", "why": ""},
+              {"engine": "nnsight", "name": "output (the CausalLM output's .logits)", "why": ""},
               {"engine": "nnterp", "name": "logits", "why": ""}
             ]
           },
@@ -31176,7 +31176,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_pre", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].input", "why": ""},
               {"engine": "nnterp", "name": "layers_input[{L}]", "why": ""}
             ]
           },
@@ -31186,7 +31186,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_in", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.self_attn.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].self_attn.input", "why": ""},
               {"engine": "nnterp", "name": "attentions_input[{L}]", "why": ""}
             ]
           },
@@ -31198,7 +31198,7 @@ export const architectures: readonly Architecture[] = [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.q_norm.hook_in", "why": ""},
               {
                 "engine": "nnsight",
-                "name": "model.layers.{L}.self_attn.q_norm.input (per head: reshape the last axis to [heads, head_dim])",
+                "name": "model.layers[{L}].self_attn.q_norm.input (per head: reshape the last axis to [heads, head_dim])",
                 "why": ""
               },
               {
@@ -31216,7 +31216,7 @@ export const architectures: readonly Architecture[] = [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.q_norm.hook_out", "why": ""},
               {
                 "engine": "nnsight",
-                "name": "model.layers.{L}.self_attn.q_norm.output (per head: reshape the last axis to [heads, head_dim])",
+                "name": "model.layers[{L}].self_attn.q_norm.output (per head: reshape the last axis to [heads, head_dim])",
                 "why": ""
               },
               {
@@ -31234,7 +31234,7 @@ export const architectures: readonly Architecture[] = [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.k_norm.hook_in", "why": ""},
               {
                 "engine": "nnsight",
-                "name": "model.layers.{L}.self_attn.k_norm.input (per head: reshape the last axis to [heads, head_dim])",
+                "name": "model.layers[{L}].self_attn.k_norm.input (per head: reshape the last axis to [heads, head_dim])",
                 "why": ""
               },
               {
@@ -31252,7 +31252,7 @@ export const architectures: readonly Architecture[] = [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.k_norm.hook_out", "why": ""},
               {
                 "engine": "nnsight",
-                "name": "model.layers.{L}.self_attn.k_norm.output (per head: reshape the last axis to [heads, head_dim])",
+                "name": "model.layers[{L}].self_attn.k_norm.output (per head: reshape the last axis to [heads, head_dim])",
                 "why": ""
               },
               {
@@ -31356,7 +31356,7 @@ export const architectures: readonly Architecture[] = [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_z", "why": ""},
               {
                 "engine": "nnsight",
-                "name": "model.layers.{L}.self_attn.o_proj.input (per head: reshape the last axis to [heads, head_dim])",
+                "name": "model.layers[{L}].self_attn.o_proj.input (per head: reshape the last axis to [heads, head_dim])",
                 "why": ""
               },
               {
@@ -31372,7 +31372,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_out", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.self_attn.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].self_attn.output", "why": ""},
               {"engine": "nnterp", "name": "attentions_output[{L}]", "why": ""}
             ]
           },
@@ -31382,7 +31382,7 @@ export const architectures: readonly Architecture[] = [
             "how": "input of the pre-MLP norm",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_mid", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.post_attention_layernorm.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].post_attention_layernorm.input", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -31396,7 +31396,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_in", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.input", "why": ""},
               {"engine": "nnterp", "name": "mlps_input[{L}]", "why": ""}
             ]
           },
@@ -31464,7 +31464,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_out", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.output", "why": ""},
               {"engine": "nnterp", "name": "mlps_output[{L}]", "why": ""}
             ]
           },
@@ -31474,7 +31474,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_post", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].output", "why": ""},
               {"engine": "nnterp", "name": "layers_output[{L}]", "why": ""}
             ]
           },
@@ -31498,7 +31498,7 @@ export const architectures: readonly Architecture[] = [
                 "name": null,
                 "why": "lm_head has no TransformerLens hook: the bridge's forward returns the logits (no hook; unembed.hook_out is before logit scaling / softcap)."
               },
-              {"engine": "nnsight", "name": "output", "why": ""},
+              {"engine": "nnsight", "name": "output (the CausalLM output's .logits)", "why": ""},
               {"engine": "nnterp", "name": "logits", "why": ""}
             ]
           },
@@ -31609,7 +31609,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_pre", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].input", "why": ""},
               {"engine": "nnterp", "name": "layers_input[{L}]", "why": ""}
             ]
           },
@@ -31619,7 +31619,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.linear_attn.hook_in", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.self_attn.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].self_attn.input", "why": ""},
               {"engine": "nnterp", "name": "attentions_input[{L}]", "why": ""}
             ]
           },
@@ -31631,7 +31631,7 @@ export const architectures: readonly Architecture[] = [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.q_norm.hook_in", "why": ""},
               {
                 "engine": "nnsight",
-                "name": "model.layers.{L}.self_attn.q_norm.input (per head: reshape the last axis to [heads, head_dim])",
+                "name": "model.layers[{L}].self_attn.q_norm.input (per head: reshape the last axis to [heads, head_dim])",
                 "why": ""
               },
               {
@@ -31649,7 +31649,7 @@ export const architectures: readonly Architecture[] = [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.q_norm.hook_out", "why": ""},
               {
                 "engine": "nnsight",
-                "name": "model.layers.{L}.self_attn.q_norm.output (per head: reshape the last axis to [heads, head_dim])",
+                "name": "model.layers[{L}].self_attn.q_norm.output (per head: reshape the last axis to [heads, head_dim])",
                 "why": ""
               },
               {
@@ -31667,7 +31667,7 @@ export const architectures: readonly Architecture[] = [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.k_norm.hook_in", "why": ""},
               {
                 "engine": "nnsight",
-                "name": "model.layers.{L}.self_attn.k_norm.input (per head: reshape the last axis to [heads, head_dim])",
+                "name": "model.layers[{L}].self_attn.k_norm.input (per head: reshape the last axis to [heads, head_dim])",
                 "why": ""
               },
               {
@@ -31685,7 +31685,7 @@ export const architectures: readonly Architecture[] = [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.k_norm.hook_out", "why": ""},
               {
                 "engine": "nnsight",
-                "name": "model.layers.{L}.self_attn.k_norm.output (per head: reshape the last axis to [heads, head_dim])",
+                "name": "model.layers[{L}].self_attn.k_norm.output (per head: reshape the last axis to [heads, head_dim])",
                 "why": ""
               },
               {
@@ -31793,7 +31793,7 @@ export const architectures: readonly Architecture[] = [
               },
               {
                 "engine": "nnsight",
-                "name": "model.layers.{L}.self_attn.o_proj.input (per head: reshape the last axis to [heads, head_dim])",
+                "name": "model.layers[{L}].self_attn.o_proj.input (per head: reshape the last axis to [heads, head_dim])",
                 "why": ""
               },
               {
@@ -31831,7 +31831,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.linear_attn.hook_out", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.self_attn.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].self_attn.output", "why": ""},
               {"engine": "nnterp", "name": "attentions_output[{L}]", "why": ""}
             ]
           },
@@ -31841,7 +31841,7 @@ export const architectures: readonly Architecture[] = [
             "how": "input of the pre-MLP norm",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_mid", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.post_attention_layernorm.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].post_attention_layernorm.input", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -31855,7 +31855,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_in", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.input", "why": ""},
               {"engine": "nnterp", "name": "mlps_input[{L}]", "why": ""}
             ]
           },
@@ -31923,7 +31923,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_out", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.output", "why": ""},
               {"engine": "nnterp", "name": "mlps_output[{L}]", "why": ""}
             ]
           },
@@ -31933,7 +31933,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_post", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].output", "why": ""},
               {"engine": "nnterp", "name": "layers_output[{L}]", "why": ""}
             ]
           },
@@ -31957,7 +31957,7 @@ export const architectures: readonly Architecture[] = [
                 "name": null,
                 "why": "lm_head has no TransformerLens hook: the bridge's forward returns the logits (no hook; unembed.hook_out is before logit scaling / softcap)."
               },
-              {"engine": "nnsight", "name": "output", "why": ""},
+              {"engine": "nnsight", "name": "output (the CausalLM output's .logits)", "why": ""},
               {"engine": "nnterp", "name": "logits", "why": ""}
             ]
           },
@@ -32052,7 +32052,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_pre", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].input", "why": ""},
               {"engine": "nnterp", "name": "layers_input[{L}]", "why": ""}
             ]
           },
@@ -32062,7 +32062,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_in", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.self_attn.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].self_attn.input", "why": ""},
               {"engine": "nnterp", "name": "attentions_input[{L}]", "why": ""}
             ]
           },
@@ -32160,7 +32160,7 @@ export const architectures: readonly Architecture[] = [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_z", "why": ""},
               {
                 "engine": "nnsight",
-                "name": "model.layers.{L}.self_attn.o_proj.input (per head: reshape the last axis to [heads, head_dim])",
+                "name": "model.layers[{L}].self_attn.o_proj.input (per head: reshape the last axis to [heads, head_dim])",
                 "why": ""
               },
               {
@@ -32176,7 +32176,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_out", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.self_attn.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].self_attn.output", "why": ""},
               {"engine": "nnterp", "name": "attentions_output[{L}]", "why": ""}
             ]
           },
@@ -32186,7 +32186,7 @@ export const architectures: readonly Architecture[] = [
             "how": "input of the pre-MLP norm",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_mid", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.post_attention_layernorm.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].post_attention_layernorm.input", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -32200,7 +32200,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_in", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.input", "why": ""},
               {"engine": "nnterp", "name": "mlps_input[{L}]", "why": ""}
             ]
           },
@@ -32210,7 +32210,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_pre", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.gate_proj.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.gate_proj.output", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -32224,7 +32224,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_pre_linear", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.up_proj.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.up_proj.output", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -32238,7 +32238,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_post", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.down_proj.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.down_proj.input", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -32252,7 +32252,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_out", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.output", "why": ""},
               {"engine": "nnterp", "name": "mlps_output[{L}]", "why": ""}
             ]
           },
@@ -32262,7 +32262,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_post", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].output", "why": ""},
               {"engine": "nnterp", "name": "layers_output[{L}]", "why": ""}
             ]
           },
@@ -32286,7 +32286,7 @@ export const architectures: readonly Architecture[] = [
                 "name": null,
                 "why": "lm_head has no TransformerLens hook: the bridge's forward returns the logits (no hook; unembed.hook_out is before logit scaling / softcap)."
               },
-              {"engine": "nnsight", "name": "output", "why": ""},
+              {"engine": "nnsight", "name": "output (the CausalLM output's .logits)", "why": ""},
               {"engine": "nnterp", "name": "logits", "why": ""}
             ]
           },
@@ -32365,7 +32365,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_pre", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].input", "why": ""},
               {"engine": "nnterp", "name": "layers_input[{L}]", "why": ""}
             ]
           },
@@ -32375,7 +32375,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_in", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.self_attn.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].self_attn.input", "why": ""},
               {"engine": "nnterp", "name": "attentions_input[{L}]", "why": ""}
             ]
           },
@@ -32387,7 +32387,7 @@ export const architectures: readonly Architecture[] = [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.q_norm.hook_in", "why": ""},
               {
                 "engine": "nnsight",
-                "name": "model.layers.{L}.self_attn.q_layernorm.input (per head: reshape the last axis to [heads, head_dim])",
+                "name": "model.layers[{L}].self_attn.q_layernorm.input (per head: reshape the last axis to [heads, head_dim])",
                 "why": ""
               },
               {
@@ -32405,7 +32405,7 @@ export const architectures: readonly Architecture[] = [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.q_norm.hook_out", "why": ""},
               {
                 "engine": "nnsight",
-                "name": "model.layers.{L}.self_attn.q_layernorm.output (per head: reshape the last axis to [heads, head_dim])",
+                "name": "model.layers[{L}].self_attn.q_layernorm.output (per head: reshape the last axis to [heads, head_dim])",
                 "why": ""
               },
               {
@@ -32423,7 +32423,7 @@ export const architectures: readonly Architecture[] = [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.k_norm.hook_in", "why": ""},
               {
                 "engine": "nnsight",
-                "name": "model.layers.{L}.self_attn.k_layernorm.input (per head: reshape the last axis to [heads, head_dim])",
+                "name": "model.layers[{L}].self_attn.k_layernorm.input (per head: reshape the last axis to [heads, head_dim])",
                 "why": ""
               },
               {
@@ -32441,7 +32441,7 @@ export const architectures: readonly Architecture[] = [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.k_norm.hook_out", "why": ""},
               {
                 "engine": "nnsight",
-                "name": "model.layers.{L}.self_attn.k_layernorm.output (per head: reshape the last axis to [heads, head_dim])",
+                "name": "model.layers[{L}].self_attn.k_layernorm.output (per head: reshape the last axis to [heads, head_dim])",
                 "why": ""
               },
               {
@@ -32545,7 +32545,7 @@ export const architectures: readonly Architecture[] = [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_z", "why": ""},
               {
                 "engine": "nnsight",
-                "name": "model.layers.{L}.self_attn.o_proj.input (per head: reshape the last axis to [heads, head_dim])",
+                "name": "model.layers[{L}].self_attn.o_proj.input (per head: reshape the last axis to [heads, head_dim])",
                 "why": ""
               },
               {
@@ -32561,7 +32561,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_out", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.self_attn.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].self_attn.output", "why": ""},
               {"engine": "nnterp", "name": "attentions_output[{L}]", "why": ""}
             ]
           },
@@ -32571,7 +32571,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_in", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.input", "why": ""},
               {"engine": "nnterp", "name": "mlps_input[{L}]", "why": ""}
             ]
           },
@@ -32581,7 +32581,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_pre", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.gate_proj.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.gate_proj.output", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -32595,7 +32595,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_pre_linear", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.up_proj.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.up_proj.output", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -32609,7 +32609,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_post", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.down_proj.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.down_proj.input", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -32623,7 +32623,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_out", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.output", "why": ""},
               {"engine": "nnterp", "name": "mlps_output[{L}]", "why": ""}
             ]
           },
@@ -32633,7 +32633,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_post", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].output", "why": ""},
               {"engine": "nnterp", "name": "layers_output[{L}]", "why": ""}
             ]
           },
@@ -32657,7 +32657,7 @@ export const architectures: readonly Architecture[] = [
                 "name": null,
                 "why": "lm_head has no TransformerLens hook: the bridge's forward returns the logits (no hook; unembed.hook_out is before logit scaling / softcap)."
               },
-              {"engine": "nnsight", "name": "output", "why": ""},
+              {"engine": "nnsight", "name": "output (the CausalLM output's .logits)", "why": ""},
               {"engine": "nnterp", "name": "logits", "why": ""}
             ]
           },
@@ -32751,7 +32751,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_pre", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].input", "why": ""},
               {"engine": "nnterp", "name": "layers_input[{L}]", "why": ""}
             ]
           },
@@ -32761,7 +32761,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_in", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.self_attn.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].self_attn.input", "why": ""},
               {"engine": "nnterp", "name": "attentions_input[{L}]", "why": ""}
             ]
           },
@@ -32859,7 +32859,7 @@ export const architectures: readonly Architecture[] = [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_z", "why": ""},
               {
                 "engine": "nnsight",
-                "name": "model.layers.{L}.self_attn.o_proj.input (per head: reshape the last axis to [heads, head_dim])",
+                "name": "model.layers[{L}].self_attn.o_proj.input (per head: reshape the last axis to [heads, head_dim])",
                 "why": ""
               },
               {
@@ -32875,7 +32875,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_out", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.self_attn.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].self_attn.output", "why": ""},
               {"engine": "nnterp", "name": "attentions_output[{L}]", "why": ""}
             ]
           },
@@ -32885,7 +32885,7 @@ export const architectures: readonly Architecture[] = [
             "how": "input of the pre-MLP norm",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_mid", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.post_attention_layernorm.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].post_attention_layernorm.input", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -32899,7 +32899,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_in", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.input", "why": ""},
               {"engine": "nnterp", "name": "mlps_input[{L}]", "why": ""}
             ]
           },
@@ -32909,7 +32909,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_pre", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.c_fc.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.c_fc.output", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -32923,7 +32923,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_post", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.c_proj.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.c_proj.input", "why": ""},
               {
                 "engine": "nnterp",
                 "name": null,
@@ -32937,7 +32937,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_out", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.mlp.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mlp.output", "why": ""},
               {"engine": "nnterp", "name": "mlps_output[{L}]", "why": ""}
             ]
           },
@@ -32947,7 +32947,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_post", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].output", "why": ""},
               {"engine": "nnterp", "name": "layers_output[{L}]", "why": ""}
             ]
           },
@@ -32971,7 +32971,7 @@ export const architectures: readonly Architecture[] = [
                 "name": null,
                 "why": "lm_head has no TransformerLens hook: the bridge's forward returns the logits (no hook; unembed.hook_out is before logit scaling / softcap)."
               },
-              {"engine": "nnsight", "name": "output", "why": ""},
+              {"engine": "nnsight", "name": "output (the CausalLM output's .logits)", "why": ""},
               {"engine": "nnterp", "name": "logits", "why": ""}
             ]
           },
@@ -33085,7 +33085,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_pre", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].input", "why": ""},
               {"engine": "nnterp", "name": "layers_input[{L}]", "why": ""}
             ]
           },
@@ -33095,7 +33095,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mamba.hook_in", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.shared_transformer.self_attn.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].shared_transformer.self_attn.input", "why": ""},
               {"engine": "nnterp", "name": "attentions_input[{L}]", "why": ""}
             ]
           },
@@ -33193,7 +33193,7 @@ export const architectures: readonly Architecture[] = [
               {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_z", "why": ""},
               {
                 "engine": "nnsight",
-                "name": "model.layers.{L}.shared_transformer.self_attn.o_proj.input (per head: reshape the last axis to [heads, head_dim])",
+                "name": "model.layers[{L}].shared_transformer.self_attn.o_proj.input (per head: reshape the last axis to [heads, head_dim])",
                 "why": ""
               },
               {
@@ -33209,7 +33209,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mamba.hook_out", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.shared_transformer.self_attn.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].shared_transformer.self_attn.output", "why": ""},
               {"engine": "nnterp", "name": "attentions_output[{L}]", "why": ""}
             ]
           },
@@ -33219,7 +33219,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_in", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.shared_transformer.feed_forward.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].shared_transformer.feed_forward.input", "why": ""},
               {"engine": "nnterp", "name": "mlps_input[{L}]", "why": ""}
             ]
           },
@@ -33231,7 +33231,7 @@ export const architectures: readonly Architecture[] = [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_post", "why": ""},
               {
                 "engine": "nnsight",
-                "name": "model.layers.{L}.shared_transformer.feed_forward.down_proj.input",
+                "name": "model.layers[{L}].shared_transformer.feed_forward.down_proj.input",
                 "why": ""
               },
               {
@@ -33247,7 +33247,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_out", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.shared_transformer.feed_forward.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].shared_transformer.feed_forward.output", "why": ""},
               {"engine": "nnterp", "name": "mlps_output[{L}]", "why": ""}
             ]
           },
@@ -33257,7 +33257,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.hook_resid_post", "why": ""},
-              {"engine": "nnsight", "name": "model.layers.{L}.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].output", "why": ""},
               {"engine": "nnterp", "name": "layers_output[{L}]", "why": ""}
             ]
           },
@@ -33281,7 +33281,7 @@ export const architectures: readonly Architecture[] = [
                 "name": null,
                 "why": "lm_head has no TransformerLens hook: the bridge's forward returns the logits (no hook; unembed.hook_out is before logit scaling / softcap)."
               },
-              {"engine": "nnsight", "name": "output", "why": ""},
+              {"engine": "nnsight", "name": "output (the CausalLM output's .logits)", "why": ""},
               {"engine": "nnterp", "name": "logits", "why": ""}
             ]
           },

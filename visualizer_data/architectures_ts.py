@@ -131,7 +131,7 @@ def _layout(m) -> dict:
             "residualMultiplier": lay.residual_multiplier, "logits": list(lay.logits)}
 
 
-def _equivalents(m, point: str, layer: int | None, layers_path: str) -> list[dict]:
+def _equivalents(m, point: str, layer: int | None) -> list[dict]:
     """The mappers' names for `point` at `layer`, with the layer written back as `{L}`."""
     from engine import mappers
     from engine.address import Address
@@ -145,15 +145,13 @@ def _equivalents(m, point: str, layer: int | None, layers_path: str) -> list[dic
         except AddressError as e:
             out.append({"engine": engine, "name": None, "why": str(e)})
             continue
-        if layer is None:
-            name = str(got)
-        elif engine == "transformerLens":
-            name = re.sub(rf"^blocks\.{layer}\.", "blocks.{L}.", got)
-        elif engine == "nnsight":
-            name = ".".join(x for x in (_generic(got.module, layers_path), got.event) if x)
-            name += f" ({got.note})" if got.note else ""
-        else:
-            name = re.sub(rf"\[{layer}\]", "[{L}]", got)
+        name = str(got)
+        if layer is not None and engine == "transformerLens":
+            name = re.sub(rf"^blocks\.{layer}\.", "blocks.{L}.", name)
+        elif layer is not None:  # nnsight envoys and nnterp accessors index the layer first: layers[3]...
+            name = re.sub(rf"\[{layer}\]", "[{L}]", name, count=1)
+        if engine == "nnsight" and got.note:
+            name += f" ({got.note})"
         out.append({"engine": engine, "name": name, "why": ""})
     return out
 
@@ -192,7 +190,7 @@ def inspect_model(name: str) -> dict:
             out["sources"].append({"point": p.name, "module": where,
                                    "how": _HOW.get(site.kind, site.kind) + (" (recomputed)" if site.how == "recompute"
                                                                             and site.kind != "hc_collapse" else ""),
-                                   "equivalents": _equivalents(m, p.name, layer, fam.layers)})
+                                   "equivalents": _equivalents(m, p.name, layer)})
     except Exception as e:  # one broken twin is reported in the data, not a crash of the build
         out["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
     return out

@@ -153,7 +153,7 @@ function renderFamily(name: string): void {
 famSection.append(h("p", {}, `${architectures.length} families. Pick one, then one of its models (zoo twins of named checkpoints); ` +
   "module paths and names are read from the engine's resolver and mappers on that twin, {L} standing for the layer."),
   h("div", { class: "filters" },
-    select("family-select", "Family", architectures.map((a) => [a.family, `${a.family} (${a.models.length} models)`]), renderFamily),
+    select("family-select", "Family", architectures.map((a) => [a.family, `${a.family} (${a.models.length} model${a.models.length === 1 ? "" : "s"})`]), renderFamily),
     modelSlot),
   famBody);
 main.append(famSection);
