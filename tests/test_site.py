@@ -174,6 +174,12 @@ def _check_validation(b):
     assert _visible(b, f"#matrix td[data-col='{first}']") == 0
     b.press(" ")
     assert _visible(b, "#matrix td[data-verdict]") == len(cells)
+    # a cell opens from the keyboard: focus its link, Enter
+    b.js("document.querySelector('#matrix td[data-verdict] a').focus()")
+    b.press("Enter")
+    first_cell = b.js("document.querySelector('#matrix td[data-verdict] a').title").split(":")[0]
+    assert b.js("document.querySelector('#detail .cell-title').textContent").startswith(first_cell.split(" × ")[0])
+    assert b.js("document.querySelectorAll('#matrix td.selected').length") == 1
     # a cell's detail: worst rows and declared causes as in the data
     cell = next(c for c in cells if c["causes"] and c["worst"] and not c["variant"])
     b.js(f"location.hash = '#cell=' + encodeURIComponent({json.dumps(cell['model'])}) + '|' + "
