@@ -59,6 +59,72 @@ def test_architecture_layers_come_from_the_engine():
     assert src["final_norm"]["module"] == m.family.final_norm
 
 
+def test_architecture_layout_and_other_engines_names_come_from_the_engine():
+    """Per model: the block layout is the model's own, and each TransformerLens / nnterp / nnsight name,
+    with {L} filled in at ANY layer (not only the one it was read at), is what engine.mappers gives there."""
+    from engine import mappers
+    from engine.errors import AddressError
+    from engine.loading import load_model
+    entry = architectures_ts.inspect_model("EleutherAI/pythia-70m-deduped")
+    assert entry["error"] is None
+    m = load_model(entry["name"], source="zoo")
+    lay = m.block_layout()
+    assert entry["layout"]["kind"] == lay.kind and entry["layout"]["streams"] == lay.streams
+    assert [x for xs in entry["layout"]["mixerLayers"] for x in xs] == sorted(range(m.n_layers))
+    last = m.n_layers - 1
+    checked = 0
+    for src in entry["sources"]:
+        layer = None if m.point_layers(src["point"])[0] == -1 else last
+        addr = src["point"] if layer is None else f"{src['point']}.{layer}"
+        eq = {e["engine"]: e for e in src["equivalents"]}
+        assert sorted(eq) == ["nnsight", "nnterp", "transformerLens"]
+        for name, fn in (("transformerLens", mappers.to_tl), ("nnterp", mappers.to_nnterp)):
+            try:
+                want = str(fn(m, addr))
+            except AddressError as e:
+                assert eq[name]["name"] is None and eq[name]["why"] == str(e)
+                continue
+            assert eq[name]["name"].replace("{L}", str(layer)) == want and eq[name]["why"] == ""
+            checked += 1
+        try:
+            acc = mappers.to_nnsight(m, addr)
+        except AddressError:
+            assert eq["nnsight"]["name"] is None
+            continue
+        assert eq["nnsight"]["name"].split(" (")[0].replace("{L}", str(layer)) == str(acc)
+    assert checked > 20
+
+
+def test_validation_cell_detail_worst_rows_tolerance_and_causes(tmp_path):
+    from validator import known_gaps
+    from validator.tolerances import tier_for
+    kid = known_gaps.KNOWN[0]
+    rows = [{"point": "q", "layer": 0, "case": "short", "verdict": "gap", "known": kid.id, "reason": "no hook"},
+            {"point": "k", "layer": 0, "case": "short", "verdict": "gap", "known": {"id": kid.id}, "reason": "x"},
+            {"point": "mlp_out", "layer": 1, "case": "long", "verdict": "pass", "rel_err": 1e-7, "token_rel_err": 3e-7,
+             "cosine": 1.0, "max_abs": 2e-6},
+            {"point": "z", "layer": 1, "case": "short", "verdict": "warn", "rel_err": 2e-5, "token_rel_err": 1e-5,
+             "cosine": 0.99, "max_abs": 1e-3},
+            {"point": "resid_post", "layer": 0, "case": "short", "verdict": "pass", "rel_err": 5e-7,
+             "token_rel_err": 4e-7, "cosine": 1.0, "max_abs": 1e-6},
+            {"point": "attn_out", "layer": 0, "case": "short", "verdict": "fail", "structural": ["all-zero"]}]
+    (tmp_path / "c.json").write_text(json.dumps({"model": "m/x", "engine": "hf", "status": "ok", "rows": rows,
+                                                 "provenance": {"dtype": "float32"}}))
+    text = validation_ts.render(tmp_path)
+    cell = _export(text, "validation")[0]
+    assert [(r["point"], r["verdict"], r["relErr"]) for r in cell["worst"]] == [
+        ("attn_out", "fail", None), ("z", "warn", 2e-5), ("resid_post", "pass", 5e-7), ("mlp_out", "pass", 3e-7)]
+    assert cell["worst"][0]["reason"] == "all-zero"
+    t = tier_for("hf", "float32")
+    assert cell["tolerance"] == {"passRel": t.pass_rel, "warnRel": t.warn_rel, "why": t.why}
+    assert cell["causes"] == [{"id": kid.id, "rows": 2, "points": ["k", "q"]}]
+    assert _export(text, "validationCauses") == [{"id": kid.id, "kind": kid.kind, "engine": kid.engine,
+                                                  "reason": kid.reason, "evidence": kid.evidence}]
+    (tmp_path / "c.json").write_text(json.dumps({"model": "m/x", "engine": "hf", "status": "ok", "rows": rows,
+                                                 "provenance": {"dtype": "int3"}}))
+    assert _export(validation_ts.render(tmp_path), "validation")[0]["tolerance"] is None
+
+
 def test_architectures_unknown_family_is_named():
     with pytest.raises(ValueError, match="unknown families \\['nope'\\]"):
         architectures_ts.data(["nope"], progress=False)

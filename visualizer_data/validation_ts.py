@@ -39,6 +39,51 @@ export interface ValidationCell {
   variant: string;
   /** Failing pairs whose upstream cause is declared with evidence (they do not fail the run). */
   declared: number;
+  /** Why the cell did not run (skipped / error), empty otherwise. */
+  reason: string;
+  /** The tolerance tier the rows were scored against (validator/tolerances.py), null without a dtype. */
+  tolerance: ValidationTolerance | null;
+  /** The worst rows: failures and warnings first, then the largest relative error (declared gaps without a
+   * measurement are summarized in `causes`, not listed). */
+  worst: ValidationRow[];
+  /** The declared causes (validator/known_gaps.py) that explain rows of this cell. */
+  causes: CellCause[];
+}
+
+export interface ValidationTolerance {
+  passRel: number;
+  warnRel: number;
+  why: string;
+}
+
+export interface ValidationRow {
+  point: string;
+  layer: number | null;
+  case: string;
+  verdict: string;
+  /** The larger of the whole-tensor and the worst token's relative error; null when not compared. */
+  relErr: number | null;
+  cosine: number | null;
+  maxAbs: number | null;
+  /** The declared cause id, empty when none. */
+  known: string;
+  /** The runtime reason (a missing hook, a structural failure), shortened. */
+  reason: string;
+}
+
+export interface CellCause {
+  id: string;
+  rows: number;
+  points: string[];
+}
+
+export interface ValidationCause {
+  id: string;
+  /** gap (no such tensor), bug (known upstream defect), definition (a different tensor by the same name). */
+  kind: string;
+  engine: string;
+  reason: string;
+  evidence: string;
 }
 
 export interface ValidationEngine {
@@ -109,7 +154,65 @@ def summarize(cell: dict, file: str) -> dict:
             "counts": dict(sorted(counts.items())),
             "dtype": _s(_find(cell, "dtype")), "device": _s(_find(cell, "device")),
             "source": _s(_find(cell, "source")), "file": file, "variant": str(cell.get("variant_tag") or ""),
-            "declared": _declared(cell)}
+            "declared": _declared(cell), "reason": _short(cell.get("reason") or ""),
+            "tolerance": _tolerance(str(engine), _find(cell, "dtype")), "worst": _worst(cell), "causes": _causes(cell)}
+
+
+WORST_ROWS = 5
+_ROW_RANK = {"fail": 0, "warn": 1}
+
+
+def _short(text: str, n: int = 240) -> str:
+    text = " ".join(str(text).split())
+    return text if len(text) <= n else text[:n - 1] + "…"
+
+
+def _tolerance(engine: str, dtype) -> dict | None:
+    from validator.tolerances import tier_for
+    try:
+        t = tier_for(engine, str(dtype))
+    except ValueError:
+        return None
+    return {"passRel": t.pass_rel, "warnRel": t.warn_rel, "why": t.why}
+
+
+def _rel(r: dict):
+    errs = [r[k] for k in ("rel_err", "token_rel_err") if isinstance(r.get(k), (int, float))]
+    return max(errs) if errs else None
+
+
+def _worst(cell: dict) -> list[dict]:
+    rows = [r for r in cell.get("rows") or [] if isinstance(r, dict)
+            and (r.get("verdict") in _ROW_RANK or _rel(r) is not None)]
+    rows.sort(key=lambda r: (_ROW_RANK.get(r.get("verdict"), 3), -(_rel(r) or 0.0)))
+    out = []
+    for r in rows[:WORST_ROWS]:
+        known = r.get("known")
+        out.append({"point": str(r.get("point")), "layer": r.get("layer"), "case": str(r.get("case", "")),
+                    "verdict": str(r.get("verdict")), "relErr": _rel(r), "cosine": r.get("cosine"),
+                    "maxAbs": r.get("max_abs"),
+                    "known": str((known.get("id") if isinstance(known, dict) else known) or ""),
+                    "reason": _short(r.get("reason") or "; ".join(r.get("structural") or []), 160)})
+    return out
+
+
+def _causes(cell: dict) -> list[dict]:
+    rows, points = Counter(), {}
+    for r in cell.get("rows") or []:
+        known = r.get("known") if isinstance(r, dict) else None
+        kid = (known.get("id") if isinstance(known, dict) else known) or ""
+        if kid:
+            rows[kid] += 1
+            points.setdefault(kid, set()).add(str(r.get("point")))
+    return [{"id": k, "rows": rows[k], "points": sorted(points[k])} for k in sorted(rows)]
+
+
+def causes(cells: list[dict]) -> list[dict]:
+    """The validator/known_gaps.py entries that some cell cites, in the table's order."""
+    from validator import known_gaps
+    cited = {c["id"] for cell in cells for c in cell["causes"]}
+    return [{"id": k.id, "kind": k.kind, "engine": k.engine, "reason": k.reason, "evidence": k.evidence}
+            for k in known_gaps.KNOWN if k.id in cited]
 
 
 def _declared(cell: dict) -> int:
@@ -179,4 +282,5 @@ def render(cells_dir: Path = CELLS_DIR) -> str:
     return module("python -m visualizer_data build", "reports/validator/cells/*.json", INTERFACES,
                   [("validation", "readonly ValidationCell[]", [c for _, c in read]),
                    ("validationEngines", "readonly ValidationEngine[]", engines(read)),
+                   ("validationCauses", "readonly ValidationCause[]", causes([c for _, c in read])),
                    ("interpEngineDropIn", "readonly DropInPoint[]", drop_in([r for r, _ in read]))])

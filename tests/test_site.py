@@ -1,0 +1,259 @@
+"""The site (visualizer-web/): built from visualizer-data only, deterministically, with a --check that
+names drift (default run); and in headless Chromium (slow: the TypeScript check plus a browser take
+~30 s): every page renders as many rows / cells as the data holds, filters change what is shown and
+work from the keyboard, the console stays clean, nothing is loaded from the network; screenshots go
+to reports/site/."""
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+WEB = ROOT / "visualizer-web"
+DATA = ROOT / "visualizer-data"
+SHOTS = ROOT / "reports" / "site"
+PAGES = ("index", "points", "validation", "speed", "dropin")
+
+
+def _export(name: str, file: str):
+    """The value of `export const name` in visualizer-data/<file>.generated.ts (a JSON literal)."""
+    text = (DATA / f"{file}.generated.ts").read_text()
+    m = re.search(rf"^export const {name}: [^=]+ = (.*?);$", text, re.S | re.M)
+    assert m, f"no export {name} in {file}.generated.ts"
+    return json.loads(m.group(1))
+
+
+def _deps(what: str) -> str:
+    """scripts/site_deps.sh npm|chromium: installs when missing; skips the test with its reason."""
+    if shutil.which("bash") is None:
+        pytest.skip("bash not found")
+    p = subprocess.run(["bash", str(ROOT / "scripts" / "site_deps.sh"), what], capture_output=True, text=True,
+                       timeout=900)
+    if p.returncode == 3:
+        pytest.skip(f"site test needs {what}: {p.stderr.strip().splitlines()[-1]}")
+    assert p.returncode == 0, p.stderr
+    return p.stdout.strip().splitlines()[-1]
+
+
+def _node(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
+    return subprocess.run(["node", *args], cwd=WEB, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def node_modules():
+    if shutil.which("node") is None:
+        pytest.skip("node not found: install Node.js 20+ to build the site")
+    return _deps("npm")
+
+
+def test_site_sources_read_data_only_from_visualizer_data():
+    """Every import of the pages is a sibling module or a generated data module: no other data source."""
+    imports = []
+    for ts in sorted((WEB / "src").glob("*.ts")):
+        imports += re.findall(r'^import [^;]*? from "([^"]+)";', ts.read_text(), re.M)
+    assert imports, "no imports found (the regex no longer matches the sources?)"
+    bad = [i for i in imports if not (re.fullmatch(r"\./[a-z-]+", i) or
+                                      re.fullmatch(r"\.\./\.\./visualizer-data/[a-z]+\.generated", i))]
+    assert bad == []
+    for html in (WEB / "static").glob("*.html"):  # classic scripts (module scripts do not load from file://)
+        refs = re.findall(r'(?:src|href)="([^"]+)"', html.read_text())
+        assert refs and all(re.fullmatch(r"[a-z]+\.(js|css)", r) for r in refs), (html.name, refs)
+        assert 'type="module"' not in html.read_text()
+
+
+def test_site_build_is_deterministic_and_check_names_drift(node_modules, tmp_path):
+    """`--check` rebuilds in memory and compares byte for byte: passing right after a build is the
+    determinism check; then an edited, a missing and a stray file are each named."""
+    a = tmp_path / "a"
+    p = _node("build.mjs", "--out", str(a))
+    assert p.returncode == 0, p.stdout + p.stderr
+    names = sorted(x.name for x in a.iterdir())
+    assert names == sorted([f"{p}.{ext}" for p in PAGES for ext in ("html", "js")] + ["style.css"])
+    # the bundles hold the data: every point name of the catalogue is in the points page's bundle
+    js = (a / "points.js").read_text()
+    assert all(f'"{p["name"]}"' in js for p in _export("points", "points"))
+    p = _node("build.mjs", "--out", str(a), "--check")
+    assert p.returncode == 0 and p.stdout.strip() == f"{len(names)} site file(s) match their sources", p.stdout
+    (a / "speed.js").write_text((a / "speed.js").read_text().replace("unresolved", "resolved"))
+    (a / "dropin.js").unlink()
+    (a / "old.js").write_text("")
+    p = _node("build.mjs", "--out", str(a), "--check")
+    assert p.returncode == 1
+    assert sorted(line for line in p.stdout.splitlines() if line.startswith("drift:")) == [
+        f"drift: {a}/dropin.js differs from what src/, static/ and visualizer-data build",
+        f"drift: {a}/old.js is not built by anything (stale)",
+        f"drift: {a}/speed.js differs from what src/, static/ and visualizer-data build"]
+    assert p.stdout.splitlines()[-1] == "regenerate with `npm run build --prefix visualizer-web`"
+
+
+def test_site_build_refuses_to_clear_a_foreign_directory(node_modules, tmp_path):
+    (tmp_path / "thesis.tex").write_text("keep me")
+    p = _node("build.mjs", "--out", str(tmp_path))
+    assert p.returncode != 0 and "holds files this build does not write" in p.stderr
+    assert (tmp_path / "thesis.tex").read_text() == "keep me"
+
+
+# ---- in the browser ---------------------------------------------------------------------------
+
+def _layout_kind(model: dict) -> str | None:
+    lay = model["layout"]
+    if lay is None:
+        return None
+    return "hybrid" if any(m != "attention" for m in lay["mixers"]) else lay["kind"]
+
+
+def _visible(b, selector: str) -> int:
+    """Elements matching selector that are rendered (neither they nor an ancestor hidden)."""
+    return b.js(f"[...document.querySelectorAll({json.dumps(selector)})]"
+                ".filter(e => e.getClientRects().length > 0).length")
+
+
+def _count_text(b, el_id: str) -> str:
+    return b.js(f"document.getElementById({json.dumps(el_id)}).textContent")
+
+
+def _check_points(b):
+    points = _export("points", "points")
+    archs = _export("architectures", "architectures")
+    assert b.js("document.querySelectorAll('#catalogue tbody tr').length") == len(points)
+    assert b.js("document.querySelectorAll('#family-table tbody tr').length") == len(points)
+    kinds = {_layout_kind(m) for a in archs for m in a["models"]} - {None}
+    assert sorted(b.js("[...document.querySelectorAll('.diagram-card')].map(f => f.dataset.kind)")) == sorted(kinds)
+    assert b.js("document.querySelectorAll('#family-select option').length") == len(archs)
+    # a search typed from the keyboard filters the catalogue
+    b.tab_to("point-search")
+    b.type("resid")
+    want = [p["name"] for p in points if "resid" in " ".join([p["name"], p["definition"], *p["aliases"]]).lower()]
+    assert 0 < len(want) < len(points)
+    assert b.js("[...document.querySelectorAll('#catalogue tbody tr')]"
+                ".filter(r => !r.hidden).map(r => r.dataset.key)") == want
+    assert _count_text(b, "points-count") == f"Showing {len(want)} of {len(points)} points."
+    # the family picker from the keyboard: the next family's first model is shown
+    b.tab_to("family-select")
+    b.press("ArrowDown")
+    assert b.js("document.getElementById('family-select').value") == archs[1]["family"]
+    assert archs[1]["models"][0]["name"] in b.js("document.querySelector('#family-table caption').textContent")
+
+
+def _check_validation(b):
+    cells = _export("validation", "validation")
+    engines = _export("validationEngines", "validation")
+    models = sorted({c["model"] for c in cells})
+    family = {}
+    for c in cells:
+        if c["family"] and c["model"] not in family:
+            family[c["model"]] = c["family"]
+    assert b.js("document.querySelectorAll('#matrix tbody tr').length") == len(models)
+    assert b.js("document.querySelectorAll('#matrix td[data-verdict]').length") == len(cells) \
+        == len(models) * len(engines)
+    assert b.js("document.querySelectorAll('#matrix thead th[data-col]').length") == len(engines)
+    assert b.js("document.querySelectorAll('#matrix td[data-verdict=pass]').length") == \
+        sum(c["verdict"] == "pass" for c in cells)
+    assert b.js("document.querySelectorAll('#engines-table tbody tr').length") == len(engines)
+    # family filter from the keyboard: the first family's models only
+    fam = sorted(set(family.values()))[0]
+    b.tab_to("family-filter")
+    b.press("ArrowDown")
+    assert b.js("document.getElementById('family-filter').value") == fam
+    want = [m for m in models if family.get(m) == fam]
+    assert b.js("[...document.querySelectorAll('#matrix tbody tr')].filter(r => !r.hidden).map(r => r.dataset.model)") \
+        == want
+    b.press("ArrowUp")
+    assert _visible(b, "#matrix tbody tr") == len(models)
+    # an engine column off with Space
+    first = engines[0]["column"]
+    b.tab_to(f"engine-filter-{first}")
+    b.press(" ")
+    assert _visible(b, "#matrix thead th[data-col]") == len(engines) - 1
+    assert _visible(b, "#matrix td[data-verdict]") == len(cells) - len(models)
+    assert _visible(b, f"#matrix td[data-col='{first}']") == 0
+    b.press(" ")
+    assert _visible(b, "#matrix td[data-verdict]") == len(cells)
+    # a cell opens from the keyboard: focus its link, Enter
+    b.js("document.querySelector('#matrix td[data-verdict] a').focus()")
+    b.press("Enter")
+    first_cell = b.js("document.querySelector('#matrix td[data-verdict] a').title").split(":")[0]
+    assert b.js("document.querySelector('#detail .cell-title').textContent").startswith(first_cell.split(" × ")[0])
+    assert b.js("document.querySelectorAll('#matrix td.selected').length") == 1
+    # a cell's detail: worst rows and declared causes as in the data
+    cell = next(c for c in cells if c["causes"] and c["worst"] and not c["variant"])
+    b.js(f"location.hash = '#cell=' + encodeURIComponent({json.dumps(cell['model'])}) + '|' + "
+         f"encodeURIComponent({json.dumps(cell['engine'])})")
+    assert b.js("document.querySelectorAll('#worst-rows tbody tr').length") == len(cell["worst"])
+    assert b.js("document.querySelectorAll('#detail .cause').length") == len(cell["causes"])
+    assert cell["model"] in b.js("document.getElementById('detail').textContent")
+    return cell
+
+
+def _check_speed(b):
+    ratios = _export("benchmarkRatios", "benchmarks")
+    headline = [r for r in ratios if r["headline"]]
+    pairs = {(r["sweep"], r["group"]) for r in headline}
+    assert b.js("document.querySelectorAll('svg.chart').length") == len(pairs)
+    assert b.js("document.querySelectorAll('.chart-pair tbody tr').length") == len(headline)
+    assert b.js("document.querySelectorAll('svg.chart line.iv').length") == len(headline)
+    # every chart says machine, size, dtype and clock
+    sweeps = {s["name"]: s for s in _export("benchmarkSweeps", "benchmarks")}
+    for title in b.js("[...document.querySelectorAll('svg.chart')].map(s => s.getAttribute('aria-label'))"):
+        sw = sweeps[title.split(":")[0]]
+        assert all(x in title for x in (sw["hardware"], sw["size"], sw["dtype"], f"{sw['clock']} clock")), title
+    b.tab_to("headline-only")
+    b.press(" ")
+    assert b.js("document.querySelectorAll('.chart-pair tbody tr').length") == len(ratios)
+    assert b.js("document.querySelectorAll('svg.chart text.rval.unresolved').length") == \
+        sum(not r["resolved"] for r in ratios) > 0
+    assert b.js("document.querySelectorAll('svg.chart circle.dot').length") == sum(r["resolved"] for r in ratios)
+    assert _count_text(b, "ratio-count") == f"Showing {len(ratios)} of {len(ratios)} ratios."
+    b.press(" ")
+    assert b.js("document.querySelectorAll('.chart-pair tbody tr').length") == len(headline)
+
+
+def _check_dropin(b):
+    rows = _export("interpEngineDropIn", "validation")
+    assert b.js("document.querySelectorAll('#dropin-table tbody tr').length") == len(rows)
+    b.tab_to("dropin-filter")
+    b.press("ArrowDown")
+    first = next(iter(dict.fromkeys(r["dropIn"] for r in rows)))
+    assert _visible(b, "#dropin-table tbody tr") == sum(r["dropIn"] == first for r in rows) < len(rows)
+    cited = {k for r in rows for k in r["causes"]}
+    assert b.js("document.querySelectorAll('.cause').length") == len(cited)
+
+
+@pytest.mark.slow
+def test_site_in_headless_chromium(node_modules):
+    pytest.importorskip("websockets", reason="the browser driver needs the websockets package")
+    from site_browser import Browser
+    binary = _deps("chromium")
+    p = subprocess.run(["npm", "run", "build"], cwd=WEB, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stdout + p.stderr
+    dist = WEB / "dist"
+    with Browser(binary) as b:
+        b.send("Network.enable")
+        for page in PAGES:
+            b.goto((dist / f"{page}.html").as_uri())
+            assert b.js("document.querySelector('nav a[aria-current=page]').getAttribute('href')") == f"{page}.html"
+            if page == "points":
+                b.screenshot(SHOTS / "points.png")
+                _check_points(b)
+                b.view_shot(SHOTS / "points-family.png", "#families")
+            elif page == "validation":
+                b.screenshot(SHOTS / "validation.png")
+                _check_validation(b)
+                b.view_shot(SHOTS / "validation-detail.png", ".matrix-wrap")
+            elif page == "speed":
+                b.screenshot(SHOTS / "speed.png")
+                _check_speed(b)
+            elif page == "dropin":
+                b.screenshot(SHOTS / "dropin.png")
+                _check_dropin(b)
+            else:
+                assert b.js("document.querySelectorAll('.card').length") == len(PAGES) - 1
+                b.screenshot(SHOTS / "index.png")
+            assert b.errors() == [], page
+        urls = [e["params"]["request"]["url"] for e in b.events if e["method"] == "Network.requestWillBeSent"]
+        assert urls and all(u.startswith(("file://", "data:")) for u in urls), urls
