@@ -14,8 +14,9 @@
 #     SKIP_VALIDATOR=1 OUT=/tmp/gpu-smoke PUBLISH_ARGS="--readme /tmp/R.md --ts /tmp/b.ts --out /tmp/o" \
 #     bash benchmarks/gpu.sh
 #
-# Needs: .venv (or PY) with CUDA torch and vLLM for CUDA (the repository's CPU pins do not run on a GPU);
-# the zoo cache is built here, so no hub is needed.
+# Needs: .venv (or PY) with CUDA torch and vLLM for CUDA (`bash scripts/setup.sh --cuda`); the zoo cache
+# is built here, so no hub is needed (REAL=1 sweeps the real checkpoints of the local HF cache instead).
+# A GPU machine without vLLM or a registry: benchmarks/device.sh.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -34,6 +35,7 @@ BUDGET_S=${BUDGET_S:-570}                 # the device time this script may use,
 OUT=${OUT:-reports/benchmarks/sweeps}     # sweeps root; publish reads every sweep under it
 VALIDATOR_OUT=${VALIDATOR_OUT:-/tmp/gpu-validator}
 PUBLISH_ARGS=${PUBLISH_ARGS:-}
+REAL=${REAL:-}                            # set: sweep the real checkpoints from the HF cache, not twins
 if [ "$DEVICE" = cpu ]; then DTYPE=${DTYPE:-float32}; THREADS=${THREADS:-1}; else DTYPE=${DTYPE:-bfloat16}; THREADS=${THREADS:-0}; fi
 
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 INTERP_ZOO_SIZE=$SIZE
@@ -62,7 +64,7 @@ fi
 # 1. twins at the chosen size, in parallel (CPU-bound: seeded init and calibration, then bf16 on disk)
 build() { local pids=(); for m in $MODELS; do "$PY" -m engine.zoo build --size "$SIZE" "$m" & pids+=($!); done
           local rc=0; for p in "${pids[@]}"; do wait "$p" || rc=1; done; return $rc; }
-phase "build $SIZE twins" 60 bash -c "$(declare -f build); PY='$PY' SIZE='$SIZE' MODELS='$MODELS' build"
+[ -n "$REAL" ] || phase "build $SIZE twins" 60 bash -c "$(declare -f build); PY='$PY' SIZE='$SIZE' MODELS='$MODELS' build"
 
 # 2. the gpu-marked tests (tiny twins; the CUDA-graph path of vllm-static)
 [ -n "${SKIP_TESTS:-}" ] || phase "gpu-marked tests" 90 env INTERP_ZOO_SIZE=tiny "$PY" -m pytest -q -p no:cacheprovider -m gpu
@@ -77,7 +79,8 @@ phase "build $SIZE twins" 60 bash -c "$(declare -f build); PY='$PY' SIZE='$SIZE'
 for m in $SWEEP_MODELS; do
   phase "sweep $m" 150 "$PY" -m benchmarks run --model "$m" --size "$SIZE" --device "$DEVICE" --dtype "$DTYPE" \
     --threads "$THREADS" --prompt-tokens "$PROMPT" --long-prompt-tokens "$PROMPT" --new-tokens "$NEW" \
-    --rounds "$ROUNDS" --min-sample "$MIN_SAMPLE" --variants "$VARIANTS" --workloads "$WORKLOADS" --sweeps "$OUT"
+    --rounds "$ROUNDS" --min-sample "$MIN_SAMPLE" --variants "$VARIANTS" --workloads "$WORKLOADS" --sweeps "$OUT" \
+    ${REAL:+--real}
 done
 
 # 5. publish every sweep under OUT (the CPU sweeps beside the GPU ones), all or nothing
