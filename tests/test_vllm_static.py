@@ -46,6 +46,9 @@ def test_startup_proof_and_report(static):
     assert r.compiled and "compiled" in r.line()
     proof = r.extra["proof"]
     assert proof["steer_logit_change"] > 1e-3 and proof["reset_drift"] < 1e-4
+    # the proof ran under the engine's own CUDA-graph mode (vLLM's default; NONE on CPU), no PIECEWISE override
+    assert proof["cudagraph_mode"] == r.extra["cudagraph_mode"] == static.aio.engine.vllm_config.compilation_config.cudagraph_mode.name
+    assert r.runner.startswith("model runner: V1")
     assert proof["lens_max_abs"] is not None and proof["lens_max_abs"] < 1e-3
     assert len(static.declared) == len(_declared(DECLARED, static.n_layers)) + 1  # + internal final_norm
     rows = static.aio.engine.vllm_config.scheduler_config.max_num_batched_tokens  # one row per step token
