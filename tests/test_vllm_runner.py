@@ -105,3 +105,39 @@ def test_step_anchor_wraps_model_forward_and_survives_replay():
 def test_no_model_forward_means_module_hooks():
     from engine.backends.vllm_worker import _wrap_model_forward
     assert not _wrap_model_forward(object(), None, None)
+
+
+# -- what load() hands vLLM (no engine: the start is intercepted) ------------------------------------
+class _Started(Exception):
+    pass
+
+
+def _engine_args(monkeypatch, backend, **kw):
+    from engine.backends import vllm_backend
+
+    async def start(path, env, engine_kw):
+        raise _Started(env, engine_kw)
+    monkeypatch.setattr(vllm_backend, "_start", start)
+    with pytest.raises(_Started) as e:
+        vllm_backend.load("meta-llama/Llama-3.2-1B", backend=backend, source="zoo", **kw)
+    return e.value.args
+
+
+@pytest.mark.parametrize("backend", ["vllm", "vllm-static", "vllm-generate"])
+def test_load_hands_vllm_the_runner_env_and_cpu_defaults(monkeypatch, backend):
+    monkeypatch.delenv(vr.ENV, raising=False)
+    env, kw = _engine_args(monkeypatch, backend)
+    assert env.get(vr.ENV) == (None if backend == "vllm-generate" else "0")
+    # the CPU twin numbers the project always used
+    assert (kw["dtype"], kw["max_model_len"], kw["max_num_seqs"]) == ("float32", 512, 8)
+    assert "gpu_memory_utilization" not in kw
+    # vllm-static no longer pins PIECEWISE: vLLM's own CUDA-graph mode (FULL_AND_PIECEWISE on CUDA)
+    assert "compilation_config" not in kw
+
+
+def test_load_passes_a_callers_graph_mode_and_refuses_forced_v2(monkeypatch):
+    _, kw = _engine_args(monkeypatch, "vllm-static", compilation_config={"cudagraph_mode": "PIECEWISE"})
+    assert kw["compilation_config"] == {"cudagraph_mode": "PIECEWISE"}
+    from engine.backends import vllm_backend
+    with pytest.raises(vr.RunnerError, match="watermarking makes vLLM 0.32 use V2"):
+        vllm_backend.load("meta-llama/Llama-3.2-1B", backend="vllm", source="zoo", watermark_config={"type": "x"})
