@@ -63,7 +63,7 @@ def test_cuda_context_is_capped_by_what_fits(tmp_path):
     (tmp_path / "model.safetensors").write_bytes(b"\0" * (GIB // 4))  # stands for the weights
     total, util = 24 * GIB, 0.5
     s = vs.choose(cfg, FakePlatform("cuda", total), gpu_memory_utilization=util, path=str(tmp_path))
-    budget = int(total * util) - GIB // 4
+    budget = int((int(total * util) - GIB // 4) * vs.KV_SHARE)
     expect = budget // _per_token(cfg, 2) // 16 * 16
     assert expect < 131072 and s.max_model_len == expect
     assert "capped by the KV cache that fits" in s.why["max_model_len"]
@@ -72,7 +72,7 @@ def test_cuda_context_is_capped_by_what_fits(tmp_path):
     cfg32 = _cfg(dtype="float32")
     s32 = vs.choose(cfg32, FakePlatform("cuda", total), gpu_memory_utilization=util, path=str(tmp_path))
     assert s32.dtype == "bfloat16" and "stored in float32" in s32.why["dtype"]
-    assert s32.max_model_len == (int(total * util) - GIB // 8) // _per_token(cfg, 2) // 16 * 16
+    assert s32.max_model_len == int((int(total * util) - GIB // 8) * vs.KV_SHARE) // _per_token(cfg, 2) // 16 * 16
 
 
 def test_caller_values_win_and_are_reported():

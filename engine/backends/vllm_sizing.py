@@ -5,8 +5,8 @@ and the platform vLLM runs on, each choice with its reason (the load report prin
         kv_bytes_for(...): small numbers for a 2-core machine (the defaults the project always had).
     CUDA: the checkpoint's dtype (bfloat16 when it is stored in float32, as vLLM's "auto" does on
         GPUs that have it), max_model_len = the model's own context capped by the KV cache that fits in
-        gpu_memory_utilization x device memory after the weights, vLLM's own max_num_seqs and KV cache
-        sizing (gpu_memory_utilization, passed through when given).
+        KV_SHARE of what gpu_memory_utilization x device memory leaves after the weights, vLLM's own
+        max_num_seqs and KV cache sizing (gpu_memory_utilization, passed through when given).
 
 Anything the caller sets is used as given ("set by the caller").
 """
@@ -24,6 +24,8 @@ CPU_MAX_NUM_SEQS = 8
 GPU_MEMORY_UTILIZATION = 0.92  # vLLM 0.32's CacheConfig default (tests/test_vllm_sizing.py checks it)
 CONTEXT_KEYS = ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length", "n_ctx")
 CALLER = "set by the caller"
+KV_SHARE = 0.9  # of the memory left after the weights, what the estimate gives the KV cache (the rest:
+                # activations, CUDA graphs, vllm-static's tap buffers, which vLLM measures only at startup)
 
 
 @dataclass(frozen=True)
@@ -141,7 +143,8 @@ def choose(cfg, platform, dtype=None, max_model_len: int | None = None, max_num_
             budget = kv_cache_memory_bytes
         else:
             util = gpu_memory_utilization or GPU_MEMORY_UTILIZATION
-            budget = int(platform.get_device_total_memory(0) * util) - weight_bytes(path, stored, dt) // tensor_parallel_size
+            left = int(platform.get_device_total_memory(0) * util) - weight_bytes(path, stored, dt) // tensor_parallel_size
+            budget = int(left * KV_SHARE)
         per_rank = -(-kv_bytes_per_token(cfg, getattr(torch, dt)) // tensor_parallel_size)  # KV heads split over ranks
         fits = max(budget, 0) // per_rank
         n_len = min(ctx, fits // 16 * 16)
