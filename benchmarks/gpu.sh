@@ -14,8 +14,9 @@
 #     SKIP_VALIDATOR=1 OUT=/tmp/gpu-smoke PUBLISH_ARGS="--readme /tmp/R.md --ts /tmp/b.ts --out /tmp/o" \
 #     bash benchmarks/gpu.sh
 #
-# Needs: .venv (or PY) with CUDA torch and vLLM for CUDA (the repository's CPU pins do not run on a GPU);
-# the zoo cache is built here, so no hub is needed.
+# Needs: .venv (or PY) with CUDA torch and vLLM for CUDA (`bash scripts/setup.sh --cuda`); the zoo cache
+# is built here, so no hub is needed (REAL=1 sweeps the real checkpoints of the local HF cache instead).
+# A GPU machine without vLLM or a registry: benchmarks/device.sh.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -34,25 +35,12 @@ BUDGET_S=${BUDGET_S:-570}                 # the device time this script may use,
 OUT=${OUT:-reports/benchmarks/sweeps}     # sweeps root; publish reads every sweep under it
 VALIDATOR_OUT=${VALIDATOR_OUT:-/tmp/gpu-validator}
 PUBLISH_ARGS=${PUBLISH_ARGS:-}
+REAL=${REAL:-}                            # set: sweep the real checkpoints from the HF cache, not twins
 if [ "$DEVICE" = cpu ]; then DTYPE=${DTYPE:-float32}; THREADS=${THREADS:-1}; else DTYPE=${DTYPE:-bfloat16}; THREADS=${THREADS:-0}; fi
 
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 INTERP_ZOO_SIZE=$SIZE
 START=$(date +%s)
-left() { echo $(( BUDGET_S - ($(date +%s) - START) )); }
-phase() {  # phase NAME ESTIMATE_S COMMAND...: run COMMAND under what is left of the budget, or skip it
-  local name=$1 est=$2; shift 2
-  local l; l=$(left)
-  if [ "$l" -lt "$est" ]; then
-    echo "== $name: skipped ($l s of the budget left, it needs about $est s)"; SKIPPED+=("$name"); return 0
-  fi
-  echo "== $name (budget left $l s)"
-  local t0; t0=$(date +%s)
-  timeout --kill-after=20 "$l" "$@"; local rc=$?
-  echo "== $name: exit $rc after $(( $(date +%s) - t0 )) s"
-  [ "$rc" -eq 0 ] || FAILED+=("$name (exit $rc)")
-  return 0
-}
-SKIPPED=(); FAILED=()
+. benchmarks/phases.sh
 
 if [ "$DEVICE" = cuda ]; then
   "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" \
@@ -60,9 +48,7 @@ if [ "$DEVICE" = cuda ]; then
 fi
 
 # 1. twins at the chosen size, in parallel (CPU-bound: seeded init and calibration, then bf16 on disk)
-build() { local pids=(); for m in $MODELS; do "$PY" -m engine.zoo build --size "$SIZE" "$m" & pids+=($!); done
-          local rc=0; for p in "${pids[@]}"; do wait "$p" || rc=1; done; return $rc; }
-phase "build $SIZE twins" 60 bash -c "$(declare -f build); PY='$PY' SIZE='$SIZE' MODELS='$MODELS' build"
+[ -n "$REAL" ] || phase "build $SIZE twins" 60 bash -c ". benchmarks/phases.sh; PY='$PY' SIZE='$SIZE' MODELS='$MODELS' build_twins"
 
 # 2. the gpu-marked tests (tiny twins; the CUDA-graph path of vllm-static)
 [ -n "${SKIP_TESTS:-}" ] || phase "gpu-marked tests" 90 env INTERP_ZOO_SIZE=tiny "$PY" -m pytest -q -p no:cacheprovider -m gpu
@@ -77,12 +63,11 @@ phase "build $SIZE twins" 60 bash -c "$(declare -f build); PY='$PY' SIZE='$SIZE'
 for m in $SWEEP_MODELS; do
   phase "sweep $m" 150 "$PY" -m benchmarks run --model "$m" --size "$SIZE" --device "$DEVICE" --dtype "$DTYPE" \
     --threads "$THREADS" --prompt-tokens "$PROMPT" --long-prompt-tokens "$PROMPT" --new-tokens "$NEW" \
-    --rounds "$ROUNDS" --min-sample "$MIN_SAMPLE" --variants "$VARIANTS" --workloads "$WORKLOADS" --sweeps "$OUT"
+    --rounds "$ROUNDS" --min-sample "$MIN_SAMPLE" --variants "$VARIANTS" --workloads "$WORKLOADS" --sweeps "$OUT" \
+    ${REAL:+--real}
 done
 
 # 5. publish every sweep under OUT (the CPU sweeps beside the GPU ones), all or nothing
 phase "publish" 5 "$PY" -m benchmarks publish --sweeps $(ls -d "$OUT"/*/) $PUBLISH_ARGS
 
-echo "== done in $(( $(date +%s) - START )) s of a ${BUDGET_S} s budget"
-[ ${#SKIPPED[@]} -eq 0 ] || printf '   skipped: %s\n' "${SKIPPED[@]}"
-[ ${#FAILED[@]} -eq 0 ] || { printf '   failed: %s\n' "${FAILED[@]}"; exit 1; }
+phases_summary

@@ -38,17 +38,19 @@ def load_hf(name: str, source: str = "auto", dtype=torch.float32, device: str = 
     return hf, tok, src.source
 
 
-def load_model(name: str, backend: str = "eager", source: str = "auto", dtype=torch.float32,
+def load_model(name: str, backend: str = "eager", source: str = "auto", dtype=None,
                device: str | None = None, **backend_kw):
     """Load `name` (a repo id in any case, or a model directory) on `backend`. `source`: "auto"
     (the directory, else real if cached, else the zoo twin), "zoo", "real" or "local". `dtype`: a
-    torch dtype or a name ("bf16", "float16", ...). `device`: "cpu", "cuda", "cuda:N"; unset, the
+    torch dtype or a name ("bf16", "float16", ...); unset (or "auto" on vLLM), the backend's own (eager:
+    float32; vLLM: float32 on CPU, the checkpoint's dtype on CUDA). `device`: "cpu", "cuda", "cuda:N"; unset, the
     backend's own (eager: cpu; vLLM: the device the installed vLLM runs on, the only one it takes)."""
     if backend not in BACKENDS:
         from engine.address import closest
         raise ValueError(f"unknown backend {backend!r}.{closest(backend, BACKENDS)} Backends: {', '.join(BACKENDS)}.")
     sources.check_source(source)
-    dtype = options.parse_dtype(dtype, backend)
+    if backend == "eager" or dtype not in (None, "auto"):  # vLLM chooses an unset dtype by platform
+        dtype = options.parse_dtype(dtype, backend)
     device = options.parse_device(device, backend)
     src = sources.resolve(name, source)
     if backend == "eager":

@@ -11,7 +11,7 @@ from engine.backends.vllm_backend import Request
 from engine.errors import AddressError, SteeringError, UnsupportedPointError
 from engine.points import backend_status
 from engine.steering import Steer
-from test_vllm_common import (PROMPT, PROMPTS, assert_steer_acts, check, decode_failures, drop, eager_model,
+from test_vllm_common import (MAX_LEN, PROMPT, PROMPTS, assert_steer_acts, check, decode_failures, drop, eager_model,
                               prefill_failures, random_vector, shared_points, vllm_model)
 
 pytestmark = pytest.mark.vllm
@@ -193,6 +193,13 @@ def test_load_report(engines):
     assert vm.startup_s > 0 and vm.kv_cache_bytes > 0 and r.kv_cache_tokens >= 256
     assert vm.tap_buffer_bytes == 0 and not r.compiled
     assert "KV cache" in r.line() and "startup" in r.line()
+    # CPU defaults as they always were (max_model_len as the fixture set it), each with its reason
+    s = r.sizing
+    assert (s.device_type, s.dtype, s.max_model_len, s.max_num_seqs) == ("cpu", "float32", MAX_LEN, 8)
+    assert s.why["dtype"] == "the CPU default" and s.why["max_model_len"] == "set by the caller"
+    assert vm.aio.engine.vllm_config.model_config.dtype == torch.float32
+    assert r.runner.startswith("model runner: V1 (VLLM_USE_V2_MODEL_RUNNER=0") and r.runner in r.line()
+    assert "max_num_seqs 8 (the CPU default)" in r.line()
 
 
 def test_refusals_name_the_reason(engines):

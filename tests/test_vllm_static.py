@@ -8,6 +8,7 @@ import torch
 from engine.address import Address
 from engine.backends.vllm_backend import Request, _declared, load
 from engine.backends.vllm_proof import TapProofError, prove_taps
+from engine.backends.vllm_runtime import LoadReport
 from engine.errors import AddressError, SteeringError, UnsupportedPointError
 from engine.points import backend_status
 from engine.steering import Steer
@@ -46,6 +47,9 @@ def test_startup_proof_and_report(static):
     assert r.compiled and "compiled" in r.line()
     proof = r.extra["proof"]
     assert proof["steer_logit_change"] > 1e-3 and proof["reset_drift"] < 1e-4
+    # the proof ran under the engine's own CUDA-graph mode (vLLM's default; NONE on CPU), no PIECEWISE override
+    assert proof["cudagraph_mode"] == r.extra["cudagraph_mode"] == static.aio.engine.vllm_config.compilation_config.cudagraph_mode.name
+    assert r.runner.startswith("model runner: V1")
     assert proof["lens_max_abs"] is not None and proof["lens_max_abs"] < 1e-3
     assert len(static.declared) == len(_declared(DECLARED, static.n_layers)) + 1  # + internal final_norm
     rows = static.aio.engine.vllm_config.scheduler_config.max_num_batched_tokens  # one row per step token
@@ -136,6 +140,7 @@ class _DeadTaps:
     a steer that changes nothing."""
     name, n_layers, d_model = "dead", 2, 4
     declared = [Address("resid_post", 0), Address("resid_post", 1), Address("final_norm")]
+    load_report = LoadReport("vllm-static", 0.0, 0, 0, extra={"cudagraph_mode": "FULL_AND_PIECEWISE"})
 
     class catalogue:
         @staticmethod
@@ -154,8 +159,10 @@ class _DeadTaps:
 
 
 def test_proof_refuses_taps_that_do_not_run():
-    with pytest.raises(TapProofError, match="refuses to serve dead: tap resid_post.0 captured shape"):
+    with pytest.raises(TapProofError, match="refuses to serve dead under cudagraph_mode=FULL_AND_PIECEWISE: tap "
+                                            "resid_post.0 captured shape") as e:
         prove_taps(_DeadTaps())
+    assert "compilation_config={'cudagraph_mode': 'PIECEWISE'}" in str(e.value)
 
 
 @pytest.mark.gpu

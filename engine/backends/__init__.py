@@ -7,6 +7,8 @@ fixed tap buffers baked into the compiled forward (`vllm-static`) and stock (`vl
     vllm_client     AsyncVLLMModel: plans to the workers, requests through vLLM, results gathered
     vllm_catalogue  what the engine serves, merged from the workers' own tables
     vllm_runtime    engine start/stop (engine core in its own process), environment, load report
+    vllm_sizing     the load defaults by platform (CPU twin numbers, a GPU user's on CUDA), with reasons
+    vllm_runner     V1 model runner forced, V2 refused by name
     vllm_wire       plain-data messages between client and workers (tensors, plans)
     vllm_worker     the worker extension (collective_rpc endpoints), step spans, hooks, TP shards
     vllm_rows       a logits processor that maps vLLM's batch rows to plans

@@ -21,7 +21,7 @@ import torch
 
 from engine.address import Address, closest, parse
 from engine import options
-from engine.backends import vllm_runtime as rt
+from engine.backends import vllm_runner, vllm_sizing, vllm_runtime as rt
 from engine.backends.vllm_catalogue import VLLMCatalogue
 from engine.backends.vllm_client import AsyncVLLMModel, StreamEvent
 from engine.errors import AddressError, FamilyLimitationError, UnsupportedPointError
@@ -156,31 +156,37 @@ def _declared(spec, n_layers: int) -> list[Address]:
     return list(dict.fromkeys(out))
 
 
-def load(name: str, backend: str = "vllm", source: str = "auto", dtype=torch.float32, device: str | None = None,
-         static_points="auto", compile: bool = True, max_model_len: int = 512, max_num_seqs: int = 8,
-         max_num_batched_tokens: int | None = None, kv_cache_memory_bytes: int | None = None,
+def load(name: str, backend: str = "vllm", source: str = "auto", dtype=None, device: str | None = None,
+         static_points="auto", compile: bool = True, max_model_len: int | None = None,
+         max_num_seqs: int | None = None, max_num_batched_tokens: int | None = None,
+         kv_cache_memory_bytes: int | None = None, gpu_memory_utilization: float | None = None,
          seed: int = 0, prove: bool = True, tensor_parallel_size: int = 1, **engine_kw) -> VLLMModel:
-    """Load `name` on a vLLM backend (see module docstring). Extra kwargs go to vLLM's engine args."""
+    """Load `name` on a vLLM backend (see module docstring). Extra kwargs go to vLLM's engine args.
+    Unset dtype / max_model_len / max_num_seqs / KV cache are chosen for the platform
+    (engine/backends/vllm_sizing.py: CPU keeps the small twin numbers, CUDA a GPU user's), and the
+    load report says what was chosen and why."""
     if backend not in BACKENDS:
         raise ValueError(f"unknown vLLM backend {backend!r}.{closest(backend, BACKENDS)} Use one of {BACKENDS}.")
     if backend != "vllm-static" and static_points != "auto":
         raise ValueError(f"static_points is for backend='vllm-static', not {backend!r}.")
     rt.prepare_env()
     options.parse_device(device, backend)  # vLLM runs on its platform's device; another is an error
-    dtype = options.parse_dtype(dtype, backend)
+    if dtype is not None and dtype != "auto":
+        dtype = options.parse_dtype(dtype, backend)
     path, used = rt.model_path(name, source)
     from transformers import AutoConfig
     hf_cfg = AutoConfig.from_pretrained(path)
     text_cfg = hf_cfg.get_text_config() if hasattr(hf_cfg, "get_text_config") else hf_cfg
-    dt = str(dtype).replace("torch.", "") if isinstance(dtype, torch.dtype) else str(dtype)
-    kv_bytes = kv_cache_memory_bytes or rt.kv_bytes_for(text_cfg, max_num_seqs, max_model_len, getattr(torch, dt))
-    kw = dict(dtype=dt, max_model_len=max_model_len, max_num_seqs=max_num_seqs, seed=seed,
-              kv_cache_memory_bytes=kv_bytes, tensor_parallel_size=tensor_parallel_size)
+    from vllm.platforms import current_platform
+    sizing = vllm_sizing.choose(text_cfg, current_platform, dtype, max_model_len, max_num_seqs,
+                                kv_cache_memory_bytes, gpu_memory_utilization, path, tensor_parallel_size)
+    kw = dict(**sizing.engine_kw(), seed=seed, tensor_parallel_size=tensor_parallel_size)
     if max_num_batched_tokens:
         kw["max_num_batched_tokens"] = max_num_batched_tokens
-    env = {}
+    env, runner_note = vllm_runner.force_v1(backend, engine_kw)
+    if env:
+        rt.log.info("%s: %s", name, runner_note)
     binding = rt.cpu_binding(tensor_parallel_size)
-    from vllm.platforms import current_platform
     if binding and current_platform.device_type == "cpu" and "VLLM_CPU_OMP_THREADS_BIND" not in os.environ:
         env["VLLM_CPU_OMP_THREADS_BIND"] = binding
     declared = None
@@ -194,8 +200,9 @@ def load(name: str, backend: str = "vllm", source: str = "auto", dtype=torch.flo
         taps = [[str(a), True] for a in declared] + [[str(a), False] for a in internal]
         kw.update(enforce_eager=not compile, load_format="interp_static",
                   model_loader_extra_config={"interp_static": taps})
-        # CUDA graphs that replay the whole model skip the step hooks that fill and read the taps
-        kw.setdefault("compilation_config", {"cudagraph_mode": "PIECEWISE"})
+        # vLLM's own CUDA-graph mode (FULL_AND_PIECEWISE on CUDA): the taps are persistent buffers the
+        # graphs read and write, filled and read around each replay (vllm_worker's step anchor); the
+        # startup proof below runs under the chosen mode and refuses one it cannot prove
         # vLLM keys its compiled-graph cache on its config and model class, not on our taps: never
         # save or load one
         env["VLLM_DISABLE_COMPILE_CACHE"] = "1"
@@ -211,8 +218,9 @@ def load(name: str, backend: str = "vllm", source: str = "auto", dtype=torch.flo
     try:
         catalogue = None
         if backend != "vllm-generate":
-            catalogue = VLLMCatalogue(loop.run(engine.collective_rpc("interp_setup", args=(backend,))), backend,
-                                      declared)
+            describes = loop.run(engine.collective_rpc("interp_setup", args=(backend,)))
+            vllm_runner.check(backend, [d["runner"] for d in describes])
+            catalogue = VLLMCatalogue(describes, backend, declared)
             if catalogue.anchor_error:
                 raise FamilyLimitationError(f"{name} on {backend}: {catalogue.anchor_error}.")
             for addr, why in catalogue.tap_errors.items():
@@ -220,9 +228,12 @@ def load(name: str, backend: str = "vllm", source: str = "auto", dtype=torch.flo
         aio = AsyncVLLMModel(name, backend, used, path, engine, catalogue, text_cfg, engine.get_tokenizer())
         cache = engine.vllm_config.cache_config
         tokens = (cache.num_gpu_blocks or 0) * cache.block_size
+        kv_bytes = sizing.kv_cache_memory_bytes or tokens * vllm_sizing.kv_bytes_per_token(text_cfg, getattr(torch, sizing.dtype))
         report = rt.LoadReport(backend, startup, kv_bytes, tokens, catalogue.tap_bytes if catalogue else 0,
                                rt.rss_gib(), compiled=backend == "vllm-static" and compile,
-                               tensor_parallel_size=tensor_parallel_size)
+                               tensor_parallel_size=tensor_parallel_size, sizing=sizing, runner=runner_note)
+        if backend == "vllm-static" and compile:
+            report.extra["cudagraph_mode"] = _cudagraph_mode(engine)
         model = VLLMModel(aio, loop, report)
     except BaseException:
         loop.run(_stop(engine))
@@ -237,6 +248,12 @@ def load(name: str, backend: str = "vllm", source: str = "auto", dtype=torch.flo
             model.close()
             raise
     return model
+
+
+def _cudagraph_mode(engine) -> str:
+    """The CUDA-graph mode vLLM resolved for this engine (NONE on CPU)."""
+    mode = engine.vllm_config.compilation_config.cudagraph_mode
+    return getattr(mode, "name", str(mode))
 
 
 async def _start(path, env, kw):

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 import torch
 
 from engine import sources
+from engine.backends.vllm_sizing import Sizing, kv_bytes_for  # noqa: F401  (kv_bytes_for: benchmarks)
 
 log = logging.getLogger("engine.vllm")
 if not log.handlers:  # the load report is a log line users should see without configuring logging
@@ -45,17 +46,6 @@ def model_path(name: str, source: str) -> tuple[str, str]:
     """(local directory to hand vLLM, source used), resolved by engine.sources as on every backend."""
     src = sources.resolve(name, source)
     return src.path, src.source
-
-
-def kv_bytes_for(hf_config, max_num_seqs: int, max_model_len: int, dtype: torch.dtype) -> int:
-    """A KV cache budget that fits max_num_seqs full-length sequences twice over (min 16 MiB)."""
-    cfg = hf_config.get_text_config() if hasattr(hf_config, "get_text_config") else hf_config
-    heads = getattr(cfg, "num_attention_heads", None) or getattr(cfg, "n_head", 1)
-    kvh = getattr(cfg, "num_key_value_heads", None) or heads
-    hd = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
-    layers = getattr(cfg, "num_hidden_layers", None) or getattr(cfg, "n_layer", 1)
-    per_token = layers * 2 * max(kvh, 1) * hd * torch.tensor([], dtype=dtype).element_size()
-    return max(16 << 20, 2 * per_token * max_num_seqs * (max_model_len + 128))
 
 
 def cpu_binding(tp: int) -> str | None:
@@ -83,13 +73,18 @@ class LoadReport:
     rss_gib: float = 0.0
     compiled: bool = False
     tensor_parallel_size: int = 1
+    sizing: Sizing | None = None  # what each engine knob was set to, and why (engine/backends/vllm_sizing.py)
+    runner: str = ""              # vLLM's model runner the workers use, and why (engine/backends/vllm_runner.py)
     extra: dict = field(default_factory=dict)
 
     def line(self) -> str:
         tp = f", tensor parallel {self.tensor_parallel_size}" if self.tensor_parallel_size > 1 else ""
+        chosen = f"; {self.sizing.line()}" if self.sizing else ""
+        runner = f"; {self.runner}" if self.runner else ""
         return (f"{self.backend}: startup {self.startup_s:.1f} s, KV cache {self.kv_cache_bytes / 2**20:.1f} MiB "
                 f"({self.kv_cache_tokens} tokens), tap buffers {self.tap_buffer_bytes / 2**10:.1f} KiB, "
-                f"client RSS {self.rss_gib:.2f} GiB, {'compiled' if self.compiled else 'eager'} forward{tp}")
+                f"client RSS {self.rss_gib:.2f} GiB, {'compiled' if self.compiled else 'eager'} forward{tp}"
+                f"{runner}{chosen}")
 
 
 def rss_gib() -> float:

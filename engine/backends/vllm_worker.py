@@ -3,8 +3,12 @@
     worker_extension_cls  `InterpWorker` is mixed into vLLM's Worker; the client calls its methods
                           on every rank with collective_rpc, sending plain data (vllm_wire)
     logits_processors     `vllm_rows.RowMap` learns which batch row holds which plan
-    forward hooks         on the top-level model: the step begins (rows -> spans, from the forward
-                          context's query_start_loc and the `positions` argument) and ends
+    step anchor           around V1's `GPUModelRunner._model_forward` (the runner's one call of the
+                          model per step, documented by vLLM as its override point): the step begins
+                          (rows -> spans, from the forward context's query_start_loc and the
+                          `positions` argument) and ends there, so it runs under any CUDA-graph mode,
+                          FULL replay included (vllm_static's taps are read and written around it).
+                          Without that method: forward hooks on the top-level model (_step_anchors)
 
 Per request, the client registers a plan before submitting it and collects its captures when it
 finishes. `vllm` attaches hooks at the sites the registered plans need (none when no plan is
@@ -20,7 +24,7 @@ import functools
 import torch
 
 from engine.address import Address, parse
-from engine.backends import vllm_attn, vllm_wire
+from engine.backends import vllm_attn, vllm_runner, vllm_wire
 from engine.backends.vllm_loader import ERRORS_ATTR, TAPS_ATTR
 from engine.backends.vllm_rows import ROWS
 from engine.backends.vllm_tree import resolve, tree_for
@@ -89,6 +93,23 @@ def _step_anchors(model, tree):
     return layers[0], end, 0, error
 
 
+def _wrap_model_forward(runner, begin, end) -> bool:
+    """Run begin(None, args, kwargs) before and end(None, args, output) after every call of the V1
+    runner's `_model_forward` (eager, compiled, PIECEWISE or FULL CUDA-graph replay alike: the call
+    itself is Python). False where the runner has no such method (then module hooks anchor steps)."""
+    if not callable(getattr(type(runner), "_model_forward", None)):
+        return False
+    orig = type(runner)._model_forward.__get__(runner)  # the class's, so a second setup never nests
+
+    def model_forward(*args, **kwargs):
+        begin(None, args, kwargs)
+        out = orig(*args, **kwargs)  # a failure here ends the engine; the next begin starts afresh
+        end(None, args, out)
+        return out
+    runner._model_forward = model_forward
+    return True
+
+
 class WorkerState:
     """What one rank holds: the registered plans, the sites they need and the current step."""
 
@@ -106,9 +127,13 @@ class WorkerState:
         self.sites: dict = {}  # (point, layer) -> VSite, one object per module slot
         self.handles: list = []
         self.step: Step | None = None
-        begin, self.end_module, self.positions_at, self.anchor_error = _step_anchors(self.model, self.tree)
-        begin.register_forward_pre_hook(self._begin, with_kwargs=True)  # before any site's pre-hook
-        self.end_handle = self.end_module.register_forward_hook(self._end)
+        self.end_module = self.end_handle = None
+        if _wrap_model_forward(runner, self._begin, self._end):
+            self.positions_at, self.anchor_error = 0, None
+        else:
+            begin, self.end_module, self.positions_at, self.anchor_error = _step_anchors(self.model, self.tree)
+            begin.register_forward_pre_hook(self._begin, with_kwargs=True)  # before any site's pre-hook
+            self.end_handle = self.end_module.register_forward_hook(self._end)
 
     # -- sites ------------------------------------------------------------------------------------
     def site(self, addr: Address):
@@ -158,8 +183,9 @@ class WorkerState:
         if self.taps is None:
             for site, work in self.work.items():
                 self.handles += site.install(functools.partial(self._at_site, work))
-        self.end_handle.remove()  # after every site's hook, where the end module is also a site
-        self.end_handle = self.end_module.register_forward_hook(self._end)
+        if self.end_handle is not None:  # after every site's hook, where the end module is also a site
+            self.end_handle.remove()
+            self.end_handle = self.end_module.register_forward_hook(self._end)
 
     def _at_site(self, work, t):
         step = self.step
@@ -311,8 +337,11 @@ class InterpWorker:
     """Mixed into vLLM's Worker (`worker_extension_cls`): the engine's collective_rpc endpoints."""
 
     def interp_setup(self, backend: str) -> dict:
+        runner = vllm_runner.runner_kind(self.model_runner)
+        if runner != "v1":  # refused by the client (vllm_runner.check) before anything is installed
+            return {"runner": runner}
         self._interp = WorkerState(self.model_runner, backend)
-        return self._interp.describe()
+        return {**self._interp.describe(), "runner": runner}
 
     def interp_register(self, plans: list) -> bool:
         self._interp.register(plans)

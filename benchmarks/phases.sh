@@ -1,0 +1,28 @@
+# Shared by benchmarks/gpu.sh and benchmarks/device.sh (sourced, not run): a device-time budget split
+# into phases, each run under what is left of BUDGET_S or skipped, saying so, when less than its
+# estimate is left; a failed phase is recorded and the script goes on.
+#   START, BUDGET_S     set by the caller before sourcing
+#   SKIPPED, FAILED     arrays the caller reports at the end (phases_summary)
+SKIPPED=(); FAILED=()
+left() { echo $(( BUDGET_S - ($(date +%s) - START) )); }
+phase() {  # phase NAME ESTIMATE_S COMMAND...: run COMMAND under what is left of the budget, or skip it
+  local name=$1 est=$2; shift 2
+  local l; l=$(left)
+  if [ "$l" -lt "$est" ]; then
+    echo "== $name: skipped ($l s of the budget left, it needs about $est s)"; SKIPPED+=("$name"); return 0
+  fi
+  echo "== $name (budget left $l s)"
+  local t0; t0=$(date +%s)
+  timeout --kill-after=20 "$l" "$@"; local rc=$?
+  echo "== $name: exit $rc after $(( $(date +%s) - t0 )) s"
+  [ "$rc" -eq 0 ] || FAILED+=("$name (exit $rc)")
+  return 0
+}
+# build_twins: the zoo twins of MODELS at SIZE, in parallel (CPU-bound: seeded init and calibration)
+build_twins() { local pids=(); for m in $MODELS; do "$PY" -m engine.zoo build --size "$SIZE" "$m" & pids+=($!); done
+                local rc=0; for p in "${pids[@]}"; do wait "$p" || rc=1; done; return $rc; }
+phases_summary() {  # exit status: 1 when a phase failed
+  echo "== done in $(( $(date +%s) - START )) s of a ${BUDGET_S} s budget"
+  [ ${#SKIPPED[@]} -eq 0 ] || printf '   skipped: %s\n' "${SKIPPED[@]}"
+  [ ${#FAILED[@]} -eq 0 ] || { printf '   failed: %s\n' "${FAILED[@]}"; return 1; }
+}
