@@ -2,9 +2,9 @@
 
 Each tap owns preallocated `[max_tokens, width]` buffers registered on the module it wraps: `cap`
 (the forward copies the point into it) and, for write taps, `pre` (the point before the write),
-`u`, `mul`, `add` (the forward applies y = (x - (x.u) u) * mul + add). The wrapper is installed between weight loading and
-compilation, so torch.compile (CPU) and CUDA graphs (GPU) capture plain tensor ops on buffers
-with fixed addresses and no Python, no data-dependent control flow. Between steps, Python fills
+`u`, `mul`, `add` (the forward applies y = (x - (x.u) u) * mul + add). The wrapper is installed
+between weight loading and compilation, so torch.compile (CPU) and CUDA graphs (GPU) capture plain
+tensor ops on buffers with fixed addresses and no Python, no data-dependent control flow. Between steps, Python fills
 the write buffers for each steering request's rows (identity elsewhere) and copies each
 capturing request's rows out of `cap`. That per-row affine form composes add / set / scale /
 ablate / mean_ablate / swap in any order (values per position too: each row gets its own), and
