@@ -11,7 +11,7 @@ import math
 import pytest
 import torch
 
-from engine.plan import Plan, Span, run_site, site_work
+from engine.plan import Plan, Span, Step, run_site, site_work
 from engine.results import Receipt, StrictSteerError, check_strict, combine
 from engine.steering import Steer
 from test_vllm_common import PROMPT, eager_model, random_vector
@@ -73,6 +73,34 @@ def test_each_steer_is_measured_from_what_it_received_and_recomputed_rows_count_
     assert (a.rows, a.change_norm) == (2, pytest.approx(math.sqrt(2) * 5))
     # position 2: (10, 10) + (3, 4) = (13, 14), doubled; position 3: (10, 10) doubled
     assert (s.rows, s.change_norm) == (2, pytest.approx(math.sqrt(13 ** 2 + 14 ** 2 + 2 * 10 ** 2)))
+
+
+def test_static_taps_tally_from_the_pre_write_buffer():
+    """vllm-static applies steers as one affine map inside the graph; its receipts replay the step's
+    steers on the tap's pre-write rows through the shared routine: the same receipts as the hooked
+    path (run_site) on the same rows, the composed steers each measured from what it received."""
+    from engine.backends.vllm_static import StaticTaps, Tap
+    from engine.backends.vllm_tree import VSite
+    steers = [Steer("resid_post.0", "project_out", torch.randn(8)),
+              Steer("resid_post.0", "add", torch.ones(8), [1, 3]), Steer("resid_post.0", "scale", 3.0, positions=[3, 4])]
+    taps = StaticTaps()
+    site = VSite(torch.nn.Identity(), "post", "out", lambda o: o, lambda o, n: n)
+    taps.taps["resid_post.0"] = Tap("resid_post.0", site, 8, rows=8, writable=True, device="cpu",
+                                    dtype=torch.float32, index=0)
+    taps.head_dim["resid_post.0"] = None
+    static, hooked = Plan(5, [], steers), Plan(5, [], steers)
+    x = torch.randn(7, 8)  # rows 2..6 are the plan's positions 0..4
+    step = Step([Span(static, 2, 7, 0)], 7)
+    work = site_work([static], lambda a: str(a))
+    taps.before(step, work)
+    got = site.module(x)
+    taps.after(step, work)
+    want = run_site(x, [Span(hooked, 2, 7, 0)], site_work([hooked], lambda a: "s")["s"], None)
+    torch.testing.assert_close(got, want)
+    a, b = static.receipts(), hooked.receipts()
+    assert [r.rows for r in a] == [r.rows for r in b] == [5, 2, 2]
+    for r, s in zip(a, b):
+        assert r.change_norm == pytest.approx(s.change_norm, rel=1e-6) and r.change_norm > 0
 
 
 def test_combine_strict_and_json():
