@@ -82,7 +82,7 @@ def test_static_taps_tally_from_the_pre_write_buffer():
     from engine.backends.vllm_static import StaticTaps, Tap
     from engine.backends.vllm_tree import VSite
     steers = [Steer("resid_post.0", "project_out", torch.randn(8)),
-              Steer("resid_post.0", "add", torch.ones(8), [1, 3]), Steer("resid_post.0", "scale", 3.0, positions=[3, 4])]
+              Steer("resid_post.0", "add", torch.ones(8), [1, 3]), Steer("resid_post.0", "scale", 3.0, [3, 4])]
     taps = StaticTaps()
     site = VSite(torch.nn.Identity(), "post", "out", lambda o: o, lambda o, n: n)
     taps.taps["resid_post.0"] = Tap("resid_post.0", site, 8, rows=8, writable=True, device="cpu",
