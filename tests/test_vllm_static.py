@@ -7,7 +7,7 @@ import torch
 
 from engine.address import Address
 from engine.backends.vllm_backend import Request, _declared, load
-from engine.backends.vllm_proof import TapProofError, prove_taps
+from engine.backends.vllm_proof import PROBE, TapProofError, prove_taps
 from engine.errors import AddressError, SteeringError, UnsupportedPointError
 from engine.points import backend_status
 from engine.steering import Steer
@@ -46,6 +46,7 @@ def test_startup_proof_and_report(static):
     assert r.compiled and "compiled" in r.line()
     proof = r.extra["proof"]
     assert proof["steer_logit_change"] > 1e-3 and proof["reset_drift"] < 1e-4
+    assert proof["receipt_rows"] == len(static._prompt_ids(PROBE)) + 1
     assert proof["lens_max_abs"] is not None and proof["lens_max_abs"] < 1e-3
     assert len(static.declared) == len(_declared(DECLARED, static.n_layers)) + 1  # + internal final_norm
     rows = static.aio.engine.vllm_config.scheduler_config.max_num_batched_tokens  # one row per step token

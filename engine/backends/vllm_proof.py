@@ -7,7 +7,7 @@ Checks, on a short probe prompt, greedy:
   2. the logits recomputed from the `final_norm` tap pick exactly the tokens vLLM sampled, and
      (when the last layer's resid_post is declared) the lens of that tap gives the same logits;
   3. an `add` steer at the first write tap moves that tap's capture by the vector and changes the
-     logits; 4. the next unsteered run reproduces step 1 (write buffers were reset).
+     logits, and its receipt counts every row and the vector's norm at each (the pre-write buffer); 4. the next unsteered run reproduces step 1 (write buffers were reset).
 """
 from __future__ import annotations
 
@@ -60,10 +60,16 @@ def prove_taps(model) -> dict:
         if moved > 1e-3 * float(v.abs().max()) or changed < 1e-4:
             raise TapProofError(refuse.format(model.name, f"an add steer at {tap} moved the tap by the vector "
                                                           f"up to {moved:.3g} and changed the logits by {changed:.3g}"))
+        (receipt,) = steered.receipts  # every position ran: the prompt, then the first token fed back
+        rows, norm = len(ids) + 1, float(v.norm()) * (len(ids) + 1) ** 0.5
+        if receipt.rows != rows or abs(receipt.change_norm - norm) > 1e-3 * norm:
+            raise TapProofError(refuse.format(model.name, f"the add steer's receipt at {tap} says {receipt.rows} rows "
+                                                          f"and a change of {receipt.change_norm:.4g}, not {rows} "
+                                                          f"rows and {norm:.4g} (the pre-write tap buffer)"))
         again = model.generate_batch([Request(ids, 2, points=reads, sampling=raw)])[0]
         drift = float((again.logits - base.logits).abs().max())
         if drift > 1e-4 * max(1.0, float(base.logits.abs().max())):
             raise TapProofError(refuse.format(model.name, f"an unsteered run after a steer drifted by {drift:.3g} "
                                                           f"(write buffers not reset)"))
-        proof.update(steer_tap=tap, steer_logit_change=changed, reset_drift=drift)
+        proof.update(steer_tap=tap, steer_logit_change=changed, reset_drift=drift, receipt_rows=receipt.rows)
     return proof
