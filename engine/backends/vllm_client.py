@@ -332,7 +332,6 @@ class AsyncVLLMModel(ModelBase, TokensMixin):
                              max([r.get("recomputed", 0) for r in ranks or []], default=0),
                              vllm_wire.receipts_in(plan, ranks))
 
-
     # -- public async API ----------------------------------------------------------------------------
     async def generate_batch(self, requests: list[Request], return_logits: bool = True,
                              strict: bool = False) -> list[RequestResult]:

@@ -7,7 +7,8 @@ Checks, on a short probe prompt, greedy:
   2. the logits recomputed from the `final_norm` tap pick exactly the tokens vLLM sampled, and
      (when the last layer's resid_post is declared) the lens of that tap gives the same logits;
   3. an `add` steer at the first write tap moves that tap's capture by the vector and changes the
-     logits, and its receipt counts every row and the vector's norm at each (the pre-write buffer); 4. the next unsteered run reproduces step 1 (write buffers were reset).
+     logits, and its receipt counts every row and the vector's norm at each (the pre-write buffer);
+  4. the next unsteered run reproduces step 1 (write buffers were reset).
 """
 from __future__ import annotations
 

@@ -4,11 +4,11 @@ Each tap owns preallocated `[max_tokens, width]` buffers registered on the modul
 (the forward copies the point into it) and, for write taps, `pre` (the point before the write),
 `u`, `mul`, `add` (the forward applies y = (x - (x.u) u) * mul + add). The wrapper is installed
 between weight loading and compilation, so torch.compile (CPU) and CUDA graphs (GPU) capture plain
-tensor ops on buffers with fixed addresses and no Python, no data-dependent control flow. Between steps, Python fills
-the write buffers for each steering request's rows (identity elsewhere) and copies each
-capturing request's rows out of `cap`. That per-row affine form composes add / set / scale /
-ablate / mean_ablate / swap in any order (values per position too: each row gets its own), and
-project_out (rescale with coeff 0) when it comes first at a tap. Ops it cannot express (their
+tensor ops on buffers with fixed addresses and no Python, no data-dependent control flow. Between
+steps, Python fills the write buffers for each steering request's rows (identity elsewhere) and
+copies each capturing request's rows out of `cap`. That per-row affine form composes add / set /
+scale / ablate / mean_ablate / swap in any order (values per position too: each row gets its own),
+and project_out (rescale with coeff 0) when it comes first at a tap. Ops it cannot express (their
 `static` entry in engine.steering.OPS says why) are refused by name before a request runs.
 
 Receipts: after each step, the steering requests' rows of `pre` go through the same steer routine
@@ -52,7 +52,8 @@ class Tap:
 
     @property
     def nbytes(self) -> int:
-        return sum(self.buf(k).nbytes for k in (("cap", "pre", "u", "mul", "add") if self.writable else ("cap",)))
+        names = ("cap", "pre", "u", "mul", "add") if self.writable else ("cap",)
+        return sum(self.buf(k).nbytes for k in names)
 
     def _wrap(self) -> None:
         site, mod, names, writable = self.site, self.site.module, self.attrs, self.writable
@@ -207,8 +208,9 @@ class StaticTaps:
             tap = self.taps[name]
             for sp in step.spans if w.writes and tap.writable else ():
                 writes = w.writes.get(sp.plan.key)
-                if writes:
-                    steer_span(sp, writes, tap.buf("pre")[sp.a:sp.b].reshape(sp.b - sp.a, *self.shape_of(name)))
+                if writes:  # tallies only: the graph already applied them
+                    rows = tap.buf("pre")[sp.a:sp.b].reshape(sp.b - sp.a, *self.shape_of(name))
+                    steer_span(sp, writes, rows)
             if not w.reads:
                 continue
             cap = tap.buf("cap")
