@@ -11,18 +11,19 @@ from engine.errors import (AddressError, EngineError, FamilyLimitationError, Inp
                            OptionError, SteeringError, UnsupportedPointError)
 from engine.loading import BACKENDS, load_model
 from engine.patching import PatchResult, logit_diff, patch_sweep
-from engine.results import ActivationCache, GenerationResult, Request, RequestResult, StreamStep
+from engine.results import (ActivationCache, GenerationResult, Receipt, Request, RequestResult, StreamStep,
+                            StrictSteerError)
 from engine.points import POINTS, get_point
 from engine.steering import Steer
 
 
-def run_with_cache(model, inputs, points=(), steer=()):
+def run_with_cache(model, inputs, points=(), steer=(), strict: bool = False):
     """Module-level form of `model.run_with_cache`."""
-    return model.run_with_cache(inputs, points, steer)
+    return model.run_with_cache(inputs, points, steer, strict=strict)
 
 
 __all__ = ["Address", "parse", "load_model", "run_with_cache", "Steer", "POINTS", "get_point", "BACKENDS",
-           "ActivationCache", "GenerationResult", "Request", "RequestResult", "StreamStep",
+           "ActivationCache", "GenerationResult", "Request", "RequestResult", "StreamStep", "Receipt",
            "patch_sweep", "logit_diff", "PatchResult", "capture_attention", "AttentionCapture",
            "EngineError", "AddressError", "UnsupportedPointError", "SteeringError", "ModelNotFoundError",
-           "OptionError", "InputError", "FamilyLimitationError"]
+           "OptionError", "InputError", "FamilyLimitationError", "StrictSteerError"]

@@ -8,13 +8,16 @@ and the one routine that steers and captures at a site.
     Step      the spans of one forward
     SiteWork  what the plans of a call do at one site (their steers and their reads)
     run_site  apply the steers, then capture, on the flat tensor a site sees
+    steer_span  the plan's steers at one site on one span's rows, each tallied for its receipt
 
 A backend only says how a step's rows map to spans (eager: the real columns of each padded batch
 row; vLLM: each request's slice of the continuous batch) and how a site is attached (a hook, a
 static tap buffer). Captured chunks are kept by absolute position: a chunk that starts before what
 is held (the scheduler preempted and recomputed the sequence) truncates the accumulator first; one
 that starts after it (positions never computed, e.g. served from a prefix cache) is an error at
-assembly, never a silently short tensor.
+assembly, never a silently short tensor. Receipts (engine.results.Receipt) are tallied the same
+way: per steer, the squared change of each touched row at its absolute position, the last
+computation of a position counting.
 """
 from __future__ import annotations
 
@@ -27,6 +30,7 @@ import torch
 from engine import positions
 from engine.address import Address
 from engine.errors import SteeringError
+from engine.results import Receipt
 from engine.steering import Steer, apply_steer
 
 _keys = itertools.count(1)
@@ -43,6 +47,7 @@ class Plan:
     recomputed: int = 0  # chunks that restarted below what was held (preemption + recompute)
     store: dict = field(default_factory=dict)  # capture key -> list[(pos0, rows)]
     error: str | None = None  # set when this plan failed inside a forward (vLLM workers)
+    tallies: dict = field(default_factory=dict)  # steer index -> [(positions [k] CPU, squared change [k])]
 
     def reads(self) -> list[Address]:
         return list(dict.fromkeys(self.captures + self.internal))
@@ -57,6 +62,26 @@ class Plan:
             if st.exclude and not positions.is_mask(st.positions) and not bool(st.touched(0, n, self.prompt_len).any()):
                 raise SteeringError(f"{what}: every position it selects is excluded (exclude={st.exclude}); "
                                     f"nothing would be steered.")
+
+    def tally(self, index: int, positions: torch.Tensor, old: torch.Tensor, new: torch.Tensor) -> None:
+        """Record steer `index`'s change on the rows at absolute `positions` (old / new: those rows)."""
+        d = (new.detach() - old.detach()).float().reshape(old.shape[0], -1)
+        self.tallies.setdefault(index, []).append((positions, d.pow(2).sum(-1)))
+
+    def receipts(self) -> list[Receipt]:
+        """One Receipt per steer: distinct positions touched and the norm of the change over them (a
+        position computed twice, after preemption, counts once, as last computed)."""
+        out = []
+        for i, st in enumerate(self.steers):
+            rows, norm = 0, 0.0
+            chunks = self.tallies.get(i)
+            if chunks:
+                pos = torch.cat([p for p, _ in chunks]).tolist()
+                sq = torch.cat([q for _, q in chunks]).to("cpu", torch.float64)
+                last = torch.tensor(list({p: j for j, p in enumerate(pos)}.values()), dtype=torch.long)
+                rows, norm = len(last), float(sq[last].sum().sqrt())
+            out.append(Receipt(i, str(st.address), st.op, rows, norm))
+        return out
 
     def wanted(self, key: str, pos0: int, n: int) -> int | None:
         """How many leading rows of a chunk to skip for `key` (None: skip the whole chunk)."""
@@ -138,7 +163,7 @@ class Step:
 @dataclass
 class SiteWork:
     """What the plans of one call do at one site: steers and reads, keyed by plan key."""
-    writes: dict = field(default_factory=dict)  # plan key -> [Steer]
+    writes: dict = field(default_factory=dict)  # plan key -> [(index in plan.steers, Steer)]
     reads: dict = field(default_factory=dict)  # plan key -> [(capture key, coordinate index or None)]
 
 
@@ -148,11 +173,11 @@ def site_work(plans: list[Plan], site_key: Callable[[Address], object], local_re
     local_steer(steer) -> Steer | None say what this rank records and applies (its own shard)."""
     work: dict = {}
     for plan in plans:
-        for st in plan.steers:
+        for i, st in enumerate(plan.steers):
             st_here = st if local_steer is None else local_steer(st)
             if st_here is not None:
                 w = work.setdefault(site_key(st.address.base), SiteWork())
-                w.writes.setdefault(plan.key, []).append(st_here)
+                w.writes.setdefault(plan.key, []).append((i, st_here))
         for addr in plan.reads():
             read = (str(addr), addr.coords[0][1] if addr.coords else None) if local_read is None \
                 else local_read(plan, addr)
@@ -160,6 +185,21 @@ def site_work(plans: list[Plan], site_key: Callable[[Address], object], local_re
                 w = work.setdefault(site_key(addr.base), SiteWork())
                 w.reads.setdefault(plan.key, []).append(read)
     return work
+
+
+def steer_span(sp: Span, writes: list, rows: torch.Tensor) -> torch.Tensor | None:
+    """The plan's steers at one site ((index, Steer) in order) on one span's rows [n, ...], each
+    tallied for its receipt; the new rows, or None when no steer touched a row."""
+    cur = rows
+    for i, st in writes:
+        m = sp.touched(st)
+        if not bool(m.any()):
+            continue
+        new = apply_steer(st, cur, m, sp.pos0)
+        touched = torch.nonzero(m).flatten()
+        sp.plan.tally(i, touched + sp.pos0, cur[touched.to(cur.device)], new[touched.to(cur.device)])
+        cur = new
+    return None if cur is rows else cur
 
 
 def run_site(t: torch.Tensor, spans: list[Span], work: SiteWork, keep: Callable, on_error=None) -> torch.Tensor | None:
@@ -173,11 +213,8 @@ def run_site(t: torch.Tensor, spans: list[Span], work: SiteWork, keep: Callable,
         if sp.plan.error is not None:
             continue
         try:
-            for st in work.writes.get(sp.plan.key, ()):
-                m = sp.touched(st)
-                if not bool(m.any()):
-                    continue
-                new = apply_steer(st, out[sp.a:sp.b], m, sp.pos0)
+            new = steer_span(sp, work.writes.get(sp.plan.key, ()), out[sp.a:sp.b])
+            if new is not None:
                 if out is t:
                     out = t.clone()
                 out[sp.a:sp.b] = new

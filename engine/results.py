@@ -5,6 +5,11 @@
     RequestResult     one sequence's tokens, text, captures ([pos, ...]) and logits
     StreamStep        one token of a streamed generation (token, text, logprobs, captured rows)
     GenerationResult  a batch: padded [batch, ...] tensors plus the per-sequence results
+    Receipt           what one steer did: the rows it touched and the norm of its change
+
+Every result carries its receipts, one per steer of the call (`ActivationCache.receipts` for a
+forward, `RequestResult.receipts` per sequence, `GenerationResult.receipts` summed over the batch);
+with `strict=True` a call fails when a steer touched no row (check_strict).
 
 A batch of sequences of different lengths is padded (left by default, like the tokenizer's batch):
 `attention_mask` marks the real tokens, captures are zero at padded positions, and attention
@@ -12,14 +17,64 @@ patterns hold the masked value (probability 0, the most negative score) at padde
 """
 from __future__ import annotations
 
+import dataclasses
+import math
 from dataclasses import dataclass, field
 
 import torch
 
 from engine.address import parse
-from engine.errors import AddressError
+from engine.errors import AddressError, SteeringError
 
 PATTERNS = ("attn_scores", "attn_probs")
+
+
+@dataclass(frozen=True)
+class Receipt:
+    """What one steer did in one result. `rows`: the positions it touched, each counted once (summed
+    over the sequences of a batch); `change_norm`: the L2 norm of (steered - unsteered) over all those
+    rows, each steer measured from the value it received (after the steers before it at the same
+    site). A steer whose positions select nothing that ran (a position generation never reached, a
+    logit the model does not compute, a per-row mask's empty row) reports rows=0."""
+    index: int  # its place among the call's steers: steering() blocks' first (outermost first), then steer=
+    address: str  # absolute address, coordinates included
+    op: str
+    rows: int = 0
+    change_norm: float = 0.0
+
+    def as_json(self) -> dict:
+        """Plain JSON (a non-finite change_norm as null: JSON has no inf / nan)."""
+        d = dataclasses.asdict(self)
+        if not math.isfinite(self.change_norm):
+            d["change_norm"] = None
+        return d
+
+
+class StrictSteerError(SteeringError):
+    """A steer touched no row of a call made with strict=True; `receipt` says which."""
+
+    def __init__(self, message: str, receipt: Receipt):
+        super().__init__(message)
+        self.receipt = receipt
+
+
+def combine(per_sequence: "list[list[Receipt]]") -> list[Receipt]:
+    """One call's receipts from its sequences' (the same steers in the same order): rows add up,
+    norms add in quadrature."""
+    return [dataclasses.replace(same[0], rows=sum(r.rows for r in same),
+                                change_norm=math.sqrt(sum(r.change_norm ** 2 for r in same)))
+            for same in zip(*per_sequence)]
+
+
+def check_strict(receipts: list[Receipt], what: str = "call") -> None:
+    """strict=True: refuse a result in which a steer touched no row (it silently did nothing)."""
+    for r in receipts:
+        if r.rows == 0:
+            raise StrictSteerError(
+                f"steer {r.index} ({r.op!r} at {r.address}) touched no row of this {what} (strict=True): its "
+                f"positions select nothing that ran (a position generation did not reach before it stopped, a "
+                f"logit the model does not compute there); fix its positions, or pass "
+                f"strict=False to accept a receipt of 0 rows.", r)
 
 
 class ActivationCache(dict):
@@ -27,12 +82,15 @@ class ActivationCache(dict):
 
     `columns`: for a padded batch ([batch, pos, ...] entries), the columns each sequence's own
     positions occupy; None for the cache of one sequence ([pos, ...] entries). `entry(key)` gives
-    a capture as each sequence's own rows, the form a steer aligns by position (patching)."""
+    a capture as each sequence's own rows, the form a steer aligns by position (patching).
+    `receipts`: what each steer of the call did (run_with_cache's receipts)."""
 
-    def __init__(self, n_layers: int, columns: "list[torch.Tensor] | None" = None):
+    def __init__(self, n_layers: int, columns: "list[torch.Tensor] | None" = None,
+                 receipts: "list[Receipt] | None" = None):
         super().__init__()
         self.n_layers = n_layers
         self.columns = columns
+        self.receipts: list[Receipt] = list(receipts or [])
 
     def entry(self, key):
         """The capture at `key` as a CacheEntry: per sequence, its rows at its own positions."""
@@ -83,6 +141,7 @@ class RequestResult:
     logits: torch.Tensor | None  # [N, vocab] (generation) or [P, vocab] (a forward)
     cached_tokens: int = 0  # prompt tokens served from a prefix cache (0 when capturing/steering)
     recomputed: int = 0  # times the scheduler preempted and recomputed this request
+    receipts: list[Receipt] = field(default_factory=list)  # one per steer: rows touched, norm of its change
 
     @property
     def tokens(self) -> torch.Tensor:
@@ -114,6 +173,7 @@ class GenerationResult:
     logits: torch.Tensor | None  # [b, N, vocab], the scores each new token was chosen from
     attention_mask: torch.Tensor  # [b, P + N]: 1 on real tokens
     requests: list[RequestResult] = field(default_factory=list)
+    receipts: list[Receipt] = field(default_factory=list)  # per steer, over every sequence (results.combine)
 
 
 def columns(lengths: list[int], width: int, side: str) -> list[torch.Tensor]:
@@ -150,9 +210,10 @@ def scatter(key: str, rows: list[torch.Tensor], cols: list[torch.Tensor], width:
     return out
 
 
-def batch_cache(caches: list[ActivationCache], cols: list[torch.Tensor], width: int, n_layers: int):
+def batch_cache(caches: list[ActivationCache], cols: list[torch.Tensor], width: int, n_layers: int,
+                receipts: "list[Receipt] | None" = None):
     """One [b, width, ...] ActivationCache from per-sequence [len, ...] caches."""
-    out = ActivationCache(n_layers, [c.cpu() for c in cols])
+    out = ActivationCache(n_layers, [c.cpu() for c in cols], receipts)
     for key in (caches[0] if caches else {}):
         out[key] = scatter(key, [c[key] for c in caches], cols, width)
     return out

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
 import torch
 
 from engine.serve import encoding
@@ -112,3 +113,11 @@ def joined_rows(chunks: list, index: int = 0) -> tuple[list[int], dict[str, torc
             for k, v in blk["captures"].items():
                 parts.setdefault(k, []).append(encoding.decode(v))
     return pos, {k: torch.cat(v) for k, v in parts.items()}, n
+
+
+def assert_receipts(got: list, ref: list, rel: float = 1e-4) -> None:
+    """A response's receipts equal the library's (engine.results.Receipt): every field, norms within
+    float noise."""
+    assert [{**r, "change_norm": None} for r in got] == [{**r.as_json(), "change_norm": None} for r in ref], got
+    for g, r in zip(got, ref):
+        assert g["change_norm"] == pytest.approx(r.change_norm, rel=rel, abs=1e-6), (g, r)

@@ -18,12 +18,12 @@ import torch
 
 from engine.errors import UnsupportedPointError
 from engine.points import POINTS
-from engine.results import Request
+from engine.results import Receipt, Request
 from engine.serve import encoding
 from engine.steering import Steer
-from serve_common import (AUTH, CHAT_TEMPLATE, KEY, LLAMA, ROOT, ServerProcess, close, healthy, joined_rows,
-                          stream_lines, tensors)
-from test_vllm_common import MAX_LEN, vllm_model
+from serve_common import (AUTH, CHAT_TEMPLATE, KEY, LLAMA, ROOT, ServerProcess, assert_receipts, close, healthy,
+                          joined_rows, stream_lines, tensors)
+from test_vllm_common import MAX_LEN, eager_model, vllm_model
 
 pytestmark = pytest.mark.vllm
 
@@ -90,7 +90,8 @@ def assert_matches(choice: dict, ref, what: str = "") -> None:
 def test_completion_matches_library(client, lib):
     plain = complete(client, PROMPT, interp={})["choices"][0]
     assert_matches(plain, library(lib, PROMPT, 6), "plain")
-    assert plain["finish_reason"] in ("length", "stop") and plain["interp"].keys() == {"prompt_token_ids", "token_ids"}
+    assert plain["finish_reason"] in ("length", "stop")
+    assert plain["interp"].keys() == {"prompt_token_ids", "token_ids", "receipts"} and plain["interp"]["receipts"] == []
     points = ["resid_post.-1", "z.0.head-1", "attn_probs.0", "mlp_act.1", "embeddings"]
     steer = [Steer("resid_post.0", "add", vec(256, 1)), Steer("z.1.head-2", "scale", 0.0, "generated"),
              Steer("mlp_out.0", "ablate", None, (2, 5))]
@@ -101,12 +102,46 @@ def test_completion_matches_library(client, lib):
     ref = library(lib, PROMPT, 6, points, steer)
     ch = body["choices"][0]
     assert_matches(ch, ref, "steered")
+    assert_receipts(ch["interp"]["receipts"], ref.receipts)
     n = len(ref.prompt_ids) + len(ref.new_tokens) - 1
     assert ch["interp"]["positions"] == list(range(n)) and ch["interp"]["reduction"] == "none"
     unsteered = library(lib, PROMPT, 6, ["resid_post.-1"])
     assert not torch.allclose(tensors(ch["interp"])["resid_post.1"], unsteered.cache["resid_post.1"])  # it acted
     assert body["usage"] == {"prompt_tokens": len(ref.prompt_ids), "completion_tokens": 6, "total_tokens":
                              len(ref.prompt_ids) + 6}
+
+
+def test_receipts_and_strict_by_default(client):
+    """Receipts equal eager's on the same weights; a steer at a generated position that a stop token
+    keeps generation from reaching fails the request with a 400 naming it (strict is the default),
+    comes back with 0 rows with interp.strict false, and ends a stream on the same error."""
+    em = eager_model(LLAMA)
+    n = len(em.to_tokens(PROMPT)["input_ids"][0])
+    steer = [Steer("resid_post.0", "scale", 2.0), Steer("resid_post.1", "add", vec(256, 3), [n + 3])]
+    wire = [{"address": "resid_post.0", "op": "scale", "value": 2.0},
+            {"address": "resid_post.1", "value": encoding.encode(vec(256, 3)), "positions": [n + 3, n + 4]}]
+    full = complete(client, PROMPT, 6, interp={"steer": wire})["choices"][0]["interp"]
+    ref = em.generate(PROMPT, 6, steer=steer)
+    assert full["token_ids"] == ref.new_tokens[0].tolist()
+    assert_receipts(full["receipts"], ref.receipts, rel=1e-3)
+    body = {"model": LLAMA, "prompt": PROMPT, "max_tokens": 6, "temperature": 0,
+            "stop_token_ids": full["token_ids"][:1], "interp": {"steer": wire}}
+    r = client.post("/v1/completions", json=body)
+    err = r.json()["error"]
+    assert r.status_code == 400 and err["param"] == "interp.steer[1]", r.text
+    assert "steer 1 ('add' at resid_post.1) touched no row of this request" in err["message"]
+    got = client.post("/v1/completions", json={**body, "interp": {"steer": wire, "strict": False}}).json()
+    blk = got["choices"][0]["interp"]
+    assert blk["token_ids"] == full["token_ids"][:1]  # stopped: only the prompt ran
+    assert_receipts(blk["receipts"], em.run_with_cache(PROMPT, (), steer[:1])[1].receipts + [
+        Receipt(1, "resid_post.1", "add", 0, 0.0)], rel=1e-3)
+    with client.stream("POST", "/v1/completions", json={**body, "stream": True}) as resp:
+        chunks = stream_lines(resp)
+    assert chunks[-1]["error"]["param"] == "interp.steer[1]"
+    item = client.post("/v1/capture", json={"prompt": PROMPT,
+                                            "interp": {"steer": wire[:1], "capture": ["resid_post.0"]}})
+    assert_receipts(item.json()["data"][0]["receipts"], em.run_with_cache(PROMPT, (), steer[:1])[1].receipts, rel=1e-3)
+    healthy(str(client.base_url).rstrip("/"))
 
 
 def test_positions_and_reductions(client, lib):

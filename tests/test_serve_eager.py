@@ -9,7 +9,7 @@ import torch
 
 from engine.serve import encoding
 from engine.steering import Steer
-from serve_common import LLAMA, ServerProcess, close, healthy, joined_rows, stream_lines, tensors
+from serve_common import LLAMA, ServerProcess, assert_receipts, close, healthy, joined_rows, stream_lines, tensors
 from test_vllm_common import eager_model
 
 PROMPT = "The quick brown fox jumps over the lazy dog"
@@ -92,3 +92,29 @@ def test_eager_refusals_and_seeded_sampling(client, lib):
     by = {p["name"]: p for p in table["points"]}
     assert by["mlp_pre"]["served"] and by["mlp_pre"]["per_token_shape"] == [lib.config.intermediate_size]
     healthy(client.base_url.__str__().rstrip("/"))
+
+
+def test_receipts_and_strict_by_default(client, lib):
+    """Each response says what every steer did (the library's receipts); a steer that touched no row
+    (HF computes only the last prompt token's logits while generating) fails the request with a 400
+    naming it, unless interp.strict is false; a stream ends on the same error."""
+    v = torch.randn(lib.config.vocab_size, generator=torch.Generator().manual_seed(1))
+    steer = [Steer("resid_post.0", "scale", 2.0, "last"), Steer("lm_head", "add", v, 0)]
+    wire = [{"address": "resid_post.0", "op": "scale", "value": 2.0, "positions": "last"},
+            {"address": "lm_head", "value": encoding.encode(v), "positions": 0}]
+    body = {"model": LLAMA, "prompt": PROMPT, "max_tokens": 4, "temperature": 0, "interp": {"steer": wire[:1]}}
+    ch = client.post("/v1/completions", json=body).json()["choices"][0]
+    assert_receipts(ch["interp"]["receipts"], lib.generate(PROMPT, 4, steer=steer[:1]).receipts)
+    assert ch["interp"]["receipts"][0]["rows"] == 4
+    r = client.post("/v1/completions", json={**body, "interp": {"steer": wire}})
+    err = r.json()["error"]
+    assert r.status_code == 400 and err["param"] == "interp.steer[1]", r.text
+    assert "steer 1 ('add' at lm_head) touched no row" in err["message"]
+    ch = client.post("/v1/completions", json={**body, "interp": {"steer": wire, "strict": False}}).json()["choices"][0]
+    assert_receipts(ch["interp"]["receipts"], lib.generate(PROMPT, 4, steer=steer).receipts)
+    with client.stream("POST", "/v1/completions", json={**body, "stream": True, "interp": {"steer": wire}}) as resp:
+        chunks = stream_lines(resp)
+    assert chunks[-1]["error"]["param"] == "interp.steer[1]"
+    item = client.post("/v1/capture", json={"prompt": PROMPT, "return_logits": True,
+                                            "interp": {"steer": wire}}).json()["data"][0]
+    assert_receipts(item["receipts"], lib.run_with_cache(PROMPT, (), steer)[1].receipts)  # a forward reaches 0

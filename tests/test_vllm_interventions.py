@@ -9,7 +9,9 @@ import torch
 
 from engine.errors import SteeringError
 from engine.patching import patch_sweep
+from engine.results import Request, StrictSteerError
 from engine.steering import Steer
+from test_receipts import CASES, check_receipt, steered_cases
 from test_vllm_common import (PROMPT, PROMPTS, check, decode_failures, drop, eager_model, random_vector,
                               vllm_model)
 
@@ -202,3 +204,50 @@ def test_swap_matches_eager(engines, backend):
     assert torch.equal(got.new_tokens, ref.new_tokens)
     check(got.logits, ref.logits, "lm_head", backend, case="decode")
     check(got.cache["resid_post.1"], ref.cache["resid_post.1"], "resid_post", backend, case="decode")
+
+
+# -- receipts (tests/test_receipts.py: the routine and eager) ----------------------------------------
+@pytest.mark.parametrize("backend", ["vllm", "vllm-static"])
+def test_receipts_match_an_independent_computation(engines, backend):
+    """Every case's receipt (rows, change norm) equals the steered capture minus an unsteered forward
+    over the same tokens, on generate, run_with_cache and generate_batch, and agrees with eager's;
+    vllm-static's receipts come from its pre-write tap buffer, replayed through the shared routine."""
+    m, em = engines(backend), eager_model(LLAMA)
+    cases = steered_cases(m, len(m._prompt_ids(PROMPT)))
+    for case in CASES:
+        st = cases[case]
+        key = str(st.address.base)
+        g = m.generate(PROMPT, 4, points=[key], steer=[st])
+        (r,) = g.receipts
+        check_receipt(m, g.cache, g.tokens[:, :-1], st, r, rel=1e-3)
+        (ref,) = em.generate(PROMPT, 4, steer=[st]).receipts
+        assert r.rows == ref.rows and r.change_norm == pytest.approx(ref.change_norm, rel=1e-3), case
+    st = cases["scale_list"]
+    _, cache = m.run_with_cache(PROMPT, ["mlp_out.1"], [st])
+    check_receipt(m, cache, m.to_tokens(PROMPT)["input_ids"], st, cache.receipts[0], rel=1e-3)
+    a, b = m.generate_batch([Request(PROMPT, 3, ["resid_post.0"], [cases["add_last"]]), Request(PROMPT, 3)])
+    check_receipt(m, {"resid_post.0": a.cache["resid_post.0"][None]}, a.tokens[None, :-1], cases["add_last"],
+                  a.receipts[0], rel=1e-3)
+    assert b.receipts == []
+
+
+@pytest.mark.parametrize("backend", ["vllm", "vllm-static"])
+def test_strict_fails_a_steer_that_generation_never_reached(engines, backend):
+    """A steer at a generated position passes the position check, but generation stops (a stop token)
+    before it: the receipt says 0 rows, and strict=True fails the call naming the steer."""
+    m = engines(backend)
+    n = len(m._prompt_ids(PROMPT))
+    first = int(m.generate(PROMPT, 1, steer=[Steer("resid_post.0", "scale", 2.0)]).new_tokens[0, 0])
+    stop = {"stop_token_ids": [first], "min_tokens": 0}
+    st = [Steer("resid_post.0", "scale", 2.0), Steer("resid_post.1", "add", random_vector((m.d_model,), 5), [n + 3])]
+    g = m.generate(PROMPT, 6, steer=st, **stop)
+    assert g.new_tokens.shape[1] == 1 and [r.rows for r in g.receipts] == [n, 0]
+    with pytest.raises(StrictSteerError, match=r"steer 1 \('add' at resid_post.1\) touched no row of this generat"):
+        m.generate(PROMPT, 6, steer=st, strict=True, **stop)
+    with pytest.raises(StrictSteerError, match=r"steer 1 .* touched no row of this request"):
+        m.generate_batch([Request(PROMPT, 6, steer=st, sampling=stop)], strict=True)
+    steps = list(m.stream(PROMPT, 6, steer=st, **stop))
+    assert steps[-1].result.receipts == g.receipts
+    with pytest.raises(StrictSteerError, match=r"steer 1 \('add' at resid_post.1\)"):
+        list(m.stream(PROMPT, 6, steer=st, strict=True, **stop))
+    assert m.generate(PROMPT, 6, steer=st, strict=True).receipts[1].rows == 1  # reached without the stop

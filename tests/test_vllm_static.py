@@ -7,7 +7,7 @@ import torch
 
 from engine.address import Address
 from engine.backends.vllm_backend import Request, _declared, load
-from engine.backends.vllm_proof import TapProofError, prove_taps
+from engine.backends.vllm_proof import PROBE, TapProofError, prove_taps
 from engine.backends.vllm_runtime import LoadReport
 from engine.errors import AddressError, SteeringError, UnsupportedPointError
 from engine.points import backend_status
@@ -50,13 +50,14 @@ def test_startup_proof_and_report(static):
     # the proof ran under the engine's own CUDA-graph mode (vLLM's default; NONE on CPU), no PIECEWISE override
     assert proof["cudagraph_mode"] == r.extra["cudagraph_mode"] == static.aio.engine.vllm_config.compilation_config.cudagraph_mode.name
     assert r.runner.startswith("model runner: V1")
+    assert proof["receipt_rows"] == len(static._prompt_ids(PROBE)) + 1
     assert proof["lens_max_abs"] is not None and proof["lens_max_abs"] < 1e-3
     assert len(static.declared) == len(_declared(DECLARED, static.n_layers)) + 1  # + internal final_norm
     rows = static.aio.engine.vllm_config.scheduler_config.max_num_batched_tokens  # one row per step token
     want = 0
-    for a in static.declared:  # float32 buffers: cap, and u / mul / add on write taps
+    for a in static.declared:  # float32 buffers: cap, and pre / u / mul / add on write taps
         info = static.catalogue.info(a)
-        want += rows * int(torch.tensor(info["shape"]).prod()) * 4 * (4 if info["writable"] else 1)
+        want += rows * int(torch.tensor(info["shape"]).prod()) * 4 * (5 if info["writable"] else 1)
     assert static.tap_buffer_bytes == want > 0
     assert static.points() == ["embeddings", "attn_in", "z", "attn_out", "resid_mid", "mlp_act", "mlp_out",
                                "resid_post", "final_norm"]

@@ -17,6 +17,15 @@ pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 FAMILIES = ["meta-llama/Llama-3.2-1B", "Qwen/Qwen3-0.6B", "allenai/OLMoE-1B-7B-0924"]
 
 
+def assert_receipts_match(tp2, em, steer) -> None:
+    """Receipts at TP=2 equal eager's: a replicated point reported once (rank 0), a sharded one's
+    change gathered from both ranks in quadrature, a head coordinate from the rank that holds it."""
+    got, ref = tp2.generate(PROMPT, 4, steer=steer).receipts, em.generate(PROMPT, 4, steer=steer).receipts
+    assert [(r.address, r.op, r.rows) for r in got] == [(r.address, r.op, r.rows) for r in ref]
+    for a, b in zip(got, ref):
+        assert a.change_norm == pytest.approx(b.change_norm, rel=1e-3), (a, b)
+
+
 @pytest.mark.parametrize("name", FAMILIES)
 def test_tp2_equals_tp1_and_eager(name):
     em = eager_model(name)
@@ -39,6 +48,7 @@ def test_tp2_equals_tp1_and_eager(name):
         if "mlp_act" in points:
             steer.append(Steer("mlp_act.0", "scale", 0.5, "generated"))
         assert decode_failures(tp2, em, ["resid_post.1", "z.1", "k.0.head-0"], steer=steer) == {}
+        assert_receipts_match(tp2, em, steer)
         with pytest.raises(SteeringError, match="split across 2 tensor-parallel ranks"):
             tp2.generate(PROMPT, 2, steer=[Steer("z.1", "project_out", torch.ones(heads, hd))])
     finally:

@@ -25,8 +25,8 @@ from engine.inputs import limits_of, padded_batch
 from engine.model_base import ModelBase
 from engine.plan import Plan, SiteWork, Span, run_site, site_work
 from engine.points import INTEGER_POINTS, backend_status, get_point
-from engine.results import (PATTERNS, ActivationCache, GenerationResult, RequestResult, batch_cache, columns,
-                            columns_of)
+from engine.results import (PATTERNS, ActivationCache, GenerationResult, RequestResult, batch_cache, check_strict,
+                            columns, columns_of, combine)
 from engine.steer_inputs import validate_steers
 from engine.sampling import Sampling
 from engine.steering import Steer
@@ -290,10 +290,11 @@ class EagerModel(ModelBase, WeightsMixin, TokensMixin):
         return (mask.long().cumsum(-1) - 1).clamp_min(0)
 
     # -- public API -------------------------------------------------------------------------------
-    def run_with_cache(self, inputs, points=(), steer=(), grad: bool = False):
+    def run_with_cache(self, inputs, points=(), steer=(), grad: bool = False, strict: bool = False):
         """One forward. Returns (logits [b, pos, vocab], ActivationCache of [b, pos, ...] tensors);
         padded positions hold 0 in both. With grad=True the captures stay in the autograd graph (they
-        are the model's own tensors, padded positions as the model computed them)."""
+        are the model's own tensors, padded positions as the model computed them). The cache's
+        `receipts` say what each steer did; strict=True fails a steer that touched no row."""
         self._live()
         enc = self._inputs(inputs)
         mask = enc["attention_mask"]
@@ -303,16 +304,19 @@ class EagerModel(ModelBase, WeightsMixin, TokensMixin):
         with self._lock, ctx, self._attached(plans, [_prefill_layout(plans, mask.cpu())], held):
             out = self.hf(**enc, position_ids=self._position_ids(mask), use_cache=False)
         logits = torch.where(mask.bool()[..., None], out.logits, torch.zeros((), dtype=out.logits.dtype))
+        receipts = combine([p.receipts() for p in plans])
+        if strict:
+            check_strict(receipts, "forward")
         if grad:
-            cache = ActivationCache(self.n_layers, columns_of(mask))
+            cache = ActivationCache(self.n_layers, columns_of(mask), receipts)
             for addr in plans[0].captures:
                 cache[str(addr)] = held[str(addr)]
             return logits, cache
         caches = [self._cache(p) for p in plans]
-        return logits, batch_cache(caches, columns_of(mask), mask.shape[1], self.n_layers)
+        return logits, batch_cache(caches, columns_of(mask), mask.shape[1], self.n_layers, receipts)
 
-    def forward(self, inputs, steer=()):
-        return self.run_with_cache(inputs, (), steer)[0]
+    def forward(self, inputs, steer=(), strict: bool = False):
+        return self.run_with_cache(inputs, (), steer, strict=strict)[0]
 
     def _cache(self, plan: Plan) -> ActivationCache:
         cache = ActivationCache(self.n_layers)
@@ -321,13 +325,15 @@ class EagerModel(ModelBase, WeightsMixin, TokensMixin):
             cache[key] = plan.tensor(key, plan.start_at.get(key, 0))
         return cache
 
-    def generate(self, inputs, max_new_tokens: int = 8, points=(), steer=(), **sampling) -> GenerationResult:
+    def generate(self, inputs, max_new_tokens: int = 8, points=(), steer=(), strict: bool = False,
+                 **sampling) -> GenerationResult:
         """Generation (greedy by default; sampling knobs of engine/sampling.py: temperature, top_p,
-        top_k, seed) with capture and steering in prefill and every step."""
-        return self._generate(inputs, max_new_tokens, points, steer, sampling)
+        top_k, seed) with capture and steering in prefill and every step. `receipts` (per sequence
+        and for the call) say what each steer did; strict=True fails a steer that touched no row."""
+        return self._generate(inputs, max_new_tokens, points, steer, sampling, strict=strict)
 
     def _generate(self, inputs, max_new_tokens, points, steer, sampling, streamer=None, internal=(),
-                  stopping=None, on_plans=None) -> GenerationResult:
+                  stopping=None, on_plans=None, strict: bool = False) -> GenerationResult:
         self._live()
         knobs = Sampling.parse(sampling, "eager")
         enc = self._inputs(inputs)
@@ -367,17 +373,22 @@ class EagerModel(ModelBase, WeightsMixin, TokensMixin):
                 cache[head] = torch.stack([c[head] for c in caches])
         full_mask = torch.cat([cpu_mask, torch.ones_like(new.cpu())], dim=1)
         reqs = [RequestResult(seq[r, -(n + new.shape[1]):-new.shape[1]].cpu(), new[r].cpu(), text[r], caches[r],
-                              None if logits is None else logits[r]) for r, n in enumerate(lengths)]
-        return GenerationResult(seq, new, text, cache, logits, full_mask, reqs)
+                              None if logits is None else logits[r], receipts=p.receipts())
+                for r, (n, p) in enumerate(zip(lengths, plans))]
+        receipts = combine([r.receipts for r in reqs])
+        if strict:
+            check_strict(receipts, "generation")
+        return GenerationResult(seq, new, text, cache, logits, full_mask, reqs, receipts)
 
     def stream(self, prompt, max_new_tokens: int = 8, points=(), steer=(), logprobs: int = 0,
-               return_logits: bool = True, rows: bool = True, **sampling):
+               return_logits: bool = True, rows: bool = True, strict: bool = False, **sampling):
         """Yield a StreamStep per generated token of one prompt (token, text, logprob and the top
         `logprobs`, with rows=True the captured rows of the forward that produced it); the last step
-        carries the RequestResult (its logits unless return_logits=False). Generation runs on a
-        worker thread; closing the iterator stops it."""
+        carries the RequestResult (its logits unless return_logits=False, its receipts; strict=True
+        raises instead of yielding it when a steer touched no row). Generation runs on a worker
+        thread; closing the iterator stops it."""
         from engine.backends.eager_stream import stream
-        return stream(self, prompt, max_new_tokens, points, steer, logprobs, sampling, return_logits, rows)
+        return stream(self, prompt, max_new_tokens, points, steer, logprobs, sampling, return_logits, rows, strict)
 
     def logit_lens(self, x, point: str = "resid_post") -> torch.Tensor:
         """Logits from a residual tensor (or an address captured in `x` when x is (cache, address))."""

@@ -71,7 +71,8 @@ class _Streamer(BaseStreamer):
         pass
 
 
-def stream(model, prompt, max_new_tokens, points, steer, logprobs, sampling, return_logits=True, rows=True):
+def stream(model, prompt, max_new_tokens, points, steer, logprobs, sampling, return_logits=True, rows=True,
+           strict=False):
     if not isinstance(logprobs, int) or isinstance(logprobs, bool) or logprobs < 0:
         raise ValueError(f"logprobs is how many top log-probabilities each step carries (an int >= 0), got {logprobs!r}.")
     enc = model._inputs(prompt)
@@ -87,7 +88,7 @@ def stream(model, prompt, max_new_tokens, points, steer, logprobs, sampling, ret
     def run():
         try:
             res = model._generate(enc, max_new_tokens, points, steer, sampling, streamer=streamer, internal=(_LOGITS,),
-                                  stopping=StoppingCriteriaList([stop]), on_plans=on_plans)
+                                  stopping=StoppingCriteriaList([stop]), on_plans=on_plans, strict=strict)
             req = res.requests[0]
             if not return_logits:
                 req.logits = None

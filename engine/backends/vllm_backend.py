@@ -86,28 +86,32 @@ class VLLMModel:
             raise
         return self._loop.run(coro)
 
-    def run_with_cache(self, inputs, points=(), steer=()):
+    def run_with_cache(self, inputs, points=(), steer=(), strict: bool = False):
         """One forward per prompt. Returns (logits [b, pos, vocab], cache of [b, pos, ...]), padded
-        like eager's (left, or the layout of a given attention_mask); padded positions hold 0."""
-        return self._run(self.aio.capture(inputs, points, steer))
+        like eager's (left, or the layout of a given attention_mask); padded positions hold 0. The
+        cache's receipts say what each steer did; strict=True fails a steer that touched no row."""
+        return self._run(self.aio.capture(inputs, points, steer, strict))
 
-    def forward(self, inputs, steer=()):
-        return self.run_with_cache(inputs, (), steer)[0]
+    def forward(self, inputs, steer=(), strict: bool = False):
+        return self.run_with_cache(inputs, (), steer, strict)[0]
 
     def generate(self, inputs, max_new_tokens: int = 8, points=(), steer=(), return_logits: bool = True,
-                 **sampling) -> GenerationResult:
+                 strict: bool = False, **sampling) -> GenerationResult:
         """Greedy (by default) generation of every prompt in one continuous batch, with the same
         captures and steers for each; see generate_batch for per-request ones."""
-        return self._run(self.aio.generate(inputs, max_new_tokens, points, steer, return_logits, **sampling))
+        return self._run(self.aio.generate(inputs, max_new_tokens, points, steer, return_logits, strict, **sampling))
 
-    def generate_batch(self, requests: list[Request], return_logits: bool = True, progress: bool = False):
-        """Run requests concurrently (one continuous batch); each keeps its own captures and steers."""
-        return self._run(self.aio.generate_batch(requests, return_logits))
+    def generate_batch(self, requests: list[Request], return_logits: bool = True, progress: bool = False,
+                       strict: bool = False):
+        """Run requests concurrently (one continuous batch); each keeps its own captures, steers and
+        receipts (strict=True: a steer that touched no row of its request fails the call)."""
+        return self._run(self.aio.generate_batch(requests, return_logits, strict))
 
     def stream(self, prompt, max_new_tokens: int = 8, points=(), steer=(), logprobs: int = 0,
-               return_logits: bool = True, rows: bool = True, **sampling):
+               return_logits: bool = True, rows: bool = True, strict: bool = False, **sampling):
         """Iterate StreamSteps of one prompt (see AsyncVLLMModel.stream); closing the iterator aborts it."""
-        agen = self.aio.stream(prompt, max_new_tokens, points, steer, logprobs, return_logits, rows, **sampling)
+        agen = self.aio.stream(prompt, max_new_tokens, points, steer, logprobs, return_logits, rows, strict,
+                               **sampling)
         try:
             while True:
                 try:

@@ -27,8 +27,8 @@ from engine.inputs import limits_of, token_rows
 from engine.model_base import ModelBase
 from engine.plan import Plan
 from engine.points import INTEGER_POINTS
-from engine.results import (ActivationCache, GenerationResult, Request, RequestResult, StreamStep, batch_cache,
-                            columns, columns_of, pad_rows)
+from engine.results import (ActivationCache, GenerationResult, Request, RequestResult, StreamStep,
+                            StrictSteerError, batch_cache, check_strict, columns, columns_of, combine, pad_rows)
 from engine.sampling import Sampling
 from engine.steer_inputs import validate_steers
 from engine.steering import OPS, Steer
@@ -329,31 +329,42 @@ class AsyncVLLMModel(ModelBase, TokensMixin):
         text = self.tokenizer.decode(new.tolist(), skip_special_tokens=True)
         return RequestResult(torch.tensor(plan.prompt, dtype=torch.long), new, text, cache, logits,
                              int(getattr(out, "num_cached_tokens", 0) or 0),
-                             max([r.get("recomputed", 0) for r in ranks or []], default=0))
+                             max([r.get("recomputed", 0) for r in ranks or []], default=0),
+                             vllm_wire.receipts_in(plan, ranks))
 
     # -- public async API ----------------------------------------------------------------------------
-    async def generate_batch(self, requests: list[Request], return_logits: bool = True) -> list[RequestResult]:
+    async def generate_batch(self, requests: list[Request], return_logits: bool = True,
+                             strict: bool = False) -> list[RequestResult]:
         """Run requests concurrently (one continuous batch); each keeps its own captures and steers
-        (each Request is one sequence: its steer values take no batch axis)."""
+        (each Request is one sequence: its steer values take no batch axis) and its receipts;
+        strict=True fails when a steer touched no row of its request."""
         self._live()
         want = return_logits and self.backend != "vllm-generate"
-        return await self._run_many([self._plan(r, False, want) for r in requests], want)
+        res = await self._run_many([self._plan(r, False, want) for r in requests], want)
+        if strict:
+            for r in res:
+                check_strict(r.receipts, "request")
+        return res
 
     async def generate(self, inputs, max_new_tokens: int = 8, points=(), steer=(), return_logits: bool = True,
-                       **sampling) -> GenerationResult:
+                       strict: bool = False, **sampling) -> GenerationResult:
         """Greedy (by default) generation of every prompt, the same captures and steers for each
         (a steer value or mask with a batch axis gives each prompt its own row); results padded on
-        the left like eager's."""
+        the left like eager's. strict=True fails when a steer touched no row of the call."""
         self._live()
         prompts, _ = self._prompts(inputs)
         want = return_logits and self.backend != "vllm-generate"
         built = [self._plan(Request(p, max_new_tokens, points, steer, sampling), False, want, i, len(prompts))
                  for i, p in enumerate(prompts)]
-        return self._batch(await self._run_many(built, want))
+        out = self._batch(await self._run_many(built, want))
+        if strict:
+            check_strict(out.receipts, "generation")
+        return out
 
-    async def capture(self, inputs, points=(), steer=()):
+    async def capture(self, inputs, points=(), steer=(), strict: bool = False):
         """One forward over each prompt. Returns (logits [b, pos, vocab], cache of [b, pos, ...]),
-        padded on the left (or in the layout of a given attention_mask); padded positions hold 0."""
+        padded on the left (or in the layout of a given attention_mask); padded positions hold 0.
+        The cache's receipts say what each steer did; strict=True fails a steer that touched no row."""
         self._live()
         self._refuse_if_generate("capture")
         prompts, mask = self._prompts(inputs)
@@ -363,15 +374,19 @@ class AsyncVLLMModel(ModelBase, TokensMixin):
         width = max(lengths) if mask is None else mask.shape[1]
         cols = columns(lengths, width, "left") if mask is None else columns_of(mask)
         logits = pad_rows([r.logits for r in res], cols, width)
-        return logits, batch_cache([r.cache for r in res], cols, width, self.n_layers)
+        receipts = combine([r.receipts for r in res])
+        if strict:
+            check_strict(receipts, "forward")
+        return logits, batch_cache([r.cache for r in res], cols, width, self.n_layers, receipts)
 
     async def stream(self, prompt, max_new_tokens: int = 8, points=(), steer=(), logprobs: int = 0,
-                     return_logits: bool = True, rows: bool = True, **sampling):
+                     return_logits: bool = True, rows: bool = True, strict: bool = False, **sampling):
         """Yield a StreamStep per generated token (token, text, logprob and the top `logprobs` of the raw
         distribution, and with rows=True the captured rows of the forward that produced it, read from
         the workers while the request runs); the last step carries the full RequestResult, also when
         sampling stops generation before max_new_tokens. Attention patterns are recomputed after the
-        request on vLLM: only the result holds them."""
+        request on vLLM: only the result holds them. strict=True raises instead of yielding the last
+        step when a steer touched no row (the result's receipts)."""
         self._live()
         from vllm.sampling_params import RequestOutputKind
         if not isinstance(logprobs, int) or isinstance(logprobs, bool) or logprobs < 0:
@@ -429,8 +444,16 @@ class AsyncVLLMModel(ModelBase, TokensMixin):
                 step.rows = _step_rows(cache, plan.prompt_len, step.index) if live else None
             if pending:
                 pending[-1].result = result
+            failure = None
+            if strict:
+                try:
+                    check_strict(result.receipts, "generation")
+                except StrictSteerError as e:
+                    failure, pending = e, pending[:-1]
             for step in pending:
                 yield step
+            if failure is not None:
+                raise failure
         finally:
             hold.set()
             if not task.done():
@@ -463,7 +486,8 @@ class AsyncVLLMModel(ModelBase, TokensMixin):
         logits = None
         if all(r.logits is not None for r in res):
             logits = pad_rows([r.logits for r in res], columns([r.logits.shape[0] for r in res], n_new, "right"), n_new)
-        return GenerationResult(tokens, new, [r.text for r in res], cache, logits, mask, res)
+        return GenerationResult(tokens, new, [r.text for r in res], cache, logits, mask, res,
+                                combine([r.receipts for r in res]))
 
     async def logit_lens(self, x, point: str = "resid_post") -> torch.Tensor:
         """Logits from a residual tensor through vLLM's own final norm and head (softcap, scaling)."""

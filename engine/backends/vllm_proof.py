@@ -9,9 +9,10 @@ Checks, on a short probe prompt, greedy:
   2. the logits recomputed from the `final_norm` tap pick exactly the tokens vLLM sampled, and
      (when the last layer's resid_post is declared) the lens of that tap gives the same logits;
   3. an `add` steer at the first write tap moves that tap's capture by the vector and changes the
-     logits; 4. a steer at generated positions only moves the decode row (the step a FULL graph
-     replays) by the vector, the prompt rows not at all; 5. the next unsteered run reproduces step 1
-     (write buffers were reset).
+     logits, and its receipt counts every row and the vector's norm at each (the pre-write buffer);
+  4. a steer at generated positions only moves the decode row (the step a FULL graph replays) by
+     the vector, the prompt rows not at all; 5. the next unsteered run reproduces step 1 (write
+     buffers were reset).
 """
 from __future__ import annotations
 
@@ -63,12 +64,19 @@ def prove_taps(model) -> dict:
         steer = [Steer(tap, "add", v)]
         steered = model.generate_batch([Request(ids, 2, points=[tap], steer=steer, sampling=raw)])[0]
         sizing = model.load_report.sizing
-        tol = (1e-3 if sizing is None or sizing.dtype == "float32" else 2e-2) * float(v.abs().max())  # 16-bit rounding
+        rel = 1e-3 if sizing is None or sizing.dtype == "float32" else 2e-2  # 16-bit rounding
+        tol = rel * float(v.abs().max())
         moved = float((steered.cache[tap][: len(ids)] - x[: len(ids)] - v).abs().max())
         changed = float((steered.logits[0] - base.logits[0]).abs().max())
         if moved > tol or changed < 1e-4:
             raise TapProofError(refuse.format(model.name, f"an add steer at {tap} moved the tap by the vector "
                                                           f"up to {moved:.3g} and changed the logits by {changed:.3g}"))
+        (receipt,) = steered.receipts  # every position ran: the prompt, then the first token fed back
+        rows, norm = len(ids) + 1, float(v.norm()) * (len(ids) + 1) ** 0.5
+        if receipt.rows != rows or abs(receipt.change_norm - norm) > rel * norm:
+            raise TapProofError(refuse.format(model.name, f"the add steer's receipt at {tap} says {receipt.rows} rows "
+                                                          f"and a change of {receipt.change_norm:.4g}, not {rows} "
+                                                          f"rows and {norm:.4g} (the pre-write tap buffer)"))
         decode = model.generate_batch([Request(ids, 2, points=[tap], sampling=raw,
                                                steer=[Steer(tap, "add", v, positions="generated")])])[0]
         n = len(ids)  # same prompt rows, so the same first token and the same decode input
@@ -83,5 +91,5 @@ def prove_taps(model) -> dict:
         if drift > 1e-4 * max(1.0, float(base.logits.abs().max())):
             raise TapProofError(refuse.format(model.name, f"an unsteered run after a steer drifted by {drift:.3g} "
                                                           f"(write buffers not reset)"))
-        proof.update(steer_tap=tap, steer_logit_change=changed, reset_drift=drift)
+        proof.update(steer_tap=tap, steer_logit_change=changed, reset_drift=drift, receipt_rows=receipt.rows)
     return proof

@@ -1,15 +1,20 @@
 """`vllm-static`: a tap set declared at load, baked into the forward as fixed buffers.
 
 Each tap owns preallocated `[max_tokens, width]` buffers registered on the module it wraps: `cap`
-(the forward copies the point into it) and, for write taps, `u`, `mul`, `add` (the forward
-applies y = (x - (x.u) u) * mul + add). The wrapper is installed between weight loading and
-compilation, so torch.compile (CPU) and CUDA graphs (GPU) capture plain tensor ops on buffers
-with fixed addresses and no Python, no data-dependent control flow. Between steps, Python fills
-the write buffers for each steering request's rows (identity elsewhere) and copies each
-capturing request's rows out of `cap`. That per-row affine form composes add / set / scale /
-ablate / mean_ablate / swap in any order (values per position too: each row gets its own), and
-project_out (rescale with coeff 0) when it comes first at a tap. Ops it cannot express (their
+(the forward copies the point into it) and, for write taps, `pre` (the point before the write),
+`u`, `mul`, `add` (the forward applies y = (x - (x.u) u) * mul + add). The wrapper is installed
+between weight loading and compilation, so torch.compile (CPU) and CUDA graphs (GPU) capture plain
+tensor ops on buffers with fixed addresses and no Python, no data-dependent control flow. Between
+steps, Python fills the write buffers for each steering request's rows (identity elsewhere) and
+copies each capturing request's rows out of `cap`. That per-row affine form composes add / set /
+scale / ablate / mean_ablate / swap in any order (values per position too: each row gets its own),
+and project_out (rescale with coeff 0) when it comes first at a tap. Ops it cannot express (their
 `static` entry in engine.steering.OPS says why) are refused by name before a request runs.
+
+Receipts: after each step, the steering requests' rows of `pre` go through the same steer routine
+as the hooked backends (engine.plan.steer_span), outside the graph, which tallies each steer's rows
+and change exactly as `vllm` and `eager` define them (the graph's affine arithmetic may round
+differently in the last bits).
 """
 from __future__ import annotations
 
@@ -19,7 +24,7 @@ import torch
 
 from engine.backends.vllm_tree import VSite
 from engine.errors import SteeringError
-from engine.plan import Step
+from engine.plan import Step, steer_span
 from engine.steering import OPS, values_at
 
 
@@ -30,12 +35,13 @@ class Tap:
         self.name, self.site, self.width, self.rows, self.writable = name, site, width, rows, writable
         self.dirty = False
         mod, p = site.module, f"_interp_tap{index}"
-        self.attrs = {k: f"{p}_{k}" for k in ("cap", "u", "mul", "add")}
+        self.attrs = {k: f"{p}_{k}" for k in ("cap", "pre", "u", "mul", "add")}
         def buffer(k, fill):
             mod.register_buffer(self.attrs[k], torch.full((rows, width), fill, device=device, dtype=dtype),
                                 persistent=False)
         buffer("cap", 0.0)
         if writable:
+            buffer("pre", 0.0)
             buffer("u", 0.0)
             buffer("mul", 1.0)
             buffer("add", 0.0)
@@ -46,7 +52,8 @@ class Tap:
 
     @property
     def nbytes(self) -> int:
-        return sum(self.buf(k).nbytes for k in (("cap", "u", "mul", "add") if self.writable else ("cap",)))
+        names = ("cap", "pre", "u", "mul", "add") if self.writable else ("cap",)
+        return sum(self.buf(k).nbytes for k in names)
 
     def _wrap(self) -> None:
         site, mod, names, writable = self.site, self.site.module, self.attrs, self.writable
@@ -56,6 +63,7 @@ class Tap:
             n = t.shape[0]
             x = t.reshape(n, -1)
             if writable:
+                getattr(mod, names["pre"])[:n].copy_(x)
                 u = getattr(mod, names["u"])[:n]
                 x = x - (x * u).sum(-1, keepdim=True) * u
                 x = x * getattr(mod, names["mul"])[:n] + getattr(mod, names["add"])[:n]
@@ -181,7 +189,7 @@ class StaticTaps:
             if not tap.writable:
                 continue
             writes = work[name].writes if name in work else {}
-            todo = [(sp, st) for sp in step.spans for st in writes.get(sp.plan.key, ())]
+            todo = [(sp, st) for sp in step.spans for _, st in writes.get(sp.plan.key, ())]
             if not todo and not tap.dirty:
                 continue
             tap.reset()
@@ -194,11 +202,17 @@ class StaticTaps:
             tap.dirty = bool(todo)
 
     def after(self, step: Step, work: dict) -> None:
-        """Copy each capturing plan's rows out of the capture buffers (CPU copies)."""
+        """Tally the receipts of this step's steers from the `pre` rows, and copy each capturing plan's
+        rows out of the capture buffers (CPU copies)."""
         for name, w in work.items():
+            tap = self.taps[name]
+            for sp in step.spans if w.writes and tap.writable else ():
+                writes = w.writes.get(sp.plan.key)
+                if writes:  # tallies only: the graph already applied them
+                    rows = tap.buf("pre")[sp.a:sp.b].reshape(sp.b - sp.a, *self.shape_of(name))
+                    steer_span(sp, writes, rows)
             if not w.reads:
                 continue
-            tap = self.taps[name]
             cap = tap.buf("cap")
             for sp in step.spans:
                 for key, coord in w.reads.get(sp.plan.key, ()):

@@ -5,10 +5,14 @@ dicts of address strings, ops and position specs. Nothing callable ever crosses 
 """
 from __future__ import annotations
 
+import dataclasses
+import math
+
 import torch
 
 from engine.address import parse
 from engine.plan import Plan
+from engine.results import Receipt
 from engine.steering import Steer
 
 _TENSOR = "__tensor__"
@@ -96,3 +100,21 @@ def plan_out(plan: Plan, key: str) -> dict:
 def plan_in(d: dict) -> Plan:
     return Plan(d["prompt_len"], [parse(a) for a in d["captures"]], [steer_in(s) for s in d["steers"]],
                 [parse(a) for a in d["internal"]], dict(d["start_at"]), key=d["key"])
+
+
+def receipt_out(r: Receipt) -> dict:
+    """A steer's receipt as plain data (non-finite norms travel as they are)."""
+    return dataclasses.asdict(r)
+
+
+def receipts_in(plan: Plan, ranks: list[dict] | None) -> list[Receipt]:
+    """One Receipt per steer of the plan from the ranks that report it (the worker's `_reports`):
+    the rows it touched (the same on each) and its change, whose parts on a sharded point add in
+    quadrature."""
+    got: dict = {}
+    for r in ranks or []:
+        for d in r.get("receipts", ()):
+            got.setdefault(d["index"], []).append(Receipt(**d))
+    return [Receipt(i, str(st.address), st.op, max((p.rows for p in got.get(i, ())), default=0),
+                    math.sqrt(sum(p.change_norm ** 2 for p in got.get(i, ()))))
+            for i, st in enumerate(plan.steers)]

@@ -173,6 +173,14 @@ class WorkerState:
             return st
         return st.at(st.address, v.index_select(st.lead, torch.tensor(held, device=v.device)))
 
+    def _reports(self, st) -> bool:
+        """Whether this rank's receipt of a steer counts: a replicated point is steered alike on every
+        rank (rank 0 reports), a sharded one on the ranks holding its indices (each its part)."""
+        held = self.site(st.address.base).held
+        if held is None:
+            return self.rank == 0
+        return not st.address.coords or st.address.coords[0][1] in held
+
     def _rebuild(self) -> None:
         """Recompute what every site does for the registered plans; reattach hooks (`vllm`)."""
         plans = list(self.plans.values())
@@ -231,8 +239,12 @@ class WorkerState:
 
     # -- requests ---------------------------------------------------------------------------------
     def register(self, plans: list[dict]) -> None:
+        device = next(self.model.parameters()).device
         for d in plans:
             plan = vllm_wire.plan_in(d)
+            # values arrive on the CPU; steered rows (and vllm-static's receipt replay) are on the model's device
+            plan.steers = [st.at(st.address, st.value.to(device)) if isinstance(st.value, torch.Tensor) else st
+                           for st in plan.steers]
             self.plans[plan.key] = plan
         self._rebuild()
 
@@ -247,6 +259,9 @@ class WorkerState:
             res = {"key": key, "recomputed": plan.recomputed, "captures": {}, "errors": {}, "held": {}}
             if plan.error is not None:
                 res["failed"] = plan.error
+            else:
+                res["receipts"] = [vllm_wire.receipt_out(r) for r in plan.receipts()
+                                   if self._reports(plan.steers[r.index])]
             for k in plan.store:
                 try:
                     first = plan.first(k)

@@ -5,7 +5,9 @@ engine's own checks: `expand` for points, the backend's steer validation for ops
 capture-only points, engine.positions for position specs), so a 400 names the exact entry
 (`interp.steer[1]`). After the run, a request's captures ([positions, ...], the prompt then every
 generated token fed back, exactly the library's RequestResult.cache) are cut to the asked
-positions, reduced (none / last / mean over them) and encoded.
+positions, reduced (none / last / mean over them) and encoded. Each response's `receipts` say what
+every steer did (engine.results.Receipt: rows touched, norm of its change); with `strict` (the
+default) a steer that touched no row fails the request with a 400 naming `interp.steer[i]`.
 
 Capture keys are the engine's canonical addresses (absolute layer: `resid_post.-1` on a 4-layer
 model comes back as `resid_post.3`), as in the library's ActivationCache.
@@ -29,6 +31,7 @@ class Asked:
     points: list[str] = field(default_factory=list)
     steers: list = field(default_factory=list)
     spec: CaptureSpec | None = None
+    strict: bool = True  # a steer that touched no row fails the request (engine.results.check_strict)
 
     @property
     def wants_rows(self) -> bool:
@@ -65,7 +68,7 @@ def check(runner, interp: Interp | None, calls: list[tuple[int, int]]) -> Asked:
         except Exception as e:
             raise from_engine(e, where) from None
         steers.append(s.steer)
-    return Asked(points, steers, spec)
+    return Asked(points, steers, spec, interp.strict)
 
 
 def selected(spec: CaptureSpec, start: int, stop: int, prompt_len: int) -> torch.Tensor:
@@ -162,3 +165,8 @@ def canonical(runner, points: list[str]) -> list[str]:
     for p in points:
         out += [str(a) for a in runner.check_point(p)]
     return list(dict.fromkeys(out))
+
+
+def receipts(res) -> list[dict]:
+    """A result's receipts as JSON, one per interp.steer entry (in order)."""
+    return [r.as_json() for r in res]

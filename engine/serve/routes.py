@@ -21,6 +21,7 @@ from fastapi import FastAPI, Request
 from pydantic import ValidationError
 from starlette.responses import JSONResponse, PlainTextResponse, StreamingResponse
 
+from engine.results import StrictSteerError
 from engine.serve import interp, text
 from engine.serve.errors import ServeError, from_engine, from_validation, is_client_error, payload
 from engine.serve.guard import Admission, Ticket
@@ -96,11 +97,14 @@ def budget(ctx: Context, req, prompt_len: int, default: int | None) -> int:
 
 
 async def guarded(coro):
-    """Run one engine call: the engine's refusals become 400s naming what it refused."""
+    """Run one engine call: the engine's refusals become 400s naming what it refused (a strict steer
+    that touched nothing: its interp.steer entry)."""
     try:
         return await coro
     except ServeError:
         raise
+    except StrictSteerError as e:
+        raise from_engine(e, f"interp.steer[{e.receipt.index}]") from None
     except Exception as e:
         if is_client_error(e) or (isinstance(e, ValueError) and not isinstance(e, UnicodeError)):
             raise ServeError(400, str(e)) from None
@@ -168,7 +172,8 @@ class Gen:
     def interp_block(self, i: int, res, rows_payload: dict | None = None) -> dict | None:
         if self.req.interp is None:
             return None
-        block = {"prompt_token_ids": self.prompts[i], "token_ids": res.new_tokens.tolist()}
+        block = {"prompt_token_ids": self.prompts[i], "token_ids": res.new_tokens.tolist(),
+                 "receipts": interp.receipts(res.receipts)}
         if self.asked.spec is not None:
             if rows_payload is None:
                 rows_payload, n = interp.payload(self.asked.spec, res.cache, len(self.prompts[i]), fed(res),
@@ -224,7 +229,7 @@ async def generation(request: Request, cls, chat: bool):
     asked = interp.check(ctx.runner, req.interp, list(zip(map(len, prompts), budgets)))
     keys = interp.canonical(ctx.runner, asked.points)
     rows = bool(req.stream and asked.wants_rows)
-    jobs = [Job(p, n, asked.points, asked.steers, sampling, rows) for p, n in zip(prompts, budgets)]
+    jobs = [Job(p, n, asked.points, asked.steers, sampling, rows, asked.strict) for p, n in zip(prompts, budgets)]
     g = Gen(ctx, req, chat, prompts, jobs, asked, keys, f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}",
             int(time.time()))
     ticket = ctx.admission.enter(len(jobs))
@@ -323,6 +328,8 @@ async def stream_events(g: Gen):
     except Exception as e:
         if isinstance(e, ServeError):
             err = e
+        elif isinstance(e, StrictSteerError):
+            err = from_engine(e, f"interp.steer[{e.receipt.index}]")
         elif is_client_error(e) or isinstance(e, ValueError):
             err = ServeError(400, str(e))
         else:
@@ -344,15 +351,15 @@ async def capture(request: Request):
     spec = asked.spec or CaptureSpec.model_construct(points=[], positions="all", reduction="none", encoding="base64")
     ticket = ctx.admission.enter(len(prompts))
     try:
-        results = await gather_all(guarded(ctx.runner.capture(p, asked.points, asked.steers, req.return_logits))
-                                   for p in prompts)
+        results = await gather_all(guarded(ctx.runner.capture(p, asked.points, asked.steers, req.return_logits,
+                                                              asked.strict)) for p in prompts)
     finally:
         ticket.release()
     data, total = [], 0
-    for i, (p, (cache, logits)) in enumerate(zip(prompts, results)):
+    for i, (p, (cache, logits, receipts)) in enumerate(zip(prompts, results)):
         item, n = interp.payload(spec, cache, len(p), len(p), limit=ctx.max_capture_bytes - total)
         total += n
-        item = {"index": i, "prompt_token_ids": p, **item}
+        item = {"index": i, "prompt_token_ids": p, **item, "receipts": interp.receipts(receipts)}
         if logits is not None:
             lg, n = interp.payload(spec, {"logits": logits}, len(p), len(p), limit=ctx.max_capture_bytes - total)
             total += n

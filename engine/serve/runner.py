@@ -36,6 +36,7 @@ class Job:
     steers: list
     sampling: dict
     rows: bool = False  # stream the capture rows per step
+    strict: bool = True  # a steer that touched no row fails the request
 
 
 @dataclass
@@ -105,8 +106,8 @@ class Runner:
     def stream(self, job: Job) -> AsyncIterator[Event]:
         raise NotImplementedError
 
-    async def capture(self, prompt: list[int], points, steers, logits: bool):
-        """One forward: ({address: [P, ...]}, logits [P, vocab] or None)."""
+    async def capture(self, prompt: list[int], points, steers, logits: bool, strict: bool = True):
+        """One forward: ({address: [P, ...]}, logits [P, vocab] or None, receipts)."""
         raise NotImplementedError
 
     async def problem(self) -> str | None:
@@ -145,19 +146,20 @@ class VLLMRunner(Runner):
         # one output at the end, as vLLM's own server asks for non-streamed requests (not one per step)
         sampling = {**job.sampling, "output_kind": RequestOutputKind.FINAL_ONLY}
         req = Request(job.prompt, job.max_tokens, job.points, job.steers, sampling)
-        (res,) = await self.model.aio.generate_batch([req], return_logits=False)
+        (res,) = await self.model.aio.generate_batch([req], return_logits=False, strict=job.strict)
         return res
 
     async def stream(self, job: Job):
         n = len(job.prompt)
         async for st in self.model.aio.stream(job.prompt, job.max_tokens, job.points, job.steers,
-                                              return_logits=False, rows=job.rows, **job.sampling):
+                                              return_logits=False, rows=job.rows, strict=job.strict,
+                                              **job.sampling):
             at = 0 if st.index == 0 else n + st.index - 1  # the first position of the step's rows
             yield Event(st.token, {k: (at, t) for k, t in st.rows.items()} if st.rows else None, st.result)
 
-    async def capture(self, prompt, points, steers, logits: bool):
-        lg, cache = await self.model.aio.capture([prompt], points, steers)
-        return {k: v[0] for k, v in cache.items()}, (lg[0] if logits else None)
+    async def capture(self, prompt, points, steers, logits: bool, strict: bool = True):
+        lg, cache = await self.model.aio.capture([prompt], points, steers, strict)
+        return {k: v[0] for k, v in cache.items()}, (lg[0] if logits else None), cache.receipts
 
     async def problem(self) -> str | None:
         if self.catalogue._closed:
@@ -219,7 +221,8 @@ class EagerRunner(Runner):
         return _knobs({"temperature": t, "seed": req.seed, "top_p": req.top_p, "top_k": req.top_k})
 
     def _generate(self, job: Job) -> RequestResult:
-        out = self.model.generate([job.prompt], job.max_tokens, job.points, job.steers, **job.sampling)
+        out = self.model.generate([job.prompt], job.max_tokens, job.points, job.steers, strict=job.strict,
+                                  **job.sampling)
         return out.requests[0]
 
     async def _call(self, fn, *args):
@@ -236,12 +239,12 @@ class EagerRunner(Runner):
             yield Event(tok)
         yield Event(toks[-1], {k: (0, v) for k, v in res.cache.items()} if job.rows else None, res)
 
-    def _capture(self, prompt, points, steers, logits: bool):
-        lg, cache = self.model.run_with_cache([prompt], points, steers)
-        return {k: v[0] for k, v in cache.items()}, (lg[0] if logits else None)
+    def _capture(self, prompt, points, steers, logits: bool, strict: bool):
+        lg, cache = self.model.run_with_cache([prompt], points, steers, strict=strict)
+        return {k: v[0] for k, v in cache.items()}, (lg[0] if logits else None), cache.receipts
 
-    async def capture(self, prompt, points, steers, logits: bool):
-        return await self._call(self._capture, prompt, points, steers, logits)
+    async def capture(self, prompt, points, steers, logits: bool, strict: bool = True):
+        return await self._call(self._capture, prompt, points, steers, logits, strict)
 
     def serve(self, coro, server) -> None:
         asyncio.run(coro)

@@ -87,9 +87,12 @@ class SteerSpec(Body):
 
 
 class Interp(Body):
-    """The per-request interpretability field: captures to return and steers to apply."""
+    """The per-request interpretability field: captures to return and steers to apply. strict (on
+    by default): a steer that touched no row fails the request (a 400 naming it) instead of coming
+    back with a receipt of 0 rows."""
     capture: CaptureSpec | None = None
     steer: list[SteerSpec] = Field(default_factory=list)
+    strict: bool = True
 
     @field_validator("capture", mode="before")
     @classmethod

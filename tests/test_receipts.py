@@ -1,0 +1,177 @@
+"""Intervention receipts (engine.results.Receipt): per steer, the rows it touched and the norm of its
+change, checked against an independent computation (the steered capture minus an unsteered forward
+over the same tokens), and strict=True failing a steer that touched no row. Here: the shared
+routine (plan.steer_span / run_site, preemption and recomputation counted once) and the eager
+backend, library and stream; vLLM and vllm-static in test_vllm_interventions.py, the servers in
+test_serve_eager.py and test_serve.py."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from engine.plan import Plan, Span, Step, run_site, site_work
+from engine.results import Receipt, StrictSteerError, check_strict, combine
+from engine.steering import Steer
+from test_vllm_common import PROMPT, eager_model, random_vector
+
+LLAMA = "meta-llama/Llama-3.2-1B"
+
+
+def independent(model, steered, tokens: torch.Tensor, key: str) -> tuple[int, float]:
+    """(rows, norm) of a steer's change at `key`, from outside the engine's tally: the steered run's
+    capture there minus an unsteered forward over the same tokens (the steer is the only write at or
+    before `key`, so every row before it is what the unsteered forward computes)."""
+    _, ref = model.run_with_cache(tokens, [key])
+    d = (steered.float() - ref[key].float()).reshape(tokens.shape[0], tokens.shape[1], -1)
+    changed = d.norm(dim=-1) > 1e-4 * max(1.0, float(ref[key].abs().max()))
+    return int(changed.sum()), float(d.norm())
+
+
+def steered_cases(m, n_prompt: int) -> dict:
+    """One steer per case, each at a point the unsteered forward reads at the same place; every op
+    family and position form (vllm-static declares resid_post, mlp_out.1 and z.1)."""
+    d = m.d_model
+    hd = getattr(m.config, "head_dim", None) or d // m.config.num_attention_heads
+    return {
+        "add_last": Steer("resid_post.0", "add", random_vector((d,), 1), positions="last"),
+        "scale_list": Steer("mlp_out.1", "scale", 3.0, positions=[1, 2, -1]),
+        "set_head_range": Steer("z.1.head-2", "set", random_vector((n_prompt, hd), 3), positions=(0, 3)),
+        "add_exclude": Steer("resid_post.1", "add", random_vector((d,), 4), exclude=[0, 3]),
+        "project_out": Steer("resid_post.1", "project_out", random_vector((d,), 5)),
+    }
+
+
+CASES = ["add_last", "scale_list", "set_head_range", "add_exclude", "project_out"]
+
+
+def check_receipt(model, res_cache, tokens, st, receipt: Receipt, rel: float = 1e-4) -> None:
+    rows, norm = independent(model, res_cache[str(st.address.base)], tokens, str(st.address.base))
+    assert receipt.rows == rows > 0, (receipt, rows)
+    assert receipt.change_norm == pytest.approx(norm, rel=rel, abs=1e-5), (receipt, norm)
+    assert (receipt.index, receipt.op) == (0, st.op) and receipt.address == str(st.address)
+
+
+# -- the shared routine ---------------------------------------------------------------------------
+def test_each_steer_is_measured_from_what_it_received_and_recomputed_rows_count_once():
+    add = Steer("resid_post.0", "add", torch.tensor([3.0, 4.0]), positions=[0, 2])
+    scale = Steer("resid_post.0", "scale", 2.0, positions=[2, 3])
+    plan, other = Plan(4, [], [add, scale]), Plan(4, [], [Steer("resid_post.0", "ablate", positions=9)])
+    work = site_work([plan, other], lambda a: "s")["s"]
+    t = torch.ones(8, 2)
+    out = run_site(t, [Span(plan, 0, 4, 0), Span(other, 4, 8, 0)], work, None)
+    assert torch.equal(out[:4], torch.tensor([[4.0, 5], [1, 1], [8, 10], [2, 2]]))
+    a, s = plan.receipts()
+    assert (a.rows, a.change_norm) == (2, pytest.approx(math.sqrt(2) * 5))  # |(3, 4)| at rows 0 and 2
+    # scale sees row 2 after the add: (4, 5) -> (8, 10), and row 3 (1, 1) -> (2, 2)
+    assert (s.rows, s.change_norm) == (2, pytest.approx(math.sqrt(16 + 25 + 1 + 1)))
+    assert other.receipts() == [Receipt(0, "resid_post.0", "ablate", 0, 0.0)]
+    # the scheduler recomputes positions 2..3 (preemption): each position counts once, as last computed
+    run_site(torch.full((2, 2), 10.0), [Span(plan, 0, 2, 2)], work, None)
+    a, s = plan.receipts()
+    assert (a.rows, a.change_norm) == (2, pytest.approx(math.sqrt(2) * 5))
+    # position 2: (10, 10) + (3, 4) = (13, 14), doubled; position 3: (10, 10) doubled
+    assert (s.rows, s.change_norm) == (2, pytest.approx(math.sqrt(13 ** 2 + 14 ** 2 + 2 * 10 ** 2)))
+
+
+def test_static_taps_tally_from_the_pre_write_buffer():
+    """vllm-static applies steers as one affine map inside the graph; its receipts replay the step's
+    steers on the tap's pre-write rows through the shared routine: the same receipts as the hooked
+    path (run_site) on the same rows, the composed steers each measured from what it received."""
+    from engine.backends.vllm_static import StaticTaps, Tap
+    from engine.backends.vllm_tree import VSite
+    steers = [Steer("resid_post.0", "project_out", torch.randn(8)),
+              Steer("resid_post.0", "add", torch.ones(8), [1, 3]), Steer("resid_post.0", "scale", 3.0, [3, 4])]
+    taps = StaticTaps()
+    site = VSite(torch.nn.Identity(), "post", "out", lambda o: o, lambda o, n: n)
+    taps.taps["resid_post.0"] = Tap("resid_post.0", site, 8, rows=8, writable=True, device="cpu",
+                                    dtype=torch.float32, index=0)
+    taps.head_dim["resid_post.0"] = None
+    static, hooked = Plan(5, [], steers), Plan(5, [], steers)
+    x = torch.randn(7, 8)  # rows 2..6 are the plan's positions 0..4
+    step = Step([Span(static, 2, 7, 0)], 7)
+    work = site_work([static], lambda a: str(a))
+    taps.before(step, work)
+    got = site.module(x)
+    taps.after(step, work)
+    want = run_site(x, [Span(hooked, 2, 7, 0)], site_work([hooked], lambda a: "s")["s"], None)
+    torch.testing.assert_close(got, want)
+    a, b = static.receipts(), hooked.receipts()
+    assert [r.rows for r in a] == [r.rows for r in b] == [5, 2, 2]
+    for r, s in zip(a, b):
+        assert r.change_norm == pytest.approx(s.change_norm, rel=1e-6) and r.change_norm > 0
+
+
+def test_combine_strict_and_json():
+    seqs = [[Receipt(0, "resid_post.1", "add", 3, 3.0), Receipt(1, "lm_head", "add", 0, 0.0)],
+            [Receipt(0, "resid_post.1", "add", 1, 4.0), Receipt(1, "lm_head", "add", 0, 0.0)]]
+    call = combine(seqs)
+    assert call == [Receipt(0, "resid_post.1", "add", 4, 5.0), Receipt(1, "lm_head", "add", 0, 0.0)]
+    with pytest.raises(StrictSteerError, match=r"steer 1 \('add' at lm_head\) touched no row of this call") as e:
+        check_strict(call)
+    assert e.value.receipt is call[1] and isinstance(e.value, ValueError)
+    check_strict(call[:1])
+    assert Receipt(2, "z.1.head-0", "set", 1, float("inf")).as_json() == {
+        "index": 2, "address": "z.1.head-0", "op": "set", "rows": 1, "change_norm": None}
+
+
+# -- eager ------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def em():
+    return eager_model(LLAMA)
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_eager_generate_receipts_match_an_independent_computation(em, case):
+    n = len(em.to_tokens(PROMPT)["input_ids"][0])
+    st = steered_cases(em, n)[case]
+    g = em.generate(PROMPT, 4, points=[str(st.address.base)], steer=[st])
+    fed = g.tokens[:, :-1]  # the prompt, then every new token but the last: what the forwards ran on
+    (r,) = g.receipts
+    assert g.requests[0].receipts == g.receipts
+    check_receipt(em, g.cache, fed, st, r)
+    _, cache = em.run_with_cache(PROMPT, [str(st.address.base)], [st])  # a forward: its own receipts
+    (r,) = cache.receipts
+    check_receipt(em, cache, em.to_tokens(PROMPT)["input_ids"], st, r)
+
+
+def test_eager_batch_receipts_per_sequence_and_for_the_call(em):
+    prompts = [PROMPT, "Hello world"]
+    mask = torch.zeros(2, 12, dtype=torch.bool)
+    mask[0, [1, 4]] = True  # the second sequence selects nothing: per-row patching, allowed
+    st = Steer("resid_post.0", "add", random_vector((em.d_model,), 7), positions=mask)
+    g = em.generate(prompts, 3, points=["resid_post.0"], steer=[st], strict=True)  # the call touched rows
+    assert [r.receipts[0].rows for r in g.requests] == [2, 0]
+    assert g.receipts[0].rows == 2
+    assert g.receipts[0].change_norm == pytest.approx(math.sqrt(2) * float(st.value.norm()), rel=1e-5)
+    assert g.requests[1].receipts[0].change_norm == 0.0
+
+
+def test_eager_strict_fails_a_steer_that_touched_nothing(em):
+    """While generating, HF computes the logits of the last prompt token only: a steer of lm_head at
+    position 0 passes the position check (position 0 runs) but touches no row."""
+    v = random_vector((em.config.vocab_size,), 8)
+    steers = [Steer("resid_post.0", "scale", 2.0), Steer("lm_head", "add", v, positions=0)]
+    g = em.generate(PROMPT, 3, steer=steers)
+    assert [(r.address, r.rows) for r in g.receipts] == [("resid_post.0", len(g.tokens[0]) - 1), ("lm_head", 0)]
+    with pytest.raises(StrictSteerError, match=r"steer 1 \('add' at lm_head\) touched no row of this generation"):
+        em.generate(PROMPT, 3, steer=steers, strict=True)
+    with em.steering(steers[1]):  # a steering() block's steers come first
+        with pytest.raises(StrictSteerError, match=r"steer 0 \('add' at lm_head\)"):
+            em.generate(PROMPT, 3, steer=steers[:1], strict=True)
+    _, cache = em.run_with_cache(PROMPT, (), steers, strict=True)  # a forward computes every logit
+    assert [r.rows for r in cache.receipts] == [len(em.to_tokens(PROMPT)["input_ids"][0]), 1]
+
+
+def test_eager_stream_result_carries_the_receipts(em):
+    st = [Steer("resid_post.1", "add", random_vector((em.d_model,), 9), positions="last"),
+          Steer("lm_head", "add", random_vector((em.config.vocab_size,), 10), positions=0)]
+    steps = list(em.stream(PROMPT, 4, steer=st))
+    ref = em.generate(PROMPT, 4, steer=st)
+    assert steps[-1].result.receipts == ref.requests[0].receipts and ref.receipts[1].rows == 0
+    got = []
+    with pytest.raises(StrictSteerError, match=r"steer 1 \('add' at lm_head\)"):
+        for step in em.stream(PROMPT, 4, steer=st, strict=True):
+            got.append(step.token)
+    assert got == ref.new_tokens[0, :-1].tolist()  # every step but the last, which would carry the result
