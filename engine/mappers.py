@@ -195,11 +195,13 @@ def to_nnsight(model, address) -> Accessor:
     if point == "lm_head_raw":
         return Accessor(fam.lm_head, "output")
     if point in ("attn_in", "attn_out"):
-        if not fam.attn:
+        mixer = model.block_layout().mixers[layer] if fam.mixers else "attention"
+        path = fam.attn if mixer == "attention" else mixer if mixer in fam.mixers else None
+        if not path:
             unmapped("no attention module path")
         if point == "attn_out" and fam.attn_adds_residual:
             unmapped("the attention module adds the residual itself (subtract its residual argument)")
-        return Accessor(f"{blk}.{fam.attn}", "input" if point == "attn_in" else "output")
+        return Accessor(f"{blk}.{path}", "input" if point == "attn_in" else "output")
     if point in ("mlp_in", "mlp_out"):
         if fam.mlp_on_layer:
             pre = fam.mlp_pre.path if isinstance(fam.mlp_pre, Split) else fam.mlp_pre
@@ -208,6 +210,9 @@ def to_nnsight(model, address) -> Accessor:
         if point == "mlp_out" and (fam.mlp_adds_residual or fam.mlp_sibling):
             unmapped("the MLP module adds the residual itself" if fam.mlp_adds_residual else
                      "the MLP slot is two modules whose outputs are added")
+        if point == "mlp_out" and fam.name == "falcon" and fam.parallel:
+            unmapped("HF Falcon's parallel block adds the attention output into the MLP output in place after the "
+                     "module returns, so a saved output is overwritten; clone mlp.output inside the trace")
         return Accessor(f"{blk}.{fam.mlp}", "input" if point == "mlp_in" else "output")
     if point == "mlp_act" and fam.mlp_down:
         return Accessor(f"{blk}.{fam.mlp_down}" if fam.mlp_on_layer else f"{blk}.{fam.mlp}.{fam.mlp_down}", "input")
@@ -230,8 +235,10 @@ def to_nnsight(model, address) -> Accessor:
         norm = fam.q_norm if point.startswith("q") else fam.k_norm
         if norm:
             return Accessor(f"{blk}.{fam.attn}.{norm}", "input" if point.endswith("_in") else "output", heads)
-    if point == "z" and fam.o_proj and fam.attn:
-        return Accessor(f"{blk}.{fam.attn}.{fam.o_proj}", "input", heads)
+    if point == "z" and fam.attn_gate:
+        unmapped("gated attention: the output projection reads z already multiplied by the gate")
+    if point == "z" and fam.o_proj and fam.attn:  # z_in: the module that reads z (DeepSeek-V4's grouped o_a_proj)
+        return Accessor(f"{blk}.{fam.attn}.{fam.z_in or fam.o_proj}", "input", heads)
     unmapped("it is computed inside a module (the attention call, a router, a stream connection)")
 
 

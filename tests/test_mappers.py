@@ -37,7 +37,9 @@ def _same(ours: torch.Tensor, theirs: torch.Tensor, point: str):
         return theirs
     if theirs.dim() == ours.dim() and theirs.transpose(1, 2).shape == ours.shape:  # heads first
         return theirs.transpose(1, 2)
-    if theirs.dim() == ours.dim() - 1 and theirs.reshape(ours.shape).shape == ours.shape:  # heads flattened
+    if theirs.dim() == ours.dim() - 1 and theirs.numel() == ours.numel():  # heads flattened
+        return theirs.reshape(ours.shape)
+    if theirs.shape[:2] == ours.shape[:2] and theirs.numel() == ours.numel():  # heads regrouped per position
         return theirs.reshape(ours.shape)
     return None
 
