@@ -258,6 +258,9 @@ def to_nnterp(model, address) -> str:
     if addr.point in ("attn_out", "mlp_out") and fam.name in NNTERP_NONE and \
             (addr.point == "mlp_out" or fam.name == "bloom"):
         raise UnmappedError(f"{addr}: {NNTERP_NONE[fam.name]}.")
+    if addr.point in ("mlp_in", "mlp_out") and fam.mlp_on_layer:
+        raise UnmappedError(f"{addr}: the MLP's projections sit on the decoder layer itself (no MLP module), so "
+                            f"nnterp's mlps_input / mlps_output find nothing to read.")
     return acc.format(L=addr.layer)
 
 
