@@ -292,10 +292,11 @@ class EagerModel(ModelBase, WeightsMixin, TokensMixin):
                 site = self._site(a)
                 points[site] = a.point
                 return site
-            # a recomputed site that writes rebuilds its module's output from recomputed parts (the
-            # hyper-connection collapse from its weights): installed first, the hooks reading that same
-            # output see its replacement, so with gradients every capture stays on the forward's path
-            work_at = sorted(site_work(plans, site_of).items(), key=lambda kv: kv[0].how != "recompute")
+            work_at = list(site_work(plans, site_of).items())
+            if held is not None:  # with gradients every site writes: a recomputed one rebuilds its module's
+                # output from recomputed parts (the hyper-connection collapse from its weights), so it goes
+                # first and the hooks reading that same output see its replacement (stay on the forward's path)
+                work_at.sort(key=lambda kv: kv[0].how != "recompute")
             for site, work in work_at:
                 if held is None or not work.reads:
                     fn, writes = functools.partial(self._at_site, work, keep), bool(work.writes)
