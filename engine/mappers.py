@@ -40,7 +40,31 @@ TL_OVERRIDES: dict[tuple[str, str], tuple[str | None, str]] = {
     **{(f, p): (None, "HunYuan normalizes q and k after RoPE; the bridge's rotary hooks are before that norm")
        for f in ("hunyuan_v1_dense", "hunyuan_v1_moe") for p in ("q", "k")},
     ("qwen3_next", "z"): (None, "gated attention: the bridge's hook_z is z already multiplied by the gate"),
+    # found by tests/test_mappers.py's sweep: the hook exists in bridge.hook_dict but never fires in a forward
+    **{(f, p): (None, "the bridge registers hook_rot_q / hook_rot_k but never calls them (run_with_cache returns "
+                      "no entry) and its hook_q / hook_k are before RoPE")
+       for f in ("gpt_neox", "phi3") for p in ("q", "k")},
+    ("opt", "attn_scores"): (None, "the OPT bridge's hook_attn_scores is taken before the causal mask is added"),
+    **{(f, "expert_indices"): (None, "the bridge exposes no hook_expert_indices on this MoE block (only "
+                                     "hook_router_scores)") for f in ("deepseek_v2", "deepseek_v3", "ernie4_5_moe")},
+    **{(f, "router_logits"): ("blocks.{L}.mlp.router.hook_out", "the bridge names this router `router`")
+       for f in ("gpt_oss", "jamba")},
+    **{("deepseek_v4", p): (None, "the DeepSeek-V4 bridge has no hook_resid_pre, no attention hook_rot_q / "
+                                  "hook_attn_scores / hook_pattern / hook_z and no hook_expert_indices")
+       for p in ("embeddings", "q", "attn_scores", "attn_probs", "z", "expert_indices")},
+    # granite-4 hybrid: the bridge splits the MoE (`moe`) from the shared MLP (`shared_mlp`) and has no hook on
+    # their sum, which is our mlp_out
+    ("granitemoehybrid", "mlp_in"): ("blocks.{L}.moe.hook_in", "the bridge names the MoE block `moe`"),
+    ("granitemoehybrid", "router_logits"): ("blocks.{L}.moe.gate.hook_out", "the bridge names the MoE block `moe`"),
+    ("granitemoehybrid", "expert_indices"): ("blocks.{L}.moe.hook_expert_indices", "the bridge names the MoE block `moe`"),
+    ("granitemoehybrid", "mlp_out"): (None, "the bridge hooks the routed experts (`moe`) and the shared MLP "
+                                            "(`shared_mlp`) apart and has no hook on their sum"),
 }
+# families whose bridge wraps the attention and MLP blocks without hooks (only the block's resid_pre /
+# resid_post and its Mamba mixer's hooks): a sublayer point there has no equivalent
+TL_NO_SUBLAYER_HOOKS = ("zamba2", "nemotron_h")
+# the bridge's name for a hybrid layer's Mamba mixer, where it is not our module name
+TL_MIXER = {f: "mixer" for f in ("granitemoehybrid", "jamba", "bamba", "zamba2", "nemotron_h")}
 # points the bridge has no hook for, on any family
 TL_NONE = {
     "expert_weights": "the bridge's hook_expert_weights is a softmax over all experts, not the top-k mixing weights",
@@ -94,7 +118,10 @@ def to_tl(model, address) -> str:
         if point in ("attn_in", "attn_out"):  # hybrid trunks: the bridge names the layer's other mixer by its module
             mixers = model.block_layout().mixers
             if mixers and mixers[addr.layer] not in ("attention", "other", "none"):
-                name = name.replace(".attn.", f".{mixers[addr.layer]}.")
+                name = name.replace(".attn.", f".{TL_MIXER.get(fam.name, mixers[addr.layer])}.")
+        if fam.name in TL_NO_SUBLAYER_HOOKS and (".attn." in name or ".mlp." in name):
+            raise UnmappedError(f"{addr} has no TransformerLens hook on {fam.name}: the bridge wraps this "
+                                f"hybrid's attention and MLP blocks without hooks.")
     if point == "attn_scores" and fam.name == "jamba":
         raise UnmappedError(f"{addr}: the Jamba bridge's hook_attn_scores is taken without the causal mask.")
     return name.format(L=addr.layer)
@@ -168,11 +195,13 @@ def to_nnsight(model, address) -> Accessor:
     if point == "lm_head_raw":
         return Accessor(fam.lm_head, "output")
     if point in ("attn_in", "attn_out"):
-        if not fam.attn:
+        mixer = model.block_layout().mixers[layer] if fam.mixers else "attention"
+        path = fam.attn if mixer == "attention" else mixer if mixer in fam.mixers else None
+        if not path:
             unmapped("no attention module path")
         if point == "attn_out" and fam.attn_adds_residual:
             unmapped("the attention module adds the residual itself (subtract its residual argument)")
-        return Accessor(f"{blk}.{fam.attn}", "input" if point == "attn_in" else "output")
+        return Accessor(f"{blk}.{path}", "input" if point == "attn_in" else "output")
     if point in ("mlp_in", "mlp_out"):
         if fam.mlp_on_layer:
             pre = fam.mlp_pre.path if isinstance(fam.mlp_pre, Split) else fam.mlp_pre
@@ -181,6 +210,9 @@ def to_nnsight(model, address) -> Accessor:
         if point == "mlp_out" and (fam.mlp_adds_residual or fam.mlp_sibling):
             unmapped("the MLP module adds the residual itself" if fam.mlp_adds_residual else
                      "the MLP slot is two modules whose outputs are added")
+        if point == "mlp_out" and fam.name == "falcon" and fam.parallel:
+            unmapped("HF Falcon's parallel block adds the attention output into the MLP output in place after the "
+                     "module returns, so a saved output is overwritten; clone mlp.output inside the trace")
         return Accessor(f"{blk}.{fam.mlp}", "input" if point == "mlp_in" else "output")
     if point == "mlp_act" and fam.mlp_down:
         return Accessor(f"{blk}.{fam.mlp_down}" if fam.mlp_on_layer else f"{blk}.{fam.mlp}.{fam.mlp_down}", "input")
@@ -203,8 +235,10 @@ def to_nnsight(model, address) -> Accessor:
         norm = fam.q_norm if point.startswith("q") else fam.k_norm
         if norm:
             return Accessor(f"{blk}.{fam.attn}.{norm}", "input" if point.endswith("_in") else "output", heads)
-    if point == "z" and fam.o_proj and fam.attn:
-        return Accessor(f"{blk}.{fam.attn}.{fam.o_proj}", "input", heads)
+    if point == "z" and fam.attn_gate:
+        unmapped("gated attention: the output projection reads z already multiplied by the gate")
+    if point == "z" and fam.o_proj and fam.attn:  # z_in: the module that reads z (DeepSeek-V4's grouped o_a_proj)
+        return Accessor(f"{blk}.{fam.attn}.{fam.z_in or fam.o_proj}", "input", heads)
     unmapped("it is computed inside a module (the attention call, a router, a stream connection)")
 
 
@@ -224,6 +258,9 @@ def to_nnterp(model, address) -> str:
     if addr.point in ("attn_out", "mlp_out") and fam.name in NNTERP_NONE and \
             (addr.point == "mlp_out" or fam.name == "bloom"):
         raise UnmappedError(f"{addr}: {NNTERP_NONE[fam.name]}.")
+    if addr.point in ("mlp_in", "mlp_out") and fam.mlp_on_layer:
+        raise UnmappedError(f"{addr}: the MLP's projections sit on the decoder layer itself (no MLP module), so "
+                            f"nnterp's mlps_input / mlps_output find nothing to read.")
     return acc.format(L=addr.layer)
 
 

@@ -97,7 +97,8 @@ POINTS: tuple[Point, ...] = (
           "causal/sliding/padding mask added (masked entries are very negative).",
           coords=("head",), group="attention", tl="blocks.{L}.attn.hook_attn_scores",
           backends={**_vllm(_VLLM_RECOMPUTE), "eager": ("recompute", "recomputed from q and k inside the "
-                                                      "attention call, with the family's mask and softcap")}),
+                                                      "attention call, with the family's mask and softcap; "
+                                                      "capture only")}),
     Point("attn_probs", "layer", "[b, pos, h, kpos]",
           "Attention pattern: softmax of attn_scores over key positions (sink logits excluded).",
           coords=("head",), group="attention", tl="blocks.{L}.attn.hook_pattern",

@@ -37,6 +37,11 @@ class Sampling:
         if extra and backend == "eager":
             raise OptionError(f"unknown sampling option{'s' if len(extra) > 1 else ''} {sorted(extra)} for backend "
                               f"'eager'; the knobs every backend takes are {', '.join(KNOBS)}.")
+        n = extra.get("n", 1)
+        if backend != "eager" and (isinstance(n, bool) or n != 1):
+            raise OptionError(f"n={n!r}: the vLLM backends run one sample per request, so each request's captured "
+                              f"rows and steers are its own; pass the prompt several times instead "
+                              f"(generate([prompt] * k, temperature=...)).")
         if extra:
             from vllm import SamplingParams
             known = set(SamplingParams.__struct_fields__) if hasattr(SamplingParams, "__struct_fields__") else set()

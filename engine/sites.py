@@ -229,7 +229,11 @@ def _attn_internal(c: Ctx) -> Site:
             return _inline(c, attn, c.fam.inline_attn[c.point])
         c.absent("this family's HF attention does not run through the attention interface, so its "
                  "q/k/v/scores/probs are never separate tensors; use z or attn_out")
-    return AttnSite(attn, point=c.point, how="recompute" if c.point == "attn_scores" else "hook")
+    if c.point == "attn_scores":  # the attention forms its own logits: a written value would change nothing
+        return AttnSite(attn, point=c.point, how="recompute", capture_only=(
+            "recomputed from q and k beside the attention call, which forms its own logits, so a written "
+            "value would change nothing; steer attn_probs, q or k instead"))
+    return AttnSite(attn, point=c.point)
 
 
 def _inline(c: Ctx, attn, spec) -> Site:

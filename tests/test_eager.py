@@ -253,6 +253,9 @@ def test_logit_lens_last_layer_equals_logits(model):
     (lambda d: Steer("resid_post.1", "ablate", torch.ones(d)), SteeringError, "takes no value"),
     (lambda d: Steer("resid_post.1", "add", torch.ones(d), positions="first"), SteeringError, "positions 'first'"),
     (lambda d: Steer("expert_indices.1", "add", torch.ones(2)), SteeringError, "integer expert indices"),
+    # recomputed beside the attention, which forms its own logits: a steer there changed nothing, silently
+    (lambda d: Steer("attn_scores.1", "scale", 2.0), SteeringError,
+     r"attn_scores.1 can be captured but not steered.*steer attn_probs"),
     (lambda d: Steer("resid_postt.1", "add", torch.ones(d)), AddressError, "Did you mean 'resid_post'"),
     (lambda d: Steer("resid_post.7", "add", torch.ones(d)), AddressError, "out of range"),
     (lambda d: Steer("resid_post.1", "add", torch.ones(d, device="meta")), SteeringError, "is on meta"),

@@ -101,3 +101,25 @@ def test_knob_translation():
     assert s.vllm() == {"temperature": 0.7, "top_p": 0.9, "top_k": 20, "seed": 1}
     assert Sampling.parse({}, "eager").hf() == {"do_sample": False}
     assert KNOBS == ("temperature", "top_p", "top_k", "seed")
+
+
+def test_vllm_features_that_would_mix_rows_are_refused_by_name():
+    """n > 1 sampling (the samples of one request would share its plan's rows), a per-request LoRA
+    adapter, and at load speculative decoding and LoRA on the hooked vLLM backends: each refused
+    before anything is submitted or started, naming the option."""
+    from engine.loading import load_model
+    with pytest.raises(OptionError, match=r"n=2: the vLLM backends run one sample per request"):
+        Sampling.parse({"n": 2}, "vllm")
+    with pytest.raises(OptionError, match=r"n=True"):
+        Sampling.parse({"n": True}, "vllm-static")
+    assert Sampling.parse({"n": 1}, "vllm").vllm()["n"] == 1
+    with pytest.raises(OptionError, match=r"unknown sampling option \['n'\] for backend 'eager'"):
+        Sampling.parse({"n": 2}, "eager")
+    with pytest.raises(OptionError, match=r"unknown sampling option \['lora_request'\]"):
+        Sampling.parse({"lora_request": "my-adapter"}, "vllm")
+    for backend in ("vllm", "vllm-static"):
+        with pytest.raises(OptionError, match=rf"speculative_config=.* not served by backend '{backend}': speculative"):
+            load_model(LLAMA, backend=backend, source="zoo",
+                       speculative_config={"method": "ngram", "num_speculative_tokens": 2})
+        with pytest.raises(OptionError, match=rf"enable_lora=True is not served by backend '{backend}'.*merged"):
+            load_model(LLAMA, backend=backend, source="zoo", enable_lora=True)

@@ -8,14 +8,16 @@ import copy
 import pytest
 import torch
 
-from engine import load_model
+from engine import load_model, zoo
 from engine.address import parse
 from engine.loading import load_hf
 from engine.mappers import UnmappedError, from_tl, rotary, to_nnsight, to_nnterp, to_tl
 
 TEXT = "When Mary and John went to the store, John gave"
 FAMILIES = {"gpt2": "openai-community/gpt2", "llama": "meta-llama/Llama-3.2-1B", "gemma2": "google/gemma-2-2b",
-            "mixtral": "mistralai/Mixtral-8x7B-v0.1", "lfm2": "LiquidAI/LFM2-350M", "bloom": "bigscience/bloom-560m"}
+            "mixtral": "mistralai/Mixtral-8x7B-v0.1", "lfm2": "LiquidAI/LFM2-350M", "bloom": "bigscience/bloom-560m",
+            "gpt_neox": "EleutherAI/pythia-70m-deduped"}
+OTHERS = [n for n in zoo.ZOO if n not in FAMILIES.values()]  # the slow sweeps: every other zoo twin
 _M: dict = {}
 
 
@@ -35,7 +37,9 @@ def _same(ours: torch.Tensor, theirs: torch.Tensor, point: str):
         return theirs
     if theirs.dim() == ours.dim() and theirs.transpose(1, 2).shape == ours.shape:  # heads first
         return theirs.transpose(1, 2)
-    if theirs.dim() == ours.dim() - 1 and theirs.reshape(ours.shape).shape == ours.shape:  # heads flattened
+    if theirs.dim() == ours.dim() - 1 and theirs.numel() == ours.numel():  # heads flattened
+        return theirs.reshape(ours.shape)
+    if theirs.shape[:2] == ours.shape[:2] and theirs.numel() == ours.numel():  # heads regrouped per position
         return theirs.reshape(ours.shape)
     return None
 
@@ -49,14 +53,27 @@ def _close(a, b, point):
     return torch.allclose(a, b, rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("fam", list(FAMILIES))
-def test_transformer_lens_names_hold_our_tensors(fam):
+# the bridge cannot run these at all (no adapter, or a forward that crashes upstream): nothing to compare
+TL_CANNOT = {"facebook/opt-350m": "the bridge's forward crashes on post-LN OPT (ValueError: not enough values to "
+                                  "unpack), validator known gap tl-opt-postln-crash"}
+
+
+def _tl_check(name):
+    """(model, bridge, ids, mapped, unmapped, bad): every served address mapped by to_tl, compared with
+    the bridge hook's tensor; skips where the bridge has no adapter for the architecture."""
     from transformer_lens.model_bridge import TransformerBridge
 
     from engine.zoo import offline_session
-    m = model(FAMILIES[fam])
-    with offline_session():
-        bridge = TransformerBridge.boot_transformers(FAMILIES[fam], device="cpu")
+    if name in TL_CANNOT:
+        pytest.skip(TL_CANNOT[name])
+    m = model(name)
+    try:
+        with offline_session():
+            bridge = TransformerBridge.boot_transformers(name, device="cpu")
+    except ValueError as e:
+        if "Could not determine supported architecture" not in str(e):
+            raise
+        pytest.skip(f"TransformerBridge has no adapter for {m.config.model_type}")
     ids = m._inputs(TEXT)["input_ids"]
     served = [v.address for v in m.describe().served()]
     mapped, unmapped = {}, {}
@@ -73,10 +90,20 @@ def test_transformer_lens_names_hold_our_tensors(fam):
     bad = {}
     for a, h in mapped.items():
         point = parse(a).point
+        if h not in theirs:
+            bad[a] = (h, "never fired in the bridge's forward")
+            continue
         t = _same(ours[a], theirs[h], point)
         if t is None or not _close(ours[a], t, point):
             bad[a] = (h, tuple(ours[a].shape), tuple(theirs[h].shape))
-        assert from_tl(m, h) == (parse("resid_pre.0") if a == "embeddings" else parse(a)), (a, h)
+        if from_tl(m, h) != (parse("resid_pre.0") if a == "embeddings" else parse(a)):
+            bad[a] = (h, "from_tl gives", str(from_tl(m, h)))
+    return m, bridge, ids, mapped, unmapped, bad
+
+
+@pytest.mark.parametrize("fam", list(FAMILIES))
+def test_transformer_lens_names_hold_our_tensors(fam):
+    m, bridge, ids, mapped, unmapped, bad = _tl_check(FAMILIES[fam])
     assert bad == {}, bad
     assert "lm_head" in unmapped and "returns the logits" in unmapped["lm_head"]
     assert mapped.get("lm_head_raw") == "unembed.hook_out"
@@ -108,6 +135,16 @@ def test_catalogue_tl_fixes():
         to_tl(model(FAMILIES["mixtral"]), "expert_weights.0")
     with pytest.raises(UnmappedError, match="holds no tensor of our catalogue"):
         from_tl(llama, "blocks.0.attn.hook_cos")
+    # Pythia: the bridge's hook_rot_q/k never fire and its hook_q/k are before RoPE (was mapped to hook_rot_q)
+    with pytest.raises(UnmappedError, match="never calls them"):
+        to_tl(model(FAMILIES["gpt_neox"]), "q.0")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", OTHERS)
+def test_transformer_lens_names_hold_our_tensors_on_every_twin(name):
+    bad = _tl_check(name)[-1]
+    assert bad == {}, bad
 
 
 def _order(m, ids):
@@ -126,10 +163,11 @@ def _order(m, ids):
     return {e: i for i, e in reversed(list(enumerate(events)))}
 
 
-@pytest.mark.parametrize("fam", ["gpt2", "llama", "gemma2", "bloom"])
-def test_nnsight_accessors_hold_our_tensors(fam):
+def _nnsight_check(name):
+    """(model, accessors, unmapped, bad): every served address mapped by to_nnsight, read in an nnsight
+    trace of a copy of our HF model and compared with our capture."""
     from nnsight import LanguageModel
-    m = model(FAMILIES[fam])
+    m = model(name)
     ids = m._inputs(TEXT)["input_ids"]
     acc, unmapped = {}, {}
     for v in m.describe().served():
@@ -153,6 +191,12 @@ def test_nnsight_accessors_hold_our_tensors(fam):
         got = _same(ours[a], t, parse(a).point)
         if got is None or not _close(ours[a], got, parse(a).point):
             bad[a] = (str(x), tuple(ours[a].shape), tuple(t.shape))
+    return m, acc, unmapped, bad
+
+
+@pytest.mark.parametrize("fam", ["gpt2", "llama", "gemma2", "bloom"])
+def test_nnsight_accessors_hold_our_tensors(fam):
+    m, acc, unmapped, bad = _nnsight_check(FAMILIES[fam])
     assert bad == {}, bad
     assert {parse(a).point for a in acc} >= {"resid_pre", "resid_post", "attn_in", "mlp_in", "mlp_act", "final_norm"}
     if fam == "bloom":
@@ -164,10 +208,11 @@ _NNTERP_RANK = ["layers_input", "attentions_input", "attention_probabilities", "
                 "mlps_output", "layers_output", "ln_final", "logits"]
 
 
-@pytest.mark.parametrize("fam", ["llama", "gemma2"])
-def test_nnterp_accessors_hold_our_tensors(fam):
+def _nnterp_check(name):
+    """(model, accessors, bad): every served address mapped by to_nnterp, read through nnterp's
+    StandardizedTransformer and compared with our capture; skips where nnterp cannot wrap the model."""
     from nnterp import StandardizedTransformer
-    m = model(FAMILIES[fam])
+    m = model(name)
     ids = m._inputs(TEXT)["input_ids"]
     acc = {}
     for v in m.describe().served():
@@ -175,8 +220,11 @@ def test_nnterp_accessors_hold_our_tensors(fam):
             acc[v.address] = to_nnterp(m, v.address)
         except UnmappedError:
             pass
-    hf, tok, _ = load_hf(FAMILIES[fam], source="zoo")  # a fresh HF model: nnterp reads its eager attention source
-    st = StandardizedTransformer(hf, tokenizer=tok, enable_attention_probs=True)
+    hf, tok, _ = load_hf(name, source="zoo")  # a fresh HF model: nnterp reads its eager attention source
+    try:
+        st = StandardizedTransformer(hf, tokenizer=tok, enable_attention_probs=True)
+    except Exception as e:  # noqa: BLE001  (nnterp's renaming checks raise several types)
+        pytest.skip(f"nnterp cannot wrap {m.config.model_type}: {type(e).__name__}: {str(e)[:200]}")
 
     def key(kv):
         name = kv[1].split("[")[0].split(".")[0]
@@ -195,5 +243,25 @@ def test_nnterp_accessors_hold_our_tensors(fam):
     _, ours = m.run_with_cache(ids, list(acc))
     bad = {a: (acc[a],) for a in acc if (t := _same(ours[a], saved[a], parse(a).point)) is None
            or not _close(ours[a], t, parse(a).point)}
+    return m, acc, bad
+
+
+@pytest.mark.parametrize("fam", ["llama", "gemma2"])
+def test_nnterp_accessors_hold_our_tensors(fam):
+    m, acc, bad = _nnterp_check(FAMILIES[fam])
     assert bad == {}, bad
     assert {parse(a).point for a in acc} >= {"resid_pre", "attn_out", "mlp_out", "resid_post", "lm_head", "attn_probs"}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", OTHERS)
+def test_nnsight_accessors_hold_our_tensors_on_every_twin(name):
+    bad = _nnsight_check(name)[-1]
+    assert bad == {}, bad
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", OTHERS)
+def test_nnterp_accessors_hold_our_tensors_on_every_twin(name):
+    bad = _nnterp_check(name)[-1]
+    assert bad == {}, bad

@@ -316,6 +316,36 @@ def test_step_anchor_falls_back_to_first_layer_and_final_norm_when_the_top_is_co
     assert "_WholeCompiled as a whole" in error and "compile=False" in error
 
 
+def _head_steers(hd: int):
+    """One steer per op of the table at z.0.head-3, every optional field set where the op takes it."""
+    from engine.steering import OPS, Steer
+    g = torch.Generator().manual_seed(0)
+    vec = torch.randn(hd, generator=g)
+    value = {"none": None, "vector": vec, "scale": 0.5, "direction": vec, "activation": torch.randn(5, hd, generator=g)}
+    extra = {"rescale": {"coeff": 3.0}, "norm_scaled_add": {"coeff": 0.25}, "projection_cap": {"bounds": (-0.1, 0.2)}}
+    return [Steer("z.0.head-3", name, value[op.value], positions=slice(1, 4), exclude=[-1], **extra.get(name, {}))
+            for name, op in OPS.items()]
+
+
+def test_tensor_parallel_head_steer_keeps_every_field_on_the_rank_holding_the_head():
+    """Under TP a rank holding heads [2, 3] steers global head 3 as its local head 1; the rebuilt steer
+    used to keep only (address, op, value, positions), dropping coeff / bounds / exclude."""
+    import types
+
+    from engine.backends.vllm_worker import WorkerState
+    from engine.steering import Steer
+    rank = types.SimpleNamespace(site=lambda base: types.SimpleNamespace(held=[2, 3]))
+    for st in _head_steers(8):
+        local = WorkerState._local_steer(rank, st)
+        assert isinstance(local, Steer) and local is not st
+        assert local.address == Address("z", 0, head=1), st.op
+        for field in ("op", "positions", "coeff", "bounds", "exclude", "lead", "lengths"):
+            assert getattr(local, field) == getattr(st, field), (st.op, field)
+        assert (local.value is None and st.value is None) or torch.equal(local.value, st.value), st.op
+    other = types.SimpleNamespace(site=lambda base: types.SimpleNamespace(held=[0, 1]))
+    assert all(WorkerState._local_steer(other, st) is None for st in _head_steers(8))
+
+
 # -- the sync API's event loop ---------------------------------------------------------------------------
 _INTERRUPTED_LOOP = r"""
 import asyncio, sys

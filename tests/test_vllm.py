@@ -148,6 +148,11 @@ def test_prefix_cache_never_serves_a_steered_prefix(engines):
     again = vm.generate(prompt, 4)
     assert again.requests[0].cached_tokens >= 128, "prefix caching is off: the test proves nothing"
     assert torch.equal(again.new_tokens, ref.new_tokens)
+    # the prefix the plain requests share is cached now: a steered request still computes every position
+    resteered = vm.generate(prompt, 4, steer=steer)
+    assert resteered.requests[0].cached_tokens == 0
+    assert torch.equal(resteered.new_tokens, steered.new_tokens)
+    check(resteered.logits, steered.logits, "lm_head", case="decode")
     captured = vm.generate(prompt, 2, points=["resid_post.0"])  # a capture after cached runs: full length
     n = len(vm._prompt_ids(prompt))
     assert captured.cache["resid_post.0"].shape[1] == n + 1

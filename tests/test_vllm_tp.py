@@ -10,6 +10,9 @@ import torch
 
 from engine.errors import SteeringError
 from engine.steering import Steer
+from validator.scoring import compare
+from validator.tolerances import tier_for
+
 from test_vllm_common import (PROMPT, check, decode_failures, drop, eager_model, prefill_failures, random_vector,
                               shared_points, vllm_model)
 
@@ -24,6 +27,32 @@ def assert_receipts_match(tp2, em, steer) -> None:
     assert [(r.address, r.op, r.rows) for r in got] == [(r.address, r.op, r.rows) for r in ref]
     for a, b in zip(got, ref):
         assert a.change_norm == pytest.approx(b.change_norm, rel=1e-3), (a, b)
+
+
+def test_tp2_every_op_at_a_head_coordinate_equals_eager():
+    """Each op of the table at one head held by rank 1 (Llama: 4 query heads, 2 per rank), with every
+    optional field it takes and an exclusion: the worker rebuilt such a steer from (address, op, value,
+    positions) only, so coeff / bounds / exclude were lost on the rank that applies it. The engine is
+    left to the session, so the next test reuses it."""
+    from engine.steering import OPS
+    name = FAMILIES[0]
+    em, tp2 = eager_model(name), vllm_model(name, tensor_parallel_size=2)
+    heads, hd = tp2.point_shape(tp2.address("z.1"))
+    n = em._inputs(PROMPT)["input_ids"].shape[1]
+    value = {"none": None, "vector": random_vector((hd,), 1), "scale": 3.0, "direction": random_vector((hd,), 2),
+             "activation": random_vector((n, hd), 3)}
+    extra = {"rescale": {"coeff": 4.0}, "norm_scaled_add": {"coeff": 2.0}, "projection_cap": {"bounds": (-0.05, 0.05)}}
+    base = em.forward(PROMPT)
+    bad = {}
+    for op_name, op in OPS.items():
+        steer = [Steer(f"z.1.head-{heads - 1}", op_name, value[op.value], exclude=[1, 2], **extra.get(op_name, {}))]
+        want = em.forward(PROMPT, steer=steer)
+        assert not torch.allclose(want, base, atol=1e-4), f"{op_name}: the steer changed nothing on eager"
+        got, _ = tp2.run_with_cache(PROMPT, [], steer=steer)
+        s = compare(got, want, tier_for("vllm", "float32", ""), "lm_head")
+        if s.verdict != "pass":
+            bad[op_name] = s.to_dict()
+    assert bad == {}, bad
 
 
 @pytest.mark.parametrize("name", FAMILIES)

@@ -331,7 +331,7 @@ export const points: readonly PointInfo[] = [
       {
         "backend": "eager",
         "status": "recompute",
-        "reason": "recomputed from q and k inside the attention call, with the family's mask and softcap"
+        "reason": "recomputed from q and k inside the attention call, with the family's mask and softcap; capture only"
       },
       {
         "backend": "vllm",

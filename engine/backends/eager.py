@@ -143,9 +143,13 @@ class EagerModel(ModelBase, WeightsMixin, TokensMixin):
         except UnsupportedPointError as e:
             return refused(point, layer, self.backend, str(e))
         how = "recompute" if "recompute" in (status, site.how) else "hook"
-        only = ("integer expert indices: capture only" if point in INTEGER_POINTS else
-                self.family.capture_only.get(point) or site.capture_only)
-        return Verdict(str(addr), True, how, only)
+        return Verdict(str(addr), True, how, self._capture_only(point, site))
+
+    def _capture_only(self, point: str, site) -> str | None:
+        """Why `point` (served at `site`) can be captured but not written here, or None."""
+        if point in INTEGER_POINTS:
+            return "integer expert indices: capture only"
+        return self.family.capture_only.get(point) or site.capture_only
 
     def address(self, a) -> Address:
         """Parse and check an address against this model and backend; absolute layer."""
@@ -203,7 +207,7 @@ class EagerModel(ModelBase, WeightsMixin, TokensMixin):
         addr = self.address(st.address)
         if addr.point in INTEGER_POINTS:
             raise UnsupportedPointError(f"{addr} is capture-only.")
-        why = self.family.capture_only.get(addr.point) or self._site(addr.base).capture_only
+        why = self._capture_only(addr.point, self._site(addr.base))
         if why:
             raise SteeringError(f"{addr} can be captured but not steered on this model: {why}.")
         return st.at(addr)
@@ -252,10 +256,17 @@ class EagerModel(ModelBase, WeightsMixin, TokensMixin):
         new = run_site(flat, self._layout.spans_for(t.shape[1]), work, keep)
         return None if new is None else new.reshape(t.shape)
 
-    def _at_site_grad(self, work, held, t):
+    def _at_site_grad(self, work, held, writable, t):
         """With gradients a capture must be the tensor the rest of the forward is computed from: the
         site's whole [batch, pos, ...] tensor (after steering) is kept and the model continues with a
-        clone of it (so in-place edits downstream never reach the capture)."""
+        clone of it (so in-place edits downstream never reach the capture). A capture-only site
+        (`writable` False) cannot hand the forward a tensor (it has no write path, or one that does
+        not carry the whole point): its capture is a differentiable copy of what it read, and the
+        forward runs untouched."""
+        if not writable:
+            for key, coord in next(iter(work.reads.values()), ()):
+                held[key] = t.clone() if coord is None else t[:, :, coord].clone()
+            return None
         flat = t.reshape(-1, *t.shape[2:])
         new = run_site(flat, self._layout.spans, SiteWork(writes=work.writes), None)
         cur = t if new is None else new.reshape(t.shape)
@@ -275,10 +286,24 @@ class EagerModel(ModelBase, WeightsMixin, TokensMixin):
         keep = self._keep()
         handles = [self.hf.register_forward_pre_hook(on_forward, with_kwargs=True)]
         try:
-            for site, work in site_work(plans, lambda a: self._site(a)).items():
-                fn = (functools.partial(self._at_site, work, keep) if held is None or not work.reads
-                      else functools.partial(self._at_site_grad, work, held))
-                handles += site.install(fn, writes=bool(work.writes) or held is not None)
+            points = {}
+
+            def site_of(a):
+                site = self._site(a)
+                points[site] = a.point
+                return site
+            work_at = list(site_work(plans, site_of).items())
+            if held is not None:  # with gradients every site writes: a recomputed one rebuilds its module's
+                # output from recomputed parts (the hyper-connection collapse from its weights), so it goes
+                # first and the hooks reading that same output see its replacement (stay on the forward's path)
+                work_at.sort(key=lambda kv: kv[0].how != "recompute")
+            for site, work in work_at:
+                if held is None or not work.reads:
+                    fn, writes = functools.partial(self._at_site, work, keep), bool(work.writes)
+                else:  # steers are refused at capture-only sites, so this one only reads
+                    writable = self._capture_only(points[site], site) is None
+                    fn, writes = functools.partial(self._at_site_grad, work, held, writable), writable
+                handles += site.install(fn, writes=writes)
             yield
         finally:
             for h in handles:
@@ -293,8 +318,10 @@ class EagerModel(ModelBase, WeightsMixin, TokensMixin):
     def run_with_cache(self, inputs, points=(), steer=(), grad: bool = False, strict: bool = False):
         """One forward. Returns (logits [b, pos, vocab], ActivationCache of [b, pos, ...] tensors);
         padded positions hold 0 in both. With grad=True the captures stay in the autograd graph (they
-        are the model's own tensors, padded positions as the model computed them). The cache's
-        `receipts` say what each steer did; strict=True fails a steer that touched no row."""
+        are the model's own tensors, padded positions as the model computed them); a capture-only
+        point (`m.verdict(addr).capture_only` says why) is a differentiable copy, so gradients flow into
+        it from below but the logits do not depend on it. The cache's `receipts` say what each steer
+        did; strict=True fails a steer that touched no row."""
         self._live()
         enc = self._inputs(inputs)
         mask = enc["attention_mask"]

@@ -173,6 +173,7 @@ def load(name: str, backend: str = "vllm", source: str = "auto", dtype=None, dev
         raise ValueError(f"unknown vLLM backend {backend!r}.{closest(backend, BACKENDS)} Use one of {BACKENDS}.")
     if backend != "vllm-static" and static_points != "auto":
         raise ValueError(f"static_points is for backend='vllm-static', not {backend!r}.")
+    rt.check_engine_args(backend, engine_kw)
     rt.prepare_env()
     options.parse_device(device, backend)  # vLLM runs on its platform's device; another is an error
     if dtype is not None and dtype != "auto":

@@ -22,6 +22,7 @@ import torch
 
 from engine import sources
 from engine.backends.vllm_sizing import Sizing, kv_bytes_for  # noqa: F401  (kv_bytes_for: benchmarks)
+from engine.errors import OptionError
 
 log = logging.getLogger("engine.vllm")
 if not log.handlers:  # the load report is a log line users should see without configuring logging
@@ -34,6 +35,26 @@ ENV_DEFAULTS = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_LOGGIN
                 "VLLM_NO_USAGE_STATS": "1"}  # offline: no usage report to stats.vllm.ai either
 WORKER_EXTENSION = "engine.backends.vllm_worker.InterpWorker"
 ROW_MAP = "engine.backends.vllm_rows:RowMap"
+
+
+# vLLM engine args the hooked backends (vllm, vllm-static) refuse at load, each with why; vllm-generate
+# (stock vLLM, no capture or steering) takes them
+REFUSED_ENGINE_ARGS = {
+    "speculative_config": "speculative decoding runs draft tokens through the model and drops the rejected ones, so "
+                          "a step's rows would hold tokens that never join the sequence and a steer would act on them; "
+                          "backend='vllm-generate' (stock vLLM, no capture or steering) decodes speculatively",
+    "enable_lora": "LoRA adapters are applied per request inside vLLM's wrapped linear layers, which the engine's "
+                   "sites do not model, and a request has no adapter field here; load a merged checkpoint instead",
+}
+
+
+def check_engine_args(backend: str, engine_kw: dict) -> None:
+    """Refuse, before anything starts, an engine arg whose feature would make captures or steers wrong."""
+    if backend == "vllm-generate":
+        return
+    for name, why in REFUSED_ENGINE_ARGS.items():
+        if engine_kw.get(name):
+            raise OptionError(f"{name}={engine_kw[name]!r} is not served by backend {backend!r}: {why}.")
 
 
 def prepare_env() -> None:

@@ -166,7 +166,7 @@ class WorkerState:
             if h not in held:
                 return None
             local = Address(st.address.point, st.address.layer, **{name: held.index(h)})
-            return type(st)(local, st.op, st.value, st.positions)
+            return st.at(local)  # every field kept (coeff, bounds, exclude, lead): only the head is local
         st = st.bound()
         v = st.value
         if v is None or v.dim() <= st.lead:  # no value, or a scalar scale
