@@ -6,7 +6,7 @@ import torch
 
 from engine.errors import AddressError
 from engine.points import RESIDUAL_POINTS
-from engine.sites import get_path
+from engine.module_paths import get_path
 
 
 LENSABLE = RESIDUAL_POINTS + ("resid_streams",)

@@ -14,24 +14,9 @@ import torch
 
 from engine.errors import UnsupportedPointError
 from engine.families.base import Family, FusedSplit, Split
+from engine.module_paths import get_path
 from engine.site_kinds import (AttnSite, GateSite, InSite, LogitsSite, OutSite, ResidMidSite, Site,
                                StreamCollapseSite, SumSite)
-
-
-def get_path(root, path: str):
-    """Resolve a dotted path (numeric parts index ModuleLists); None when any part is missing."""
-    obj = root
-    for part in path.split("."):
-        if obj is None:
-            return None
-        if part.isdigit():
-            try:
-                obj = obj[int(part)]
-            except (IndexError, TypeError):
-                return None
-        else:
-            obj = getattr(obj, part, None)
-    return obj
 
 
 def _first(x):

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from engine.errors import UnsupportedPointError
-from engine.sites import get_path
+from engine.module_paths import get_path
 
 KINDS = {
     "sequential": "pre-norm: x + attn(norm(x)), then + mlp(norm(.))",

@@ -16,7 +16,7 @@ from typing import Callable
 import torch
 
 from engine.errors import UnsupportedPointError
-from engine.sites import get_path
+from engine.module_paths import get_path
 
 _MOE_ACT = ("MoE layer: vLLM runs the experts as one fused kernel, so per-token expert activations "
             "are never materialized; use mlp_in / mlp_out")

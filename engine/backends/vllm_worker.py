@@ -80,7 +80,7 @@ def _step_anchors(model, tree):
     at the top (Ernie4_5ForCausalLM in vLLM 0.32): then the first decoder layer begins the step
     (it receives `positions` first) and the final norm ends it; those fire only when the forward runs
     uncompiled (vllm, or vllm-static with compile=False)."""
-    from engine.sites import get_path
+    from engine.module_paths import get_path
     if _hooks_fire(model):
         return model, model, 1, None
     layers = get_path(model, tree.layers)
@@ -344,7 +344,7 @@ class WorkerState:
                 "tap_errors": getattr(self.model, ERRORS_ATTR, {}), "anchor_error": self.anchor_error}
 
     def _layers(self):
-        from engine.sites import get_path
+        from engine.module_paths import get_path
         return get_path(self.model, self.tree.layers)
 
 
