@@ -7,7 +7,7 @@ from pathlib import Path
 
 from benchmarks import cells
 from benchmarks.spec import CLOCKS, DEFAULT_MODEL, DTYPES, MIN_ROUNDS, SIZES, Params
-from engine import sources
+from engine.model import sources
 
 
 def _csv(text):

@@ -55,7 +55,7 @@ def _serve(a) -> int:
     """One variant in its own process (vLLM engines of different compile modes cannot share one):
     load once, then answer every 'run' line on stdin with one JSON line of figures."""
     from engine import load_model
-    from engine.backends.vllm_backend import Request
+    from engine.backends.vllm.backend import Request
     from engine.harvest import batches, capture, harvest, inputs, read_manifest
 
     points, v = a.points.split(","), a.serve

@@ -105,8 +105,8 @@ def free_port() -> int:
 def start(args) -> tuple[Proc, Proc]:
     import torch
     from transformers import AutoConfig
-    from engine import sources
-    from engine.backends.vllm_runtime import kv_bytes_for
+    from engine.model import sources
+    from engine.backends.vllm.runtime import kv_bytes_for
     path = sources.resolve(args.model, "zoo").path
     kv = kv_bytes_for(AutoConfig.from_pretrained(path), args.max_num_seqs, args.max_model_len, torch.float32)
     ours = Proc([sys.executable, "-m", "engine.serve", args.model, "--backend", "vllm", "--source", "zoo", "--port", "0",

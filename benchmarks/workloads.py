@@ -69,7 +69,7 @@ NAMES = tuple(BY_NAME)
 
 def get(name: str) -> Workload:
     if name not in BY_NAME:
-        from engine.address import closest
+        from engine.core.address import closest
         raise ValueError(f"unknown workload {name!r}.{closest(name, NAMES)} Workloads: {', '.join(NAMES)}.")
     return BY_NAME[name]
 

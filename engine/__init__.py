@@ -5,16 +5,32 @@ on eager HF or vLLM, checked against TransformerLens, nnsight/nnterp and HF itse
     m = load_model("meta-llama/Llama-3.2-1B")            # real if cached, else the tiny zoo twin
     logits, cache = m.run_with_cache("Hello world", ["resid_post.-1", "z.0.head-1"])
 """
-from engine.address import Address, parse
-from engine.attention_capture import AttentionCapture, capture_attention
-from engine.errors import (AddressError, EngineError, FamilyLimitationError, InputError, ModelNotFoundError,
-                           OptionError, SteeringError, UnsupportedPointError)
+from engine import _moved  # noqa: F401  (importing it installs the finder for the pre-move paths)
+from engine.core.address import Address, parse
+from engine.core.errors import (
+    AddressError,
+    EngineError,
+    FamilyLimitationError,
+    InputError,
+    ModelNotFoundError,
+    OptionError,
+    SteeringError,
+    UnsupportedPointError,
+)
+from engine.core.points import POINTS, get_point
+from engine.core.results import (
+    ActivationCache,
+    GenerationResult,
+    Receipt,
+    Request,
+    RequestResult,
+    StreamStep,
+    StrictSteerError,
+)
+from engine.core.steering import Steer
 from engine.loading import BACKENDS, load_model
-from engine.patching import PatchResult, logit_diff, patch_sweep
-from engine.results import (ActivationCache, GenerationResult, Receipt, Request, RequestResult, StreamStep,
-                            StrictSteerError)
-from engine.points import POINTS, get_point
-from engine.steering import Steer
+from engine.workflows.attention_capture import AttentionCapture, capture_attention
+from engine.workflows.patching import PatchResult, logit_diff, patch_sweep
 
 
 def run_with_cache(model, inputs, points=(), steer=(), strict: bool = False):

@@ -1,9 +1,9 @@
 """load_model: a name in, a model on the chosen backend out, saying where its weights came from.
 
-Names resolve once for every backend (engine/sources.py): a local model directory (what
+Names resolve once for every backend (engine/model/sources.py): a local model directory (what
 `save_pretrained` wrote), the real checkpoint when it is in the local HF cache, otherwise the zoo
 twin (same architecture, tiny, seeded random weights) built in the zoo's private cache. Repo ids
-match in any letter case and nothing is downloaded. dtype and device are parsed by engine/options.py.
+match in any letter case and nothing is downloaded. dtype and device are parsed by engine/model/options.py.
 """
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import logging
 
 import torch
 
-from engine import options, sources
 from engine.families.base import family_for
+from engine.model import options, sources
 
 log = logging.getLogger("engine")
 BACKENDS = ("eager", "vllm", "vllm-static", "vllm-generate")
@@ -46,7 +46,7 @@ def load_model(name: str, backend: str = "eager", source: str = "auto", dtype=No
     float32; vLLM: float32 on CPU, the checkpoint's dtype on CUDA). `device`: "cpu", "cuda", "cuda:N"; unset, the
     backend's own (eager: cpu; vLLM: the device the installed vLLM runs on, the only one it takes)."""
     if backend not in BACKENDS:
-        from engine.address import closest
+        from engine.core.address import closest
         raise ValueError(f"unknown backend {backend!r}.{closest(backend, BACKENDS)} Backends: {', '.join(BACKENDS)}.")
     sources.check_source(source)
     if backend == "eager" or dtype not in (None, "auto"):  # vLLM chooses an unset dtype by platform
@@ -54,8 +54,8 @@ def load_model(name: str, backend: str = "eager", source: str = "auto", dtype=No
     device = options.parse_device(device, backend)
     src = sources.resolve(name, source)
     if backend == "eager":
-        from engine.backends.eager import EagerModel
+        from engine.backends.hf.eager import EagerModel
         hf, tok = _load_hf(src, dtype, device)
         return EagerModel(src.name, hf, tok, family_for(hf.config.model_type), src.source)
-    from engine.backends import vllm_backend
+    from engine.backends.vllm import backend as vllm_backend
     return vllm_backend.load(src.name, backend=backend, source=src.source, dtype=dtype, device=device, **backend_kw)

@@ -116,7 +116,7 @@ def joined_rows(chunks: list, index: int = 0) -> tuple[list[int], dict[str, torc
 
 
 def assert_receipts(got: list, ref: list, rel: float = 1e-4) -> None:
-    """A response's receipts equal the library's (engine.results.Receipt): every field, norms within
+    """A response's receipts equal the library's (engine.core.results.Receipt): every field, norms within
     float noise."""
     assert [{**r, "change_norm": None} for r in got] == [{**r.as_json(), "change_norm": None} for r in ref], got
     for g, r in zip(got, ref):

@@ -1,9 +1,9 @@
 """Address grammar and the point catalogue: strict parsing, clear errors."""
 import pytest
 
-from engine.address import Address, parse
-from engine.errors import AddressError
-from engine.points import BY_NAME, POINTS, backend_status, get_point
+from engine.core.address import Address, parse
+from engine.core.errors import AddressError
+from engine.core.points import BY_NAME, POINTS, backend_status, get_point
 
 
 def test_catalogue_has_the_anchor_points_plus_q_and_k():

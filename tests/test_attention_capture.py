@@ -1,4 +1,4 @@
-"""capture_attention (engine/attention_capture.py) on one family of each kind plus BLOOM, Falcon and
+"""capture_attention (engine/workflows/attention_capture.py) on one family of each kind plus BLOOM, Falcon and
 GPT-J (whose attention HF computes inline): probabilities against HF's own output_attentions,
 probs @ value = z, values against raw HF module hooks and against the reference engine
 (interp-engine 1.14's eager backend), and what stays refused, by reason."""
@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.attention_capture import capture_attention
+from engine.workflows.attention_capture import capture_attention
 from test_vllm_common import eager_model
 
 TEXT = "When Mary and John went to the store, John gave a drink to"

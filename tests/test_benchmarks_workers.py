@@ -98,7 +98,7 @@ def test_noop_steer_is_caught_and_real_steer_changes_tokens():
     check = w2.handle({"op": "check", "workload": "steer_all"})["check"]
     # the same steer, done independently through the engine, changes the same number of tokens
     from engine.loading import load_model
-    from engine.steering import Steer
+    from engine.core.steering import Steer
     m = load_model(DEFAULT_MODEL, source="zoo")
     ids = prompt_ids(m.tokenizer, 8, 1)
     v = steer_vector(m.d_model, 8.0)

@@ -1,4 +1,4 @@
-"""Verdicts before running (engine/capabilities.py) agree with what a call then does, point by point
+"""Verdicts before running (engine/model/capabilities.py) agree with what a call then does, point by point
 and layer by layer, on one family of each kind; block layouts; weight accessors against the
 captured tensors they produce (z @ W_O = attn_out, mlp_act @ W_down = mlp_out, final_norm @ W_U =
 logits)."""
@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.errors import AddressError, SteeringError, UnsupportedPointError
-from engine.points import POINTS
-from engine.steering import Steer
+from engine.core.errors import AddressError, SteeringError, UnsupportedPointError
+from engine.core.points import POINTS
+from engine.core.steering import Steer
 from test_vllm_common import eager_model
 
 KINDS = {"gpt2": "openai-community/gpt2", "gqa_rope": "meta-llama/Llama-3.2-1B", "sandwich": "google/gemma-2-2b",

@@ -1,6 +1,6 @@
 """docs/points.md is generated from the catalogue and its --check catches drift."""
-from engine import docs
-from engine.points import POINTS
+from engine.interop import docs
+from engine.core.points import POINTS
 
 
 def test_render_covers_every_point_and_backend():
@@ -11,7 +11,7 @@ def test_render_covers_every_point_and_backend():
 
 
 def test_committed_docs_are_current():
-    assert docs.main(["--check"]) == 0, "run `python -m engine.docs` and commit docs/points.md"
+    assert docs.main(["--check"]) == 0, "run `python -m engine.interop.docs` and commit docs/points.md"
 
 
 def test_check_fails_on_drift(tmp_path, monkeypatch, capsys):

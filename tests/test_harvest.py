@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine.errors import AddressError
+from engine.core.errors import AddressError
 from engine.harvest import (SAMPLE, HarvestDataset, InputError, MixingError, harvest, hf_dataset, read_manifest,
                             verify)
 from engine.harvest import manifest as mf

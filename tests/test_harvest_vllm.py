@@ -9,7 +9,7 @@ import json
 import pytest
 import torch
 
-from engine.errors import UnsupportedPointError
+from engine.core.errors import UnsupportedPointError
 from engine.harvest import SAMPLE, HarvestDataset, harvest, read_manifest, verify
 from engine.harvest import manifest as mf
 from engine.harvest import shards

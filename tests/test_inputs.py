@@ -15,9 +15,9 @@ import pytest
 import torch
 
 from engine import load_model
-from engine.errors import (FamilyLimitationError, InputError, InputTypeError, ModelNotFoundError, OptionError,
-                           SteeringError)
-from engine.steering import Steer
+from engine.core.errors import (FamilyLimitationError, InputError, InputTypeError, ModelNotFoundError, OptionError,
+                                SteeringError)
+from engine.core.steering import Steer
 
 LLAMA = "meta-llama/Llama-3.2-1B"
 ASKED = {"eager": "meta-llama/llama-3.2-1b", "vllm": "META-LLAMA/Llama-3.2-1b"}  # case differs on purpose
@@ -194,7 +194,7 @@ def test_dtype_aliases_and_torch_dtypes():
 
 def test_vllm_refuses_a_device_it_does_not_run_on(monkeypatch):
     """vLLM runs where its platform is; any other device= is an error, not silently ignored."""
-    from engine import options
+    from engine.model import options
     monkeypatch.setattr(options, "vllm_device", lambda: "cuda")
     with pytest.raises(OptionError, match=r"vLLM backends run on 'cuda' here.*not on 'cpu'"):
         options.parse_device("cpu", "vllm")
@@ -204,7 +204,7 @@ def test_vllm_refuses_a_device_it_does_not_run_on(monkeypatch):
 
 def test_falcon_h1_limitation_is_still_real_upstream():
     """The family_limits entry replaces a real HF failure; when transformers fixes it, this fails: drop
-    the entry from engine/family_limits.py."""
+    the entry from engine/families/limits.py."""
     from engine import zoo
     hf, tok = zoo.load_twin(FALCON_H1, attn_implementation="eager")
     ids = torch.tensor([[75, 76, 77, 78], [80, 81, 82, 83]])

@@ -1,4 +1,4 @@
-"""engine/mappers.py: every mapped name is checked by comparing the tensor the other engine holds
+"""engine/interop/mappers.py: every mapped name is checked by comparing the tensor the other engine holds
 there with our capture (TransformerLens bridge hooks, nnsight envoys, nnterp accessors), on one
 family of each kind plus BLOOM; unmapped points say why."""
 from __future__ import annotations
@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from engine import load_model, zoo
-from engine.address import parse
+from engine.core.address import parse
 from engine.loading import load_hf
-from engine.mappers import UnmappedError, from_tl, rotary, to_nnsight, to_nnterp, to_tl
+from engine.interop.mappers import UnmappedError, from_tl, rotary, to_nnsight, to_nnterp, to_tl
 
 TEXT = "When Mary and John went to the store, John gave"
 FAMILIES = {"gpt2": "openai-community/gpt2", "llama": "meta-llama/Llama-3.2-1B", "gemma2": "google/gemma-2-2b",

@@ -1,4 +1,4 @@
-"""Activation patching (engine/patching.py) and steer values with position / batch axes, against
+"""Activation patching (engine/workflows/patching.py) and steer values with position / batch axes, against
 independent references: TransformerLens TransformerBridge hooks for whole sweeps, raw HF module
 hooks for single patches. Two families in the default run, the rest of the kinds marked slow."""
 from __future__ import annotations
@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.errors import InputError, SteeringError
-from engine.patching import logit_diff, patch_sweep
-from engine.steering import Steer
+from engine.core.errors import InputError, SteeringError
+from engine.workflows.patching import logit_diff, patch_sweep
+from engine.core.steering import Steer
 from test_vllm_common import eager_model
 
 CLEAN = "When Mary and John went to the store, John gave a drink to"

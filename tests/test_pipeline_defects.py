@@ -12,9 +12,9 @@ import threading
 import pytest
 import torch
 
-from engine.errors import EngineError, SteeringError
-from engine.results import ActivationCache
-from engine.steering import Steer
+from engine.core.errors import EngineError, SteeringError
+from engine.core.results import ActivationCache
+from engine.core.steering import Steer
 from test_vllm_common import PROMPT, PROMPTS, check, eager_model, random_vector, vllm_model
 
 LLAMA = "meta-llama/Llama-3.2-1B"
@@ -162,7 +162,7 @@ def test_eager_close_and_context_manager():
 def test_vllm_close_frees_the_engine_and_use_after_close_says_so():
     import multiprocessing
 
-    from engine.backends.vllm_backend import load
+    from engine.backends.vllm.backend import load
     before = {p.pid for p in multiprocessing.active_children()}
     with load("openai-community/gpt2", source="zoo", max_model_len=128) as m:
         assert m.generate(PROMPT, 2).new_tokens.shape == (1, 2)

@@ -7,17 +7,17 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine import positions
-from engine.address import Address
-from engine.backends.vllm_attn import params, probs, scores
-from engine.backends.vllm_catalogue import VLLMCatalogue
-from engine.backends.vllm_rows import apply_update
-from engine.backends.vllm_static import StaticTaps, Tap
-from engine.backends.vllm_tree import VSite
-from engine.backends.vllm_wire import decode, encode, plan_in, plan_out
-from engine.errors import SteeringError
-from engine.plan import Plan, SiteWork, Span, run_site, site_work
-from engine.steering import Steer, apply_steer
+from engine.core import positions
+from engine.core.address import Address
+from engine.backends.vllm.worker.attn import params, probs, scores
+from engine.backends.vllm.catalogue import VLLMCatalogue
+from engine.backends.vllm.worker.rows import apply_update
+from engine.backends.vllm.worker.static import StaticTaps, Tap
+from engine.backends.vllm.worker.tree import VSite
+from engine.backends.vllm.worker.wire import decode, encode, plan_in, plan_out
+from engine.core.errors import SteeringError
+from engine.core.plan import Plan, SiteWork, Span, run_site, site_work
+from engine.core.steering import Steer, apply_steer
 
 
 def _rows(p0, n, d=3):
@@ -298,15 +298,15 @@ class _WholeCompiled(_Net):
 
 
 def test_step_anchor_is_the_top_model_where_its_hooks_fire():
-    from engine.backends.vllm_tree import Tree
-    from engine.backends.vllm_worker import _step_anchors
+    from engine.backends.vllm.worker.tree import Tree
+    from engine.backends.vllm.worker.extension import _step_anchors
     net = _Net()
     assert _step_anchors(net, Tree()) == (net, net, 1, None)
 
 
 def test_step_anchor_falls_back_to_first_layer_and_final_norm_when_the_top_is_compile_decorated():
-    from engine.backends.vllm_tree import Tree
-    from engine.backends.vllm_worker import _step_anchors
+    from engine.backends.vllm.worker.tree import Tree
+    from engine.backends.vllm.worker.extension import _step_anchors
     net = _WholeCompiled()
     net.do_not_compile = True  # vllm (eager forward): layer hooks fire
     begin, end, positions_at, error = _step_anchors(net, Tree())
@@ -318,7 +318,7 @@ def test_step_anchor_falls_back_to_first_layer_and_final_norm_when_the_top_is_co
 
 def _head_steers(hd: int):
     """One steer per op of the table at z.0.head-3, every optional field set where the op takes it."""
-    from engine.steering import OPS, Steer
+    from engine.core.steering import OPS, Steer
     g = torch.Generator().manual_seed(0)
     vec = torch.randn(hd, generator=g)
     value = {"none": None, "vector": vec, "scale": 0.5, "direction": vec, "activation": torch.randn(5, hd, generator=g)}
@@ -332,8 +332,8 @@ def test_tensor_parallel_head_steer_keeps_every_field_on_the_rank_holding_the_he
     used to keep only (address, op, value, positions), dropping coeff / bounds / exclude."""
     import types
 
-    from engine.backends.vllm_worker import WorkerState
-    from engine.steering import Steer
+    from engine.backends.vllm.worker.extension import WorkerState
+    from engine.core.steering import Steer
     rank = types.SimpleNamespace(site=lambda base: types.SimpleNamespace(held=[2, 3]))
     for st in _head_steers(8):
         local = WorkerState._local_steer(rank, st)
@@ -349,7 +349,7 @@ def test_tensor_parallel_head_steer_keeps_every_field_on_the_rank_holding_the_he
 # -- the sync API's event loop ---------------------------------------------------------------------------
 _INTERRUPTED_LOOP = r"""
 import asyncio, sys
-from engine.backends.vllm_runtime import Loop
+from engine.backends.vllm.runtime import Loop
 loop = Loop()
 started = asyncio.run_coroutine_threadsafe(asyncio.sleep(0), loop.loop)
 started.result(5)

@@ -1,4 +1,4 @@
-"""Intervention receipts (engine.results.Receipt): per steer, the rows it touched and the norm of its
+"""Intervention receipts (engine.core.results.Receipt): per steer, the rows it touched and the norm of its
 change, checked against an independent computation (the steered capture minus an unsteered forward
 over the same tokens), and strict=True failing a steer that touched no row. Here: the shared
 routine (plan.steer_span / run_site, preemption and recomputation counted once) and the eager
@@ -11,9 +11,9 @@ import math
 import pytest
 import torch
 
-from engine.plan import Plan, Span, Step, run_site, site_work
-from engine.results import Receipt, StrictSteerError, check_strict, combine
-from engine.steering import Steer
+from engine.core.plan import Plan, Span, Step, run_site, site_work
+from engine.core.results import Receipt, StrictSteerError, check_strict, combine
+from engine.core.steering import Steer
 from test_vllm_common import PROMPT, eager_model, random_vector
 
 LLAMA = "meta-llama/Llama-3.2-1B"
@@ -79,8 +79,8 @@ def test_static_taps_tally_from_the_pre_write_buffer():
     """vllm-static applies steers as one affine map inside the graph; its receipts replay the step's
     steers on the tap's pre-write rows through the shared routine: the same receipts as the hooked
     path (run_site) on the same rows, the composed steers each measured from what it received."""
-    from engine.backends.vllm_static import StaticTaps, Tap
-    from engine.backends.vllm_tree import VSite
+    from engine.backends.vllm.worker.static import StaticTaps, Tap
+    from engine.backends.vllm.worker.tree import VSite
     steers = [Steer("resid_post.0", "project_out", torch.randn(8)),
               Steer("resid_post.0", "add", torch.ones(8), [1, 3]), Steer("resid_post.0", "scale", 3.0, [3, 4])]
     taps = StaticTaps()

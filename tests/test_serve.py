@@ -16,11 +16,11 @@ import httpx
 import pytest
 import torch
 
-from engine.errors import UnsupportedPointError
-from engine.points import POINTS
-from engine.results import Receipt, Request
+from engine.core.errors import UnsupportedPointError
+from engine.core.points import POINTS
+from engine.core.results import Receipt, Request
 from engine.serve import encoding
-from engine.steering import Steer
+from engine.core.steering import Steer
 from serve_common import (AUTH, CHAT_TEMPLATE, KEY, LLAMA, ROOT, ServerProcess, assert_receipts, close, healthy,
                           joined_rows, stream_lines, tensors)
 from test_vllm_common import MAX_LEN, eager_model, vllm_model

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from engine.serve import encoding
-from engine.steering import Steer
+from engine.core.steering import Steer
 from serve_common import LLAMA, ServerProcess, assert_receipts, close, healthy, joined_rows, stream_lines, tensors
 from test_vllm_common import eager_model
 

@@ -7,7 +7,7 @@ import httpx
 import pytest
 import torch
 
-from engine.steering import Steer
+from engine.core.steering import Steer
 from serve_common import LLAMA, ServerProcess, close, tensors
 from test_vllm_common import eager_model
 

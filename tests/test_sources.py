@@ -1,4 +1,4 @@
-"""One name resolution for every backend (engine/sources.py): a save_pretrained directory loads on
+"""One name resolution for every backend (engine/model/sources.py): a save_pretrained directory loads on
 eager and vLLM (and in the validator and the benchmarks), repo ids match the zoo and the user's HF
 cache in any letter case, and nothing ever reaches for the network (any attempt fails the test).
 One vLLM engine for the module (from the directory)."""
@@ -10,8 +10,9 @@ import socket
 import pytest
 import torch
 
-from engine import load_model, sources
-from engine.errors import ModelNotFoundError
+from engine import load_model
+from engine.model import sources
+from engine.core.errors import ModelNotFoundError
 
 LLAMA = "meta-llama/Llama-3.2-1B"
 PROMPT = "The quick brown fox jumps over the lazy dog"
@@ -91,7 +92,7 @@ def test_save_pretrained_directory_loads_on_vllm(saved, twin, no_network):
 
 
 def test_names_resolve_once_for_every_backend(no_network):
-    from engine.backends import vllm_runtime
+    from engine.backends.vllm import runtime as vllm_runtime
     src = sources.resolve("META-LLAMA/llama-3.2-1b")
     assert (src.name, src.source, src.repo_id) == (LLAMA, "zoo", LLAMA)
     assert vllm_runtime.model_path("meta-llama/LLAMA-3.2-1B", "auto") == (src.path, "zoo")

@@ -1,4 +1,4 @@
-"""The steering ops table (engine/steering.py OPS) and position masks on eager: each op against its
+"""The steering ops table (engine/core/steering.py OPS) and position masks on eager: each op against its
 formula applied by hand to the unsteered capture, exclusions (listed positions, the tokenizer's
 special tokens), and every bad input by message. Cross-backend equality: tests/test_vllm_interventions.py."""
 from __future__ import annotations
@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.errors import SteeringError
-from engine.steering import OPS, CacheEntry, Steer, apply_steer
+from engine.core.errors import SteeringError
+from engine.core.steering import OPS, CacheEntry, Steer, apply_steer
 from test_vllm_common import eager_model
 
 LLAMA, GEMMA2 = "meta-llama/Llama-3.2-1B", "google/gemma-2-2b"

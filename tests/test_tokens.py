@@ -1,4 +1,4 @@
-"""Tokenization stated and switchable (engine/tokens.py): the BOS policy and prepend_bos on every
+"""Tokenization stated and switchable (engine/core/tokens.py): the BOS policy and prepend_bos on every
 text path, chat templates (refused by message without one) and per-message token spans."""
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import torch
 from tokenizers import processors
 
 from engine import load_model
-from engine.errors import InputError
-from engine.tokens import apply_chat_template, bos_policy, encode
+from engine.core.errors import InputError
+from engine.core.tokens import apply_chat_template, bos_policy, encode
 
 LLAMA = "meta-llama/Llama-3.2-1B"
 TEXT = "The quick brown fox"

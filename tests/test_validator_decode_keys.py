@@ -5,9 +5,9 @@ as if they were positions: ours (1, 1, 4, 21) vs HF (1, 1, 4, 23), and a prefill
 import pytest
 import torch
 
-from engine.backends.eager import Layout
-from engine.plan import pad_key_axis
-from engine.results import scatter
+from engine.backends.hf.eager import Layout
+from engine.core.plan import pad_key_axis
+from engine.core.results import scatter
 
 NAME = "deepseek-ai/DeepSeek-V4-Flash"
 ADDRS = [f"{p}.{layer}" for p in ("attn_probs", "attn_scores") for layer in range(4)]

@@ -182,7 +182,7 @@ def test_vllm_column_matches_direct_hf(name, loaded):
             _close(got["resid_post.0"], t.hidden_states[1], tol=1e-4, valid=case.valid)
             _close(got["attn_probs.0"], t.attentions[0].transpose(1, 2), tol=1e-4, valid=case.valid)
             _close(got["lm_head"], t.logits, tol=1e-4, valid=case.valid)
-            # refused by the backend (engine/points.py): a named gap, never a wrong tensor
+            # refused by the backend (engine/core/points.py): a named gap, never a wrong tensor
             assert isinstance(got["mlp_pre.0"], Missing) and "refused by backend" in got["mlp_pre.0"].reason
     finally:
         adapter.close()

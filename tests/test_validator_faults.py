@@ -128,7 +128,7 @@ def test_heatmap_that_does_not_decode_is_drift_and_render_repairs_it(tmp_path):
 # -- pipes and --help ------------------------------------------------------------------------------------
 CLIS = [["validator", "show", "deepseek-ai/DeepSeek-V4-Flash"], ["validator", "--help"],
         ["validator", "run", "--help"], ["engine.zoo", "list"], ["visualizer_data", "--help"],
-        ["benchmarks", "--help"], ["engine.docs", "--help"], ["engine.serve", "--help"], ["engine.harvest", "--help"],
+        ["benchmarks", "--help"], ["engine.interop.docs", "--help"], ["engine.serve", "--help"], ["engine.harvest", "--help"],
         ["benchmarks.serve_load", "--help"]]
 
 

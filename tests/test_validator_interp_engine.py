@@ -91,7 +91,7 @@ def test_points_it_does_not_name_or_serve_are_missing_with_its_reason():
 
 def test_steering_parity_on_llama():
     m, _, ie, cases = _load("meta-llama/Llama-3.2-1B")
-    from engine.steering import Steer
+    from engine.core.steering import Steer
     from validator.subject import Subject
     s = Subject(m)
     v = s.steer_vector(cases[0], 1)

@@ -144,15 +144,15 @@ def test_partial_matrix_says_so(tmp_path):
 
 def test_code_digest_covers_what_decides_a_cell_and_nothing_else():
     names = {p.relative_to(cells.REPO).as_posix() for p in cells.code_files()}
-    assert {"engine/model.py", "engine/attention.py", "engine/backends/eager.py", "engine/plan.py",
-            "engine/results.py", "validator/scoring.py", "validator/tolerances.py", "validator/subject.py"} <= names
+    assert {"engine/model/__init__.py", "engine/backends/hf/attention.py", "engine/backends/hf/eager.py", "engine/core/plan.py",
+            "engine/core/results.py", "validator/scoring.py", "validator/tolerances.py", "validator/subject.py"} <= names
     assert "validator/known_gaps.py" not in names  # per cell: known_gaps.digest(engine, model_type)
-    assert not {n for n in names if n.startswith(("engine/backends/vllm_", "engine/serve/", "engine/harvest/",
+    assert not {n for n in names if n.startswith(("engine/backends/vllm/", "engine/serve/", "engine/harvest/",
                                                   "validator/report", "validator/cli"))}
     assert not {n for n in names if n.endswith("__main__.py")}
     from validator.engines import adapter_source_files
     vllm = {Path(p).relative_to(cells.REPO).as_posix() for p in adapter_source_files("vllm")}
-    assert "engine/backends/vllm_backend.py" in vllm and "validator/engines/vllm_ref.py" in vllm
+    assert "engine/backends/vllm/backend.py" in vllm and "validator/engines/vllm_ref.py" in vllm
     assert "validator/engines/interp_align.py" in {Path(p).relative_to(cells.REPO).as_posix()
                                                    for p in adapter_source_files("interp-engine")}
 

@@ -25,7 +25,7 @@ def _export(text: str, name: str):
 
 
 def test_points_cover_the_catalogue_exactly():
-    from engine.points import BACKENDS, POINTS, backend_status
+    from engine.core.points import BACKENDS, POINTS, backend_status
     got = _export(points_ts.render(), "points")
     assert [p["name"] for p in got] == [p.name for p in POINTS]
     for g, p in zip(got, POINTS):
@@ -61,9 +61,9 @@ def test_architecture_layers_come_from_the_engine():
 
 def test_architecture_layout_and_other_engines_names_come_from_the_engine():
     """Per model: the block layout is the model's own, and each TransformerLens / nnterp / nnsight name,
-    with {L} filled in at ANY layer (not only the one it was read at), is what engine.mappers gives there."""
-    from engine import mappers
-    from engine.errors import AddressError
+    with {L} filled in at ANY layer (not only the one it was read at), is what engine.interop.mappers gives there."""
+    from engine.interop import mappers
+    from engine.core.errors import AddressError
     from engine.loading import load_model
     entry = architectures_ts.inspect_model("EleutherAI/pythia-70m-deduped")
     assert entry["error"] is None
@@ -191,7 +191,7 @@ def test_committed_site_data_matches_sources():
 
 
 def test_committed_fast_site_data_matches_sources():
-    """points (engine/points.py) and benchmarks (the committed cells); validation and architectures
+    """points (engine/core/points.py) and benchmarks (the committed cells); validation and architectures
     change with other people's files (validator cells, family tables), so they are checked in the
     slow run above."""
     assert main(["build", "--check", "--only", "points,benchmarks"]) == 0

@@ -7,10 +7,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.backends.vllm_backend import Request
-from engine.errors import AddressError, SteeringError, UnsupportedPointError
-from engine.points import backend_status
-from engine.steering import Steer
+from engine.backends.vllm.backend import Request
+from engine.core.errors import AddressError, SteeringError, UnsupportedPointError
+from engine.core.points import backend_status
+from engine.core.steering import Steer
 from test_vllm_common import (MAX_LEN, PROMPT, PROMPTS, assert_steer_acts, check, decode_failures, drop, eager_model,
                               prefill_failures, random_vector, shared_points, vllm_model)
 
@@ -263,8 +263,8 @@ def test_a_failing_request_fails_alone(engines):
     a request running beside it and the engine itself are unaffected."""
     import asyncio
 
-    from engine.backends import vllm_wire
-    from engine.plan import Plan
+    from engine.backends.vllm.worker import wire as vllm_wire
+    from engine.core.plan import Plan
     vm, em = engines(LLAMA), eager_model(LLAMA)
     aio = vm.aio
     bad = Plan(len(vm._prompt_ids(PROMPT)), [], [Steer("resid_post.0", "add", torch.ones(7))])

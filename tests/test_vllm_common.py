@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from engine.loading import load_model
-from engine.points import get_point
+from engine.core.points import get_point
 from validator.scoring import compare
 from validator.tolerances import STEER_MIN_EFFECT, tier_for
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import pytest
 
-from engine.errors import UnsupportedPointError
-from engine.steering import Steer
+from engine.core.errors import UnsupportedPointError
+from engine.core.steering import Steer
 from test_vllm_common import (decode_failures, drop, eager_model, prefill_failures, random_vector,
                               shared_points, vllm_model, _EAGER)
 

@@ -1,4 +1,4 @@
-"""The new interventions on every backend: the ops of engine.steering.OPS, values with position /
+"""The new interventions on every backend: the ops of engine.core.steering.OPS, values with position /
 batch axes, cache entries, position masks and exclusions, and patch_sweep, on vllm and
 vllm-static against eager on the same zoo weights (the validator's vLLM tolerances). vllm-static
 serves what its per-row affine taps express and refuses the rest by name."""
@@ -7,10 +7,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.errors import SteeringError
-from engine.patching import patch_sweep
-from engine.results import Request, StrictSteerError
-from engine.steering import Steer
+from engine.core.errors import SteeringError
+from engine.workflows.patching import patch_sweep
+from engine.core.results import Request, StrictSteerError
+from engine.core.steering import Steer
 from test_receipts import CASES, check_receipt, steered_cases
 from test_vllm_common import (PROMPT, PROMPTS, check, decode_failures, drop, eager_model, random_vector,
                               vllm_model)
@@ -119,7 +119,7 @@ def test_patch_sweep_same_numbers_as_eager(engines, backend):
 # -- capability verdicts, streams and sampling knobs on vLLM -------------------------------------------
 @pytest.mark.parametrize("backend", ["vllm", "vllm-static"])
 def test_every_verdict_matches_the_call(engines, backend):
-    from engine.errors import AddressError
+    from engine.core.errors import AddressError
     m = engines(backend)
     table = m.describe()
     served = [v.address for v in table.served()]
@@ -153,7 +153,7 @@ def test_stream_matches_eager_stream(engines, backend):
 
 
 def test_sampling_knobs_on_vllm(engines):
-    from engine.errors import OptionError
+    from engine.core.errors import OptionError
     vm, em = engines("vllm"), eager_model(LLAMA)
     a = vm.generate(PROMPT, 5, temperature=1.5, seed=3)
     assert torch.equal(a.new_tokens, vm.generate(PROMPT, 5, temperature=1.5, seed=3).new_tokens)
@@ -166,7 +166,7 @@ def test_sampling_knobs_on_vllm(engines):
 
 
 def test_capture_attention_matches_eager(engines):
-    from engine.attention_capture import capture_attention
+    from engine.workflows.attention_capture import capture_attention
     vm, em = engines("vllm"), eager_model(LLAMA)
     got, ref = capture_attention(vm, PROMPT), capture_attention(em, PROMPT)
     assert got.layers == ref.layers and not got.missing

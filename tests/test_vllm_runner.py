@@ -1,13 +1,13 @@
 """vLLM's V2 model runner: forced off for the hooked backends, refused by name where it cannot be
-(engine/backends/vllm_runner.py), and the V1 step anchor around `_model_forward` that keeps working
-under FULL CUDA-graph replay (engine/backends/vllm_worker.py). No engine starts here; V2 cannot run on
+(engine/backends/vllm/worker/runner.py), and the V1 step anchor around `_model_forward` that keeps working
+under FULL CUDA-graph replay (engine/backends/vllm/worker/extension.py). No engine starts here; V2 cannot run on
 this CPU (it needs Triton's GPU backend), so its classes and batch ordering are used directly."""
 from __future__ import annotations
 
 import pytest
 
-from engine.backends import vllm_runner as vr
-from engine.backends.vllm_rows import apply_update
+from engine.backends.vllm.worker import runner as vr
+from engine.backends.vllm.worker.rows import apply_update
 
 
 def _bare(cls):
@@ -86,7 +86,7 @@ class _Runner:
 
 
 def test_step_anchor_wraps_model_forward_and_survives_replay():
-    from engine.backends.vllm_worker import _wrap_model_forward
+    from engine.backends.vllm.worker.extension import _wrap_model_forward
     seen = []
     runner = _Runner(lambda positions: positions * 2)
     begin = lambda m, args, kw: seen.append(("begin", kw["positions"].tolist()))  # noqa: E731
@@ -103,7 +103,7 @@ def test_step_anchor_wraps_model_forward_and_survives_replay():
 
 
 def test_no_model_forward_means_module_hooks():
-    from engine.backends.vllm_worker import _wrap_model_forward
+    from engine.backends.vllm.worker.extension import _wrap_model_forward
     assert not _wrap_model_forward(object(), None, None)
 
 
@@ -113,7 +113,7 @@ class _Started(Exception):
 
 
 def _engine_args(monkeypatch, backend, **kw):
-    from engine.backends import vllm_backend
+    from engine.backends.vllm import backend as vllm_backend
 
     async def start(path, env, engine_kw):
         raise _Started(env, engine_kw)
@@ -138,6 +138,6 @@ def test_load_hands_vllm_the_runner_env_and_cpu_defaults(monkeypatch, backend):
 def test_load_passes_a_callers_graph_mode_and_refuses_forced_v2(monkeypatch):
     _, kw = _engine_args(monkeypatch, "vllm-static", compilation_config={"cudagraph_mode": "PIECEWISE"})
     assert kw["compilation_config"] == {"cudagraph_mode": "PIECEWISE"}
-    from engine.backends import vllm_backend
+    from engine.backends.vllm import backend as vllm_backend
     with pytest.raises(vr.RunnerError, match="watermarking makes vLLM 0.32 use V2"):
         vllm_backend.load("meta-llama/Llama-3.2-1B", backend="vllm", source="zoo", watermark_config={"type": "x"})

@@ -1,4 +1,4 @@
-"""The engine knobs a vLLM load chooses when the caller leaves them unset (engine/backends/vllm_sizing.py):
+"""The engine knobs a vLLM load chooses when the caller leaves them unset (engine/backends/vllm/sizing.py):
 CPU keeps the twin numbers the project always used, CUDA takes a GPU user's (checkpoint dtype, the
 model's context capped by what fits, vLLM's batch sizes and memory fraction). Fake platforms, no engine."""
 from __future__ import annotations
@@ -9,8 +9,8 @@ import pytest
 import torch
 from transformers import LlamaConfig
 
-from engine.backends import vllm_sizing as vs
-from engine.errors import OptionError
+from engine.backends.vllm import sizing as vs
+from engine.core.errors import OptionError
 
 GIB = 2**30
 

@@ -5,13 +5,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.address import Address
-from engine.backends.vllm_backend import Request, _declared, load
-from engine.backends.vllm_proof import PROBE, TapProofError, prove_taps
-from engine.backends.vllm_runtime import LoadReport
-from engine.errors import AddressError, SteeringError, UnsupportedPointError
-from engine.points import backend_status
-from engine.steering import Steer
+from engine.core.address import Address
+from engine.backends.vllm.backend import Request, _declared, load
+from engine.backends.vllm.proof import PROBE, TapProofError, prove_taps
+from engine.backends.vllm.runtime import LoadReport
+from engine.core.errors import AddressError, SteeringError, UnsupportedPointError
+from engine.core.points import backend_status
+from engine.core.steering import Steer
 from test_vllm_common import (PROMPT, MAX_LEN, assert_steer_acts, check, decode_failures, drop, eager_model,
                               prefill_failures, random_vector, vllm_model)
 
@@ -152,7 +152,7 @@ class _DeadTaps:
         return [1, 2, 3]
 
     def generate_batch(self, reqs):
-        from engine.results import ActivationCache, RequestResult
+        from engine.core.results import ActivationCache, RequestResult
         cache = ActivationCache(self.n_layers)
         for p in reqs[0].points:
             cache[p] = torch.zeros(4, self.d_model)

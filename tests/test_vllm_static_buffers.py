@@ -1,4 +1,4 @@
-"""vllm-static's taps as a CUDA graph needs them (engine/backends/vllm_static.py): every buffer keeps
+"""vllm-static's taps as a CUDA graph needs them (engine/backends/vllm/worker/static.py): every buffer keeps
 its storage for the engine's life (a captured graph reads and writes fixed addresses), the per-row
 steer coefficients are written into it in place before a forward, and the forward applies them and
 leaves its rows in `cap`. The replay itself needs a GPU; everything around it runs here on a Linear."""
@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import torch
 
-from engine.backends.vllm_static import Tap
-from engine.backends.vllm_tree import VSite
-from engine.steering import Steer
+from engine.backends.vllm.worker.static import Tap
+from engine.backends.vllm.worker.tree import VSite
+from engine.core.steering import Steer
 
 ROWS, WIDTH = 8, 4
 

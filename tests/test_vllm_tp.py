@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.errors import SteeringError
-from engine.steering import Steer
+from engine.core.errors import SteeringError
+from engine.core.steering import Steer
 from validator.scoring import compare
 from validator.tolerances import tier_for
 
@@ -34,7 +34,7 @@ def test_tp2_every_op_at_a_head_coordinate_equals_eager():
     optional field it takes and an exclusion: the worker rebuilt such a steer from (address, op, value,
     positions) only, so coeff / bounds / exclude were lost on the rank that applies it. The engine is
     left to the session, so the next test reuses it."""
-    from engine.steering import OPS
+    from engine.core.steering import OPS
     name = FAMILIES[0]
     em, tp2 = eager_model(name), vllm_model(name, tensor_parallel_size=2)
     heads, hd = tp2.point_shape(tp2.address("z.1"))

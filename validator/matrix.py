@@ -7,8 +7,8 @@ and `--layers` narrow this; both are checked against the catalogue and the model
 """
 from __future__ import annotations
 
-from engine.address import closest
-from engine.points import ALIASES, BY_NAME, get_point
+from engine.core.address import closest
+from engine.core.points import ALIASES, BY_NAME, get_point
 from validator.variant import DEFAULT_LAYERS, LAYER_WORDS
 
 __all__ = ["DEFAULT_LAYERS", "LAYER_WORDS", "SelectionError", "check_layers", "parse_layers", "parse_points",

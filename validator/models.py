@@ -16,8 +16,8 @@ from validator.runner import DTYPES, ModelSpec
 
 def resolve_names(patterns: list[str] | None) -> list[str]:
     """Zoo names for exact names (any case) or globs, and model directories as absolute paths (default:
-    the whole zoo); unknown names raise with the closest zoo names (engine/sources.py)."""
-    from engine import sources
+    the whole zoo); unknown names raise with the closest zoo names (engine/model/sources.py)."""
+    from engine.model import sources
     return sources.expand(patterns)
 
 
@@ -40,7 +40,8 @@ def _from_pretrained(name: str, dtype: str, device: str, cache_dir=None):
 
 
 def zoo_spec(name: str, dtype: str = "float32", device: str = "cpu") -> ModelSpec:
-    from engine import sources, zoo
+    from engine.model import sources
+    from engine import zoo
     if sources.looks_like_path(name):
         return local_spec(name, dtype, device)
     from engine.loading import load_model
@@ -60,7 +61,8 @@ def zoo_spec(name: str, dtype: str = "float32", device: str = "cpu") -> ModelSpe
 
 
 def real_spec(name: str, dtype: str = "float32", device: str = "cpu") -> ModelSpec:
-    from engine import sources, zoo
+    from engine.model import sources
+    from engine import zoo
     if sources.looks_like_path(name):
         return local_spec(name, dtype, device)
     from engine.loading import load_model
@@ -84,7 +86,7 @@ def default_device() -> str:
 
 def local_spec(path: str, dtype: str = "float32", device: str = "cpu") -> ModelSpec:
     """A model directory (a fine-tune, what save_pretrained wrote): engine and reference load its files."""
-    from engine import sources
+    from engine.model import sources
     from engine.loading import load_model
     src = sources.resolve(path, "local")
     return ModelSpec(src.name, "local", src.fingerprint(),

@@ -295,7 +295,7 @@ def render_details(model: str, all_cells) -> str:
 
 
 def point_rank(point):
-    from engine.points import POINTS
+    from engine.core.points import POINTS
     names = [p.name for p in POINTS] + ["steer", "decode"]
     return names.index(point) if point in names else len(names)
 

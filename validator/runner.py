@@ -164,7 +164,7 @@ def _skip_reason(spec, engine) -> str:
 
 def _subject_side(m, ctx, opts) -> dict:
     """Everything the engine computes once per model and every reference is compared with."""
-    from engine.steering import Steer
+    from engine.core.steering import Steer
     cases = prompts.build_cases(ctx.tokenizer, m.config)
     addresses = matrix.select(m, opts.points, opts.layers)
     from validator.subject import Subject

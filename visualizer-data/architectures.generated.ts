@@ -21,7 +21,7 @@ export interface RefusedPoint {
 
 export interface EquivalentName {
   engine: "transformerLens" | "nnsight" | "nnterp";
-  /** The other engine's name for this tensor on this model (engine/mappers.py), `{L}` = layer; null when none. */
+  /** The other engine's name for this tensor on this model (engine/interop/mappers.py), `{L}` = layer; null when none. */
   name: string | null;
   /** Why there is no equivalent (the mapper's error), empty when there is one. */
   why: string;
@@ -40,7 +40,7 @@ export interface PointSource {
 export type LayoutKind = "sequential" | "parallel" | "sandwich" | "post_norm" | "post_ln";
 
 export interface BlockLayout {
-  /** Where the norms sit around the sublayers (engine/weights.py KINDS). */
+  /** Where the norms sit around the sublayers (engine/model/weights.py KINDS). */
   kind: LayoutKind;
   description: string;
   /** The token mixers of the trunk's layers, distinct, in layer order ("attention" or a hybrid mixer's module). */

@@ -50493,7 +50493,7 @@ export const validationCauses: readonly ValidationCause[] = [
     "kind": "gap",
     "engine": "vllm|vllm-static",
     "reason": "the vLLM backend refuses this point by name (fused kernels never materialize it, or vllm-static did not declare it as a tap)",
-    "evidence": "engine/points.py backend status for vllm / vllm-static; the refusal text is on the row"
+    "evidence": "engine/core/points.py backend status for vllm / vllm-static; the refusal text is on the row"
   },
   {
     "id": "vllm-phimoe-router-unpack",

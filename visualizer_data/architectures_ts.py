@@ -3,7 +3,7 @@ zoo twin really has at which layers and the HF module each point is read from.
 
 The layers and module paths are not written by hand: each family's zoo twins are built (config from
 engine.zoo, random weights, in memory) and the engine's own resolver (EagerModel.point_layers and
-engine.sites.resolve) is asked, so the site shows what the engine serves."""
+engine.backends.hf.sites.resolve) is asked, so the site shows what the engine serves."""
 from __future__ import annotations
 
 import re
@@ -31,7 +31,7 @@ export interface RefusedPoint {
 
 export interface EquivalentName {
   engine: "transformerLens" | "nnsight" | "nnterp";
-  /** The other engine's name for this tensor on this model (engine/mappers.py), `{L}` = layer; null when none. */
+  /** The other engine's name for this tensor on this model (engine/interop/mappers.py), `{L}` = layer; null when none. */
   name: string | null;
   /** Why there is no equivalent (the mapper's error), empty when there is one. */
   why: string;
@@ -50,7 +50,7 @@ export interface PointSource {
 export type LayoutKind = "sequential" | "parallel" | "sandwich" | "post_norm" | "post_ln";
 
 export interface BlockLayout {
-  /** Where the norms sit around the sublayers (engine/weights.py KINDS). */
+  /** Where the norms sit around the sublayers (engine/model/weights.py KINDS). */
   kind: LayoutKind;
   description: string;
   /** The token mixers of the trunk's layers, distinct, in layer order ("attention" or a hybrid mixer's module). */
@@ -121,7 +121,7 @@ def _generic(path: str, layers_path: str) -> str:
 
 
 def _layout(m) -> dict:
-    from engine.weights import KINDS
+    from engine.model.weights import KINDS
     lay = m.block_layout()
     mixers = list(dict.fromkeys(lay.mixers))
     return {"kind": lay.kind, "description": KINDS[lay.kind], "mixers": mixers,
@@ -133,9 +133,9 @@ def _layout(m) -> dict:
 
 def _equivalents(m, point: str, layer: int | None) -> list[dict]:
     """The mappers' names for `point` at `layer`, with the layer written back as `{L}`."""
-    from engine import mappers
-    from engine.address import Address
-    from engine.errors import AddressError
+    from engine.interop import mappers
+    from engine.core.address import Address
+    from engine.core.errors import AddressError
     addr = Address(point, layer)
     out = []
     for engine, fn in (("transformerLens", mappers.to_tl), ("nnsight", mappers.to_nnsight),
@@ -166,10 +166,10 @@ def inspect_model(name: str) -> dict:
         import torch
         from transformers import AutoModelForCausalLM
 
-        from engine import sites
+        from engine.backends.hf import sites
         from engine.families import family_for
-        from engine.model import EagerModel
-        from engine.points import POINTS
+        from engine.backends.hf.eager import EagerModel
+        from engine.core.points import POINTS
         torch.manual_seed(0)
         hf = AutoModelForCausalLM.from_config(zoo.build_config(entry), attn_implementation="eager").eval()
         fam = family_for(hf.config.get_text_config().model_type)

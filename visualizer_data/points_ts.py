@@ -1,4 +1,4 @@
-"""visualizer-data/points.generated.ts: every point of engine/points.py, the single source."""
+"""visualizer-data/points.generated.ts: every point of engine/core/points.py, the single source."""
 from __future__ import annotations
 
 from visualizer_data.ts import module
@@ -44,12 +44,12 @@ def width(shape: str) -> str:
     """'[b, pos, h, hd]' -> 'h, hd'."""
     dims = [d.strip() for d in shape.strip("[]").split(",")]
     if dims[:2] != ["b", "pos"]:
-        raise ValueError(f"point shape {shape!r} must start with 'b, pos'; fix it in engine/points.py.")
+        raise ValueError(f"point shape {shape!r} must start with 'b, pos'; fix it in engine/core/points.py.")
     return ", ".join(dims[2:])
 
 
 def data() -> list[dict]:
-    from engine.points import BACKENDS, POINTS, backend_status
+    from engine.core.points import BACKENDS, POINTS, backend_status
     out = []
     for p in POINTS:
         out.append({
@@ -63,5 +63,5 @@ def data() -> list[dict]:
 
 
 def render() -> str:
-    return module("python -m visualizer_data build", "engine/points.py", INTERFACES,
+    return module("python -m visualizer_data build", "engine/core/points.py", INTERFACES,
                   [("points", "readonly PointInfo[]", data())])

@@ -1,7 +1,7 @@
 """The variant registry: every backend and peer the sweep can time, as one table.
 
 A variant names the module holding its Runner, the Python modules it needs (missing ones make it
-"skipped" with the reason, e.g. while engine.backends.vllm_backend is being built), and for every
+"skipped" with the reason, e.g. while engine.backends.vllm.backend is being built), and for every
 workload it cannot do, why ("n/a: reason"). Adding a variant is one entry here plus a Runner.
 """
 from __future__ import annotations
@@ -50,7 +50,7 @@ class Variant:
         return getattr(importlib.import_module(mod), cls)
 
 
-_VLLM_REQ = ("vllm", "engine.backends.vllm_backend")
+_VLLM_REQ = ("vllm", "engine.backends.vllm.backend")
 
 VARIANTS: tuple[Variant, ...] = (
     Variant("eager", "ours", "ours: eager (HF + hooks)", "benchmarks.variants.ours:EagerRunner",
@@ -86,7 +86,7 @@ NAMES = tuple(BY_NAME)
 
 def get(name: str) -> Variant:
     if name not in BY_NAME:
-        from engine.address import closest
+        from engine.core.address import closest
         raise ValueError(f"unknown variant {name!r}.{closest(name, NAMES)} Variants: {', '.join(NAMES)}.")
     return BY_NAME[name]
 

@@ -70,7 +70,7 @@ class EagerRunner(Runner):
         return self._capture_gen("capture_gen8", self.ids8)
 
     def _steer(self, workload):
-        from engine.steering import Steer
+        from engine.core.steering import Steer
         v = steer_vector(self.m.d_model, self.p.steer_scale, self.m.dtype).to(self.p.device)
         st = [Steer(f"resid_post.{i}", "add", v) for i in self.steer_layers(workload, self.n_layers)]
         run = self._gen(self.ids1, steer=st)
@@ -160,7 +160,7 @@ class VllmRunner(EagerRunner):
         return super().long_capture()
 
     def job(self, workload):
-        from engine.errors import UnsupportedPointError
+        from engine.core.errors import UnsupportedPointError
         job = super().job(workload)
         inner = job.run
 

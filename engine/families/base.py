@@ -179,8 +179,8 @@ def registry() -> dict[str, Family]:
 
 
 def family_for(model_type: str) -> Family:
-    from engine.address import closest
-    from engine.errors import ModelNotFoundError
+    from engine.core.address import closest
+    from engine.core.errors import ModelNotFoundError
     reg = registry()
     if model_type not in reg:
         raise ModelNotFoundError(f"no adapter for HF model_type {model_type!r}.{closest(model_type, reg)} "

@@ -14,7 +14,7 @@ import argparse
 import json
 import sys
 
-from engine.errors import EngineError
+from engine.core.errors import EngineError
 
 DEMO = dict(model="meta-llama/Llama-3.2-1B", points="resid_post.1,mlp_out.1", out="harvest-demo", shard_tokens=512)
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import torch
 
-from engine.address import Address
-from engine.points import get_point
+from engine.core.address import Address
+from engine.core.points import get_point
 
 
 class PointError(ValueError):
@@ -32,8 +32,8 @@ def addresses(model, points) -> list[str]:
 def static_points(points) -> list[str]:
     """What a vllm-static engine must declare at load to serve `points` (whole points, no coordinates;
     negative layers and bare names are resolved by the backend)."""
-    from engine.address import parse
-    from engine.points import ALIASES, BY_NAME
+    from engine.core.address import parse
+    from engine.core.points import ALIASES, BY_NAME
     out = []
     for p in points:
         p = p.strip()
@@ -64,7 +64,7 @@ def forward(model, windows: list[list[int]], keys: list[str]) -> list[dict[str, 
     vLLM: one continuous batch (a 1-token request per window, no logits); eager: one padded forward."""
     lengths = [len(w) for w in windows]
     if str(getattr(model, "backend", "eager")).startswith("vllm"):
-        from engine.backends.vllm_backend import Request
+        from engine.backends.vllm.backend import Request
         results = model.generate_batch([Request(list(w), 1, points=keys) for w in windows], return_logits=False)
         cache = {k: [r.cache[k] for r in results] for k in keys}
         return per_document(cache, lengths, keys)

@@ -1,11 +1,11 @@
 """/v1/points: the capability table of the loaded model, read from the engine's catalogue (point
-definitions from engine/points.py, where each point exists from the backend's own catalogue, and
+definitions from engine/core/points.py, where each point exists from the backend's own catalogue, and
 every refusal in the engine's own words). Built once at startup."""
 from __future__ import annotations
 
-from engine.address import Address
-from engine.points import POINTS, backend_status
-from engine.steering import Steer
+from engine.core.address import Address
+from engine.core.points import POINTS, backend_status
+from engine.core.steering import Steer
 
 
 def _refusal(fn) -> str | None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from pydantic import ValidationError
 from starlette.responses import JSONResponse
 
-from engine.errors import EngineError
+from engine.core.errors import EngineError
 
 TYPES = {400: "BadRequestError", 401: "AuthenticationError", 404: "NotFoundError", 405: "MethodNotAllowedError",
          413: "RequestTooLargeError", 429: "RateLimitError", 500: "InternalServerError",

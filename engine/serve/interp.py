@@ -2,11 +2,11 @@
 
 Before anything runs, every capture point and steer is checked against the model one by one (the
 engine's own checks: `expand` for points, the backend's steer validation for ops, widths and
-capture-only points, engine.positions for position specs), so a 400 names the exact entry
+capture-only points, engine.core.positions for position specs), so a 400 names the exact entry
 (`interp.steer[1]`). After the run, a request's captures ([positions, ...], the prompt then every
 generated token fed back, exactly the library's RequestResult.cache) are cut to the asked
 positions, reduced (none / last / mean over them) and encoded. Each response's `receipts` say what
-every steer did (engine.results.Receipt: rows touched, norm of its change); with `strict` (the
+every steer did (engine.core.results.Receipt: rows touched, norm of its change); with `strict` (the
 default) a steer that touched no row fails the request with a 400 naming `interp.steer[i]`.
 
 Capture keys are the engine's canonical addresses (absolute layer: `resid_post.-1` on a 4-layer
@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from engine import positions as engine_positions
-from engine.points import INTEGER_POINTS
+from engine.core import positions as engine_positions
+from engine.core.points import INTEGER_POINTS
 from engine.serve import encoding
 from engine.serve.errors import ServeError, from_engine
 from engine.serve.schemas import CaptureSpec, Interp
@@ -31,7 +31,7 @@ class Asked:
     points: list[str] = field(default_factory=list)
     steers: list = field(default_factory=list)
     spec: CaptureSpec | None = None
-    strict: bool = True  # a steer that touched no row fails the request (engine.results.check_strict)
+    strict: bool = True  # a steer that touched no row fails the request (engine.core.results.check_strict)
 
     @property
     def wants_rows(self) -> bool:

@@ -6,7 +6,7 @@ Every request is parsed and checked in full (body, model name, prompts, budget, 
 and steer against the model) before it takes a queue slot, so a bad one is a 400 that costs the
 engine nothing; then each prompt runs as its own engine request (its own plan: captures and steers
 never mix with other requests' rows, and a capturing or steering request gets its own prefix-cache
-salt, engine/backends/vllm_client.py).
+salt, engine/backends/vllm/client.py).
 """
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from fastapi import FastAPI, Request
 from pydantic import ValidationError
 from starlette.responses import JSONResponse, PlainTextResponse, StreamingResponse
 
-from engine.results import StrictSteerError
+from engine.core.results import StrictSteerError
 from engine.serve import interp, text
 from engine.serve.errors import ServeError, from_engine, from_validation, is_client_error, payload
 from engine.serve.guard import Admission, Ticket

@@ -21,10 +21,10 @@ from typing import AsyncIterator
 
 import torch
 
-from engine.inputs import limits_of, token_rows
-from engine.results import Request, RequestResult
+from engine.core.inputs import limits_of, token_rows
+from engine.core.results import Request, RequestResult
+from engine.core.steering import Steer, values_at
 from engine.serve.errors import ServeError
-from engine.steering import Steer, values_at
 
 
 @dataclass
@@ -52,7 +52,7 @@ _SAMPLING = ("top_p", "top_k", "min_p", "seed", "stop", "stop_token_ids", "prese
 
 
 def _knobs(s: dict) -> dict:
-    """The request's sampling fields in the engine's knob names (engine/sampling.py): None left out,
+    """The request's sampling fields in the engine's knob names (engine/model/sampling.py): None left out,
     top_k -1 (OpenAI / vLLM for "all") is no top_k, and greedy ignores top_p / top_k as vLLM does."""
     s = {k: v for k, v in s.items() if v is not None}
     if s.get("top_k") == -1:

@@ -1,8 +1,8 @@
 """Request bodies, checked before anything runs, with messages that name the field.
 
 Only structure and the model-independent rules live here. What a point address, a steering op or a
-position spec means is checked by the engine itself (engine.address.parse, engine.steering.Steer,
-engine.positions.normalize), so names, ops and refusals have one source; what depends on the loaded
+position spec means is checked by the engine itself (engine.core.address.parse, engine.core.steering.Steer,
+engine.core.positions.normalize), so names, ops and refusals have one source; what depends on the loaded
 model (a point it lacks, a steering value of the wrong width) is checked by engine/serve/interp.py
 against the model. Unknown fields are refused rather than ignored: a misspelt `interp` key must not
 silently return nothing.
@@ -13,11 +13,11 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
-from engine import positions as engine_positions
-from engine.address import parse
-from engine.points import ALIASES, BY_NAME
+from engine.core import positions as engine_positions
+from engine.core.address import parse
+from engine.core.points import ALIASES, BY_NAME
+from engine.core.steering import Steer
 from engine.serve import encoding
-from engine.steering import Steer
 
 
 class Body(BaseModel):
@@ -58,7 +58,7 @@ class CaptureSpec(Body):
 
 
 class SteerSpec(Body):
-    """One engine.steering.Steer in JSON. value: a number (scale), nested lists, or a tensor object
+    """One engine.core.steering.Steer in JSON. value: a number (scale), nested lists, or a tensor object
     (engine/serve/encoding.py)."""
     address: str
     op: str = "add"

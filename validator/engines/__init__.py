@@ -37,12 +37,12 @@ ENGINES: dict[str, EngineSpec] = {e.name: e for e in (
     EngineSpec("interp-engine", "interp_engine_ref", "InterpEngineReference", True, ("interp_engine",),
                "the published interp-engine package (PyPI interp-engine 1.14.2, eager backend): the same "
                "address strings, aligned by validator/engines/interp_align.py"),
-    EngineSpec("vllm", "vllm_ref", "VllmEngine", False, ("vllm", "engine.backends.vllm_backend"),
+    EngineSpec("vllm", "vllm_ref", "VllmEngine", False, ("vllm", "engine.backends.vllm.backend"),
                "the engine's own vLLM backend (hooks in the worker), compared with the eager engine",
-               zoo_flag="vllm", code=("engine/backends",)),
-    EngineSpec("vllm-static", "vllm_ref", "VllmStaticEngine", False, ("vllm", "engine.backends.vllm_backend"),
+               zoo_flag="vllm", code=("engine/backends/vllm",)),
+    EngineSpec("vllm-static", "vllm_ref", "VllmStaticEngine", False, ("vllm", "engine.backends.vllm.backend"),
                "the engine's vllm-static backend (taps declared at load), compared with the eager engine",
-               zoo_flag="vllm", code=("engine/backends",)),
+               zoo_flag="vllm", code=("engine/backends/vllm",)),
 )}
 
 DEFAULT_ENGINES = tuple(n for n, e in ENGINES.items() if e.default)

@@ -27,7 +27,7 @@ class Dims:
 @dataclass(frozen=True)
 class Rule:
     theirs: str  # their layout
-    ours: str  # ours (engine/points.py)
+    ours: str  # ours (engine/core/points.py)
     fn: Callable[[torch.Tensor, Dims], torch.Tensor]
 
 

@@ -1,7 +1,7 @@
 """Columns `vllm` and `vllm-static`: the engine's own vLLM backends, compared with the eager engine.
 
 vLLM has no padding: each row of a case runs as its own request (its real tokens only); the
-backend hands the results back in the layout of the case's attention_mask (engine/results.py:
+backend hands the results back in the layout of the case's attention_mask (engine/core/results.py:
 padded positions hold 0, pad keys the masked value), which is the layout the references use. Points a backend refuses (fused kernels, undeclared static taps)
 come back as missing with the backend's own reason, which the declared gap `vllm-refused` covers.
 `vllm-static` is loaded at its first capture, declaring as taps every compared address a tap can
@@ -67,7 +67,7 @@ class VllmEngine(Reference):
         """Load now if loading waited for the addresses (vllm-static)."""
 
     def steer_logits(self, case: Case, layer: int, vector: torch.Tensor) -> torch.Tensor:
-        from engine.steering import Steer
+        from engine.core.steering import Steer
         self._ensure([f"resid_post.{layer}"])
         logits, _ = self.m.run_with_cache(self._inputs(case), [], steer=[Steer(f"resid_post.{layer}", "add", vector)])
         return _cpu(logits)
@@ -107,7 +107,7 @@ class VllmStaticEngine(VllmEngine):
             raise
 
     def _load_declaring(self, addresses) -> None:
-        from engine.points import backend_status
+        from engine.core.points import backend_status
         taps = [a for a in addresses if a != "lm_head"
                 and backend_status(split_address(a)[0], "vllm")[0] not in ("refused", "recompute")]
         if not taps:

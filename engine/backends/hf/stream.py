@@ -1,0 +1,123 @@
+"""Streaming generation on the eager backend: HF generate runs on a worker thread with a streamer
+that, at each new token, reads what the step's forward left in the plan (the raw logits of the
+engine's own lm_head read, the captured rows) and hands a StreamStep to the caller's iterator."""
+from __future__ import annotations
+
+import queue
+import threading
+
+import torch
+from transformers.generation.stopping_criteria import StoppingCriteria, StoppingCriteriaList
+from transformers.generation.streamers import BaseStreamer
+
+from engine.core.address import Address
+from engine.core.errors import InputError
+from engine.core.results import StreamStep
+
+_LOGITS = Address("lm_head")
+
+
+def step_logprobs(logits_row: torch.Tensor, token: int, n: int) -> tuple[float, dict]:
+    """(log-probability of `token`, {id: log-probability} of the n most likely) from raw logits."""
+    lp = torch.log_softmax(logits_row.float(), dim=-1)
+    top = {}
+    if n:
+        vals, ids = lp.topk(n)
+        top = {int(i): float(v) for i, v in zip(ids, vals)}
+    return float(lp[token]), top
+
+
+class _Stop(StoppingCriteria):
+    def __init__(self):
+        self.flag = False
+
+    def __call__(self, input_ids, scores, **kw):
+        return torch.full((input_ids.shape[0],), self.flag, dtype=torch.bool, device=input_ids.device)
+
+
+class _Streamer(BaseStreamer):
+    """Gets the prompt, then each new token, from HF generate (on the worker thread)."""
+
+    def __init__(self, model, n_logprobs: int, out: queue.Queue, rows: bool = True):
+        self.model, self.n, self.out, self.want_rows = model, n_logprobs, out, rows
+        self.plan = None
+        self.seen_prompt = False
+        self.index = 0
+        self.sent: dict = {}  # capture key -> chunks already handed out
+
+    def put(self, value):
+        if not self.seen_prompt:
+            self.seen_prompt = True
+            return
+        token = int(value.reshape(-1)[0])
+        plan = self.plan
+        chunks = plan.store.get(str(_LOGITS)) or []
+        logprob, top = step_logprobs(chunks[-1][1][-1], token, self.n) if chunks else (None, {})
+        rows = None
+        if plan.captures and self.want_rows:
+            rows = {}
+            for addr in plan.captures:
+                key = str(addr)
+                got = plan.store.get(key) or []
+                new = got[self.sent.get(key, 0):]
+                self.sent[key] = len(got)
+                if new:
+                    rows[key] = torch.cat([c for _, c in new])
+        text = self.model.tokenizer.decode([token], skip_special_tokens=True)
+        self.out.put(("step", StreamStep(self.index, token, text, logprob, top, rows)))
+        self.index += 1
+
+    def end(self):
+        pass
+
+
+def stream(model, prompt, max_new_tokens, points, steer, logprobs, sampling, return_logits=True, rows=True,
+           strict=False):
+    if not isinstance(logprobs, int) or isinstance(logprobs, bool) or logprobs < 0:
+        raise ValueError(f"logprobs is how many top log-probabilities each step carries (an int >= 0), got {logprobs!r}.")
+    enc = model._inputs(prompt)
+    if enc["input_ids"].shape[0] != 1:
+        raise InputError(f"stream takes one prompt, got {enc['input_ids'].shape[0]}; stream each, or use generate "
+                         f"for a batch.")
+    out: queue.Queue = queue.Queue()
+    streamer, stop = _Streamer(model, logprobs, out, rows), _Stop()
+
+    def on_plans(plans):
+        streamer.plan = plans[0]
+
+    def run():
+        try:
+            res = model._generate(enc, max_new_tokens, points, steer, sampling, streamer=streamer, internal=(_LOGITS,),
+                                  stopping=StoppingCriteriaList([stop]), on_plans=on_plans, strict=strict)
+            req = res.requests[0]
+            if not return_logits:
+                req.logits = None
+            out.put(("done", req))
+        except BaseException as e:  # noqa: BLE001  (handed to the caller's thread)
+            out.put(("error", e))
+    # validate everything a bad call would fail on before the thread starts (errors raise here)
+    from engine.model.sampling import Sampling
+    Sampling.parse(sampling, "eager")
+    thread = threading.Thread(target=run, name="interp-eager-stream", daemon=True)
+    thread.start()
+    return _iterate(out, stop, thread, max_new_tokens)
+
+
+def _iterate(out, stop, thread, max_new_tokens):
+    held = None
+    try:
+        while True:
+            kind, item = out.get()
+            if kind == "error":
+                raise item
+            if kind == "done":
+                if held is not None:
+                    held.result = item
+                    yield held
+                return
+            if held is not None:
+                yield held
+            held = item
+    finally:
+        stop.flag = True
+        thread.join()

@@ -1,0 +1,532 @@
+"""The async vLLM model: requests with their own captures and steers, many in flight from one event
+loop, against a vLLM engine whose core runs in its own process.
+
+    m = await AsyncVLLMModel.start(name, backend="vllm", ...)      (or load_model(..., backend="vllm").aio)
+    logits, cache = await m.capture(["a prompt", "another"], ["resid_post.-1"])
+    out = await m.generate("a prompt", 8, points=["z.1"], steer=[Steer("resid_post.2", "add", v)])
+    async for step in m.stream("a prompt", 8, logprobs=5): ...      (StreamStep: token, text, logprobs, rows)
+
+Per request: the plan goes to every worker (collective_rpc "interp_register"), the request runs in
+vLLM's continuous batch carrying the plan's key, and the captures come back when it finishes
+("interp_collect"), gathered across tensor-parallel ranks.
+"""
+from __future__ import annotations
+
+import asyncio
+import uuid
+
+import torch
+
+from engine.backends.vllm.catalogue import HEADED, VLLMCatalogue
+from engine.backends.vllm.worker import attn as vllm_attn
+from engine.backends.vllm.worker import wire as vllm_wire
+from engine.backends.vllm.worker.rows import EXTRA_KEY
+from engine.core.address import Address, parse
+from engine.core.errors import AddressError, EngineError, SteeringError, UnsupportedPointError
+from engine.core.inputs import limits_of, token_rows
+from engine.core.plan import Plan
+from engine.core.points import INTEGER_POINTS
+from engine.core.results import (
+    ActivationCache,
+    GenerationResult,
+    Request,
+    RequestResult,
+    StreamStep,
+    StrictSteerError,
+    batch_cache,
+    check_strict,
+    columns,
+    columns_of,
+    combine,
+    pad_rows,
+)
+from engine.core.steer_checks import validate_steers
+from engine.core.steering import OPS, Steer
+from engine.core.tokens import TokensMixin, special_ids
+from engine.model.base import ModelBase
+from engine.model.capabilities import Verdict, refused
+from engine.model.sampling import Sampling
+
+NO_CAPTURE = ("vllm-generate is stock vLLM: no capture, no steering, no logit lens; load the model with "
+              "backend='vllm' (any servable point, per request) or backend='vllm-static' (declared taps)")
+
+
+StreamEvent = StreamStep  # the earlier name of one streamed step
+
+
+def _logprobs(entry, token: int, n: int) -> tuple:
+    """(the sampled token's log-probability, {id: log-probability} of the n most likely) from vLLM's
+    per-token logprobs dict ({id: Logprob(logprob, rank)})."""
+    if not entry:
+        return None, {}
+    top = {int(i): float(v.logprob) for i, v in entry.items() if v.rank is not None and v.rank <= n}
+    chosen = entry.get(token)
+    return (None if chosen is None else float(chosen.logprob)), top
+
+
+def _step_rows(rows: dict, prompt_len: int, index: int) -> dict:
+    """The rows of the forward that produced new token `index` ({address: [n, ...]}): the prompt for
+    the first, then the token fed back; addresses not read that far are left out."""
+    lo, hi = (0, prompt_len) if index == 0 else (prompt_len + index - 1, prompt_len + index)
+    return {k: t[lo:hi] for k, t in rows.items() if t.shape[0] >= hi}
+
+
+class AsyncVLLMModel(ModelBase, TokensMixin):
+    """Capture and steering on a vLLM engine, async. Built by engine.backends.vllm.backend.load."""
+
+    def __init__(self, name, backend, source, path, engine, catalogue: VLLMCatalogue | None, config, tokenizer):
+        self.name, self.backend, self.source, self.path = name, backend, source, path
+        self.engine, self.catalogue, self.config, self.tokenizer = engine, catalogue, config, tokenizer
+        self.n_layers = catalogue.n_layers if catalogue else config.num_hidden_layers
+        self.d_model = config.hidden_size
+        self.declared = catalogue.declared if catalogue else None
+        self.dtype = engine.model_config.dtype  # what vLLM computes in
+        from vllm.platforms import current_platform
+        self.device = torch.device(current_platform.device_type)  # where vLLM runs (results come back on the CPU)
+        self._init_base()
+
+    def __repr__(self):
+        cls = self.catalogue.model_class if self.catalogue else "stock"
+        return (f"<{type(self).__name__} {self.name} ({self.source}, {cls}, layers={self.n_layers}, "
+                f"d_model={self.d_model}, backend={self.backend})>")
+
+    # -- the point catalogue ----------------------------------------------------------------------
+    def _refuse_if_generate(self, what: str) -> None:
+        if self.backend == "vllm-generate":
+            raise (SteeringError if what == "steer" else UnsupportedPointError)(NO_CAPTURE + ".")
+
+    def _probe(self, point, layer):
+        self._refuse_if_generate("capture")
+        self.catalogue.check(Address(point, layer) if layer is not None else Address(point))
+
+    def _verdict(self, point, layer) -> Verdict:
+        addr = Address(point, layer)
+        if self.backend == "vllm-generate":
+            return refused(point, layer, self.backend, NO_CAPTURE)
+        try:
+            self.catalogue.check(addr)
+        except UnsupportedPointError as e:
+            return refused(point, layer, self.backend, str(e))
+        if point in vllm_attn.ATTN_POINTS:
+            return Verdict(str(addr), True, "recompute", "recomputed from q and k after the forward (capture only); "
+                                                         "steer q or k, or use backend='eager'")
+        info = self.catalogue.info(addr)
+        only = "integer expert indices: capture only" if point in INTEGER_POINTS else info.get("write_refused")
+        if self.backend == "vllm-static" and not only and not info.get("writable"):
+            only = "a read-only tap of this vllm-static engine; declare it in static_points to steer it"
+        return Verdict(str(addr), True, "hook", only)
+
+    def address(self, a) -> Address:
+        """Parse and check an address against this model and backend; absolute layer, coordinates
+        counted from 0."""
+        self._live()
+        self._refuse_if_generate("capture")
+        addr = parse(a).resolved(self.n_layers)
+        self.catalogue.check(addr.base)
+        if not addr.coords:
+            return addr
+        (name, value), = addr.coords
+        n = self.catalogue.heads(addr)
+        if not -n <= value < n:
+            raise AddressError(f"{name} {value} is out of range for {addr.point!r} ({n} {name}s).")
+        return Address(addr.point, addr.layer, **{name: value % n})
+
+    def block_layout(self):
+        """The block layout from the family table and config (per-layer mixers: where q is served)."""
+        from engine.families import family_for
+        from engine.model.weights import layout
+        fam = family_for(self.config.model_type)
+        mixer = None
+        if self.catalogue is not None:
+            mixer = lambda i: "attention" if self.serves(f"q.{i}") else "other"  # noqa: E731
+        return layout(fam, self.config, self.n_layers, mixer)
+
+    def _weights_refused(self, what):
+        raise UnsupportedPointError(f"{what} lives in vLLM's worker processes (sharded under tensor parallelism) "
+                                    f"and is not copied to the client; load the model with backend='eager' to read "
+                                    f"weights.")
+
+    def W_O(self, layer):
+        self._weights_refused("W_O")
+
+    def W_down(self, layer):
+        self._weights_refused("W_down")
+
+    @property
+    def W_U(self):
+        self._weights_refused("W_U")
+
+    def point_shape(self, addr: Address) -> tuple:
+        """Per-token shape of a capture at addr (what a steering value must have)."""
+        return self.catalogue.shape(addr)
+
+    # -- plans -------------------------------------------------------------------------------------
+    def _steer(self, st) -> Steer:
+        if not isinstance(st, Steer):
+            raise SteeringError(f"steer entries must be engine.Steer objects, got {type(st).__name__}: {st!r:.80}.")
+        self._refuse_if_generate("steer")
+        addr = self.address(st.address)
+        if addr.point in INTEGER_POINTS:
+            raise UnsupportedPointError(f"{addr} is capture-only.")
+        if addr.point in vllm_attn.ATTN_POINTS:
+            raise SteeringError(f"{addr} is recomputed from q and k after the forward on backend "
+                                f"{self.backend!r} (capture only); steer q or k, or use backend='eager'.")
+        info = self.catalogue.info(addr.base)
+        if info.get("write_refused"):
+            raise SteeringError(f"{addr} is capture-only on {self.catalogue.model_class}: {info['write_refused']}.")
+        if self.backend == "vllm-static" and not info.get("writable"):
+            raise UnsupportedPointError(f"{addr} is a read-only tap of this vllm-static engine; declare it in "
+                                        f"static_points to steer it, or use backend='vllm'.")
+        if self.backend == "vllm-static":
+            from engine.backends.vllm.worker.static import StaticTaps
+            StaticTaps.refuse(st)
+        if info.get("sharded") and OPS[st.op].whole and not addr.coords:
+            raise SteeringError(f"{st.op} at {addr} needs the whole vector, but this point is split across "
+                                f"{self.catalogue.tp} tensor-parallel ranks; steer one head ({addr}.head-N) or "
+                                f"use tensor_parallel_size=1.")
+        st = st.at(addr).bound()
+        v = st.value
+        if isinstance(v, torch.Tensor):
+            if v.device.type == "meta":
+                raise SteeringError(f"steering value for {addr} is on the meta device (it holds no data); "
+                                    f"make it a real tensor.")
+            want = self.point_shape(addr)
+            if not (st.op == "scale" and v.dim() == 0) and tuple(v.shape[st.lead:]) != want:
+                lead = "" if not st.lead else f" (after {st.lead} leading {'pos' if st.lead == 1 else 'batch, pos'} axes)"
+                raise SteeringError(f"steering value for {addr} has shape {tuple(v.shape)}{lead} but the point's "
+                                    f"per-position shape is {want}.")
+        return st.at(addr, v.detach().cpu() if isinstance(v, torch.Tensor) else None)
+
+    def _plan(self, req: Request, prefill: bool, logits: bool, row: int = 0, n_rows: int = 1) -> tuple[Plan, dict]:
+        """A request's plan and sampling params. prefill: a forward over the prompt (run_with_cache):
+        every prompt position computed, logits at each; else logits of each new token. The request
+        is sequence `row` of a call of `n_rows` (batch values and masks are cut to its row)."""
+        prompt = self._prompt_ids(req.prompt)
+        caps = self.expand(req.points) if req.points else []
+        if caps:
+            self._refuse_if_generate("capture")
+        special = special_ids(self.tokenizer)
+        steers = [self._steer(s).for_row(row, n_rows, prompt, special)
+                  for s in (*self._context_steers(), *validate_steers(req.steer))]
+        if self.backend == "vllm-static":
+            from engine.backends.vllm.worker.static import StaticTaps
+            StaticTaps.check_order(steers)
+        derived = [a for a in caps if a.point in vllm_attn.ATTN_POINTS]
+        plan = Plan(len(prompt), [a for a in caps if a not in derived], steers)
+        plan.derived = derived
+        plan.prompt = prompt
+        plan.internal += [Address(p, a.layer) for a in derived for p in ("q", "k")]
+        if logits and self.backend != "vllm-generate":
+            plan.internal.append(Address("final_norm"))
+            if not prefill and Address("final_norm") not in plan.captures:
+                plan.start_at["final_norm"] = len(prompt) - 1
+        plan.check_positions(0 if prefill else req.max_new_tokens)
+        plan.salted = self._salted(plan, prefill)
+        # min_tokens bans end-of-sequence until max_new_tokens, as eager's min_new_tokens does
+        params = dict(max_tokens=req.max_new_tokens, min_tokens=req.max_new_tokens)
+        params.update(Sampling.parse(req.sampling, self.backend).vllm())
+        return plan, params
+
+    @staticmethod
+    def _needs_worker(plan: Plan) -> bool:
+        return bool(plan.captures or plan.steers or plan.internal)
+
+    @staticmethod
+    def _salted(plan: Plan, prefill: bool) -> bool:
+        """Whether the request needs its own prefix-cache key: positions served from the cache are
+        never computed, so a capture, a steer or prefill logits there would be silently skipped (and
+        a steered prefix must never be served to others). Logits of new tokens alone need none: the
+        last prompt token is always computed."""
+        return bool(plan.captures or plan.steers or getattr(plan, "derived", None) or prefill)
+
+    # -- tokens ------------------------------------------------------------------------------------
+    def _prompt_ids(self, prompt) -> list[int]:
+        """One prompt's validated token ids (engine/core/inputs.py)."""
+        return token_rows(prompt, self.tokenizer, limits_of(self), one=True, prepend_bos=self.prepend_bos)[0]
+
+    def _prompts(self, inputs) -> tuple[list[list[int]], torch.Tensor | None]:
+        """Prompts as validated token lists, and the attention mask whose layout results follow (None:
+        left-padded)."""
+        mask = inputs.get("attention_mask") if isinstance(inputs, dict) else None
+        mask = None if mask is None else torch.as_tensor(mask).reshape(-1, torch.as_tensor(mask).shape[-1]).cpu()
+        return token_rows(inputs, self.tokenizer, limits_of(self), prepend_bos=self.prepend_bos), mask
+
+    # -- running requests ----------------------------------------------------------------------------
+    async def _rpc(self, method: str, *args):
+        return await self.engine.collective_rpc(method, args=args)
+
+    async def _submit(self, plan: Plan, params: dict, key: str, on_output=None):
+        """Run one request in the continuous batch; returns vLLM's final RequestOutput."""
+        from vllm import SamplingParams
+        extras = {"cache_salt": f"interp-{key}"} if plan.salted else None
+        (prompt,) = await self.engine.renderer.render_cmpl_async([{"prompt_token_ids": plan.prompt}],
+                                                                prompt_extras=extras)
+        sp = SamplingParams(**params, extra_args={EXTRA_KEY: key} if self._needs_worker(plan) else None)
+        final = None
+        try:
+            async for out in self.engine.generate(prompt, sp, request_id=key):
+                final = out
+                if on_output is not None:
+                    on_output(out)
+        except BaseException:
+            await self.engine.abort(key)
+            raise
+        return final
+
+    async def _run_many(self, built: list[tuple[Plan, dict]], want_logits: bool, prefill: bool = False,
+                        on_output=None, keys=None, hold: asyncio.Event | None = None) -> list[RequestResult]:
+        """Register every plan in one RPC, run the requests concurrently, collect in one RPC (after
+        `hold` is set, when given: a stream reads the plans' rows step by step until then)."""
+        keys = keys or [uuid.uuid4().hex for _ in built]
+        active = [(k, p) for k, (p, _) in zip(keys, built) if self._needs_worker(p)]
+        if active:
+            await self._rpc("interp_register", [vllm_wire.plan_out(p, k) for k, p in active])
+        try:
+            outs = await asyncio.gather(*(self._submit(p, kw, k, on_output) for k, (p, kw) in zip(keys, built)))
+            if hold is not None:
+                await hold.wait()
+        finally:
+            collected = {}
+            if active:
+                per_rank = await self._rpc("interp_collect", [k for k, _ in active],
+                                           [want_logits and Address("final_norm") in p.internal for _, p in active])
+                for i, (k, _) in enumerate(active):
+                    collected[k] = [rank[i] for rank in per_rank]
+        return [self._result(p, out, collected.get(k), want_logits, prefill) for k, (p, _), out in zip(keys, built, outs)]
+
+    def _gather(self, key: str, ranks: list[dict]) -> torch.Tensor:
+        """One capture from every rank's part: a sharded point's heads / neurons put in place."""
+        parts = [(r["captures"][key][0], vllm_wire.tensor_in(r["captures"][key][1])) for r in ranks
+                 if key in r["captures"]]
+        errors = [r["errors"][key] for r in ranks if key in r.get("errors", {})]
+        if errors:
+            raise RuntimeError(errors[0])
+        if not parts:
+            raise RuntimeError(f"{key} was never computed for this request.")
+        addr = parse(key)
+        info = self.catalogue.info(addr.base)
+        if len(parts) == 1 or not info.get("sharded") or addr.coords:
+            return parts[0][1]
+        held = [r for r in ranks if key in r["captures"]]
+        full = torch.zeros(parts[0][1].shape[0], *info["shape"], dtype=parts[0][1].dtype)
+        for (_, t), r in zip(parts, held):
+            full[:, torch.tensor(r["held"][key])] = t
+        return full
+
+    def _result(self, plan: Plan, out, ranks: list[dict] | None, want_logits: bool, prefill: bool) -> RequestResult:
+        if out is None:
+            raise EngineError("vLLM returned no output for a request (aborted?).")
+        if ranks:
+            bad = [r["error"] for r in ranks if "error" in r]
+            if bad:
+                raise EngineError(f"a worker lost this request's plan: {bad[0]}")
+            failed = [r["failed"] for r in ranks if "failed" in r]
+            if failed:
+                raise EngineError(f"this request failed inside the vLLM worker ({failed[0]}); other requests "
+                                  f"and the engine are unaffected.")
+        new = torch.tensor(list(out.outputs[0].token_ids), dtype=torch.long)
+        cache = ActivationCache(self.n_layers)
+        for addr in plan.captures:
+            cache[str(addr)] = self._gather(str(addr), ranks)
+        for addr in plan.derived:
+            q, k = self._gather(f"q.{addr.layer}", ranks), self._gather(f"k.{addr.layer}", ranks)
+            t = vllm_attn.scores(q, k, self.catalogue.attn[addr.layer])
+            t = vllm_attn.probs(t) if addr.point == "attn_probs" else t
+            cache[str(addr)] = t[:, addr.coords[0][1]] if addr.coords else t
+        logits = None
+        if want_logits and ranks and "logits" in ranks[0]:
+            logits = vllm_wire.tensor_in(ranks[0]["logits"])  # rows from position ranks[0]["logits_from"]
+            if not prefill:  # the scores each new token was chosen from: the last prompt position on
+                start = plan.prompt_len - 1 - ranks[0]["logits_from"]
+                logits = logits[start:start + len(new)]
+        text = self.tokenizer.decode(new.tolist(), skip_special_tokens=True)
+        return RequestResult(torch.tensor(plan.prompt, dtype=torch.long), new, text, cache, logits,
+                             int(getattr(out, "num_cached_tokens", 0) or 0),
+                             max([r.get("recomputed", 0) for r in ranks or []], default=0),
+                             vllm_wire.receipts_in(plan, ranks))
+
+    # -- public async API ----------------------------------------------------------------------------
+    async def generate_batch(self, requests: list[Request], return_logits: bool = True,
+                             strict: bool = False) -> list[RequestResult]:
+        """Run requests concurrently (one continuous batch); each keeps its own captures and steers
+        (each Request is one sequence: its steer values take no batch axis) and its receipts;
+        strict=True fails when a steer touched no row of its request."""
+        self._live()
+        want = return_logits and self.backend != "vllm-generate"
+        res = await self._run_many([self._plan(r, False, want) for r in requests], want)
+        if strict:
+            for r in res:
+                check_strict(r.receipts, "request")
+        return res
+
+    async def generate(self, inputs, max_new_tokens: int = 8, points=(), steer=(), return_logits: bool = True,
+                       strict: bool = False, **sampling) -> GenerationResult:
+        """Greedy (by default) generation of every prompt, the same captures and steers for each
+        (a steer value or mask with a batch axis gives each prompt its own row); results padded on
+        the left like eager's. strict=True fails when a steer touched no row of the call."""
+        self._live()
+        prompts, _ = self._prompts(inputs)
+        want = return_logits and self.backend != "vllm-generate"
+        built = [self._plan(Request(p, max_new_tokens, points, steer, sampling), False, want, i, len(prompts))
+                 for i, p in enumerate(prompts)]
+        out = self._batch(await self._run_many(built, want))
+        if strict:
+            check_strict(out.receipts, "generation")
+        return out
+
+    async def capture(self, inputs, points=(), steer=(), strict: bool = False):
+        """One forward over each prompt. Returns (logits [b, pos, vocab], cache of [b, pos, ...]),
+        padded on the left (or in the layout of a given attention_mask); padded positions hold 0.
+        The cache's receipts say what each steer did; strict=True fails a steer that touched no row."""
+        self._live()
+        self._refuse_if_generate("capture")
+        prompts, mask = self._prompts(inputs)
+        built = [self._plan(Request(p, 1, points, steer), True, True, i, len(prompts)) for i, p in enumerate(prompts)]
+        res = await self._run_many(built, True, prefill=True)
+        lengths = [len(p) for p in prompts]
+        width = max(lengths) if mask is None else mask.shape[1]
+        cols = columns(lengths, width, "left") if mask is None else columns_of(mask)
+        logits = pad_rows([r.logits for r in res], cols, width)
+        receipts = combine([r.receipts for r in res])
+        if strict:
+            check_strict(receipts, "forward")
+        return logits, batch_cache([r.cache for r in res], cols, width, self.n_layers, receipts)
+
+    async def stream(self, prompt, max_new_tokens: int = 8, points=(), steer=(), logprobs: int = 0,
+                     return_logits: bool = True, rows: bool = True, strict: bool = False, **sampling):
+        """Yield a StreamStep per generated token (token, text, logprob and the top `logprobs` of the raw
+        distribution, and with rows=True the captured rows of the forward that produced it, read from
+        the workers while the request runs); the last step carries the full RequestResult, also when
+        sampling stops generation before max_new_tokens. Attention patterns are recomputed after the
+        request on vLLM: only the result holds them. strict=True raises instead of yielding the last
+        step when a steer touched no row (the result's receipts)."""
+        self._live()
+        from vllm.sampling_params import RequestOutputKind
+        if not isinstance(logprobs, int) or isinstance(logprobs, bool) or logprobs < 0:
+            raise ValueError(f"logprobs is how many top log-probabilities each step carries (an int >= 0), "
+                             f"got {logprobs!r}.")
+        want = return_logits and self.backend != "vllm-generate"
+        plan, kw = self._plan(Request(prompt, max_new_tokens, points, steer, sampling), False, want)
+        kw["output_kind"] = RequestOutputKind.DELTA
+        kw["logprobs"] = logprobs  # vLLM returns the sampled token's too
+        key = uuid.uuid4().hex
+        queue: asyncio.Queue = asyncio.Queue()
+        hold = asyncio.Event()  # the plan stays registered until the final output was seen
+        task = asyncio.ensure_future(self._run_many([(plan, kw)], want, on_output=queue.put_nowait, keys=[key],
+                                                    hold=hold))
+        live = [str(a) for a in plan.captures if a.point not in vllm_attn.ATTN_POINTS] if rows else []
+        since = {k: 0 for k in live}  # read from the workers up to here
+        got: dict = {}  # {address: rows from position 0}, as read so far
+        pending: list[StreamStep] = []  # seen, not yielded (the newest goes out last, with the result)
+        seen: list[int] = []
+        try:
+            finished = False
+            while not finished:
+                getter = asyncio.ensure_future(queue.get())
+                done, _ = await asyncio.wait({getter, task}, return_when=asyncio.FIRST_COMPLETED)
+                if getter not in done:  # the request ended without a final output: raise its error
+                    getter.cancel()
+                    task.result()
+                    break
+                ro = getter.result()
+                finished = bool(getattr(ro, "finished", False))
+                out = ro.outputs[0]
+                for j, tok in enumerate(out.token_ids):
+                    lp, top = _logprobs(out.logprobs[j] if out.logprobs else None, tok, logprobs)
+                    pending.append(StreamStep(len(seen), tok, self.tokenizer.decode([tok], skip_special_tokens=True),
+                                              lp, top))
+                    seen.append(tok)
+                if finished:
+                    hold.set()
+                if len(pending) < 2 or finished:
+                    continue
+                if since:
+                    for k, t in (await self._peek(key, since)).items():
+                        got[k] = torch.cat([got[k], t]) if k in got else t
+                while len(pending) > 1:
+                    step = pending.pop(0)
+                    step.rows = _step_rows(got, plan.prompt_len, step.index) if live else None
+                    yield step
+            hold.set()
+            (result,) = await task
+            # DELTA outputs: vLLM's final output holds only the last delta's tokens
+            result.new_tokens = torch.tensor(seen, dtype=torch.long)
+            result.text = self.tokenizer.decode(seen, skip_special_tokens=True)
+            cache = {k: result.cache[k] for k in live}
+            for step in pending:
+                step.rows = _step_rows(cache, plan.prompt_len, step.index) if live else None
+            if pending:
+                pending[-1].result = result
+            failure = None
+            if strict:
+                try:
+                    check_strict(result.receipts, "generation")
+                except StrictSteerError as e:
+                    failure, pending = e, pending[:-1]
+            for step in pending:
+                yield step
+            if failure is not None:
+                raise failure
+        finally:
+            hold.set()
+            if not task.done():
+                task.cancel()
+
+    async def _peek(self, key: str, since: dict) -> dict:
+        """Capture rows of a running request from `since` ({address: position}, advanced here)."""
+        ranks = [r[0] for r in await self._rpc("interp_peek", [key], [dict(since)])]
+        out = {}
+        for k in since:
+            starts = [r["captures"][k][0] for r in ranks if k in r["captures"]]
+            if starts:
+                t = self._gather(k, ranks)
+                out[k] = t
+                since[k] = starts[0] + t.shape[0]
+        return out
+
+    def _batch(self, res: list[RequestResult]) -> GenerationResult:
+        lengths = [r.tokens.shape[0] for r in res]
+        width = max(lengths)
+        cols = columns(lengths, width, "left")
+        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        tokens = pad_rows([r.tokens for r in res], cols, width, pad)
+        mask = pad_rows([torch.ones_like(r.tokens) for r in res], cols, width, 0)
+        n_new = max(r.new_tokens.shape[0] for r in res)
+        new = pad_rows([r.new_tokens for r in res], columns([r.new_tokens.shape[0] for r in res], n_new, "right"),
+                       n_new, pad)
+        seen = [n - 1 for n in lengths]
+        cache = batch_cache([r.cache for r in res], columns(seen, width - 1, "left"), width - 1, self.n_layers)
+        logits = None
+        if all(r.logits is not None for r in res):
+            logits = pad_rows([r.logits for r in res], columns([r.logits.shape[0] for r in res], n_new, "right"), n_new)
+        return GenerationResult(tokens, new, [r.text for r in res], cache, logits, mask, res,
+                                combine([r.receipts for r in res]))
+
+    async def logit_lens(self, x, point: str = "resid_post") -> torch.Tensor:
+        """Logits from a residual tensor through vLLM's own final norm and head (softcap, scaling)."""
+        from engine.core.points import get_point
+        from engine.model import lens
+        self._live()
+        self._refuse_if_generate("capture")
+        if isinstance(x, tuple):
+            cache, a = x
+            point, x = parse(a).point, cache[a]
+        point = get_point(point).name
+        lens.check_lensable(point)
+        if x.shape[-1] != self.d_model:
+            raise ValueError(f"logit lens needs a [..., {self.d_model}] residual, got shape {tuple(x.shape)}.")
+        out = await self._rpc("interp_lens", vllm_wire.tensor_out(x.reshape(-1, self.d_model)), point != "final_norm")
+        return vllm_wire.tensor_in(out[0]).reshape(*x.shape[:-1], -1)
+
+    async def aclose(self) -> None:
+        """Shut the engine down from its event loop (idempotent); any later call says it was closed."""
+        self.close()
+
+    def close(self) -> None:
+        """Shut the engine down (idempotent). Call it from the thread running the engine's event loop
+        (or await aclose()); the synchronous VLLMModel does that for you."""
+        if not self._closed:
+            self._closed = True
+            engine, self.engine = self.engine, None
+            from engine.backends.vllm.runtime import stop_engine
+            stop_engine(engine)

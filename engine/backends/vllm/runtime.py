@@ -1,0 +1,214 @@
+"""Starting a vLLM engine for the engine's backends, and what loading cost.
+
+The engine core runs in its own process (vLLM's default). The backends reach their workers only
+through vLLM's public seams: `worker_extension_cls` (engine/backends/vllm/worker/extension.py, called with
+collective_rpc), `logits_processors` (engine/backends/vllm/worker/rows.py) and, for vllm-static, a model
+loader registered by load format (engine/backends/vllm/worker/loader.py). A private event loop in a daemon
+thread drives the async engine for the synchronous API (`Loop`).
+"""
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import contextvars
+import logging
+import multiprocessing
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from engine.backends.vllm.sizing import Sizing, kv_bytes_for  # noqa: F401  (kv_bytes_for: benchmarks)
+from engine.core.errors import OptionError
+from engine.model import sources
+
+log = logging.getLogger("engine.vllm")
+if not log.handlers:  # the load report is a log line users should see without configuring logging
+    _h = logging.StreamHandler()
+    _h.setFormatter(logging.Formatter("%(name)s: %(message)s"))
+    log.addHandler(_h)
+    log.setLevel(logging.INFO)
+
+ENV_DEFAULTS = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_LOGGING_LEVEL": "WARNING",
+                "VLLM_NO_USAGE_STATS": "1"}  # offline: no usage report to stats.vllm.ai either
+WORKER_EXTENSION = "engine.backends.vllm.worker.extension.InterpWorker"
+ROW_MAP = "engine.backends.vllm.worker.rows:RowMap"
+
+
+# vLLM engine args the hooked backends (vllm, vllm-static) refuse at load, each with why; vllm-generate
+# (stock vLLM, no capture or steering) takes them
+REFUSED_ENGINE_ARGS = {
+    "speculative_config": "speculative decoding runs draft tokens through the model and drops the rejected ones, so "
+                          "a step's rows would hold tokens that never join the sequence and a steer would act on them; "
+                          "backend='vllm-generate' (stock vLLM, no capture or steering) decodes speculatively",
+    "enable_lora": "LoRA adapters are applied per request inside vLLM's wrapped linear layers, which the engine's "
+                   "sites do not model, and a request has no adapter field here; load a merged checkpoint instead",
+}
+
+
+def check_engine_args(backend: str, engine_kw: dict) -> None:
+    """Refuse, before anything starts, an engine arg whose feature would make captures or steers wrong."""
+    if backend == "vllm-generate":
+        return
+    for name, why in REFUSED_ENGINE_ARGS.items():
+        if engine_kw.get(name):
+            raise OptionError(f"{name}={engine_kw[name]!r} is not served by backend {backend!r}: {why}.")
+
+
+def prepare_env() -> None:
+    """Environment vLLM must see before it is imported."""
+    for k, v in ENV_DEFAULTS.items():
+        os.environ.setdefault(k, v)
+
+
+def model_path(name: str, source: str) -> tuple[str, str]:
+    """(local directory to hand vLLM, source used), resolved by engine.model.sources as on every backend."""
+    src = sources.resolve(name, source)
+    return src.path, src.source
+
+
+def cpu_binding(tp: int) -> str | None:
+    """VLLM_CPU_OMP_THREADS_BIND for tp ranks on a CPU machine: the allowed cores split evenly, one
+    group per rank (vLLM refuses several CPU ranks without it on a one-NUMA-node machine)."""
+    if tp <= 1:
+        return None
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < tp:
+        raise ValueError(f"tensor_parallel_size={tp} needs at least {tp} CPU cores; this process may use "
+                         f"{len(cores)}.")
+    per = len(cores) // tp
+    groups = [cores[i * per:(i + 1) * per] for i in range(tp)]
+    return "|".join(",".join(str(c) for c in g) for g in groups)
+
+
+@dataclass
+class LoadReport:
+    """What loading cost: seconds, KV cache and tap buffer sizes, client memory."""
+    backend: str
+    startup_s: float
+    kv_cache_bytes: int
+    kv_cache_tokens: int
+    tap_buffer_bytes: int = 0
+    rss_gib: float = 0.0
+    compiled: bool = False
+    tensor_parallel_size: int = 1
+    sizing: Sizing | None = None  # what each engine knob was set to, and why (engine/backends/vllm/sizing.py)
+    runner: str = ""              # vLLM's model runner the workers use, and why (engine/backends/vllm/worker/runner.py)
+    extra: dict = field(default_factory=dict)
+
+    def line(self) -> str:
+        tp = f", tensor parallel {self.tensor_parallel_size}" if self.tensor_parallel_size > 1 else ""
+        chosen = f"; {self.sizing.line()}" if self.sizing else ""
+        runner = f"; {self.runner}" if self.runner else ""
+        return (f"{self.backend}: startup {self.startup_s:.1f} s, KV cache {self.kv_cache_bytes / 2**20:.1f} MiB "
+                f"({self.kv_cache_tokens} tokens), tap buffers {self.tap_buffer_bytes / 2**10:.1f} KiB, "
+                f"client RSS {self.rss_gib:.2f} GiB, {'compiled' if self.compiled else 'eager'} forward{tp}"
+                f"{runner}{chosen}")
+
+
+def rss_gib() -> float:
+    try:
+        return int(open("/proc/self/statm").read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**30
+    except OSError:
+        return float("nan")
+
+
+@contextlib.contextmanager
+def scoped_env(env: dict):
+    """Environment variables for one engine's construction (its processes inherit them). vLLM caches
+    its env reads once an engine is up, so the cache is dropped first."""
+    import vllm.envs
+    vllm.envs.disable_envs_cache()
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+class Loop:
+    """A private event loop in a daemon thread. `run(coro)` runs a coroutine there with the calling
+    thread's context (so `steering()` blocks apply) and waits for its result."""
+
+    def __init__(self):
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, name="interp-vllm-loop", daemon=True)
+        self.thread.start()
+
+    def run(self, coro):
+        if threading.current_thread() is self.thread:
+            raise RuntimeError("a synchronous model call was made from the model's own event loop; await the "
+                               "async API (model.aio) there instead.")
+        ctx = contextvars.copy_context()
+        fut: concurrent.futures.Future = concurrent.futures.Future()
+
+        def start():
+            task = ctx.run(self.loop.create_task, coro)
+
+            def done(t):
+                if t.cancelled():
+                    fut.cancel()
+                elif t.exception() is not None:
+                    fut.set_exception(t.exception())
+                else:
+                    fut.set_result(t.result())
+            task.add_done_callback(done)
+        self.loop.call_soon_threadsafe(start)
+        return fut.result()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Cancel what still runs on the loop (a call interrupted by Ctrl-C, vLLM's output handler) and
+        let it unwind before the loop stops: a task left pending is reported as destroyed at exit."""
+        if not self.loop.is_running():
+            return
+        if threading.current_thread() is self.thread:
+            self.loop.stop()
+            return
+        with contextlib.suppress(Exception):
+            asyncio.run_coroutine_threadsafe(_cancel_pending(timeout), self.loop).result(timeout + 5)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(timeout=30)
+
+
+async def _cancel_pending(timeout: float) -> None:
+    me = asyncio.current_task()
+    tasks = [t for t in asyncio.all_tasks() if t is not me and not t.done()]
+    for t in tasks:
+        t.cancel()
+    if tasks:
+        await asyncio.wait(tasks, timeout=timeout)
+
+
+def start_engine(path: str, env: dict, **engine_kw):
+    """An AsyncLLM (engine core in its own process). Returns (engine, seconds); the engine's child
+    processes are kept as `engine.interp_processes`, for stop_engine."""
+    prepare_env()
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.v1.engine.async_llm import AsyncLLM
+    if engine_kw.get("load_format") == "interp_static":
+        import engine.backends.vllm.worker.loader  # noqa: F401  (registers the load format)
+    t0 = time.perf_counter()
+    before = set(multiprocessing.active_children())
+    with scoped_env({"VLLM_ENABLE_V1_MULTIPROCESSING": "1", **env}):
+        engine = AsyncLLM.from_engine_args(AsyncEngineArgs(model=path, **engine_kw))
+    engine.interp_processes = [p for p in multiprocessing.active_children() if p not in before]
+    return engine, time.perf_counter() - t0
+
+
+def stop_engine(engine, timeout: float = 30.0) -> None:
+    """Shut the engine down and wait until its processes are gone (killed after `timeout`)."""
+    engine.shutdown()
+    deadline = time.monotonic() + timeout
+    for p in getattr(engine, "interp_processes", []):
+        p.join(max(0.0, deadline - time.monotonic()))
+        if p.is_alive():
+            p.kill()
+            p.join(5)

@@ -1,0 +1,375 @@
+"""The engine inside vLLM's worker processes, reached only through vLLM's public seams.
+
+    worker_extension_cls  `InterpWorker` is mixed into vLLM's Worker; the client calls its methods
+                          on every rank with collective_rpc, sending plain data (vllm_wire)
+    logits_processors     `vllm_rows.RowMap` learns which batch row holds which plan
+    step anchor           around V1's `GPUModelRunner._model_forward` (the runner's one call of the
+                          model per step, documented by vLLM as its override point): the step begins
+                          (rows -> spans, from the forward context's query_start_loc and the
+                          `positions` argument) and ends there, so it runs under any CUDA-graph mode,
+                          FULL replay included (vllm_static's taps are read and written around it).
+                          Without that method: forward hooks on the top-level model (_step_anchors)
+
+Per request, the client registers a plan before submitting it and collects its captures when it
+finishes. `vllm` attaches hooks at the sites the registered plans need (none when no plan is
+registered, so plain requests pay nothing); `vllm-static` fills and reads the tap buffers its
+loader installed (vllm_loader). Under tensor parallelism every rank runs the same steps: sharded
+points (heads, MLP neurons) are captured and steered per rank on the indices it holds, replicated
+ones on rank 0 only; the client gathers.
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from engine.backends.vllm.worker import attn as vllm_attn
+from engine.backends.vllm.worker import runner as vllm_runner
+from engine.backends.vllm.worker import wire as vllm_wire
+from engine.backends.vllm.worker.loader import ERRORS_ATTR, TAPS_ATTR
+from engine.backends.vllm.worker.rows import ROWS
+from engine.backends.vllm.worker.tree import resolve, tree_for
+from engine.core.address import Address, parse
+from engine.core.errors import UnsupportedPointError
+from engine.core.plan import Plan, Span, Step, run_site, site_work
+from engine.core.points import POINTS
+
+
+def _to_cpu(span, key, rows):
+    return rows.detach().to("cpu", copy=True)  # vLLM reuses its activation buffers
+
+
+def _failed(plan: Plan, exc: BaseException) -> None:
+    """A request's own failure inside the forward: kept for its collect, never raised into vLLM
+    (an exception there kills the engine core and every other request with it)."""
+    plan.error = f"{type(exc).__name__}: {exc}"
+
+
+def _query_start_loc(ctx) -> list[int]:
+    md = ctx.attn_metadata
+    for m in (md.values() if isinstance(md, dict) else [md]):
+        q = getattr(m, "query_start_loc", None)
+        if q is not None:
+            return q.tolist()
+    raise RuntimeError("the forward context carries no attention metadata with query_start_loc; this "
+                       "architecture has no softmax attention layer the engine can align rows with")
+
+
+def _rows_from(chunks: list, start: int):
+    """The rows of (first position, rows) chunks from absolute position `start` up to the first gap."""
+    parts, at = [], start
+    for p, c in chunks:
+        if p + c.shape[0] <= at:
+            continue
+        if p > at:
+            break
+        parts.append(c[at - p:])
+        at = p + c.shape[0]
+    return torch.cat(parts) if parts else None
+
+
+def _hooks_fire(module) -> bool:
+    """True when calling the module runs torch's hooks. vLLM's @support_torch_compile replaces a
+    class's __call__ with one that calls forward (or the compiled graph) directly, skipping them."""
+    return type(module).__call__ is torch.nn.Module.__call__
+
+
+def _step_anchors(model, tree):
+    """(module whose pre-hook begins a step, module whose hook ends it, index of `positions` in the
+    begin module's positional args, why no anchor can work or None).
+
+    The top-level model is the anchor wherever its hooks fire. Some vLLM classes are compile-decorated
+    at the top (Ernie4_5ForCausalLM in vLLM 0.32): then the first decoder layer begins the step
+    (it receives `positions` first) and the final norm ends it; those fire only when the forward runs
+    uncompiled (vllm, or vllm-static with compile=False)."""
+    from engine.model.paths import get_path
+    if _hooks_fire(model):
+        return model, model, 1, None
+    layers = get_path(model, tree.layers)
+    end = get_path(model, tree.final_norm) if tree.final_norm else layers[-1]
+    error = None
+    if not getattr(model, "do_not_compile", True):
+        error = (f"vLLM compiles {type(model).__name__} as a whole (its top-level class is "
+                 f"torch.compile-decorated), so no step boundary is visible to the engine; load "
+                 f"vllm-static with compile=False for this architecture")
+    return layers[0], end, 0, error
+
+
+def _wrap_model_forward(runner, begin, end) -> bool:
+    """Run begin(None, args, kwargs) before and end(None, args, output) after every call of the V1
+    runner's `_model_forward` (eager, compiled, PIECEWISE or FULL CUDA-graph replay alike: the call
+    itself is Python). False where the runner has no such method (then module hooks anchor steps)."""
+    if not callable(getattr(type(runner), "_model_forward", None)):
+        return False
+    orig = type(runner)._model_forward.__get__(runner)  # the class's, so a second setup never nests
+
+    def model_forward(*args, **kwargs):
+        begin(None, args, kwargs)
+        out = orig(*args, **kwargs)  # a failure here ends the engine; the next begin starts afresh
+        end(None, args, out)
+        return out
+    runner._model_forward = model_forward
+    return True
+
+
+class WorkerState:
+    """What one rank holds: the registered plans, the sites they need and the current step."""
+
+    def __init__(self, runner, backend: str):
+        from vllm.distributed import get_tensor_model_parallel_rank, get_tensor_model_parallel_world_size
+        self.runner, self.backend = runner, backend
+        self.model = runner.get_model()
+        cfg = runner.model_config.hf_config
+        self.config = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+        self.tree = tree_for(self.model, self.config)
+        self.rank, self.tp = get_tensor_model_parallel_rank(), get_tensor_model_parallel_world_size()
+        self.taps = getattr(self.model, TAPS_ATTR, None)
+        self.plans: dict[str, Plan] = {}
+        self.work: dict = {}
+        self.sites: dict = {}  # (point, layer) -> VSite, one object per module slot
+        self.handles: list = []
+        self.step: Step | None = None
+        self.end_module = self.end_handle = None
+        if _wrap_model_forward(runner, self._begin, self._end):
+            self.positions_at, self.anchor_error = 0, None
+        else:
+            begin, self.end_module, self.positions_at, self.anchor_error = _step_anchors(self.model, self.tree)
+            begin.register_forward_pre_hook(self._begin, with_kwargs=True)  # before any site's pre-hook
+            self.end_handle = self.end_module.register_forward_hook(self._end)
+
+    # -- sites ------------------------------------------------------------------------------------
+    def site(self, addr: Address):
+        key = (addr.point, addr.layer)
+        if key not in self.sites:
+            s = resolve(self.model, self.tree, addr.point, addr.layer, self.rank, self.tp)
+            same = next((o for o in self.sites.values() if o.key == s.key), None)
+            self.sites[key] = same or s
+        return self.sites[key]
+
+    def _site_key(self, addr: Address):
+        return str(addr) if self.taps is not None else self.site(addr)
+
+    def _local_read(self, plan: Plan, addr: Address):
+        """(capture key, local coordinate) this rank records for addr, or None."""
+        held = self.site(addr.base).held
+        coord = addr.coords[0][1] if addr.coords else None
+        if held is None:  # replicated: rank 0 records it (every rank for the engine's own logits rows)
+            return (str(addr), coord) if self.rank == 0 or addr in plan.internal else None
+        if coord is None:
+            return str(addr), None
+        return (str(addr), held.index(coord)) if coord in held else None  # coordinates arrive non-negative
+
+    def _local_steer(self, st):
+        held = self.site(st.address.base).held
+        if held is None:
+            return st
+        if st.address.coords:
+            (name, h), = st.address.coords
+            if h not in held:
+                return None
+            local = Address(st.address.point, st.address.layer, **{name: held.index(h)})
+            return st.at(local)  # every field kept (coeff, bounds, exclude, lead): only the head is local
+        st = st.bound()
+        v = st.value
+        if v is None or v.dim() <= st.lead:  # no value, or a scalar scale
+            return st
+        return st.at(st.address, v.index_select(st.lead, torch.tensor(held, device=v.device)))
+
+    def _reports(self, st) -> bool:
+        """Whether this rank's receipt of a steer counts: a replicated point is steered alike on every
+        rank (rank 0 reports), a sharded one on the ranks holding its indices (each its part)."""
+        held = self.site(st.address.base).held
+        if held is None:
+            return self.rank == 0
+        return not st.address.coords or st.address.coords[0][1] in held
+
+    def _rebuild(self) -> None:
+        """Recompute what every site does for the registered plans; reattach hooks (`vllm`)."""
+        plans = list(self.plans.values())
+        self.work = site_work(plans, self._site_key, self._local_read, self._local_steer)
+        for h in self.handles:
+            h.remove()
+        self.handles = []
+        if self.taps is None:
+            for site, work in self.work.items():
+                self.handles += site.install(functools.partial(self._at_site, work))
+        if self.end_handle is not None:  # after every site's hook, where the end module is also a site
+            self.end_handle.remove()
+            self.end_handle = self.end_module.register_forward_hook(self._end)
+
+    def _at_site(self, work, t):
+        step = self.step
+        if step is None or not step.spans:
+            return None
+        return run_site(t, step.spans, work, _to_cpu, _failed)
+
+    # -- steps ------------------------------------------------------------------------------------
+    def _begin(self, module, args, kwargs):
+        self.step = None
+        if not self.plans or not ROWS:
+            return
+        mine = [(i, self.plans[k]) for i, k in ROWS.items() if k in self.plans]
+        if not mine:
+            return
+        try:
+            self._start_step(mine, args, kwargs)
+        except Exception as e:  # the step's plans fail; the engine serves on
+            for _, plan in mine:
+                _failed(plan, e)
+            self.step = None
+
+    def _start_step(self, mine, args, kwargs):
+        from vllm.forward_context import get_forward_context
+        qsl = _query_start_loc(get_forward_context())
+        positions = kwargs["positions"] if "positions" in kwargs else args[self.positions_at]
+        flat = positions[0] if positions.dim() == 2 else positions  # M-RoPE: [3, tokens]
+        starts = flat[torch.tensor([qsl[i] for i, _ in mine], device=flat.device)].tolist()
+        spans = [Span(plan, qsl[i], qsl[i + 1], int(p0), i) for (i, plan), p0 in zip(mine, starts)
+                 if qsl[i + 1] > qsl[i]]
+        self.step = Step(spans, int(flat.shape[0]))
+        if self.taps is not None:
+            self.taps.before(self.step, self.work)
+
+    def _end(self, module, args, output):
+        try:
+            if self.step is not None and self.taps is not None:
+                self.taps.after(self.step, self.work)
+        except Exception as e:
+            for sp in self.step.spans:
+                _failed(sp.plan, e)
+        self.step = None
+
+    # -- requests ---------------------------------------------------------------------------------
+    def register(self, plans: list[dict]) -> None:
+        device = next(self.model.parameters()).device
+        for d in plans:
+            plan = vllm_wire.plan_in(d)
+            # values arrive on the CPU; steered rows (and vllm-static's receipt replay) are on the model's device
+            plan.steers = [st.at(st.address, st.value.to(device)) if isinstance(st.value, torch.Tensor) else st
+                           for st in plan.steers]
+            self.plans[plan.key] = plan
+        self._rebuild()
+
+    def collect(self, keys: list[str], logits: list[bool]) -> list[dict]:
+        """Each plan's captures ({key: [first position, rows]}) and logits, and forget the plan."""
+        out = []
+        for key, want_logits in zip(keys, logits):
+            plan = self.plans.pop(key, None)
+            if plan is None:
+                out.append({"key": key, "error": f"plan {key} is not registered on rank {self.rank}"})
+                continue
+            res = {"key": key, "recomputed": plan.recomputed, "captures": {}, "errors": {}, "held": {}}
+            if plan.error is not None:
+                res["failed"] = plan.error
+            else:
+                res["receipts"] = [vllm_wire.receipt_out(r) for r in plan.receipts()
+                                   if self._reports(plan.steers[r.index])]
+            for k in plan.store:
+                try:
+                    first = plan.first(k)
+                    res["captures"][k] = [first, vllm_wire.tensor_out(plan.tensor(k, first))]
+                except RuntimeError as e:
+                    res["errors"][k] = str(e)
+                held = self.site(parse(k).base).held
+                if held is not None:
+                    res["held"][k] = held
+            if want_logits and plan.error is None and "final_norm" in plan.store and "final_norm" not in res["errors"]:
+                logits_rows = self.logits(plan.tensor("final_norm", plan.first("final_norm")), apply_norm=False)
+                if self.rank == 0:
+                    res["logits"] = vllm_wire.tensor_out(logits_rows)
+                    res["logits_from"] = plan.first("final_norm")
+                if Address("final_norm") not in plan.captures:
+                    res["captures"].pop("final_norm", None)
+            out.append(res)
+        self._rebuild()
+        return out
+
+    def peek(self, keys: list[str], since: list[dict]) -> list[dict]:
+        """Each plan's capture rows from the given absolute positions on ({capture key: position}),
+        keeping the plan: what a streaming client reads while its request runs."""
+        out = []
+        for key, starts in zip(keys, since):
+            plan = self.plans.get(key)
+            res = {"key": key, "captures": {}, "held": {}}
+            for k, start in (starts.items() if plan is not None and plan.error is None else ()):
+                rows = _rows_from(plan.store.get(k) or [], start)
+                if rows is not None:
+                    res["captures"][k] = [start, vllm_wire.tensor_out(rows)]
+                    held = self.site(parse(k).base).held
+                    if held is not None:
+                        res["held"][k] = held
+            out.append(res)
+        return out
+
+    def logits(self, x: torch.Tensor, apply_norm: bool) -> torch.Tensor:
+        """Logits of [n, d] residual rows through vLLM's own final norm and head (all ranks call it)."""
+        with torch.no_grad():
+            h = x.to(next(self.model.parameters()).device, self.runner.model_config.dtype)
+            if apply_norm:
+                h = self.site(Address("final_norm")).module(h)
+                h = h[0] if isinstance(h, tuple) else h
+            out = self.model.compute_logits(h)
+        return None if out is None else out.float().cpu()
+
+    # -- what this rank serves -------------------------------------------------------------------
+    def describe(self) -> dict:
+        """Per point and layer: served (local per-token shape, held indices, capture-only reason) or
+        the reason it is not; plus each attention layer's parameters for the recompute of patterns."""
+        from engine.backends.vllm.worker.static import width_of
+        cfg = self.config
+        hd = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        declared = set(self.taps.taps) if self.taps is not None else None
+        points, attn = {}, {}
+        for p in POINTS:
+            layers = [None] if p.scope == "trunk" else range(len(self._layers()))
+            entry = points.setdefault(p.name, {})
+            for layer in layers:
+                addr = Address(p.name, layer)
+                try:
+                    site = self.site(addr)
+                except UnsupportedPointError as e:
+                    entry[str(layer)] = {"why": str(e)}
+                    continue
+                width = width_of(site, p.name, cfg.hidden_size)
+                shape = [width // hd, hd] if p.name in ("z", "q", "k", "value") else [width]
+                info = {"shape": shape, "held": site.held, "write_refused": site.write_refused}
+                if declared is not None:
+                    info["tap"] = str(addr) in declared
+                    info["writable"] = bool(info["tap"] and self.taps.taps[str(addr)].writable)
+                entry[str(layer)] = info
+                if p.name == "q":
+                    attn[str(layer)] = vllm_attn.params(site.module)
+        import os
+        return {"rank": self.rank, "tp": self.tp, "pid": os.getpid(), "n_layers": len(self._layers()),
+                "model_class": type(self.model).__name__, "points": points, "attn": attn,
+                "tap_bytes": self.taps.nbytes if self.taps is not None else 0,
+                "tap_errors": getattr(self.model, ERRORS_ATTR, {}), "anchor_error": self.anchor_error}
+
+    def _layers(self):
+        from engine.model.paths import get_path
+        return get_path(self.model, self.tree.layers)
+
+
+class InterpWorker:
+    """Mixed into vLLM's Worker (`worker_extension_cls`): the engine's collective_rpc endpoints."""
+
+    def interp_setup(self, backend: str) -> dict:
+        runner = vllm_runner.runner_kind(self.model_runner)
+        if runner != "v1":  # refused by the client (vllm_runner.check) before anything is installed
+            return {"runner": runner}
+        self._interp = WorkerState(self.model_runner, backend)
+        return {**self._interp.describe(), "runner": runner}
+
+    def interp_register(self, plans: list) -> bool:
+        self._interp.register(plans)
+        return True
+
+    def interp_collect(self, keys: list, logits: list) -> list:
+        return self._interp.collect(keys, logits)
+
+    def interp_peek(self, keys: list, since: list) -> list:
+        return self._interp.peek(keys, since)
+
+    def interp_lens(self, x: dict, apply_norm: bool):
+        out = self._interp.logits(vllm_wire.tensor_in(x), apply_norm)
+        return vllm_wire.tensor_out(out) if self._interp.rank == 0 else None

@@ -1,0 +1,228 @@
+"""`vllm-static`: a tap set declared at load, baked into the forward as fixed buffers.
+
+Each tap owns preallocated `[max_tokens, width]` buffers registered on the module it wraps: `cap`
+(the forward copies the point into it) and, for write taps, `pre` (the point before the write),
+`u`, `mul`, `add` (the forward applies y = (x - (x.u) u) * mul + add). The wrapper is installed
+between weight loading and compilation, so torch.compile (CPU) and CUDA graphs (GPU) capture plain
+tensor ops on buffers with fixed addresses and no Python, no data-dependent control flow. Between
+steps, Python fills the write buffers for each steering request's rows (identity elsewhere) and
+copies each capturing request's rows out of `cap`. That per-row affine form composes add / set /
+scale / ablate / mean_ablate / swap in any order (values per position too: each row gets its own),
+and project_out (rescale with coeff 0) when it comes first at a tap. Ops it cannot express (their
+`static` entry in engine.core.steering.OPS says why) are refused by name before a request runs.
+
+Receipts: after each step, the steering requests' rows of `pre` go through the same steer routine
+as the hooked backends (engine.core.plan.steer_span), outside the graph, which tallies each steer's rows
+and change exactly as `vllm` and `eager` define them (the graph's affine arithmetic may round
+differently in the last bits).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from engine.backends.vllm.worker.tree import VSite
+from engine.core.errors import SteeringError
+from engine.core.plan import Step, steer_span
+from engine.core.steering import OPS, values_at
+
+
+class Tap:
+    """Buffers and wrapper of one declared (point, layer)."""
+
+    def __init__(self, name: str, site: VSite, width: int, rows: int, writable: bool, device, dtype, index: int):
+        self.name, self.site, self.width, self.rows, self.writable = name, site, width, rows, writable
+        self.dirty = False
+        mod, p = site.module, f"_interp_tap{index}"
+        self.attrs = {k: f"{p}_{k}" for k in ("cap", "pre", "u", "mul", "add")}
+        def buffer(k, fill):
+            mod.register_buffer(self.attrs[k], torch.full((rows, width), fill, device=device, dtype=dtype),
+                                persistent=False)
+        buffer("cap", 0.0)
+        if writable:
+            buffer("pre", 0.0)
+            buffer("u", 0.0)
+            buffer("mul", 1.0)
+            buffer("add", 0.0)
+        self._wrap()
+
+    def buf(self, k: str) -> torch.Tensor:
+        return getattr(self.site.module, self.attrs[k])
+
+    @property
+    def nbytes(self) -> int:
+        names = ("cap", "pre", "u", "mul", "add") if self.writable else ("cap",)
+        return sum(self.buf(k).nbytes for k in names)
+
+    def _wrap(self) -> None:
+        site, mod, names, writable = self.site, self.site.module, self.attrs, self.writable
+        orig = mod.forward
+
+        def tap(t):  # tensor ops only: traced into the compiled graph
+            n = t.shape[0]
+            x = t.reshape(n, -1)
+            if writable:
+                getattr(mod, names["pre"])[:n].copy_(x)
+                u = getattr(mod, names["u"])[:n]
+                x = x - (x * u).sum(-1, keepdim=True) * u
+                x = x * getattr(mod, names["mul"])[:n] + getattr(mod, names["add"])[:n]
+            getattr(mod, names["cap"])[:n].copy_(x)
+            return x.reshape(t.shape)
+
+        if site.phase == "pre":
+            def forward(*args, **kwargs):
+                new = tap(site.get((args, kwargs)))
+                if writable:
+                    args, kwargs = site.put((args, kwargs), new)
+                return orig(*args, **kwargs)
+        else:
+            def forward(*args, **kwargs):
+                out = orig(*args, **kwargs)
+                new = tap(site.get(out))
+                return site.put(out, new) if writable else out
+        mod.forward = forward
+
+    # -- between steps (Python, outside the graph) -------------------------------------------------
+    def reset(self) -> None:
+        self.buf("u").zero_()
+        self.buf("mul").fill_(1.0)
+        self.buf("add").zero_()
+
+    def fill(self, rows: torch.Tensor, steer, head_dim: int | None, value=None) -> None:
+        """Compose one steer into the write buffers at the given flat rows; `value` is its value for
+        those rows (engine.core.steering.values_at: [n, *shape] per position, or one [*shape])."""
+        u, mul, add = self.buf("u"), self.buf("mul"), self.buf("add")
+        cols = slice(None)
+        if steer.address.coords:
+            (_, h), = steer.address.coords
+            h = h % (self.width // head_dim)
+            cols = slice(h * head_dim, (h + 1) * head_dim)
+        v = steer.value if value is None else value
+        if v is not None:
+            v = v.to(mul.device, mul.dtype)
+            per_row = value is not None and steer.bound().lead == 1
+            v = v.reshape(rows.numel(), -1) if per_row else (v if v.dim() == 0 else v.reshape(-1))
+        op = steer.op
+        if op == "add":
+            add[rows, cols] += v
+        elif op in ("set", "mean_ablate", "swap"):
+            mul[rows, cols] = 0.0
+            add[rows, cols] = v
+        elif op == "scale":
+            mul[rows, cols] *= v
+            add[rows, cols] *= v
+        elif op == "ablate":
+            mul[rows, cols] = 0.0
+            add[rows, cols] = 0.0
+        elif op in ("project_out", "rescale"):  # rescale only with coeff 0; first at the tap (checked at plan time)
+            f = v.float()
+            u[rows, cols] = (f / f.norm(dim=-1, keepdim=True).clamp_min(1e-12)).to(u.dtype)
+        else:
+            raise SteeringError(f"vllm-static cannot apply {op!r}: {OPS[op].static}.")
+
+
+def width_of(site: VSite, point: str, d_model: int) -> int:
+    """Per-token width of a tap, from the module it sits on (no forward needed)."""
+    if site.kind in ("q", "k", "value"):
+        m = site.module
+        return (m.num_heads if site.kind == "q" else m.num_kv_heads) * m.head_size
+    if point in ("z", "mlp_act"):
+        m = site.module
+        for name in ("input_size_per_partition", "input_size", "in_features"):
+            if getattr(m, name, None):
+                return int(getattr(m, name))
+        return int(m.weight.shape[0 if type(m).__name__ == "Conv1D" else 1])
+    return d_model
+
+
+class StaticTaps:
+    """All taps of one engine, plus the per-step fill and harvest."""
+
+    def __init__(self):
+        self.taps: dict[str, Tap] = {}  # address str (no coords) -> Tap
+        self.head_dim: dict[str, int] = {}
+
+    def install(self, declared, site_of, d_model, rows, device, dtype, head_dims) -> None:
+        for i, (addr, writable) in enumerate(declared):
+            site = site_of(addr)
+            self.taps[str(addr)] = Tap(str(addr), site, width_of(site, addr.point, d_model), rows,
+                                       writable and site.write_refused is None, device, dtype, i)
+            self.head_dim[str(addr)] = head_dims.get(addr.point)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.nbytes for t in self.taps.values())
+
+    @staticmethod
+    def refuse(steer) -> None:
+        """Refuse by name an op the taps' per-row affine form cannot express."""
+        why = OPS[steer.op].static
+        if why and not (steer.op == "rescale" and steer.coeff == 0.0):
+            raise SteeringError(f"{steer.op!r} at {steer.address} cannot run on vllm-static: {why}; use "
+                                f"backend='vllm' or 'eager'.")
+
+    @staticmethod
+    def check_order(steers) -> None:
+        """project_out (rescale by 0) composes only ahead of affine ops at the same tap."""
+        seen_affine = set()
+        for st in steers:
+            StaticTaps.refuse(st)
+            k = str(st.address.base)
+            projects = st.op in ("project_out", "rescale")
+            if projects and k in seen_affine:
+                raise SteeringError(f"vllm-static applies {st.op} at {k} before any other op there; "
+                                    f"put the {st.op} steer first or use backend='vllm'.")
+            if not projects:
+                seen_affine.add(k)
+        ks = [str(s.address.base) for s in steers if s.op in ("project_out", "rescale")]
+        if len(ks) != len(set(ks)):
+            raise SteeringError("vllm-static holds one project_out direction per tap and request; "
+                                "combine the directions or use backend='vllm'.")
+
+    def before(self, step: Step, work: dict) -> None:
+        """Fill each write tap's buffers for the steering rows of this step (identity elsewhere);
+        work: tap name -> SiteWork of the registered plans (steers already local to this rank)."""
+        if step.n_tokens > max((t.rows for t in self.taps.values()), default=math.inf):
+            raise RuntimeError(f"step of {step.n_tokens} tokens exceeds the tap buffers; raise max_num_batched_tokens")
+        for name, tap in self.taps.items():
+            if not tap.writable:
+                continue
+            writes = work[name].writes if name in work else {}
+            todo = [(sp, st) for sp in step.spans for _, st in writes.get(sp.plan.key, ())]
+            if not todo and not tap.dirty:
+                continue
+            tap.reset()
+            for sp, st in todo:
+                idx = torch.nonzero(sp.touched(st)).flatten()
+                if idx.numel():
+                    shape = self.shape_of(name)[1:] if st.address.coords else self.shape_of(name)
+                    v = values_at(st, idx + sp.pos0, shape)
+                    tap.fill((idx + sp.a).to(tap.buf("mul").device), st, self.head_dim[name], v)
+            tap.dirty = bool(todo)
+
+    def after(self, step: Step, work: dict) -> None:
+        """Tally the receipts of this step's steers from the `pre` rows, and copy each capturing plan's
+        rows out of the capture buffers (CPU copies)."""
+        for name, w in work.items():
+            tap = self.taps[name]
+            for sp in step.spans if w.writes and tap.writable else ():
+                writes = w.writes.get(sp.plan.key)
+                if writes:  # tallies only: the graph already applied them
+                    rows = tap.buf("pre")[sp.a:sp.b].reshape(sp.b - sp.a, *self.shape_of(name))
+                    steer_span(sp, writes, rows)
+            if not w.reads:
+                continue
+            cap = tap.buf("cap")
+            for sp in step.spans:
+                for key, coord in w.reads.get(sp.plan.key, ()):
+                    skip = sp.plan.wanted(key, sp.pos0, sp.b - sp.a)
+                    if skip is None:
+                        continue
+                    seg = cap[sp.a + skip:sp.b].reshape(sp.b - sp.a - skip, *self.shape_of(name))
+                    seg = seg[:, coord] if coord is not None else seg
+                    sp.plan.add(key, sp.pos0 + skip, seg.to("cpu", copy=True))
+
+    def shape_of(self, name: str) -> tuple:
+        tap, hd = self.taps[name], self.head_dim[name]
+        return (tap.width // hd, hd) if hd else (tap.width,)

@@ -1,0 +1,14 @@
+"""The engine's core: what a request means, independent of any model library (no HF or vLLM import,
+module-level or deferred; torch is allowed).
+
+    errors        the error types (each names the bad input and the fix)
+    points        the point registry: every point's definition and traits
+    address       `resid_post.10`, `z.4.head-3`: parsing and the Address type
+    positions     which token positions a capture or steer applies to
+    steering      Steer, the op table and the maths of each op
+    steer_checks  steers validated against a model (once, before any backend sees them)
+    plan          addresses and steers -> a Plan of typed sites and steps (the one pipeline)
+    results       ActivationCache, Request, RequestResult, GenerationResult, StreamStep
+    tokens        token/string helpers shared by every backend
+    inputs        what a user may pass as input (strings, token lists, tensors) and its limits
+"""

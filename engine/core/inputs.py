@@ -1,0 +1,184 @@
+"""Prompts in, validated token id lists out, the same on every backend.
+
+Accepted: a string, a list of strings, a list of token ids, a list of id lists (or 1-D tensors), a
+1-D or 2-D integer tensor, or a mapping with input_ids (and attention_mask: padding is dropped).
+Refused by name, saying which prompt, which limit and what to do: no prompts, an empty prompt
+(alone or in a batch), a prompt longer than the model's positions, token ids outside the
+vocabulary or negative, non-integer ids, malformed batches.
+
+    rows = token_rows(inputs, tokenizer, limits_of(model))           # vLLM: one list per request
+    enc = padded_batch(inputs, tokenizer, limits_of(model), device)  # eager: left-padded batch
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import torch
+
+from engine.core.errors import InputError, InputTypeError
+from engine.core.tokens import encode
+
+_POSITION_FIELDS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length", "n_ctx",
+                    "max_sequence_length")
+_FORMS = ("inputs must be text, a list of texts, a list of token ids (or of id lists), an integer token "
+          "tensor, or a dict with input_ids")
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What a prompt must fit: ids in [0, vocab_size), at most max_positions tokens."""
+    model: str
+    vocab_size: int | None
+    max_positions: int | None
+    positions_from: str = "config.max_position_embeddings"  # where max_positions comes from
+    grow_hint: str = ""  # how to raise the limit, when it can be raised
+
+
+def limits_of(model) -> Limits:
+    """The limits of a loaded model (eager: its embedding rows and config positions; vLLM: the
+    engine's max_model_len)."""
+    cfg = model.config
+    hf = getattr(model, "hf", None)
+    emb = hf.get_input_embeddings() if hf is not None and hasattr(hf, "get_input_embeddings") else None
+    vocab = getattr(emb, "num_embeddings", None) or getattr(cfg, "vocab_size", None)
+    engine = getattr(model, "engine", None)
+    if engine is not None:
+        n = engine.model_config.max_model_len
+        cfg_n = next((getattr(cfg, f) for f in _POSITION_FIELDS if getattr(cfg, f, None)), None)
+        grow = (f"; or load with a larger max_model_len (up to {cfg_n}, config.max_position_embeddings)"
+                if cfg_n and cfg_n > n else "")
+        return Limits(model.name, vocab, n, f"max_model_len={n}, set at load", grow)
+    for f in _POSITION_FIELDS:
+        n = getattr(cfg, f, None)
+        if isinstance(n, int) and n > 0:
+            return Limits(model.name, vocab, n, f"config.{f}")
+    return Limits(model.name, vocab, None, "")
+
+
+def _label(i: int, n: int) -> str:
+    return "the prompt" if n == 1 else f"prompt {i} (of {n})"
+
+
+def _ids_of(x, i: int, n: int) -> list[int]:
+    """One prompt's token ids as a list of ints (no range checks yet)."""
+    what = _label(i, n)
+    if isinstance(x, torch.Tensor):
+        if x.dim() != 1:
+            raise InputTypeError(f"{what} is a {x.dim()}-D tensor; a prompt's token ids are 1-D.")
+        if x.is_floating_point() or x.dtype == torch.bool or x.is_complex():
+            raise InputTypeError(f"{what} holds {x.dtype} values; token ids are integers (torch.long), "
+                             f"e.g. tokenizer(text, return_tensors='pt')['input_ids'].")
+        return x.tolist()
+    if isinstance(x, (list, tuple)):
+        for j, t in enumerate(x):
+            if isinstance(t, bool) or not isinstance(t, int):
+                if isinstance(t, torch.Tensor) and t.dim() == 0 and not t.is_floating_point():
+                    continue
+                raise InputTypeError(f"{what}: element {j} is {type(t).__name__} {t!r:.40}; a prompt is a string or "
+                                 f"a list of integer token ids.")
+        return [int(t) for t in x]
+    raise InputTypeError(f"{what} is a {type(x).__name__}; a prompt is a string or a list / 1-D tensor of "
+                     f"token ids.")
+
+
+def _split(inputs) -> list:
+    """The prompts of `inputs`, each a string or an id list (padding dropped)."""
+    if isinstance(inputs, str):
+        return [inputs]
+    if isinstance(inputs, torch.Tensor):
+        if inputs.dim() == 0 or inputs.dim() > 2:
+            raise InputError(f"a token tensor must be 1-D [pos] or 2-D [batch, pos], got shape {tuple(inputs.shape)}.")
+        if inputs.numel() == 0:
+            raise InputError(f"the token tensor is empty (shape {tuple(inputs.shape)}); give at least one token "
+                             f"per prompt.")
+        return list(inputs if inputs.dim() == 2 else inputs[None])
+    if isinstance(inputs, Mapping) or (hasattr(inputs, "keys") and hasattr(inputs, "__getitem__")):
+        if "input_ids" not in inputs:
+            raise InputError(f"a dict of inputs needs input_ids (and optionally attention_mask); got keys "
+                             f"{sorted(inputs.keys())}.")
+        ids, mask = inputs["input_ids"], inputs.get("attention_mask")
+        ids = torch.as_tensor(ids)
+        if ids.dim() == 1:
+            ids = ids[None]
+        if mask is None:
+            return _split(ids)
+        mask = torch.as_tensor(mask)
+        mask = mask[None] if mask.dim() == 1 else mask
+        if mask.shape != ids.shape:
+            raise InputError(f"attention_mask has shape {tuple(mask.shape)} but input_ids {tuple(ids.shape)}; "
+                             f"they must match.")
+        return [r[m.bool()] for r, m in zip(ids, mask)]
+    if isinstance(inputs, (list, tuple)):
+        if not inputs:
+            raise InputError(f"no prompts: inputs is an empty {type(inputs).__name__}; {_FORMS}.")
+        if all(isinstance(t, int) and not isinstance(t, bool) for t in inputs):
+            return [list(inputs)]
+        kinds = {type(x).__name__ for x in inputs if not isinstance(x, str)}
+        if any(isinstance(x, str) for x in inputs) and kinds:
+            raise InputTypeError(f"a batch mixes strings and {', '.join(sorted(kinds))}; give all prompts as text or "
+                             f"all as token id lists.")
+        return list(inputs)
+    raise InputTypeError(f"{_FORMS}; got {type(inputs).__name__}.")
+
+
+def check_ids(ids: list[int], limits: Limits, i: int = 0, n: int = 1) -> list[int]:
+    """Raise InputError when one prompt's ids are empty, too long or out of the vocabulary."""
+    what = _label(i, n)
+    if not ids:
+        raise InputError(f"{what} is empty (0 tokens); every prompt needs at least one token"
+                         f"{'; drop it from the batch' if n > 1 else ''}.")
+    if limits.max_positions is not None and len(ids) > limits.max_positions:
+        m = limits.max_positions
+        raise InputError(f"{what} is {len(ids)} tokens, longer than the {m} positions {limits.model} takes "
+                         f"({limits.positions_from}); truncate it to at most {m} tokens (e.g. "
+                         f"tokenizer(text, truncation=True, max_length={m}) or ids[-{m}:]){limits.grow_hint}.")
+    lo, hi = min(ids), max(ids)
+    if lo < 0 or (limits.vocab_size is not None and hi >= limits.vocab_size):
+        bad = lo if lo < 0 else hi
+        pos = ids.index(bad)
+        rng = f"0..{limits.vocab_size - 1}" if limits.vocab_size is not None else "non-negative"
+        hint = (" (-100 is the label-masking value, not a token)" if bad == -100 else "")
+        raise InputError(f"token id {bad} at position {pos} of {what} is out of range: {limits.model} has "
+                         f"{limits.vocab_size} token ids ({rng}){hint}; use ids from this model's tokenizer.")
+    return ids
+
+
+def token_rows(inputs, tokenizer, limits: Limits, one: bool = False, prepend_bos: bool | None = None) -> list[list[int]]:
+    """Every prompt of `inputs` as a validated list of token ids. one=True: exactly one prompt. Text is
+    encoded with the BOS policy `prepend_bos` (engine/core/tokens.py); token ids are taken as given."""
+    prompts = _split(inputs)
+    if one and len(prompts) != 1:
+        raise InputError(f"a request holds one prompt, got a batch of {len(prompts)}; make one request per "
+                         f"prompt.")
+    n = len(prompts)
+    rows = []
+    for i, p in enumerate(prompts):
+        if isinstance(p, str) and tokenizer is None:
+            raise InputTypeError("this model has no tokenizer; give token ids instead of text.")
+        ids = encode(tokenizer, p, prepend_bos) if isinstance(p, str) else _ids_of(p, i, n)
+        rows.append(check_ids(ids, limits, i, n))
+    return rows
+
+
+def padded_batch(inputs, tokenizer, limits: Limits, device=None, prepend_bos: bool | None = None) -> dict:
+    """input_ids / attention_mask for a batch: a given mask (and its padding side) is kept, everything
+    else is validated and left-padded, as EagerModel.to_tokens pads text."""
+    rows = token_rows(inputs, tokenizer, limits, prepend_bos=prepend_bos)
+    if (isinstance(inputs, Mapping) or hasattr(inputs, "keys")) and inputs.get("attention_mask") is not None:
+        ids = torch.as_tensor(inputs["input_ids"])
+        mask = torch.as_tensor(inputs["attention_mask"])
+        ids, mask = (ids[None], mask[None]) if ids.dim() == 1 else (ids, mask)
+        return {"input_ids": ids.to(device), "attention_mask": mask.to(device)}
+    if isinstance(inputs, torch.Tensor):  # equal rows: no padding
+        ids = inputs if inputs.dim() == 2 else inputs[None]
+        return {"input_ids": ids.to(device), "attention_mask": torch.ones_like(ids).to(device)}
+    width = max(len(r) for r in rows)
+    pad = 0
+    if tokenizer is not None and any(len(r) < width for r in rows):
+        if tokenizer.pad_token is None:
+            tokenizer.pad_token = tokenizer.eos_token
+        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    ids = torch.tensor([[pad] * (width - len(r)) + r for r in rows], dtype=torch.long)
+    mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows], dtype=torch.long)
+    return {"input_ids": ids.to(device), "attention_mask": mask.to(device)}

