@@ -79,7 +79,9 @@ def main(argv=None) -> int:
         from benchmarks import publish
         if args.cmd == "report":
             return publish.report_main(args.sweeps, args.out, args.check)
-        return publish.main(args.sweeps, args.readme, args.ts, args.out, args.check)
+        # the command wires the two packages: visualizer_data renders the site file from benchmarks' cells
+        from visualizer_data.benchmarks_ts import render
+        return publish.main(args.sweeps, args.readme, args.ts, args.out, args.check, render_ts=render)
     except (ValueError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Callable
 
 from benchmarks import cells as cellio
 from benchmarks import plots, report
@@ -64,20 +65,23 @@ def readme_block(tables: list[Table]) -> str:
     return "\n".join(lines)
 
 
-def outputs(tables: list[Table], readme: Path, ts: Path, out_dir: Path) -> dict[Path, str]:
-    """The text files publish writes (README: only its block changed), rendered in memory."""
-    from visualizer_data import benchmarks_ts
+def outputs(tables: list[Table], readme: Path, ts: Path, out_dir: Path,
+            render_ts: Callable[[list[dict]], str]) -> dict[Path, str]:
+    """The text files publish writes (README: only its block changed), rendered in memory. `render_ts`
+    renders the site's TS file from the cells (visualizer_data.benchmarks_ts.render, handed in by the
+    caller: benchmarks never imports visualizer_data, which renders what benchmarks hands it)."""
     if not readme.exists():
         raise MarkerError(f"{readme} does not exist; create it with a {START} / {END} pair where the "
                           f"throughput table belongs.")
     return {Path(out_dir) / REPORT_MD: report.render(tables),
             readme: replace_block(readme.read_text(), readme_block(tables), readme.name),
-            ts: benchmarks_ts.render([c for t in tables for c in t.cells])}
+            ts: render_ts([c for t in tables for c in t.cells])}
 
 
-def main(sweeps, readme: Path, ts: Path, out_dir: Path, check: bool, log=print) -> int:
+def main(sweeps, readme: Path, ts: Path, out_dir: Path, check: bool, log=print, *,
+         render_ts: Callable[[list[dict]], str]) -> int:
     tables = load_tables(sweeps)
-    texts = outputs(tables, readme, ts, out_dir)
+    texts = outputs(tables, readme, ts, out_dir, render_ts)
     pngs = {Path(out_dir) / name: spec for name, spec in plots.expected(tables).items()}
     if check:
         drift = [p for p, text in texts.items() if (p.read_text() if p.exists() else None) != text]

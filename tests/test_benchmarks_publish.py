@@ -12,6 +12,7 @@ from benchmarks import cells as cellio
 from benchmarks import plots, publish
 from benchmarks.__main__ import main as cli
 from tests.bench_fakes import fake_cell
+from visualizer_data import benchmarks_ts
 
 QUIET = lambda *_: None  # noqa: E731
 README = f"# Project\n\n{publish.START}\nold block\n{publish.END}\n\nfooter\n"
@@ -43,7 +44,8 @@ def site(tmp_path):
 
 
 def run_publish(site, check=False, log=QUIET, sweeps=None):
-    return publish.main(sweeps or site["sweeps"], site["readme"], site["ts"], site["out"], check, log)
+    return publish.main(sweeps or site["sweeps"], site["readme"], site["ts"], site["out"], check, log,
+                        render_ts=benchmarks_ts.render)
 
 
 def ts_export(path, name):
@@ -221,5 +223,5 @@ def test_committed_outputs_match_committed_cells():
         pytest.skip("no committed benchmark sweeps yet (run `python -m benchmarks run`)")
     msgs = []
     rc = publish.main(None, cellio.ROOT / "README.md", cellio.ROOT / "visualizer-data" / "benchmarks.generated.ts",
-                      cellio.REPORT_DIR, True, msgs.append)
+                      cellio.REPORT_DIR, True, msgs.append, render_ts=benchmarks_ts.render)
     assert rc == 0, msgs

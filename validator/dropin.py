@@ -76,7 +76,7 @@ def verdict_of(per: dict) -> str:
 
 def render_dropin(all_cells) -> list[str]:
     """Markdown lines (empty when there is no published interp-engine column)."""
-    from validator.report import point_rank
+    from validator.order import point_rank
     t = table(all_cells)
     if not t:
         return []

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from validator import cells, known_gaps
 from validator.engines import ENGINES
+from validator.order import point_rank
 from validator.scoring import VERDICTS
 from validator.variant import label
 
@@ -292,12 +293,6 @@ def render_details(model: str, all_cells) -> str:
             lines += ["", "Which tensor this engine compares:", ""]
             lines += [f"- `{p}`: {t}" for p, t in sorted(c["tensors"].items())]
     return "\n".join(lines) + "\n"
-
-
-def point_rank(point):
-    from engine.core.points import POINTS
-    names = [p.name for p in POINTS] + ["steer", "decode"]
-    return names.index(point) if point in names else len(names)
 
 
 # -- CSV and heatmap --------------------------------------------------------------------------------

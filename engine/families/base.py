@@ -173,8 +173,19 @@ def register(*families: Family) -> None:
             _REGISTRY[mt] = fam
 
 
+def load_all() -> None:
+    """Import every family module of this package once, so that each one's `register(...)` has run
+    (a discovery by name, so that this module never imports the package that imports it)."""
+    import importlib
+    import pkgutil
+    from pathlib import Path
+    for mod in pkgutil.iter_modules([str(Path(__file__).parent)]):
+        if mod.name not in ("base", "limits"):  # limits: the families' runtime refusals, not a family
+            importlib.import_module(f"{__package__}.{mod.name}")
+
+
 def registry() -> dict[str, Family]:
-    from engine import families  # noqa: F401  (imports every family module)
+    load_all()
     return dict(_REGISTRY)
 
 

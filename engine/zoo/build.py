@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from .entries import ZOO, ZooEntry
+from .names import canonical_name
 from .tokenizer import VOCAB_SIZE, build_tokenizer, special_token_ids
 
 # Bump when the build recipe (defaults, init, files) changes: every twin gets a new snapshot.
@@ -74,9 +75,7 @@ def zoo_hub_cache(root: Path | str | None = None) -> Path:
 def get_entry(name: str) -> ZooEntry:
     if name in ZOO:
         return ZOO[name]
-    from . import canonical_name  # raises a ValueError naming the closest entries
-
-    return ZOO[canonical_name(name)]
+    return ZOO[canonical_name(name)]  # raises a ValueError naming the closest entries
 
 
 def _lib_versions() -> dict[str, str]:

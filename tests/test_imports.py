@@ -1,0 +1,206 @@
+"""The import graph of the code (engine/, validator/, benchmarks/, visualizer_data/), read from the source
+with ast: no cycle, counting imports inside functions too (a deferred import only hides a cycle), and the
+layer rules of docs/architecture.md. A regression here means a module imports upward: move the shared
+piece down a layer instead of deferring the import."""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+PACKAGES = ("engine", "validator", "benchmarks", "visualizer_data")
+HEAVY = ("transformers", "vllm")
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for pkg in PACKAGES:
+        for p in sorted((REPO / pkg).rglob("*.py")):
+            if "__pycache__" in p.parts:
+                continue
+            parts = list(p.relative_to(REPO).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            out[".".join(parts)] = p
+    return out
+
+
+MODULES = _modules()
+
+
+def _imports(name: str, path: Path) -> list[str]:
+    """Every module `name` imports (absolute names; `from pkg import sub` counts as pkg.sub when sub is a
+    module), at module level and inside functions."""
+    tree = ast.parse(path.read_text(), str(path))
+    is_pkg = path.name == "__init__.py"
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out += [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                here = name.split(".") if is_pkg else name.split(".")[:-1]
+                here = here[:len(here) - (node.level - 1)]
+                base = ".".join(here + ([node.module] if node.module else []))
+            for a in node.names:
+                sub = f"{base}.{a.name}"
+                out.append(sub if sub in MODULES else base)
+    return out
+
+
+GRAPH = {m: sorted({i for i in _imports(m, p) if i in MODULES and i != m}) for m, p in MODULES.items()}
+EXTERNAL = {m: {i.split(".")[0] for i in _imports(m, p)} for m, p in MODULES.items()}
+
+
+def _cycles(graph: dict[str, list[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan)."""
+    index, low, stack, on, out, counter = {}, {}, [], set(), [], [0]
+
+    def visit(v):
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def _under(module: str, prefix: str) -> bool:
+    return module == prefix or module.startswith(prefix + ".")
+
+
+def test_the_walker_sees_real_edges():
+    # the graph is read from the source: a known module-level and a known deferred edge are there
+    assert "engine.core.errors" in GRAPH["engine.core.address"]
+    assert "engine.backends.hf.eager" in GRAPH["engine.loading"]  # imported inside load_model
+    assert len(MODULES) > 150
+
+
+def test_cycle_finder_finds_a_planted_cycle():
+    assert _cycles({"a": ["b"], "b": ["c"], "c": ["a"], "d": ["a"]}) == [["a", "b", "c"]]
+    assert _cycles({"a": ["b"], "b": []}) == []
+
+
+def test_no_import_cycle():
+    cycles = _cycles(GRAPH)
+    assert not cycles, "import cycles (module-level or deferred): " + "; ".join(" <-> ".join(c) for c in cycles)
+
+
+def _violations(source: str, forbidden: tuple[str, ...]) -> list[str]:
+    return [f"{m} imports {i}" for m in GRAPH if _under(m, source) for i in GRAPH[m]
+            if any(_under(i, f) for f in forbidden)]
+
+
+LAYER_RULES = [
+    # (who, may not import, why)
+    ("engine.core", ("engine.model", "engine.families", "engine.backends", "engine.workflows", "engine.interop",
+                     "engine.serve", "engine.harvest", "engine.loading", "engine.zoo"),
+     "core is the bottom layer"),
+    ("engine.model", ("engine.backends", "engine.workflows", "engine.interop", "engine.serve", "engine.harvest",
+                      "engine.loading"), "the model surface is backend-free"),
+    ("engine.families", ("engine.model", "engine.backends", "engine.workflows", "engine.interop", "engine.serve",
+                         "engine.harvest", "engine.loading"), "families are tables over core"),
+    ("engine.backends.vllm.worker", ("engine.backends.vllm.backend", "engine.backends.vllm.client",
+                                     "engine.backends.vllm.runtime", "engine.backends.vllm.catalogue",
+                                     "engine.backends.vllm.proof", "engine.backends.hf", "engine.loading"),
+     "the worker runs inside vLLM's processes and never imports the client side"),
+    ("engine.backends.vllm", ("engine.backends.hf",), "the two backends are siblings"),
+    ("engine.backends.hf", ("engine.backends.vllm",), "the two backends are siblings"),
+    ("engine.workflows", ("engine.backends", "engine.loading", "engine.serve", "engine.harvest"),
+     "workflows take any model"),
+    ("engine", ("validator", "benchmarks", "visualizer_data"), "the engine never imports the harness"),
+    ("benchmarks", ("visualizer_data",), "visualizer_data renders what benchmarks hands it, not the reverse"),
+]
+
+
+# the only edges that cross a rule, each with its reason
+ALLOWED = {
+    # engine/model/__init__.py's __getattr__ serves the old engine.model shim names (deprecated, one release)
+    "engine.model imports engine.backends.hf.eager",
+    # the `python -m benchmarks publish` command is the composition root: it hands visualizer_data's
+    # renderer to benchmarks.publish, which itself never imports visualizer_data
+    "benchmarks.__main__ imports visualizer_data.benchmarks_ts",
+}
+
+
+@pytest.mark.parametrize("who,forbidden,why", LAYER_RULES, ids=[r[0] for r in LAYER_RULES])
+def test_layer_rule(who, forbidden, why):
+    bad = [v for v in _violations(who, forbidden) if v not in ALLOWED]
+    assert not bad, f"{why}: " + "; ".join(bad)
+
+
+def test_core_imports_no_model_library():
+    bad = [f"{m} imports {x}" for m in EXTERNAL if _under(m, "engine.core") for x in EXTERNAL[m] & set(HEAVY)]
+    assert not bad, "engine/core must not import transformers or vllm (not even inside a function): " + "; ".join(bad)
+
+
+def test_layer_rule_checker_catches_an_upward_import(monkeypatch):
+    monkeypatch.setitem(GRAPH, "engine.core.points", [*GRAPH["engine.core.points"], "engine.backends.hf.sites"])
+    assert _violations("engine.core", ("engine.backends",)) == ["engine.core.points imports engine.backends.hf.sites"]
+
+
+def _fresh_import(name: str):
+    import importlib
+    import sys
+    import warnings
+    sys.modules.pop(name, None)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        module = importlib.import_module(name)
+    sys.modules.pop(name, None)  # leave no alias behind for other tests
+    return module, [str(w.message) for w in caught if issubclass(w.category, DeprecationWarning)]
+
+
+@pytest.mark.parametrize("old,new", [("engine.steering", "engine.core.steering"),
+                                     ("engine.backends.vllm_backend", "engine.backends.vllm.backend"),
+                                     ("engine.backends.eager", "engine.backends.hf.eager"),
+                                     ("engine.mappers", "engine.interop.mappers"),
+                                     ("engine.points", "engine.core.points")])
+def test_pre_move_paths_import_the_same_module_with_a_warning(old, new):
+    import importlib
+    module, warned = _fresh_import(old)
+    assert module is importlib.import_module(new)
+    assert module.__spec__.name == new  # the alias does not rename the real module
+    assert warned == [f"{old} moved to {new}; import it from there (the old path goes away in the next release)."]
+
+
+def test_old_engine_model_names_warn_and_resolve():
+    import engine.model
+    from engine.backends.hf.eager import EagerModel
+    from engine.core.results import ActivationCache
+    with pytest.warns(DeprecationWarning, match="engine.model.EagerModel moved: import it from engine.backends.hf.eager"):
+        assert engine.model.EagerModel is EagerModel
+    with pytest.warns(DeprecationWarning, match="engine.model.ActivationCache moved"):
+        assert engine.model.ActivationCache is ActivationCache
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        engine.model.nope  # noqa: B018
+
+
+def test_every_moved_name_has_a_target_module():
+    from engine._moved import MOVED
+    assert len(MOVED) == 41
+    missing = [new for new in MOVED.values() if new not in MODULES]
+    assert not missing, missing
+    assert not [old for old in MOVED if old in MODULES], "an old path is also a real module: the alias would shadow it"
