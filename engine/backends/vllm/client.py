@@ -17,7 +17,7 @@ import uuid
 
 import torch
 
-from engine.backends.vllm.catalogue import HEADED, VLLMCatalogue
+from engine.backends.vllm.catalogue import VLLMCatalogue
 from engine.backends.vllm.worker import attn as vllm_attn
 from engine.backends.vllm.worker import wire as vllm_wire
 from engine.backends.vllm.worker.rows import EXTRA_KEY
