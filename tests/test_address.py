@@ -71,3 +71,16 @@ def test_backend_status_table():
     assert backend_status("attn_scores", "eager")[0] == "recompute"
     assert backend_status("resid_post", "vllm-generate")[0] == "refused"
     assert get_point("logits").name == "lm_head"
+
+
+def test_key_axis_is_a_point_trait_read_by_every_module_that_pads_or_recomputes_patterns():
+    """Point traits live on Point: the attention-pattern points are the ones whose capture shape has a
+    key-position axis, and the modules that treat them specially read that trait instead of a literal list."""
+    from engine.backends.vllm.worker import attn
+    from engine.core import plan, results
+    from engine.core.points import KEY_AXIS_POINTS
+    with_kpos = [p.name for p in POINTS if "kpos" in p.shape.strip("[]").replace(" ", "").split(",")]
+    assert list(KEY_AXIS_POINTS) == with_kpos and with_kpos  # non-empty, and exactly the kpos shapes
+    assert get_point("attn_probs").key_axis and not get_point("z").key_axis
+    assert results.PATTERNS is KEY_AXIS_POINTS and attn.ATTN_POINTS is KEY_AXIS_POINTS
+    assert plan.KEY_AXIS_POINTS is KEY_AXIS_POINTS

@@ -30,6 +30,7 @@ import torch
 from engine.core import positions
 from engine.core.address import Address
 from engine.core.errors import SteeringError
+from engine.core.points import KEY_AXIS_POINTS
 from engine.core.results import Receipt
 from engine.core.steering import Steer, apply_steer
 
@@ -125,7 +126,7 @@ def pad_key_axis(key: str, chunks: list, seen: list | None = None) -> list:
     chunks (probability 0, or the most negative score) so the steps concatenate by position.
     `seen[i]`: positions chunk i's keys cover; keys beyond them are compressor entries
     (DeepSeek-V4), which stay after the positions: the padding goes between the two."""
-    if key.split(".")[0] not in ("attn_scores", "attn_probs") or len({c.shape[-1] for c in chunks}) <= 1:
+    if key.split(".")[0] not in KEY_AXIS_POINTS or len({c.shape[-1] for c in chunks}) <= 1:
         return chunks
     fill = torch.finfo(chunks[0].dtype).min if key.startswith("attn_scores") else 0.0
     pad = torch.nn.functional.pad

@@ -30,6 +30,12 @@ class Point:
     # backend -> (status, reason); status in {"hook", "recompute", "refused"}; missing = "hook"
     backends: dict = field(default_factory=dict)
 
+    @property
+    def key_axis(self) -> bool:
+        """An attention pattern: its capture has a key-position axis (kpos), so batches pad it per row and
+        chunks concatenate along it; read from `shape`, the one place the axis is stated."""
+        return "kpos" in self.shape
+
 
 _VLLM_FUSED_QKV = ("refused", "not a module boundary in vLLM's tree (fused qkv_proj; QK-norm and gates run "
                    "inline); capture q / k (after QK-norm and RoPE) or use backend='eager' for this point")
@@ -221,6 +227,7 @@ BACKENDS = ("eager", "vllm", "vllm-static", "vllm-generate")
 RESIDUAL_POINTS = ("embeddings", "resid_pre", "resid_mid", "resid_post", "final_norm")
 # Points whose capture is an integer tensor: capture-only, never steered or lensed.
 INTEGER_POINTS = ("expert_indices",)
+KEY_AXIS_POINTS: tuple[str, ...] = tuple(p.name for p in POINTS if p.key_axis)  # attn_scores, attn_probs
 
 
 def get_point(name: str) -> Point:

@@ -25,8 +25,9 @@ import torch
 
 from engine.core.address import parse
 from engine.core.errors import AddressError, SteeringError
+from engine.core.points import KEY_AXIS_POINTS
 
-PATTERNS = ("attn_scores", "attn_probs")
+PATTERNS = KEY_AXIS_POINTS  # the points with a key-position axis (Point.key_axis)
 
 
 @dataclass(frozen=True)

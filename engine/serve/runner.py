@@ -22,6 +22,7 @@ from typing import AsyncIterator
 import torch
 
 from engine.core.inputs import limits_of, token_rows
+from engine.core.points import KEY_AXIS_POINTS
 from engine.core.results import Request, RequestResult
 from engine.core.steering import Steer, values_at
 from engine.serve.errors import ServeError
@@ -198,7 +199,7 @@ class EagerRunner(Runner):
             _, cache = self.model.run_with_cache([[0, 1]], self.model.points())
         except Exception:  # then widths are checked inside the forward, as the library does
             return {}
-        return {k: tuple(v.shape[2:]) for k, v in cache.items() if not k.startswith(("attn_scores", "attn_probs"))}
+        return {k: tuple(v.shape[2:]) for k, v in cache.items() if k.split(".")[0] not in KEY_AXIS_POINTS}
 
     def point_shape(self, addr) -> tuple | None:
         return self.shapes.get(str(addr.base))

@@ -19,8 +19,6 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-import torch
-
 from engine.backends.vllm.sizing import Sizing, kv_bytes_for  # noqa: F401  (kv_bytes_for: benchmarks)
 from engine.core.errors import OptionError
 from engine.model import sources

@@ -110,7 +110,7 @@ def choose(cfg, platform, dtype=None, max_model_len: int | None = None, max_num_
     if dtype is None or dtype == "auto":
         if kind == "cuda":
             dt = stored if stored in ("bfloat16", "float16") else "bfloat16"
-            why["dtype"] = (f"the checkpoint's dtype" if dt == stored else
+            why["dtype"] = ("the checkpoint's dtype" if dt == stored else
                             f"the checkpoint is stored in {stored or 'an unstated dtype'}; bfloat16 as vLLM's "
                             f"'auto' on a GPU")
         else:

@@ -11,8 +11,9 @@ from __future__ import annotations
 import torch
 
 from engine.core.errors import UnsupportedPointError
+from engine.core.points import KEY_AXIS_POINTS
 
-ATTN_POINTS = ("attn_scores", "attn_probs")
+ATTN_POINTS = KEY_AXIS_POINTS  # recomputed here from q and k: the points with a key-position axis
 
 
 def params(kernel) -> dict:
