@@ -74,10 +74,10 @@ def checkpoint_dtype(cfg) -> str | None:
 
 def kv_bytes_per_token(cfg, dtype: torch.dtype) -> int:
     cfg = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
-    heads = getattr(cfg, "num_attention_heads", None) or getattr(cfg, "n_head", 1)
-    kvh = getattr(cfg, "num_key_value_heads", None) or heads
-    hd = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
-    layers = getattr(cfg, "num_hidden_layers", None) or getattr(cfg, "n_layer", 1)
+    heads: int = getattr(cfg, "num_attention_heads", None) or getattr(cfg, "n_head", None) or 1
+    kvh: int = getattr(cfg, "num_key_value_heads", None) or heads
+    hd: int = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
+    layers: int = getattr(cfg, "num_hidden_layers", None) or getattr(cfg, "n_layer", None) or 1
     return layers * 2 * max(kvh, 1) * hd * torch.tensor([], dtype=dtype).element_size()
 
 
