@@ -3,6 +3,7 @@ incremental text of streams, stream rows, the bounded queue, auth and the body l
 from __future__ import annotations
 
 import asyncio
+import json
 from types import SimpleNamespace
 
 import httpx
@@ -139,14 +140,38 @@ def test_payload_positions_and_reductions():
     late = interp.payload(everything, {"a": cache["a"], "logits": cache["a"][3:]}, prompt_len=4, end=6)[0]
     assert late["captures"]["logits"]["positions"] == [3, 4, 5] and late["positions"] == list(range(6))
     with pytest.raises(ServeError) as e:
-        interp.payload(spec, cache, prompt_len=4, end=6, limit=10)
+        interp.payload(spec, cache, prompt_len=4, end=6, budget=interp.Budget(raw=10))
     assert e.value.status == 400 and e.value.param == "interp.capture" and "--max-capture-bytes" in e.value.message
+
+
+def test_response_budget_counts_encoded_bytes_before_encoding():
+    """--max-response-bytes bounds what the encoded captures add to a body (base64 4/3 of raw, a list
+    number 25 bytes), refused before encoding; list captures holding inf are a 400 (JSON has no inf)."""
+    cache = {"a": torch.arange(12.0).reshape(6, 2)}
+    spec = CaptureSpec(points=["z.0"])
+    raw = 6 * 2 * 4
+    out, _ = interp.payload(spec, cache, 4, 6, budget=interp.Budget(wire=4 * raw // 3))
+    assert len(out["captures"]["a"]["data"]) == 4 * raw // 3  # the estimate is the encoded length
+    with pytest.raises(ServeError) as e:
+        interp.payload(spec, cache, 4, 6, budget=interp.Budget(wire=4 * raw // 3 - 1))
+    assert e.value.status == 413 and "--max-response-bytes" in e.value.message and e.value.param == "interp.capture"
+    listed = CaptureSpec(points=["z.0"], encoding="list")
+    out, _ = interp.payload(listed, cache, 4, 6, budget=interp.Budget(wire=12 * interp.Budget.LIST_BYTES))
+    assert len(json.dumps(out["captures"]["a"]["data"])) <= 12 * interp.Budget.LIST_BYTES
+    with pytest.raises(ServeError) as e:
+        interp.payload(listed, cache, 4, 6, budget=interp.Budget(wire=12 * interp.Budget.LIST_BYTES - 1))
+    assert e.value.status == 413
+    bad = {"a": torch.tensor([[1.0, float("inf")]])}
+    with pytest.raises(ServeError) as e:
+        interp.payload(listed, bad, 1, 1)
+    assert e.value.status == 400 and e.value.param == "interp.capture.encoding" and "base64" in e.value.message
+    assert interp.payload(spec, bad, 1, 1)[0]["captures"]["a"]["shape"] == [1, 2]  # base64 carries inf exactly
 
 
 def test_stream_rows_wait_for_every_address():
     full = {"a": torch.arange(10.0)[:, None], "b": -torch.arange(10.0)[:, None]}
     spec = CaptureSpec(points=["z.0"], positions=[2, None])
-    rows = interp.StreamRows(spec, ["a", "b"], prompt_len=4, limit=None)
+    rows = interp.StreamRows(spec, ["a", "b"], prompt_len=4, budget=interp.Budget())
     assert rows.add({"a": (0, full["a"][:5])}) == (None, 0)  # b has nothing yet
     part, _ = rows.add({"b": (0, full["b"][:3])})
     assert part["positions"] == [2]

@@ -20,7 +20,7 @@ import torch
 from engine.backends.vllm_tree import VSite
 from engine.errors import SteeringError
 from engine.plan import Step
-from engine.steering import OPS, values_at
+from engine.steering import OPS, NonFiniteSteer, values_at
 
 
 class Tap:
@@ -30,7 +30,7 @@ class Tap:
         self.name, self.site, self.width, self.rows, self.writable = name, site, width, rows, writable
         self.dirty = False
         mod, p = site.module, f"_interp_tap{index}"
-        self.attrs = {k: f"{p}_{k}" for k in ("cap", "u", "mul", "add")}
+        self.attrs = {k: f"{p}_{k}" for k in ("cap", "u", "mul", "add", "bad")}
         def buffer(k, fill):
             mod.register_buffer(self.attrs[k], torch.full((rows, width), fill, device=device, dtype=dtype),
                                 persistent=False)
@@ -39,6 +39,8 @@ class Tap:
             buffer("u", 0.0)
             buffer("mul", 1.0)
             buffer("add", 0.0)
+            mod.register_buffer(self.attrs["bad"], torch.zeros((rows, 1), device=device, dtype=dtype),
+                                persistent=False)
         self._wrap()
 
     def buf(self, k: str) -> torch.Tensor:
@@ -46,7 +48,7 @@ class Tap:
 
     @property
     def nbytes(self) -> int:
-        return sum(self.buf(k).nbytes for k in (("cap", "u", "mul", "add") if self.writable else ("cap",)))
+        return sum(self.buf(k).nbytes for k in (("cap", "u", "mul", "add", "bad") if self.writable else ("cap",)))
 
     def _wrap(self) -> None:
         site, mod, names, writable = self.site, self.site.module, self.attrs, self.writable
@@ -57,8 +59,13 @@ class Tap:
             x = t.reshape(n, -1)
             if writable:
                 u = getattr(mod, names["u"])[:n]
-                x = x - (x * u).sum(-1, keepdim=True) * u
-                x = x * getattr(mod, names["mul"])[:n] + getattr(mod, names["add"])[:n]
+                y = x - (x * u).sum(-1, keepdim=True) * u
+                y = y * getattr(mod, names["mul"])[:n] + getattr(mod, names["add"])[:n]
+                # a row the steer made non-finite keeps its unsteered value (it must never reach the KV
+                # cache) and is flagged for after() to fail its request
+                ok = torch.isfinite(y).all(-1, keepdim=True) | ~torch.isfinite(x).all(-1, keepdim=True)
+                getattr(mod, names["bad"])[:n].copy_((~ok).to(y.dtype))
+                x = torch.where(ok, y, x)
             getattr(mod, names["cap"])[:n].copy_(x)
             return x.reshape(t.shape)
 
@@ -181,7 +188,7 @@ class StaticTaps:
             if not tap.writable:
                 continue
             writes = work[name].writes if name in work else {}
-            todo = [(sp, st) for sp in step.spans for st in writes.get(sp.plan.key, ())]
+            todo = [(sp, st) for sp in step.spans if sp.plan.error is None for st in writes.get(sp.plan.key, ())]
             if not todo and not tap.dirty:
                 continue
             tap.reset()
@@ -193,8 +200,21 @@ class StaticTaps:
                     tap.fill((idx + sp.a).to(tap.buf("mul").device), st, self.head_dim[name], v)
             tap.dirty = bool(todo)
 
-    def after(self, step: Step, work: dict) -> None:
-        """Copy each capturing plan's rows out of the capture buffers (CPU copies)."""
+    def after(self, step: Step, work: dict, on_error=None) -> None:
+        """Fail each plan whose steer made a row non-finite at a tap (on_error(plan, exc); the tap
+        kept the unsteered row), then copy each capturing plan's rows out of the capture buffers."""
+        for name, w in work.items():
+            tap = self.taps[name]
+            if not w.writes or not tap.writable or on_error is None:
+                continue
+            bad = tap.buf("bad")
+            for sp in step.spans:
+                sts = w.writes.get(sp.plan.key)
+                if sts and sp.plan.error is None and bool(bad[sp.a:sp.b].any()):
+                    on_error(sp.plan, NonFiniteSteer(
+                        f"{sts[0].op!r} at {sts[0].address} produced inf or NaN in the model's {str(bad.dtype).replace('torch.', '')} "
+                        f"(the steered activation overflows, or its value does not fit that dtype); the request "
+                        f"was stopped before it reached the rest of the model; give smaller values."))
         for name, w in work.items():
             if not w.reads:
                 continue

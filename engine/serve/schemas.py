@@ -9,9 +9,11 @@ silently return nothing.
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
+from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr, create_model, field_validator,
+                      model_validator)
 
 from engine import positions as engine_positions
 from engine.address import parse
@@ -21,7 +23,8 @@ from engine.steering import Steer
 
 
 class Body(BaseModel):
-    model_config = ConfigDict(extra="forbid", arbitrary_types_allowed=True)
+    # allow_inf_nan: JSON's Infinity / NaN (which Python's parser accepts) is never a valid number here
+    model_config = ConfigDict(extra="forbid", arbitrary_types_allowed=True, allow_inf_nan=False)
 
 
 def positions_in(p):
@@ -57,33 +60,37 @@ class CaptureSpec(Body):
         return positions_in(v)
 
 
-class SteerSpec(Body):
-    """One engine.steering.Steer in JSON. value: a number (scale), nested lists, or a tensor object
-    (engine/serve/encoding.py)."""
-    address: str
-    op: str = "add"
-    value: Any = None
-    positions: Any = "all"
+# engine.steering.Steer's own fields (those a request sets), each a JSON field of a steer; the ones JSON
+# cannot carry directly are converted here. Generated from dataclasses.fields(Steer): a field added there
+# is served here, and Steer itself checks every value (one validation).
+_STEER_FIELDS = [f for f in dataclasses.fields(Steer) if not f.metadata.get("engine")]
+_STEER_JSON = {"value": encoding.value_in, "positions": positions_in}
+_STEER_TYPES = {"address": str, "op": str}
+
+
+class _SteerBody(Body):
     _steer: Steer | None = PrivateAttr(default=None)
-
-    @field_validator("value")
-    @classmethod
-    def _value(cls, v):
-        return encoding.value_in(v)
-
-    @field_validator("positions")
-    @classmethod
-    def _positions(cls, v):
-        return positions_in(v)
 
     @model_validator(mode="after")
     def _build(self):
-        self._steer = Steer(self.address, self.op, self.value, self.positions)
+        self._steer = Steer(**{f.name: getattr(self, f.name) for f in _STEER_FIELDS})
         return self
 
     @property
     def steer(self) -> Steer:
         return self._steer
+
+
+def _json_in(conv):
+    return classmethod(lambda cls, v: v if v is None else conv(v))
+
+
+SteerSpec = create_model(
+    "SteerSpec", __base__=_SteerBody, __doc__="One engine.steering.Steer in JSON (its fields, by name). value: a "
+    "number (scale), nested lists, or a tensor object (engine/serve/encoding.py); bounds: [min, max].",
+    __validators__={f"_in_{k}": field_validator(k)(_json_in(conv)) for k, conv in _STEER_JSON.items()},
+    **{f.name: (_STEER_TYPES.get(f.name, Any), ... if f.default is dataclasses.MISSING else f.default)
+       for f in _STEER_FIELDS})
 
 
 class Interp(Body):
@@ -127,11 +134,11 @@ class Sampling(Body):
     OpenAI's API; pass 0 for greedy."""
     model: str
     max_tokens: int | None = Field(None, ge=1)
-    temperature: float | None = Field(None, ge=0)
+    temperature: float | None = Field(None, ge=0, le=100)  # above ~100 sampling is uniform; 1e308 overflows
     top_p: float | None = Field(None, gt=0, le=1)
     top_k: int | None = Field(None, ge=-1)
     min_p: float | None = Field(None, ge=0, le=1)
-    seed: int | None = None
+    seed: int | None = Field(None, ge=-(1 << 63), le=(1 << 63) - 1)  # what vLLM's int64 seed takes
     stop: str | list[str] | None = None
     stop_token_ids: list[int] | None = None
     presence_penalty: float | None = Field(None, ge=-2, le=2)
