@@ -51,6 +51,7 @@ def test_poisoning_steer_fails_alone_and_hostile_bodies_are_4xx(backend):
                         "--max-num-seqs", "8", *taps)
     try:
         url = srv.wait().url
+        assert sum("startup" in ln for ln in srv.lines) == 1, srv.log()  # the load report once (was twice)
         solo = [_ask(url, p) for p in PROMPTS]
         r = httpx.post(f"{url}/v1/completions", json=POISON, timeout=300)
         assert r.status_code == 400, r.text

@@ -228,3 +228,39 @@ def test_guard_auth_and_body_limit():
             with pytest.raises(BodyTooLarge):
                 await c.post("/v1/x", content=chunks(), headers=ok)
     asyncio.run(run())
+
+
+def test_text_never_ends_in_half_a_character():
+    """A generation cut inside a multi-byte character decodes to U+FFFD at its end: dropped, as vLLM's
+    server does (old code returned the replacement character)."""
+    res = SimpleNamespace(text="caf\ufffd", new_tokens=torch.tensor([5, 6]))
+    assert text.finish(res, 2, 3, 256, None, None, 2) == ("caf", "length", None)
+    d = text.Detok(SimpleNamespace(decode=lambda ids, skip_special_tokens: "caf"), None)
+    assert d.push(5) == "caf" and d.final("caf\ufffd") == ""
+
+
+def test_health_probe_sees_an_engine_that_computes_non_finite_logits():
+    """/health on vLLM probes the engine with one greedy token and turns (and stays) unhealthy when
+    its logits are not finite (a KV cache holding NaN poisons every later request)."""
+    from engine.serve.runner import VLLMRunner
+    logits = [torch.zeros(1, 8)]
+    calls = []
+
+    async def generate_batch(reqs, return_logits):
+        calls.append(reqs[0].prompt)
+        return [SimpleNamespace(logits=logits[0])]
+
+    async def check_health():
+        return None
+    r = object.__new__(VLLMRunner)
+    r.model = SimpleNamespace(aio=SimpleNamespace(_closed=False, generate_batch=generate_batch,
+                                                  engine=SimpleNamespace(check_health=check_health)))
+    r.limits = SimpleNamespace(vocab_size=100)
+    r.unfinite, r._probed, r._probe_lock = None, (float("-inf"), None), None
+    r.PROBE_EVERY_S = 0.0
+    assert asyncio.run(r.problem()) is None
+    logits[0] = torch.tensor([[0.0, float("nan")]])
+    assert "inf or NaN logits" in asyncio.run(r.problem())
+    logits[0] = torch.zeros(1, 8)
+    assert "inf or NaN logits" in asyncio.run(r.problem())  # sticky: the cache stays poisoned
+    assert len(calls) == 2 and all(0 <= t < 100 for t in calls[0])
