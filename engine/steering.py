@@ -75,7 +75,8 @@ class Steer:
     coeff: float | None = None
     bounds: "tuple | None" = None
     exclude: "list | str | None" = None
-    # set by the engine (metadata "engine": not part of a request, e.g. over HTTP): leading axes of value before the per-position shape (None: not yet known),
+    # set by the engine (metadata "engine": not part of a request, e.g. over HTTP): leading axes of
+    # value before the per-position shape (None: not yet known),
     # and for a batch value from a cache, each sequence's own length
     lead: int | None = dataclasses.field(default=None, repr=False, metadata={"engine": True})
     lengths: "list | None" = dataclasses.field(default=None, repr=False, metadata={"engine": True})

@@ -211,8 +211,9 @@ class StaticTaps:
             for sp in step.spans:
                 sts = w.writes.get(sp.plan.key)
                 if sts and sp.plan.error is None and bool(bad[sp.a:sp.b].any()):
+                    dtype = str(bad.dtype).replace("torch.", "")
                     on_error(sp.plan, NonFiniteSteer(
-                        f"{sts[0].op!r} at {sts[0].address} produced inf or NaN in the model's {str(bad.dtype).replace('torch.', '')} "
+                        f"{sts[0].op!r} at {sts[0].address} produced inf or NaN in the model's {dtype} "
                         f"(the steered activation overflows, or its value does not fit that dtype); the request "
                         f"was stopped before it reached the rest of the model; give smaller values."))
         for name, w in work.items():
