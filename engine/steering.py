@@ -105,7 +105,7 @@ class Steer:
                 raise SteeringError(f"op {self.op!r} needs coeff= ({OPS[self.op].doc}).")
             if isinstance(self.coeff, bool) or not isinstance(self.coeff, (int, float)):
                 raise SteeringError(f"coeff of {self.op!r} is a number, got {type(self.coeff).__name__}.")
-            self.coeff = float(self.coeff)
+            self.coeff = _finite_or_inf(self.coeff)
             if not math.isfinite(self.coeff):
                 raise SteeringError(f"coeff of {self.op!r} at {self.address} is {self.coeff}; give a finite number.")
         if self.op == "projection_cap":
@@ -114,9 +114,9 @@ class Steer:
                 raise SteeringError(f"projection_cap needs bounds=(min, max) with at least one of them set, got {b!r}.")
             if any(x is not None and (isinstance(x, bool) or not isinstance(x, (int, float))) for x in b):
                 raise SteeringError(f"projection_cap bounds are numbers or None, got {b!r}.")
-            lo, hi = (None if x is None else float(x) for x in b)
+            lo, hi = (None if x is None else _finite_or_inf(x) for x in b)
             if any(x is not None and not math.isfinite(x) for x in (lo, hi)):
-                raise SteeringError(f"projection_cap bounds {b!r} at {self.address}: give finite numbers "
+                raise SteeringError(f"projection_cap bounds {b!r:.80} at {self.address}: give finite numbers "
                                     f"(None leaves a side open).")
             if lo is not None and hi is not None and lo > hi:
                 raise SteeringError(f"projection_cap bounds {b!r}: min is above max.")
@@ -209,6 +209,14 @@ class Steer:
         if self.exclude:
             m &= ~pos.mask(list(self.exclude), pos0, n, prompt_len, device)
         return m
+
+
+def _finite_or_inf(x) -> float:
+    """float(x), an int too big for a float being inf (refused as not finite by the caller)."""
+    try:
+        return float(x)
+    except OverflowError:
+        return math.inf
 
 
 def _exclusion(x):

@@ -139,6 +139,15 @@ HOSTILE = [
     ("stop_token_ids past the vocabulary", "/v1/completions", {"prompt": "hi", "stop_token_ids": [10 ** 9]}, 400,
      "not a token id", "stop_token_ids"),
     ("seed 2**70", "/v1/completions", {"prompt": "hi", "seed": 2 ** 70}, 400, "less than or equal", "seed"),
+    ("top_k 2**70", "/v1/completions", {"prompt": "hi", "top_k": 2 ** 70}, 400, "less than or equal", "top_k"),
+    ("min_tokens 2**70", "/v1/completions", {"prompt": "hi", "min_tokens": 2 ** 70}, 400, "less than or equal",
+     "min_tokens"),
+    ("steer scale by 10**400", "/v1/completions", {"prompt": "hi", "interp": {"steer": [
+        {"address": "resid_post.0", "op": "scale", "value": 10 ** 400}]}}, 400, "does not fit a float",
+     "interp.steer[0].value"),
+    ("steer coeff 10**400", "/v1/completions", {"prompt": "hi", "interp": {"steer": [
+        {"address": "resid_post.0", "op": "rescale", "value": [1.0] * D_MODEL, "coeff": 10 ** 400}]}}, 400,
+     "give a finite number", "interp.steer[0]"),
     ("JSON nested 10000 deep", "/v1/completions",
      _raw('{"model":"M","prompt":"hi","user":' + "[" * 10000 + "]" * 10000 + "}"), 400, "too deep", None),
     ("steer value of 10**6 dims", "/v1/completions", {"prompt": "hi", "max_tokens": 1, "interp": {"steer": [

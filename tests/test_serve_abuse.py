@@ -40,10 +40,18 @@ def lib(url):
     return eager_model(LLAMA)
 
 
-def test_hostile_bodies_are_4xx_naming_the_field_and_leave_the_server_serving(url):
-    before = httpx.post(f"{url}/v1/completions", json=NORMAL, timeout=120).json()["choices"][0]
-    for case in HOSTILE:
-        assert_refused(url, case)
+@pytest.fixture(scope="module")
+def normal_before(url):
+    return httpx.post(f"{url}/v1/completions", json=NORMAL, timeout=120).json()["choices"][0]
+
+
+@pytest.mark.parametrize("case", HOSTILE, ids=[c[0] for c in HOSTILE])
+def test_hostile_body_is_4xx_naming_the_field(url, normal_before, case):
+    assert_refused(url, case)
+
+
+def test_after_the_hostile_bodies_a_normal_request_is_unchanged(url, normal_before):
+    before = normal_before
     after = httpx.post(f"{url}/v1/completions", json=NORMAL, timeout=120).json()["choices"][0]
     assert after["text"] == before["text"] and after["interp"]["token_ids"] == before["interp"]["token_ids"]
     assert torch.equal(tensors(after["interp"])["resid_post.1"], tensors(before["interp"])["resid_post.1"])

@@ -109,7 +109,10 @@ def value_in(v) -> "torch.Tensor | float | None":
     if isinstance(v, bool):
         raise ValueError("a steering value is a number, nested lists of numbers or a tensor object, not a boolean")
     if isinstance(v, (int, float)):
-        return float(v)
+        try:
+            return float(v)
+        except OverflowError:
+            raise ValueError(f"the number {v!r:.40} does not fit a float") from None
     if isinstance(v, dict):
         t = decode(v)
         if not torch.is_floating_point(t):

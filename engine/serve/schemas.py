@@ -22,6 +22,9 @@ from engine.serve import encoding
 from engine.steering import Steer
 
 
+INT32 = (1 << 31) - 1  # counts vLLM keeps in int32 (a bigger one would fail inside the engine, not here)
+
+
 class Body(BaseModel):
     # allow_inf_nan: JSON's Infinity / NaN (which Python's parser accepts) is never a valid number here
     model_config = ConfigDict(extra="forbid", arbitrary_types_allowed=True, allow_inf_nan=False)
@@ -133,10 +136,10 @@ class Sampling(Body):
     min_tokens, ignore_eos, repetition_penalty, stop_token_ids). temperature defaults to 1.0 as in
     OpenAI's API; pass 0 for greedy."""
     model: str
-    max_tokens: int | None = Field(None, ge=1)
+    max_tokens: int | None = Field(None, ge=1, le=INT32)
     temperature: float | None = Field(None, ge=0, le=100)  # above ~100 sampling is uniform; 1e308 overflows
     top_p: float | None = Field(None, gt=0, le=1)
-    top_k: int | None = Field(None, ge=-1)
+    top_k: int | None = Field(None, ge=-1, le=INT32)
     min_p: float | None = Field(None, ge=0, le=1)
     seed: int | None = Field(None, ge=-(1 << 63), le=(1 << 63) - 1)  # what vLLM's int64 seed takes
     stop: str | list[str] | None = None
@@ -145,7 +148,7 @@ class Sampling(Body):
     frequency_penalty: float | None = Field(None, ge=-2, le=2)
     repetition_penalty: float | None = Field(None, gt=0)
     ignore_eos: bool = False
-    min_tokens: int = Field(0, ge=0)
+    min_tokens: int = Field(0, ge=0, le=INT32)
     n: int = 1
     stream: bool = False
     stream_options: StreamOptions | None = None
@@ -215,7 +218,7 @@ class Message(Body):
 
 class ChatRequest(Sampling):
     messages: list[Message] = Field(min_length=1)
-    max_completion_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: int | None = Field(None, ge=1, le=INT32)
     add_generation_prompt: bool = True
     chat_template_kwargs: dict | None = None
     logprobs: bool = False
