@@ -2,7 +2,8 @@
 
 Each tap owns preallocated `[max_tokens, width]` buffers registered on the module it wraps: `cap`
 (the forward copies the point into it) and, for write taps, `u`, `mul`, `add` (the forward
-applies y = (x - (x.u) u) * mul + add). The wrapper is installed between weight loading and
+applies y = (x - (x.u) u) * mul + add) and `bad` ([max_tokens, 1]: a row whose y is not finite
+keeps x, flagged there, and its request fails after the step; nothing non-finite reaches the KV cache). The wrapper is installed between weight loading and
 compilation, so torch.compile (CPU) and CUDA graphs (GPU) capture plain tensor ops on buffers
 with fixed addresses and no Python, no data-dependent control flow. Between steps, Python fills
 the write buffers for each steering request's rows (identity elsewhere) and copies each
