@@ -2,6 +2,7 @@
 user starts it, and what a test asserts about its answers."""
 from __future__ import annotations
 
+import base64
 import os
 import re
 import signal
@@ -121,3 +122,96 @@ def assert_receipts(got: list, ref: list, rel: float = 1e-4) -> None:
     assert [{**r, "change_norm": None} for r in got] == [{**r.as_json(), "change_norm": None} for r in ref], got
     for g, r in zip(got, ref):
         assert g["change_norm"] == pytest.approx(r.change_norm, rel=rel, abs=1e-6), (g, r)
+
+
+# -- hostile requests (tests/test_serve_abuse.py): each must be a 4xx naming the field, and leave the
+# server healthy. (name, path, body: dict or raw bytes, status, fragment of the message, param)
+D_MODEL = 256  # the Llama-3.2-1B zoo twin's hidden size
+ONE = "AACAPw=="  # base64 of one float32 1.0
+
+
+def _raw(text: str) -> bytes:
+    return text.replace("M", LLAMA).encode()
+
+
+HOSTILE = [
+    ("temperature Infinity", "/v1/completions", _raw('{"model":"M","prompt":"hi","temperature":Infinity}'), 400,
+     "finite number", "temperature"),
+    ("temperature NaN", "/v1/completions", _raw('{"model":"M","prompt":"hi","temperature":NaN}'), 400,
+     "finite number", "temperature"),
+    ("temperature 1e308", "/v1/completions", {"prompt": "hi", "temperature": 1e308}, 400, "temperature",
+     "temperature"),
+    ("repetition_penalty Infinity", "/v1/completions",
+     _raw('{"model":"M","prompt":"hi","repetition_penalty":Infinity}'), 400, "finite number", "repetition_penalty"),
+    ("stop_token_ids -1", "/v1/completions", {"prompt": "hi", "stop_token_ids": [-1]}, 400, "not a token id",
+     "stop_token_ids"),
+    ("stop_token_ids past the vocabulary", "/v1/completions", {"prompt": "hi", "stop_token_ids": [10 ** 9]}, 400,
+     "not a token id", "stop_token_ids"),
+    ("seed 2**70", "/v1/completions", {"prompt": "hi", "seed": 2 ** 70}, 400, "less than or equal", "seed"),
+    ("top_k 2**70", "/v1/completions", {"prompt": "hi", "top_k": 2 ** 70}, 400, "less than or equal", "top_k"),
+    ("min_tokens 2**70", "/v1/completions", {"prompt": "hi", "min_tokens": 2 ** 70}, 400, "less than or equal",
+     "min_tokens"),
+    ("steer scale by 10**400", "/v1/completions", {"prompt": "hi", "interp": {"steer": [
+        {"address": "resid_post.0", "op": "scale", "value": 10 ** 400}]}}, 400, "does not fit a float",
+     "interp.steer[0].value"),
+    ("steer coeff 10**400", "/v1/completions", {"prompt": "hi", "interp": {"steer": [
+        {"address": "resid_post.0", "op": "rescale", "value": [1.0] * D_MODEL, "coeff": 10 ** 400}]}}, 400,
+     "give a finite number", "interp.steer[0]"),
+    ("JSON nested 10000 deep", "/v1/completions",
+     _raw('{"model":"M","prompt":"hi","user":' + "[" * 10000 + "]" * 10000 + "}"), 400, "too deep", None),
+    ("steer value of 10**6 dims", "/v1/completions", {"prompt": "hi", "max_tokens": 1, "interp": {"steer": [
+        {"address": "resid_post.0", "value": {"dtype": "float32", "shape": [1] * 10 ** 6, "data": ONE}}]}}, 400,
+     "at most 8", "interp.steer[0].value"),
+    ("steer value of 65 dims", "/v1/completions", {"prompt": "hi", "max_tokens": 1, "interp": {"steer": [
+        {"address": "resid_post.0", "value": {"dtype": "float32", "shape": [1] * 65, "data": ONE}}]}}, 400,
+     "at most 8", "interp.steer[0].value"),
+    ("steer value of 2**40 elements", "/v1/completions", {"prompt": "hi", "max_tokens": 1, "interp": {"steer": [
+        {"address": "resid_post.0", "value": {"dtype": "float32", "shape": [1 << 20, 1 << 20], "data": ONE}}]}},
+     400, "holds at most", "interp.steer[0].value"),
+    ("steer lists 100 deep", "/v1/completions", _raw(
+        '{"model":"M","prompt":"hi","interp":{"steer":[{"address":"resid_post.0","value":' + "[" * 100 + "1.0"
+        + "]" * 100 + "}]}}"), 400, "more than 8 deep", "interp.steer[0].value"),
+    ("steer number too big for int64", "/v1/completions", _raw(
+        '{"model":"M","prompt":"hi","interp":{"steer":[{"address":"resid_post.0","op":"add","value":[' + "9" * 400
+        + "]}]}}"), 400, "does not fit", "interp.steer[0].value"),
+    ("steer whose result overflows", "/v1/completions", {"prompt": "Zebra crossing Zebra crossing", "max_tokens": 8,
+     "temperature": 0, "interp": {"steer": [{"address": "value.0", "op": "scale", "value": 3e38}]}}, 400,
+     "inf or NaN", "interp.steer[0]"),
+    ("steer float64 value that overflows float32", "/v1/capture", {"prompt": "hi", "interp": {
+        "capture": ["resid_post.1"], "steer": [{"address": "resid_post.0", "op": "add", "value": {
+            "dtype": "float64", "shape": [D_MODEL], "data": base64.b64encode(
+                torch.full((D_MODEL,), 1e300, dtype=torch.float64).numpy().tobytes()).decode()}}]}}, 400,
+     "float32", "interp.steer[0]"),
+    ("steer coeff NaN", "/v1/completions", _raw(
+        '{"model":"M","prompt":"hi","interp":{"steer":[{"address":"resid_post.0","op":"norm_scaled_add",'
+        '"value":[' + ",".join(["1.0"] * D_MODEL) + '],"coeff":NaN}]}}'), 400, "finite number", "interp.steer[0]"),
+    ("steer bounds Infinity", "/v1/completions", _raw(
+        '{"model":"M","prompt":"hi","interp":{"steer":[{"address":"resid_post.0","op":"projection_cap",'
+        '"value":[' + ",".join(["1.0"] * D_MODEL) + '],"bounds":[null,Infinity]}]}}'), 400, "finite numbers",
+     "interp.steer[0]"),
+    ("steer positional value too short", "/v1/completions", {"prompt": "The quick brown fox", "max_tokens": 2,
+     "interp": {"steer": [{"address": "resid_post.0", "value": [[0.5] * D_MODEL] * 2}]}}, 400,
+     "covers positions 0..1", "interp.steer[0]"),
+    ("steer engine field", "/v1/completions", {"prompt": "hi", "interp": {"steer": [
+        {"address": "resid_post.0", "op": "ablate", "lead": 1}]}}, 400, "unknown field", "interp.steer[0].lead"),
+    ("capture list encoding of inf", "/v1/capture", {"prompt": "hi there", "interp": {
+        "capture": {"points": ["resid_mid.1"], "encoding": "list"}, "steer": [
+            {"address": "resid_post.0", "op": "add", "value": [3e38] * D_MODEL},
+            {"address": "attn_out.1", "op": "add", "value": [3e38] * D_MODEL}]}}, 400, "use encoding 'base64'",
+     "interp.capture.encoding"),
+]
+
+
+def assert_refused(url: str, case: tuple, headers: dict | None = None) -> None:
+    """One hostile request: the status, the message fragment and the field; then /health is ok."""
+    import json
+    name, path, body, status, fragment, param = case
+    if isinstance(body, dict):
+        body = json.dumps({"model": LLAMA, **body}).encode()
+    r = httpx.post(f"{url}{path}", content=body, headers={"content-type": "application/json", **(headers or {})},
+                   timeout=120)
+    assert r.status_code == status, f"{name}: {r.status_code} {r.text[:400]}"
+    err = r.json()["error"]
+    assert fragment in err["message"], f"{name}: {err['message']}"
+    assert err["param"] == param, f"{name}: param {err['param']!r} ({err['message']})"
+    healthy(url)

@@ -3,6 +3,7 @@ incremental text of streams, stream rows, the bounded queue, auth and the body l
 from __future__ import annotations
 
 import asyncio
+import json
 from types import SimpleNamespace
 
 import httpx
@@ -139,14 +140,38 @@ def test_payload_positions_and_reductions():
     late = interp.payload(everything, {"a": cache["a"], "logits": cache["a"][3:]}, prompt_len=4, end=6)[0]
     assert late["captures"]["logits"]["positions"] == [3, 4, 5] and late["positions"] == list(range(6))
     with pytest.raises(ServeError) as e:
-        interp.payload(spec, cache, prompt_len=4, end=6, limit=10)
+        interp.payload(spec, cache, prompt_len=4, end=6, budget=interp.Budget(raw=10))
     assert e.value.status == 400 and e.value.param == "interp.capture" and "--max-capture-bytes" in e.value.message
+
+
+def test_response_budget_counts_encoded_bytes_before_encoding():
+    """--max-response-bytes bounds what the encoded captures add to a body (base64 4/3 of raw, a list
+    number 25 bytes), refused before encoding; list captures holding inf are a 400 (JSON has no inf)."""
+    cache = {"a": torch.arange(12.0).reshape(6, 2)}
+    spec = CaptureSpec(points=["z.0"])
+    raw = 6 * 2 * 4
+    out, _ = interp.payload(spec, cache, 4, 6, budget=interp.Budget(wire=4 * raw // 3))
+    assert len(out["captures"]["a"]["data"]) == 4 * raw // 3  # the estimate is the encoded length
+    with pytest.raises(ServeError) as e:
+        interp.payload(spec, cache, 4, 6, budget=interp.Budget(wire=4 * raw // 3 - 1))
+    assert e.value.status == 413 and "--max-response-bytes" in e.value.message and e.value.param == "interp.capture"
+    listed = CaptureSpec(points=["z.0"], encoding="list")
+    out, _ = interp.payload(listed, cache, 4, 6, budget=interp.Budget(wire=12 * interp.Budget.LIST_BYTES))
+    assert len(json.dumps(out["captures"]["a"]["data"])) <= 12 * interp.Budget.LIST_BYTES
+    with pytest.raises(ServeError) as e:
+        interp.payload(listed, cache, 4, 6, budget=interp.Budget(wire=12 * interp.Budget.LIST_BYTES - 1))
+    assert e.value.status == 413
+    bad = {"a": torch.tensor([[1.0, float("inf")]])}
+    with pytest.raises(ServeError) as e:
+        interp.payload(listed, bad, 1, 1)
+    assert e.value.status == 400 and e.value.param == "interp.capture.encoding" and "base64" in e.value.message
+    assert interp.payload(spec, bad, 1, 1)[0]["captures"]["a"]["shape"] == [1, 2]  # base64 carries inf exactly
 
 
 def test_stream_rows_wait_for_every_address():
     full = {"a": torch.arange(10.0)[:, None], "b": -torch.arange(10.0)[:, None]}
     spec = CaptureSpec(points=["z.0"], positions=[2, None])
-    rows = interp.StreamRows(spec, ["a", "b"], prompt_len=4, limit=None)
+    rows = interp.StreamRows(spec, ["a", "b"], prompt_len=4, budget=interp.Budget())
     assert rows.add({"a": (0, full["a"][:5])}) == (None, 0)  # b has nothing yet
     part, _ = rows.add({"b": (0, full["b"][:3])})
     assert part["positions"] == [2]
@@ -203,3 +228,39 @@ def test_guard_auth_and_body_limit():
             with pytest.raises(BodyTooLarge):
                 await c.post("/v1/x", content=chunks(), headers=ok)
     asyncio.run(run())
+
+
+def test_text_never_ends_in_half_a_character():
+    """A generation cut inside a multi-byte character decodes to U+FFFD at its end: dropped, as vLLM's
+    server does (old code returned the replacement character)."""
+    res = SimpleNamespace(text="caf\ufffd", new_tokens=torch.tensor([5, 6]))
+    assert text.finish(res, 2, 3, 256, None, None, 2) == ("caf", "length", None)
+    d = text.Detok(SimpleNamespace(decode=lambda ids, skip_special_tokens: "caf"), None)
+    assert d.push(5) == "caf" and d.final("caf\ufffd") == ""
+
+
+def test_health_probe_sees_an_engine_that_computes_non_finite_logits():
+    """/health on vLLM probes the engine with one greedy token and turns (and stays) unhealthy when
+    its logits are not finite (a KV cache holding NaN poisons every later request)."""
+    from engine.serve.runner import VLLMRunner
+    logits = [torch.zeros(1, 8)]
+    calls = []
+
+    async def generate_batch(reqs, return_logits):
+        calls.append(reqs[0].prompt)
+        return [SimpleNamespace(logits=logits[0])]
+
+    async def check_health():
+        return None
+    r = object.__new__(VLLMRunner)
+    r.model = SimpleNamespace(aio=SimpleNamespace(_closed=False, generate_batch=generate_batch,
+                                                  engine=SimpleNamespace(check_health=check_health)))
+    r.limits = SimpleNamespace(vocab_size=100)
+    r.unfinite, r._probed, r._probe_lock = None, (float("-inf"), None), None
+    r.PROBE_EVERY_S = 0.0
+    assert asyncio.run(r.problem()) is None
+    logits[0] = torch.tensor([[0.0, float("nan")]])
+    assert "inf or NaN logits" in asyncio.run(r.problem())
+    logits[0] = torch.zeros(1, 8)
+    assert "inf or NaN logits" in asyncio.run(r.problem())  # sticky: the cache stays poisoned
+    assert len(calls) == 2 and all(0 <= t < 100 for t in calls[0])

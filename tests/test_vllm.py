@@ -283,3 +283,58 @@ def test_a_failing_request_fails_alone(engines):
     check(good.cache["resid_post.0"], ref.cache["resid_post.0"], "resid_post", case="decode")
     out = vm.generate(PROMPTS, 3, points=["resid_post.0"])
     assert len(out.requests) == 2 and all(r.new_tokens.shape == (3,) for r in out.requests)
+
+
+def test_cancelled_requests_leave_no_plan_in_the_workers(engines):
+    """A request cancelled at any await point of its run (before it starts, while its plan's register
+    RPC is in flight, while vLLM generates it, while its collect RPC is in flight) leaves no plan
+    registered in the workers (old code: cancelled during the register, the plan was never collected)."""
+    import asyncio
+    vm = engines(LLAMA)
+    aio = vm.aio
+    real_rpc, real_generate = aio._rpc, aio.engine.generate
+
+    async def scenario(point: str) -> list:
+        task = None
+
+        async def rpc(method, *args):
+            if method == point:
+                task.cancel()  # lands at the RPC's first suspension: in flight
+            return await real_rpc(method, *args)
+
+        async def generate(*args, **kw):
+            async for out in real_generate(*args, **kw):
+                if point == "generate":
+                    task.cancel()
+                yield out
+        aio._rpc, aio.engine.generate = rpc, generate
+        try:
+            task = asyncio.ensure_future(aio.generate(PROMPT, 4, points=["resid_post.0"],
+                                                      steer=[Steer("resid_post.0", "scale", 0.5)]))
+            if point == "start":
+                task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+        finally:
+            aio._rpc, aio.engine.generate = real_rpc, real_generate
+        await asyncio.sleep(0.5)
+        return await aio._rpc("interp_plans")
+
+    for point in ("start", "interp_register", "generate", "interp_collect"):
+        assert vm._loop.run(scenario(point)) == [[]], point
+    assert vm.generate(PROMPT, 2, points=["resid_post.0"]).requests[0].new_tokens.shape == (2,)
+
+
+def test_a_steer_whose_result_is_not_finite_fails_alone(engines):
+    """scale 3e38 of a value row overflows float32: that request fails with the steer named, its rows
+    never reach the rest of the forward (nor the KV cache), and a later request equals eager."""
+    from engine.core.steering import NonFiniteSteer
+    vm, em = engines(LLAMA), eager_model(LLAMA)
+    with pytest.raises(NonFiniteSteer, match=r"'scale' at value\.0 produced inf or NaN"):
+        vm.generate("Zebra crossing Zebra crossing", 6, steer=[Steer("value.0", "scale", 3e38)])
+    with pytest.raises(SteeringError, match="coeff of 'rescale' at resid_post.0 is nan"):
+        Steer("resid_post.0", "rescale", torch.ones(vm.d_model), coeff=float("nan"))
+    got = vm.generate(PROMPTS[1], 4, points=["resid_post.1"])
+    ref = em.generate(PROMPTS[1], 4, points=["resid_post.1"])
+    assert torch.equal(got.new_tokens, ref.new_tokens)
+    check(got.cache["resid_post.1"], ref.cache["resid_post.1"], "resid_post", case="decode")

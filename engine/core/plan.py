@@ -208,7 +208,9 @@ def run_site(t: torch.Tensor, spans: list[Span], work: SiteWork, keep: Callable,
     readers, so a capture sees the steered value, as the rest of the forward does. keep(span, key,
     rows) makes what is stored (a detached copy, a CPU copy). Returns the replacement, or None when
     nothing was steered (the forward then continues with `t` itself). With on_error(plan, exc), a
-    failure is that plan's alone: it is reported and the plan skipped, the others carry on."""
+    failure is that plan's alone: it is reported, its rows keep their unsteered values (a steer
+    whose result is not finite never reaches the rest of the forward) and the plan is skipped from
+    then on; the others carry on."""
     out = t
     for sp in spans:
         if sp.plan.error is not None:

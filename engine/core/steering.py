@@ -20,6 +20,7 @@ value whose trailing dims are not the point's per-position shape (both shapes ar
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 
 import torch
@@ -74,10 +75,11 @@ class Steer:
     coeff: float | None = None
     bounds: "tuple | None" = None
     exclude: "list | str | None" = None
-    # set by the engine: leading axes of value before the per-position shape (None: not yet known),
+    # set by the engine (metadata "engine": not part of a request, e.g. over HTTP): leading axes of
+    # value before the per-position shape (None: not yet known),
     # and for a batch value from a cache, each sequence's own length
-    lead: int | None = dataclasses.field(default=None, repr=False)
-    lengths: "list | None" = dataclasses.field(default=None, repr=False)
+    lead: int | None = dataclasses.field(default=None, repr=False, metadata={"engine": True})
+    lengths: "list | None" = dataclasses.field(default=None, repr=False, metadata={"engine": True})
 
     def __post_init__(self):
         self.address = parse(self.address)
@@ -101,12 +103,21 @@ class Steer:
         if self.op in _NEEDS_COEFF:
             if self.coeff is None:
                 raise SteeringError(f"op {self.op!r} needs coeff= ({OPS[self.op].doc}).")
-            self.coeff = float(self.coeff)
+            if isinstance(self.coeff, bool) or not isinstance(self.coeff, (int, float)):
+                raise SteeringError(f"coeff of {self.op!r} is a number, got {type(self.coeff).__name__}.")
+            self.coeff = _finite_or_inf(self.coeff)
+            if not math.isfinite(self.coeff):
+                raise SteeringError(f"coeff of {self.op!r} at {self.address} is {self.coeff}; give a finite number.")
         if self.op == "projection_cap":
             b = self.bounds
             if not isinstance(b, (tuple, list)) or len(b) != 2 or all(x is None for x in b):
                 raise SteeringError(f"projection_cap needs bounds=(min, max) with at least one of them set, got {b!r}.")
-            lo, hi = (None if x is None else float(x) for x in b)
+            if any(x is not None and (isinstance(x, bool) or not isinstance(x, (int, float))) for x in b):
+                raise SteeringError(f"projection_cap bounds are numbers or None, got {b!r}.")
+            lo, hi = (None if x is None else _finite_or_inf(x) for x in b)
+            if any(x is not None and not math.isfinite(x) for x in (lo, hi)):
+                raise SteeringError(f"projection_cap bounds {b!r:.80} at {self.address}: give finite numbers "
+                                    f"(None leaves a side open).")
             if lo is not None and hi is not None and lo > hi:
                 raise SteeringError(f"projection_cap bounds {b!r}: min is above max.")
             self.bounds = (lo, hi)
@@ -200,6 +211,14 @@ class Steer:
         return m
 
 
+def _finite_or_inf(x) -> float:
+    """float(x), an int too big for a float being inf (refused as not finite by the caller)."""
+    try:
+        return float(x)
+    except OverflowError:
+        return math.inf
+
+
 def _exclusion(x):
     if x is None or x == "special":
         return x
@@ -244,6 +263,11 @@ class CacheEntry:
 
 
 # -- applying one op to the rows of one sequence -------------------------------------------------
+class NonFiniteSteer(SteeringError):
+    """A steer whose value (cast to the model's dtype) or result is inf or NaN: it fails its own
+    request (on vLLM, before anything it computed reaches the KV cache) and nothing else."""
+
+
 def values_at(steer: Steer, positions: torch.Tensor, shape: tuple) -> torch.Tensor | None:
     """The steer's value for rows at absolute `positions` (a [n] tensor): [n, *shape] for a
     positional value, [*shape] (or a scalar for scale) otherwise; checked against the per-position
@@ -323,7 +347,16 @@ def apply_steer(steer: Steer, rows: torch.Tensor, mask: torch.Tensor, pos0: int 
     v = values_at(steer, touched + pos0, tuple(view.shape[1:]))
     if v is not None:
         v = v.to(view.dtype)
+        if not bool(torch.isfinite(v).all()):
+            raise NonFiniteSteer(f"steering value of {steer.op!r} at {steer.address} does not fit the model's "
+                                 f"{str(view.dtype).replace('torch.', '')} (it becomes inf); give smaller values.")
+    x = view[touched]
+    new = _op(steer, x, v)
+    if bool((~torch.isfinite(new).flatten(1).all(1) & torch.isfinite(x).flatten(1).all(1)).any()):
+        raise NonFiniteSteer(f"{steer.op!r} at {steer.address} produced inf or NaN in the model's "
+                             f"{str(view.dtype).replace('torch.', '')} (the steered activation overflows); the "
+                             f"request was stopped before it reached the rest of the model; give smaller values.")
     out = rows.clone()
     target = out[:, idx] if coords else out
-    target[touched] = _op(steer, view[touched], v)
+    target[touched] = new
     return out

@@ -7,7 +7,8 @@ Modules, one job each: schemas (request bodies), interp (the `interp` field agai
 the results cut to it), encoding (tensors in JSON), text (chat template, incremental text, stop
 strings), runner (the model behind the server, per backend), routes (the endpoints), capabilities
 (/v1/points), guard (auth, body limit, bounded queue), metrics (/metrics), errors (error shapes),
-app (wiring), __main__ (the command line).
+app (wiring), offload (CPU work off the event loop; abandoned requests cancelled),
+__main__ (the command line).
 """
 from engine.serve.app import build_app
 from engine.serve.runner import make as runner_for

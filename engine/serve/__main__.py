@@ -37,6 +37,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--max-pending", type=int, default=256, help="sequences in flight before new requests get 429")
     p.add_argument("--max-body-bytes", type=_size, default=16 << 20, help="request body limit (413 above), e.g. 16MiB")
     p.add_argument("--max-capture-bytes", type=_size, default=256 << 20, help="captured bytes one request may return")
+    p.add_argument("--max-response-bytes", type=_size, default=256 << 20,
+                   help="encoded captures one response may carry (base64: 4/3 of the raw bytes; list: 25 bytes a "
+                        "number); above it the request is a 413 naming the limit")
+    p.add_argument("--cpu-workers", type=int, default=2,
+                   help="threads that parse, check, tokenize and encode requests off the event loop")
     p.add_argument("--max-tokens-limit", type=int, default=None, help="largest max_tokens a request may ask")
     p.add_argument("--chat-template", default=None,
                    help="a Jinja chat template (file or string) for models without one")
@@ -48,6 +53,7 @@ def parser() -> argparse.ArgumentParser:
 def main(argv=None) -> int:
     args = parser().parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(name)s: %(message)s")
+    logging.getLogger("engine.vllm").propagate = False  # it has its own handler: its load report once, not twice
     import uvicorn
     try:  # the event loop vLLM's own server runs on; the vLLM backends' private loop is made under this policy
         import uvloop
@@ -71,7 +77,8 @@ def main(argv=None) -> int:
     runner = runner_for(model)
     try:
         app = build_app(runner, args.served_model_name, args.api_key, args.max_body_bytes, args.max_pending,
-                        args.max_capture_bytes, args.max_tokens_limit, template)
+                        args.max_capture_bytes, args.max_tokens_limit, template, args.max_response_bytes,
+                        args.cpu_workers)
         server = uvicorn.Server(uvicorn.Config(app, log_level=args.log_level, access_log=args.access_log,
                                                timeout_graceful_shutdown=5))
         host, port = sock.getsockname()[:2]

@@ -16,6 +16,8 @@ import math
 
 import torch
 
+MAX_RANK = 8  # a steering value has at most [batch, pos, heads, head_dim]; checked before any tensor op
+MAX_ELEMENTS = 1 << 26  # numbers in one tensor object (256 MiB of float32)
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
           "float64": torch.float64, "int64": torch.int64, "int32": torch.int32}
 ENCODINGS = ("base64", "list")
@@ -47,6 +49,11 @@ def decode(obj: dict) -> torch.Tensor:
         raise ValueError(f"dtype {name!r} is not one of {', '.join(DTYPES)}")
     if not isinstance(shape, list) or not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in shape):
         raise ValueError(f"shape must be a list of non-negative ints, got {shape!r:.60}")
+    if len(shape) > MAX_RANK:
+        raise ValueError(f"shape has {len(shape)} dims; a tensor here has at most {MAX_RANK}")
+    if math.prod(shape) > MAX_ELEMENTS:
+        raise ValueError(f"shape {shape!r:.60} holds {math.prod(shape)} numbers; a tensor here holds at most "
+                         f"{MAX_ELEMENTS}")
     dtype = DTYPES[name]
     if isinstance(data, list):
         t = from_list(data, dtype)
@@ -74,17 +81,25 @@ def from_list(data, dtype=torch.float32) -> torch.Tensor:
     """A tensor from a number or nested lists of numbers; ValueError for ragged or non-numeric data."""
     def bad(x):
         return isinstance(x, bool) or not isinstance(x, (int, float, list))
-    stack = [data]
+    stack, n = [(data, 0)], 0
     while stack:
-        x = stack.pop()
+        x, depth = stack.pop()
         if bad(x):
             raise ValueError(f"expected numbers or nested lists of numbers, found {type(x).__name__} {x!r:.40}")
         if isinstance(x, list):
-            stack.extend(x)
+            if depth >= MAX_RANK:
+                raise ValueError(f"nested lists more than {MAX_RANK} deep; a tensor here has at most {MAX_RANK} dims")
+            stack.extend((y, depth + 1) for y in x)
+        else:
+            n += 1
+            if n > MAX_ELEMENTS:
+                raise ValueError(f"more than {MAX_ELEMENTS} numbers in one tensor")
     try:
         return torch.tensor(data, dtype=dtype)
     except (ValueError, TypeError) as e:
         raise ValueError(f"nested lists must be rectangular ({e})") from None
+    except (RuntimeError, OverflowError) as e:
+        raise ValueError(f"a number does not fit {str(dtype).replace('torch.', '')} ({e})") from None
 
 
 def value_in(v) -> "torch.Tensor | float | None":
@@ -94,7 +109,10 @@ def value_in(v) -> "torch.Tensor | float | None":
     if isinstance(v, bool):
         raise ValueError("a steering value is a number, nested lists of numbers or a tensor object, not a boolean")
     if isinstance(v, (int, float)):
-        return float(v)
+        try:
+            return float(v)
+        except OverflowError:
+            raise ValueError(f"the number {v!r:.40} does not fit a float") from None
     if isinstance(v, dict):
         t = decode(v)
         if not torch.is_floating_point(t):

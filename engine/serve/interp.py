@@ -32,6 +32,7 @@ class Asked:
     steers: list = field(default_factory=list)
     spec: CaptureSpec | None = None
     strict: bool = True  # a steer that touched no row fails the request (engine.core.results.check_strict)
+    steer_addresses: list[str] = field(default_factory=list)  # each steer's resolved address (errors name it)
 
     @property
     def wants_rows(self) -> bool:
@@ -58,17 +59,47 @@ def check(runner, interp: Interp | None, calls: list[tuple[int, int]]) -> Asked:
                 engine_positions.check(spec.positions, n, new, "the capture")
             except Exception as e:
                 raise from_engine(e, "interp.capture.positions") from None
-    steers = []
+    steers, addresses = [], []
     for i, s in enumerate(interp.steer):
         where = f"interp.steer[{i}]"
         try:
-            runner.check_steer(s.steer)
+            addresses.append(str(runner.check_steer(s.steer).address))
             for n, new in set(calls):
-                engine_positions.check(s.steer.positions, n, new, f"{s.op} at {s.address}")
+                engine_positions.check(s.steer.positions, n, new, f"{s.steer.op} at {s.steer.address}")
         except Exception as e:
             raise from_engine(e, where) from None
         steers.append(s.steer)
-    return Asked(points, steers, spec, interp.strict)
+    return Asked(points, steers, spec, strict=interp.strict, steer_addresses=addresses)
+
+
+@dataclass
+class Budget:
+    """What one request's captures may take: raw tensor bytes (`raw`, --max-capture-bytes) and bytes
+    in the response body once encoded (`wire`, --max-response-bytes; base64 is 4/3 of raw, a `list`
+    number counts LIST_BYTES). Checked before a tensor is encoded, so an oversize answer costs nothing."""
+    raw: int | None = None
+    wire: int | None = None
+    raw_used: int = 0
+    wire_used: int = 0
+    LIST_BYTES = 25  # the longest a float's JSON text and its separator can be ('-1.1754943508222875e-38, ')
+
+    def take(self, rows: torch.Tensor, how: str) -> int:
+        n = rows.nelement() * rows.element_size()
+        if how == "list" and rows.is_floating_point() and not bool(torch.isfinite(rows).all()):
+            raise ServeError(400, "interp.capture.encoding: these captures hold inf or NaN, which JSON numbers "
+                                  "cannot carry; use encoding 'base64'", "interp.capture.encoding")
+        self.raw_used += n
+        self.wire_used += rows.nelement() * self.LIST_BYTES if how == "list" else 4 * -(-n // 3)
+        if self.raw is not None and self.raw_used > self.raw:
+            raise ServeError(400, f"interp.capture: the captures of this request are over this server's limit of "
+                                  f"{self.raw} bytes (--max-capture-bytes); capture fewer points or positions, or "
+                                  f"use reduction 'last' or 'mean'", "interp.capture")
+        if self.wire is not None and self.wire_used > self.wire:
+            raise ServeError(413, f"interp.capture: the encoded captures would make this response larger than this "
+                                  f"server's limit of {self.wire} bytes (--max-response-bytes); capture fewer points "
+                                  f"or positions, use reduction 'last' or 'mean', or encoding 'base64' instead of "
+                                  f"'list'", "interp.capture")
+        return n
 
 
 def selected(spec: CaptureSpec, start: int, stop: int, prompt_len: int) -> torch.Tensor:
@@ -80,13 +111,15 @@ def selected(spec: CaptureSpec, start: int, stop: int, prompt_len: int) -> torch
 
 
 def payload(spec: CaptureSpec, cache: dict, prompt_len: int, end: int, start: int = 0,
-            limit: int | None = None) -> tuple[dict, int]:
+            budget: Budget | None = None) -> tuple[dict, int]:
     """({positions, reduction, captures}, raw bytes) for a result's cache over positions [start, end)
     (`end`: prompt plus fed-back tokens; a stream sends earlier rows as they come). Every capture ends
     at `end`; one that starts later (eager's lm_head while generating: the logits of each new token,
-    from the last prompt position on) carries its own `positions`. A reduction over none gives null."""
+    from the last prompt position on) carries its own `positions`. A reduction over none gives null.
+    Each tensor is taken from `budget` before it is encoded."""
     pos = selected(spec, start, end, prompt_len)
     out, nbytes = {}, 0
+    budget = budget or Budget()
     for key, t in cache.items():
         off = end - t.shape[0]
         mine = pos[pos >= off] if off > 0 else pos
@@ -96,11 +129,7 @@ def payload(spec: CaptureSpec, cache: dict, prompt_len: int, end: int, start: in
         elif spec.reduction == "mean":
             rows = rows.float().mean(0) if len(mine) else None
         if rows is not None:
-            nbytes += rows.nelement() * rows.element_size()
-            if limit is not None and nbytes > limit:
-                raise ServeError(400, f"interp.capture: the captures of this request are over this server's limit "
-                                      f"of {limit} bytes (--max-capture-bytes); capture fewer points or positions, "
-                                      f"or use reduction 'last' or 'mean'", "interp.capture")
+            nbytes += budget.take(rows, spec.encoding)
         out[key] = None if rows is None else encoding.encode(rows, spec.encoding)
         if out[key] is not None and len(mine) != len(pos):
             out[key]["positions"] = mine.tolist()
@@ -112,11 +141,10 @@ class StreamRows:
     expected address has them (attention patterns, recomputed at the end, hold every row back to
     the final chunk), cut to the asked positions; the rest goes out with the final result."""
 
-    def __init__(self, spec: CaptureSpec, keys: list[str], prompt_len: int, limit: int | None):
-        self.spec, self.keys, self.prompt_len, self.limit = spec, set(keys), prompt_len, limit
+    def __init__(self, spec: CaptureSpec, keys: list[str], prompt_len: int, budget: Budget):
+        self.spec, self.keys, self.prompt_len, self.budget = spec, set(keys), prompt_len, budget
         self.next = 0  # first position not sent yet (every address)
         self.pending: dict = {}  # address -> rows from self.next on
-        self.nbytes = 0
 
     def add(self, rows: dict | None) -> tuple[dict | None, int]:
         if not rows:
@@ -143,18 +171,10 @@ class StreamRows:
 
     def final(self, cache: dict, end: int) -> tuple[dict, int]:
         """The rows not sent yet, from the finished request's cache (positions up to `end`)."""
-        out, n = payload(self.spec, cache, self.prompt_len, end, self.next,
-                         None if self.limit is None else self.limit - self.nbytes)
-        self.nbytes += n
-        return out, n
+        return payload(self.spec, cache, self.prompt_len, end, self.next, self.budget)
 
     def _encoded(self, pos, cut: dict) -> tuple[dict, int]:
-        nbytes = sum(t.nelement() * t.element_size() for t in cut.values())
-        self.nbytes += nbytes
-        if self.limit is not None and self.nbytes > self.limit:
-            raise ServeError(400, f"interp.capture: the captures of this request passed this server's limit of "
-                                  f"{self.limit} bytes (--max-capture-bytes); capture fewer points or positions, "
-                                  f"or use reduction 'last' or 'mean'", "interp.capture")
+        nbytes = sum(self.budget.take(t, self.spec.encoding) for t in cut.values())
         return ({"positions": pos.tolist(), "reduction": "none",
                  "captures": {k: encoding.encode(t, self.spec.encoding) for k, t in cut.items()}}, nbytes)
 

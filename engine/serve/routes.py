@@ -7,25 +7,33 @@ and steer against the model) before it takes a queue slot, so a bad one is a 400
 engine nothing; then each prompt runs as its own engine request (its own plan: captures and steers
 never mix with other requests' rows, and a capturing or steering request gets its own prefix-cache
 salt, engine/backends/vllm/client.py).
+
+Nothing CPU-heavy runs on the event loop (on vLLM it is also the engine's output loop): parsing,
+validation, tokenization and encoding go to `Offload`, a few threads with bounded concurrency. A
+non-streaming request whose client disconnects is cancelled (vLLM aborts it; eager drops it if it has
+not started).
 """
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import json
+import re
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from fastapi import FastAPI, Request
 from pydantic import ValidationError
-from starlette.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 
+from engine.core.errors import SteeringError
 from engine.core.results import StrictSteerError
 from engine.serve import interp, text
 from engine.serve.errors import ServeError, from_engine, from_validation, is_client_error, payload
 from engine.serve.guard import Admission, Ticket
 from engine.serve.metrics import Metrics
+from engine.serve.offload import Offload, unless_gone
 from engine.serve.runner import Job, Runner
 from engine.serve.schemas import CaptureRequest, CaptureSpec, ChatRequest, CompletionRequest
 
@@ -41,11 +49,15 @@ class Context:
     max_tokens_limit: int | None
     chat_template: str | None
     points: dict
+    max_response_bytes: int | None = None
+    offload: Offload = field(default_factory=lambda: Offload(2))
+
+    def budget(self) -> interp.Budget:
+        return interp.Budget(self.max_capture_bytes, self.max_response_bytes)
 
 
-# -- parsing and checking ------------------------------------------------------------------------------
-async def parse(request: Request, cls):
-    raw = await request.body()
+# -- parsing and checking (on the Offload threads) ----------------------------------------------------
+def parse(raw: bytes, cls):
     if not raw.strip():
         raise ServeError(400, "request body is empty; send a JSON object")
     try:
@@ -53,12 +65,17 @@ async def parse(request: Request, cls):
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         where = f" at line {e.lineno} column {e.colno}" if isinstance(e, json.JSONDecodeError) else ""
         raise ServeError(400, f"request body is not valid JSON ({getattr(e, 'msg', e)}{where})") from None
+    except RecursionError:
+        raise ServeError(400, "request body nests JSON arrays or objects too deep to parse; a request needs "
+                              "only a few levels") from None
     if not isinstance(obj, dict):
         raise ServeError(400, f"request body must be a JSON object, got a JSON {type(obj).__name__}")
     try:
         return cls.model_validate(obj)
     except ValidationError as e:
         raise from_validation(e) from None
+    except RecursionError:
+        raise ServeError(400, "request body nests JSON arrays or objects too deep to check") from None
 
 
 def check_model(ctx: Context, name: str | None) -> None:
@@ -70,11 +87,27 @@ def check_model(ctx: Context, name: str | None) -> None:
 def tokenize(ctx: Context, prompts: list) -> list[list[int]]:
     out = []
     for i, p in enumerate(prompts):
+        where = "prompt" if len(prompts) == 1 else f"prompt[{i}]"
+        if isinstance(p, str) and len(p) > ctx.runner.max_prompt_chars:
+            raise ServeError(400, f"{where}: {len(p)} characters cannot fit the {ctx.runner.max_model_len} "
+                                  f"positions this server's model takes (no token is longer than "
+                                  f"{ctx.runner.max_prompt_chars // ctx.runner.max_model_len} characters); "
+                                  f"send a shorter prompt", where)
         try:
             out.append(ctx.runner.tokenize(p))
         except Exception as e:
-            raise from_engine(e, "prompt" if len(prompts) == 1 else f"prompt[{i}]") from None
+            raise from_engine(e, where) from None
     return out
+
+
+def check_sampling(ctx: Context, req) -> None:
+    """What the engine would refuse late (or crash on): token ids outside the vocabulary."""
+    vocab = ctx.runner.limits.vocab_size
+    for i, t in enumerate(req.stop_token_ids or ()):
+        if t < 0 or (vocab is not None and t >= vocab):
+            raise ServeError(400, f"stop_token_ids[{i}]: {t} is not a token id of this model (0 .. {vocab - 1})"
+                             if vocab else f"stop_token_ids[{i}]: {t} is not a token id (ids are >= 0)",
+                             "stop_token_ids")
 
 
 def budget(ctx: Context, req, prompt_len: int, default: int | None) -> int:
@@ -96,9 +129,21 @@ def budget(ctx: Context, req, prompt_len: int, default: int | None) -> int:
     return n
 
 
-async def guarded(coro):
-    """Run one engine call: the engine's refusals become 400s naming what it refused (a strict steer
-    that touched nothing: its interp.steer entry)."""
+def steer_param(e: BaseException, asked: "interp.Asked | None") -> str | None:
+    """The request field of the steer an engine error is about (its message names the address)."""
+    if asked is None or not isinstance(e, SteeringError):
+        return None
+    msg = str(e)
+    for i, addr in enumerate(asked.steer_addresses):
+        if re.search(rf"(?<![\w.]){re.escape(addr)}(?![\w]|\.\w)", msg):
+            return f"interp.steer[{i}]"
+    return "interp.steer" if asked.steers else None
+
+
+async def guarded(coro, asked: "interp.Asked | None" = None):
+    """Run one engine call: the engine's refusals become 400s naming what it refused (a steer that
+    failed inside the forward, e.g. its result overflowed, or a strict steer that touched nothing,
+    names that steer)."""
     try:
         return await coro
     except ServeError:
@@ -107,7 +152,8 @@ async def guarded(coro):
         raise from_engine(e, f"interp.steer[{e.receipt.index}]") from None
     except Exception as e:
         if is_client_error(e) or (isinstance(e, ValueError) and not isinstance(e, UnicodeError)):
-            raise ServeError(400, str(e)) from None
+            param = steer_param(e, asked)
+            raise ServeError(400, f"{param}: {e}" if param else str(e), param) from None
         raise
 
 
@@ -169,7 +215,8 @@ class Gen:
         return text.finish(res, j.max_tokens, len(j.prompt), self.ctx.runner.max_model_len, r.stop,
                            r.stop_token_ids, tok.eos_token_id, r.ignore_eos)
 
-    def interp_block(self, i: int, res, rows_payload: dict | None = None) -> dict | None:
+    def interp_block(self, i: int, res, rows_payload: dict | None = None,
+                     budget: interp.Budget | None = None) -> dict | None:
         if self.req.interp is None:
             return None
         block = {"prompt_token_ids": self.prompts[i], "token_ids": res.new_tokens.tolist(),
@@ -177,10 +224,27 @@ class Gen:
         if self.asked.spec is not None:
             if rows_payload is None:
                 rows_payload, n = interp.payload(self.asked.spec, res.cache, len(self.prompts[i]), fed(res),
-                                                 limit=self.ctx.max_capture_bytes)
+                                                 budget=budget or self.ctx.budget())
                 self.ctx.metrics.capture_bytes += n
             block.update(rows_payload)
         return block
+
+    def response(self, results) -> bytes:
+        """The non-streamed answer, encoded (on an Offload thread)."""
+        choices, budget = [], self.ctx.budget()
+        for i, res in enumerate(results):
+            out, reason, stop_reason = self.finish(i, res)
+            c = {"index": i, "logprobs": None, "finish_reason": reason, "stop_reason": stop_reason}
+            if self.chat:
+                c["message"] = {"role": "assistant", "content": out}
+            else:
+                c["text"] = out
+            block = self.interp_block(i, res, budget=budget)
+            if block is not None:
+                c["interp"] = block
+            choices.append(c)
+        return dumps({"id": self.rid, "object": "chat.completion" if self.chat else "text_completion",
+                      "created": self.created, "model": self.model, "choices": choices, "usage": self.usage(results)})
 
     def usage(self, results) -> dict:
         p = sum(len(x) for x in self.prompts)
@@ -211,12 +275,17 @@ class Gen:
         return c
 
 
-async def generation(request: Request, cls, chat: bool):
-    ctx: Context = request.app.state.ctx
-    req = await parse(request, cls)
+def dumps(obj) -> bytes:
+    return json.dumps(obj, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode()
+
+
+def prepare(ctx: Context, raw: bytes, cls, chat: bool) -> Gen:
+    """A generation request parsed and checked in full (on an Offload thread)."""
+    req = parse(raw, cls)
     check_model(ctx, req.model)
+    check_sampling(ctx, req)
     if chat:
-        prompts = [text.chat_ids(ctx.runner.tokenizer, req.messages, ctx.chat_template, req.add_generation_prompt,
+        prompts = [text.chat_ids(ctx.runner, req.messages, ctx.chat_template, req.add_generation_prompt,
                                  req.chat_template_kwargs)]
         try:
             ctx.runner.tokenize(prompts[0])
@@ -230,31 +299,23 @@ async def generation(request: Request, cls, chat: bool):
     keys = interp.canonical(ctx.runner, asked.points)
     rows = bool(req.stream and asked.wants_rows)
     jobs = [Job(p, n, asked.points, asked.steers, sampling, rows, asked.strict) for p, n in zip(prompts, budgets)]
-    g = Gen(ctx, req, chat, prompts, jobs, asked, keys, f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}",
-            int(time.time()))
-    ticket = ctx.admission.enter(len(jobs))
-    if req.stream:
+    return Gen(ctx, req, chat, prompts, jobs, asked, keys, f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}",
+               int(time.time()))
+
+
+async def generation(request: Request, cls, chat: bool):
+    ctx: Context = request.app.state.ctx
+    g = await ctx.offload(prepare, ctx, await request.body(), cls, chat)
+    ticket = ctx.admission.enter(len(g.jobs))
+    if g.req.stream:
         return Stream(stream_events(g), ticket)
     try:
-        results = await gather_all(guarded(ctx.runner.generate(j)) for j in jobs)
+        results = await unless_gone(request, gather_all(guarded(ctx.runner.generate(j), g.asked) for j in g.jobs))
     finally:
         ticket.release()
-    ctx.metrics.prompt_tokens += sum(map(len, prompts))
+    ctx.metrics.prompt_tokens += sum(map(len, g.prompts))
     ctx.metrics.generation_tokens += sum(r.new_tokens.shape[0] for r in results)
-    choices = []
-    for i, res in enumerate(results):
-        out, reason, stop_reason = g.finish(i, res)
-        c = {"index": i, "logprobs": None, "finish_reason": reason, "stop_reason": stop_reason}
-        if chat:
-            c["message"] = {"role": "assistant", "content": out}
-        else:
-            c["text"] = out
-        block = g.interp_block(i, res)
-        if block is not None:
-            c["interp"] = block
-        choices.append(c)
-    return JSONResponse({"id": g.rid, "object": "chat.completion" if chat else "text_completion", "created": g.created,
-                         "model": g.model, "choices": choices, "usage": g.usage(results)})
+    return Response(await ctx.offload(g.response, results), media_type="application/json")
 
 
 async def merged(gens: list):
@@ -291,18 +352,29 @@ async def merged(gens: list):
             t.cancel()
 
 
+async def guarded_stream(events, asked: interp.Asked):
+    """A runner's stream whose engine refusals are 400s naming the field (as `guarded`)."""
+    async with contextlib.aclosing(events) as it:
+        while True:
+            try:
+                ev = await guarded(it.__anext__(), asked)
+            except StopAsyncIteration:
+                return
+            yield ev
+
+
 async def stream_events(g: Gen):
     """The SSE body: a chunk per token (text deltas that add up to the final text), capture rows as
     the engine produces them, then the finish reason and the interp block, usage, [DONE]."""
     ctx, req = g.ctx, g.req
     detoks = [text.Detok(ctx.runner.tokenizer, req.stop) for _ in g.jobs]
-    rows = [interp.StreamRows(g.asked.spec, g.keys, len(p), ctx.max_capture_bytes) if g.asked.wants_rows else None
+    rows = [interp.StreamRows(g.asked.spec, g.keys, len(p), ctx.budget()) if g.asked.wants_rows else None
             for p in g.prompts]
     results: list = [None] * len(g.jobs)
     try:
         if g.chat:
             yield sse(g.chunk([g.choice_delta(i, "", role=True) for i in range(len(g.jobs))]))
-        async for i, ev in merged([ctx.runner.stream(j) for j in g.jobs]):
+        async for i, ev in merged([guarded_stream(ctx.runner.stream(j), g.asked) for j in g.jobs]):
             delta = detoks[i].push(ev.token)
             block = None
             if rows[i] is not None and ev.rows:
@@ -318,9 +390,10 @@ async def stream_events(g: Gen):
             delta += detoks[i].final(res.text)
             final_rows = None
             if rows[i] is not None:
-                final_rows, n = rows[i].final(res.cache, fed(res))
+                final_rows, n = await ctx.offload(rows[i].final, res.cache, fed(res))
                 ctx.metrics.capture_bytes += n
-            yield sse(g.chunk([g.choice_delta(i, delta, reason, stop_reason, g.interp_block(i, res, final_rows))]))
+            block = await ctx.offload(g.interp_block, i, res, final_rows)
+            yield sse(g.chunk([g.choice_delta(i, delta, reason, stop_reason, block)]))
         ctx.metrics.prompt_tokens += sum(map(len, g.prompts))
         ctx.metrics.generation_tokens += sum(r.new_tokens.shape[0] for r in results)
         if req.stream_options is not None and req.stream_options.include_usage:
@@ -339,36 +412,54 @@ async def stream_events(g: Gen):
 
 
 # -- capture -----------------------------------------------------------------------------------------------
-async def capture(request: Request):
-    ctx: Context = request.app.state.ctx
-    req = await parse(request, CaptureRequest)
+def prepare_capture(ctx: Context, raw: bytes):
+    req = parse(raw, CaptureRequest)
     check_model(ctx, req.model)
     prompts = tokenize(ctx, req.prompt)
+    room = ctx.runner.forward_room
+    for i, p in enumerate(prompts):
+        if ctx.runner.max_model_len is not None and len(p) + room > ctx.runner.max_model_len:
+            where = "prompt" if len(prompts) == 1 else f"prompt[{i}]"
+            raise ServeError(400, f"{where}: its {len(p)} tokens fill all {ctx.runner.max_model_len} positions "
+                                  f"this server's model takes (max_model_len); backend {ctx.runner.backend!r} "
+                                  f"runs a forward only over a prompt of at most {ctx.runner.max_model_len - room} "
+                                  f"tokens (one position stays for the next token)", where)
     asked = interp.check(ctx.runner, req.interp, [(len(p), 0) for p in prompts])
     if asked.spec is None and not req.return_logits:
         raise ServeError(400, "interp.capture: nothing to return; give interp.capture points, or return_logits: true",
                          "interp.capture")
+    return req, prompts, asked
+
+
+def capture_response(ctx: Context, req, prompts, asked, results) -> tuple[bytes, int]:
     spec = asked.spec or CaptureSpec.model_construct(points=[], positions="all", reduction="none", encoding="base64")
-    ticket = ctx.admission.enter(len(prompts))
-    try:
-        results = await gather_all(guarded(ctx.runner.capture(p, asked.points, asked.steers, req.return_logits,
-                                                              asked.strict)) for p in prompts)
-    finally:
-        ticket.release()
-    data, total = [], 0
+    data, budget = [], ctx.budget()
     for i, (p, (cache, logits, receipts)) in enumerate(zip(prompts, results)):
-        item, n = interp.payload(spec, cache, len(p), len(p), limit=ctx.max_capture_bytes - total)
-        total += n
+        item, _ = interp.payload(spec, cache, len(p), len(p), budget=budget)
         item = {"index": i, "prompt_token_ids": p, **item, "receipts": interp.receipts(receipts)}
         if logits is not None:
-            lg, n = interp.payload(spec, {"logits": logits}, len(p), len(p), limit=ctx.max_capture_bytes - total)
-            total += n
+            lg, _ = interp.payload(spec, {"logits": logits}, len(p), len(p), budget=budget)
             item["logits"] = lg["captures"]["logits"]
         data.append(item)
+    n = sum(map(len, prompts))
+    return dumps({"object": "capture", "model": ctx.served[0], "data": data,
+                  "usage": {"prompt_tokens": n, "total_tokens": n}}), budget.raw_used
+
+
+async def capture(request: Request):
+    ctx: Context = request.app.state.ctx
+    req, prompts, asked = await ctx.offload(prepare_capture, ctx, await request.body())
+    ticket = ctx.admission.enter(len(prompts))
+    try:
+        results = await unless_gone(request, gather_all(
+            guarded(ctx.runner.capture(p, asked.points, asked.steers, req.return_logits, asked.strict), asked)
+            for p in prompts))
+    finally:
+        ticket.release()
+    body, nbytes = await ctx.offload(capture_response, ctx, req, prompts, asked, results)
     ctx.metrics.prompt_tokens += sum(map(len, prompts))
-    ctx.metrics.capture_bytes += total
-    return JSONResponse({"object": "capture", "model": ctx.served[0], "data": data,
-                         "usage": {"prompt_tokens": sum(map(len, prompts)), "total_tokens": sum(map(len, prompts))}})
+    ctx.metrics.capture_bytes += nbytes
+    return Response(body, media_type="application/json")
 
 
 # -- the rest ---------------------------------------------------------------------------------------------
@@ -394,7 +485,7 @@ def register(app: FastAPI) -> None:
             {"id": n, "object": "model", "created": int(ctx.metrics.started), "owned_by": "interp-engine",
              "root": ctx.runner.name, "max_model_len": ctx.runner.max_model_len} for n in ctx.served]})
 
-    @app.get("/health")
+    @app.api_route("/health", methods=["GET", "HEAD"])
     async def health(request: Request):
         ctx: Context = request.app.state.ctx
         why = await ctx.runner.problem()

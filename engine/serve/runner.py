@@ -15,7 +15,10 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import math
 import signal
+import threading
+import time
 from dataclasses import dataclass
 from typing import AsyncIterator
 
@@ -64,14 +67,26 @@ def _knobs(s: dict) -> dict:
     return s
 
 
+def longest_token(tokenizer) -> int:
+    """Characters in the longest vocabulary entry: no token decodes to more (byte-level and
+    SentencePiece entries spell each byte or character with at least one character)."""
+    vocab = tokenizer.get_vocab() if tokenizer is not None else {}
+    return max(map(len, vocab), default=0) or 64
+
+
 class Runner:
     backend: str
+    forward_room = 0  # positions a forward over a prompt needs beyond it (vLLM: one, for the next token)
 
     def __init__(self, model):
         self.model = model
         self.name = model.name
         self.tokenizer = model.tokenizer
+        self.tokenizer_lock = threading.Lock()  # requests are tokenized on several threads (routes.Offload)
         self.limits = limits_of(self.catalogue)
+        # a prompt longer than this in characters cannot fit max_model_len tokens: refused before tokenizing
+        n = self.max_model_len
+        self.max_prompt_chars = math.inf if n is None else n * longest_token(self.tokenizer)
 
     @property
     def catalogue(self):
@@ -84,7 +99,8 @@ class Runner:
 
     # -- checks (the engine's own) ------------------------------------------------------------------
     def tokenize(self, prompt) -> list[int]:
-        return token_rows(prompt, self.tokenizer, self.limits, one=True)[0]
+        with self.tokenizer_lock:
+            return token_rows(prompt, self.tokenizer, self.limits, one=True)[0]
 
     def check_point(self, p: str):
         return self.catalogue.expand([p])
@@ -124,9 +140,15 @@ class Runner:
 
 
 class VLLMRunner(Runner):
+    forward_room = 1
+    PROBE_EVERY_S = 5.0  # /health runs at most one probe request per interval and reuses its verdict
+
     def __init__(self, model):
         self.backend = model.backend
         super().__init__(model)
+        self.unfinite: str | None = None  # sticky: once the engine computes inf / NaN it stays unhealthy
+        self._probed = (-math.inf, None)  # (when, verdict)
+        self._probe_lock: asyncio.Lock | None = None
         # the model runs in vLLM's own processes; here torch only cuts and copies small captures, and a
         # thread pool for that (waiting on busy cores) made each response's slicing ~20x slower
         torch.set_num_threads(1)
@@ -169,7 +191,31 @@ class VLLMRunner(Runner):
             await self.catalogue.engine.check_health()
         except Exception as e:
             return f"the vLLM engine is down ({type(e).__name__}: {e})"
-        return None
+        return await self._probe()
+
+    async def _probe(self) -> str | None:
+        """Whether the engine still computes finite logits: one greedy token of a short prompt (a
+        KV-cache block holding inf / NaN poisons every later request that gets it; this is the check
+        that sees it), at most once per PROBE_EVERY_S."""
+        if self.unfinite:
+            return self.unfinite
+        self._probe_lock = self._probe_lock or asyncio.Lock()
+        async with self._probe_lock:
+            when, verdict = self._probed
+            if time.monotonic() - when < self.PROBE_EVERY_S:
+                return verdict
+            ids = [i % (self.limits.vocab_size or 2) for i in range(1, 9)]
+            try:
+                (res,) = await asyncio.wait_for(self.model.aio.generate_batch(
+                    [Request(ids, 1, (), (), {"temperature": 0.0})], return_logits=True), 60)
+                verdict = None
+                if res.logits is None or not bool(torch.isfinite(res.logits).all()):
+                    verdict = self.unfinite = ("the engine computes inf or NaN logits for a plain prompt (a request "
+                                               "left non-finite values in its KV cache); restart the server")
+            except Exception as e:
+                verdict = f"a probe request failed ({type(e).__name__}: {e})"
+            self._probed = (time.monotonic(), verdict)
+            return verdict
 
     def serve(self, coro, server) -> None:
         """On the model's own loop (see the module docstring); uvicorn leaves signals alone off the

@@ -9,9 +9,19 @@ silently return nothing.
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    create_model,
+    field_validator,
+    model_validator,
+)
 
 from engine.core import positions as engine_positions
 from engine.core.address import parse
@@ -19,9 +29,12 @@ from engine.core.points import ALIASES, BY_NAME
 from engine.core.steering import Steer
 from engine.serve import encoding
 
+INT32 = (1 << 31) - 1  # counts vLLM keeps in int32 (a bigger one would fail inside the engine, not here)
+
 
 class Body(BaseModel):
-    model_config = ConfigDict(extra="forbid", arbitrary_types_allowed=True)
+    # allow_inf_nan: JSON's Infinity / NaN (which Python's parser accepts) is never a valid number here
+    model_config = ConfigDict(extra="forbid", arbitrary_types_allowed=True, allow_inf_nan=False)
 
 
 def positions_in(p):
@@ -57,33 +70,37 @@ class CaptureSpec(Body):
         return positions_in(v)
 
 
-class SteerSpec(Body):
-    """One engine.core.steering.Steer in JSON. value: a number (scale), nested lists, or a tensor object
-    (engine/serve/encoding.py)."""
-    address: str
-    op: str = "add"
-    value: Any = None
-    positions: Any = "all"
+# engine.core.steering.Steer's own fields (those a request sets), each a JSON field of a steer; the ones JSON
+# cannot carry directly are converted here. Generated from dataclasses.fields(Steer): a field added there
+# is served here, and Steer itself checks every value (one validation).
+_STEER_FIELDS = [f for f in dataclasses.fields(Steer) if not f.metadata.get("engine")]
+_STEER_JSON = {"value": encoding.value_in, "positions": positions_in}
+_STEER_TYPES = {"address": str, "op": str}
+
+
+class _SteerBody(Body):
     _steer: Steer | None = PrivateAttr(default=None)
-
-    @field_validator("value")
-    @classmethod
-    def _value(cls, v):
-        return encoding.value_in(v)
-
-    @field_validator("positions")
-    @classmethod
-    def _positions(cls, v):
-        return positions_in(v)
 
     @model_validator(mode="after")
     def _build(self):
-        self._steer = Steer(self.address, self.op, self.value, self.positions)
+        self._steer = Steer(**{f.name: getattr(self, f.name) for f in _STEER_FIELDS})
         return self
 
     @property
     def steer(self) -> Steer:
         return self._steer
+
+
+def _json_in(conv):
+    return classmethod(lambda cls, v: v if v is None else conv(v))
+
+
+SteerSpec: Any = create_model(  # type: ignore[call-overload]
+    "SteerSpec", __base__=_SteerBody, __doc__="One engine.core.steering.Steer in JSON (its fields, by name). value: a "
+    "number (scale), nested lists, or a tensor object (engine/serve/encoding.py); bounds: [min, max].",
+    __validators__={f"_in_{k}": field_validator(k)(_json_in(conv)) for k, conv in _STEER_JSON.items()},
+    **{f.name: (_STEER_TYPES.get(f.name, Any), ... if f.default is dataclasses.MISSING else f.default)
+       for f in _STEER_FIELDS})
 
 
 class Interp(Body):
@@ -129,19 +146,19 @@ class Sampling(Body):
     min_tokens, ignore_eos, repetition_penalty, stop_token_ids). temperature defaults to 1.0 as in
     OpenAI's API; pass 0 for greedy."""
     model: str
-    max_tokens: int | None = Field(None, ge=1)
-    temperature: float | None = Field(None, ge=0)
+    max_tokens: int | None = Field(None, ge=1, le=INT32)
+    temperature: float | None = Field(None, ge=0, le=100)  # above ~100 sampling is uniform; 1e308 overflows
     top_p: float | None = Field(None, gt=0, le=1)
-    top_k: int | None = Field(None, ge=-1)
+    top_k: int | None = Field(None, ge=-1, le=INT32)
     min_p: float | None = Field(None, ge=0, le=1)
-    seed: int | None = None
+    seed: int | None = Field(None, ge=-(1 << 63), le=(1 << 63) - 1)  # what vLLM's int64 seed takes
     stop: str | list[str] | None = None
     stop_token_ids: list[int] | None = None
     presence_penalty: float | None = Field(None, ge=-2, le=2)
     frequency_penalty: float | None = Field(None, ge=-2, le=2)
     repetition_penalty: float | None = Field(None, gt=0)
     ignore_eos: bool = False
-    min_tokens: int = Field(0, ge=0)
+    min_tokens: int = Field(0, ge=0, le=INT32)
     n: int = 1
     stream: bool = False
     stream_options: StreamOptions | None = None
@@ -211,7 +228,7 @@ class Message(Body):
 
 class ChatRequest(Sampling):
     messages: list[Message] = Field(min_length=1)
-    max_completion_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: int | None = Field(None, ge=1, le=INT32)
     add_generation_prompt: bool = True
     chat_template_kwargs: dict | None = None
     logprobs: bool = False

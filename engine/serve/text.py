@@ -6,9 +6,11 @@ from __future__ import annotations
 from engine.serve.errors import ServeError
 
 
-def chat_ids(tokenizer, messages, template: str | None, add_generation_prompt: bool, kwargs: dict | None) -> list[int]:
+def chat_ids(runner, messages, template: str | None, add_generation_prompt: bool, kwargs: dict | None) -> list[int]:
     """Token ids of a conversation: the chat template renders it, the text is tokenized without
-    adding special tokens again (as vLLM does)."""
+    adding special tokens again (as vLLM does); a text too long in characters to fit the model is
+    refused before it is tokenized."""
+    tokenizer = runner.tokenizer
     tmpl = template or getattr(tokenizer, "chat_template", None)
     if not tmpl:
         raise ServeError(400, "messages: this model's tokenizer has no chat template; start the server with "
@@ -20,7 +22,17 @@ def chat_ids(tokenizer, messages, template: str | None, add_generation_prompt: b
     except Exception as e:  # a template that raises (e.g. roles out of order) is the request's fault
         raise ServeError(400, f"messages: the chat template refused this conversation ({type(e).__name__}: {e})",
                          "messages") from None
-    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+    if len(text) > runner.max_prompt_chars:
+        raise ServeError(400, f"messages: the conversation is {len(text)} characters, which cannot fit the "
+                              f"{runner.max_model_len} positions this server's model takes; send less", "messages")
+    with runner.tokenizer_lock:
+        return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def whole_chars(text: str) -> str:
+    """The text without the replacement characters that an incomplete UTF-8 sequence at its end
+    decodes to (a generation cut mid-character ends there, as vLLM's own server answers)."""
+    return text.rstrip("\ufffd")
 
 
 def cut(text: str, stops: list[str] | None) -> tuple[str, str | None]:
@@ -54,7 +66,7 @@ class Detok:
 
     def final(self, text: str) -> str:
         """The rest, given the final (uncut) text of the whole sequence."""
-        return self._advance(cut(text, self.stops)[0])
+        return self._advance(cut(whole_chars(text), self.stops)[0])
 
     def _advance(self, text: str) -> str:
         if len(text) <= len(self.sent) or not text.startswith(self.sent):
@@ -66,7 +78,7 @@ class Detok:
 def finish(result, max_tokens: int, prompt_len: int, max_model_len: int | None, stops, stop_token_ids,
            eos_id: int | None, ignore_eos: bool = False) -> tuple[str, str, "str | int | None"]:
     """(text, finish_reason, stop_reason) of a finished sequence, as vLLM's server reports them."""
-    text, hit = cut(result.text, stops)
+    text, hit = cut(whole_chars(result.text), stops)
     toks = result.new_tokens.tolist()
     if hit is not None:
         return text, "stop", hit

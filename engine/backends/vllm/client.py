@@ -41,7 +41,7 @@ from engine.core.results import (
     pad_rows,
 )
 from engine.core.steer_checks import validate_steers
-from engine.core.steering import OPS, Steer
+from engine.core.steering import OPS, NonFiniteSteer, Steer
 from engine.core.tokens import TokensMixin, special_ids
 from engine.model.base import ModelBase
 from engine.model.capabilities import Verdict, refused
@@ -52,6 +52,8 @@ NO_CAPTURE = ("vllm-generate is stock vLLM: no capture, no steering, no logit le
 
 
 StreamEvent = StreamStep  # the earlier name of one streamed step
+# a worker's failure of one request that is the request's own fault (a steer): re-raised as that class
+_REQUEST_FAULTS = {c.__name__: c for c in (NonFiniteSteer, SteeringError)}
 
 
 def _logprobs(entry, token: int, n: int) -> tuple:
@@ -279,17 +281,18 @@ class AsyncVLLMModel(ModelBase, TokensMixin):
         `hold` is set, when given: a stream reads the plans' rows step by step until then)."""
         keys = keys or [uuid.uuid4().hex for _ in built]
         active = [(k, p) for k, (p, _) in zip(keys, built) if self._needs_worker(p)]
-        if active:
-            await self._rpc("interp_register", [vllm_wire.plan_out(p, k) for k, p in active])
-        try:
+        try:  # registered inside: a request cancelled while the register RPC is in flight is still collected
+            if active:
+                await self._rpc("interp_register", [vllm_wire.plan_out(p, k) for k, p in active])
             outs = await asyncio.gather(*(self._submit(p, kw, k, on_output) for k, (p, kw) in zip(keys, built)))
             if hold is not None:
                 await hold.wait()
         finally:
             collected = {}
-            if active:
-                per_rank = await self._rpc("interp_collect", [k for k, _ in active],
-                                           [want_logits and Address("final_norm") in p.internal for _, p in active])
+            if active:  # shielded: a second cancellation must not leave the plans registered
+                per_rank = await asyncio.shield(self._rpc(
+                    "interp_collect", [k for k, _ in active],
+                    [want_logits and Address("final_norm") in p.internal for _, p in active]))
                 for i, (k, _) in enumerate(active):
                     collected[k] = [rank[i] for rank in per_rank]
         return [self._result(p, out, collected.get(k), want_logits, prefill) for k, (p, _), out in zip(keys, built, outs)]
@@ -322,6 +325,9 @@ class AsyncVLLMModel(ModelBase, TokensMixin):
                 raise EngineError(f"a worker lost this request's plan: {bad[0]}")
             failed = [r["failed"] for r in ranks if "failed" in r]
             if failed:
+                kind, _, why = failed[0].partition(": ")
+                if kind in _REQUEST_FAULTS:  # the request's own input (a steer), not the engine: say so
+                    raise _REQUEST_FAULTS[kind](f"{why} (this request alone failed; others are unaffected)")
                 raise EngineError(f"this request failed inside the vLLM worker ({failed[0]}); other requests "
                                   f"and the engine are unaffected.")
         new = torch.tensor(list(out.outputs[0].token_ids), dtype=torch.long)

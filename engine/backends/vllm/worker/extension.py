@@ -233,7 +233,7 @@ class WorkerState:
     def _end(self, module, args, output):
         try:
             if self.step is not None and self.taps is not None:
-                self.taps.after(self.step, self.work)
+                self.taps.after(self.step, self.work, _failed)
         except Exception as e:
             for sp in self.step.spans:
                 _failed(sp.plan, e)
@@ -363,6 +363,10 @@ class InterpWorker:
     def interp_register(self, plans: list) -> bool:
         self._interp.register(plans)
         return True
+
+    def interp_plans(self) -> list:
+        """Keys of the plans this rank holds (registered, not collected yet)."""
+        return list(self._interp.plans)
 
     def interp_collect(self, keys: list, logits: list) -> list:
         return self._interp.collect(keys, logits)

@@ -2,14 +2,16 @@
 
 Each tap owns preallocated `[max_tokens, width]` buffers registered on the module it wraps: `cap`
 (the forward copies the point into it) and, for write taps, `pre` (the point before the write),
-`u`, `mul`, `add` (the forward applies y = (x - (x.u) u) * mul + add). The wrapper is installed
-between weight loading and compilation, so torch.compile (CPU) and CUDA graphs (GPU) capture plain
-tensor ops on buffers with fixed addresses and no Python, no data-dependent control flow. Between
-steps, Python fills the write buffers for each steering request's rows (identity elsewhere) and
-copies each capturing request's rows out of `cap`. That per-row affine form composes add / set /
-scale / ablate / mean_ablate / swap in any order (values per position too: each row gets its own),
-and project_out (rescale with coeff 0) when it comes first at a tap. Ops it cannot express (their
-`static` entry in engine.core.steering.OPS says why) are refused by name before a request runs.
+`u`, `mul`, `add` (the forward applies y = (x - (x.u) u) * mul + add) and `bad` ([max_tokens, 1]:
+a row whose y is not finite keeps x, flagged there, and its request fails after the step; nothing
+non-finite reaches the KV cache). The wrapper is installed between weight loading and compilation,
+so torch.compile (CPU) and CUDA graphs (GPU) capture plain tensor ops on buffers with fixed
+addresses and no Python, no data-dependent control flow. Between steps, Python fills the write
+buffers for each steering request's rows (identity elsewhere) and copies each capturing request's
+rows out of `cap`. That per-row affine form composes add / set / scale / ablate / mean_ablate / swap
+in any order (values per position too: each row gets its own), and project_out (rescale with coeff
+0) when it comes first at a tap. Ops it cannot express (their `static` entry in
+engine.core.steering.OPS says why) are refused by name before a request runs.
 
 Receipts: after each step, the steering requests' rows of `pre` go through the same steer routine
 as the hooked backends (engine.core.plan.steer_span), outside the graph, which tallies each steer's rows
@@ -25,7 +27,7 @@ import torch
 from engine.backends.vllm.worker.tree import VSite
 from engine.core.errors import SteeringError
 from engine.core.plan import Step, steer_span
-from engine.core.steering import OPS, values_at
+from engine.core.steering import OPS, NonFiniteSteer, values_at
 
 
 class Tap:
@@ -35,7 +37,7 @@ class Tap:
         self.name, self.site, self.width, self.rows, self.writable = name, site, width, rows, writable
         self.dirty = False
         mod, p = site.module, f"_interp_tap{index}"
-        self.attrs = {k: f"{p}_{k}" for k in ("cap", "pre", "u", "mul", "add")}
+        self.attrs = {k: f"{p}_{k}" for k in ("cap", "pre", "u", "mul", "add", "bad")}
         def buffer(k, fill):
             mod.register_buffer(self.attrs[k], torch.full((rows, width), fill, device=device, dtype=dtype),
                                 persistent=False)
@@ -45,6 +47,8 @@ class Tap:
             buffer("u", 0.0)
             buffer("mul", 1.0)
             buffer("add", 0.0)
+            mod.register_buffer(self.attrs["bad"], torch.zeros((rows, 1), device=device, dtype=dtype),
+                                persistent=False)
         self._wrap()
 
     def buf(self, k: str) -> torch.Tensor:
@@ -52,7 +56,7 @@ class Tap:
 
     @property
     def nbytes(self) -> int:
-        names = ("cap", "pre", "u", "mul", "add") if self.writable else ("cap",)
+        names = ("cap", "pre", "u", "mul", "add", "bad") if self.writable else ("cap",)
         return sum(self.buf(k).nbytes for k in names)
 
     def _wrap(self) -> None:
@@ -65,8 +69,13 @@ class Tap:
             if writable:
                 getattr(mod, names["pre"])[:n].copy_(x)
                 u = getattr(mod, names["u"])[:n]
-                x = x - (x * u).sum(-1, keepdim=True) * u
-                x = x * getattr(mod, names["mul"])[:n] + getattr(mod, names["add"])[:n]
+                y = x - (x * u).sum(-1, keepdim=True) * u
+                y = y * getattr(mod, names["mul"])[:n] + getattr(mod, names["add"])[:n]
+                # a row the steer made non-finite keeps its unsteered value (it must never reach the KV
+                # cache) and is flagged for after() to fail its request
+                ok = torch.isfinite(y).all(-1, keepdim=True) | ~torch.isfinite(x).all(-1, keepdim=True)
+                getattr(mod, names["bad"])[:n].copy_((~ok).to(y.dtype))
+                x = torch.where(ok, y, x)
             getattr(mod, names["cap"])[:n].copy_(x)
             return x.reshape(t.shape)
 
@@ -189,7 +198,7 @@ class StaticTaps:
             if not tap.writable:
                 continue
             writes = work[name].writes if name in work else {}
-            todo = [(sp, st) for sp in step.spans for _, st in writes.get(sp.plan.key, ())]
+            todo = [(sp, st) for sp in step.spans if sp.plan.error is None for _, st in writes.get(sp.plan.key, ())]
             if not todo and not tap.dirty:
                 continue
             tap.reset()
@@ -201,14 +210,28 @@ class StaticTaps:
                     tap.fill((idx + sp.a).to(tap.buf("mul").device), st, self.head_dim[name], v)
             tap.dirty = bool(todo)
 
-    def after(self, step: Step, work: dict) -> None:
-        """Tally the receipts of this step's steers from the `pre` rows, and copy each capturing plan's
-        rows out of the capture buffers (CPU copies)."""
+    def after(self, step: Step, work: dict, on_error=None) -> None:
+        """Fail each plan whose steer made a row non-finite at a tap (on_error(plan, exc); the tap
+        kept the unsteered row), tally the receipts of this step's steers from the `pre` rows, and copy
+        each capturing plan's rows out of the capture buffers (CPU copies)."""
+        for name, w in work.items():
+            tap = self.taps[name]
+            if not w.writes or not tap.writable or on_error is None:
+                continue
+            bad = tap.buf("bad")
+            for sp in step.spans:
+                sts = [st for _, st in w.writes.get(sp.plan.key, ())]
+                if sts and sp.plan.error is None and bool(bad[sp.a:sp.b].any()):
+                    dtype = str(bad.dtype).replace("torch.", "")
+                    on_error(sp.plan, NonFiniteSteer(
+                        f"{sts[0].op!r} at {sts[0].address} produced inf or NaN in the model's {dtype} "
+                        f"(the steered activation overflows, or its value does not fit that dtype); the request "
+                        f"was stopped before it reached the rest of the model; give smaller values."))
         for name, w in work.items():
             tap = self.taps[name]
             for sp in step.spans if w.writes and tap.writable else ():
                 writes = w.writes.get(sp.plan.key)
-                if writes:  # tallies only: the graph already applied them
+                if writes and sp.plan.error is None:  # tallies only: the graph already applied them
                     rows = tap.buf("pre")[sp.a:sp.b].reshape(sp.b - sp.a, *self.shape_of(name))
                     steer_span(sp, writes, rows)
             if not w.reads:
