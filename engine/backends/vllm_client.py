@@ -13,6 +13,7 @@ vLLM's continuous batch carrying the plan's key, and the captures come back when
 from __future__ import annotations
 
 import asyncio
+import functools
 import uuid
 
 import torch
@@ -23,7 +24,7 @@ from engine.backends import vllm_attn, vllm_wire
 from engine.backends.vllm_catalogue import HEADED, VLLMCatalogue
 from engine.backends.vllm_rows import EXTRA_KEY
 from engine.errors import AddressError, EngineError, SteeringError, UnsupportedPointError
-from engine.inputs import limits_of, token_rows
+from engine.inputs import limits_of, new_tokens, row_label, token_rows
 from engine.model_base import ModelBase
 from engine.plan import Plan
 from engine.points import INTEGER_POINTS
@@ -39,6 +40,24 @@ NO_CAPTURE = ("vllm-generate is stock vLLM: no capture, no steering, no logit le
 
 
 StreamEvent = StreamStep  # the earlier name of one streamed step
+
+
+def _on_home_loop(method):
+    """A coroutine method that runs on the model's own loop (where vLLM's AsyncLLM and its output
+    handler live), awaited from whichever event loop calls it."""
+    @functools.wraps(method)
+    async def call(self, *args, **kw):
+        if self._home is None:
+            return await method(self, *args, **kw)
+        self._live()
+        return await self._home.hop(method(self, *args, **kw))
+    return call
+
+
+def check_logprobs(n) -> int:
+    if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+        raise ValueError(f"logprobs is how many top log-probabilities each step carries (an int >= 0), got {n!r}.")
+    return n
 
 
 def _logprobs(entry, token: int, n: int) -> tuple:
@@ -59,9 +78,12 @@ def _step_rows(rows: dict, prompt_len: int, index: int) -> dict:
 
 
 class AsyncVLLMModel(ModelBase, TokensMixin):
-    """Capture and steering on a vLLM engine, async. Built by engine.backends.vllm_backend.load."""
+    """Capture and steering on a vLLM engine, async. Built by engine.backends.vllm_backend.load, on
+    `home` (engine/backends/vllm_runtime.Loop): its coroutines run there, awaited from any loop."""
 
-    def __init__(self, name, backend, source, path, engine, catalogue: VLLMCatalogue | None, config, tokenizer):
+    def __init__(self, name, backend, source, path, engine, catalogue: VLLMCatalogue | None, config, tokenizer,
+                 home=None):
+        self._home = home
         self.name, self.backend, self.source, self.path = name, backend, source, path
         self.engine, self.catalogue, self.config, self.tokenizer = engine, catalogue, config, tokenizer
         self.n_layers = catalogue.n_layers if catalogue else config.num_hidden_layers
@@ -188,7 +210,8 @@ class AsyncVLLMModel(ModelBase, TokensMixin):
         """A request's plan and sampling params. prefill: a forward over the prompt (run_with_cache):
         every prompt position computed, logits at each; else logits of each new token. The request
         is sequence `row` of a call of `n_rows` (batch values and masks are cut to its row)."""
-        prompt = self._prompt_ids(req.prompt)
+        n_new = None if prefill else new_tokens(req.max_new_tokens)
+        prompt = self._prompt_ids(req.prompt, n_new)
         caps = self.expand(req.points) if req.points else []
         if caps:
             self._refuse_if_generate("capture")
@@ -207,10 +230,11 @@ class AsyncVLLMModel(ModelBase, TokensMixin):
             plan.internal.append(Address("final_norm"))
             if not prefill and Address("final_norm") not in plan.captures:
                 plan.start_at["final_norm"] = len(prompt) - 1
-        plan.check_positions(0 if prefill else req.max_new_tokens)
+        plan.check_positions(0 if prefill else n_new, row_label(row, n_rows))
         plan.salted = self._salted(plan, prefill)
         # min_tokens bans end-of-sequence until max_new_tokens, as eager's min_new_tokens does
-        params = dict(max_tokens=req.max_new_tokens, min_tokens=req.max_new_tokens)
+        n_new = n_new or 1  # a capture generates one token (vLLM always does)
+        params = dict(max_tokens=n_new, min_tokens=n_new)
         params.update(Sampling.parse(req.sampling, self.backend).vllm())
         return plan, params
 
@@ -227,16 +251,17 @@ class AsyncVLLMModel(ModelBase, TokensMixin):
         return bool(plan.captures or plan.steers or getattr(plan, "derived", None) or prefill)
 
     # -- tokens ------------------------------------------------------------------------------------
-    def _prompt_ids(self, prompt) -> list[int]:
-        """One prompt's validated token ids (engine/inputs.py)."""
-        return token_rows(prompt, self.tokenizer, limits_of(self), one=True, prepend_bos=self.prepend_bos)[0]
+    def _prompt_ids(self, prompt, new: int | None) -> list[int]:
+        """One prompt's validated token ids (engine/inputs.py), with room for `new` tokens (None: a capture)."""
+        return token_rows(prompt, self.tokenizer, limits_of(self), one=True, prepend_bos=self.prepend_bos,
+                          new=new)[0]
 
-    def _prompts(self, inputs) -> tuple[list[list[int]], torch.Tensor | None]:
-        """Prompts as validated token lists, and the attention mask whose layout results follow (None:
-        left-padded)."""
+    def _prompts(self, inputs, new: int | None) -> tuple[list[list[int]], torch.Tensor | None]:
+        """Prompts as validated token lists (each with room for `new` tokens; None: a capture), and the
+        attention mask whose layout results follow (None: left-padded)."""
         mask = inputs.get("attention_mask") if isinstance(inputs, dict) else None
         mask = None if mask is None else torch.as_tensor(mask).reshape(-1, torch.as_tensor(mask).shape[-1]).cpu()
-        return token_rows(inputs, self.tokenizer, limits_of(self), prepend_bos=self.prepend_bos), mask
+        return token_rows(inputs, self.tokenizer, limits_of(self), prepend_bos=self.prepend_bos, new=new), mask
 
     # -- running requests ----------------------------------------------------------------------------
     async def _rpc(self, method: str, *args):
@@ -332,6 +357,7 @@ class AsyncVLLMModel(ModelBase, TokensMixin):
                              max([r.get("recomputed", 0) for r in ranks or []], default=0))
 
     # -- public async API ----------------------------------------------------------------------------
+    @_on_home_loop
     async def generate_batch(self, requests: list[Request], return_logits: bool = True) -> list[RequestResult]:
         """Run requests concurrently (one continuous batch); each keeps its own captures and steers
         (each Request is one sequence: its steer values take no batch axis)."""
@@ -339,24 +365,27 @@ class AsyncVLLMModel(ModelBase, TokensMixin):
         want = return_logits and self.backend != "vllm-generate"
         return await self._run_many([self._plan(r, False, want) for r in requests], want)
 
+    @_on_home_loop
     async def generate(self, inputs, max_new_tokens: int = 8, points=(), steer=(), return_logits: bool = True,
                        **sampling) -> GenerationResult:
         """Greedy (by default) generation of every prompt, the same captures and steers for each
         (a steer value or mask with a batch axis gives each prompt its own row); results padded on
         the left like eager's."""
         self._live()
-        prompts, _ = self._prompts(inputs)
+        max_new_tokens = new_tokens(max_new_tokens)
+        prompts, _ = self._prompts(inputs, max_new_tokens)
         want = return_logits and self.backend != "vllm-generate"
         built = [self._plan(Request(p, max_new_tokens, points, steer, sampling), False, want, i, len(prompts))
                  for i, p in enumerate(prompts)]
         return self._batch(await self._run_many(built, want))
 
+    @_on_home_loop
     async def capture(self, inputs, points=(), steer=()):
         """One forward over each prompt. Returns (logits [b, pos, vocab], cache of [b, pos, ...]),
         padded on the left (or in the layout of a given attention_mask); padded positions hold 0."""
         self._live()
         self._refuse_if_generate("capture")
-        prompts, mask = self._prompts(inputs)
+        prompts, mask = self._prompts(inputs, None)
         built = [self._plan(Request(p, 1, points, steer), True, True, i, len(prompts)) for i, p in enumerate(prompts)]
         res = await self._run_many(built, True, prefill=True)
         lengths = [len(p) for p in prompts]
@@ -365,22 +394,28 @@ class AsyncVLLMModel(ModelBase, TokensMixin):
         logits = pad_rows([r.logits for r in res], cols, width)
         return logits, batch_cache([r.cache for r in res], cols, width, self.n_layers)
 
-    async def stream(self, prompt, max_new_tokens: int = 8, points=(), steer=(), logprobs: int = 0,
-                     return_logits: bool = True, rows: bool = True, **sampling):
-        """Yield a StreamStep per generated token (token, text, logprob and the top `logprobs` of the raw
-        distribution, and with rows=True the captured rows of the forward that produced it, read from
-        the workers while the request runs); the last step carries the full RequestResult, also when
-        sampling stops generation before max_new_tokens. Attention patterns are recomputed after the
-        request on vLLM: only the result holds them."""
+    def stream(self, prompt, max_new_tokens: int = 8, points=(), steer=(), logprobs: int = 0,
+               return_logits: bool = True, rows: bool = True, **sampling):
+        """An async iterator of StreamSteps, one per generated token (token, text, logprob and the top
+        `logprobs` of the raw distribution, and with rows=True the captured rows of the forward that
+        produced it, read from the workers while the request runs); the last step carries the full
+        RequestResult, also when sampling stops generation before max_new_tokens. Attention patterns
+        are recomputed after the request on vLLM: only the result holds them.
+
+        Everything is checked, and the steers of the `steering()` blocks around this call are bound,
+        when the stream is created: iterating it later (after the block, from any loop) runs the
+        same request."""
         self._live()
         from vllm.sampling_params import RequestOutputKind
-        if not isinstance(logprobs, int) or isinstance(logprobs, bool) or logprobs < 0:
-            raise ValueError(f"logprobs is how many top log-probabilities each step carries (an int >= 0), "
-                             f"got {logprobs!r}.")
+        logprobs = check_logprobs(logprobs)
         want = return_logits and self.backend != "vllm-generate"
         plan, kw = self._plan(Request(prompt, max_new_tokens, points, steer, sampling), False, want)
         kw["output_kind"] = RequestOutputKind.DELTA
         kw["logprobs"] = logprobs  # vLLM returns the sampled token's too
+        steps = self._stream(plan, kw, want, logprobs, rows)
+        return steps if self._home is None else self._home.relay(steps)
+
+    async def _stream(self, plan: Plan, kw: dict, want: bool, logprobs: int, rows: bool):
         key = uuid.uuid4().hex
         queue: asyncio.Queue = asyncio.Queue()
         hold = asyncio.Event()  # the plan stays registered until the final output was seen
@@ -465,6 +500,7 @@ class AsyncVLLMModel(ModelBase, TokensMixin):
             logits = pad_rows([r.logits for r in res], columns([r.logits.shape[0] for r in res], n_new, "right"), n_new)
         return GenerationResult(tokens, new, [r.text for r in res], cache, logits, mask, res)
 
+    @_on_home_loop
     async def logit_lens(self, x, point: str = "resid_post") -> torch.Tensor:
         """Logits from a residual tensor through vLLM's own final norm and head (softcap, scaling)."""
         from engine import lens
@@ -481,6 +517,7 @@ class AsyncVLLMModel(ModelBase, TokensMixin):
         out = await self._rpc("interp_lens", vllm_wire.tensor_out(x.reshape(-1, self.d_model)), point != "final_norm")
         return vllm_wire.tensor_in(out[0]).reshape(*x.shape[:-1], -1)
 
+    @_on_home_loop
     async def aclose(self) -> None:
         """Shut the engine down from its event loop (idempotent); any later call says it was closed."""
         self.close()
