@@ -13,6 +13,7 @@ vLLM's continuous batch carrying the plan's key, and the captures come back when
 from __future__ import annotations
 
 import asyncio
+import copy
 import functools
 import uuid
 
@@ -270,19 +271,27 @@ class AsyncVLLMModel(ModelBase, TokensMixin):
     async def _submit(self, plan: Plan, params: dict, key: str, on_output=None):
         """Run one request in the continuous batch; returns vLLM's final RequestOutput."""
         from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
         extras = {"cache_salt": f"interp-{key}"} if plan.salted else None
         (prompt,) = await self.engine.renderer.render_cmpl_async([{"prompt_token_ids": plan.prompt}],
                                                                 prompt_extras=extras)
         sp = SamplingParams(**params, extra_args={EXTRA_KEY: key} if self._needs_worker(plan) else None)
-        final = None
+        final, ids = None, []
         try:
             async for out in self.engine.generate(prompt, sp, request_id=key):
                 final = out
+                ids += out.outputs[0].token_ids
                 if on_output is not None:
                     on_output(out)
         except BaseException:
             await self.engine.abort(key)
             raise
+        if final is not None and sp.output_kind == RequestOutputKind.DELTA:
+            # each DELTA output holds only its new tokens: the result is built from all of them (a
+            # copy: the last output may still be queued for a stream)
+            final = copy.copy(final)
+            final.outputs = [copy.copy(final.outputs[0])]
+            final.outputs[0].token_ids = ids
         return final
 
     async def _run_many(self, built: list[tuple[Plan, dict]], want_logits: bool, prefill: bool = False,
@@ -455,10 +464,7 @@ class AsyncVLLMModel(ModelBase, TokensMixin):
                     step.rows = _step_rows(got, plan.prompt_len, step.index) if live else None
                     yield step
             hold.set()
-            (result,) = await task
-            # DELTA outputs: vLLM's final output holds only the last delta's tokens
-            result.new_tokens = torch.tensor(seen, dtype=torch.long)
-            result.text = self.tokenizer.decode(seen, skip_special_tokens=True)
+            (result,) = await task  # built from every DELTA output's tokens (_submit)
             cache = {k: result.cache[k] for k in live}
             for step in pending:
                 step.rows = _step_rows(cache, plan.prompt_len, step.index) if live else None
