@@ -19,7 +19,8 @@ import torch
 from engine.errors import EngineError, SteeringError
 from engine.results import ActivationCache
 from engine.steering import Steer
-from test_vllm_common import PROMPT, PROMPTS, check, eager_model, random_vector, vllm_model
+from test_vllm_common import (PROMPT, PROMPTS, check, eager_model, random_vector, stream_under_steering,
+                              vllm_model)
 
 LLAMA = "meta-llama/Llama-3.2-1B"
 REPO = Path(__file__).resolve().parents[1]
@@ -252,23 +253,8 @@ def test_sync_vllm_model_refuses_async_only_methods_by_name(vm):
 def test_stream_equals_generate_under_a_steering_block(em, vm, backend):
     """A stream made in a `steering()` block is steered like generate there (eager ran the stream on a
     thread that lost the block; vLLM read the block when first iterated, so a stream iterated after
-    the block ran unsteered)."""
-    m = em if backend == "eager" else vm
-    st = Steer("resid_post.0", "add", random_vector((m.d_model,), 31, 8.0))
-    base = m.generate(PROMPT, 6)
-    with m.steering(st):
-        ref = m.generate(PROMPT, 6, points=["resid_post.1"])
-        inside = list(m.stream(PROMPT, 6, points=["resid_post.1"]))
-        later = m.stream(PROMPT, 6, points=["resid_post.1"])  # made in the block, iterated after it
-    after = list(later)
-    moved = float((ref.logits - base.logits).norm() / base.logits.norm())
-    assert moved > 0.05, f"the steer moved the logits by only {moved:.2e}"
-    for steps in (inside, after):
-        assert [s.token for s in steps] == ref.new_tokens[0].tolist()
-        res = steps[-1].result
-        check(res.logits, ref.logits[0], "lm_head", _tier(backend), case="decode")
-        check(res.cache["resid_post.1"][None], ref.cache["resid_post.1"], "resid_post", _tier(backend), case="decode")
-    assert torch.equal(m.generate(PROMPT, 6).new_tokens, base.new_tokens)  # nothing left behind
+    the block ran unsteered). vllm-static: tests/test_vllm_interventions.py."""
+    stream_under_steering(em if backend == "eager" else vm, _tier(backend))
 
 
 def test_async_api_from_the_callers_own_loop(vm):

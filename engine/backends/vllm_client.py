@@ -252,7 +252,7 @@ class AsyncVLLMModel(ModelBase, TokensMixin):
         return bool(plan.captures or plan.steers or getattr(plan, "derived", None) or prefill)
 
     # -- tokens ------------------------------------------------------------------------------------
-    def _prompt_ids(self, prompt, new: int | None) -> list[int]:
+    def _prompt_ids(self, prompt, new: int | None = None) -> list[int]:
         """One prompt's validated token ids (engine/inputs.py), with room for `new` tokens (None: a capture)."""
         return token_rows(prompt, self.tokenizer, limits_of(self), one=True, prepend_bos=self.prepend_bos,
                           new=new)[0]
