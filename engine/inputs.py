@@ -151,6 +151,14 @@ def new_tokens(value, what: str = "max_new_tokens") -> int:
     return n
 
 
+def top_logprobs(value) -> int:
+    """How many top log-probabilities each streamed step carries: an int >= 0 (numpy ints too)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
+        raise InputTypeError(f"logprobs is how many top log-probabilities each step carries (an int >= 0), got "
+                             f"{value!r:.40}.")
+    return int(value)
+
+
 def check_room(n_prompt: int, new: int, limits: Limits, i: int = 0, n: int = 1, capture: bool = False) -> None:
     """Raise InputError when a prompt of n_prompt tokens plus `new` generated ones does not fit the
     model's positions (capture=True: `new` is what the backend generates after a capture)."""

@@ -13,7 +13,7 @@ from transformers.generation.streamers import BaseStreamer
 
 from engine.address import Address
 from engine.errors import InputError
-from engine.inputs import new_tokens
+from engine.inputs import new_tokens, top_logprobs
 from engine.results import StreamStep
 
 _LOGITS = Address("lm_head")
@@ -74,8 +74,7 @@ class _Streamer(BaseStreamer):
 
 
 def stream(model, prompt, max_new_tokens, points, steer, logprobs, sampling, return_logits=True, rows=True):
-    if not isinstance(logprobs, int) or isinstance(logprobs, bool) or logprobs < 0:
-        raise ValueError(f"logprobs is how many top log-probabilities each step carries (an int >= 0), got {logprobs!r}.")
+    logprobs = top_logprobs(logprobs)
     model._live()
     max_new_tokens = new_tokens(max_new_tokens)
     enc = model._inputs(prompt, max_new_tokens)

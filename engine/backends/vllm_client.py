@@ -25,7 +25,7 @@ from engine.backends import vllm_attn, vllm_wire
 from engine.backends.vllm_catalogue import HEADED, VLLMCatalogue
 from engine.backends.vllm_rows import EXTRA_KEY
 from engine.errors import AddressError, EngineError, SteeringError, UnsupportedPointError
-from engine.inputs import limits_of, new_tokens, row_label, token_rows
+from engine.inputs import limits_of, new_tokens, row_label, token_rows, top_logprobs
 from engine.model_base import ModelBase
 from engine.plan import Plan
 from engine.points import INTEGER_POINTS
@@ -53,12 +53,6 @@ def _on_home_loop(method):
         self._live()
         return await self._home.hop(method(self, *args, **kw))
     return call
-
-
-def check_logprobs(n) -> int:
-    if isinstance(n, bool) or not isinstance(n, int) or n < 0:
-        raise ValueError(f"logprobs is how many top log-probabilities each step carries (an int >= 0), got {n!r}.")
-    return n
 
 
 def _logprobs(entry, token: int, n: int) -> tuple:
@@ -416,7 +410,7 @@ class AsyncVLLMModel(ModelBase, TokensMixin):
         same request."""
         self._live()
         from vllm.sampling_params import RequestOutputKind
-        logprobs = check_logprobs(logprobs)
+        logprobs = top_logprobs(logprobs)
         want = return_logits and self.backend != "vllm-generate"
         plan, kw = self._plan(Request(prompt, max_new_tokens, points, steer, sampling), False, want)
         kw["output_kind"] = RequestOutputKind.DELTA
