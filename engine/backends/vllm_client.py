@@ -6,6 +6,9 @@ loop, against a vLLM engine whose core runs in its own process.
     out = await m.generate("a prompt", 8, points=["z.1"], steer=[Steer("resid_post.2", "add", v)])
     async for step in m.stream("a prompt", 8, logprobs=5): ...      (StreamStep: token, text, logprobs, rows)
 
+Its coroutines run on the model's own event loop (where vLLM's AsyncLLM lives) and are awaited from
+any loop: a call from another one is handed over and its result comes back (vllm_runtime.Loop.hop).
+
 Per request: the plan goes to every worker (collective_rpc "interp_register"), the request runs in
 vLLM's continuous batch carrying the plan's key, and the captures come back when it finishes
 ("interp_collect"), gathered across tensor-parallel ranks.
@@ -14,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import copy
-import functools
 import uuid
 
 import torch
@@ -24,6 +26,7 @@ from engine.capabilities import Verdict, refused
 from engine.backends import vllm_attn, vllm_wire
 from engine.backends.vllm_catalogue import HEADED, VLLMCatalogue
 from engine.backends.vllm_rows import EXTRA_KEY
+from engine.backends.vllm_runtime import on_home_loop
 from engine.errors import AddressError, EngineError, SteeringError, UnsupportedPointError
 from engine.inputs import limits_of, new_tokens, row_label, token_rows, top_logprobs
 from engine.model_base import ModelBase
@@ -41,18 +44,6 @@ NO_CAPTURE = ("vllm-generate is stock vLLM: no capture, no steering, no logit le
 
 
 StreamEvent = StreamStep  # the earlier name of one streamed step
-
-
-def _on_home_loop(method):
-    """A coroutine method that runs on the model's own loop (where vLLM's AsyncLLM and its output
-    handler live), awaited from whichever event loop calls it."""
-    @functools.wraps(method)
-    async def call(self, *args, **kw):
-        if self._home is None:
-            return await method(self, *args, **kw)
-        self._live()
-        return await self._home.hop(method(self, *args, **kw))
-    return call
 
 
 def _logprobs(entry, token: int, n: int) -> tuple:
@@ -360,7 +351,7 @@ class AsyncVLLMModel(ModelBase, TokensMixin):
                              max([r.get("recomputed", 0) for r in ranks or []], default=0))
 
     # -- public async API ----------------------------------------------------------------------------
-    @_on_home_loop
+    @on_home_loop
     async def generate_batch(self, requests: list[Request], return_logits: bool = True) -> list[RequestResult]:
         """Run requests concurrently (one continuous batch); each keeps its own captures and steers
         (each Request is one sequence: its steer values take no batch axis)."""
@@ -368,7 +359,7 @@ class AsyncVLLMModel(ModelBase, TokensMixin):
         want = return_logits and self.backend != "vllm-generate"
         return await self._run_many([self._plan(r, False, want) for r in requests], want)
 
-    @_on_home_loop
+    @on_home_loop
     async def generate(self, inputs, max_new_tokens: int = 8, points=(), steer=(), return_logits: bool = True,
                        **sampling) -> GenerationResult:
         """Greedy (by default) generation of every prompt, the same captures and steers for each
@@ -382,7 +373,7 @@ class AsyncVLLMModel(ModelBase, TokensMixin):
                  for i, p in enumerate(prompts)]
         return self._batch(await self._run_many(built, want))
 
-    @_on_home_loop
+    @on_home_loop
     async def capture(self, inputs, points=(), steer=()):
         """One forward over each prompt. Returns (logits [b, pos, vocab], cache of [b, pos, ...]),
         padded on the left (or in the layout of a given attention_mask); padded positions hold 0."""
@@ -500,7 +491,7 @@ class AsyncVLLMModel(ModelBase, TokensMixin):
             logits = pad_rows([r.logits for r in res], columns([r.logits.shape[0] for r in res], n_new, "right"), n_new)
         return GenerationResult(tokens, new, [r.text for r in res], cache, logits, mask, res)
 
-    @_on_home_loop
+    @on_home_loop
     async def logit_lens(self, x, point: str = "resid_post") -> torch.Tensor:
         """Logits from a residual tensor through vLLM's own final norm and head (softcap, scaling)."""
         from engine import lens
@@ -517,7 +508,7 @@ class AsyncVLLMModel(ModelBase, TokensMixin):
         out = await self._rpc("interp_lens", vllm_wire.tensor_out(x.reshape(-1, self.d_model)), point != "final_norm")
         return vllm_wire.tensor_in(out[0]).reshape(*x.shape[:-1], -1)
 
-    @_on_home_loop
+    @on_home_loop
     async def aclose(self) -> None:
         """Shut the engine down from its event loop (idempotent); any later call says it was closed."""
         self.close()

@@ -12,6 +12,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import contextvars
+import functools
 import logging
 import multiprocessing
 import os
@@ -251,6 +252,18 @@ class Loop:
         for fut in list(self._pending):
             with contextlib.suppress(concurrent.futures.InvalidStateError):
                 fut.set_exception(self.closed_error())
+
+
+def on_home_loop(method):
+    """A coroutine method of a model with a `_home` Loop (and `_live()`): it runs on that loop (where
+    vLLM's AsyncLLM and its output handler live), awaited from whichever event loop calls it."""
+    @functools.wraps(method)
+    async def call(self, *args, **kw):
+        if self._home is None:
+            return await method(self, *args, **kw)
+        self._live()
+        return await self._home.hop(method(self, *args, **kw))
+    return call
 
 
 async def _cancel_pending(timeout: float) -> None:
