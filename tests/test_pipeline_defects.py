@@ -250,11 +250,11 @@ def test_sync_vllm_model_refuses_async_only_methods_by_name(vm):
 
 
 @pytest.mark.parametrize("backend", ["eager", "vllm"])
-def test_stream_equals_generate_under_a_steering_block(em, vm, backend):
+def test_stream_equals_generate_under_a_steering_block(em, backend, request):
     """A stream made in a `steering()` block is steered like generate there (eager ran the stream on a
     thread that lost the block; vLLM read the block when first iterated, so a stream iterated after
     the block ran unsteered). vllm-static: tests/test_vllm_interventions.py."""
-    stream_under_steering(em if backend == "eager" else vm, _tier(backend))
+    stream_under_steering(em if backend == "eager" else request.getfixturevalue("vm"), _tier(backend))
 
 
 def test_async_api_from_the_callers_own_loop(vm):
