@@ -11,12 +11,14 @@ import shutil
 from dataclasses import dataclass
 from typing import Callable
 
+import numpy as np
 import pytest
 import torch
 
 from engine import load_model
 from engine.core.errors import (FamilyLimitationError, InputError, InputTypeError, ModelNotFoundError, OptionError,
                                 SteeringError)
+from engine.core.inputs import limits_of
 from engine.core.steering import Steer
 
 LLAMA = "meta-llama/Llama-3.2-1B"
@@ -76,6 +78,11 @@ class Env:
     def d(self, name):
         return str(self.dirs / name)
 
+    @property
+    def positions(self) -> int:
+        """The model's positions: eager's config (512 on the twin), vLLM's max_model_len."""
+        return limits_of(self.m).max_positions
+
 
 def _d(n):
     return torch.ones(n)
@@ -128,6 +135,58 @@ TABLE = [
     ("19,999 tokens", lambda e: e.m.run_with_cache([7] * 19_999),
      {"eager": (InputError, "is 19999 tokens, longer than the 512 positions"),
       "vllm": (InputError, f"is 19999 tokens, longer than the {VLLM_LEN} positions")}),
+    # -- the one position limit: prompt + new tokens <= positions; a vLLM capture generates 1 ----------------
+    ("one token past the positions (capture)", lambda e: e.m.run_with_cache([7] * (e.positions + 1)),
+     {"eager": (InputError, "is 513 tokens, longer than the 512 positions meta-llama/Llama-3.2-1B takes "
+                            "(config.max_position_embeddings); truncate it to at most 512 tokens"),
+      "vllm": (InputError, f"is {VLLM_LEN + 1} tokens, longer than the {VLLM_LEN} positions meta-llama/Llama-3.2-1B "
+                           f"takes (max_model_len={VLLM_LEN}, set at load); truncate it to at most {VLLM_LEN - 1} "
+                           f"tokens")}),
+    ("a prompt of exactly the positions (capture)", lambda e: e.m.run_with_cache([7] * e.positions),
+     {"eager": None, "vllm": (InputError, f"the prompt is {VLLM_LEN} tokens, and vLLM generates at least 1 token "
+                                          f"after every prompt: {VLLM_LEN + 1} positions, more than the {VLLM_LEN} "
+                                          f"positions")}),
+    ("prompt + max_new_tokens past the positions", lambda e: e.m.generate([7] * (e.positions - 2), 3),
+     {"eager": (InputError, "the prompt is 510 tokens and max_new_tokens is 3: 513 positions, more than the 512 "
+                            "positions meta-llama/Llama-3.2-1B takes (config.max_position_embeddings); truncate the "
+                            "prompt to at most 509 tokens"),
+      "vllm": (InputError, f"the prompt is {VLLM_LEN - 2} tokens and max_new_tokens is 3: {VLLM_LEN + 1} positions, "
+                           f"more than the {VLLM_LEN} positions")}),
+    ("max_new_tokens 10**9", lambda e: e.m.generate([5, 6, 7], 10**9),
+     {"eager": (InputError, "max_new_tokens is 1000000000: 1000000003 positions, more than the 512 positions "
+                            "meta-llama/Llama-3.2-1B takes (config.max_position_embeddings); ask for at most 509 new "
+                            "tokens"),
+      "vllm": (InputError, f"max_new_tokens is 1000000000: 1000000003 positions, more than the {VLLM_LEN} positions "
+                           f"meta-llama/Llama-3.2-1B takes (max_model_len={VLLM_LEN}, set at load); ask for at most "
+                           f"{VLLM_LEN - 3} new tokens")}),
+    ("stream: max_new_tokens 10**9", lambda e: e.m.stream([5, 6, 7], 10**9),
+     (InputError, "max_new_tokens is 1000000000: 1000000003 positions")),
+    # -- generation arguments: checked before anything is submitted --------------------------------------------
+    ("max_new_tokens 1.5", lambda e: e.m.generate("Hi there", 1.5),
+     (InputTypeError, "max_new_tokens must be an int >= 1, got float 1.5.")),
+    ("max_new_tokens 3.0", lambda e: e.m.generate("Hi there", 3.0),
+     (InputTypeError, "max_new_tokens must be an int >= 1, got float 3.0 (a whole number: pass int(x))")),
+    ("max_new_tokens True", lambda e: e.m.generate("Hi there", True),
+     (InputTypeError, "max_new_tokens must be an int >= 1, got bool True.")),
+    ("max_new_tokens a tensor", lambda e: e.m.generate("Hi there", torch.tensor(3)),
+     (InputTypeError, "max_new_tokens must be an int >= 1, got Tensor tensor(3) (a 0-d tensor: pass int(t))")),
+    ("max_new_tokens 0", lambda e: e.m.generate("Hi there", 0),
+     (InputError, "max_new_tokens must be >= 1, got 0; for one forward over the prompt without generating, use "
+                  "run_with_cache")),
+    ("max_new_tokens -1 (numpy)", lambda e: e.m.generate("Hi there", np.int64(-1)),
+     (InputError, "max_new_tokens must be >= 1, got -1")),
+    ("stream: max_new_tokens 1.5", lambda e: e.m.stream("Hi there", 1.5),
+     (InputTypeError, "max_new_tokens must be an int >= 1, got float 1.5.")),
+    # -- text that is not valid Unicode ------------------------------------------------------------------------
+    ("lone surrogate", lambda e: e.m.run_with_cache("Hi \ud800 there"),
+     (InputError, "the prompt is not valid Unicode: character 3 is a lone surrogate U+D800")),
+    ("lone surrogate in a batch (generate)", lambda e: e.m.generate(["fine", "bad \udcff"], 2),
+     (InputError, "prompt 1 (of 2) is not valid Unicode: character 4 is a lone surrogate U+DCFF")),
+    # -- a position check in a batch names the row -------------------------------------------------------------
+    ("a position past one row of a batch",
+     lambda e: e.m.generate([[5, 6, 7, 8, 9], [5, 6]], 2, steer=[Steer("resid_post.0", "add", _d(e.m.d_model),
+                                                                       positions=4)]),
+     (SteeringError, "steer 'add' at resid_post.0 in prompt 1 (of 2): position 4 matches no token")),
     ("longer than max_model_len", lambda e: e.m.generate([7] * (VLLM_LEN + 1), 2),
      {"eager": None, "vllm": (InputError, "load with a larger max_model_len")}),
     ("id >= vocab", lambda e: e.m.run_with_cache(torch.tensor([[1, 2, 600]])),
@@ -177,6 +236,50 @@ def test_bad_input(case, call, expected, backend, models, dirs):
     with pytest.raises(err) as info:
         call(Env(backend, models, dirs))
     assert phrase in str(info.value), f"{case} on {backend}: {info.value}"
+
+
+@pytest.mark.parametrize("backend", [pytest.param("eager"), pytest.param("vllm", marks=pytest.mark.vllm)])
+def test_the_most_a_call_may_take_is_served(backend, models):
+    """The limit refused above is exact: a numpy int is a count, the longest prompt a capture takes is
+    served (eager: every position; vLLM: all but the one it generates), and prompt + new tokens may
+    fill every position."""
+    m = models(backend)
+    n = limits_of(m).max_positions
+    a, b = m.generate("Hi there", np.int64(3)), m.generate("Hi there", 3)
+    assert torch.equal(a.new_tokens, b.new_tokens) and a.new_tokens.shape == (1, 3)
+    longest = n if backend == "eager" else n - 1
+    logits, _ = m.run_with_cache([7] * longest)
+    assert logits.shape[:2] == (1, longest)
+    out = m.generate([7] * (n - 4), 4)
+    assert out.new_tokens.shape == (1, 4) and out.tokens.shape[1] == n
+
+
+def test_gpt2_eager_generation_past_its_positions_is_refused_before_it_runs():
+    """GPT-2's learned position table has n_positions rows: generating past it raised a raw IndexError
+    from the embedding after the prompt ran."""
+    m = load_model("openai-community/gpt2", source="zoo")
+    n = limits_of(m).max_positions
+    with pytest.raises(InputError, match=rf"is {n - 5} tokens and max_new_tokens is 20: {n + 15} positions, more "
+                                         rf"than the {n} positions openai-community/gpt2 takes"):
+        m.generate([5] * (n - 5), 20)
+    assert m.generate([5] * (n - 5), 5).tokens.shape == (1, n)
+
+
+def test_eager_decode_state_is_built_one_step_at_a_time(models, monkeypatch):
+    """Each decode step's layout (whose key mask grows with the sequence) is built when its forward
+    runs, not all up front: generate(max_new_tokens=n) held O(n^2) of them before the first forward."""
+    from engine.backends.hf import eager
+    m = models("eager")
+    built, seen = [], []
+    real = eager._decode_layout
+    monkeypatch.setattr(eager, "_decode_layout", lambda *a: built.append(a[2]) or real(*a))
+    h = m.hf.register_forward_pre_hook(lambda mod, args: seen.append(len(built)))
+    try:
+        out = m.generate("Hi there", 6, points=["resid_post.0"])
+    finally:
+        h.remove()
+    assert out.new_tokens.shape == (1, 6) and built == [1, 2, 3, 4, 5]
+    assert seen == [0, 0, 1, 2, 3, 4]  # at each forward: the layouts of the steps before it only
 
 
 @pytest.mark.parametrize("backend", [pytest.param("eager"), pytest.param("vllm", marks=pytest.mark.vllm)])

@@ -7,7 +7,11 @@ from __future__ import annotations
 import asyncio
 import gc
 import os
+import signal
+import subprocess
+import sys
 import threading
+from pathlib import Path
 
 import pytest
 import torch
@@ -15,9 +19,11 @@ import torch
 from engine.core.errors import EngineError, SteeringError
 from engine.core.results import ActivationCache
 from engine.core.steering import Steer
-from test_vllm_common import PROMPT, PROMPTS, check, eager_model, random_vector, vllm_model
+from test_vllm_common import (PROMPT, PROMPTS, check, eager_model, random_vector, stream_under_steering,
+                              vllm_model)
 
 LLAMA = "meta-llama/Llama-3.2-1B"
+REPO = Path(__file__).resolve().parents[1]
 LEFT = ["The quick brown fox jumps over the lazy dog", "Hi there"]  # different lengths: row 1 is padded
 
 
@@ -143,6 +149,27 @@ def test_sixteen_concurrent_async_captures_equal_their_solo_results(vm):
 
 
 # -- life cycle ----------------------------------------------------------------------------------------
+def _within(seconds: float, fn):
+    """fn() on a daemon thread: its result or its error, or a test failure when it has not returned
+    within `seconds` (a hang fails the test instead of stalling the run)."""
+    out: dict = {}
+
+    def run():
+        try:
+            out["value"] = fn()
+        except BaseException as e:  # noqa: BLE001  (re-raised on the test's thread)
+            out["error"] = e
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    t.join(seconds)
+    if t.is_alive():
+        pytest.fail(f"{fn} did not return within {seconds} s")
+    if "error" in out:
+        raise out["error"]
+    return out.get("value")
+
+
+
 def test_engine_core_runs_in_its_own_process(vm):
     assert vm.catalogue.worker_pids and os.getpid() not in vm.catalogue.worker_pids
 
@@ -166,9 +193,19 @@ def test_vllm_close_frees_the_engine_and_use_after_close_says_so():
     before = {p.pid for p in multiprocessing.active_children()}
     with load("openai-community/gpt2", source="zoo", max_model_len=128) as m:
         assert m.generate(PROMPT, 2).new_tokens.shape == (1, 2)
+        half = m.stream(PROMPT, 20)  # read one step, then dropped after close
+        next(half)
     m.close()
     with pytest.raises(EngineError, match="was closed; load it again"):
         m.generate(PROMPT, 2)
+    # every method says so at once: a stream when it is made (it hung on its first step), async calls
+    # from any loop, and a half-read stream closed or dropped afterwards returns (it waited forever on
+    # the stopped loop, also at interpreter exit)
+    with pytest.raises(EngineError, match=r"openai-community/gpt2 \(vllm\) was closed; load it again"):
+        m.stream(PROMPT, 2)
+    with pytest.raises(EngineError, match="was closed; load it again"):
+        _within(60, lambda: asyncio.run(m.aio.capture(PROMPT)))
+    _within(60, half.close)
     assert {p.pid for p in multiprocessing.active_children()} <= before
     dropped = load("openai-community/gpt2", source="zoo", max_model_len=128)  # never closed: freed when dropped
     assert {p.pid for p in multiprocessing.active_children()} - before
@@ -210,3 +247,78 @@ def test_sync_vllm_model_refuses_async_only_methods_by_name(vm):
     """`model.capture` exists only on the async model: the sync facade must not hand out a coroutine."""
     with pytest.raises(AttributeError, match=r"await model\.aio\.capture"):
         vm.capture("hello")
+
+
+@pytest.mark.parametrize("backend", ["eager", "vllm"])
+def test_stream_equals_generate_under_a_steering_block(em, backend, request):
+    """A stream made in a `steering()` block is steered like generate there (eager ran the stream on a
+    thread that lost the block; vLLM read the block when first iterated, so a stream iterated after
+    the block ran unsteered). vllm-static: tests/test_vllm_interventions.py."""
+    stream_under_steering(em if backend == "eager" else request.getfixturevalue("vm"), _tier(backend))
+
+
+def test_async_api_from_the_callers_own_loop(vm):
+    """m.aio awaited from a loop of the caller's (asyncio.run): results as the sync API gives them, the
+    caller's steering block applied, and a call the caller cancels is cancelled on the engine."""
+    st = Steer("resid_post.0", "add", random_vector((vm.d_model,), 32, 8.0))
+    with vm.steering(st):
+        steered = vm.generate(PROMPT, 4)
+    plain = vm.generate(PROMPT, 4)
+
+    async def main():
+        with vm.steering(st):
+            a = await vm.aio.generate(PROMPT, 4)
+        b = await vm.aio.generate(PROMPT, 4)
+        with pytest.raises(asyncio.TimeoutError):
+            await asyncio.wait_for(vm.aio.generate(PROMPT, 200), 0.05)
+        steps = [s.token async for s in vm.aio.stream(PROMPT, 4)]
+        return a, b, steps
+    a, b, steps = _within(300, lambda: asyncio.run(main()))
+    assert torch.equal(a.new_tokens, steered.new_tokens) and torch.equal(b.new_tokens, plain.new_tokens)
+    assert not torch.equal(steered.new_tokens, plain.new_tokens) or not torch.equal(steered.logits, plain.logits)
+    assert steps == plain.new_tokens[0].tolist()
+    assert torch.equal(vm.generate(PROMPT, 4).new_tokens, plain.new_tokens)  # the engine serves on
+
+
+def test_ctrl_c_during_a_sync_vllm_stream_is_a_keyboard_interrupt(vm):
+    """SIGINT while a sync stream waits for its next step raises KeyboardInterrupt (it surfaced as
+    "RuntimeError: aclose(): asynchronous generator is already running"); the request is aborted and
+    the engine serves on."""
+    assert threading.current_thread() is threading.main_thread()
+    main, armed = threading.get_ident(), threading.Event()
+
+    def interrupt():  # one SIGINT only, to the main thread, sent from the engine's loop
+        if armed.is_set():
+            armed.clear()
+            signal.pthread_kill(main, signal.SIGINT)
+    steps = vm.stream(PROMPT, 200, points=["resid_post.1"])
+    next(steps)
+    armed.set()
+    vm._loop.loop.call_soon_threadsafe(vm._loop.loop.call_later, 0.05, interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        for _ in steps:
+            pass
+    assert not armed.is_set()
+    steps.close()
+    assert vm.generate(PROMPT, 3).new_tokens.shape == (1, 3)
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+def test_a_stream_left_half_read_after_close_lets_the_interpreter_exit(tmp_path):
+    """At exit the half-read stream's cleanup ran on the stopped loop and the process never ended."""
+    script = tmp_path / "half_read.py"
+    script.write_text(
+        "from engine.backends.vllm.backend import load\n"
+        "if __name__ == '__main__':\n"
+        "    m = load('openai-community/gpt2', source='zoo', max_model_len=128)\n"
+        "    s = m.stream('The quick brown fox', 20)\n"
+        "    next(s)\n"
+        "    m.close()\n"
+        "    print('closed', flush=True)\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    try:
+        done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=400, env=env)
+    except subprocess.TimeoutExpired as e:
+        pytest.fail(f"the process did not exit after close(): {e.stdout!r:.300}")
+    assert done.returncode == 0 and "closed" in done.stdout, done.stderr[-2000:]

@@ -4,8 +4,10 @@ probs @ value = z, the refusal names its alternative)."""
 from __future__ import annotations
 
 import re
+import threading
 from pathlib import Path
 
+import pytest
 import torch
 
 README = Path(__file__).resolve().parents[1] / "README.md"
@@ -31,3 +33,38 @@ def test_readme_workflows_run_as_written(tmp_path, monkeypatch, capsys):
         torch.testing.assert_close(att.mixed(layer), att.z[layer], rtol=1e-5, atol=1e-6)
     out = capsys.readouterr().out
     assert "True" in out and "use attn_out" in out
+
+
+def _async_block() -> str:
+    """The README's async example: the block under "The vLLM backends" that runs asyncio."""
+    section = README.read_text().split("## The vLLM backends", 1)[1].split("\n## ", 1)[0]
+    return next(b for b in re.findall(r"```python\n(.*?)```", section, re.S) if "asyncio.run(" in b)
+
+
+@pytest.mark.vllm
+def test_readme_async_example_runs_as_written_from_its_own_loop():
+    """`asyncio.run(...)` starts the reader's own event loop, not the model's: m.aio must hand each call
+    to the engine's loop and bring the result back (it used to wait forever)."""
+    from test_vllm_common import check, vllm_model
+    m = vllm_model("meta-llama/Llama-3.2-1B")
+    printed: list = []
+    ns: dict = {"m": m, "print": lambda *a, **k: printed.append(a)}
+    done = threading.Event()
+
+    def run():
+        try:
+            exec(compile(_async_block(), "README.md", "exec"), ns)
+        finally:
+            done.set()
+    t = threading.Thread(target=run, daemon=True)  # a hang fails the test instead of stalling the run
+    t.start()
+    assert done.wait(300), "the README's async example did not finish within 300 s"
+    outs = ns["outs"]
+    assert len(outs) == 2
+    for p, (logits, cache) in zip(["a prompt", "another prompt"], outs):
+        ref_logits, ref = m.run_with_cache(p, ["resid_post.1"])
+        check(cache["resid_post.1"], ref["resid_post.1"], "resid_post")
+        check(logits, ref_logits, "lm_head")
+    ref = m.generate("a prompt", 16)
+    assert [a[0] for a in printed] == ref.new_tokens[0].tolist()
+    assert all(isinstance(a[2], float) for a in printed)  # each step's log-probability

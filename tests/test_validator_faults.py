@@ -88,6 +88,16 @@ BAD = {
     "a list": ("acme__tiny__hf.json", [1, 2], "a JSON list, not a cell object"),
     "other schema": ("acme__tiny__hf.json", _cell(schema=99), "cell schema 99, this validator reads schema 1"),
     "wrong name": ("acme__other__hf.json", _cell(), "holds the cell of acme/tiny / hf, whose file is acme__tiny__hf.json"),
+    # valid JSON, wrongly typed: the reports would crash on these (AttributeError / TypeError) mid-render
+    "summary a list": ("acme__tiny__hf.json", _cell(status="ok", summary=[1]),
+                       "not a validator cell of this schema (summary is list [1], not an object)"),
+    "summary count a string": ("acme__tiny__hf.json", _cell(status="ok", summary={"pass": "3"}),
+                               "not a validator cell of this schema (summary['pass'] is str \"3\", not an integer"),
+    "a row not an object": ("acme__tiny__hf.json", _cell(status="ok", summary={"pass": 1}, rows=[1]),
+                            "not a validator cell of this schema (rows[0] is int, not an object"),
+    "a row without a verdict": ("acme__tiny__hf.json", _cell(rows=[{"case": "short", "point": "embeddings"}]),
+                                "not a validator cell of this schema (rows[0].verdict is NoneType, not a string"),
+    "variant tag a number": ("acme__tiny__hf.json", _cell(variant_tag=3), "not a validator cell of this schema (variant_tag is int 3, not a string"),
 }
 
 

@@ -157,6 +157,74 @@ def test_code_digest_covers_what_decides_a_cell_and_nothing_else():
                                                    for p in adapter_source_files("interp-engine")}
 
 
+MODULE = '''"""A module that decides results."""
+SCALE = 0.5  # the factor
+
+
+class Op:
+    """What the op does."""
+
+    def apply(self, x):
+        """Scale x."""
+        return x * SCALE
+'''
+EDITS = {  # (edit, whether it changes what decides a cell)
+    "comment": (lambda t: t.replace("# the factor", "# the factor, from the paper"), False),
+    "module docstring": (lambda t: t.replace("decides results", "decides every result"), False),
+    "class docstring": (lambda t: t.replace("What the op does.", "What the op does, in full."), False),
+    "method docstring": (lambda t: t.replace("Scale x.", "Scale x by SCALE."), False),
+    "blank lines": (lambda t: t.replace("\n\n\nclass", "\n\nclass"), False),
+    "a constant": (lambda t: t.replace("0.5", "0.7"), True),
+    "an operator": (lambda t: t.replace("x * SCALE", "x + SCALE"), True),
+    "a string that is not a docstring": (lambda t: t.replace("return x * SCALE", "return x * SCALE, 'a'"), True),
+}
+
+
+@pytest.mark.parametrize("edit", sorted(EDITS))
+def test_files_digest_counts_code_not_comments_or_docstrings(tmp_path, edit):
+    f = tmp_path / "mod.py"
+    f.write_text(MODULE)
+    before = cells.files_digest([f])
+    change, counts = EDITS[edit]
+    f.write_text(change(MODULE))
+    assert f.read_text() != MODULE
+    assert (cells.files_digest([f]) != before) is counts
+    other = tmp_path / "data.json"  # not Python: byte for byte
+    other.write_text('{"a": 1}')
+    before = cells.files_digest([other])
+    other.write_text('{"a":  1}')
+    assert cells.files_digest([other]) != before
+
+
+@pytest.fixture
+def extra_code(tmp_path, monkeypatch):
+    """A module that code_digest counts, beside the engine's own files (the cached digest is dropped
+    before and after, so no other test sees it)."""
+    f = tmp_path / "decides.py"
+    f.write_text(MODULE)
+    real = cells.code_files
+    monkeypatch.setattr(cells, "code_files", lambda: real() + [f])
+    cells.code_digest.cache_clear()
+    yield f
+    cells.code_digest.cache_clear()
+
+
+def test_run_check_stales_cells_on_a_code_change_but_not_on_a_comment(tmp_path, extra_code, capsys):
+    out = tmp_path / "out"
+    argv = ["run", "--models", GPT2, *QUICK, "--no-decode", "--no-steer", "--out", str(out)]
+    assert cli.main(argv) == exits.OK
+    capsys.readouterr()
+    for edit in ("comment", "method docstring"):
+        extra_code.write_text(EDITS[edit][0](extra_code.read_text()))
+        cells.code_digest.cache_clear()
+        assert cli.main(argv + ["--check"]) == exits.OK, edit
+        assert "validator: 0 of 1 cells" in capsys.readouterr().err
+    extra_code.write_text(EDITS["a constant"][0](extra_code.read_text()))
+    cells.code_digest.cache_clear()
+    assert cli.main(argv + ["--check"]) == exits.FAILED
+    assert f"stale or missing: {GPT2} / hf" in capsys.readouterr().err
+
+
 def test_a_declaration_makes_only_the_cells_it_can_apply_to_stale(monkeypatch, tmp_path):
     from validator import known_gaps
     specs = {m: zoo_spec(m) for m in (GPT2, "google/gemma-2-2b")}

@@ -111,4 +111,25 @@ def random_vector(shape, seed=0, scale=4.0):
     return torch.randn(shape, generator=g) * scale
 
 
+def stream_under_steering(m, tier: str, n: int = 6) -> None:
+    """Streams made in a `steering()` block, iterated in it and after it, give what generate gives in
+    the block (tokens, logits, captured rows), and the steer acts."""
+    from engine.core.steering import Steer
+    st = Steer("resid_post.0", "add", random_vector((m.d_model,), 31, 8.0))
+    base = m.generate(PROMPT, n)
+    with m.steering(st):
+        ref = m.generate(PROMPT, n, points=["resid_post.1"])
+        inside = list(m.stream(PROMPT, n, points=["resid_post.1"]))
+        later = m.stream(PROMPT, n, points=["resid_post.1"])  # made in the block, iterated after it
+    after = list(later)
+    moved = float((ref.logits - base.logits).norm() / base.logits.norm())
+    assert moved > STEER_MIN_EFFECT, f"the steer moved the logits by only {moved:.2e}"
+    for steps in (inside, after):
+        assert [s.token for s in steps] == ref.new_tokens[0].tolist()
+        res = steps[-1].result
+        check(res.logits, ref.logits[0], "lm_head", tier, case="decode")
+        check(res.cache["resid_post.1"][None], ref.cache["resid_post.1"], "resid_post", tier, case="decode")
+    assert torch.equal(m.generate(PROMPT, n).new_tokens, base.new_tokens)  # nothing left behind
+
+
 needs_vllm = pytest.mark.vllm

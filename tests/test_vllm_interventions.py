@@ -13,7 +13,7 @@ from engine.core.results import Request, StrictSteerError
 from engine.core.steering import Steer
 from test_receipts import CASES, check_receipt, steered_cases
 from test_vllm_common import (PROMPT, PROMPTS, check, decode_failures, drop, eager_model, random_vector,
-                              vllm_model)
+                              stream_under_steering, vllm_model)
 
 pytestmark = pytest.mark.vllm
 LLAMA = "meta-llama/Llama-3.2-1B"
@@ -150,6 +150,12 @@ def test_stream_matches_eager_stream(engines, backend):
         assert set(a.top_logprobs) == set(b.top_logprobs)
         check(a.rows["resid_post.1"][None], b.rows["resid_post.1"][None], "resid_post", backend, case="decode")
     assert got[-1].result is not None and got[0].rows["resid_post.1"].shape[0] == len(m._prompt_ids(PROMPT))
+
+
+def test_static_stream_equals_generate_under_a_steering_block(engines):
+    """As on eager and vllm (tests/test_pipeline_defects.py): the block's steers are bound when the
+    stream is made."""
+    stream_under_steering(engines("vllm-static"), "vllm-static")
 
 
 def test_sampling_knobs_on_vllm(engines):

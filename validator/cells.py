@@ -10,6 +10,7 @@ sits under another cell's name, is an error that names it (never silently droppe
 """
 from __future__ import annotations
 
+import ast
 import hashlib
 import json
 import os
@@ -86,12 +87,46 @@ def problem(path: Path) -> tuple[dict | None, str]:
     missing = [k for k in ("schema", "model", "engine", "status") if not isinstance(c.get(k), (str, int))]
     if missing:
         return None, f"{path}: not a validator cell (missing {', '.join(missing)})"
+    mistyped = _mistyped(c)
+    if mistyped:
+        return None, f"{path}: not a validator cell of this schema ({mistyped})"
     if c["schema"] != SCHEMA:
         return None, f"{path}: cell schema {c['schema']!r}, this validator reads schema {SCHEMA}"
     want = cell_path(path.parent.parent, c["model"], c["engine"], c.get("variant_tag", "")).name
     if path.name != want:
         return None, f"{path}: holds the cell of {c['model']} / {c['engine']}, whose file is {want}"
     return c, ""
+
+
+# the type of every field the reports read, where a cell has it (a cell holding another type is
+# corrupt: named, never a crash in the middle of a report)
+FIELD_TYPES = {"schema": int, "model": str, "engine": str, "status": str, "source": str, "variant": dict,
+               "variant_tag": str, "inputs_digest": str, "engine_what": str, "family": str, "model_type": str,
+               "n_layers": int, "addresses": list, "cases": dict, "known": dict, "provenance": dict,
+               "reference_versions": dict, "tensors": dict, "summary": dict, "rows": list, "notes": list,
+               "reason": str, "unavailable": str, "error": str, "trace": str}
+ROW_TYPES = {"case": str, "point": str, "verdict": str, "known": str, "reason": str, "stale_known": str}
+
+
+def _kind(t) -> str:
+    return {dict: "an object", list: "a list", str: "a string", int: "an integer"}.get(t, t.__name__)
+
+
+def _mistyped(c: dict) -> str:
+    """'' or what the first wrongly typed field of cell `c` is (rows and summary counts included)."""
+    for k, t in FIELD_TYPES.items():
+        if k in c and (not isinstance(c[k], t) or isinstance(c[k], bool)):
+            return f"{k} is {type(c[k]).__name__} {json.dumps(c[k])[:40]}, not {_kind(t)}"
+    for v, n in c.get("summary", {}).items():
+        if isinstance(n, bool) or not isinstance(n, int):
+            return f"summary[{v!r}] is {type(n).__name__} {json.dumps(n)[:40]}, not an integer"
+    for i, r in enumerate(c.get("rows", [])):
+        if not isinstance(r, dict):
+            return f"rows[{i}] is {type(r).__name__}, not an object"
+        for k, t in ROW_TYPES.items():
+            if (k in r or k in ("case", "point", "verdict")) and not isinstance(r.get(k), t):
+                return f"rows[{i}].{k} is {type(r.get(k)).__name__}, not {_kind(t)}"
+    return ""
 
 
 def load_all(out: Path) -> list[dict]:
@@ -140,11 +175,36 @@ def sha(*parts) -> str:
     return h.hexdigest()[:16]
 
 
+def _drop_docstrings(tree: ast.AST) -> ast.AST:
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            body = node.body
+            if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) \
+                    and isinstance(body[0].value.value, str):
+                node.body = body[1:] or [ast.Pass()]
+    return tree
+
+
+@lru_cache(maxsize=2048)
+def _content(raw: bytes, python: bool) -> bytes:
+    """What of a file decides results: for Python, its syntax tree without docstrings, comments or
+    layout (so a comment-only or docstring-only edit stales nothing, while any change to code or a
+    constant does); other files (and Python that does not parse) byte for byte."""
+    if not python:
+        return raw
+    try:
+        tree = ast.parse(raw)
+    except (SyntaxError, ValueError):
+        return raw
+    return ast.dump(_drop_docstrings(tree), annotate_fields=False, include_attributes=False).encode()
+
+
 def files_digest(paths) -> str:
     h = hashlib.sha256()
     for p in sorted(str(x) for x in paths):
         h.update(os.path.relpath(p, REPO).encode())
-        h.update(Path(p).read_bytes())
+        h.update(b"\0")
+        h.update(_content(Path(p).read_bytes(), p.endswith(".py")))
     return h.hexdigest()[:16]
 
 
@@ -174,7 +234,8 @@ def code_files() -> list[Path]:
 
 @lru_cache(maxsize=1)
 def code_digest() -> str:
-    """Digest of code_files() (what decides a cell's numbers and verdicts)."""
+    """Digest of code_files() (what decides a cell's numbers and verdicts), as syntax trees: comments
+    and docstrings do not count."""
     return files_digest(code_files())
 
 

@@ -3,14 +3,23 @@
 Accepted: a string, a list of strings, a list of token ids, a list of id lists (or 1-D tensors), a
 1-D or 2-D integer tensor, or a mapping with input_ids (and attention_mask: padding is dropped).
 Refused by name, saying which prompt, which limit and what to do: no prompts, an empty prompt
-(alone or in a batch), a prompt longer than the model's positions, token ids outside the
-vocabulary or negative, non-integer ids, malformed batches.
+(alone or in a batch), text that is not valid Unicode (a lone surrogate), token ids outside the
+vocabulary or negative, non-integer ids, malformed batches, and a prompt that with its new tokens
+does not fit the model's positions.
 
-    rows = token_rows(inputs, tokenizer, limits_of(model))           # vLLM: one list per request
+The one position limit, on every backend: a call over a P-token prompt that generates N tokens
+needs P + N <= M positions (M: the model's positions; on vLLM the max_model_len it was loaded
+with). vLLM generates at least one token after every prompt, so a capture there counts N = 1 and a
+prompt of exactly M tokens fits eager's forward but not vLLM's. `max_new_tokens` is checked by
+`new_tokens` (an int >= 1, numpy ints taken) before anything runs.
+
+    rows = token_rows(inputs, tokenizer, limits_of(model), new=8)    # vLLM: one list per request
     enc = padded_batch(inputs, tokenizer, limits_of(model), device)  # eager: left-padded batch
+    n = new_tokens(max_new_tokens)                                   # every backend, before submitting
 """
 from __future__ import annotations
 
+import numbers
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -33,6 +42,7 @@ class Limits:
     max_positions: int | None
     positions_from: str = "config.max_position_embeddings"  # where max_positions comes from
     grow_hint: str = ""  # how to raise the limit, when it can be raised
+    capture_new: int = 0  # tokens a capture generates after its prompt (vLLM: 1, it always generates)
 
 
 def limits_of(model) -> Limits:
@@ -48,7 +58,7 @@ def limits_of(model) -> Limits:
         cfg_n = next((getattr(cfg, f) for f in _POSITION_FIELDS if getattr(cfg, f, None)), None)
         grow = (f"; or load with a larger max_model_len (up to {cfg_n}, config.max_position_embeddings)"
                 if cfg_n and cfg_n > n else "")
-        return Limits(model.name, vocab, n, f"max_model_len={n}, set at load", grow)
+        return Limits(model.name, vocab, n, f"max_model_len={n}, set at load", grow, capture_new=1)
     for f in _POSITION_FIELDS:
         n = getattr(cfg, f, None)
         if isinstance(n, int) and n > 0:
@@ -58,6 +68,11 @@ def limits_of(model) -> Limits:
 
 def _label(i: int, n: int) -> str:
     return "the prompt" if n == 1 else f"prompt {i} (of {n})"
+
+
+def row_label(i: int, n: int) -> str:
+    """How an error names sequence i of a call of n ('' when the call has one)."""
+    return "" if n == 1 else _label(i, n)
 
 
 def _ids_of(x, i: int, n: int) -> list[int]:
@@ -122,17 +137,62 @@ def _split(inputs) -> list:
     raise InputTypeError(f"{_FORMS}; got {type(inputs).__name__}.")
 
 
-def check_ids(ids: list[int], limits: Limits, i: int = 0, n: int = 1) -> list[int]:
-    """Raise InputError when one prompt's ids are empty, too long or out of the vocabulary."""
+def new_tokens(value, what: str = "max_new_tokens") -> int:
+    """`value` as the number of tokens to generate: an int >= 1 (numpy ints too); bool, float and
+    tensors are refused by name (one check for every backend, before anything is submitted)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        hint = (" (a 0-d tensor: pass int(t))" if hasattr(value, "dim") else
+                " (a whole number: pass int(x))" if isinstance(value, float) and float(value).is_integer() else "")
+        raise InputTypeError(f"{what} must be an int >= 1, got {type(value).__name__} {value!r:.40}{hint}.")
+    n = int(value)
+    if n < 1:
+        raise InputError(f"{what} must be >= 1, got {n}; for one forward over the prompt without generating, "
+                         f"use run_with_cache (logits and captures at every prompt position).")
+    return n
+
+
+def top_logprobs(value) -> int:
+    """How many top log-probabilities each streamed step carries: an int >= 0 (numpy ints too)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
+        raise InputTypeError(f"logprobs is how many top log-probabilities each step carries (an int >= 0), got "
+                             f"{value!r:.40}.")
+    return int(value)
+
+
+def check_room(n_prompt: int, new: int, limits: Limits, i: int = 0, n: int = 1, capture: bool = False) -> None:
+    """Raise InputError when a prompt of n_prompt tokens plus `new` generated ones does not fit the
+    model's positions (capture=True: `new` is what the backend generates after a capture)."""
+    m = limits.max_positions
+    if m is None or n_prompt + new <= m:
+        return
+    what = _label(i, n)
+    if n_prompt > m:
+        head = f"{what} is {n_prompt} tokens, longer than the {m} positions {limits.model} takes"
+    elif capture:
+        head = (f"{what} is {n_prompt} tokens, and vLLM generates at least {new} token after every prompt: "
+                f"{n_prompt + new} positions, more than the {m} positions {limits.model} takes")
+    else:
+        head = (f"{what} is {n_prompt} tokens and max_new_tokens is {new}: {n_prompt + new} positions, more than "
+                f"the {m} positions {limits.model} takes")
+    fixes = []
+    if m - new >= 1:
+        fixes.append(f"truncate {'it' if n_prompt > m else 'the prompt'} to at most {m - new} tokens (e.g. "
+                     f"tokenizer(text, truncation=True, max_length={m - new}) or ids[-{m - new}:])")
+    if new and not capture and n_prompt < m:
+        fixes.append(f"ask for at most {m - n_prompt} new tokens")
+    if not fixes:
+        fixes.append(f"ask for fewer than {m} new tokens")
+    raise InputError(f"{head} ({limits.positions_from}); {', or '.join(fixes)}{limits.grow_hint}.")
+
+
+def check_ids(ids: list[int], limits: Limits, i: int = 0, n: int = 1, new: int | None = 0) -> list[int]:
+    """Raise InputError when one prompt's ids are empty, out of the vocabulary, or with `new`
+    generated tokens longer than the model's positions (new=None: a capture, engine/core/inputs.py)."""
     what = _label(i, n)
     if not ids:
         raise InputError(f"{what} is empty (0 tokens); every prompt needs at least one token"
                          f"{'; drop it from the batch' if n > 1 else ''}.")
-    if limits.max_positions is not None and len(ids) > limits.max_positions:
-        m = limits.max_positions
-        raise InputError(f"{what} is {len(ids)} tokens, longer than the {m} positions {limits.model} takes "
-                         f"({limits.positions_from}); truncate it to at most {m} tokens (e.g. "
-                         f"tokenizer(text, truncation=True, max_length={m}) or ids[-{m}:]){limits.grow_hint}.")
+    check_room(len(ids), limits.capture_new if new is None else new, limits, i, n, capture=new is None)
     lo, hi = min(ids), max(ids)
     if lo < 0 or (limits.vocab_size is not None and hi >= limits.vocab_size):
         bad = lo if lo < 0 else hi
@@ -144,9 +204,23 @@ def check_ids(ids: list[int], limits: Limits, i: int = 0, n: int = 1) -> list[in
     return ids
 
 
-def token_rows(inputs, tokenizer, limits: Limits, one: bool = False, prepend_bos: bool | None = None) -> list[list[int]]:
-    """Every prompt of `inputs` as a validated list of token ids. one=True: exactly one prompt. Text is
-    encoded with the BOS policy `prepend_bos` (engine/core/tokens.py); token ids are taken as given."""
+def _text(p: str, i: int, n: int) -> str:
+    """A text prompt that is valid Unicode (a lone surrogate, e.g. from bytes decoded with
+    'surrogateescape', cannot be tokenized)."""
+    try:
+        p.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise InputError(f"{_label(i, n)} is not valid Unicode: character {e.start} is a lone surrogate "
+                         f"U+{ord(p[e.start]):04X}; decode the source bytes as UTF-8 (errors='replace'), or drop "
+                         f"it, e.g. text.encode('utf-8', 'replace').decode().") from None
+    return p
+
+
+def token_rows(inputs, tokenizer, limits: Limits, one: bool = False, prepend_bos: bool | None = None,
+               new: int | None = 0) -> list[list[int]]:
+    """Every prompt of `inputs` as a validated list of token ids, each with room for `new` generated
+    tokens (None: a capture, which generates limits.capture_new). one=True: exactly one prompt. Text
+    is encoded with the BOS policy `prepend_bos` (engine/core/tokens.py); token ids are taken as given."""
     prompts = _split(inputs)
     if one and len(prompts) != 1:
         raise InputError(f"a request holds one prompt, got a batch of {len(prompts)}; make one request per "
@@ -156,15 +230,17 @@ def token_rows(inputs, tokenizer, limits: Limits, one: bool = False, prepend_bos
     for i, p in enumerate(prompts):
         if isinstance(p, str) and tokenizer is None:
             raise InputTypeError("this model has no tokenizer; give token ids instead of text.")
-        ids = encode(tokenizer, p, prepend_bos) if isinstance(p, str) else _ids_of(p, i, n)
-        rows.append(check_ids(ids, limits, i, n))
+        ids = encode(tokenizer, _text(p, i, n), prepend_bos) if isinstance(p, str) else _ids_of(p, i, n)
+        rows.append(check_ids(ids, limits, i, n, new))
     return rows
 
 
-def padded_batch(inputs, tokenizer, limits: Limits, device=None, prepend_bos: bool | None = None) -> dict:
-    """input_ids / attention_mask for a batch: a given mask (and its padding side) is kept, everything
-    else is validated and left-padded, as EagerModel.to_tokens pads text."""
-    rows = token_rows(inputs, tokenizer, limits, prepend_bos=prepend_bos)
+def padded_batch(inputs, tokenizer, limits: Limits, device=None, prepend_bos: bool | None = None,
+                 new: int | None = 0) -> dict:
+    """input_ids / attention_mask for a batch (each prompt with room for `new` generated tokens): a
+    given mask (and its padding side) is kept, everything else is validated and left-padded, as
+    EagerModel.to_tokens pads text."""
+    rows = token_rows(inputs, tokenizer, limits, prepend_bos=prepend_bos, new=new)
     if (isinstance(inputs, Mapping) or hasattr(inputs, "keys")) and inputs.get("attention_mask") is not None:
         ids = torch.as_tensor(inputs["input_ids"])
         mask = torch.as_tensor(inputs["attention_mask"])

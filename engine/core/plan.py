@@ -53,12 +53,13 @@ class Plan:
     def reads(self) -> list[Address]:
         return list(dict.fromkeys(self.captures + self.internal))
 
-    def check_positions(self, max_new_tokens: int) -> None:
+    def check_positions(self, max_new_tokens: int, row: str = "") -> None:
         """Every steer must touch at least one position of this call (engine.core.positions.check), also
-        after its exclusions; a per-row mask may select nothing in one sequence (checked per call)."""
+        after its exclusions; a per-row mask may select nothing in one sequence (checked per call).
+        `row` names the sequence in a batch ("prompt 1 (of 2)") in the error."""
         n = positions.call_length(self.prompt_len, max_new_tokens)
         for st in self.steers:
-            what = f"steer {st.op!r} at {st.address}"
+            what = f"steer {st.op!r} at {st.address}" + (f" in {row}" if row else "")
             positions.check(st.positions, self.prompt_len, max_new_tokens, what)
             if st.exclude and not positions.is_mask(st.positions) and not bool(st.touched(0, n, self.prompt_len).any()):
                 raise SteeringError(f"{what}: every position it selects is excluded (exclude={st.exclude}); "

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import itertools
 import threading
 from dataclasses import dataclass
 
@@ -19,7 +20,7 @@ import torch
 from engine.backends.hf import attention, sites
 from engine.core.address import Address, closest, parse
 from engine.core.errors import AddressError, SteeringError, UnsupportedPointError
-from engine.core.inputs import limits_of, padded_batch
+from engine.core.inputs import limits_of, new_tokens, padded_batch, row_label
 from engine.core.plan import Plan, SiteWork, Span, run_site, site_work
 from engine.core.points import INTEGER_POINTS, backend_status, get_point
 from engine.core.results import (
@@ -202,9 +203,10 @@ class EagerModel(ModelBase, WeightsMixin, TokensMixin):
         return getattr(cfg, "hc_mult", 1)
 
     # -- tokens (to_tokens: ModelBase) --------------------------------------------------------------
-    def _inputs(self, inputs) -> dict:
-        """A validated (engine/core/inputs.py), padded batch; a given attention_mask keeps its layout."""
-        enc = padded_batch(inputs, self.tokenizer, limits_of(self), self.device, self.prepend_bos)
+    def _inputs(self, inputs, new: int | None = None) -> dict:
+        """A validated (engine/core/inputs.py), padded batch, each prompt with room for `new` generated
+        tokens (None: a forward); a given attention_mask keeps its layout."""
+        enc = padded_batch(inputs, self.tokenizer, limits_of(self), self.device, self.prepend_bos, new)
         for r, cols in enumerate(columns_of(enc["attention_mask"])):
             if int(cols[-1] - cols[0]) + 1 != len(cols):
                 raise ValueError(f"attention_mask row {r} has padding between real tokens; pad on one side only.")
@@ -232,8 +234,8 @@ class EagerModel(ModelBase, WeightsMixin, TokensMixin):
         special = special_ids(self.tokenizer)
         plans = [Plan(len(ids), list(capture), [st.for_row(r, len(rows), ids, special) for st in steers])
                  for r, ids in enumerate(rows)]
-        for p in plans:
-            p.check_positions(max_new_tokens)
+        for r, p in enumerate(plans):
+            p.check_positions(max_new_tokens, row_label(r, len(plans)))
             for head in _HEADS:  # generating: logits from the last prompt token (HF keeps only its logits)
                 if max_new_tokens and Address(head) in capture:
                     p.start_at[head] = p.prompt_len - 1
@@ -373,8 +375,9 @@ class EagerModel(ModelBase, WeightsMixin, TokensMixin):
     def _generate(self, inputs, max_new_tokens, points, steer, sampling, streamer=None, internal=(),
                   stopping=None, on_plans=None, strict: bool = False) -> GenerationResult:
         self._live()
+        max_new_tokens = new_tokens(max_new_tokens)
         knobs = Sampling.parse(sampling, "eager")
-        enc = self._inputs(inputs)
+        enc = self._inputs(inputs, max_new_tokens)
         mask = enc["attention_mask"]
         family_limits.check(self.config.model_type, "eager", "generate", batch=enc["input_ids"].shape[0])
         if not bool((mask[:, -1] == 1).all()):
@@ -389,8 +392,9 @@ class EagerModel(ModelBase, WeightsMixin, TokensMixin):
         if on_plans is not None:
             on_plans(plans)
         cpu_mask = mask.cpu()
-        layouts = [_prefill_layout(plans, cpu_mask)] + [_decode_layout(plans, cpu_mask, i)
-                                                         for i in range(1, max_new_tokens)]
+        # built one forward at a time: a step's key mask grows with it (all of them at once is O(n^2))
+        layouts = itertools.chain([_prefill_layout(plans, cpu_mask)],
+                                  (_decode_layout(plans, cpu_mask, i) for i in range(1, max_new_tokens)))
         with self._lock, torch.no_grad(), self._attached(plans, layouts):
             if knobs.seed is not None:
                 torch.manual_seed(knobs.seed)

@@ -3,6 +3,7 @@ that, at each new token, reads what the step's forward left in the plan (the raw
 engine's own lm_head read, the captured rows) and hands a StreamStep to the caller's iterator."""
 from __future__ import annotations
 
+import contextvars
 import queue
 import threading
 
@@ -12,6 +13,7 @@ from transformers.generation.streamers import BaseStreamer
 
 from engine.core.address import Address
 from engine.core.errors import InputError
+from engine.core.inputs import new_tokens, top_logprobs
 from engine.core.results import StreamStep
 
 _LOGITS = Address("lm_head")
@@ -73,9 +75,10 @@ class _Streamer(BaseStreamer):
 
 def stream(model, prompt, max_new_tokens, points, steer, logprobs, sampling, return_logits=True, rows=True,
            strict=False):
-    if not isinstance(logprobs, int) or isinstance(logprobs, bool) or logprobs < 0:
-        raise ValueError(f"logprobs is how many top log-probabilities each step carries (an int >= 0), got {logprobs!r}.")
-    enc = model._inputs(prompt)
+    logprobs = top_logprobs(logprobs)
+    model._live()
+    max_new_tokens = new_tokens(max_new_tokens)
+    enc = model._inputs(prompt, max_new_tokens)
     if enc["input_ids"].shape[0] != 1:
         raise InputError(f"stream takes one prompt, got {enc['input_ids'].shape[0]}; stream each, or use generate "
                          f"for a batch.")
@@ -98,7 +101,10 @@ def stream(model, prompt, max_new_tokens, points, steer, logprobs, sampling, ret
     # validate everything a bad call would fail on before the thread starts (errors raise here)
     from engine.model.sampling import Sampling
     Sampling.parse(sampling, "eager")
-    thread = threading.Thread(target=run, name="interp-eager-stream", daemon=True)
+    # the caller's context goes with the thread: a `with model.steering(...)` block around the
+    # stream's creation applies to it (a bare thread would start from an empty context)
+    thread = threading.Thread(target=contextvars.copy_context().run, args=(run,), name="interp-eager-stream",
+                              daemon=True)
     thread.start()
     return _iterate(out, stop, thread, max_new_tokens)
 

@@ -13,6 +13,7 @@ and steering. The engine core runs in its own process; `VLLMModel` drives the as
 """
 from __future__ import annotations
 
+import contextlib
 import inspect
 import os
 import weakref
@@ -25,7 +26,7 @@ from engine.backends.vllm.catalogue import VLLMCatalogue
 from engine.backends.vllm.client import AsyncVLLMModel, StreamEvent
 from engine.backends.vllm.worker import runner as vllm_runner
 from engine.core.address import Address, closest, parse
-from engine.core.errors import AddressError, FamilyLimitationError, UnsupportedPointError
+from engine.core.errors import AddressError, EngineError, FamilyLimitationError, UnsupportedPointError
 from engine.core.points import ALIASES, BY_NAME, backend_status, get_point
 from engine.core.results import GenerationResult, Request, RequestResult
 from engine.model import options
@@ -111,9 +112,13 @@ class VLLMModel:
 
     def stream(self, prompt, max_new_tokens: int = 8, points=(), steer=(), logprobs: int = 0,
                return_logits: bool = True, rows: bool = True, strict: bool = False, **sampling):
-        """Iterate StreamSteps of one prompt (see AsyncVLLMModel.stream); closing the iterator aborts it."""
-        agen = self.aio.stream(prompt, max_new_tokens, points, steer, logprobs, return_logits, rows, strict,
-                               **sampling)
+        """Iterate StreamSteps of one prompt (see AsyncVLLMModel.stream: checked, and the steering
+        blocks around this call bound, here); closing the iterator aborts the request."""
+        self.aio._live()
+        return self._steps(self.aio.stream(prompt, max_new_tokens, points, steer, logprobs, return_logits, rows,
+                                           strict, **sampling))
+
+    def _steps(self, agen):
         try:
             while True:
                 try:
@@ -121,7 +126,10 @@ class VLLMModel:
                 except StopAsyncIteration:
                     return
         finally:
-            self._loop.run(agen.aclose())
+            # a stream dropped after close() (or at exit) has nothing left to abort: the engine is gone
+            if not self._loop.stopped:
+                with contextlib.suppress(EngineError):
+                    self._loop.run(agen.aclose())
 
     def logit_lens(self, x, point: str = "resid_post") -> torch.Tensor:
         return self._run(self.aio.logit_lens(x, point))
@@ -215,7 +223,7 @@ def load(name: str, backend: str = "vllm", source: str = "auto", dtype=None, dev
         env["VLLM_DISABLE_COMPILE_CACHE"] = "1"
         declared = declared + internal
     kw.update(engine_kw)
-    loop = rt.Loop()
+    loop = rt.Loop(f"{name} ({backend})")
     try:
         engine, startup = loop.run(_start(path, env, kw))
     except BaseException:
@@ -232,7 +240,7 @@ def load(name: str, backend: str = "vllm", source: str = "auto", dtype=None, dev
                 raise FamilyLimitationError(f"{name} on {backend}: {catalogue.anchor_error}.")
             for addr, why in catalogue.tap_errors.items():
                 raise UnsupportedPointError(f"{addr} cannot be a vllm-static tap on this model: {why}.")
-        aio = AsyncVLLMModel(name, backend, used, path, engine, catalogue, text_cfg, engine.get_tokenizer())
+        aio = AsyncVLLMModel(name, backend, used, path, engine, catalogue, text_cfg, engine.get_tokenizer(), loop)
         cache = engine.vllm_config.cache_config
         tokens = (cache.num_gpu_blocks or 0) * cache.block_size
         kv_bytes = sizing.kv_cache_memory_bytes or tokens * vllm_sizing.kv_bytes_per_token(text_cfg, getattr(torch, sizing.dtype))

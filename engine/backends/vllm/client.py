@@ -6,6 +6,9 @@ loop, against a vLLM engine whose core runs in its own process.
     out = await m.generate("a prompt", 8, points=["z.1"], steer=[Steer("resid_post.2", "add", v)])
     async for step in m.stream("a prompt", 8, logprobs=5): ...      (StreamStep: token, text, logprobs, rows)
 
+Its coroutines run on the model's own event loop (where vLLM's AsyncLLM lives) and are awaited from
+any loop: a call from another one is handed over and its result comes back (vllm_runtime.Loop.hop).
+
 Per request: the plan goes to every worker (collective_rpc "interp_register"), the request runs in
 vLLM's continuous batch carrying the plan's key, and the captures come back when it finishes
 ("interp_collect"), gathered across tensor-parallel ranks.
@@ -13,17 +16,19 @@ vLLM's continuous batch carrying the plan's key, and the captures come back when
 from __future__ import annotations
 
 import asyncio
+import copy
 import uuid
 
 import torch
 
 from engine.backends.vllm.catalogue import VLLMCatalogue
+from engine.backends.vllm.runtime import on_home_loop
 from engine.backends.vllm.worker import attn as vllm_attn
 from engine.backends.vllm.worker import wire as vllm_wire
 from engine.backends.vllm.worker.rows import EXTRA_KEY
 from engine.core.address import Address, parse
 from engine.core.errors import AddressError, EngineError, SteeringError, UnsupportedPointError
-from engine.core.inputs import limits_of, token_rows
+from engine.core.inputs import limits_of, new_tokens, row_label, token_rows, top_logprobs
 from engine.core.plan import Plan
 from engine.core.points import INTEGER_POINTS
 from engine.core.results import (
@@ -74,9 +79,12 @@ def _step_rows(rows: dict, prompt_len: int, index: int) -> dict:
 
 
 class AsyncVLLMModel(ModelBase, TokensMixin):
-    """Capture and steering on a vLLM engine, async. Built by engine.backends.vllm.backend.load."""
+    """Capture and steering on a vLLM engine, async. Built by engine.backends.vllm.backend.load, on
+    `home` (engine.backends.vllm.runtime.Loop): its coroutines run there, awaited from any loop."""
 
-    def __init__(self, name, backend, source, path, engine, catalogue: VLLMCatalogue | None, config, tokenizer):
+    def __init__(self, name, backend, source, path, engine, catalogue: VLLMCatalogue | None, config, tokenizer,
+                 home=None):
+        self._home = home
         self.name, self.backend, self.source, self.path = name, backend, source, path
         self.engine, self.catalogue, self.config, self.tokenizer = engine, catalogue, config, tokenizer
         self.n_layers = catalogue.n_layers if catalogue else config.num_hidden_layers
@@ -203,7 +211,8 @@ class AsyncVLLMModel(ModelBase, TokensMixin):
         """A request's plan and sampling params. prefill: a forward over the prompt (run_with_cache):
         every prompt position computed, logits at each; else logits of each new token. The request
         is sequence `row` of a call of `n_rows` (batch values and masks are cut to its row)."""
-        prompt = self._prompt_ids(req.prompt)
+        n_new = None if prefill else new_tokens(req.max_new_tokens)
+        prompt = self._prompt_ids(req.prompt, n_new)
         caps = self.expand(req.points) if req.points else []
         if caps:
             self._refuse_if_generate("capture")
@@ -222,10 +231,11 @@ class AsyncVLLMModel(ModelBase, TokensMixin):
             plan.internal.append(Address("final_norm"))
             if not prefill and Address("final_norm") not in plan.captures:
                 plan.start_at["final_norm"] = len(prompt) - 1
-        plan.check_positions(0 if prefill else req.max_new_tokens)
+        plan.check_positions(0 if prefill else n_new, row_label(row, n_rows))
         plan.salted = self._salted(plan, prefill)
         # min_tokens bans end-of-sequence until max_new_tokens, as eager's min_new_tokens does
-        params = dict(max_tokens=req.max_new_tokens, min_tokens=req.max_new_tokens)
+        n_new = n_new or 1  # a capture generates one token (vLLM always does)
+        params = dict(max_tokens=n_new, min_tokens=n_new)
         params.update(Sampling.parse(req.sampling, self.backend).vllm())
         return plan, params
 
@@ -242,16 +252,17 @@ class AsyncVLLMModel(ModelBase, TokensMixin):
         return bool(plan.captures or plan.steers or getattr(plan, "derived", None) or prefill)
 
     # -- tokens ------------------------------------------------------------------------------------
-    def _prompt_ids(self, prompt) -> list[int]:
-        """One prompt's validated token ids (engine/core/inputs.py)."""
-        return token_rows(prompt, self.tokenizer, limits_of(self), one=True, prepend_bos=self.prepend_bos)[0]
+    def _prompt_ids(self, prompt, new: int | None = None) -> list[int]:
+        """One prompt's validated token ids (engine/core/inputs.py), with room for `new` tokens (None: a capture)."""
+        return token_rows(prompt, self.tokenizer, limits_of(self), one=True, prepend_bos=self.prepend_bos,
+                          new=new)[0]
 
-    def _prompts(self, inputs) -> tuple[list[list[int]], torch.Tensor | None]:
-        """Prompts as validated token lists, and the attention mask whose layout results follow (None:
-        left-padded)."""
+    def _prompts(self, inputs, new: int | None) -> tuple[list[list[int]], torch.Tensor | None]:
+        """Prompts as validated token lists (each with room for `new` tokens; None: a capture), and the
+        attention mask whose layout results follow (None: left-padded)."""
         mask = inputs.get("attention_mask") if isinstance(inputs, dict) else None
         mask = None if mask is None else torch.as_tensor(mask).reshape(-1, torch.as_tensor(mask).shape[-1]).cpu()
-        return token_rows(inputs, self.tokenizer, limits_of(self), prepend_bos=self.prepend_bos), mask
+        return token_rows(inputs, self.tokenizer, limits_of(self), prepend_bos=self.prepend_bos, new=new), mask
 
     # -- running requests ----------------------------------------------------------------------------
     async def _rpc(self, method: str, *args):
@@ -260,19 +271,27 @@ class AsyncVLLMModel(ModelBase, TokensMixin):
     async def _submit(self, plan: Plan, params: dict, key: str, on_output=None):
         """Run one request in the continuous batch; returns vLLM's final RequestOutput."""
         from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
         extras = {"cache_salt": f"interp-{key}"} if plan.salted else None
         (prompt,) = await self.engine.renderer.render_cmpl_async([{"prompt_token_ids": plan.prompt}],
                                                                 prompt_extras=extras)
         sp = SamplingParams(**params, extra_args={EXTRA_KEY: key} if self._needs_worker(plan) else None)
-        final = None
+        final, ids = None, []
         try:
             async for out in self.engine.generate(prompt, sp, request_id=key):
                 final = out
+                ids += out.outputs[0].token_ids
                 if on_output is not None:
                     on_output(out)
         except BaseException:
             await self.engine.abort(key)
             raise
+        if final is not None and sp.output_kind == RequestOutputKind.DELTA:
+            # each DELTA output holds only its new tokens: the result is built from all of them (a
+            # copy: the last output may still be queued for a stream)
+            final = copy.copy(final)
+            final.outputs = [copy.copy(final.outputs[0])]
+            final.outputs[0].token_ids = ids
         return final
 
     async def _run_many(self, built: list[tuple[Plan, dict]], want_logits: bool, prefill: bool = False,
@@ -352,6 +371,7 @@ class AsyncVLLMModel(ModelBase, TokensMixin):
                              vllm_wire.receipts_in(plan, ranks))
 
     # -- public async API ----------------------------------------------------------------------------
+    @on_home_loop
     async def generate_batch(self, requests: list[Request], return_logits: bool = True,
                              strict: bool = False) -> list[RequestResult]:
         """Run requests concurrently (one continuous batch); each keeps its own captures and steers
@@ -365,13 +385,15 @@ class AsyncVLLMModel(ModelBase, TokensMixin):
                 check_strict(r.receipts, "request")
         return res
 
+    @on_home_loop
     async def generate(self, inputs, max_new_tokens: int = 8, points=(), steer=(), return_logits: bool = True,
                        strict: bool = False, **sampling) -> GenerationResult:
         """Greedy (by default) generation of every prompt, the same captures and steers for each
         (a steer value or mask with a batch axis gives each prompt its own row); results padded on
         the left like eager's. strict=True fails when a steer touched no row of the call."""
         self._live()
-        prompts, _ = self._prompts(inputs)
+        max_new_tokens = new_tokens(max_new_tokens)
+        prompts, _ = self._prompts(inputs, max_new_tokens)
         want = return_logits and self.backend != "vllm-generate"
         built = [self._plan(Request(p, max_new_tokens, points, steer, sampling), False, want, i, len(prompts))
                  for i, p in enumerate(prompts)]
@@ -380,13 +402,14 @@ class AsyncVLLMModel(ModelBase, TokensMixin):
             check_strict(out.receipts, "generation")
         return out
 
+    @on_home_loop
     async def capture(self, inputs, points=(), steer=(), strict: bool = False):
         """One forward over each prompt. Returns (logits [b, pos, vocab], cache of [b, pos, ...]),
         padded on the left (or in the layout of a given attention_mask); padded positions hold 0.
         The cache's receipts say what each steer did; strict=True fails a steer that touched no row."""
         self._live()
         self._refuse_if_generate("capture")
-        prompts, mask = self._prompts(inputs)
+        prompts, mask = self._prompts(inputs, None)
         built = [self._plan(Request(p, 1, points, steer), True, True, i, len(prompts)) for i, p in enumerate(prompts)]
         res = await self._run_many(built, True, prefill=True)
         lengths = [len(p) for p in prompts]
@@ -398,23 +421,29 @@ class AsyncVLLMModel(ModelBase, TokensMixin):
             check_strict(receipts, "forward")
         return logits, batch_cache([r.cache for r in res], cols, width, self.n_layers, receipts)
 
-    async def stream(self, prompt, max_new_tokens: int = 8, points=(), steer=(), logprobs: int = 0,
-                     return_logits: bool = True, rows: bool = True, strict: bool = False, **sampling):
-        """Yield a StreamStep per generated token (token, text, logprob and the top `logprobs` of the raw
-        distribution, and with rows=True the captured rows of the forward that produced it, read from
-        the workers while the request runs); the last step carries the full RequestResult, also when
-        sampling stops generation before max_new_tokens. Attention patterns are recomputed after the
-        request on vLLM: only the result holds them. strict=True raises instead of yielding the last
-        step when a steer touched no row (the result's receipts)."""
+    def stream(self, prompt, max_new_tokens: int = 8, points=(), steer=(), logprobs: int = 0,
+               return_logits: bool = True, rows: bool = True, strict: bool = False, **sampling):
+        """An async iterator of StreamSteps, one per generated token (token, text, logprob and the top
+        `logprobs` of the raw distribution, and with rows=True the captured rows of the forward that
+        produced it, read from the workers while the request runs); the last step carries the full
+        RequestResult, also when sampling stops generation before max_new_tokens. Attention patterns
+        are recomputed after the request on vLLM: only the result holds them. strict=True raises
+        instead of yielding the last step when a steer touched no row (the result's receipts).
+
+        Everything is checked, and the steers of the `steering()` blocks around this call are bound,
+        when the stream is created: iterating it later (after the block, from any loop) runs the
+        same request."""
         self._live()
         from vllm.sampling_params import RequestOutputKind
-        if not isinstance(logprobs, int) or isinstance(logprobs, bool) or logprobs < 0:
-            raise ValueError(f"logprobs is how many top log-probabilities each step carries (an int >= 0), "
-                             f"got {logprobs!r}.")
+        logprobs = top_logprobs(logprobs)
         want = return_logits and self.backend != "vllm-generate"
         plan, kw = self._plan(Request(prompt, max_new_tokens, points, steer, sampling), False, want)
         kw["output_kind"] = RequestOutputKind.DELTA
         kw["logprobs"] = logprobs  # vLLM returns the sampled token's too
+        steps = self._stream(plan, kw, want, logprobs, rows, strict)
+        return steps if self._home is None else self._home.relay(steps)
+
+    async def _stream(self, plan: Plan, kw: dict, want: bool, logprobs: int, rows: bool, strict: bool):
         key = uuid.uuid4().hex
         queue: asyncio.Queue = asyncio.Queue()
         hold = asyncio.Event()  # the plan stays registered until the final output was seen
@@ -454,10 +483,7 @@ class AsyncVLLMModel(ModelBase, TokensMixin):
                     step.rows = _step_rows(got, plan.prompt_len, step.index) if live else None
                     yield step
             hold.set()
-            (result,) = await task
-            # DELTA outputs: vLLM's final output holds only the last delta's tokens
-            result.new_tokens = torch.tensor(seen, dtype=torch.long)
-            result.text = self.tokenizer.decode(seen, skip_special_tokens=True)
+            (result,) = await task  # built from every DELTA output's tokens (_submit)
             cache = {k: result.cache[k] for k in live}
             for step in pending:
                 step.rows = _step_rows(cache, plan.prompt_len, step.index) if live else None
@@ -508,6 +534,7 @@ class AsyncVLLMModel(ModelBase, TokensMixin):
         return GenerationResult(tokens, new, [r.text for r in res], cache, logits, mask, res,
                                 combine([r.receipts for r in res]))
 
+    @on_home_loop
     async def logit_lens(self, x, point: str = "resid_post") -> torch.Tensor:
         """Logits from a residual tensor through vLLM's own final norm and head (softcap, scaling)."""
         from engine.core.points import get_point
@@ -524,6 +551,7 @@ class AsyncVLLMModel(ModelBase, TokensMixin):
         out = await self._rpc("interp_lens", vllm_wire.tensor_out(x.reshape(-1, self.d_model)), point != "final_norm")
         return vllm_wire.tensor_in(out[0]).reshape(*x.shape[:-1], -1)
 
+    @on_home_loop
     async def aclose(self) -> None:
         """Shut the engine down from its event loop (idempotent); any later call says it was closed."""
         self.close()

@@ -12,6 +12,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import contextvars
+import functools
 import logging
 import multiprocessing
 import os
@@ -133,47 +134,151 @@ def scoped_env(env: dict):
 
 
 class Loop:
-    """A private event loop in a daemon thread. `run(coro)` runs a coroutine there with the calling
-    thread's context (so `steering()` blocks apply) and waits for its result."""
+    """A private event loop in a daemon thread, where the async model and vLLM's AsyncLLM live.
 
-    def __init__(self):
+    `run(coro)` runs a coroutine there from a plain thread and waits for it; `hop(coro)` awaits it
+    from any other event loop; `relay(agen)` iterates an async generator there from any loop. Each
+    carries the caller's context (so `steering()` blocks apply). Ctrl-C while `run` waits cancels
+    the call on the loop and lets it unwind before KeyboardInterrupt goes on. Once stopped, every
+    call raises the closed error at once (never a wait on a loop that no longer runs)."""
+
+    def __init__(self, label: str = "the model"):
+        self.label = label  # "<name> (<backend>)", for the closed error
         self.loop = asyncio.new_event_loop()
+        self._guard = threading.Lock()
+        self._stopped = False
+        self._pending: set = set()  # futures of calls not yet finished (failed with the closed error on stop)
         self.thread = threading.Thread(target=self.loop.run_forever, name="interp-vllm-loop", daemon=True)
         self.thread.start()
 
-    def run(self, coro):
-        if threading.current_thread() is self.thread:
-            raise RuntimeError("a synchronous model call was made from the model's own event loop; await the "
-                               "async API (model.aio) there instead.")
+    @property
+    def stopped(self) -> bool:
+        return self._stopped
+
+    def closed_error(self) -> Exception:
+        from engine.core.errors import EngineError
+        return EngineError(f"{self.label} was closed; load it again with load_model().")
+
+    def here(self) -> bool:
+        """Whether the caller runs on this loop's thread."""
+        return threading.current_thread() is self.thread
+
+    def _submit(self, coro):
+        """Start `coro` on the loop in the caller's context: (concurrent future, cancel), where
+        cancel() (any thread) cancels the running task."""
         ctx = contextvars.copy_context()
         fut: concurrent.futures.Future = concurrent.futures.Future()
+        task = []
 
-        def start():
-            task = ctx.run(self.loop.create_task, coro)
-
-            def done(t):
+        def done(t):
+            if fut.done():
+                return
+            with contextlib.suppress(concurrent.futures.InvalidStateError):
                 if t.cancelled():
                     fut.cancel()
                 elif t.exception() is not None:
                     fut.set_exception(t.exception())
                 else:
                     fut.set_result(t.result())
-            task.add_done_callback(done)
+
+        def start():
+            if fut.done():  # cancelled or failed before it started
+                coro.close()
+                return
+            task.append(ctx.run(self.loop.create_task, coro))
+            task[0].add_done_callback(done)
+
+        def cancel():
+            with contextlib.suppress(RuntimeError):  # the loop is already closed
+                self.loop.call_soon_threadsafe(lambda: task[0].cancel() if task else fut.cancel())
+        with self._guard:
+            if self._stopped:
+                coro.close()  # never started: no "was never awaited" warning on top of the error
+                raise self.closed_error()
+            self._pending.add(fut)
+        fut.add_done_callback(self._pending.discard)
         self.loop.call_soon_threadsafe(start)
-        return fut.result()
+        return fut, cancel
+
+    def run(self, coro):
+        if self.here():
+            coro.close()
+            raise RuntimeError("a synchronous model call was made from the model's own event loop; await the "
+                               "async API (model.aio) there instead.")
+        fut, cancel = self._submit(coro)
+        try:
+            return fut.result()
+        except concurrent.futures.CancelledError:
+            if self._stopped:
+                raise self.closed_error() from None
+            raise
+        except BaseException:
+            if not fut.done():  # interrupted while waiting (Ctrl-C): stop the call, let it unwind, go on
+                cancel()
+                concurrent.futures.wait([fut], timeout=30)
+            raise
+
+    async def hop(self, coro):
+        """Await `coro` on this loop from another running loop (cancelling the caller cancels it)."""
+        if self.here():
+            return await coro
+        fut, cancel = self._submit(coro)
+        try:
+            return await asyncio.wrap_future(fut)
+        except BaseException:
+            cancel()
+            me = asyncio.current_task()
+            if self._stopped and fut.cancelled() and not (me and me.cancelling()):  # closed under the call
+                raise self.closed_error() from None
+            raise
+
+    async def relay(self, agen):
+        """`agen` (an async generator that lives on this loop) iterated from whichever loop iterates
+        this one; closing this one closes it."""
+        try:
+            while True:
+                try:
+                    item = await self.hop(agen.__anext__())
+                except StopAsyncIteration:
+                    return
+                yield item
+        finally:
+            if self.here():
+                await agen.aclose()
+            elif not self._stopped:
+                with contextlib.suppress(Exception):
+                    await self.hop(agen.aclose())
 
     def stop(self, timeout: float = 10.0) -> None:
         """Cancel what still runs on the loop (a call interrupted by Ctrl-C, vLLM's output handler) and
-        let it unwind before the loop stops: a task left pending is reported as destroyed at exit."""
+        let it unwind before the loop stops: a task left pending is reported as destroyed at exit.
+        Calls still waiting get the closed error."""
+        with self._guard:
+            self._stopped = True
         if not self.loop.is_running():
             return
-        if threading.current_thread() is self.thread:
+        if self.here():
             self.loop.stop()
             return
         with contextlib.suppress(Exception):
             asyncio.run_coroutine_threadsafe(_cancel_pending(timeout), self.loop).result(timeout + 5)
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(timeout=30)
+        for fut in list(self._pending):
+            with contextlib.suppress(concurrent.futures.InvalidStateError):
+                fut.set_exception(self.closed_error())
+
+
+def on_home_loop(method):
+    """A coroutine method of a model with a `_home` Loop (and `_live()`): it runs on that loop (where
+    vLLM's AsyncLLM and its output handler live), awaited from whichever event loop calls it."""
+    @functools.wraps(method)
+    async def call(self, *args, **kw):
+        if self._home is None:
+            return await method(self, *args, **kw)
+        self._live()
+        return await self._home.hop(method(self, *args, **kw))
+    return call
 
 
 async def _cancel_pending(timeout: float) -> None:
