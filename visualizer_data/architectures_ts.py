@@ -142,8 +142,9 @@ def _equivalents(m, point: str, layer: int | None) -> list[dict]:
                        ("nnterp", mappers.to_nnterp)):
         try:
             got = fn(m, addr)
-        except AddressError as e:
-            out.append({"engine": engine, "name": None, "why": str(e)})
+        except AddressError as e:  # the reason holds at every layer: its address written with `{L}` too
+            why = str(e) if layer is None else re.sub(rf"\b{re.escape(str(addr))}\b", f"{point}.{{L}}", str(e))
+            out.append({"engine": engine, "name": None, "why": why})
             continue
         name = str(got)
         if layer is not None and engine == "transformerLens":
