@@ -16,9 +16,10 @@ import json
 import os
 import platform
 import subprocess
-import tempfile
 from functools import lru_cache
 from pathlib import Path
+
+from engine.core.files import write_atomic
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = REPO / "reports" / "validator"
@@ -48,21 +49,9 @@ class CellError(ValueError):
         super().__init__("; ".join(problems))
 
 
-def write_atomic(path: Path, data: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    text = json.dumps(data, sort_keys=True, separators=(",", ":")) + "\n"
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)  # mkstemp makes it private; cells are committed files
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+def write(path: Path, data: dict) -> None:
+    """One cell as compact sorted JSON, written atomically (cells are committed files: mode 0644)."""
+    write_atomic(path, json.dumps(data, sort_keys=True, separators=(",", ":")) + "\n", mode=0o644)
 
 
 def read(path: Path) -> dict | None:
