@@ -19,8 +19,6 @@ import subprocess
 from functools import lru_cache
 from pathlib import Path
 
-from engine.core.files import write_atomic
-
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = REPO / "reports" / "validator"
 SCHEMA = 1
@@ -51,6 +49,7 @@ class CellError(ValueError):
 
 def write(path: Path, data: dict) -> None:
     """One cell as compact sorted JSON, written atomically (cells are committed files: mode 0644)."""
+    from engine.core.files import write_atomic  # deferred: `validator --help` imports neither engine nor torch
     write_atomic(path, json.dumps(data, sort_keys=True, separators=(",", ":")) + "\n", mode=0o644)
 
 

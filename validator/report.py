@@ -13,7 +13,6 @@ import math
 from collections import defaultdict
 from pathlib import Path
 
-from engine.core.files import write_atomic
 from validator import cells, known_gaps
 from validator.engines import ENGINES
 from validator.order import point_rank
@@ -420,6 +419,7 @@ def texts(all_cells) -> dict[str, str]:
 
 def render(out: Path) -> list[Path]:
     """Write every report under `out` from its cells; remove details of models without cells."""
+    from engine.core.files import write_atomic  # deferred: `validator --help` imports neither engine nor torch
     out = Path(out)
     all_cells = cells.load_all(out)
     written = []
