@@ -13,10 +13,10 @@ or timed out, with the message)."""
 from __future__ import annotations
 
 import json
-import os
 import re
-import tempfile
 from pathlib import Path
+
+from engine.core.files import write_atomic
 
 SCHEMA = 2
 STATUSES = ("ok", "invalid", "n/a", "skipped", "error")
@@ -39,24 +39,6 @@ def check_sweep_name(name: str) -> str:
         raise ValueError(f"sweep name {name!r} must be lower-case letters, digits, '.', '_' or '-' "
                          f"(it names a folder and a table column).")
     return name
-
-
-def write_atomic(path: Path, text: str) -> None:
-    """Write via a temp file in the same folder and rename, so a reader never sees half a file."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; give the file the usual mode
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
 
 
 def make_cell(sweep: str, variant: str, workload: str, status: str, reason: str = "", **fields) -> dict:

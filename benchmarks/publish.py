@@ -14,6 +14,7 @@ from typing import Callable
 from benchmarks import cells as cellio
 from benchmarks import plots, report
 from benchmarks.table import Table
+from engine.core.files import write_atomic
 
 START, END = "<!-- THROUGHPUT:START -->", "<!-- THROUGHPUT:END -->"
 REPORT_MD = "results-latest.md"
@@ -95,10 +96,10 @@ def main(sweeps, readme: Path, ts: Path, out_dir: Path, check: bool, log=print, 
         return 0
     rendered = {p: render() for p, (_, render) in pngs.items()}  # a plot that fails stops here: nothing written
     for p, text in texts.items():
-        cellio.write_atomic(p, text)
+        write_atomic(p, text)
         log(f"wrote {p}")
     for p, data in rendered.items():
-        _write_bytes_atomic(p, data)
+        write_atomic(p, data, mode=0o644)
         log(f"wrote {p}")
     return 0
 
@@ -115,17 +116,6 @@ def report_main(sweeps, out_dir: Path, check: bool) -> int:
             return 1
         print(f"{path} matches the cells.")
         return 0
-    cellio.write_atomic(path, text)
+    write_atomic(path, text)
     print(f"wrote {path}")
     return 0
-
-
-def _write_bytes_atomic(path: Path, data: bytes) -> None:
-    import os
-    import tempfile
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    with os.fdopen(fd, "wb") as f:
-        f.write(data)
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, path)

@@ -13,6 +13,7 @@ class Workload:
     batch: int  # prompts per run
     generates: bool  # tokens counted are new tokens (else prompt tokens)
     baseline: str  # the plain workload of the same variant its cost is compared with
+    runs: str  # which job a Runner builds for it (one of RUNS), on the prompt batch/long say
     long: bool = False  # the prompt is Params.long_prompt_tokens long (else prompt_tokens)
     captures: int = 0  # layers whose resid_post it returns: 0, 1, or -1 for every layer
     steers: int = 0  # layers it steers: 0, 1 (the middle one) or -1 for every layer
@@ -30,37 +31,46 @@ class Workload:
         return self.prompt_len(p) + (p.new_tokens - 1 if self.generates else 0)
 
 
+# what a workload runs: the Runner method (benchmarks/variants/base.py) that builds its Job from (workload,
+# prompt ids): generate (greedy new_tokens), forward (no capture), capture (resid_post at the layers
+# `captures` says), capture_gen (resid_post at every layer while generating), steer (generation with the
+# steer vector at the layers `steers` says), lens (resid_post at every layer, then the unembedding)
+RUNS = ("generate", "forward", "capture", "capture_gen", "steer", "lens")
+
 _GEN = "greedy generation of new_tokens (prefill included in the time)"
 WORKLOADS: tuple[Workload, ...] = (
-    Workload("decode", "decode (1 stream)", f"{_GEN} from one prompt", 1, True, "decode"),
+    Workload("decode", "decode (1 stream)", f"{_GEN} from one prompt", 1, True, "decode", runs="generate"),
     Workload("concurrency8", "concurrency 8 (aggregate)",
              f"{_GEN} for 8 different prompts together (one batch / 8 concurrent requests); tok/s is the "
-             "aggregate over the 8 streams", 8, True, "concurrency8"),
-    Workload("prefill", "prefill", "one forward pass over the prompt, no capture", 1, False, "prefill"),
+             "aggregate over the 8 streams", 8, True, "concurrency8", runs="generate"),
+    Workload("prefill", "prefill", "one forward pass over the prompt, no capture", 1, False, "prefill",
+             runs="forward"),
     Workload("capture_one", "capture at one layer",
-             "one forward pass capturing resid_post at the middle layer", 1, False, "prefill", captures=1),
+             "one forward pass capturing resid_post at the middle layer", 1, False, "prefill",
+             runs="capture", captures=1),
     Workload("capture_all", "capture at every layer",
-             "one forward pass capturing resid_post at every layer", 1, False, "prefill", captures=-1),
+             "one forward pass capturing resid_post at every layer", 1, False, "prefill",
+             runs="capture", captures=-1),
     Workload("lens", "logit lens",
              "one forward pass capturing resid_post at every layer, then the unembedding (final norm, lm_head) "
-             "applied to each", 1, False, "prefill", captures=-1),
+             "applied to each", 1, False, "prefill", runs="lens", captures=-1),
     Workload("capture_gen", "capture during generation",
              f"{_GEN} capturing resid_post at every layer for the prompt and every fed-back token", 1, True,
-             "decode", captures=-1),
+             "decode", runs="capture_gen", captures=-1),
     Workload("capture_gen8", "capture during generation, 8 streams",
              f"{_GEN} for 8 prompts together, each capturing resid_post at every layer", 8, True,
-             "concurrency8", captures=-1),
+             "concurrency8", runs="capture_gen", captures=-1),
     Workload("steer", "steer one layer",
              f"{_GEN} with a vector added to resid_post at the middle layer at every position", 1, True, "decode",
-             steers=1),
+             runs="steer", steers=1),
     Workload("steer_all", "steer every layer",
              f"{_GEN} with a vector added to resid_post at every layer at every position", 1, True, "decode",
-             steers=-1),
+             runs="steer", steers=-1),
     Workload("long_prefill", "long prompt prefill", "one forward pass over the long prompt, no capture", 1,
-             False, "long_prefill", long=True),
+             False, "long_prefill", runs="forward", long=True),
     Workload("long_capture", "long prompt, capture at every layer",
              "one forward pass over the long prompt capturing resid_post at every layer", 1, False,
-             "long_prefill", long=True, captures=-1),
+             "long_prefill", runs="capture", long=True, captures=-1),
 )
 
 BY_NAME = {w.name: w for w in WORKLOADS}
@@ -76,6 +86,8 @@ def get(name: str) -> Workload:
 
 def _check_table() -> None:
     for w in WORKLOADS:
+        if w.runs not in RUNS:
+            raise AssertionError(f"workload {w.name!r} runs {w.runs!r}, which is not one of {RUNS}")
         base = BY_NAME.get(w.baseline)
         if base is None or base.baseline != base.name or base.generates != w.generates or base.long != w.long \
                 or base.batch != w.batch:

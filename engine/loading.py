@@ -11,11 +11,11 @@ import logging
 
 import torch
 
+from engine.core.points import BACKENDS
 from engine.families.base import family_for
 from engine.model import options, sources
 
 log = logging.getLogger("engine")
-BACKENDS = ("eager", "vllm", "vllm-static", "vllm-generate")
 SOURCES = sources.SOURCES
 _FROM = {"real": "the local HF cache (real weights)", "zoo": "the zoo (tiny twin, seeded random weights)",
          "local": "a local model directory"}

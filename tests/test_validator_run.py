@@ -102,13 +102,13 @@ def test_stale_cell_is_recomputed_when_inputs_change(tmp_path):
 
 def test_atomic_write_leaves_no_partial_cell(tmp_path, monkeypatch):
     path = tmp_path / "cells" / "x__hf.json"
-    cells.write_atomic(path, {"a": 1})
+    cells.write(path, {"a": 1})
 
     def boom(*a):
         raise OSError("disk full")
     monkeypatch.setattr(cells.os, "replace", boom)
     with pytest.raises(OSError):
-        cells.write_atomic(path, {"a": 2})
+        cells.write(path, {"a": 2})
     assert json.loads(path.read_text()) == {"a": 1}
     assert [p.name for p in path.parent.iterdir()] == ["x__hf.json"]
 
@@ -122,7 +122,7 @@ def test_drift_check_passes_fresh_and_fails_after_a_cell_changes(tmp_path):
     cell = cells.read(path)
     cell["rows"][0]["verdict"] = "fail"
     cell["summary"] = {"pass": 0, "warn": 0, "fail": 1, "gap": 0}
-    cells.write_atomic(path, cell)
+    cells.write(path, cell)
     problems = report.check(tmp_path)
     assert any(p.startswith("README.md") for p in problems)
     assert any(p.startswith("details/") for p in problems) and any(p.startswith("summary.csv") for p in problems)

@@ -16,7 +16,6 @@ import json
 import os
 import platform
 import subprocess
-import tempfile
 from functools import lru_cache
 from pathlib import Path
 
@@ -48,21 +47,10 @@ class CellError(ValueError):
         super().__init__("; ".join(problems))
 
 
-def write_atomic(path: Path, data: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    text = json.dumps(data, sort_keys=True, separators=(",", ":")) + "\n"
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)  # mkstemp makes it private; cells are committed files
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+def write(path: Path, data: dict) -> None:
+    """One cell as compact sorted JSON, written atomically (cells are committed files: mode 0644)."""
+    from engine.core.files import write_atomic  # deferred: `validator --help` imports neither engine nor torch
+    write_atomic(path, json.dumps(data, sort_keys=True, separators=(",", ":")) + "\n", mode=0o644)
 
 
 def read(path: Path) -> dict | None:

@@ -419,6 +419,7 @@ def texts(all_cells) -> dict[str, str]:
 
 def render(out: Path) -> list[Path]:
     """Write every report under `out` from its cells; remove details of models without cells."""
+    from engine.core.files import write_atomic  # deferred: `validator --help` imports neither engine nor torch
     out = Path(out)
     all_cells = cells.load_all(out)
     written = []
@@ -427,33 +428,16 @@ def render(out: Path) -> list[Path]:
         p = out / rel
         p.parent.mkdir(parents=True, exist_ok=True)
         if not p.exists() or p.read_text() != text:
-            _write_text(p, text)
+            write_atomic(p, text, mode=0o644)
         written.append(p)
     for stale in (out / "details").glob("*.md"):
         if f"details/{stale.name}" not in wanted:
             stale.unlink()
     png, digest = render_heatmap(all_cells)
     if png_digest(out / HEAT_NAME) != digest or png_problem(out / HEAT_NAME):
-        _write_text(out / HEAT_NAME, png)
+        write_atomic(out / HEAT_NAME, png, mode=0o644)
     written.append(out / HEAT_NAME)
     return written
-
-
-def _write_text(path: Path, content) -> None:
-    """Atomic (temp file + rename): a reader, or a second run rendering the same directory, never sees
-    half a report."""
-    import os
-    import tempfile
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(content.encode() if isinstance(content, str) else content)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
 
 
 def check(out: Path) -> list[str]:

@@ -89,7 +89,7 @@ def _write(path: Path, data: dict, opts: Options) -> bool:
         if old and old.get("status") == "ok":
             opts.kept.append((path, data.get("error", "")))
             return False
-    cells.write_atomic(path, data)
+    cells.write(path, data)
     if opts.after_cell:
         opts.after_cell(path)
     return True

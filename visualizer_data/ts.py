@@ -36,7 +36,7 @@ def module(command: str, source: str, interfaces: str, exports: list[tuple[str, 
 
 def check_or_write(files: dict[Path, str], check: bool, fix: str, log=print) -> int:
     """Write every file (atomically), or with check=True report each file that differs; 1 on drift."""
-    from benchmarks.cells import write_atomic
+    from engine.core.files import write_atomic
     drift = []
     for path, text in files.items():
         if check:

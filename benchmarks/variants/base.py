@@ -1,7 +1,9 @@
 """What a variant implements: load a model once, then hand out one Job per workload.
 
-A Runner has one method per workload it supports, named after the workload; a workload without
-a method is "n/a" with the reason from the variant's table entry (benchmarks/variants/__init__.py).
+The workload table (benchmarks/workloads.py) says what each workload runs (`Workload.runs`: generate,
+forward, capture, capture_gen, steer or lens) and on which prompt (batch, long); a Runner implements
+those few kinds, each taking the workload and its prompt ids. A workload a variant cannot do is "n/a"
+with the reason from the variant's table entry (benchmarks/variants/__init__.py).
 Every job's check (run on the last timed output) proves what the figure claims: a capture returned
 every layer and every row, a steer changed the generated tokens; the worker also counts the tokens
 a generation produced.
@@ -12,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from benchmarks.spec import Params
+from benchmarks.workloads import Workload
 from benchmarks.workloads import get as get_workload
 
 
@@ -37,6 +40,10 @@ class Runner:
         self.name = variant.name
         self.backend = variant.backend
         self.model_info: dict = {}
+        # the prompts load() tokenizes: one, a batch of eight, the long one (None: the variant has none)
+        self.ids1: Any = None
+        self.ids8: Any = None
+        self.ids_long: Any = None
 
     def load(self) -> None:
         raise NotImplementedError
@@ -45,14 +52,29 @@ class Runner:
         """Free what load() holds (vLLM engines); the worker calls it before exiting."""
 
     def job(self, workload: str) -> Job:
-        fn = getattr(self, workload, None)
-        if fn is None:
-            raise NotImplementedError(f"variant {self.name!r} has no {workload!r} workload")
-        return fn()
+        """The Job for `workload`: the Runner's method named by the workload's `runs` (generate, forward,
+        capture, capture_gen, steer, lens; each takes the workload and its prompt ids), on its prompt."""
+        wl = get_workload(workload)
+        build = getattr(self, wl.runs, None)
+        if build is None:
+            return self.cannot(wl)
+        return build(wl, self.prompt(wl))
+
+    def cannot(self, wl: Workload) -> Job:
+        """What a variant answers for a workload it cannot build."""
+        raise NotImplementedError(f"variant {self.name!r} has no {wl.name!r} workload")
+
+    def prompt(self, wl: Workload) -> Any:
+        """The prompt ids `wl` runs on: the long prompt, the batch of eight, or the single prompt."""
+        ids = self.ids_long if wl.long else self.ids8 if wl.batch > 1 else self.ids1
+        return self.cannot(wl) if ids is None else ids
 
     # helpers shared by runners --------------------------------------------------------------
     def middle_layer(self, n_layers: int) -> int:
         return n_layers // 2
+
+    def capture_layers(self, wl: Workload, n_layers: int) -> list[int]:
+        return [self.middle_layer(n_layers)] if wl.captures == 1 else list(range(n_layers))
 
     def steer_layers(self, workload: str, n_layers: int) -> list[int]:
         return list(range(n_layers)) if get_workload(workload).steers == -1 else [self.middle_layer(n_layers)]

@@ -38,41 +38,25 @@ class HFRunner(Runner):
                 return self.hf(ids, use_cache=False, **kw)
         return run
 
-    def _hidden(self, workload, ids):
+    def generate(self, wl, ids):
+        return Job(self._gen(ids))
+
+    def forward(self, wl, ids):
+        return Job(self._fwd(ids))
+
+    def capture(self, wl, ids):
+        if wl.captures != -1:  # output_hidden_states returns every layer or none
+            return self.cannot(wl)
         # hidden_states holds the embeddings first, then one entry per layer
-        check = self.capture_check(workload, self.n_layers, lambda out: [tuple(h.shape) for h in out.hidden_states[1:]])
+        check = self.capture_check(wl.name, self.n_layers, lambda out: [tuple(h.shape) for h in out.hidden_states[1:]])
         return Job(self._fwd(ids, output_hidden_states=True), check, notes=[_LAST_NORMED])
 
-    def decode(self):
-        return Job(self._gen(self.ids1))
-
-    def concurrency8(self):
-        return Job(self._gen(self.ids8))
-
-    def prefill(self):
-        return Job(self._fwd(self.ids1))
-
-    def long_prefill(self):
-        return Job(self._fwd(self.ids_long))
-
-    def capture_all(self):
-        return self._hidden("capture_all", self.ids1)
-
-    def long_capture(self):
-        return self._hidden("long_capture", self.ids_long)
-
-    def _capture_gen(self, workload, ids):
+    def capture_gen(self, wl, ids):
         def shapes(out):  # one tuple per step: the prompt's rows first, then one row per fed-back token
             steps = out.hidden_states
             return [(steps[0][i + 1].shape[0], sum(s[i + 1].shape[1] for s in steps), steps[0][i + 1].shape[2])
                     for i in range(self.n_layers)]
         return Job(self._gen(ids, output_hidden_states=True, return_dict_in_generate=True),
-                   self.capture_check(workload, self.n_layers, shapes),
+                   self.capture_check(wl.name, self.n_layers, shapes),
                    notes=["HF generate(output_hidden_states=True): hidden states per step, the last entry after "
                           "the final norm"])
-
-    def capture_gen(self):
-        return self._capture_gen("capture_gen", self.ids1)
-
-    def capture_gen8(self):
-        return self._capture_gen("capture_gen8", self.ids8)

@@ -39,44 +39,34 @@ class IERunner(Runner):
                                                                  temperature=0.0, stop_at_eos=False)]
         return run
 
-    def decode(self):
-        return Job(self._gen(self.ids1), notes=["interp-engine generate_stream (greedy, one token per step)"])
+    def generate(self, wl, ids):
+        return Job(self._gen(ids), notes=["interp-engine generate_stream (greedy, one token per step)"])
 
-    def prefill(self):
-        return Job(lambda: self.ie.capture(self.m, self.ids1, []),
+    def forward(self, wl, ids):
+        return Job(lambda: self.ie.capture(self.m, ids, []),
                    notes=["interp-engine capture with no points: one forward pass"])
 
-    def long_prefill(self):
-        return Job(lambda: self.ie.capture(self.m, self.ids_long, []),
-                   notes=["interp-engine capture with no points: one forward pass"])
+    def capture(self, wl, ids):
+        return self._capture(wl.name, ids, self.capture_layers(wl, self.n_layers))
 
-    def capture_one(self):
-        return self._capture("capture_one", self.ids1, [self.L])
-
-    def capture_all(self):
-        return self._capture("capture_all", self.ids1, range(self.n_layers))
-
-    def long_capture(self):
-        return self._capture("long_capture", self.ids_long, range(self.n_layers))
-
-    def capture_gen(self):
+    def capture_gen(self, wl, ids):
         points = self._points(range(self.n_layers))
 
         def run():
-            return self.ie.capture_generation(self.m, self.ids1, points, max_tokens=self.p.new_tokens,
+            return self.ie.capture_generation(self.m, ids, points, max_tokens=self.p.new_tokens,
                                               temperature=0.0)
-        return Job(run, self.capture_check("capture_gen", self.n_layers,
+        return Job(run, self.capture_check(wl.name, self.n_layers,
                                            lambda out: [tuple(t.shape) for t in out[1].tensors.values()],
                                            self.d_model),
                    notes=["interp-engine capture_generation generates, then runs one extra forward over prompt + "
                           "generated tokens to capture them"])
 
-    def _steer(self, workload):
+    def steer(self, wl, ids):
         ie = self.ie
         v = steer_vector(self.d_model, self.p.steer_scale)
         spec = ie.SteeringSpec(layers={i: ie.LayerSteeringSpec(operations=[ie.AddSpec(vector=v, scale=1.0)])
-                                       for i in self.steer_layers(workload, self.n_layers)})
-        gen = self._gen(self.ids1)
+                                       for i in self.steer_layers(wl.name, self.n_layers)})
+        gen = self._gen(ids)
 
         def run():
             with ie.steer(self.m, spec):
@@ -87,19 +77,13 @@ class IERunner(Runner):
             return tokens_changed(torch.tensor(last), torch.tensor(gen()))
         return Job(run, check)
 
-    def steer(self):
-        return self._steer("steer")
-
-    def steer_all(self):
-        return self._steer("steer_all")
-
-    def lens(self):
+    def lens(self, wl, ids):
         layers = list(range(self.n_layers))
 
         def run():
-            return self.ie.layer_logits(self.m, self.ids1, {"logit_lens": layers})["logit_lens"]
+            return self.ie.layer_logits(self.m, ids, {"logit_lens": layers})["logit_lens"]
 
         def shapes(out):  # [pos, vocab] per layer (interp-engine drops the batch axis)
             return [(1, *tuple(t.shape)) for t in out.values()]
-        return Job(run, self.capture_check("lens", self.n_layers, shapes),
+        return Job(run, self.capture_check(wl.name, self.n_layers, shapes),
                    notes=["interp-engine layer_logits (logit lens): one forward, final norm + lm_head per layer"])

@@ -79,28 +79,16 @@ class NNsightRunner(Runner):
                                    None if lens else self.d_model)
         return Job(self._trace(ids, layers, lens), check)
 
-    def decode(self):
-        return Job(self._generate(self.ids1))
+    def generate(self, wl, ids):
+        return Job(self._generate(ids))
 
-    def concurrency8(self):
-        return Job(self._generate(self.ids8))
+    def forward(self, wl, ids):
+        return Job(self._trace(ids, []), notes=["nnsight trace saving the logits (lm_head output)"])
 
-    def prefill(self):
-        return Job(self._trace(self.ids1, []), notes=["nnsight trace saving the logits (lm_head output)"])
+    def capture(self, wl, ids):
+        return self._capture(wl.name, ids, self.capture_layers(wl, self.n_layers))
 
-    def long_prefill(self):
-        return Job(self._trace(self.ids_long, []), notes=["nnsight trace saving the logits (lm_head output)"])
-
-    def capture_one(self):
-        return self._capture("capture_one", self.ids1, [self.L])
-
-    def capture_all(self):
-        return self._capture("capture_all", self.ids1, range(self.n_layers))
-
-    def long_capture(self):
-        return self._capture("long_capture", self.ids_long, range(self.n_layers))
-
-    def _capture_gen(self, workload, ids):
+    def capture_gen(self, wl, ids):
         def body(tracer):
             saved = [list().save() for _ in range(self.n_layers)]
             with tracer.all():  # every step appends its rows, so the lists hold prompt + fed-back tokens
@@ -111,39 +99,27 @@ class NNsightRunner(Runner):
         def shapes(out):
             per_layer = out[1]
             return [(_out(s[0]).shape[0], sum(_out(t).shape[1] for t in s), _out(s[0]).shape[2]) for s in per_layer]
-        return Job(self._generate(ids, body), self.capture_check(workload, self.n_layers, shapes, self.d_model),
+        return Job(self._generate(ids, body), self.capture_check(wl.name, self.n_layers, shapes, self.d_model),
                    notes=["nnsight generate with tracer.all(), appending every step's layer outputs to saved lists"])
 
-    def capture_gen(self):
-        return self._capture_gen("capture_gen", self.ids1)
-
-    def capture_gen8(self):
-        return self._capture_gen("capture_gen8", self.ids8)
-
-    def _steer(self, workload):
+    def steer(self, wl, ids):
         v = steer_vector(self.d_model, self.p.steer_scale).to(self.p.device)
-        layers = self.steer_layers(workload, self.n_layers)
+        layers = self.steer_layers(wl.name, self.n_layers)
 
         def body(tracer):
             with tracer.all():
                 for i in layers:
                     self.layer(i).output[:] += v
-        run = self._generate(self.ids1, body)
-        plain = self._generate(self.ids1)
+        run = self._generate(ids, body)
+        plain = self._generate(ids)
 
         def check(last):
-            n = self.ids1.shape[1]
+            n = ids.shape[1]
             return tokens_changed(last[0][:, n:], plain()[0][:, n:])
         return Job(run, check)
 
-    def steer(self):
-        return self._steer("steer")
-
-    def steer_all(self):
-        return self._steer("steer_all")
-
-    def lens(self):
-        job = self._capture("lens", self.ids1, range(self.n_layers), lens=True)
+    def lens(self, wl, ids):
+        job = self._capture(wl.name, ids, range(self.n_layers), lens=True)
         job.notes.append("nnsight lens: the final norm and lm_head modules applied to each saved layer output "
                          "inside the trace")
         return job

@@ -34,63 +34,37 @@ class EagerRunner(Runner):
     def _gen(self, ids, **kw):
         return lambda: self.m.generate(ids, max_new_tokens=self.p.new_tokens, **kw)
 
-    def _capture(self, workload, ids, points):
+    def generate(self, wl, ids):
+        return Job(self._gen(ids))
+
+    def forward(self, wl, ids):
+        return Job(lambda: self.m.run_with_cache(ids, []))
+
+    def capture(self, wl, ids):
+        points = [f"resid_post.{self.L}"] if wl.captures == 1 else ["resid_post"]
         return Job(lambda: self.m.run_with_cache(ids, points),
-                   self.capture_check(workload, self.n_layers, lambda out: _shapes(out[1]), self.m.d_model))
+                   self.capture_check(wl.name, self.n_layers, lambda out: _shapes(out[1]), self.m.d_model))
 
-    def decode(self):
-        return Job(self._gen(self.ids1))
-
-    def concurrency8(self):
-        return Job(self._gen(self.ids8))
-
-    def prefill(self):
-        return Job(lambda: self.m.run_with_cache(self.ids1, []))
-
-    def long_prefill(self):
-        return Job(lambda: self.m.run_with_cache(self.ids_long, []))
-
-    def capture_one(self):
-        return self._capture("capture_one", self.ids1, [f"resid_post.{self.L}"])
-
-    def capture_all(self):
-        return self._capture("capture_all", self.ids1, ["resid_post"])
-
-    def long_capture(self):
-        return self._capture("long_capture", self.ids_long, ["resid_post"])
-
-    def _capture_gen(self, workload, ids):
+    def capture_gen(self, wl, ids):
         return Job(self._gen(ids, points=["resid_post"]),
-                   self.capture_check(workload, self.n_layers, lambda out: _shapes(out.cache), self.m.d_model))
+                   self.capture_check(wl.name, self.n_layers, lambda out: _shapes(out.cache), self.m.d_model))
 
-    def capture_gen(self):
-        return self._capture_gen("capture_gen", self.ids1)
-
-    def capture_gen8(self):
-        return self._capture_gen("capture_gen8", self.ids8)
-
-    def _steer(self, workload):
+    def steer(self, wl, ids):
         from engine.core.steering import Steer
         v = steer_vector(self.m.d_model, self.p.steer_scale, self.m.dtype).to(self.p.device)
-        st = [Steer(f"resid_post.{i}", "add", v) for i in self.steer_layers(workload, self.n_layers)]
-        run = self._gen(self.ids1, steer=st)
+        st = [Steer(f"resid_post.{i}", "add", v) for i in self.steer_layers(wl.name, self.n_layers)]
+        run = self._gen(ids, steer=st)
 
         def check(last):
-            plain = self._gen(self.ids1)()
+            plain = self._gen(ids)()
             return tokens_changed(_new_tokens(last), _new_tokens(plain))
         return Job(run, check)
 
-    def steer(self):
-        return self._steer("steer")
-
-    def steer_all(self):
-        return self._steer("steer_all")
-
-    def lens(self):
+    def lens(self, wl, ids):
         def run():
-            _, cache = self.m.run_with_cache(self.ids1, ["resid_post"])
+            _, cache = self.m.run_with_cache(ids, ["resid_post"])
             return [self.m.logit_lens(cache[f"resid_post.{i}"]) for i in range(self.n_layers)]
-        return Job(run, self.capture_check("lens", self.n_layers, lambda out: [tuple(t.shape) for t in out]))
+        return Job(run, self.capture_check(wl.name, self.n_layers, lambda out: [tuple(t.shape) for t in out]))
 
 
 def _new_tokens(result):
@@ -140,24 +114,21 @@ class VllmRunner(EagerRunner):
         # logits of the new tokens are extra work stock generate does not do; the figure is generation
         return super()._gen(ids, return_logits=False, **kw)
 
-    def _prefill(self, ids, what):
+    def _room(self, ids) -> None:
         if ids.shape[1] + 1 > self.max_len:
             raise NotApplicable(f"the model's {self.max_len} positions leave no room for the token vLLM must "
                                 f"generate after a {ids.shape[1]}-token prompt")
+
+    def forward(self, wl, ids):
+        self._room(ids)
         return Job(lambda: self.m.generate(ids, max_new_tokens=1, return_logits=False),
-                   notes=[f"{what} timed as generate with max_new_tokens=1 (stock vLLM has no bare forward): "
+                   notes=[f"{wl.title} timed as generate with max_new_tokens=1 (stock vLLM has no bare forward): "
                           "the prompt's forward plus one sampled token"])
 
-    def prefill(self):
-        return self._prefill(self.ids1, "prefill")
-
-    def long_prefill(self):
-        return self._prefill(self.ids_long, "long prompt prefill")
-
-    def long_capture(self):
-        if self.ids_long.shape[1] + 1 > self.max_len:
-            return self._prefill(self.ids_long, "")  # raises the same n/a
-        return super().long_capture()
+    def capture(self, wl, ids):
+        if wl.long:
+            self._room(ids)
+        return super().capture(wl, ids)
 
     def job(self, workload):
         from engine.core.errors import UnsupportedPointError

@@ -45,83 +45,62 @@ class TLRunner(Runner):
                 return self.b.run_with_cache(ids, names_filter=names)
         return run
 
-    def _capture(self, workload, ids, layers):
-        names = self._names(layers)  # the cache also holds each hook's aliases (hook_out): read ours only
-        return Job(self._cache(ids, layers),
-                   self.capture_check(workload, self.n_layers, lambda out: [tuple(out[1][n].shape) for n in names],
-                                      self.d_model))
-
     def _fwd(self, ids):
         def run():
             with torch.no_grad():
                 return self.b(ids)
         return run
 
-    def decode(self):
-        return Job(self._gen(self.ids1))
+    def generate(self, wl, ids):
+        return Job(self._gen(ids))
 
-    def concurrency8(self):
-        return Job(self._gen(self.ids8))
+    def forward(self, wl, ids):
+        return Job(self._fwd(ids))
 
-    def prefill(self):
-        return Job(self._fwd(self.ids1))
+    def capture(self, wl, ids):
+        layers = self.capture_layers(wl, self.n_layers)
+        names = self._names(layers)  # the cache also holds each hook's aliases (hook_out): read ours only
+        return Job(self._cache(ids, layers),
+                   self.capture_check(wl.name, self.n_layers, lambda out: [tuple(out[1][n].shape) for n in names],
+                                      self.d_model))
 
-    def long_prefill(self):
-        return Job(self._fwd(self.ids_long))
-
-    def capture_one(self):
-        return self._capture("capture_one", self.ids1, [self.L])
-
-    def capture_all(self):
-        return self._capture("capture_all", self.ids1, range(self.n_layers))
-
-    def long_capture(self):
-        return self._capture("long_capture", self.ids_long, range(self.n_layers))
-
-    def _capture_gen(self, workload, ids):
+    def capture_gen(self, wl, ids):
+        if wl.batch > 1:  # TransformerLens 4.3 refuses generate(return_cache=True) for more than one prompt
+            return self.cannot(wl)
         names = self._names(range(self.n_layers))
 
         def shapes(out):  # the clean forward covers prompt + every new token; the last has no place in a
             # generation loop's capture, so a full capture here has one row more than the loop's
             return [(out[1][n].shape[0], out[1][n].shape[1] - 1, *out[1][n].shape[2:]) for n in names]
         return Job(self._gen(ids, return_cache=True, names_filter=names),
-                   self.capture_check(workload, self.n_layers, shapes, self.d_model),
+                   self.capture_check(wl.name, self.n_layers, shapes, self.d_model),
                    notes=["TransformerLens generate(return_cache=True) generates first, then runs one extra clean "
                           "forward over prompt + output to fill the cache (its rows include the last new token)"])
 
-    def capture_gen(self):
-        return self._capture_gen("capture_gen", self.ids1)
-
-    def _steer(self, workload):
+    def steer(self, wl, ids):
         v = steer_vector(self.d_model, self.p.steer_scale).to(self.p.device)
 
         def add(t, hook):
             return t + v.to(t.dtype)
-        hooks = [(f"blocks.{i}.hook_resid_post", add) for i in self.steer_layers(workload, self.n_layers)]
-        gen = self._gen(self.ids1)
+        hooks = [(f"blocks.{i}.hook_resid_post", add) for i in self.steer_layers(wl.name, self.n_layers)]
+        gen = self._gen(ids)
 
         def run():
             with self.b.hooks(fwd_hooks=hooks):
                 return gen()
 
         def check(last):
-            return tokens_changed(_new(last, self.ids1), _new(gen(), self.ids1))
+            return tokens_changed(_new(last, ids), _new(gen(), ids))
         return Job(run, check)
 
-    def steer(self):
-        return self._steer("steer")
-
-    def steer_all(self):
-        return self._steer("steer_all")
-
-    def lens(self):
-        run_cache = self._cache(self.ids1, range(self.n_layers))
+    def lens(self, wl, ids):
+        run_cache = self._cache(ids, range(self.n_layers))
 
         def run():
             with torch.no_grad():
                 _, cache = run_cache()
                 return [self.b.unembed(self.b.ln_final(cache[n])) for n in self._names(range(self.n_layers))]
-        return Job(run, self.capture_check("lens", self.n_layers, lambda out: [tuple(t.shape) for t in out]))
+        return Job(run, self.capture_check(wl.name, self.n_layers, lambda out: [tuple(t.shape) for t in out]))
 
 
 def _new(tokens, prompt):

@@ -11,4 +11,5 @@ module-level or deferred; torch is allowed).
     results       ActivationCache, Request, RequestResult, GenerationResult, StreamStep
     tokens        token/string helpers shared by every backend
     inputs        what a user may pass as input (strings, token lists, tensors) and its limits
+    files         write_atomic: the one atomic file writer (engine, validator, benchmarks, site data)
 """

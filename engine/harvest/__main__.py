@@ -15,6 +15,7 @@ import json
 import sys
 
 from engine.core.errors import EngineError
+from engine.core.points import CAPTURE_BACKENDS
 
 DEMO = dict(model="meta-llama/Llama-3.2-1B", points="resid_post.1,mlp_out.1", out="harvest-demo", shard_tokens=512)
 
@@ -27,7 +28,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--points", help="comma-separated addresses; a bare name means every layer (resid_post)")
     p.add_argument("--data", help=".txt (one document per line), .jsonl, .parquet, .arrow, or a directory of them")
     p.add_argument("--out", help="output directory (resumable: rerun the same command after a crash)")
-    p.add_argument("--backend", default="vllm", choices=["vllm", "vllm-static", "eager"])
+    p.add_argument("--backend", default="vllm", choices=CAPTURE_BACKENDS)
     p.add_argument("--positions", default="all", choices=["all", "last"])
     p.add_argument("--shard-tokens", type=int, default=65536, help="rows per shard (the last one may be shorter)")
     p.add_argument("--dtype", default="fp32", choices=["bf16", "fp16", "fp32"], help="storage dtype")

@@ -21,7 +21,7 @@ import os
 import time
 from pathlib import Path
 
-from engine.harvest.shards import atomic_write
+from engine.core.files import write_atomic
 
 FORMAT = "interp-harvest/1"
 TIMESTAMPS = ("created", "updated", "merged")
@@ -147,7 +147,7 @@ class PartManifest:
 
     def save(self) -> None:
         self.data["updated"] = now()
-        atomic_write(self.directory / PART, dumps(self.data))
+        write_atomic(self.directory / PART, dumps(self.data), durable=True)
 
 
 def merge(out: Path) -> dict | None:
@@ -182,5 +182,5 @@ def merge(out: Path) -> dict | None:
                 {k: v for k, v in merged.items() if k not in TIMESTAMPS}:
             return held
         compare(held["identity"], merged["identity"], path)
-    atomic_write(path, dumps(merged))
+    write_atomic(path, dumps(merged), durable=True)
     return merged

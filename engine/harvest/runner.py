@@ -16,9 +16,10 @@ from pathlib import Path
 
 import torch
 
+from engine.core.files import remove_temps
 from engine.harvest import batches, capture, inputs
 from engine.harvest import manifest as mf
-from engine.harvest.shards import DTYPES, INDEX_COLUMNS, Pending, ShardBuffer, ShardWriter, WriterStats, remove_temps
+from engine.harvest.shards import DTYPES, INDEX_COLUMNS, Pending, ShardBuffer, ShardWriter, WriterStats
 
 log = logging.getLogger("engine.harvest")
 MODEL_DTYPES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16",

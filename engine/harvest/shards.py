@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import queue
 import threading
 import time
@@ -21,42 +20,15 @@ from pathlib import Path
 
 import torch
 
+from engine.core.files import write_atomic
+
 # the index columns every shard holds beside one column per address
 INDEX_COLUMNS = {"token_ids": torch.int32, "doc_index": torch.int64, "position": torch.int32}
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
-TMP_MARK = ".tmp-"
 
 
 def shard_name(index: int) -> str:
     return f"shard-{index:06d}.safetensors"
-
-
-def fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def atomic_write(path: Path, data: bytes) -> None:
-    """Write data to path so that readers see the old file or the whole new one, never a part."""
-    tmp = path.with_name(f".{path.name}{TMP_MARK}{os.getpid()}")
-    with open(tmp, "wb") as fh:
-        fh.write(data)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
-    fsync_dir(path.parent)
-
-
-def remove_temps(directory: Path) -> int:
-    """Delete temp files a killed run left behind; how many."""
-    n = 0
-    for p in directory.glob(f".*{TMP_MARK}*"):
-        p.unlink(missing_ok=True)
-        n += 1
-    return n
 
 
 def serialize(tensors: dict[str, torch.Tensor], metadata: dict[str, str]) -> bytes:
@@ -70,7 +42,7 @@ def serialize(tensors: dict[str, torch.Tensor], metadata: dict[str, str]) -> byt
 def write_shard(path: Path, tensors: dict[str, torch.Tensor], metadata: dict[str, str]) -> tuple[str, int]:
     """Serialize, hash and atomically write one shard; (sha256, bytes)."""
     data = serialize(tensors, metadata)
-    atomic_write(path, data)
+    write_atomic(path, data, durable=True)
     return hashlib.sha256(data).hexdigest(), len(data)
 
 

@@ -9,6 +9,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from engine.core.files import write_atomic
 from engine.core.points import BACKENDS, POINTS
 from engine.families import registry
 
@@ -54,10 +55,7 @@ def main(argv=None) -> int:
             return 1
         print(f"{OUT} is up to date")
         return 0
-    OUT.parent.mkdir(parents=True, exist_ok=True)
-    tmp = OUT.with_suffix(".tmp")
-    tmp.write_text(text)
-    tmp.replace(OUT)
+    write_atomic(OUT, text)
     print(f"wrote {OUT}")
     return 0
 

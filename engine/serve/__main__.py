@@ -9,7 +9,7 @@ import os
 import socket
 import sys
 
-BACKENDS = ("vllm", "vllm-static", "eager")
+from engine.core.points import CAPTURE_BACKENDS
 
 
 def _size(s: str) -> int:
@@ -21,7 +21,7 @@ def _size(s: str) -> int:
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m engine.serve", description=__doc__.split("\n\n")[0])
     p.add_argument("model", help="a repo id (real if cached, else the zoo twin) or a model directory")
-    p.add_argument("--backend", default="vllm", choices=BACKENDS)
+    p.add_argument("--backend", default="vllm", choices=CAPTURE_BACKENDS)
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000, help="0: any free port (printed on startup)")
     p.add_argument("--api-key", default=os.environ.get("INTERP_API_KEY"),

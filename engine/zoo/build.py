@@ -27,6 +27,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from engine.core.files import write_atomic
+
 from .entries import ZOO, ZooEntry
 from .names import canonical_name
 from .tokenizer import VOCAB_SIZE, build_tokenizer, special_token_ids
@@ -383,12 +385,6 @@ def _sweep_tmp(tmp_root: Path, max_age_s: float = 3600.0) -> None:
             shutil.rmtree(d, ignore_errors=True)
 
 
-def _write_text_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-
-
 def install_snapshot(work: Path, repo: Path, rev: str, tmp_root: Path) -> None:
     """Make the finished build directory `work` the repo's snapshot `rev`, atomically, point
     refs/main at it and drop older revisions (the tiny and the real-size builders share this)."""
@@ -410,8 +406,7 @@ def install_snapshot(work: Path, repo: Path, rev: str, tmp_root: Path) -> None:
             raise
         shutil.rmtree(work, ignore_errors=True)
     ref = repo / "refs" / "main"
-    ref.parent.mkdir(parents=True, exist_ok=True)
-    _write_text_atomic(ref, rev)
+    write_atomic(ref, rev)
     for other in snap.parent.iterdir():  # older revisions of this repo
         if other.name != rev and other.is_dir():
             shutil.rmtree(other, ignore_errors=True)
@@ -427,8 +422,7 @@ def build_twin(name: str, root: Path | str | None = None, force: bool = False) -
     ref = repo / "refs" / "main"
     if not force and is_complete(snap):
         if not ref.is_file() or ref.read_text().strip() != rev:
-            ref.parent.mkdir(parents=True, exist_ok=True)
-            _write_text_atomic(ref, rev)
+            write_atomic(ref, rev)
         return snap
 
     tmp_root = hub.parent / "tmp"

@@ -24,6 +24,8 @@ import shutil
 import uuid
 from pathlib import Path
 
+from engine.core.files import write_atomic
+
 from . import build
 from .entries import ZooEntry
 from .real import REAL, RealDims
@@ -114,8 +116,7 @@ def build_real(name: str, force: bool = False) -> Path:
     snap, ref = repo / "snapshots" / rev, repo / "refs" / "main"
     if not force and build.is_complete(snap):
         if not ref.is_file() or ref.read_text().strip() != rev:
-            ref.parent.mkdir(parents=True, exist_ok=True)
-            build._write_text_atomic(ref, rev)
+            write_atomic(ref, rev)
         return snap
     tmp_root = hub.parent / "tmp"
     tmp_root.mkdir(parents=True, exist_ok=True)

@@ -27,12 +27,11 @@ from engine.backends.vllm.client import AsyncVLLMModel, StreamEvent
 from engine.backends.vllm.worker import runner as vllm_runner
 from engine.core.address import Address, closest, parse
 from engine.core.errors import AddressError, EngineError, FamilyLimitationError, UnsupportedPointError
-from engine.core.points import ALIASES, BY_NAME, backend_status, get_point
+from engine.core.points import ALIASES, BY_NAME, VLLM_BACKENDS, backend_status, get_point
 from engine.core.results import GenerationResult, Request, RequestResult
 from engine.model import options
 
 __all__ = ["load", "VLLMModel", "AsyncVLLMModel", "Request", "RequestResult", "GenerationResult", "StreamEvent"]
-BACKENDS = ("vllm", "vllm-static", "vllm-generate")
 
 
 def _shutdown(aio: AsyncVLLMModel, loop: rt.Loop) -> None:
@@ -179,8 +178,9 @@ def load(name: str, backend: str = "vllm", source: str = "auto", dtype=None, dev
     Unset dtype / max_model_len / max_num_seqs / KV cache are chosen for the platform
     (engine/backends/vllm/sizing.py: CPU keeps the small twin numbers, CUDA a GPU user's), and the
     load report says what was chosen and why."""
-    if backend not in BACKENDS:
-        raise ValueError(f"unknown vLLM backend {backend!r}.{closest(backend, BACKENDS)} Use one of {BACKENDS}.")
+    if backend not in VLLM_BACKENDS:
+        raise ValueError(f"unknown vLLM backend {backend!r}.{closest(backend, VLLM_BACKENDS)} "
+                         f"Use one of {VLLM_BACKENDS}.")
     if backend != "vllm-static" and static_points != "auto":
         raise ValueError(f"static_points is for backend='vllm-static', not {backend!r}.")
     rt.check_engine_args(backend, engine_kw)
