@@ -258,7 +258,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "q.0 is not a module boundary nnsight can read on apertus: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "q.{L} is not a module boundary nnsight can read on apertus: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -276,7 +276,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "k.0 is not a module boundary nnsight can read on apertus: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "k.{L} is not a module boundary nnsight can read on apertus: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -294,7 +294,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "value.0 is not a module boundary nnsight can read on apertus: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "value.{L} is not a module boundary nnsight can read on apertus: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -312,7 +312,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "attn_scores.0 is not a module boundary nnsight can read on apertus: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "attn_scores.{L} is not a module boundary nnsight can read on apertus: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -330,7 +330,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "attn_probs.0 is not a module boundary nnsight can read on apertus: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "attn_probs.{L} is not a module boundary nnsight can read on apertus: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {"engine": "nnterp", "name": "attention_probabilities[{L}]", "why": ""}
             ]
@@ -572,7 +572,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "q.0 is not a module boundary nnsight can read on arcee: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "q.{L} is not a module boundary nnsight can read on arcee: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -590,7 +590,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "k.0 is not a module boundary nnsight can read on arcee: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "k.{L} is not a module boundary nnsight can read on arcee: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -608,7 +608,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "value.0 is not a module boundary nnsight can read on arcee: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "value.{L} is not a module boundary nnsight can read on arcee: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -626,7 +626,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "attn_scores.0 is not a module boundary nnsight can read on arcee: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "attn_scores.{L} is not a module boundary nnsight can read on arcee: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -644,7 +644,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "attn_probs.0 is not a module boundary nnsight can read on arcee: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "attn_probs.{L} is not a module boundary nnsight can read on arcee: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {"engine": "nnterp", "name": "attention_probabilities[{L}]", "why": ""}
             ]
@@ -873,8 +873,8 @@ export const architectures: readonly Architecture[] = [
             "module": "model.layers.{L}.mamba",
             "how": "module input",
             "equivalents": [
-              {"engine": "transformerLens", "name": "blocks.{L}.mamba.hook_in", "why": ""},
-              {"engine": "nnsight", "name": "model.layers[{L}].self_attn.input", "why": ""},
+              {"engine": "transformerLens", "name": "blocks.{L}.mixer.hook_in", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mamba.input", "why": ""},
               {"engine": "nnterp", "name": "attentions_input[{L}]", "why": ""}
             ]
           },
@@ -887,7 +887,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "q.2 is not a module boundary nnsight can read on bamba: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "q.{L} is not a module boundary nnsight can read on bamba: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -905,7 +905,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "k.2 is not a module boundary nnsight can read on bamba: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "k.{L} is not a module boundary nnsight can read on bamba: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -923,7 +923,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "value.2 is not a module boundary nnsight can read on bamba: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "value.{L} is not a module boundary nnsight can read on bamba: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -941,7 +941,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "attn_scores.2 is not a module boundary nnsight can read on bamba: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "attn_scores.{L} is not a module boundary nnsight can read on bamba: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -959,7 +959,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "attn_probs.2 is not a module boundary nnsight can read on bamba: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "attn_probs.{L} is not a module boundary nnsight can read on bamba: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {"engine": "nnterp", "name": "attention_probabilities[{L}]", "why": ""}
             ]
@@ -987,8 +987,8 @@ export const architectures: readonly Architecture[] = [
             "module": "model.layers.{L}.mamba",
             "how": "module output",
             "equivalents": [
-              {"engine": "transformerLens", "name": "blocks.{L}.mamba.hook_out", "why": ""},
-              {"engine": "nnsight", "name": "model.layers[{L}].self_attn.output", "why": ""},
+              {"engine": "transformerLens", "name": "blocks.{L}.mixer.hook_out", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mamba.output", "why": ""},
               {"engine": "nnterp", "name": "attentions_output[{L}]", "why": ""}
             ]
           },
@@ -1219,7 +1219,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "q.0 is not a module boundary nnsight can read on bloom: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "q.{L} is not a module boundary nnsight can read on bloom: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -1237,7 +1237,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "k.0 is not a module boundary nnsight can read on bloom: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "k.{L} is not a module boundary nnsight can read on bloom: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -1255,7 +1255,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "value.0 is not a module boundary nnsight can read on bloom: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "value.{L} is not a module boundary nnsight can read on bloom: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -1273,7 +1273,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "attn_probs.0 is not a module boundary nnsight can read on bloom: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "attn_probs.{L} is not a module boundary nnsight can read on bloom: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {"engine": "nnterp", "name": "attention_probabilities[{L}]", "why": ""}
             ]
@@ -1305,12 +1305,12 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "attn_out.0 is not a module boundary nnsight can read on bloom: the attention module adds the residual itself (subtract its residual argument)."
+                "why": "attn_out.{L} is not a module boundary nnsight can read on bloom: the attention module adds the residual itself (subtract its residual argument)."
               },
               {
                 "engine": "nnterp",
                 "name": null,
-                "why": "attn_out.0: BLOOM's modules add the residual themselves, so nnterp's attentions_output / mlps_output are residuals, not the sublayer writes."
+                "why": "attn_out.{L}: BLOOM's modules add the residual themselves, so nnterp's attentions_output / mlps_output are residuals, not the sublayer writes."
               }
             ]
           },
@@ -1375,12 +1375,12 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "mlp_out.0 is not a module boundary nnsight can read on bloom: the MLP module adds the residual itself."
+                "why": "mlp_out.{L} is not a module boundary nnsight can read on bloom: the MLP module adds the residual itself."
               },
               {
                 "engine": "nnterp",
                 "name": null,
-                "why": "mlp_out.0: BLOOM's modules add the residual themselves, so nnterp's attentions_output / mlps_output are residuals, not the sublayer writes."
+                "why": "mlp_out.{L}: BLOOM's modules add the residual themselves, so nnterp's attentions_output / mlps_output are residuals, not the sublayer writes."
               }
             ]
           },
@@ -1539,7 +1539,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "q.0 is not a module boundary nnsight can read on cohere: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "q.{L} is not a module boundary nnsight can read on cohere: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -1557,7 +1557,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "k.0 is not a module boundary nnsight can read on cohere: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "k.{L} is not a module boundary nnsight can read on cohere: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -1575,7 +1575,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "value.0 is not a module boundary nnsight can read on cohere: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "value.{L} is not a module boundary nnsight can read on cohere: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -1593,7 +1593,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "attn_scores.0 is not a module boundary nnsight can read on cohere: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "attn_scores.{L} is not a module boundary nnsight can read on cohere: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -1611,7 +1611,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "attn_probs.0 is not a module boundary nnsight can read on cohere: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "attn_probs.{L} is not a module boundary nnsight can read on cohere: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {"engine": "nnterp", "name": "attention_probabilities[{L}]", "why": ""}
             ]
@@ -1910,7 +1910,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "q.0 is not a module boundary nnsight can read on cohere: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "q.{L} is not a module boundary nnsight can read on cohere: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -1928,7 +1928,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "k.0 is not a module boundary nnsight can read on cohere: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "k.{L} is not a module boundary nnsight can read on cohere: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -1946,7 +1946,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "value.0 is not a module boundary nnsight can read on cohere: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "value.{L} is not a module boundary nnsight can read on cohere: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -1964,7 +1964,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "attn_scores.0 is not a module boundary nnsight can read on cohere: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "attn_scores.{L} is not a module boundary nnsight can read on cohere: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -1982,7 +1982,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "attn_probs.0 is not a module boundary nnsight can read on cohere: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "attn_probs.{L} is not a module boundary nnsight can read on cohere: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {"engine": "nnterp", "name": "attention_probabilities[{L}]", "why": ""}
             ]
@@ -2232,7 +2232,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "q.0 is not a module boundary nnsight can read on cohere2: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "q.{L} is not a module boundary nnsight can read on cohere2: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -2250,7 +2250,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "k.0 is not a module boundary nnsight can read on cohere2: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "k.{L} is not a module boundary nnsight can read on cohere2: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -2268,7 +2268,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "value.0 is not a module boundary nnsight can read on cohere2: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "value.{L} is not a module boundary nnsight can read on cohere2: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -2286,7 +2286,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "attn_scores.0 is not a module boundary nnsight can read on cohere2: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "attn_scores.{L} is not a module boundary nnsight can read on cohere2: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -2304,7 +2304,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "attn_probs.0 is not a module boundary nnsight can read on cohere2: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "attn_probs.{L} is not a module boundary nnsight can read on cohere2: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {"engine": "nnterp", "name": "attention_probabilities[{L}]", "why": ""}
             ]
@@ -2558,12 +2558,12 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "transformerLens",
                 "name": null,
-                "why": "q.0 has no TransformerLens equivalent on deepseek_v2: MLA: the bridge's rotary hooks hold only the rotary slice of each head."
+                "why": "q.{L} has no TransformerLens equivalent on deepseek_v2: MLA: the bridge's rotary hooks hold only the rotary slice of each head."
               },
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "q.0 is not a module boundary nnsight can read on deepseek_v2: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "q.{L} is not a module boundary nnsight can read on deepseek_v2: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -2580,12 +2580,12 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "transformerLens",
                 "name": null,
-                "why": "k.0 has no TransformerLens equivalent on deepseek_v2: MLA: the bridge's rotary hooks hold only the rotary slice of each head."
+                "why": "k.{L} has no TransformerLens equivalent on deepseek_v2: MLA: the bridge's rotary hooks hold only the rotary slice of each head."
               },
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "k.0 is not a module boundary nnsight can read on deepseek_v2: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "k.{L} is not a module boundary nnsight can read on deepseek_v2: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -2603,7 +2603,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "value.0 is not a module boundary nnsight can read on deepseek_v2: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "value.{L} is not a module boundary nnsight can read on deepseek_v2: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -2621,7 +2621,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "attn_scores.0 is not a module boundary nnsight can read on deepseek_v2: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "attn_scores.{L} is not a module boundary nnsight can read on deepseek_v2: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -2639,7 +2639,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "attn_probs.0 is not a module boundary nnsight can read on deepseek_v2: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "attn_probs.{L} is not a module boundary nnsight can read on deepseek_v2: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {"engine": "nnterp", "name": "attention_probabilities[{L}]", "why": ""}
             ]
@@ -2747,7 +2747,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "router_logits.1 is not a module boundary nnsight can read on deepseek_v2: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "router_logits.{L} is not a module boundary nnsight can read on deepseek_v2: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -2764,12 +2764,12 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "transformerLens",
                 "name": null,
-                "why": "expert_weights.1 has no TransformerLens hook: the bridge's hook_expert_weights is a softmax over all experts, not the top-k mixing weights."
+                "why": "expert_weights.{L} has no TransformerLens hook: the bridge's hook_expert_weights is a softmax over all experts, not the top-k mixing weights."
               },
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "expert_weights.1 is not a module boundary nnsight can read on deepseek_v2: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "expert_weights.{L} is not a module boundary nnsight can read on deepseek_v2: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -2783,11 +2783,15 @@ export const architectures: readonly Architecture[] = [
             "module": "model.layers.{L}.mlp.gate",
             "how": "module output",
             "equivalents": [
-              {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_expert_indices", "why": ""},
+              {
+                "engine": "transformerLens",
+                "name": null,
+                "why": "expert_indices.{L} has no TransformerLens equivalent on deepseek_v2: the bridge exposes no hook_expert_indices on this MoE block (only hook_router_scores)."
+              },
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "expert_indices.1 is not a module boundary nnsight can read on deepseek_v2: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "expert_indices.{L} is not a module boundary nnsight can read on deepseek_v2: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -2968,12 +2972,12 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "transformerLens",
                 "name": null,
-                "why": "q.0 has no TransformerLens equivalent on deepseek_v3: MLA: the bridge's rotary hooks hold only the rotary slice of each head."
+                "why": "q.{L} has no TransformerLens equivalent on deepseek_v3: MLA: the bridge's rotary hooks hold only the rotary slice of each head."
               },
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "q.0 is not a module boundary nnsight can read on deepseek_v3: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "q.{L} is not a module boundary nnsight can read on deepseek_v3: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -2990,12 +2994,12 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "transformerLens",
                 "name": null,
-                "why": "k.0 has no TransformerLens equivalent on deepseek_v3: MLA: the bridge's rotary hooks hold only the rotary slice of each head."
+                "why": "k.{L} has no TransformerLens equivalent on deepseek_v3: MLA: the bridge's rotary hooks hold only the rotary slice of each head."
               },
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "k.0 is not a module boundary nnsight can read on deepseek_v3: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "k.{L} is not a module boundary nnsight can read on deepseek_v3: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -3013,7 +3017,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "value.0 is not a module boundary nnsight can read on deepseek_v3: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "value.{L} is not a module boundary nnsight can read on deepseek_v3: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -3031,7 +3035,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "attn_scores.0 is not a module boundary nnsight can read on deepseek_v3: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "attn_scores.{L} is not a module boundary nnsight can read on deepseek_v3: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -3049,7 +3053,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "attn_probs.0 is not a module boundary nnsight can read on deepseek_v3: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "attn_probs.{L} is not a module boundary nnsight can read on deepseek_v3: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {"engine": "nnterp", "name": "attention_probabilities[{L}]", "why": ""}
             ]
@@ -3157,7 +3161,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "router_logits.1 is not a module boundary nnsight can read on deepseek_v3: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "router_logits.{L} is not a module boundary nnsight can read on deepseek_v3: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -3174,12 +3178,12 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "transformerLens",
                 "name": null,
-                "why": "expert_weights.1 has no TransformerLens hook: the bridge's hook_expert_weights is a softmax over all experts, not the top-k mixing weights."
+                "why": "expert_weights.{L} has no TransformerLens hook: the bridge's hook_expert_weights is a softmax over all experts, not the top-k mixing weights."
               },
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "expert_weights.1 is not a module boundary nnsight can read on deepseek_v3: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "expert_weights.{L} is not a module boundary nnsight can read on deepseek_v3: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -3193,11 +3197,15 @@ export const architectures: readonly Architecture[] = [
             "module": "model.layers.{L}.mlp.gate",
             "how": "module output",
             "equivalents": [
-              {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_expert_indices", "why": ""},
+              {
+                "engine": "transformerLens",
+                "name": null,
+                "why": "expert_indices.{L} has no TransformerLens equivalent on deepseek_v3: the bridge exposes no hook_expert_indices on this MoE block (only hook_router_scores)."
+              },
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "expert_indices.1 is not a module boundary nnsight can read on deepseek_v3: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "expert_indices.{L} is not a module boundary nnsight can read on deepseek_v3: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -3384,7 +3392,11 @@ export const architectures: readonly Architecture[] = [
             "module": "model.embed_tokens",
             "how": "module output",
             "equivalents": [
-              {"engine": "transformerLens", "name": "blocks.0.hook_resid_pre", "why": ""},
+              {
+                "engine": "transformerLens",
+                "name": null,
+                "why": "embeddings has no TransformerLens equivalent on deepseek_v4: the DeepSeek-V4 bridge has no hook_resid_pre, no attention hook_rot_q / hook_attn_scores / hook_pattern / hook_z and no hook_expert_indices."
+              },
               {"engine": "nnsight", "name": "model.embed_tokens.output", "why": ""},
               {"engine": "nnterp", "name": "layers_input[0]", "why": ""}
             ]
@@ -3404,11 +3416,15 @@ export const architectures: readonly Architecture[] = [
             "module": "model.layers.{L}.self_attn",
             "how": "inside the attention call",
             "equivalents": [
-              {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_rot_q", "why": ""},
+              {
+                "engine": "transformerLens",
+                "name": null,
+                "why": "q.{L} has no TransformerLens equivalent on deepseek_v4: the DeepSeek-V4 bridge has no hook_resid_pre, no attention hook_rot_q / hook_attn_scores / hook_pattern / hook_z and no hook_expert_indices."
+              },
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "q.0 is not a module boundary nnsight can read on deepseek_v4: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "q.{L} is not a module boundary nnsight can read on deepseek_v4: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -3422,11 +3438,15 @@ export const architectures: readonly Architecture[] = [
             "module": "model.layers.{L}.self_attn",
             "how": "inside the attention call (recomputed)",
             "equivalents": [
-              {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_attn_scores", "why": ""},
+              {
+                "engine": "transformerLens",
+                "name": null,
+                "why": "attn_scores.{L} has no TransformerLens equivalent on deepseek_v4: the DeepSeek-V4 bridge has no hook_resid_pre, no attention hook_rot_q / hook_attn_scores / hook_pattern / hook_z and no hook_expert_indices."
+              },
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "attn_scores.0 is not a module boundary nnsight can read on deepseek_v4: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "attn_scores.{L} is not a module boundary nnsight can read on deepseek_v4: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -3440,11 +3460,15 @@ export const architectures: readonly Architecture[] = [
             "module": "model.layers.{L}.self_attn",
             "how": "inside the attention call",
             "equivalents": [
-              {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_pattern", "why": ""},
+              {
+                "engine": "transformerLens",
+                "name": null,
+                "why": "attn_probs.{L} has no TransformerLens equivalent on deepseek_v4: the DeepSeek-V4 bridge has no hook_resid_pre, no attention hook_rot_q / hook_attn_scores / hook_pattern / hook_z and no hook_expert_indices."
+              },
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "attn_probs.0 is not a module boundary nnsight can read on deepseek_v4: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "attn_probs.{L} is not a module boundary nnsight can read on deepseek_v4: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {"engine": "nnterp", "name": "attention_probabilities[{L}]", "why": ""}
             ]
@@ -3454,10 +3478,14 @@ export const architectures: readonly Architecture[] = [
             "module": "model.layers.{L}.self_attn.o_a_proj",
             "how": "module input",
             "equivalents": [
-              {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_z", "why": ""},
+              {
+                "engine": "transformerLens",
+                "name": null,
+                "why": "z.{L} has no TransformerLens equivalent on deepseek_v4: the DeepSeek-V4 bridge has no hook_resid_pre, no attention hook_rot_q / hook_attn_scores / hook_pattern / hook_z and no hook_expert_indices."
+              },
               {
                 "engine": "nnsight",
-                "name": "model.layers[{L}].self_attn.o_b_proj.input (per head: reshape the last axis to [heads, head_dim])",
+                "name": "model.layers[{L}].self_attn.o_a_proj.input (per head: reshape the last axis to [heads, head_dim])",
                 "why": ""
               },
               {
@@ -3496,7 +3524,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "router_logits.0 is not a module boundary nnsight can read on deepseek_v4: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "router_logits.{L} is not a module boundary nnsight can read on deepseek_v4: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -3513,12 +3541,12 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "transformerLens",
                 "name": null,
-                "why": "expert_weights.0 has no TransformerLens hook: the bridge's hook_expert_weights is a softmax over all experts, not the top-k mixing weights."
+                "why": "expert_weights.{L} has no TransformerLens hook: the bridge's hook_expert_weights is a softmax over all experts, not the top-k mixing weights."
               },
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "expert_weights.0 is not a module boundary nnsight can read on deepseek_v4: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "expert_weights.{L} is not a module boundary nnsight can read on deepseek_v4: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -3532,11 +3560,15 @@ export const architectures: readonly Architecture[] = [
             "module": "model.layers.{L}.mlp.gate",
             "how": "module output",
             "equivalents": [
-              {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_expert_indices", "why": ""},
+              {
+                "engine": "transformerLens",
+                "name": null,
+                "why": "expert_indices.{L} has no TransformerLens equivalent on deepseek_v4: the DeepSeek-V4 bridge has no hook_resid_pre, no attention hook_rot_q / hook_attn_scores / hook_pattern / hook_z and no hook_expert_indices."
+              },
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "expert_indices.0 is not a module boundary nnsight can read on deepseek_v4: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "expert_indices.{L} is not a module boundary nnsight can read on deepseek_v4: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -3606,7 +3638,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "resid_streams.0 is not a module boundary nnsight can read on deepseek_v4: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "resid_streams.{L} is not a module boundary nnsight can read on deepseek_v4: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -3628,7 +3660,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "attn_stream_collapse.0 is not a module boundary nnsight can read on deepseek_v4: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "attn_stream_collapse.{L} is not a module boundary nnsight can read on deepseek_v4: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -3650,7 +3682,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "attn_stream_collapse_weights.0 is not a module boundary nnsight can read on deepseek_v4: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "attn_stream_collapse_weights.{L} is not a module boundary nnsight can read on deepseek_v4: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -3672,7 +3704,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "mlp_stream_collapse.0 is not a module boundary nnsight can read on deepseek_v4: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "mlp_stream_collapse.{L} is not a module boundary nnsight can read on deepseek_v4: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -3694,7 +3726,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "mlp_stream_collapse_weights.0 is not a module boundary nnsight can read on deepseek_v4: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "mlp_stream_collapse_weights.{L} is not a module boundary nnsight can read on deepseek_v4: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -3716,7 +3748,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "attn_stream_write.0 is not a module boundary nnsight can read on deepseek_v4: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "attn_stream_write.{L} is not a module boundary nnsight can read on deepseek_v4: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -3738,7 +3770,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "attn_stream_mix.0 is not a module boundary nnsight can read on deepseek_v4: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "attn_stream_mix.{L} is not a module boundary nnsight can read on deepseek_v4: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -3760,7 +3792,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "mlp_stream_write.0 is not a module boundary nnsight can read on deepseek_v4: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "mlp_stream_write.{L} is not a module boundary nnsight can read on deepseek_v4: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -3782,7 +3814,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "mlp_stream_mix.0 is not a module boundary nnsight can read on deepseek_v4: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "mlp_stream_mix.{L} is not a module boundary nnsight can read on deepseek_v4: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -3980,7 +4012,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "q.0 is not a module boundary nnsight can read on dots1: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "q.{L} is not a module boundary nnsight can read on dots1: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -3998,7 +4030,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "k.0 is not a module boundary nnsight can read on dots1: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "k.{L} is not a module boundary nnsight can read on dots1: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -4016,7 +4048,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "value.0 is not a module boundary nnsight can read on dots1: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "value.{L} is not a module boundary nnsight can read on dots1: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -4034,7 +4066,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "attn_scores.0 is not a module boundary nnsight can read on dots1: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "attn_scores.{L} is not a module boundary nnsight can read on dots1: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -4052,7 +4084,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "attn_probs.0 is not a module boundary nnsight can read on dots1: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "attn_probs.{L} is not a module boundary nnsight can read on dots1: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {"engine": "nnterp", "name": "attention_probabilities[{L}]", "why": ""}
             ]
@@ -4160,7 +4192,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "router_logits.1 is not a module boundary nnsight can read on dots1: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "router_logits.{L} is not a module boundary nnsight can read on dots1: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -4177,12 +4209,12 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "transformerLens",
                 "name": null,
-                "why": "expert_weights.1 has no TransformerLens hook: the bridge's hook_expert_weights is a softmax over all experts, not the top-k mixing weights."
+                "why": "expert_weights.{L} has no TransformerLens hook: the bridge's hook_expert_weights is a softmax over all experts, not the top-k mixing weights."
               },
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "expert_weights.1 is not a module boundary nnsight can read on dots1: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "expert_weights.{L} is not a module boundary nnsight can read on dots1: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -4200,7 +4232,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "expert_indices.1 is not a module boundary nnsight can read on dots1: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "expert_indices.{L} is not a module boundary nnsight can read on dots1: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -4379,7 +4411,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "q.0 is not a module boundary nnsight can read on ernie4_5_moe: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "q.{L} is not a module boundary nnsight can read on ernie4_5_moe: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -4397,7 +4429,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "k.0 is not a module boundary nnsight can read on ernie4_5_moe: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "k.{L} is not a module boundary nnsight can read on ernie4_5_moe: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -4415,7 +4447,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "value.0 is not a module boundary nnsight can read on ernie4_5_moe: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "value.{L} is not a module boundary nnsight can read on ernie4_5_moe: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -4433,7 +4465,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "attn_scores.0 is not a module boundary nnsight can read on ernie4_5_moe: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "attn_scores.{L} is not a module boundary nnsight can read on ernie4_5_moe: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -4451,7 +4483,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "attn_probs.0 is not a module boundary nnsight can read on ernie4_5_moe: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "attn_probs.{L} is not a module boundary nnsight can read on ernie4_5_moe: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {"engine": "nnterp", "name": "attention_probabilities[{L}]", "why": ""}
             ]
@@ -4559,7 +4591,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "router_logits.1 is not a module boundary nnsight can read on ernie4_5_moe: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "router_logits.{L} is not a module boundary nnsight can read on ernie4_5_moe: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -4576,12 +4608,12 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "transformerLens",
                 "name": null,
-                "why": "expert_weights.1 has no TransformerLens hook: the bridge's hook_expert_weights is a softmax over all experts, not the top-k mixing weights."
+                "why": "expert_weights.{L} has no TransformerLens hook: the bridge's hook_expert_weights is a softmax over all experts, not the top-k mixing weights."
               },
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "expert_weights.1 is not a module boundary nnsight can read on ernie4_5_moe: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "expert_weights.{L} is not a module boundary nnsight can read on ernie4_5_moe: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -4595,11 +4627,15 @@ export const architectures: readonly Architecture[] = [
             "module": "model.layers.{L}.mlp.gate",
             "how": "module output",
             "equivalents": [
-              {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_expert_indices", "why": ""},
+              {
+                "engine": "transformerLens",
+                "name": null,
+                "why": "expert_indices.{L} has no TransformerLens equivalent on ernie4_5_moe: the bridge exposes no hook_expert_indices on this MoE block (only hook_router_scores)."
+              },
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "expert_indices.1 is not a module boundary nnsight can read on ernie4_5_moe: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "expert_indices.{L} is not a module boundary nnsight can read on ernie4_5_moe: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -4853,7 +4889,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "q.0 is not a module boundary nnsight can read on exaone4: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "q.{L} is not a module boundary nnsight can read on exaone4: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -4871,7 +4907,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "k.0 is not a module boundary nnsight can read on exaone4: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "k.{L} is not a module boundary nnsight can read on exaone4: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -4889,7 +4925,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "value.0 is not a module boundary nnsight can read on exaone4: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "value.{L} is not a module boundary nnsight can read on exaone4: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -4907,7 +4943,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "attn_scores.0 is not a module boundary nnsight can read on exaone4: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "attn_scores.{L} is not a module boundary nnsight can read on exaone4: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -4925,7 +4961,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "attn_probs.0 is not a module boundary nnsight can read on exaone4: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "attn_probs.{L} is not a module boundary nnsight can read on exaone4: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {"engine": "nnterp", "name": "attention_probabilities[{L}]", "why": ""}
             ]
@@ -4981,7 +5017,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "resid_mid.0 is not a module boundary nnsight can read on exaone4: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "resid_mid.{L} is not a module boundary nnsight can read on exaone4: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -5273,7 +5309,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "q.0 is not a module boundary nnsight can read on exaone4: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "q.{L} is not a module boundary nnsight can read on exaone4: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -5291,7 +5327,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "k.0 is not a module boundary nnsight can read on exaone4: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "k.{L} is not a module boundary nnsight can read on exaone4: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -5309,7 +5345,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "value.0 is not a module boundary nnsight can read on exaone4: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "value.{L} is not a module boundary nnsight can read on exaone4: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -5327,7 +5363,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "attn_scores.0 is not a module boundary nnsight can read on exaone4: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "attn_scores.{L} is not a module boundary nnsight can read on exaone4: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -5345,7 +5381,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "attn_probs.0 is not a module boundary nnsight can read on exaone4: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "attn_probs.{L} is not a module boundary nnsight can read on exaone4: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {"engine": "nnterp", "name": "attention_probabilities[{L}]", "why": ""}
             ]
@@ -5401,7 +5437,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "resid_mid.0 is not a module boundary nnsight can read on exaone4: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "resid_mid.{L} is not a module boundary nnsight can read on exaone4: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -5642,7 +5678,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "value.0 is not a module boundary nnsight can read on falcon: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "value.{L} is not a module boundary nnsight can read on falcon: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -5660,7 +5696,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "attn_probs.0 is not a module boundary nnsight can read on falcon: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "attn_probs.{L} is not a module boundary nnsight can read on falcon: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {"engine": "nnterp", "name": "attention_probabilities[{L}]", "why": ""}
             ]
@@ -5737,7 +5773,11 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_out", "why": ""},
-              {"engine": "nnsight", "name": "transformer.h[{L}].mlp.output", "why": ""},
+              {
+                "engine": "nnsight",
+                "name": null,
+                "why": "mlp_out.{L} is not a module boundary nnsight can read on falcon: HF Falcon's parallel block adds the attention output into the MLP output in place after the module returns, so a saved output is overwritten; clone mlp.output inside the trace."
+              },
               {"engine": "nnterp", "name": "mlps_output[{L}]", "why": ""}
             ]
           },
@@ -5868,7 +5908,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "q.0 is not a module boundary nnsight can read on falcon: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "q.{L} is not a module boundary nnsight can read on falcon: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -5886,7 +5926,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "k.0 is not a module boundary nnsight can read on falcon: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "k.{L} is not a module boundary nnsight can read on falcon: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -5904,7 +5944,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "value.0 is not a module boundary nnsight can read on falcon: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "value.{L} is not a module boundary nnsight can read on falcon: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -5922,7 +5962,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "attn_probs.0 is not a module boundary nnsight can read on falcon: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "attn_probs.{L} is not a module boundary nnsight can read on falcon: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {"engine": "nnterp", "name": "attention_probabilities[{L}]", "why": ""}
             ]
@@ -6141,7 +6181,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "value.0 is not a module boundary nnsight can read on falcon: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "value.{L} is not a module boundary nnsight can read on falcon: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -6159,7 +6199,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "attn_probs.0 is not a module boundary nnsight can read on falcon: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "attn_probs.{L} is not a module boundary nnsight can read on falcon: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {"engine": "nnterp", "name": "attention_probabilities[{L}]", "why": ""}
             ]
@@ -6236,7 +6276,11 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_out", "why": ""},
-              {"engine": "nnsight", "name": "transformer.h[{L}].mlp.output", "why": ""},
+              {
+                "engine": "nnsight",
+                "name": null,
+                "why": "mlp_out.{L} is not a module boundary nnsight can read on falcon: HF Falcon's parallel block adds the attention output into the MLP output in place after the module returns, so a saved output is overwritten; clone mlp.output inside the trace."
+              },
               {"engine": "nnterp", "name": "mlps_output[{L}]", "why": ""}
             ]
           },
@@ -6388,7 +6432,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "q.0 is not a module boundary nnsight can read on falcon_h1: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "q.{L} is not a module boundary nnsight can read on falcon_h1: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -6406,7 +6450,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "k.0 is not a module boundary nnsight can read on falcon_h1: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "k.{L} is not a module boundary nnsight can read on falcon_h1: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -6424,7 +6468,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "value.0 is not a module boundary nnsight can read on falcon_h1: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "value.{L} is not a module boundary nnsight can read on falcon_h1: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -6442,7 +6486,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "attn_scores.0 is not a module boundary nnsight can read on falcon_h1: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "attn_scores.{L} is not a module boundary nnsight can read on falcon_h1: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -6460,7 +6504,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "attn_probs.0 is not a module boundary nnsight can read on falcon_h1: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "attn_probs.{L} is not a module boundary nnsight can read on falcon_h1: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {"engine": "nnterp", "name": "attention_probabilities[{L}]", "why": ""}
             ]
@@ -6717,7 +6761,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "q.0 is not a module boundary nnsight can read on gemma: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "q.{L} is not a module boundary nnsight can read on gemma: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -6735,7 +6779,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "k.0 is not a module boundary nnsight can read on gemma: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "k.{L} is not a module boundary nnsight can read on gemma: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -6753,7 +6797,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "value.0 is not a module boundary nnsight can read on gemma: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "value.{L} is not a module boundary nnsight can read on gemma: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -6771,7 +6815,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "attn_scores.0 is not a module boundary nnsight can read on gemma: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "attn_scores.{L} is not a module boundary nnsight can read on gemma: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -6789,7 +6833,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "attn_probs.0 is not a module boundary nnsight can read on gemma: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "attn_probs.{L} is not a module boundary nnsight can read on gemma: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {"engine": "nnterp", "name": "attention_probabilities[{L}]", "why": ""}
             ]
@@ -7027,7 +7071,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "q.0 is not a module boundary nnsight can read on gemma: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "q.{L} is not a module boundary nnsight can read on gemma: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -7045,7 +7089,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "k.0 is not a module boundary nnsight can read on gemma: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "k.{L} is not a module boundary nnsight can read on gemma: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -7063,7 +7107,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "value.0 is not a module boundary nnsight can read on gemma: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "value.{L} is not a module boundary nnsight can read on gemma: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -7081,7 +7125,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "attn_scores.0 is not a module boundary nnsight can read on gemma: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "attn_scores.{L} is not a module boundary nnsight can read on gemma: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -7099,7 +7143,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "attn_probs.0 is not a module boundary nnsight can read on gemma: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "attn_probs.{L} is not a module boundary nnsight can read on gemma: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {"engine": "nnterp", "name": "attention_probabilities[{L}]", "why": ""}
             ]
@@ -7369,7 +7413,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "q.0 is not a module boundary nnsight can read on gemma2: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "q.{L} is not a module boundary nnsight can read on gemma2: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -7387,7 +7431,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "k.0 is not a module boundary nnsight can read on gemma2: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "k.{L} is not a module boundary nnsight can read on gemma2: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -7405,7 +7449,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "value.0 is not a module boundary nnsight can read on gemma2: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "value.{L} is not a module boundary nnsight can read on gemma2: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -7423,7 +7467,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "attn_scores.0 is not a module boundary nnsight can read on gemma2: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "attn_scores.{L} is not a module boundary nnsight can read on gemma2: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -7441,7 +7485,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "attn_probs.0 is not a module boundary nnsight can read on gemma2: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "attn_probs.{L} is not a module boundary nnsight can read on gemma2: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {"engine": "nnterp", "name": "attention_probabilities[{L}]", "why": ""}
             ]
@@ -7709,7 +7753,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "q.0 is not a module boundary nnsight can read on gemma2: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "q.{L} is not a module boundary nnsight can read on gemma2: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -7727,7 +7771,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "k.0 is not a module boundary nnsight can read on gemma2: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "k.{L} is not a module boundary nnsight can read on gemma2: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -7745,7 +7789,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "value.0 is not a module boundary nnsight can read on gemma2: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "value.{L} is not a module boundary nnsight can read on gemma2: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -7763,7 +7807,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "attn_scores.0 is not a module boundary nnsight can read on gemma2: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "attn_scores.{L} is not a module boundary nnsight can read on gemma2: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -7781,7 +7825,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "attn_probs.0 is not a module boundary nnsight can read on gemma2: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "attn_probs.{L} is not a module boundary nnsight can read on gemma2: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {"engine": "nnterp", "name": "attention_probabilities[{L}]", "why": ""}
             ]
@@ -8049,7 +8093,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "q.0 is not a module boundary nnsight can read on gemma2: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "q.{L} is not a module boundary nnsight can read on gemma2: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -8067,7 +8111,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "k.0 is not a module boundary nnsight can read on gemma2: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "k.{L} is not a module boundary nnsight can read on gemma2: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -8085,7 +8129,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "value.0 is not a module boundary nnsight can read on gemma2: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "value.{L} is not a module boundary nnsight can read on gemma2: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -8103,7 +8147,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "attn_scores.0 is not a module boundary nnsight can read on gemma2: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "attn_scores.{L} is not a module boundary nnsight can read on gemma2: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -8121,7 +8165,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "attn_probs.0 is not a module boundary nnsight can read on gemma2: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "attn_probs.{L} is not a module boundary nnsight can read on gemma2: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {"engine": "nnterp", "name": "attention_probabilities[{L}]", "why": ""}
             ]
@@ -8494,7 +8538,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "q.0 is not a module boundary nnsight can read on gemma3_text: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "q.{L} is not a module boundary nnsight can read on gemma3_text: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -8512,7 +8556,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "k.0 is not a module boundary nnsight can read on gemma3_text: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "k.{L} is not a module boundary nnsight can read on gemma3_text: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -8530,7 +8574,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "value.0 is not a module boundary nnsight can read on gemma3_text: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "value.{L} is not a module boundary nnsight can read on gemma3_text: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -8548,7 +8592,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "attn_scores.0 is not a module boundary nnsight can read on gemma3_text: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "attn_scores.{L} is not a module boundary nnsight can read on gemma3_text: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -8566,7 +8610,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "attn_probs.0 is not a module boundary nnsight can read on gemma3_text: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "attn_probs.{L} is not a module boundary nnsight can read on gemma3_text: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {"engine": "nnterp", "name": "attention_probabilities[{L}]", "why": ""}
             ]
@@ -8910,7 +8954,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "q.0 is not a module boundary nnsight can read on gemma3_text: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "q.{L} is not a module boundary nnsight can read on gemma3_text: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -8928,7 +8972,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "k.0 is not a module boundary nnsight can read on gemma3_text: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "k.{L} is not a module boundary nnsight can read on gemma3_text: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -8946,7 +8990,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "value.0 is not a module boundary nnsight can read on gemma3_text: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "value.{L} is not a module boundary nnsight can read on gemma3_text: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -8964,7 +9008,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "attn_scores.0 is not a module boundary nnsight can read on gemma3_text: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "attn_scores.{L} is not a module boundary nnsight can read on gemma3_text: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -8982,7 +9026,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "attn_probs.0 is not a module boundary nnsight can read on gemma3_text: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "attn_probs.{L} is not a module boundary nnsight can read on gemma3_text: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {"engine": "nnterp", "name": "attention_probabilities[{L}]", "why": ""}
             ]
@@ -9326,7 +9370,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "q.0 is not a module boundary nnsight can read on gemma3_text: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "q.{L} is not a module boundary nnsight can read on gemma3_text: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -9344,7 +9388,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "k.0 is not a module boundary nnsight can read on gemma3_text: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "k.{L} is not a module boundary nnsight can read on gemma3_text: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -9362,7 +9406,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "value.0 is not a module boundary nnsight can read on gemma3_text: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "value.{L} is not a module boundary nnsight can read on gemma3_text: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -9380,7 +9424,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "attn_scores.0 is not a module boundary nnsight can read on gemma3_text: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "attn_scores.{L} is not a module boundary nnsight can read on gemma3_text: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -9398,7 +9442,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "attn_probs.0 is not a module boundary nnsight can read on gemma3_text: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "attn_probs.{L} is not a module boundary nnsight can read on gemma3_text: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {"engine": "nnterp", "name": "attention_probabilities[{L}]", "why": ""}
             ]
@@ -9683,7 +9727,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "q.0 is not a module boundary nnsight can read on glm: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "q.{L} is not a module boundary nnsight can read on glm: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -9701,7 +9745,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "k.0 is not a module boundary nnsight can read on glm: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "k.{L} is not a module boundary nnsight can read on glm: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -9719,7 +9763,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "value.0 is not a module boundary nnsight can read on glm: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "value.{L} is not a module boundary nnsight can read on glm: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -9737,7 +9781,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "attn_scores.0 is not a module boundary nnsight can read on glm: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "attn_scores.{L} is not a module boundary nnsight can read on glm: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -9755,7 +9799,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "attn_probs.0 is not a module boundary nnsight can read on glm: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "attn_probs.{L} is not a module boundary nnsight can read on glm: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {"engine": "nnterp", "name": "attention_probabilities[{L}]", "why": ""}
             ]
@@ -9821,7 +9865,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "mlp_pre.0 is not a module boundary nnsight can read on glm: a chunk of the fused gate_up_proj output (chunk 0 of 2)."
+                "why": "mlp_pre.{L} is not a module boundary nnsight can read on glm: a chunk of the fused gate_up_proj output (chunk 0 of 2)."
               },
               {
                 "engine": "nnterp",
@@ -9839,7 +9883,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "mlp_pre_linear.0 is not a module boundary nnsight can read on glm: a chunk of the fused gate_up_proj output (chunk 1 of 2)."
+                "why": "mlp_pre_linear.{L} is not a module boundary nnsight can read on glm: a chunk of the fused gate_up_proj output (chunk 1 of 2)."
               },
               {
                 "engine": "nnterp",
@@ -10022,7 +10066,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "q.0 is not a module boundary nnsight can read on glm4: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "q.{L} is not a module boundary nnsight can read on glm4: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -10040,7 +10084,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "k.0 is not a module boundary nnsight can read on glm4: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "k.{L} is not a module boundary nnsight can read on glm4: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -10058,7 +10102,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "value.0 is not a module boundary nnsight can read on glm4: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "value.{L} is not a module boundary nnsight can read on glm4: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -10076,7 +10120,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "attn_scores.0 is not a module boundary nnsight can read on glm4: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "attn_scores.{L} is not a module boundary nnsight can read on glm4: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -10094,7 +10138,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "attn_probs.0 is not a module boundary nnsight can read on glm4: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "attn_probs.{L} is not a module boundary nnsight can read on glm4: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {"engine": "nnterp", "name": "attention_probabilities[{L}]", "why": ""}
             ]
@@ -10174,7 +10218,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "mlp_pre.0 is not a module boundary nnsight can read on glm4: a chunk of the fused gate_up_proj output (chunk 0 of 2)."
+                "why": "mlp_pre.{L} is not a module boundary nnsight can read on glm4: a chunk of the fused gate_up_proj output (chunk 0 of 2)."
               },
               {
                 "engine": "nnterp",
@@ -10192,7 +10236,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "mlp_pre_linear.0 is not a module boundary nnsight can read on glm4: a chunk of the fused gate_up_proj output (chunk 1 of 2)."
+                "why": "mlp_pre_linear.{L} is not a module boundary nnsight can read on glm4: a chunk of the fused gate_up_proj output (chunk 1 of 2)."
               },
               {
                 "engine": "nnterp",
@@ -10402,7 +10446,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "q.0 is not a module boundary nnsight can read on glm4_moe: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "q.{L} is not a module boundary nnsight can read on glm4_moe: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -10420,7 +10464,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "k.0 is not a module boundary nnsight can read on glm4_moe: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "k.{L} is not a module boundary nnsight can read on glm4_moe: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -10438,7 +10482,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "value.0 is not a module boundary nnsight can read on glm4_moe: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "value.{L} is not a module boundary nnsight can read on glm4_moe: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -10456,7 +10500,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "attn_scores.0 is not a module boundary nnsight can read on glm4_moe: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "attn_scores.{L} is not a module boundary nnsight can read on glm4_moe: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -10474,7 +10518,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "attn_probs.0 is not a module boundary nnsight can read on glm4_moe: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "attn_probs.{L} is not a module boundary nnsight can read on glm4_moe: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {"engine": "nnterp", "name": "attention_probabilities[{L}]", "why": ""}
             ]
@@ -10582,7 +10626,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "router_logits.1 is not a module boundary nnsight can read on glm4_moe: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "router_logits.{L} is not a module boundary nnsight can read on glm4_moe: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -10599,12 +10643,12 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "transformerLens",
                 "name": null,
-                "why": "expert_weights.1 has no TransformerLens hook: the bridge's hook_expert_weights is a softmax over all experts, not the top-k mixing weights."
+                "why": "expert_weights.{L} has no TransformerLens hook: the bridge's hook_expert_weights is a softmax over all experts, not the top-k mixing weights."
               },
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "expert_weights.1 is not a module boundary nnsight can read on glm4_moe: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "expert_weights.{L} is not a module boundary nnsight can read on glm4_moe: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -10622,7 +10666,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "expert_indices.1 is not a module boundary nnsight can read on glm4_moe: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "expert_indices.{L} is not a module boundary nnsight can read on glm4_moe: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -10788,7 +10832,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "q.0 is not a module boundary nnsight can read on gpt2: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "q.{L} is not a module boundary nnsight can read on gpt2: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -10806,7 +10850,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "k.0 is not a module boundary nnsight can read on gpt2: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "k.{L} is not a module boundary nnsight can read on gpt2: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -10824,7 +10868,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "value.0 is not a module boundary nnsight can read on gpt2: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "value.{L} is not a module boundary nnsight can read on gpt2: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -10842,7 +10886,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "attn_scores.0 is not a module boundary nnsight can read on gpt2: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "attn_scores.{L} is not a module boundary nnsight can read on gpt2: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -10860,7 +10904,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "attn_probs.0 is not a module boundary nnsight can read on gpt2: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "attn_probs.{L} is not a module boundary nnsight can read on gpt2: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {"engine": "nnterp", "name": "attention_probabilities[{L}]", "why": ""}
             ]
@@ -11083,7 +11127,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "q.0 is not a module boundary nnsight can read on gpt2: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "q.{L} is not a module boundary nnsight can read on gpt2: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -11101,7 +11145,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "k.0 is not a module boundary nnsight can read on gpt2: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "k.{L} is not a module boundary nnsight can read on gpt2: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -11119,7 +11163,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "value.0 is not a module boundary nnsight can read on gpt2: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "value.{L} is not a module boundary nnsight can read on gpt2: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -11137,7 +11181,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "attn_scores.0 is not a module boundary nnsight can read on gpt2: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "attn_scores.{L} is not a module boundary nnsight can read on gpt2: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -11155,7 +11199,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "attn_probs.0 is not a module boundary nnsight can read on gpt2: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "attn_probs.{L} is not a module boundary nnsight can read on gpt2: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {"engine": "nnterp", "name": "attention_probabilities[{L}]", "why": ""}
             ]
@@ -11378,7 +11422,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "q.0 is not a module boundary nnsight can read on gpt2: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "q.{L} is not a module boundary nnsight can read on gpt2: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -11396,7 +11440,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "k.0 is not a module boundary nnsight can read on gpt2: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "k.{L} is not a module boundary nnsight can read on gpt2: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -11414,7 +11458,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "value.0 is not a module boundary nnsight can read on gpt2: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "value.{L} is not a module boundary nnsight can read on gpt2: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -11432,7 +11476,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "attn_scores.0 is not a module boundary nnsight can read on gpt2: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "attn_scores.{L} is not a module boundary nnsight can read on gpt2: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -11450,7 +11494,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "attn_probs.0 is not a module boundary nnsight can read on gpt2: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "attn_probs.{L} is not a module boundary nnsight can read on gpt2: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {"engine": "nnterp", "name": "attention_probabilities[{L}]", "why": ""}
             ]
@@ -11692,7 +11736,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "q.0 is not a module boundary nnsight can read on gpt_bigcode: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "q.{L} is not a module boundary nnsight can read on gpt_bigcode: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -11710,7 +11754,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "k.0 is not a module boundary nnsight can read on gpt_bigcode: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "k.{L} is not a module boundary nnsight can read on gpt_bigcode: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -11728,7 +11772,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "value.0 is not a module boundary nnsight can read on gpt_bigcode: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "value.{L} is not a module boundary nnsight can read on gpt_bigcode: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -11746,7 +11790,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "attn_scores.0 is not a module boundary nnsight can read on gpt_bigcode: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "attn_scores.{L} is not a module boundary nnsight can read on gpt_bigcode: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -11764,7 +11808,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "attn_probs.0 is not a module boundary nnsight can read on gpt_bigcode: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "attn_probs.{L} is not a module boundary nnsight can read on gpt_bigcode: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {"engine": "nnterp", "name": "attention_probabilities[{L}]", "why": ""}
             ]
@@ -11987,7 +12031,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "q.0 is not a module boundary nnsight can read on gpt_bigcode: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "q.{L} is not a module boundary nnsight can read on gpt_bigcode: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -12005,7 +12049,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "k.0 is not a module boundary nnsight can read on gpt_bigcode: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "k.{L} is not a module boundary nnsight can read on gpt_bigcode: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -12023,7 +12067,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "value.0 is not a module boundary nnsight can read on gpt_bigcode: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "value.{L} is not a module boundary nnsight can read on gpt_bigcode: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -12041,7 +12085,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "attn_scores.0 is not a module boundary nnsight can read on gpt_bigcode: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "attn_scores.{L} is not a module boundary nnsight can read on gpt_bigcode: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -12059,7 +12103,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "attn_probs.0 is not a module boundary nnsight can read on gpt_bigcode: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "attn_probs.{L} is not a module boundary nnsight can read on gpt_bigcode: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {"engine": "nnterp", "name": "attention_probabilities[{L}]", "why": ""}
             ]
@@ -12305,7 +12349,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "q.0 is not a module boundary nnsight can read on gpt_neo: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "q.{L} is not a module boundary nnsight can read on gpt_neo: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -12323,7 +12367,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "k.0 is not a module boundary nnsight can read on gpt_neo: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "k.{L} is not a module boundary nnsight can read on gpt_neo: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -12341,7 +12385,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "value.0 is not a module boundary nnsight can read on gpt_neo: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "value.{L} is not a module boundary nnsight can read on gpt_neo: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -12359,7 +12403,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "attn_probs.0 is not a module boundary nnsight can read on gpt_neo: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "attn_probs.{L} is not a module boundary nnsight can read on gpt_neo: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {"engine": "nnterp", "name": "attention_probabilities[{L}]", "why": ""}
             ]
@@ -12581,7 +12625,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "q.0 is not a module boundary nnsight can read on gpt_neo: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "q.{L} is not a module boundary nnsight can read on gpt_neo: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -12599,7 +12643,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "k.0 is not a module boundary nnsight can read on gpt_neo: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "k.{L} is not a module boundary nnsight can read on gpt_neo: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -12617,7 +12661,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "value.0 is not a module boundary nnsight can read on gpt_neo: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "value.{L} is not a module boundary nnsight can read on gpt_neo: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -12635,7 +12679,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "attn_probs.0 is not a module boundary nnsight can read on gpt_neo: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "attn_probs.{L} is not a module boundary nnsight can read on gpt_neo: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {"engine": "nnterp", "name": "attention_probabilities[{L}]", "why": ""}
             ]
@@ -12872,11 +12916,15 @@ export const architectures: readonly Architecture[] = [
             "module": "gpt_neox.layers.{L}.attention",
             "how": "inside the attention call",
             "equivalents": [
-              {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_rot_q", "why": ""},
+              {
+                "engine": "transformerLens",
+                "name": null,
+                "why": "q.{L} has no TransformerLens equivalent on gpt_neox: the bridge registers hook_rot_q / hook_rot_k but never calls them (run_with_cache returns no entry) and its hook_q / hook_k are before RoPE."
+              },
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "q.0 is not a module boundary nnsight can read on gpt_neox: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "q.{L} is not a module boundary nnsight can read on gpt_neox: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -12890,11 +12938,15 @@ export const architectures: readonly Architecture[] = [
             "module": "gpt_neox.layers.{L}.attention",
             "how": "inside the attention call",
             "equivalents": [
-              {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_rot_k", "why": ""},
+              {
+                "engine": "transformerLens",
+                "name": null,
+                "why": "k.{L} has no TransformerLens equivalent on gpt_neox: the bridge registers hook_rot_q / hook_rot_k but never calls them (run_with_cache returns no entry) and its hook_q / hook_k are before RoPE."
+              },
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "k.0 is not a module boundary nnsight can read on gpt_neox: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "k.{L} is not a module boundary nnsight can read on gpt_neox: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -12912,7 +12964,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "value.0 is not a module boundary nnsight can read on gpt_neox: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "value.{L} is not a module boundary nnsight can read on gpt_neox: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -12930,7 +12982,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "attn_scores.0 is not a module boundary nnsight can read on gpt_neox: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "attn_scores.{L} is not a module boundary nnsight can read on gpt_neox: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -12948,7 +13000,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "attn_probs.0 is not a module boundary nnsight can read on gpt_neox: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "attn_probs.{L} is not a module boundary nnsight can read on gpt_neox: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {"engine": "nnterp", "name": "attention_probabilities[{L}]", "why": ""}
             ]
@@ -13152,11 +13204,15 @@ export const architectures: readonly Architecture[] = [
             "module": "gpt_neox.layers.{L}.attention",
             "how": "inside the attention call",
             "equivalents": [
-              {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_rot_q", "why": ""},
+              {
+                "engine": "transformerLens",
+                "name": null,
+                "why": "q.{L} has no TransformerLens equivalent on gpt_neox: the bridge registers hook_rot_q / hook_rot_k but never calls them (run_with_cache returns no entry) and its hook_q / hook_k are before RoPE."
+              },
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "q.0 is not a module boundary nnsight can read on gpt_neox: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "q.{L} is not a module boundary nnsight can read on gpt_neox: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -13170,11 +13226,15 @@ export const architectures: readonly Architecture[] = [
             "module": "gpt_neox.layers.{L}.attention",
             "how": "inside the attention call",
             "equivalents": [
-              {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_rot_k", "why": ""},
+              {
+                "engine": "transformerLens",
+                "name": null,
+                "why": "k.{L} has no TransformerLens equivalent on gpt_neox: the bridge registers hook_rot_q / hook_rot_k but never calls them (run_with_cache returns no entry) and its hook_q / hook_k are before RoPE."
+              },
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "k.0 is not a module boundary nnsight can read on gpt_neox: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "k.{L} is not a module boundary nnsight can read on gpt_neox: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -13192,7 +13252,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "value.0 is not a module boundary nnsight can read on gpt_neox: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "value.{L} is not a module boundary nnsight can read on gpt_neox: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -13210,7 +13270,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "attn_scores.0 is not a module boundary nnsight can read on gpt_neox: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "attn_scores.{L} is not a module boundary nnsight can read on gpt_neox: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -13228,7 +13288,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "attn_probs.0 is not a module boundary nnsight can read on gpt_neox: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "attn_probs.{L} is not a module boundary nnsight can read on gpt_neox: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {"engine": "nnterp", "name": "attention_probabilities[{L}]", "why": ""}
             ]
@@ -13432,11 +13492,15 @@ export const architectures: readonly Architecture[] = [
             "module": "gpt_neox.layers.{L}.attention",
             "how": "inside the attention call",
             "equivalents": [
-              {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_rot_q", "why": ""},
+              {
+                "engine": "transformerLens",
+                "name": null,
+                "why": "q.{L} has no TransformerLens equivalent on gpt_neox: the bridge registers hook_rot_q / hook_rot_k but never calls them (run_with_cache returns no entry) and its hook_q / hook_k are before RoPE."
+              },
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "q.0 is not a module boundary nnsight can read on gpt_neox: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "q.{L} is not a module boundary nnsight can read on gpt_neox: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -13450,11 +13514,15 @@ export const architectures: readonly Architecture[] = [
             "module": "gpt_neox.layers.{L}.attention",
             "how": "inside the attention call",
             "equivalents": [
-              {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_rot_k", "why": ""},
+              {
+                "engine": "transformerLens",
+                "name": null,
+                "why": "k.{L} has no TransformerLens equivalent on gpt_neox: the bridge registers hook_rot_q / hook_rot_k but never calls them (run_with_cache returns no entry) and its hook_q / hook_k are before RoPE."
+              },
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "k.0 is not a module boundary nnsight can read on gpt_neox: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "k.{L} is not a module boundary nnsight can read on gpt_neox: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -13472,7 +13540,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "value.0 is not a module boundary nnsight can read on gpt_neox: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "value.{L} is not a module boundary nnsight can read on gpt_neox: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -13490,7 +13558,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "attn_scores.0 is not a module boundary nnsight can read on gpt_neox: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "attn_scores.{L} is not a module boundary nnsight can read on gpt_neox: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -13508,7 +13576,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "attn_probs.0 is not a module boundary nnsight can read on gpt_neox: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "attn_probs.{L} is not a module boundary nnsight can read on gpt_neox: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {"engine": "nnterp", "name": "attention_probabilities[{L}]", "why": ""}
             ]
@@ -13748,7 +13816,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "q.0 is not a module boundary nnsight can read on gpt_oss: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "q.{L} is not a module boundary nnsight can read on gpt_oss: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -13766,7 +13834,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "k.0 is not a module boundary nnsight can read on gpt_oss: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "k.{L} is not a module boundary nnsight can read on gpt_oss: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -13784,7 +13852,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "value.0 is not a module boundary nnsight can read on gpt_oss: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "value.{L} is not a module boundary nnsight can read on gpt_oss: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -13802,7 +13870,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "attn_scores.0 is not a module boundary nnsight can read on gpt_oss: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "attn_scores.{L} is not a module boundary nnsight can read on gpt_oss: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -13820,7 +13888,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "attn_probs.0 is not a module boundary nnsight can read on gpt_oss: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "attn_probs.{L} is not a module boundary nnsight can read on gpt_oss: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {"engine": "nnterp", "name": "attention_probabilities[{L}]", "why": ""}
             ]
@@ -13882,11 +13950,11 @@ export const architectures: readonly Architecture[] = [
             "module": "model.layers.{L}.mlp.router",
             "how": "module output",
             "equivalents": [
-              {"engine": "transformerLens", "name": "blocks.{L}.mlp.gate.hook_out", "why": ""},
+              {"engine": "transformerLens", "name": "blocks.{L}.mlp.router.hook_out", "why": ""},
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "router_logits.0 is not a module boundary nnsight can read on gpt_oss: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "router_logits.{L} is not a module boundary nnsight can read on gpt_oss: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -13903,12 +13971,12 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "transformerLens",
                 "name": null,
-                "why": "expert_weights.0 has no TransformerLens hook: the bridge's hook_expert_weights is a softmax over all experts, not the top-k mixing weights."
+                "why": "expert_weights.{L} has no TransformerLens hook: the bridge's hook_expert_weights is a softmax over all experts, not the top-k mixing weights."
               },
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "expert_weights.0 is not a module boundary nnsight can read on gpt_oss: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "expert_weights.{L} is not a module boundary nnsight can read on gpt_oss: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -13926,7 +13994,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "expert_indices.0 is not a module boundary nnsight can read on gpt_oss: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "expert_indices.{L} is not a module boundary nnsight can read on gpt_oss: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -14101,7 +14169,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "value.0 is not a module boundary nnsight can read on gptj: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "value.{L} is not a module boundary nnsight can read on gptj: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -14119,7 +14187,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "attn_probs.0 is not a module boundary nnsight can read on gptj: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "attn_probs.{L} is not a module boundary nnsight can read on gptj: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {"engine": "nnterp", "name": "attention_probabilities[{L}]", "why": ""}
             ]
@@ -14357,7 +14425,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "q.0 is not a module boundary nnsight can read on granite: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "q.{L} is not a module boundary nnsight can read on granite: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -14375,7 +14443,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "k.0 is not a module boundary nnsight can read on granite: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "k.{L} is not a module boundary nnsight can read on granite: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -14393,7 +14461,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "value.0 is not a module boundary nnsight can read on granite: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "value.{L} is not a module boundary nnsight can read on granite: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -14411,7 +14479,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "attn_scores.0 is not a module boundary nnsight can read on granite: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "attn_scores.{L} is not a module boundary nnsight can read on granite: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -14429,7 +14497,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "attn_probs.0 is not a module boundary nnsight can read on granite: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "attn_probs.{L} is not a module boundary nnsight can read on granite: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {"engine": "nnterp", "name": "attention_probabilities[{L}]", "why": ""}
             ]
@@ -14667,7 +14735,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "q.0 is not a module boundary nnsight can read on granite: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "q.{L} is not a module boundary nnsight can read on granite: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -14685,7 +14753,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "k.0 is not a module boundary nnsight can read on granite: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "k.{L} is not a module boundary nnsight can read on granite: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -14703,7 +14771,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "value.0 is not a module boundary nnsight can read on granite: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "value.{L} is not a module boundary nnsight can read on granite: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -14721,7 +14789,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "attn_scores.0 is not a module boundary nnsight can read on granite: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "attn_scores.{L} is not a module boundary nnsight can read on granite: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -14739,7 +14807,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "attn_probs.0 is not a module boundary nnsight can read on granite: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "attn_probs.{L} is not a module boundary nnsight can read on granite: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {"engine": "nnterp", "name": "attention_probabilities[{L}]", "why": ""}
             ]
@@ -15006,7 +15074,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "q.0 is not a module boundary nnsight can read on granitemoe: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "q.{L} is not a module boundary nnsight can read on granitemoe: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -15024,7 +15092,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "k.0 is not a module boundary nnsight can read on granitemoe: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "k.{L} is not a module boundary nnsight can read on granitemoe: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -15042,7 +15110,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "value.0 is not a module boundary nnsight can read on granitemoe: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "value.{L} is not a module boundary nnsight can read on granitemoe: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -15060,7 +15128,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "attn_scores.0 is not a module boundary nnsight can read on granitemoe: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "attn_scores.{L} is not a module boundary nnsight can read on granitemoe: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -15078,7 +15146,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "attn_probs.0 is not a module boundary nnsight can read on granitemoe: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "attn_probs.{L} is not a module boundary nnsight can read on granitemoe: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {"engine": "nnterp", "name": "attention_probabilities[{L}]", "why": ""}
             ]
@@ -15144,7 +15212,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "router_logits.0 is not a module boundary nnsight can read on granitemoe: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "router_logits.{L} is not a module boundary nnsight can read on granitemoe: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -15161,12 +15229,12 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "transformerLens",
                 "name": null,
-                "why": "expert_weights.0 has no TransformerLens hook: the bridge's hook_expert_weights is a softmax over all experts, not the top-k mixing weights."
+                "why": "expert_weights.{L} has no TransformerLens hook: the bridge's hook_expert_weights is a softmax over all experts, not the top-k mixing weights."
               },
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "expert_weights.0 is not a module boundary nnsight can read on granitemoe: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "expert_weights.{L} is not a module boundary nnsight can read on granitemoe: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -15184,7 +15252,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "expert_indices.0 is not a module boundary nnsight can read on granitemoe: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "expert_indices.{L} is not a module boundary nnsight can read on granitemoe: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -15350,8 +15418,8 @@ export const architectures: readonly Architecture[] = [
             "module": "model.layers.{L}.mamba",
             "how": "module input",
             "equivalents": [
-              {"engine": "transformerLens", "name": "blocks.{L}.mamba.hook_in", "why": ""},
-              {"engine": "nnsight", "name": "model.layers[{L}].self_attn.input", "why": ""},
+              {"engine": "transformerLens", "name": "blocks.{L}.mixer.hook_in", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mamba.input", "why": ""},
               {"engine": "nnterp", "name": "attentions_input[{L}]", "why": ""}
             ]
           },
@@ -15364,7 +15432,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "q.2 is not a module boundary nnsight can read on granitemoehybrid: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "q.{L} is not a module boundary nnsight can read on granitemoehybrid: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -15382,7 +15450,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "k.2 is not a module boundary nnsight can read on granitemoehybrid: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "k.{L} is not a module boundary nnsight can read on granitemoehybrid: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -15400,7 +15468,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "value.2 is not a module boundary nnsight can read on granitemoehybrid: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "value.{L} is not a module boundary nnsight can read on granitemoehybrid: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -15418,7 +15486,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "attn_scores.2 is not a module boundary nnsight can read on granitemoehybrid: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "attn_scores.{L} is not a module boundary nnsight can read on granitemoehybrid: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -15436,7 +15504,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "attn_probs.2 is not a module boundary nnsight can read on granitemoehybrid: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "attn_probs.{L} is not a module boundary nnsight can read on granitemoehybrid: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {"engine": "nnterp", "name": "attention_probabilities[{L}]", "why": ""}
             ]
@@ -15464,8 +15532,8 @@ export const architectures: readonly Architecture[] = [
             "module": "model.layers.{L}.mamba",
             "how": "module output",
             "equivalents": [
-              {"engine": "transformerLens", "name": "blocks.{L}.mamba.hook_out", "why": ""},
-              {"engine": "nnsight", "name": "model.layers[{L}].self_attn.output", "why": ""},
+              {"engine": "transformerLens", "name": "blocks.{L}.mixer.hook_out", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mamba.output", "why": ""},
               {"engine": "nnterp", "name": "attentions_output[{L}]", "why": ""}
             ]
           },
@@ -15488,7 +15556,7 @@ export const architectures: readonly Architecture[] = [
             "module": "model.layers.{L}.block_sparse_moe",
             "how": "module input",
             "equivalents": [
-              {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_in", "why": ""},
+              {"engine": "transformerLens", "name": "blocks.{L}.moe.hook_in", "why": ""},
               {"engine": "nnsight", "name": "model.layers[{L}].block_sparse_moe.input", "why": ""},
               {"engine": "nnterp", "name": "mlps_input[{L}]", "why": ""}
             ]
@@ -15498,11 +15566,11 @@ export const architectures: readonly Architecture[] = [
             "module": "model.layers.{L}.block_sparse_moe.router",
             "how": "module output",
             "equivalents": [
-              {"engine": "transformerLens", "name": "blocks.{L}.mlp.gate.hook_out", "why": ""},
+              {"engine": "transformerLens", "name": "blocks.{L}.moe.gate.hook_out", "why": ""},
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "router_logits.0 is not a module boundary nnsight can read on granitemoehybrid: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "router_logits.{L} is not a module boundary nnsight can read on granitemoehybrid: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -15519,12 +15587,12 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "transformerLens",
                 "name": null,
-                "why": "expert_weights.0 has no TransformerLens hook: the bridge's hook_expert_weights is a softmax over all experts, not the top-k mixing weights."
+                "why": "expert_weights.{L} has no TransformerLens hook: the bridge's hook_expert_weights is a softmax over all experts, not the top-k mixing weights."
               },
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "expert_weights.0 is not a module boundary nnsight can read on granitemoehybrid: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "expert_weights.{L} is not a module boundary nnsight can read on granitemoehybrid: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -15538,11 +15606,11 @@ export const architectures: readonly Architecture[] = [
             "module": "model.layers.{L}.block_sparse_moe.router",
             "how": "module output",
             "equivalents": [
-              {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_expert_indices", "why": ""},
+              {"engine": "transformerLens", "name": "blocks.{L}.moe.hook_expert_indices", "why": ""},
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "expert_indices.0 is not a module boundary nnsight can read on granitemoehybrid: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "expert_indices.{L} is not a module boundary nnsight can read on granitemoehybrid: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -15556,11 +15624,15 @@ export const architectures: readonly Architecture[] = [
             "module": "model.layers.{L}.shared_mlp",
             "how": "sum",
             "equivalents": [
-              {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_out", "why": ""},
+              {
+                "engine": "transformerLens",
+                "name": null,
+                "why": "mlp_out.{L} has no TransformerLens equivalent on granitemoehybrid: the bridge hooks the routed experts (`moe`) and the shared MLP (`shared_mlp`) apart and has no hook on their sum."
+              },
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "mlp_out.0 is not a module boundary nnsight can read on granitemoehybrid: the MLP slot is two modules whose outputs are added."
+                "why": "mlp_out.{L} is not a module boundary nnsight can read on granitemoehybrid: the MLP slot is two modules whose outputs are added."
               },
               {"engine": "nnterp", "name": "mlps_output[{L}]", "why": ""}
             ]
@@ -15788,12 +15860,12 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "transformerLens",
                 "name": null,
-                "why": "q.0 has no TransformerLens equivalent on hunyuan_v1_dense: HunYuan normalizes q and k after RoPE; the bridge's rotary hooks are before that norm."
+                "why": "q.{L} has no TransformerLens equivalent on hunyuan_v1_dense: HunYuan normalizes q and k after RoPE; the bridge's rotary hooks are before that norm."
               },
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "q.0 is not a module boundary nnsight can read on hunyuan_v1_dense: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "q.{L} is not a module boundary nnsight can read on hunyuan_v1_dense: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -15810,12 +15882,12 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "transformerLens",
                 "name": null,
-                "why": "k.0 has no TransformerLens equivalent on hunyuan_v1_dense: HunYuan normalizes q and k after RoPE; the bridge's rotary hooks are before that norm."
+                "why": "k.{L} has no TransformerLens equivalent on hunyuan_v1_dense: HunYuan normalizes q and k after RoPE; the bridge's rotary hooks are before that norm."
               },
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "k.0 is not a module boundary nnsight can read on hunyuan_v1_dense: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "k.{L} is not a module boundary nnsight can read on hunyuan_v1_dense: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -15833,7 +15905,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "value.0 is not a module boundary nnsight can read on hunyuan_v1_dense: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "value.{L} is not a module boundary nnsight can read on hunyuan_v1_dense: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -15851,7 +15923,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "attn_scores.0 is not a module boundary nnsight can read on hunyuan_v1_dense: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "attn_scores.{L} is not a module boundary nnsight can read on hunyuan_v1_dense: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -15869,7 +15941,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "attn_probs.0 is not a module boundary nnsight can read on hunyuan_v1_dense: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "attn_probs.{L} is not a module boundary nnsight can read on hunyuan_v1_dense: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {"engine": "nnterp", "name": "attention_probabilities[{L}]", "why": ""}
             ]
@@ -16201,12 +16273,12 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "transformerLens",
                 "name": null,
-                "why": "q.0 has no TransformerLens equivalent on hunyuan_v1_moe: HunYuan normalizes q and k after RoPE; the bridge's rotary hooks are before that norm."
+                "why": "q.{L} has no TransformerLens equivalent on hunyuan_v1_moe: HunYuan normalizes q and k after RoPE; the bridge's rotary hooks are before that norm."
               },
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "q.0 is not a module boundary nnsight can read on hunyuan_v1_moe: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "q.{L} is not a module boundary nnsight can read on hunyuan_v1_moe: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -16223,12 +16295,12 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "transformerLens",
                 "name": null,
-                "why": "k.0 has no TransformerLens equivalent on hunyuan_v1_moe: HunYuan normalizes q and k after RoPE; the bridge's rotary hooks are before that norm."
+                "why": "k.{L} has no TransformerLens equivalent on hunyuan_v1_moe: HunYuan normalizes q and k after RoPE; the bridge's rotary hooks are before that norm."
               },
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "k.0 is not a module boundary nnsight can read on hunyuan_v1_moe: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "k.{L} is not a module boundary nnsight can read on hunyuan_v1_moe: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -16246,7 +16318,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "value.0 is not a module boundary nnsight can read on hunyuan_v1_moe: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "value.{L} is not a module boundary nnsight can read on hunyuan_v1_moe: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -16264,7 +16336,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "attn_scores.0 is not a module boundary nnsight can read on hunyuan_v1_moe: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "attn_scores.{L} is not a module boundary nnsight can read on hunyuan_v1_moe: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -16282,7 +16354,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "attn_probs.0 is not a module boundary nnsight can read on hunyuan_v1_moe: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "attn_probs.{L} is not a module boundary nnsight can read on hunyuan_v1_moe: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {"engine": "nnterp", "name": "attention_probabilities[{L}]", "why": ""}
             ]
@@ -16348,7 +16420,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "router_logits.0 is not a module boundary nnsight can read on hunyuan_v1_moe: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "router_logits.{L} is not a module boundary nnsight can read on hunyuan_v1_moe: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -16365,12 +16437,12 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "transformerLens",
                 "name": null,
-                "why": "expert_weights.0 has no TransformerLens hook: the bridge's hook_expert_weights is a softmax over all experts, not the top-k mixing weights."
+                "why": "expert_weights.{L} has no TransformerLens hook: the bridge's hook_expert_weights is a softmax over all experts, not the top-k mixing weights."
               },
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "expert_weights.0 is not a module boundary nnsight can read on hunyuan_v1_moe: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "expert_weights.{L} is not a module boundary nnsight can read on hunyuan_v1_moe: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -16388,7 +16460,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "expert_indices.0 is not a module boundary nnsight can read on hunyuan_v1_moe: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "expert_indices.{L} is not a module boundary nnsight can read on hunyuan_v1_moe: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -16542,8 +16614,8 @@ export const architectures: readonly Architecture[] = [
             "module": "model.layers.{L}.mamba",
             "how": "module input",
             "equivalents": [
-              {"engine": "transformerLens", "name": "blocks.{L}.mamba.hook_in", "why": ""},
-              {"engine": "nnsight", "name": "model.layers[{L}].self_attn.input", "why": ""},
+              {"engine": "transformerLens", "name": "blocks.{L}.mixer.hook_in", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mamba.input", "why": ""},
               {"engine": "nnterp", "name": "attentions_input[{L}]", "why": ""}
             ]
           },
@@ -16556,7 +16628,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "q.2 is not a module boundary nnsight can read on jamba: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "q.{L} is not a module boundary nnsight can read on jamba: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -16574,7 +16646,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "k.2 is not a module boundary nnsight can read on jamba: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "k.{L} is not a module boundary nnsight can read on jamba: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -16592,7 +16664,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "value.2 is not a module boundary nnsight can read on jamba: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "value.{L} is not a module boundary nnsight can read on jamba: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -16609,12 +16681,12 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "transformerLens",
                 "name": null,
-                "why": "attn_scores.2: the Jamba bridge's hook_attn_scores is taken without the causal mask."
+                "why": "attn_scores.{L}: the Jamba bridge's hook_attn_scores is taken without the causal mask."
               },
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "attn_scores.2 is not a module boundary nnsight can read on jamba: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "attn_scores.{L} is not a module boundary nnsight can read on jamba: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -16632,7 +16704,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "attn_probs.2 is not a module boundary nnsight can read on jamba: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "attn_probs.{L} is not a module boundary nnsight can read on jamba: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {"engine": "nnterp", "name": "attention_probabilities[{L}]", "why": ""}
             ]
@@ -16660,8 +16732,8 @@ export const architectures: readonly Architecture[] = [
             "module": "model.layers.{L}.mamba",
             "how": "module output",
             "equivalents": [
-              {"engine": "transformerLens", "name": "blocks.{L}.mamba.hook_out", "why": ""},
-              {"engine": "nnsight", "name": "model.layers[{L}].self_attn.output", "why": ""},
+              {"engine": "transformerLens", "name": "blocks.{L}.mixer.hook_out", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mamba.output", "why": ""},
               {"engine": "nnterp", "name": "attentions_output[{L}]", "why": ""}
             ]
           },
@@ -16736,11 +16808,11 @@ export const architectures: readonly Architecture[] = [
             "module": "model.layers.{L}.feed_forward.router",
             "how": "module output",
             "equivalents": [
-              {"engine": "transformerLens", "name": "blocks.{L}.mlp.gate.hook_out", "why": ""},
+              {"engine": "transformerLens", "name": "blocks.{L}.mlp.router.hook_out", "why": ""},
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "router_logits.1 is not a module boundary nnsight can read on jamba: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "router_logits.{L} is not a module boundary nnsight can read on jamba: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -16898,7 +16970,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.conv.hook_in", "why": ""},
-              {"engine": "nnsight", "name": "model.layers[{L}].self_attn.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].conv.input", "why": ""},
               {"engine": "nnterp", "name": "attentions_input[{L}]", "why": ""}
             ]
           },
@@ -16983,7 +17055,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "q.2 is not a module boundary nnsight can read on lfm2: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "q.{L} is not a module boundary nnsight can read on lfm2: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -17001,7 +17073,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "k.2 is not a module boundary nnsight can read on lfm2: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "k.{L} is not a module boundary nnsight can read on lfm2: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -17019,7 +17091,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "value.2 is not a module boundary nnsight can read on lfm2: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "value.{L} is not a module boundary nnsight can read on lfm2: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -17037,7 +17109,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "attn_scores.2 is not a module boundary nnsight can read on lfm2: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "attn_scores.{L} is not a module boundary nnsight can read on lfm2: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -17055,7 +17127,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "attn_probs.2 is not a module boundary nnsight can read on lfm2: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "attn_probs.{L} is not a module boundary nnsight can read on lfm2: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {"engine": "nnterp", "name": "attention_probabilities[{L}]", "why": ""}
             ]
@@ -17084,7 +17156,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.conv.hook_out", "why": ""},
-              {"engine": "nnsight", "name": "model.layers[{L}].self_attn.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].conv.output", "why": ""},
               {"engine": "nnterp", "name": "attentions_output[{L}]", "why": ""}
             ]
           },
@@ -17319,7 +17391,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.conv.hook_in", "why": ""},
-              {"engine": "nnsight", "name": "model.layers[{L}].self_attn.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].conv.input", "why": ""},
               {"engine": "nnterp", "name": "attentions_input[{L}]", "why": ""}
             ]
           },
@@ -17404,7 +17476,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "q.1 is not a module boundary nnsight can read on lfm2_moe: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "q.{L} is not a module boundary nnsight can read on lfm2_moe: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -17422,7 +17494,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "k.1 is not a module boundary nnsight can read on lfm2_moe: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "k.{L} is not a module boundary nnsight can read on lfm2_moe: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -17440,7 +17512,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "value.1 is not a module boundary nnsight can read on lfm2_moe: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "value.{L} is not a module boundary nnsight can read on lfm2_moe: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -17458,7 +17530,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "attn_scores.1 is not a module boundary nnsight can read on lfm2_moe: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "attn_scores.{L} is not a module boundary nnsight can read on lfm2_moe: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -17476,7 +17548,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "attn_probs.1 is not a module boundary nnsight can read on lfm2_moe: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "attn_probs.{L} is not a module boundary nnsight can read on lfm2_moe: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {"engine": "nnterp", "name": "attention_probabilities[{L}]", "why": ""}
             ]
@@ -17505,7 +17577,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.conv.hook_out", "why": ""},
-              {"engine": "nnsight", "name": "model.layers[{L}].self_attn.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].conv.output", "why": ""},
               {"engine": "nnterp", "name": "attentions_output[{L}]", "why": ""}
             ]
           },
@@ -17584,7 +17656,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "router_logits.1 is not a module boundary nnsight can read on lfm2_moe: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "router_logits.{L} is not a module boundary nnsight can read on lfm2_moe: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -17601,12 +17673,12 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "transformerLens",
                 "name": null,
-                "why": "expert_weights.1 has no TransformerLens hook: the bridge's hook_expert_weights is a softmax over all experts, not the top-k mixing weights."
+                "why": "expert_weights.{L} has no TransformerLens hook: the bridge's hook_expert_weights is a softmax over all experts, not the top-k mixing weights."
               },
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "expert_weights.1 is not a module boundary nnsight can read on lfm2_moe: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "expert_weights.{L} is not a module boundary nnsight can read on lfm2_moe: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -17624,7 +17696,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "expert_indices.1 is not a module boundary nnsight can read on lfm2_moe: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "expert_indices.{L} is not a module boundary nnsight can read on lfm2_moe: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -17791,7 +17863,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "q.0 is not a module boundary nnsight can read on llama: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "q.{L} is not a module boundary nnsight can read on llama: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -17809,7 +17881,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "k.0 is not a module boundary nnsight can read on llama: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "k.{L} is not a module boundary nnsight can read on llama: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -17827,7 +17899,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "value.0 is not a module boundary nnsight can read on llama: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "value.{L} is not a module boundary nnsight can read on llama: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -17845,7 +17917,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "attn_scores.0 is not a module boundary nnsight can read on llama: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "attn_scores.{L} is not a module boundary nnsight can read on llama: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -17863,7 +17935,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "attn_probs.0 is not a module boundary nnsight can read on llama: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "attn_probs.{L} is not a module boundary nnsight can read on llama: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {"engine": "nnterp", "name": "attention_probabilities[{L}]", "why": ""}
             ]
@@ -18101,7 +18173,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "q.0 is not a module boundary nnsight can read on llama: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "q.{L} is not a module boundary nnsight can read on llama: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -18119,7 +18191,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "k.0 is not a module boundary nnsight can read on llama: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "k.{L} is not a module boundary nnsight can read on llama: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -18137,7 +18209,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "value.0 is not a module boundary nnsight can read on llama: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "value.{L} is not a module boundary nnsight can read on llama: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -18155,7 +18227,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "attn_scores.0 is not a module boundary nnsight can read on llama: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "attn_scores.{L} is not a module boundary nnsight can read on llama: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -18173,7 +18245,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "attn_probs.0 is not a module boundary nnsight can read on llama: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "attn_probs.{L} is not a module boundary nnsight can read on llama: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {"engine": "nnterp", "name": "attention_probabilities[{L}]", "why": ""}
             ]
@@ -18411,7 +18483,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "q.0 is not a module boundary nnsight can read on llama: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "q.{L} is not a module boundary nnsight can read on llama: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -18429,7 +18501,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "k.0 is not a module boundary nnsight can read on llama: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "k.{L} is not a module boundary nnsight can read on llama: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -18447,7 +18519,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "value.0 is not a module boundary nnsight can read on llama: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "value.{L} is not a module boundary nnsight can read on llama: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -18465,7 +18537,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "attn_scores.0 is not a module boundary nnsight can read on llama: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "attn_scores.{L} is not a module boundary nnsight can read on llama: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -18483,7 +18555,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "attn_probs.0 is not a module boundary nnsight can read on llama: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "attn_probs.{L} is not a module boundary nnsight can read on llama: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {"engine": "nnterp", "name": "attention_probabilities[{L}]", "why": ""}
             ]
@@ -18721,7 +18793,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "q.0 is not a module boundary nnsight can read on llama: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "q.{L} is not a module boundary nnsight can read on llama: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -18739,7 +18811,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "k.0 is not a module boundary nnsight can read on llama: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "k.{L} is not a module boundary nnsight can read on llama: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -18757,7 +18829,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "value.0 is not a module boundary nnsight can read on llama: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "value.{L} is not a module boundary nnsight can read on llama: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -18775,7 +18847,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "attn_scores.0 is not a module boundary nnsight can read on llama: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "attn_scores.{L} is not a module boundary nnsight can read on llama: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -18793,7 +18865,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "attn_probs.0 is not a module boundary nnsight can read on llama: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "attn_probs.{L} is not a module boundary nnsight can read on llama: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {"engine": "nnterp", "name": "attention_probabilities[{L}]", "why": ""}
             ]
@@ -19031,7 +19103,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "q.0 is not a module boundary nnsight can read on llama: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "q.{L} is not a module boundary nnsight can read on llama: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -19049,7 +19121,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "k.0 is not a module boundary nnsight can read on llama: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "k.{L} is not a module boundary nnsight can read on llama: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -19067,7 +19139,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "value.0 is not a module boundary nnsight can read on llama: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "value.{L} is not a module boundary nnsight can read on llama: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -19085,7 +19157,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "attn_scores.0 is not a module boundary nnsight can read on llama: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "attn_scores.{L} is not a module boundary nnsight can read on llama: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -19103,7 +19175,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "attn_probs.0 is not a module boundary nnsight can read on llama: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "attn_probs.{L} is not a module boundary nnsight can read on llama: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {"engine": "nnterp", "name": "attention_probabilities[{L}]", "why": ""}
             ]
@@ -19341,7 +19413,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "q.0 is not a module boundary nnsight can read on llama: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "q.{L} is not a module boundary nnsight can read on llama: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -19359,7 +19431,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "k.0 is not a module boundary nnsight can read on llama: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "k.{L} is not a module boundary nnsight can read on llama: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -19377,7 +19449,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "value.0 is not a module boundary nnsight can read on llama: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "value.{L} is not a module boundary nnsight can read on llama: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -19395,7 +19467,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "attn_scores.0 is not a module boundary nnsight can read on llama: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "attn_scores.{L} is not a module boundary nnsight can read on llama: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -19413,7 +19485,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "attn_probs.0 is not a module boundary nnsight can read on llama: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "attn_probs.{L} is not a module boundary nnsight can read on llama: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {"engine": "nnterp", "name": "attention_probabilities[{L}]", "why": ""}
             ]
@@ -19651,7 +19723,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "q.0 is not a module boundary nnsight can read on llama: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "q.{L} is not a module boundary nnsight can read on llama: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -19669,7 +19741,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "k.0 is not a module boundary nnsight can read on llama: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "k.{L} is not a module boundary nnsight can read on llama: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -19687,7 +19759,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "value.0 is not a module boundary nnsight can read on llama: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "value.{L} is not a module boundary nnsight can read on llama: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -19705,7 +19777,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "attn_scores.0 is not a module boundary nnsight can read on llama: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "attn_scores.{L} is not a module boundary nnsight can read on llama: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -19723,7 +19795,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "attn_probs.0 is not a module boundary nnsight can read on llama: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "attn_probs.{L} is not a module boundary nnsight can read on llama: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {"engine": "nnterp", "name": "attention_probabilities[{L}]", "why": ""}
             ]
@@ -19961,7 +20033,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "q.0 is not a module boundary nnsight can read on llama: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "q.{L} is not a module boundary nnsight can read on llama: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -19979,7 +20051,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "k.0 is not a module boundary nnsight can read on llama: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "k.{L} is not a module boundary nnsight can read on llama: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -19997,7 +20069,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "value.0 is not a module boundary nnsight can read on llama: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "value.{L} is not a module boundary nnsight can read on llama: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -20015,7 +20087,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "attn_scores.0 is not a module boundary nnsight can read on llama: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "attn_scores.{L} is not a module boundary nnsight can read on llama: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -20033,7 +20105,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "attn_probs.0 is not a module boundary nnsight can read on llama: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "attn_probs.{L} is not a module boundary nnsight can read on llama: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {"engine": "nnterp", "name": "attention_probabilities[{L}]", "why": ""}
             ]
@@ -20271,7 +20343,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "q.0 is not a module boundary nnsight can read on llama: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "q.{L} is not a module boundary nnsight can read on llama: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -20289,7 +20361,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "k.0 is not a module boundary nnsight can read on llama: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "k.{L} is not a module boundary nnsight can read on llama: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -20307,7 +20379,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "value.0 is not a module boundary nnsight can read on llama: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "value.{L} is not a module boundary nnsight can read on llama: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -20325,7 +20397,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "attn_scores.0 is not a module boundary nnsight can read on llama: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "attn_scores.{L} is not a module boundary nnsight can read on llama: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -20343,7 +20415,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "attn_probs.0 is not a module boundary nnsight can read on llama: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "attn_probs.{L} is not a module boundary nnsight can read on llama: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {"engine": "nnterp", "name": "attention_probabilities[{L}]", "why": ""}
             ]
@@ -20581,7 +20653,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "q.0 is not a module boundary nnsight can read on llama: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "q.{L} is not a module boundary nnsight can read on llama: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -20599,7 +20671,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "k.0 is not a module boundary nnsight can read on llama: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "k.{L} is not a module boundary nnsight can read on llama: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -20617,7 +20689,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "value.0 is not a module boundary nnsight can read on llama: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "value.{L} is not a module boundary nnsight can read on llama: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -20635,7 +20707,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "attn_scores.0 is not a module boundary nnsight can read on llama: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "attn_scores.{L} is not a module boundary nnsight can read on llama: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -20653,7 +20725,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "attn_probs.0 is not a module boundary nnsight can read on llama: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "attn_probs.{L} is not a module boundary nnsight can read on llama: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {"engine": "nnterp", "name": "attention_probabilities[{L}]", "why": ""}
             ]
@@ -20891,7 +20963,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "q.0 is not a module boundary nnsight can read on llama: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "q.{L} is not a module boundary nnsight can read on llama: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -20909,7 +20981,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "k.0 is not a module boundary nnsight can read on llama: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "k.{L} is not a module boundary nnsight can read on llama: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -20927,7 +20999,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "value.0 is not a module boundary nnsight can read on llama: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "value.{L} is not a module boundary nnsight can read on llama: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -20945,7 +21017,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "attn_scores.0 is not a module boundary nnsight can read on llama: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "attn_scores.{L} is not a module boundary nnsight can read on llama: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -20963,7 +21035,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "attn_probs.0 is not a module boundary nnsight can read on llama: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "attn_probs.{L} is not a module boundary nnsight can read on llama: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {"engine": "nnterp", "name": "attention_probabilities[{L}]", "why": ""}
             ]
@@ -21201,7 +21273,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "q.0 is not a module boundary nnsight can read on llama: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "q.{L} is not a module boundary nnsight can read on llama: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -21219,7 +21291,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "k.0 is not a module boundary nnsight can read on llama: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "k.{L} is not a module boundary nnsight can read on llama: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -21237,7 +21309,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "value.0 is not a module boundary nnsight can read on llama: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "value.{L} is not a module boundary nnsight can read on llama: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -21255,7 +21327,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "attn_scores.0 is not a module boundary nnsight can read on llama: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "attn_scores.{L} is not a module boundary nnsight can read on llama: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -21273,7 +21345,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "attn_probs.0 is not a module boundary nnsight can read on llama: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "attn_probs.{L} is not a module boundary nnsight can read on llama: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {"engine": "nnterp", "name": "attention_probabilities[{L}]", "why": ""}
             ]
@@ -21511,7 +21583,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "q.0 is not a module boundary nnsight can read on llama: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "q.{L} is not a module boundary nnsight can read on llama: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -21529,7 +21601,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "k.0 is not a module boundary nnsight can read on llama: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "k.{L} is not a module boundary nnsight can read on llama: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -21547,7 +21619,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "value.0 is not a module boundary nnsight can read on llama: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "value.{L} is not a module boundary nnsight can read on llama: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -21565,7 +21637,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "attn_scores.0 is not a module boundary nnsight can read on llama: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "attn_scores.{L} is not a module boundary nnsight can read on llama: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -21583,7 +21655,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "attn_probs.0 is not a module boundary nnsight can read on llama: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "attn_probs.{L} is not a module boundary nnsight can read on llama: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {"engine": "nnterp", "name": "attention_probabilities[{L}]", "why": ""}
             ]
@@ -21821,7 +21893,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "q.0 is not a module boundary nnsight can read on llama: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "q.{L} is not a module boundary nnsight can read on llama: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -21839,7 +21911,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "k.0 is not a module boundary nnsight can read on llama: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "k.{L} is not a module boundary nnsight can read on llama: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -21857,7 +21929,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "value.0 is not a module boundary nnsight can read on llama: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "value.{L} is not a module boundary nnsight can read on llama: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -21875,7 +21947,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "attn_scores.0 is not a module boundary nnsight can read on llama: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "attn_scores.{L} is not a module boundary nnsight can read on llama: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -21893,7 +21965,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "attn_probs.0 is not a module boundary nnsight can read on llama: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "attn_probs.{L} is not a module boundary nnsight can read on llama: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {"engine": "nnterp", "name": "attention_probabilities[{L}]", "why": ""}
             ]
@@ -22131,7 +22203,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "q.0 is not a module boundary nnsight can read on llama: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "q.{L} is not a module boundary nnsight can read on llama: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -22149,7 +22221,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "k.0 is not a module boundary nnsight can read on llama: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "k.{L} is not a module boundary nnsight can read on llama: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -22167,7 +22239,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "value.0 is not a module boundary nnsight can read on llama: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "value.{L} is not a module boundary nnsight can read on llama: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -22185,7 +22257,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "attn_scores.0 is not a module boundary nnsight can read on llama: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "attn_scores.{L} is not a module boundary nnsight can read on llama: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -22203,7 +22275,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "attn_probs.0 is not a module boundary nnsight can read on llama: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "attn_probs.{L} is not a module boundary nnsight can read on llama: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {"engine": "nnterp", "name": "attention_probabilities[{L}]", "why": ""}
             ]
@@ -22441,7 +22513,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "q.0 is not a module boundary nnsight can read on llama: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "q.{L} is not a module boundary nnsight can read on llama: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -22459,7 +22531,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "k.0 is not a module boundary nnsight can read on llama: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "k.{L} is not a module boundary nnsight can read on llama: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -22477,7 +22549,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "value.0 is not a module boundary nnsight can read on llama: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "value.{L} is not a module boundary nnsight can read on llama: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -22495,7 +22567,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "attn_scores.0 is not a module boundary nnsight can read on llama: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "attn_scores.{L} is not a module boundary nnsight can read on llama: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -22513,7 +22585,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "attn_probs.0 is not a module boundary nnsight can read on llama: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "attn_probs.{L} is not a module boundary nnsight can read on llama: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {"engine": "nnterp", "name": "attention_probabilities[{L}]", "why": ""}
             ]
@@ -22751,7 +22823,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "q.0 is not a module boundary nnsight can read on llama: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "q.{L} is not a module boundary nnsight can read on llama: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -22769,7 +22841,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "k.0 is not a module boundary nnsight can read on llama: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "k.{L} is not a module boundary nnsight can read on llama: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -22787,7 +22859,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "value.0 is not a module boundary nnsight can read on llama: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "value.{L} is not a module boundary nnsight can read on llama: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -22805,7 +22877,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "attn_scores.0 is not a module boundary nnsight can read on llama: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "attn_scores.{L} is not a module boundary nnsight can read on llama: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -22823,7 +22895,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "attn_probs.0 is not a module boundary nnsight can read on llama: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "attn_probs.{L} is not a module boundary nnsight can read on llama: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {"engine": "nnterp", "name": "attention_probabilities[{L}]", "why": ""}
             ]
@@ -23080,7 +23152,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "q.0 is not a module boundary nnsight can read on mixtral: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "q.{L} is not a module boundary nnsight can read on mixtral: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -23098,7 +23170,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "k.0 is not a module boundary nnsight can read on mixtral: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "k.{L} is not a module boundary nnsight can read on mixtral: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -23116,7 +23188,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "value.0 is not a module boundary nnsight can read on mixtral: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "value.{L} is not a module boundary nnsight can read on mixtral: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -23134,7 +23206,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "attn_scores.0 is not a module boundary nnsight can read on mixtral: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "attn_scores.{L} is not a module boundary nnsight can read on mixtral: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -23152,7 +23224,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "attn_probs.0 is not a module boundary nnsight can read on mixtral: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "attn_probs.{L} is not a module boundary nnsight can read on mixtral: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {"engine": "nnterp", "name": "attention_probabilities[{L}]", "why": ""}
             ]
@@ -23218,7 +23290,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "router_logits.0 is not a module boundary nnsight can read on mixtral: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "router_logits.{L} is not a module boundary nnsight can read on mixtral: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -23235,12 +23307,12 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "transformerLens",
                 "name": null,
-                "why": "expert_weights.0 has no TransformerLens hook: the bridge's hook_expert_weights is a softmax over all experts, not the top-k mixing weights."
+                "why": "expert_weights.{L} has no TransformerLens hook: the bridge's hook_expert_weights is a softmax over all experts, not the top-k mixing weights."
               },
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "expert_weights.0 is not a module boundary nnsight can read on mixtral: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "expert_weights.{L} is not a module boundary nnsight can read on mixtral: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -23258,7 +23330,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "expert_indices.0 is not a module boundary nnsight can read on mixtral: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "expert_indices.{L} is not a module boundary nnsight can read on mixtral: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -23449,7 +23521,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "q.0 is not a module boundary nnsight can read on mpt: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "q.{L} is not a module boundary nnsight can read on mpt: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -23467,7 +23539,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "k.0 is not a module boundary nnsight can read on mpt: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "k.{L} is not a module boundary nnsight can read on mpt: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -23485,7 +23557,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "value.0 is not a module boundary nnsight can read on mpt: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "value.{L} is not a module boundary nnsight can read on mpt: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -23503,7 +23575,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "attn_probs.0 is not a module boundary nnsight can read on mpt: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "attn_probs.{L} is not a module boundary nnsight can read on mpt: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {"engine": "nnterp", "name": "attention_probabilities[{L}]", "why": ""}
             ]
@@ -23597,12 +23669,12 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "mlp_out.0 is not a module boundary nnsight can read on mpt: the MLP module adds the residual itself."
+                "why": "mlp_out.{L} is not a module boundary nnsight can read on mpt: the MLP module adds the residual itself."
               },
               {
                 "engine": "nnterp",
                 "name": null,
-                "why": "mlp_out.0: MPT's MLP adds the residual itself, so nnterp's mlps_output is resid_post."
+                "why": "mlp_out.{L}: MPT's MLP adds the residual itself, so nnterp's mlps_output is resid_post."
               }
             ]
           },
@@ -23753,7 +23825,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "q.0 is not a module boundary nnsight can read on nemotron: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "q.{L} is not a module boundary nnsight can read on nemotron: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -23771,7 +23843,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "k.0 is not a module boundary nnsight can read on nemotron: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "k.{L} is not a module boundary nnsight can read on nemotron: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -23789,7 +23861,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "value.0 is not a module boundary nnsight can read on nemotron: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "value.{L} is not a module boundary nnsight can read on nemotron: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -23807,7 +23879,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "attn_scores.0 is not a module boundary nnsight can read on nemotron: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "attn_scores.{L} is not a module boundary nnsight can read on nemotron: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -23825,7 +23897,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "attn_probs.0 is not a module boundary nnsight can read on nemotron: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "attn_probs.{L} is not a module boundary nnsight can read on nemotron: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {"engine": "nnterp", "name": "attention_probabilities[{L}]", "why": ""}
             ]
@@ -24070,11 +24142,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mixer.hook_in", "why": ""},
-              {
-                "engine": "nnsight",
-                "name": null,
-                "why": "attn_in.0 is not a module boundary nnsight can read on nemotron_h: no attention module path."
-              },
+              {"engine": "nnsight", "name": "model.layers[{L}].mixer.input", "why": ""},
               {"engine": "nnterp", "name": "attentions_input[{L}]", "why": ""}
             ]
           },
@@ -24083,11 +24151,15 @@ export const architectures: readonly Architecture[] = [
             "module": "model.layers.{L}.mixer",
             "how": "inside the attention call",
             "equivalents": [
-              {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_q", "why": ""},
+              {
+                "engine": "transformerLens",
+                "name": null,
+                "why": "q.{L} has no TransformerLens hook on nemotron_h: the bridge wraps this hybrid's attention and MLP blocks without hooks."
+              },
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "q.2 is not a module boundary nnsight can read on nemotron_h: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "q.{L} is not a module boundary nnsight can read on nemotron_h: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -24101,11 +24173,15 @@ export const architectures: readonly Architecture[] = [
             "module": "model.layers.{L}.mixer",
             "how": "inside the attention call",
             "equivalents": [
-              {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_k", "why": ""},
+              {
+                "engine": "transformerLens",
+                "name": null,
+                "why": "k.{L} has no TransformerLens hook on nemotron_h: the bridge wraps this hybrid's attention and MLP blocks without hooks."
+              },
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "k.2 is not a module boundary nnsight can read on nemotron_h: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "k.{L} is not a module boundary nnsight can read on nemotron_h: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -24119,11 +24195,15 @@ export const architectures: readonly Architecture[] = [
             "module": "model.layers.{L}.mixer",
             "how": "inside the attention call",
             "equivalents": [
-              {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_v", "why": ""},
+              {
+                "engine": "transformerLens",
+                "name": null,
+                "why": "value.{L} has no TransformerLens hook on nemotron_h: the bridge wraps this hybrid's attention and MLP blocks without hooks."
+              },
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "value.2 is not a module boundary nnsight can read on nemotron_h: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "value.{L} is not a module boundary nnsight can read on nemotron_h: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -24137,11 +24217,15 @@ export const architectures: readonly Architecture[] = [
             "module": "model.layers.{L}.mixer",
             "how": "inside the attention call (recomputed)",
             "equivalents": [
-              {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_attn_scores", "why": ""},
+              {
+                "engine": "transformerLens",
+                "name": null,
+                "why": "attn_scores.{L} has no TransformerLens hook on nemotron_h: the bridge wraps this hybrid's attention and MLP blocks without hooks."
+              },
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "attn_scores.2 is not a module boundary nnsight can read on nemotron_h: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "attn_scores.{L} is not a module boundary nnsight can read on nemotron_h: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -24155,11 +24239,15 @@ export const architectures: readonly Architecture[] = [
             "module": "model.layers.{L}.mixer",
             "how": "inside the attention call",
             "equivalents": [
-              {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_pattern", "why": ""},
+              {
+                "engine": "transformerLens",
+                "name": null,
+                "why": "attn_probs.{L} has no TransformerLens hook on nemotron_h: the bridge wraps this hybrid's attention and MLP blocks without hooks."
+              },
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "attn_probs.2 is not a module boundary nnsight can read on nemotron_h: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "attn_probs.{L} is not a module boundary nnsight can read on nemotron_h: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {"engine": "nnterp", "name": "attention_probabilities[{L}]", "why": ""}
             ]
@@ -24169,7 +24257,11 @@ export const architectures: readonly Architecture[] = [
             "module": "model.layers.{L}.mixer",
             "how": "inside the attention call",
             "equivalents": [
-              {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_z", "why": ""},
+              {
+                "engine": "transformerLens",
+                "name": null,
+                "why": "z.{L} has no TransformerLens hook on nemotron_h: the bridge wraps this hybrid's attention and MLP blocks without hooks."
+              },
               {
                 "engine": "nnsight",
                 "name": "model.layers[{L}].mixer.o_proj.input (per head: reshape the last axis to [heads, head_dim])",
@@ -24188,11 +24280,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.mixer.hook_out", "why": ""},
-              {
-                "engine": "nnsight",
-                "name": null,
-                "why": "attn_out.0 is not a module boundary nnsight can read on nemotron_h: no attention module path."
-              },
+              {"engine": "nnsight", "name": "model.layers[{L}].mixer.output", "why": ""},
               {"engine": "nnterp", "name": "attentions_output[{L}]", "why": ""}
             ]
           },
@@ -24201,7 +24289,11 @@ export const architectures: readonly Architecture[] = [
             "module": "model.layers.{L}.mixer",
             "how": "module input",
             "equivalents": [
-              {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_in", "why": ""},
+              {
+                "engine": "transformerLens",
+                "name": null,
+                "why": "mlp_in.{L} has no TransformerLens hook on nemotron_h: the bridge wraps this hybrid's attention and MLP blocks without hooks."
+              },
               {"engine": "nnsight", "name": "model.layers[{L}].mixer.input", "why": ""},
               {"engine": "nnterp", "name": "mlps_input[{L}]", "why": ""}
             ]
@@ -24211,7 +24303,11 @@ export const architectures: readonly Architecture[] = [
             "module": "model.layers.{L}.mixer.up_proj",
             "how": "module output",
             "equivalents": [
-              {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_pre", "why": ""},
+              {
+                "engine": "transformerLens",
+                "name": null,
+                "why": "mlp_pre.{L} has no TransformerLens hook on nemotron_h: the bridge wraps this hybrid's attention and MLP blocks without hooks."
+              },
               {"engine": "nnsight", "name": "model.layers[{L}].mixer.up_proj.output", "why": ""},
               {
                 "engine": "nnterp",
@@ -24225,7 +24321,11 @@ export const architectures: readonly Architecture[] = [
             "module": "model.layers.{L}.mixer.down_proj",
             "how": "module input",
             "equivalents": [
-              {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_post", "why": ""},
+              {
+                "engine": "transformerLens",
+                "name": null,
+                "why": "mlp_act.{L} has no TransformerLens hook on nemotron_h: the bridge wraps this hybrid's attention and MLP blocks without hooks."
+              },
               {"engine": "nnsight", "name": "model.layers[{L}].mixer.down_proj.input", "why": ""},
               {
                 "engine": "nnterp",
@@ -24239,7 +24339,11 @@ export const architectures: readonly Architecture[] = [
             "module": "model.layers.{L}.mixer",
             "how": "module output",
             "equivalents": [
-              {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_out", "why": ""},
+              {
+                "engine": "transformerLens",
+                "name": null,
+                "why": "mlp_out.{L} has no TransformerLens hook on nemotron_h: the bridge wraps this hybrid's attention and MLP blocks without hooks."
+              },
               {"engine": "nnsight", "name": "model.layers[{L}].mixer.output", "why": ""},
               {"engine": "nnterp", "name": "mlps_output[{L}]", "why": ""}
             ]
@@ -24392,7 +24496,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "q.0 is not a module boundary nnsight can read on olmo: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "q.{L} is not a module boundary nnsight can read on olmo: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -24410,7 +24514,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "k.0 is not a module boundary nnsight can read on olmo: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "k.{L} is not a module boundary nnsight can read on olmo: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -24428,7 +24532,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "value.0 is not a module boundary nnsight can read on olmo: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "value.{L} is not a module boundary nnsight can read on olmo: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -24446,7 +24550,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "attn_scores.0 is not a module boundary nnsight can read on olmo: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "attn_scores.{L} is not a module boundary nnsight can read on olmo: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -24464,7 +24568,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "attn_probs.0 is not a module boundary nnsight can read on olmo: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "attn_probs.{L} is not a module boundary nnsight can read on olmo: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {"engine": "nnterp", "name": "attention_probabilities[{L}]", "why": ""}
             ]
@@ -24702,7 +24806,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "q.0 is not a module boundary nnsight can read on olmo: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "q.{L} is not a module boundary nnsight can read on olmo: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -24720,7 +24824,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "k.0 is not a module boundary nnsight can read on olmo: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "k.{L} is not a module boundary nnsight can read on olmo: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -24738,7 +24842,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "value.0 is not a module boundary nnsight can read on olmo: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "value.{L} is not a module boundary nnsight can read on olmo: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -24756,7 +24860,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "attn_scores.0 is not a module boundary nnsight can read on olmo: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "attn_scores.{L} is not a module boundary nnsight can read on olmo: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -24774,7 +24878,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "attn_probs.0 is not a module boundary nnsight can read on olmo: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "attn_probs.{L} is not a module boundary nnsight can read on olmo: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {"engine": "nnterp", "name": "attention_probabilities[{L}]", "why": ""}
             ]
@@ -25109,7 +25213,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "q.0 is not a module boundary nnsight can read on olmo2: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "q.{L} is not a module boundary nnsight can read on olmo2: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -25127,7 +25231,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "k.0 is not a module boundary nnsight can read on olmo2: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "k.{L} is not a module boundary nnsight can read on olmo2: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -25145,7 +25249,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "value.0 is not a module boundary nnsight can read on olmo2: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "value.{L} is not a module boundary nnsight can read on olmo2: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -25163,7 +25267,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "attn_scores.0 is not a module boundary nnsight can read on olmo2: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "attn_scores.{L} is not a module boundary nnsight can read on olmo2: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -25181,7 +25285,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "attn_probs.0 is not a module boundary nnsight can read on olmo2: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "attn_probs.{L} is not a module boundary nnsight can read on olmo2: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {"engine": "nnterp", "name": "attention_probabilities[{L}]", "why": ""}
             ]
@@ -25237,7 +25341,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "resid_mid.0 is not a module boundary nnsight can read on olmo2: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "resid_mid.{L} is not a module boundary nnsight can read on olmo2: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -25529,7 +25633,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "q.0 is not a module boundary nnsight can read on olmo2: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "q.{L} is not a module boundary nnsight can read on olmo2: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -25547,7 +25651,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "k.0 is not a module boundary nnsight can read on olmo2: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "k.{L} is not a module boundary nnsight can read on olmo2: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -25565,7 +25669,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "value.0 is not a module boundary nnsight can read on olmo2: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "value.{L} is not a module boundary nnsight can read on olmo2: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -25583,7 +25687,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "attn_scores.0 is not a module boundary nnsight can read on olmo2: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "attn_scores.{L} is not a module boundary nnsight can read on olmo2: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -25601,7 +25705,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "attn_probs.0 is not a module boundary nnsight can read on olmo2: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "attn_probs.{L} is not a module boundary nnsight can read on olmo2: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {"engine": "nnterp", "name": "attention_probabilities[{L}]", "why": ""}
             ]
@@ -25657,7 +25761,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "resid_mid.0 is not a module boundary nnsight can read on olmo2: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "resid_mid.{L} is not a module boundary nnsight can read on olmo2: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -25968,7 +26072,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "q.0 is not a module boundary nnsight can read on olmo3: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "q.{L} is not a module boundary nnsight can read on olmo3: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -25986,7 +26090,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "k.0 is not a module boundary nnsight can read on olmo3: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "k.{L} is not a module boundary nnsight can read on olmo3: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -26004,7 +26108,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "value.0 is not a module boundary nnsight can read on olmo3: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "value.{L} is not a module boundary nnsight can read on olmo3: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -26022,7 +26126,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "attn_scores.0 is not a module boundary nnsight can read on olmo3: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "attn_scores.{L} is not a module boundary nnsight can read on olmo3: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -26040,7 +26144,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "attn_probs.0 is not a module boundary nnsight can read on olmo3: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "attn_probs.{L} is not a module boundary nnsight can read on olmo3: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {"engine": "nnterp", "name": "attention_probabilities[{L}]", "why": ""}
             ]
@@ -26096,7 +26200,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "resid_mid.0 is not a module boundary nnsight can read on olmo3: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "resid_mid.{L} is not a module boundary nnsight can read on olmo3: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -26405,7 +26509,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "q.0 is not a module boundary nnsight can read on olmoe: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "q.{L} is not a module boundary nnsight can read on olmoe: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -26423,7 +26527,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "k.0 is not a module boundary nnsight can read on olmoe: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "k.{L} is not a module boundary nnsight can read on olmoe: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -26441,7 +26545,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "value.0 is not a module boundary nnsight can read on olmoe: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "value.{L} is not a module boundary nnsight can read on olmoe: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -26459,7 +26563,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "attn_scores.0 is not a module boundary nnsight can read on olmoe: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "attn_scores.{L} is not a module boundary nnsight can read on olmoe: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -26477,7 +26581,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "attn_probs.0 is not a module boundary nnsight can read on olmoe: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "attn_probs.{L} is not a module boundary nnsight can read on olmoe: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {"engine": "nnterp", "name": "attention_probabilities[{L}]", "why": ""}
             ]
@@ -26543,7 +26647,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "router_logits.0 is not a module boundary nnsight can read on olmoe: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "router_logits.{L} is not a module boundary nnsight can read on olmoe: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -26560,12 +26664,12 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "transformerLens",
                 "name": null,
-                "why": "expert_weights.0 has no TransformerLens hook: the bridge's hook_expert_weights is a softmax over all experts, not the top-k mixing weights."
+                "why": "expert_weights.{L} has no TransformerLens hook: the bridge's hook_expert_weights is a softmax over all experts, not the top-k mixing weights."
               },
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "expert_weights.0 is not a module boundary nnsight can read on olmoe: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "expert_weights.{L} is not a module boundary nnsight can read on olmoe: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -26583,7 +26687,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "expert_indices.0 is not a module boundary nnsight can read on olmoe: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "expert_indices.{L} is not a module boundary nnsight can read on olmoe: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -26756,12 +26860,12 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "transformerLens",
                 "name": null,
-                "why": "q.0 has no TransformerLens equivalent on opt: HF OPT scales the query by head_dim**-0.5 before the attention call; the bridge's hook_q is the unscaled projection."
+                "why": "q.{L} has no TransformerLens equivalent on opt: HF OPT scales the query by head_dim**-0.5 before the attention call; the bridge's hook_q is the unscaled projection."
               },
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "q.0 is not a module boundary nnsight can read on opt: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "q.{L} is not a module boundary nnsight can read on opt: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -26779,7 +26883,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "k.0 is not a module boundary nnsight can read on opt: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "k.{L} is not a module boundary nnsight can read on opt: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -26797,7 +26901,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "value.0 is not a module boundary nnsight can read on opt: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "value.{L} is not a module boundary nnsight can read on opt: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -26811,11 +26915,15 @@ export const architectures: readonly Architecture[] = [
             "module": "model.decoder.layers.{L}.self_attn",
             "how": "inside the attention call (recomputed)",
             "equivalents": [
-              {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_attn_scores", "why": ""},
+              {
+                "engine": "transformerLens",
+                "name": null,
+                "why": "attn_scores.{L} has no TransformerLens equivalent on opt: the OPT bridge's hook_attn_scores is taken before the causal mask is added."
+              },
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "attn_scores.0 is not a module boundary nnsight can read on opt: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "attn_scores.{L} is not a module boundary nnsight can read on opt: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -26833,7 +26941,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "attn_probs.0 is not a module boundary nnsight can read on opt: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "attn_probs.{L} is not a module boundary nnsight can read on opt: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {"engine": "nnterp", "name": "attention_probabilities[{L}]", "why": ""}
             ]
@@ -26891,7 +26999,11 @@ export const architectures: readonly Architecture[] = [
                 "name": "model.decoder.layers[{L}].fc1.input (flattened to [batch*pos, d])",
                 "why": ""
               },
-              {"engine": "nnterp", "name": "mlps_input[{L}]", "why": ""}
+              {
+                "engine": "nnterp",
+                "name": null,
+                "why": "mlp_in.{L}: the MLP's projections sit on the decoder layer itself (no MLP module), so nnterp's mlps_input / mlps_output find nothing to read."
+              }
             ]
           },
           {
@@ -26933,7 +27045,11 @@ export const architectures: readonly Architecture[] = [
                 "name": "model.decoder.layers[{L}].fc2.output (flattened to [batch*pos, d])",
                 "why": ""
               },
-              {"engine": "nnterp", "name": "mlps_output[{L}]", "why": ""}
+              {
+                "engine": "nnterp",
+                "name": null,
+                "why": "mlp_out.{L}: the MLP's projections sit on the decoder layer itself (no MLP module), so nnterp's mlps_input / mlps_output find nothing to read."
+              }
             ]
           },
           {
@@ -27062,12 +27178,12 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "transformerLens",
                 "name": null,
-                "why": "q.0 has no TransformerLens equivalent on opt: HF OPT scales the query by head_dim**-0.5 before the attention call; the bridge's hook_q is the unscaled projection."
+                "why": "q.{L} has no TransformerLens equivalent on opt: HF OPT scales the query by head_dim**-0.5 before the attention call; the bridge's hook_q is the unscaled projection."
               },
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "q.0 is not a module boundary nnsight can read on opt: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "q.{L} is not a module boundary nnsight can read on opt: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -27085,7 +27201,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "k.0 is not a module boundary nnsight can read on opt: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "k.{L} is not a module boundary nnsight can read on opt: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -27103,7 +27219,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "value.0 is not a module boundary nnsight can read on opt: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "value.{L} is not a module boundary nnsight can read on opt: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -27117,11 +27233,15 @@ export const architectures: readonly Architecture[] = [
             "module": "model.decoder.layers.{L}.self_attn",
             "how": "inside the attention call (recomputed)",
             "equivalents": [
-              {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_attn_scores", "why": ""},
+              {
+                "engine": "transformerLens",
+                "name": null,
+                "why": "attn_scores.{L} has no TransformerLens equivalent on opt: the OPT bridge's hook_attn_scores is taken before the causal mask is added."
+              },
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "attn_scores.0 is not a module boundary nnsight can read on opt: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "attn_scores.{L} is not a module boundary nnsight can read on opt: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -27139,7 +27259,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "attn_probs.0 is not a module boundary nnsight can read on opt: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "attn_probs.{L} is not a module boundary nnsight can read on opt: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {"engine": "nnterp", "name": "attention_probabilities[{L}]", "why": ""}
             ]
@@ -27197,7 +27317,11 @@ export const architectures: readonly Architecture[] = [
                 "name": "model.decoder.layers[{L}].fc1.input (flattened to [batch*pos, d])",
                 "why": ""
               },
-              {"engine": "nnterp", "name": "mlps_input[{L}]", "why": ""}
+              {
+                "engine": "nnterp",
+                "name": null,
+                "why": "mlp_in.{L}: the MLP's projections sit on the decoder layer itself (no MLP module), so nnterp's mlps_input / mlps_output find nothing to read."
+              }
             ]
           },
           {
@@ -27239,7 +27363,11 @@ export const architectures: readonly Architecture[] = [
                 "name": "model.decoder.layers[{L}].fc2.output (flattened to [batch*pos, d])",
                 "why": ""
               },
-              {"engine": "nnterp", "name": "mlps_output[{L}]", "why": ""}
+              {
+                "engine": "nnterp",
+                "name": null,
+                "why": "mlp_out.{L}: the MLP's projections sit on the decoder layer itself (no MLP module), so nnterp's mlps_input / mlps_output find nothing to read."
+              }
             ]
           },
           {
@@ -27378,7 +27506,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "q.0 is not a module boundary nnsight can read on phi: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "q.{L} is not a module boundary nnsight can read on phi: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -27396,7 +27524,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "k.0 is not a module boundary nnsight can read on phi: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "k.{L} is not a module boundary nnsight can read on phi: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -27414,7 +27542,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "value.0 is not a module boundary nnsight can read on phi: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "value.{L} is not a module boundary nnsight can read on phi: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -27432,7 +27560,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "attn_scores.0 is not a module boundary nnsight can read on phi: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "attn_scores.{L} is not a module boundary nnsight can read on phi: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -27450,7 +27578,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "attn_probs.0 is not a module boundary nnsight can read on phi: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "attn_probs.{L} is not a module boundary nnsight can read on phi: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {"engine": "nnterp", "name": "attention_probabilities[{L}]", "why": ""}
             ]
@@ -27658,7 +27786,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "q.0 is not a module boundary nnsight can read on phi: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "q.{L} is not a module boundary nnsight can read on phi: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -27676,7 +27804,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "k.0 is not a module boundary nnsight can read on phi: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "k.{L} is not a module boundary nnsight can read on phi: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -27694,7 +27822,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "value.0 is not a module boundary nnsight can read on phi: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "value.{L} is not a module boundary nnsight can read on phi: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -27712,7 +27840,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "attn_scores.0 is not a module boundary nnsight can read on phi: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "attn_scores.{L} is not a module boundary nnsight can read on phi: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -27730,7 +27858,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "attn_probs.0 is not a module boundary nnsight can read on phi: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "attn_probs.{L} is not a module boundary nnsight can read on phi: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {"engine": "nnterp", "name": "attention_probabilities[{L}]", "why": ""}
             ]
@@ -27955,11 +28083,15 @@ export const architectures: readonly Architecture[] = [
             "module": "model.layers.{L}.self_attn",
             "how": "inside the attention call",
             "equivalents": [
-              {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_rot_q", "why": ""},
+              {
+                "engine": "transformerLens",
+                "name": null,
+                "why": "q.{L} has no TransformerLens equivalent on phi3: the bridge registers hook_rot_q / hook_rot_k but never calls them (run_with_cache returns no entry) and its hook_q / hook_k are before RoPE."
+              },
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "q.0 is not a module boundary nnsight can read on phi3: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "q.{L} is not a module boundary nnsight can read on phi3: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -27973,11 +28105,15 @@ export const architectures: readonly Architecture[] = [
             "module": "model.layers.{L}.self_attn",
             "how": "inside the attention call",
             "equivalents": [
-              {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_rot_k", "why": ""},
+              {
+                "engine": "transformerLens",
+                "name": null,
+                "why": "k.{L} has no TransformerLens equivalent on phi3: the bridge registers hook_rot_q / hook_rot_k but never calls them (run_with_cache returns no entry) and its hook_q / hook_k are before RoPE."
+              },
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "k.0 is not a module boundary nnsight can read on phi3: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "k.{L} is not a module boundary nnsight can read on phi3: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -27995,7 +28131,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "value.0 is not a module boundary nnsight can read on phi3: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "value.{L} is not a module boundary nnsight can read on phi3: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -28013,7 +28149,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "attn_scores.0 is not a module boundary nnsight can read on phi3: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "attn_scores.{L} is not a module boundary nnsight can read on phi3: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -28031,7 +28167,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "attn_probs.0 is not a module boundary nnsight can read on phi3: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "attn_probs.{L} is not a module boundary nnsight can read on phi3: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {"engine": "nnterp", "name": "attention_probabilities[{L}]", "why": ""}
             ]
@@ -28097,7 +28233,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "mlp_pre.0 is not a module boundary nnsight can read on phi3: a chunk of the fused gate_up_proj output (chunk 0 of 2)."
+                "why": "mlp_pre.{L} is not a module boundary nnsight can read on phi3: a chunk of the fused gate_up_proj output (chunk 0 of 2)."
               },
               {
                 "engine": "nnterp",
@@ -28115,7 +28251,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "mlp_pre_linear.0 is not a module boundary nnsight can read on phi3: a chunk of the fused gate_up_proj output (chunk 1 of 2)."
+                "why": "mlp_pre_linear.{L} is not a module boundary nnsight can read on phi3: a chunk of the fused gate_up_proj output (chunk 1 of 2)."
               },
               {
                 "engine": "nnterp",
@@ -28273,11 +28409,15 @@ export const architectures: readonly Architecture[] = [
             "module": "model.layers.{L}.self_attn",
             "how": "inside the attention call",
             "equivalents": [
-              {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_rot_q", "why": ""},
+              {
+                "engine": "transformerLens",
+                "name": null,
+                "why": "q.{L} has no TransformerLens equivalent on phi3: the bridge registers hook_rot_q / hook_rot_k but never calls them (run_with_cache returns no entry) and its hook_q / hook_k are before RoPE."
+              },
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "q.0 is not a module boundary nnsight can read on phi3: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "q.{L} is not a module boundary nnsight can read on phi3: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -28291,11 +28431,15 @@ export const architectures: readonly Architecture[] = [
             "module": "model.layers.{L}.self_attn",
             "how": "inside the attention call",
             "equivalents": [
-              {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_rot_k", "why": ""},
+              {
+                "engine": "transformerLens",
+                "name": null,
+                "why": "k.{L} has no TransformerLens equivalent on phi3: the bridge registers hook_rot_q / hook_rot_k but never calls them (run_with_cache returns no entry) and its hook_q / hook_k are before RoPE."
+              },
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "k.0 is not a module boundary nnsight can read on phi3: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "k.{L} is not a module boundary nnsight can read on phi3: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -28313,7 +28457,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "value.0 is not a module boundary nnsight can read on phi3: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "value.{L} is not a module boundary nnsight can read on phi3: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -28331,7 +28475,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "attn_scores.0 is not a module boundary nnsight can read on phi3: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "attn_scores.{L} is not a module boundary nnsight can read on phi3: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -28349,7 +28493,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "attn_probs.0 is not a module boundary nnsight can read on phi3: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "attn_probs.{L} is not a module boundary nnsight can read on phi3: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {"engine": "nnterp", "name": "attention_probabilities[{L}]", "why": ""}
             ]
@@ -28415,7 +28559,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "mlp_pre.0 is not a module boundary nnsight can read on phi3: a chunk of the fused gate_up_proj output (chunk 0 of 2)."
+                "why": "mlp_pre.{L} is not a module boundary nnsight can read on phi3: a chunk of the fused gate_up_proj output (chunk 0 of 2)."
               },
               {
                 "engine": "nnterp",
@@ -28433,7 +28577,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "mlp_pre_linear.0 is not a module boundary nnsight can read on phi3: a chunk of the fused gate_up_proj output (chunk 1 of 2)."
+                "why": "mlp_pre_linear.{L} is not a module boundary nnsight can read on phi3: a chunk of the fused gate_up_proj output (chunk 1 of 2)."
               },
               {
                 "engine": "nnterp",
@@ -28591,11 +28735,15 @@ export const architectures: readonly Architecture[] = [
             "module": "model.layers.{L}.self_attn",
             "how": "inside the attention call",
             "equivalents": [
-              {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_rot_q", "why": ""},
+              {
+                "engine": "transformerLens",
+                "name": null,
+                "why": "q.{L} has no TransformerLens equivalent on phi3: the bridge registers hook_rot_q / hook_rot_k but never calls them (run_with_cache returns no entry) and its hook_q / hook_k are before RoPE."
+              },
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "q.0 is not a module boundary nnsight can read on phi3: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "q.{L} is not a module boundary nnsight can read on phi3: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -28609,11 +28757,15 @@ export const architectures: readonly Architecture[] = [
             "module": "model.layers.{L}.self_attn",
             "how": "inside the attention call",
             "equivalents": [
-              {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_rot_k", "why": ""},
+              {
+                "engine": "transformerLens",
+                "name": null,
+                "why": "k.{L} has no TransformerLens equivalent on phi3: the bridge registers hook_rot_q / hook_rot_k but never calls them (run_with_cache returns no entry) and its hook_q / hook_k are before RoPE."
+              },
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "k.0 is not a module boundary nnsight can read on phi3: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "k.{L} is not a module boundary nnsight can read on phi3: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -28631,7 +28783,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "value.0 is not a module boundary nnsight can read on phi3: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "value.{L} is not a module boundary nnsight can read on phi3: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -28649,7 +28801,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "attn_scores.0 is not a module boundary nnsight can read on phi3: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "attn_scores.{L} is not a module boundary nnsight can read on phi3: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -28667,7 +28819,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "attn_probs.0 is not a module boundary nnsight can read on phi3: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "attn_probs.{L} is not a module boundary nnsight can read on phi3: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {"engine": "nnterp", "name": "attention_probabilities[{L}]", "why": ""}
             ]
@@ -28733,7 +28885,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "mlp_pre.0 is not a module boundary nnsight can read on phi3: a chunk of the fused gate_up_proj output (chunk 0 of 2)."
+                "why": "mlp_pre.{L} is not a module boundary nnsight can read on phi3: a chunk of the fused gate_up_proj output (chunk 0 of 2)."
               },
               {
                 "engine": "nnterp",
@@ -28751,7 +28903,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "mlp_pre_linear.0 is not a module boundary nnsight can read on phi3: a chunk of the fused gate_up_proj output (chunk 1 of 2)."
+                "why": "mlp_pre_linear.{L} is not a module boundary nnsight can read on phi3: a chunk of the fused gate_up_proj output (chunk 1 of 2)."
               },
               {
                 "engine": "nnterp",
@@ -28932,7 +29084,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "q.0 is not a module boundary nnsight can read on phimoe: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "q.{L} is not a module boundary nnsight can read on phimoe: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -28950,7 +29102,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "k.0 is not a module boundary nnsight can read on phimoe: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "k.{L} is not a module boundary nnsight can read on phimoe: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -28968,7 +29120,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "value.0 is not a module boundary nnsight can read on phimoe: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "value.{L} is not a module boundary nnsight can read on phimoe: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -28986,7 +29138,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "attn_scores.0 is not a module boundary nnsight can read on phimoe: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "attn_scores.{L} is not a module boundary nnsight can read on phimoe: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -29004,7 +29156,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "attn_probs.0 is not a module boundary nnsight can read on phimoe: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "attn_probs.{L} is not a module boundary nnsight can read on phimoe: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {"engine": "nnterp", "name": "attention_probabilities[{L}]", "why": ""}
             ]
@@ -29070,7 +29222,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "router_logits.0 is not a module boundary nnsight can read on phimoe: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "router_logits.{L} is not a module boundary nnsight can read on phimoe: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -29087,12 +29239,12 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "transformerLens",
                 "name": null,
-                "why": "expert_weights.0 has no TransformerLens hook: the bridge's hook_expert_weights is a softmax over all experts, not the top-k mixing weights."
+                "why": "expert_weights.{L} has no TransformerLens hook: the bridge's hook_expert_weights is a softmax over all experts, not the top-k mixing weights."
               },
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "expert_weights.0 is not a module boundary nnsight can read on phimoe: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "expert_weights.{L} is not a module boundary nnsight can read on phimoe: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -29110,7 +29262,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "expert_indices.0 is not a module boundary nnsight can read on phimoe: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "expert_indices.{L} is not a module boundary nnsight can read on phimoe: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -29287,7 +29439,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "q.0 is not a module boundary nnsight can read on qwen2_moe: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "q.{L} is not a module boundary nnsight can read on qwen2_moe: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -29305,7 +29457,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "k.0 is not a module boundary nnsight can read on qwen2_moe: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "k.{L} is not a module boundary nnsight can read on qwen2_moe: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -29323,7 +29475,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "value.0 is not a module boundary nnsight can read on qwen2_moe: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "value.{L} is not a module boundary nnsight can read on qwen2_moe: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -29341,7 +29493,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "attn_scores.0 is not a module boundary nnsight can read on qwen2_moe: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "attn_scores.{L} is not a module boundary nnsight can read on qwen2_moe: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -29359,7 +29511,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "attn_probs.0 is not a module boundary nnsight can read on qwen2_moe: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "attn_probs.{L} is not a module boundary nnsight can read on qwen2_moe: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {"engine": "nnterp", "name": "attention_probabilities[{L}]", "why": ""}
             ]
@@ -29425,7 +29577,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "router_logits.0 is not a module boundary nnsight can read on qwen2_moe: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "router_logits.{L} is not a module boundary nnsight can read on qwen2_moe: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -29442,12 +29594,12 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "transformerLens",
                 "name": null,
-                "why": "expert_weights.0 has no TransformerLens hook: the bridge's hook_expert_weights is a softmax over all experts, not the top-k mixing weights."
+                "why": "expert_weights.{L} has no TransformerLens hook: the bridge's hook_expert_weights is a softmax over all experts, not the top-k mixing weights."
               },
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "expert_weights.0 is not a module boundary nnsight can read on qwen2_moe: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "expert_weights.{L} is not a module boundary nnsight can read on qwen2_moe: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -29465,7 +29617,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "expert_indices.0 is not a module boundary nnsight can read on qwen2_moe: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "expert_indices.{L} is not a module boundary nnsight can read on qwen2_moe: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -29708,7 +29860,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "q.0 is not a module boundary nnsight can read on qwen3: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "q.{L} is not a module boundary nnsight can read on qwen3: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -29726,7 +29878,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "k.0 is not a module boundary nnsight can read on qwen3: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "k.{L} is not a module boundary nnsight can read on qwen3: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -29744,7 +29896,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "value.0 is not a module boundary nnsight can read on qwen3: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "value.{L} is not a module boundary nnsight can read on qwen3: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -29762,7 +29914,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "attn_scores.0 is not a module boundary nnsight can read on qwen3: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "attn_scores.{L} is not a module boundary nnsight can read on qwen3: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -29780,7 +29932,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "attn_probs.0 is not a module boundary nnsight can read on qwen3: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "attn_probs.{L} is not a module boundary nnsight can read on qwen3: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {"engine": "nnterp", "name": "attention_probabilities[{L}]", "why": ""}
             ]
@@ -30094,7 +30246,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "q.0 is not a module boundary nnsight can read on qwen3: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "q.{L} is not a module boundary nnsight can read on qwen3: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -30112,7 +30264,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "k.0 is not a module boundary nnsight can read on qwen3: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "k.{L} is not a module boundary nnsight can read on qwen3: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -30130,7 +30282,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "value.0 is not a module boundary nnsight can read on qwen3: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "value.{L} is not a module boundary nnsight can read on qwen3: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -30148,7 +30300,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "attn_scores.0 is not a module boundary nnsight can read on qwen3: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "attn_scores.{L} is not a module boundary nnsight can read on qwen3: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -30166,7 +30318,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "attn_probs.0 is not a module boundary nnsight can read on qwen3: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "attn_probs.{L} is not a module boundary nnsight can read on qwen3: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {"engine": "nnterp", "name": "attention_probabilities[{L}]", "why": ""}
             ]
@@ -30480,7 +30632,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "q.0 is not a module boundary nnsight can read on qwen3: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "q.{L} is not a module boundary nnsight can read on qwen3: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -30498,7 +30650,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "k.0 is not a module boundary nnsight can read on qwen3: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "k.{L} is not a module boundary nnsight can read on qwen3: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -30516,7 +30668,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "value.0 is not a module boundary nnsight can read on qwen3: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "value.{L} is not a module boundary nnsight can read on qwen3: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -30534,7 +30686,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "attn_scores.0 is not a module boundary nnsight can read on qwen3: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "attn_scores.{L} is not a module boundary nnsight can read on qwen3: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -30552,7 +30704,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "attn_probs.0 is not a module boundary nnsight can read on qwen3: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "attn_probs.{L} is not a module boundary nnsight can read on qwen3: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {"engine": "nnterp", "name": "attention_probabilities[{L}]", "why": ""}
             ]
@@ -30866,7 +31018,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "q.0 is not a module boundary nnsight can read on qwen3: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "q.{L} is not a module boundary nnsight can read on qwen3: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -30884,7 +31036,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "k.0 is not a module boundary nnsight can read on qwen3: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "k.{L} is not a module boundary nnsight can read on qwen3: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -30902,7 +31054,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "value.0 is not a module boundary nnsight can read on qwen3: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "value.{L} is not a module boundary nnsight can read on qwen3: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -30920,7 +31072,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "attn_scores.0 is not a module boundary nnsight can read on qwen3: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "attn_scores.{L} is not a module boundary nnsight can read on qwen3: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -30938,7 +31090,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "attn_probs.0 is not a module boundary nnsight can read on qwen3: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "attn_probs.{L} is not a module boundary nnsight can read on qwen3: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {"engine": "nnterp", "name": "attention_probabilities[{L}]", "why": ""}
             ]
@@ -31271,7 +31423,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "q.0 is not a module boundary nnsight can read on qwen3_moe: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "q.{L} is not a module boundary nnsight can read on qwen3_moe: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -31289,7 +31441,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "k.0 is not a module boundary nnsight can read on qwen3_moe: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "k.{L} is not a module boundary nnsight can read on qwen3_moe: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -31307,7 +31459,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "value.0 is not a module boundary nnsight can read on qwen3_moe: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "value.{L} is not a module boundary nnsight can read on qwen3_moe: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -31325,7 +31477,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "attn_scores.0 is not a module boundary nnsight can read on qwen3_moe: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "attn_scores.{L} is not a module boundary nnsight can read on qwen3_moe: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -31343,7 +31495,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "attn_probs.0 is not a module boundary nnsight can read on qwen3_moe: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "attn_probs.{L} is not a module boundary nnsight can read on qwen3_moe: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {"engine": "nnterp", "name": "attention_probabilities[{L}]", "why": ""}
             ]
@@ -31409,7 +31561,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "router_logits.0 is not a module boundary nnsight can read on qwen3_moe: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "router_logits.{L} is not a module boundary nnsight can read on qwen3_moe: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -31426,12 +31578,12 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "transformerLens",
                 "name": null,
-                "why": "expert_weights.0 has no TransformerLens hook: the bridge's hook_expert_weights is a softmax over all experts, not the top-k mixing weights."
+                "why": "expert_weights.{L} has no TransformerLens hook: the bridge's hook_expert_weights is a softmax over all experts, not the top-k mixing weights."
               },
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "expert_weights.0 is not a module boundary nnsight can read on qwen3_moe: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "expert_weights.{L} is not a module boundary nnsight can read on qwen3_moe: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -31449,7 +31601,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "expert_indices.0 is not a module boundary nnsight can read on qwen3_moe: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "expert_indices.{L} is not a module boundary nnsight can read on qwen3_moe: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -31619,7 +31771,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module input",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.linear_attn.hook_in", "why": ""},
-              {"engine": "nnsight", "name": "model.layers[{L}].self_attn.input", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].linear_attn.input", "why": ""},
               {"engine": "nnterp", "name": "attentions_input[{L}]", "why": ""}
             ]
           },
@@ -31704,7 +31856,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "q.3 is not a module boundary nnsight can read on qwen3_next: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "q.{L} is not a module boundary nnsight can read on qwen3_next: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -31722,7 +31874,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "k.3 is not a module boundary nnsight can read on qwen3_next: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "k.{L} is not a module boundary nnsight can read on qwen3_next: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -31740,7 +31892,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "value.3 is not a module boundary nnsight can read on qwen3_next: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "value.{L} is not a module boundary nnsight can read on qwen3_next: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -31758,7 +31910,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "attn_scores.3 is not a module boundary nnsight can read on qwen3_next: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "attn_scores.{L} is not a module boundary nnsight can read on qwen3_next: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -31776,7 +31928,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "attn_probs.3 is not a module boundary nnsight can read on qwen3_next: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "attn_probs.{L} is not a module boundary nnsight can read on qwen3_next: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {"engine": "nnterp", "name": "attention_probabilities[{L}]", "why": ""}
             ]
@@ -31789,12 +31941,12 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "transformerLens",
                 "name": null,
-                "why": "z.3 has no TransformerLens equivalent on qwen3_next: gated attention: the bridge's hook_z is z already multiplied by the gate."
+                "why": "z.{L} has no TransformerLens equivalent on qwen3_next: gated attention: the bridge's hook_z is z already multiplied by the gate."
               },
               {
                 "engine": "nnsight",
-                "name": "model.layers[{L}].self_attn.o_proj.input (per head: reshape the last axis to [heads, head_dim])",
-                "why": ""
+                "name": null,
+                "why": "z.{L} is not a module boundary nnsight can read on qwen3_next: gated attention: the output projection reads z already multiplied by the gate."
               },
               {
                 "engine": "nnterp",
@@ -31811,12 +31963,12 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "transformerLens",
                 "name": null,
-                "why": "attn_gate.3 has no TransformerLens hook: no bridge hook for the attention output gate."
+                "why": "attn_gate.{L} has no TransformerLens hook: no bridge hook for the attention output gate."
               },
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "attn_gate.3 is not a module boundary nnsight can read on qwen3_next: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "attn_gate.{L} is not a module boundary nnsight can read on qwen3_next: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -31831,7 +31983,7 @@ export const architectures: readonly Architecture[] = [
             "how": "module output",
             "equivalents": [
               {"engine": "transformerLens", "name": "blocks.{L}.linear_attn.hook_out", "why": ""},
-              {"engine": "nnsight", "name": "model.layers[{L}].self_attn.output", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].linear_attn.output", "why": ""},
               {"engine": "nnterp", "name": "attentions_output[{L}]", "why": ""}
             ]
           },
@@ -31868,7 +32020,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "router_logits.0 is not a module boundary nnsight can read on qwen3_next: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "router_logits.{L} is not a module boundary nnsight can read on qwen3_next: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -31885,12 +32037,12 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "transformerLens",
                 "name": null,
-                "why": "expert_weights.0 has no TransformerLens hook: the bridge's hook_expert_weights is a softmax over all experts, not the top-k mixing weights."
+                "why": "expert_weights.{L} has no TransformerLens hook: the bridge's hook_expert_weights is a softmax over all experts, not the top-k mixing weights."
               },
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "expert_weights.0 is not a module boundary nnsight can read on qwen3_next: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "expert_weights.{L} is not a module boundary nnsight can read on qwen3_next: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -31908,7 +32060,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "expert_indices.0 is not a module boundary nnsight can read on qwen3_next: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "expert_indices.{L} is not a module boundary nnsight can read on qwen3_next: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -32075,7 +32227,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "q.0 is not a module boundary nnsight can read on stablelm: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "q.{L} is not a module boundary nnsight can read on stablelm: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -32093,7 +32245,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "k.0 is not a module boundary nnsight can read on stablelm: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "k.{L} is not a module boundary nnsight can read on stablelm: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -32111,7 +32263,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "value.0 is not a module boundary nnsight can read on stablelm: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "value.{L} is not a module boundary nnsight can read on stablelm: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -32129,7 +32281,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "attn_scores.0 is not a module boundary nnsight can read on stablelm: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "attn_scores.{L} is not a module boundary nnsight can read on stablelm: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -32147,7 +32299,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "attn_probs.0 is not a module boundary nnsight can read on stablelm: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "attn_probs.{L} is not a module boundary nnsight can read on stablelm: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {"engine": "nnterp", "name": "attention_probabilities[{L}]", "why": ""}
             ]
@@ -32460,7 +32612,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "q.0 is not a module boundary nnsight can read on stablelm: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "q.{L} is not a module boundary nnsight can read on stablelm: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -32478,7 +32630,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "k.0 is not a module boundary nnsight can read on stablelm: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "k.{L} is not a module boundary nnsight can read on stablelm: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -32496,7 +32648,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "value.0 is not a module boundary nnsight can read on stablelm: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "value.{L} is not a module boundary nnsight can read on stablelm: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -32514,7 +32666,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "attn_scores.0 is not a module boundary nnsight can read on stablelm: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "attn_scores.{L} is not a module boundary nnsight can read on stablelm: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -32532,7 +32684,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "attn_probs.0 is not a module boundary nnsight can read on stablelm: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "attn_probs.{L} is not a module boundary nnsight can read on stablelm: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {"engine": "nnterp", "name": "attention_probabilities[{L}]", "why": ""}
             ]
@@ -32774,7 +32926,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "q.0 is not a module boundary nnsight can read on starcoder2: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "q.{L} is not a module boundary nnsight can read on starcoder2: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -32792,7 +32944,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "k.0 is not a module boundary nnsight can read on starcoder2: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "k.{L} is not a module boundary nnsight can read on starcoder2: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -32810,7 +32962,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "value.0 is not a module boundary nnsight can read on starcoder2: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "value.{L} is not a module boundary nnsight can read on starcoder2: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -32828,7 +32980,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "attn_scores.0 is not a module boundary nnsight can read on starcoder2: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "attn_scores.{L} is not a module boundary nnsight can read on starcoder2: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -32846,7 +32998,7 @@ export const architectures: readonly Architecture[] = [
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "attn_probs.0 is not a module boundary nnsight can read on starcoder2: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "attn_probs.{L} is not a module boundary nnsight can read on starcoder2: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {"engine": "nnterp", "name": "attention_probabilities[{L}]", "why": ""}
             ]
@@ -33094,8 +33246,8 @@ export const architectures: readonly Architecture[] = [
             "module": "model.layers.{L}.mamba",
             "how": "module input",
             "equivalents": [
-              {"engine": "transformerLens", "name": "blocks.{L}.mamba.hook_in", "why": ""},
-              {"engine": "nnsight", "name": "model.layers[{L}].shared_transformer.self_attn.input", "why": ""},
+              {"engine": "transformerLens", "name": "blocks.{L}.mixer.hook_in", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mamba.input", "why": ""},
               {"engine": "nnterp", "name": "attentions_input[{L}]", "why": ""}
             ]
           },
@@ -33104,11 +33256,15 @@ export const architectures: readonly Architecture[] = [
             "module": "model.layers.{L}.shared_transformer.self_attn",
             "how": "inside the attention call",
             "equivalents": [
-              {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_q", "why": ""},
+              {
+                "engine": "transformerLens",
+                "name": null,
+                "why": "q.{L} has no TransformerLens hook on zamba2: the bridge wraps this hybrid's attention and MLP blocks without hooks."
+              },
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "q.1 is not a module boundary nnsight can read on zamba2: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "q.{L} is not a module boundary nnsight can read on zamba2: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -33122,11 +33278,15 @@ export const architectures: readonly Architecture[] = [
             "module": "model.layers.{L}.shared_transformer.self_attn",
             "how": "inside the attention call",
             "equivalents": [
-              {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_k", "why": ""},
+              {
+                "engine": "transformerLens",
+                "name": null,
+                "why": "k.{L} has no TransformerLens hook on zamba2: the bridge wraps this hybrid's attention and MLP blocks without hooks."
+              },
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "k.1 is not a module boundary nnsight can read on zamba2: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "k.{L} is not a module boundary nnsight can read on zamba2: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -33140,11 +33300,15 @@ export const architectures: readonly Architecture[] = [
             "module": "model.layers.{L}.shared_transformer.self_attn",
             "how": "inside the attention call",
             "equivalents": [
-              {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_v", "why": ""},
+              {
+                "engine": "transformerLens",
+                "name": null,
+                "why": "value.{L} has no TransformerLens hook on zamba2: the bridge wraps this hybrid's attention and MLP blocks without hooks."
+              },
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "value.1 is not a module boundary nnsight can read on zamba2: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "value.{L} is not a module boundary nnsight can read on zamba2: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -33158,11 +33322,15 @@ export const architectures: readonly Architecture[] = [
             "module": "model.layers.{L}.shared_transformer.self_attn",
             "how": "inside the attention call (recomputed)",
             "equivalents": [
-              {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_attn_scores", "why": ""},
+              {
+                "engine": "transformerLens",
+                "name": null,
+                "why": "attn_scores.{L} has no TransformerLens hook on zamba2: the bridge wraps this hybrid's attention and MLP blocks without hooks."
+              },
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "attn_scores.1 is not a module boundary nnsight can read on zamba2: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "attn_scores.{L} is not a module boundary nnsight can read on zamba2: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {
                 "engine": "nnterp",
@@ -33176,11 +33344,15 @@ export const architectures: readonly Architecture[] = [
             "module": "model.layers.{L}.shared_transformer.self_attn",
             "how": "inside the attention call",
             "equivalents": [
-              {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_pattern", "why": ""},
+              {
+                "engine": "transformerLens",
+                "name": null,
+                "why": "attn_probs.{L} has no TransformerLens hook on zamba2: the bridge wraps this hybrid's attention and MLP blocks without hooks."
+              },
               {
                 "engine": "nnsight",
                 "name": null,
-                "why": "attn_probs.1 is not a module boundary nnsight can read on zamba2: it is computed inside a module (the attention call, a router, a stream connection)."
+                "why": "attn_probs.{L} is not a module boundary nnsight can read on zamba2: it is computed inside a module (the attention call, a router, a stream connection)."
               },
               {"engine": "nnterp", "name": "attention_probabilities[{L}]", "why": ""}
             ]
@@ -33190,7 +33362,11 @@ export const architectures: readonly Architecture[] = [
             "module": "model.layers.{L}.shared_transformer.self_attn",
             "how": "inside the attention call",
             "equivalents": [
-              {"engine": "transformerLens", "name": "blocks.{L}.attn.hook_z", "why": ""},
+              {
+                "engine": "transformerLens",
+                "name": null,
+                "why": "z.{L} has no TransformerLens hook on zamba2: the bridge wraps this hybrid's attention and MLP blocks without hooks."
+              },
               {
                 "engine": "nnsight",
                 "name": "model.layers[{L}].shared_transformer.self_attn.o_proj.input (per head: reshape the last axis to [heads, head_dim])",
@@ -33208,8 +33384,8 @@ export const architectures: readonly Architecture[] = [
             "module": "model.layers.{L}.mamba",
             "how": "module output",
             "equivalents": [
-              {"engine": "transformerLens", "name": "blocks.{L}.mamba.hook_out", "why": ""},
-              {"engine": "nnsight", "name": "model.layers[{L}].shared_transformer.self_attn.output", "why": ""},
+              {"engine": "transformerLens", "name": "blocks.{L}.mixer.hook_out", "why": ""},
+              {"engine": "nnsight", "name": "model.layers[{L}].mamba.output", "why": ""},
               {"engine": "nnterp", "name": "attentions_output[{L}]", "why": ""}
             ]
           },
@@ -33218,7 +33394,11 @@ export const architectures: readonly Architecture[] = [
             "module": "model.layers.{L}.shared_transformer.feed_forward",
             "how": "module input",
             "equivalents": [
-              {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_in", "why": ""},
+              {
+                "engine": "transformerLens",
+                "name": null,
+                "why": "mlp_in.{L} has no TransformerLens hook on zamba2: the bridge wraps this hybrid's attention and MLP blocks without hooks."
+              },
               {"engine": "nnsight", "name": "model.layers[{L}].shared_transformer.feed_forward.input", "why": ""},
               {"engine": "nnterp", "name": "mlps_input[{L}]", "why": ""}
             ]
@@ -33228,7 +33408,11 @@ export const architectures: readonly Architecture[] = [
             "module": "model.layers.{L}.shared_transformer.feed_forward.down_proj",
             "how": "module input",
             "equivalents": [
-              {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_post", "why": ""},
+              {
+                "engine": "transformerLens",
+                "name": null,
+                "why": "mlp_act.{L} has no TransformerLens hook on zamba2: the bridge wraps this hybrid's attention and MLP blocks without hooks."
+              },
               {
                 "engine": "nnsight",
                 "name": "model.layers[{L}].shared_transformer.feed_forward.down_proj.input",
@@ -33246,7 +33430,11 @@ export const architectures: readonly Architecture[] = [
             "module": "model.layers.{L}.shared_transformer.feed_forward",
             "how": "module output",
             "equivalents": [
-              {"engine": "transformerLens", "name": "blocks.{L}.mlp.hook_out", "why": ""},
+              {
+                "engine": "transformerLens",
+                "name": null,
+                "why": "mlp_out.{L} has no TransformerLens hook on zamba2: the bridge wraps this hybrid's attention and MLP blocks without hooks."
+              },
               {"engine": "nnsight", "name": "model.layers[{L}].shared_transformer.feed_forward.output", "why": ""},
               {"engine": "nnterp", "name": "mlps_output[{L}]", "why": ""}
             ]
