@@ -3,6 +3,7 @@ user starts it, and what a test asserts about its answers."""
 from __future__ import annotations
 
 import base64
+import contextlib
 import os
 import re
 import signal
@@ -215,3 +216,16 @@ def assert_refused(url: str, case: tuple, headers: dict | None = None) -> None:
     assert fragment in err["message"], f"{name}: {err['message']}"
     assert err["param"] == param, f"{name}: param {err['param']!r} ({err['message']})"
     healthy(url)
+
+
+@contextlib.contextmanager
+def eager_server(*extra: str):
+    """A real eager server subprocess on the Llama twin (the library's own twin loads meanwhile: it is
+    the reference the responses are compared with); yields its URL."""
+    from test_vllm_common import eager_model
+    srv = ServerProcess(LLAMA, "--backend", "eager", "--source", "zoo", "--max-pending", "8", *extra)
+    try:
+        eager_model(LLAMA)
+        yield srv.wait().url
+    finally:
+        srv.close()

@@ -16,7 +16,8 @@ import torch
 from engine.serve import encoding
 from engine.serve.runner import longest_token
 from engine.core.steering import OPS, Steer
-from serve_common import D_MODEL, HOSTILE, LLAMA, ServerProcess, assert_refused, close, healthy, tensors
+from serve_common import (D_MODEL, HOSTILE, LLAMA, assert_refused, close, eager_server, healthy,
+                          tensors)
 from test_vllm_common import eager_model
 
 PROMPT = "The quick brown fox jumps over the lazy dog"
@@ -26,13 +27,8 @@ NORMAL = {"model": LLAMA, "prompt": PROMPT, "max_tokens": 6, "temperature": 0,
 
 @pytest.fixture(scope="module")
 def url():
-    srv = ServerProcess(LLAMA, "--backend", "eager", "--source", "zoo", "--max-pending", "8",
-                        "--max-response-bytes", "200000")
-    try:
-        eager_model(LLAMA)
-        yield srv.wait().url
-    finally:
-        srv.close()
+    with eager_server("--max-response-bytes", "200000") as u:
+        yield u
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,8 @@ import torch
 
 from engine.serve import encoding
 from engine.core.steering import Steer
-from serve_common import LLAMA, ServerProcess, assert_receipts, close, healthy, joined_rows, stream_lines, tensors
+from serve_common import (LLAMA, assert_receipts, close, eager_server, healthy, joined_rows,
+                          stream_lines, tensors)
 from test_vllm_common import eager_model
 
 PROMPT = "The quick brown fox jumps over the lazy dog"
@@ -17,12 +18,8 @@ PROMPT = "The quick brown fox jumps over the lazy dog"
 
 @pytest.fixture(scope="module")
 def url():
-    srv = ServerProcess(LLAMA, "--backend", "eager", "--source", "zoo", "--max-pending", "8")
-    try:
-        eager_model(LLAMA)
-        yield srv.wait().url
-    finally:
-        srv.close()
+    with eager_server() as u:
+        yield u
 
 
 @pytest.fixture(scope="module")

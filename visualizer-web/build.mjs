@@ -1,4 +1,4 @@
-// Builds dist/ from src/ (one bundle per page) and static/ (HTML, CSS): plain files that open from
+// Builds dist/ from src/ (one bundle per page, each in the same HTML shell) and static/ (CSS): plain files that open from
 // file:// (classic scripts, no module loading, no network). `--check` builds in memory and fails
 // (exit 1) when dist/ differs, naming each file; `--out DIR` builds (or checks) DIR instead of dist/.
 // The data comes only from ../visualizer-data.
@@ -32,6 +32,22 @@ const result = await esbuild.build({
 const files = new Map();
 for (const f of result.outputFiles) files.set(f.path.slice(dist.length + 1), Buffer.from(f.contents));
 for (const name of readdirSync(join(root, "static")).sort()) files.set(name, readFileSync(join(root, "static", name)));
+// every page is the same shell around its bundle (drawn by the script from the data)
+const shell = (page) => `<!doctype html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<title>interp engine</title>
+<link rel="stylesheet" href="style.css">
+</head>
+<body>
+<noscript>These pages are drawn by JavaScript from the generated data; please enable it.</noscript>
+<script src="${page}.js"></script>
+</body>
+</html>
+`;
+for (const page of PAGES) files.set(`${page}.html`, Buffer.from(shell(page)));
 
 if (check) {
   const drift = [];
