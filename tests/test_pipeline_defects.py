@@ -287,17 +287,19 @@ def test_ctrl_c_during_a_sync_vllm_stream_is_a_keyboard_interrupt(vm):
     assert threading.current_thread() is threading.main_thread()
     main, armed = threading.get_ident(), threading.Event()
 
-    def interrupt():  # one SIGINT only, to the main thread, sent from the engine's loop
-        if armed.is_set():
+    def interrupt():  # one SIGINT only, to the main thread, from a timer thread of its own (a busy engine
+        if armed.is_set():  # loop must not delay it past the stream's end)
             armed.clear()
             signal.pthread_kill(main, signal.SIGINT)
     steps = vm.stream(PROMPT, 200, points=["resid_post.1"])
     next(steps)
     armed.set()
-    vm._loop.loop.call_soon_threadsafe(vm._loop.loop.call_later, 0.05, interrupt)
+    timer = threading.Timer(0.05, interrupt)
+    timer.start()
     with pytest.raises(KeyboardInterrupt):
         for _ in steps:
             pass
+    timer.join()
     assert not armed.is_set()
     steps.close()
     assert vm.generate(PROMPT, 3).new_tokens.shape == (1, 3)
