@@ -268,6 +268,13 @@ class NonFiniteSteer(SteeringError):
     request (on vLLM, before anything it computed reaches the KV cache) and nothing else."""
 
 
+def overflowed(steer: Steer, dtype: torch.dtype, cause: str = "the steered activation overflows") -> NonFiniteSteer:
+    """The error of a steer whose result is inf or NaN (the hooks' check and vllm-static's in-graph flag)."""
+    return NonFiniteSteer(f"{steer.op!r} at {steer.address} produced inf or NaN in the model's "
+                          f"{str(dtype).replace('torch.', '')} ({cause}); the request was stopped before it reached "
+                          f"the rest of the model; give smaller values.")
+
+
 def values_at(steer: Steer, positions: torch.Tensor, shape: tuple) -> torch.Tensor | None:
     """The steer's value for rows at absolute `positions` (a [n] tensor): [n, *shape] for a
     positional value, [*shape] (or a scalar for scale) otherwise; checked against the per-position
@@ -347,15 +354,16 @@ def apply_steer(steer: Steer, rows: torch.Tensor, mask: torch.Tensor, pos0: int 
     v = values_at(steer, touched + pos0, tuple(view.shape[1:]))
     if v is not None:
         v = v.to(view.dtype)
-        if not bool(torch.isfinite(v).all()):
-            raise NonFiniteSteer(f"steering value of {steer.op!r} at {steer.address} does not fit the model's "
-                                 f"{str(view.dtype).replace('torch.', '')} (it becomes inf); give smaller values.")
     x = view[touched]
     new = _op(steer, x, v)
-    if bool((~torch.isfinite(new).flatten(1).all(1) & torch.isfinite(x).flatten(1).all(1)).any()):
-        raise NonFiniteSteer(f"{steer.op!r} at {steer.address} produced inf or NaN in the model's "
-                             f"{str(view.dtype).replace('torch.', '')} (the steered activation overflows); the "
-                             f"request was stopped before it reached the rest of the model; give smaller values.")
+    # one host sync on the hot path: a value that does not fit the dtype, or a row the op made non-finite
+    # (rows that were not finite before are not the steer's doing)
+    bad_value = torch.zeros((), dtype=torch.bool, device=x.device) if v is None else ~torch.isfinite(v).all()
+    if bool(bad_value | (~torch.isfinite(new).flatten(1).all(1) & torch.isfinite(x).flatten(1).all(1)).any()):
+        if bool(bad_value):
+            raise NonFiniteSteer(f"steering value of {steer.op!r} at {steer.address} does not fit the model's "
+                                 f"{str(view.dtype).replace('torch.', '')} (it becomes inf); give smaller values.")
+        raise overflowed(steer, view.dtype)
     out = rows.clone()
     target = out[:, idx] if coords else out
     target[touched] = new

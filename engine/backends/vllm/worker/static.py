@@ -27,7 +27,7 @@ import torch
 from engine.backends.vllm.worker.tree import VSite
 from engine.core.errors import SteeringError
 from engine.core.plan import Step, steer_span
-from engine.core.steering import OPS, NonFiniteSteer, values_at
+from engine.core.steering import OPS, overflowed, values_at
 
 
 class Tap:
@@ -222,11 +222,8 @@ class StaticTaps:
             for sp in step.spans:
                 sts = [st for _, st in w.writes.get(sp.plan.key, ())]
                 if sts and sp.plan.error is None and bool(bad[sp.a:sp.b].any()):
-                    dtype = str(bad.dtype).replace("torch.", "")
-                    on_error(sp.plan, NonFiniteSteer(
-                        f"{sts[0].op!r} at {sts[0].address} produced inf or NaN in the model's {dtype} "
-                        f"(the steered activation overflows, or its value does not fit that dtype); the request "
-                        f"was stopped before it reached the rest of the model; give smaller values."))
+                    on_error(sp.plan, overflowed(
+                        sts[0], bad.dtype, "the steered activation overflows, or its value does not fit that dtype"))
         for name, w in work.items():
             tap = self.taps[name]
             for sp in step.spans if w.writes and tap.writable else ():
