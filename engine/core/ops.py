@@ -32,7 +32,7 @@ class Params(Protocol):
     bounds: tuple | None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class AffineRows:
     """The affine coefficients of some tap rows: y = (x - (x.u) u) * mul + add, each [n, width]."""
     u: torch.Tensor
@@ -54,7 +54,7 @@ Apply = Callable[[torch.Tensor, "torch.Tensor | None", Params], torch.Tensor]
 Affine = Callable[[AffineRows, "torch.Tensor | None", Params], AffineRows]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class Op:
     name: str
     value: str

@@ -37,7 +37,7 @@ from engine.core.steering import Steer, apply_steer
 _keys = itertools.count(1)
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Plan:
     prompt_len: int
     captures: list[Address] = field(default_factory=list)  # resolved (absolute layer), with coords
@@ -140,7 +140,7 @@ def pad_key_axis(key: str, chunks: list, seen: list | None = None) -> list:
             for c, s, e in zip(chunks, seen, extra)]
 
 
-@dataclass
+@dataclass(slots=True)
 class Span:
     plan: Plan
     a: int  # first row of this sequence in the step's flat tensor
@@ -156,13 +156,13 @@ class Span:
         return steer.touched(self.pos0, self.b - self.a, self.plan.prompt_len)
 
 
-@dataclass
+@dataclass(slots=True)
 class Step:
     spans: list[Span]
     n_tokens: int
 
 
-@dataclass
+@dataclass(slots=True)
 class SiteWork:
     """What the plans of one call do at one site: steers and reads, keyed by plan key."""
     writes: dict = field(default_factory=dict)  # plan key -> [(index in plan.steers, Steer)]

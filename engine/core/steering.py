@@ -33,7 +33,7 @@ from engine.core.points import INTEGER_POINTS, get_point
 __all__ = ["OPS", "Op", "Steer", "CacheEntry", "NonFiniteSteer", "apply_steer", "values_at", "overflowed"]
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Steer:
     """One intervention. `value` per the module docstring; `positions` a spec of engine.core.positions;
     `coeff` for rescale / norm_scaled_add; `bounds=(min, max)` for projection_cap; `exclude`
@@ -200,7 +200,7 @@ def _exclusion(x):
     raise SteeringError(f"exclude is a list of positions or 'special' (the tokenizer's special tokens), got {x!r}.")
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class CacheEntry:
     """One captured point of an ActivationCache, as each sequence's rows at its own positions (the
     padding of the capture removed): the value form that aligns a patch by position."""
