@@ -40,7 +40,8 @@ class AffineRows:
     add: torch.Tensor
 
     @staticmethod
-    def identity(n: int, width: int, dtype: torch.dtype = torch.float32, device=None) -> "AffineRows":
+    def identity(n: int, width: int, dtype: torch.dtype = torch.float32,
+                 device: "torch.device | str | None" = None) -> "AffineRows":
         return AffineRows(torch.zeros(n, width, dtype=dtype, device=device),
                           torch.ones(n, width, dtype=dtype, device=device),
                           torch.zeros(n, width, dtype=dtype, device=device))

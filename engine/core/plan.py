@@ -90,7 +90,7 @@ class Plan:
         lo = self.start_at.get(key, 0)
         return None if pos0 + n <= lo else max(0, lo - pos0)
 
-    def add(self, key: str, pos0: int, rows) -> None:
+    def add(self, key: str, pos0: int, rows: torch.Tensor) -> None:
         chunks = self.store.setdefault(key, [])
         end = chunks[-1][0] + chunks[-1][1].shape[0] if chunks else None
         if end is not None and pos0 < end:  # recomputed after preemption: drop what is being recomputed
@@ -148,7 +148,7 @@ class Span:
     pos0: int  # absolute position of row a
     row: int = 0  # the sequence's index in the call (eager: its batch row)
 
-    def mask(self, spec) -> torch.Tensor:
+    def mask(self, spec: object) -> torch.Tensor:
         return positions.mask(spec, self.pos0, self.b - self.a, self.plan.prompt_len)
 
     def touched(self, steer: Steer) -> torch.Tensor:

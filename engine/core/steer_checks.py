@@ -46,7 +46,7 @@ def _fix(x) -> str:
     return _HOW
 
 
-def validate_steers(steer) -> list[Steer]:
+def validate_steers(steer: object) -> list[Steer]:
     """The steers of a `steer=` argument (one Steer, an iterable of them, or None), checked."""
     if steer is None:
         return []
@@ -81,7 +81,7 @@ def validate_steers(steer) -> list[Steer]:
     return items
 
 
-def check_steers(steer, context: Iterable[Steer] = (), model: Callable[[Steer], Steer] | None = None,
+def check_steers(steer: object, context: Iterable[Steer] = (), model: Callable[[Steer], Steer] | None = None,
                  together: Callable[[list[Steer]], None] | None = None) -> list[Steer]:
     """The steers of a call (`context`: those of the enclosing steering() blocks, already checked in
     form when the block opened, then the `steer=` argument's), checked once, in the order of the

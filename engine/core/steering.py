@@ -116,7 +116,7 @@ class Steer:
     def replace(self, **changes) -> "Steer":
         return dataclasses.replace(self, **changes)
 
-    def at(self, address: Address, value=None) -> "Steer":
+    def at(self, address: Address, value: "torch.Tensor | None" = None) -> "Steer":
         """The same intervention at a resolved address (and value cast for the model)."""
         return self.replace(address=address, value=self.value if value is None else value)
 
@@ -143,7 +143,8 @@ class Steer:
                                 f"got one vector of shape {tuple(v.shape)} (for one vector everywhere, use set).")
         return self.replace(lead=lead)
 
-    def for_row(self, row: int, n_rows: int, prompt_ids=None, special_ids=()) -> "Steer":
+    def for_row(self, row: int, n_rows: int, prompt_ids: "list[int] | None" = None,
+                special_ids: "set[int] | tuple" = ()) -> "Steer":
         """The steer as it applies to sequence `row` of a call of `n_rows`: a batch value or mask
         reduced to that row, `exclude` resolved to explicit positions (the prompt's special tokens)."""
         st = self.bound()
@@ -170,7 +171,7 @@ class Steer:
             changes["exclude"] = [i for i, t in enumerate(prompt_ids) if int(t) in special]
         return dataclasses.replace(st, **changes) if changes else st
 
-    def touched(self, pos0: int, n: int, prompt_len: int, device=None) -> torch.Tensor:
+    def touched(self, pos0: int, n: int, prompt_len: int, device: "torch.device | str | None" = None) -> torch.Tensor:
         """Bool [n]: the positions pos0 .. pos0+n-1 this steer touches (its spec minus `exclude`)."""
         m = pos.mask(self.positions, pos0, n, prompt_len, device)
         if self.exclude:

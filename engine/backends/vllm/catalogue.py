@@ -52,9 +52,11 @@ class VLLMCatalogue:
         if self.mode.check_served(addr, self.declared):
             return
         if addr.point in vllm_attn.ATTN_POINTS:  # recomputed from q and k: both must be served
+            layer = addr.layer
+            assert layer is not None, "attention patterns are per layer"
             for p in ("q", "k"):
-                self.check(Address(p, addr.layer))
-            vllm_attn.check(addr.point, self.attn[addr.layer], str(addr))
+                self.check(Address(p, layer))
+            vllm_attn.check(addr.point, self.attn[layer], str(addr))
             return
         info = self.info(addr)
         if "why" in info:

@@ -17,7 +17,7 @@ adds (`report`, `prove`). `MODES` holds one of each, by backend name.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from engine.core.address import Address, parse
 from engine.core.errors import SteeringError, UnsupportedPointError
@@ -54,11 +54,11 @@ class Mode:
         return Setup({"worker_extension_cls": rt.WORKER_EXTENSION, "logits_processors": [rt.ROW_MAP],
                       "async_scheduling": False, "enforce_eager": True})  # hooks never fire in graph replay
 
-    def report(self, engine, compile: bool) -> dict:
+    def report(self, engine: Any, compile: bool) -> dict:
         """LoadReport fields this mode sets (compiled, cudagraph_mode)."""
         return {}
 
-    def prove(self, model) -> dict | None:
+    def prove(self, model: Any) -> dict | None:
         """The startup proof that capture and steering work in this mode (None: nothing to prove)."""
         return None
 
@@ -104,13 +104,13 @@ class StaticTapsMode(Mode):
         # compiled-graph cache on its config and model class, not on our taps: never save or load one
         return Setup(kw, {"VLLM_DISABLE_COMPILE_CACHE": "1"}, declared + internal)
 
-    def report(self, engine, compile: bool) -> dict:
+    def report(self, engine: Any, compile: bool) -> dict:
         if not compile:
             return {}
         mode = engine.vllm_config.compilation_config.cudagraph_mode
         return {"compiled": True, "cudagraph_mode": getattr(mode, "name", str(mode))}
 
-    def prove(self, model) -> dict | None:
+    def prove(self, model: Any) -> dict | None:
         from engine.backends.vllm.proof import prove_taps
         return prove_taps(model)
 

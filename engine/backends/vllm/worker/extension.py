@@ -123,7 +123,7 @@ class HookSites:
     def __init__(self, state: "WorkerState"):
         self.state = state
 
-    def site_key(self, addr: Address):
+    def site_key(self, addr: Address) -> object:
         return self.state.site(addr)
 
     def attach(self, work: dict) -> list:
@@ -132,7 +132,7 @@ class HookSites:
     def before(self, step: Step, work: dict) -> None:
         pass
 
-    def after(self, step: Step, work: dict, on_error=None) -> None:
+    def after(self, step: Step, work: dict, on_error: object = None) -> None:
         pass
 
     def describe(self, addr: Address, info: dict) -> None:

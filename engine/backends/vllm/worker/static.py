@@ -27,6 +27,7 @@ import math
 import torch
 
 from engine.backends.vllm.worker.tree import VSite
+from engine.core.address import Address
 from engine.core.errors import SteeringError
 from engine.core.ops import OPS, AffineRows
 from engine.core.plan import Step, steer_span
@@ -157,7 +158,7 @@ class StaticTaps:
         return sum(t.nbytes for t in self.taps.values())
 
     # -- the worker's mode (engine/backends/vllm/worker/extension.py: HookSites is the hooked one) --------
-    def site_key(self, addr) -> str:
+    def site_key(self, addr: Address) -> str:
         """A plan's work is grouped by tap name (the address without coordinates)."""
         return str(addr)
 
@@ -165,7 +166,7 @@ class StaticTaps:
         """Nothing to attach: the taps are part of the compiled forward."""
         return []
 
-    def describe(self, addr, info: dict) -> None:
+    def describe(self, addr: Address, info: dict) -> None:
         """What the engine's table says of this (point, layer): a declared tap, and whether it writes."""
         tap = self.taps.get(str(addr))
         info["tap"] = tap is not None
