@@ -80,8 +80,8 @@ class Kind:
     def check(self, address: Address) -> None:
         """Refuse an address this kind cannot read (model-independent)."""
 
-    def bind(self, env: Env, point: str) -> Callable[[torch.Tensor], tuple]:
-        """rows [n, *shape] -> parts: per-position kinds a tuple of [n, ...] tensors (dense: one;
+    def bind(self, env: Env, address: Address) -> Callable[[torch.Tensor], tuple]:
+        """rows [n, *shape] at `address` -> parts: per-position kinds a tuple of [n, ...] tensors (dense: one;
         sparse: indices, values), position kinds a partial for `combine`."""
         raise NotImplementedError
 
@@ -99,7 +99,7 @@ class Mean(Kind):
     per_position: ClassVar[bool] = False
     label: ClassVar[str] = "mean"
 
-    def bind(self, env: Env, point: str) -> Callable[[torch.Tensor], tuple]:
+    def bind(self, env: Env, address: Address) -> Callable[[torch.Tensor], tuple]:
         return lambda x: (x.float().sum(0),)
 
     def combine(self, partials: list[tuple], n: int) -> tuple:
@@ -112,7 +112,7 @@ class Max(Kind):
     per_position: ClassVar[bool] = False
     label: ClassVar[str] = "max"
 
-    def bind(self, env: Env, point: str) -> Callable[[torch.Tensor], tuple]:
+    def bind(self, env: Env, address: Address) -> Callable[[torch.Tensor], tuple]:
         return lambda x: (x.amax(0),)
 
     def combine(self, partials: list[tuple], n: int) -> tuple:
@@ -125,7 +125,7 @@ class Last(Kind):
     per_position: ClassVar[bool] = False
     label: ClassVar[str] = "last"
 
-    def bind(self, env: Env, point: str) -> Callable[[torch.Tensor], tuple]:
+    def bind(self, env: Env, address: Address) -> Callable[[torch.Tensor], tuple]:
         return lambda x: (x[-1].clone(),)  # a copy: vLLM reuses its activation buffers
 
     def combine(self, partials: list[tuple], n: int) -> tuple:
@@ -138,7 +138,7 @@ class Norm(Kind):
     """Each position's L2 norm over the point's per-position dims (float32)."""
     label: ClassVar[str] = "norm"
 
-    def bind(self, env: Env, point: str) -> Callable[[torch.Tensor], tuple]:
+    def bind(self, env: Env, address: Address) -> Callable[[torch.Tensor], tuple]:
         return lambda x: (x.float().reshape(x.shape[0], -1).norm(dim=-1),)
 
 
@@ -165,7 +165,7 @@ class Project(Kind):
     per-position vector. W [out, d] gives [pos, out]; one direction W [d] gives [pos]. `act`: None or
     one of ACTIVATIONS."""
     W: torch.Tensor
-    b: "torch.Tensor | float | None" = None
+    b: Any = None  # a tensor [out] or [1], or a number; held as a float32 tensor
     act: str | None = None
     label: ClassVar[str] = "project"
 
@@ -187,13 +187,13 @@ class Project(Kind):
     def width(self) -> int:
         return self.W.shape[-1]
 
-    def bind(self, env: Env, point: str) -> Callable[[torch.Tensor], tuple]:
+    def bind(self, env: Env, address: Address) -> Callable[[torch.Tensor], tuple]:
         placed: dict = {}
 
         def fn(x: torch.Tensor) -> tuple:
             flat = x.reshape(x.shape[0], -1)
             if flat.shape[1] != self.width:
-                raise ReadoutError(f"Project W reads {self.width} dims but {point} has {flat.shape[1]} per position "
+                raise ReadoutError(f"Project W reads {self.width} dims but {address} has {flat.shape[1]} per position "
                                    f"(shape {tuple(x.shape[1:])}); give W of shape [out, {flat.shape[1]}].")
             if flat.device not in placed:  # moved to the activation's device once
                 placed[flat.device] = (self.W.to(flat.device), None if self.b is None else self.b.to(flat.device))
@@ -229,13 +229,13 @@ class LensTopK(Kind):
             raise ReadoutError(f"LensTopK reads a whole residual point; {address} is not one (use one of: "
                                f"{', '.join(RESIDUAL_POINTS)}).")
 
-    def bind(self, env: Env, point: str) -> Callable[[torch.Tensor], tuple]:
+    def bind(self, env: Env, address: Address) -> Callable[[torch.Tensor], tuple]:
         lens = env.lens
         if lens is None:
             raise ReadoutError("this backend has no logit lens for readouts; use backend='eager' or 'vllm'.")
 
         def fn(x: torch.Tensor) -> tuple:
-            lp = torch.log_softmax(lens(x, point).float(), dim=-1)
+            lp = torch.log_softmax(lens(x, address.point).float(), dim=-1)
             v, i = lp.topk(min(self.k, lp.shape[-1]), dim=-1)
             return i, v
         return fn
@@ -270,7 +270,7 @@ class SAEFeatures(Kind):
         if t is not None and (isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t)):
             raise ReadoutError(f"SAEFeatures threshold must be a finite number or None, got {t!r}.")
 
-    def bind(self, env: Env, point: str) -> Callable[[torch.Tensor], tuple]:
+    def bind(self, env: Env, address: Address) -> Callable[[torch.Tensor], tuple]:
         sae = self.sae if not isinstance(self.sae, str) else (env.sae(self.sae) if env.sae else None)
         if sae is None:
             raise ReadoutError("this backend cannot load SAEs for readouts; use backend='eager' or 'vllm'.")
@@ -281,7 +281,7 @@ class SAEFeatures(Kind):
         def fn(x: torch.Tensor) -> tuple:
             flat = x.reshape(x.shape[0], -1)
             if flat.shape[1] != int(sae.d_in):
-                raise ReadoutError(f"the SAE reads {sae.d_in} dims but {point} has {flat.shape[1]} per position.")
+                raise ReadoutError(f"the SAE reads {sae.d_in} dims but {address} has {flat.shape[1]} per position.")
             f = sae.encode(flat)
             v, i = f.float().topk(self.k, dim=-1)
             if self.threshold is not None:
@@ -423,7 +423,7 @@ def parts_of(value) -> tuple:
 
 def bind(readouts: list[Readout], env: Env) -> dict:
     """{name: Accumulator} for one plan's readouts on a backend."""
-    return {r.name: Accumulator(r, r.kind.bind(env, r.address.point)) for r in readouts}
+    return {r.name: Accumulator(r, r.kind.bind(env, parse(r.address))) for r in readouts}
 
 
 # -- plain data (the vLLM wire) ------------------------------------------------------------------
