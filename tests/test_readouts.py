@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from engine import Readout, Steer
-from engine.core.readouts import LensTopK, Last, Max, Mean, Norm, Project, ReadoutError, TopK
+from engine.core.readouts import LensTopK, Last, Max, Mean, Norm, Project, ReadoutError, SAEFeatures, TopK
+from engine.core.sae_files import load_sae, write_random_sae
 from engine.core.results import Request
 from test_vllm_common import check, eager_model, random_vector, vllm_model
 
@@ -22,6 +23,39 @@ PROMPTS = ["The quick brown fox jumps over the lazy dog", "Hello world"]
 @pytest.fixture(scope="module")
 def em():
     return eager_model(LLAMA)
+
+
+@pytest.fixture(scope="session")
+def sae_dirs(tmp_path_factory):
+    """Random SAEs in SAELens's on-disk format at the zoo Llama's width (256): {arch: directory}."""
+    root = tmp_path_factory.mktemp("saes")
+    return {arch: str(write_random_sae(root / arch, arch, d_in=256, d_sae=512, seed=i, **kw))
+            for i, (arch, kw) in enumerate([("standard", {}), ("topk", {"k": 16}), ("jumprelu", {})])}
+
+
+@pytest.mark.parametrize("arch", ["standard", "topk", "jumprelu"])
+def test_sae_features_equal_the_top_k_of_the_saes_encoding_of_a_capture(em, sae_dirs, arch):
+    sae = load_sae(sae_dirs[arch])
+    rs = [Readout("resid_post.1", SAEFeatures(sae_dirs[arch], k=8), name="f"),
+          Readout("resid_post.1", SAEFeatures(sae, k=4, threshold=0.05), name="loaded")]
+    _, cache = em.run_with_cache(PROMPTS, ["resid_post.1"], readouts=rs)
+    for i, x in enumerate(_rows(cache, "resid_post.1")):
+        c = cache.columns[i]
+        f = sae.encode(x)
+        ref = f.topk(8)
+        got = cache.readouts["f"]
+        assert torch.equal(got.indices[i, c], ref.indices) and torch.allclose(got.values[i, c], ref.values, atol=1e-6)
+        small = cache.readouts["loaded"]
+        top4 = f.topk(4)
+        keep = top4.values > 0.05
+        assert torch.equal(small.indices[i, c], torch.where(keep, top4.indices, -1))
+        assert torch.allclose(small.values[i, c], torch.where(keep, top4.values, 0.0), atol=1e-6)
+        assert torch.allclose(got.dense(512)[i, c], ref.values.new_zeros(len(c), 512).scatter(-1, ref.indices,
+                                                                                               ref.values), atol=1e-6)
+    with pytest.raises(Exception, match="k=600 exceeds the SAE's 512 latents"):
+        em.run_with_cache("hi", readouts=[Readout("resid_post.1", SAEFeatures(sae_dirs[arch], k=600))])
+    with pytest.raises(Exception, match="d_in is 256"):
+        em.run_with_cache("hi", readouts=[Readout("mlp_act.1", SAEFeatures(sae, k=4))])
 
 
 def _rows(cache, key):
@@ -117,6 +151,9 @@ def test_generate_and_stream_readouts_cover_the_captured_positions(em):
     (lambda: Readout("attn_probs.1", Mean()), "per-position activation vectors"),
     (lambda: Readout("lm_head", Norm()), "per-position activation vectors"),
     (lambda: Readout("resid_post.1", Mean(), name=""), "non-empty string"),
+    (lambda: Readout("resid_post.1", SAEFeatures("/nonexistent/sae")), "is not a directory"),
+    (lambda: Readout("resid_post.1", SAEFeatures(torch.ones(3))), "a directory path or a loaded SAE"),
+    (lambda: Readout("resid_post.1", SAEFeatures("/tmp", k=2, threshold=float("inf"))), "finite number"),
 ])
 def test_bad_readouts_are_refused_when_made(make, match):
     with pytest.raises(ReadoutError, match=match):
@@ -157,15 +194,17 @@ def assert_same(ours, ref, backend: str, what: str) -> None:
           "readout", backend, "decode", what)
 
 
-def _requests(d: int, n: int) -> list[Request]:
+def _requests(d: int, n: int, saes: dict) -> list[Request]:
     """n requests, each with its own readouts and steers (affine, so vllm-static serves them too)."""
     out = []
+    arch = list(saes)
     for i in range(n):
         W = random_vector((3, d), 10 + i, 0.5)
         rs = [Readout("resid_post.1", [Mean(), Max(), Last()][i % 3]),
+              Readout(f"resid_post.{i % 2}", SAEFeatures(saes[arch[i % len(arch)]], k=4 + i % 3), name="sae"),
               Readout(f"resid_post.{i % 2}", Project(W, act=["sigmoid", None][i % 2]), name="probe"),
               Readout("resid_post.1", LensTopK(3), name="lens"), Readout("mlp_out.1", Norm()),
-              Readout("z.1.head-1", Norm(), name="head")][: 2 + i % 4]
+              Readout("z.1.head-1", Norm(), name="head")][: 3 + i % 4]
         steer = [Steer(f"resid_post.{i % 2}", "add", random_vector((d,), 20 + i, 2.0))] if i % 2 else []
         out.append(Request(PROMPTS[i % 2] + " and more" * (i % 3), 3, steer=steer, readouts=rs))
     return out
@@ -175,9 +214,9 @@ def _engine(backend: str):
     return vllm_model(LLAMA, backend, **({"static_points": DECLARED} if backend == "vllm-static" else {}))
 
 
-def _concurrent_readouts_match_eager(backend: str, n: int) -> None:
+def _concurrent_readouts_match_eager(backend: str, n: int, saes: dict) -> None:
     vm, em = _engine(backend), eager_model(LLAMA)
-    reqs = _requests(vm.d_model, n)
+    reqs = _requests(vm.d_model, n, saes)
 
     async def run():  # concurrent calls from one loop: one continuous batch, each request its own plan
         return await asyncio.gather(*(vm.aio.generate(r.prompt, r.max_new_tokens, steer=r.steer, readouts=r.readouts)
@@ -193,15 +232,15 @@ def _concurrent_readouts_match_eager(backend: str, n: int) -> None:
 
 @pytest.mark.vllm
 @pytest.mark.parametrize("backend", ["vllm", "vllm-static"])
-def test_readouts_match_eager_under_concurrent_requests(backend):
-    _concurrent_readouts_match_eager(backend, 4)
+def test_readouts_match_eager_under_concurrent_requests(backend, sae_dirs):
+    _concurrent_readouts_match_eager(backend, 4, sae_dirs)
 
 
 @pytest.mark.slow
 @pytest.mark.vllm
 @pytest.mark.parametrize("backend", ["vllm", "vllm-static"])
-def test_readouts_match_eager_under_16_concurrent_requests(backend):
-    _concurrent_readouts_match_eager(backend, 16)
+def test_readouts_match_eager_under_16_concurrent_requests(backend, sae_dirs):
+    _concurrent_readouts_match_eager(backend, 16, sae_dirs)
 
 
 @pytest.mark.vllm

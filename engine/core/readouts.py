@@ -271,19 +271,17 @@ class SAEFeatures(Kind):
             raise ReadoutError(f"SAEFeatures threshold must be a finite number or None, got {t!r}.")
 
     def bind(self, env: Env, address: Address) -> Callable[[torch.Tensor], tuple]:
+        from engine.core.features import topk
         sae = self.sae if not isinstance(self.sae, str) else (env.sae(self.sae) if env.sae else None)
         if sae is None:
             raise ReadoutError("this backend cannot load SAEs for readouts; use backend='eager' or 'vllm'.")
-        d_sae = int(sae.d_sae)
-        if self.k > d_sae:
-            raise ReadoutError(f"SAEFeatures k={self.k} exceeds the SAE's {d_sae} latents.")
+        if self.k > int(sae.d_sae):
+            raise ReadoutError(f"SAEFeatures k={self.k} exceeds the SAE's {sae.d_sae} latents.")
 
         def fn(x: torch.Tensor) -> tuple:
             flat = x.reshape(x.shape[0], -1)
-            if flat.shape[1] != int(sae.d_in):
-                raise ReadoutError(f"the SAE reads {sae.d_in} dims but {address} has {flat.shape[1]} per position.")
-            f = sae.encode(flat)
-            v, i = f.float().topk(self.k, dim=-1)
+            sae.check_width(flat.shape[1], str(address))
+            i, v = topk(sae.encode(flat).float(), self.k)
             if self.threshold is not None:
                 drop = v <= self.threshold
                 i, v = i.masked_fill(drop, -1), v.masked_fill(drop, 0.0)

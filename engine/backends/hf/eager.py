@@ -121,6 +121,7 @@ class EagerModel(ModelBase, WeightsMixin, TokensMixin):
             attention.use_on(hf)
         self._layout: Layout | None = None
         self._sites: dict = {}
+        self._saes: dict = {}  # SAE directory -> loaded SAE (readouts and feature steers)
         self._lock = threading.RLock()
         self._init_base()
 
@@ -244,7 +245,11 @@ class EagerModel(ModelBase, WeightsMixin, TokensMixin):
             self._layout = layout
 
     def _load_sae(self, path: str):
-        raise ReadoutError("SAE loading is not available in this build; pass a loaded SAE object.")
+        """An SAE directory loaded once per model, on the model's device."""
+        if path not in self._saes:
+            from engine.core.sae_files import load_sae
+            self._saes[path] = load_sae(path, device=self.device)
+        return self._saes[path]
 
     def _plans(self, enc: dict, points, steer, max_new_tokens: int, readouts=()) -> list[Plan]:
         """One plan per batch row: its own length, its row of any batch value or mask, its exclusions,

@@ -202,9 +202,11 @@ class WorkerState:
             self.step = step
 
     def _load_sae(self, path: str):
+        """An SAE directory loaded once per worker, on the model's device (then cached: requests name it
+        by path and never ship its weights)."""
         if path not in self.saes:
-            from engine.core.errors import EngineError
-            raise EngineError("SAE loading is not available in this build.")
+            from engine.core.sae_files import load_sae
+            self.saes[path] = load_sae(path, device=next(self.model.parameters()).device)
         return self.saes[path]
 
     def _reports(self, st) -> bool:
