@@ -188,6 +188,44 @@ def serve(args) -> int:
     return 0
 
 
+def micro(args) -> int:
+    """CPU time of the engine's per-site work for one decode step of `--rows` rows at every one of
+    `--layers` sites of width `--width` (what the `vllm` hooks run per token, without vLLM): capture
+    (a CPU copy kept per site) and an `add` steer at every site with its receipt tally. CPU seconds of
+    this thread, so other work on the machine slows it far less than wall time."""
+    import torch
+
+    from engine.core.address import parse
+    from engine.core.plan import Plan, Span, run_site, site_work
+    from engine.core.steering import Steer
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    d, n_layers, rows = args.width, args.layers, args.rows
+    v = torch.randn(d)
+    sites = [f"resid_post.{i}" for i in range(n_layers)]
+
+    def keep(sp, key, r):
+        return r.detach().to("cpu", copy=True)
+    out = {}
+    for kind in ("capture", "steer"):
+        best = float("inf")
+        for _ in range(args.repeats):
+            plan = Plan(32, captures=[parse(s) for s in sites] if kind == "capture" else [],
+                        steers=[Steer(s, "add", v).bound() for s in sites] if kind == "steer" else [])
+            work = site_work([plan], lambda a: str(a))
+            t = torch.randn(rows, d)
+            t0 = time.process_time()
+            for step in range(args.steps):
+                spans = [Span(plan, 0, rows, 32 + step * rows)]
+                for s in sites:
+                    run_site(t, spans, work[s], keep)
+            best = min(best, (time.process_time() - t0) / args.steps)
+        out[kind] = best
+        print(f"{kind:>8}: {best * 1e3:.3f} ms CPU per step of {rows} row(s) over {n_layers} sites of width {d} "
+              f"({best / n_layers * 1e6:.1f} us per site), best of {args.repeats} x {args.steps} steps", flush=True)
+    return 0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.profile_hot", description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -209,10 +247,18 @@ def main(argv=None) -> int:
     v.add_argument("--rate", type=int, default=200)
     v.add_argument("--top", type=int, default=25)
     v.add_argument("--out", type=Path, default=Path("/tmp/interp-profile"))
+    m = sub.add_parser("micro", help="CPU time of the per-site capture and steer work, without vLLM")
+    m.add_argument("--width", type=int, default=576)
+    m.add_argument("--layers", type=int, default=30)
+    m.add_argument("--rows", type=int, default=1)
+    m.add_argument("--steps", type=int, default=200)
+    m.add_argument("--repeats", type=int, default=5)
     s = sub.add_parser("summarize", help="summarize collapsed stacks")
     s.add_argument("file", type=Path)
     s.add_argument("--top", type=int, default=25)
     args = ap.parse_args(argv)
+    if args.cmd == "micro":
+        return micro(args)
     if args.cmd == "serve":
         return serve(args)
     if args.cmd == "summarize":
