@@ -104,10 +104,11 @@ class VLLMModel:
         return self._run(self.aio.generate(inputs, max_new_tokens, points, steer, return_logits, strict, **sampling))
 
     def generate_batch(self, requests: list[Request], return_logits: bool = True, progress: bool = False,
-                       strict: bool = False):
+                       strict: bool = False, sink: str | None = None):
         """Run requests concurrently (one continuous batch); each keeps its own captures, steers and
-        receipts (strict=True: a steer that touched no row of its request fails the call)."""
-        return self._run(self.aio.generate_batch(requests, return_logits, strict))
+        receipts (strict=True: a steer that touched no row of its request fails the call; sink: see
+        AsyncVLLMModel.generate_batch)."""
+        return self._run(self.aio.generate_batch(requests, return_logits, strict, sink))
 
     def stream(self, prompt, max_new_tokens: int = 8, points=(), steer=(), logprobs: int = 0,
                return_logits: bool = True, rows: bool = True, strict: bool = False, **sampling):
