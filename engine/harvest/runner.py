@@ -144,6 +144,17 @@ def load(name: str, backend: str, model_dtype: str, points, context: int, batch_
     return load_model(name, backend=backend, dtype=getattr(torch, model_dtype), **kw)
 
 
+def load_for(model: str, points, backend: str = "vllm", model_dtype: str = "float32", context: int = 256,
+             batch_tokens: int | None = None, load_kw: dict | None = None, **_run_options):
+    """The model run_part would load for these harvest options (a Ray actor loads it once and runs
+    many parts on it); run_part's other options are accepted and ignored."""
+    if model_dtype not in MODEL_DTYPES:
+        raise ValueError(f"model dtype must be one of {', '.join(MODEL_DTYPES)}, got {model_dtype!r}.")
+    requested = [p.strip() for p in (points.split(",") if isinstance(points, str) else points) if str(p).strip()]
+    batch_tokens = batch_tokens or DEFAULT_BATCH_TOKENS.get(backend, VLLM_BATCH_TOKENS)
+    return load(model, backend, MODEL_DTYPES[model_dtype], requested, context, batch_tokens, load_kw or {})
+
+
 def _rows(batch: batches.Batch, outs: list[dict], positions: str, keys: list[str]) -> dict[str, torch.Tensor]:
     """The batch's output rows, window after window: index columns and one column per address."""
     cols: dict[str, list] = {k: [] for k in (*INDEX_COLUMNS, *keys)}

@@ -194,6 +194,7 @@ def load(name: str, backend: str = "vllm", source: str = "auto", dtype=None, dev
     hf_cfg = AutoConfig.from_pretrained(path)
     text_cfg = hf_cfg.get_text_config() if hasattr(hf_cfg, "get_text_config") else hf_cfg
     from vllm.platforms import current_platform
+    rt.check_executor(engine_kw, current_platform)
     sizing = vllm_sizing.choose(text_cfg, current_platform, dtype, max_model_len, max_num_seqs,
                                 kv_cache_memory_bytes, gpu_memory_utilization, path, tensor_parallel_size)
     kw = dict(**sizing.engine_kw(), seed=seed, tensor_parallel_size=tensor_parallel_size)
