@@ -5,7 +5,6 @@ running the same parts; `verify` passes; the killed actor's engine process does 
 from __future__ import annotations
 
 import json
-import os
 import threading
 import time
 

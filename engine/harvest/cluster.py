@@ -54,12 +54,12 @@ class Harvester:
     def pids(self) -> list[int]:
         """This actor's process and its engine's child processes."""
         import multiprocessing
-        return [os.getpid(), *(p.pid for p in multiprocessing.active_children())]
+        return [os.getpid(), *(p.pid for p in multiprocessing.active_children() if p.pid is not None)]
 
     def run(self, part: tuple[int, int], tally) -> dict:
         from engine.harvest.runner import run_part
         kw = {k: v for k, v in self.kwargs.items() if k not in ("model", "progress", "merge")}
-        s = run_part(self.model, part=tuple(part), progress=lambda n: tally.add.remote(n), merge=False, **kw)
+        s = run_part(self.model, part=(int(part[0]), int(part[1])), progress=lambda n: tally.add.remote(n), merge=False, **kw)
         return {"part": list(s.part), "status": s.status, "rows": s.rows, "tokens": s.tokens, "shards": s.shards,
                 "seconds": s.seconds, "tokens_per_s": s.tokens_per_s}
 

@@ -24,7 +24,7 @@ def to_file(t: torch.Tensor, directory: str) -> dict:
     raw = t.view(torch.uint8) if t.dtype == torch.bfloat16 else t
     with open(path, "wb") as f:
         if t.numel():
-            f.write(memoryview(raw.numpy()).cast("B"))
+            f.write(raw.numpy().data.cast("B"))
     return {FILE: path, "dtype": str(t.dtype).replace("torch.", ""), "shape": list(t.shape)}
 
 
