@@ -1,9 +1,8 @@
 """Steering specs and the ops they apply: the one implementation every backend calls.
 
-A Steer is pure data (so the vLLM backends can ship it to their workers). `OPS` is the table of
-ops: what value each takes, its parameters, whether vllm-static's per-row affine taps can express
-it, and whether it needs the whole per-token vector (so it cannot run on a tensor-parallel shard).
-`apply_steer` applies one op to the `[n, ...]` rows of one sequence at one site.
+A Steer is pure data (so the vLLM backends can ship it to their workers). Its op is a row of
+engine.core.ops.OPS (re-exported here), which carries the op's maths, its vllm-static form and its
+parameters. `apply_steer` applies one op to the `[n, ...]` rows of one sequence at one site.
 
 Values and their axes (k = the point's per-position dims, e.g. 1 for resid_post, 2 for z):
     [*shape]               the same value at every touched position of every sequence
@@ -28,37 +27,10 @@ import torch
 from engine.core import positions as pos
 from engine.core.address import Address, parse
 from engine.core.errors import SteeringError
+from engine.core.ops import OPS, Op
 from engine.core.points import INTEGER_POINTS, get_point
 
-
-@dataclass(frozen=True)
-class Op:
-    name: str
-    value: str  # "none" | "vector" (add/set-like) | "scale" | "direction" | "activation"
-    doc: str
-    params: tuple = ()  # which of coeff / bounds the op reads
-    static: str | None = None  # None: vllm-static's taps express it; else why they cannot
-    whole: bool = False  # reads norms / projections of the whole per-token vector
-
-
-_AFFINE = "vllm-static taps apply y = (x - (x.u)u) * mul + add per row, which cannot express {what}"
-OPS: dict[str, Op] = {o.name: o for o in (
-    Op("add", "vector", "x + value"),
-    Op("set", "vector", "value (replaces the activation)"),
-    Op("scale", "scale", "x * value (a scalar, or elementwise)"),
-    Op("ablate", "none", "zero"),
-    Op("mean_ablate", "vector", "value (a mean activation)"),
-    Op("project_out", "direction", "x - (x.u) u, u = value / |value| (rescale with coeff 0)", whole=True),
-    Op("rescale", "direction", "x + (coeff - 1) (x.u) u: the component along u scaled by coeff",
-       ("coeff",), _AFFINE.format(what="a rescale by a coefficient other than 0 (that is project_out)"), True),
-    Op("projection_cap", "direction", "x + (clamp(x.u, min, max) - x.u) u: the projection onto u held in "
-       "bounds=(min, max) (None = open)", ("bounds",), _AFFINE.format(what="a clamp of the projection"), True),
-    Op("norm_scaled_add", "direction", "x + coeff |x| u: a direction added at a fraction coeff of the row's "
-       "own norm", ("coeff",), _AFFINE.format(what="an add that depends on the row's norm"), True),
-    Op("swap", "activation", "another prompt's activation at the same positions (value with a pos axis, or "
-       "a cache entry); resample ablation with CacheEntry.resampled()"),
-)}
-_NEEDS_COEFF = ("rescale", "norm_scaled_add")
+__all__ = ["OPS", "Op", "Steer", "CacheEntry", "NonFiniteSteer", "apply_steer", "values_at", "overflowed"]
 
 
 @dataclass(eq=False)
@@ -96,30 +68,25 @@ class Steer:
         self.exclude = _exclusion(self.exclude)
 
     def _check_params(self, op: Op) -> None:
-        if self.coeff is not None and "coeff" not in op.params:
-            raise SteeringError(f"op {self.op!r} takes no coeff (rescale and norm_scaled_add do).")
-        if self.bounds is not None and "bounds" not in op.params:
-            raise SteeringError(f"op {self.op!r} takes no bounds (projection_cap does).")
-        if self.op in _NEEDS_COEFF:
+        """coeff / bounds: given only to an op whose row lists them, and then required and finite."""
+        takes = {k: [o.name for o in OPS.values() if k in o.params] for k in ("coeff", "bounds")}
+        for k in ("coeff", "bounds"):
+            if getattr(self, k) is not None and k not in op.params:
+                raise SteeringError(f"op {self.op!r} takes no {k} ({' and '.join(takes[k]) or 'no op'} "
+                                    f"{'does' if len(takes[k]) == 1 else 'do'}).")
+        if "coeff" in op.params:
             if self.coeff is None:
-                raise SteeringError(f"op {self.op!r} needs coeff= ({OPS[self.op].doc}).")
-            if isinstance(self.coeff, bool) or not isinstance(self.coeff, (int, float)):
-                raise SteeringError(f"coeff of {self.op!r} is a number, got {type(self.coeff).__name__}.")
-            self.coeff = _finite_or_inf(self.coeff)
-            if not math.isfinite(self.coeff):
-                raise SteeringError(f"coeff of {self.op!r} at {self.address} is {self.coeff}; give a finite number.")
-        if self.op == "projection_cap":
+                raise SteeringError(f"op {self.op!r} needs coeff= ({op.doc}).")
+            self.coeff = finite_number(self.coeff, f"coeff of {self.op!r}", f"at {self.address}")
+        if "bounds" in op.params:
             b = self.bounds
             if not isinstance(b, (tuple, list)) or len(b) != 2 or all(x is None for x in b):
-                raise SteeringError(f"projection_cap needs bounds=(min, max) with at least one of them set, got {b!r}.")
-            if any(x is not None and (isinstance(x, bool) or not isinstance(x, (int, float))) for x in b):
-                raise SteeringError(f"projection_cap bounds are numbers or None, got {b!r}.")
-            lo, hi = (None if x is None else _finite_or_inf(x) for x in b)
-            if any(x is not None and not math.isfinite(x) for x in (lo, hi)):
-                raise SteeringError(f"projection_cap bounds {b!r:.80} at {self.address}: give finite numbers "
-                                    f"(None leaves a side open).")
+                raise SteeringError(f"{self.op} needs bounds=(min, max) with at least one of them set, got {b!r}.")
+            lo, hi = (None if x is None else finite_number(
+                x, f"a bound of {self.op} bounds={b!r:.80}", f"at {self.address}", "give finite numbers (None leaves a side "
+                "open)") for x in b)
             if lo is not None and hi is not None and lo > hi:
-                raise SteeringError(f"projection_cap bounds {b!r}: min is above max.")
+                raise SteeringError(f"{self.op} bounds {b!r}: min is above max.")
             self.bounds = (lo, hi)
 
     def _take_value(self, op: Op) -> None:
@@ -140,7 +107,7 @@ class Steer:
         if not isinstance(v, torch.Tensor):
             if op.value != "scale" or isinstance(v, bool) or not isinstance(v, (int, float)):
                 raise SteeringError(f"op {self.op!r} needs a torch.Tensor value, got {type(v).__name__}.")
-            v = self.value = torch.tensor(float(v))
+            v = self.value = torch.tensor(finite_number(v, f"the scale of {self.op!r}", f"at {self.address}"))
         if not torch.is_floating_point(v):
             raise SteeringError(f"steering value for {self.address} must be a floating tensor, got dtype {v.dtype}.")
         if v.device.type != "meta" and not torch.isfinite(v).all():
@@ -211,12 +178,18 @@ class Steer:
         return m
 
 
-def _finite_or_inf(x) -> float:
-    """float(x), an int too big for a float being inf (refused as not finite by the caller)."""
+def finite_number(x: object, what: str, where: str = "", fix: str = "give a finite number") -> float:
+    """x as a finite float, or a SteeringError naming `what`: a bool or a non-number is refused, and
+    so is inf / NaN (an int too big for a float counts as inf). The one check of a steer's numbers."""
+    if isinstance(x, bool) or not isinstance(x, (int, float)):
+        raise SteeringError(f"{what} is a number, got {type(x).__name__}.")
     try:
-        return float(x)
+        f = float(x)
     except OverflowError:
-        return math.inf
+        f = math.inf
+    if not math.isfinite(f):
+        raise SteeringError(f"{what}{' ' + where if where else ''} is {f}; {fix}.")
+    return f
 
 
 def _exclusion(x):
@@ -308,38 +281,6 @@ def check_device(steer: Steer, rows: torch.Tensor) -> None:
                             f"{rows.device}; move it with .to({str(rows.device)!r}).")
 
 
-def _unit(v: torch.Tensor) -> torch.Tensor:
-    """Unit vectors along the last (flattened) axis, computed in float32."""
-    f = v.float()
-    return (f / f.norm(dim=-1, keepdim=True).clamp_min(1e-12)).to(v.dtype)
-
-
-def _op(steer: Steer, x: torch.Tensor, v) -> torch.Tensor:
-    """The op on touched rows x [m, *shape] with v broadcastable to them ([m, *shape] or [*shape])."""
-    op = steer.op
-    if op == "add":
-        return x + v
-    if op in ("set", "mean_ablate", "swap"):
-        return v.expand_as(x).clone()
-    if op == "scale":
-        return x * v
-    if op == "ablate":
-        return torch.zeros_like(x)
-    flat = x.reshape(x.shape[0], -1)
-    u = _unit(v.reshape(x.shape[0] if v.dim() == x.dim() else 1, flat.shape[1]))
-    dot = (flat * u).sum(-1, keepdim=True)
-    if op == "project_out":
-        new = flat - dot * u
-    elif op == "rescale":
-        new = flat + (steer.coeff - 1.0) * dot * u
-    elif op == "projection_cap":
-        lo, hi = steer.bounds
-        new = flat + (dot.clamp(min=lo, max=hi) - dot) * u
-    else:  # norm_scaled_add
-        new = flat + steer.coeff * flat.norm(dim=-1, keepdim=True) * u
-    return new.reshape(x.shape)
-
-
 def apply_steer(steer: Steer, rows: torch.Tensor, mask: torch.Tensor, pos0: int = 0) -> torch.Tensor:
     """Rows [n, ...] (absolute positions pos0..pos0+n-1) with the op applied where mask[n] (a new
     tensor, never in place)."""
@@ -355,7 +296,7 @@ def apply_steer(steer: Steer, rows: torch.Tensor, mask: torch.Tensor, pos0: int 
     if v is not None:
         v = v.to(view.dtype)
     x = view[touched]
-    new = _op(steer, x, v)
+    new = OPS[steer.op].apply(x, v, steer)
     # one host sync on the hot path: a value that does not fit the dtype, or a row the op made non-finite
     # (rows that were not finite before are not the steer's doing)
     bad_value = torch.zeros((), dtype=torch.bool, device=x.device) if v is None else ~torch.isfinite(v).all()

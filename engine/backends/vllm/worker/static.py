@@ -10,8 +10,9 @@ addresses and no Python, no data-dependent control flow. Between steps, Python f
 buffers for each steering request's rows (identity elsewhere) and copies each capturing request's
 rows out of `cap`. That per-row affine form composes add / set / scale / ablate / mean_ablate / swap
 in any order (values per position too: each row gets its own), and project_out (rescale with coeff
-0) when it comes first at a tap. Ops it cannot express (their `static` entry in
-engine.core.steering.OPS says why) are refused by name before a request runs.
+0) when it comes first at a tap. Each op's form on these buffers is its row's `affine` in
+engine/core/ops.py (`Tap.fill` only gathers the rows and writes the result back); ops it cannot
+express (their row's `static` says why) are refused by name before a request runs.
 
 Receipts: after each step, the steering requests' rows of `pre` go through the same steer routine
 as the hooked backends (engine.core.plan.steer_span), outside the graph, which tallies each steer's rows
@@ -26,8 +27,9 @@ import torch
 
 from engine.backends.vllm.worker.tree import VSite
 from engine.core.errors import SteeringError
+from engine.core.ops import OPS, AffineRows
 from engine.core.plan import Step, steer_span
-from engine.core.steering import OPS, overflowed, values_at
+from engine.core.steering import overflowed, values_at
 
 
 class Tap:
@@ -112,23 +114,13 @@ class Tap:
             v = v.to(mul.device, mul.dtype)
             per_row = value is not None and steer.bound().lead == 1
             v = v.reshape(rows.numel(), -1) if per_row else (v if v.dim() == 0 else v.reshape(-1))
-        op = steer.op
-        if op == "add":
-            add[rows, cols] += v
-        elif op in ("set", "mean_ablate", "swap"):
-            mul[rows, cols] = 0.0
-            add[rows, cols] = v
-        elif op == "scale":
-            mul[rows, cols] *= v
-            add[rows, cols] *= v
-        elif op == "ablate":
-            mul[rows, cols] = 0.0
-            add[rows, cols] = 0.0
-        elif op in ("project_out", "rescale"):  # rescale only with coeff 0; first at the tap (checked at plan time)
-            f = v.float()
-            u[rows, cols] = (f / f.norm(dim=-1, keepdim=True).clamp_min(1e-12)).to(u.dtype)
-        else:
-            raise SteeringError(f"vllm-static cannot apply {op!r}: {OPS[op].static}.")
+        op = OPS[steer.op]
+        why = op.static_refusal(steer)
+        if why or op.affine is None:
+            raise SteeringError(f"vllm-static cannot apply {steer.op!r}: {why}.")
+        # the op's own affine form (engine/core/ops.py), composed onto these rows' coefficients
+        new = op.affine(AffineRows(u[rows, cols], mul[rows, cols], add[rows, cols]), v, steer)
+        u[rows, cols], mul[rows, cols], add[rows, cols] = new.u, new.mul, new.add
 
 
 def width_of(site: VSite, point: str, d_model: int) -> int:
@@ -165,26 +157,27 @@ class StaticTaps:
 
     @staticmethod
     def refuse(steer) -> None:
-        """Refuse by name an op the taps' per-row affine form cannot express."""
-        why = OPS[steer.op].static
-        if why and not (steer.op == "rescale" and steer.coeff == 0.0):
+        """Refuse by name an op the taps' per-row affine form cannot express (its row says why)."""
+        why = OPS[steer.op].static_refusal(steer)
+        if why:
             raise SteeringError(f"{steer.op!r} at {steer.address} cannot run on vllm-static: {why}; use "
                                 f"backend='vllm' or 'eager'.")
 
     @staticmethod
     def check_order(steers) -> None:
-        """project_out (rescale by 0) composes only ahead of affine ops at the same tap."""
+        """An op whose affine form sets the direction u (its row's `first`) composes only ahead of the
+        other ops at the same tap, and once per tap and request."""
         seen_affine = set()
         for st in steers:
             StaticTaps.refuse(st)
             k = str(st.address.base)
-            projects = st.op in ("project_out", "rescale")
+            projects = OPS[st.op].first
             if projects and k in seen_affine:
                 raise SteeringError(f"vllm-static applies {st.op} at {k} before any other op there; "
                                     f"put the {st.op} steer first or use backend='vllm'.")
             if not projects:
                 seen_affine.add(k)
-        ks = [str(s.address.base) for s in steers if s.op in ("project_out", "rescale")]
+        ks = [str(s.address.base) for s in steers if OPS[s.op].first]
         if len(ks) != len(set(ks)):
             raise SteeringError("vllm-static holds one project_out direction per tap and request; "
                                 "combine the directions or use backend='vllm'.")

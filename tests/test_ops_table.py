@@ -1,0 +1,165 @@
+"""The op table (engine/core/ops.py): each row's eager maths against its vllm-static affine form as the
+worker's Tap applies it, rows without a form refused by name with the row's reason, and the parameter
+checks Steer derives from the rows."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from engine.backends.vllm.worker.static import StaticTaps, Tap
+from engine.backends.vllm.worker.tree import VSite
+from engine.core.errors import SteeringError
+from engine.core.ops import OPS, AffineRows, Op
+from engine.core.steering import Steer, apply_steer, finite_number, values_at
+
+WIDTH, ROWS = 6, 5
+PARAMS = {"rescale": {"coeff": 0.0}, "norm_scaled_add": {"coeff": 0.5}, "projection_cap": {"bounds": (-0.2, 0.3)}}
+
+
+class _Id(torch.nn.Module):
+    def forward(self, x):
+        return x
+
+
+def _tap() -> Tap:
+    site = VSite(_Id(), "post", "out", lambda o: o, lambda o, n: n)
+    return Tap("resid_post.0", site, WIDTH, rows=ROWS, writable=True, device="cpu", dtype=torch.float32, index=0)
+
+
+def _value(op: Op, g: torch.Generator, per_row: bool):
+    shape = (ROWS, WIDTH) if per_row or op.value == "activation" else (WIDTH,)
+    if op.value == "none":
+        return None
+    if op.value == "scale" and not per_row:
+        return float(torch.rand((), generator=g)) * 3 - 1.5
+    return torch.randn(shape, generator=g)
+
+
+def _static_ops():
+    return [n for n, o in OPS.items() if o.affine is not None]
+
+
+@pytest.mark.parametrize("per_row", [False, True], ids=["one value", "a value per position"])
+@pytest.mark.parametrize("name", _static_ops())
+def test_each_rows_affine_form_as_the_worker_applies_it_equals_its_eager_maths(name, per_row):
+    """Every row with a static form: the worker's Tap.fill composes the row's affine form into the
+    tap buffers and the tap's forward applies it; that equals the row's eager maths (apply_steer)."""
+    op, g = OPS[name], torch.Generator().manual_seed(hash((name, per_row)) % 2**31)
+    steer = Steer("resid_post.0", name, _value(op, g, per_row), **PARAMS.get(name, {}))
+    assert op.static_refusal(steer) is None
+    x = torch.randn(ROWS, WIDTH, generator=g) * 2
+    rows = torch.tensor([0, 2, 3])
+    mask = torch.zeros(ROWS, dtype=torch.bool)
+    mask[rows] = True
+    tap = _tap()
+    v = values_at(steer, rows, (WIDTH,))
+    tap.fill(rows, steer, None, v)
+    got = tap.site.module(x)
+    want = apply_steer(steer, x, mask)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    untouched = ~mask
+    assert torch.equal(got[untouched], x[untouched])  # identity on the other rows
+    # composed with coefficients already there (another steer at the tap): the row's form maps rows the
+    # way its maths does after them (or, for a `first` row that sets u, before them)
+    prior = AffineRows(torch.zeros(3, WIDTH), torch.randn(3, WIDTH, generator=g), torch.randn(3, WIDTH, generator=g))
+    a = op.affine(prior, None if v is None else v.float(), steer)
+    xs = x[rows]
+    want = prior(op.apply(xs, v, steer)) if op.first else op.apply(prior(xs), v, steer)
+    torch.testing.assert_close(a(xs), want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", _static_ops())
+def test_each_rows_affine_form_composes_with_another_steer_on_the_worker(name):
+    """Two steers at one tap (an add before, or after a `first` row): the tap applies both as
+    apply_steer does one after the other."""
+    op, g = OPS[name], torch.Generator().manual_seed(7)
+    steer = Steer("resid_post.0", name, _value(op, g, False), **PARAMS.get(name, {}))
+    other = Steer("resid_post.0", "add", torch.randn(WIDTH, generator=g))
+    steers = [steer, other] if op.first else [other, steer]
+    x, rows = torch.randn(ROWS, WIDTH, generator=g), torch.tensor([1, 4])
+    mask = torch.zeros(ROWS, dtype=torch.bool)
+    mask[rows] = True
+    tap, want = _tap(), x
+    for st in steers:
+        tap.fill(rows, st, None, values_at(st, rows, (WIDTH,)))
+        want = apply_steer(st, want, mask)
+    torch.testing.assert_close(tap.site.module(x), want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", [n for n, o in OPS.items() if o.affine is None])
+def test_a_row_without_an_affine_form_is_refused_with_its_reason(name):
+    op = OPS[name]
+    steer = Steer("resid_post.0", name, torch.ones(WIDTH), **PARAMS.get(name, {}))
+    assert op.static and op.static_refusal(steer) == op.static
+    with pytest.raises(SteeringError, match=f"'{name}' at resid_post.0 cannot run on vllm-static") as e:
+        StaticTaps.refuse(steer)
+    assert op.static in str(e.value)
+    with pytest.raises(SteeringError, match=f"vllm-static cannot apply '{name}'"):
+        _tap().fill(torch.tensor([0]), steer, None)
+
+
+def test_a_conditional_row_is_static_only_where_its_condition_holds():
+    """rescale is project_out at coeff 0 (static), anything else refused with the row's reason."""
+    d = torch.randn(WIDTH)
+    StaticTaps.refuse(Steer("resid_post.0", "rescale", d, coeff=0.0))
+    with pytest.raises(SteeringError, match="a rescale by a coefficient other than 0"):
+        StaticTaps.refuse(Steer("resid_post.0", "rescale", d, coeff=2.0))
+    with pytest.raises(SteeringError, match="vllm-static cannot apply 'rescale'"):
+        _tap().fill(torch.tensor([0]), Steer("resid_post.0", "rescale", d, coeff=2.0), None)
+
+
+def test_first_rows_order_at_a_tap_comes_from_the_row():
+    firsts = [n for n, o in OPS.items() if o.first]
+    assert set(firsts) == {"project_out", "rescale"}
+    d = torch.randn(WIDTH)
+    with pytest.raises(SteeringError, match="rescale at resid_post.0 before any other op"):
+        StaticTaps.check_order([Steer("resid_post.0", "add", d), Steer("resid_post.0", "rescale", d, coeff=0.0)])
+
+
+def test_a_row_must_say_why_it_has_no_static_form():
+    with pytest.raises(ValueError, match="op 'x' has no affine form: give static="):
+        Op("x", "vector", "doc", lambda x, v, p: x)
+    with pytest.raises(ValueError, match="value kind 'vec' is not one of"):
+        Op("x", "vec", "doc", lambda x, v, p: x, static="no")
+    with pytest.raises(ValueError, match="static only under a condition"):
+        Op("x", "vector", "doc", lambda x, v, p: x, lambda a, v, p: a, static_if=lambda p: True)
+
+
+@pytest.mark.parametrize("param", ["coeff", "bounds"])
+def test_parameter_checks_derive_from_the_rows(param):
+    takers = [n for n, o in OPS.items() if param in o.params]
+    given = {"coeff": 1.0, "bounds": (0.0, 1.0)}[param]
+    for name, op in OPS.items():
+        value = _value(op, torch.Generator().manual_seed(0), False)
+        if param in op.params:
+            with pytest.raises(SteeringError, match=f"needs {param}="):
+                Steer("resid_post.0", name, value, **{k: v for k, v in PARAMS[name].items() if k != param})
+        else:
+            with pytest.raises(SteeringError, match=f"op '{name}' takes no {param}") as e:
+                Steer("resid_post.0", name, value, **{param: given})
+            assert all(t in str(e.value) for t in takers)
+
+
+@pytest.mark.parametrize("x,fragment", [
+    (True, "is a number, got bool"), ("1", "is a number, got str"), (None, "is a number, got NoneType"),
+    (math.inf, "is inf; give a finite number"), (math.nan, "is nan; give a finite number"),
+    (10 ** 400, "is inf; give a finite number"),
+])
+def test_finite_number_refuses_with_the_fields_name(x, fragment):
+    with pytest.raises(SteeringError, match=f"coeff of 'rescale'.*{fragment}"):
+        finite_number(x, "coeff of 'rescale'", "at resid_post.0")
+    assert finite_number(3, "c") == 3.0 and isinstance(finite_number(3, "c"), float)
+
+
+def test_every_number_field_of_a_steer_goes_through_the_one_check():
+    d = torch.ones(WIDTH)
+    with pytest.raises(SteeringError, match="coeff of 'norm_scaled_add' at resid_post.0 is inf"):
+        Steer("resid_post.0", "norm_scaled_add", d, coeff=10 ** 400)
+    with pytest.raises(SteeringError, match=r"bounds=\(None, inf\) at resid_post.0 is inf; give finite numbers"):
+        Steer("resid_post.0", "projection_cap", d, bounds=(None, math.inf))
+    with pytest.raises(SteeringError, match="the scale of 'scale' at resid_post.0 is inf"):
+        Steer("resid_post.0", "scale", 10 ** 400)
+    with pytest.raises(SteeringError, match="coeff of 'rescale' is a number, got bool"):
+        Steer("resid_post.0", "rescale", d, coeff=True)
