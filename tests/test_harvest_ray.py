@@ -28,6 +28,8 @@ def test_two_actors_one_killed_mid_part_equals_one_process(tmp_path, monkeypatch
     from engine.harvest.cluster import run_on_ray, wait_dead
     from engine.harvest.runner import load_for, run_part
     monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
+    # the raylet reaps what a killed actor leaves (its vLLM engine core process), as run_on_ray sets it
+    monkeypatch.setenv("RAY_kill_child_processes_on_worker_exit_with_raylet_subreaper", "true")
     data = tmp_path / "docs.txt"
     data.write_text("\n".join(LINES * 4) + "\n")  # 240 documents, ~6000 tokens per part
     kw = dict(model=LLAMA, points="resid_post.1,mlp_out.0", data=str(data), backend="vllm", shard_tokens=64,

@@ -25,8 +25,8 @@ def test_file_round_trip_equals_the_tensor_and_unlinks(tmp_path, dtype):
 def test_empty_tensor_and_inline_fallback(tmp_path):
     ref = sink.to_file(torch.empty(0, 4), str(tmp_path))
     assert wire.tensor_in(ref).shape == (0, 4)
-    enc = sink.encoder(str(tmp_path / "on-another-machine"))
+    enc = sink.encoder(str(tmp_path / "on-another-machine"), wire.tensor_out)
     d = enc(torch.arange(6.0).reshape(2, 3))
     assert sink.FILE not in d and torch.equal(wire.tensor_in(d), torch.arange(6.0).reshape(2, 3))
-    assert sink.encoder(None) is wire.tensor_out
-    assert sink.FILE in sink.encoder(str(tmp_path))(torch.ones(2))
+    assert sink.encoder(None, wire.tensor_out) is wire.tensor_out
+    assert sink.FILE in sink.encoder(str(tmp_path), wire.tensor_out)(torch.ones(2))

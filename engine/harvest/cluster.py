@@ -96,11 +96,12 @@ def _actor_options(kwargs: dict) -> dict:
 
 def run_on_ray(kwargs: dict, actors: int, parts: int | None = None, address: str | None = None,
                restarts: int | None = None, num_cpus: int | None = None, progress: bool = True,
-               name_prefix: str = "harvest") -> list[dict]:
+               name_prefix: str = "harvest", busy_wait: float = 120.0) -> list[dict]:
     """Run every part of the harvest described by run_part's kwargs (model, points, data, out, ...)
     on `actors` Ray actors; `parts` (default: actors) is the split, as --workers would make it.
-    restarts: replacement actors started for dead ones (default: actors). Returns each part's
-    summary as run on the cluster (parts already complete say so)."""
+    restarts: replacement actors started for dead ones (default: actors); busy_wait: how long a dead
+    actor's part may stay locked by its dying process before that counts as an error. Returns each
+    part's summary as run on the cluster (parts already complete say so)."""
     if actors < 1:
         raise ValueError(f"actors must be at least 1, got {actors}.")
     parts = parts or actors
@@ -118,7 +119,7 @@ def run_on_ray(kwargs: dict, actors: int, parts: int | None = None, address: str
         mf.merge(out)
         return results
     ray = _connect(address, num_cpus)
-    from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
+    from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError, RayTaskError
     died = (RayActorError, ActorDiedError, ActorUnavailableError)
     tally = ray.remote(Tally).options(num_cpus=0).remote()
     made = 0
@@ -131,6 +132,7 @@ def run_on_ray(kwargs: dict, actors: int, parts: int | None = None, address: str
         return a
     idle = [start() for _ in range(min(actors, len(todo)))]
     running: dict = {}
+    orphaned: dict[int, float] = {}  # part -> when its actor died
     from tqdm.auto import tqdm
     bar = tqdm(total=None, unit="tok", unit_scale=True, disable=not progress, desc=f"harvest on Ray ({parts} parts)")
     try:
@@ -150,9 +152,18 @@ def run_on_ray(kwargs: dict, actors: int, parts: int | None = None, address: str
                     idle.append(a)
                 except died:  # the actor (its node, its engine) is gone: its part goes to another one
                     todo.appendleft(i)
+                    orphaned[i] = time.monotonic()
                     if restarts > 0:
                         restarts -= 1
                         idle.append(start())
+                except RayTaskError as e:
+                    cause = e.cause if isinstance(e.cause, BaseException) else e
+                    # a part taken from a dead actor whose process has not let go of the part's lock yet
+                    if not isinstance(cause, mf.PartBusyError) or time.monotonic() - orphaned.get(i, -1e9) > busy_wait:
+                        raise cause from None
+                    todo.append(i)
+                    idle.append(a)
+                    time.sleep(1.0)
         bar.update(ray.get(tally.total.remote()) - bar.n)
     finally:
         bar.close()

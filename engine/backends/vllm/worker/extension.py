@@ -375,7 +375,7 @@ class InterpWorker:
     def interp_collect_to(self, keys: list, logits: list, directory: str) -> list:
         """interp_collect, with the capture rows written to files under `directory` (vllm_sink)."""
         from engine.backends.vllm.worker import sink as vllm_sink
-        return self._interp.collect(keys, logits, vllm_sink.encoder(directory))
+        return self._interp.collect(keys, logits, vllm_sink.encoder(directory, vllm_wire.tensor_out))
 
     def interp_peek(self, keys: list, since: list) -> list:
         return self._interp.peek(keys, since)

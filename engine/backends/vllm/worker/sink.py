@@ -45,10 +45,9 @@ def from_file(d: dict) -> torch.Tensor:
         Path(path).unlink(missing_ok=True)
 
 
-def encoder(directory: str | None):
+def encoder(directory: str | None, inline):
     """The function a worker encodes collected tensors with: files under `directory` when this
-    process can write there, else inline bytes (vllm_wire.tensor_out)."""
-    from engine.backends.vllm.worker.wire import tensor_out
+    process can write there, else `inline` (vllm_wire.tensor_out: bytes in the reply)."""
     if directory is None or not os.path.isdir(directory):
-        return tensor_out
+        return inline
     return lambda t: to_file(t, directory)
