@@ -120,6 +120,7 @@ def test_hook_z_sae_reads_heads_flattened(tmp_path):
     torch.testing.assert_close(sae.encode(z), feats, atol=TOL, rtol=0)
     torch.testing.assert_close(sae.encode(z.flatten(-2)), feats, atol=TOL, rtol=0)
     assert sae.decode(sae.encode(z)).shape == (3, 32)
+    torch.testing.assert_close(sae.forward(z), recon, atol=TOL, rtol=0)  # flat, as decode
     out = clamp_feature(sae, z, 0, 1.0)
     assert out.shape == z.shape
     assert add_feature_direction(sae, z, 1, 2.0).shape == z.shape
