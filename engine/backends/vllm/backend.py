@@ -13,7 +13,6 @@ and steering. The engine core runs in its own process; `VLLMModel` drives the as
 """
 from __future__ import annotations
 
-import contextlib
 import inspect
 import os
 import weakref
@@ -26,7 +25,7 @@ from engine.backends.vllm.catalogue import VLLMCatalogue
 from engine.backends.vllm.client import AsyncVLLMModel, StreamEvent
 from engine.backends.vllm.worker import runner as vllm_runner
 from engine.core.address import Address, closest, parse
-from engine.core.errors import AddressError, EngineError, FamilyLimitationError, UnsupportedPointError
+from engine.core.errors import AddressError, FamilyLimitationError, UnsupportedPointError
 from engine.core.points import ALIASES, BY_NAME, VLLM_BACKENDS, backend_status, get_point
 from engine.core.results import GenerationResult, Request, RequestResult
 from engine.model import options
@@ -118,17 +117,9 @@ class VLLMModel:
                                            strict, **sampling))
 
     def _steps(self, agen):
-        try:
-            while True:
-                try:
-                    yield self._run(agen.__anext__())
-                except StopAsyncIteration:
-                    return
-        finally:
-            # a stream dropped after close() (or at exit) has nothing left to abort: the engine is gone
-            if not self._loop.stopped:
-                with contextlib.suppress(EngineError):
-                    self._loop.run(agen.aclose())
+        """The async stream stepped from this thread (Loop.iterate: Ctrl-C is a KeyboardInterrupt, and
+        closing the stream aborts the request after any interrupted step has unwound)."""
+        return self._loop.iterate(agen)
 
     def logit_lens(self, x, point: str = "resid_post") -> torch.Tensor:
         return self._run(self.aio.logit_lens(x, point))
