@@ -21,9 +21,10 @@ fi
 [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
 echo "sae_reference: installing $want into $VENV" >&2
 # shellcheck disable=SC2086
-if ! "$VENV/bin/pip" install -q $want; then
-  echo "sae_reference: pip failed; ${torch_pin}+cpu comes from a local wheel folder in pip's find-links (as for" \
-       "scripts/setup.sh --cpu): check that one is configured" >&2
+if ! "$VENV/bin/pip" install -q $want > "$VENV/pip.log" 2>&1; then
+  grep -v "is ignored: it is neither a file nor a directory" "$VENV/pip.log" | tail -20 >&2
+  echo "sae_reference: pip failed (log: $VENV/pip.log); ${torch_pin}+cpu comes from a local wheel folder in pip's" \
+       "find-links (as for scripts/setup.sh --cpu): check that one is configured" >&2
   exit 1
 fi
 "$VENV/bin/python" -c "import torch; assert torch.version.cuda is None, f'sae_reference: torch {torch.__version__} is a CUDA build'"

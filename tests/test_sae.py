@@ -120,6 +120,7 @@ def test_hook_z_sae_reads_heads_flattened(tmp_path):
     torch.testing.assert_close(sae.encode(z), feats, atol=TOL, rtol=0)
     torch.testing.assert_close(sae.encode(z.flatten(-2)), feats, atol=TOL, rtol=0)
     assert sae.decode(sae.encode(z)).shape == (3, 32)
+    torch.testing.assert_close(sae.forward(z), recon, atol=TOL, rtol=0)  # flat, as decode
     out = clamp_feature(sae, z, 0, 1.0)
     assert out.shape == z.shape
     assert add_feature_direction(sae, z, 1, 2.0).shape == z.shape
@@ -395,3 +396,25 @@ def test_scaling_factor_of_ones_is_dropped_and_factor_checks(tmp_path):
     for bad in (0.0, -1.0, float("inf"), True):
         with pytest.raises(SAEError, match=f"norm_scaling_factor is {bad!r}; give a finite positive number"):
             load_sae(folder, norm_scaling_factor=bad)
+
+
+# ---- the README's example ------------------------------------------------------------------------------
+
+def test_readme_sae_example_runs_as_written(tmp_path, monkeypatch, capsys):
+    import re
+    from pathlib import Path
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    section = readme.split("## SAEs and transcoders", 1)[1].split("\n## ", 1)[0]
+    block = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    monkeypatch.chdir(tmp_path)
+    ns: dict = {}
+    exec(compile(block, "README.md", "exec"), ns)
+    m, sae, x, off, idx = ns["m"], ns["sae"], ns["x"], ns["off"], ns["idx"]
+    assert (tmp_path / "my_sae" / "cfg.json").is_file() and sae.d_in == m.d_model
+    f = sae.encode(x)
+    i = int(idx[-1, 0])
+    assert i == int(f[-1].argmax()) and (f > 0).sum(-1).max() <= 8
+    # clamping to 0 moved every row by -f_i times feature i's decoder row, nothing else
+    torch.testing.assert_close(off - x, -f[:, i:i + 1] * sae.W_dec[i], atol=TOL, rtol=0)
+    assert (ns["steered"] - ns["logits"]).norm() > 0
+    assert str(idx[-1].tolist()) in capsys.readouterr().out

@@ -241,12 +241,13 @@ class SAE:
 
     def skip(self, x: Tensor) -> Tensor:
         """A skip transcoder's linear path x @ W_skip.T (zero for every other architecture)."""
+        x = self._flat(x)
         if self.W_skip is None:
             return torch.zeros(*x.shape[:-1], self.d_out, dtype=self.dtype, device=self.device)
-        return self._flat(x) @ self.W_skip.T
+        return x @ self.W_skip.T
 
     def forward(self, x: Tensor) -> Tensor:
-        """decode(encode(x)) plus a skip transcoder's skip path: the SAE's output for x."""
+        """decode(encode(x)) plus a skip transcoder's skip path: the SAE's output for x ([..., d_out], flat)."""
         return self.decode(self.encode(x), x) + self.skip(x)
 
     def direction(self, index: int) -> Tensor:
