@@ -418,3 +418,25 @@ def test_readme_sae_example_runs_as_written(tmp_path, monkeypatch, capsys):
     torch.testing.assert_close(off - x, -f[:, i:i + 1] * sae.W_dec[i], atol=TOL, rtol=0)
     assert (ns["steered"] - ns["logits"]).norm() > 0
     assert str(idx[-1].tolist()) in capsys.readouterr().out
+
+
+def test_cached_sae_reuses_and_rereads_a_rewritten_folder(tmp_path):
+    import os
+    import pickle
+
+    from engine.core.sae_files import cached_sae
+    folder = write_random_sae(tmp_path, "standard", 16, 32, seed=0)
+    a = cached_sae(folder)
+    assert cached_sae(str(folder)) is a  # same folder, same options: the same object
+    assert cached_sae(folder, dtype="float64") is not a
+    write_random_sae(tmp_path, "standard", 16, 32, seed=1)
+    weights = folder / "sae_weights.safetensors"
+    st = weights.stat()
+    os.utime(weights, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))  # a rewrite in the same mtime tick
+    b = cached_sae(folder)
+    assert b is not a and not torch.equal(a.W_enc, b.W_enc)
+    assert torch.equal(b.W_enc, load_sae(folder).W_enc)
+    # an SAE crosses a process boundary as plain data (a worker may receive one)
+    back = pickle.loads(pickle.dumps(b))
+    x = torch.randn(3, 16)
+    assert back.arch is b.arch and back.norm is b.norm and torch.equal(back.encode(x), b.encode(x))

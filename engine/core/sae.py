@@ -67,6 +67,9 @@ class Arch:
     transcoder: bool = False  # decodes into another point (d_out wide)
     skip: bool = False  # a transcoder with a linear skip path W_skip (added by forward, not decode)
 
+    def __reduce__(self) -> tuple:
+        return _arch, (self.name,)  # pickled by name: the row itself on the other side
+
 
 ARCHITECTURES: dict[str, Arch] = {a.name: a for a in (
     Arch("standard", _relu, ("b_enc",)),
@@ -98,6 +101,9 @@ class Norm:
     needs_input: bool = False  # decode needs the activation that was encoded
     refused: str | None = None  # why a directory naming it cannot be used
 
+    def __reduce__(self) -> tuple:
+        return _norm, (self.name,)
+
 
 NORMS: dict[str, Norm] = {n.name: n for n in (
     Norm("none", "no normalization"),
@@ -111,6 +117,14 @@ NORMS: dict[str, Norm] = {n.name: n for n in (
          "saves 'none'; a directory still naming it holds no whitening matrix to apply"),
 )}
 LN_EPS = 1e-5
+
+
+def _arch(name: str) -> Arch:
+    return ARCHITECTURES[name]
+
+
+def _norm(name: str) -> Norm:
+    return NORMS[name]
 
 
 @dataclass(frozen=True, eq=False)
