@@ -103,10 +103,11 @@ class VLLMModel:
         return self._run(self.aio.generate(inputs, max_new_tokens, points, steer, return_logits, strict, **sampling))
 
     def generate_batch(self, requests: list[Request], return_logits: bool = True, progress: bool = False,
-                       strict: bool = False):
+                       strict: bool = False, sink: str | None = None):
         """Run requests concurrently (one continuous batch); each keeps its own captures, steers and
-        receipts (strict=True: a steer that touched no row of its request fails the call)."""
-        return self._run(self.aio.generate_batch(requests, return_logits, strict))
+        receipts (strict=True: a steer that touched no row of its request fails the call; sink: see
+        AsyncVLLMModel.generate_batch)."""
+        return self._run(self.aio.generate_batch(requests, return_logits, strict, sink))
 
     def stream(self, prompt, max_new_tokens: int = 8, points=(), steer=(), logprobs: int = 0,
                return_logits: bool = True, rows: bool = True, strict: bool = False, **sampling):
@@ -184,6 +185,7 @@ def load(name: str, backend: str = "vllm", source: str = "auto", dtype=None, dev
     hf_cfg = AutoConfig.from_pretrained(path)
     text_cfg = hf_cfg.get_text_config() if hasattr(hf_cfg, "get_text_config") else hf_cfg
     from vllm.platforms import current_platform
+    rt.check_executor(engine_kw, current_platform)
     sizing = vllm_sizing.choose(text_cfg, current_platform, dtype, max_model_len, max_num_seqs,
                                 kv_cache_memory_bytes, gpu_memory_utilization, path, tensor_parallel_size)
     kw = dict(**sizing.engine_kw(), seed=seed, tensor_parallel_size=tensor_parallel_size)

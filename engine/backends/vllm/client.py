@@ -295,9 +295,11 @@ class AsyncVLLMModel(ModelBase, TokensMixin):
         return final
 
     async def _run_many(self, built: list[tuple[Plan, dict]], want_logits: bool, prefill: bool = False,
-                        on_output=None, keys=None, hold: asyncio.Event | None = None) -> list[RequestResult]:
+                        on_output=None, keys=None, hold: asyncio.Event | None = None,
+                        sink: str | None = None) -> list[RequestResult]:
         """Register every plan in one RPC, run the requests concurrently, collect in one RPC (after
-        `hold` is set, when given: a stream reads the plans' rows step by step until then)."""
+        `hold` is set, when given: a stream reads the plans' rows step by step until then; with
+        `sink`, a shared-memory directory, the rows come back as files there: worker/sink.py)."""
         keys = keys or [uuid.uuid4().hex for _ in built]
         active = [(k, p) for k, (p, _) in zip(keys, built) if self._needs_worker(p)]
         try:  # registered inside: a request cancelled while the register RPC is in flight is still collected
@@ -310,8 +312,9 @@ class AsyncVLLMModel(ModelBase, TokensMixin):
             collected = {}
             if active:  # shielded: a second cancellation must not leave the plans registered
                 per_rank = await asyncio.shield(self._rpc(
-                    "interp_collect", [k for k, _ in active],
-                    [want_logits and Address("final_norm") in p.internal for _, p in active]))
+                    "interp_collect" if sink is None else "interp_collect_to", [k for k, _ in active],
+                    [want_logits and Address("final_norm") in p.internal for _, p in active],
+                    *(() if sink is None else (sink,))))
                 for i, (k, _) in enumerate(active):
                     collected[k] = [rank[i] for rank in per_rank]
         return [self._result(p, out, collected.get(k), want_logits, prefill) for k, (p, _), out in zip(keys, built, outs)]
@@ -373,13 +376,14 @@ class AsyncVLLMModel(ModelBase, TokensMixin):
     # -- public async API ----------------------------------------------------------------------------
     @on_home_loop
     async def generate_batch(self, requests: list[Request], return_logits: bool = True,
-                             strict: bool = False) -> list[RequestResult]:
+                             strict: bool = False, sink: str | None = None) -> list[RequestResult]:
         """Run requests concurrently (one continuous batch); each keeps its own captures and steers
         (each Request is one sequence: its steer values take no batch axis) and its receipts;
-        strict=True fails when a steer touched no row of its request."""
+        strict=True fails when a steer touched no row of its request. sink: a directory in shared
+        memory the workers hand the captured rows through (the harvester's; worker/sink.py)."""
         self._live()
         want = return_logits and self.backend != "vllm-generate"
-        res = await self._run_many([self._plan(r, False, want) for r in requests], want)
+        res = await self._run_many([self._plan(r, False, want) for r in requests], want, sink=sink)
         if strict:
             for r in res:
                 check_strict(r.receipts, "request")

@@ -57,6 +57,18 @@ def check_engine_args(backend: str, engine_kw: dict) -> None:
             raise OptionError(f"{name}={engine_kw[name]!r} is not served by backend {backend!r}: {why}.")
 
 
+def check_executor(engine_kw: dict, platform) -> None:
+    """distributed_executor_backend="ray" (vLLM's own multi-node path: its ranks as Ray actors) is
+    passed on where vLLM's Ray executor can place ranks (a platform with a Ray device key: GPUs);
+    elsewhere it is refused by name before anything starts (vLLM would fail after loading)."""
+    if engine_kw.get("distributed_executor_backend") == "ray" and not getattr(platform, "ray_device_key", ""):
+        raise OptionError(f"distributed_executor_backend='ray' is not supported by vLLM on "
+                          f"{platform.device_type}: its Ray executor places one rank per Ray GPU and this platform "
+                          f"has none; leave it unset (vLLM's multiprocessing executor runs tensor_parallel_size "
+                          f"ranks on one machine) or use `python -m engine.harvest --ray` to spread engines over "
+                          f"machines.")
+
+
 def prepare_env() -> None:
     """Environment vLLM must see before it is imported."""
     for k, v in ENV_DEFAULTS.items():

@@ -250,8 +250,9 @@ class WorkerState:
             self.plans[plan.key] = plan
         self._rebuild()
 
-    def collect(self, keys: list[str], logits: list[bool]) -> list[dict]:
-        """Each plan's captures ({key: [first position, rows]}) and logits, and forget the plan."""
+    def collect(self, keys: list[str], logits: list[bool], encode=vllm_wire.tensor_out) -> list[dict]:
+        """Each plan's captures ({key: [first position, rows]}) and logits, and forget the plan
+        (tensors go out through `encode`: inline bytes, or vllm_sink's shared-memory files)."""
         out = []
         for key, want_logits in zip(keys, logits):
             plan = self.plans.pop(key, None)
@@ -267,7 +268,7 @@ class WorkerState:
             for k in plan.store:
                 try:
                     first = plan.first(k)
-                    res["captures"][k] = [first, vllm_wire.tensor_out(plan.tensor(k, first))]
+                    res["captures"][k] = [first, encode(plan.tensor(k, first))]
                 except RuntimeError as e:
                     res["errors"][k] = str(e)
                 held = self.site(parse(k).base).held
@@ -370,6 +371,11 @@ class InterpWorker:
 
     def interp_collect(self, keys: list, logits: list) -> list:
         return self._interp.collect(keys, logits)
+
+    def interp_collect_to(self, keys: list, logits: list, directory: str) -> list:
+        """interp_collect, with the capture rows written to files under `directory` (vllm_sink)."""
+        from engine.backends.vllm.worker import sink as vllm_sink
+        return self._interp.collect(keys, logits, vllm_sink.encoder(directory, vllm_wire.tensor_out))
 
     def interp_peek(self, keys: list, since: list) -> list:
         return self._interp.peek(keys, since)

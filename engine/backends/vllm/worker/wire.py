@@ -10,6 +10,7 @@ import math
 
 import torch
 
+from engine.backends.vllm.worker.sink import FILE, from_file
 from engine.core.address import parse
 from engine.core.plan import Plan
 from engine.core.results import Receipt
@@ -26,6 +27,8 @@ def tensor_out(t: torch.Tensor) -> dict:
 
 
 def tensor_in(d: dict) -> torch.Tensor:
+    if FILE in d:  # written to shared memory by the worker (vllm_sink)
+        return from_file(d)
     dtype = getattr(torch, d["dtype"])
     buf = bytearray(d["data"])
     if not buf:
