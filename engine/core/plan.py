@@ -65,8 +65,9 @@ class Plan:
                 raise SteeringError(f"{what}: every position it selects is excluded (exclude={st.exclude}); "
                                     f"nothing would be steered.")
 
-    def tally(self, index: int, positions: torch.Tensor, old: torch.Tensor, new: torch.Tensor) -> None:
-        """Record steer `index`'s change on the rows at absolute `positions` (old / new: those rows)."""
+    def tally(self, index: int, positions: "torch.Tensor | range", old: torch.Tensor, new: torch.Tensor) -> None:
+        """Record steer `index`'s change on the rows at absolute `positions` (a tensor, or a range when
+        the steer touched a contiguous run: no tensor made for it; old / new: those rows)."""
         d = (new.detach() - old.detach()).float().reshape(old.shape[0], -1)
         self.tallies.setdefault(index, []).append((positions, d.pow(2).sum(-1)))
 
@@ -78,7 +79,7 @@ class Plan:
             rows, norm = 0, 0.0
             chunks = self.tallies.get(i)
             if chunks:
-                pos = torch.cat([p for p, _ in chunks]).tolist()
+                pos = [q for p, _ in chunks for q in (p if isinstance(p, range) else p.tolist())]
                 sq = torch.cat([q for _, q in chunks]).to("cpu", torch.float64)
                 last = torch.tensor(list({p: j for j, p in enumerate(pos)}.values()), dtype=torch.long)
                 rows, norm = len(last), float(sq[last].sum().sqrt())
@@ -189,17 +190,30 @@ def site_work(plans: list[Plan], site_key: Callable[[Address], object], local_re
     return work
 
 
+def touches_every_row(st: Steer) -> bool:
+    """Whether the steer touches every position (no mask to build, no rows to pick)."""
+    return isinstance(st.positions, str) and st.positions == "all" and not st.exclude
+
+
 def steer_span(sp: Span, writes: list, rows: torch.Tensor) -> torch.Tensor | None:
     """The plan's steers at one site ((index, Steer) in order) on one span's rows [n, ...], each
     tallied for its receipt; the new rows, or None when no steer touched a row."""
     cur = rows
+    if rows.shape[0] == 0:
+        return None
     for i, st in writes:
-        m = sp.touched(st)
-        if not bool(m.any()):
+        m = None if touches_every_row(st) else sp.touched(st)
+        if m is not None and bool(m.all()):
+            m = None
+        if m is not None and not bool(m.any()):
             continue
         new = apply_steer(st, cur, m, sp.pos0)
-        touched = torch.nonzero(m).flatten()
-        sp.plan.tally(i, touched + sp.pos0, cur[touched.to(cur.device)], new[touched.to(cur.device)])
+        if m is None:
+            sp.plan.tally(i, range(sp.pos0, sp.pos0 + cur.shape[0]), cur, new)
+        else:
+            touched = torch.nonzero(m).flatten()
+            on = touched.to(cur.device)
+            sp.plan.tally(i, touched + sp.pos0, cur[on], new[on])
         cur = new
     return None if cur is rows else cur
 
@@ -216,12 +230,18 @@ def run_site(t: torch.Tensor, spans: list[Span], work: SiteWork, keep: Callable,
     for sp in spans:
         if sp.plan.error is not None:
             continue
+        writes = work.writes.get(sp.plan.key)
+        if not writes:
+            continue
         try:
-            new = steer_span(sp, work.writes.get(sp.plan.key, ()), out[sp.a:sp.b])
+            new = steer_span(sp, writes, out[sp.a:sp.b])
             if new is not None:
-                if out is t:
-                    out = t.clone()
-                out[sp.a:sp.b] = new
+                if out is t and sp.a == 0 and sp.b == t.shape[0]:
+                    out = new  # a fresh tensor covering every row: no copy of t to make
+                else:
+                    if out is t:
+                        out = t.clone()
+                    out[sp.a:sp.b] = new
         except Exception as e:
             if on_error is None:
                 raise
