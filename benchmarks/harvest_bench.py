@@ -1,37 +1,66 @@
-"""Harvest throughput: tokens/s written to disk by engine.harvest on vllm and vllm-static against the
-eager loop, and as a fraction of plain vLLM prefill over the same windows, in one run.
+"""Harvest throughput against the same forward without harvesting, side by side in one run.
 
-    PYTHONPATH=. .venv/bin/python benchmarks/harvest_bench.py [--model NAME] [--tokens 40000]
-        [--points resid_post.1,mlp_out.1] [--rounds 3] [--json PATH]
+    PYTHONPATH=. .venv/bin/python benchmarks/harvest_bench.py [--model NAME] [--size tiny|real]
+        [--tokens 20000] [--rounds 6] [--cells CELL,...] [--dtype fp32|bf16] [--json PATH] [--md PATH]
 
-Variants, each loaded once in its own process (vLLM engines of different compile modes cannot share
-one) and run in interleaved rounds (the order rotates every round, so that a noisy neighbour slows
-every variant alike), each harvesting the same synthetic corpus (documents of 40-400 tokens cut from the bundled sample) into a fresh directory:
-  eager           engine.harvest on the eager backend (padded batches of run_with_cache)
-  vllm            engine.harvest on hooked vLLM (one continuous batch per harvest batch)
-  vllm-static     engine.harvest on compiled vLLM with the harvested points declared as taps
-  prefill         stock vLLM (vllm-generate backend), the same windows as 1-token requests in one
-                  call, no capture, nothing written: the ceiling
+Every cell harvests (or just forwards) the same synthetic corpus (documents of 40-400 tokens cut from
+the bundled sample), cut into the same `--context`-token windows. Each engine is loaded once in its
+own process (vLLM engines of different compile modes cannot share one) and the cells run in
+interleaved rounds whose order rotates every round (benchmarks/rounds.py), so a noisy neighbour
+slows every cell alike. Ratios are taken within each round; the tables give their median with the
+95% distribution-free interval (benchmarks/ci.py), "unresolved" when it spans more than 25%.
+
+Cells (engine process: what runs):
+  prefill          vllm-generate: stock vLLM, the windows as 1-token requests in one call, no capture,
+                   nothing written: the ceiling every vLLM harvest is divided by
+  vllm-one         engine.harvest on hooked vLLM, resid_post at the middle layer (Flow(): two batches
+                   in flight, rows handed over through /dev/shm)
+  vllm-all         the same, resid_post at every layer
+  vllm-one-rpc1    one layer, one batch at a time, rows inline in the RPC reply (the issue-13 path)
+  vllm-one-shm1    one layer, one batch at a time, rows through /dev/shm
+  vllm-one-rpc2    one layer, two batches in flight, rows inline in the RPC reply
+  static-one       engine.harvest on compiled vLLM (vllm-static) declaring the middle layer's resid_post
+  static-all       vllm-static declaring resid_post at every layer
+  eager-one        engine.harvest on the eager backend, one layer (its padded batches of 1024 tokens)
+  hf               a plain HF forward over the eager harvest's very batches: the eager ceiling
 tokens/s = forwarded tokens / seconds from the first batch until the last shard is durable (harvest)
-or of the generate call (prefill). Ratios are taken within each round; the table shows their median
-and range over the rounds. Every harvest is checked to hold one row per token before it counts.
-Self-contained: the shared benchmark harness lives in benchmarks/ (another issue).
+or of the forward calls (prefill, hf). Every harvest is checked to hold one row per token.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import platform
 import random
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-VARIANTS = ("eager", "vllm", "vllm-static", "prefill")
 MARK = "HARVEST_BENCH "  # vLLM logs to stdout too: answers carry this prefix
+BOUND = 0.25  # an interval wider than this fraction of its median is unresolved
+# cell -> (engine process, points ("one" / "all" / None), Flow kwargs)
+CELLS = {
+    "prefill": ("prefill", None, {}),
+    "vllm-one": ("vllm", "one", {}),
+    "vllm-all": ("vllm", "all", {}),
+    "vllm-one-rpc1": ("vllm", "one", {"inflight": 1, "handoff": "rpc"}),
+    "vllm-one-shm1": ("vllm", "one", {"inflight": 1, "handoff": "shm"}),
+    "vllm-one-rpc2": ("vllm", "one", {"inflight": 2, "handoff": "rpc"}),
+    "static-one": ("static-one", "one", {}),
+    "static-all": ("static-all", "all", {}),
+    "eager-one": ("eager", "one", {}),
+    "hf": ("hf", None, {}),
+}
+DEFAULT_CELLS = ("prefill", "vllm-one", "vllm-all", "vllm-one-rpc1", "vllm-one-shm1", "vllm-one-rpc2",
+                 "eager-one", "hf")
+# (numerator, denominator, goal)
+RATIOS = [(c, "prefill", 0.8 if c.endswith("one") else 0.6 if c.endswith("all") else None)
+          for c in CELLS if c.startswith(("vllm", "static"))] + [("eager-one", "hf", 0.9)]
+EAGER_BATCH = 1024  # the eager harvest's default batch_tokens (engine/harvest/runner.py)
 
 
 def corpus(path: Path, tokenizer, tokens: int, seed: int = 0) -> int:
@@ -51,42 +80,76 @@ def corpus(path: Path, tokenizer, tokens: int, seed: int = 0) -> int:
     return total
 
 
-def _serve(a) -> int:
-    """One variant in its own process (vLLM engines of different compile modes cannot share one):
-    load once, then answer every 'run' line on stdin with one JSON line of figures."""
-    from engine import load_model
-    from engine.backends.vllm.backend import Request
-    from engine.harvest import batches, capture, harvest, inputs, read_manifest
+def points_of(which: str, n_layers: int) -> str:
+    return f"resid_post.{n_layers // 2}" if which == "one" else "resid_post"
 
-    points, v = a.points.split(","), a.serve
+
+def _load(proc: str, a, n_layers: int):
+    from engine import load_model
+    from engine.harvest import capture
     vkw = dict(max_model_len=a.context + 1, max_num_seqs=32)
-    if v == "eager":
-        model = load_model(a.model)
-    elif v == "prefill":  # no prefix cache: repeated rounds and shared sentence openings would hit it
-        model = load_model(a.model, backend="vllm-generate", enable_prefix_caching=False, **vkw)
+    if proc == "hf":
+        from engine.loading import load_hf
+        hf, tok, used = load_hf(a.model)
+        return hf, tok, used
+    if proc == "eager":
+        m = load_model(a.model)
+    elif proc == "prefill":  # no prefix cache: repeated rounds and shared sentence openings would hit it
+        m = load_model(a.model, backend="vllm-generate", enable_prefix_caching=False, **vkw)
+    elif proc.startswith("static"):
+        pts = capture.static_points([points_of(proc.split("-")[1], n_layers)])
+        m = load_model(a.model, backend="vllm-static", static_points=pts, **vkw)
     else:
-        extra = {"static_points": capture.static_points(points)} if v == "vllm-static" else {}
-        model = load_model(a.model, backend=v, **vkw, **extra)
+        m = load_model(a.model, backend="vllm", **vkw)
+    return m, m.tokenizer, getattr(m, "source", "")
+
+
+def _serve(a) -> int:
+    """One engine process: load once, then answer every 'CELL' line on stdin with one JSON line."""
+    import torch
+
+    from engine.backends.vllm.backend import Request
+    from engine.harvest import batches, harvest, inputs, read_manifest
+    from engine.harvest.runner import Flow
+    n_layers = int(a.n_layers)
+    model, tok, source = _load(a.serve, a, n_layers)
     data = Path(a.data)
-    windows = [w.ids for w in batches.windows(inputs.documents(inputs.open_source(data)), model.tokenizer, a.context)]
+    windows = [w.ids for w in batches.windows(inputs.documents(inputs.open_source(data)), tok, a.context)]
     total = sum(len(w) for w in windows)
     kw = dict(shard_tokens=a.shard_tokens, dtype=a.dtype, context=a.context, progress=False)
-    print(MARK + json.dumps({"ready": v, "source": getattr(model, "source", "")}), flush=True)
+    print(MARK + json.dumps({"ready": a.serve, "source": source}), flush=True)
     for n, line in enumerate(sys.stdin):
-        if line.strip() != "run":
+        cell = line.strip()
+        if cell not in CELLS:
             break
-        if v == "prefill":
+        _, which, flow = CELLS[cell]
+        if a.serve == "prefill":
             t = time.perf_counter()
             res = model.generate_batch([Request(w, 1) for w in windows], return_logits=False)
             dt = time.perf_counter() - t
             assert len(res) == len(windows)
             fig = {"tokens": total, "seconds": dt, "tok_s": total / dt}
+        elif a.serve == "hf":  # the eager harvest's batches, padded on the right as it pads them
+            groups = list(batches.pack(batches.windows(inputs.documents(inputs.open_source(data)), tok, a.context),
+                                       EAGER_BATCH))
+            t = time.perf_counter()
+            for g in groups:
+                width = max(len(w.ids) for w in g.windows)
+                ids = torch.zeros(len(g.windows), width, dtype=torch.long)
+                mask = torch.zeros_like(ids)
+                for i, w in enumerate(g.windows):
+                    ids[i, :len(w.ids)] = torch.tensor(w.ids)
+                    mask[i, :len(w.ids)] = 1
+                with torch.no_grad():
+                    model(input_ids=ids, attention_mask=mask, use_cache=False)
+            dt = time.perf_counter() - t
+            fig = {"tokens": total, "seconds": dt, "tok_s": total / dt}
         else:
-            out = data.parent / f"out-{v}-{n}"
-            s = harvest(model, points, data, out, **kw)
-            assert read_manifest(out)["rows"] == total == s.tokens, (v, s.tokens, total)
+            out = data.parent / f"out-{cell}-{n}"
+            s = harvest(model, points_of(which, n_layers), data, out, flow=Flow(**flow), **kw)
+            assert read_manifest(out)["rows"] == total == s.tokens, (cell, s.tokens, total)
             shutil.rmtree(out)
-            fig = {"tokens": s.tokens, "seconds": s.seconds, "tok_s": s.tokens_per_s, "forward_s": s.forward_s,
+            fig = {"tokens": s.tokens, "seconds": s.seconds, "tok_s": s.tokens_per_s, "waited_s": s.forward_s,
                    "writer_busy_s": s.writer.write_s, "forward_stalled_s": s.writer.stall_s}
         print(MARK + json.dumps(fig), flush=True)
     if hasattr(model, "close"):
@@ -94,84 +157,126 @@ def _serve(a) -> int:
     return 0
 
 
+def _load_avg() -> list[float]:
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        return []
+
+
+def summarize(rounds: list[dict], cells: list[str]) -> dict:
+    """Per cell the median tok/s; per ratio the median over rounds with its interval."""
+    import statistics
+
+    from benchmarks.ci import median_ci
+    out = {"tok_s": {c: statistics.median(r[c]["tok_s"] for r in rounds) for c in cells}, "ratios": {}}
+    for num, den, goal in RATIOS:
+        if num in cells and den in cells:
+            iv = median_ci([r[num]["tok_s"] / r[den]["tok_s"] for r in rounds])
+            out["ratios"][f"{num} / {den}"] = dict(iv.to_dict(), goal=goal, resolved=iv.resolved(BOUND))
+    return out
+
+
+def table(res: dict, cells: list[str], head: str) -> str:
+    from benchmarks.stats import fmt_interval, sig
+    lines = [head, "", "| cell | tokens/s (median) |", "|---|---:|"]
+    lines += [f"| {c} | {sig(res['tok_s'][c])} |" for c in cells]
+    lines += ["", "| ratio | median [95% interval] | goal | verdict |", "|---|---|---:|---|"]
+    for k, r in res["ratios"].items():
+        goal = "-" if r["goal"] is None else f">= {r['goal']}"
+        if not r["resolved"]:
+            verdict = f"unresolved (interval spans {r['width']:.0%})"
+        elif r["goal"] is None:
+            verdict = "-"
+        else:
+            verdict = "met" if r["lo"] >= r["goal"] else "missed" if r["hi"] < r["goal"] else "not settled"
+        lines.append(f"| {k} | {fmt_interval(r['median'], r['lo'], r['hi'], unit='x')} | {goal} | {verdict} |")
+    return "\n".join(lines) + "\n"
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="meta-llama/Llama-3.2-1B")
-    ap.add_argument("--points", default="resid_post.1,mlp_out.1")
-    ap.add_argument("--tokens", type=int, default=40000)
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--size", default=None, choices=["tiny", "real"], help="zoo twin size (default: the env's)")
+    ap.add_argument("--tokens", type=int, default=20000)
+    ap.add_argument("--rounds", type=int, default=6)
     ap.add_argument("--context", type=int, default=256)
     ap.add_argument("--shard-tokens", type=int, default=8192)
     ap.add_argument("--dtype", default="fp32")
-    ap.add_argument("--json", help="also write the raw samples and ratios here")
-    ap.add_argument("--serve", choices=VARIANTS, help=argparse.SUPPRESS)
+    ap.add_argument("--cells", default=",".join(DEFAULT_CELLS), help=f"any of {', '.join(CELLS)}")
+    ap.add_argument("--json", help="write the raw samples and ratios here")
+    ap.add_argument("--md", help="write the tables here")
+    ap.add_argument("--serve", help=argparse.SUPPRESS)
     ap.add_argument("--data", help=argparse.SUPPRESS)
+    ap.add_argument("--n-layers", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
+    if a.size:
+        os.environ["INTERP_ZOO_SIZE"] = a.size
     if a.serve:
         return _serve(a)
-
-    import torch
-    from engine import load_model
+    cells = [c.strip() for c in a.cells.split(",") if c.strip()]
+    bad = [c for c in cells if c not in CELLS]
+    if bad:
+        raise SystemExit(f"unknown cell(s) {bad}; choose from {', '.join(CELLS)}.")
+    from benchmarks.rounds import rotated
+    from engine.loading import load_hf
     tmp = Path(tempfile.mkdtemp(prefix="harvest-bench-"))
     data = tmp / "corpus.txt"
-    tok = load_model(a.model).tokenizer
+    hf, tok, _ = load_hf(a.model)
+    n_layers = hf.config.get_text_config().num_hidden_layers
+    del hf
     total = corpus(data, tok, a.tokens)
-    args = [sys.executable, __file__, "--data", str(data)] + [f"--{k.replace('_', '-')}={getattr(a, k)}" for k in
-                                                               ("model", "points", "context", "shard_tokens", "dtype")]
-    procs, source = {}, ""
+    args = [sys.executable, __file__, "--data", str(data), "--n-layers", str(n_layers)] + [
+        f"--{k.replace('_', '-')}={getattr(a, k)}" for k in ("model", "context", "shard_tokens", "dtype")]
+    procs: dict = {}
+    source = ""
 
-    def answer(v: str) -> dict:
-        for line in procs[v].stdout:
+    def answer(p: str) -> dict:
+        for line in procs[p].stdout:
             if line.startswith(MARK):
                 return json.loads(line[len(MARK):])
-        raise RuntimeError(f"variant {v} died (its stderr is above)")
+        raise RuntimeError(f"engine process {p} died (its stderr is above)")
     t0 = time.perf_counter()
-    for v in VARIANTS:  # one at a time: startups on a small machine would otherwise fight
-        procs[v] = subprocess.Popen(args + ["--serve", v], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-        source = answer(v)["source"]  # wait until it is loaded
-    print(f"loaded 4 variants in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
+    load_before = _load_avg()
+    for p in dict.fromkeys(CELLS[c][0] for c in cells):  # one at a time: startups would fight
+        procs[p] = subprocess.Popen(args + ["--serve", p], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        source = answer(p)["source"] or source
+    print(f"loaded {len(procs)} engines in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
 
-    def run(v: str) -> dict:
-        procs[v].stdin.write("run\n")
-        procs[v].stdin.flush()
-        fig = answer(v)
+    def run(c: str) -> dict:
+        p = procs[CELLS[c][0]]
+        p.stdin.write(c + "\n")
+        p.stdin.flush()
+        fig = answer(CELLS[c][0])
         assert "tok_s" in fig, fig
         return fig
 
-    for v in VARIANTS:  # warmup (first-call allocations, compiled graphs)
-        run(v)
-    rounds = []
+    for c in cells:  # warmup (first-call allocations, compiled graphs)
+        run(c)
+    rounds, loads = [], []
     for r in range(a.rounds):
-        order = VARIANTS[r % len(VARIANTS):] + VARIANTS[:r % len(VARIANTS)]
-        rounds.append({v: run(v) for v in order})
-        print(f"round {r + 1}: " + ", ".join(f"{v} {rounds[-1][v]['tok_s']:.0f}" for v in VARIANTS), file=sys.stderr)
-    for p in procs.values():
-        p.stdin.close()
-        p.wait()
+        rounds.append({c: run(c) for c in rotated(cells, r)})
+        loads.append(_load_avg())
+        print(f"round {r + 1} (load {loads[-1]}): " + ", ".join(f"{c} {rounds[-1][c]['tok_s']:.0f}" for c in cells),
+              file=sys.stderr)
+    for proc in procs.values():
+        proc.stdin.close()
+        proc.wait()
     shutil.rmtree(tmp, ignore_errors=True)
-
-    def ratio(x, y):
-        vals = [rd[x]["tok_s"] / rd[y]["tok_s"] for rd in rounds]
-        return statistics.median(vals), min(vals), max(vals)
-    tok_s = {v: statistics.median(rd[v]["tok_s"] for rd in rounds) for v in VARIANTS}
-    ratios = {f"{x} / {y}": ratio(x, y) for x, y in [("vllm", "eager"), ("vllm-static", "eager"),
-                                                      ("vllm", "prefill"), ("vllm-static", "prefill"),
-                                                      ("eager", "prefill")]}
-    dev = "cuda" if torch.cuda.is_available() else "cpu"
-    print(f"\nharvest of {total} tokens, {a.model} ({source}), points {a.points}, context {a.context}, "
-          f"shards of {a.shard_tokens} rows ({a.dtype}), {dev}, {a.rounds} interleaved rounds\n")
-    print("| variant | tokens/s (median) | writer busy s | forward stalled by writer s |\n|---|---:|---:|---:|")
-    for v in VARIANTS:
-        busy = statistics.median(rd[v].get("writer_busy_s", 0) for rd in rounds)
-        stall = statistics.median(rd[v].get("forward_stalled_s", 0) for rd in rounds)
-        print(f"| {v} | {tok_s[v]:.0f} | {busy:.2f} | {stall:.2f} |" if v != "prefill" else
-              f"| {v} (no capture, no write) | {tok_s[v]:.0f} | - | - |")
-    print("\n| ratio | median | range |\n|---|---:|---|")
-    for k, (med, lo, hi) in ratios.items():
-        print(f"| {k} | {med:.2f}x | {lo:.2f}-{hi:.2f} |")
+    res = summarize(rounds, cells)
+    size = os.environ.get("INTERP_ZOO_SIZE", "tiny")
+    head = (f"Harvest of {total} tokens, {a.model} ({source}, zoo size {size}, {n_layers} layers), context "
+            f"{a.context}, shards of {a.shard_tokens} rows ({a.dtype}), {platform.machine()} CPU x{os.cpu_count()}, "
+            f"{a.rounds} interleaved rounds; load average before {load_before}, after each round "
+            f"{[x[0] for x in loads]}.")
+    text = table(res, cells, head)
+    print("\n" + text)
+    if a.md:
+        Path(a.md).write_text(text)
     if a.json:
-        Path(a.json).write_text(json.dumps({"args": vars(a), "tokens": total, "rounds": rounds, "tok_s": tok_s,
-                                            "ratios": ratios}, indent=1))
+        Path(a.json).write_text(json.dumps({"args": vars(a), "tokens": total, "n_layers": n_layers, "size": size,
+                                            "load": {"before": load_before, "rounds": loads}, "rounds": rounds,
+                                            **res}, indent=1))
     return 0
 
 

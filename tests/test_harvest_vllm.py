@@ -5,6 +5,7 @@ points it did not declare."""
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 import torch
@@ -12,7 +13,8 @@ import torch
 from engine.core.errors import UnsupportedPointError
 from engine.harvest import SAMPLE, HarvestDataset, harvest, read_manifest, verify
 from engine.harvest import manifest as mf
-from engine.harvest import shards
+from engine.harvest import runner, shards
+from engine.harvest.runner import Flow
 from test_vllm_common import drop, eager_model, vllm_model
 
 pytestmark = pytest.mark.vllm
@@ -109,3 +111,41 @@ def test_static_refuses_points_it_did_not_declare(engines, data, tmp_path):
     with pytest.raises(UnsupportedPointError, match="mlp_out.1 cannot be served by backend 'vllm-static'.*declared"):
         harvest(engines["vllm-static"], ["mlp_out.1"], data, tmp_path / "o", **KW)
     assert not (tmp_path / "o").exists()
+
+
+def test_every_flow_writes_the_same_bytes_and_leaves_no_shared_memory(engines, data, tmp_path, monkeypatch):
+    """Batches in flight and the shared-memory handoff change how rows travel, never a written byte:
+    the issue-13 path (one batch at a time, rows inline in the RPC reply) is the reference."""
+    from engine.backends.vllm.worker import wire
+    vm = engines["vllm"]
+    made, mapped = [], []
+    real_mkdtemp, real_from_file = runner.tempfile.mkdtemp, wire.from_file
+
+    def mkdtemp(**kw):
+        made.append(real_mkdtemp(**kw))
+        return made[-1]
+
+    def from_file(d):
+        mapped.append(d["__file__"])
+        return real_from_file(d)
+    monkeypatch.setattr(runner.tempfile, "mkdtemp", mkdtemp)
+    monkeypatch.setattr(wire, "from_file", from_file)
+    trees = {}
+    for f in (Flow(1, "rpc"), Flow(1, "shm"), Flow(3, "shm"), Flow(2, "rpc")):
+        out = tmp_path / f"{f.inflight}-{f.handoff}"
+        harvest(vm, POINTS["vllm"], data, out, flow=f, **KW)
+        assert verify(out) == []
+        trees[f] = {k: v for k, v in tree(out).items() if k.endswith(".safetensors")}
+    ref = trees[Flow(1, "rpc")]
+    assert len(ref) >= 3
+    for f, t in trees.items():
+        assert t == ref, f
+    # the two shm runs each made their directory in /dev/shm, every capture came through it, and
+    # nothing is left there
+    assert len(made) == 2 and all(m.startswith("/dev/shm/interp-harvest-") for m in made), made
+    assert all(not os.path.exists(m) for m in made)
+    assert mapped and all(p.startswith(tuple(made)) and not os.path.exists(p) for p in mapped)
+    with pytest.raises(ValueError, match="handoff must be one of"):
+        Flow(2, "pipe")
+    with pytest.raises(ValueError, match="inflight must be a positive"):
+        Flow(0)

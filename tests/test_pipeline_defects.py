@@ -7,9 +7,11 @@ from __future__ import annotations
 import asyncio
 import gc
 import os
+import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -284,9 +286,8 @@ def test_async_api_from_the_callers_own_loop(vm):
 def test_ctrl_c_during_a_sync_vllm_stream_is_a_keyboard_interrupt(tmp_path):
     """SIGINT while a sync stream waits for its next step raises KeyboardInterrupt (it surfaced as
     "RuntimeError: aclose(): asynchronous generator is already running"); the request is aborted and
-    the engine serves on. Run as a user runs it: a script of its own, on a fresh engine that has only
-    served sync calls (after a call from another event loop, see the closing note of issue 19, the
-    interrupt can still surface as that RuntimeError: known, not yet fixed)."""
+    the engine serves on. Run as a user runs it: a script of its own, on a fresh engine; the same
+    in the shared session engine after calls from another loop: the next test."""
     script = tmp_path / "ctrl_c.py"
     script.write_text(
         "import os, signal, threading\n"
@@ -310,6 +311,31 @@ def test_ctrl_c_during_a_sync_vllm_stream_is_a_keyboard_interrupt(tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     said = [line for line in done.stdout.splitlines() if line in ("KeyboardInterrupt", "no interrupt", "after 3")]
     assert said == ["KeyboardInterrupt", "after 3"], (done.stdout[-2000:], done.stderr[-2000:])
+
+
+@pytest.mark.skipif(threading.current_thread() is not threading.main_thread(), reason="SIGINT goes to the main thread")
+def test_ctrl_c_during_a_sync_vllm_stream_after_calls_from_another_loop(vm):
+    """In the session engine, after it served calls (one cancelled) from a caller's own event loop, as
+    the old in-session test did: SIGINT during a sync stream is a KeyboardInterrupt (it surfaced as
+    "aclose(): asynchronous generator is already running"), returned promptly (the unwind wait sat
+    out a 30 s timeout), and the engine serves on. The loop mechanics: tests/test_loop_streams.py."""
+    async def elsewhere():
+        await vm.aio.generate(PROMPT, 2)
+        with pytest.raises(asyncio.TimeoutError):
+            await asyncio.wait_for(vm.aio.generate(PROMPT, 200), 0.05)
+    _within(300, lambda: asyncio.run(elsewhere()))
+    plain = vm.generate(PROMPT, 3)
+    steps = vm.stream("The quick brown fox jumps over the lazy dog", 200, points=["resid_post.1"])
+    next(steps)
+    timer = threading.Timer(0.05, signal.pthread_kill, (threading.main_thread().ident, signal.SIGINT))
+    timer.start()
+    t0 = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        for _ in steps:
+            pass
+    steps.close()
+    assert time.monotonic() - t0 < 20, f"Ctrl-C took {time.monotonic() - t0:.0f} s"
+    assert torch.equal(vm.generate(PROMPT, 3).new_tokens, plain.new_tokens)
 
 
 @pytest.mark.slow

@@ -12,4 +12,7 @@ module-level or deferred; torch is allowed).
     tokens        token/string helpers shared by every backend
     inputs        what a user may pass as input (strings, token lists, tensors) and its limits
     files         write_atomic: the one atomic file writer (engine, validator, benchmarks, site data)
+    sae           SAE: SAELens-format SAEs and transcoders (architectures, normalizations, encode, decode)
+    sae_files     load_sae / save_sae / random_sae: SAELens's on-disk format (cfg.json + safetensors)
+    features      topk / above readouts and feature steering (clamp, scale, add a decoder direction)
 """

@@ -38,3 +38,8 @@ class FamilyLimitationError(EngineError, NotImplementedError):
 
 class InputTypeError(InputError, TypeError):
     """Model input of a type no backend takes (also a TypeError)."""
+
+
+class SAEError(EngineError, ValueError):
+    """A malformed or mismatched SAE or transcoder: a missing file, a bad cfg.json field, a tensor of the
+    wrong shape, an unknown architecture, a width that is not the point's."""

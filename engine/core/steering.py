@@ -249,8 +249,9 @@ def overflowed(steer: Steer, dtype: torch.dtype, cause: str = "the steered activ
                           f"the rest of the model; give smaller values.")
 
 
-def values_at(steer: Steer, positions: torch.Tensor, shape: tuple) -> torch.Tensor | None:
-    """The steer's value for rows at absolute `positions` (a [n] tensor): [n, *shape] for a
+def values_at(steer: Steer, positions: torch.Tensor | None, shape: tuple) -> torch.Tensor | None:
+    """The steer's value for rows at absolute `positions` (a [n] tensor; unused, and may be None, for
+    a value without a pos axis): [n, *shape] for a
     positional value, [*shape] (or a scalar for scale) otherwise; checked against the per-position
     `shape` the rows have."""
     v = steer.value
@@ -282,31 +283,47 @@ def check_device(steer: Steer, rows: torch.Tensor) -> None:
                             f"{rows.device}; move it with .to({str(rows.device)!r}).")
 
 
-def apply_steer(steer: Steer, rows: torch.Tensor, mask: torch.Tensor, pos0: int = 0) -> torch.Tensor:
-    """Rows [n, ...] (absolute positions pos0..pos0+n-1) with the op applied where mask[n] (a new
-    tensor, never in place)."""
+def apply_steer(steer: Steer, rows: torch.Tensor, mask: torch.Tensor | None, pos0: int = 0) -> torch.Tensor:
+    """Rows [n, ...] (absolute positions pos0..pos0+n-1) with the op applied where mask[n] (None:
+    every row; a new tensor, never in place)."""
     check_device(steer, rows)
     coords = dict(steer.address.coords)
     view = rows
     if coords:
         (_, idx), = coords.items()
         view = rows[:, idx]
-    m = mask.to(view.device)
-    touched = torch.nonzero(m).flatten()
-    v = values_at(steer, touched + pos0, tuple(view.shape[1:]))
+    every = mask is None or bool(mask.all())  # masks are built on the CPU (engine.core.positions): no device sync
+    if every:
+        touched, x = None, view
+        at = torch.arange(pos0, pos0 + view.shape[0]) if steer.bound().lead else None
+    else:
+        touched = torch.nonzero(mask.to(view.device)).flatten()
+        x, at = view[touched], touched + pos0
+    v = values_at(steer, at, tuple(view.shape[1:]))
     if v is not None:
         v = v.to(view.dtype)
-    x = view[touched]
     new = OPS[steer.op].apply(x, v, steer)
-    # one host sync on the hot path: a value that does not fit the dtype, or a row the op made non-finite
-    # (rows that were not finite before are not the steer's doing)
-    bad_value = torch.zeros((), dtype=torch.bool, device=x.device) if v is None else ~torch.isfinite(v).all()
-    if bool(bad_value | (~torch.isfinite(new).flatten(1).all(1) & torch.isfinite(x).flatten(1).all(1)).any()):
-        if bool(bad_value):
-            raise NonFiniteSteer(f"steering value of {steer.op!r} at {steer.address} does not fit the model's "
-                                 f"{str(view.dtype).replace('torch.', '')} (it becomes inf); give smaller values.")
-        raise overflowed(steer, view.dtype)
+    # one reduction and one host sync on the hot path: a value that does not fit the dtype makes the
+    # result non-finite too, and a non-finite entry makes the float32 sum non-finite, so only then is
+    # the closer look needed (a sum that overflows on finite rows only costs that look)
+    if not math.isfinite(float(new.sum(dtype=torch.float32))):
+        _refuse_non_finite(steer, v, x, new, view.dtype)
+    if every and not coords:
+        return new  # every op builds a new tensor
     out = rows.clone()
     target = out[:, idx] if coords else out
-    target[touched] = new
+    if every:
+        target[:] = new
+    else:
+        target[touched] = new
     return out
+
+
+def _refuse_non_finite(steer: Steer, v, x: torch.Tensor, new: torch.Tensor, dtype: torch.dtype) -> None:
+    """Raise for a value that does not fit `dtype`, or a row the op made non-finite; rows that were
+    not finite before are not the steer's doing and pass."""
+    if v is not None and not bool(torch.isfinite(v).all()):
+        raise NonFiniteSteer(f"steering value of {steer.op!r} at {steer.address} does not fit the model's "
+                             f"{str(dtype).replace('torch.', '')} (it becomes inf); give smaller values.")
+    if bool((~torch.isfinite(new).flatten(1).all(1) & torch.isfinite(x).flatten(1).all(1)).any()):
+        raise overflowed(steer, dtype)

@@ -3,6 +3,10 @@ activations out. Everything else is backend-agnostic, so moving to another captu
 planned `await model.capture(...)`) changes `forward` and nothing else."""
 from __future__ import annotations
 
+import collections
+import time
+from typing import Iterable, Iterator
+
 import torch
 
 from engine.core.address import Address
@@ -59,13 +63,20 @@ def per_document(cache, lengths: list[int], keys: list[str]) -> list[dict[str, t
     return out
 
 
-def forward(model, windows: list[list[int]], keys: list[str]) -> list[dict[str, torch.Tensor]]:
+def is_vllm(model) -> bool:
+    return str(getattr(model, "backend", "eager")).startswith("vllm")
+
+
+def forward(model, windows: list[list[int]], keys: list[str], sink: str | None = None) -> list[dict[str, torch.Tensor]]:
     """Forward a batch of token windows; per window {address: [pos, ...] CPU tensor}.
-    vLLM: one continuous batch (a 1-token request per window, no logits); eager: one padded forward."""
+    vLLM: one continuous batch (a 1-token request per window, no logits), the rows handed over
+    through files in the shared-memory directory `sink` when given (else inline in the RPC reply);
+    eager: one padded forward."""
     lengths = [len(w) for w in windows]
-    if str(getattr(model, "backend", "eager")).startswith("vllm"):
+    if is_vllm(model):
         from engine.backends.vllm.backend import Request
-        results = model.generate_batch([Request(list(w), 1, points=keys) for w in windows], return_logits=False)
+        results = model.generate_batch([Request(list(w), 1, points=keys) for w in windows], return_logits=False,
+                                       sink=sink)
         cache = {k: [r.cache[k] for r in results] for k in keys}
         return per_document(cache, lengths, keys)
     n = max(lengths)
@@ -77,3 +88,35 @@ def forward(model, windows: list[list[int]], keys: list[str]) -> list[dict[str, 
     _, cache = model.run_with_cache({"input_ids": ids.to(model.device), "attention_mask": mask.to(model.device)},
                                     keys)
     return per_document({k: cache[k].cpu() for k in keys}, lengths, keys)
+
+
+def pipelined(model, stream: Iterable, keys: list[str], depth: int, sink: str | None = None) -> Iterator[tuple]:
+    """(batch, forward(batch), seconds waited for it) for each batch of `stream`, in order, with up to
+    `depth` batches in the engine at once: vLLM computes the next batch while this process stores
+    the last one (depth 1: one after another, as eager runs)."""
+    if depth <= 1:
+        for batch in stream:
+            t = time.perf_counter()
+            outs = forward(model, [w.ids for w in batch.windows], keys, sink)
+            yield batch, outs, time.perf_counter() - t
+        return
+    from concurrent.futures import ThreadPoolExecutor
+    pending: collections.deque = collections.deque()
+    with ThreadPoolExecutor(depth, thread_name_prefix="harvest-forward") as pool:
+        try:
+            for batch in stream:
+                pending.append((batch, pool.submit(forward, model, [w.ids for w in batch.windows], keys, sink)))
+                if len(pending) >= depth:
+                    yield _done(pending.popleft())
+            while pending:
+                yield _done(pending.popleft())
+        finally:
+            for _, fut in pending:
+                fut.cancel()
+
+
+def _done(item) -> tuple:
+    batch, fut = item
+    t = time.perf_counter()
+    outs = fut.result()
+    return batch, outs, time.perf_counter() - t

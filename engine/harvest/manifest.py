@@ -32,6 +32,11 @@ class MixingError(ValueError):
     """OUT already holds a harvest made differently; writing into it would mix two datasets."""
 
 
+class PartBusyError(MixingError):
+    """Another process holds the part's lock right now (a scheduler retrying the part of a process
+    that is still dying waits for this one to clear)."""
+
+
 def part_dir(out: Path, part: int, of: int) -> Path:
     return Path(out) / f"part-{part:05d}-of-{of:05d}"
 
@@ -94,7 +99,7 @@ def exclusive(directory: Path):
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            raise MixingError(f"{directory} is being harvested by another process right now; wait for it "
+            raise PartBusyError(f"{directory} is being harvested by another process right now; wait for it "
                               f"or stop it (it resumes where it stopped).") from None
         yield
     finally:

@@ -6,13 +6,17 @@ whatever the size of the dataset.
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import hashlib
 import json
 import logging
+import shutil
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import torch
 
@@ -29,6 +33,40 @@ VLLM_BATCH_TOKENS = 8192
 _PROBE = "Harvest probe: tokenizer identity, 0123456789 \u00e9\u00e8 \u4e2d\u6587 \n\t end."
 
 
+@dataclass(frozen=True)
+class Flow:
+    """How rows travel from the model to the writer; never changes a written byte (not part of the
+    harvest's identity). inflight: harvest batches in the vLLM engine at once (the engine computes
+    the next while this process stores the last; eager runs one at a time); handoff: how vLLM's
+    workers hand the rows over, "shm" (files in /dev/shm, only paths in the RPC reply) or "rpc"
+    (bytes inline in the reply). Measured in docs/harvest.md."""
+    inflight: int = 2
+    handoff: str = "shm"
+
+    def __post_init__(self):
+        if self.handoff not in HANDOFFS:
+            raise ValueError(f"handoff must be one of {HANDOFFS}, got {self.handoff!r}.")
+        if not isinstance(self.inflight, int) or self.inflight < 1:
+            raise ValueError(f"inflight must be a positive number of batches, got {self.inflight!r}.")
+
+
+HANDOFFS = ("shm", "rpc")
+SHM = Path("/dev/shm")
+
+
+@contextlib.contextmanager
+def sink_dir(model, flow: Flow):
+    """The shared-memory directory vLLM's workers hand rows through for this run (None: inline)."""
+    if flow.handoff != "shm" or not capture.is_vllm(model) or not SHM.is_dir():
+        yield None
+        return
+    d = tempfile.mkdtemp(prefix="interp-harvest-", dir=SHM)
+    try:
+        yield d
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
 @dataclass
 class Summary:
     """What one part's run did (nothing when the harvest was already complete)."""
@@ -39,7 +77,7 @@ class Summary:
     tokens: int = 0  # tokens forwarded by this run
     shards: int = 0
     seconds: float = 0.0  # from the first batch until the last shard was durable
-    forward_s: float = 0.0  # time inside the model call
+    forward_s: float = 0.0  # time this process waited for the model (batches in flight overlap it)
     writer: WriterStats = field(default_factory=WriterStats)
     merged: bool = False
 
@@ -106,6 +144,17 @@ def load(name: str, backend: str, model_dtype: str, points, context: int, batch_
     return load_model(name, backend=backend, dtype=getattr(torch, model_dtype), **kw)
 
 
+def load_for(model: str, points, backend: str = "vllm", model_dtype: str = "float32", context: int = 256,
+             batch_tokens: int | None = None, load_kw: dict | None = None, **_run_options):
+    """The model run_part would load for these harvest options (a Ray actor loads it once and runs
+    many parts on it); run_part's other options are accepted and ignored."""
+    if model_dtype not in MODEL_DTYPES:
+        raise ValueError(f"model dtype must be one of {', '.join(MODEL_DTYPES)}, got {model_dtype!r}.")
+    requested = [p.strip() for p in (points.split(",") if isinstance(points, str) else points) if str(p).strip()]
+    batch_tokens = batch_tokens or DEFAULT_BATCH_TOKENS.get(backend, VLLM_BATCH_TOKENS)
+    return load(model, backend, MODEL_DTYPES[model_dtype], requested, context, batch_tokens, load_kw or {})
+
+
 def _rows(batch: batches.Batch, outs: list[dict], positions: str, keys: list[str]) -> dict[str, torch.Tensor]:
     """The batch's output rows, window after window: index columns and one column per address."""
     cols: dict[str, list] = {k: [] for k in (*INDEX_COLUMNS, *keys)}
@@ -135,9 +184,11 @@ def _progress(enabled: bool, part: tuple[int, int]):
 def run_part(model, points, data, out, *, backend: str = "vllm", positions: str = "all",
              shard_tokens: int = 65536, dtype: str = "fp32", context: int = 256, batch_tokens: int | None = None,
              part: tuple[int, int] = (0, 1), text_field: str = "text", model_dtype: str = "float32",
-             progress: bool = True, load_kw: dict | None = None, merge: bool = True) -> Summary:
+             progress: bool | Callable[[int], None] = True, load_kw: dict | None = None, merge: bool = True,
+             flow: Flow | None = None) -> Summary:
     """Harvest part `part` = (i, N) of the input into OUT (see engine.harvest for the layout).
-    `model` is a name (loaded here, closed at the end) or an already loaded model."""
+    `model` is a name (loaded here, closed at the end) or an already loaded model. progress: a
+    bar, or a function called with each batch's token count (a driver's one bar for many parts)."""
     name = model if isinstance(model, str) else model.name
     if not isinstance(model, str):
         backend = model.backend
@@ -175,15 +226,16 @@ def run_part(model, points, data, out, *, backend: str = "vllm", positions: str 
         with mf.exclusive(pdir):
             manifest = mf.PartManifest.open(pdir, identity, resolved, info)
             remove_temps(pdir)
-            return _loop(model, keys, src, out, manifest, part, positions, shard_tokens, DTYPES[dtype], context,
-                         batch_tokens, progress, total_docs, merge)
+            with sink_dir(model, flow or Flow()) as sink:
+                return _loop(model, keys, src, out, manifest, part, positions, shard_tokens, DTYPES[dtype],
+                             context, batch_tokens, progress, total_docs, merge, flow or Flow(), sink)
     finally:
         if owned and hasattr(model, "close"):  # eager models hold no engine
             model.close()
 
 
 def _loop(model, keys, src, out, manifest, part, positions, shard_tokens, dtype, context, batch_tokens,
-          progress, total_docs, merge) -> Summary:
+          progress, total_docs, merge, flow: Flow, sink: str | None) -> Summary:
     i, of = part
     if manifest.shards:
         doc, window, skip = manifest.shards[-1]["resume"]
@@ -199,14 +251,14 @@ def _loop(model, keys, src, out, manifest, part, positions, shard_tokens, dtype,
     summary = Summary(out, part, "written", writer=writer.stats)
     left = inputs.part_size(total_docs, i, of)
     left = None if left is None else left - len(range(i, start.doc, of))
-    bar = _progress(progress, part)
+    bar = _progress(progress is True, part)
+    report = progress if callable(progress) else None
     buf, index, rows_done, docs_seen, last_doc = None, len(manifest.shards), row0, 0, None
     t0 = time.perf_counter()
     try:
-        for batch in stream:
-            tf = time.perf_counter()
-            outs = capture.forward(model, [w.ids for w in batch.windows], keys)
-            summary.forward_s += time.perf_counter() - tf
+        depth = flow.inflight if capture.is_vllm(model) else 1
+        for batch, outs, waited in capture.pipelined(model, stream, keys, depth, sink):
+            summary.forward_s += waited
             rows = _rows(batch, outs, positions, keys)
             if buf is None:
                 cols = _columns(rows, dtype)
@@ -235,6 +287,8 @@ def _loop(model, keys, src, out, manifest, part, positions, shard_tokens, dtype,
             if left:
                 bar.total = max(bar.n + batch.tokens, int(summary.tokens * left / max(docs_seen, 1)))
             bar.update(batch.tokens)
+            if report is not None:
+                report(batch.tokens)
             bar.set_postfix(shards=index, rows=rows_done + (buf.n if buf else 0), refresh=False)
         if buf is not None and buf.n:
             entry = {"rows": [rows_done, rows_done + buf.n], "docs": buf.docs, "resume": None}  # the end

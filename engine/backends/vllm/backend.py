@@ -13,7 +13,6 @@ and steering. The engine core runs in its own process; `VLLMModel` drives the as
 """
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import inspect
 import os
@@ -28,7 +27,7 @@ from engine.backends.vllm.client import AsyncVLLMModel, StreamEvent
 from engine.backends.vllm.modes import mode_for
 from engine.backends.vllm.worker import runner as vllm_runner
 from engine.core.address import Address, parse
-from engine.core.errors import AddressError, EngineError, FamilyLimitationError, UnsupportedPointError
+from engine.core.errors import AddressError, FamilyLimitationError, UnsupportedPointError
 from engine.core.points import ALIASES, BY_NAME, backend_status, get_point
 from engine.core.results import GenerationResult, Request, RequestResult
 from engine.model import options
@@ -90,47 +89,41 @@ class VLLMModel:
             raise
         return self._loop.run(coro)
 
-    def run_with_cache(self, inputs, points=(), steer=(), strict: bool = False):
+    def run_with_cache(self, inputs, points=(), steer=(), strict: bool = False, readouts=()):
         """One forward per prompt. Returns (logits [b, pos, vocab], cache of [b, pos, ...]), padded
         like eager's (left, or the layout of a given attention_mask); padded positions hold 0. The
         cache's receipts say what each steer did; strict=True fails a steer that touched no row."""
-        return self._run(self.aio.capture(inputs, points, steer, strict))
+        return self._run(self.aio.capture(inputs, points, steer, strict, readouts))
 
     def forward(self, inputs, steer=(), strict: bool = False):
         return self.run_with_cache(inputs, (), steer, strict)[0]
 
     def generate(self, inputs, max_new_tokens: int = 8, points=(), steer=(), return_logits: bool = True,
-                 strict: bool = False, **sampling) -> GenerationResult:
+                 strict: bool = False, readouts=(), **sampling) -> GenerationResult:
         """Greedy (by default) generation of every prompt in one continuous batch, with the same
-        captures and steers for each; see generate_batch for per-request ones."""
-        return self._run(self.aio.generate(inputs, max_new_tokens, points, steer, return_logits, strict, **sampling))
+        captures, steers and readouts for each; see generate_batch for per-request ones."""
+        return self._run(self.aio.generate(inputs, max_new_tokens, points, steer, return_logits, strict, readouts,
+                                           **sampling))
 
     def generate_batch(self, requests: list[Request], return_logits: bool = True, progress: bool = False,
-                       strict: bool = False):
+                       strict: bool = False, sink: str | None = None):
         """Run requests concurrently (one continuous batch); each keeps its own captures, steers and
-        receipts (strict=True: a steer that touched no row of its request fails the call)."""
-        return self._run(self.aio.generate_batch(requests, return_logits, strict))
+        receipts (strict=True: a steer that touched no row of its request fails the call; sink: see
+        AsyncVLLMModel.generate_batch)."""
+        return self._run(self.aio.generate_batch(requests, return_logits, strict, sink))
 
     def stream(self, prompt, max_new_tokens: int = 8, points=(), steer=(), logprobs: int = 0,
-               return_logits: bool = True, rows: bool = True, strict: bool = False, **sampling):
+               return_logits: bool = True, rows: bool = True, strict: bool = False, readouts=(), **sampling):
         """Iterate StreamSteps of one prompt (see AsyncVLLMModel.stream: checked, and the steering
         blocks around this call bound, here); closing the iterator aborts the request."""
         self.aio._live()
         return self._steps(self.aio.stream(prompt, max_new_tokens, points, steer, logprobs, return_logits, rows,
-                                           strict, **sampling))
+                                           strict, readouts, **sampling))
 
     def _steps(self, agen):
-        try:
-            while True:
-                try:
-                    yield self._run(agen.__anext__())
-                except StopAsyncIteration:
-                    return
-        finally:
-            # a stream dropped after close() (or at exit) has nothing left to abort: the engine is gone
-            if not self._loop.stopped:
-                with contextlib.suppress(EngineError):
-                    self._loop.run(agen.aclose())
+        """The async stream stepped from this thread (Loop.iterate: Ctrl-C is a KeyboardInterrupt, and
+        closing the stream aborts the request after any interrupted step has unwound)."""
+        return self._loop.iterate(agen)
 
     def logit_lens(self, x, point: str = "resid_post") -> torch.Tensor:
         return self._run(self.aio.logit_lens(x, point))
@@ -194,6 +187,7 @@ def load(name: str, backend: str = "vllm", source: str = "auto", dtype=None, dev
     hf_cfg = AutoConfig.from_pretrained(path)
     text_cfg = hf_cfg.get_text_config() if hasattr(hf_cfg, "get_text_config") else hf_cfg
     from vllm.platforms import current_platform
+    rt.check_executor(engine_kw, current_platform)
     sizing = vllm_sizing.choose(text_cfg, current_platform, dtype, max_model_len, max_num_seqs,
                                 kv_cache_memory_bytes, gpu_memory_utilization, path, tensor_parallel_size)
     kw = dict(**sizing.engine_kw(), seed=seed, tensor_parallel_size=tensor_parallel_size)

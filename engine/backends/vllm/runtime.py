@@ -57,6 +57,18 @@ def check_engine_args(backend: str, engine_kw: dict) -> None:
             raise OptionError(f"{name}={engine_kw[name]!r} is not served by backend {backend!r}: {why}.")
 
 
+def check_executor(engine_kw: dict, platform) -> None:
+    """distributed_executor_backend="ray" (vLLM's own multi-node path: its ranks as Ray actors) is
+    passed on where vLLM's Ray executor can place ranks (a platform with a Ray device key: GPUs);
+    elsewhere it is refused by name before anything starts (vLLM would fail after loading)."""
+    if engine_kw.get("distributed_executor_backend") == "ray" and not getattr(platform, "ray_device_key", ""):
+        raise OptionError(f"distributed_executor_backend='ray' is not supported by vLLM on "
+                          f"{platform.device_type}: its Ray executor places one rank per Ray GPU and this platform "
+                          f"has none; leave it unset (vLLM's multiprocessing executor runs tensor_parallel_size "
+                          f"ranks on one machine) or use `python -m engine.harvest --ray` to spread engines over "
+                          f"machines.")
+
+
 def prepare_env() -> None:
     """Environment vLLM must see before it is imported."""
     for k, v in ENV_DEFAULTS.items():
@@ -181,7 +193,7 @@ class Loop:
                 return
             with contextlib.suppress(concurrent.futures.InvalidStateError):
                 if t.cancelled():
-                    fut.cancel()
+                    _cancel(fut)
                 elif t.exception() is not None:
                     fut.set_exception(t.exception())
                 else:
@@ -196,7 +208,7 @@ class Loop:
 
         def cancel():
             with contextlib.suppress(RuntimeError):  # the loop is already closed
-                self.loop.call_soon_threadsafe(lambda: task[0].cancel() if task else fut.cancel())
+                self.loop.call_soon_threadsafe(lambda: task[0].cancel() if task else _cancel(fut))
         with self._guard:
             if self._stopped:
                 coro.close()  # never started: no "was never awaited" warning on top of the error
@@ -240,20 +252,38 @@ class Loop:
 
     async def relay(self, agen):
         """`agen` (an async generator that lives on this loop) iterated from whichever loop iterates
-        this one; closing this one closes it."""
+        this one; closing this one closes it, after a step cancelled under it has unwound."""
+        cursor = _Cursor(agen)
         try:
             while True:
                 try:
-                    item = await self.hop(agen.__anext__())
+                    item = await self.hop(cursor.next())
                 except StopAsyncIteration:
                     return
                 yield item
         finally:
             if self.here():
-                await agen.aclose()
+                await cursor.close()
             elif not self._stopped:
                 with contextlib.suppress(Exception):
-                    await self.hop(agen.aclose())
+                    await self.hop(cursor.close())
+
+    def iterate(self, agen):
+        """`agen` (an async generator that lives on this loop) iterated from a plain thread, as a
+        generator; closing it (or Ctrl-C while it waits) closes `agen` once its step has unwound."""
+        cursor = _Cursor(agen)
+        try:
+            while True:
+                try:
+                    item = self.run(cursor.next())
+                except StopAsyncIteration:
+                    return
+                yield item
+        finally:
+            if not self._stopped:  # dropped after stop (or at exit): the engine is gone, nothing to abort
+                from engine.core.errors import EngineError
+                with contextlib.suppress(EngineError):
+                    self.run(cursor.close())
 
     def stop(self, timeout: float = 10.0) -> None:
         """Cancel what still runs on the loop (a call interrupted by Ctrl-C, vLLM's output handler) and
@@ -275,6 +305,33 @@ class Loop:
                 fut.set_exception(self.closed_error())
 
 
+@dataclass
+class _Cursor:
+    """An async generator stepped by calls that run on its loop, one at a time. `close()` cancels a
+    step still in flight and waits for it to unwind before `aclose()`: a step cancelled by a caller
+    who stopped waiting (Ctrl-C, a timeout, a cancelled task) can still be running when the close
+    arrives, and `aclose()` on a running generator raises "asynchronous generator is already
+    running" and leaves the request unaborted. Both coroutines run on the generator's loop, so
+    the close always sees the step it must wait for."""
+    agen: object
+    step: asyncio.Task | None = None
+
+    async def next(self):
+        self.step = asyncio.current_task()
+        try:
+            return await self.agen.__anext__()  # type: ignore[attr-defined]
+        finally:
+            self.step = None
+
+    async def close(self) -> None:
+        step = self.step
+        if step is not None and step is not asyncio.current_task():
+            if not step.cancelling():  # cancel once: a second cancel would cut the step's own cleanup short
+                step.cancel()
+            await asyncio.wait([step])
+        await self.agen.aclose()  # type: ignore[attr-defined]
+
+
 def on_home_loop(method):
     """A coroutine method of a model with a `_home` Loop (and `_live()`): it runs on that loop (where
     vLLM's AsyncLLM and its output handler live), awaited from whichever event loop calls it."""
@@ -285,6 +342,14 @@ def on_home_loop(method):
         self._live()
         return await self._home.hop(method(self, *args, **kw))
     return call
+
+
+def _cancel(fut: concurrent.futures.Future) -> None:
+    """Cancel a pending future so that `concurrent.futures.wait` sees it: `cancel()` alone leaves it
+    CANCELLED but not notified, and a wait on it sat out its whole timeout (Ctrl-C took 30 s)."""
+    if fut.cancel():
+        with contextlib.suppress(RuntimeError, concurrent.futures.InvalidStateError):
+            fut.set_running_or_notify_cancel()
 
 
 async def _cancel_pending(timeout: float) -> None:

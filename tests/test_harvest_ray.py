@@ -1,0 +1,83 @@
+"""engine.harvest on Ray (engine/harvest/cluster.py), on a local cluster the test starts: two actors,
+each with its own vLLM engine on the tiny twin; one is killed while it writes its part; the part
+goes to the other actor, which resumes it, and the output is byte for byte what one process writes
+running the same parts; `verify` passes; the killed actor's engine process does not outlive it."""
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import pytest
+
+from engine.harvest import SAMPLE, verify
+from engine.harvest import manifest as mf
+
+pytestmark = [pytest.mark.slow, pytest.mark.vllm]
+
+LLAMA = "meta-llama/Llama-3.2-1B"
+LINES = SAMPLE.read_text().splitlines()
+
+
+def shards(out) -> dict[str, bytes]:
+    return {str(p.relative_to(out)): p.read_bytes() for p in sorted(out.rglob("*.safetensors"))}
+
+
+def test_two_actors_one_killed_mid_part_equals_one_process(tmp_path, monkeypatch):
+    ray = pytest.importorskip("ray")
+    from engine.harvest.cluster import run_on_ray, wait_dead
+    from engine.harvest.runner import load_for, run_part
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
+    # the raylet reaps what a killed actor leaves (its vLLM engine core process), as run_on_ray sets it
+    monkeypatch.setenv("RAY_kill_child_processes_on_worker_exit_with_raylet_subreaper", "true")
+    data = tmp_path / "docs.txt"
+    data.write_text("\n".join(LINES * 4) + "\n")  # 240 documents, ~6000 tokens per part
+    kw = dict(model=LLAMA, points="resid_post.1,mlp_out.0", data=str(data), backend="vllm", shard_tokens=64,
+              context=32, batch_tokens=128, progress=False)
+    out = tmp_path / "ray"
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        res, err = [], []
+
+        def drive():
+            try:
+                res.extend(run_on_ray(dict(kw, out=str(out)), actors=2, restarts=0, progress=False))
+            except BaseException as e:  # noqa: BLE001 (re-raised below)
+                err.append(e)
+        t = threading.Thread(target=drive)
+        t.start()
+        first = mf.part_dir(out, 0, 2) / "shard-000000.safetensors"
+        deadline = time.monotonic() + 600
+        while not first.is_file() and time.monotonic() < deadline and t.is_alive():
+            time.sleep(0.05)
+        assert first.is_file(), err
+        victim = ray.get_actor("harvest-0")
+        pids = ray.get(victim.pids.remote())
+        ray.kill(victim)
+        part0 = json.loads((mf.part_dir(out, 0, 2) / mf.PART).read_text())
+        assert not part0["complete"], "part 0 finished before the kill: give it more documents"
+        t.join(900)
+        assert not t.is_alive() and not err, err
+        assert sorted(r["part"][0] for r in res) == [0, 1] and all(r["status"] == "written" for r in res)
+        assert wait_dead(pids) == [], "the killed actor's engine process outlived it"
+    finally:
+        ray.shutdown()
+    assert verify(out) == []
+    merged = mf.read(out / mf.MANIFEST)
+    # one process, the same parts one after another, the same loader
+    ref = tmp_path / "ref"
+    model = load_for(**kw)
+    try:
+        for i in range(2):
+            run_part(model, kw["points"], kw["data"], ref, part=(i, 2),
+                     **{k: v for k, v in kw.items() if k not in ("model", "points", "data")})
+    finally:
+        model.close()
+    a, b = shards(ref), shards(out)
+    assert len(a) > 4 and a.keys() == b.keys()
+    for name in a:
+        assert a[name] == b[name], name
+    want = mf.read(ref / mf.MANIFEST)
+    for k in ("identity", "resolved", "rows", "shards", "columns"):
+        assert merged[k] == want[k], k
+
