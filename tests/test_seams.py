@@ -158,6 +158,8 @@ def test_no_module_relists_a_point_trait_or_compares_vllm_backend_names():
     for path, text in _engine_sources().items():
         if relisted.search(text):
             bad.append(f"{path}: lists the headed points (use Point.headed / HEADED_POINTS)")
+        if path.name == "extension.py" and re.search(r"self\.taps\b", text):
+            bad.append(f"{path}: asks whether the engine has static taps (ask self.mode: HookSites | StaticTaps)")
         if path.parent.name == "vllm" and path.name in vllm_client and compares.search(text):
             bad.append(f"{path}: compares a vLLM backend name (ask the mode, engine/backends/vllm/modes.py)")
         for m in re.finditer(r"getattr\((plan|sub|site|report)\b[^)]*,\s*None\)", text):

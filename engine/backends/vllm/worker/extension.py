@@ -117,7 +117,8 @@ class HookSites:
     """The hooked mode (`vllm`) in a worker: Python hooks on the sites the registered plans use,
     reattached when the plans change; nothing runs around a step. Its counterpart for `vllm-static`
     is engine/backends/vllm/worker/static.StaticTaps (the taps the loader installed); both answer
-    site_key / attach / before / after / describe / nbytes, so WorkerState never asks which it has."""
+    site_key / attach / before / after / describe / original_forward / nbytes, so WorkerState never
+    asks which it has."""
 
     nbytes = 0
 
@@ -138,6 +139,10 @@ class HookSites:
 
     def describe(self, addr: Address, info: dict) -> None:
         pass
+
+    def original_forward(self, name: str) -> None:
+        """Hooks never wrap a module's forward: nothing to bypass."""
+        return None
 
 
 class WorkerState:
@@ -222,8 +227,7 @@ class WorkerState:
             h = x.to(self.runner.model_config.dtype)
             if point != "final_norm":
                 norm = self.site(Address("final_norm")).module
-                tap = self.taps.taps.get("final_norm") if self.taps is not None else None
-                h = (tap.orig if tap is not None else norm)(h)
+                h = (self.mode.original_forward("final_norm") or norm)(h)
                 h = h[0] if isinstance(h, tuple) else h
             return self.model.compute_logits(h)
         finally:

@@ -171,6 +171,12 @@ class StaticTaps:
         """Nothing to attach: the taps are part of the compiled forward."""
         return []
 
+    def original_forward(self, name: str):
+        """The forward of the module a tap named `name` wraps, before the tap (None: no such tap), so
+        rows run through it (a lens readout's final norm) bypass the tap's capture and steer."""
+        tap = self.taps.get(name)
+        return None if tap is None else tap.orig
+
     def describe(self, addr: Address, info: dict) -> None:
         """What the engine's table says of this (point, layer): a declared tap, and whether it writes."""
         tap = self.taps.get(str(addr))
