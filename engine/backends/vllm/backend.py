@@ -17,6 +17,9 @@ import dataclasses
 import inspect
 import os
 import weakref
+from collections.abc import Iterator
+from contextlib import AbstractContextManager
+from typing import Any
 
 import torch
 
@@ -89,13 +92,14 @@ class VLLMModel:
             raise
         return self._loop.run(coro)
 
-    def run_with_cache(self, inputs, points=(), steer=(), strict: bool = False, readouts=()):
+    def run_with_cache(self, inputs: Any, points: Any = (), steer: Any = (), strict: bool = False,
+                       readouts: Any = ()) -> tuple:
         """One forward per prompt. Returns (logits [b, pos, vocab], cache of [b, pos, ...]), padded
         like eager's (left, or the layout of a given attention_mask); padded positions hold 0. The
         cache's receipts say what each steer did; strict=True fails a steer that touched no row."""
         return self._run(self.aio.capture(inputs, points, steer, strict, readouts))
 
-    def forward(self, inputs, steer=(), strict: bool = False):
+    def forward(self, inputs: Any, steer: Any = (), strict: bool = False) -> torch.Tensor:
         return self.run_with_cache(inputs, (), steer, strict)[0]
 
     def generate(self, inputs, max_new_tokens: int = 8, points=(), steer=(), return_logits: bool = True,
@@ -106,14 +110,15 @@ class VLLMModel:
                                            **sampling))
 
     def generate_batch(self, requests: list[Request], return_logits: bool = True, progress: bool = False,
-                       strict: bool = False, sink: str | None = None):
+                       strict: bool = False, sink: str | None = None) -> list[RequestResult]:
         """Run requests concurrently (one continuous batch); each keeps its own captures, steers and
         receipts (strict=True: a steer that touched no row of its request fails the call; sink: see
         AsyncVLLMModel.generate_batch)."""
         return self._run(self.aio.generate_batch(requests, return_logits, strict, sink))
 
-    def stream(self, prompt, max_new_tokens: int = 8, points=(), steer=(), logprobs: int = 0,
-               return_logits: bool = True, rows: bool = True, strict: bool = False, readouts=(), **sampling):
+    def stream(self, prompt: Any, max_new_tokens: int = 8, points: Any = (), steer: Any = (), logprobs: int = 0,
+               return_logits: bool = True, rows: bool = True, strict: bool = False, readouts: Any = (),
+               **sampling: Any) -> Iterator:
         """Iterate StreamSteps of one prompt (see AsyncVLLMModel.stream: checked, and the steering
         blocks around this call bound, here); closing the iterator aborts the request."""
         self.aio._live()
@@ -128,7 +133,7 @@ class VLLMModel:
     def logit_lens(self, x, point: str = "resid_post") -> torch.Tensor:
         return self._run(self.aio.logit_lens(x, point))
 
-    def steering(self, *steers):
+    def steering(self, *steers: Any) -> AbstractContextManager:
         return self.aio.steering(*steers)
 
     def close(self) -> None:
@@ -164,11 +169,11 @@ def _declared(spec, n_layers: int) -> list[Address]:
     return list(dict.fromkeys(out))
 
 
-def load(name: str, backend: str = "vllm", source: str = "auto", dtype=None, device: str | None = None,
-         static_points="auto", compile: bool = True, max_model_len: int | None = None,
+def load(name: str, backend: str = "vllm", source: str = "auto", dtype: Any = None, device: str | None = None,
+         static_points: Any = "auto", compile: bool = True, max_model_len: int | None = None,
          max_num_seqs: int | None = None, max_num_batched_tokens: int | None = None,
          kv_cache_memory_bytes: int | None = None, gpu_memory_utilization: float | None = None,
-         seed: int = 0, prove: bool = True, tensor_parallel_size: int = 1, **engine_kw) -> VLLMModel:
+         seed: int = 0, prove: bool = True, tensor_parallel_size: int = 1, **engine_kw: Any) -> VLLMModel:
     """Load `name` on a vLLM backend (see module docstring). Extra kwargs go to vLLM's engine args.
     Unset dtype / max_model_len / max_num_seqs / KV cache are chosen for the platform
     (engine/backends/vllm/sizing.py: CPU keeps the small twin numbers, CUDA a GPU user's), and the

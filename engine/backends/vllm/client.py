@@ -20,6 +20,7 @@ import copy
 import dataclasses
 import uuid
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -149,7 +150,7 @@ class AsyncVLLMModel(ModelBase, TokensMixin):
         only = only or self.mode.capture_only(info)
         return Verdict(str(addr), True, "hook", only)
 
-    def address(self, a) -> Address:
+    def address(self, a: "str | Address") -> Address:
         """Parse and check an address against this model and backend; absolute layer, coordinates
         counted from 0."""
         self._live()
@@ -453,8 +454,9 @@ class AsyncVLLMModel(ModelBase, TokensMixin):
         return res
 
     @on_home_loop
-    async def generate(self, inputs, max_new_tokens: int = 8, points=(), steer=(), return_logits: bool = True,
-                       strict: bool = False, readouts=(), **sampling) -> GenerationResult:
+    async def generate(self, inputs: Any, max_new_tokens: int = 8, points: Any = (), steer: Any = (),
+                       return_logits: bool = True, strict: bool = False, readouts: Any = (),
+                       **sampling: Any) -> GenerationResult:
         """Greedy (by default) generation of every prompt, the same captures and steers for each
         (a steer value or mask with a batch axis gives each prompt its own row); results padded on
         the left like eager's. strict=True fails when a steer touched no row of the call."""
@@ -470,7 +472,8 @@ class AsyncVLLMModel(ModelBase, TokensMixin):
         return out
 
     @on_home_loop
-    async def capture(self, inputs, points=(), steer=(), strict: bool = False, readouts=()):
+    async def capture(self, inputs: Any, points: Any = (), steer: Any = (), strict: bool = False,
+                      readouts: Any = ()) -> tuple:
         """One forward over each prompt. Returns (logits [b, pos, vocab], cache of [b, pos, ...]),
         padded on the left (or in the layout of a given attention_mask); padded positions hold 0.
         The cache's receipts say what each steer did; strict=True fails a steer that touched no row."""
