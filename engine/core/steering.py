@@ -148,7 +148,7 @@ class Steer:
         """The steer as it applies to sequence `row` of a call of `n_rows`: a batch value or mask
         reduced to that row, `exclude` resolved to explicit positions (the prompt's special tokens)."""
         st = self.bound()
-        changes = {}
+        changes: dict = {}
         if st.lead == 2:
             if st.value.shape[0] == 1:  # a batch of one broadcasts over the call's sequences
                 row = 0
@@ -257,6 +257,7 @@ def values_at(steer: Steer, positions: torch.Tensor | None, shape: tuple) -> tor
     v = steer.value
     if v is None:
         return None
+    assert isinstance(v, torch.Tensor), "Steer.__post_init__ makes every value a tensor"
     st = steer.bound()
     lead = st.lead
     if lead == 2:
