@@ -49,6 +49,8 @@ class Plan:
     store: dict = field(default_factory=dict)  # capture key -> list[(pos0, rows)]
     error: str | None = None  # set when this plan failed inside a forward (vLLM workers)
     tallies: dict = field(default_factory=dict)  # steer index -> [(positions [k] CPU, squared change [k])]
+    readouts: list = field(default_factory=list)  # engine.core.readouts.Readout, resolved addresses
+    accumulators: dict = field(default_factory=dict)  # readout name -> Accumulator, bound where it runs
 
     def reads(self) -> list[Address]:
         return list(dict.fromkeys(self.captures + self.internal))
@@ -168,12 +170,15 @@ class SiteWork:
     """What the plans of one call do at one site: steers and reads, keyed by plan key."""
     writes: dict = field(default_factory=dict)  # plan key -> [(index in plan.steers, Steer)]
     reads: dict = field(default_factory=dict)  # plan key -> [(capture key, coordinate index or None)]
+    readouts: dict = field(default_factory=dict)  # plan key -> [(coordinate index or None, Accumulator)]
 
 
-def site_work(plans: list[Plan], site_key: Callable[[Address], object], local_read=None, local_steer=None) -> dict:
+def site_work(plans: list[Plan], site_key: Callable[[Address], object], local_read=None, local_steer=None,
+              local_readout=None) -> dict:
     """{site key: SiteWork} for the plans of a call; site_key(address without coords) names a site.
-    Under tensor parallelism local_read(plan, address) -> (capture key, coordinate) | None and
-    local_steer(steer) -> Steer | None say what this rank records and applies (its own shard)."""
+    Under tensor parallelism local_read(plan, address) -> (capture key, coordinate) | None,
+    local_steer(steer) -> Steer | None and local_readout(readout) -> bool say what this rank records
+    and applies (its own shard)."""
     work: dict = {}
     for plan in plans:
         for i, st in enumerate(plan.steers):
@@ -187,7 +192,18 @@ def site_work(plans: list[Plan], site_key: Callable[[Address], object], local_re
             if read is not None:
                 w = work.setdefault(site_key(addr.base), SiteWork())
                 w.reads.setdefault(plan.key, []).append(read)
+        for acc in plan.accumulators.values():
+            addr = acc.readout.address
+            if local_readout is None or local_readout(acc.readout):
+                w = work.setdefault(site_key(addr.base), SiteWork())
+                w.readouts.setdefault(plan.key, []).append((addr.coords[0][1] if addr.coords else None, acc))
     return work
+
+
+def feed_readouts(sp: Span, work: SiteWork, rows: torch.Tensor) -> None:
+    """Hand one span's rows [n, ...] at a site to the plan's readouts there."""
+    for coord, acc in work.readouts.get(sp.plan.key, ()):
+        acc.add(sp.pos0, rows if coord is None else rows[:, coord])
 
 
 def touches_every_row(st: Steer) -> bool:
@@ -219,8 +235,8 @@ def steer_span(sp: Span, writes: list, rows: torch.Tensor) -> torch.Tensor | Non
 
 
 def run_site(t: torch.Tensor, spans: list[Span], work: SiteWork, keep: Callable, on_error=None) -> torch.Tensor | None:
-    """Steer then capture on the flat [tokens, ...] tensor `t` of one site. Writers run before
-    readers, so a capture sees the steered value, as the rest of the forward does. keep(span, key,
+    """Steer then capture (and feed readouts) on the flat [tokens, ...] tensor `t` of one site.
+    Writers run before readers, so a capture sees the steered value, as the rest of the forward does. keep(span, key,
     rows) makes what is stored (a detached copy, a CPU copy). Returns the replacement, or None when
     nothing was steered (the forward then continues with `t` itself). With on_error(plan, exc), a
     failure is that plan's alone: it is reported, its rows keep their unsteered values (a steer
@@ -256,6 +272,7 @@ def run_site(t: torch.Tensor, spans: list[Span], work: SiteWork, keep: Callable,
                     continue
                 seg = out[sp.a + skip:sp.b]
                 sp.plan.add(key, sp.pos0 + skip, keep(sp, key, seg if coord is None else seg[:, coord]))
+            feed_readouts(sp, work, out[sp.a:sp.b])
         except Exception as e:
             if on_error is None:
                 raise

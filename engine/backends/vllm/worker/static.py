@@ -28,7 +28,7 @@ import torch
 from engine.backends.vllm.worker.tree import VSite
 from engine.core.errors import SteeringError
 from engine.core.ops import OPS, AffineRows
-from engine.core.plan import Step, steer_span, touches_every_row
+from engine.core.plan import Step, feed_readouts, steer_span, touches_every_row
 from engine.core.steering import overflowed, values_at
 
 
@@ -39,6 +39,7 @@ class Tap:
         self.name, self.site, self.width, self.rows, self.writable = name, site, width, rows, writable
         self.dirty: tuple | None = None  # rows [lo, hi) the last step filled (None: identity everywhere)
         mod, p = site.module, f"_interp_tap{index}"
+        self.orig = mod.forward  # the module's own forward, before the tap wraps it (a lens readout's norm)
         self.attrs = {k: f"{p}_{k}" for k in ("cap", "pre", "u", "mul", "add", "bad")}
         def buffer(k, fill):
             mod.register_buffer(self.attrs[k], torch.full((rows, width), fill, device=device, dtype=dtype),
@@ -247,6 +248,20 @@ class StaticTaps:
                     seg = cap[sp.a + skip:sp.b].reshape(sp.b - sp.a - skip, *self.shape_of(name))
                     seg = seg[:, coord] if coord is not None else seg
                     sp.plan.add(key, sp.pos0 + skip, seg.to("cpu", copy=True))
+        # readouts last: a lens readout runs the final norm and head, whose taps' buffers it may write
+        for name, w in work.items():
+            if not w.readouts:
+                continue
+            shape = self.shape_of(name)
+            for sp in step.spans:
+                if sp.plan.error is None and w.readouts.get(sp.plan.key):
+                    rows = self.taps[name].buf("cap")[sp.a:sp.b].reshape(sp.b - sp.a, *shape).clone()
+                    try:
+                        feed_readouts(sp, w, rows)
+                    except Exception as e:
+                        if on_error is None:
+                            raise
+                        on_error(sp.plan, e)
 
     def shape_of(self, name: str) -> tuple:
         tap, hd = self.taps[name], self.head_dim[name]

@@ -13,6 +13,7 @@ import torch
 from engine.backends.vllm.worker.sink import FILE, from_file
 from engine.core.address import parse
 from engine.core.plan import Plan
+from engine.core.readouts import Readout, kind_fields, kind_from
 from engine.core.results import Receipt
 from engine.core.steering import Steer
 
@@ -94,15 +95,28 @@ def steer_in(s: dict) -> Steer:
                  exclude=s.get("exclude"), lead=s.get("lead"))
 
 
+def readout_out(r: Readout) -> dict:
+    """A readout as plain data: its kind by name with its declared fields (an SAE by its path: the
+    worker loads it once and caches it; a probe's W and b once per request, never per step)."""
+    return {"address": str(r.address), "name": r.name, "kind": type(r.kind).__name__,
+            "fields": encode(kind_fields(r.kind))}
+
+
+def readout_in(d: dict) -> Readout:
+    return Readout(d["address"], kind_from(d["kind"], decode(d["fields"])), d["name"])
+
+
 def plan_out(plan: Plan, key: str) -> dict:
     return {"key": key, "prompt_len": plan.prompt_len,
             "captures": [str(a) for a in plan.captures], "internal": [str(a) for a in plan.internal],
-            "start_at": dict(plan.start_at), "steers": [steer_out(s) for s in plan.steers]}
+            "start_at": dict(plan.start_at), "steers": [steer_out(s) for s in plan.steers],
+            "readouts": [readout_out(r) for r in plan.readouts]}
 
 
 def plan_in(d: dict) -> Plan:
     return Plan(d["prompt_len"], [parse(a) for a in d["captures"]], [steer_in(s) for s in d["steers"]],
-                [parse(a) for a in d["internal"]], dict(d["start_at"]), key=d["key"])
+                [parse(a) for a in d["internal"]], dict(d["start_at"]), key=d["key"],
+                readouts=[readout_in(r) for r in d.get("readouts", ())])
 
 
 def receipt_out(r: Receipt) -> dict:
