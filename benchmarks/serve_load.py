@@ -353,7 +353,8 @@ def main(argv=None) -> int:
     p.add_argument("--max-tokens", type=int, default=16)
     p.add_argument("--max-model-len", type=int, default=256)
     p.add_argument("--max-num-seqs", type=int, default=32)
-    p.add_argument("--max-seconds", type=float, default=900, help="stop measuring after this long")
+    p.add_argument("--max-seconds", type=float, default=3600,
+                   help="stop measuring after this long (rounds cut short leave fewer paired rounds)")
     p.add_argument("--startup-timeout", type=float, default=900)
     p.add_argument("--out", type=Path, default=OUT)
     args = p.parse_args(argv)
