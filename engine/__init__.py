@@ -18,6 +18,7 @@ from engine.core.errors import (
     UnsupportedPointError,
 )
 from engine.core.points import POINTS, get_point
+from engine.core.readouts import KINDS, Last, LensTopK, Max, Mean, Norm, Project, Readout, SAEFeatures, TopK
 from engine.core.results import (
     ActivationCache,
     GenerationResult,
@@ -33,13 +34,14 @@ from engine.workflows.attention_capture import AttentionCapture, capture_attenti
 from engine.workflows.patching import PatchResult, logit_diff, patch_sweep
 
 
-def run_with_cache(model, inputs, points=(), steer=(), strict: bool = False):
+def run_with_cache(model, inputs, points=(), steer=(), strict: bool = False, readouts=()):
     """Module-level form of `model.run_with_cache`."""
-    return model.run_with_cache(inputs, points, steer, strict=strict)
+    return model.run_with_cache(inputs, points, steer, strict=strict, readouts=readouts)
 
 
 __all__ = ["Address", "parse", "load_model", "run_with_cache", "Steer", "POINTS", "get_point", "BACKENDS",
            "ActivationCache", "GenerationResult", "Request", "RequestResult", "StreamStep", "Receipt",
            "patch_sweep", "logit_diff", "PatchResult", "capture_attention", "AttentionCapture",
            "EngineError", "AddressError", "UnsupportedPointError", "SteeringError", "ModelNotFoundError",
-           "OptionError", "InputError", "FamilyLimitationError", "StrictSteerError"]
+           "OptionError", "InputError", "FamilyLimitationError", "StrictSteerError",
+           "Readout", "KINDS", "Mean", "Max", "Last", "Norm", "Project", "LensTopK", "SAEFeatures", "TopK"]

@@ -204,6 +204,35 @@ def test_clamp_keeps_the_reconstruction_error(tmp_path, arch):
                                atol=TOL, rtol=0)
 
 
+@pytest.mark.parametrize("arch,options", [
+    ("standard", {}), ("topk", {"rescale_acts_by_decoder_norm": True}), ("gated", {}),
+    ("jumprelu", {"normalize_activations": "layer_norm"}), ("standard", {"normalize_activations": "constant_norm_rescale"}),
+    ("topk", {"normalize_activations": "expected_average_only_in"}), ("jumprelu_skip_transcoder", {}),
+])
+def test_clamp_and_scale_equal_the_two_decode_definition(tmp_path, arch, options):
+    """clamp/scale read only the edited decoder rows; the result is the definition's
+    x + decode(f') - decode(f) with two full decodes (edit_features)."""
+    factor = 1.3 if options.get("normalize_activations") == "expected_average_only_in" else None
+    sae = load_sae(write_random_sae(tmp_path, arch, 16, 48, seed=9, **options), norm_scaling_factor=factor)
+    g = torch.Generator().manual_seed(4)
+    src = 2 * torch.randn(2, 5, 16, generator=g) + 0.3
+    x = src if not sae.arch.transcoder else torch.randn(2, 5, 16, generator=g)
+    source = src if sae.arch.transcoder else None
+    idx = [3, 17, 40]
+
+    def set_to(f):
+        f[..., idx] = torch.tensor([1.5, 0.0, -0.5])
+        return f
+
+    def times(f):
+        f[..., idx] = f[..., idx] * torch.tensor([2.0, 0.0, 0.5])
+        return f
+    torch.testing.assert_close(clamp_feature(sae, x, idx, [1.5, 0.0, -0.5], source=source),
+                               edit_features(sae, x, set_to, source=source), atol=TOL, rtol=0)
+    torch.testing.assert_close(scale_feature(sae, x, idx, [2.0, 0.0, 0.5], source=source),
+                               edit_features(sae, x, times, source=source), atol=TOL, rtol=0)
+
+
 def test_clamp_under_constant_norm_rescale_keeps_the_error(tmp_path):
     sae = load_sae(write_random_sae(tmp_path, "standard", 16, 48, seed=1, normalize_activations="constant_norm_rescale"))
     x = 5 * torch.randn(3, 16, generator=torch.Generator().manual_seed(0))
@@ -249,6 +278,8 @@ def test_steering_input_errors(tmp_path):
         clamp_feature(sae, x, [1, 2], [1.0])
     with pytest.raises(SAEError, match="scale factor nan contains NaN or inf"):
         scale_feature(sae, x, 1, float("nan"))
+    with pytest.raises(SAEError, match=r"feature indices \[3, 3\] name a feature twice"):
+        clamp_feature(sae, x, [3, 3], 1.0)
     with pytest.raises(SAEError, match="no feature index given"):
         clamp_feature(sae, x, [], 1.0)
     with pytest.raises(SAEError, match=r"input of shape \(2, 15\) has last dim 15; the SAE reads d_in=16"):
@@ -418,3 +449,25 @@ def test_readme_sae_example_runs_as_written(tmp_path, monkeypatch, capsys):
     torch.testing.assert_close(off - x, -f[:, i:i + 1] * sae.W_dec[i], atol=TOL, rtol=0)
     assert (ns["steered"] - ns["logits"]).norm() > 0
     assert str(idx[-1].tolist()) in capsys.readouterr().out
+
+
+def test_cached_sae_reuses_and_rereads_a_rewritten_folder(tmp_path):
+    import os
+    import pickle
+
+    from engine.core.sae_files import cached_sae
+    folder = write_random_sae(tmp_path, "standard", 16, 32, seed=0)
+    a = cached_sae(folder)
+    assert cached_sae(str(folder)) is a  # same folder, same options: the same object
+    assert cached_sae(folder, dtype="float64") is not a
+    write_random_sae(tmp_path, "standard", 16, 32, seed=1)
+    weights = folder / "sae_weights.safetensors"
+    st = weights.stat()
+    os.utime(weights, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))  # a rewrite in the same mtime tick
+    b = cached_sae(folder)
+    assert b is not a and not torch.equal(a.W_enc, b.W_enc)
+    assert torch.equal(b.W_enc, load_sae(folder).W_enc)
+    # an SAE crosses a process boundary as plain data (a worker may receive one)
+    back = pickle.loads(pickle.dumps(b))
+    x = torch.randn(3, 16)
+    assert back.arch is b.arch and back.norm is b.norm and torch.equal(back.encode(x), b.encode(x))

@@ -57,3 +57,28 @@ def test_project_out_and_set_rows_keep_the_storage():
     want0[1] = 0.0
     torch.testing.assert_close(out[0], want0)
     torch.testing.assert_close(out[1], torch.full((WIDTH,), 7.0))
+
+
+def test_a_step_fills_only_its_rows_and_the_next_step_undoes_them():
+    """StaticTaps.before: a steer at every position fills its span's rows (a slice), one at some
+    positions only those rows; the next step without steers leaves every row the identity again."""
+    from engine.backends.vllm.worker.static import StaticTaps
+    from engine.core.plan import Plan, Span, Step, site_work
+    lin, tap = _tap()
+    taps = StaticTaps()
+    taps.taps["resid_post.0"], taps.head_dim["resid_post.0"] = tap, None
+    v, w = torch.tensor([1.0, -2.0, 3.0, 0.5]), torch.tensor([0.0, 5.0, 0.0, 1.0])
+    a = Plan(4, steers=[Steer("resid_post.0", "add", v)])
+    b = Plan(4, steers=[Steer("resid_post.0", "add", w, positions=slice(5, 6))])
+    x = torch.randn(5, WIDTH)
+    plain = torch.nn.functional.linear(x, lin.weight, lin.bias)
+    # rows 0-1: plan a at positions 3, 4; rows 2-4: plan b at positions 4, 5, 6 (only position 5 touched)
+    taps.before(Step([Span(a, 0, 2, 3), Span(b, 2, 5, 4)], 5), site_work([a, b], str))
+    out = lin(x)
+    want = plain.clone()
+    want[0:2] += v
+    want[3] += w
+    torch.testing.assert_close(out, want)
+    taps.before(Step([Span(a, 0, 1, 5)], 1), site_work([], str))  # plan a finished steering: nothing registered
+    torch.testing.assert_close(lin(x), plain, rtol=0, atol=0)
+    assert tap.dirty is None

@@ -13,7 +13,9 @@ with x its output point's). So x' - decode(f') = x - decode(f): the error term i
     clamp_feature(sae, x, index, value)   f'[index] = value
     scale_feature(sae, x, index, factor)  f'[index] = factor * f[index]
     add_feature_direction(sae, x, index, coeff)   x + coeff * sae.direction(index) (no encode)
-`index` is one feature or a sequence of them (value / factor then one number or one per index).
+`index` is one feature or a sequence of distinct ones (value / factor then one number or one per index).
+clamp and scale read only the edited features' decoder rows (SAE.decode_change: the decoder is affine
+per row, so the unedited features cancel); edit_features(sae, x, edit) takes any edit of f.
 """
 from __future__ import annotations
 
@@ -54,6 +56,8 @@ def _indices(sae: SAE, index: "int | Sequence[int]") -> list[int]:
         raise SAEError("no feature index given; name at least one feature.")
     for i in idx:
         sae.direction(i)  # validates the index, naming the SAE and its d_sae
+    if len(set(idx)) != len(idx):
+        raise SAEError(f"feature indices {idx} name a feature twice; name each once.")
     return idx
 
 
@@ -67,42 +71,49 @@ def _per_index(name: str, value: "float | Sequence[float]", n: int) -> Tensor:
     return t
 
 
-def edit_features(sae: SAE, x: Tensor, edit: Callable[[Tensor], Tensor], source: Tensor | None = None) -> Tensor:
-    """x + (decode(edit(f)) - decode(f)) with f = encode(source) (source defaults to x): the feature edit with
-    the reconstruction error kept. Returns x's shape and dtype; `edit` gets f and returns the edited copy."""
-    src = x if source is None else source
-    if sae.arch.transcoder and source is None:
+def _source(sae: SAE, x: Tensor, source: Tensor | None) -> Tensor:
+    if source is not None:
+        return source
+    if sae.arch.transcoder:
         raise SAEError(f"{sae.where()}: a {sae.arch.name} encodes its input point and decodes into another; pass "
                        f"source= (the activation at {sae.hook_name or 'the input point'}) with x the activation at "
                        f"{sae.hook_name_out or 'the output point'}.")
+    return x
+
+
+def edit_features(sae: SAE, x: Tensor, edit: Callable[[Tensor], Tensor], source: Tensor | None = None) -> Tensor:
+    """x + (decode(edit(f)) - decode(f)) with f = encode(source) (source defaults to x): the feature edit with
+    the reconstruction error kept. Returns x's shape and dtype; `edit` gets f and returns the edited copy."""
+    src = _source(sae, x, source)
     f = sae.encode(src)
     edited = edit(f.clone())
     delta = sae.decode(edited, src) - sae.decode(f, src)
     return x + delta.reshape(x.shape).to(device=x.device, dtype=x.dtype)
 
 
+def _edit_columns(sae: SAE, x: Tensor, index: "int | Sequence[int]", edit: Callable[[Tensor], Tensor],
+                  source: Tensor | None) -> Tensor:
+    """edit_features for an edit of the features `index` alone: the same x', computed from those decoder
+    rows only (sae.decode_change) instead of two full decodes."""
+    idx = _indices(sae, index)
+    src = _source(sae, x, source)
+    cols = sae.encode(src)[..., idx]
+    delta = sae.decode_change(edit(cols) - cols, idx, src)
+    return x + delta.reshape(x.shape).to(device=x.device, dtype=x.dtype)
+
+
 def clamp_feature(sae: SAE, x: Tensor, index: "int | Sequence[int]", value: "float | Sequence[float]",
                   source: Tensor | None = None) -> Tensor:
     """x with feature(s) `index` set to `value` through the SAE, the reconstruction error kept."""
-    idx = _indices(sae, index)
-    vals = _per_index("clamp value", value, len(idx))
-
-    def edit(f: Tensor) -> Tensor:
-        f[..., idx] = vals.to(f.dtype).to(f.device)
-        return f
-    return edit_features(sae, x, edit, source)
+    vals = _per_index("clamp value", value, len(_indices(sae, index)))
+    return _edit_columns(sae, x, index, lambda cols: vals.to(cols.dtype).to(cols.device).expand_as(cols), source)
 
 
 def scale_feature(sae: SAE, x: Tensor, index: "int | Sequence[int]", factor: "float | Sequence[float]",
                   source: Tensor | None = None) -> Tensor:
     """x with feature(s) `index` multiplied by `factor` through the SAE, the reconstruction error kept."""
-    idx = _indices(sae, index)
-    facs = _per_index("scale factor", factor, len(idx))
-
-    def edit(f: Tensor) -> Tensor:
-        f[..., idx] = f[..., idx] * facs.to(f.dtype).to(f.device)
-        return f
-    return edit_features(sae, x, edit, source)
+    facs = _per_index("scale factor", factor, len(_indices(sae, index)))
+    return _edit_columns(sae, x, index, lambda cols: cols * facs.to(cols.dtype).to(cols.device), source)
 
 
 def add_feature_direction(sae: SAE, x: Tensor, index: "int | Sequence[int]",

@@ -49,6 +49,8 @@ class Plan:
     store: dict = field(default_factory=dict)  # capture key -> list[(pos0, rows)]
     error: str | None = None  # set when this plan failed inside a forward (vLLM workers)
     tallies: dict = field(default_factory=dict)  # steer index -> [(positions [k] CPU, squared change [k])]
+    readouts: list = field(default_factory=list)  # engine.core.readouts.Readout, resolved addresses
+    accumulators: dict = field(default_factory=dict)  # readout name -> Accumulator, bound where it runs
 
     def reads(self) -> list[Address]:
         return list(dict.fromkeys(self.captures + self.internal))
@@ -65,8 +67,9 @@ class Plan:
                 raise SteeringError(f"{what}: every position it selects is excluded (exclude={st.exclude}); "
                                     f"nothing would be steered.")
 
-    def tally(self, index: int, positions: torch.Tensor, old: torch.Tensor, new: torch.Tensor) -> None:
-        """Record steer `index`'s change on the rows at absolute `positions` (old / new: those rows)."""
+    def tally(self, index: int, positions: "torch.Tensor | range", old: torch.Tensor, new: torch.Tensor) -> None:
+        """Record steer `index`'s change on the rows at absolute `positions` (a tensor, or a range when
+        the steer touched a contiguous run: no tensor made for it; old / new: those rows)."""
         d = (new.detach() - old.detach()).float().reshape(old.shape[0], -1)
         self.tallies.setdefault(index, []).append((positions, d.pow(2).sum(-1)))
 
@@ -78,7 +81,7 @@ class Plan:
             rows, norm = 0, 0.0
             chunks = self.tallies.get(i)
             if chunks:
-                pos = torch.cat([p for p, _ in chunks]).tolist()
+                pos = [q for p, _ in chunks for q in (p if isinstance(p, range) else p.tolist())]
                 sq = torch.cat([q for _, q in chunks]).to("cpu", torch.float64)
                 last = torch.tensor(list({p: j for j, p in enumerate(pos)}.values()), dtype=torch.long)
                 rows, norm = len(last), float(sq[last].sum().sqrt())
@@ -167,12 +170,15 @@ class SiteWork:
     """What the plans of one call do at one site: steers and reads, keyed by plan key."""
     writes: dict = field(default_factory=dict)  # plan key -> [(index in plan.steers, Steer)]
     reads: dict = field(default_factory=dict)  # plan key -> [(capture key, coordinate index or None)]
+    readouts: dict = field(default_factory=dict)  # plan key -> [(coordinate index or None, Accumulator)]
 
 
-def site_work(plans: list[Plan], site_key: Callable[[Address], object], local_read=None, local_steer=None) -> dict:
+def site_work(plans: list[Plan], site_key: Callable[[Address], object], local_read=None, local_steer=None,
+              local_readout=None) -> dict:
     """{site key: SiteWork} for the plans of a call; site_key(address without coords) names a site.
-    Under tensor parallelism local_read(plan, address) -> (capture key, coordinate) | None and
-    local_steer(steer) -> Steer | None say what this rank records and applies (its own shard)."""
+    Under tensor parallelism local_read(plan, address) -> (capture key, coordinate) | None,
+    local_steer(steer) -> Steer | None and local_readout(readout) -> bool say what this rank records
+    and applies (its own shard)."""
     work: dict = {}
     for plan in plans:
         for i, st in enumerate(plan.steers):
@@ -186,27 +192,51 @@ def site_work(plans: list[Plan], site_key: Callable[[Address], object], local_re
             if read is not None:
                 w = work.setdefault(site_key(addr.base), SiteWork())
                 w.reads.setdefault(plan.key, []).append(read)
+        for acc in plan.accumulators.values():
+            addr = acc.readout.address
+            if local_readout is None or local_readout(acc.readout):
+                w = work.setdefault(site_key(addr.base), SiteWork())
+                w.readouts.setdefault(plan.key, []).append((addr.coords[0][1] if addr.coords else None, acc))
     return work
+
+
+def feed_readouts(sp: Span, work: SiteWork, rows: torch.Tensor) -> None:
+    """Hand one span's rows [n, ...] at a site to the plan's readouts there."""
+    for coord, acc in work.readouts.get(sp.plan.key, ()):
+        acc.add(sp.pos0, rows if coord is None else rows[:, coord])
+
+
+def touches_every_row(st: Steer) -> bool:
+    """Whether the steer touches every position (no mask to build, no rows to pick)."""
+    return isinstance(st.positions, str) and st.positions == "all" and not st.exclude
 
 
 def steer_span(sp: Span, writes: list, rows: torch.Tensor) -> torch.Tensor | None:
     """The plan's steers at one site ((index, Steer) in order) on one span's rows [n, ...], each
     tallied for its receipt; the new rows, or None when no steer touched a row."""
     cur = rows
+    if rows.shape[0] == 0:
+        return None
     for i, st in writes:
-        m = sp.touched(st)
-        if not bool(m.any()):
+        m = None if touches_every_row(st) else sp.touched(st)
+        if m is not None and bool(m.all()):
+            m = None
+        if m is not None and not bool(m.any()):
             continue
         new = apply_steer(st, cur, m, sp.pos0)
-        touched = torch.nonzero(m).flatten()
-        sp.plan.tally(i, touched + sp.pos0, cur[touched.to(cur.device)], new[touched.to(cur.device)])
+        if m is None:
+            sp.plan.tally(i, range(sp.pos0, sp.pos0 + cur.shape[0]), cur, new)
+        else:
+            touched = torch.nonzero(m).flatten()
+            on = touched.to(cur.device)
+            sp.plan.tally(i, touched + sp.pos0, cur[on], new[on])
         cur = new
     return None if cur is rows else cur
 
 
 def run_site(t: torch.Tensor, spans: list[Span], work: SiteWork, keep: Callable, on_error=None) -> torch.Tensor | None:
-    """Steer then capture on the flat [tokens, ...] tensor `t` of one site. Writers run before
-    readers, so a capture sees the steered value, as the rest of the forward does. keep(span, key,
+    """Steer then capture (and feed readouts) on the flat [tokens, ...] tensor `t` of one site.
+    Writers run before readers, so a capture sees the steered value, as the rest of the forward does. keep(span, key,
     rows) makes what is stored (a detached copy, a CPU copy). Returns the replacement, or None when
     nothing was steered (the forward then continues with `t` itself). With on_error(plan, exc), a
     failure is that plan's alone: it is reported, its rows keep their unsteered values (a steer
@@ -216,12 +246,18 @@ def run_site(t: torch.Tensor, spans: list[Span], work: SiteWork, keep: Callable,
     for sp in spans:
         if sp.plan.error is not None:
             continue
+        writes = work.writes.get(sp.plan.key)
+        if not writes:
+            continue
         try:
-            new = steer_span(sp, work.writes.get(sp.plan.key, ()), out[sp.a:sp.b])
+            new = steer_span(sp, writes, out[sp.a:sp.b])
             if new is not None:
-                if out is t:
-                    out = t.clone()
-                out[sp.a:sp.b] = new
+                if out is t and sp.a == 0 and sp.b == t.shape[0]:
+                    out = new  # a fresh tensor covering every row: no copy of t to make
+                else:
+                    if out is t:
+                        out = t.clone()
+                    out[sp.a:sp.b] = new
         except Exception as e:
             if on_error is None:
                 raise
@@ -236,6 +272,7 @@ def run_site(t: torch.Tensor, spans: list[Span], work: SiteWork, keep: Callable,
                     continue
                 seg = out[sp.a + skip:sp.b]
                 sp.plan.add(key, sp.pos0 + skip, keep(sp, key, seg if coord is None else seg[:, coord]))
+            feed_readouts(sp, work, out[sp.a:sp.b])
         except Exception as e:
             if on_error is None:
                 raise

@@ -84,7 +84,9 @@ class ActivationCache(dict):
     `columns`: for a padded batch ([batch, pos, ...] entries), the columns each sequence's own
     positions occupy; None for the cache of one sequence ([pos, ...] entries). `entry(key)` gives
     a capture as each sequence's own rows, the form a steer aligns by position (patching).
-    `receipts`: what each steer of the call did (run_with_cache's receipts)."""
+    `receipts`: what each steer of the call did (run_with_cache's receipts). `readouts`: each
+    readout's result by name (engine.core.readouts: a tensor or a TopK; per-position ones
+    [b, pos, ...] like a capture, named in `positional`; reductions [b, ...])."""
 
     def __init__(self, n_layers: int, columns: "list[torch.Tensor] | None" = None,
                  receipts: "list[Receipt] | None" = None):
@@ -92,6 +94,13 @@ class ActivationCache(dict):
         self.n_layers = n_layers
         self.columns = columns
         self.receipts: list[Receipt] = list(receipts or [])
+        self.readouts: dict = {}
+        self.positional: set = set()
+
+    def put_readout(self, name: str, value, per_position: bool) -> None:
+        self.readouts[name] = value
+        if per_position:
+            self.positional.add(name)
 
     def entry(self, key):
         """The capture at `key` as a CacheEntry: per sequence, its rows at its own positions."""
@@ -131,6 +140,7 @@ class Request:
     points: "list | tuple | str" = ()
     steer: "list | tuple" = ()
     sampling: dict = field(default_factory=dict)
+    readouts: "list | tuple" = ()  # engine.core.readouts.Readout
 
 
 @dataclass
@@ -162,6 +172,7 @@ class StreamStep:
     logprob: float | None = None
     top_logprobs: dict = field(default_factory=dict)
     rows: dict | None = None
+    readouts: dict | None = None  # per-position readouts of that forward ({name: [n, ...] or TopK})
     result: "RequestResult | None" = None
 
 
@@ -217,7 +228,35 @@ def batch_cache(caches: list[ActivationCache], cols: list[torch.Tensor], width: 
     out = ActivationCache(n_layers, [c.cpu() for c in cols], receipts)
     for key in (caches[0] if caches else {}):
         out[key] = scatter(key, [c[key] for c in caches], cols, width)
+    if caches and isinstance(caches[0], ActivationCache):
+        batch_readouts(out, caches, cols, width)
     return out
+
+
+def batch_readouts(out: ActivationCache, caches: list[ActivationCache], cols: list[torch.Tensor], width: int) -> None:
+    """The readouts of per-sequence caches into `out`: per-position ones [b, width, ...] at each
+    sequence's columns, reductions stacked [b, ...]."""
+    for name in caches[0].readouts:
+        values = [c.readouts[name] for c in caches]
+        positional = name in caches[0].positional
+        out.put_readout(name, batch_readout(values, cols, width) if positional else _stack(values), positional)
+
+
+def batch_readout(values: list, cols: list[torch.Tensor], width: int):
+    """Per-position readouts of each sequence ([len, ...] tensors or TopKs) as [b, width, ...] at
+    their columns; padded positions hold 0 (a TopK's indices -1)."""
+    from engine.core.readouts import TopK
+    if isinstance(values[0], TopK):
+        return TopK(pad_rows([v.indices for v in values], cols, width, -1),
+                    pad_rows([v.values for v in values], cols, width, 0))
+    return pad_rows(values, cols, width)
+
+
+def _stack(values: list):
+    from engine.core.readouts import TopK
+    if isinstance(values[0], TopK):
+        return TopK(torch.stack([v.indices.cpu() for v in values]), torch.stack([v.values.cpu() for v in values]))
+    return torch.stack([v.cpu() for v in values])
 
 
 def pad_rows(rows: list[torch.Tensor], cols: list[torch.Tensor], width: int, fill=0) -> torch.Tensor:

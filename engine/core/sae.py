@@ -67,6 +67,9 @@ class Arch:
     transcoder: bool = False  # decodes into another point (d_out wide)
     skip: bool = False  # a transcoder with a linear skip path W_skip (added by forward, not decode)
 
+    def __reduce__(self) -> tuple:
+        return _arch, (self.name,)  # pickled by name: the row itself on the other side
+
 
 ARCHITECTURES: dict[str, Arch] = {a.name: a for a in (
     Arch("standard", _relu, ("b_enc",)),
@@ -98,6 +101,9 @@ class Norm:
     needs_input: bool = False  # decode needs the activation that was encoded
     refused: str | None = None  # why a directory naming it cannot be used
 
+    def __reduce__(self) -> tuple:
+        return _norm, (self.name,)
+
 
 NORMS: dict[str, Norm] = {n.name: n for n in (
     Norm("none", "no normalization"),
@@ -111,6 +117,14 @@ NORMS: dict[str, Norm] = {n.name: n for n in (
          "saves 'none'; a directory still naming it holds no whitening matrix to apply"),
 )}
 LN_EPS = 1e-5
+
+
+def _arch(name: str) -> Arch:
+    return ARCHITECTURES[name]
+
+
+def _norm(name: str) -> Norm:
+    return NORMS[name]
 
 
 @dataclass(frozen=True, eq=False)
@@ -221,10 +235,23 @@ class SAE:
         if feats.shape[-1] != self.d_sae:
             raise SAEError(f"{self.where()}: feature tensor of shape {tuple(feats.shape)}; the SAE has "
                            f"d_sae={self.d_sae} features.")
+        return self._output(self._linear(feats, self.W_dec) + self.b_dec, x, shift=True)
+
+    def decode_change(self, change: Tensor, index: "list[int]", x: Tensor | None = None) -> Tensor:
+        """decode(f + e) - decode(f), where e holds `change` [..., len(index)] at features `index` and zeros
+        elsewhere: only those decoder rows are read (the decoder is affine per row, so f itself drops out).
+        `x` as for decode."""
+        return self._output(self._linear(change, self.W_dec[index]), x, shift=False)
+
+    def _linear(self, feats: Tensor, rows: Tensor) -> Tensor:
         feats = feats.to(device=self.device, dtype=self.dtype)
         if self.rescale_acts_by_decoder_norm:
-            feats = feats / self.W_dec.norm(dim=-1)
-        out = feats @ self.W_dec + self.b_dec
+            feats = feats / rows.norm(dim=-1)
+        return feats @ rows
+
+    def _output(self, out: Tensor, x: Tensor | None, shift: bool) -> Tensor:
+        """The decoder's output normalization undone on `out` (shift: add layer_norm's mean back; a
+        difference of two outputs has none)."""
         name = self.norm.name
         if self.norm.needs_input:
             if x is None:
@@ -234,7 +261,9 @@ class SAE:
             if name == "constant_norm_rescale":
                 out = out / self._row_scale(x)
             else:  # layer_norm: SAELens multiplies back by the std without the epsilon
-                out = out * x.std(dim=-1, keepdim=True) + x.mean(dim=-1, keepdim=True)
+                out = out * x.std(dim=-1, keepdim=True)
+                if shift:
+                    out = out + x.mean(dim=-1, keepdim=True)
         elif name == "expected_average_only_in":
             out = out / self.norm_scaling_factor
         return out

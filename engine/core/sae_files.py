@@ -8,7 +8,8 @@ cfg.json (SAELens 6.x): `architecture`, `d_in`, `d_sae`, `dtype`, `apply_b_dec_t
 the hook and activation fields at the top level under older names; they are read too. Fields this
 module does not use (training settings, dataset names) are ignored, as SAELens ignores them.
 
-Every malformed input is refused with the file and the field (or tensor) named. `random_sae` /
+Every malformed input is refused with the file and the field (or tensor) named. `cached_sae` keeps
+loaded SAEs per process (workers and servers reuse them across requests). `random_sae` /
 `write_random_sae` make seeded test SAEs of every architecture in the same format.
 """
 from __future__ import annotations
@@ -16,6 +17,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import threading
+from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
@@ -222,6 +225,32 @@ def load_sae(directory: "str | Path", *, device: "torch.device | str" = "cpu",
                threshold=t("threshold"), b_gate=t("b_gate"), b_mag=t("b_mag"), r_mag=t("r_mag"), W_skip=t("W_skip"), k=k, rescale_acts_by_decoder_norm=rescale, apply_b_dec_to_input=b_dec_in,
                norm=norm, norm_scaling_factor=float(norm_scaling_factor or 1.0), hook_z=hook_z,
                hook_name=f.str("hook_name"), hook_name_out=f.str("hook_name_out"), source=folder)
+
+
+_CACHE: "OrderedDict[tuple, SAE]" = OrderedDict()
+_CACHE_LOCK = threading.Lock()
+CACHE_SIZE = 8  # SAEs kept per process (a 65k x 2304 float32 SAE is about 1.2 GB)
+
+
+def cached_sae(directory: "str | Path", *, device: "torch.device | str" = "cpu",
+               dtype: "torch.dtype | str | None" = None, norm_scaling_factor: float | None = None) -> SAE:
+    """load_sae, kept per process for the readouts and steers that name the same folder on every request
+    (a vLLM worker, a server): keyed by the resolved folder, both files' size and mtime, and the options,
+    so a rewritten folder is read again. The last CACHE_SIZE are kept."""
+    folder = Path(directory).resolve()
+    stats = tuple((st.st_size, st.st_mtime_ns) for st in
+                  ((folder / name).stat() for name in (CFG_FILE, WEIGHTS_FILE) if (folder / name).is_file()))
+    key = (str(folder), stats, str(device), str(dtype), norm_scaling_factor)
+    with _CACHE_LOCK:
+        if key in _CACHE:
+            _CACHE.move_to_end(key)
+            return _CACHE[key]
+    sae = load_sae(folder, device=device, dtype=dtype, norm_scaling_factor=norm_scaling_factor)
+    with _CACHE_LOCK:
+        _CACHE[key] = sae
+        while len(_CACHE) > CACHE_SIZE:
+            _CACHE.popitem(last=False)
+    return sae
 
 
 def sae_config(sae: SAE) -> dict[str, Any]:

@@ -50,11 +50,14 @@ def instead_of(reason: str, point: str, backend: str) -> str | None:
 
 
 class Capabilities(list):
-    """The verdicts of one model on one backend, in catalogue order."""
+    """The verdicts of one model on one backend, in catalogue order; `readouts`: each readout kind
+    (engine.core.readouts.KINDS) -> None where this backend computes it at every point it serves, else
+    what it refuses and why."""
 
-    def __init__(self, verdicts, model: str, backend: str):
+    def __init__(self, verdicts, model: str, backend: str, readouts: dict | None = None):
         super().__init__(verdicts)
         self.model, self.backend = model, backend
+        self.readouts: dict = dict(readouts or {})
 
     def get(self, address) -> Verdict:
         key = str(address)
@@ -81,6 +84,9 @@ class Capabilities(list):
                           for v in vs if not v.served})
             rows.append(f"| `{point}` | {served}{' (' + ', '.join(hows) + ')' if hows else ''} | {'; '.join(co)} | "
                         f"{'; '.join(r.replace('|', '/') for r in ref)} |")
+        if self.readouts:
+            rows += ["", "| readout | computed where the activation is |", "|---|---|"]
+            rows += [f"| `{k}` | {'yes' if why is None else why.replace('|', '/')} |" for k, why in self.readouts.items()]
         return "\n".join(rows) + "\n"
 
 
@@ -113,6 +119,11 @@ class CapabilityMixin:
     def _verdict(self, point: str, layer: int | None) -> Verdict:
         raise NotImplementedError
 
+    def _readout_kinds(self) -> dict:
+        """{readout kind: None (computed at every served point) or the reason for what is refused}."""
+        from engine.core.readouts import KINDS
+        return {k: None for k in KINDS}
+
     def describe(self) -> Capabilities:
         """Every point of the catalogue at every layer (trunk points once): served or refused, how, why."""
         self._live()
@@ -120,7 +131,7 @@ class CapabilityMixin:
         for p in POINTS:
             for layer in ([None] if p.scope == "trunk" else range(self.n_layers)):
                 out.append(self._verdict(p.name, layer))
-        return Capabilities(out, self.name, self.backend)
+        return Capabilities(out, self.name, self.backend, self._readout_kinds())
 
     def verdict(self, address) -> Verdict:
         """The verdict for one address (any layer form; coordinates are checked against the model)."""

@@ -23,19 +23,21 @@ from engine.core.errors import AddressError, SteeringError, UnsupportedPointErro
 from engine.core.inputs import limits_of, new_tokens, padded_batch, row_label
 from engine.core.plan import Plan, SiteWork, Span, run_site, site_work
 from engine.core.points import INTEGER_POINTS, backend_status, get_point
+from engine.core.readouts import Env, Readout, ReadoutError, bind, validate_readouts
 from engine.core.results import (
     PATTERNS,
     ActivationCache,
     GenerationResult,
     RequestResult,
     batch_cache,
+    batch_readouts,
     check_strict,
     columns,
     columns_of,
     combine,
 )
 from engine.core.steer_checks import validate_steers
-from engine.core.steering import Steer
+from engine.core.steering import Steer, check_feature_steer
 from engine.core.tokens import TokensMixin, special_ids
 from engine.families import limits as family_limits
 from engine.families.base import Family
@@ -223,18 +225,46 @@ class EagerModel(ModelBase, WeightsMixin, TokensMixin):
         why = self._capture_only(addr.point, self._site(addr.base))
         if why:
             raise SteeringError(f"{addr} can be captured but not steered on this model: {why}.")
+        if st.sae is not None:
+            check_feature_steer(st, self._load_sae(st.sae) if isinstance(st.sae, str) else st.sae)
         return st.at(addr)
 
-    def _plans(self, enc: dict, points, steer, max_new_tokens: int) -> list[Plan]:
-        """One plan per batch row: its own length, its row of any batch value or mask, its exclusions."""
+    def _readout(self, r: Readout) -> Readout:
+        """A readout checked against this model, at its absolute address."""
+        return r.at(self.address(r.address))
+
+    def _env(self) -> Env:
+        return Env(lens=self._lens_rows, sae=self._load_sae)
+
+    def _lens_rows(self, x: torch.Tensor, point: str) -> torch.Tensor:
+        """Logits of [n, d] rows inside a forward: the hooks stand aside (layout None) while the final
+        norm and head run, so captures there never see these rows."""
+        layout, self._layout = self._layout, None
+        try:
+            return lens.unembed(self.hf, self.family, x.to(self.dtype), apply_norm=(point != "final_norm"))
+        finally:
+            self._layout = layout
+
+    def _load_sae(self, path: str):
+        """An SAE directory, loaded once per process on the model's device (engine/core/sae_store.py)."""
+        from engine.core.sae_store import sae_for
+        return sae_for(path, self.device)
+
+    def _plans(self, enc: dict, points, steer, max_new_tokens: int, readouts=()) -> list[Plan]:
+        """One plan per batch row: its own length, its row of any batch value or mask, its exclusions,
+        its readouts bound to this model."""
         capture = self.expand(points) if points else []
+        reads = [self._readout(r) for r in validate_readouts(readouts)]
         steers = [self._steer(s) for s in (*self._context_steers(), *validate_steers(steer))]
         rows = [enc["input_ids"][r, cols.to(enc["input_ids"].device)].tolist()
                 for r, cols in enumerate(columns_of(enc["attention_mask"]))]
         special = special_ids(self.tokenizer)
         plans = [Plan(len(ids), list(capture), [st.for_row(r, len(rows), ids, special) for st in steers])
                  for r, ids in enumerate(rows)]
+        env = self._env() if reads else None
         for r, p in enumerate(plans):
+            if env is not None:
+                p.readouts, p.accumulators = list(reads), bind(reads, env)
             p.check_positions(max_new_tokens, row_label(r, len(plans)))
             for head in _HEADS:  # generating: logits from the last prompt token (HF keeps only its logits)
                 if max_new_tokens and Address(head) in capture:
@@ -265,6 +295,8 @@ class EagerModel(ModelBase, WeightsMixin, TokensMixin):
         return keep
 
     def _at_site(self, work, keep, t):
+        if self._layout is None:  # a readout's own lens call inside the forward
+            return None
         flat = t.reshape(-1, *t.shape[2:])
         new = run_site(flat, self._layout.spans_for(t.shape[1]), work, keep)
         return None if new is None else new.reshape(t.shape)
@@ -328,17 +360,21 @@ class EagerModel(ModelBase, WeightsMixin, TokensMixin):
         return (mask.long().cumsum(-1) - 1).clamp_min(0)
 
     # -- public API -------------------------------------------------------------------------------
-    def run_with_cache(self, inputs, points=(), steer=(), grad: bool = False, strict: bool = False):
+    def run_with_cache(self, inputs, points=(), steer=(), grad: bool = False, strict: bool = False, readouts=()):
         """One forward. Returns (logits [b, pos, vocab], ActivationCache of [b, pos, ...] tensors);
         padded positions hold 0 in both. With grad=True the captures stay in the autograd graph (they
         are the model's own tensors, padded positions as the model computed them); a capture-only
         point (`m.verdict(addr).capture_only` says why) is a differentiable copy, so gradients flow into
         it from below but the logits do not depend on it. The cache's `receipts` say what each steer
-        did; strict=True fails a steer that touched no row."""
+        did; strict=True fails a steer that touched no row. `readouts` (engine.core.readouts.Readout)
+        are computed in the hooks; their results are in `cache.readouts`."""
         self._live()
         enc = self._inputs(inputs)
         mask = enc["attention_mask"]
-        plans = self._plans(enc, points, steer, 0)
+        if grad and readouts:
+            raise ReadoutError("readouts are computed without gradients; capture the points with grad=True and "
+                               "compute the readout on the captured tensors instead.")
+        plans = self._plans(enc, points, steer, 0, readouts)
         held = {} if grad else None
         ctx = contextlib.nullcontext() if grad else torch.no_grad()
         with self._lock, ctx, self._attached(plans, [_prefill_layout(plans, mask.cpu())], held):
@@ -363,17 +399,19 @@ class EagerModel(ModelBase, WeightsMixin, TokensMixin):
         for addr in plan.captures:
             key = str(addr)
             cache[key] = plan.tensor(key, plan.start_at.get(key, 0))
+        for name, acc in plan.accumulators.items():
+            cache.put_readout(name, acc.result(), acc.readout.kind.per_position)
         return cache
 
     def generate(self, inputs, max_new_tokens: int = 8, points=(), steer=(), strict: bool = False,
-                 **sampling) -> GenerationResult:
+                 readouts=(), **sampling) -> GenerationResult:
         """Generation (greedy by default; sampling knobs of engine/model/sampling.py: temperature, top_p,
         top_k, seed) with capture and steering in prefill and every step. `receipts` (per sequence
         and for the call) say what each steer did; strict=True fails a steer that touched no row."""
-        return self._generate(inputs, max_new_tokens, points, steer, sampling, strict=strict)
+        return self._generate(inputs, max_new_tokens, points, steer, sampling, strict=strict, readouts=readouts)
 
     def _generate(self, inputs, max_new_tokens, points, steer, sampling, streamer=None, internal=(),
-                  stopping=None, on_plans=None, strict: bool = False) -> GenerationResult:
+                  stopping=None, on_plans=None, strict: bool = False, readouts=()) -> GenerationResult:
         self._live()
         max_new_tokens = new_tokens(max_new_tokens)
         knobs = Sampling.parse(sampling, "eager")
@@ -384,7 +422,7 @@ class EagerModel(ModelBase, WeightsMixin, TokensMixin):
             raise ValueError("generate needs left padding (pad on the left so every row ends in a real "
                              "token); use model.to_tokens(texts, padding_side='left').")
         lengths = mask.sum(-1).tolist()
-        plans = self._plans(enc, points, steer, max_new_tokens)
+        plans = self._plans(enc, points, steer, max_new_tokens, readouts)
         for p in plans:
             for a in internal:  # read for the engine itself (a stream's logprobs), from the last prompt token
                 p.internal.append(a)
@@ -408,8 +446,10 @@ class EagerModel(ModelBase, WeightsMixin, TokensMixin):
         text = self.tokenizer.batch_decode(new, skip_special_tokens=True)
         caches = [self._cache(p) for p in plans]
         width = seq.shape[1] - 1
-        cache = batch_cache([{k: v for k, v in c.items() if k not in _HEADS} for c in caches],
-                            columns([n + new.shape[1] - 1 for n in lengths], width, "left"), width, self.n_layers)
+        cols = columns([n + new.shape[1] - 1 for n in lengths], width, "left")
+        cache = batch_cache([{k: v for k, v in c.items() if k not in _HEADS} for c in caches], cols, width,
+                            self.n_layers)
+        batch_readouts(cache, caches, cols, width)
         for head in _HEADS:  # [b, new, vocab], like the logits
             if head in caches[0]:
                 cache[head] = torch.stack([c[head] for c in caches])
@@ -423,14 +463,15 @@ class EagerModel(ModelBase, WeightsMixin, TokensMixin):
         return GenerationResult(seq, new, text, cache, logits, full_mask, reqs, receipts)
 
     def stream(self, prompt, max_new_tokens: int = 8, points=(), steer=(), logprobs: int = 0,
-               return_logits: bool = True, rows: bool = True, strict: bool = False, **sampling):
+               return_logits: bool = True, rows: bool = True, strict: bool = False, readouts=(), **sampling):
         """Yield a StreamStep per generated token of one prompt (token, text, logprob and the top
         `logprobs`, with rows=True the captured rows of the forward that produced it); the last step
         carries the RequestResult (its logits unless return_logits=False, its receipts; strict=True
         raises instead of yielding it when a steer touched no row). Generation runs on a worker
         thread; closing the iterator stops it."""
         from engine.backends.hf.stream import stream
-        return stream(self, prompt, max_new_tokens, points, steer, logprobs, sampling, return_logits, rows, strict)
+        return stream(self, prompt, max_new_tokens, points, steer, logprobs, sampling, return_logits, rows, strict,
+                      readouts)
 
     def logit_lens(self, x, point: str = "resid_post") -> torch.Tensor:
         """Logits from a residual tensor (or an address captured in `x` when x is (cache, address))."""

@@ -66,15 +66,29 @@ class _Streamer(BaseStreamer):
                 if new:
                     rows[key] = torch.cat([c for _, c in new])
         text = self.model.tokenizer.decode([token], skip_special_tokens=True)
-        self.out.put(("step", StreamStep(self.index, token, text, logprob, top, rows)))
+        self.out.put(("step", StreamStep(self.index, token, text, logprob, top, rows, self._readouts(plan))))
         self.index += 1
+
+    def _readouts(self, plan) -> dict | None:
+        """The per-position readouts of the forward that produced this token (the rows not handed out yet)."""
+        from engine.core.readouts import as_value
+        out = {}
+        for name, acc in plan.accumulators.items():
+            if not acc.readout.kind.per_position:
+                continue
+            start = self.sent.get(("readout", name), 0)
+            parts = acc.rows_from(start)
+            if parts is not None:
+                out[name] = as_value(acc.readout.kind, parts)
+                self.sent[("readout", name)] = start + parts[0].shape[0]
+        return out or None
 
     def end(self):
         pass
 
 
 def stream(model, prompt, max_new_tokens, points, steer, logprobs, sampling, return_logits=True, rows=True,
-           strict=False):
+           strict=False, readouts=()):
     logprobs = top_logprobs(logprobs)
     model._live()
     max_new_tokens = new_tokens(max_new_tokens)
@@ -91,7 +105,8 @@ def stream(model, prompt, max_new_tokens, points, steer, logprobs, sampling, ret
     def run():
         try:
             res = model._generate(enc, max_new_tokens, points, steer, sampling, streamer=streamer, internal=(_LOGITS,),
-                                  stopping=StoppingCriteriaList([stop]), on_plans=on_plans, strict=strict)
+                                  stopping=StoppingCriteriaList([stop]), on_plans=on_plans, strict=strict,
+                                  readouts=readouts)
             req = res.requests[0]
             if not return_logits:
                 req.logits = None

@@ -87,20 +87,21 @@ class VLLMModel:
             raise
         return self._loop.run(coro)
 
-    def run_with_cache(self, inputs, points=(), steer=(), strict: bool = False):
+    def run_with_cache(self, inputs, points=(), steer=(), strict: bool = False, readouts=()):
         """One forward per prompt. Returns (logits [b, pos, vocab], cache of [b, pos, ...]), padded
         like eager's (left, or the layout of a given attention_mask); padded positions hold 0. The
         cache's receipts say what each steer did; strict=True fails a steer that touched no row."""
-        return self._run(self.aio.capture(inputs, points, steer, strict))
+        return self._run(self.aio.capture(inputs, points, steer, strict, readouts))
 
     def forward(self, inputs, steer=(), strict: bool = False):
         return self.run_with_cache(inputs, (), steer, strict)[0]
 
     def generate(self, inputs, max_new_tokens: int = 8, points=(), steer=(), return_logits: bool = True,
-                 strict: bool = False, **sampling) -> GenerationResult:
+                 strict: bool = False, readouts=(), **sampling) -> GenerationResult:
         """Greedy (by default) generation of every prompt in one continuous batch, with the same
-        captures and steers for each; see generate_batch for per-request ones."""
-        return self._run(self.aio.generate(inputs, max_new_tokens, points, steer, return_logits, strict, **sampling))
+        captures, steers and readouts for each; see generate_batch for per-request ones."""
+        return self._run(self.aio.generate(inputs, max_new_tokens, points, steer, return_logits, strict, readouts,
+                                           **sampling))
 
     def generate_batch(self, requests: list[Request], return_logits: bool = True, progress: bool = False,
                        strict: bool = False, sink: str | None = None):
@@ -110,12 +111,12 @@ class VLLMModel:
         return self._run(self.aio.generate_batch(requests, return_logits, strict, sink))
 
     def stream(self, prompt, max_new_tokens: int = 8, points=(), steer=(), logprobs: int = 0,
-               return_logits: bool = True, rows: bool = True, strict: bool = False, **sampling):
+               return_logits: bool = True, rows: bool = True, strict: bool = False, readouts=(), **sampling):
         """Iterate StreamSteps of one prompt (see AsyncVLLMModel.stream: checked, and the steering
         blocks around this call bound, here); closing the iterator aborts the request."""
         self.aio._live()
         return self._steps(self.aio.stream(prompt, max_new_tokens, points, steer, logprobs, return_logits, rows,
-                                           strict, **sampling))
+                                           strict, readouts, **sampling))
 
     def _steps(self, agen):
         """The async stream stepped from this thread (Loop.iterate: Ctrl-C is a KeyboardInterrupt, and

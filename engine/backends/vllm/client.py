@@ -31,6 +31,7 @@ from engine.core.errors import AddressError, EngineError, SteeringError, Unsuppo
 from engine.core.inputs import limits_of, new_tokens, row_label, token_rows, top_logprobs
 from engine.core.plan import Plan
 from engine.core.points import INTEGER_POINTS
+from engine.core.readouts import Readout, ReadoutError, as_value, parts_of, validate_readouts
 from engine.core.results import (
     ActivationCache,
     GenerationResult,
@@ -69,6 +70,14 @@ def _logprobs(entry, token: int, n: int) -> tuple:
     top = {int(i): float(v.logprob) for i, v in entry.items() if v.rank is not None and v.rank <= n}
     chosen = entry.get(token)
     return (None if chosen is None else float(chosen.logprob)), top
+
+
+def _step_readouts(parts: dict, kinds: dict, prompt_len: int, index: int) -> dict | None:
+    """The per-position readouts of the forward that produced new token `index` ({name: value}), cut
+    from parts read from position 0 (as _step_rows cuts captures)."""
+    lo, hi = (0, prompt_len) if index == 0 else (prompt_len + index - 1, prompt_len + index)
+    out = {n: as_value(kinds[n], tuple(t[lo:hi] for t in p)) for n, p in parts.items() if p[0].shape[0] >= hi}
+    return out or None
 
 
 def _step_rows(rows: dict, prompt_len: int, index: int) -> dict:
@@ -194,6 +203,9 @@ class AsyncVLLMModel(ModelBase, TokensMixin):
             raise SteeringError(f"{st.op} at {addr} needs the whole vector, but this point is split across "
                                 f"{self.catalogue.tp} tensor-parallel ranks; steer one head ({addr}.head-N) or "
                                 f"use tensor_parallel_size=1.")
+        if st.sae is not None and not isinstance(st.sae, str):
+            raise SteeringError(f"{st.op} at {addr}: the vLLM workers load an SAE from its directory (once, then "
+                                f"cached); pass sae=<directory> instead of a loaded SAE.")
         st = st.at(addr).bound()
         v = st.value
         if isinstance(v, torch.Tensor):
@@ -206,6 +218,44 @@ class AsyncVLLMModel(ModelBase, TokensMixin):
                 raise SteeringError(f"steering value for {addr} has shape {tuple(v.shape)}{lead} but the point's "
                                     f"per-position shape is {want}.")
         return st.at(addr, v.detach().cpu() if isinstance(v, torch.Tensor) else None)
+
+    def _readout_kinds(self) -> dict:
+        from engine.core.readouts import KINDS
+        if self.backend == "vllm-generate":
+            return {k: NO_CAPTURE for k in KINDS}
+        out: dict = {k: None for k in KINDS}
+        if self.backend == "vllm-static":
+            out = {k: "at the declared taps only (static_points)" for k in KINDS}
+        if self.catalogue.tp > 1:
+            out = {k: "at replicated points only (head- and neuron-sharded points are split across ranks)"
+                   for k in KINDS}
+            out["LensTopK"] = "refused under tensor parallelism (the sharded head runs on every rank)"
+        out["SAEFeatures"] = ((out["SAEFeatures"] + "; ") if out["SAEFeatures"] else "") + \
+            "from an SAE directory (the workers load it once), not a loaded SAE object"
+        return out
+
+    def _readout(self, r: Readout) -> Readout:
+        """A readout checked against this engine, at its absolute address (what a worker can compute:
+        vllm-static's declared taps only; under tensor parallelism, replicated points and no lens)."""
+        from engine.core.readouts import LensTopK, SAEFeatures
+        self._refuse_if_generate("capture")
+        addr = self.address(r.address)
+        if addr.point in vllm_attn.ATTN_POINTS:
+            raise ReadoutError(f"{addr} is recomputed after the forward on backend {self.backend!r}; readouts "
+                               f"read what the forward computes.")
+        if self.catalogue.tp > 1:
+            if self.catalogue.info(addr.base).get("sharded"):
+                raise ReadoutError(f"readout {r.name!r}: {addr} is split across {self.catalogue.tp} tensor-parallel "
+                                   f"ranks; read a replicated point (resid_post, attn_out, mlp_out, ...) or use "
+                                   f"tensor_parallel_size=1.")
+            if isinstance(r.kind, LensTopK):
+                raise ReadoutError(f"readout {r.name!r}: LensTopK runs the sharded head on one rank, which tensor "
+                                   f"parallelism cannot do; capture the point and call logit_lens, or use "
+                                   f"tensor_parallel_size=1.")
+        if isinstance(r.kind, SAEFeatures) and not isinstance(r.kind.sae, str):
+            raise ReadoutError(f"readout {r.name!r}: the vLLM workers load an SAE from its directory (once, then "
+                               f"cached); pass SAEFeatures(path, ...) instead of a loaded SAE.")
+        return r.at(addr)
 
     def _plan(self, req: Request, prefill: bool, logits: bool, row: int = 0, n_rows: int = 1) -> tuple[Plan, dict]:
         """A request's plan and sampling params. prefill: a forward over the prompt (run_with_cache):
@@ -223,7 +273,8 @@ class AsyncVLLMModel(ModelBase, TokensMixin):
             from engine.backends.vllm.worker.static import StaticTaps
             StaticTaps.check_order(steers)
         derived = [a for a in caps if a.point in vllm_attn.ATTN_POINTS]
-        plan = Plan(len(prompt), [a for a in caps if a not in derived], steers)
+        plan = Plan(len(prompt), [a for a in caps if a not in derived], steers,
+                    readouts=[self._readout(r) for r in validate_readouts(req.readouts)])
         plan.derived = derived
         plan.prompt = prompt
         plan.internal += [Address(p, a.layer) for a in derived for p in ("q", "k")]
@@ -241,7 +292,7 @@ class AsyncVLLMModel(ModelBase, TokensMixin):
 
     @staticmethod
     def _needs_worker(plan: Plan) -> bool:
-        return bool(plan.captures or plan.steers or plan.internal)
+        return bool(plan.captures or plan.steers or plan.internal or plan.readouts)
 
     @staticmethod
     def _salted(plan: Plan, prefill: bool) -> bool:
@@ -249,7 +300,7 @@ class AsyncVLLMModel(ModelBase, TokensMixin):
         never computed, so a capture, a steer or prefill logits there would be silently skipped (and
         a steered prefix must never be served to others). Logits of new tokens alone need none: the
         last prompt token is always computed."""
-        return bool(plan.captures or plan.steers or getattr(plan, "derived", None) or prefill)
+        return bool(plan.captures or plan.steers or plan.readouts or getattr(plan, "derived", None) or prefill)
 
     # -- tokens ------------------------------------------------------------------------------------
     def _prompt_ids(self, prompt, new: int | None = None) -> list[int]:
@@ -361,6 +412,8 @@ class AsyncVLLMModel(ModelBase, TokensMixin):
             t = vllm_attn.scores(q, k, self.catalogue.attn[addr.layer])
             t = vllm_attn.probs(t) if addr.point == "attn_probs" else t
             cache[str(addr)] = t[:, addr.coords[0][1]] if addr.coords else t
+        for r in plan.readouts:
+            cache.put_readout(r.name, self._readout_value(r, ranks), r.kind.per_position)
         logits = None
         if want_logits and ranks and "logits" in ranks[0]:
             logits = vllm_wire.tensor_in(ranks[0]["logits"])  # rows from position ranks[0]["logits_from"]
@@ -372,6 +425,16 @@ class AsyncVLLMModel(ModelBase, TokensMixin):
                              int(getattr(out, "num_cached_tokens", 0) or 0),
                              max([r.get("recomputed", 0) for r in ranks or []], default=0),
                              vllm_wire.receipts_in(plan, ranks))
+
+    @staticmethod
+    def _readout_value(r: Readout, ranks: list[dict] | None):
+        """One readout's result from the rank that computed it (rank 0)."""
+        for rank in ranks or []:
+            if r.name in rank.get("errors", {}):
+                raise RuntimeError(rank["errors"][r.name])
+            if r.name in rank.get("readouts", {}):
+                return as_value(r.kind, tuple(vllm_wire.decode(rank["readouts"][r.name])))
+        raise RuntimeError(f"readout {r.name!r} was never computed for this request.")
 
     # -- public async API ----------------------------------------------------------------------------
     @on_home_loop
@@ -391,7 +454,7 @@ class AsyncVLLMModel(ModelBase, TokensMixin):
 
     @on_home_loop
     async def generate(self, inputs, max_new_tokens: int = 8, points=(), steer=(), return_logits: bool = True,
-                       strict: bool = False, **sampling) -> GenerationResult:
+                       strict: bool = False, readouts=(), **sampling) -> GenerationResult:
         """Greedy (by default) generation of every prompt, the same captures and steers for each
         (a steer value or mask with a batch axis gives each prompt its own row); results padded on
         the left like eager's. strict=True fails when a steer touched no row of the call."""
@@ -399,7 +462,7 @@ class AsyncVLLMModel(ModelBase, TokensMixin):
         max_new_tokens = new_tokens(max_new_tokens)
         prompts, _ = self._prompts(inputs, max_new_tokens)
         want = return_logits and self.backend != "vllm-generate"
-        built = [self._plan(Request(p, max_new_tokens, points, steer, sampling), False, want, i, len(prompts))
+        built = [self._plan(Request(p, max_new_tokens, points, steer, sampling, readouts), False, want, i, len(prompts))
                  for i, p in enumerate(prompts)]
         out = self._batch(await self._run_many(built, want))
         if strict:
@@ -407,14 +470,15 @@ class AsyncVLLMModel(ModelBase, TokensMixin):
         return out
 
     @on_home_loop
-    async def capture(self, inputs, points=(), steer=(), strict: bool = False):
+    async def capture(self, inputs, points=(), steer=(), strict: bool = False, readouts=()):
         """One forward over each prompt. Returns (logits [b, pos, vocab], cache of [b, pos, ...]),
         padded on the left (or in the layout of a given attention_mask); padded positions hold 0.
         The cache's receipts say what each steer did; strict=True fails a steer that touched no row."""
         self._live()
         self._refuse_if_generate("capture")
         prompts, mask = self._prompts(inputs, None)
-        built = [self._plan(Request(p, 1, points, steer), True, True, i, len(prompts)) for i, p in enumerate(prompts)]
+        built = [self._plan(Request(p, 1, points, steer, readouts=readouts), True, True, i, len(prompts))
+                 for i, p in enumerate(prompts)]
         res = await self._run_many(built, True, prefill=True)
         lengths = [len(p) for p in prompts]
         width = max(lengths) if mask is None else mask.shape[1]
@@ -426,7 +490,7 @@ class AsyncVLLMModel(ModelBase, TokensMixin):
         return logits, batch_cache([r.cache for r in res], cols, width, self.n_layers, receipts)
 
     def stream(self, prompt, max_new_tokens: int = 8, points=(), steer=(), logprobs: int = 0,
-               return_logits: bool = True, rows: bool = True, strict: bool = False, **sampling):
+               return_logits: bool = True, rows: bool = True, strict: bool = False, readouts=(), **sampling):
         """An async iterator of StreamSteps, one per generated token (token, text, logprob and the top
         `logprobs` of the raw distribution, and with rows=True the captured rows of the forward that
         produced it, read from the workers while the request runs); the last step carries the full
@@ -441,7 +505,7 @@ class AsyncVLLMModel(ModelBase, TokensMixin):
         from vllm.sampling_params import RequestOutputKind
         logprobs = top_logprobs(logprobs)
         want = return_logits and self.backend != "vllm-generate"
-        plan, kw = self._plan(Request(prompt, max_new_tokens, points, steer, sampling), False, want)
+        plan, kw = self._plan(Request(prompt, max_new_tokens, points, steer, sampling, readouts), False, want)
         kw["output_kind"] = RequestOutputKind.DELTA
         kw["logprobs"] = logprobs  # vLLM returns the sampled token's too
         steps = self._stream(plan, kw, want, logprobs, rows, strict)
@@ -456,6 +520,9 @@ class AsyncVLLMModel(ModelBase, TokensMixin):
         live = [str(a) for a in plan.captures if a.point not in vllm_attn.ATTN_POINTS] if rows else []
         since = {k: 0 for k in live}  # read from the workers up to here
         got: dict = {}  # {address: rows from position 0}, as read so far
+        live_r = {r.name: r.kind for r in plan.readouts if r.kind.per_position}
+        since_r = {n: 0 for n in live_r}
+        got_r: dict = {}  # {readout name: parts from position 0}, as read so far
         pending: list[StreamStep] = []  # seen, not yielded (the newest goes out last, with the result)
         seen: list[int] = []
         try:
@@ -479,18 +546,24 @@ class AsyncVLLMModel(ModelBase, TokensMixin):
                     hold.set()
                 if len(pending) < 2 or finished:
                     continue
-                if since:
-                    for k, t in (await self._peek(key, since)).items():
+                if since or since_r:
+                    caps, reads = await self._peek(key, since, since_r)
+                    for k, t in caps.items():
                         got[k] = torch.cat([got[k], t]) if k in got else t
+                    for k, parts in reads.items():
+                        got_r[k] = tuple(torch.cat(z) for z in zip(got_r[k], parts)) if k in got_r else parts
                 while len(pending) > 1:
                     step = pending.pop(0)
                     step.rows = _step_rows(got, plan.prompt_len, step.index) if live else None
+                    step.readouts = _step_readouts(got_r, live_r, plan.prompt_len, step.index)
                     yield step
             hold.set()
             (result,) = await task  # built from every DELTA output's tokens (_submit)
             cache = {k: result.cache[k] for k in live}
+            final_r = {n: parts_of(result.cache.readouts[n]) for n in live_r}
             for step in pending:
                 step.rows = _step_rows(cache, plan.prompt_len, step.index) if live else None
+                step.readouts = _step_readouts(final_r, live_r, plan.prompt_len, step.index)
             if pending:
                 pending[-1].result = result
             failure = None
@@ -508,9 +581,15 @@ class AsyncVLLMModel(ModelBase, TokensMixin):
             if not task.done():
                 task.cancel()
 
-    async def _peek(self, key: str, since: dict) -> dict:
-        """Capture rows of a running request from `since` ({address: position}, advanced here)."""
-        ranks = [r[0] for r in await self._rpc("interp_peek", [key], [dict(since)])]
+    async def _peek(self, key: str, since: dict, since_r: dict) -> tuple[dict, dict]:
+        """Capture rows ({address: rows}) and per-position readout parts ({name: parts}) of a running
+        request from `since` / `since_r` ({address or name: position}, advanced here)."""
+        ranks = [r[0] for r in await self._rpc("interp_peek", [key], [dict(since)], [dict(since_r)])]
+        reads = {}
+        for r in ranks:
+            for name, (start, parts) in r.get("readouts", {}).items():
+                reads[name] = tuple(vllm_wire.decode(parts))
+                since_r[name] = start + reads[name][0].shape[0]
         out = {}
         for k in since:
             starts = [r["captures"][k][0] for r in ranks if k in r["captures"]]
@@ -518,7 +597,7 @@ class AsyncVLLMModel(ModelBase, TokensMixin):
                 t = self._gather(k, ranks)
                 out[k] = t
                 since[k] = starts[0] + t.shape[0]
-        return out
+        return out, reads
 
     def _batch(self, res: list[RequestResult]) -> GenerationResult:
         lengths = [r.tokens.shape[0] for r in res]

@@ -33,6 +33,7 @@ from engine.core.address import Address, parse
 from engine.core.errors import UnsupportedPointError
 from engine.core.plan import Plan, Span, Step, run_site, site_work
 from engine.core.points import POINTS
+from engine.core.readouts import Env, bind, parts_of
 
 
 def _to_cpu(span, key, rows):
@@ -175,6 +176,36 @@ class WorkerState:
             return st
         return st.at(st.address, v.index_select(st.lead, torch.tensor(held, device=v.device)))
 
+    def _local_readout(self, readout) -> bool:
+        """Whether this rank computes a readout: rank 0 (the client refuses readouts at sharded points
+        and lens readouts under tensor parallelism, so rank 0 holds every row they read)."""
+        return self.rank == 0
+
+    def _env(self) -> Env:
+        return Env(lens=self._lens_rows, sae=self._load_sae)
+
+    def _lens_rows(self, x: torch.Tensor, point: str) -> torch.Tensor:
+        """Logits of [n, d] rows inside a step through vLLM's own final norm and head; the hooks stand
+        aside (no step) while they run, and a vllm-static final_norm tap is bypassed (its original
+        forward), so no capture or tap steer ever sees these rows."""
+        step, self.step = self.step, None
+        try:
+            h = x.to(self.runner.model_config.dtype)
+            if point != "final_norm":
+                norm = self.site(Address("final_norm")).module
+                tap = self.taps.taps.get("final_norm") if self.taps is not None else None
+                h = (tap.orig if tap is not None else norm)(h)
+                h = h[0] if isinstance(h, tuple) else h
+            return self.model.compute_logits(h)
+        finally:
+            self.step = step
+
+    def _load_sae(self, path: str):
+        """An SAE directory loaded once per worker, on the model's device (then cached: requests name it
+        by path and never ship its weights)."""
+        from engine.core.sae_store import sae_for
+        return sae_for(path, next(self.model.parameters()).device)
+
     def _reports(self, st) -> bool:
         """Whether this rank's receipt of a steer counts: a replicated point is steered alike on every
         rank (rank 0 reports), a sharded one on the ranks holding its indices (each its part)."""
@@ -186,7 +217,7 @@ class WorkerState:
     def _rebuild(self) -> None:
         """Recompute what every site does for the registered plans; reattach hooks (`vllm`)."""
         plans = list(self.plans.values())
-        self.work = site_work(plans, self._site_key, self._local_read, self._local_steer)
+        self.work = site_work(plans, self._site_key, self._local_read, self._local_steer, self._local_readout)
         for h in self.handles:
             h.remove()
         self.handles = []
@@ -247,6 +278,11 @@ class WorkerState:
             # values arrive on the CPU; steered rows (and vllm-static's receipt replay) are on the model's device
             plan.steers = [st.at(st.address, st.value.to(device)) if isinstance(st.value, torch.Tensor) else st
                            for st in plan.steers]
+            if plan.readouts:
+                try:
+                    plan.accumulators = bind(plan.readouts, self._env())
+                except Exception as e:  # the request's own failure (an SAE that does not load): kept for collect
+                    _failed(plan, e)
             self.plans[plan.key] = plan
         self._rebuild()
 
@@ -265,6 +301,13 @@ class WorkerState:
             else:
                 res["receipts"] = [vllm_wire.receipt_out(r) for r in plan.receipts()
                                    if self._reports(plan.steers[r.index])]
+            if plan.accumulators and plan.error is None and self._local_readout(None):
+                res["readouts"] = {}
+                for name, acc in plan.accumulators.items():
+                    try:
+                        res["readouts"][name] = vllm_wire.encode(list(parts_of(acc.result())))
+                    except RuntimeError as e:
+                        res["errors"][name] = str(e)
             for k in plan.store:
                 try:
                     first = plan.first(k)
@@ -285,13 +328,20 @@ class WorkerState:
         self._rebuild()
         return out
 
-    def peek(self, keys: list[str], since: list[dict]) -> list[dict]:
-        """Each plan's capture rows from the given absolute positions on ({capture key: position}),
-        keeping the plan: what a streaming client reads while its request runs."""
+    def peek(self, keys: list[str], since: list[dict], readouts: list[dict] | None = None) -> list[dict]:
+        """Each plan's capture rows from the given absolute positions on ({capture key: position}) and
+        its per-position readouts' rows likewise ({readout name: position}), keeping the plan: what a
+        streaming client reads while its request runs."""
         out = []
-        for key, starts in zip(keys, since):
+        for i, (key, starts) in enumerate(zip(keys, since)):
             plan = self.plans.get(key)
-            res = {"key": key, "captures": {}, "held": {}}
+            res = {"key": key, "captures": {}, "held": {}, "readouts": {}}
+            ok = plan is not None and plan.error is None
+            for name, start in ((readouts[i] if readouts else {}).items() if ok else ()):
+                acc = plan.accumulators.get(name)
+                parts = acc.rows_from(start) if acc is not None and self._local_readout(None) else None
+                if parts is not None:
+                    res["readouts"][name] = [start, vllm_wire.encode(list(parts))]
             for k, start in (starts.items() if plan is not None and plan.error is None else ()):
                 rows = _rows_from(plan.store.get(k) or [], start)
                 if rows is not None:
@@ -377,8 +427,9 @@ class InterpWorker:
         from engine.backends.vllm.worker import sink as vllm_sink
         return self._interp.collect(keys, logits, vllm_sink.encoder(directory, vllm_wire.tensor_out))
 
-    def interp_peek(self, keys: list, since: list) -> list:
-        return self._interp.peek(keys, since)
+
+    def interp_peek(self, keys: list, since: list, readouts: list | None = None) -> list:
+        return self._interp.peek(keys, since, readouts)
 
     def interp_lens(self, x: dict, apply_norm: bool):
         out = self._interp.logits(vllm_wire.tensor_in(x), apply_norm)

@@ -28,7 +28,7 @@ import torch
 from engine.backends.vllm.worker.tree import VSite
 from engine.core.errors import SteeringError
 from engine.core.ops import OPS, AffineRows
-from engine.core.plan import Step, steer_span
+from engine.core.plan import Step, feed_readouts, steer_span, touches_every_row
 from engine.core.steering import overflowed, values_at
 
 
@@ -37,8 +37,9 @@ class Tap:
 
     def __init__(self, name: str, site: VSite, width: int, rows: int, writable: bool, device, dtype, index: int):
         self.name, self.site, self.width, self.rows, self.writable = name, site, width, rows, writable
-        self.dirty = False
+        self.dirty: tuple | None = None  # rows [lo, hi) the last step filled (None: identity everywhere)
         mod, p = site.module, f"_interp_tap{index}"
+        self.orig = mod.forward  # the module's own forward, before the tap wraps it (a lens readout's norm)
         self.attrs = {k: f"{p}_{k}" for k in ("cap", "pre", "u", "mul", "add", "bad")}
         def buffer(k, fill):
             mod.register_buffer(self.attrs[k], torch.full((rows, width), fill, device=device, dtype=dtype),
@@ -95,14 +96,17 @@ class Tap:
         mod.forward = forward
 
     # -- between steps (Python, outside the graph) -------------------------------------------------
-    def reset(self) -> None:
-        self.buf("u").zero_()
-        self.buf("mul").fill_(1.0)
-        self.buf("add").zero_()
+    def reset(self, lo: int = 0, hi: int | None = None) -> None:
+        """Back to identity on rows [lo, hi) (all rows by default): only the rows a step filled, not the
+        whole [max_tokens, width] buffers (three of them per tap, every step)."""
+        self.buf("u")[lo:hi].zero_()
+        self.buf("mul")[lo:hi].fill_(1.0)
+        self.buf("add")[lo:hi].zero_()
 
-    def fill(self, rows: torch.Tensor, steer, head_dim: int | None, value=None) -> None:
-        """Compose one steer into the write buffers at the given flat rows; `value` is its value for
-        those rows (engine.core.steering.values_at: [n, *shape] per position, or one [*shape])."""
+    def fill(self, rows: "torch.Tensor | slice", steer, head_dim: int | None, value=None) -> None:
+        """Compose one steer into the write buffers at the given flat rows (an index tensor, or a slice
+        for a contiguous run); `value` is its value for those rows (engine.core.steering.values_at:
+        [n, *shape] per position, or one [*shape])."""
         u, mul, add = self.buf("u"), self.buf("mul"), self.buf("add")
         cols = slice(None)
         if steer.address.coords:
@@ -113,7 +117,8 @@ class Tap:
         if v is not None:
             v = v.to(mul.device, mul.dtype)
             per_row = value is not None and steer.bound().lead == 1
-            v = v.reshape(rows.numel(), -1) if per_row else (v if v.dim() == 0 else v.reshape(-1))
+            n = rows.stop - rows.start if isinstance(rows, slice) else rows.numel()
+            v = v.reshape(n, -1) if per_row else (v if v.dim() == 0 else v.reshape(-1))
         op = OPS[steer.op]
         why = op.static_refusal(steer)
         if why or op.affine is None:
@@ -192,16 +197,22 @@ class StaticTaps:
                 continue
             writes = work[name].writes if name in work else {}
             todo = [(sp, st) for sp in step.spans if sp.plan.error is None for _, st in writes.get(sp.plan.key, ())]
-            if not todo and not tap.dirty:
+            if not todo and tap.dirty is None:
                 continue
-            tap.reset()
+            if tap.dirty is not None:
+                tap.reset(*tap.dirty)
+            # marked before filling, so a fill that fails midway is still undone next step
+            tap.dirty = (min(sp.a for sp, _ in todo), max(sp.b for sp, _ in todo)) if todo else None
             for sp, st in todo:
+                shape = self.shape_of(name)[1:] if st.address.coords else self.shape_of(name)
+                if touches_every_row(st):  # every row of the span: a slice, no mask or index tensor
+                    at = torch.arange(sp.pos0, sp.pos0 + sp.b - sp.a) if st.bound().lead else None
+                    tap.fill(slice(sp.a, sp.b), st, self.head_dim[name], values_at(st, at, shape))
+                    continue
                 idx = torch.nonzero(sp.touched(st)).flatten()
                 if idx.numel():
-                    shape = self.shape_of(name)[1:] if st.address.coords else self.shape_of(name)
                     v = values_at(st, idx + sp.pos0, shape)
                     tap.fill((idx + sp.a).to(tap.buf("mul").device), st, self.head_dim[name], v)
-            tap.dirty = bool(todo)
 
     def after(self, step: Step, work: dict, on_error=None) -> None:
         """Fail each plan whose steer made a row non-finite at a tap (on_error(plan, exc); the tap
@@ -212,6 +223,8 @@ class StaticTaps:
             if not w.writes or not tap.writable or on_error is None:
                 continue
             bad = tap.buf("bad")
+            if not bool(bad[:step.n_tokens].any()):  # one check per tap; the spans only when a row is flagged
+                continue
             for sp in step.spans:
                 sts = [st for _, st in w.writes.get(sp.plan.key, ())]
                 if sts and sp.plan.error is None and bool(bad[sp.a:sp.b].any()):
@@ -235,6 +248,20 @@ class StaticTaps:
                     seg = cap[sp.a + skip:sp.b].reshape(sp.b - sp.a - skip, *self.shape_of(name))
                     seg = seg[:, coord] if coord is not None else seg
                     sp.plan.add(key, sp.pos0 + skip, seg.to("cpu", copy=True))
+        # readouts last: a lens readout runs the final norm and head, whose taps' buffers it may write
+        for name, w in work.items():
+            if not w.readouts:
+                continue
+            shape = self.shape_of(name)
+            for sp in step.spans:
+                if sp.plan.error is None and w.readouts.get(sp.plan.key):
+                    rows = self.taps[name].buf("cap")[sp.a:sp.b].reshape(sp.b - sp.a, *shape).clone()
+                    try:
+                        feed_readouts(sp, w, rows)
+                    except Exception as e:
+                        if on_error is None:
+                            raise
+                        on_error(sp.plan, e)
 
     def shape_of(self, name: str) -> tuple:
         tap, hd = self.taps[name], self.head_dim[name]

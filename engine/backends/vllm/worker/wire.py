@@ -13,6 +13,7 @@ import torch
 from engine.backends.vllm.worker.sink import FILE, from_file
 from engine.core.address import parse
 from engine.core.plan import Plan
+from engine.core.readouts import Readout, kind_fields, kind_from
 from engine.core.results import Receipt
 from engine.core.steering import Steer
 
@@ -84,25 +85,38 @@ def steer_out(s: Steer) -> dict:
     return {"address": str(s.address), "op": s.op, "positions": _positions_out(s.positions),
             "value": None if s.value is None else tensor_out(s.value), "coeff": s.coeff,
             "bounds": None if s.bounds is None else list(s.bounds),
-            "exclude": s.exclude, "lead": s.lead}
+            "exclude": s.exclude, "lead": s.lead, "sae": s.sae, "feature": s.feature}
 
 
 def steer_in(s: dict) -> Steer:
     return Steer(s["address"], s["op"], None if s["value"] is None else tensor_in(s["value"]),
                  _positions_in(s["positions"]), coeff=s.get("coeff"),
                  bounds=None if s.get("bounds") is None else tuple(s["bounds"]),
-                 exclude=s.get("exclude"), lead=s.get("lead"))
+                 exclude=s.get("exclude"), lead=s.get("lead"), sae=s.get("sae"), feature=s.get("feature"))
+
+
+def readout_out(r: Readout) -> dict:
+    """A readout as plain data: its kind by name with its declared fields (an SAE by its path: the
+    worker loads it once and caches it; a probe's W and b once per request, never per step)."""
+    return {"address": str(r.address), "name": r.name, "kind": type(r.kind).__name__,
+            "fields": encode(kind_fields(r.kind))}
+
+
+def readout_in(d: dict) -> Readout:
+    return Readout(d["address"], kind_from(d["kind"], decode(d["fields"])), d["name"])
 
 
 def plan_out(plan: Plan, key: str) -> dict:
     return {"key": key, "prompt_len": plan.prompt_len,
             "captures": [str(a) for a in plan.captures], "internal": [str(a) for a in plan.internal],
-            "start_at": dict(plan.start_at), "steers": [steer_out(s) for s in plan.steers]}
+            "start_at": dict(plan.start_at), "steers": [steer_out(s) for s in plan.steers],
+            "readouts": [readout_out(r) for r in plan.readouts]}
 
 
 def plan_in(d: dict) -> Plan:
     return Plan(d["prompt_len"], [parse(a) for a in d["captures"]], [steer_in(s) for s in d["steers"]],
-                [parse(a) for a in d["internal"]], dict(d["start_at"]), key=d["key"])
+                [parse(a) for a in d["internal"]], dict(d["start_at"]), key=d["key"],
+                readouts=[readout_in(r) for r in d.get("readouts", ())])
 
 
 def receipt_out(r: Receipt) -> dict:

@@ -1,0 +1,436 @@
+"""Readouts: reductions computed where the activation is (the eager hook, the vLLM worker), so only
+their result leaves the forward, never the captured rows.
+
+    Readout("resid_post.1", Mean())                  the mean over the call's positions  [*shape]
+    Readout("resid_post.1", Max()) / Last()          elementwise max / the last position  [*shape]
+    Readout("resid_post.1", Norm())                  each position's L2 norm              [pos]
+    Readout("resid_post.1", Project(W, b, act="sigmoid"))   W [out, d] (or one direction [d]): per
+                                                     position act(x @ W.T + b)            [pos, out] / [pos]
+    Readout("resid_post.1", LensTopK(5))             logit lens: the top-k token ids and their
+                                                     log-probabilities per position       TopK [pos, k]
+    Readout("resid_post.1", SAEFeatures(path_or_sae, k=32, threshold=None))
+                                                     an SAE's top-k latents per position  TopK [pos, k]
+
+A kind is an object (its parameters validated when it is made); `Readout.name` keys the result
+(default "address:kind"). Results land in `cache.readouts[name]` of every result type, and per token
+in a stream's `StreamStep.readouts`. Per-position kinds give one row per position the call computed
+(a forward: the prompt; a generation: the prompt, then each token fed back, like a capture);
+position kinds reduce over those same positions.
+
+A backend binds each readout of a plan to its own environment (`Env`: how to unembed rows, how to load
+an SAE) as an `Accumulator`, which takes the rows of each forward chunk at their absolute positions
+and keeps only the readout's result (per-position rows, or a running partial). A chunk recomputed
+after preemption replaces what it covers, as captures do; gaps are an error at assembly.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, ClassVar
+
+import torch
+
+from engine.core.address import Address, parse
+from engine.core.errors import EngineError
+from engine.core.points import INTEGER_POINTS, KEY_AXIS_POINTS, RESIDUAL_POINTS
+
+
+class ReadoutError(EngineError, ValueError):
+    """A readout that cannot be computed as asked (its kind, its parameters, its address)."""
+
+
+@dataclass(frozen=True)
+class TopK:
+    """Sparse per-position output: `indices` [..., k] (int64; -1 where a threshold dropped the slot)
+    and `values` [..., k] (float32), highest first."""
+    indices: torch.Tensor
+    values: torch.Tensor
+
+    @property
+    def shape(self) -> tuple:
+        return tuple(self.indices.shape)
+
+    def dense(self, width: int) -> torch.Tensor:
+        """[..., width] with each kept value at its index and 0 elsewhere."""
+        out = torch.zeros(*self.indices.shape[:-1], width + 1, dtype=self.values.dtype)
+        idx = torch.where(self.indices < 0, width, self.indices)
+        out.scatter_(-1, idx.cpu(), self.values.cpu())
+        return out[..., :width]
+
+    def map(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> "TopK":
+        return TopK(fn(self.indices), fn(self.values))
+
+
+@dataclass(frozen=True)
+class Env:
+    """What a backend gives its readouts: `lens(rows, point)` -> logits [n, vocab] through the model's
+    own final norm and head; `sae(spec)` -> a loaded SAE (from a path, cached by the backend)."""
+    lens: "Callable[[torch.Tensor, str], torch.Tensor] | None" = None
+    sae: "Callable[[Any], Any] | None" = None
+
+
+class Kind:
+    """A readout kind. `per_position`: one result row per position (else one result per call)."""
+    per_position: ClassVar[bool] = True
+    sparse: ClassVar[bool] = False
+    label: ClassVar[str] = ""
+
+    def check(self, address: Address) -> None:
+        """Refuse an address this kind cannot read (model-independent)."""
+
+    def bind(self, env: Env, address: Address) -> Callable[[torch.Tensor], tuple]:
+        """rows [n, *shape] at `address` -> parts: per-position kinds a tuple of [n, ...] tensors (dense: one;
+        sparse: indices, values), position kinds a partial for `combine`."""
+        raise NotImplementedError
+
+    def combine(self, partials: list[tuple], n: int) -> tuple:
+        raise NotImplementedError
+
+    def describe(self) -> str:
+        return self.label
+
+
+# -- position kinds ------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Mean(Kind):
+    """The mean over positions (float32)."""
+    per_position: ClassVar[bool] = False
+    label: ClassVar[str] = "mean"
+
+    def bind(self, env: Env, address: Address) -> Callable[[torch.Tensor], tuple]:
+        return lambda x: (x.float().sum(0),)
+
+    def combine(self, partials: list[tuple], n: int) -> tuple:
+        return (torch.stack([p[0] for p in partials]).sum(0) / n,)
+
+
+@dataclass(frozen=True)
+class Max(Kind):
+    """The elementwise max over positions."""
+    per_position: ClassVar[bool] = False
+    label: ClassVar[str] = "max"
+
+    def bind(self, env: Env, address: Address) -> Callable[[torch.Tensor], tuple]:
+        return lambda x: (x.amax(0),)
+
+    def combine(self, partials: list[tuple], n: int) -> tuple:
+        return (torch.stack([p[0] for p in partials]).amax(0),)
+
+
+@dataclass(frozen=True)
+class Last(Kind):
+    """The last position's value."""
+    per_position: ClassVar[bool] = False
+    label: ClassVar[str] = "last"
+
+    def bind(self, env: Env, address: Address) -> Callable[[torch.Tensor], tuple]:
+        return lambda x: (x[-1].clone(),)  # a copy: vLLM reuses its activation buffers
+
+    def combine(self, partials: list[tuple], n: int) -> tuple:
+        return partials[-1]
+
+
+# -- per-position kinds --------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Norm(Kind):
+    """Each position's L2 norm over the point's per-position dims (float32)."""
+    label: ClassVar[str] = "norm"
+
+    def bind(self, env: Env, address: Address) -> Callable[[torch.Tensor], tuple]:
+        return lambda x: (x.float().reshape(x.shape[0], -1).norm(dim=-1),)
+
+
+ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "relu": torch.relu, "sigmoid": torch.sigmoid, "tanh": torch.tanh,
+    "softmax": lambda y: torch.softmax(y, dim=-1), "log_softmax": lambda y: torch.log_softmax(y, dim=-1),
+}
+
+
+def _finite_matrix(t, what: str, dims: tuple) -> torch.Tensor:
+    if not isinstance(t, torch.Tensor):
+        raise ReadoutError(f"{what} must be a torch.Tensor, got {type(t).__name__}.")
+    if t.dim() not in dims or t.numel() == 0:
+        raise ReadoutError(f"{what} must have {' or '.join(map(str, dims))} dims and no empty axis, got shape "
+                           f"{tuple(t.shape)}.")
+    if t.device.type == "meta" or not bool(torch.isfinite(t).all()):
+        raise ReadoutError(f"{what} holds no data or non-finite values; give finite numbers on a real device.")
+    return t.detach().float().cpu()
+
+
+@dataclass(frozen=True, eq=False)
+class Project(Kind):
+    """A linear probe or a set of directions: act(x @ W.T + b) per position, x the flattened
+    per-position vector. W [out, d] gives [pos, out]; one direction W [d] gives [pos]. `act`: None or
+    one of ACTIVATIONS."""
+    W: torch.Tensor
+    b: Any = None  # a tensor [out] or [1], or a number; held as a float32 tensor
+    act: str | None = None
+    label: ClassVar[str] = "project"
+
+    def __post_init__(self):
+        W = _finite_matrix(self.W, "Project W", (1, 2))
+        b = self.b
+        if b is not None:
+            b = _finite_matrix(torch.as_tensor(b, dtype=torch.float32).reshape(-1) if not isinstance(b, torch.Tensor)
+                               else b.reshape(-1), "Project b", (1,))
+            want = 1 if W.dim() == 1 else W.shape[0]
+            if b.numel() not in (1, want):
+                raise ReadoutError(f"Project b has {b.numel()} entries; W {tuple(W.shape)} gives {want} outputs.")
+        if self.act is not None and self.act not in ACTIVATIONS:
+            raise ReadoutError(f"Project act {self.act!r} is not one of {', '.join(ACTIVATIONS)} (or None).")
+        object.__setattr__(self, "W", W)
+        object.__setattr__(self, "b", b)
+
+    @property
+    def width(self) -> int:
+        return self.W.shape[-1]
+
+    def bind(self, env: Env, address: Address) -> Callable[[torch.Tensor], tuple]:
+        placed: dict = {}
+
+        def fn(x: torch.Tensor) -> tuple:
+            flat = x.reshape(x.shape[0], -1)
+            if flat.shape[1] != self.width:
+                raise ReadoutError(f"Project W reads {self.width} dims but {address} has {flat.shape[1]} per position "
+                                   f"(shape {tuple(x.shape[1:])}); give W of shape [out, {flat.shape[1]}].")
+            if flat.device not in placed:  # moved to the activation's device once
+                placed[flat.device] = (self.W.to(flat.device), None if self.b is None else self.b.to(flat.device))
+            W, b = placed[flat.device]
+            y = flat.float() @ (W.T if W.dim() == 2 else W)
+            if b is not None:
+                y = y + (b if W.dim() == 2 else b[0])
+            return ((ACTIVATIONS[self.act](y) if self.act else y),)
+        return fn
+
+    def describe(self) -> str:
+        return f"project[{'x'.join(map(str, self.W.shape))}{',' + self.act if self.act else ''}]"
+
+
+def _positive_int(k, what: str) -> int:
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise ReadoutError(f"{what} must be a positive int, got {k!r}.")
+    return k
+
+
+@dataclass(frozen=True)
+class LensTopK(Kind):
+    """Logit lens at a residual point: the k most likely token ids and their log-probabilities."""
+    k: int = 5
+    sparse: ClassVar[bool] = True
+    label: ClassVar[str] = "lens_topk"
+
+    def __post_init__(self):
+        _positive_int(self.k, "LensTopK k")
+
+    def check(self, address: Address) -> None:
+        if address.point not in RESIDUAL_POINTS or address.coords:
+            raise ReadoutError(f"LensTopK reads a whole residual point; {address} is not one (use one of: "
+                               f"{', '.join(RESIDUAL_POINTS)}).")
+
+    def bind(self, env: Env, address: Address) -> Callable[[torch.Tensor], tuple]:
+        lens = env.lens
+        if lens is None:
+            raise ReadoutError("this backend has no logit lens for readouts; use backend='eager' or 'vllm'.")
+
+        def fn(x: torch.Tensor) -> tuple:
+            lp = torch.log_softmax(lens(x, address.point).float(), dim=-1)
+            v, i = lp.topk(min(self.k, lp.shape[-1]), dim=-1)
+            return i, v
+        return fn
+
+    def describe(self) -> str:
+        return f"lens_top{self.k}"
+
+
+@dataclass(frozen=True, eq=False)
+class SAEFeatures(Kind):
+    """An SAE's latents per position, sparse: the k largest (highest first); with `threshold`, slots
+    whose value is not above it hold index -1 and value 0. `sae` is a directory in SAELens's format
+    (cfg.json + sae_weights.safetensors), loaded once per process and cached, or a loaded SAE (eager
+    only: the vLLM workers load from a path)."""
+    sae: Any
+    k: int = 32
+    threshold: float | None = None
+    sparse: ClassVar[bool] = True
+    label: ClassVar[str] = "sae"
+
+    def __post_init__(self):
+        _positive_int(self.k, "SAEFeatures k")
+        if isinstance(self.sae, Path):
+            object.__setattr__(self, "sae", str(self.sae))
+        if isinstance(self.sae, str) and not Path(self.sae).is_dir():
+            raise ReadoutError(f"SAEFeatures: {self.sae!r} is not a directory (an SAE in SAELens's format: "
+                               f"cfg.json + sae_weights.safetensors).")
+        if not isinstance(self.sae, str) and not callable(getattr(self.sae, "encode", None)):
+            raise ReadoutError(f"SAEFeatures sae must be a directory path or a loaded SAE (with encode), "
+                               f"got {type(self.sae).__name__}.")
+        t = self.threshold
+        if t is not None and (isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t)):
+            raise ReadoutError(f"SAEFeatures threshold must be a finite number or None, got {t!r}.")
+
+    def bind(self, env: Env, address: Address) -> Callable[[torch.Tensor], tuple]:
+        from engine.core.features import topk
+        sae = self.sae if not isinstance(self.sae, str) else (env.sae(self.sae) if env.sae else None)
+        if sae is None:
+            raise ReadoutError("this backend cannot load SAEs for readouts; use backend='eager' or 'vllm'.")
+        if self.k > int(sae.d_sae):
+            raise ReadoutError(f"SAEFeatures k={self.k} exceeds the SAE's {sae.d_sae} latents.")
+
+        def fn(x: torch.Tensor) -> tuple:
+            flat = x.reshape(x.shape[0], -1)
+            sae.check_width(flat.shape[1], str(address))
+            i, v = topk(sae.encode(flat).float(), self.k)
+            if self.threshold is not None:
+                drop = v <= self.threshold
+                i, v = i.masked_fill(drop, -1), v.masked_fill(drop, 0.0)
+            return i, v
+        return fn
+
+    def describe(self) -> str:
+        where = Path(self.sae).name if isinstance(self.sae, str) else type(self.sae).__name__
+        return f"sae[{where},k={self.k}{'' if self.threshold is None else f',>{self.threshold:g}'}]"
+
+
+KINDS: dict[str, type] = {k.__name__: k for k in (Mean, Max, Last, Norm, Project, LensTopK, SAEFeatures)}
+
+
+@dataclass(eq=False)
+class Readout:
+    """What to read at `address` and how (`kind`, an object of KINDS); `name` keys its result
+    (default "address:kind"). Readouts compare by identity, like steers."""
+    address: "str | Address"
+    kind: Kind
+    name: str | None = None
+
+    def __post_init__(self):
+        self.address = parse(self.address)
+        if not isinstance(self.kind, Kind):
+            raise ReadoutError(f"Readout kind must be one of {', '.join(KINDS)} (an object, e.g. Mean() or "
+                               f"LensTopK(5)), got {type(self.kind).__name__} {self.kind!r:.60}.")
+        point = self.address.point
+        if point in KEY_AXIS_POINTS or point in INTEGER_POINTS or point in ("lm_head", "lm_head_raw"):
+            raise ReadoutError(f"readouts read per-position activation vectors; {point!r} is not one (attention "
+                               f"patterns, expert indices and logits are captured, or use LensTopK at a residual "
+                               f"point / logprobs= for the model's own next-token distribution).")
+        self.kind.check(self.address)
+        if self.name is None:
+            self.name = f"{self.address}:{self.kind.describe()}"
+        elif not isinstance(self.name, str) or not self.name:
+            raise ReadoutError(f"Readout name must be a non-empty string, got {self.name!r}.")
+
+    def at(self, address: Address) -> "Readout":
+        """The same readout at a resolved address, its name kept."""
+        return dataclasses.replace(self, address=address)
+
+
+def validate_readouts(readouts) -> list[Readout]:
+    """The readouts of a `readouts=` argument (a Readout, an iterable of them, or None), checked:
+    Readout objects with distinct names."""
+    if readouts is None:
+        return []
+    items = [readouts] if isinstance(readouts, Readout) else None
+    if items is None:
+        if isinstance(readouts, (str, bytes, dict, torch.Tensor)) or not hasattr(readouts, "__iter__"):
+            raise ReadoutError(f"readouts must be a Readout or a list of them, got {type(readouts).__name__}; "
+                               f"e.g. readouts=[Readout('resid_post.1', Mean())].")
+        items = list(readouts)
+    names: dict = {}
+    for i, r in enumerate(items):
+        if not isinstance(r, Readout):
+            raise ReadoutError(f"readouts entry {i} is {type(r).__name__} {r!r:.60}, not a Readout; build it with "
+                               f"Readout(address, kind), e.g. Readout('resid_post.1', Mean()).")
+        if r.name in names:
+            raise ReadoutError(f"two readouts are named {r.name!r} (entries {names[r.name]} and {i}); give one "
+                               f"of them name=.")
+        names[r.name] = i
+    return items
+
+
+@dataclass(eq=False)
+class Accumulator:
+    """One readout of one plan, bound where it runs: takes each chunk's rows [n, ...] at absolute
+    position pos0 and keeps the readout's parts (chunks of (pos0, n, parts))."""
+    readout: Readout
+    fn: Callable[[torch.Tensor], tuple]
+    chunks: list = field(default_factory=list)
+    error: str | None = None
+
+    def add(self, pos0: int, x: torch.Tensor) -> None:
+        parts = self.fn(x)
+        if self.chunks:
+            p, n, _ = self.chunks[-1]
+            if pos0 < p + n:  # recomputed after preemption: drop what is being recomputed
+                kept = []
+                for p, n, c in self.chunks:
+                    if p + n <= pos0:
+                        kept.append((p, n, c))
+                    elif p < pos0:
+                        if not self.readout.kind.per_position:
+                            self.error = (f"{self.readout.name}: the scheduler recomputed this request from "
+                                          f"position {pos0}, inside a reduced chunk; rerun the request")
+                            kept = []
+                            break
+                        kept.append((p, pos0 - p, tuple(t[:pos0 - p] for t in c)))
+                self.chunks = kept
+        self.chunks.append((pos0, x.shape[0], parts))
+
+    def _contiguous(self, start: int) -> list:
+        if self.error:
+            raise RuntimeError(self.error)
+        if not self.chunks:
+            raise RuntimeError(f"readout {self.readout.name} saw no position of this request.")
+        at = start
+        for p, n, _ in self.chunks:
+            if p != at:
+                raise RuntimeError(f"readout {self.readout.name}: positions {at}..{p - 1} were never computed in "
+                                   f"this request (served from a prefix cache); report this as a bug.")
+            at += n
+        return self.chunks
+
+    def result(self):
+        """The readout's value: [pos, ...] (or TopK) per position, else the reduced value."""
+        chunks = self._contiguous(0)
+        kind = self.readout.kind
+        if not kind.per_position:
+            return kind.combine([c for _, _, c in chunks], sum(n for _, n, _ in chunks))[0]
+        return as_value(kind, tuple(torch.cat(ts) for ts in zip(*(c for _, _, c in chunks))))
+
+    def rows_from(self, start: int) -> "tuple | None":
+        """Per-position parts from absolute position `start` up to the first gap (a stream's read)."""
+        parts, at = [], start
+        for p, n, c in self.chunks:
+            if p + n <= at:
+                continue
+            if p > at:
+                break
+            parts.append(tuple(t[at - p:] for t in c))
+            at = p + n
+        return tuple(torch.cat(ts) for ts in zip(*parts)) if parts else None
+
+
+def as_value(kind: Kind, parts: tuple):
+    """Parts -> what a user gets: a tensor, or TopK for sparse kinds."""
+    return TopK(*parts) if kind.sparse else parts[0]
+
+
+def parts_of(value) -> tuple:
+    return (value.indices, value.values) if isinstance(value, TopK) else (value,)
+
+
+def bind(readouts: list[Readout], env: Env) -> dict:
+    """{name: Accumulator} for one plan's readouts on a backend."""
+    return {r.name: Accumulator(r, r.kind.bind(env, parse(r.address))) for r in readouts}
+
+
+# -- plain data (the vLLM wire) ------------------------------------------------------------------
+def kind_fields(kind: Kind) -> dict:
+    """A kind's declared fields (tensors left as tensors), for the wire."""
+    return {f.name: getattr(kind, f.name) for f in dataclasses.fields(kind)}  # type: ignore[arg-type]
+
+
+def kind_from(name: str, fields: dict) -> Kind:
+    if name not in KINDS:
+        raise ReadoutError(f"unknown readout kind {name!r}; kinds: {', '.join(KINDS)}.")
+    return KINDS[name](**fields)

@@ -1,0 +1,268 @@
+"""Readouts (engine/core/readouts.py) computed where the activation is: each kind against the same
+reduction computed independently from a plain capture on eager, the forward left untouched, bad
+input refused by name; and vllm / vllm-static against eager under concurrent requests with
+different readouts and steers (validator tolerances)."""
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import torch
+
+from engine import Readout, Steer
+from engine.core.readouts import LensTopK, Last, Max, Mean, Norm, Project, ReadoutError, SAEFeatures, TopK
+from engine.core.sae_files import load_sae, write_random_sae
+from engine.core.results import Request
+from test_vllm_common import check, eager_model, random_vector, vllm_model
+
+LLAMA = "meta-llama/Llama-3.2-1B"
+DECLARED = ["resid_post", "mlp_out.1", "z.1"]  # the shared vllm-static engine of test_vllm_interventions
+PROMPTS = ["The quick brown fox jumps over the lazy dog", "Hello world"]
+
+
+@pytest.fixture(scope="module")
+def em():
+    return eager_model(LLAMA)
+
+
+@pytest.fixture(scope="session")
+def sae_dirs(tmp_path_factory):
+    """Random SAEs in SAELens's on-disk format at the zoo Llama's width (256): {arch: directory}."""
+    root = tmp_path_factory.mktemp("saes")
+    return {arch: str(write_random_sae(root / arch, arch, d_in=256, d_sae=512, seed=i, **kw))
+            for i, (arch, kw) in enumerate([("standard", {}), ("topk", {"k": 16}), ("jumprelu", {})])}
+
+
+@pytest.mark.parametrize("arch", ["standard", "topk", "jumprelu"])
+def test_sae_features_equal_the_top_k_of_the_saes_encoding_of_a_capture(em, sae_dirs, arch):
+    sae = load_sae(sae_dirs[arch])
+    rs = [Readout("resid_post.1", SAEFeatures(sae_dirs[arch], k=8), name="f"),
+          Readout("resid_post.1", SAEFeatures(sae, k=4, threshold=0.05), name="loaded")]
+    _, cache = em.run_with_cache(PROMPTS, ["resid_post.1"], readouts=rs)
+    for i, x in enumerate(_rows(cache, "resid_post.1")):
+        c = cache.columns[i]
+        f = sae.encode(x)
+        ref = f.topk(8)
+        got = cache.readouts["f"]
+        assert torch.equal(got.indices[i, c], ref.indices) and torch.allclose(got.values[i, c], ref.values, atol=1e-6)
+        small = cache.readouts["loaded"]
+        top4 = f.topk(4)
+        keep = top4.values > 0.05
+        assert torch.equal(small.indices[i, c], torch.where(keep, top4.indices, -1))
+        assert torch.allclose(small.values[i, c], torch.where(keep, top4.values, 0.0), atol=1e-6)
+        assert torch.allclose(got.dense(512)[i, c], ref.values.new_zeros(len(c), 512).scatter(-1, ref.indices,
+                                                                                               ref.values), atol=1e-6)
+    with pytest.raises(Exception, match="k=600 exceeds the SAE's 512 latents"):
+        em.run_with_cache("hi", readouts=[Readout("resid_post.1", SAEFeatures(sae_dirs[arch], k=600))])
+    with pytest.raises(Exception, match="d_in is 256"):
+        em.run_with_cache("hi", readouts=[Readout("mlp_act.1", SAEFeatures(sae, k=4))])
+
+
+def _rows(cache, key):
+    """Each sequence's own rows of a padded capture."""
+    return [cache[key][i, c] for i, c in enumerate(cache.columns)]
+
+
+def test_position_kinds_equal_the_reduction_of_a_capture(em):
+    rs = [Readout("resid_post.1", Mean()), Readout("resid_post.1", Max()), Readout("mlp_out.0", Last()),
+          Readout("z.1.head-2", Mean(), name="zmean")]
+    _, cache = em.run_with_cache(PROMPTS, ["resid_post.1", "mlp_out.0", "z.1"], readouts=rs)
+    for i, x in enumerate(_rows(cache, "resid_post.1")):
+        assert torch.allclose(cache.readouts["resid_post.1:mean"][i], x.mean(0), atol=1e-6)
+        assert torch.equal(cache.readouts["resid_post.1:max"][i], x.amax(0))
+    for i, x in enumerate(_rows(cache, "mlp_out.0")):
+        assert torch.equal(cache.readouts["mlp_out.0:last"][i], x[-1])
+    for i, x in enumerate(_rows(cache, "z.1")):
+        assert torch.allclose(cache.readouts["zmean"][i], x[:, 2].mean(0), atol=1e-6)
+    assert cache.readouts["resid_post.1:mean"].shape == (2, em.d_model)
+
+
+def test_per_position_kinds_equal_their_maths_on_a_capture(em):
+    W, b = random_vector((3, em.d_model), 1, 1.0), random_vector((3,), 2, 1.0)
+    u = random_vector((em.d_model,), 3, 1.0)
+    rs = [Readout("resid_post.0", Norm()), Readout("resid_post.1", Project(W, b, act="sigmoid"), name="probe"),
+          Readout("resid_post.1", Project(u), name="dir")]
+    _, cache = em.run_with_cache(PROMPTS, ["resid_post.0", "resid_post.1"], readouts=rs)
+    cols = cache.columns
+    for i, (x0, x1) in enumerate(zip(_rows(cache, "resid_post.0"), _rows(cache, "resid_post.1"))):
+        assert torch.allclose(cache.readouts["resid_post.0:norm"][i, cols[i]], x0.norm(dim=-1), rtol=1e-6)
+        assert torch.allclose(cache.readouts["probe"][i, cols[i]], torch.sigmoid(x1 @ W.T + b), atol=1e-6)
+        assert torch.allclose(cache.readouts["dir"][i, cols[i]], x1 @ u, atol=1e-5)
+    pad = [c for c in range(cache["resid_post.0"].shape[1]) if c not in cols[1].tolist()]
+    assert bool((cache.readouts["probe"][1, pad] == 0).all())  # padded positions hold 0, like a capture
+
+
+def test_lens_topk_equals_the_logit_lens_of_a_capture(em):
+    rs = [Readout("resid_post.-1", LensTopK(4), name="lens"), Readout("final_norm", LensTopK(2), name="head")]
+    logits, cache = em.run_with_cache(PROMPTS, ["resid_post.-1"], readouts=rs)
+    ref = torch.log_softmax(em.logit_lens((cache, "resid_post.-1")).float(), -1).topk(4)
+    got = cache.readouts["lens"]
+    assert isinstance(got, TopK) and got.shape == (2, cache["resid_post.-1"].shape[1], 4)
+    for i, c in enumerate(cache.columns):
+        assert torch.equal(got.indices[i, c], ref.indices[i, c])
+        assert torch.allclose(got.values[i, c], ref.values[i, c], atol=1e-5)
+        head = torch.log_softmax(logits[i, c].float(), -1).topk(2)  # final_norm lensed without a second norm
+        assert torch.equal(cache.readouts["head"].indices[i, c], head.indices)
+    assert bool((got.indices[1, :cache.columns[1][0]] == -1).all())  # pad slots: index -1
+
+
+def test_readouts_leave_the_forward_and_other_captures_untouched(em):
+    """A readout only reads; a lens readout runs the final norm and head inside the forward, and the
+    captures at those very points must not see its rows."""
+    rs = [Readout("resid_post.0", LensTopK(3)), Readout("resid_post.1", Mean())]
+    points = ["final_norm", "lm_head", "resid_post.1"]
+    l0, c0 = em.run_with_cache(PROMPTS, points)
+    l1, c1 = em.run_with_cache(PROMPTS, points, readouts=rs)
+    assert torch.equal(l0, l1)
+    for p in points:
+        assert torch.equal(c0[p], c1[p]), p
+
+
+def test_generate_and_stream_readouts_cover_the_captured_positions(em):
+    W = random_vector((2, em.d_model), 4, 1.0)
+    rs = [Readout("resid_post.1", Project(W), name="p"), Readout("resid_post.1", Mean()),
+          Readout("resid_post.-1", LensTopK(2), name="lens")]
+    st = [Steer("resid_post.0", "add", random_vector((em.d_model,), 5))]
+    out = em.generate(PROMPTS, 4, points=["resid_post.1"], steer=st, readouts=rs)
+    for i, x in enumerate(_rows(out.cache, "resid_post.1")):  # prompt + each fed-back token, as captured
+        c = out.cache.columns[i]
+        assert torch.allclose(out.cache.readouts["p"][i, c], x @ W.T, atol=1e-5)
+        assert torch.allclose(out.cache.readouts["resid_post.1:mean"][i], x.mean(0), atol=1e-6)
+    # the lens of the last layer's output picks the next token (greedy) at every generated step
+    assert torch.equal(out.cache.readouts["lens"].indices[:, -3:, 0], out.new_tokens[:, 1:])
+    steps = list(em.stream(PROMPTS[0], 4, steer=st, readouts=rs))
+    assert [s.token for s in steps] == out.requests[0].new_tokens.tolist()
+    assert steps[0].readouts["p"].shape[0] == out.requests[0].prompt_ids.shape[0]
+    assert all(s.readouts["p"].shape[0] == 1 for s in steps[1:])
+    assert "resid_post.1:mean" not in steps[0].readouts  # reductions only in the result
+    per_step = torch.cat([s.readouts["p"] for s in steps])  # the prompt, then each token fed back
+    assert torch.allclose(per_step, steps[-1].result.cache.readouts["p"], atol=1e-6)
+
+
+@pytest.mark.parametrize("make, match", [
+    (lambda: Readout("resid_post.1", "mean"), "Readout kind must be one of"),
+    (lambda: Readout("resid_post.1", Project(torch.ones(2, 2, 2))), "Project W must have 1 or 2 dims"),
+    (lambda: Readout("resid_post.1", Project(torch.full((4,), float("nan")))), "non-finite"),
+    (lambda: Readout("resid_post.1", Project(torch.ones(3, 4), b=torch.ones(2))), "b has 2 entries"),
+    (lambda: Readout("resid_post.1", Project(torch.ones(4), act="gelu")), "act 'gelu' is not one of"),
+    (lambda: Readout("resid_post.1", LensTopK(0)), "LensTopK k must be a positive int"),
+    (lambda: Readout("resid_post.1", LensTopK(True)), "LensTopK k must be a positive int"),
+    (lambda: Readout("mlp_act.1", LensTopK(3)), "not one"),
+    (lambda: Readout("attn_probs.1", Mean()), "per-position activation vectors"),
+    (lambda: Readout("lm_head", Norm()), "per-position activation vectors"),
+    (lambda: Readout("resid_post.1", Mean(), name=""), "non-empty string"),
+    (lambda: Readout("resid_post.1", SAEFeatures("/nonexistent/sae")), "is not a directory"),
+    (lambda: Readout("resid_post.1", SAEFeatures(torch.ones(3))), "a directory path or a loaded SAE"),
+    (lambda: Readout("resid_post.1", SAEFeatures("/tmp", k=2, threshold=float("inf"))), "finite number"),
+])
+def test_bad_readouts_are_refused_when_made(make, match):
+    with pytest.raises(ReadoutError, match=match):
+        make()
+
+
+def test_bad_readouts_are_refused_by_the_call(em):
+    r = Readout("resid_post.1", Mean())
+    with pytest.raises(ReadoutError, match="two readouts are named 'resid_post.1:mean'"):
+        em.run_with_cache("hi", readouts=[r, Readout("resid_post.1", Mean())])
+    with pytest.raises(ReadoutError, match="readouts entry 0 is str"):
+        em.run_with_cache("hi", readouts=["resid_post.1"])
+    with pytest.raises(ReadoutError, match="readouts must be a Readout or a list"):
+        em.run_with_cache("hi", readouts="resid_post.1")
+    with pytest.raises(ReadoutError, match="without gradients"):
+        em.run_with_cache("hi", readouts=[r], grad=True)
+    with pytest.raises(ReadoutError, match=rf"Project W reads 7 dims but resid_post.1 has {em.d_model}"):
+        em.run_with_cache("hi", readouts=[Readout("resid_post.1", Project(torch.ones(2, 7)))])
+    with pytest.raises(Exception, match="out of range"):
+        em.run_with_cache("hi", readouts=[Readout("resid_post.40", Mean())])
+
+
+# -- vllm and vllm-static against eager ---------------------------------------------------------------
+def assert_same(ours, ref, backend: str, what: str) -> None:
+    """ours ~ ref at the validator's tolerance (decode tier: generation goes through the KV cache);
+    a TopK's indices must agree wherever its values are apart by more than that tolerance."""
+    if isinstance(ref, TopK):
+        assert isinstance(ours, TopK), what
+        assert_same(ours.values, ref.values, backend, what + " values")
+        v = ref.values
+        gap = torch.minimum(torch.cat([v[..., :1] * 0 + 1e9, (v[..., :-1] - v[..., 1:]).abs()], -1),
+                            torch.cat([(v[..., :-1] - v[..., 1:]).abs(), v[..., :1] * 0 + 1e9], -1))
+        apart = gap > 1e-3
+        assert torch.equal(ours.indices[apart], ref.indices[apart]), what + " indices"
+        return
+    o, r = ours.float(), ref.float()
+    check(o.reshape(1, 1, -1) if o.dim() < 2 else o[None], r.reshape(1, 1, -1) if r.dim() < 2 else r[None],
+          "readout", backend, "decode", what)
+
+
+def _requests(d: int, n: int, saes: dict) -> list[Request]:
+    """n requests, each with its own readouts and steers (affine, so vllm-static serves them too)."""
+    out = []
+    arch = list(saes)
+    for i in range(n):
+        W = random_vector((3, d), 10 + i, 0.5)
+        rs = [Readout("resid_post.1", [Mean(), Max(), Last()][i % 3]),
+              Readout(f"resid_post.{i % 2}", SAEFeatures(saes[arch[i % len(arch)]], k=4 + i % 3), name="sae"),
+              Readout(f"resid_post.{i % 2}", Project(W, act=["sigmoid", None][i % 2]), name="probe"),
+              Readout("resid_post.1", LensTopK(3), name="lens"), Readout("mlp_out.1", Norm()),
+              Readout("z.1.head-1", Norm(), name="head")][: 3 + i % 4]
+        steer = [Steer(f"resid_post.{i % 2}", "add", random_vector((d,), 20 + i, 2.0))] if i % 2 else []
+        out.append(Request(PROMPTS[i % 2] + " and more" * (i % 3), 3, steer=steer, readouts=rs))
+    return out
+
+
+def _engine(backend: str):
+    return vllm_model(LLAMA, backend, **({"static_points": DECLARED} if backend == "vllm-static" else {}))
+
+
+def _concurrent_readouts_match_eager(backend: str, n: int, saes: dict) -> None:
+    vm, em = _engine(backend), eager_model(LLAMA)
+    reqs = _requests(vm.d_model, n, saes)
+
+    async def run():  # concurrent calls from one loop: one continuous batch, each request its own plan
+        return await asyncio.gather(*(vm.aio.generate(r.prompt, r.max_new_tokens, steer=r.steer, readouts=r.readouts)
+                                      for r in reqs))
+    got = asyncio.run(run())
+    for i, (r, g) in enumerate(zip(reqs, got)):
+        ref = em.generate(r.prompt, r.max_new_tokens, steer=r.steer, readouts=r.readouts)
+        assert torch.equal(g.new_tokens, ref.new_tokens), f"request {i}"
+        assert set(g.cache.readouts) == {x.name for x in r.readouts}
+        for name, want in ref.cache.readouts.items():
+            assert_same(g.cache.readouts[name], want, backend, f"request {i} {name}")
+
+
+@pytest.mark.vllm
+@pytest.mark.parametrize("backend", ["vllm", "vllm-static"])
+def test_readouts_match_eager_under_concurrent_requests(backend, sae_dirs):
+    _concurrent_readouts_match_eager(backend, 4, sae_dirs)
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+@pytest.mark.parametrize("backend", ["vllm", "vllm-static"])
+def test_readouts_match_eager_under_16_concurrent_requests(backend, sae_dirs):
+    _concurrent_readouts_match_eager(backend, 16, sae_dirs)
+
+
+@pytest.mark.vllm
+def test_vllm_capture_and_stream_readouts_match_eager():
+    vm, em = _engine("vllm"), eager_model(LLAMA)
+    W = random_vector((2, vm.d_model), 7, 1.0)
+    rs = [Readout("resid_post.1", Project(W), name="p"), Readout("resid_post.0", LensTopK(3), name="lens"),
+          Readout("resid_post.1", Mean())]
+    _, cv = vm.run_with_cache(PROMPTS, readouts=rs)
+    _, ce = em.run_with_cache(PROMPTS, readouts=rs)
+    for name in ce.readouts:
+        assert_same(cv.readouts[name], ce.readouts[name], "vllm", name)
+    sv, se = list(vm.stream(PROMPTS[0], 4, readouts=rs)), list(em.stream(PROMPTS[0], 4, readouts=rs))
+    assert [s.token for s in sv] == [s.token for s in se]
+    for a, b in zip(sv, se):
+        assert set(a.readouts) == set(b.readouts) == {"p", "lens"}, a.index
+        for name in b.readouts:
+            assert_same(a.readouts[name], b.readouts[name], "vllm", f"step {a.index} {name}")
+
+
+@pytest.mark.vllm
+def test_vllm_static_refuses_readouts_its_taps_cannot_feed():
+    vm = _engine("vllm-static")
+    with pytest.raises(Exception, match="mlp_out.0"):
+        vm.run_with_cache("hi", readouts=[Readout("mlp_out.0", Mean())])

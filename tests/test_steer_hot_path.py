@@ -1,0 +1,109 @@
+"""The steering hot path (engine.core.steering.apply_steer, engine.core.plan.steer_span / run_site)
+on plain tensors: the fast paths (every row touched, one finiteness reduction) give what the op
+computed row by row gives, refuse what the full check refuses, and tally receipts alike."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from engine.core.plan import Plan, Span, run_site, site_work, steer_span
+from engine.core.steering import NonFiniteSteer, Steer, apply_steer
+
+D = 6
+
+
+def _rows(n=4, seed=0):
+    return torch.randn(n, D, generator=torch.Generator().manual_seed(seed))
+
+
+def test_every_row_and_a_full_mask_and_no_mask_agree_with_the_op_row_by_row():
+    x, v = _rows(), torch.arange(D, dtype=torch.float32)
+    st = Steer("resid_post.0", "add", v).bound()
+    want = torch.stack([r + v for r in x])
+    for mask in (None, torch.ones(4, dtype=torch.bool)):
+        out = apply_steer(st, x, mask)
+        torch.testing.assert_close(out, want, rtol=0, atol=0)
+        assert out.data_ptr() != x.data_ptr()  # never in place
+    part = apply_steer(st, x, torch.tensor([False, True, False, True]))
+    torch.testing.assert_close(part[[1, 3]], want[[1, 3]], rtol=0, atol=0)
+    torch.testing.assert_close(part[[0, 2]], x[[0, 2]], rtol=0, atol=0)
+
+
+def test_a_head_steer_on_every_row_changes_only_that_head():
+    x = torch.randn(3, 2, D)
+    v = torch.ones(D)
+    st = Steer("z.0.head-1", "add", v).bound()
+    out = apply_steer(st, x, None)
+    torch.testing.assert_close(out[:, 0], x[:, 0], rtol=0, atol=0)
+    torch.testing.assert_close(out[:, 1], x[:, 1] + v, rtol=0, atol=0)
+
+
+def test_a_positional_value_on_every_row_reads_each_rows_position():
+    x, val = _rows(3), torch.randn(10, D)
+    st = Steer("resid_post.0", "add", val).bound()  # [pos, d]
+    out = apply_steer(st, x, None, pos0=5)
+    torch.testing.assert_close(out, x + val[5:8], rtol=0, atol=0)
+
+
+def test_a_result_that_overflows_is_refused_naming_the_steer():
+    x = _rows()
+    with pytest.raises(NonFiniteSteer, match=r"'scale' at resid_post\.0 produced inf or NaN"):
+        apply_steer(Steer("resid_post.0", "scale", 3e38).bound(), x * 10, None)
+
+
+def test_a_value_that_does_not_fit_the_dtype_is_refused_as_such():
+    st = Steer("resid_post.0", "add", torch.full((D,), 1e300, dtype=torch.float64)).bound()
+    with pytest.raises(NonFiniteSteer, match="does not fit the model's float32"):
+        apply_steer(st, _rows(), None)
+
+
+def test_rows_already_non_finite_and_finite_rows_whose_sum_overflows_pass():
+    x = _rows()
+    x[1, 2] = math.inf  # not the steer's doing
+    out = apply_steer(Steer("resid_post.0", "add", torch.ones(D)).bound(), x, None)
+    torch.testing.assert_close(out, x + 1, rtol=0, atol=0)
+    big = torch.full((4, D), 3e38)  # every entry finite; their float32 sum is not
+    assert not math.isfinite(float(big.sum()))
+    out = apply_steer(Steer("resid_post.0", "add", torch.zeros(D)).bound(), big, None)
+    torch.testing.assert_close(out, big, rtol=0, atol=0)
+
+
+def test_receipts_of_every_row_and_of_a_mask_count_positions_and_change_alike():
+    v = torch.randn(D)
+    every = Plan(4, steers=[Steer("resid_post.0", "add", v).bound()])
+    masked = Plan(4, steers=[Steer("resid_post.0", "add", v, positions=slice(4, 6)).bound()])
+    x = _rows(6)
+    for plan in (every, masked):
+        steer_span(Span(plan, 0, 6, 2), list(enumerate(plan.steers)), x)
+    (r_all,), (r_mask,) = every.receipts(), masked.receipts()
+    d = ((x + v) - x).pow(2).sum(-1).double()
+    assert (r_all.rows, r_mask.rows) == (6, 2)
+    assert r_all.change_norm == pytest.approx(float(d.sum().sqrt()))
+    assert r_mask.change_norm == pytest.approx(float(d[2:4].sum().sqrt()))  # positions 4, 5 = rows 2, 3
+
+
+def test_run_site_gives_back_a_single_span_covering_the_step_without_copying_the_input():
+    v = torch.randn(D)
+    plan = Plan(4, steers=[Steer("resid_post.0", "add", v).bound()])
+    t = _rows()
+    out = run_site(t, [Span(plan, 0, 4, 0)], site_work([plan], str)["resid_post.0"], None)
+    torch.testing.assert_close(out, t + v, rtol=0, atol=0)
+    other = Plan(4)  # two spans, one steered: the other's rows are the input's
+    t2 = _rows(6, 1)
+    work = site_work([plan, other], str)["resid_post.0"]
+    out2 = run_site(t2, [Span(plan, 0, 3, 0), Span(other, 3, 6, 0)], work, None)
+    torch.testing.assert_close(out2[:3], t2[:3] + v, rtol=0, atol=0)
+    torch.testing.assert_close(out2[3:], t2[3:], rtol=0, atol=0)
+
+
+def test_an_op_that_gives_back_its_input_still_returns_new_storage(monkeypatch):
+    from engine.core import ops
+    op = ops.OPS["add"]
+    monkeypatch.setitem(ops.OPS, "add", ops.Op(op.name, op.value, op.doc, lambda x, v, p: x.reshape(x.shape),
+                                               op.affine))
+    x = _rows()
+    out = apply_steer(Steer("resid_post.0", "add", torch.ones(D)).bound(), x, None)
+    torch.testing.assert_close(out, x, rtol=0, atol=0)
+    assert out.data_ptr() != x.data_ptr()
