@@ -2,7 +2,8 @@
 # The GPU run, in one script, for a CUDA machine with no model hub (everything offline), within a
 # device-time budget: real-size twins of the headline models, the gpu-marked tests, the vLLM /
 # vllm-static validator columns, the headline sweep (1 stream and 8 concurrent; eager, vllm,
-# vllm-static, vllm-generate; 512-token prompt, 128 new tokens), then publish.
+# vllm-static, vllm-generate; 512-token prompt, 128 new tokens), the server against stock `vllm serve`,
+# then publish.
 #
 #   bash benchmarks/gpu.sh                       # on the GPU machine, from the repository root
 #
@@ -11,7 +12,7 @@
 # knob is an environment variable, so the same script runs on CPU with a tiny model as its test:
 #
 #   DEVICE=cpu SIZE=tiny MODELS=meta-llama/Llama-3.2-1B PROMPT=32 NEW=4 ROUNDS=6 SKIP_TESTS=1 \
-#     SKIP_VALIDATOR=1 OUT=/tmp/gpu-smoke PUBLISH_ARGS="--readme /tmp/R.md --ts /tmp/b.ts --out /tmp/o" \
+#     SKIP_VALIDATOR=1 SKIP_SERVE=1 OUT=/tmp/gpu-smoke PUBLISH_ARGS="--readme /tmp/R.md --ts /tmp/b.ts --out /tmp/o" \
 #     bash benchmarks/gpu.sh
 #
 # Needs: .venv (or PY) with CUDA torch and vLLM for CUDA (`bash scripts/setup.sh --cuda`); the zoo cache
@@ -34,6 +35,7 @@ MIN_SAMPLE=${MIN_SAMPLE:-0.5}
 BUDGET_S=${BUDGET_S:-570}                 # the device time this script may use, in seconds
 OUT=${OUT:-reports/benchmarks/sweeps}     # sweeps root; publish reads every sweep under it
 VALIDATOR_OUT=${VALIDATOR_OUT:-/tmp/gpu-validator}
+SERVE_OUT=${SERVE_OUT:-/tmp/gpu-serve}    # the server load report (never the committed CPU one)
 PUBLISH_ARGS=${PUBLISH_ARGS:-}
 REAL=${REAL:-}                            # set: sweep the real checkpoints from the HF cache, not twins
 if [ "$DEVICE" = cpu ]; then DTYPE=${DTYPE:-float32}; THREADS=${THREADS:-1}; else DTYPE=${DTYPE:-bfloat16}; THREADS=${THREADS:-0}; fi
@@ -69,5 +71,11 @@ done
 
 # 5. publish every sweep under OUT (the CPU sweeps beside the GPU ones), all or nothing
 phase "publish" 5 "$PY" -m benchmarks publish --sweeps $(ls -d "$OUT"/*/) $PUBLISH_ARGS
+
+# 6. last, so it cannot starve the publish: the server against stock `vllm serve` on the first sweep
+#    model (benchmarks/serve_load.py: the same requests and ratio rules as the CPU report), into
+#    SERVE_OUT; SKIP_SERVE=1 leaves it out. Not yet run on a GPU.
+[ -n "${SKIP_SERVE:-}" ] || phase "serve load" 240 "$PY" -m benchmarks.serve_load --model "${SWEEP_MODELS%% *}" \
+  --size "$SIZE" --concurrency 8,32 --rounds 6 --requests 16 --max-seconds 180 --out "$SERVE_OUT"
 
 phases_summary

@@ -320,14 +320,8 @@ def _f(x: float | None) -> str:
 
 
 def environment() -> dict:
-    try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
-                                text=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT, capture_output=True,
-                               text=True).stdout.strip()
-        commit += "-dirty" if dirty else ""
-    except OSError:
-        commit = "unknown"
+    from benchmarks.sweep import git_commit  # '+dirty' only for code changes, not the generated reports
+    commit = git_commit() or "unknown"
     cpu = platform.processor() or "cpu"
     try:
         cpu = next(ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name"))
@@ -353,7 +347,8 @@ def main(argv=None) -> int:
     p.add_argument("--max-tokens", type=int, default=16)
     p.add_argument("--max-model-len", type=int, default=256)
     p.add_argument("--max-num-seqs", type=int, default=32)
-    p.add_argument("--max-seconds", type=float, default=900, help="stop measuring after this long")
+    p.add_argument("--max-seconds", type=float, default=3600,
+                   help="stop measuring after this long (rounds cut short leave fewer paired rounds)")
     p.add_argument("--startup-timeout", type=float, default=900)
     p.add_argument("--out", type=Path, default=OUT)
     args = p.parse_args(argv)

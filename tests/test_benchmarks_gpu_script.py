@@ -18,7 +18,7 @@ def test_gpu_script_runs_on_cpu_with_a_tiny_model(tmp_path):
     readme.write_text("# R\n<!-- THROUGHPUT:START -->\n<!-- THROUGHPUT:END -->\n")
     env = {**os.environ, "DEVICE": "cpu", "SIZE": "tiny", "MODELS": "meta-llama/Llama-3.2-1B", "PROMPT": "16",
            "NEW": "4", "ROUNDS": "6", "MIN_SAMPLE": "0", "VARIANTS": "eager,hf-generate",
-           "WORKLOADS": "prefill,capture_all", "SKIP_TESTS": "1", "SKIP_VALIDATOR": "1", "OUT": str(tmp_path / "sw"),
+           "WORKLOADS": "prefill,capture_all", "SKIP_TESTS": "1", "SKIP_VALIDATOR": "1", "SKIP_SERVE": "1", "OUT": str(tmp_path / "sw"),
            "PUBLISH_ARGS": f"--readme {readme} --ts {tmp_path / 'b.ts'} --out {tmp_path / 'o'}"}
     proc = subprocess.run(["bash", str(cellio.ROOT / "benchmarks" / "gpu.sh")], env=env, capture_output=True,
                           text=True, timeout=900)

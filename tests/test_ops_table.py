@@ -4,6 +4,7 @@ checks Steer derives from the rows."""
 from __future__ import annotations
 
 import math
+import tempfile
 
 import pytest
 import torch
@@ -13,11 +14,14 @@ from engine.backends.vllm.worker.static import Tap
 from engine.backends.vllm.worker.tree import VSite
 from engine.core.errors import SteeringError
 from engine.core.ops import OPS, AffineRows, Op
+from engine.core.sae_files import write_random_sae
 from engine.core.steering import Steer, apply_steer, finite_number, values_at
 
 WIDTH, ROWS = 6, 5
 STATIC = MODES["vllm-static"]
-PARAMS = {"rescale": {"coeff": 0.0}, "norm_scaled_add": {"coeff": 0.5}, "projection_cap": {"bounds": (-0.2, 0.3)}}
+_SAE = str(write_random_sae(tempfile.mkdtemp(prefix="ops-table-sae-"), "standard", WIDTH, 8, seed=0))
+PARAMS = {"rescale": {"coeff": 0.0}, "norm_scaled_add": {"coeff": 0.5}, "projection_cap": {"bounds": (-0.2, 0.3)},
+          **{f"feature_{k}": {"coeff": 1.5, "sae": _SAE, "feature": [1, 5]} for k in ("clamp", "scale", "add")}}
 
 
 class _Id(torch.nn.Module):
@@ -93,7 +97,7 @@ def test_each_rows_affine_form_composes_with_another_steer_on_the_worker(name):
 @pytest.mark.parametrize("name", [n for n, o in OPS.items() if o.affine is None])
 def test_a_row_without_an_affine_form_is_refused_with_its_reason(name):
     op = OPS[name]
-    steer = Steer("resid_post.0", name, torch.ones(WIDTH), **PARAMS.get(name, {}))
+    steer = Steer("resid_post.0", name, None if op.value == "none" else torch.ones(WIDTH), **PARAMS.get(name, {}))
     assert op.static and op.static_refusal(steer) == op.static
     with pytest.raises(SteeringError, match=f"'{name}' at resid_post.0 cannot run on vllm-static") as e:
         STATIC.check_steer_op(steer)
@@ -129,10 +133,10 @@ def test_a_row_must_say_why_it_has_no_static_form():
         Op("x", "vector", "doc", lambda x, v, p: x, lambda a, v, p: a, static_if=lambda p: True)
 
 
-@pytest.mark.parametrize("param", ["coeff", "bounds"])
+@pytest.mark.parametrize("param", ["coeff", "bounds", "sae", "feature"])
 def test_parameter_checks_derive_from_the_rows(param):
     takers = [n for n, o in OPS.items() if param in o.params]
-    given = {"coeff": 1.0, "bounds": (0.0, 1.0)}[param]
+    given = {"coeff": 1.0, "bounds": (0.0, 1.0), "sae": _SAE, "feature": 1}[param]
     for name, op in OPS.items():
         value = _value(op, torch.Generator().manual_seed(0), False)
         if param in op.params:

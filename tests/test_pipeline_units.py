@@ -327,6 +327,11 @@ def _head_steers(hd: int):
     vec = torch.randn(hd, generator=g)
     value = {"none": None, "vector": vec, "scale": 0.5, "direction": vec, "activation": torch.randn(5, hd, generator=g)}
     extra = {"rescale": {"coeff": 3.0}, "norm_scaled_add": {"coeff": 0.25}, "projection_cap": {"bounds": (-0.1, 0.2)}}
+    import tempfile
+
+    from engine.core.sae_files import write_random_sae
+    sae = str(write_random_sae(tempfile.mkdtemp(prefix="head-steers-sae-"), "standard", hd, 4, seed=0))
+    extra.update({n: {"coeff": 1.5, "sae": sae, "feature": 2} for n, o in OPS.items() if "sae" in o.params})
     return [Steer("z.0.head-3", name, value[op.value], positions=slice(1, 4), exclude=[-1], **extra.get(name, {}))
             for name, op in OPS.items()]
 

@@ -1,12 +1,14 @@
 """engine/core/sae.py against SAELens itself: the same random SAE folders loaded by SAELens's own
 `SAE.load_from_disk`, its `encode` / `decode` (and a skip transcoder's `forward`) run in a subprocess
-in .venv-saelens (scripts/sae_reference.sh creates it; SAELens 6.x needs TransformerLens 3.x, which
-cannot share our venv), compared to ours to 1e-5 in float32, for every architecture we load."""
+with .saelens-ref/ first on its path (scripts/sae_reference.sh installs SAELens and the TransformerLens
+3.x it needs there with --no-deps: our TransformerLens 4.x cannot serve it), compared to ours to 1e-5
+in float32, for every architecture we load."""
 from __future__ import annotations
 
 import json
 import os
 import subprocess
+import sys
 import textwrap
 from pathlib import Path
 
@@ -20,7 +22,7 @@ from engine.core.sae_files import load_sae, write_random_sae
 pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[1]
-REF_PYTHON = Path(os.environ.get("SAE_REFERENCE_PYTHON", REPO / ".venv-saelens" / "bin" / "python"))
+REF_DIR = Path(os.environ.get("SAE_REFERENCE_DIR", REPO / ".saelens-ref"))
 TOL = 1e-5
 
 # (case name, architecture, random_sae options, norm_scaling_factor)
@@ -39,12 +41,14 @@ SAELENS_CLASS = {"standard": "StandardSAE", "topk": "TopKSAE", "jumprelu": "Jump
                  "transcoder": "Transcoder", "skip_transcoder": "SkipTranscoder",
                  "jumprelu_transcoder": "JumpReLUTranscoder", "jumprelu_skip_transcoder": "JumpReLUSkipTranscoder"}
 
-# runs in .venv-saelens: SAELens's public API only
+# runs with .saelens-ref first on the path: SAELens's public API only
 REFERENCE = textwrap.dedent("""
     import json, sys
     import torch
     from safetensors.torch import load_file, save_file
+    from importlib.metadata import version
     from sae_lens import SAE
+    assert version("transformer-lens").startswith("3."), version("transformer-lens")  # the side directory's
     cases = json.loads(sys.argv[1])
     inputs = load_file(sys.argv[2])
     out = {}
@@ -66,8 +70,8 @@ REFERENCE = textwrap.dedent("""
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
-    if not REF_PYTHON.exists():
-        pytest.skip(f"the SAELens reference venv is missing ({REF_PYTHON}): run `bash scripts/sae_reference.sh` "
+    if not (REF_DIR / "sae_lens").is_dir():
+        pytest.skip(f"the SAELens reference is missing ({REF_DIR}): run `bash scripts/sae_reference.sh` "
                     f"(CI's slow step does)")
     root = tmp_path_factory.mktemp("sae_ref")
     g = torch.Generator().manual_seed(0)
@@ -80,8 +84,9 @@ def reference(tmp_path_factory):
     save_file(inputs, str(root / "inputs.safetensors"))
     script = root / "reference.py"
     script.write_text(REFERENCE)
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "WANDB_MODE": "disabled"}
-    proc = subprocess.run([str(REF_PYTHON), str(script), json.dumps(cases), str(root / "inputs.safetensors"),
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "WANDB_MODE": "disabled",
+           "PYTHONPATH": str(REF_DIR)}  # SAELens and its TransformerLens 3.x shadow ours in this process only
+    proc = subprocess.run([sys.executable, str(script), json.dumps(cases), str(root / "inputs.safetensors"),
                            str(root / "out.safetensors")], capture_output=True, text=True, timeout=600, env=env)
     assert proc.returncode == 0, f"SAELens reference run failed:\n{proc.stderr[-4000:]}"
     return root, inputs, load_file(str(root / "out.safetensors"))

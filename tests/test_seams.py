@@ -66,17 +66,29 @@ def test_what_each_mode_serves():
     assert MODES["vllm"].capture_only({}) is None
 
 
-@pytest.mark.parametrize("name", [n for n, o in OPS.items() if o.params])
+def _sae_dir() -> str:
+    import tempfile
+
+    from engine.core.sae_files import write_random_sae
+    return str(write_random_sae(tempfile.mkdtemp(prefix="seams-sae-"), "standard", D, 4, seed=0))
+
+
+GIVEN = {"coeff": 2.0, "bounds": (-1.0, 1.0), "feature": 1}
+
+
+@pytest.mark.parametrize("name", [n for n, o in OPS.items() if o.params and (o.affine is None or o.static_if)])
 def test_a_steer_refused_by_a_mode_names_the_mode_and_the_field(name):
+    """Every op that vllm-static refuses for its parameters: the message names the op, the address, the
+    mode, the row's reason and each parameter given."""
     op = OPS[name]
-    given = {"coeff": 2.0} if "coeff" in op.params else {"bounds": (-1.0, 1.0)}
-    st = Steer("resid_post.0", name, torch.ones(D), **given)
-    (field, value), = given.items()
+    given = {k: (_sae_dir() if k == "sae" else GIVEN[k]) for k in op.params}
+    st = Steer("resid_post.0", name, None if op.value == "none" else torch.ones(D), **given)
     with pytest.raises(SteeringError) as e:
         MODES["vllm-static"].check_steer(st, {"writable": True})
     msg = str(e.value)
-    assert f"'{name}' at resid_post.0 cannot run on vllm-static" in msg and f"({field}={value!r})" in msg
-    assert op.static in msg and "use backend='vllm' or 'eager'" in msg
+    assert f"'{name}' at resid_post.0 cannot run on vllm-static" in msg and op.static in msg
+    assert all(f"({k}={getattr(st, k)!r})" in msg for k in op.params), msg
+    assert "use backend='vllm' or 'eager'" in msg
     MODES["vllm"].check_steer(st, {"writable": False})  # hooks take every op, at any served point
     with pytest.raises(SteeringError, match="vllm-generate is stock vLLM"):
         MODES["vllm-generate"].check_steer(st, {})

@@ -130,6 +130,7 @@ def test_bad_op_input(make, fragment):
 
 def test_ops_table_is_complete():
     assert set(OPS) == {"add", "set", "scale", "ablate", "mean_ablate", "project_out", "rescale", "projection_cap",
-                        "norm_scaled_add", "swap"}
-    assert {o for o, op in OPS.items() if op.static} == {"rescale", "projection_cap", "norm_scaled_add"}
+                        "norm_scaled_add", "swap", "feature_clamp", "feature_scale", "feature_add"}
+    assert {o for o, op in OPS.items() if op.static} == {"rescale", "projection_cap", "norm_scaled_add",
+                                                         "feature_clamp", "feature_scale"}
     assert all(OPS[o].whole for o in ("project_out", "rescale", "projection_cap", "norm_scaled_add"))

@@ -19,7 +19,7 @@ parameters). The hooked backends call `apply`; vllm-static's `Tap.fill` calls `a
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Protocol
+from typing import Any, Callable, Protocol
 
 import torch
 
@@ -30,6 +30,8 @@ class Params(Protocol):
     """What an op reads of its steer besides the value (engine.core.steering.Steer has them)."""
     coeff: float | None
     bounds: tuple | None
+    sae: Any  # feature ops: an SAE directory (or a loaded SAE, eager only)
+    feature: "int | list[int] | None"
 
 
 @dataclass(frozen=True)
@@ -133,6 +135,30 @@ def _cap(flat: torch.Tensor, u: torch.Tensor, dot: torch.Tensor, p: Params) -> t
     return flat + (dot.clamp(min=lo, max=hi) - dot) * u
 
 
+def _feature(edit: str) -> Apply:
+    """A feature op through the steer's SAE (engine/core/features.py) on the flattened per-token
+    vector: encode, edit feature(s) `feature` with coeff, decode, the reconstruction error kept."""
+    def run(x: torch.Tensor, v: "torch.Tensor | None", p: Params) -> torch.Tensor:
+        from engine.core import features
+        from engine.core.sae_store import sae_for
+        assert p.feature is not None, "feature ops take feature= (Steer checked it is there)"
+        flat = x.reshape(x.shape[0], -1)
+        out = getattr(features, edit)(sae_for(p.sae, x.device), flat, p.feature, _coeff(p))
+        return out.reshape(x.shape)
+    return run
+
+
+def _feature_add_affine(a: AffineRows, v: "torch.Tensor | None", p: Params) -> AffineRows:
+    from engine.core import features
+    from engine.core.sae_store import sae_for
+    assert p.feature is not None, "feature ops take feature= (Steer checked it is there)"
+    zero = torch.zeros(1, a.add.shape[-1], dtype=torch.float32, device=a.add.device)
+    d = features.add_feature_direction(sae_for(p.sae, a.add.device), zero, p.feature, _coeff(p))
+    return AffineRows(a.u, a.mul, a.add + d.to(a.add.dtype))
+
+
+_FEATURE = ("coeff", "sae", "feature")
+
 _AFFINE = "vllm-static taps apply y = (x - (x.u)u) * mul + add per row, which cannot express {what}"
 
 OPS: dict[str, Op] = {o.name: o for o in (
@@ -159,4 +185,11 @@ OPS: dict[str, Op] = {o.name: o for o in (
        _AFFINE.format(what="an add that depends on the row's norm"), ("coeff",), True),
     Op("swap", "activation", "another prompt's activation at the same positions (value with a pos axis, or "
        "a cache entry); resample ablation with CacheEntry.resampled()", _replace, _replace_affine),
+    Op("feature_clamp", "none", "x + decode(f') - decode(f), f = SAE.encode(x), f' = f with feature(s) set to coeff "
+       "(the SAE's reconstruction error kept)", _feature("clamp_feature"), None,
+       _AFFINE.format(what="an SAE encode and decode"), _FEATURE, True),
+    Op("feature_scale", "none", "x + decode(f') - decode(f), f' = f with feature(s) multiplied by coeff",
+       _feature("scale_feature"), None, _AFFINE.format(what="an SAE encode and decode"), _FEATURE, True),
+    Op("feature_add", "none", "x + coeff * the SAE decoder direction of feature(s)",
+       _feature("add_feature_direction"), _feature_add_affine, None, _FEATURE, True),
 )}

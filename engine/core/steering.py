@@ -21,6 +21,8 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -47,6 +49,8 @@ class Steer:
     coeff: float | None = None
     bounds: "tuple | None" = None
     exclude: "list | str | None" = None
+    sae: Any = None  # feature ops: an SAE directory in SAELens's format (or a loaded SAE, eager only)
+    feature: "int | list[int] | None" = None  # feature ops: the SAE feature index (or indices)
     # set by the engine (metadata "engine": not part of a request, e.g. over HTTP): leading axes of
     # value before the per-position shape (None: not yet known),
     # and for a batch value from a cache, each sequence's own length
@@ -68,9 +72,10 @@ class Steer:
         self.exclude = _exclusion(self.exclude)
 
     def _check_params(self, op: Op) -> None:
-        """coeff / bounds: given only to an op whose row lists them, and then required and finite."""
-        takes = {k: [o.name for o in OPS.values() if k in o.params] for k in ("coeff", "bounds")}
-        for k in ("coeff", "bounds"):
+        """coeff / bounds / sae / feature: given only to an op whose row lists them, and then required
+        and valid."""
+        takes = {k: [o.name for o in OPS.values() if k in o.params] for k in ("coeff", "bounds", "sae", "feature")}
+        for k in takes:
             if getattr(self, k) is not None and k not in op.params:
                 raise SteeringError(f"op {self.op!r} takes no {k} ({' and '.join(takes[k]) or 'no op'} "
                                     f"{'does' if len(takes[k]) == 1 else 'do'}).")
@@ -88,6 +93,25 @@ class Steer:
             if lo is not None and hi is not None and lo > hi:
                 raise SteeringError(f"{self.op} bounds {b!r}: min is above max.")
             self.bounds = (lo, hi)
+        if "sae" in op.params:
+            self._check_feature()
+
+    def _check_feature(self) -> None:
+        if isinstance(self.sae, Path):
+            self.sae = str(self.sae)
+        if isinstance(self.sae, str):
+            if not Path(self.sae).is_dir():
+                raise SteeringError(f"{self.op} at {self.address}: sae {self.sae!r} is not a directory (an SAE in "
+                                    f"SAELens's format: cfg.json + sae_weights.safetensors).")
+        elif not callable(getattr(self.sae, "encode", None)):
+            raise SteeringError(f"{self.op} at {self.address} needs sae= (an SAE directory, or a loaded SAE on "
+                                f"eager), got {type(self.sae).__name__}.")
+        f = self.feature
+        many = f if isinstance(f, (list, tuple)) else [f]
+        if not many or any(isinstance(i, bool) or not isinstance(i, int) or i < 0 for i in many):
+            raise SteeringError(f"{self.op} at {self.address} needs feature= (a feature index >= 0, or a "
+                                f"non-empty list of them), got {f!r}.")
+        self.feature = list(f) if isinstance(f, (list, tuple)) else f
 
     def _take_value(self, op: Op) -> None:
         v = self.value
@@ -99,7 +123,8 @@ class Steer:
         if op.value == "none":
             if v is not None:
                 raise SteeringError("op 'ablate' zeroes the point and takes no value; use 'mean_ablate' "
-                                    "with value=<mean vector> for mean ablation.")
+                                    "with value=<mean vector> for mean ablation." if self.op == "ablate" else
+                                    f"op {self.op!r} takes no value ({op.doc}); give coeff= instead.")
             return
         if v is None:
             raise SteeringError(f"op {self.op!r} at {self.address} needs a value "
@@ -177,6 +202,19 @@ class Steer:
         if self.exclude:
             m &= ~pos.mask(list(self.exclude), pos0, n, prompt_len, device)
         return m
+
+
+def check_feature_steer(st: Steer, sae: Any) -> None:
+    """A feature steer against its loaded SAE: feature indices in range, and an SAE (a transcoder
+    reads one point and writes another: its feature edit needs both, which a steer at one address
+    does not have)."""
+    if sae.arch.transcoder and st.op != "feature_add":
+        raise SteeringError(f"{st.op} at {st.address}: {sae.where()} is a {sae.arch.name} (it encodes one point and "
+                            f"decodes into another); clamp or scale features of an SAE, or use feature_add.")
+    for i in (st.feature if isinstance(st.feature, list) else [st.feature]):
+        if not 0 <= i < sae.d_sae:
+            raise SteeringError(f"{st.op} at {st.address}: feature {i} is out of range; {sae.where()} has "
+                                f"{sae.d_sae} features (0..{sae.d_sae - 1}).")
 
 
 def finite_number(x: object, what: str, where: str = "", fix: str = "give a finite number") -> float:
@@ -309,8 +347,8 @@ def apply_steer(steer: Steer, rows: torch.Tensor, mask: torch.Tensor | None, pos
     # the closer look needed (a sum that overflows on finite rows only costs that look)
     if not math.isfinite(float(new.sum(dtype=torch.float32))):
         _refuse_non_finite(steer, v, x, new, view.dtype)
-    if every and not coords:
-        return new  # every op builds a new tensor
+    if every and not coords:  # the op's result is the new rows; never the input's storage, which vLLM reuses
+        return new.clone() if new.data_ptr() == x.data_ptr() else new
     out = rows.clone()
     target = out[:, idx] if coords else out
     if every:

@@ -29,7 +29,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response, Strea
 
 from engine.core.errors import SteeringError
 from engine.core.results import StrictSteerError
-from engine.serve import interp, text
+from engine.serve import encoding, interp, text
 from engine.serve.errors import ServeError, from_engine, from_validation, is_client_error, payload
 from engine.serve.guard import Admission, Ticket
 from engine.serve.metrics import Metrics
@@ -276,7 +276,7 @@ class Gen:
 
 
 def dumps(obj) -> bytes:
-    return json.dumps(obj, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode()
+    return encoding.json_bytes(obj)  # captures' base64 spliced in, not scanned (engine/serve/encoding.py)
 
 
 def prepare(ctx: Context, raw: bytes, cls, chat: bool) -> Gen:

@@ -91,6 +91,12 @@ class _SteerBody(Body):
         return self._steer
 
 
+def _no_sae(cls, v):
+    if v is not None:
+        raise ValueError("this server serves no SAEs (feature steers name an SAE folder inside the server's --sae-dir)")
+    return v
+
+
 def _json_in(conv):
     return classmethod(lambda cls, v: v if v is None else conv(v))
 
@@ -98,7 +104,8 @@ def _json_in(conv):
 SteerSpec: Any = create_model(  # type: ignore[call-overload]
     "SteerSpec", __base__=_SteerBody, __doc__="One engine.core.steering.Steer in JSON (its fields, by name). value: a "
     "number (scale), nested lists, or a tensor object (engine/serve/encoding.py); bounds: [min, max].",
-    __validators__={f"_in_{k}": field_validator(k)(_json_in(conv)) for k, conv in _STEER_JSON.items()},
+    __validators__={**{f"_in_{k}": field_validator(k)(_json_in(conv)) for k, conv in _STEER_JSON.items()},
+                    "_in_sae": field_validator("sae")(classmethod(_no_sae))},
     **{f.name: (_STEER_TYPES.get(f.name, Any), ... if f.default is dataclasses.MISSING else f.default)
        for f in _STEER_FIELDS})
 

@@ -37,7 +37,7 @@ from engine.core.results import (
     combine,
 )
 from engine.core.steer_checks import check_steers
-from engine.core.steering import Steer
+from engine.core.steering import Steer, check_feature_steer
 from engine.core.tokens import TokensMixin, special_ids
 from engine.families import limits as family_limits
 from engine.families.base import Family
@@ -121,7 +121,6 @@ class EagerModel(ModelBase, WeightsMixin, TokensMixin):
             attention.use_on(hf)
         self._layout: Layout | None = None
         self._sites: dict = {}
-        self._saes: dict = {}  # SAE directory -> loaded SAE (readouts and feature steers)
         self._lock = threading.RLock()
         self._init_base()
 
@@ -225,6 +224,8 @@ class EagerModel(ModelBase, WeightsMixin, TokensMixin):
         why = self._capture_only(addr.point, self._site(addr.base))
         if why:
             raise SteeringError(f"{addr} can be captured but not steered on this model: {why}.")
+        if st.sae is not None:
+            check_feature_steer(st, self._load_sae(st.sae) if isinstance(st.sae, str) else st.sae)
         return st.at(addr)
 
     def _readout(self, r: Readout) -> Readout:
@@ -244,11 +245,9 @@ class EagerModel(ModelBase, WeightsMixin, TokensMixin):
             self._layout = layout
 
     def _load_sae(self, path: str):
-        """An SAE directory loaded once per model, on the model's device."""
-        if path not in self._saes:
-            from engine.core.sae_files import load_sae
-            self._saes[path] = load_sae(path, device=self.device)
-        return self._saes[path]
+        """An SAE directory, loaded once per process on the model's device (engine/core/sae_store.py)."""
+        from engine.core.sae_store import sae_for
+        return sae_for(path, self.device)
 
     def _plans(self, enc: dict, points, steer, max_new_tokens: int, readouts=()) -> list[Plan]:
         """One plan per batch row: its own length, its row of any batch value or mask, its exclusions,

@@ -213,6 +213,9 @@ class AsyncVLLMModel(ModelBase, TokensMixin):
             raise SteeringError(f"{st.op} at {addr} needs the whole vector, but this point is split across "
                                 f"{self.catalogue.tp} tensor-parallel ranks; steer one head ({addr}.head-N) or "
                                 f"use tensor_parallel_size=1.")
+        if st.sae is not None and not isinstance(st.sae, str):
+            raise SteeringError(f"{st.op} at {addr}: the vLLM workers load an SAE from its directory (once, then "
+                                f"cached); pass sae=<directory> instead of a loaded SAE.")
         st = st.at(addr).bound()
         v = st.value
         if isinstance(v, torch.Tensor):  # (a value on the meta device was refused by check_steers)

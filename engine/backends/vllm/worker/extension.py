@@ -162,7 +162,6 @@ class WorkerState:
         self.work: dict = {}
         self.sites: dict = {}  # (point, layer) -> VSite, one object per module slot
         self.handles: list = []
-        self.saes: dict = {}  # SAE directory -> the loaded SAE on the model's device, loaded once
         self.step: Step | None = None
         self.end_module = self.end_handle = None
         if _wrap_model_forward(runner, self._begin, self._end):
@@ -236,10 +235,8 @@ class WorkerState:
     def _load_sae(self, path: str):
         """An SAE directory loaded once per worker, on the model's device (then cached: requests name it
         by path and never ship its weights)."""
-        if path not in self.saes:
-            from engine.core.sae_files import load_sae
-            self.saes[path] = load_sae(path, device=next(self.model.parameters()).device)
-        return self.saes[path]
+        from engine.core.sae_store import sae_for
+        return sae_for(path, next(self.model.parameters()).device)
 
     def _reports(self, st) -> bool:
         """Whether this rank's receipt of a steer counts: a replicated point is steered alike on every

@@ -85,14 +85,14 @@ def steer_out(s: Steer) -> dict:
     return {"address": str(s.address), "op": s.op, "positions": _positions_out(s.positions),
             "value": None if s.value is None else tensor_out(s.value), "coeff": s.coeff,
             "bounds": None if s.bounds is None else list(s.bounds),
-            "exclude": s.exclude, "lead": s.lead}
+            "exclude": s.exclude, "lead": s.lead, "sae": s.sae, "feature": s.feature}
 
 
 def steer_in(s: dict) -> Steer:
     return Steer(s["address"], s["op"], None if s["value"] is None else tensor_in(s["value"]),
                  _positions_in(s["positions"]), coeff=s.get("coeff"),
                  bounds=None if s.get("bounds") is None else tuple(s["bounds"]),
-                 exclude=s.get("exclude"), lead=s.get("lead"))
+                 exclude=s.get("exclude"), lead=s.get("lead"), sae=s.get("sae"), feature=s.get("feature"))
 
 
 def readout_out(r: Readout) -> dict:
