@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
 # The committed CPU sweeps, rerun and published in one command (after any change to engine code):
 # the tiny twin (framework overhead) and the real-size SmolLM2-135M twin (real shape), then publish
-# and the --check that the committed outputs match the new cells.
+# and the --check that the committed outputs match the new cells, then the server against stock
+# `vllm serve` on the real-size twin (reports/serve/load-latest.md), so both land at one commit.
 #
-#   bash benchmarks/cpu.sh             # about 35 minutes on the idle 2-core dev machine
+#   bash benchmarks/cpu.sh             # about 55 minutes on the idle 2-core dev machine (20 of them the server)
 #   SKIP_REAL=1 bash benchmarks/cpu.sh # the tiny sweep only (about 10 minutes)
+#   SKIP_SERVE=1 bash benchmarks/cpu.sh # the sweeps without the server benchmark
 #
 # Each sweep replaces its folder under reports/benchmarks/sweeps/; commit first (a sweep records the
 # commit it ran at, '+dirty' when the tree had changes). Knobs: TINY_ROUNDS, REAL_ROUNDS,
-# REAL_MODEL, REAL_WORKLOADS. The sweeps include the vLLM variants, so they are timed on the wall
+# REAL_MODEL, REAL_WORKLOADS, SERVE_ROUNDS. The sweeps include the vLLM variants, so they are timed on the wall
 # clock: run them on an otherwise idle machine (the sweep warns when it is not, and every sample
 # records the machine's load). 9 rounds is the fewest whose 95% interval for a median leaves out the
 # fastest and the slowest round.
@@ -19,6 +21,7 @@ PY=${PY:-.venv/bin/python}
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 TINY_ROUNDS=${TINY_ROUNDS:-15}
 REAL_ROUNDS=${REAL_ROUNDS:-9}
+SERVE_ROUNDS=${SERVE_ROUNDS:-9}
 REAL_MODEL=${REAL_MODEL:-HuggingFaceTB/SmolLM2-135M}
 # what the headline ratios need; lens, capture_one and steer one layer only add minutes at this size
 REAL_WORKLOADS=${REAL_WORKLOADS:-decode,concurrency8,prefill,capture_all,capture_gen,capture_gen8,steer_all,long_prefill,long_capture}
@@ -36,3 +39,7 @@ stamp "tiny sweep"
 "$PY" -m benchmarks publish
 "$PY" -m benchmarks publish --check
 stamp "published"
+if [ -z "${SKIP_SERVE:-}" ]; then
+  "$PY" -m benchmarks.serve_load --model "$REAL_MODEL" --size real --rounds "$SERVE_ROUNDS" --requests 16
+  stamp "server load"
+fi

@@ -320,14 +320,8 @@ def _f(x: float | None) -> str:
 
 
 def environment() -> dict:
-    try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
-                                text=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT, capture_output=True,
-                               text=True).stdout.strip()
-        commit += "-dirty" if dirty else ""
-    except OSError:
-        commit = "unknown"
+    from benchmarks.sweep import git_commit  # '+dirty' only for code changes, not the generated reports
+    commit = git_commit() or "unknown"
     cpu = platform.processor() or "cpu"
     try:
         cpu = next(ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name"))

@@ -96,3 +96,14 @@ def test_run_site_gives_back_a_single_span_covering_the_step_without_copying_the
     out2 = run_site(t2, [Span(plan, 0, 3, 0), Span(other, 3, 6, 0)], work, None)
     torch.testing.assert_close(out2[:3], t2[:3] + v, rtol=0, atol=0)
     torch.testing.assert_close(out2[3:], t2[3:], rtol=0, atol=0)
+
+
+def test_an_op_that_gives_back_its_input_still_returns_new_storage(monkeypatch):
+    from engine.core import ops
+    op = ops.OPS["add"]
+    monkeypatch.setitem(ops.OPS, "add", ops.Op(op.name, op.value, op.doc, lambda x, v, p: x.reshape(x.shape),
+                                               op.affine))
+    x = _rows()
+    out = apply_steer(Steer("resid_post.0", "add", torch.ones(D)).bound(), x, None)
+    torch.testing.assert_close(out, x, rtol=0, atol=0)
+    assert out.data_ptr() != x.data_ptr()

@@ -345,8 +345,8 @@ def apply_steer(steer: Steer, rows: torch.Tensor, mask: torch.Tensor | None, pos
     # the closer look needed (a sum that overflows on finite rows only costs that look)
     if not math.isfinite(float(new.sum(dtype=torch.float32))):
         _refuse_non_finite(steer, v, x, new, view.dtype)
-    if every and not coords:
-        return new  # every op builds a new tensor
+    if every and not coords:  # the op's result is the new rows; never the input's storage, which vLLM reuses
+        return new.clone() if new.data_ptr() == x.data_ptr() else new
     out = rows.clone()
     target = out[:, idx] if coords else out
     if every:
