@@ -10,15 +10,7 @@ from engine import Mean, Project, Readout, SAEFeatures
 from engine.core.readouts import ReadoutError
 from engine.core.sae_files import load_sae, write_random_sae
 from engine.harvest import SAMPLE, HarvestDataset, MixingError, harvest
-from engine.loading import load_model
-
-LLAMA = "meta-llama/Llama-3.2-1B"
-KW = dict(shard_tokens=100, context=32, batch_tokens=128, progress=False)
-
-
-@pytest.fixture(scope="module")
-def model():
-    return load_model(LLAMA, source="zoo")
+from test_harvest import KW, model  # noqa: F401  (the eager twin fixture and the small-shard settings)
 
 
 @pytest.fixture(scope="module")
