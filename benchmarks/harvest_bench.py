@@ -184,12 +184,13 @@ def table(res: dict, cells: list[str], head: str) -> str:
     lines += ["", "| ratio | median [95% interval] | goal | verdict |", "|---|---|---:|---|"]
     for k, r in res["ratios"].items():
         goal = "-" if r["goal"] is None else f">= {r['goal']}"
-        if not r["resolved"]:
-            verdict = f"unresolved (interval spans {r['width']:.0%})"
-        elif r["goal"] is None:
-            verdict = "-"
-        else:
-            verdict = "met" if r["lo"] >= r["goal"] else "missed" if r["hi"] < r["goal"] else "not settled"
+        verdict = "-" if r["resolved"] else f"unresolved (interval spans {r['width']:.0%})"
+        if r["goal"] is not None:
+            side = "met" if r["lo"] >= r["goal"] else "missed" if r["hi"] < r["goal"] else None
+            if r["resolved"]:
+                verdict = side or "not settled (the interval holds the goal)"
+            elif side:
+                verdict += f"; {side} across the whole interval"
         lines.append(f"| {k} | {fmt_interval(r['median'], r['lo'], r['hi'], unit='x')} | {goal} | {verdict} |")
     return "\n".join(lines) + "\n"
 
