@@ -9,7 +9,8 @@ import tempfile
 import pytest
 import torch
 
-from engine.backends.vllm.worker.static import StaticTaps, Tap
+from engine.backends.vllm.modes import MODES
+from engine.backends.vllm.worker.static import Tap
 from engine.backends.vllm.worker.tree import VSite
 from engine.core.errors import SteeringError
 from engine.core.ops import OPS, AffineRows, Op
@@ -17,6 +18,7 @@ from engine.core.sae_files import write_random_sae
 from engine.core.steering import Steer, apply_steer, finite_number, values_at
 
 WIDTH, ROWS = 6, 5
+STATIC = MODES["vllm-static"]
 _SAE = str(write_random_sae(tempfile.mkdtemp(prefix="ops-table-sae-"), "standard", WIDTH, 8, seed=0))
 PARAMS = {"rescale": {"coeff": 0.0}, "norm_scaled_add": {"coeff": 0.5}, "projection_cap": {"bounds": (-0.2, 0.3)},
           **{f"feature_{k}": {"coeff": 1.5, "sae": _SAE, "feature": [1, 5]} for k in ("clamp", "scale", "add")}}
@@ -98,7 +100,7 @@ def test_a_row_without_an_affine_form_is_refused_with_its_reason(name):
     steer = Steer("resid_post.0", name, None if op.value == "none" else torch.ones(WIDTH), **PARAMS.get(name, {}))
     assert op.static and op.static_refusal(steer) == op.static
     with pytest.raises(SteeringError, match=f"'{name}' at resid_post.0 cannot run on vllm-static") as e:
-        StaticTaps.refuse(steer)
+        STATIC.check_steer_op(steer)
     assert op.static in str(e.value)
     with pytest.raises(SteeringError, match=f"vllm-static cannot apply '{name}'"):
         _tap().fill(torch.tensor([0]), steer, None)
@@ -107,9 +109,9 @@ def test_a_row_without_an_affine_form_is_refused_with_its_reason(name):
 def test_a_conditional_row_is_static_only_where_its_condition_holds():
     """rescale is project_out at coeff 0 (static), anything else refused with the row's reason."""
     d = torch.randn(WIDTH)
-    StaticTaps.refuse(Steer("resid_post.0", "rescale", d, coeff=0.0))
+    STATIC.check_steer_op(Steer("resid_post.0", "rescale", d, coeff=0.0))
     with pytest.raises(SteeringError, match="a rescale by a coefficient other than 0"):
-        StaticTaps.refuse(Steer("resid_post.0", "rescale", d, coeff=2.0))
+        STATIC.check_steer_op(Steer("resid_post.0", "rescale", d, coeff=2.0))
     with pytest.raises(SteeringError, match="vllm-static cannot apply 'rescale'"):
         _tap().fill(torch.tensor([0]), Steer("resid_post.0", "rescale", d, coeff=2.0), None)
 
@@ -119,7 +121,7 @@ def test_first_rows_order_at_a_tap_comes_from_the_row():
     assert set(firsts) == {"project_out", "rescale"}
     d = torch.randn(WIDTH)
     with pytest.raises(SteeringError, match="rescale at resid_post.0 before any other op"):
-        StaticTaps.check_order([Steer("resid_post.0", "add", d), Steer("resid_post.0", "rescale", d, coeff=0.0)])
+        STATIC.check_steers([Steer("resid_post.0", "add", d), Steer("resid_post.0", "rescale", d, coeff=0.0)])
 
 
 def test_a_row_must_say_why_it_has_no_static_form():

@@ -7,16 +7,17 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.core import positions
-from engine.core.address import Address
-from engine.backends.vllm.worker.attn import params, probs, scores
 from engine.backends.vllm.catalogue import VLLMCatalogue
+from engine.backends.vllm.modes import MODES
+from engine.backends.vllm.worker.attn import params, probs, scores
 from engine.backends.vllm.worker.rows import apply_update
-from engine.backends.vllm.worker.static import StaticTaps, Tap
+from engine.backends.vllm.worker.static import Tap
 from engine.backends.vllm.worker.tree import VSite
 from engine.backends.vllm.worker.wire import decode, encode, plan_in, plan_out
+from engine.core import positions
+from engine.core.address import Address
 from engine.core.errors import SteeringError
-from engine.core.plan import Plan, SiteWork, Span, run_site, site_work
+from engine.core.plan import Plan, Span, run_site, site_work
 from engine.core.steering import Steer, apply_steer
 
 
@@ -229,13 +230,16 @@ def test_static_head_coordinate_touches_only_that_head():
     torch.testing.assert_close(got, want.reshape(6, 8))
 
 
+STATIC = MODES["vllm-static"]
+
+
 def test_static_refuses_orders_it_cannot_compose():
     v = torch.ones(4)
     with pytest.raises(SteeringError, match="project_out at resid_post.0 before any other op"):
-        StaticTaps.check_order([Steer("resid_post.0", "add", v), Steer("resid_post.0", "project_out", v)])
+        STATIC.check_steers([Steer("resid_post.0", "add", v), Steer("resid_post.0", "project_out", v)])
     with pytest.raises(SteeringError, match="one project_out direction per tap"):
-        StaticTaps.check_order([Steer("resid_post.0", "project_out", v), Steer("resid_post.0", "project_out", v)])
-    StaticTaps.check_order([Steer("resid_post.0", "project_out", v), Steer("resid_post.1", "add", v)])
+        STATIC.check_steers([Steer("resid_post.0", "project_out", v), Steer("resid_post.0", "project_out", v)])
+    STATIC.check_steers([Steer("resid_post.0", "project_out", v), Steer("resid_post.1", "add", v)])
 
 
 # -- attention recompute ----------------------------------------------------------------------------
@@ -298,15 +302,15 @@ class _WholeCompiled(_Net):
 
 
 def test_step_anchor_is_the_top_model_where_its_hooks_fire():
-    from engine.backends.vllm.worker.tree import Tree
     from engine.backends.vllm.worker.extension import _step_anchors
+    from engine.backends.vllm.worker.tree import Tree
     net = _Net()
     assert _step_anchors(net, Tree()) == (net, net, 1, None)
 
 
 def test_step_anchor_falls_back_to_first_layer_and_final_norm_when_the_top_is_compile_decorated():
-    from engine.backends.vllm.worker.tree import Tree
     from engine.backends.vllm.worker.extension import _step_anchors
+    from engine.backends.vllm.worker.tree import Tree
     net = _WholeCompiled()
     net.do_not_compile = True  # vllm (eager forward): layer hooks fire
     begin, end, positions_at, error = _step_anchors(net, Tree())
@@ -323,6 +327,11 @@ def _head_steers(hd: int):
     vec = torch.randn(hd, generator=g)
     value = {"none": None, "vector": vec, "scale": 0.5, "direction": vec, "activation": torch.randn(5, hd, generator=g)}
     extra = {"rescale": {"coeff": 3.0}, "norm_scaled_add": {"coeff": 0.25}, "projection_cap": {"bounds": (-0.1, 0.2)}}
+    import tempfile
+
+    from engine.core.sae_files import write_random_sae
+    sae = str(write_random_sae(tempfile.mkdtemp(prefix="head-steers-sae-"), "standard", hd, 4, seed=0))
+    extra.update({n: {"coeff": 1.5, "sae": sae, "feature": 2} for n, o in OPS.items() if "sae" in o.params})
     return [Steer("z.0.head-3", name, value[op.value], positions=slice(1, 4), exclude=[-1], **extra.get(name, {}))
             for name, op in OPS.items()]
 

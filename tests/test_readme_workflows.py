@@ -68,3 +68,24 @@ def test_readme_async_example_runs_as_written_from_its_own_loop():
     ref = m.generate("a prompt", 16)
     assert [a[0] for a in printed] == ref.new_tokens[0].tolist()
     assert all(isinstance(a[2], float) for a in printed)  # each step's log-probability
+
+
+def _readouts_block() -> str:
+    section = README.read_text().split("## Readouts", 1)[1].split("\n## ", 1)[0]
+    return re.search(r"```python\n(.*?)```", section, re.S).group(1)
+
+
+def test_readme_readouts_example_runs_as_written(capsys):
+    """The README's readout / feature-steering example: a random SAE written to disk, read out and
+    steered with; the clamp removes the feature it clamped to 0 from the last token's top features."""
+    ns: dict = {}
+    exec(compile(_readouts_block(), "README.md", "exec"), ns)
+    cache, steered, f = ns["cache"], ns["steered"], ns["f"]
+    assert cache.readouts["feats"].indices.shape[-1] == 5 and steered.receipts[0].rows == 1
+    from engine.core.sae_files import load_sae
+    sae = load_sae(ns["sae"])
+    # clamping feature f to 0 removes exactly its decoded part: value * its decoder row
+    want = float(cache.readouts["feats"].values[0, -1, 0]) * float(sae.W_dec[f].norm())
+    assert abs(steered.receipts[0].change_norm - want) < 1e-4 * max(1.0, want)
+    assert ns["out"].cache.readouts["feats"].indices.shape[-1] == 5
+    assert "Receipt(" in capsys.readouterr().out

@@ -80,7 +80,8 @@ def _steer_json(st: Steer) -> dict:
     return out
 
 
-@pytest.mark.parametrize("op", list(OPS))
+# the feature rows name an SAE folder, which the server refuses until it names one itself (serve/schemas.py)
+@pytest.mark.parametrize("op", [n for n, o in OPS.items() if "sae" not in o.params])
 def test_every_op_over_http_equals_the_library(url, lib, op):
     g = torch.Generator().manual_seed(3)
     n = len(lib.tokenizer(PROMPT)["input_ids"])

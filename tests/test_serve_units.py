@@ -62,7 +62,7 @@ def _error(cls, body) -> ServeError:
     ({"model": "m", "prompt": "x", "interp": {"captures": ["z.0"]}}, "interp.captures", "unknown field"),
     ({"model": "m", "prompt": "x", "interp": {"capture": ["z.0", "zz.1"]}}, "interp.capture.points[1]",
      "unknown point 'zz'"),
-    ({"model": "m", "prompt": "x", "interp": {"capture": {"points": []}}}, "interp.capture.points", "at least 1"),
+    ({"model": "m", "prompt": "x", "interp": {"capture": {"points": []}}}, "interp.capture", "give points or readouts"),
     ({"model": "m", "prompt": "x", "interp": {"capture": {"points": ["z.0"], "positions": "first"}}},
      "interp.capture.positions", "'first' is not one of"),
     ({"model": "m", "prompt": "x", "interp": {"steer": [{"address": "z.0", "op": "add", "value": [1.0]},

@@ -129,7 +129,7 @@ def test_compiled_static(name):
     em = eager_model(name)
     static = vllm_model(name, "vllm-static", static_points=COMPILED[name])
     try:
-        assert static.load_report.compiled and static.load_report.extra["proof"]["steer_logit_change"] > 1e-3
+        assert static.load_report.compiled and static.load_report.proof["steer_logit_change"] > 1e-3
         pts = [str(a) for a in static.declared if a.point in em.points()]
         assert prefill_failures(static, em, prompt=LONG, points=pts, engine="vllm-static") == {}
         last = static.n_layers - 1

@@ -45,10 +45,11 @@ def test_declared_sets():
 def test_startup_proof_and_report(static):
     r = static.load_report
     assert r.compiled and "compiled" in r.line()
-    proof = r.extra["proof"]
+    proof = r.proof
+    assert r.extra == {"proof": proof, "cudagraph_mode": r.cudagraph_mode}  # the earlier dict, read-only
     assert proof["steer_logit_change"] > 1e-3 and proof["reset_drift"] < 1e-4
     # the proof ran under the engine's own CUDA-graph mode (vLLM's default; NONE on CPU), no PIECEWISE override
-    assert proof["cudagraph_mode"] == r.extra["cudagraph_mode"] == static.aio.engine.vllm_config.compilation_config.cudagraph_mode.name
+    assert proof["cudagraph_mode"] == r.cudagraph_mode == static.aio.engine.vllm_config.compilation_config.cudagraph_mode.name
     assert r.runner.startswith("model runner: V1")
     assert proof["receipt_rows"] == len(static._prompt_ids(PROBE)) + 1
     assert proof["lens_max_abs"] is not None and proof["lens_max_abs"] < 1e-3
@@ -142,7 +143,7 @@ class _DeadTaps:
     a steer that changes nothing."""
     name, n_layers, d_model = "dead", 2, 4
     declared = [Address("resid_post", 0), Address("resid_post", 1), Address("final_norm")]
-    load_report = LoadReport("vllm-static", 0.0, 0, 0, extra={"cudagraph_mode": "FULL_AND_PIECEWISE"})
+    load_report = LoadReport("vllm-static", 0.0, 0, 0, cudagraph_mode="FULL_AND_PIECEWISE")
 
     class catalogue:
         @staticmethod
@@ -175,7 +176,7 @@ def test_cuda_graph_taps_capture_and_steer():
     m = load(LLAMA, backend="vllm-static", source="zoo", device="cuda", max_model_len=MAX_LEN,
              static_points=["resid_post", "attn_out.0"])
     try:
-        assert m.load_report.compiled and m.load_report.extra["proof"]["steer_logit_change"] > 1e-3
+        assert m.load_report.compiled and m.load_report.proof["steer_logit_change"] > 1e-3
         em = eager_model(LLAMA)
         em.hf.to("cuda")
         em.device = torch.device("cuda")

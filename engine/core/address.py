@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import difflib
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from engine.core.errors import AddressError
@@ -16,7 +17,7 @@ from engine.core.points import ALIASES, BY_NAME, get_point
 _COORD_RE = re.compile(r"^([a-z_]+)-(-?\d+)$")
 
 
-def closest(word: str, options, n: int = 3) -> str:
+def closest(word: str, options: Iterable[str], n: int = 3) -> str:
     """A 'did you mean' suffix for error messages."""
     hits = difflib.get_close_matches(word, list(options), n=n, cutoff=0.5)
     return f" Did you mean {', '.join(repr(h) for h in hits)}?" if hits else ""

@@ -22,6 +22,7 @@ from __future__ import annotations
 import numbers
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -45,7 +46,7 @@ class Limits:
     capture_new: int = 0  # tokens a capture generates after its prompt (vLLM: 1, it always generates)
 
 
-def limits_of(model) -> Limits:
+def limits_of(model: Any) -> Limits:
     """The limits of a loaded model (eager: its embedding rows and config positions; vLLM: the
     engine's max_model_len)."""
     cfg = model.config
@@ -137,7 +138,7 @@ def _split(inputs) -> list:
     raise InputTypeError(f"{_FORMS}; got {type(inputs).__name__}.")
 
 
-def new_tokens(value, what: str = "max_new_tokens") -> int:
+def new_tokens(value: object, what: str = "max_new_tokens") -> int:
     """`value` as the number of tokens to generate: an int >= 1 (numpy ints too); bool, float and
     tensors are refused by name (one check for every backend, before anything is submitted)."""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
@@ -151,7 +152,7 @@ def new_tokens(value, what: str = "max_new_tokens") -> int:
     return n
 
 
-def top_logprobs(value) -> int:
+def top_logprobs(value: object) -> int:
     """How many top log-probabilities each streamed step carries: an int >= 0 (numpy ints too)."""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
         raise InputTypeError(f"logprobs is how many top log-probabilities each step carries (an int >= 0), got "

@@ -34,7 +34,7 @@ class Params(Protocol):
     feature: "int | list[int] | None"
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class AffineRows:
     """The affine coefficients of some tap rows: y = (x - (x.u) u) * mul + add, each [n, width]."""
     u: torch.Tensor
@@ -42,7 +42,8 @@ class AffineRows:
     add: torch.Tensor
 
     @staticmethod
-    def identity(n: int, width: int, dtype: torch.dtype = torch.float32, device=None) -> "AffineRows":
+    def identity(n: int, width: int, dtype: torch.dtype = torch.float32,
+                 device: "torch.device | str | None" = None) -> "AffineRows":
         return AffineRows(torch.zeros(n, width, dtype=dtype, device=device),
                           torch.ones(n, width, dtype=dtype, device=device),
                           torch.zeros(n, width, dtype=dtype, device=device))
@@ -56,7 +57,7 @@ Apply = Callable[[torch.Tensor, "torch.Tensor | None", Params], torch.Tensor]
 Affine = Callable[[AffineRows, "torch.Tensor | None", Params], AffineRows]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class Op:
     name: str
     value: str

@@ -37,7 +37,7 @@ from engine.core.steering import Steer, apply_steer
 _keys = itertools.count(1)
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Plan:
     prompt_len: int
     captures: list[Address] = field(default_factory=list)  # resolved (absolute layer), with coords
@@ -93,7 +93,7 @@ class Plan:
         lo = self.start_at.get(key, 0)
         return None if pos0 + n <= lo else max(0, lo - pos0)
 
-    def add(self, key: str, pos0: int, rows) -> None:
+    def add(self, key: str, pos0: int, rows: torch.Tensor) -> None:
         chunks = self.store.setdefault(key, [])
         end = chunks[-1][0] + chunks[-1][1].shape[0] if chunks else None
         if end is not None and pos0 < end:  # recomputed after preemption: drop what is being recomputed
@@ -143,7 +143,7 @@ def pad_key_axis(key: str, chunks: list, seen: list | None = None) -> list:
             for c, s, e in zip(chunks, seen, extra)]
 
 
-@dataclass
+@dataclass(slots=True)
 class Span:
     plan: Plan
     a: int  # first row of this sequence in the step's flat tensor
@@ -151,7 +151,7 @@ class Span:
     pos0: int  # absolute position of row a
     row: int = 0  # the sequence's index in the call (eager: its batch row)
 
-    def mask(self, spec) -> torch.Tensor:
+    def mask(self, spec: object) -> torch.Tensor:
         return positions.mask(spec, self.pos0, self.b - self.a, self.plan.prompt_len)
 
     def touched(self, steer: Steer) -> torch.Tensor:
@@ -159,13 +159,13 @@ class Span:
         return steer.touched(self.pos0, self.b - self.a, self.plan.prompt_len)
 
 
-@dataclass
+@dataclass(slots=True)
 class Step:
     spans: list[Span]
     n_tokens: int
 
 
-@dataclass
+@dataclass(slots=True)
 class SiteWork:
     """What the plans of one call do at one site: steers and reads, keyed by plan key."""
     writes: dict = field(default_factory=dict)  # plan key -> [(index in plan.steers, Steer)]

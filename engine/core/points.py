@@ -36,6 +36,12 @@ class Point:
         chunks concatenate along it; read from `shape`, the one place the axis is stated."""
         return "kpos" in self.shape
 
+    @property
+    def headed(self) -> bool:
+        """Per head: each position holds [heads, head_dim] (q, k, value, z, ...), so a flat per-token
+        tensor of width heads * head_dim is viewed as such; read from `shape` (its last axis is hd)."""
+        return self.shape.replace(" ", "").endswith(",hd]")
+
 
 _VLLM_FUSED_QKV = ("refused", "not a module boundary in vLLM's tree (fused qkv_proj; QK-norm and gates run "
                    "inline); capture q / k (after QK-norm and RoPE) or use backend='eager' for this point")
@@ -232,6 +238,7 @@ RESIDUAL_POINTS = ("embeddings", "resid_pre", "resid_mid", "resid_post", "final_
 # Points whose capture is an integer tensor: capture-only, never steered or lensed.
 INTEGER_POINTS = ("expert_indices",)
 KEY_AXIS_POINTS: tuple[str, ...] = tuple(p.name for p in POINTS if p.key_axis)  # attn_scores, attn_probs
+HEADED_POINTS: tuple[str, ...] = tuple(p.name for p in POINTS if p.headed)  # q, k, value, z, ... ([.., hd])
 
 
 def get_point(name: str) -> Point:

@@ -19,6 +19,8 @@ a padded batch. A spec that matches no token of a call is an error, not a silent
 """
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from engine.core.errors import SteeringError
@@ -28,11 +30,11 @@ _END = 1 << 62
 FORMS = "'all', 'last', 'generated', an int, a slice, (start, stop), a list of ints or a bool mask tensor"
 
 
-def is_mask(p) -> bool:
+def is_mask(p: object) -> bool:
     return isinstance(p, torch.Tensor)
 
 
-def normalize(p) -> "str | int | slice":
+def normalize(p) -> "str | int | slice | list[int] | torch.Tensor":
     """Check the form of a position spec (no lengths needed); tuples become slices."""
     if isinstance(p, bool) or p is None:
         raise SteeringError(f"positions={p!r} is not a position spec; use {FORMS}.")
@@ -66,7 +68,7 @@ def normalize(p) -> "str | int | slice":
     raise SteeringError(f"positions must be {FORMS}; got {p!r} ({type(p).__name__}).")
 
 
-def absolute(p, prompt_len: int):
+def absolute(p: Any, prompt_len: int) -> Any:
     """The spec with negative ints / bounds resolved against the prompt length."""
     if isinstance(p, list):
         return [x + prompt_len if x < 0 else x for x in p]
@@ -84,7 +86,7 @@ def call_length(prompt_len: int, max_new_tokens: int) -> int:
     return prompt_len + max(max_new_tokens - 1, 0)
 
 
-def check(p, prompt_len: int, max_new_tokens: int, what: str) -> None:
+def check(p: Any, prompt_len: int, max_new_tokens: int, what: str) -> None:
     """Refuse a spec that matches no position of a call processing prompt_len prompt tokens and then
     feeding back max_new_tokens - 1 generated ones (0 new tokens: a plain forward)."""
     fed_back = max(max_new_tokens - 1, 0)
@@ -123,7 +125,7 @@ def check(p, prompt_len: int, max_new_tokens: int, what: str) -> None:
                                 f"{a.start}..{min(a.stop, n) - 1}; valid positions are 0..{n - 1}).")
 
 
-def mask(p, pos0: int, n: int, prompt_len: int, device=None) -> torch.Tensor:
+def mask(p: Any, pos0: int, n: int, prompt_len: int, device: "torch.device | str | None" = None) -> torch.Tensor:
     """Bool [n]: which of the n tokens at absolute positions pos0 .. pos0+n-1 the spec touches."""
     idx = torch.arange(pos0, pos0 + n, device=device)
     if is_mask(p):

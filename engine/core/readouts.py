@@ -187,14 +187,18 @@ class Project(Kind):
     def width(self) -> int:
         return self.W.shape[-1]
 
+    def check_width(self, width: int, where: "Address | str", shape: tuple = ()) -> None:
+        """Refuse a point whose flattened per-position width is not W's."""
+        if width != self.width:
+            raise ReadoutError(f"Project W reads {self.width} dims but {where} has {width} per position"
+                               f"{f' (shape {shape})' if shape else ''}; give W of shape [out, {width}].")
+
     def bind(self, env: Env, address: Address) -> Callable[[torch.Tensor], tuple]:
         placed: dict = {}
 
         def fn(x: torch.Tensor) -> tuple:
             flat = x.reshape(x.shape[0], -1)
-            if flat.shape[1] != self.width:
-                raise ReadoutError(f"Project W reads {self.width} dims but {address} has {flat.shape[1]} per position "
-                                   f"(shape {tuple(x.shape[1:])}); give W of shape [out, {flat.shape[1]}].")
+            self.check_width(flat.shape[1], address, tuple(x.shape[1:]))
             if flat.device not in placed:  # moved to the activation's device once
                 placed[flat.device] = (self.W.to(flat.device), None if self.b is None else self.b.to(flat.device))
             W, b = placed[flat.device]

@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -28,6 +29,9 @@ from engine.core.errors import AddressError, SteeringError
 from engine.core.points import KEY_AXIS_POINTS
 
 PATTERNS = KEY_AXIS_POINTS  # the points with a key-position axis (Point.key_axis)
+
+if TYPE_CHECKING:
+    from engine.core.steering import CacheEntry
 
 
 @dataclass(frozen=True)
@@ -102,7 +106,7 @@ class ActivationCache(dict):
         if per_position:
             self.positional.add(name)
 
-    def entry(self, key):
+    def entry(self, key: str) -> "CacheEntry":
         """The capture at `key` as a CacheEntry: per sequence, its rows at its own positions."""
         from engine.core.steering import CacheEntry
         t = self[key]
@@ -128,7 +132,7 @@ class ActivationCache(dict):
         except AddressError:
             return False
 
-    def get(self, key, default=None):
+    def get(self, key: str, default: object = None) -> object:
         return self[key] if key in self else default
 
 
@@ -223,7 +227,7 @@ def scatter(key: str, rows: list[torch.Tensor], cols: list[torch.Tensor], width:
 
 
 def batch_cache(caches: list[ActivationCache], cols: list[torch.Tensor], width: int, n_layers: int,
-                receipts: "list[Receipt] | None" = None):
+                receipts: "list[Receipt] | None" = None) -> ActivationCache:
     """One [b, width, ...] ActivationCache from per-sequence [len, ...] caches."""
     out = ActivationCache(n_layers, [c.cpu() for c in cols], receipts)
     for key in (caches[0] if caches else {}):
@@ -259,7 +263,7 @@ def _stack(values: list):
     return torch.stack([v.cpu() for v in values])
 
 
-def pad_rows(rows: list[torch.Tensor], cols: list[torch.Tensor], width: int, fill=0) -> torch.Tensor:
+def pad_rows(rows: list[torch.Tensor], cols: list[torch.Tensor], width: int, fill: float = 0) -> torch.Tensor:
     """[b, width, ...] from per-sequence [len, ...] tensors (token ids, logits) at their columns."""
     out = torch.full((len(rows), width, *rows[0].shape[1:]), fill, dtype=rows[0].dtype)
     for i, (r, c) in enumerate(zip(rows, cols)):

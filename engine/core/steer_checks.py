@@ -1,12 +1,21 @@
-"""Checks every backend runs on the `steer=` argument before anything is resolved or moved.
+"""The one validation of a call's steers, which every backend runs before anything is moved.
 
-    steers = validate_steers(steer)   # a Steer, a list of Steers, or None -> list[Steer]
+    steers = check_steers(steer, context, model=self._steer, together=mode.check_steers)
+
+in this order: the `steer=` argument's form and each steer's data (validate_steers: a Steer, a list
+of Steers, or None -> list[Steer]; a Steer's own fields were checked when it was built, against its
+op's row in engine/core/ops.py); each steer, with the steers of the enclosing `steering()` blocks,
+against the model (`model`: its address resolved and servable, its value's shape, and the backend
+mode's extra rules for one steer); then the mode's rules for the request's steers together
+(`together`, e.g. vllm-static's order at a tap).
 
 Refused by name: entries that are not engine.core.steering.Steer objects (saying what was passed and how
 to build one), values on the meta device (no data to steer with), and project_out directions with
 no length (a zero vector would make the projection a silent no-op).
 """
 from __future__ import annotations
+
+from typing import Callable, Iterable
 
 import torch
 
@@ -37,7 +46,7 @@ def _fix(x) -> str:
     return _HOW
 
 
-def validate_steers(steer) -> list[Steer]:
+def validate_steers(steer: object) -> list[Steer]:
     """The steers of a `steer=` argument (one Steer, an iterable of them, or None), checked."""
     if steer is None:
         return []
@@ -70,3 +79,16 @@ def validate_steers(steer) -> list[Steer]:
                                     f"norm {norm:.3g} (below {PROJECT_OUT_MIN_NORM:g}), which would remove "
                                     f"nothing; pass a non-zero vector (it is normalized for you).")
     return items
+
+
+def check_steers(steer: object, context: Iterable[Steer] = (), model: Callable[[Steer], Steer] | None = None,
+                 together: Callable[[list[Steer]], None] | None = None) -> list[Steer]:
+    """The steers of a call (`context`: those of the enclosing steering() blocks, already checked in
+    form when the block opened, then the `steer=` argument's), checked once, in the order of the
+    module docstring, each at its resolved address."""
+    steers = [*context, *validate_steers(steer)]
+    if model is not None:
+        steers = [model(s) for s in steers]
+    if together is not None:
+        together(steers)
+    return steers

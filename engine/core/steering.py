@@ -35,7 +35,7 @@ from engine.core.points import INTEGER_POINTS, get_point
 __all__ = ["OPS", "Op", "Steer", "CacheEntry", "NonFiniteSteer", "apply_steer", "values_at", "overflowed"]
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Steer:
     """One intervention. `value` per the module docstring; `positions` a spec of engine.core.positions;
     `coeff` for rescale / norm_scaled_add; `bounds=(min, max)` for projection_cap; `exclude`
@@ -141,7 +141,7 @@ class Steer:
     def replace(self, **changes) -> "Steer":
         return dataclasses.replace(self, **changes)
 
-    def at(self, address: Address, value=None) -> "Steer":
+    def at(self, address: Address, value: "torch.Tensor | None" = None) -> "Steer":
         """The same intervention at a resolved address (and value cast for the model)."""
         return self.replace(address=address, value=self.value if value is None else value)
 
@@ -168,11 +168,12 @@ class Steer:
                                 f"got one vector of shape {tuple(v.shape)} (for one vector everywhere, use set).")
         return self.replace(lead=lead)
 
-    def for_row(self, row: int, n_rows: int, prompt_ids=None, special_ids=()) -> "Steer":
+    def for_row(self, row: int, n_rows: int, prompt_ids: "list[int] | None" = None,
+                special_ids: "set[int] | tuple" = ()) -> "Steer":
         """The steer as it applies to sequence `row` of a call of `n_rows`: a batch value or mask
         reduced to that row, `exclude` resolved to explicit positions (the prompt's special tokens)."""
         st = self.bound()
-        changes = {}
+        changes: dict = {}
         if st.lead == 2:
             if st.value.shape[0] == 1:  # a batch of one broadcasts over the call's sequences
                 row = 0
@@ -195,7 +196,7 @@ class Steer:
             changes["exclude"] = [i for i, t in enumerate(prompt_ids) if int(t) in special]
         return dataclasses.replace(st, **changes) if changes else st
 
-    def touched(self, pos0: int, n: int, prompt_len: int, device=None) -> torch.Tensor:
+    def touched(self, pos0: int, n: int, prompt_len: int, device: "torch.device | str | None" = None) -> torch.Tensor:
         """Bool [n]: the positions pos0 .. pos0+n-1 this steer touches (its spec minus `exclude`)."""
         m = pos.mask(self.positions, pos0, n, prompt_len, device)
         if self.exclude:
@@ -238,7 +239,7 @@ def _exclusion(x):
     raise SteeringError(f"exclude is a list of positions or 'special' (the tokenizer's special tokens), got {x!r}.")
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class CacheEntry:
     """One captured point of an ActivationCache, as each sequence's rows at its own positions (the
     padding of the capture removed): the value form that aligns a patch by position."""
@@ -294,6 +295,7 @@ def values_at(steer: Steer, positions: torch.Tensor | None, shape: tuple) -> tor
     v = steer.value
     if v is None:
         return None
+    assert isinstance(v, torch.Tensor), "Steer.__post_init__ makes every value a tensor"
     st = steer.bound()
     lead = st.lead
     if lead == 2:

@@ -14,11 +14,12 @@ token span of each message, so a capture can be read message by message.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from engine.core.errors import InputError
 
 
-def special_ids(tokenizer) -> set[int]:
+def special_ids(tokenizer: Any) -> set[int]:
     """Ids of the tokenizer's special tokens (BOS, EOS, pad, chat markers it registers as special)."""
     if tokenizer is None:
         return set()
@@ -41,7 +42,7 @@ class BosPolicy:
         return f"this tokenizer {how} its BOS {self.token!r} (id {self.id}) when encoding text; prepend_bos switches it"
 
 
-def bos_policy(tokenizer) -> BosPolicy:
+def bos_policy(tokenizer: Any) -> BosPolicy:
     bos = getattr(tokenizer, "bos_token_id", None)
     if bos is None:
         return BosPolicy(None, None, False)
@@ -49,7 +50,7 @@ def bos_policy(tokenizer) -> BosPolicy:
     return BosPolicy(tokenizer.bos_token, int(bos), bool(ids) and ids[0] == bos)
 
 
-def encode(tokenizer, text: str, prepend_bos: bool | None = None) -> list[int]:
+def encode(tokenizer: Any, text: str, prepend_bos: bool | None = None) -> list[int]:
     """Text -> ids, with the BOS policy applied (None: the tokenizer's default)."""
     if prepend_bos not in (None, True, False):
         raise InputError(f"prepend_bos is True, False or None (the tokenizer's default), got {prepend_bos!r}.")
@@ -89,7 +90,8 @@ def _check_messages(messages) -> list[dict]:
     return list(messages)
 
 
-def apply_chat_template(tokenizer, messages, add_generation_prompt: bool = True, model: str = "this model") -> ChatPrompt:
+def apply_chat_template(tokenizer: Any, messages: list, add_generation_prompt: bool = True,
+                        model: str = "this model") -> ChatPrompt:
     """Render `messages` with the tokenizer's chat template; spans from rendering each prefix of the
     conversation (a template that re-renders earlier turns differently is refused, not approximated)."""
     messages = _check_messages(messages)
@@ -121,12 +123,12 @@ class TokensMixin:
         """The BOS policy of this model's tokenizer (see BosPolicy.describe())."""
         return bos_policy(self.tokenizer)
 
-    def apply_chat_template(self, messages, add_generation_prompt: bool = True) -> ChatPrompt:
+    def apply_chat_template(self, messages: list, add_generation_prompt: bool = True) -> ChatPrompt:
         """The chat rendered with the tokenizer's template: ids to pass to any call, text, message spans."""
         return apply_chat_template(self.tokenizer, messages, add_generation_prompt, self.name)
 
 
-def to_tokens(tokenizer, text, padding_side: str = "left", prepend_bos: bool | None = None, device=None) -> dict:
+def to_tokens(tokenizer: Any, text: "str | list[str]", padding_side: str = "left", prepend_bos: bool | None = None, device=None) -> dict:
     """A padded input_ids / attention_mask batch of one text or a list of texts, BOS policy applied."""
     import torch
     if padding_side not in ("left", "right"):

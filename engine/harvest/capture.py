@@ -63,11 +63,45 @@ def per_document(cache, lengths: list[int], keys: list[str]) -> list[dict[str, t
     return out
 
 
+def readouts_of(model, readouts) -> list:
+    """Readouts checked for a harvest: per-position kinds only (one row per token, like a point),
+    checked against the model."""
+    from engine.core.readouts import ReadoutError, validate_readouts
+    out = []
+    for r in validate_readouts(readouts):
+        if not r.kind.per_position:
+            raise ReadoutError(f"readout {r.name!r} is reduced over positions; a harvest stores one row per token "
+                               f"(Norm, Project, LensTopK, SAEFeatures).")
+        out.append(r)
+    return out
+
+
+def readout_columns(readouts: list) -> list[str]:
+    """The shard columns of per-position readouts: `name` for a dense one, `name.indices` and
+    `name.values` for a sparse one (top-k SAE features, lens top-k)."""
+    return [c for r in readouts for c in ((f"{r.name}.indices", f"{r.name}.values") if r.kind.sparse else (r.name,))]
+
+
+def _readout_rows(values: dict, lengths: list[int], readouts: list, out: list[dict]) -> None:
+    """Each window's readout columns [pos, ...] into `out` (values: name -> a [b, pos, ...] tensor or
+    TopK, right-padded, or a list of per-window values)."""
+    from engine.core.readouts import parts_of
+    for r in readouts:
+        v = values[r.name]
+        names = readout_columns([r])
+        for i, n in enumerate(lengths):
+            one = v[i] if isinstance(v, list) else None
+            parts = parts_of(one) if one is not None else tuple(t[i, :n] for t in parts_of(v))
+            for name, t in zip(names, parts):
+                out[i][name] = t.cpu()
+
+
 def is_vllm(model) -> bool:
     return str(getattr(model, "backend", "eager")).startswith("vllm")
 
 
-def forward(model, windows: list[list[int]], keys: list[str], sink: str | None = None) -> list[dict[str, torch.Tensor]]:
+def forward(model, windows: list[list[int]], keys: list[str], sink: str | None = None,
+            readouts: tuple | list = ()) -> list[dict[str, torch.Tensor]]:
     """Forward a batch of token windows; per window {address: [pos, ...] CPU tensor}.
     vLLM: one continuous batch (a 1-token request per window, no logits), the rows handed over
     through files in the shared-memory directory `sink` when given (else inline in the RPC reply);
@@ -75,10 +109,13 @@ def forward(model, windows: list[list[int]], keys: list[str], sink: str | None =
     lengths = [len(w) for w in windows]
     if is_vllm(model):
         from engine.backends.vllm.backend import Request
-        results = model.generate_batch([Request(list(w), 1, points=keys) for w in windows], return_logits=False,
-                                       sink=sink)
+        results = model.generate_batch([Request(list(w), 1, points=keys, readouts=list(readouts)) for w in windows],
+                                       return_logits=False, sink=sink)
         cache = {k: [r.cache[k] for r in results] for k in keys}
-        return per_document(cache, lengths, keys)
+        docs = per_document(cache, lengths, keys)
+        _readout_rows({r.name: [res.cache.readouts[r.name] for res in results] for r in readouts}, lengths,
+                      list(readouts), docs)
+        return docs
     n = max(lengths)
     ids = torch.zeros(len(windows), n, dtype=torch.long)
     mask = torch.zeros(len(windows), n, dtype=torch.long)
@@ -86,18 +123,21 @@ def forward(model, windows: list[list[int]], keys: list[str], sink: str | None =
         ids[i, :len(w)] = torch.tensor(w, dtype=torch.long)
         mask[i, :len(w)] = 1
     _, cache = model.run_with_cache({"input_ids": ids.to(model.device), "attention_mask": mask.to(model.device)},
-                                    keys)
-    return per_document({k: cache[k].cpu() for k in keys}, lengths, keys)
+                                    keys, readouts=list(readouts))
+    docs = per_document({k: cache[k].cpu() for k in keys}, lengths, keys)
+    _readout_rows(cache.readouts, lengths, list(readouts), docs)
+    return docs
 
 
-def pipelined(model, stream: Iterable, keys: list[str], depth: int, sink: str | None = None) -> Iterator[tuple]:
+def pipelined(model, stream: Iterable, keys: list[str], depth: int, sink: str | None = None,
+              readouts: tuple | list = ()) -> Iterator[tuple]:
     """(batch, forward(batch), seconds waited for it) for each batch of `stream`, in order, with up to
     `depth` batches in the engine at once: vLLM computes the next batch while this process stores
     the last one (depth 1: one after another, as eager runs)."""
     if depth <= 1:
         for batch in stream:
             t = time.perf_counter()
-            outs = forward(model, [w.ids for w in batch.windows], keys, sink)
+            outs = forward(model, [w.ids for w in batch.windows], keys, sink, readouts)
             yield batch, outs, time.perf_counter() - t
         return
     from concurrent.futures import ThreadPoolExecutor
@@ -105,7 +145,8 @@ def pipelined(model, stream: Iterable, keys: list[str], depth: int, sink: str | 
     with ThreadPoolExecutor(depth, thread_name_prefix="harvest-forward") as pool:
         try:
             for batch in stream:
-                pending.append((batch, pool.submit(forward, model, [w.ids for w in batch.windows], keys, sink)))
+                pending.append((batch, pool.submit(forward, model, [w.ids for w in batch.windows], keys, sink,
+                                                   readouts)))
                 if len(pending) >= depth:
                     yield _done(pending.popleft())
             while pending:

@@ -44,13 +44,13 @@ def verify(out) -> list[str]:
 
 class HarvestDataset(torch.utils.data.Dataset):
     """Token rows of a finished harvest. Item i is {"token_ids", "doc_index", "position", and one
-    [*shape] tensor per harvested address}. Shards load lazily, one at a time: read in order (or
+    [*shape] tensor per harvested address and readout column}. Shards load lazily, one at a time: read in order (or
     shuffle within `iter_shards()` blocks) for speed."""
 
     def __init__(self, out, points=None):
         self.out = Path(out)
         self.manifest = read_manifest(self.out)
-        have = self.manifest["resolved"]["addresses"]
+        have = self.manifest["resolved"]["addresses"] + self.manifest["resolved"].get("readouts", [])
         self.points = list(have if points is None else points)
         missing = [p for p in self.points if p not in have]
         if missing:

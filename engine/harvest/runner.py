@@ -185,8 +185,10 @@ def run_part(model, points, data, out, *, backend: str = "vllm", positions: str 
              shard_tokens: int = 65536, dtype: str = "fp32", context: int = 256, batch_tokens: int | None = None,
              part: tuple[int, int] = (0, 1), text_field: str = "text", model_dtype: str = "float32",
              progress: bool | Callable[[int], None] = True, load_kw: dict | None = None, merge: bool = True,
-             flow: Flow | None = None) -> Summary:
+             flow: Flow | None = None, readouts=()) -> Summary:
     """Harvest part `part` = (i, N) of the input into OUT (see engine.harvest for the layout).
+    `readouts` (engine.core.readouts.Readout, per-position kinds) are stored instead of (or beside)
+    raw rows: a column per readout (`name`, or `name.indices` / `name.values` for top-k ones).
     `model` is a name (loaded here, closed at the end) or an already loaded model. progress: a
     bar, or a function called with each batch's token count (a driver's one bar for many parts)."""
     name = model if isinstance(model, str) else model.name
@@ -205,6 +207,9 @@ def run_part(model, points, data, out, *, backend: str = "vllm", positions: str 
                 "points": requested, "dtype": dtype, "positions": positions, "context": context,
                 "shard_tokens": shard_tokens, "batch_tokens": batch_tokens, "parts": part[1],
                 "input": {k: v for k, v in src.describe().items() if k != "path"}}
+    reads = list(readouts or ())
+    if reads:  # part of the harvest's identity (a resume with other readouts is refused)
+        identity["readouts"] = [f"{r.name}={r.address}:{r.kind.describe()}" for r in reads]
     if mf.check_out(out, identity) is not None:
         log.info("%s already holds this finished harvest; nothing to do.", out)
         return Summary(out, part, "complete", merged=True)
@@ -215,12 +220,16 @@ def run_part(model, points, data, out, *, backend: str = "vllm", positions: str 
 
     owned = isinstance(model, str)
     if owned:
-        model = load(name, backend, model_dtype, requested, context, batch_tokens, load_kw)
+        model = load(name, backend, model_dtype, requested + [str(r.address) for r in reads], context, batch_tokens,
+                     load_kw)
     try:
-        keys = capture.addresses(model, requested)
+        reads = capture.readouts_of(model, reads)
+        keys = capture.addresses(model, requested) if requested or not reads else []
         resolved = {"source": getattr(model, "source", "unknown"), "addresses": keys,
                     "tokenizer": tokenizer_digest(model.tokenizer), "n_layers": model.n_layers,
                     "d_model": model.d_model}
+        if reads:
+            resolved["readouts"] = capture.readout_columns(reads)
         info = {"data_path": str(src.root), "engine": engine_versions(backend)}
         pdir.mkdir(parents=True, exist_ok=True)
         with mf.exclusive(pdir):
@@ -228,14 +237,14 @@ def run_part(model, points, data, out, *, backend: str = "vllm", positions: str 
             remove_temps(pdir)
             with sink_dir(model, flow or Flow()) as sink:
                 return _loop(model, keys, src, out, manifest, part, positions, shard_tokens, DTYPES[dtype],
-                             context, batch_tokens, progress, total_docs, merge, flow or Flow(), sink)
+                             context, batch_tokens, progress, total_docs, merge, flow or Flow(), sink, reads)
     finally:
         if owned and hasattr(model, "close"):  # eager models hold no engine
             model.close()
 
 
 def _loop(model, keys, src, out, manifest, part, positions, shard_tokens, dtype, context, batch_tokens,
-          progress, total_docs, merge, flow: Flow, sink: str | None) -> Summary:
+          progress, total_docs, merge, flow: Flow, sink: str | None, reads: tuple | list = ()) -> Summary:
     i, of = part
     if manifest.shards:
         doc, window, skip = manifest.shards[-1]["resume"]
@@ -257,9 +266,10 @@ def _loop(model, keys, src, out, manifest, part, positions, shard_tokens, dtype,
     t0 = time.perf_counter()
     try:
         depth = flow.inflight if capture.is_vllm(model) else 1
-        for batch, outs, waited in capture.pipelined(model, stream, keys, depth, sink):
+        columns = keys + capture.readout_columns(list(reads))
+        for batch, outs, waited in capture.pipelined(model, stream, keys, depth, sink, reads):
             summary.forward_s += waited
-            rows = _rows(batch, outs, positions, keys)
+            rows = _rows(batch, outs, positions, columns)
             if buf is None:
                 cols = _columns(rows, dtype)
                 held = manifest.data.get("columns")

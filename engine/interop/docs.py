@@ -35,7 +35,7 @@ def render() -> str:
         for b in BACKENDS:
             lines.append(f"- {b}: {_cell(p.backends.get(b, ('hook', '')))}")
         lines.append("")
-    fams = {}
+    fams: dict = {}
     for mt, fam in sorted(registry().items()):
         fams.setdefault(fam.name, (fam, []))[1].append(mt)
     lines += ["# Families", "", "| family | HF model_types | quirks |", "|---|---|---|"]

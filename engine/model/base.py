@@ -31,9 +31,8 @@ class ModelBase(PointCatalogue, CapabilityMixin):
     def steering(self, *steers):
         """Apply steers to every call made in this block, in this thread or asyncio task (composable:
         nested blocks add up and each exit removes exactly its own steers)."""
-        from engine.core.steer_checks import validate_steers
-        for s in validate_steers(list(steers)):
-            self._steer(s)  # refuse a bad steer when the block opens, not at the first call
+        from engine.core.steer_checks import check_steers
+        check_steers(list(steers), (), self._steer)  # refuse a bad steer when the block opens, not at the first call
         token = self._steers.set((*self._steers.get(), *steers))
         try:
             yield self

@@ -45,6 +45,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--max-tokens-limit", type=int, default=None, help="largest max_tokens a request may ask")
     p.add_argument("--chat-template", default=None,
                    help="a Jinja chat template (file or string) for models without one")
+    p.add_argument("--sae-dir", default=None,
+                   help="a folder of SAEs (SAELens format, one folder each) that requests may name in readouts and "
+                        "feature steers; without it, requests naming an SAE are refused")
     p.add_argument("--log-level", default="warning")
     p.add_argument("--access-log", action="store_true")
     return p
@@ -78,7 +81,7 @@ def main(argv=None) -> int:
     try:
         app = build_app(runner, args.served_model_name, args.api_key, args.max_body_bytes, args.max_pending,
                         args.max_capture_bytes, args.max_tokens_limit, template, args.max_response_bytes,
-                        args.cpu_workers)
+                        args.cpu_workers, args.sae_dir)
         server = uvicorn.Server(uvicorn.Config(app, log_level=args.log_level, access_log=args.access_log,
                                                timeout_graceful_shutdown=5))
         host, port = sock.getsockname()[:2]

@@ -20,9 +20,10 @@ import torch
 
 from engine.core import positions as engine_positions
 from engine.core.points import INTEGER_POINTS
+from engine.core.readouts import Project, TopK
 from engine.serve import encoding
 from engine.serve.errors import ServeError, from_engine
-from engine.serve.schemas import CaptureSpec, Interp
+from engine.serve.schemas import CaptureSpec, Interp, StopSpec
 
 
 @dataclass
@@ -33,10 +34,16 @@ class Asked:
     spec: CaptureSpec | None = None
     strict: bool = True  # a steer that touched no row fails the request (engine.core.results.check_strict)
     steer_addresses: list[str] = field(default_factory=list)  # each steer's resolved address (errors name it)
+    readouts: list = field(default_factory=list)  # engine.core.readouts.Readout, checked against the model
+    stop: StopSpec | None = None
+
+    @property
+    def encoding(self) -> str:
+        return self.spec.encoding if self.spec is not None else "base64"
 
     @property
     def wants_rows(self) -> bool:
-        return self.spec is not None and self.spec.reduction == "none"
+        return self.spec is not None and self.spec.reduction == "none" and bool(self.points)
 
 
 def check(runner, interp: Interp | None, calls: list[tuple[int, int]]) -> Asked:
@@ -69,7 +76,51 @@ def check(runner, interp: Interp | None, calls: list[tuple[int, int]]) -> Asked:
         except Exception as e:
             raise from_engine(e, where) from None
         steers.append(s.steer)
-    return Asked(points, steers, spec, strict=interp.strict, steer_addresses=addresses)
+    readouts = []
+    for i, r in enumerate(spec.readouts if spec else []):
+        try:
+            readouts.append(runner.check_readout(r.readout))
+        except Exception as e:
+            raise from_engine(e, f"interp.capture.readouts[{i}]") from None
+    stop = interp.stop
+    if stop is not None:
+        kind = next(r.kind for r in readouts if r.name == stop.readout)
+        outs = (kind.W.shape[0] if kind.W.dim() == 2 else 1) if isinstance(kind, Project) else 1
+        if not kind.sparse and ((stop.index is None and outs > 1) or (stop.index or 0) >= outs):
+            raise ServeError(400, f"interp.stop.index: readout {stop.readout!r} gives {outs} value(s) per token; give "
+                                  f"index 0..{outs - 1}", "interp.stop.index")
+    return Asked(points, steers, spec, strict=interp.strict, steer_addresses=addresses, readouts=readouts, stop=stop)
+
+
+def stop_score(stop: StopSpec, value) -> float:
+    """The score a stop reads from a step's readout (rows of the forward that produced a token): its
+    last row; a sparse readout scores `index` by its value when among the top k (else -inf), or its
+    top value."""
+    if isinstance(value, TopK):
+        ids, vals = value.indices[-1], value.values[-1]
+        if stop.index is None:
+            return float(vals[0])
+        hit = vals[ids == stop.index]
+        return float(hit[0]) if hit.numel() else float("-inf")
+    row = value[-1].reshape(-1)
+    return float(row[stop.index or 0])
+
+
+def crossed(stop: StopSpec, score: float) -> bool:
+    return score > stop.above if stop.above is not None else score < stop.below  # type: ignore[operator]
+
+
+def readouts_payload(values: dict, how: str, budget: "Budget") -> tuple[dict, int]:
+    """{name: encoded} for readout values (a TopK as {indices, values}), each taken from `budget`."""
+    out, n = {}, 0
+    for name, v in values.items():
+        parts = {"indices": v.indices, "values": v.values} if isinstance(v, TopK) else {"value": v}
+        enc = {}
+        for k, t in parts.items():
+            n += budget.take(t, how)
+            enc[k] = encoding.encode(t, how)
+        out[name] = enc if isinstance(v, TopK) else enc["value"]
+    return out, n
 
 
 @dataclass

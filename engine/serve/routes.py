@@ -51,13 +51,14 @@ class Context:
     points: dict
     max_response_bytes: int | None = None
     offload: Offload = field(default_factory=lambda: Offload(2))
+    sae_dir: str | None = None  # --sae-dir: the folder whose SAEs requests may name
 
     def budget(self) -> interp.Budget:
         return interp.Budget(self.max_capture_bytes, self.max_response_bytes)
 
 
 # -- parsing and checking (on the Offload threads) ----------------------------------------------------
-def parse(raw: bytes, cls):
+def parse(raw: bytes, cls, ctx: "Context | None" = None):
     if not raw.strip():
         raise ServeError(400, "request body is empty; send a JSON object")
     try:
@@ -71,7 +72,7 @@ def parse(raw: bytes, cls):
     if not isinstance(obj, dict):
         raise ServeError(400, f"request body must be a JSON object, got a JSON {type(obj).__name__}")
     try:
-        return cls.model_validate(obj)
+        return cls.model_validate(obj, context={"sae_dir": None if ctx is None else ctx.sae_dir})
     except ValidationError as e:
         raise from_validation(e) from None
     except RecursionError:
@@ -221,12 +222,16 @@ class Gen:
             return None
         block = {"prompt_token_ids": self.prompts[i], "token_ids": res.new_tokens.tolist(),
                  "receipts": interp.receipts(res.receipts)}
-        if self.asked.spec is not None:
+        if self.asked.spec is not None and self.asked.points:
             if rows_payload is None:
                 rows_payload, n = interp.payload(self.asked.spec, res.cache, len(self.prompts[i]), fed(res),
                                                  budget=budget or self.ctx.budget())
                 self.ctx.metrics.capture_bytes += n
             block.update(rows_payload)
+        if self.asked.readouts:
+            block["readouts"], n = interp.readouts_payload(res.cache.readouts, self.asked.encoding,
+                                                           budget or self.ctx.budget())
+            self.ctx.metrics.capture_bytes += n
         return block
 
     def response(self, results) -> bytes:
@@ -247,8 +252,11 @@ class Gen:
                       "created": self.created, "model": self.model, "choices": choices, "usage": self.usage(results)})
 
     def usage(self, results) -> dict:
+        return self.usage_of([r.new_tokens.tolist() for r in results])
+
+    def usage_of(self, tokens: list) -> dict:
         p = sum(len(x) for x in self.prompts)
-        c = sum(r.new_tokens.shape[0] for r in results)
+        c = sum(len(t) for t in tokens)
         return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
 
     def chunk(self, choices: list, usage=None) -> dict:
@@ -281,7 +289,7 @@ def dumps(obj) -> bytes:
 
 def prepare(ctx: Context, raw: bytes, cls, chat: bool) -> Gen:
     """A generation request parsed and checked in full (on an Offload thread)."""
-    req = parse(raw, cls)
+    req = parse(raw, cls, ctx)
     check_model(ctx, req.model)
     check_sampling(ctx, req)
     if chat:
@@ -296,9 +304,13 @@ def prepare(ctx: Context, raw: bytes, cls, chat: bool) -> Gen:
     sampling = ctx.runner.sampling(req)
     budgets = [budget(ctx, req, len(p), None if chat else 16) for p in prompts]
     asked = interp.check(ctx.runner, req.interp, list(zip(map(len, prompts), budgets)))
+    if asked.stop is not None and not req.stream:
+        raise ServeError(400, "interp.stop: a readout stop ends a streamed generation; send stream: true",
+                         "interp.stop")
     keys = interp.canonical(ctx.runner, asked.points)
     rows = bool(req.stream and asked.wants_rows)
-    jobs = [Job(p, n, asked.points, asked.steers, sampling, rows, asked.strict) for p, n in zip(prompts, budgets)]
+    jobs = [Job(p, n, asked.points, asked.steers, sampling, rows, asked.strict, asked.readouts)
+            for p, n in zip(prompts, budgets)]
     return Gen(ctx, req, chat, prompts, jobs, asked, keys, f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}",
                int(time.time()))
 
@@ -371,16 +383,36 @@ async def stream_events(g: Gen):
     rows = [interp.StreamRows(g.asked.spec, g.keys, len(p), ctx.budget()) if g.asked.wants_rows else None
             for p in g.prompts]
     results: list = [None] * len(g.jobs)
+    seen: list[list[int]] = [[] for _ in g.jobs]
+    stop, budget = g.asked.stop, ctx.budget()
     try:
         if g.chat:
             yield sse(g.chunk([g.choice_delta(i, "", role=True) for i in range(len(g.jobs))]))
         async for i, ev in merged([guarded_stream(ctx.runner.stream(j), g.asked) for j in g.jobs]):
+            if results[i] is not None:  # stopped by its readout: the rest of its generation is dropped
+                continue
             delta = detoks[i].push(ev.token)
+            seen[i].append(ev.token)
             block = None
             if rows[i] is not None and ev.rows:
                 part, n = rows[i].add(ev.rows) if ev.result is None else (None, 0)
                 ctx.metrics.capture_bytes += n
                 block = part
+            if ev.readouts:  # this token's readouts, as computed
+                live, n = interp.readouts_payload(ev.readouts, g.asked.encoding, budget)
+                ctx.metrics.capture_bytes += n
+                block = {**(block or {}), "readouts": live}
+            if stop is not None and ev.readouts and stop.readout in ev.readouts:
+                score = interp.stop_score(stop, ev.readouts[stop.readout])
+                if interp.crossed(stop, score):
+                    results[i] = ev.result or False
+                    block = {**(block or {}), "token_ids": list(seen[i]), "stopped": {
+                        "readout": stop.readout, "token": len(seen[i]) - 1, "score": score}}
+                    delta += detoks[i].final(ctx.runner.tokenizer.decode(seen[i], skip_special_tokens=True))
+                    yield sse(g.chunk([g.choice_delta(i, delta, "interp.stop", None, block)]))
+                    if all(r is not None for r in results):
+                        break
+                    continue
             if ev.result is None:
                 if delta or block:
                     yield sse(g.chunk([g.choice_delta(i, delta, block=block)]))
@@ -395,9 +427,9 @@ async def stream_events(g: Gen):
             block = await ctx.offload(g.interp_block, i, res, final_rows)
             yield sse(g.chunk([g.choice_delta(i, delta, reason, stop_reason, block)]))
         ctx.metrics.prompt_tokens += sum(map(len, g.prompts))
-        ctx.metrics.generation_tokens += sum(r.new_tokens.shape[0] for r in results)
+        ctx.metrics.generation_tokens += sum(map(len, seen))
         if req.stream_options is not None and req.stream_options.include_usage:
-            yield sse(g.chunk([], g.usage(results)))
+            yield sse(g.chunk([], g.usage_of(seen)))
     except Exception as e:
         if isinstance(e, ServeError):
             err = e
@@ -413,7 +445,7 @@ async def stream_events(g: Gen):
 
 # -- capture -----------------------------------------------------------------------------------------------
 def prepare_capture(ctx: Context, raw: bytes):
-    req = parse(raw, CaptureRequest)
+    req = parse(raw, CaptureRequest, ctx)
     check_model(ctx, req.model)
     prompts = tokenize(ctx, req.prompt)
     room = ctx.runner.forward_room
@@ -434,9 +466,11 @@ def prepare_capture(ctx: Context, raw: bytes):
 def capture_response(ctx: Context, req, prompts, asked, results) -> tuple[bytes, int]:
     spec = asked.spec or CaptureSpec.model_construct(points=[], positions="all", reduction="none", encoding="base64")
     data, budget = [], ctx.budget()
-    for i, (p, (cache, logits, receipts)) in enumerate(zip(prompts, results)):
+    for i, (p, (cache, logits, receipts, readouts)) in enumerate(zip(prompts, results)):
         item, _ = interp.payload(spec, cache, len(p), len(p), budget=budget)
         item = {"index": i, "prompt_token_ids": p, **item, "receipts": interp.receipts(receipts)}
+        if readouts:
+            item["readouts"], _ = interp.readouts_payload(readouts, spec.encoding, budget)
         if logits is not None:
             lg, _ = interp.payload(spec, {"logits": logits}, len(p), len(p), budget=budget)
             item["logits"] = lg["captures"]["logits"]
@@ -452,7 +486,8 @@ async def capture(request: Request):
     ticket = ctx.admission.enter(len(prompts))
     try:
         results = await unless_gone(request, gather_all(
-            guarded(ctx.runner.capture(p, asked.points, asked.steers, req.return_logits, asked.strict), asked)
+            guarded(ctx.runner.capture(p, asked.points, asked.steers, req.return_logits, asked.strict, asked.readouts),
+                    asked)
             for p in prompts))
     finally:
         ticket.release()

@@ -19,7 +19,7 @@ import math
 import signal
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import AsyncIterator
 
 import torch
@@ -41,6 +41,7 @@ class Job:
     sampling: dict
     rows: bool = False  # stream the capture rows per step
     strict: bool = True  # a steer that touched no row fails the request
+    readouts: list = field(default_factory=list)  # engine.core.readouts.Readout, checked against the model
 
 
 @dataclass
@@ -49,6 +50,7 @@ class Event:
     token: int
     rows: dict | None = None
     result: RequestResult | None = None
+    readouts: dict | None = None  # the per-position readouts of the forward that produced this token
 
 
 _SAMPLING = ("top_p", "top_k", "min_p", "seed", "stop", "stop_token_ids", "presence_penalty", "frequency_penalty",
@@ -109,6 +111,18 @@ class Runner:
         # ModelBase's validation hook (what steering() runs when a block opens): address, op, width
         return self.catalogue._steer(st)
 
+    def check_readout(self, r):
+        """A readout checked against the model (the backend's own check), at its absolute address."""
+        import math
+
+        from engine.core.readouts import Project
+        r = self.catalogue._readout(r)
+        shape = self.point_shape(r.address.base)
+        if isinstance(r.kind, Project) and shape is not None:  # before the call, not inside its forward
+            shape = shape[len(r.address.coords):]
+            r.kind.check_width(math.prod(shape), r.address, shape)
+        return r
+
     def point_shape(self, addr) -> tuple | None:
         """Per-token shape of a capture at a resolved address (None: not known before a forward)."""
         return tuple(self.catalogue.point_shape(addr))
@@ -123,8 +137,8 @@ class Runner:
     def stream(self, job: Job) -> AsyncIterator[Event]:
         raise NotImplementedError
 
-    async def capture(self, prompt: list[int], points, steers, logits: bool, strict: bool = True):
-        """One forward: ({address: [P, ...]}, logits [P, vocab] or None, receipts)."""
+    async def capture(self, prompt: list[int], points, steers, logits: bool, strict: bool = True, readouts=()):
+        """One forward: ({address: [P, ...]}, logits [P, vocab] or None, receipts, {readout name: value})."""
         raise NotImplementedError
 
     async def problem(self) -> str | None:
@@ -168,7 +182,7 @@ class VLLMRunner(Runner):
         from vllm.sampling_params import RequestOutputKind
         # one output at the end, as vLLM's own server asks for non-streamed requests (not one per step)
         sampling = {**job.sampling, "output_kind": RequestOutputKind.FINAL_ONLY}
-        req = Request(job.prompt, job.max_tokens, job.points, job.steers, sampling)
+        req = Request(job.prompt, job.max_tokens, job.points, job.steers, sampling, job.readouts)
         (res,) = await self.model.aio.generate_batch([req], return_logits=False, strict=job.strict)
         return res
 
@@ -176,13 +190,14 @@ class VLLMRunner(Runner):
         n = len(job.prompt)
         async for st in self.model.aio.stream(job.prompt, job.max_tokens, job.points, job.steers,
                                               return_logits=False, rows=job.rows, strict=job.strict,
-                                              **job.sampling):
+                                              readouts=job.readouts, **job.sampling):
             at = 0 if st.index == 0 else n + st.index - 1  # the first position of the step's rows
-            yield Event(st.token, {k: (at, t) for k, t in st.rows.items()} if st.rows else None, st.result)
+            yield Event(st.token, {k: (at, t) for k, t in st.rows.items()} if st.rows else None, st.result,
+                        st.readouts)
 
-    async def capture(self, prompt, points, steers, logits: bool, strict: bool = True):
-        lg, cache = await self.model.aio.capture([prompt], points, steers, strict)
-        return {k: v[0] for k, v in cache.items()}, (lg[0] if logits else None), cache.receipts
+    async def capture(self, prompt, points, steers, logits: bool, strict: bool = True, readouts=()):
+        lg, cache = await self.model.aio.capture([prompt], points, steers, strict, readouts)
+        return {k: v[0] for k, v in cache.items()}, (lg[0] if logits else None), cache.receipts, first(cache.readouts)
 
     async def problem(self) -> str | None:
         if self.catalogue._closed:
@@ -269,7 +284,7 @@ class EagerRunner(Runner):
 
     def _generate(self, job: Job) -> RequestResult:
         out = self.model.generate([job.prompt], job.max_tokens, job.points, job.steers, strict=job.strict,
-                                  **job.sampling)
+                                  readouts=job.readouts, **job.sampling)
         return out.requests[0]
 
     async def _call(self, fn, *args):
@@ -279,19 +294,40 @@ class EagerRunner(Runner):
         return await self._call(self._generate, job)
 
     async def stream(self, job: Job):
-        """Eager generates in one call: the tokens go out when it returns, the rows with the last."""
+        """Eager generates in one call: the tokens go out when it returns, the rows with the last. With
+        readouts, token by token (the model's own stream), each with its forward's readouts."""
+        if job.readouts:
+            async for ev in self._live(job):
+                yield ev
+            return
         res = await self.generate(job)
         toks = res.new_tokens.tolist()
         for tok in toks[:-1]:
             yield Event(tok)
         yield Event(toks[-1], {k: (0, v) for k, v in res.cache.items()} if job.rows else None, res)
 
-    def _capture(self, prompt, points, steers, logits: bool, strict: bool):
-        lg, cache = self.model.run_with_cache([prompt], points, steers, strict=strict)
-        return {k: v[0] for k, v in cache.items()}, (lg[0] if logits else None), cache.receipts
+    async def _live(self, job: Job):
+        it = await self._call(lambda: self.model.stream(job.prompt, job.max_tokens, job.points, job.steers,
+                                                        return_logits=False, rows=False, strict=job.strict,
+                                                        readouts=job.readouts, **job.sampling))
+        try:
+            while True:
+                st = await self._call(next, it, None)
+                if st is None:
+                    return
+                rows = None
+                if st.result is not None and job.rows:
+                    rows = {k: (0, v) for k, v in st.result.cache.items()}
+                yield Event(st.token, rows, st.result, st.readouts)
+        finally:
+            await self._call(it.close)
 
-    async def capture(self, prompt, points, steers, logits: bool, strict: bool = True):
-        return await self._call(self._capture, prompt, points, steers, logits, strict)
+    def _capture(self, prompt, points, steers, logits: bool, strict: bool, readouts):
+        lg, cache = self.model.run_with_cache([prompt], points, steers, strict=strict, readouts=readouts)
+        return {k: v[0] for k, v in cache.items()}, (lg[0] if logits else None), cache.receipts, first(cache.readouts)
+
+    async def capture(self, prompt, points, steers, logits: bool, strict: bool = True, readouts=()):
+        return await self._call(self._capture, prompt, points, steers, logits, strict, readouts)
 
     def serve(self, coro, server) -> None:
         asyncio.run(coro)
@@ -299,6 +335,12 @@ class EagerRunner(Runner):
     def close(self) -> None:
         self.pool.shutdown(wait=True)
         self.model.close()
+
+
+def first(readouts: dict) -> dict:
+    """The readouts of the first (only) sequence of a batched result."""
+    from engine.core.readouts import TopK
+    return {k: v.map(lambda t: t[0]) if isinstance(v, TopK) else v[0] for k, v in readouts.items()}
 
 
 def make(model) -> Runner:

@@ -10,6 +10,7 @@ silently return nothing.
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -18,6 +19,7 @@ from pydantic import (
     ConfigDict,
     Field,
     PrivateAttr,
+    ValidationInfo,
     create_model,
     field_validator,
     model_validator,
@@ -26,6 +28,7 @@ from pydantic import (
 from engine.core import positions as engine_positions
 from engine.core.address import parse
 from engine.core.points import ALIASES, BY_NAME
+from engine.core.readouts import KINDS, Readout
 from engine.core.steering import Steer
 from engine.serve import encoding
 
@@ -56,18 +59,107 @@ def _address(p: str) -> str:
 PointName = Annotated[str, AfterValidator(_address)]
 
 
+def sae_in(v, info: ValidationInfo):
+    """An SAE named by a request: a folder inside the server's --sae-dir (never a path outside it)."""
+    if v is None:
+        return None
+    root = (info.context or {}).get("sae_dir")
+    if root is None:
+        raise ValueError("this server serves no SAEs; start it with --sae-dir DIR and name an SAE folder inside it")
+    if not isinstance(v, str) or not v:
+        raise ValueError("an SAE is named by its folder inside the server's --sae-dir (a string)")
+    base = Path(root).resolve()
+    path = (base / v).resolve()
+    if base not in path.parents or not path.is_dir():
+        raise ValueError(f"no SAE folder {v!r} inside this server's --sae-dir")
+    return str(path)
+
+
+def _sae_field(cls, v, info: ValidationInfo):
+    return sae_in(v, info)
+
+
+def _json_in(conv):
+    return classmethod(lambda cls, v: v if v is None else conv(v))
+
+
+# engine.core.readouts' kinds, each by its class name with its own fields (generated from
+# dataclasses.fields of every kind: a field added to a kind is served here; the kind checks values).
+_KIND_FIELDS = {name: [f.name for f in dataclasses.fields(k)] for name, k in KINDS.items()}
+_KIND_JSON = {"W": encoding.value_in, "b": encoding.value_in}
+
+
+class _ReadoutBody(Body):
+    _readout: Readout | None = PrivateAttr(default=None)
+
+    @model_validator(mode="after")
+    def _build(self):
+        kind = self.kind
+        given = {f for f in self.model_fields_set if f not in ("address", "kind", "name")}
+        wrong = sorted(given - set(_KIND_FIELDS[kind]))
+        if wrong:
+            raise ValueError(f"readout kind {kind!r} takes no {', '.join(wrong)} (it takes: "
+                             f"{', '.join(_KIND_FIELDS[kind]) or 'nothing'})")
+        self._readout = Readout(self.address, KINDS[kind](**{f: getattr(self, f) for f in given}), self.name)
+        return self
+
+    @property
+    def readout(self) -> Readout:
+        return self._readout
+
+
+ReadoutSpec: Any = create_model(  # type: ignore[call-overload]
+    "ReadoutSpec", __base__=_ReadoutBody, __doc__="One engine.core.readouts.Readout in JSON: address, kind (a class "
+    "name of engine.core.readouts.KINDS), the kind's own fields (W / b as tensors or nested lists; sae: a folder "
+    "inside the server's --sae-dir) and an optional name.",
+    __validators__={"_in_sae": field_validator("sae")(classmethod(_sae_field)),
+                    **{f"_in_{k}": field_validator(k)(_json_in(conv)) for k, conv in _KIND_JSON.items()}},
+    address=(str, ...), kind=(Literal[tuple(KINDS)], ...), name=(str | None, None),  # type: ignore[valid-type]
+    **{f: (Any, None) for f in dict.fromkeys(f for fs in _KIND_FIELDS.values() for f in fs)})
+
+
+class StopSpec(Body):
+    """Stop a generation at the first token whose readout score crosses a threshold. readout: the name
+    of a per-position readout of interp.capture.readouts; the score of generated token i is that
+    readout at the position it was predicted from (the last row of the forward that produced it);
+    index: which output of a multi-output readout (a probe row, or a feature / token id of a sparse
+    one, scored by its value when among the top k, else -inf)."""
+    readout: str
+    above: float | None = None
+    below: float | None = None
+    index: int | None = Field(None, ge=0)
+
+    @model_validator(mode="after")
+    def _one(self):
+        if (self.above is None) == (self.below is None):
+            raise ValueError("give exactly one of above / below")
+        return self
+
+
 class CaptureSpec(Body):
     """What to capture and how to return it. points: addresses (a bare layer point = every layer);
-    positions: which token positions to return (the steering vocabulary); reduction over them."""
-    points: list[PointName] = Field(min_length=1)
+    positions: which token positions to return (the steering vocabulary); reduction over them;
+    readouts: reductions computed where the activation is (returned whole, per position or reduced)."""
+    points: list[PointName] = Field(default_factory=list)
     positions: Any = "all"
     reduction: Literal["none", "last", "mean"] = "none"
     encoding: Literal["base64", "list"] = "base64"
+    readouts: list[ReadoutSpec] = Field(default_factory=list)
 
     @field_validator("positions")
     @classmethod
     def _positions(cls, v):
         return positions_in(v)
+
+    @model_validator(mode="after")
+    def _something(self):
+        if not self.points and not self.readouts:
+            raise ValueError("give points or readouts to capture")
+        names = [r.readout.name for r in self.readouts]
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise ValueError(f"two readouts are named {dup[0]!r}; give one of them a name")
+        return self
 
 
 # engine.core.steering.Steer's own fields (those a request sets), each a JSON field of a steer; the ones JSON
@@ -91,21 +183,11 @@ class _SteerBody(Body):
         return self._steer
 
 
-def _no_sae(cls, v):
-    if v is not None:
-        raise ValueError("this server serves no SAEs (feature steers name an SAE folder inside the server's --sae-dir)")
-    return v
-
-
-def _json_in(conv):
-    return classmethod(lambda cls, v: v if v is None else conv(v))
-
-
 SteerSpec: Any = create_model(  # type: ignore[call-overload]
     "SteerSpec", __base__=_SteerBody, __doc__="One engine.core.steering.Steer in JSON (its fields, by name). value: a "
     "number (scale), nested lists, or a tensor object (engine/serve/encoding.py); bounds: [min, max].",
     __validators__={**{f"_in_{k}": field_validator(k)(_json_in(conv)) for k, conv in _STEER_JSON.items()},
-                    "_in_sae": field_validator("sae")(classmethod(_no_sae))},
+                    "_in_sae": field_validator("sae")(classmethod(_sae_field))},
     **{f.name: (_STEER_TYPES.get(f.name, Any), ... if f.default is dataclasses.MISSING else f.default)
        for f in _STEER_FIELDS})
 
@@ -117,6 +199,19 @@ class Interp(Body):
     capture: CaptureSpec | None = None
     steer: list[SteerSpec] = Field(default_factory=list)
     strict: bool = True
+    stop: StopSpec | None = None
+
+    @model_validator(mode="after")
+    def _stop_reads_a_readout(self):
+        if self.stop is not None:
+            found = [r.readout for r in (self.capture.readouts if self.capture else [])
+                     if r.readout.name == self.stop.readout]
+            if not found:
+                raise ValueError(f"interp.stop.readout {self.stop.readout!r} names no readout of interp.capture.readouts")
+            if not found[0].kind.per_position:
+                raise ValueError(f"interp.stop.readout {self.stop.readout!r} is reduced over positions; a stop reads a "
+                                 f"per-position readout (Norm, Project, LensTopK, SAEFeatures)")
+        return self
 
     @field_validator("capture", mode="before")
     @classmethod

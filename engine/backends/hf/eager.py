@@ -36,7 +36,7 @@ from engine.core.results import (
     columns_of,
     combine,
 )
-from engine.core.steer_checks import validate_steers
+from engine.core.steer_checks import check_steers
 from engine.core.steering import Steer, check_feature_steer
 from engine.core.tokens import TokensMixin, special_ids
 from engine.families import limits as family_limits
@@ -215,10 +215,9 @@ class EagerModel(ModelBase, WeightsMixin, TokensMixin):
         return enc
 
     # -- plans ----------------------------------------------------------------------------------
-    def _steer(self, st) -> Steer:
-        """A steer checked against this model, at its absolute address."""
-        if not isinstance(st, Steer):
-            raise SteeringError(f"steer entries must be engine.Steer objects, got {type(st).__name__}: {st!r:.80}.")
+    def _steer(self, st: Steer) -> Steer:
+        """A steer checked against this model, at its absolute address (called by
+        engine.core.steer_checks.check_steers, after the steer's own checks)."""
         addr = self.address(st.address)
         if addr.point in INTEGER_POINTS:
             raise UnsupportedPointError(f"{addr} is capture-only.")
@@ -255,7 +254,7 @@ class EagerModel(ModelBase, WeightsMixin, TokensMixin):
         its readouts bound to this model."""
         capture = self.expand(points) if points else []
         reads = [self._readout(r) for r in validate_readouts(readouts)]
-        steers = [self._steer(s) for s in (*self._context_steers(), *validate_steers(steer))]
+        steers = check_steers(steer, self._context_steers(), self._steer)
         rows = [enc["input_ids"][r, cols.to(enc["input_ids"].device)].tolist()
                 for r, cols in enumerate(columns_of(enc["attention_mask"]))]
         special = special_ids(self.tokenizer)

@@ -202,9 +202,8 @@ def _attn_in(c: Ctx) -> Site:
 def _attn_out(c: Ctx) -> Site:
     if c.mixer is None:
         c.absent("this layer has no attention module")
-    site = out_site(c.mixer, minus_residual=c.fam.attn_adds_residual)
-    site.how = "recompute" if c.fam.attn_adds_residual else "hook"
-    return site
+    adds = c.fam.attn_adds_residual  # the point is recomputed as output minus the residual it adds
+    return out_site(c.mixer, minus_residual=adds, how="recompute" if adds else "hook")
 
 
 def _qk_norm(c: Ctx) -> Site:
@@ -319,9 +318,8 @@ def _mlp_io(c: Ctx) -> Site:
         c.absent("this layer has no MLP module")
     if c.point == "mlp_in":
         return in_site(mod, arg="input" if fam.mlp_on_layer else "hidden_states", shape_from=c.flat)
-    site = out_site(mod, shape_from=c.flat, minus_residual=fam.mlp_adds_residual)
-    site.how = "recompute" if fam.mlp_adds_residual else "hook"
-    return site
+    adds = fam.mlp_adds_residual
+    return out_site(mod, shape_from=c.flat, minus_residual=adds, how="recompute" if adds else "hook")
 
 
 _ROUTER_DISCARDS_LOGITS = (

@@ -13,9 +13,13 @@ and steering. The engine core runs in its own process; `VLLMModel` drives the as
 """
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import os
 import weakref
+from collections.abc import Iterator
+from contextlib import AbstractContextManager
+from typing import Any
 
 import torch
 
@@ -23,10 +27,11 @@ from engine.backends.vllm import runtime as rt
 from engine.backends.vllm import sizing as vllm_sizing
 from engine.backends.vllm.catalogue import VLLMCatalogue
 from engine.backends.vllm.client import AsyncVLLMModel, StreamEvent
+from engine.backends.vllm.modes import mode_for
 from engine.backends.vllm.worker import runner as vllm_runner
-from engine.core.address import Address, closest, parse
+from engine.core.address import Address, parse
 from engine.core.errors import AddressError, FamilyLimitationError, UnsupportedPointError
-from engine.core.points import ALIASES, BY_NAME, VLLM_BACKENDS, backend_status, get_point
+from engine.core.points import ALIASES, BY_NAME, backend_status, get_point
 from engine.core.results import GenerationResult, Request, RequestResult
 from engine.model import options
 
@@ -87,13 +92,14 @@ class VLLMModel:
             raise
         return self._loop.run(coro)
 
-    def run_with_cache(self, inputs, points=(), steer=(), strict: bool = False, readouts=()):
+    def run_with_cache(self, inputs: Any, points: Any = (), steer: Any = (), strict: bool = False,
+                       readouts: Any = ()) -> tuple:
         """One forward per prompt. Returns (logits [b, pos, vocab], cache of [b, pos, ...]), padded
         like eager's (left, or the layout of a given attention_mask); padded positions hold 0. The
         cache's receipts say what each steer did; strict=True fails a steer that touched no row."""
         return self._run(self.aio.capture(inputs, points, steer, strict, readouts))
 
-    def forward(self, inputs, steer=(), strict: bool = False):
+    def forward(self, inputs: Any, steer: Any = (), strict: bool = False) -> torch.Tensor:
         return self.run_with_cache(inputs, (), steer, strict)[0]
 
     def generate(self, inputs, max_new_tokens: int = 8, points=(), steer=(), return_logits: bool = True,
@@ -104,14 +110,15 @@ class VLLMModel:
                                            **sampling))
 
     def generate_batch(self, requests: list[Request], return_logits: bool = True, progress: bool = False,
-                       strict: bool = False, sink: str | None = None):
+                       strict: bool = False, sink: str | None = None) -> list[RequestResult]:
         """Run requests concurrently (one continuous batch); each keeps its own captures, steers and
         receipts (strict=True: a steer that touched no row of its request fails the call; sink: see
         AsyncVLLMModel.generate_batch)."""
         return self._run(self.aio.generate_batch(requests, return_logits, strict, sink))
 
-    def stream(self, prompt, max_new_tokens: int = 8, points=(), steer=(), logprobs: int = 0,
-               return_logits: bool = True, rows: bool = True, strict: bool = False, readouts=(), **sampling):
+    def stream(self, prompt: Any, max_new_tokens: int = 8, points: Any = (), steer: Any = (), logprobs: int = 0,
+               return_logits: bool = True, rows: bool = True, strict: bool = False, readouts: Any = (),
+               **sampling: Any) -> Iterator:
         """Iterate StreamSteps of one prompt (see AsyncVLLMModel.stream: checked, and the steering
         blocks around this call bound, here); closing the iterator aborts the request."""
         self.aio._live()
@@ -126,7 +133,7 @@ class VLLMModel:
     def logit_lens(self, x, point: str = "resid_post") -> torch.Tensor:
         return self._run(self.aio.logit_lens(x, point))
 
-    def steering(self, *steers):
+    def steering(self, *steers: Any) -> AbstractContextManager:
         return self.aio.steering(*steers)
 
     def close(self) -> None:
@@ -162,21 +169,20 @@ def _declared(spec, n_layers: int) -> list[Address]:
     return list(dict.fromkeys(out))
 
 
-def load(name: str, backend: str = "vllm", source: str = "auto", dtype=None, device: str | None = None,
-         static_points="auto", compile: bool = True, max_model_len: int | None = None,
+def load(name: str, backend: str = "vllm", source: str = "auto", dtype: Any = None, device: str | None = None,
+         static_points: Any = "auto", compile: bool = True, max_model_len: int | None = None,
          max_num_seqs: int | None = None, max_num_batched_tokens: int | None = None,
          kv_cache_memory_bytes: int | None = None, gpu_memory_utilization: float | None = None,
-         seed: int = 0, prove: bool = True, tensor_parallel_size: int = 1, **engine_kw) -> VLLMModel:
+         seed: int = 0, prove: bool = True, tensor_parallel_size: int = 1, **engine_kw: Any) -> VLLMModel:
     """Load `name` on a vLLM backend (see module docstring). Extra kwargs go to vLLM's engine args.
     Unset dtype / max_model_len / max_num_seqs / KV cache are chosen for the platform
     (engine/backends/vllm/sizing.py: CPU keeps the small twin numbers, CUDA a GPU user's), and the
     load report says what was chosen and why."""
-    if backend not in VLLM_BACKENDS:
-        raise ValueError(f"unknown vLLM backend {backend!r}.{closest(backend, VLLM_BACKENDS)} "
-                         f"Use one of {VLLM_BACKENDS}.")
-    if backend != "vllm-static" and static_points != "auto":
+    mode = mode_for(backend)
+    if not mode.declares and static_points != "auto":
         raise ValueError(f"static_points is for backend='vllm-static', not {backend!r}.")
-    rt.check_engine_args(backend, engine_kw)
+    if mode.worker:
+        rt.check_engine_args(backend, engine_kw)
     rt.prepare_env()
     options.parse_device(device, backend)  # vLLM runs on its platform's device; another is an error
     if dtype is not None and dtype != "auto":
@@ -198,24 +204,11 @@ def load(name: str, backend: str = "vllm", source: str = "auto", dtype=None, dev
     binding = rt.cpu_binding(tensor_parallel_size)
     if binding and current_platform.device_type == "cpu" and "VLLM_CPU_OMP_THREADS_BIND" not in os.environ:
         env["VLLM_CPU_OMP_THREADS_BIND"] = binding
-    declared = None
-    if backend != "vllm-generate":
-        kw.update(worker_extension_cls=rt.WORKER_EXTENSION, logits_processors=[rt.ROW_MAP], async_scheduling=False)
-    if backend == "vllm":
-        kw.update(enforce_eager=True)  # Python hooks never fire in graph replay
-    elif backend == "vllm-static":
-        declared = _declared(static_points, text_cfg.num_hidden_layers)
-        internal = [] if Address("final_norm") in declared else [Address("final_norm")]
-        taps = [[str(a), True] for a in declared] + [[str(a), False] for a in internal]
-        kw.update(enforce_eager=not compile, load_format="interp_static",
-                  model_loader_extra_config={"interp_static": taps})
-        # vLLM's own CUDA-graph mode (FULL_AND_PIECEWISE on CUDA): the taps are persistent buffers the
-        # graphs read and write, filled and read around each replay (vllm_worker's step anchor); the
-        # startup proof below runs under the chosen mode and refuses one it cannot prove
-        # vLLM keys its compiled-graph cache on its config and model class, not on our taps: never
-        # save or load one
-        env["VLLM_DISABLE_COMPILE_CACHE"] = "1"
-        declared = declared + internal
+    setup = mode.setup(_declared(static_points, text_cfg.num_hidden_layers)
+                       if mode.declares else None, compile)
+    kw.update(setup.kw)
+    env.update(setup.env)
+    declared = setup.declared
     kw.update(engine_kw)
     loop = rt.Loop(f"{name} ({backend})")
     try:
@@ -226,43 +219,36 @@ def load(name: str, backend: str = "vllm", source: str = "auto", dtype=None, dev
     aio = None
     try:
         catalogue = None
-        if backend != "vllm-generate":
+        if mode.worker:
             describes = loop.run(engine.collective_rpc("interp_setup", args=(backend,)))
             vllm_runner.check(backend, [d["runner"] for d in describes])
-            catalogue = VLLMCatalogue(describes, backend, declared)
+            catalogue = VLLMCatalogue(describes, mode, declared)
             if catalogue.anchor_error:
                 raise FamilyLimitationError(f"{name} on {backend}: {catalogue.anchor_error}.")
             for addr, why in catalogue.tap_errors.items():
                 raise UnsupportedPointError(f"{addr} cannot be a vllm-static tap on this model: {why}.")
-        aio = AsyncVLLMModel(name, backend, used, path, engine, catalogue, text_cfg, engine.get_tokenizer(), loop)
+        aio = AsyncVLLMModel(name, mode, used, path, engine, catalogue, text_cfg, engine.get_tokenizer(), loop)
         cache = engine.vllm_config.cache_config
         tokens = (cache.num_gpu_blocks or 0) * cache.block_size
         kv_bytes = sizing.kv_cache_memory_bytes or tokens * vllm_sizing.kv_bytes_per_token(text_cfg, getattr(torch, sizing.dtype))
         report = rt.LoadReport(backend, startup, kv_bytes, tokens, catalogue.tap_bytes if catalogue else 0,
-                               rt.rss_gib(), compiled=backend == "vllm-static" and compile,
-                               tensor_parallel_size=tensor_parallel_size, sizing=sizing, runner=runner_note)
-        if backend == "vllm-static" and compile:
-            report.extra["cudagraph_mode"] = _cudagraph_mode(engine)
+                               rt.rss_gib(), tensor_parallel_size=tensor_parallel_size, sizing=sizing,
+                               runner=runner_note, **mode.report(engine, compile))
         model = VLLMModel(aio, loop, report)
     except BaseException:
         loop.run(_stop(engine))
         loop.stop()
         raise
     rt.log.info("%s %s", name, report.line())
-    if backend == "vllm-static" and prove:
-        from engine.backends.vllm.proof import prove_taps
+    if prove:
         try:
-            report.extra["proof"] = prove_taps(model)
+            proof = mode.prove(model)
         except Exception:
             model.close()
             raise
+        if proof is not None:  # the report as proven (a new report: its fields are set once)
+            model.load_report = dataclasses.replace(report, proof=proof)
     return model
-
-
-def _cudagraph_mode(engine) -> str:
-    """The CUDA-graph mode vLLM resolved for this engine (NONE on CPU)."""
-    mode = engine.vllm_config.compilation_config.cudagraph_mode
-    return getattr(mode, "name", str(mode))
 
 
 async def _start(path, env, kw):

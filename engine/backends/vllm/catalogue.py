@@ -8,18 +8,17 @@ every (point, layer) not served, the reason.
 """
 from __future__ import annotations
 
+from engine.backends.vllm.modes import Mode, mode_for
 from engine.backends.vllm.worker import attn as vllm_attn
 from engine.core.address import Address
 from engine.core.errors import UnsupportedPointError
-from engine.core.points import backend_status
-
-HEADED = ("z", "q", "k", "value")
 
 
 class VLLMCatalogue:
-    def __init__(self, describes: list[dict], backend: str, declared: list[Address] | None):
+    def __init__(self, describes: list[dict], mode: Mode | str, declared: list[Address] | None):
         first = describes[0]
-        self.backend, self.declared = backend, declared
+        self.mode = mode_for(mode) if isinstance(mode, str) else mode
+        self.backend, self.declared = self.mode.name, declared
         self.n_layers, self.tp = first["n_layers"], first["tp"]
         self.model_class = first["model_class"]
         self.worker_pids = [d.get("pid") for d in describes]
@@ -48,22 +47,16 @@ class VLLMCatalogue:
         return self.table.get((addr.point, addr.layer)) or {"why": f"{addr} is not in the engine's table"}
 
     def check(self, addr: Address) -> None:
-        """Raise UnsupportedPointError unless this backend serves addr (no coordinates)."""
-        if self.backend == "vllm-static":
-            if addr in self.declared:
-                return
-            status, reason = backend_status(addr.point, "vllm")
-            if status != "refused":
-                reason = (f"{backend_status(addr.point, 'vllm-static')[1] or 'not declared'}; declared at "
-                          f"load: {', '.join(str(a) for a in self.declared)}")
-            raise UnsupportedPointError(f"{addr} cannot be served by backend 'vllm-static': {reason}.")
-        status, reason = backend_status(addr.point, self.backend)
-        if status == "refused":
-            raise UnsupportedPointError(f"{addr} cannot be served by backend {self.backend!r}: {reason}.")
+        """Raise UnsupportedPointError unless this backend serves addr (no coordinates): its mode
+        decides first (engine/backends/vllm/modes.py), then the engine's table."""
+        if self.mode.check_served(addr, self.declared):
+            return
         if addr.point in vllm_attn.ATTN_POINTS:  # recomputed from q and k: both must be served
+            layer = addr.layer
+            assert layer is not None, "attention patterns are per layer"
             for p in ("q", "k"):
-                self.check(Address(p, addr.layer))
-            vllm_attn.check(addr.point, self.attn[addr.layer], str(addr))
+                self.check(Address(p, layer))
+            vllm_attn.check(addr.point, self.attn[layer], str(addr))
             return
         info = self.info(addr)
         if "why" in info:

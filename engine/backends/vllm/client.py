@@ -17,11 +17,15 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import dataclasses
 import uuid
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 from engine.backends.vllm.catalogue import VLLMCatalogue
+from engine.backends.vllm.modes import NO_CAPTURE, Mode, mode_for
 from engine.backends.vllm.runtime import on_home_loop
 from engine.backends.vllm.worker import attn as vllm_attn
 from engine.backends.vllm.worker import wire as vllm_wire
@@ -29,6 +33,7 @@ from engine.backends.vllm.worker.rows import EXTRA_KEY
 from engine.core.address import Address, parse
 from engine.core.errors import AddressError, EngineError, SteeringError, UnsupportedPointError
 from engine.core.inputs import limits_of, new_tokens, row_label, token_rows, top_logprobs
+from engine.core.ops import OPS
 from engine.core.plan import Plan
 from engine.core.points import INTEGER_POINTS
 from engine.core.readouts import Readout, ReadoutError, as_value, parts_of, validate_readouts
@@ -46,15 +51,24 @@ from engine.core.results import (
     combine,
     pad_rows,
 )
-from engine.core.steer_checks import validate_steers
-from engine.core.steering import OPS, NonFiniteSteer, Steer
+from engine.core.steer_checks import check_steers
+from engine.core.steering import NonFiniteSteer, Steer
 from engine.core.tokens import TokensMixin, special_ids
 from engine.model.base import ModelBase
 from engine.model.capabilities import Verdict, refused
 from engine.model.sampling import Sampling
 
-NO_CAPTURE = ("vllm-generate is stock vLLM: no capture, no steering, no logit lens; load the model with "
-              "backend='vllm' (any servable point, per request) or backend='vllm-static' (declared taps)")
+__all__ = ["AsyncVLLMModel", "Submission", "StreamEvent", "NO_CAPTURE"]
+
+
+@dataclass(frozen=True)
+class Submission:
+    """One request as the client submits it: the plan its workers run, and what only the client needs."""
+    plan: Plan
+    params: dict  # vLLM SamplingParams keywords
+    prompt: list[int]  # the prompt's token ids
+    derived: tuple[Address, ...] = ()  # attention patterns recomputed from the captured q and k afterwards
+    salted: bool = False  # its own prefix-cache key (see AsyncVLLMModel._salted)
 
 
 StreamEvent = StreamStep  # the earlier name of one streamed step
@@ -91,10 +105,11 @@ class AsyncVLLMModel(ModelBase, TokensMixin):
     """Capture and steering on a vLLM engine, async. Built by engine.backends.vllm.backend.load, on
     `home` (engine.backends.vllm.runtime.Loop): its coroutines run there, awaited from any loop."""
 
-    def __init__(self, name, backend, source, path, engine, catalogue: VLLMCatalogue | None, config, tokenizer,
-                 home=None):
+    def __init__(self, name: str, backend: "str | Mode", source: str, path: str, engine, catalogue: VLLMCatalogue | None,
+                 config, tokenizer, home=None):
         self._home = home
-        self.name, self.backend, self.source, self.path = name, backend, source, path
+        self.mode = mode_for(backend) if isinstance(backend, str) else backend
+        self.name, self.backend, self.source, self.path = name, self.mode.name, source, path
         self.engine, self.catalogue, self.config, self.tokenizer = engine, catalogue, config, tokenizer
         self.n_layers = catalogue.n_layers if catalogue else config.num_hidden_layers
         self.d_model = config.hidden_size
@@ -111,8 +126,9 @@ class AsyncVLLMModel(ModelBase, TokensMixin):
 
     # -- the point catalogue ----------------------------------------------------------------------
     def _refuse_if_generate(self, what: str) -> None:
-        if self.backend == "vllm-generate":
-            raise (SteeringError if what == "steer" else UnsupportedPointError)(NO_CAPTURE + ".")
+        """Refuse a capture (or a steer) when this mode serves none (stock vLLM), saying why."""
+        if self.mode.unserved:
+            raise (SteeringError if what == "steer" else UnsupportedPointError)(self.mode.unserved + ".")
 
     def _probe(self, point, layer):
         self._refuse_if_generate("capture")
@@ -120,8 +136,8 @@ class AsyncVLLMModel(ModelBase, TokensMixin):
 
     def _verdict(self, point, layer) -> Verdict:
         addr = Address(point, layer)
-        if self.backend == "vllm-generate":
-            return refused(point, layer, self.backend, NO_CAPTURE)
+        if self.mode.unserved:
+            return refused(point, layer, self.backend, self.mode.unserved)
         try:
             self.catalogue.check(addr)
         except UnsupportedPointError as e:
@@ -131,11 +147,10 @@ class AsyncVLLMModel(ModelBase, TokensMixin):
                                                          "steer q or k, or use backend='eager'")
         info = self.catalogue.info(addr)
         only = "integer expert indices: capture only" if point in INTEGER_POINTS else info.get("write_refused")
-        if self.backend == "vllm-static" and not only and not info.get("writable"):
-            only = "a read-only tap of this vllm-static engine; declare it in static_points to steer it"
+        only = only or self.mode.capture_only(info)
         return Verdict(str(addr), True, "hook", only)
 
-    def address(self, a) -> Address:
+    def address(self, a: "str | Address") -> Address:
         """Parse and check an address against this model and backend; absolute layer, coordinates
         counted from 0."""
         self._live()
@@ -180,9 +195,9 @@ class AsyncVLLMModel(ModelBase, TokensMixin):
         return self.catalogue.shape(addr)
 
     # -- plans -------------------------------------------------------------------------------------
-    def _steer(self, st) -> Steer:
-        if not isinstance(st, Steer):
-            raise SteeringError(f"steer entries must be engine.Steer objects, got {type(st).__name__}: {st!r:.80}.")
+    def _steer(self, st: Steer) -> Steer:
+        """One steer checked against this engine and its mode, at its resolved address, value on the CPU
+        (called by engine.core.steer_checks.check_steers, after the steer's own checks)."""
         self._refuse_if_generate("steer")
         addr = self.address(st.address)
         if addr.point in INTEGER_POINTS:
@@ -193,12 +208,7 @@ class AsyncVLLMModel(ModelBase, TokensMixin):
         info = self.catalogue.info(addr.base)
         if info.get("write_refused"):
             raise SteeringError(f"{addr} is capture-only on {self.catalogue.model_class}: {info['write_refused']}.")
-        if self.backend == "vllm-static" and not info.get("writable"):
-            raise UnsupportedPointError(f"{addr} is a read-only tap of this vllm-static engine; declare it in "
-                                        f"static_points to steer it, or use backend='vllm'.")
-        if self.backend == "vllm-static":
-            from engine.backends.vllm.worker.static import StaticTaps
-            StaticTaps.refuse(st)
+        self.mode.check_steer(st.at(addr), info)
         if info.get("sharded") and OPS[st.op].whole and not addr.coords:
             raise SteeringError(f"{st.op} at {addr} needs the whole vector, but this point is split across "
                                 f"{self.catalogue.tp} tensor-parallel ranks; steer one head ({addr}.head-N) or "
@@ -208,10 +218,7 @@ class AsyncVLLMModel(ModelBase, TokensMixin):
                                 f"cached); pass sae=<directory> instead of a loaded SAE.")
         st = st.at(addr).bound()
         v = st.value
-        if isinstance(v, torch.Tensor):
-            if v.device.type == "meta":
-                raise SteeringError(f"steering value for {addr} is on the meta device (it holds no data); "
-                                    f"make it a real tensor.")
+        if isinstance(v, torch.Tensor):  # (a value on the meta device was refused by check_steers)
             want = self.point_shape(addr)
             if not (st.op == "scale" and v.dim() == 0) and tuple(v.shape[st.lead:]) != want:
                 lead = "" if not st.lead else f" (after {st.lead} leading {'pos' if st.lead == 1 else 'batch, pos'} axes)"
@@ -221,10 +228,10 @@ class AsyncVLLMModel(ModelBase, TokensMixin):
 
     def _readout_kinds(self) -> dict:
         from engine.core.readouts import KINDS
-        if self.backend == "vllm-generate":
-            return {k: NO_CAPTURE for k in KINDS}
+        if self.mode.unserved:
+            return {k: self.mode.unserved for k in KINDS}
         out: dict = {k: None for k in KINDS}
-        if self.backend == "vllm-static":
+        if self.mode.declares:
             out = {k: "at the declared taps only (static_points)" for k in KINDS}
         if self.catalogue.tp > 1:
             out = {k: "at replicated points only (head- and neuron-sharded points are split across ranks)"
@@ -257,8 +264,8 @@ class AsyncVLLMModel(ModelBase, TokensMixin):
                                f"cached); pass SAEFeatures(path, ...) instead of a loaded SAE.")
         return r.at(addr)
 
-    def _plan(self, req: Request, prefill: bool, logits: bool, row: int = 0, n_rows: int = 1) -> tuple[Plan, dict]:
-        """A request's plan and sampling params. prefill: a forward over the prompt (run_with_cache):
+    def _plan(self, req: Request, prefill: bool, logits: bool, row: int = 0, n_rows: int = 1) -> Submission:
+        """A request's plan and sampling params, as a Submission. prefill: a forward over the prompt (run_with_cache):
         every prompt position computed, logits at each; else logits of each new token. The request
         is sequence `row` of a call of `n_rows` (batch values and masks are cut to its row)."""
         n_new = None if prefill else new_tokens(req.max_new_tokens)
@@ -267,40 +274,34 @@ class AsyncVLLMModel(ModelBase, TokensMixin):
         if caps:
             self._refuse_if_generate("capture")
         special = special_ids(self.tokenizer)
-        steers = [self._steer(s).for_row(row, n_rows, prompt, special)
-                  for s in (*self._context_steers(), *validate_steers(req.steer))]
-        if self.backend == "vllm-static":
-            from engine.backends.vllm.worker.static import StaticTaps
-            StaticTaps.check_order(steers)
-        derived = [a for a in caps if a.point in vllm_attn.ATTN_POINTS]
+        steers = [s.for_row(row, n_rows, prompt, special)
+                  for s in check_steers(req.steer, self._context_steers(), self._steer, self.mode.check_steers)]
+        derived = tuple(a for a in caps if a.point in vllm_attn.ATTN_POINTS)
         plan = Plan(len(prompt), [a for a in caps if a not in derived], steers,
+                    [Address(p, a.layer) for a in derived for p in ("q", "k")],
                     readouts=[self._readout(r) for r in validate_readouts(req.readouts)])
-        plan.derived = derived
-        plan.prompt = prompt
-        plan.internal += [Address(p, a.layer) for a in derived for p in ("q", "k")]
-        if logits and self.backend != "vllm-generate":
+        if logits and self.mode.worker:
             plan.internal.append(Address("final_norm"))
             if not prefill and Address("final_norm") not in plan.captures:
                 plan.start_at["final_norm"] = len(prompt) - 1
         plan.check_positions(0 if prefill else n_new, row_label(row, n_rows))
-        plan.salted = self._salted(plan, prefill)
         # min_tokens bans end-of-sequence until max_new_tokens, as eager's min_new_tokens does
         n_new = n_new or 1  # a capture generates one token (vLLM always does)
         params = dict(max_tokens=n_new, min_tokens=n_new)
         params.update(Sampling.parse(req.sampling, self.backend).vllm())
-        return plan, params
+        return Submission(plan, params, prompt, derived, self._salted(plan, derived, prefill))
 
     @staticmethod
     def _needs_worker(plan: Plan) -> bool:
         return bool(plan.captures or plan.steers or plan.internal or plan.readouts)
 
     @staticmethod
-    def _salted(plan: Plan, prefill: bool) -> bool:
+    def _salted(plan: Plan, derived: tuple, prefill: bool) -> bool:
         """Whether the request needs its own prefix-cache key: positions served from the cache are
         never computed, so a capture, a steer or prefill logits there would be silently skipped (and
         a steered prefix must never be served to others). Logits of new tokens alone need none: the
         last prompt token is always computed."""
-        return bool(plan.captures or plan.steers or plan.readouts or getattr(plan, "derived", None) or prefill)
+        return bool(plan.captures or plan.steers or plan.readouts or derived or prefill)
 
     # -- tokens ------------------------------------------------------------------------------------
     def _prompt_ids(self, prompt, new: int | None = None) -> list[int]:
@@ -319,14 +320,14 @@ class AsyncVLLMModel(ModelBase, TokensMixin):
     async def _rpc(self, method: str, *args):
         return await self.engine.collective_rpc(method, args=args)
 
-    async def _submit(self, plan: Plan, params: dict, key: str, on_output=None):
+    async def _submit(self, sub: Submission, key: str, on_output=None):
         """Run one request in the continuous batch; returns vLLM's final RequestOutput."""
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
-        extras = {"cache_salt": f"interp-{key}"} if plan.salted else None
-        (prompt,) = await self.engine.renderer.render_cmpl_async([{"prompt_token_ids": plan.prompt}],
+        extras = {"cache_salt": f"interp-{key}"} if sub.salted else None
+        (prompt,) = await self.engine.renderer.render_cmpl_async([{"prompt_token_ids": sub.prompt}],
                                                                 prompt_extras=extras)
-        sp = SamplingParams(**params, extra_args={EXTRA_KEY: key} if self._needs_worker(plan) else None)
+        sp = SamplingParams(**sub.params, extra_args={EXTRA_KEY: key} if self._needs_worker(sub.plan) else None)
         final, ids = None, []
         try:
             async for out in self.engine.generate(prompt, sp, request_id=key):
@@ -345,18 +346,18 @@ class AsyncVLLMModel(ModelBase, TokensMixin):
             final.outputs[0].token_ids = ids
         return final
 
-    async def _run_many(self, built: list[tuple[Plan, dict]], want_logits: bool, prefill: bool = False,
+    async def _run_many(self, built: list[Submission], want_logits: bool, prefill: bool = False,
                         on_output=None, keys=None, hold: asyncio.Event | None = None,
                         sink: str | None = None) -> list[RequestResult]:
         """Register every plan in one RPC, run the requests concurrently, collect in one RPC (after
         `hold` is set, when given: a stream reads the plans' rows step by step until then; with
         `sink`, a shared-memory directory, the rows come back as files there: worker/sink.py)."""
         keys = keys or [uuid.uuid4().hex for _ in built]
-        active = [(k, p) for k, (p, _) in zip(keys, built) if self._needs_worker(p)]
+        active = [(k, s.plan) for k, s in zip(keys, built) if self._needs_worker(s.plan)]
         try:  # registered inside: a request cancelled while the register RPC is in flight is still collected
             if active:
                 await self._rpc("interp_register", [vllm_wire.plan_out(p, k) for k, p in active])
-            outs = await asyncio.gather(*(self._submit(p, kw, k, on_output) for k, (p, kw) in zip(keys, built)))
+            outs = await asyncio.gather(*(self._submit(s, k, on_output) for k, s in zip(keys, built)))
             if hold is not None:
                 await hold.wait()
         finally:
@@ -368,7 +369,7 @@ class AsyncVLLMModel(ModelBase, TokensMixin):
                     *(() if sink is None else (sink,))))
                 for i, (k, _) in enumerate(active):
                     collected[k] = [rank[i] for rank in per_rank]
-        return [self._result(p, out, collected.get(k), want_logits, prefill) for k, (p, _), out in zip(keys, built, outs)]
+        return [self._result(s, out, collected.get(k), want_logits, prefill) for k, s, out in zip(keys, built, outs)]
 
     def _gather(self, key: str, ranks: list[dict]) -> torch.Tensor:
         """One capture from every rank's part: a sharded point's heads / neurons put in place."""
@@ -389,7 +390,8 @@ class AsyncVLLMModel(ModelBase, TokensMixin):
             full[:, torch.tensor(r["held"][key])] = t
         return full
 
-    def _result(self, plan: Plan, out, ranks: list[dict] | None, want_logits: bool, prefill: bool) -> RequestResult:
+    def _result(self, sub: Submission, out, ranks: list[dict] | None, want_logits: bool, prefill: bool) -> RequestResult:
+        plan = sub.plan
         if out is None:
             raise EngineError("vLLM returned no output for a request (aborted?).")
         if ranks:
@@ -407,9 +409,11 @@ class AsyncVLLMModel(ModelBase, TokensMixin):
         cache = ActivationCache(self.n_layers)
         for addr in plan.captures:
             cache[str(addr)] = self._gather(str(addr), ranks)
-        for addr in plan.derived:
-            q, k = self._gather(f"q.{addr.layer}", ranks), self._gather(f"k.{addr.layer}", ranks)
-            t = vllm_attn.scores(q, k, self.catalogue.attn[addr.layer])
+        for addr in sub.derived:
+            layer = addr.layer
+            assert layer is not None and self.catalogue is not None  # attention patterns are per layer
+            q, k = self._gather(f"q.{layer}", ranks), self._gather(f"k.{layer}", ranks)
+            t = vllm_attn.scores(q, k, self.catalogue.attn[layer])
             t = vllm_attn.probs(t) if addr.point == "attn_probs" else t
             cache[str(addr)] = t[:, addr.coords[0][1]] if addr.coords else t
         for r in plan.readouts:
@@ -421,7 +425,7 @@ class AsyncVLLMModel(ModelBase, TokensMixin):
                 start = plan.prompt_len - 1 - ranks[0]["logits_from"]
                 logits = logits[start:start + len(new)]
         text = self.tokenizer.decode(new.tolist(), skip_special_tokens=True)
-        return RequestResult(torch.tensor(plan.prompt, dtype=torch.long), new, text, cache, logits,
+        return RequestResult(torch.tensor(sub.prompt, dtype=torch.long), new, text, cache, logits,
                              int(getattr(out, "num_cached_tokens", 0) or 0),
                              max([r.get("recomputed", 0) for r in ranks or []], default=0),
                              vllm_wire.receipts_in(plan, ranks))
@@ -445,7 +449,7 @@ class AsyncVLLMModel(ModelBase, TokensMixin):
         strict=True fails when a steer touched no row of its request. sink: a directory in shared
         memory the workers hand the captured rows through (the harvester's; worker/sink.py)."""
         self._live()
-        want = return_logits and self.backend != "vllm-generate"
+        want = return_logits and self.mode.worker
         res = await self._run_many([self._plan(r, False, want) for r in requests], want, sink=sink)
         if strict:
             for r in res:
@@ -453,15 +457,16 @@ class AsyncVLLMModel(ModelBase, TokensMixin):
         return res
 
     @on_home_loop
-    async def generate(self, inputs, max_new_tokens: int = 8, points=(), steer=(), return_logits: bool = True,
-                       strict: bool = False, readouts=(), **sampling) -> GenerationResult:
+    async def generate(self, inputs: Any, max_new_tokens: int = 8, points: Any = (), steer: Any = (),
+                       return_logits: bool = True, strict: bool = False, readouts: Any = (),
+                       **sampling: Any) -> GenerationResult:
         """Greedy (by default) generation of every prompt, the same captures and steers for each
         (a steer value or mask with a batch axis gives each prompt its own row); results padded on
         the left like eager's. strict=True fails when a steer touched no row of the call."""
         self._live()
         max_new_tokens = new_tokens(max_new_tokens)
         prompts, _ = self._prompts(inputs, max_new_tokens)
-        want = return_logits and self.backend != "vllm-generate"
+        want = return_logits and self.mode.worker
         built = [self._plan(Request(p, max_new_tokens, points, steer, sampling, readouts), False, want, i, len(prompts))
                  for i, p in enumerate(prompts)]
         out = self._batch(await self._run_many(built, want))
@@ -470,7 +475,8 @@ class AsyncVLLMModel(ModelBase, TokensMixin):
         return out
 
     @on_home_loop
-    async def capture(self, inputs, points=(), steer=(), strict: bool = False, readouts=()):
+    async def capture(self, inputs: Any, points: Any = (), steer: Any = (), strict: bool = False,
+                      readouts: Any = ()) -> tuple:
         """One forward over each prompt. Returns (logits [b, pos, vocab], cache of [b, pos, ...]),
         padded on the left (or in the layout of a given attention_mask); padded positions hold 0.
         The cache's receipts say what each steer did; strict=True fails a steer that touched no row."""
@@ -504,18 +510,19 @@ class AsyncVLLMModel(ModelBase, TokensMixin):
         self._live()
         from vllm.sampling_params import RequestOutputKind
         logprobs = top_logprobs(logprobs)
-        want = return_logits and self.backend != "vllm-generate"
-        plan, kw = self._plan(Request(prompt, max_new_tokens, points, steer, sampling, readouts), False, want)
-        kw["output_kind"] = RequestOutputKind.DELTA
-        kw["logprobs"] = logprobs  # vLLM returns the sampled token's too
-        steps = self._stream(plan, kw, want, logprobs, rows, strict)
+        want = return_logits and self.mode.worker
+        sub = self._plan(Request(prompt, max_new_tokens, points, steer, sampling, readouts), False, want)
+        # vLLM returns the sampled token's logprob too
+        sub = dataclasses.replace(sub, params={**sub.params, "output_kind": RequestOutputKind.DELTA,
+                                               "logprobs": logprobs})
+        steps = self._stream(sub, want, logprobs, rows, strict)
         return steps if self._home is None else self._home.relay(steps)
 
-    async def _stream(self, plan: Plan, kw: dict, want: bool, logprobs: int, rows: bool, strict: bool):
-        key = uuid.uuid4().hex
+    async def _stream(self, sub: Submission, want: bool, logprobs: int, rows: bool, strict: bool):
+        key, plan = uuid.uuid4().hex, sub.plan
         queue: asyncio.Queue = asyncio.Queue()
         hold = asyncio.Event()  # the plan stays registered until the final output was seen
-        task = asyncio.ensure_future(self._run_many([(plan, kw)], want, on_output=queue.put_nowait, keys=[key],
+        task = asyncio.ensure_future(self._run_many([sub], want, on_output=queue.put_nowait, keys=[key],
                                                     hold=hold))
         live = [str(a) for a in plan.captures if a.point not in vllm_attn.ATTN_POINTS] if rows else []
         since = {k: 0 for k in live}  # read from the workers up to here

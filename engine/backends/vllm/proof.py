@@ -28,7 +28,7 @@ class TapProofError(RuntimeError):
 def prove_taps(model) -> dict:
     from engine.core.results import Request
     from engine.core.steering import Steer
-    mode = model.load_report.extra.get("cudagraph_mode", "NONE")
+    mode = model.load_report.cudagraph_mode or "NONE"
     refuse = ("vllm-static refuses to serve {} under cudagraph_mode=" + mode + ": {}; the forward does not run "
               "its taps there. Use compilation_config={{'cudagraph_mode': 'PIECEWISE'}}, compile=False or "
               "backend='vllm'.")

@@ -18,7 +18,7 @@ import multiprocessing
 import os
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from engine.backends.vllm.sizing import Sizing, kv_bytes_for  # noqa: F401  (kv_bytes_for: benchmarks)
 from engine.core.errors import OptionError
@@ -95,7 +95,7 @@ def cpu_binding(tp: int) -> str | None:
     return "|".join(",".join(str(c) for c in g) for g in groups)
 
 
-@dataclass
+@dataclass(frozen=True)
 class LoadReport:
     """What loading cost: seconds, KV cache and tap buffer sizes, client memory."""
     backend: str
@@ -108,7 +108,13 @@ class LoadReport:
     tensor_parallel_size: int = 1
     sizing: Sizing | None = None  # what each engine knob was set to, and why (engine/backends/vllm/sizing.py)
     runner: str = ""              # vLLM's model runner the workers use, and why (engine/backends/vllm/worker/runner.py)
-    extra: dict = field(default_factory=dict)
+    cudagraph_mode: str | None = None  # vllm-static compiled: the CUDA-graph mode vLLM resolved (NONE on CPU)
+    proof: dict | None = None     # vllm-static: its startup proof (engine/backends/vllm/proof.py)
+
+    @property
+    def extra(self) -> dict:
+        """The earlier open dict of mode-specific entries, now the fields above (read-only view)."""
+        return {k: v for k, v in (("cudagraph_mode", self.cudagraph_mode), ("proof", self.proof)) if v is not None}
 
     def line(self) -> str:
         tp = f", tensor parallel {self.tensor_parallel_size}" if self.tensor_parallel_size > 1 else ""

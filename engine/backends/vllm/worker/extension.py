@@ -113,6 +113,38 @@ def _wrap_model_forward(runner, begin, end) -> bool:
     return True
 
 
+class HookSites:
+    """The hooked mode (`vllm`) in a worker: Python hooks on the sites the registered plans use,
+    reattached when the plans change; nothing runs around a step. Its counterpart for `vllm-static`
+    is engine/backends/vllm/worker/static.StaticTaps (the taps the loader installed); both answer
+    site_key / attach / before / after / describe / original_forward / nbytes, so WorkerState never
+    asks which it has."""
+
+    nbytes = 0
+
+    def __init__(self, state: "WorkerState"):
+        self.state = state
+
+    def site_key(self, addr: Address) -> object:
+        return self.state.site(addr)
+
+    def attach(self, work: dict) -> list:
+        return [h for site, w in work.items() for h in site.install(functools.partial(self.state._at_site, w))]
+
+    def before(self, step: Step, work: dict) -> None:
+        pass
+
+    def after(self, step: Step, work: dict, on_error: object = None) -> None:
+        pass
+
+    def describe(self, addr: Address, info: dict) -> None:
+        pass
+
+    def original_forward(self, name: str) -> None:
+        """Hooks never wrap a module's forward: nothing to bypass."""
+        return None
+
+
 class WorkerState:
     """What one rank holds: the registered plans, the sites they need and the current step."""
 
@@ -124,7 +156,8 @@ class WorkerState:
         self.config = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
         self.tree = tree_for(self.model, self.config)
         self.rank, self.tp = get_tensor_model_parallel_rank(), get_tensor_model_parallel_world_size()
-        self.taps = getattr(self.model, TAPS_ATTR, None)
+        taps = getattr(self.model, TAPS_ATTR, None)  # installed by the interp_static loader (vllm-static)
+        self.mode = HookSites(self) if taps is None else taps
         self.plans: dict[str, Plan] = {}
         self.work: dict = {}
         self.sites: dict = {}  # (point, layer) -> VSite, one object per module slot
@@ -148,7 +181,7 @@ class WorkerState:
         return self.sites[key]
 
     def _site_key(self, addr: Address):
-        return str(addr) if self.taps is not None else self.site(addr)
+        return self.mode.site_key(addr)
 
     def _local_read(self, plan: Plan, addr: Address):
         """(capture key, local coordinate) this rank records for addr, or None."""
@@ -193,8 +226,7 @@ class WorkerState:
             h = x.to(self.runner.model_config.dtype)
             if point != "final_norm":
                 norm = self.site(Address("final_norm")).module
-                tap = self.taps.taps.get("final_norm") if self.taps is not None else None
-                h = (tap.orig if tap is not None else norm)(h)
+                h = (self.mode.original_forward("final_norm") or norm)(h)
                 h = h[0] if isinstance(h, tuple) else h
             return self.model.compute_logits(h)
         finally:
@@ -220,10 +252,7 @@ class WorkerState:
         self.work = site_work(plans, self._site_key, self._local_read, self._local_steer, self._local_readout)
         for h in self.handles:
             h.remove()
-        self.handles = []
-        if self.taps is None:
-            for site, work in self.work.items():
-                self.handles += site.install(functools.partial(self._at_site, work))
+        self.handles = self.mode.attach(self.work)
         if self.end_handle is not None:  # after every site's hook, where the end module is also a site
             self.end_handle.remove()
             self.end_handle = self.end_module.register_forward_hook(self._end)
@@ -258,13 +287,12 @@ class WorkerState:
         spans = [Span(plan, qsl[i], qsl[i + 1], int(p0), i) for (i, plan), p0 in zip(mine, starts)
                  if qsl[i + 1] > qsl[i]]
         self.step = Step(spans, int(flat.shape[0]))
-        if self.taps is not None:
-            self.taps.before(self.step, self.work)
+        self.mode.before(self.step, self.work)
 
     def _end(self, module, args, output):
         try:
-            if self.step is not None and self.taps is not None:
-                self.taps.after(self.step, self.work, _failed)
+            if self.step is not None:
+                self.mode.after(self.step, self.work, _failed)
         except Exception as e:
             for sp in self.step.spans:
                 _failed(sp.plan, e)
@@ -369,7 +397,6 @@ class WorkerState:
         from engine.backends.vllm.worker.static import width_of
         cfg = self.config
         hd = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-        declared = set(self.taps.taps) if self.taps is not None else None
         points, attn = {}, {}
         for p in POINTS:
             layers = [None] if p.scope == "trunk" else range(len(self._layers()))
@@ -382,18 +409,16 @@ class WorkerState:
                     entry[str(layer)] = {"why": str(e)}
                     continue
                 width = width_of(site, p.name, cfg.hidden_size)
-                shape = [width // hd, hd] if p.name in ("z", "q", "k", "value") else [width]
+                shape = [width // hd, hd] if p.headed else [width]
                 info = {"shape": shape, "held": site.held, "write_refused": site.write_refused}
-                if declared is not None:
-                    info["tap"] = str(addr) in declared
-                    info["writable"] = bool(info["tap"] and self.taps.taps[str(addr)].writable)
+                self.mode.describe(addr, info)
                 entry[str(layer)] = info
                 if p.name == "q":
                     attn[str(layer)] = vllm_attn.params(site.module)
         import os
         return {"rank": self.rank, "tp": self.tp, "pid": os.getpid(), "n_layers": len(self._layers()),
                 "model_class": type(self.model).__name__, "points": points, "attn": attn,
-                "tap_bytes": self.taps.nbytes if self.taps is not None else 0,
+                "tap_bytes": self.mode.nbytes,
                 "tap_errors": getattr(self.model, ERRORS_ATTR, {}), "anchor_error": self.anchor_error}
 
     def _layers(self):

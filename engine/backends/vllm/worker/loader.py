@@ -14,12 +14,12 @@ import functools
 from vllm.model_executor.model_loader import DefaultModelLoader, register_model_loader
 
 from engine.core.address import parse
+from engine.core.points import HEADED_POINTS
 
 LOAD_FORMAT = "interp_static"
 CONFIG_KEY = "interp_static"
 TAPS_ATTR = "_interp_static_taps"
 ERRORS_ATTR = "_interp_static_errors"  # declared address -> why it cannot be a tap on this model
-HEADED = ("z", "q", "k", "value")
 
 
 @register_model_loader(LOAD_FORMAT)
@@ -53,7 +53,7 @@ class StaticTapLoader(DefaultModelLoader):
                 errors[a] = str(e)
         taps = StaticTaps()
         taps.install(good, site_of, cfg.hidden_size, vllm_config.scheduler_config.max_num_batched_tokens,
-                     next(model.parameters()).device, model_config.dtype, {p: hd for p in HEADED})
+                     next(model.parameters()).device, model_config.dtype, {p: hd for p in HEADED_POINTS})
         setattr(model, TAPS_ATTR, taps)
         setattr(model, ERRORS_ATTR, errors)
         return model

@@ -12,7 +12,8 @@ rows out of `cap`. That per-row affine form composes add / set / scale / ablate 
 in any order (values per position too: each row gets its own), and project_out (rescale with coeff
 0) when it comes first at a tap. Each op's form on these buffers is its row's `affine` in
 engine/core/ops.py (`Tap.fill` only gathers the rows and writes the result back); ops it cannot
-express (their row's `static` says why) are refused by name before a request runs.
+express (their row's `static` says why) are refused by name before a request runs, by the client's
+mode object (engine/backends/vllm/modes.py: StaticTapsMode.check_steer / check_steers).
 
 Receipts: after each step, the steering requests' rows of `pre` go through the same steer routine
 as the hooked backends (engine.core.plan.steer_span), outside the graph, which tallies each steer's rows
@@ -26,6 +27,7 @@ import math
 import torch
 
 from engine.backends.vllm.worker.tree import VSite
+from engine.core.address import Address
 from engine.core.errors import SteeringError
 from engine.core.ops import OPS, AffineRows
 from engine.core.plan import Step, feed_readouts, steer_span, touches_every_row
@@ -160,32 +162,26 @@ class StaticTaps:
     def nbytes(self) -> int:
         return sum(t.nbytes for t in self.taps.values())
 
-    @staticmethod
-    def refuse(steer) -> None:
-        """Refuse by name an op the taps' per-row affine form cannot express (its row says why)."""
-        why = OPS[steer.op].static_refusal(steer)
-        if why:
-            raise SteeringError(f"{steer.op!r} at {steer.address} cannot run on vllm-static: {why}; use "
-                                f"backend='vllm' or 'eager'.")
+    # -- the worker's mode (engine/backends/vllm/worker/extension.py: HookSites is the hooked one) --------
+    def site_key(self, addr: Address) -> str:
+        """A plan's work is grouped by tap name (the address without coordinates)."""
+        return str(addr)
 
-    @staticmethod
-    def check_order(steers) -> None:
-        """An op whose affine form sets the direction u (its row's `first`) composes only ahead of the
-        other ops at the same tap, and once per tap and request."""
-        seen_affine = set()
-        for st in steers:
-            StaticTaps.refuse(st)
-            k = str(st.address.base)
-            projects = OPS[st.op].first
-            if projects and k in seen_affine:
-                raise SteeringError(f"vllm-static applies {st.op} at {k} before any other op there; "
-                                    f"put the {st.op} steer first or use backend='vllm'.")
-            if not projects:
-                seen_affine.add(k)
-        ks = [str(s.address.base) for s in steers if OPS[s.op].first]
-        if len(ks) != len(set(ks)):
-            raise SteeringError("vllm-static holds one project_out direction per tap and request; "
-                                "combine the directions or use backend='vllm'.")
+    def attach(self, work: dict) -> list:
+        """Nothing to attach: the taps are part of the compiled forward."""
+        return []
+
+    def original_forward(self, name: str):
+        """The forward of the module a tap named `name` wraps, before the tap (None: no such tap), so
+        rows run through it (a lens readout's final norm) bypass the tap's capture and steer."""
+        tap = self.taps.get(name)
+        return None if tap is None else tap.orig
+
+    def describe(self, addr: Address, info: dict) -> None:
+        """What the engine's table says of this (point, layer): a declared tap, and whether it writes."""
+        tap = self.taps.get(str(addr))
+        info["tap"] = tap is not None
+        info["writable"] = bool(tap is not None and tap.writable)
 
     def before(self, step: Step, work: dict) -> None:
         """Fill each write tap's buffers for the steering rows of this step (identity elsewhere);
