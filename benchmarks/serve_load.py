@@ -61,7 +61,7 @@ class Proc:
         t0 = time.monotonic()
         while time.monotonic() - t0 < timeout:
             if self.proc.poll() is not None:
-                raise RuntimeError("server exited:\n" + "".join(self.lines[-30:]))
+                raise RuntimeError("server exited:\n" + self.tail())
             if self.url:
                 try:
                     if httpx.get(f"{self.url}/health", timeout=5).status_code == 200:
@@ -69,7 +69,12 @@ class Proc:
                 except httpx.HTTPError:
                     pass
             time.sleep(1)
-        raise TimeoutError("server not healthy:\n" + "".join(self.lines[-30:]))
+        raise TimeoutError("server not healthy:\n" + self.tail())
+
+    def tail(self) -> str:
+        """The server's error lines (a root cause printed early, e.g. by vLLM's engine core), then its last lines."""
+        errors = [ln for ln in self.lines[:-30] if "Error" in ln or "error:" in ln][-20:]
+        return "".join(errors + (["...\n"] if errors else []) + self.lines[-30:])
 
     def stop(self) -> None:
         if self.proc.poll() is None:
