@@ -229,3 +229,40 @@ def eager_server(*extra: str):
         yield srv.wait().url
     finally:
         srv.close()
+
+
+def probe_stop_matches_library(client, em, U: torch.Tensor, prompt: str = "The quick brown fox jumps over the lazy dog",
+                               n: int = 10) -> None:
+    """A streamed completion with a probe stop (interp.stop on a Project readout of resid_post.1) ends at
+    the first token whose score crosses the threshold, as the library model `em` computes that probe;
+    each token's chunk carries its forward's probe rows."""
+    from engine import Project, Readout
+    ref = em.generate(prompt, n, readouts=[Readout("resid_post.1", Project(U), name="probe")])
+    p = ref.requests[0].prompt_ids.shape[0]
+    scores = ref.cache.readouts["probe"][0, p - 1:p - 1 + n]  # token i is predicted from position p - 1 + i
+    j = int(scores.argmax())
+    side = "above"
+    if j == 0:
+        j, side = int(scores.argmin()), "below"
+    earlier = scores[:j]
+    edge = (earlier.max() if side == "above" else earlier.min()) if j else scores[j] - (1 if side == "above" else -1)
+    threshold = float((edge + scores[j]) / 2)
+    body = {"model": LLAMA, "prompt": prompt, "max_tokens": n, "temperature": 0, "stream": True,
+            "interp": {"capture": {"readouts": [{"address": "resid_post.1", "kind": "Project", "W": encoding.encode(U),
+                                                 "name": "probe"}]},
+                       "stop": {"readout": "probe", side: threshold}}}
+    with client.stream("POST", "/v1/completions", json=body) as r:
+        assert r.status_code == 200
+        chunks = stream_lines(r)
+    last = chunks[-1]["choices"][0]
+    assert last["finish_reason"] == "interp.stop"
+    assert last["interp"]["token_ids"] == ref.new_tokens[0, :j + 1].tolist()
+    assert last["interp"]["stopped"]["token"] == j
+    assert abs(last["interp"]["stopped"]["score"] - float(scores[j])) < 1e-4
+    # every token's chunk carried its forward's probe rows as computed: the prompt's, then one per token
+    rows = [encoding.decode(c["choices"][0]["interp"]["readouts"]["probe"]) for c in chunks
+            if "interp" in c["choices"][0] and "readouts" in c["choices"][0]["interp"]]
+    assert len(rows) == j + 1 and rows[0].shape[0] == p and all(r.shape[0] == 1 for r in rows[1:])
+    close(torch.cat(rows), ref.cache.readouts["probe"][0, :p + j], "probe rows", atol=1e-5)
+    text = em.tokenizer.decode(ref.new_tokens[0, :j + 1], skip_special_tokens=True)
+    assert "".join(c["choices"][0]["text"] for c in chunks) == text.rstrip("\ufffd")  # whole characters only

@@ -81,3 +81,28 @@ def test_two_actors_one_killed_mid_part_equals_one_process(tmp_path, monkeypatch
     for k in ("identity", "resolved", "rows", "shards", "columns"):
         assert merged[k] == want[k], k
 
+
+
+def test_cli_ray_eager_equals_one_process_parts(tmp_path, monkeypatch, capsys):
+    """`python -m engine.harvest ... --workers 2 --ray` on the eager backend (a local cluster the
+    command starts): the parts of a one-process run, byte for byte, and a merged manifest."""
+    pytest.importorskip("ray")
+    from engine.harvest import harvest
+    from engine.harvest.__main__ import main
+    from engine.loading import load_model
+    data = tmp_path / "docs.txt"
+    data.write_text("\n".join(LINES[:30]) + "\n")
+    monkeypatch.chdir(tmp_path)  # relative paths: the actors get them absolute
+    args = ["--points", "resid_post.1", "--data", "docs.txt", "--backend", "eager", "--shard-tokens", "100",
+            "--context", "32", "--no-progress"]
+    import ray
+    try:
+        assert main([LLAMA, *args, "--out", "ray", "--workers", "2", "--ray"]) == 0
+    finally:
+        ray.shutdown()
+    printed = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith("{")]
+    assert sorted(p["part"][0] for p in printed) == [0, 1] and all(p["status"] == "written" for p in printed)
+    harvest(load_model(LLAMA, source="zoo"), "resid_post.1", data, tmp_path / "ref", workers=2, backend="eager",
+            shard_tokens=100, context=32, progress=False)
+    a, b = shards(tmp_path / "ref"), shards(tmp_path / "ray")
+    assert len(a) >= 2 and a == b and verify(tmp_path / "ray") == []

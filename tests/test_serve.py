@@ -23,6 +23,7 @@ from engine.serve import encoding
 from engine.core.steering import Steer
 from engine.serve.text import whole_chars  # the server drops a half character at the end, as vLLM does
 from serve_common import (AUTH, CHAT_TEMPLATE, KEY, LLAMA, ROOT, ServerProcess, assert_receipts, close, healthy,
+                          probe_stop_matches_library,
                           joined_rows, stream_lines, tensors)
 from test_vllm_common import MAX_LEN, eager_model, vllm_model
 
@@ -467,3 +468,9 @@ def test_readme_openai_example_runs(url, capsys):
     # positions "last": the last prompt token, then the 7 generated tokens fed back
     assert "resid_post.1 (8, 256)" in out and "z.0.head-1 (8, 64)" in out
     assert out.count("[") >= 3
+
+
+def test_a_streamed_completion_stops_at_the_first_token_whose_probe_crosses(client, lib):
+    """interp.stop on vLLM: the probe is computed in the worker and read per token while the request
+    runs; the stream ends (the request is aborted) at the first crossing, as the library computes it."""
+    probe_stop_matches_library(client, lib, vec(256, 11, 1.0))

@@ -82,6 +82,16 @@ def _connect(address: str | None, num_cpus: int | None):
     return ray
 
 
+def _runtime_env() -> dict:
+    env = {"VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")}
+    env.update({k: v for k, v in os.environ.items() if k.startswith(("INTERP_", "HF_", "TRANSFORMERS_"))})
+    # the engine as this driver imports it (a checkout is on no path a Ray worker starts with); on
+    # other machines the same path must hold the same engine (a shared filesystem or the same install)
+    root = str(Path(__file__).resolve().parents[2])
+    env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys([root, *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]))
+    return {"env_vars": env}
+
+
 def _actor_options(kwargs: dict) -> dict:
     tp = int((kwargs.get("load_kw") or {}).get("tensor_parallel_size", 1))
     try:
@@ -89,9 +99,7 @@ def _actor_options(kwargs: dict) -> dict:
         gpus = torch.cuda.device_count()
     except Exception:  # noqa: BLE001
         gpus = 0
-    env = {"VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")}
-    env.update({k: v for k, v in os.environ.items() if k.startswith(("INTERP_", "HF_", "TRANSFORMERS_"))})
-    return {"num_cpus": 1, "num_gpus": tp if gpus else 0, "max_concurrency": 2, "runtime_env": {"env_vars": env}}
+    return {"num_cpus": 1, "num_gpus": tp if gpus else 0, "max_concurrency": 2, "runtime_env": _runtime_env()}
 
 
 def run_on_ray(kwargs: dict, actors: int, parts: int | None = None, address: str | None = None,
@@ -121,7 +129,7 @@ def run_on_ray(kwargs: dict, actors: int, parts: int | None = None, address: str
     ray = _connect(address, num_cpus)
     from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError, RayTaskError
     died = (RayActorError, ActorDiedError, ActorUnavailableError)
-    tally = ray.remote(Tally).options(num_cpus=0).remote()
+    tally = ray.remote(Tally).options(num_cpus=0, runtime_env=_runtime_env()).remote()
     made = 0
 
     def start():
