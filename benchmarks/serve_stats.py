@@ -22,6 +22,7 @@ from benchmarks.stats import fmt_interval, sig
 LEVEL, BOUND = Params.ci_level, Params.ci_bound
 # other processes busier than this (cores, median over the cells) make the run "not quiet"
 QUIET_CORES = 0.25
+BUSY_CELL_CORES = 0.5  # ... or any one cell with more than this
 
 
 @dataclass(frozen=True)
@@ -82,16 +83,18 @@ class OtherWork:
 
 
 def load_summary(cores: list[float], n_cores: int) -> dict:
-    """Median and max of the other work's cores over the measured cells, and whether the run was
-    quiet enough (median at most QUIET_CORES) for its wall-clock figures to stand for this code."""
+    """Median and max of the other work's cores over the measured cells, how many cells had more
+    than BUSY_CELL_CORES of it, and whether the run was quiet (median at most QUIET_CORES and no
+    such cell) for its wall-clock figures to stand for this code."""
     if not cores:
-        return {"median": None, "max": None, "quiet": None, "warning": None}
+        return {"median": None, "max": None, "busy_cells": None, "quiet": None, "warning": None}
     s = sorted(cores)
     med = statistics.median(s)
-    quiet = med <= QUIET_CORES
+    busy = sum(c > BUSY_CELL_CORES for c in s)
+    quiet = med <= QUIET_CORES and busy == 0
     warning = None if quiet else (
         f"other work ran during the measurement: processes other than the two servers and the client kept "
-        f"{med:.2f} cores busy (median over cells; max {s[-1]:.2f}) of {n_cores}; requests/s are wall-clock "
-        f"figures and include the time those processes took from the cores, so rerun on a quiet machine "
-        f"before quoting them")
-    return {"median": med, "max": s[-1], "quiet": quiet, "warning": warning}
+        f"{med:.2f} cores busy (median over cells; max {s[-1]:.2f}) of {n_cores}, more than {BUSY_CELL_CORES} "
+        f"in {busy} of {len(s)} cells; requests/s are wall-clock figures and include the time those processes "
+        f"took from the cores, so rerun on a quiet machine before quoting them")
+    return {"median": med, "max": s[-1], "busy_cells": busy, "quiet": quiet, "warning": warning}

@@ -99,6 +99,10 @@ def test_load_summary_warns_only_when_other_work_ran():
     assert not busy["quiet"] and busy["max"] == 1.5
     assert f"{statistics.median(busy_cores):.2f} cores busy" in busy["warning"] and "max 1.50" in busy["warning"]
     assert serve_stats.load_summary([], 2)["quiet"] is None
+    one_busy = [0.02, 0.05, 1.1, 0.03, 0.04]  # a quiet median, but one cell shared its cores
+    s = serve_stats.load_summary(one_busy, 2)
+    assert statistics.median(one_busy) <= serve_stats.QUIET_CORES and not s["quiet"] and s["busy_cells"] == 1
+    assert "in 1 of 5 cells" in s["warning"]
 
 
 def _results(rng: random.Random, rounds: int, other: float, conc=(8,)) -> dict:
