@@ -24,6 +24,7 @@ GROUPS = {
     "stock": "vLLM with capture or steering against stock vLLM generate",
     "steer": "Steering at every layer against no steering",
     "own": "Capture, steering and lens against the same variant's plain run",
+    "readout": "SAE top-k readout against raw capture at the same points (resid_post, every layer), during generation",
 }
 
 
@@ -54,9 +55,11 @@ HEADLINE: tuple[RatioSpec, ...] = (
       for p in PEERS for w in ("capture_all", "capture_gen", "steer_all")),
     *(_s("stock", v, w, STOCK, WORKLOADS[w].baseline,
          f"{v}, {WORKLOADS[w].title} / stock {WORKLOADS[WORKLOADS[w].baseline].title}")
-      for v in VLLM_OURS for w in ("capture_gen", "capture_gen8", "steer_all")),
+      for v in VLLM_OURS for w in ("capture_gen", "capture_gen8", "steer_all", "readout_gen")),
     _s("stock", EAGER, "capture_gen", STOCK, "decode", "eager, capture during generation / stock decode (1 stream)"),
     *(_s("steer", v, "steer_all", v, "decode", f"{v}, steer every layer / no steer")
+      for v in (EAGER, *VLLM_OURS)),
+    *(_s("readout", v, "readout_gen", v, "capture_gen", f"{v}, SAE top-k readout / raw capture")
       for v in (EAGER, *VLLM_OURS)),
 )
 

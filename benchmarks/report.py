@@ -137,16 +137,21 @@ def throughput(t: Table) -> list[str]:
 
 
 def measured(t: Table) -> list[str]:
-    lines = ["### What each cell measured", "", "| variant | workload | tokens per run | generated | check |",
-             "|---|---|---:|---:|---|"]
+    lines = ["### What each cell measured", "",
+             "Bytes per token: the tensors a capture or readout returned, per position it covers (on vLLM, what "
+             "crossed from the worker to the client).", "",
+             "| variant | workload | tokens per run | generated | bytes per token | check |",
+             "|---|---|---:|---:|---:|---|"]
     for v in t.variants:
         for w in t.workloads:
             c = t.cell(v, w)
             if not c or not c.get("summary"):
                 continue
             check = (c.get("check") or {}).get("detail", "—")
+            per = (c.get("check") or {}).get("bytes_per_token")
             lines.append(f"| {v} | {w} | {c['summary']['tokens_per_run']} | "
-                         f"{c.get('generated_tokens_checked') if WORKLOADS[w].generates else '—'} | {check} |")
+                         f"{c.get('generated_tokens_checked') if WORKLOADS[w].generates else '—'} | "
+                         f"{'—' if per is None else f'{per:,.0f}'} | {check} |")
     return lines + [""]
 
 

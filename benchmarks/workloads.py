@@ -17,6 +17,10 @@ class Workload:
     long: bool = False  # the prompt is Params.long_prompt_tokens long (else prompt_tokens)
     captures: int = 0  # layers whose resid_post it returns: 0, 1, or -1 for every layer
     steers: int = 0  # layers it steers: 0, 1 (the middle one) or -1 for every layer
+    # an SAE readout instead of raw rows at the captured layers: the k largest latents per row of a random
+    # SAE `sae_expansion` times d_model wide (engine.core.readouts.SAEFeatures), 0 for none
+    sae_k: int = 0
+    sae_expansion: int = 0
 
     def prompt_len(self, p) -> int:
         return p.long_prompt_tokens if self.long else p.prompt_tokens
@@ -34,8 +38,9 @@ class Workload:
 # what a workload runs: the Runner method (benchmarks/variants/base.py) that builds its Job from (workload,
 # prompt ids): generate (greedy new_tokens), forward (no capture), capture (resid_post at the layers
 # `captures` says), capture_gen (resid_post at every layer while generating), steer (generation with the
-# steer vector at the layers `steers` says), lens (resid_post at every layer, then the unembedding)
-RUNS = ("generate", "forward", "capture", "capture_gen", "steer", "lens")
+# steer vector at the layers `steers` says), lens (resid_post at every layer, then the unembedding),
+# readout_gen (an SAE top-k readout of resid_post at every layer while generating)
+RUNS = ("generate", "forward", "capture", "capture_gen", "steer", "lens", "readout_gen")
 
 _GEN = "greedy generation of new_tokens (prefill included in the time)"
 WORKLOADS: tuple[Workload, ...] = (
@@ -60,6 +65,11 @@ WORKLOADS: tuple[Workload, ...] = (
     Workload("capture_gen8", "capture during generation, 8 streams",
              f"{_GEN} for 8 prompts together, each capturing resid_post at every layer", 8, True,
              "concurrency8", runs="capture_gen", captures=-1),
+    Workload("readout_gen", "SAE top-k readout during generation",
+             f"{_GEN} reading, at resid_post of every layer for the prompt and every fed-back token, the 32 largest "
+             "latents of a random SAE 8 x d_model wide, computed where the activation is (sparse indices + "
+             "values come back instead of raw rows: compare with capture_gen)", 1, True, "decode",
+             runs="readout_gen", captures=-1, sae_k=32, sae_expansion=8),
     Workload("steer", "steer one layer",
              f"{_GEN} with a vector added to resid_post at the middle layer at every position", 1, True, "decode",
              runs="steer", steers=1),
@@ -88,6 +98,8 @@ def _check_table() -> None:
     for w in WORKLOADS:
         if w.runs not in RUNS:
             raise AssertionError(f"workload {w.name!r} runs {w.runs!r}, which is not one of {RUNS}")
+        if (w.sae_k > 0) != (w.runs == "readout_gen") or (w.sae_k > 0) != (w.sae_expansion > 0):
+            raise AssertionError(f"workload {w.name!r}: sae_k and sae_expansion go together, with runs='readout_gen'")
         base = BY_NAME.get(w.baseline)
         if base is None or base.baseline != base.name or base.generates != w.generates or base.long != w.long \
                 or base.batch != w.batch:

@@ -68,7 +68,8 @@ def test_sample_times_k_runs_on_both_clocks(eager_worker):
 
 @pytest.mark.parametrize("workload, layers, rows", [("capture_one", 1, 8), ("capture_all", 2, 8),
                                                     ("long_capture", 2, 24), ("capture_gen", 2, 8 + 4 - 1),
-                                                    ("capture_gen8", 2, 8 + 4 - 1), ("lens", 2, 8)])
+                                                    ("capture_gen8", 2, 8 + 4 - 1), ("lens", 2, 8),
+                                                    ("readout_gen", 2, 8 + 4 - 1)])
 def test_capture_checks_see_every_layer_and_row(eager_worker, workload, layers, rows):
     w, _ = eager_worker
     assert w.handle({"op": "prepare", "workload": workload})["ok"]
@@ -76,7 +77,35 @@ def test_capture_checks_see_every_layer_and_row(eager_worker, workload, layers, 
     check = reply["check"]
     assert check["passed"], check
     assert check["layers"] == layers and check["expected"][2] == rows
-    assert reply["generated"] == ({"capture_gen": 4, "capture_gen8": 32}.get(workload))
+    assert reply["generated"] == ({"capture_gen": 4, "capture_gen8": 32, "readout_gen": 4}.get(workload))
+
+
+def test_raw_capture_and_sae_readout_count_the_bytes_they_return(eager_worker):
+    """bytes per token of capture_gen: a float32 row per layer; of readout_gen: k int64 indices and k float32
+    values per layer; and the readout is the SAE's own top-k of the captured row."""
+    from engine.core.features import topk
+    from engine.core.sae_files import load_sae
+    w, reply = eager_worker
+    layers, d = reply["model_info"]["n_layers"], reply["model_info"]["d_model"]
+    k = get_workload("readout_gen").sae_k
+    got = {}
+    for wl in ("capture_gen", "readout_gen"):
+        assert w.handle({"op": "prepare", "workload": wl})["ok"]
+        got[wl] = w.handle({"op": "check", "workload": wl})["check"]
+    rows = 8 + 4 - 1
+    assert got["capture_gen"]["bytes_returned"] == layers * rows * d * 4
+    assert got["capture_gen"]["bytes_per_token"] == layers * d * 4
+    assert got["readout_gen"]["bytes_returned"] == layers * rows * k * (8 + 4)
+    assert got["readout_gen"]["bytes_per_token"] == layers * k * (8 + 4)
+    assert f"{layers * k * 12:,} per token" in got["readout_gen"]["detail"]
+    raw, read = w.last["capture_gen"].cache, w.last["readout_gen"].cache.readouts
+    assert torch.equal(w.last["capture_gen"].new_tokens, w.last["readout_gen"].new_tokens)
+    sae = load_sae(w.runner.sae_dir)
+    assert sae.d_sae == get_workload("readout_gen").sae_expansion * d
+    for i in range(layers):
+        idx, val = topk(sae.encode(raw[f"resid_post.{i}"][0]).float(), k)
+        torch.testing.assert_close(read[f"sae.{i}"].values[0], val, rtol=1e-5, atol=1e-5)
+        assert torch.equal(read[f"sae.{i}"].indices[0][val > 1e-4], idx[val > 1e-4])
 
 
 def test_rows_check_says_what_is_missing():

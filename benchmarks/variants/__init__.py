@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from benchmarks.workloads import NAMES as WORKLOADS
 
 _STOCK = "stock vLLM serves no capture, steering or lens: it is the speed ceiling the others are priced against"
+_NO_READOUT = ("it has no readout computed inside the forward: a user captures the raw rows and runs the SAE "
+               "afterwards (timed under capture during generation)")
 _HF_STEER = ("plain HF has no steering API (writing into a layer needs hooks, which is what the eager backend "
              "adds)")
 
@@ -62,22 +64,24 @@ VARIANTS: tuple[Variant, ...] = (
     Variant("vllm-generate", "ours", "stock vLLM (generate only)", "benchmarks.variants.ours:VllmRunner",
             requires=_VLLM_REQ, backend="vllm-generate", busy_waits=True,
             na={w: _STOCK for w in ("capture_one", "capture_all", "capture_gen", "capture_gen8", "steer",
-                                    "steer_all", "lens", "long_capture")}),
+                                    "steer_all", "lens", "long_capture", "readout_gen")}),
     Variant("hf-generate", "peer", "peer: plain HF transformers", "benchmarks.variants.hf:HFRunner",
             requires=("transformers",),
             na={"capture_one": "plain HF has no per-layer capture: output_hidden_states returns every "
                                "layer (timed under capture at every layer)",
-                "steer": _HF_STEER, "steer_all": _HF_STEER, "lens": "plain HF has no logit-lens API"}),
+                "steer": _HF_STEER, "steer_all": _HF_STEER, "lens": "plain HF has no logit-lens API",
+                "readout_gen": f"plain HF: {_NO_READOUT}"}),
     Variant("transformerlens", "peer", "peer: TransformerLens (TransformerBridge)",
             "benchmarks.variants.tl:TLRunner", requires=("transformer_lens",),
             na={"capture_gen8": "TransformerLens 4.3 refuses generate(return_cache=True) for more than one prompt "
-                                "(NotImplementedError: not supported for batched generation yet)"}),
+                                "(NotImplementedError: not supported for batched generation yet)",
+                "readout_gen": f"TransformerLens: {_NO_READOUT}"}),
     Variant("nnsight", "peer", "peer: nnsight trace", "benchmarks.variants.nn:NNsightRunner",
-            requires=("nnsight",)),
+            requires=("nnsight",), na={"readout_gen": f"nnsight: {_NO_READOUT}"}),
     Variant("interp-engine", "peer", "peer: interp-engine (PyPI), eager backend", "benchmarks.variants.ie:IERunner",
             requires=("interp_engine",),
             na={w: "interp-engine's eager backend generates one prompt per call (no batched generation)"
-                for w in ("concurrency8", "capture_gen8")}),
+                for w in ("concurrency8", "capture_gen8")} | {"readout_gen": "this benchmark's interp-engine runner does not drive its SAE projection (not timed yet)"}),
 )
 
 BY_NAME = {v.name: v for v in VARIANTS}

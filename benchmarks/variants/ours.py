@@ -2,6 +2,9 @@
 (`load_model(...).generate / run_with_cache / logit_lens`), so every figure is what a user gets."""
 from __future__ import annotations
 
+import shutil
+import tempfile
+
 from benchmarks.spec import prompt_ids, steer_vector
 from benchmarks.variants.base import Job, NotApplicable, Runner, tokens_changed
 
@@ -10,8 +13,32 @@ def _shapes(cache) -> list:
     return [tuple(v.shape) if hasattr(v, "shape") else (len(v), *v[0].shape) for v in cache.values()]
 
 
+def nbytes(value) -> int:
+    """Bytes of the tensors in a returned value (a tensor, a TopK, or lists / dicts of them): what a call
+    hands back to the caller (on vLLM, what crossed from the worker to the client)."""
+    import torch
+    if torch.is_tensor(value):
+        return value.numel() * value.element_size()
+    if isinstance(value, dict):
+        return sum(nbytes(v) for v in value.values())
+    if isinstance(value, (list, tuple)):
+        return sum(nbytes(v) for v in value)
+    if hasattr(value, "indices") and hasattr(value, "values"):  # engine.core.readouts.TopK
+        return nbytes(value.indices) + nbytes(value.values)
+    raise TypeError(f"cannot count the bytes of a {type(value).__name__}")
+
+
+def with_bytes(check: dict, returned: int, positions: int) -> dict:
+    """A capture check plus the bytes it returned, in all and per position captured (the prompt and every
+    fed-back token of every stream)."""
+    per = returned / positions
+    return {**check, "bytes_returned": returned, "bytes_per_token": per,
+            "detail": f"{check['detail']}; {returned:,} bytes returned, {per:,.0f} per token"}
+
+
 class EagerRunner(Runner):
     load_kw: dict = {}
+    sae_dir: str | None = None  # the random SAE readout_gen reads through, written on first use
 
     def load(self):
         from engine.loading import load_model
@@ -31,6 +58,10 @@ class EagerRunner(Runner):
         if hf is not None:
             self.model_info["parameters"] = sum(t.numel() for t in hf.parameters())
 
+    def close(self):
+        if self.sae_dir is not None:
+            shutil.rmtree(self.sae_dir, ignore_errors=True)
+
     def _gen(self, ids, **kw):
         return lambda: self.m.generate(ids, max_new_tokens=self.p.new_tokens, **kw)
 
@@ -46,8 +77,27 @@ class EagerRunner(Runner):
                    self.capture_check(wl.name, self.n_layers, lambda out: _shapes(out[1]), self.m.d_model))
 
     def capture_gen(self, wl, ids):
+        rows = self.capture_check(wl.name, self.n_layers, lambda out: _shapes(out.cache), self.m.d_model)
+        positions = wl.batch * wl.rows(self.p)
         return Job(self._gen(ids, points=["resid_post"]),
-                   self.capture_check(wl.name, self.n_layers, lambda out: _shapes(out.cache), self.m.d_model))
+                   lambda out: with_bytes(rows(out), nbytes(dict(out.cache)), positions))
+
+    def readout_gen(self, wl, ids):
+        """capture_gen's points, read through a random SAE (written to a folder once per runner, as a user's
+        SAE would be): the k largest latents per row come back instead of the row."""
+        from engine.core.readouts import Readout, SAEFeatures
+        from engine.core.sae_files import write_random_sae
+        if self.sae_dir is None:
+            self.sae_dir = tempfile.mkdtemp(prefix="bench-sae-")
+            write_random_sae(self.sae_dir, "standard", d_in=self.m.d_model, d_sae=wl.sae_expansion * self.m.d_model,
+                             dtype=self.m.dtype)
+        kind = SAEFeatures(self.sae_dir, k=wl.sae_k)
+        reads = [Readout(f"resid_post.{i}", kind, name=f"sae.{i}") for i in range(self.n_layers)]
+        rows = self.capture_check(wl.name, self.n_layers, lambda out: [r.shape for r in out.cache.readouts.values()],
+                                  wl.sae_k)
+        positions = wl.batch * wl.rows(self.p)
+        return Job(self._gen(ids, readouts=reads),
+                   lambda out: with_bytes(rows(out), nbytes(dict(out.cache.readouts)), positions))
 
     def steer(self, wl, ids):
         from engine.core.steering import Steer
@@ -109,6 +159,7 @@ class VllmRunner(EagerRunner):
     def close(self):
         if hasattr(self, "m"):
             self.m.close()
+        super().close()
 
     def _gen(self, ids, **kw):
         # logits of the new tokens are extra work stock generate does not do; the figure is generation
