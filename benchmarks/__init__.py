@@ -24,4 +24,10 @@ which runs, in turn:
                                                                           # cpu-smollm2-135m-real
     python -m benchmarks run                                              # cpu-llama-3.2-1b-tiny
     python -m benchmarks publish   # results-latest.md, plots, README THROUGHPUT block, benchmarks.generated.ts
+
+The SAE readout against raw capture alone (tok/s and bytes per token; about 5 minutes here):
+
+    python -m benchmarks run --model HuggingFaceTB/SmolLM2-135M --size real --rounds 6 --warmups 1 \
+        --variants eager,vllm,vllm-generate --workloads decode,capture_gen,readout_gen \
+        --sweep cpu-smollm2-135m-real-readout && python -m benchmarks publish
 """

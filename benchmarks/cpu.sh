@@ -7,6 +7,7 @@
 #   bash benchmarks/cpu.sh             # about 55 minutes on the idle 2-core dev machine (20 of them the server)
 #   SKIP_REAL=1 bash benchmarks/cpu.sh # the tiny sweep only (about 10 minutes)
 #   SKIP_SERVE=1 bash benchmarks/cpu.sh # the sweeps without the server benchmark
+#   SKIP_READOUT=1 ...                   # without the SAE readout against raw capture sweep (about 5 minutes)
 #
 # Each sweep replaces its folder under reports/benchmarks/sweeps/; commit first (a sweep records the
 # commit it ran at, '+dirty' when the tree had changes). Knobs: TINY_ROUNDS, REAL_ROUNDS,
@@ -33,6 +34,14 @@ if [ -z "${SKIP_REAL:-}" ]; then
   "$PY" -m benchmarks run --model "$REAL_MODEL" --size real --rounds "$REAL_ROUNDS" --warmups 1 \
     --workloads "$REAL_WORKLOADS"
   stamp "real-size sweep"
+fi
+if [ -z "${SKIP_READOUT:-}" ]; then
+  # raw capture of resid_post at every layer against an SAE top-k readout at the same points, during
+  # generation, with bytes per token (its own sweep: the real-size sweep above keeps its folder)
+  "$PY" -m engine.zoo build --size real "$REAL_MODEL"
+  "$PY" -m benchmarks run --model "$REAL_MODEL" --size real --rounds "${READOUT_ROUNDS:-$REAL_ROUNDS}" --warmups 1 \
+    --variants eager,vllm,vllm-generate --workloads decode,capture_gen,readout_gen --sweep cpu-smollm2-135m-real-readout
+  stamp "readout sweep"
 fi
 "$PY" -m benchmarks run --rounds "$TINY_ROUNDS"
 stamp "tiny sweep"
