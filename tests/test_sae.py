@@ -18,6 +18,7 @@ from engine.core.features import (
     clamp_feature,
     dense,
     edit_features,
+    reconstruction_error,
     scale_feature,
     topk,
 )
@@ -257,6 +258,37 @@ def test_transcoder_clamp_reads_source_and_writes_output(tmp_path):
     with pytest.raises(SAEError, match=r"pass source= \(the activation at blocks.0.ln2.hook_normalized\) with x the "
                                        r"activation at blocks.0.hook_mlp_out"):
         clamp_feature(sae, x_out, 5, 2.0)
+
+
+@pytest.mark.parametrize("arch", ["transcoder", "skip_transcoder", "jumprelu_transcoder", "jumprelu_skip_transcoder"])
+def test_transcoder_error_is_the_output_point_minus_the_prediction(tmp_path, arch):
+    """Encode at the input point, decode compared with the output point's activation: x_out minus (the
+    files' decode of x_in, plus x_in @ W_skip.T for a skip transcoder), computed here from the files."""
+    folder = write_random_sae(tmp_path, arch, 16, 40, seed=3, d_out=12)
+    sae = load_sae(folder)
+    g = torch.Generator().manual_seed(5)
+    x_in, x_out = torch.randn(2, 3, 16, generator=g), torch.randn(2, 3, 12, generator=g)
+    _, recon = _reference(folder, x_in.reshape(6, 16))
+    w = load_file(str(folder / "sae_weights.safetensors"))
+    if "W_skip" in w:
+        recon = recon + x_in.reshape(6, 16) @ w["W_skip"].T
+    err = reconstruction_error(sae, x_out, source=x_in)
+    assert err.shape == x_out.shape and err.dtype == x_out.dtype
+    torch.testing.assert_close(err, x_out - recon.reshape(2, 3, 12), atol=TOL, rtol=0)
+    with pytest.raises(SAEError, match=r"pass source= \(the activation at the input point\)"):
+        reconstruction_error(sae, x_out)
+    with pytest.raises(SAEError, match=r"the decoder writes 12 values \(cfg.json field 'd_out'\) but x is 16 wide"):
+        reconstruction_error(sae, x_in, source=x_in)
+    with pytest.raises(SAEError, match=r"source of shape \(2, 16\) predicts \(2, 12\), which does not match x of "
+                                       r"shape \(2, 3, 12\)"):
+        reconstruction_error(sae, x_out, source=x_in[:, 0])
+
+
+def test_sae_error_defaults_to_its_own_input(tmp_path):
+    folder = write_random_sae(tmp_path, "standard", 16, 40, seed=6)
+    x = torch.randn(5, 16, generator=torch.Generator().manual_seed(7))
+    _, recon = _reference(folder, x)
+    torch.testing.assert_close(reconstruction_error(load_sae(folder), x), x - recon, atol=TOL, rtol=0)
 
 
 def test_add_feature_direction(tmp_path):

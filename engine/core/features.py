@@ -14,6 +14,10 @@ with x its output point's). So x' - decode(f') = x - decode(f): the error term i
     scale_feature(sae, x, index, factor)  f'[index] = factor * f[index]
     add_feature_direction(sae, x, index, coeff)   x + coeff * sae.direction(index) (no encode)
 `index` is one feature or a sequence of distinct ones (value / factor then one number or one per index).
+
+What the SAE does not explain, at the point it writes (a transcoder: encoded at its input point, compared
+with the activation at its output point):
+    reconstruction_error(sae, x, source=None)   x - forward(source), source defaulting to x for an SAE
 clamp and scale read only the edited features' decoder rows (SAE.decode_change: the decoder is affine
 per row, so the unedited features cancel); edit_features(sae, x, edit) takes any edit of f.
 """
@@ -79,6 +83,21 @@ def _source(sae: SAE, x: Tensor, source: Tensor | None) -> Tensor:
                        f"source= (the activation at {sae.hook_name or 'the input point'}) with x the activation at "
                        f"{sae.hook_name_out or 'the output point'}.")
     return x
+
+
+def reconstruction_error(sae: SAE, x: Tensor, source: Tensor | None = None) -> Tensor:
+    """x - sae.forward(source): the part of the activation x the SAE (or transcoder) does not predict, in x's
+    shape and dtype. For a transcoder `source` is the activation at its input point and x the one at its
+    output point (both per position, the same leading shape); for an SAE source defaults to x."""
+    src = _source(sae, x, source)
+    heads = sae.hook_z and x.dim() >= 2 and x.shape[-1] != sae.d_out  # [..., heads, d_head]
+    sae.check_out_width(x.shape[-2] * x.shape[-1] if heads else x.shape[-1], "x")
+    pred = sae.forward(src)
+    if pred.numel() != x.numel():
+        raise SAEError(f"{sae.where()}: source of shape {tuple(src.shape)} predicts {tuple(pred.shape)}, which does "
+                       f"not match x of shape {tuple(x.shape)}; pass the two points' activations at the same "
+                       f"positions.")
+    return x - pred.reshape(x.shape).to(device=x.device, dtype=x.dtype)
 
 
 def edit_features(sae: SAE, x: Tensor, edit: Callable[[Tensor], Tensor], source: Tensor | None = None) -> Tensor:
