@@ -185,6 +185,25 @@ def test_tensors_and_plans_survive_the_wire():
         assert torch.equal(a.value, b.value)
 
 
+def test_every_steer_field_of_every_op_survives_the_wire():
+    """The wire message is made from dataclasses.fields(Steer): each op's steer, with every optional
+    field it takes, an exclusion and engine metadata, comes back field for field after msgpack (what
+    collective_rpc carries). The hand-written copy it replaces had to be edited for each new field."""
+    import dataclasses
+
+    import msgspec
+
+    from engine.backends.vllm.worker.wire import steer_in, steer_out
+    from engine.core.steering import Steer
+    for st in _head_steers(8):
+        st.lead, st.lengths = 0, [5]  # set by the engine when it binds a steer to a sequence
+        back = steer_in(msgspec.msgpack.decode(msgspec.msgpack.encode(steer_out(st))))
+        for f in dataclasses.fields(Steer):
+            a, b = getattr(back, f.name), getattr(st, f.name)
+            same = torch.equal(a, b) if isinstance(b, torch.Tensor) else a == b
+            assert same, (st.op, f.name, a, b)
+
+
 # -- static taps --------------------------------------------------------------------------------
 class _Lin(torch.nn.Module):
     def forward(self, x):

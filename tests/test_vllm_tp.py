@@ -29,11 +29,12 @@ def assert_receipts_match(tp2, em, steer) -> None:
         assert a.change_norm == pytest.approx(b.change_norm, rel=1e-3), (a, b)
 
 
-def test_tp2_every_op_at_a_head_coordinate_equals_eager():
+def test_tp2_every_op_at_a_head_coordinate_equals_eager(tmp_path):
     """Each op of the table at one head held by rank 1 (Llama: 4 query heads, 2 per rank), with every
     optional field it takes and an exclusion: the worker rebuilt such a steer from (address, op, value,
     positions) only, so coeff / bounds / exclude were lost on the rank that applies it. The engine is
     left to the session, so the next test reuses it."""
+    from engine.core.sae_files import write_random_sae
     from engine.core.steering import OPS
     name = FAMILIES[0]
     em, tp2 = eager_model(name), vllm_model(name, tensor_parallel_size=2)
@@ -42,6 +43,8 @@ def test_tp2_every_op_at_a_head_coordinate_equals_eager():
     value = {"none": None, "vector": random_vector((hd,), 1), "scale": 3.0, "direction": random_vector((hd,), 2),
              "activation": random_vector((n, hd), 3)}
     extra = {"rescale": {"coeff": 4.0}, "norm_scaled_add": {"coeff": 2.0}, "projection_cap": {"bounds": (-0.05, 0.05)}}
+    sae = str(write_random_sae(tmp_path / "head-sae", "standard", hd, 4 * hd, seed=0))  # feature ops: an SAE of the head
+    extra.update({n: {"coeff": 3.0, "sae": sae, "feature": 2} for n, o in OPS.items() if "sae" in o.params})
     base = em.forward(PROMPT)
     bad = {}
     for op_name, op in OPS.items():

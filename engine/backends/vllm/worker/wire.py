@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import Any, Callable
 
 import torch
 
@@ -80,19 +81,33 @@ def _positions_in(p):
     return list(p["list"])
 
 
+# how a Steer field crosses the boundary when it is not plain data: (out, in), applied to a value that
+# is not None; every other field travels as it is. The message is made from dataclasses.fields(Steer),
+# so a field added to Steer crosses without an edit here (and a test fails if it is not plain data).
+_STEER_CODECS: dict[str, tuple[Callable[[Any], Any], Callable[[Any], Any] | None]] = {
+    "address": (str, None),  # Steer parses it
+    "positions": (_positions_out, _positions_in),
+    "value": (tensor_out, tensor_in),  # a bound steer's value is a tensor
+    "bounds": (list, tuple),
+}
+
+
 def steer_out(s: Steer) -> dict:
     """A steer bound to one sequence (engine.core.steering.Steer.for_row) as plain data."""
-    return {"address": str(s.address), "op": s.op, "positions": _positions_out(s.positions),
-            "value": None if s.value is None else tensor_out(s.value), "coeff": s.coeff,
-            "bounds": None if s.bounds is None else list(s.bounds),
-            "exclude": s.exclude, "lead": s.lead, "sae": s.sae, "feature": s.feature}
+    out = {}
+    for f in dataclasses.fields(Steer):
+        v, codec = getattr(s, f.name), _STEER_CODECS.get(f.name)
+        out[f.name] = v if v is None or codec is None else codec[0](v)
+    return out
 
 
-def steer_in(s: dict) -> Steer:
-    return Steer(s["address"], s["op"], None if s["value"] is None else tensor_in(s["value"]),
-                 _positions_in(s["positions"]), coeff=s.get("coeff"),
-                 bounds=None if s.get("bounds") is None else tuple(s["bounds"]),
-                 exclude=s.get("exclude"), lead=s.get("lead"), sae=s.get("sae"), feature=s.get("feature"))
+def steer_in(d: dict) -> Steer:
+    kw = {}
+    for f in dataclasses.fields(Steer):
+        if f.name in d:
+            v, codec = d[f.name], _STEER_CODECS.get(f.name)
+            kw[f.name] = v if v is None or codec is None or codec[1] is None else codec[1](v)
+    return Steer(**kw)
 
 
 def readout_out(r: Readout) -> dict:
