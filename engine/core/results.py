@@ -58,7 +58,7 @@ class Receipt:
 class StrictSteerError(SteeringError):
     """A steer touched no row of a call made with strict=True; `receipt` says which."""
 
-    def __init__(self, message: str, receipt: Receipt):
+    def __init__(self, message: str, receipt: Receipt) -> None:
         super().__init__(message)
         self.receipt = receipt
 
@@ -93,7 +93,7 @@ class ActivationCache(dict):
     [b, pos, ...] like a capture, named in `positional`; reductions [b, ...])."""
 
     def __init__(self, n_layers: int, columns: "list[torch.Tensor] | None" = None,
-                 receipts: "list[Receipt] | None" = None):
+                 receipts: "list[Receipt] | None" = None) -> None:
         super().__init__()
         self.n_layers = n_layers
         self.columns = columns

@@ -54,7 +54,7 @@ class Capabilities(list):
     (engine.core.readouts.KINDS) -> None where this backend computes it at every point it serves, else
     what it refuses and why."""
 
-    def __init__(self, verdicts, model: str, backend: str, readouts: dict | None = None):
+    def __init__(self, verdicts, model: str, backend: str, readouts: dict | None = None) -> None:
         super().__init__(verdicts)
         self.model, self.backend = model, backend
         self.readouts: dict = dict(readouts or {})
