@@ -30,3 +30,19 @@ def test_empty_tensor_and_inline_fallback(tmp_path):
     assert sink.FILE not in d and torch.equal(wire.tensor_in(d), torch.arange(6.0).reshape(2, 3))
     assert sink.encoder(None, wire.tensor_out) is wire.tensor_out
     assert sink.FILE in sink.encoder(str(tmp_path), wire.tensor_out)(torch.ones(2))
+
+
+def test_sweep_removes_only_dead_harvests_directories(tmp_path):
+    import subprocess
+    import sys
+
+    from engine.harvest.runner import sweep
+    p = subprocess.Popen([sys.executable, "-c", "pass"])
+    p.wait()
+    dead, live = tmp_path / f"interp-harvest-{p.pid}-abc", tmp_path / f"interp-harvest-{os.getpid()}-def"
+    other = tmp_path / "interp-harvest-xyz"
+    for d in (dead, live, other):
+        d.mkdir()
+    (dead / "rows.bin").write_bytes(b"x" * 10)
+    assert sweep(tmp_path) == [dead]
+    assert not dead.exists() and live.exists() and other.exists()

@@ -11,6 +11,7 @@ import copy
 import hashlib
 import json
 import logging
+import os
 import shutil
 import tempfile
 import time
@@ -60,11 +61,30 @@ def sink_dir(model, flow: Flow):
     if flow.handoff != "shm" or not capture.is_vllm(model) or not SHM.is_dir():
         yield None
         return
-    d = tempfile.mkdtemp(prefix="interp-harvest-", dir=SHM)
+    sweep(SHM)
+    d = tempfile.mkdtemp(prefix=f"interp-harvest-{os.getpid()}-", dir=SHM)
     try:
         yield d
     finally:
         shutil.rmtree(d, ignore_errors=True)
+
+
+def sweep(root: Path) -> list[Path]:
+    """Remove the shared-memory directories of harvest processes that died before their cleanup
+    (killed: rows a worker wrote there would hold RAM until reboot); the ones removed."""
+    gone = []
+    for p in root.glob("interp-harvest-*-*"):
+        pid = p.name.split("-")[2]
+        if not pid.isdigit():
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            shutil.rmtree(p, ignore_errors=True)
+            gone.append(p)
+        except PermissionError:  # alive, another user's
+            pass
+    return gone
 
 
 @dataclass
