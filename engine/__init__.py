@@ -5,6 +5,8 @@ on eager HF or vLLM, checked against TransformerLens, nnsight/nnterp and HF itse
     m = load_model("meta-llama/Llama-3.2-1B")            # real if cached, else the tiny zoo twin
     logits, cache = m.run_with_cache("Hello world", ["resid_post.-1", "z.0.head-1"])
 """
+from typing import Any
+
 from engine import _moved  # noqa: F401  (importing it installs the finder for the pre-move paths)
 from engine.core.address import Address, parse
 from engine.core.errors import (
@@ -34,7 +36,7 @@ from engine.workflows.attention_capture import AttentionCapture, capture_attenti
 from engine.workflows.patching import PatchResult, logit_diff, patch_sweep
 
 
-def run_with_cache(model, inputs, points=(), steer=(), strict: bool = False, readouts=()):
+def run_with_cache(model: Any, inputs: Any, points: Any = (), steer: Any = (), strict: bool = False, readouts: Any = ()) -> tuple:
     """Module-level form of `model.run_with_cache`."""
     return model.run_with_cache(inputs, points, steer, strict=strict, readouts=readouts)
 

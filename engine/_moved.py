@@ -10,6 +10,11 @@ import importlib.abc
 import importlib.util
 import sys
 import warnings
+from typing import TYPE_CHECKING, Sequence
+
+if TYPE_CHECKING:
+    import types
+    from importlib.machinery import ModuleSpec
 
 MOVED: dict[str, str] = {
     "engine.address": "engine.core.address",
@@ -61,19 +66,19 @@ MOVED: dict[str, str] = {
 class _Alias(importlib.abc.Loader):
     def __init__(self, new: str) -> None:
         self.new = new
-        self.spec = None
+        self.spec: ModuleSpec | None = None
 
-    def create_module(self, spec):
+    def create_module(self, spec: ModuleSpec) -> types.ModuleType:
         module = importlib.import_module(self.new)
         self.spec = module.__spec__
         return module
 
-    def exec_module(self, module) -> None:
+    def exec_module(self, module: types.ModuleType) -> None:
         module.__spec__ = self.spec  # importlib stamped the alias spec on the shared module; put its own back
 
 
 class _OldPaths(importlib.abc.MetaPathFinder):
-    def find_spec(self, name, path=None, target=None):
+    def find_spec(self, name: str, path: Sequence[str] | None = None, target: types.ModuleType | None = None) -> ModuleSpec | None:
         new = MOVED.get(name)
         if new is None:
             return None

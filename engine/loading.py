@@ -8,12 +8,17 @@ match in any letter case and nothing is downloaded. dtype and device are parsed 
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from engine.core.points import BACKENDS
 from engine.families.base import family_for
 from engine.model import options, sources
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
 
 log = logging.getLogger("engine")
 SOURCES = sources.SOURCES
@@ -31,15 +36,15 @@ def _load_hf(src: sources.ModelSource, dtype, device):
     return hf, tok
 
 
-def load_hf(name: str, source: str = "auto", dtype=torch.float32, device: str = "cpu"):
+def load_hf(name: str, source: str = "auto", dtype: torch.dtype | str | None = torch.float32, device: str = "cpu") -> tuple[PreTrainedModel, PreTrainedTokenizerBase, str]:
     """(hf_model, tokenizer, source_used) for a name or a model directory; never downloads."""
     src = sources.resolve(name, source)
     hf, tok = _load_hf(src, options.parse_dtype(dtype, "eager"), options.parse_device(device, "eager"))
     return hf, tok, src.source
 
 
-def load_model(name: str, backend: str = "eager", source: str = "auto", dtype=None,
-               device: str | None = None, **backend_kw):
+def load_model(name: str, backend: str = "eager", source: str = "auto", dtype: torch.dtype | str | None = None,
+               device: str | None = None, **backend_kw: Any) -> Any:
     """Load `name` (a repo id in any case, or a model directory) on `backend`. `source`: "auto"
     (the directory, else real if cached, else the zoo twin), "zoo", "real" or "local". `dtype`: a
     torch dtype or a name ("bf16", "float16", ...); unset (or "auto" on vLLM), the backend's own (eager:

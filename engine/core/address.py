@@ -29,7 +29,7 @@ class Address:
     layer: int | None = None
     coords: tuple[tuple[str, int], ...] = field(default=())
 
-    def __init__(self, point: str, layer: int | None = None, **coords: int):
+    def __init__(self, point: str, layer: int | None = None, **coords: int) -> None:
         point = ALIASES.get(point, point)
         if point not in BY_NAME:
             raise AddressError(f"unknown point {point!r}.{closest(point, list(BY_NAME) + list(ALIASES))} "

@@ -217,7 +217,7 @@ def _text(p: str, i: int, n: int) -> str:
     return p
 
 
-def token_rows(inputs, tokenizer, limits: Limits, one: bool = False, prepend_bos: bool | None = None,
+def token_rows(inputs: Any, tokenizer: Any, limits: Limits, one: bool = False, prepend_bos: bool | None = None,
                new: int | None = 0) -> list[list[int]]:
     """Every prompt of `inputs` as a validated list of token ids, each with room for `new` generated
     tokens (None: a capture, which generates limits.capture_new). one=True: exactly one prompt. Text
@@ -236,7 +236,7 @@ def token_rows(inputs, tokenizer, limits: Limits, one: bool = False, prepend_bos
     return rows
 
 
-def padded_batch(inputs, tokenizer, limits: Limits, device=None, prepend_bos: bool | None = None,
+def padded_batch(inputs: Any, tokenizer: Any, limits: Limits, device: torch.device | str | None = None, prepend_bos: bool | None = None,
                  new: int | None = 0) -> dict:
     """input_ids / attention_mask for a batch (each prompt with room for `new` generated tokens): a
     given mask (and its padding side) is kept, everything else is validated and left-padded, as

@@ -173,8 +173,8 @@ class SiteWork:
     readouts: dict = field(default_factory=dict)  # plan key -> [(coordinate index or None, Accumulator)]
 
 
-def site_work(plans: list[Plan], site_key: Callable[[Address], object], local_read=None, local_steer=None,
-              local_readout=None) -> dict:
+def site_work(plans: list[Plan], site_key: Callable[[Address], object], local_read: Callable | None = None, local_steer: Callable | None = None,
+              local_readout: Callable | None = None) -> dict:
     """{site key: SiteWork} for the plans of a call; site_key(address without coords) names a site.
     Under tensor parallelism local_read(plan, address) -> (capture key, coordinate) | None,
     local_steer(steer) -> Steer | None and local_readout(readout) -> bool say what this rank records
@@ -234,7 +234,7 @@ def steer_span(sp: Span, writes: list, rows: torch.Tensor) -> torch.Tensor | Non
     return None if cur is rows else cur
 
 
-def run_site(t: torch.Tensor, spans: list[Span], work: SiteWork, keep: Callable, on_error=None) -> torch.Tensor | None:
+def run_site(t: torch.Tensor, spans: list[Span], work: SiteWork, keep: Callable, on_error: Callable | None = None) -> torch.Tensor | None:
     """Steer then capture (and feed readouts) on the flat [tokens, ...] tensor `t` of one site.
     Writers run before readers, so a capture sees the steered value, as the rest of the forward does. keep(span, key,
     rows) makes what is stored (a detached copy, a CPU copy). Returns the replacement, or None when

@@ -34,7 +34,7 @@ def is_mask(p: object) -> bool:
     return isinstance(p, torch.Tensor)
 
 
-def normalize(p) -> "str | int | slice | list[int] | torch.Tensor":
+def normalize(p: Any) -> "str | int | slice | list[int] | torch.Tensor":
     """Check the form of a position spec (no lengths needed); tuples become slices."""
     if isinstance(p, bool) or p is None:
         raise SteeringError(f"positions={p!r} is not a position spec; use {FORMS}.")

@@ -329,7 +329,7 @@ class Readout:
         return dataclasses.replace(self, address=address)
 
 
-def validate_readouts(readouts) -> list[Readout]:
+def validate_readouts(readouts: Any) -> list[Readout]:
     """The readouts of a `readouts=` argument (a Readout, an iterable of them, or None), checked:
     Readout objects with distinct names."""
     if readouts is None:
@@ -393,7 +393,7 @@ class Accumulator:
             at += n
         return self.chunks
 
-    def result(self):
+    def result(self) -> torch.Tensor | TopK:
         """The readout's value: [pos, ...] (or TopK) per position, else the reduced value."""
         chunks = self._contiguous(0)
         kind = self.readout.kind
@@ -414,12 +414,12 @@ class Accumulator:
         return tuple(torch.cat(ts) for ts in zip(*parts)) if parts else None
 
 
-def as_value(kind: Kind, parts: tuple):
+def as_value(kind: Kind, parts: tuple) -> torch.Tensor | TopK:
     """Parts -> what a user gets: a tensor, or TopK for sparse kinds."""
     return TopK(*parts) if kind.sparse else parts[0]
 
 
-def parts_of(value) -> tuple:
+def parts_of(value: torch.Tensor | TopK) -> tuple:
     return (value.indices, value.values) if isinstance(value, TopK) else (value,)
 
 

@@ -28,6 +28,9 @@ from engine.core.address import parse
 from engine.core.errors import AddressError, SteeringError
 from engine.core.points import KEY_AXIS_POINTS
 
+if TYPE_CHECKING:
+    from engine.core.readouts import TopK
+
 PATTERNS = KEY_AXIS_POINTS  # the points with a key-position axis (Point.key_axis)
 
 if TYPE_CHECKING:
@@ -58,7 +61,7 @@ class Receipt:
 class StrictSteerError(SteeringError):
     """A steer touched no row of a call made with strict=True; `receipt` says which."""
 
-    def __init__(self, message: str, receipt: Receipt):
+    def __init__(self, message: str, receipt: Receipt) -> None:
         super().__init__(message)
         self.receipt = receipt
 
@@ -93,7 +96,7 @@ class ActivationCache(dict):
     [b, pos, ...] like a capture, named in `positional`; reductions [b, ...])."""
 
     def __init__(self, n_layers: int, columns: "list[torch.Tensor] | None" = None,
-                 receipts: "list[Receipt] | None" = None):
+                 receipts: "list[Receipt] | None" = None) -> None:
         super().__init__()
         self.n_layers = n_layers
         self.columns = columns
@@ -101,7 +104,7 @@ class ActivationCache(dict):
         self.readouts: dict = {}
         self.positional: set = set()
 
-    def put_readout(self, name: str, value, per_position: bool) -> None:
+    def put_readout(self, name: str, value: torch.Tensor | TopK, per_position: bool) -> None:
         self.readouts[name] = value
         if per_position:
             self.positional.add(name)
@@ -246,7 +249,7 @@ def batch_readouts(out: ActivationCache, caches: list[ActivationCache], cols: li
         out.put_readout(name, batch_readout(values, cols, width) if positional else _stack(values), positional)
 
 
-def batch_readout(values: list, cols: list[torch.Tensor], width: int):
+def batch_readout(values: list, cols: list[torch.Tensor], width: int) -> torch.Tensor | TopK:
     """Per-position readouts of each sequence ([len, ...] tensors or TopKs) as [b, width, ...] at
     their columns; padded positions hold 0 (a TopK's indices -1)."""
     from engine.core.readouts import TopK

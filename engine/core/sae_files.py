@@ -81,7 +81,7 @@ def _modern(cfg: dict[str, Any]) -> dict[str, Any]:
 class _Fields:
     """Typed reads of one cfg.json, each error naming the file and the field."""
 
-    def __init__(self, cfg: dict[str, Any], path: Path):
+    def __init__(self, cfg: dict[str, Any], path: Path) -> None:
         self.cfg, self.path = cfg, path
 
     def raw(self, name: str, default: Any = None) -> Any:

@@ -138,7 +138,7 @@ class Steer:
         if v.device.type != "meta" and not torch.isfinite(v).all():
             raise SteeringError(f"steering value for {self.address} contains NaN or inf.")
 
-    def replace(self, **changes) -> "Steer":
+    def replace(self, **changes: Any) -> "Steer":
         return dataclasses.replace(self, **changes)
 
     def at(self, address: Address, value: "torch.Tensor | None" = None) -> "Steer":

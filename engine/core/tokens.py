@@ -14,9 +14,12 @@ token span of each message, so a capture can be read message by message.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from engine.core.errors import InputError
+
+if TYPE_CHECKING:
+    import torch
 
 
 def special_ids(tokenizer: Any) -> set[int]:
@@ -128,7 +131,7 @@ class TokensMixin:
         return apply_chat_template(self.tokenizer, messages, add_generation_prompt, self.name)
 
 
-def to_tokens(tokenizer: Any, text: "str | list[str]", padding_side: str = "left", prepend_bos: bool | None = None, device=None) -> dict:
+def to_tokens(tokenizer: Any, text: "str | list[str]", padding_side: str = "left", prepend_bos: bool | None = None, device: torch.device | str | None = None) -> dict:
     """A padded input_ids / attention_mask batch of one text or a list of texts, BOS policy applied."""
     import torch
     if padding_side not in ("left", "right"):

@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import TYPE_CHECKING, Any, Callable
+
+if TYPE_CHECKING:
+    pass
 
 
 @dataclass(frozen=True)
@@ -147,7 +150,7 @@ class Family:
     capture_only: dict = field(default_factory=dict)
     notes: str = ""
 
-    def for_config(self, cfg, layer: int | None = None) -> "Family":
+    def for_config(self, cfg: Any, layer: int | None = None) -> "Family":
         """This family with the overrides of every variant whose config flag matches (per-layer
         variants only when `layer` is given)."""
         changes = {}

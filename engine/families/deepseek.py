@@ -1,6 +1,8 @@
 """DeepSeek V2 / V3 (multi-head latent attention + MoE with shared experts, first layers dense), the
 GLM-4-MoE and dots.llm1 decoders that reuse the V3 MoE with standard attention, and DeepSeek V4 (hyper-connections: hc_mult residual streams, shared-KV attention with sinks and
 compressed KV, hash-routed then learned-routed MoE)."""
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 
@@ -13,7 +15,7 @@ _MLA = ("MLA: q and k are [b, pos, h, qk_nope_head_dim + qk_rope_head_dim] (the 
         "are MoE with shared experts; mlp_out is routed plus shared.")
 
 
-def v4_collapse_weights(hc, streams: torch.Tensor) -> torch.Tensor:
+def v4_collapse_weights(hc: Any, streams: torch.Tensor) -> torch.Tensor:
     """The [b, pos, s] `pre` weights DeepseekV4HyperConnection collapses its input streams with.
 
     HF computes them inside forward and returns only the collapsed tensor, so they are recomputed from

@@ -41,7 +41,7 @@ LIMITATIONS: dict[str, list[Limitation]] = {
 }
 
 
-def check(model_type: str, backend: str, op: str, **facts) -> None:
+def check(model_type: str, backend: str, op: str, **facts: object) -> None:
     """Raise FamilyLimitationError when (model_type, backend, op) with these facts is a known limitation."""
     for lim in LIMITATIONS.get(model_type, ()):
         if lim.backend == backend and lim.op == op and lim.applies(facts):

@@ -28,7 +28,7 @@ RAY_HINT = "pip install ray==2.60.0 (pinned in pyproject.toml; scripts/setup.sh 
 class Tally:
     """Tokens forwarded by every actor (a Ray actor; the driver polls it for the one bar)."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.tokens = 0
 
     def add(self, n: int) -> None:
@@ -41,7 +41,7 @@ class Tally:
 class Harvester:
     """One engine on one Ray worker: loads the model once, then runs the parts it is given."""
 
-    def __init__(self, kwargs: dict, index: int, actors: int):
+    def __init__(self, kwargs: dict, index: int, actors: int) -> None:
         from engine.harvest.workers import device_env
         tp = int((kwargs.get("load_kw") or {}).get("tensor_parallel_size", 1))
         import ray

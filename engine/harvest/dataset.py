@@ -47,7 +47,7 @@ class HarvestDataset(torch.utils.data.Dataset):
     [*shape] tensor per harvested address and readout column}. Shards load lazily, one at a time: read in order (or
     shuffle within `iter_shards()` blocks) for speed."""
 
-    def __init__(self, out, points=None):
+    def __init__(self, out, points=None) -> None:
         self.out = Path(out)
         self.manifest = read_manifest(self.out)
         have = self.manifest["resolved"]["addresses"] + self.manifest["resolved"].get("readouts", [])

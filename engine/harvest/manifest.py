@@ -109,7 +109,7 @@ def exclusive(directory: Path):
 class PartManifest:
     """One part's part.json: identity, resolved facts, shards written, complete flag."""
 
-    def __init__(self, directory: Path, data: dict):
+    def __init__(self, directory: Path, data: dict) -> None:
         self.directory, self.data = Path(directory), data
 
     @classmethod

@@ -49,7 +49,7 @@ def write_shard(path: Path, tensors: dict[str, torch.Tensor], metadata: dict[str
 class ShardBuffer:
     """Preallocated rows of the next shard; columns cast to the storage dtype as they are filled."""
 
-    def __init__(self, size: int, columns: dict[str, tuple[tuple, torch.dtype]]):
+    def __init__(self, size: int, columns: dict[str, tuple[tuple, torch.dtype]]) -> None:
         self.size, self.n = size, 0
         self.tensors = {k: torch.empty((size, *shape), dtype=dt) for k, (shape, dt) in columns.items()}
         self.docs: list[int] = []  # first and last document index held
@@ -90,7 +90,7 @@ class WriterStats:
 class ShardWriter:
     """Writes shards on a thread, in order, then records each in the manifest (`on_written`)."""
 
-    def __init__(self, directory: Path, on_written, metadata: dict[str, str], depth: int = 2):
+    def __init__(self, directory: Path, on_written, metadata: dict[str, str], depth: int = 2) -> None:
         self.directory, self.on_written, self.metadata = directory, on_written, metadata
         self.queue: queue.Queue = queue.Queue(maxsize=depth)
         self.error: BaseException | None = None

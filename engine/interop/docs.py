@@ -44,7 +44,7 @@ def render() -> str:
     return "\n".join(lines) + "\n"
 
 
-def main(argv=None) -> int:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m engine.interop.docs", description=__doc__.splitlines()[0])
     ap.add_argument("--check", action="store_true", help="fail when docs/points.md drifted")
     args = ap.parse_args(argv)

@@ -15,12 +15,17 @@ UnmappedError saying why. tests/test_mappers.py compares every mapped tensor, no
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from engine.core.address import Address
 from engine.core.errors import AddressError
 from engine.core.points import POINTS, get_point
 from engine.families import family_for
 from engine.families.base import Split
+
+if TYPE_CHECKING:
+    pass
+
 
 
 class UnmappedError(AddressError):
@@ -86,7 +91,7 @@ def _family(model, layer=None):
     return family_for(cfg.model_type).for_config(cfg, layer)
 
 
-def rotary(model) -> bool:
+def rotary(model: Any) -> bool:
     """Whether the model applies rotary position embeddings (so TL's post-RoPE q is hook_rot_q)."""
     fam, cfg = _family(model), model.config
     if fam.name in _NO_ROTARY or getattr(cfg, "alibi", False):
@@ -98,7 +103,7 @@ def _sandwich(fam) -> bool:
     return bool(fam.attn_post_norm and fam.mlp_post_norm)
 
 
-def to_tl(model, address) -> str:
+def to_tl(model: Any, address: Address | str) -> str:
     """The TransformerBridge hook holding our tensor at `address` on this model."""
     addr = model.address(address)
     fam, point = _family(model, addr.layer), addr.point
@@ -127,7 +132,7 @@ def to_tl(model, address) -> str:
     return name.format(L=addr.layer)
 
 
-def from_tl(model, hook: str) -> Address:
+def from_tl(model: Any, hook: str) -> Address:
     """Our address for a TransformerBridge hook name on this model (UnmappedError when none); where two
     of our points are one tensor (embeddings = resid_pre.0) the layer point is returned."""
     for p in sorted(POINTS, key=lambda p: p.name == "embeddings"):
@@ -165,14 +170,14 @@ class Accessor:
         path = "".join(f"[{p}]" if p.isdigit() else f".{p}" for p in self.module.split(".")).lstrip(".")
         return f"{path}.{self.event}" if path else f"{self.event}"
 
-    def envoy(self, root):
+    def envoy(self, root: Any) -> Any:
         obj = root
         for p in self.module.split(".") if self.module else ():
             obj = obj[int(p)] if p.isdigit() else getattr(obj, p)
         return obj
 
 
-def to_nnsight(model, address) -> Accessor:
+def to_nnsight(model: Any, address: Address | str) -> Accessor:
     """Where nnsight reads our tensor: a module boundary on the HF tree (from the family table)."""
     addr = model.address(address)
     point, layer = addr.point, addr.layer
@@ -247,7 +252,7 @@ NNTERP_NONE = {"bloom": "BLOOM's modules add the residual themselves, so nnterp'
                "mpt": "MPT's MLP adds the residual itself, so nnterp's mlps_output is resid_post"}
 
 
-def to_nnterp(model, address) -> str:
+def to_nnterp(model: Any, address: Address | str) -> str:
     """The nnterp StandardizedTransformer accessor holding our tensor."""
     addr = model.address(address)
     fam = _family(model, addr.layer)
@@ -264,7 +269,7 @@ def to_nnterp(model, address) -> str:
     return acc.format(L=addr.layer)
 
 
-def table(model) -> list[dict]:
+def table(model: Any) -> list[dict]:
     """Every served address with its equivalents (None where unmapped): for docs and users."""
     rows = []
     for v in model.describe().served():

@@ -5,10 +5,14 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+from typing import TYPE_CHECKING, Iterator, Self
 
 from engine.core.errors import EngineError
 from engine.model.capabilities import CapabilityMixin
 from engine.model.catalogue import PointCatalogue
+
+if TYPE_CHECKING:
+    from engine.core.steering import Steer
 
 
 class ModelBase(PointCatalogue, CapabilityMixin):
@@ -17,7 +21,7 @@ class ModelBase(PointCatalogue, CapabilityMixin):
 
     def _init_base(self) -> None:
         self._point_layers: dict = {}
-        self._steers = contextvars.ContextVar(f"steering-{id(self)}", default=())
+        self._steers: contextvars.ContextVar[tuple] = contextvars.ContextVar(f"steering-{id(self)}", default=())
         self._closed = False
 
     def _live(self) -> None:
@@ -28,7 +32,7 @@ class ModelBase(PointCatalogue, CapabilityMixin):
         return self._steers.get()
 
     @contextlib.contextmanager
-    def steering(self, *steers):
+    def steering(self, *steers: Steer) -> Iterator[Self]:
         """Apply steers to every call made in this block, in this thread or asyncio task (composable:
         nested blocks add up and each exit removes exactly its own steers)."""
         from engine.core.steer_checks import check_steers
@@ -39,7 +43,7 @@ class ModelBase(PointCatalogue, CapabilityMixin):
         finally:
             self._steers.reset(token)
 
-    def to_tokens(self, text, padding_side: str = "left", prepend_bos: bool | None = None) -> dict:
+    def to_tokens(self, text: str | list[str], padding_side: str = "left", prepend_bos: bool | None = None) -> dict:
         """Tokenize a string or a list of strings into input_ids / attention_mask (a padded batch), on
         the device the model's inputs go to (eager: the model's; vLLM: the CPU), with the BOS policy
         `prepend_bos` (None: the model's own, engine/core/tokens.py)."""

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Iterable
 
 from engine.core.address import Address, parse
 from engine.core.errors import AddressError
@@ -54,12 +55,12 @@ class Capabilities(list):
     (engine.core.readouts.KINDS) -> None where this backend computes it at every point it serves, else
     what it refuses and why."""
 
-    def __init__(self, verdicts, model: str, backend: str, readouts: dict | None = None):
+    def __init__(self, verdicts: Iterable[Verdict], model: str, backend: str, readouts: dict | None = None) -> None:
         super().__init__(verdicts)
         self.model, self.backend = model, backend
         self.readouts: dict = dict(readouts or {})
 
-    def get(self, address) -> Verdict:
+    def get(self, address: Address | str) -> Verdict:
         key = str(address)
         for v in self:
             if v.address == key:
@@ -133,7 +134,7 @@ class CapabilityMixin:
                 out.append(self._verdict(p.name, layer))
         return Capabilities(out, self.name, self.backend, self._readout_kinds())
 
-    def verdict(self, address) -> Verdict:
+    def verdict(self, address: Address | str) -> Verdict:
         """The verdict for one address (any layer form; coordinates are checked against the model)."""
         self._live()
         addr = parse(address)
@@ -147,10 +148,10 @@ class CapabilityMixin:
                 return Verdict(str(addr), False, None, reason=str(e))
         return v
 
-    def serves(self, address) -> bool:
+    def serves(self, address: Address | str) -> bool:
         return self.verdict(address).served
 
-    def refuses(self, address) -> str | None:
+    def refuses(self, address: Address | str) -> str | None:
         """None when served; else the reason (and what to use instead)."""
         v = self.verdict(address)
         if v.served:
@@ -158,7 +159,7 @@ class CapabilityMixin:
         return v.reason + (f" Instead: {v.instead}." if v.instead and v.instead not in v.reason else "")
 
 
-def refused(point: str, layer, backend: str, reason: str) -> Verdict:
+def refused(point: str, layer: int | None, backend: str, reason: str) -> Verdict:
     addr = str(Address(point, layer))
     reason = reason.strip().rstrip(".")
     return Verdict(addr, False, None, reason=reason + ".", instead=instead_of(reason, point, backend))

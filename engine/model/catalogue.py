@@ -4,6 +4,8 @@ the points it serves and expanding capture lists. Each backend supplies `_probe(
 a `_point_layers` dict used as the cache."""
 from __future__ import annotations
 
+from typing import Iterable
+
 from engine.core.address import Address
 from engine.core.errors import UnsupportedPointError
 from engine.core.points import ALIASES, BY_NAME, POINTS, get_point
@@ -32,7 +34,7 @@ class PointCatalogue:
         """Names of every point this model serves at one layer or more, in catalogue order."""
         return [p.name for p in POINTS if self.point_layers(p.name)]
 
-    def expand(self, points) -> list[Address]:
+    def expand(self, points: Iterable[Address | str] | Address | str) -> list[Address]:
         """Addresses from strings/Addresses; a layer-scoped name without a layer means every layer
         that has it. Duplicates ('resid_post.-1' and 'resid_post.2' on 3 layers) are one capture."""
         if isinstance(points, (str, Address)):

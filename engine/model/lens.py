@@ -2,16 +2,23 @@
 applied to any residual-stream tensor."""
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from engine.core.errors import AddressError
 from engine.core.points import RESIDUAL_POINTS
 from engine.model.paths import get_path
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
+    from engine.families.base import Family
+
 LENSABLE = RESIDUAL_POINTS + ("resid_streams",)
 
 
-def unembed(hf, fam, x: torch.Tensor, apply_norm: bool = True, streams: bool = False) -> torch.Tensor:
+def unembed(hf: PreTrainedModel, fam: Family, x: torch.Tensor, apply_norm: bool = True, streams: bool = False) -> torch.Tensor:
     """Map a [.., d_model] residual to logits the way the family's CausalLM head does; with
     `streams`, x is [.., s, d_model] hyper-connection streams, collapsed first by the model's head."""
     cfg = hf.config.get_text_config() if hasattr(hf.config, "get_text_config") else hf.config

@@ -30,7 +30,7 @@ def _accepted(backend: str) -> str:
     return f"{', '.join(names)} (aliases {', '.join(aliases)}; or the torch dtype, e.g. torch.bfloat16)"
 
 
-def parse_dtype(value, backend: str = "eager") -> torch.dtype:
+def parse_dtype(value: torch.dtype | str | None, backend: str = "eager") -> torch.dtype:
     """A torch floating dtype from a string, an alias or a torch dtype; None means float32."""
     if value is None:
         return torch.float32
@@ -63,7 +63,7 @@ def _cuda_missing(asked: str) -> str:
     return f"device {asked!r} needs CUDA, but {why}; use device='cpu'."
 
 
-def parse_device(value, backend: str = "eager") -> str:
+def parse_device(value: str | None, backend: str = "eager") -> str:
     """'cpu', 'cuda', 'cuda:N' or 'mps', checked against this machine; None: the backend's own device."""
     if value is None:
         return vllm_device() if backend.startswith("vllm") else "cpu"

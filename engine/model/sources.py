@@ -19,6 +19,7 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterable
 
 from engine.core.errors import ModelNotFoundError, OptionError
 
@@ -66,7 +67,7 @@ def looks_like_path(name: str) -> bool:
             or name.count("/") > 1 or "\\" in name or os.path.isdir(name))
 
 
-def resolve(name, source: str = "auto", build: bool = True) -> ModelSource:
+def resolve(name: str | os.PathLike, source: str = "auto", build: bool = True) -> ModelSource:
     """Resolve `name` (a directory, or a repo id in any letter case) for `source`; build the zoo twin
     when it is the answer and `build` is set. Raises ModelNotFoundError / OptionError naming the fix."""
     check_source(source)
@@ -99,7 +100,7 @@ def resolve(name, source: str = "auto", build: bool = True) -> ModelSource:
     return ModelSource(canon, str(path), "zoo", canon, asked)
 
 
-def expand(patterns) -> list[str]:
+def expand(patterns: Iterable[str]) -> list[str]:
     """Model names for CLIs (`--models`): model directories (as absolute paths), zoo names in any
     case, and zoo globs; every zoo name when `patterns` is empty. Unknown names raise ValueError
     naming the closest zoo names. Nothing is built or loaded."""

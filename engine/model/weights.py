@@ -13,11 +13,17 @@ modules the same table names, so they are the tensors the points are defined aro
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable
 
 import torch
 
 from engine.core.errors import UnsupportedPointError
 from engine.model.paths import get_path
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
+
+    from engine.families.base import Family
 
 KINDS = {
     "sequential": "pre-norm: x + attn(norm(x)), then + mlp(norm(.))",
@@ -44,7 +50,7 @@ class BlockLayout:
         return f"{self.family}: {self.kind} ({KINDS[self.kind]})"
 
 
-def kind_of(fam) -> str:
+def kind_of(fam: Family) -> str:
     if fam.parallel:
         return "parallel"
     if fam.resid_mid_out:
@@ -54,7 +60,7 @@ def kind_of(fam) -> str:
     return "sequential"
 
 
-def logit_transforms(cfg) -> tuple[str, ...]:
+def logit_transforms(cfg: PretrainedConfig) -> tuple[str, ...]:
     """The same order engine.model.lens.unembed applies them."""
     out = []
     if getattr(cfg, "logits_scaling", None):
@@ -68,7 +74,7 @@ def logit_transforms(cfg) -> tuple[str, ...]:
     return tuple(out)
 
 
-def layout(fam, cfg, n_layers: int, mixer_of=None, moe_at=None) -> BlockLayout:
+def layout(fam: Family, cfg: PretrainedConfig, n_layers: int, mixer_of: Callable[[int], str] | None = None, moe_at: Callable[[int], bool] | None = None) -> BlockLayout:
     """mixer_of(layer) / moe_at(layer): per-layer facts from a module tree (None: from the config alone)."""
     fam = fam.for_config(cfg)
     mixers = tuple(mixer_of(i) for i in range(n_layers)) if mixer_of else ()

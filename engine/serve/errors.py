@@ -20,7 +20,7 @@ TYPES = {400: "BadRequestError", 401: "AuthenticationError", 404: "NotFoundError
 class ServeError(Exception):
     """An error response: HTTP status, a message saying what was wrong and the fix, the field."""
 
-    def __init__(self, status: int, message: str, param: str | None = None, headers: dict | None = None):
+    def __init__(self, status: int, message: str, param: str | None = None, headers: dict | None = None) -> None:
         super().__init__(message)
         self.status, self.message, self.param, self.headers = status, message, param, headers
 

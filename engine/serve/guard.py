@@ -36,7 +36,7 @@ async def _drain(receive) -> None:
 
 
 class Guard:
-    def __init__(self, app, api_key: str | None, max_body_bytes: int):
+    def __init__(self, app, api_key: str | None, max_body_bytes: int) -> None:
         self.app, self.api_key, self.max_body = app, api_key, max_body_bytes
 
     def _auth_error(self, headers: dict) -> str | None:
@@ -84,7 +84,7 @@ class Guard:
 
 
 class Ticket:
-    def __init__(self, adm: "Admission", n: int):
+    def __init__(self, adm: "Admission", n: int) -> None:
         self.adm, self.n, self.done = adm, n, False
 
     def release(self) -> None:
@@ -96,7 +96,7 @@ class Ticket:
 class Admission:
     """At most `limit` sequences in flight; enter(n) takes n slots or raises a 429."""
 
-    def __init__(self, limit: int):
+    def __init__(self, limit: int) -> None:
         self.limit, self.depth, self.rejected = limit, 0, 0
 
     def enter(self, n: int) -> Ticket:

@@ -192,7 +192,7 @@ class StreamRows:
     expected address has them (attention patterns, recomputed at the end, hold every row back to
     the final chunk), cut to the asked positions; the rest goes out with the final result."""
 
-    def __init__(self, spec: CaptureSpec, keys: list[str], prompt_len: int, budget: Budget):
+    def __init__(self, spec: CaptureSpec, keys: list[str], prompt_len: int, budget: Budget) -> None:
         self.spec, self.keys, self.prompt_len, self.budget = spec, set(keys), prompt_len, budget
         self.next = 0  # first position not sent yet (every address)
         self.pending: dict = {}  # address -> rows from self.next on

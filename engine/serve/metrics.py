@@ -14,7 +14,7 @@ ROUTES = ("/v1/completions", "/v1/chat/completions", "/v1/capture", "/v1/points"
 
 
 class Metrics:
-    def __init__(self):
+    def __init__(self) -> None:
         self.requests: Counter = Counter()  # (route, status) -> n
         self.latency_sum: Counter = Counter()  # route -> seconds
         self.prompt_tokens = self.generation_tokens = self.capture_bytes = 0
@@ -49,7 +49,7 @@ class Metrics:
 class Recorder:
     """Counts each response by route and status and adds its time to the route's latency sum."""
 
-    def __init__(self, app, metrics: Metrics):
+    def __init__(self, app, metrics: Metrics) -> None:
         self.app, self.metrics = app, metrics
 
     async def __call__(self, scope, receive, send):

@@ -17,7 +17,7 @@ class Offload:
     most `workers` jobs at once (the rest wait their turn without holding a thread), so the event
     loop stays free for other requests, /health and shutdown."""
 
-    def __init__(self, workers: int):
+    def __init__(self, workers: int) -> None:
         self.pool = concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="interp-serve")
         self.slots = asyncio.Semaphore(workers)
 

@@ -172,7 +172,7 @@ class Stream(StreamingResponse):
     """Server-sent events whose queue slot is given back however the stream ends (also when the
     client leaves before the first byte)."""
 
-    def __init__(self, body, ticket: Ticket):
+    def __init__(self, body, ticket: Ticket) -> None:
         super().__init__(body, media_type="text/event-stream", headers={"cache-control": "no-cache"})
         self.ticket = ticket
 

@@ -80,7 +80,7 @@ class Runner:
     backend: str
     forward_room = 0  # positions a forward over a prompt needs beyond it (vLLM: one, for the next token)
 
-    def __init__(self, model):
+    def __init__(self, model) -> None:
         self.model = model
         self.name = model.name
         self.tokenizer = model.tokenizer
@@ -157,11 +157,11 @@ class VLLMRunner(Runner):
     forward_room = 1
     PROBE_EVERY_S = 5.0  # /health runs at most one probe request per interval and reuses its verdict
 
-    def __init__(self, model):
+    def __init__(self, model) -> None:
         self.backend = model.backend
         super().__init__(model)
         self.unfinite: str | None = None  # sticky: once the engine computes inf / NaN it stays unhealthy
-        self._probed = (-math.inf, None)  # (when, verdict)
+        self._probed: tuple[float, str | None] = (-math.inf, None)  # (when, verdict)
         self._probe_lock: asyncio.Lock | None = None
         # the model runs in vLLM's own processes; here torch only cuts and copies small captures, and a
         # thread pool for that (waiting on busy cores) made each response's slicing ~20x slower
@@ -248,7 +248,7 @@ class EagerRunner(Runner):
     backend = "eager"
     REFUSED = ("stop", "stop_token_ids", "presence_penalty", "frequency_penalty", "min_p", "repetition_penalty")
 
-    def __init__(self, model):
+    def __init__(self, model) -> None:
         super().__init__(model)
         self.pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="interp-eager")
         self.shapes = self._probe_shapes()  # also resolves every site: checks on the event loop only read caches

@@ -50,7 +50,7 @@ class Detok:
     """Incremental detokenization of one sequence. Each push returns the text to send now: never a
     half-decoded character, and (with stop strings) never text a later stop string could cut."""
 
-    def __init__(self, tokenizer, stops: list[str] | None):
+    def __init__(self, tokenizer, stops: list[str] | None) -> None:
         self.tok, self.stops = tokenizer, stops
         self.hold = max(len(s) for s in stops) - 1 if stops else 0
         self.ids: list[int] = []

@@ -15,6 +15,7 @@ not serve is left out with the reason, never filled in by a different computatio
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any, Iterable
 
 import torch
 
@@ -40,7 +41,7 @@ class AttentionCapture:
         return torch.einsum("bqhk,bkhd->bqhd", p.to(v.dtype), v)
 
 
-def capture_attention(model, tokens, layers=None, pieces=tuple(PIECES)) -> AttentionCapture:
+def capture_attention(model: Any, tokens: Any, layers: Iterable[int] | None = None, pieces: Iterable[str] = tuple(PIECES)) -> AttentionCapture:
     """Scores, probabilities, per-head values and z of `layers` (default: every layer with softmax
     attention) in one forward over `tokens`."""
     unknown = [p for p in pieces if p not in PIECES]
@@ -66,7 +67,7 @@ def capture_attention(model, tokens, layers=None, pieces=tuple(PIECES)) -> Atten
                          f"{'; '.join(f'{a}: {w}' for a, w in out.missing.items())}")
     out.logits, cache = model.run_with_cache(tokens, want)
     for addr in want:
-        point, layer = addr.rsplit(".", 1)
+        point, at = addr.rsplit(".", 1)
         piece = next(k for k, v in PIECES.items() if v == point)
-        getattr(out, piece)[int(layer)] = cache[addr]
+        getattr(out, piece)[int(at)] = cache[addr]
     return out

@@ -14,7 +14,7 @@ L addresses x P positions costs ceil(L*P / batch_size) forwards.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 
@@ -39,7 +39,7 @@ class PatchResult:
             raise ValueError("the metric is the same on the clean and corrupted runs; nothing to normalize by.")
         return (self.values - self.corrupted) / span
 
-    def plot(self, ax=None, normalized: bool = True, title: str | None = None):
+    def plot(self, ax: Any = None, normalized: bool = True, title: str | None = None) -> Any:
         """A heatmap of the sweep (addresses x positions); returns the matplotlib Axes."""
         import matplotlib.pyplot as plt
         data = (self.normalized() if normalized else self.values).float().numpy()
@@ -55,7 +55,7 @@ class PatchResult:
         return ax
 
 
-def logit_diff(model, answer, wrong, position: int = -1) -> Callable:
+def logit_diff(model: Any, answer: int | str, wrong: int | str, position: int = -1) -> Callable:
     """Metric: logit of `answer` minus logit of `wrong` at `position` (token ids or single-token texts)."""
     a, b = _token_id(model, answer), _token_id(model, wrong)
 
@@ -81,8 +81,8 @@ def _one_prompt(model, prompt, what: str) -> list[int]:
     return rows[0]
 
 
-def patch_sweep(model, clean, corrupted, points="resid_pre", metric: Callable | None = None,
-                positions="each", batch_size: int = 32) -> PatchResult:
+def patch_sweep(model: Any, clean: Any, corrupted: Any, points: Any = "resid_pre", metric: Callable | None = None,
+                positions: Any = "each", batch_size: int = 32) -> PatchResult:
     """Patch each clean activation into the corrupted run, one (address, position) per batch row.
 
     points: a layer point name (every layer that has it) or a list of addresses (`z.3.head-1`...).

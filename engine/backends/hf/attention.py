@@ -23,10 +23,10 @@ class _Attached:
     """Handle of one callback attached to one attention module; remove() detaches that callback
     (by identity) and leaves the module clean once none is left."""
 
-    def __init__(self, module, point, fn):
+    def __init__(self, module, point, fn) -> None:
         self.module, self.point, self.fn = module, point, fn
 
-    def remove(self):
+    def remove(self) -> None:
         cbs = getattr(self.module, CALLBACKS_ATTR, None)
         if not cbs or self.point not in cbs:
             return

@@ -110,7 +110,7 @@ def _decode_layout(plans: list[Plan], mask: torch.Tensor, step: int) -> Layout:
 class EagerModel(ModelBase, WeightsMixin, TokensMixin):
     backend = "eager"
 
-    def __init__(self, name: str, hf, tokenizer, family: Family, source: str):
+    def __init__(self, name: str, hf, tokenizer, family: Family, source: str) -> None:
         self.name, self.hf, self.tokenizer, self.family, self.source = name, hf, tokenizer, family, source
         self.config = sites.text_config(hf)
         self.n_layers = len(sites.get_path(hf, family.layers))

@@ -106,10 +106,10 @@ class LogitsSite(Site):
 class _Stash:
     """Per-installation state handed from one hook of a site to the next within one forward."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.value = None
 
-    def put(self, v):
+    def put(self, v) -> None:
         self.value = v
 
     def take(self):

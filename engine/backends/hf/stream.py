@@ -14,6 +14,7 @@ from transformers.generation.streamers import BaseStreamer
 from engine.core.address import Address
 from engine.core.errors import InputError
 from engine.core.inputs import new_tokens, top_logprobs
+from engine.core.plan import Plan
 from engine.core.results import StreamStep
 
 _LOGITS = Address("lm_head")
@@ -30,7 +31,7 @@ def step_logprobs(logits_row: torch.Tensor, token: int, n: int) -> tuple[float, 
 
 
 class _Stop(StoppingCriteria):
-    def __init__(self):
+    def __init__(self) -> None:
         self.flag = False
 
     def __call__(self, input_ids, scores, **kw):
@@ -40,19 +41,20 @@ class _Stop(StoppingCriteria):
 class _Streamer(BaseStreamer):
     """Gets the prompt, then each new token, from HF generate (on the worker thread)."""
 
-    def __init__(self, model, n_logprobs: int, out: queue.Queue, rows: bool = True):
+    def __init__(self, model, n_logprobs: int, out: queue.Queue, rows: bool = True) -> None:
         self.model, self.n, self.out, self.want_rows = model, n_logprobs, out, rows
-        self.plan = None
+        self.plan: Plan | None = None
         self.seen_prompt = False
         self.index = 0
         self.sent: dict = {}  # capture key -> chunks already handed out
 
-    def put(self, value):
+    def put(self, value) -> None:
         if not self.seen_prompt:
             self.seen_prompt = True
             return
         token = int(value.reshape(-1)[0])
         plan = self.plan
+        assert plan is not None, "generate hands the plan over before the first token"
         chunks = plan.store.get(str(_LOGITS)) or []
         logprob, top = step_logprobs(chunks[-1][1][-1], token, self.n) if chunks else (None, {})
         rows = None
@@ -83,7 +85,7 @@ class _Streamer(BaseStreamer):
                 self.sent[("readout", name)] = start + parts[0].shape[0]
         return out or None
 
-    def end(self):
+    def end(self) -> None:
         pass
 
 

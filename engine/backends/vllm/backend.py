@@ -49,7 +49,7 @@ class VLLMModel:
     """The synchronous API over AsyncVLLMModel (same names as EagerModel's). `aio` is the async
     model itself, for use from an event loop."""
 
-    def __init__(self, aio: AsyncVLLMModel, loop: rt.Loop, report: rt.LoadReport):
+    def __init__(self, aio: AsyncVLLMModel, loop: rt.Loop, report: rt.LoadReport) -> None:
         self.aio, self._loop, self.load_report = aio, loop, report
         self.startup_s, self.kv_cache_bytes = report.startup_s, report.kv_cache_bytes
         self.tap_buffer_bytes = report.tap_buffer_bytes
@@ -74,7 +74,7 @@ class VLLMModel:
         return self.aio.prepend_bos
 
     @prepend_bos.setter
-    def prepend_bos(self, value):
+    def prepend_bos(self, value) -> None:
         self.aio.prepend_bos = value
 
     def __enter__(self):

@@ -15,7 +15,7 @@ from engine.core.errors import UnsupportedPointError
 
 
 class VLLMCatalogue:
-    def __init__(self, describes: list[dict], mode: Mode | str, declared: list[Address] | None):
+    def __init__(self, describes: list[dict], mode: Mode | str, declared: list[Address] | None) -> None:
         first = describes[0]
         self.mode = mode_for(mode) if isinstance(mode, str) else mode
         self.backend, self.declared = self.mode.name, declared

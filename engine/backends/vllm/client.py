@@ -106,7 +106,7 @@ class AsyncVLLMModel(ModelBase, TokensMixin):
     `home` (engine.backends.vllm.runtime.Loop): its coroutines run there, awaited from any loop."""
 
     def __init__(self, name: str, backend: "str | Mode", source: str, path: str, engine, catalogue: VLLMCatalogue | None,
-                 config, tokenizer, home=None):
+                 config, tokenizer, home=None) -> None:
         self._home = home
         self.mode = mode_for(backend) if isinstance(backend, str) else backend
         self.name, self.backend, self.source, self.path = name, self.mode.name, source, path
@@ -180,14 +180,14 @@ class AsyncVLLMModel(ModelBase, TokensMixin):
                                     f"and is not copied to the client; load the model with backend='eager' to read "
                                     f"weights.")
 
-    def W_O(self, layer):
+    def W_O(self, layer) -> None:
         self._weights_refused("W_O")
 
-    def W_down(self, layer):
+    def W_down(self, layer) -> None:
         self._weights_refused("W_down")
 
     @property
-    def W_U(self):
+    def W_U(self) -> None:
         self._weights_refused("W_U")
 
     def point_shape(self, addr: Address) -> tuple:

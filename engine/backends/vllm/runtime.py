@@ -160,7 +160,7 @@ class Loop:
     the call on the loop and lets it unwind before KeyboardInterrupt goes on. Once stopped, every
     call raises the closed error at once (never a wait on a loop that no longer runs)."""
 
-    def __init__(self, label: str = "the model"):
+    def __init__(self, label: str = "the model") -> None:
         self.label = label  # "<name> (<backend>)", for the closed error
         self.loop = asyncio.new_event_loop()
         self._guard = threading.Lock()

@@ -122,7 +122,7 @@ class HookSites:
 
     nbytes = 0
 
-    def __init__(self, state: "WorkerState"):
+    def __init__(self, state: "WorkerState") -> None:
         self.state = state
 
     def site_key(self, addr: Address) -> object:
@@ -148,7 +148,7 @@ class HookSites:
 class WorkerState:
     """What one rank holds: the registered plans, the sites they need and the current step."""
 
-    def __init__(self, runner, backend: str):
+    def __init__(self, runner, backend: str) -> None:
         from vllm.distributed import get_tensor_model_parallel_rank, get_tensor_model_parallel_world_size
         self.runner, self.backend = runner, backend
         self.model = runner.get_model()

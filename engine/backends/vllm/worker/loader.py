@@ -24,7 +24,7 @@ ERRORS_ATTR = "_interp_static_errors"  # declared address -> why it cannot be a 
 
 @register_model_loader(LOAD_FORMAT)
 class StaticTapLoader(DefaultModelLoader):
-    def __init__(self, load_config):
+    def __init__(self, load_config) -> None:
         extra = dict(load_config.model_loader_extra_config or {})
         self.declared = extra.pop(CONFIG_KEY, [])
         own = copy.copy(load_config)  # the weights themselves load exactly as vLLM's default would

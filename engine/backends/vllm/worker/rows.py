@@ -36,7 +36,7 @@ def apply_update(rows: dict, update: BatchUpdate) -> None:
 class RowMap(LogitsProcessor):
     """Tracks ROWS; argmax-invariant and the identity on logits."""
 
-    def __init__(self, vllm_config, device, is_pin_memory):
+    def __init__(self, vllm_config, device, is_pin_memory) -> None:
         ROWS.clear()
 
     def is_argmax_invariant(self) -> bool:

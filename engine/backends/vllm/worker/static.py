@@ -37,7 +37,7 @@ from engine.core.steering import overflowed, values_at
 class Tap:
     """Buffers and wrapper of one declared (point, layer)."""
 
-    def __init__(self, name: str, site: VSite, width: int, rows: int, writable: bool, device, dtype, index: int):
+    def __init__(self, name: str, site: VSite, width: int, rows: int, writable: bool, device, dtype, index: int) -> None:
         self.name, self.site, self.width, self.rows, self.writable = name, site, width, rows, writable
         self.dirty: tuple | None = None  # rows [lo, hi) the last step filled (None: identity everywhere)
         mod, p = site.module, f"_interp_tap{index}"
@@ -147,7 +147,7 @@ def width_of(site: VSite, point: str, d_model: int) -> int:
 class StaticTaps:
     """All taps of one engine, plus the per-step fill and harvest."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.taps: dict[str, Tap] = {}  # address str (no coords) -> Tap
         self.head_dim: dict[str, int] = {}
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import inspect
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, NoReturn
 
 import torch
 
@@ -268,7 +268,7 @@ class Ctx:
     rank: int = 0
     tp: int = 1
 
-    def absent(self, why: str):
+    def absent(self, why: str) -> NoReturn:
         where = "" if self.layer is None else f" at layer {self.layer}"
         raise UnsupportedPointError(f"{self.point!r}{where} is not served by vLLM's {type(self.model).__name__}: {why}")
 
