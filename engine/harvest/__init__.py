@@ -11,17 +11,25 @@ runner (one part's loop), workers (N local processes), dataset (reading it back)
 """
 from __future__ import annotations
 
+import os
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, Iterable
 
 from engine.harvest.dataset import HarvestDataset, hf_dataset, read_manifest, verify
 from engine.harvest.inputs import InputError
 from engine.harvest.manifest import MixingError, merge
 from engine.harvest.runner import Summary, run_part
 
+if TYPE_CHECKING:
+    from engine.backends.hf.eager import EagerModel
+    from engine.backends.vllm.backend import VLLMModel
+
 SAMPLE = Path(__file__).with_name("sample.txt")
 
 
-def harvest(model, points, data, out, *, workers: int = 1, part: tuple[int, int] | None = None, **kw):
+def harvest(model: str | EagerModel | VLLMModel, points: str | Iterable[str], data: str | os.PathLike[str],
+            out: str | os.PathLike[str], *, workers: int = 1, part: tuple[int, int] | None = None,
+            **kw: Any) -> Summary | list[Summary] | list[dict]:
     """Harvest `points` of `model` over the documents in `data` into `out`. One part: `part=(i, n)`
     (default (0, 1)); `workers=n`: every part, each in its own process when `model` is a name (one
     after another in this process when it is an already loaded model). kw: see run_part."""

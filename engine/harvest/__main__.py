@@ -80,7 +80,7 @@ def _saelens_line(ex) -> str:
             f"context_size={ex.context_size}, d_in={ex.d_in}")
 
 
-def main(argv=None) -> int:
+def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     from engine.harvest import SAMPLE, dataset, harvest, merge
     try:

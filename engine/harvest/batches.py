@@ -10,7 +10,10 @@ from __future__ import annotations
 import queue
 import threading
 from dataclasses import dataclass
-from typing import Iterable, Iterator, NamedTuple
+from typing import TYPE_CHECKING, Iterable, Iterator, NamedTuple
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 POSITIONS = ("all", "last")
 
@@ -42,7 +45,7 @@ class Batch:
         return sum(len(w.ids) for w in self.windows)
 
 
-def windows(docs: Iterable[tuple[int, str]], tokenizer, context: int, positions: str = "all",
+def windows(docs: Iterable[tuple[int, str]], tokenizer: PreTrainedTokenizerBase, context: int, positions: str = "all",
             start: Cursor = Cursor(0, 0), chunk: int = 64) -> Iterator[Window]:
     """Windows of each document. positions='all': consecutive non-overlapping windows of `context`
     tokens (a long document's later windows start without its earlier context); positions='last':

@@ -5,19 +5,25 @@ from __future__ import annotations
 
 import collections
 import time
-from typing import Iterable, Iterator
+from typing import TYPE_CHECKING, Iterable, Iterator, Mapping, Sequence, TypeGuard
 
 import torch
 
 from engine.core.address import Address
 from engine.core.points import get_point
 
+if TYPE_CHECKING:
+    from engine.backends.hf.eager import EagerModel
+    from engine.backends.vllm.backend import VLLMModel
+    from engine.core.readouts import Readout
+    from engine.harvest.batches import Batch
+
 
 class PointError(ValueError):
     """A point the harvester cannot store in fixed-width rows."""
 
 
-def addresses(model, points) -> list[str]:
+def addresses(model: EagerModel | VLLMModel, points: str | Iterable[str | Address]) -> list[str]:
     """Resolved address strings for `points` (bare names expand to every layer), checked against
     the loaded model; points whose width grows with the position are refused by name."""
     if isinstance(points, str):
@@ -33,7 +39,7 @@ def addresses(model, points) -> list[str]:
     return out
 
 
-def static_points(points) -> list[str]:
+def static_points(points: Iterable[str]) -> list[str]:
     """What a vllm-static engine must declare at load to serve `points` (whole points, no coordinates;
     negative layers and bare names are resolved by the backend)."""
     from engine.core.address import parse
@@ -49,7 +55,7 @@ def static_points(points) -> list[str]:
     return list(dict.fromkeys(out))
 
 
-def per_document(cache, lengths: list[int], keys: list[str]) -> list[dict[str, torch.Tensor]]:
+def per_document(cache: Mapping[str, torch.Tensor | Sequence[torch.Tensor]], lengths: list[int], keys: list[str]) -> list[dict[str, torch.Tensor]]:
     """Per-window {address: [pos, ...]} from a capture that is either a right-padded [b, pos, ...]
     tensor (eager's forward) or a list of [pos, ...] tensors per key (vLLM's per-request results)."""
     out: list[dict] = [{} for _ in lengths]
@@ -63,7 +69,7 @@ def per_document(cache, lengths: list[int], keys: list[str]) -> list[dict[str, t
     return out
 
 
-def readouts_of(model, readouts) -> list:
+def readouts_of(model: EagerModel | VLLMModel, readouts: Iterable[Readout]) -> list[Readout]:
     """Readouts checked for a harvest: per-position kinds only (one row per token, like a point),
     checked against the model."""
     from engine.core.readouts import ReadoutError, validate_readouts
@@ -96,11 +102,11 @@ def _readout_rows(values: dict, lengths: list[int], readouts: list, out: list[di
                 out[i][name] = t.cpu()
 
 
-def is_vllm(model) -> bool:
+def is_vllm(model: object) -> TypeGuard[VLLMModel]:
     return str(getattr(model, "backend", "eager")).startswith("vllm")
 
 
-def forward(model, windows: list[list[int]], keys: list[str], sink: str | None = None,
+def forward(model: EagerModel | VLLMModel, windows: list[list[int]], keys: list[str], sink: str | None = None,
             readouts: tuple | list = ()) -> list[dict[str, torch.Tensor]]:
     """Forward a batch of token windows; per window {address: [pos, ...] CPU tensor}.
     vLLM: one continuous batch (a 1-token request per window, no logits), the rows handed over
@@ -129,7 +135,7 @@ def forward(model, windows: list[list[int]], keys: list[str], sink: str | None =
     return docs
 
 
-def pipelined(model, stream: Iterable, keys: list[str], depth: int, sink: str | None = None,
+def pipelined(model: EagerModel | VLLMModel, stream: Iterable[Batch], keys: list[str], depth: int, sink: str | None = None,
               readouts: tuple | list = ()) -> Iterator[tuple]:
     """(batch, forward(batch), seconds waited for it) for each batch of `stream`, in order, with up to
     `depth` batches in the engine at once: vLLM computes the next batch while this process stores

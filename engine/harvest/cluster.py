@@ -19,8 +19,12 @@ import collections
 import os
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from engine.harvest import manifest as mf
+
+if TYPE_CHECKING:
+    from ray.actor import ActorHandle
 
 RAY_HINT = "pip install ray==2.60.0 (pinned in pyproject.toml; scripts/setup.sh installs it)"
 
@@ -56,7 +60,7 @@ class Harvester:
         import multiprocessing
         return [os.getpid(), *(p.pid for p in multiprocessing.active_children() if p.pid is not None)]
 
-    def run(self, part: tuple[int, int], tally) -> dict:
+    def run(self, part: tuple[int, int], tally: ActorHandle[Tally]) -> dict:
         from engine.harvest.runner import run_part
         kw = {k: v for k, v in self.kwargs.items() if k not in ("model", "progress", "merge")}
         s = run_part(self.model, part=(int(part[0]), int(part[1])), progress=lambda n: tally.add.remote(n), merge=False, **kw)

@@ -5,16 +5,20 @@ from __future__ import annotations
 
 import bisect
 import hashlib
+import os
 from pathlib import Path
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterable, Iterator
 
 import torch
 
 from engine.harvest import manifest as mf
 from engine.harvest.shards import INDEX_COLUMNS
 
+if TYPE_CHECKING:
+    from datasets import Dataset, IterableDataset
 
-def read_manifest(out) -> dict:
+
+def read_manifest(out: str | os.PathLike[str]) -> dict:
     """OUT/manifest.json; a clear error when the harvest is missing or not finished."""
     out = Path(out)
     path = out / mf.MANIFEST
@@ -29,7 +33,7 @@ def read_manifest(out) -> dict:
     return mf.read(path)
 
 
-def verify(out) -> list[str]:
+def verify(out: str | os.PathLike[str]) -> list[str]:
     """Problems found by re-hashing every shard against the manifest ([] when all are intact)."""
     out = Path(out)
     bad = []
@@ -47,7 +51,7 @@ class HarvestDataset(torch.utils.data.Dataset):
     [*shape] tensor per harvested address and readout column}. Shards load lazily, one at a time: read in order (or
     shuffle within `iter_shards()` blocks) for speed."""
 
-    def __init__(self, out, points=None) -> None:
+    def __init__(self, out: str | os.PathLike[str], points: Iterable[str] | None = None) -> None:
         self.out = Path(out)
         self.manifest = read_manifest(self.out)
         have = self.manifest["resolved"]["addresses"] + self.manifest["resolved"].get("readouts", [])
@@ -96,7 +100,8 @@ def _features(manifest: dict, points: list[str]):
     return Features(feats)
 
 
-def hf_dataset(out, points=None, streaming: bool = False, cache_dir=None):
+def hf_dataset(out: str | os.PathLike[str], points: Iterable[str] | None = None, streaming: bool = False,
+               cache_dir: str | None = None) -> Dataset | IterableDataset:
     """The harvest through the `datasets` library: an IterableDataset reading the shards (streaming)
     or a Dataset materialized into the datasets cache (Arrow; bfloat16 becomes float32)."""
     import datasets

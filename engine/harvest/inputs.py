@@ -38,7 +38,7 @@ class Source:
         return f.name if self.root.is_file() else str(f.relative_to(self.root))
 
 
-def open_source(path, text_field: str = "text") -> Source:
+def open_source(path: str | os.PathLike[str], text_field: str = "text") -> Source:
     """Check `path` and list its files; every error says what was expected."""
     root = Path(path).expanduser()
     if not root.exists():

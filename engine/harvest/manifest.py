@@ -20,6 +20,7 @@ import json
 import os
 import time
 from pathlib import Path
+from typing import Any, Iterator
 
 from engine.core.files import write_atomic
 
@@ -45,7 +46,7 @@ def now() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 
-def dumps(obj) -> bytes:
+def dumps(obj: Any) -> bytes:
     return (json.dumps(obj, indent=1, sort_keys=True) + "\n").encode()
 
 
@@ -91,7 +92,7 @@ def check_out(out: Path, identity: dict) -> dict | None:
 
 
 @contextlib.contextmanager
-def exclusive(directory: Path):
+def exclusive(directory: Path) -> Iterator[None]:
     """Hold the part's lock: two processes writing one part (a retried array task next to the
     original, a command started twice) would interleave shards, so the second one is refused."""
     fd = os.open(Path(directory) / ".lock", os.O_RDWR | os.O_CREAT, 0o644)

@@ -17,7 +17,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
 
 import torch
 
@@ -25,6 +25,13 @@ from engine.core.files import remove_temps
 from engine.harvest import batches, capture, inputs
 from engine.harvest import manifest as mf
 from engine.harvest.shards import DTYPES, INDEX_COLUMNS, Pending, ShardBuffer, ShardWriter, WriterStats
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+    from engine.backends.hf.eager import EagerModel
+    from engine.backends.vllm.backend import VLLMModel
+    from engine.core.readouts import Readout
 
 log = logging.getLogger("engine.harvest")
 MODEL_DTYPES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16",
@@ -56,7 +63,7 @@ SHM = Path("/dev/shm")
 
 
 @contextlib.contextmanager
-def sink_dir(model, flow: Flow):
+def sink_dir(model: EagerModel | VLLMModel, flow: Flow) -> Iterator[str | None]:
     """The shared-memory directory vLLM's workers hand rows through for this run (None: inline)."""
     if flow.handoff != "shm" or not capture.is_vllm(model) or not SHM.is_dir():
         yield None
@@ -106,7 +113,7 @@ class Summary:
         return self.tokens / self.seconds if self.seconds else 0.0
 
 
-def tokenizer_digest(tok) -> str:
+def tokenizer_digest(tok: PreTrainedTokenizerBase) -> str:
     """sha256 of the vocabulary, the special tokens and the encoding of a probe string."""
     h = hashlib.sha256()
     h.update(json.dumps(sorted(tok.get_vocab().items())).encode())
@@ -151,7 +158,8 @@ def _settings(backend, positions, shard_tokens, dtype, context, batch_tokens, mo
     return batch_tokens, MODEL_DTYPES[model_dtype]
 
 
-def load(name: str, backend: str, model_dtype: str, points, context: int, batch_tokens: int, load_kw: dict):
+def load(name: str, backend: str, model_dtype: str, points: list[str], context: int, batch_tokens: int,
+         load_kw: dict | None) -> EagerModel | VLLMModel:
     """Load the model for harvesting: vLLM sized for 1-token requests of up to `context` tokens,
     vllm-static declaring exactly the harvested points."""
     from engine import load_model
@@ -164,8 +172,9 @@ def load(name: str, backend: str, model_dtype: str, points, context: int, batch_
     return load_model(name, backend=backend, dtype=getattr(torch, model_dtype), **kw)
 
 
-def load_for(model: str, points, backend: str = "vllm", model_dtype: str = "float32", context: int = 256,
-             batch_tokens: int | None = None, load_kw: dict | None = None, **_run_options):
+def load_for(model: str, points: str | Iterable[str], backend: str = "vllm", model_dtype: str = "float32", context: int = 256,
+             batch_tokens: int | None = None, load_kw: dict | None = None,
+             **_run_options: Any) -> EagerModel | VLLMModel:
     """The model run_part would load for these harvest options (a Ray actor loads it once and runs
     many parts on it); run_part's other options are accepted and ignored."""
     if model_dtype not in MODEL_DTYPES:
@@ -201,11 +210,12 @@ def _progress(enabled: bool, part: tuple[int, int]):
                 desc=f"harvest part {i}/{n}" if n > 1 else "harvest", position=i if n > 1 else 0, leave=True)
 
 
-def run_part(model, points, data, out, *, backend: str = "vllm", positions: str = "all",
+def run_part(model: str | EagerModel | VLLMModel, points: str | Iterable[str], data: str | os.PathLike[str],
+             out: str | os.PathLike[str], *, backend: str = "vllm", positions: str = "all",
              shard_tokens: int = 65536, dtype: str = "fp32", context: int = 256, batch_tokens: int | None = None,
              part: tuple[int, int] = (0, 1), text_field: str = "text", model_dtype: str = "float32",
              progress: bool | Callable[[int], None] = True, load_kw: dict | None = None, merge: bool = True,
-             flow: Flow | None = None, readouts=()) -> Summary:
+             flow: Flow | None = None, readouts: Iterable[Readout] = ()) -> Summary:
     """Harvest part `part` = (i, N) of the input into OUT (see engine.harvest for the layout).
     `readouts` (engine.core.readouts.Readout, per-position kinds) are stored instead of (or beside)
     raw rows: a column per readout (`name`, or `name.indices` / `name.values` for top-k ones).
@@ -239,7 +249,7 @@ def run_part(model, points, data, out, *, backend: str = "vllm", positions: str 
         return Summary(out, part, "complete", merged=merged)
 
     owned = isinstance(model, str)
-    if owned:
+    if isinstance(model, str):
         model = load(name, backend, model_dtype, requested + [str(r.address) for r in reads], context, batch_tokens,
                      load_kw)
     try:

@@ -17,6 +17,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import torch
 
@@ -90,7 +91,7 @@ class WriterStats:
 class ShardWriter:
     """Writes shards on a thread, in order, then records each in the manifest (`on_written`)."""
 
-    def __init__(self, directory: Path, on_written, metadata: dict[str, str], depth: int = 2) -> None:
+    def __init__(self, directory: Path, on_written: Callable[[dict, bool], None], metadata: dict[str, str], depth: int = 2) -> None:
         self.directory, self.on_written, self.metadata = directory, on_written, metadata
         self.queue: queue.Queue = queue.Queue(maxsize=depth)
         self.error: BaseException | None = None

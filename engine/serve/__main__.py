@@ -53,7 +53,7 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv=None) -> int:
+def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(name)s: %(message)s")
     logging.getLogger("engine.vllm").propagate = False  # it has its own handler: its load report once, not twice

@@ -4,6 +4,7 @@ auth and the body limit (engine/serve/guard.py)."""
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING
 
 from fastapi import FastAPI
 from starlette.exceptions import HTTPException
@@ -14,10 +15,13 @@ from engine.serve.errors import ServeError, payload, response
 from engine.serve.guard import Admission, BodyTooLarge, Guard
 from engine.serve.metrics import Metrics, Recorder
 
+if TYPE_CHECKING:
+    from engine.serve.runner import Runner
+
 log = logging.getLogger("engine.serve")
 
 
-def build_app(runner, served: list[str] | None = None, api_key: str | None = None, max_body_bytes: int = 16 << 20,
+def build_app(runner: Runner, served: list[str] | None = None, api_key: str | None = None, max_body_bytes: int = 16 << 20,
               max_pending: int = 256, max_capture_bytes: int = 256 << 20, max_tokens_limit: int | None = None,
               chat_template: str | None = None, max_response_bytes: int | None = 256 << 20,
               cpu_workers: int = 2, sae_dir: str | None = None) -> FastAPI:

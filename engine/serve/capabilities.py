@@ -3,12 +3,17 @@ definitions from engine/core/points.py, where each point exists from the backend
 every refusal in the engine's own words). Built once at startup."""
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Callable
+
 from engine.core.address import Address
 from engine.core.points import POINTS, backend_status
 from engine.core.steering import Steer
 
+if TYPE_CHECKING:
+    from engine.serve.runner import Runner
 
-def _refusal(fn) -> str | None:
+
+def _refusal(fn: Callable[[], object]) -> str | None:
     try:
         fn()
         return None
@@ -16,7 +21,7 @@ def _refusal(fn) -> str | None:
         return str(e)
 
 
-def table(runner) -> dict:
+def table(runner: Runner) -> dict:
     m = runner.catalogue
     rows = []
     for p in POINTS:

@@ -16,6 +16,7 @@ import json
 import math
 import re
 import uuid
+from typing import Any
 
 import torch
 
@@ -80,7 +81,7 @@ def decode(obj: dict) -> torch.Tensor:
     return torch.frombuffer(bytearray(raw), dtype=dtype).reshape(shape)
 
 
-def from_list(data, dtype=torch.float32) -> torch.Tensor:
+def from_list(data: float | list, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """A tensor from a number or nested lists of numbers; ValueError for ragged or non-numeric data."""
     def bad(x):
         return isinstance(x, bool) or not isinstance(x, (int, float, list))
@@ -105,7 +106,7 @@ def from_list(data, dtype=torch.float32) -> torch.Tensor:
         raise ValueError(f"a number does not fit {str(dtype).replace('torch.', '')} ({e})") from None
 
 
-def value_in(v) -> "torch.Tensor | float | None":
+def value_in(v: Any) -> "torch.Tensor | float | None":
     """A steering value from JSON: null, a number (scale), nested lists, or a tensor object."""
     if v is None:
         return None
@@ -132,7 +133,7 @@ class Base64(str):
     escaping), which `json_bytes` relies on to splice it in without the encoder scanning it."""
 
 
-def json_bytes(obj) -> bytes:
+def json_bytes(obj: Any) -> bytes:
     """`json.dumps(obj, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode()`, byte for
     byte, without the JSON encoder scanning the base64 texts of captures (megabytes per response, the
     largest CPU cost of a capturing request on the server): each `Base64` is replaced by a

@@ -10,8 +10,12 @@ from __future__ import annotations
 
 import hmac
 import json
+from typing import TYPE_CHECKING
 
 from engine.serve.errors import ServeError, payload
+
+if TYPE_CHECKING:
+    from starlette.types import ASGIApp
 
 PROTECTED = ("/v1/", "/metrics")  # /health stays open for load balancers
 
@@ -36,7 +40,7 @@ async def _drain(receive) -> None:
 
 
 class Guard:
-    def __init__(self, app, api_key: str | None, max_body_bytes: int) -> None:
+    def __init__(self, app: ASGIApp, api_key: str | None, max_body_bytes: int) -> None:
         self.app, self.api_key, self.max_body = app, api_key, max_body_bytes
 
     def _auth_error(self, headers: dict) -> str | None:

@@ -15,6 +15,7 @@ model comes back as `resid_post.3`), as in the library's ActivationCache.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -24,6 +25,10 @@ from engine.core.readouts import Project, TopK
 from engine.serve import encoding
 from engine.serve.errors import ServeError, from_engine
 from engine.serve.schemas import CaptureSpec, Interp, StopSpec
+
+if TYPE_CHECKING:
+    from engine.core.results import Receipt
+    from engine.serve.runner import Runner
 
 
 @dataclass
@@ -46,7 +51,7 @@ class Asked:
         return self.spec is not None and self.spec.reduction == "none" and bool(self.points)
 
 
-def check(runner, interp: Interp | None, calls: list[tuple[int, int]]) -> Asked:
+def check(runner: Runner, interp: Interp | None, calls: list[tuple[int, int]]) -> Asked:
     """Validate `interp` for calls of (prompt length, new tokens) (0 new tokens: a forward)."""
     if interp is None:
         return Asked()
@@ -92,7 +97,7 @@ def check(runner, interp: Interp | None, calls: list[tuple[int, int]]) -> Asked:
     return Asked(points, steers, spec, strict=interp.strict, steer_addresses=addresses, readouts=readouts, stop=stop)
 
 
-def stop_score(stop: StopSpec, value) -> float:
+def stop_score(stop: StopSpec, value: torch.Tensor | TopK) -> float:
     """The score a stop reads from a step's readout (rows of the forward that produced a token): its
     last row; a sparse readout scores `index` by its value when among the top k (else -inf), or its
     top value."""
@@ -230,7 +235,7 @@ class StreamRows:
                  "captures": {k: encoding.encode(t, self.spec.encoding) for k, t in cut.items()}}, nbytes)
 
 
-def canonical(runner, points: list[str]) -> list[str]:
+def canonical(runner: Runner, points: list[str]) -> list[str]:
     """The cache keys a capture list produces (expanded, absolute layers), in order."""
     out = []
     for p in points:
@@ -238,6 +243,6 @@ def canonical(runner, points: list[str]) -> list[str]:
     return list(dict.fromkeys(out))
 
 
-def receipts(res) -> list[dict]:
+def receipts(res: list[Receipt]) -> list[dict]:
     """A result's receipts as JSON, one per interp.steer entry (in order)."""
     return [r.as_json() for r in res]

@@ -8,6 +8,10 @@ from __future__ import annotations
 
 import time
 from collections import Counter
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from starlette.types import ASGIApp
 
 ROUTES = ("/v1/completions", "/v1/chat/completions", "/v1/capture", "/v1/points", "/v1/models", "/health",
           "/metrics")
@@ -49,7 +53,7 @@ class Metrics:
 class Recorder:
     """Counts each response by route and status and adds its time to the route's latency sum."""
 
-    def __init__(self, app, metrics: Metrics) -> None:
+    def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
         self.app, self.metrics = app, metrics
 
     async def __call__(self, scope, receive, send):

@@ -6,10 +6,13 @@ import asyncio
 import concurrent.futures
 import contextlib
 import functools
+from typing import Awaitable, TypeVar
 
 from starlette.requests import Request
 
 from engine.serve.errors import ServeError
+
+_T = TypeVar("_T")
 
 
 class Offload:
@@ -31,7 +34,7 @@ async def _disconnected(request: Request) -> None:
         pass
 
 
-async def unless_gone(request: Request, coro):
+async def unless_gone(request: Request, coro: Awaitable[_T]) -> _T:
     """Await `coro` while the client is connected; when it leaves first, cancel the work (the vLLM
     engine aborts its requests) and answer nothing useful (nobody reads it)."""
     work = asyncio.ensure_future(coro)

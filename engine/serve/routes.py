@@ -22,9 +22,10 @@ import re
 import time
 import uuid
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, AsyncGenerator, Awaitable, Iterable, TypeVar, cast
 
 from fastapi import FastAPI, Request
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 
 from engine.core.errors import SteeringError
@@ -36,6 +37,14 @@ from engine.serve.metrics import Metrics
 from engine.serve.offload import Offload, unless_gone
 from engine.serve.runner import Job, Runner
 from engine.serve.schemas import CaptureRequest, CaptureSpec, ChatRequest, CompletionRequest
+
+if TYPE_CHECKING:
+    from engine.core.results import RequestResult
+    from engine.serve.runner import Capture, Event
+    from engine.serve.schemas import Sampling
+
+_B = TypeVar("_B", bound=BaseModel)
+_T = TypeVar("_T")
 
 
 @dataclass
@@ -58,7 +67,7 @@ class Context:
 
 
 # -- parsing and checking (on the Offload threads) ----------------------------------------------------
-def parse(raw: bytes, cls, ctx: "Context | None" = None):
+def parse(raw: bytes, cls: type[_B], ctx: "Context | None" = None) -> _B:
     if not raw.strip():
         raise ServeError(400, "request body is empty; send a JSON object")
     try:
@@ -101,7 +110,7 @@ def tokenize(ctx: Context, prompts: list) -> list[list[int]]:
     return out
 
 
-def check_sampling(ctx: Context, req) -> None:
+def check_sampling(ctx: Context, req: Sampling) -> None:
     """What the engine would refuse late (or crash on): token ids outside the vocabulary."""
     vocab = ctx.runner.limits.vocab_size
     for i, t in enumerate(req.stop_token_ids or ()):
@@ -111,7 +120,7 @@ def check_sampling(ctx: Context, req) -> None:
                              "stop_token_ids")
 
 
-def budget(ctx: Context, req, prompt_len: int, default: int | None) -> int:
+def budget(ctx: Context, req: Sampling, prompt_len: int, default: int | None) -> int:
     """max_tokens for one prompt, checked against the model's positions and the server's cap."""
     room = None if ctx.runner.max_model_len is None else ctx.runner.max_model_len - prompt_len
     if room is not None and room < 1:
@@ -141,7 +150,7 @@ def steer_param(e: BaseException, asked: "interp.Asked | None") -> str | None:
     return "interp.steer" if asked.steers else None
 
 
-async def guarded(coro, asked: "interp.Asked | None" = None):
+async def guarded(coro: Awaitable[_T], asked: "interp.Asked | None" = None) -> _T:
     """Run one engine call: the engine's refusals become 400s naming what it refused (a steer that
     failed inside the forward, e.g. its result overflowed, or a strict steer that touched nothing,
     names that steer)."""
@@ -158,21 +167,21 @@ async def guarded(coro, asked: "interp.Asked | None" = None):
         raise
 
 
-async def gather_all(coros) -> list:
+async def gather_all(coros: Iterable[Awaitable[_T]]) -> list[_T]:
     """Every call runs to its end (a failed one never leaves the others running unaccounted); the
     first failure is raised."""
     out = await asyncio.gather(*coros, return_exceptions=True)
     for r in out:
         if isinstance(r, BaseException):
             raise r
-    return out
+    return cast("list[_T]", out)
 
 
 class Stream(StreamingResponse):
     """Server-sent events whose queue slot is given back however the stream ends (also when the
     client leaves before the first byte)."""
 
-    def __init__(self, body, ticket: Ticket) -> None:
+    def __init__(self, body: AsyncGenerator[str, None], ticket: Ticket) -> None:
         super().__init__(body, media_type="text/event-stream", headers={"cache-control": "no-cache"})
         self.ticket = ticket
 
@@ -183,12 +192,12 @@ class Stream(StreamingResponse):
             self.ticket.release()
 
 
-def sse(obj) -> str:
+def sse(obj: dict) -> str:
     return f"data: {json.dumps(obj, separators=(',', ':'))}\n\n"
 
 
 # -- generation (completions and chat) -----------------------------------------------------------------
-def fed(res) -> int:
+def fed(res: RequestResult) -> int:
     """Positions a generation ran the model on: the prompt, then every new token but the last."""
     return res.prompt_ids.shape[0] + max(res.new_tokens.shape[0] - 1, 0)
 
@@ -210,13 +219,13 @@ class Gen:
     def model(self) -> str:
         return self.req.model
 
-    def finish(self, i: int, res):
+    def finish(self, i: int, res: RequestResult) -> tuple[str, str, str | int | None]:
         r, j = self.req, self.jobs[i]
         tok = self.ctx.runner.tokenizer
         return text.finish(res, j.max_tokens, len(j.prompt), self.ctx.runner.max_model_len, r.stop,
                            r.stop_token_ids, tok.eos_token_id, r.ignore_eos)
 
-    def interp_block(self, i: int, res, rows_payload: dict | None = None,
+    def interp_block(self, i: int, res: RequestResult, rows_payload: dict | None = None,
                      budget: interp.Budget | None = None) -> dict | None:
         if self.req.interp is None:
             return None
@@ -234,7 +243,7 @@ class Gen:
             self.ctx.metrics.capture_bytes += n
         return block
 
-    def response(self, results) -> bytes:
+    def response(self, results: list[RequestResult]) -> bytes:
         """The non-streamed answer, encoded (on an Offload thread)."""
         choices, budget = [], self.ctx.budget()
         for i, res in enumerate(results):
@@ -251,7 +260,7 @@ class Gen:
         return dumps({"id": self.rid, "object": "chat.completion" if self.chat else "text_completion",
                       "created": self.created, "model": self.model, "choices": choices, "usage": self.usage(results)})
 
-    def usage(self, results) -> dict:
+    def usage(self, results: list[RequestResult]) -> dict:
         return self.usage_of([r.new_tokens.tolist() for r in results])
 
     def usage_of(self, tokens: list) -> dict:
@@ -259,16 +268,17 @@ class Gen:
         c = sum(len(t) for t in tokens)
         return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
 
-    def chunk(self, choices: list, usage=None) -> dict:
+    def chunk(self, choices: list, usage: dict | None = None) -> dict:
         out = {"id": self.rid, "object": "chat.completion.chunk" if self.chat else "text_completion",
                "created": self.created, "model": self.model, "choices": choices}
         if usage is not None:
             out["usage"] = usage
         return out
 
-    def choice_delta(self, i: int, delta: str | None, finish=None, stop_reason=None, block=None, role=False):
+    def choice_delta(self, i: int, delta: str | None, finish: str | None = None, stop_reason: str | int | None = None,
+                     block: dict | None = None, role: bool = False) -> dict:
         if self.chat:
-            d = {}
+            d: dict[str, str] = {}
             if role:
                 d["role"] = "assistant"
             if delta is not None:
@@ -283,11 +293,11 @@ class Gen:
         return c
 
 
-def dumps(obj) -> bytes:
+def dumps(obj: Any) -> bytes:
     return encoding.json_bytes(obj)  # captures' base64 spliced in, not scanned (engine/serve/encoding.py)
 
 
-def prepare(ctx: Context, raw: bytes, cls, chat: bool) -> Gen:
+def prepare(ctx: Context, raw: bytes, cls: type[Sampling], chat: bool) -> Gen:
     """A generation request parsed and checked in full (on an Offload thread)."""
     req = parse(raw, cls, ctx)
     check_model(ctx, req.model)
@@ -315,7 +325,7 @@ def prepare(ctx: Context, raw: bytes, cls, chat: bool) -> Gen:
                int(time.time()))
 
 
-async def generation(request: Request, cls, chat: bool):
+async def generation(request: Request, cls: type[Sampling], chat: bool) -> Response:
     ctx: Context = request.app.state.ctx
     g = await ctx.offload(prepare, ctx, await request.body(), cls, chat)
     ticket = ctx.admission.enter(len(g.jobs))
@@ -330,7 +340,7 @@ async def generation(request: Request, cls, chat: bool):
     return Response(await ctx.offload(g.response, results), media_type="application/json")
 
 
-async def merged(gens: list):
+async def merged(gens: list[AsyncGenerator[_T, None]]) -> AsyncGenerator[tuple[int, _T], None]:
     """(index, item) from several async iterators as items arrive."""
     if len(gens) == 1:
         async with contextlib.aclosing(gens[0]) as it:
@@ -364,7 +374,7 @@ async def merged(gens: list):
             t.cancel()
 
 
-async def guarded_stream(events, asked: interp.Asked):
+async def guarded_stream(events: AsyncGenerator[Event, None], asked: interp.Asked) -> AsyncGenerator[Event, None]:
     """A runner's stream whose engine refusals are 400s naming the field (as `guarded`)."""
     async with contextlib.aclosing(events) as it:
         while True:
@@ -375,7 +385,7 @@ async def guarded_stream(events, asked: interp.Asked):
             yield ev
 
 
-async def stream_events(g: Gen):
+async def stream_events(g: Gen) -> AsyncGenerator[str, None]:
     """The SSE body: a chunk per token (text deltas that add up to the final text), capture rows as
     the engine produces them, then the finish reason and the interp block, usage, [DONE]."""
     ctx, req = g.ctx, g.req
@@ -444,7 +454,7 @@ async def stream_events(g: Gen):
 
 
 # -- capture -----------------------------------------------------------------------------------------------
-def prepare_capture(ctx: Context, raw: bytes):
+def prepare_capture(ctx: Context, raw: bytes) -> tuple[CaptureRequest, list[list[int]], interp.Asked]:
     req = parse(raw, CaptureRequest, ctx)
     check_model(ctx, req.model)
     prompts = tokenize(ctx, req.prompt)
@@ -463,7 +473,8 @@ def prepare_capture(ctx: Context, raw: bytes):
     return req, prompts, asked
 
 
-def capture_response(ctx: Context, req, prompts, asked, results) -> tuple[bytes, int]:
+def capture_response(ctx: Context, req: CaptureRequest, prompts: list[list[int]], asked: interp.Asked,
+                     results: list[Capture]) -> tuple[bytes, int]:
     spec = asked.spec or CaptureSpec.model_construct(points=[], positions="all", reduction="none", encoding="base64")
     data, budget = [], ctx.budget()
     for i, (p, (cache, logits, receipts, readouts)) in enumerate(zip(prompts, results)):
@@ -480,7 +491,7 @@ def capture_response(ctx: Context, req, prompts, asked, results) -> tuple[bytes,
                   "usage": {"prompt_tokens": n, "total_tokens": n}}), budget.raw_used
 
 
-async def capture(request: Request):
+async def capture(request: Request) -> Response:
     ctx: Context = request.app.state.ctx
     req, prompts, asked = await ctx.offload(prepare_capture, ctx, await request.body())
     ticket = ctx.admission.enter(len(prompts))

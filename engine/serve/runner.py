@@ -20,15 +20,26 @@ import signal
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import AsyncIterator
+from typing import TYPE_CHECKING, Any, AsyncGenerator, Coroutine, Sequence, cast
 
 import torch
 
 from engine.core.inputs import limits_of, token_rows
 from engine.core.points import KEY_AXIS_POINTS
-from engine.core.results import Request, RequestResult
+from engine.core.results import Receipt, Request, RequestResult
 from engine.core.steering import Steer, values_at
 from engine.serve.errors import ServeError
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+    from uvicorn import Server
+
+    from engine.backends.hf.eager import EagerModel
+    from engine.backends.vllm.backend import VLLMModel
+    from engine.backends.vllm.client import AsyncVLLMModel
+    from engine.core.address import Address
+    from engine.core.readouts import Readout
+    from engine.serve.schemas import Sampling
 
 
 @dataclass
@@ -53,6 +64,9 @@ class Event:
     readouts: dict | None = None  # the per-position readouts of the forward that produced this token
 
 
+# what Runner.capture returns: ({address: [P, ...]}, logits [P, vocab] or None, receipts, {readout name: value})
+Capture = tuple[dict[str, torch.Tensor], "torch.Tensor | None", list[Receipt], dict]
+
 _SAMPLING = ("top_p", "top_k", "min_p", "seed", "stop", "stop_token_ids", "presence_penalty", "frequency_penalty",
              "repetition_penalty")
 
@@ -69,7 +83,7 @@ def _knobs(s: dict) -> dict:
     return s
 
 
-def longest_token(tokenizer) -> int:
+def longest_token(tokenizer: PreTrainedTokenizerBase | None) -> int:
     """Characters in the longest vocabulary entry: no token decodes to more (byte-level and
     SentencePiece entries spell each byte or character with at least one character)."""
     vocab = tokenizer.get_vocab() if tokenizer is not None else {}
@@ -80,7 +94,7 @@ class Runner:
     backend: str
     forward_room = 0  # positions a forward over a prompt needs beyond it (vLLM: one, for the next token)
 
-    def __init__(self, model) -> None:
+    def __init__(self, model: EagerModel | VLLMModel) -> None:
         self.model = model
         self.name = model.name
         self.tokenizer = model.tokenizer
@@ -91,7 +105,7 @@ class Runner:
         self.max_prompt_chars = math.inf if n is None else n * longest_token(self.tokenizer)
 
     @property
-    def catalogue(self):
+    def catalogue(self) -> EagerModel | AsyncVLLMModel:
         """The object the engine checks addresses and steers on."""
         return self.model
 
@@ -100,18 +114,18 @@ class Runner:
         return self.limits.max_positions
 
     # -- checks (the engine's own) ------------------------------------------------------------------
-    def tokenize(self, prompt) -> list[int]:
+    def tokenize(self, prompt: str | list[int]) -> list[int]:
         with self.tokenizer_lock:
             return token_rows(prompt, self.tokenizer, self.limits, one=True)[0]
 
-    def check_point(self, p: str):
+    def check_point(self, p: str) -> list[Address]:
         return self.catalogue.expand([p])
 
     def check_steer(self, st: Steer) -> Steer:
         # ModelBase's validation hook (what steering() runs when a block opens): address, op, width
         return self.catalogue._steer(st)
 
-    def check_readout(self, r):
+    def check_readout(self, r: Readout) -> Readout:
         """A readout checked against the model (the backend's own check), at its absolute address."""
         import math
 
@@ -123,21 +137,22 @@ class Runner:
             r.kind.check_width(math.prod(shape), r.address, shape)
         return r
 
-    def point_shape(self, addr) -> tuple | None:
+    def point_shape(self, addr: Address) -> tuple | None:
         """Per-token shape of a capture at a resolved address (None: not known before a forward)."""
         return tuple(self.catalogue.point_shape(addr))
 
-    def sampling(self, req) -> dict:
+    def sampling(self, req: Sampling) -> dict:
         raise NotImplementedError
 
     # -- running ----------------------------------------------------------------------------------------
     async def generate(self, job: Job) -> RequestResult:
         raise NotImplementedError
 
-    def stream(self, job: Job) -> AsyncIterator[Event]:
+    def stream(self, job: Job) -> AsyncGenerator[Event, None]:
         raise NotImplementedError
 
-    async def capture(self, prompt: list[int], points, steers, logits: bool, strict: bool = True, readouts=()):
+    async def capture(self, prompt: list[int], points: list[str], steers: list[Steer], logits: bool,
+                      strict: bool = True, readouts: Sequence[Readout] = ()) -> Capture:
         """One forward: ({address: [P, ...]}, logits [P, vocab] or None, receipts, {readout name: value})."""
         raise NotImplementedError
 
@@ -145,7 +160,7 @@ class Runner:
         """None when healthy, else why not."""
         return "closed" if self.catalogue._closed else None
 
-    def serve(self, coro, server) -> None:
+    def serve(self, coro: Coroutine[Any, Any, None], server: Server) -> None:
         """Run uvicorn's serve() coroutine until it returns (SIGINT / SIGTERM end it gracefully)."""
         raise NotImplementedError
 
@@ -156,8 +171,9 @@ class Runner:
 class VLLMRunner(Runner):
     forward_room = 1
     PROBE_EVERY_S = 5.0  # /health runs at most one probe request per interval and reuses its verdict
+    model: VLLMModel
 
-    def __init__(self, model) -> None:
+    def __init__(self, model: VLLMModel) -> None:
         self.backend = model.backend
         super().__init__(model)
         self.unfinite: str | None = None  # sticky: once the engine computes inf / NaN it stays unhealthy
@@ -168,10 +184,10 @@ class VLLMRunner(Runner):
         torch.set_num_threads(1)
 
     @property
-    def catalogue(self):
+    def catalogue(self) -> AsyncVLLMModel:
         return self.model.aio
 
-    def sampling(self, req) -> dict:
+    def sampling(self, req: Sampling) -> dict:
         s = {"temperature": 1.0 if req.temperature is None else req.temperature, "min_tokens": req.min_tokens}
         s.update({k: getattr(req, k) for k in _SAMPLING if getattr(req, k) is not None})
         if req.ignore_eos:
@@ -186,7 +202,7 @@ class VLLMRunner(Runner):
         (res,) = await self.model.aio.generate_batch([req], return_logits=False, strict=job.strict)
         return res
 
-    async def stream(self, job: Job):
+    async def stream(self, job: Job) -> AsyncGenerator[Event, None]:
         n = len(job.prompt)
         async for st in self.model.aio.stream(job.prompt, job.max_tokens, job.points, job.steers,
                                               return_logits=False, rows=job.rows, strict=job.strict,
@@ -195,7 +211,8 @@ class VLLMRunner(Runner):
             yield Event(st.token, {k: (at, t) for k, t in st.rows.items()} if st.rows else None, st.result,
                         st.readouts)
 
-    async def capture(self, prompt, points, steers, logits: bool, strict: bool = True, readouts=()):
+    async def capture(self, prompt: list[int], points: list[str], steers: list[Steer], logits: bool,
+                      strict: bool = True, readouts: Sequence[Readout] = ()) -> Capture:
         lg, cache = await self.model.aio.capture([prompt], points, steers, strict, readouts)
         return {k: v[0] for k, v in cache.items()}, (lg[0] if logits else None), cache.receipts, first(cache.readouts)
 
@@ -232,7 +249,7 @@ class VLLMRunner(Runner):
             self._probed = (time.monotonic(), verdict)
             return verdict
 
-    def serve(self, coro, server) -> None:
+    def serve(self, coro: Coroutine[Any, Any, None], server: Server) -> None:
         """On the model's own loop (see the module docstring); uvicorn leaves signals alone off the
         main thread, so the main thread turns them into its graceful exit."""
         stop = lambda *_: setattr(server, "should_exit", True)  # noqa: E731  (polled by uvicorn's main loop)
@@ -247,8 +264,9 @@ class VLLMRunner(Runner):
 class EagerRunner(Runner):
     backend = "eager"
     REFUSED = ("stop", "stop_token_ids", "presence_penalty", "frequency_penalty", "min_p", "repetition_penalty")
+    model: EagerModel
 
-    def __init__(self, model) -> None:
+    def __init__(self, model: EagerModel) -> None:
         super().__init__(model)
         self.pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="interp-eager")
         self.shapes = self._probe_shapes()  # also resolves every site: checks on the event loop only read caches
@@ -262,7 +280,7 @@ class EagerRunner(Runner):
             return {}
         return {k: tuple(v.shape[2:]) for k, v in cache.items() if k.split(".")[0] not in KEY_AXIS_POINTS}
 
-    def point_shape(self, addr) -> tuple | None:
+    def point_shape(self, addr: Address) -> tuple | None:
         return self.shapes.get(str(addr.base))
 
     def check_steer(self, st: Steer) -> Steer:
@@ -274,7 +292,7 @@ class EagerRunner(Runner):
                 values_at(b, torch.empty(0, dtype=torch.long), shape[len(st.address.coords):])
         return st
 
-    def sampling(self, req) -> dict:
+    def sampling(self, req: Sampling) -> dict:
         for k in self.REFUSED:
             if getattr(req, k) is not None:
                 raise ServeError(400, f"{k}: not supported on backend 'eager' (it always generates exactly "
@@ -293,7 +311,7 @@ class EagerRunner(Runner):
     async def generate(self, job: Job) -> RequestResult:
         return await self._call(self._generate, job)
 
-    async def stream(self, job: Job):
+    async def stream(self, job: Job) -> AsyncGenerator[Event, None]:
         """Eager generates in one call: the tokens go out when it returns, the rows with the last. With
         readouts, token by token (the model's own stream), each with its forward's readouts."""
         if job.readouts:
@@ -326,10 +344,11 @@ class EagerRunner(Runner):
         lg, cache = self.model.run_with_cache([prompt], points, steers, strict=strict, readouts=readouts)
         return {k: v[0] for k, v in cache.items()}, (lg[0] if logits else None), cache.receipts, first(cache.readouts)
 
-    async def capture(self, prompt, points, steers, logits: bool, strict: bool = True, readouts=()):
+    async def capture(self, prompt: list[int], points: list[str], steers: list[Steer], logits: bool,
+                      strict: bool = True, readouts: Sequence[Readout] = ()) -> Capture:
         return await self._call(self._capture, prompt, points, steers, logits, strict, readouts)
 
-    def serve(self, coro, server) -> None:
+    def serve(self, coro: Coroutine[Any, Any, None], server: Server) -> None:
         asyncio.run(coro)
 
     def close(self) -> None:
@@ -343,7 +362,8 @@ def first(readouts: dict) -> dict:
     return {k: v.map(lambda t: t[0]) if isinstance(v, TopK) else v[0] for k, v in readouts.items()}
 
 
-def make(model) -> Runner:
-    return EagerRunner(model) if model.backend == "eager" else VLLMRunner(model)
+def make(model: EagerModel | VLLMModel) -> Runner:
+    return (EagerRunner(cast("EagerModel", model)) if model.backend == "eager"
+            else VLLMRunner(cast("VLLMModel", model)))
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import (
     AfterValidator,
@@ -32,6 +32,9 @@ from engine.core.readouts import KINDS, Readout
 from engine.core.steering import Steer
 from engine.serve import encoding
 
+if TYPE_CHECKING:
+    import torch
+
 INT32 = (1 << 31) - 1  # counts vLLM keeps in int32 (a bigger one would fail inside the engine, not here)
 
 
@@ -40,7 +43,7 @@ class Body(BaseModel):
     model_config = ConfigDict(extra="forbid", arbitrary_types_allowed=True, allow_inf_nan=False)
 
 
-def positions_in(p):
+def positions_in(p: Any) -> "str | int | slice | list[int] | torch.Tensor":
     """A position spec from JSON: "all" | "last" | "generated" | int | [start, stop] (null = open)."""
     if isinstance(p, list):
         if len(p) != 2:
@@ -59,7 +62,7 @@ def _address(p: str) -> str:
 PointName = Annotated[str, AfterValidator(_address)]
 
 
-def sae_in(v, info: ValidationInfo):
+def sae_in(v: Any, info: ValidationInfo) -> str | None:
     """An SAE named by a request: a folder inside the server's --sae-dir (never a path outside it)."""
     if v is None:
         return None
@@ -223,7 +226,7 @@ class Interp(Body):
         return v
 
 
-def prompts_in(p) -> list:
+def prompts_in(p: Any) -> list:
     """The prompts of an OpenAI `prompt`: a string, a list of strings, a list of token ids or a list
     of token-id lists."""
     def ids(x):

@@ -3,10 +3,19 @@ text incrementally for streams (deltas that add up exactly to the final text), s
 from the text, and the finish reason."""
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from engine.serve.errors import ServeError
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
-def chat_ids(runner, messages, template: str | None, add_generation_prompt: bool, kwargs: dict | None) -> list[int]:
+    from engine.core.results import RequestResult
+    from engine.serve.runner import Runner
+    from engine.serve.schemas import Message
+
+
+def chat_ids(runner: Runner, messages: list[Message], template: str | None, add_generation_prompt: bool, kwargs: dict | None) -> list[int]:
     """Token ids of a conversation: the chat template renders it, the text is tokenized without
     adding special tokens again (as vLLM does); a text too long in characters to fit the model is
     refused before it is tokenized."""
@@ -50,7 +59,7 @@ class Detok:
     """Incremental detokenization of one sequence. Each push returns the text to send now: never a
     half-decoded character, and (with stop strings) never text a later stop string could cut."""
 
-    def __init__(self, tokenizer, stops: list[str] | None) -> None:
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, stops: list[str] | None) -> None:
         self.tok, self.stops = tokenizer, stops
         self.hold = max(len(s) for s in stops) - 1 if stops else 0
         self.ids: list[int] = []
@@ -75,8 +84,8 @@ class Detok:
         return delta
 
 
-def finish(result, max_tokens: int, prompt_len: int, max_model_len: int | None, stops, stop_token_ids,
-           eos_id: int | None, ignore_eos: bool = False) -> tuple[str, str, "str | int | None"]:
+def finish(result: RequestResult, max_tokens: int, prompt_len: int, max_model_len: int | None, stops: list[str] | None,
+           stop_token_ids: list[int] | None, eos_id: int | None, ignore_eos: bool = False) -> tuple[str, str, "str | int | None"]:
     """(text, finish_reason, stop_reason) of a finished sequence, as vLLM's server reports them."""
     text, hit = cut(whole_chars(result.text), stops)
     toks = result.new_tokens.tolist()

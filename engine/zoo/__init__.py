@@ -31,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, Iterator
 
 import torch
 
@@ -50,6 +51,9 @@ from .names import canonical_name, resolve
 from .real import REAL
 from .sizes import SIZE_ENV, SIZES, current_size
 from .tokenizer import build_tokenizer
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 __all__ = [
     "ZOO",
@@ -99,7 +103,8 @@ def snapshot_dir(name: str, root: Path | str | None = None, size: str | None = N
     return sizes.snapshot_dir(canonical_name(name), size)
 
 
-def load_twin(name: str, dtype: torch.dtype = torch.float32, **from_pretrained_kwargs):
+def load_twin(name: str, dtype: torch.dtype = torch.float32,
+              **from_pretrained_kwargs: Any) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """(hf_model, tokenizer) of the twin, loaded by repo id from the zoo cache offline, eval mode.
 
     Builds the twin first if it is missing. Extra keyword arguments (``attn_implementation=...``,
@@ -138,7 +143,7 @@ def offline_env(size: str | None = None) -> dict[str, str]:
 
 
 @contextlib.contextmanager
-def offline_session():
+def offline_session() -> Iterator[dict[str, str]]:
     """Context manager: apply :func:`offline_env` to ``os.environ`` *and* to an already-imported
     ``huggingface_hub.constants`` (which read the environment only at import), so that libraries
     in this process (TransformerLens bridge, nnsight, transformers) load twins by repo id.

@@ -25,13 +25,17 @@ import shutil
 import time
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Mapping
 
 from engine.core.files import write_atomic
 
 from .entries import ZOO, ZooEntry
 from .names import canonical_name
 from .tokenizer import VOCAB_SIZE, build_tokenizer, special_token_ids
+
+if TYPE_CHECKING:
+    import torch
+    from transformers import PretrainedConfig, PreTrainedModel
 
 # Bump when the build recipe (defaults, init, files) changes: every twin gets a new snapshot.
 ZOO_VERSION = "1"
@@ -144,7 +148,7 @@ def _seed(name: str) -> int:
     return int.from_bytes(hashlib.sha256(("zoo:" + name).encode()).digest()[:4], "little")
 
 
-def build_config(entry: ZooEntry):
+def build_config(entry: ZooEntry) -> PretrainedConfig:
     """The tiny ``PretrainedConfig`` of an entry: tiny defaults, the entry's overrides on top."""
     from transformers import AutoConfig
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
@@ -176,7 +180,7 @@ def build_config(entry: ZooEntry):
     return cfg
 
 
-def attention_head_dims(cfg) -> dict[str, int]:
+def attention_head_dims(cfg: PretrainedConfig) -> dict[str, int]:
     """Per-head widths an attention kernel sees: ``{"head_dim": d}``, or for MLA (DeepSeek V2/V3)
     ``{"qk_head_dim", "v_head_dim", "mla_latent"}`` (vLLM's MLA cache width kv_lora_rank + rope)."""
     if getattr(cfg, "kv_lora_rank", None) and getattr(cfg, "qk_rope_head_dim", None):
@@ -200,7 +204,7 @@ class _InitStats:
     vectors: int = 0
 
 
-def reinit_weights(model, seed: int) -> None:
+def reinit_weights(model: PreTrainedModel, seed: int) -> None:
     """Seeded re-initialisation that keeps activations non-degenerate (in place)."""
     import torch
     from torch import nn
@@ -255,7 +259,7 @@ def reinit_weights(model, seed: int) -> None:
                 data.copy_(new.to(data.dtype))
 
 
-def weights_digest(state_dict) -> str:
+def weights_digest(state_dict: Mapping[str, torch.Tensor]) -> str:
     """sha256 over the sorted tensors of a state dict (names, shapes, dtypes and bytes)."""
     import torch
 
@@ -291,7 +295,7 @@ def _final_norm_weight(model):
     return None
 
 
-def calibrate_scales(model, max_rounds: int = 6) -> dict[str, float]:
+def calibrate_scales(model: PreTrainedModel, max_rounds: int = 6) -> dict[str, float]:
     """Rescale by powers of two where a family's multipliers would otherwise make the twin
     degenerate (Falcon-H1 embedding_multiplier 5.7 and lm_head_multiplier 1/25.6, Cohere logit_scale
     1/16, Granite logits_scaling 8-16), as trained checkpoints' weights compensate their
@@ -332,7 +336,7 @@ def calibrate_scales(model, max_rounds: int = 6) -> dict[str, float]:
     return applied
 
 
-def make_model(entry: ZooEntry):
+def make_model(entry: ZooEntry) -> PreTrainedModel:
     """Instantiate the twin in memory (float32, eval mode), seeded by the entry's name."""
     import torch
     from transformers import AutoModelForCausalLM, GenerationConfig

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from typing import Any
+from typing import Any, Iterable
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,7 +51,7 @@ def every(n: int, period: int, hit: str = FA, other: str = SW, offset: int | Non
     return [hit if i % period == off else other for i in range(n)]
 
 
-def at(n: int, indices, hit: str = FA, other: str = "conv") -> list[str]:
+def at(n: int, indices: Iterable[int], hit: str = FA, other: str = "conv") -> list[str]:
     """`hit` at the given layer indices, `other` elsewhere."""
     idx = set(indices)
     return [hit if i in idx else other for i in range(n)]

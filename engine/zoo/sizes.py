@@ -23,12 +23,16 @@ import os
 import shutil
 import uuid
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from engine.core.files import write_atomic
 
 from . import build
 from .entries import ZooEntry
 from .real import REAL, RealDims
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
 
 SIZES = ("tiny", "real")
 SIZE_ENV = "INTERP_ZOO_SIZE"
@@ -67,7 +71,7 @@ def real_entry(name: str) -> ZooEntry:
     return dataclasses.replace(entry, layers=dims.layers, overrides={**entry.overrides, **dims.overrides})
 
 
-def real_config(name: str):
+def real_config(name: str) -> PretrainedConfig:
     cfg = build.build_config(real_entry(name))
     cfg.dtype = REAL_DTYPE
     return cfg

@@ -7,6 +7,10 @@ tokenizes a prompt into the same ids. Byte-level BPE covers every byte, so any t
 from __future__ import annotations
 
 import functools
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerFast
 
 VOCAB_SIZE = 512
 BOS, EOS, PAD, UNK = "<|bos|>", "<|eos|>", "<|pad|>", "<|unk|>"
@@ -69,7 +73,7 @@ def _cached_tokenizer():
     return fast
 
 
-def build_tokenizer():
+def build_tokenizer() -> PreTrainedTokenizerFast:
     """Return the zoo tokenizer (a ``PreTrainedTokenizerFast``; the same object on every call).
 
     Special ids: pad 0, bos 1, eos 2, unk 3; vocabulary size 512. Encoding adds no special tokens.
