@@ -15,9 +15,13 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from typing import TYPE_CHECKING
 
 from engine.core.errors import EngineError
 from engine.core.points import CAPTURE_BACKENDS
+
+if TYPE_CHECKING:
+    from engine.harvest.runner import Summary
 
 DEMO = dict(model="meta-llama/Llama-3.2-1B", points="resid_post.1,mlp_out.1", out="harvest-demo", shard_tokens=512)
 
@@ -116,6 +120,7 @@ def main(argv: list[str] | None = None) -> int:
         kw = dict(backend=a.backend, positions=a.positions, shard_tokens=a.shard_tokens, dtype=a.dtype,
                   context=a.context, batch_tokens=a.batch_tokens, text_field=a.text_field,
                   model_dtype=a.model_dtype, progress=not a.no_progress, load_kw=_engine_args(a.engine_arg))
+        res: Summary | list[Summary] | list[dict]
         if a.ray is not None:
             from engine.harvest.cluster import run_on_ray
             res = run_on_ray(dict(kw, model=a.model, points=a.points, data=a.data, out=a.out, progress=False),

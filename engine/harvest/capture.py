@@ -55,7 +55,8 @@ def static_points(points: Iterable[str]) -> list[str]:
     return list(dict.fromkeys(out))
 
 
-def per_document(cache: Mapping[str, torch.Tensor | Sequence[torch.Tensor]], lengths: list[int], keys: list[str]) -> list[dict[str, torch.Tensor]]:
+def per_document(cache: Mapping[str, torch.Tensor | Sequence[torch.Tensor]], lengths: list[int],
+                 keys: list[str]) -> list[dict[str, torch.Tensor]]:
     """Per-window {address: [pos, ...]} from a capture that is either a right-padded [b, pos, ...]
     tensor (eager's forward) or a list of [pos, ...] tensors per key (vLLM's per-request results)."""
     out: list[dict] = [{} for _ in lengths]
@@ -135,8 +136,8 @@ def forward(model: EagerModel | VLLMModel, windows: list[list[int]], keys: list[
     return docs
 
 
-def pipelined(model: EagerModel | VLLMModel, stream: Iterable[Batch], keys: list[str], depth: int, sink: str | None = None,
-              readouts: tuple | list = ()) -> Iterator[tuple]:
+def pipelined(model: EagerModel | VLLMModel, stream: Iterable[Batch], keys: list[str], depth: int,
+              sink: str | None = None, readouts: tuple | list = ()) -> Iterator[tuple]:
     """(batch, forward(batch), seconds waited for it) for each batch of `stream`, in order, with up to
     `depth` batches in the engine at once: vLLM computes the next batch while this process stores
     the last one (depth 1: one after another, as eager runs)."""

@@ -172,8 +172,8 @@ def load(name: str, backend: str, model_dtype: str, points: list[str], context: 
     return load_model(name, backend=backend, dtype=getattr(torch, model_dtype), **kw)
 
 
-def load_for(model: str, points: str | Iterable[str], backend: str = "vllm", model_dtype: str = "float32", context: int = 256,
-             batch_tokens: int | None = None, load_kw: dict | None = None,
+def load_for(model: str, points: str | Iterable[str], backend: str = "vllm", model_dtype: str = "float32",
+             context: int = 256, batch_tokens: int | None = None, load_kw: dict | None = None,
              **_run_options: Any) -> EagerModel | VLLMModel:
     """The model run_part would load for these harvest options (a Ray actor loads it once and runs
     many parts on it); run_part's other options are accepted and ignored."""

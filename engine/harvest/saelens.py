@@ -47,8 +47,8 @@ def hook_name(address: str) -> str:
     return tl.format(L=a.layer)
 
 
-def to_saelens(out: str | os.PathLike[str], dest: str | os.PathLike[str], point: str | None = None, context_size: int | None = None,
-               file_bytes: int = 256 << 20) -> Export:
+def to_saelens(out: str | os.PathLike[str], dest: str | os.PathLike[str], point: str | None = None,
+               context_size: int | None = None, file_bytes: int = 256 << 20) -> Export:
     """Write the harvest in OUT as SAELens's cached-activations dataset at DEST (created; refused if
     it exists and is not empty). point: one harvested address (default: the only one); context_size:
     rows per sequence (default: the harvest's --context, which SAELens's context_size must equal);

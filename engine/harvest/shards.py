@@ -91,7 +91,8 @@ class WriterStats:
 class ShardWriter:
     """Writes shards on a thread, in order, then records each in the manifest (`on_written`)."""
 
-    def __init__(self, directory: Path, on_written: Callable[[dict, bool], None], metadata: dict[str, str], depth: int = 2) -> None:
+    def __init__(self, directory: Path, on_written: Callable[[dict, bool], None], metadata: dict[str, str],
+                 depth: int = 2) -> None:
         self.directory, self.on_written, self.metadata = directory, on_written, metadata
         self.queue: queue.Queue = queue.Queue(maxsize=depth)
         self.error: BaseException | None = None

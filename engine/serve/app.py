@@ -21,10 +21,10 @@ if TYPE_CHECKING:
 log = logging.getLogger("engine.serve")
 
 
-def build_app(runner: Runner, served: list[str] | None = None, api_key: str | None = None, max_body_bytes: int = 16 << 20,
-              max_pending: int = 256, max_capture_bytes: int = 256 << 20, max_tokens_limit: int | None = None,
-              chat_template: str | None = None, max_response_bytes: int | None = 256 << 20,
-              cpu_workers: int = 2, sae_dir: str | None = None) -> FastAPI:
+def build_app(runner: Runner, served: list[str] | None = None, api_key: str | None = None,
+              max_body_bytes: int = 16 << 20, max_pending: int = 256, max_capture_bytes: int = 256 << 20,
+              max_tokens_limit: int | None = None, chat_template: str | None = None,
+              max_response_bytes: int | None = 256 << 20, cpu_workers: int = 2, sae_dir: str | None = None) -> FastAPI:
     """The server for a loaded model (engine/serve/runner.py); see `python -m engine.serve --help`."""
     app = FastAPI(title="interp-engine", docs_url=None, redoc_url=None, openapi_url=None)
     metrics = Metrics()

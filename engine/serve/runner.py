@@ -105,7 +105,7 @@ class Runner:
         self.max_prompt_chars = math.inf if n is None else n * longest_token(self.tokenizer)
 
     @property
-    def catalogue(self) -> EagerModel | AsyncVLLMModel:
+    def catalogue(self) -> EagerModel | VLLMModel | AsyncVLLMModel:
         """The object the engine checks addresses and steers on."""
         return self.model
 

@@ -15,7 +15,8 @@ if TYPE_CHECKING:
     from engine.serve.schemas import Message
 
 
-def chat_ids(runner: Runner, messages: list[Message], template: str | None, add_generation_prompt: bool, kwargs: dict | None) -> list[int]:
+def chat_ids(runner: Runner, messages: list[Message], template: str | None, add_generation_prompt: bool,
+             kwargs: dict | None) -> list[int]:
     """Token ids of a conversation: the chat template renders it, the text is tokenized without
     adding special tokens again (as vLLM does); a text too long in characters to fit the model is
     refused before it is tokenized."""
@@ -84,8 +85,9 @@ class Detok:
         return delta
 
 
-def finish(result: RequestResult, max_tokens: int, prompt_len: int, max_model_len: int | None, stops: list[str] | None,
-           stop_token_ids: list[int] | None, eos_id: int | None, ignore_eos: bool = False) -> tuple[str, str, "str | int | None"]:
+def finish(result: RequestResult, max_tokens: int, prompt_len: int, max_model_len: int | None,
+           stops: list[str] | None, stop_token_ids: list[int] | None, eos_id: int | None,
+           ignore_eos: bool = False) -> tuple[str, str, "str | int | None"]:
     """(text, finish_reason, stop_reason) of a finished sequence, as vLLM's server reports them."""
     text, hit = cut(whole_chars(result.text), stops)
     toks = result.new_tokens.tolist()
