@@ -95,7 +95,8 @@ def main(argv: list[str] | None = None) -> int:
             return 0 if m else 1
         if argv[:1] == ["saelens"] and 3 <= len(argv) <= 5:
             from engine.harvest.saelens import to_saelens
-            ex = to_saelens(argv[1], argv[2], *argv[3:4], *(int(x) for x in argv[4:5]))
+            ex = to_saelens(argv[1], argv[2], argv[3] if len(argv) > 3 else None,
+                            int(argv[4]) if len(argv) > 4 else None)
             print(_saelens_line(ex))
             return 0
         if argv[:1] == ["verify"] and len(argv) == 2:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import collections
 import time
-from typing import TYPE_CHECKING, Iterable, Iterator, Mapping, Sequence, TypeGuard
+from typing import TYPE_CHECKING, Iterable, Iterator, Mapping, TypeGuard
 
 import torch
 
@@ -55,8 +55,8 @@ def static_points(points: Iterable[str]) -> list[str]:
     return list(dict.fromkeys(out))
 
 
-def per_document(cache: Mapping[str, torch.Tensor | Sequence[torch.Tensor]], lengths: list[int],
-                 keys: list[str]) -> list[dict[str, torch.Tensor]]:
+def per_document(cache: Mapping[str, torch.Tensor | list[torch.Tensor] | tuple[torch.Tensor, ...]],
+                 lengths: list[int], keys: list[str]) -> list[dict[str, torch.Tensor]]:
     """Per-window {address: [pos, ...]} from a capture that is either a right-padded [b, pos, ...]
     tensor (eager's forward) or a list of [pos, ...] tensors per key (vLLM's per-request results)."""
     out: list[dict] = [{} for _ in lengths]

@@ -156,7 +156,7 @@ class PartManifest:
         write_atomic(self.directory / PART, dumps(self.data), durable=True)
 
 
-def merge(out: Path) -> dict | None:
+def merge(out: str | os.PathLike[str]) -> dict | None:
     """Write OUT/manifest.json once every part is complete (None while some are not). Idempotent:
     an existing merged manifest with the same content is left untouched."""
     out = Path(out)

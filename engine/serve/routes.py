@@ -229,8 +229,8 @@ class Gen:
                      budget: interp.Budget | None = None) -> dict | None:
         if self.req.interp is None:
             return None
-        block = {"prompt_token_ids": self.prompts[i], "token_ids": res.new_tokens.tolist(),
-                 "receipts": interp.receipts(res.receipts)}
+        block: dict[str, Any] = {"prompt_token_ids": self.prompts[i], "token_ids": res.new_tokens.tolist(),
+                                 "receipts": interp.receipts(res.receipts)}
         if self.asked.spec is not None and self.asked.points:
             if rows_payload is None:
                 rows_payload, n = interp.payload(self.asked.spec, res.cache, len(self.prompts[i]), fed(res),
@@ -248,7 +248,7 @@ class Gen:
         choices, budget = [], self.ctx.budget()
         for i, res in enumerate(results):
             out, reason, stop_reason = self.finish(i, res)
-            c = {"index": i, "logprobs": None, "finish_reason": reason, "stop_reason": stop_reason}
+            c: dict[str, Any] = {"index": i, "logprobs": None, "finish_reason": reason, "stop_reason": stop_reason}
             if self.chat:
                 c["message"] = {"role": "assistant", "content": out}
             else:
@@ -269,8 +269,8 @@ class Gen:
         return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
 
     def chunk(self, choices: list, usage: dict | None = None) -> dict:
-        out = {"id": self.rid, "object": "chat.completion.chunk" if self.chat else "text_completion",
-               "created": self.created, "model": self.model, "choices": choices}
+        out: dict[str, Any] = {"id": self.rid, "object": "chat.completion.chunk" if self.chat else "text_completion",
+                               "created": self.created, "model": self.model, "choices": choices}
         if usage is not None:
             out["usage"] = usage
         return out
@@ -404,8 +404,9 @@ async def stream_events(g: Gen) -> AsyncGenerator[str, None]:
             delta = detoks[i].push(ev.token)
             seen[i].append(ev.token)
             block = None
-            if rows[i] is not None and ev.rows:
-                part, n = rows[i].add(ev.rows) if ev.result is None else (None, 0)
+            sent = rows[i]
+            if sent is not None and ev.rows:
+                part, n = sent.add(ev.rows) if ev.result is None else (None, 0)
                 ctx.metrics.capture_bytes += n
                 block = part
             if ev.readouts:  # this token's readouts, as computed
@@ -431,8 +432,8 @@ async def stream_events(g: Gen) -> AsyncGenerator[str, None]:
             out, reason, stop_reason = g.finish(i, res)
             delta += detoks[i].final(res.text)
             final_rows = None
-            if rows[i] is not None:
-                final_rows, n = await ctx.offload(rows[i].final, res.cache, fed(res))
+            if sent is not None:
+                final_rows, n = await ctx.offload(sent.final, res.cache, fed(res))
                 ctx.metrics.capture_bytes += n
             block = await ctx.offload(g.interp_block, i, res, final_rows)
             yield sse(g.chunk([g.choice_delta(i, delta, reason, stop_reason, block)]))

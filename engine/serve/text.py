@@ -3,7 +3,7 @@ text incrementally for streams (deltas that add up exactly to the final text), s
 from the text, and the finish reason."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from engine.serve.errors import ServeError
 
@@ -68,7 +68,7 @@ class Detok:
 
     def push(self, token: int) -> str:
         self.ids.append(token)
-        text = self.tok.decode(self.ids, skip_special_tokens=True)
+        text = cast(str, self.tok.decode(self.ids, skip_special_tokens=True))  # one sequence's ids: one text
         if text.endswith("\ufffd"):
             return ""
         text, _ = cut(text, self.stops)

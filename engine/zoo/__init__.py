@@ -155,7 +155,7 @@ def offline_session() -> Iterator[dict[str, str]]:
     try:
         from huggingface_hub import constants
     except ImportError:  # pragma: no cover
-        constants = None
+        constants = None  # type: ignore[assignment]
     if constants is not None:
         for attr, value in (
             ("HF_HUB_CACHE", env["HF_HUB_CACHE"]),
@@ -169,8 +169,8 @@ def offline_session() -> Iterator[dict[str, str]]:
     try:
         yield env
     finally:
-        for attr, value in patched.items():
-            setattr(constants, attr, value)
+        for attr, old in patched.items():
+            setattr(constants, attr, old)
         for k, v in saved_env.items():
             if v is None:
                 os.environ.pop(k, None)

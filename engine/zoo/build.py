@@ -318,7 +318,7 @@ def calibrate_scales(model: PreTrainedModel, max_rounds: int = 6) -> dict[str, f
             s = float(out.logits.float().std())
             if not 0.05 <= r0 <= 3.0:
                 f = _pow2(1.0 / r0)
-                in_emb.weight.mul_(f)
+                in_emb.weight.mul_(f)  # type: ignore[operator]  # nn.Module.__getattr__ is typed Tensor | Module
                 applied["embedding"] *= f
                 continue
             if out_emb is not None and not 0.5 <= s <= 20.0:
