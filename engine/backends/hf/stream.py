@@ -6,6 +6,8 @@ from __future__ import annotations
 import contextvars
 import queue
 import threading
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
 
 import torch
 from transformers.generation.stopping_criteria import StoppingCriteria, StoppingCriteriaList
@@ -16,6 +18,9 @@ from engine.core.errors import InputError
 from engine.core.inputs import new_tokens, top_logprobs
 from engine.core.plan import Plan
 from engine.core.results import StreamStep
+
+if TYPE_CHECKING:
+    from engine.backends.hf.eager import EagerModel
 
 _LOGITS = Address("lm_head")
 
@@ -41,14 +46,14 @@ class _Stop(StoppingCriteria):
 class _Streamer(BaseStreamer):
     """Gets the prompt, then each new token, from HF generate (on the worker thread)."""
 
-    def __init__(self, model, n_logprobs: int, out: queue.Queue, rows: bool = True) -> None:
+    def __init__(self, model: EagerModel, n_logprobs: int, out: queue.Queue, rows: bool = True) -> None:
         self.model, self.n, self.out, self.want_rows = model, n_logprobs, out, rows
         self.plan: Plan | None = None
         self.seen_prompt = False
         self.index = 0
         self.sent: dict = {}  # capture key -> chunks already handed out
 
-    def put(self, value) -> None:
+    def put(self, value: torch.Tensor) -> None:
         if not self.seen_prompt:
             self.seen_prompt = True
             return
@@ -89,8 +94,9 @@ class _Streamer(BaseStreamer):
         pass
 
 
-def stream(model, prompt, max_new_tokens, points, steer, logprobs, sampling, return_logits=True, rows=True,
-           strict=False, readouts=()):
+def stream(model: EagerModel, prompt: Any, max_new_tokens: int, points: Any, steer: Any, logprobs: int,
+           sampling: dict[str, Any], return_logits: bool = True, rows: bool = True, strict: bool = False,
+           readouts: Any = ()) -> Iterator[StreamStep]:
     logprobs = top_logprobs(logprobs)
     model._live()
     max_new_tokens = new_tokens(max_new_tokens)

@@ -16,7 +16,12 @@ Checks, on a short probe prompt, greedy:
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
+
+if TYPE_CHECKING:
+    from engine.backends.vllm.backend import VLLMModel
 
 PROBE = "The quick brown fox jumps over the lazy dog because it was asked to"
 
@@ -25,7 +30,7 @@ class TapProofError(RuntimeError):
     pass
 
 
-def prove_taps(model) -> dict:
+def prove_taps(model: VLLMModel) -> dict:
     from engine.core.results import Request
     from engine.core.steering import Steer
     mode = model.load_report.cudagraph_mode or "NONE"
