@@ -7,7 +7,7 @@ import contextvars
 import queue
 import threading
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from transformers.generation.stopping_criteria import StoppingCriteria, StoppingCriteriaList
@@ -19,10 +19,9 @@ from engine.core.inputs import new_tokens, top_logprobs
 from engine.core.plan import Plan
 from engine.core.results import StreamStep
 
-if TYPE_CHECKING:
-    from engine.backends.hf.eager import EagerModel
-
 _LOGITS = Address("lm_head")
+# `model` below is the EagerModel: typed Any because engine/backends/hf/eager.py imports this module and an
+# import back, even for type checking only, would be a cycle (tests/test_imports.py)
 
 
 def step_logprobs(logits_row: torch.Tensor, token: int, n: int) -> tuple[float, dict]:
@@ -46,7 +45,7 @@ class _Stop(StoppingCriteria):
 class _Streamer(BaseStreamer):
     """Gets the prompt, then each new token, from HF generate (on the worker thread)."""
 
-    def __init__(self, model: EagerModel, n_logprobs: int, out: queue.Queue, rows: bool = True) -> None:
+    def __init__(self, model: Any, n_logprobs: int, out: queue.Queue, rows: bool = True) -> None:
         self.model, self.n, self.out, self.want_rows = model, n_logprobs, out, rows
         self.plan: Plan | None = None
         self.seen_prompt = False
@@ -94,7 +93,7 @@ class _Streamer(BaseStreamer):
         pass
 
 
-def stream(model: EagerModel, prompt: Any, max_new_tokens: int, points: Any, steer: Any, logprobs: int,
+def stream(model: Any, prompt: Any, max_new_tokens: int, points: Any, steer: Any, logprobs: int,
            sampling: dict[str, Any], return_logits: bool = True, rows: bool = True, strict: bool = False,
            readouts: Any = ()) -> Iterator[StreamStep]:
     logprobs = top_logprobs(logprobs)
