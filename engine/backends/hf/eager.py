@@ -13,7 +13,7 @@ import contextlib
 import functools
 import itertools
 import threading
-from collections.abc import Iterator
+from collections.abc import Generator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -472,7 +472,7 @@ class EagerModel(ModelBase, WeightsMixin, TokensMixin):
 
     def stream(self, prompt: Any, max_new_tokens: int = 8, points: Any = (), steer: Any = (), logprobs: int = 0,
                return_logits: bool = True, rows: bool = True, strict: bool = False, readouts: Any = (),
-               **sampling: Any) -> Iterator[StreamStep]:
+               **sampling: Any) -> Generator[StreamStep, None, None]:
         """Yield a StreamStep per generated token of one prompt (token, text, logprob and the top
         `logprobs`, with rows=True the captured rows of the forward that produced it); the last step
         carries the RequestResult (its logits unless return_logits=False, its receipts; strict=True

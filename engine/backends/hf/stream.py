@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextvars
 import queue
 import threading
-from collections.abc import Iterator
+from collections.abc import Generator
 from typing import Any
 
 import torch
@@ -95,7 +95,7 @@ class _Streamer(BaseStreamer):
 
 def stream(model: Any, prompt: Any, max_new_tokens: int, points: Any, steer: Any, logprobs: int,
            sampling: dict[str, Any], return_logits: bool = True, rows: bool = True, strict: bool = False,
-           readouts: Any = ()) -> Iterator[StreamStep]:
+           readouts: Any = ()) -> Generator[StreamStep, None, None]:
     logprobs = top_logprobs(logprobs)
     model._live()
     max_new_tokens = new_tokens(max_new_tokens)

@@ -19,7 +19,7 @@ import asyncio
 import copy
 import dataclasses
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -507,7 +507,7 @@ class AsyncVLLMModel(ModelBase, TokensMixin):
 
     def stream(self, prompt: Any, max_new_tokens: int = 8, points: Any = (), steer: Any = (), logprobs: int = 0,
                return_logits: bool = True, rows: bool = True, strict: bool = False, readouts: Any = (),
-               **sampling: Any) -> AsyncIterator[StreamStep]:
+               **sampling: Any) -> AsyncGenerator[StreamStep, None]:
         """An async iterator of StreamSteps, one per generated token (token, text, logprob and the top
         `logprobs` of the raw distribution, and with rows=True the captured rows of the forward that
         produced it, read from the workers while the request runs); the last step carries the full

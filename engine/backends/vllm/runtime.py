@@ -18,7 +18,7 @@ import multiprocessing
 import os
 import threading
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Coroutine, Iterator
+from collections.abc import AsyncGenerator, Callable, Coroutine, Generator, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
@@ -259,7 +259,7 @@ class Loop:
                 raise self.closed_error() from None
             raise
 
-    async def relay(self, agen: AsyncGenerator[_T, None]) -> AsyncIterator[_T]:
+    async def relay(self, agen: AsyncGenerator[_T, None]) -> AsyncGenerator[_T, None]:
         """`agen` (an async generator that lives on this loop) iterated from whichever loop iterates
         this one; closing this one closes it, after a step cancelled under it has unwound."""
         cursor = _Cursor(agen)
@@ -277,7 +277,7 @@ class Loop:
                 with contextlib.suppress(Exception):
                     await self.hop(cursor.close())
 
-    def iterate(self, agen: AsyncGenerator[_T, None]) -> Iterator[_T]:
+    def iterate(self, agen: AsyncGenerator[_T, None]) -> Generator[_T, None, None]:
         """`agen` (an async generator that lives on this loop) iterated from a plain thread, as a
         generator; closing it (or Ctrl-C while it waits) closes `agen` once its step has unwound."""
         cursor = _Cursor(agen)
