@@ -15,7 +15,7 @@ import itertools
 import threading
 from collections.abc import Generator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
@@ -140,7 +140,7 @@ class EagerModel(ModelBase, WeightsMixin, TokensMixin):
         """Release the HF model (idempotent); any later call says the model was closed."""
         self._closed = True
         self._sites.clear()
-        self.hf = None
+        self.hf = None  # type: ignore[assignment]  # released: _live() refuses every later call
 
     # -- the point catalogue for this model -----------------------------------------------------
     def _shape(self):
@@ -444,7 +444,8 @@ class EagerModel(ModelBase, WeightsMixin, TokensMixin):
         with self._lock, torch.no_grad(), self._attached(plans, layouts):
             if knobs.seed is not None:
                 torch.manual_seed(knobs.seed)
-            out = self.hf.generate(**enc, max_new_tokens=max_new_tokens, **knobs.hf(),
+            # PreTrainedModel declares no generate: the CausalLM classes mix GenerationMixin in
+            out = self.hf.generate(**enc, max_new_tokens=max_new_tokens, **knobs.hf(),  # type: ignore[operator]
                                    min_new_tokens=max_new_tokens, output_logits=True,
                                    return_dict_in_generate=True, streamer=streamer, stopping_criteria=stopping,
                                    pad_token_id=self.tokenizer.pad_token_id)
@@ -492,7 +493,7 @@ class EagerModel(ModelBase, WeightsMixin, TokensMixin):
             lens.check_lensable(addr.point)
             if addr.coords:
                 raise AddressError(f"logit lens of {addr} needs the whole point; drop the coordinate.")
-            point, x = addr.point, cache[a]
+            point, x = addr.point, cast(torch.Tensor, cache[a])
         else:
             lens.check_lensable(get_point(point).name)
         if x.shape[-1] != self.d_model:

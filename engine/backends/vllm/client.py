@@ -338,7 +338,8 @@ class AsyncVLLMModel(ModelBase, TokensMixin):
         (prompt,) = await self.engine.renderer.render_cmpl_async([{"prompt_token_ids": sub.prompt}],
                                                                 prompt_extras=extras)
         sp = SamplingParams(**sub.params, extra_args={EXTRA_KEY: key} if self._needs_worker(sub.plan) else None)
-        final, ids = None, []
+        final = None
+        ids: list[int] = []
         try:
             async for out in self.engine.generate(prompt, sp, request_id=key):
                 final = out
@@ -663,6 +664,6 @@ class AsyncVLLMModel(ModelBase, TokensMixin):
         (or await aclose()); the synchronous VLLMModel does that for you."""
         if not self._closed:
             self._closed = True
-            engine, self.engine = self.engine, None
+            engine, self.engine = self.engine, None  # type: ignore[assignment]  # released: _live() refuses later calls
             from engine.backends.vllm.runtime import stop_engine
             stop_engine(engine)

@@ -20,7 +20,7 @@ import threading
 import time
 from collections.abc import AsyncGenerator, Callable, Coroutine, Generator, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
 
 from engine.backends.vllm.sizing import Sizing, kv_bytes_for  # noqa: F401  (kv_bytes_for: benchmarks)
 from engine.core.errors import OptionError
@@ -341,11 +341,12 @@ class _Cursor:
         await self.agen.aclose()  # type: ignore[attr-defined]
 
 
-def on_home_loop(method: Callable[_P, Coroutine[Any, Any, _T]]) -> Callable[_P, Coroutine[Any, Any, _T]]:
+def on_home_loop(method: Callable[Concatenate[Any, _P], Coroutine[Any, Any, _T]],
+                 ) -> Callable[Concatenate[Any, _P], Coroutine[Any, Any, _T]]:
     """A coroutine method of a model with a `_home` Loop (and `_live()`): it runs on that loop (where
     vLLM's AsyncLLM and its output handler live), awaited from whichever event loop calls it."""
     @functools.wraps(method)
-    async def call(self, *args, **kw):
+    async def call(self: Any, *args: _P.args, **kw: _P.kwargs) -> _T:
         if self._home is None:
             return await method(self, *args, **kw)
         self._live()
@@ -377,7 +378,7 @@ def start_engine(path: str, env: dict[str, str], **engine_kw: Any) -> tuple[Asyn
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.v1.engine.async_llm import AsyncLLM
     if engine_kw.get("load_format") == "interp_static":
-        import engine.backends.vllm.worker.loader  # noqa: F401  (registers the load format)
+        import engine.backends.vllm.worker.loader as _loader  # noqa: F401  (registers the load format)
     t0 = time.perf_counter()
     before = set(multiprocessing.active_children())
     with scoped_env({"VLLM_ENABLE_V1_MULTIPROCESSING": "1", **env}):

@@ -58,8 +58,10 @@ class StaticTapLoader(DefaultModelLoader):
             except UnsupportedPointError as e:
                 errors[a] = str(e)
         taps = StaticTaps()
+        # ModelConfig.dtype is declared `ModelDType | torch.dtype` but holds the torch.dtype once the config is built
         taps.install(good, site_of, cfg.hidden_size, vllm_config.scheduler_config.max_num_batched_tokens,
-                     next(model.parameters()).device, model_config.dtype, {p: hd for p in HEADED_POINTS})
+                     next(model.parameters()).device, model_config.dtype,  # type: ignore[arg-type]
+                     {p: hd for p in HEADED_POINTS})
         setattr(model, TAPS_ATTR, taps)
         setattr(model, ERRORS_ATTR, errors)
         return model

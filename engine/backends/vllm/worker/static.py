@@ -118,13 +118,14 @@ class Tap:
         [n, *shape] per position, or one [*shape])."""
         u, mul, add = self.buf("u"), self.buf("mul"), self.buf("add")
         cols = slice(None)
-        if steer.address.coords:
-            (_, h), = steer.address.coords
+        # a bound steer (engine.core.steering.Steer.bound): its address is an Address, its value a tensor or None
+        if steer.address.coords:  # type: ignore[union-attr]
+            (_, h), = steer.address.coords  # type: ignore[union-attr]
             h = h % (self.width // head_dim)
             cols = slice(h * head_dim, (h + 1) * head_dim)
         v = steer.value if value is None else value
         if v is not None:
-            v = v.to(mul.device, mul.dtype)
+            v = v.to(mul.device, mul.dtype)  # type: ignore[union-attr]
             per_row = value is not None and steer.bound().lead == 1
             n = rows.stop - rows.start if isinstance(rows, slice) else rows.numel()
             v = v.reshape(n, -1) if per_row else (v if v.dim() == 0 else v.reshape(-1))
