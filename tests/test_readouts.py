@@ -27,13 +27,15 @@ def em():
 
 @pytest.fixture(scope="session")
 def sae_dirs(tmp_path_factory):
-    """Random SAEs in SAELens's on-disk format at the zoo Llama's width (256): {arch: directory}."""
+    """Random SAEs in SAELens's on-disk format at the zoo Llama's width (256): {arch: directory}; the
+    transcoder's features are its encoding at its input point (what it decodes is read at its output point)."""
     root = tmp_path_factory.mktemp("saes")
     return {arch: str(write_random_sae(root / arch, arch, d_in=256, d_sae=512, seed=i, **kw))
-            for i, (arch, kw) in enumerate([("standard", {}), ("topk", {"k": 16}), ("jumprelu", {})])}
+            for i, (arch, kw) in enumerate([("standard", {}), ("topk", {"k": 16}), ("jumprelu", {}),
+                                            ("transcoder", {"d_out": 256})])}
 
 
-@pytest.mark.parametrize("arch", ["standard", "topk", "jumprelu"])
+@pytest.mark.parametrize("arch", ["standard", "topk", "jumprelu", "transcoder"])
 def test_sae_features_equal_the_top_k_of_the_saes_encoding_of_a_capture(em, sae_dirs, arch):
     sae = load_sae(sae_dirs[arch])
     rs = [Readout("resid_post.1", SAEFeatures(sae_dirs[arch], k=8), name="f"),

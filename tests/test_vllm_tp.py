@@ -58,6 +58,37 @@ def test_tp2_every_op_at_a_head_coordinate_equals_eager(tmp_path):
     assert bad == {}, bad
 
 
+def test_tp2_readouts_equal_eager_and_sharded_ones_are_refused(tmp_path):
+    """Readouts at TP=2 (rank 0 computes them from the rows it holds): at replicated points, during
+    prefill and generation under a steer, each kind equals eager's; at a head-sharded point and for
+    the logit lens (the head is sharded) they are refused by name before anything runs. Reuses the
+    engine the previous test left to the session."""
+    from engine.core.readouts import LensTopK, Max, Mean, Norm, Project, Readout, ReadoutError, SAEFeatures
+    from engine.core.sae_files import write_random_sae
+    from test_readouts import assert_same
+    name = FAMILIES[0]
+    em, tp2 = eager_model(name), vllm_model(name, tensor_parallel_size=2)
+    d = tp2.d_model
+    sae = str(write_random_sae(tmp_path / "sae", "topk", d, 2 * d, seed=1, k=8))
+    rs = [Readout("resid_post.1", Mean()), Readout("resid_post.0", Max()), Readout("mlp_out.1", Norm()),
+          Readout("resid_post.1", Project(random_vector((3, d), 4)), name="probe"),
+          Readout("resid_post.1", SAEFeatures(sae, k=5), name="sae")]
+    _, got = tp2.run_with_cache(PROMPT, readouts=rs)
+    _, want = em.run_with_cache(PROMPT, readouts=rs)
+    assert set(got.readouts) == set(want.readouts) == {r.name for r in rs}
+    for key, ref in want.readouts.items():
+        assert_same(got.readouts[key], ref, "vllm", f"prefill {key}")
+    steer = [Steer("resid_post.0", "add", random_vector((d,), 5, 2.0))]
+    g, e = tp2.generate(PROMPT, 3, steer=steer, readouts=rs), em.generate(PROMPT, 3, steer=steer, readouts=rs)
+    assert torch.equal(g.new_tokens, e.new_tokens)
+    for key, ref in e.cache.readouts.items():
+        assert_same(g.cache.readouts[key], ref, "vllm", f"generate {key}")
+    with pytest.raises(ReadoutError, match=r"readout 'z\.1:.*': z\.1 is split across 2 tensor-parallel ranks"):
+        tp2.run_with_cache(PROMPT, readouts=[Readout("z.1", Norm())])
+    with pytest.raises(ReadoutError, match="LensTopK runs the sharded head on one rank"):
+        tp2.run_with_cache(PROMPT, readouts=[Readout("resid_post.1", LensTopK(3))])
+
+
 @pytest.mark.parametrize("name", FAMILIES)
 def test_tp2_equals_tp1_and_eager(name):
     em = eager_model(name)
