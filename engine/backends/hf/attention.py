@@ -10,6 +10,7 @@ callback that only reads (returns None) leaves every tensor of the call untouche
 from __future__ import annotations
 
 import sys
+from typing import Any, Callable
 
 import torch
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, eager_mask
@@ -23,7 +24,7 @@ class _Attached:
     """Handle of one callback attached to one attention module; remove() detaches that callback
     (by identity) and leaves the module clean once none is left."""
 
-    def __init__(self, module, point, fn) -> None:
+    def __init__(self, module: torch.nn.Module, point: str, fn: Callable[[torch.Tensor], torch.Tensor | None]) -> None:
         self.module, self.point, self.fn = module, point, fn
 
     def remove(self) -> None:
@@ -37,7 +38,7 @@ class _Attached:
             delattr(self.module, CALLBACKS_ATTR)
 
 
-def attach(module, point: str, fn) -> _Attached:
+def attach(module: torch.nn.Module, point: str, fn: Callable[[torch.Tensor], torch.Tensor | None]) -> _Attached:
     """Attach fn(canonical tensor) -> replacement | None at `point` inside module's attention call."""
     cbs = getattr(module, CALLBACKS_ATTR, None)
     if cbs is None:
@@ -80,7 +81,8 @@ def _new_tail(module, t, q_len, cbs, point):
     return torch.cat([t[:, :, :-q_len, :], new], dim=2) if t.shape[2] > q_len else new
 
 
-def scores_from(module, query, key, attention_mask, scaling, softcap=None):
+def scores_from(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, attention_mask: torch.Tensor | None,
+                scaling: float, softcap: float | None = None) -> torch.Tensor:
     """Pre-softmax attention logits [b, h, q, kv] recomputed the way eager attention forms them."""
     groups = query.shape[1] // key.shape[1]
     key = key.repeat_interleave(groups, dim=1) if groups > 1 else key
@@ -96,7 +98,9 @@ def scores_from(module, query, key, attention_mask, scaling, softcap=None):
     return scores
 
 
-def interp_attention(module, query, key, value, attention_mask, scaling=None, **kwargs):
+def interp_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                     attention_mask: torch.Tensor | None, scaling: float | None = None,
+                     **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
     cbs = getattr(module, CALLBACKS_ATTR, None)
     eager = _eager_fn(module)
     if scaling is None:
@@ -134,7 +138,7 @@ def install() -> None:
         ALL_MASK_ATTENTION_FUNCTIONS.register(NAME, eager_mask)
 
 
-def use_on(model) -> None:
+def use_on(model: torch.nn.Module) -> None:
     """Switch a loaded HF model (and its sub-configs) to the interp implementation."""
     install()
     for module in model.modules():

@@ -13,7 +13,9 @@ import contextlib
 import functools
 import itertools
 import threading
+from collections.abc import Generator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
@@ -46,6 +48,11 @@ from engine.model.base import ModelBase
 from engine.model.capabilities import Verdict, refused
 from engine.model.sampling import Sampling
 from engine.model.weights import WeightsMixin
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+    from engine.core.results import StreamStep
 
 _HEADS = ("lm_head", "lm_head_raw")  # read at the last prompt token and each new one while generating
 
@@ -110,7 +117,8 @@ def _decode_layout(plans: list[Plan], mask: torch.Tensor, step: int) -> Layout:
 class EagerModel(ModelBase, WeightsMixin, TokensMixin):
     backend = "eager"
 
-    def __init__(self, name: str, hf, tokenizer, family: Family, source: str) -> None:
+    def __init__(self, name: str, hf: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, family: Family,
+                 source: str) -> None:
         self.name, self.hf, self.tokenizer, self.family, self.source = name, hf, tokenizer, family, source
         self.config = sites.text_config(hf)
         self.n_layers = len(sites.get_path(hf, family.layers))
@@ -132,7 +140,7 @@ class EagerModel(ModelBase, WeightsMixin, TokensMixin):
         """Release the HF model (idempotent); any later call says the model was closed."""
         self._closed = True
         self._sites.clear()
-        self.hf = None
+        self.hf = None  # type: ignore[assignment]  # released: _live() refuses every later call
 
     # -- the point catalogue for this model -----------------------------------------------------
     def _shape(self):
@@ -165,7 +173,7 @@ class EagerModel(ModelBase, WeightsMixin, TokensMixin):
             return "integer expert indices: capture only"
         return self.family.capture_only.get(point) or site.capture_only
 
-    def address(self, a) -> Address:
+    def address(self, a: Address | str) -> Address:
         """Parse and check an address against this model and backend; absolute layer."""
         self._live()
         addr = parse(a).resolved(self.n_layers)
@@ -359,7 +367,8 @@ class EagerModel(ModelBase, WeightsMixin, TokensMixin):
         return (mask.long().cumsum(-1) - 1).clamp_min(0)
 
     # -- public API -------------------------------------------------------------------------------
-    def run_with_cache(self, inputs, points=(), steer=(), grad: bool = False, strict: bool = False, readouts=()):
+    def run_with_cache(self, inputs: Any, points: Any = (), steer: Any = (), grad: bool = False, strict: bool = False,
+                       readouts: Any = ()) -> tuple[torch.Tensor, ActivationCache]:
         """One forward. Returns (logits [b, pos, vocab], ActivationCache of [b, pos, ...] tensors);
         padded positions hold 0 in both. With grad=True the captures stay in the autograd graph (they
         are the model's own tensors, padded positions as the model computed them); a capture-only
@@ -390,7 +399,7 @@ class EagerModel(ModelBase, WeightsMixin, TokensMixin):
         caches = [self._cache(p) for p in plans]
         return logits, batch_cache(caches, columns_of(mask), mask.shape[1], self.n_layers, receipts)
 
-    def forward(self, inputs, steer=(), strict: bool = False):
+    def forward(self, inputs: Any, steer: Any = (), strict: bool = False) -> torch.Tensor:
         return self.run_with_cache(inputs, (), steer, strict=strict)[0]
 
     def _cache(self, plan: Plan) -> ActivationCache:
@@ -402,8 +411,8 @@ class EagerModel(ModelBase, WeightsMixin, TokensMixin):
             cache.put_readout(name, acc.result(), acc.readout.kind.per_position)
         return cache
 
-    def generate(self, inputs, max_new_tokens: int = 8, points=(), steer=(), strict: bool = False,
-                 readouts=(), **sampling) -> GenerationResult:
+    def generate(self, inputs: Any, max_new_tokens: int = 8, points: Any = (), steer: Any = (), strict: bool = False,
+                 readouts: Any = (), **sampling: Any) -> GenerationResult:
         """Generation (greedy by default; sampling knobs of engine/model/sampling.py: temperature, top_p,
         top_k, seed) with capture and steering in prefill and every step. `receipts` (per sequence
         and for the call) say what each steer did; strict=True fails a steer that touched no row."""
@@ -435,7 +444,8 @@ class EagerModel(ModelBase, WeightsMixin, TokensMixin):
         with self._lock, torch.no_grad(), self._attached(plans, layouts):
             if knobs.seed is not None:
                 torch.manual_seed(knobs.seed)
-            out = self.hf.generate(**enc, max_new_tokens=max_new_tokens, **knobs.hf(),
+            # PreTrainedModel declares no generate: the CausalLM classes mix GenerationMixin in
+            out = self.hf.generate(**enc, max_new_tokens=max_new_tokens, **knobs.hf(),  # type: ignore[operator]
                                    min_new_tokens=max_new_tokens, output_logits=True,
                                    return_dict_in_generate=True, streamer=streamer, stopping_criteria=stopping,
                                    pad_token_id=self.tokenizer.pad_token_id)
@@ -461,8 +471,9 @@ class EagerModel(ModelBase, WeightsMixin, TokensMixin):
             check_strict(receipts, "generation")
         return GenerationResult(seq, new, text, cache, logits, full_mask, reqs, receipts)
 
-    def stream(self, prompt, max_new_tokens: int = 8, points=(), steer=(), logprobs: int = 0,
-               return_logits: bool = True, rows: bool = True, strict: bool = False, readouts=(), **sampling):
+    def stream(self, prompt: Any, max_new_tokens: int = 8, points: Any = (), steer: Any = (), logprobs: int = 0,
+               return_logits: bool = True, rows: bool = True, strict: bool = False, readouts: Any = (),
+               **sampling: Any) -> Generator[StreamStep, None, None]:
         """Yield a StreamStep per generated token of one prompt (token, text, logprob and the top
         `logprobs`, with rows=True the captured rows of the forward that produced it); the last step
         carries the RequestResult (its logits unless return_logits=False, its receipts; strict=True
@@ -472,7 +483,8 @@ class EagerModel(ModelBase, WeightsMixin, TokensMixin):
         return stream(self, prompt, max_new_tokens, points, steer, logprobs, sampling, return_logits, rows, strict,
                       readouts)
 
-    def logit_lens(self, x, point: str = "resid_post") -> torch.Tensor:
+    def logit_lens(self, x: torch.Tensor | tuple[ActivationCache, Address | str],
+                   point: str = "resid_post") -> torch.Tensor:
         """Logits from a residual tensor (or an address captured in `x` when x is (cache, address))."""
         self._live()
         if isinstance(x, tuple):
@@ -481,7 +493,7 @@ class EagerModel(ModelBase, WeightsMixin, TokensMixin):
             lens.check_lensable(addr.point)
             if addr.coords:
                 raise AddressError(f"logit lens of {addr} needs the whole point; drop the coordinate.")
-            point, x = addr.point, cache[a]
+            point, x = addr.point, cast(torch.Tensor, cache[a])
         else:
             lens.check_lensable(get_point(point).name)
         if x.shape[-1] != self.d_model:

@@ -37,7 +37,7 @@ class Site:
     kind = "site"  # what the site reads, named for the docs and site data (a class attribute)
     how: str = "hook"  # "hook" or "recompute" (derived from tensors around the module)
 
-    def install(self, fn: Callable, writes: bool) -> list:
+    def install(self, fn: Callable[[torch.Tensor], torch.Tensor | None], writes: bool) -> list:
         raise NotImplementedError
 
 
@@ -50,7 +50,7 @@ class OutSite(Site):
     put: Callable = None
     minus_residual: bool = False
 
-    def install(self, fn, writes):
+    def install(self, fn: Callable[[torch.Tensor], torch.Tensor | None], writes: bool) -> list:
         def hook(module, args, kwargs, output):
             t = self.get(output)
             base = None
@@ -71,7 +71,7 @@ class InSite(Site):
     get: Callable = None
     put: Callable = None
 
-    def install(self, fn, writes):
+    def install(self, fn: Callable[[torch.Tensor], torch.Tensor | None], writes: bool) -> list:
         def hook(module, args, kwargs):
             new = fn(self.get((args, kwargs)))
             return None if new is None else self.put((args, kwargs), new)
@@ -85,7 +85,7 @@ class AttnSite(Site):
     kind = "attn"
     point: str = ""
 
-    def install(self, fn, writes):
+    def install(self, fn: Callable[[torch.Tensor], torch.Tensor | None], writes: bool) -> list:
         return [attach_attention(self.module, self.point, fn)]
 
 
@@ -94,7 +94,7 @@ class LogitsSite(Site):
     """The CausalLM output's logits."""
     kind = "logits"
 
-    def install(self, fn, writes):
+    def install(self, fn: Callable[[torch.Tensor], torch.Tensor | None], writes: bool) -> list:
         def hook(module, args, kwargs, output):
             new = fn(output.logits)
             if new is not None:
@@ -107,12 +107,12 @@ class _Stash:
     """Per-installation state handed from one hook of a site to the next within one forward."""
 
     def __init__(self) -> None:
-        self.value = None
+        self.value: torch.Tensor | None = None
 
-    def put(self, v) -> None:
+    def put(self, v: torch.Tensor) -> None:
         self.value = v
 
-    def take(self):
+    def take(self) -> torch.Tensor | None:
         v, self.value = self.value, None
         return v
 
@@ -129,7 +129,7 @@ class ResidMidSite(Site):
     scale: float = 1.0
     includes_residual: bool = False
 
-    def install(self, fn, writes):
+    def install(self, fn: Callable[[torch.Tensor], torch.Tensor | None], writes: bool) -> list:
         if not writes:
             def read(module, args, kwargs):
                 fn(self.get((args, kwargs)))
@@ -158,11 +158,11 @@ class GateSite(Site):
     head_dim: int = 0
     o_proj: torch.nn.Module = None
 
-    def get(self, output):
+    def get(self, output: torch.Tensor | tuple) -> torch.Tensor:
         t = _first(output)
         return torch.sigmoid(t.reshape(*t.shape[:-1], -1, 2 * self.head_dim)[..., self.head_dim:])
 
-    def install(self, fn, writes):
+    def install(self, fn: Callable[[torch.Tensor], torch.Tensor | None], writes: bool) -> list:
         ratio = _Stash()
 
         def read(module, args, kwargs, output):
@@ -198,7 +198,7 @@ class StreamCollapseSite(Site):
     weights: Callable = None
     collapsed: int = 2
 
-    def install(self, fn, writes):
+    def install(self, fn: Callable[[torch.Tensor], torch.Tensor | None], writes: bool) -> list:
         def hook(module, args, kwargs, output):
             streams = args[0] if args else next(iter(kwargs.values()))
             new = fn(self.weights(module, streams))
@@ -217,7 +217,7 @@ class SumSite(Site):
     kind = "sum"
     first: torch.nn.Module = None
 
-    def install(self, fn, writes):
+    def install(self, fn: Callable[[torch.Tensor], torch.Tensor | None], writes: bool) -> list:
         held = _Stash()
 
         def keep_first(module, args, output):

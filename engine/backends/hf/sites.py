@@ -8,7 +8,7 @@ UnsupportedPointError naming why the point is absent there. Resolution reads onl
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import TYPE_CHECKING, Any, Callable, NoReturn
 
 import torch
 
@@ -27,6 +27,12 @@ from engine.core.errors import UnsupportedPointError
 from engine.families.base import Family, FusedSplit, Split
 from engine.model.paths import get_path
 
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig, PreTrainedModel
+
+# () -> (batch, pos) of the running forward, for modules that see the tokens flattened
+ShapeFn = Callable[[], tuple[int, int]]
+
 
 def _first(x):
     return x[0] if isinstance(x, tuple) else x
@@ -41,7 +47,8 @@ def _flat(t):
     return t.reshape(*t.shape[:-2], -1)
 
 
-def out_site(module, index=None, split: Split | None = None, head_dim=None, shape_from=None, **kw) -> OutSite:
+def out_site(module: torch.nn.Module, index: int | None = None, split: Split | None = None, head_dim: int | None = None,
+             shape_from: ShapeFn | None = None, **kw: Any) -> OutSite:
     """A module-output site; `index` picks from a tuple output; `split` takes a chunk of it."""
     pick = (lambda raw: raw[index]) if index is not None else _first
 
@@ -69,7 +76,8 @@ def out_site(module, index=None, split: Split | None = None, head_dim=None, shap
     return OutSite(module, get=get, put=put, **kw)
 
 
-def in_site(module, arg="hidden_states", head_dim=None, shape_from=None) -> InSite:
+def in_site(module: torch.nn.Module, arg: str = "hidden_states", head_dim: int | None = None,
+            shape_from: ShapeFn | None = None) -> InSite:
     """A module-input site: the first positional argument or the keyword `arg`."""
 
     def get(raw):
@@ -92,7 +100,7 @@ def in_site(module, arg="hidden_states", head_dim=None, shape_from=None) -> InSi
     return InSite(module, get=get, put=put)
 
 
-def grouped_in_site(module, head_dim: int) -> InSite:
+def grouped_in_site(module: torch.nn.Module, head_dim: int) -> InSite:
     """A module input [b, pos, groups, width] that is the heads [b, pos, h, hd] regrouped (DeepSeek-V4's
     grouped output projection)."""
     base = in_site(module, arg="x")
@@ -110,7 +118,7 @@ def grouped_in_site(module, head_dim: int) -> InSite:
     return base
 
 
-def head_site(module, side: str, head_dim: int, heads_first: bool = False) -> Site:
+def head_site(module: torch.nn.Module, side: str, head_dim: int, heads_first: bool = False) -> Site:
     """A per-head site on a QK-norm's input or output, canonical [b, pos, heads, hd], also where the
     norm runs heads-first on [b, heads, pos, hd] (Gemma-3, Phi, StableLM)."""
     base = in_site(module, head_dim=head_dim) if side == "in" else out_site(module, head_dim=head_dim)
@@ -132,35 +140,35 @@ class Ctx:
     head_dim: int
     shape: Callable
 
-    def absent(self, why: str):
+    def absent(self, why: str) -> NoReturn:
         raise UnsupportedPointError(f"{self.point!r} is not available at layer {self.layer} of this "
                                     f"{self.fam.name}-family model: {why}")
 
-    def sub(self, root, path):
+    def sub(self, root: torch.nn.Module | None, path: str | None) -> Any:
         return get_path(root, path) if (root is not None and path) else None
 
     @property
-    def blk(self):
+    def blk(self) -> torch.nn.Module:
         blk = get_path(self.hf, f"{self.fam.layers}.{self.layer}")
         return blk if blk is not None else self.absent("no such decoder layer")
 
     @property
-    def attn(self):
+    def attn(self) -> torch.nn.Module | None:
         return self.sub(self.blk, self.fam.attn)
 
     @property
-    def mlp(self):
+    def mlp(self) -> torch.nn.Module | None:
         return self.sub(self.blk, self.fam.mlp)
 
     @property
-    def mixer(self):
+    def mixer(self) -> torch.nn.Module | None:
         """The token mixer in the attention slot: softmax attention, else a hybrid's other mixer."""
         if self.attn is not None:
             return self.attn
         return next((m for m in (self.sub(self.blk, p) for p in self.fam.mixers) if m is not None), None)
 
     @property
-    def flat(self):
+    def flat(self) -> ShapeFn | None:
         return self.shape if self.fam.mlp_flat else None
 
 
@@ -390,11 +398,11 @@ RESOLVERS: dict[str, Callable[[Ctx], Site]] = {
 }
 
 
-def text_config(hf):
+def text_config(hf: PreTrainedModel) -> PretrainedConfig:
     return hf.config.get_text_config() if hasattr(hf.config, "get_text_config") else hf.config
 
 
-def resolve(hf, fam: Family, point: str, layer: int | None, shape: Callable) -> Site:
+def resolve(hf: PreTrainedModel, fam: Family, point: str, layer: int | None, shape: Callable) -> Site:
     """The site for `point` at `layer`, or UnsupportedPointError naming why it is absent."""
     cfg = text_config(hf)
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads

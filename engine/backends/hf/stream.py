@@ -6,6 +6,8 @@ from __future__ import annotations
 import contextvars
 import queue
 import threading
+from collections.abc import Generator
+from typing import Any
 
 import torch
 from transformers.generation.stopping_criteria import StoppingCriteria, StoppingCriteriaList
@@ -18,6 +20,8 @@ from engine.core.plan import Plan
 from engine.core.results import StreamStep
 
 _LOGITS = Address("lm_head")
+# `model` below is the EagerModel: typed Any because engine/backends/hf/eager.py imports this module and an
+# import back, even for type checking only, would be a cycle (tests/test_imports.py)
 
 
 def step_logprobs(logits_row: torch.Tensor, token: int, n: int) -> tuple[float, dict]:
@@ -41,14 +45,14 @@ class _Stop(StoppingCriteria):
 class _Streamer(BaseStreamer):
     """Gets the prompt, then each new token, from HF generate (on the worker thread)."""
 
-    def __init__(self, model, n_logprobs: int, out: queue.Queue, rows: bool = True) -> None:
+    def __init__(self, model: Any, n_logprobs: int, out: queue.Queue, rows: bool = True) -> None:
         self.model, self.n, self.out, self.want_rows = model, n_logprobs, out, rows
         self.plan: Plan | None = None
         self.seen_prompt = False
         self.index = 0
         self.sent: dict = {}  # capture key -> chunks already handed out
 
-    def put(self, value) -> None:
+    def put(self, value: torch.Tensor) -> None:
         if not self.seen_prompt:
             self.seen_prompt = True
             return
@@ -89,8 +93,9 @@ class _Streamer(BaseStreamer):
         pass
 
 
-def stream(model, prompt, max_new_tokens, points, steer, logprobs, sampling, return_logits=True, rows=True,
-           strict=False, readouts=()):
+def stream(model: Any, prompt: Any, max_new_tokens: int, points: Any, steer: Any, logprobs: int,
+           sampling: dict[str, Any], return_logits: bool = True, rows: bool = True, strict: bool = False,
+           readouts: Any = ()) -> Generator[StreamStep, None, None]:
     logprobs = top_logprobs(logprobs)
     model._live()
     max_new_tokens = new_tokens(max_new_tokens)

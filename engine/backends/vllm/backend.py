@@ -19,7 +19,7 @@ import os
 import weakref
 from collections.abc import Iterator
 from contextlib import AbstractContextManager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -34,6 +34,9 @@ from engine.core.errors import AddressError, FamilyLimitationError, UnsupportedP
 from engine.core.points import ALIASES, BY_NAME, backend_status, get_point
 from engine.core.results import GenerationResult, Request, RequestResult
 from engine.model import options
+
+if TYPE_CHECKING:
+    from engine.core.results import ActivationCache
 
 __all__ = ["load", "VLLMModel", "AsyncVLLMModel", "Request", "RequestResult", "GenerationResult", "StreamEvent"]
 
@@ -69,12 +72,12 @@ class VLLMModel:
         return repr(self.aio).replace("AsyncVLLMModel", "VLLMModel", 1)
 
     @property
-    def prepend_bos(self):
+    def prepend_bos(self) -> bool | None:
         """The BOS policy for text prompts (engine/core/tokens.py); set it here, it applies to the async model."""
         return self.aio.prepend_bos
 
     @prepend_bos.setter
-    def prepend_bos(self, value) -> None:
+    def prepend_bos(self, value: bool | None) -> None:
         self.aio.prepend_bos = value
 
     def __enter__(self):
@@ -102,8 +105,9 @@ class VLLMModel:
     def forward(self, inputs: Any, steer: Any = (), strict: bool = False) -> torch.Tensor:
         return self.run_with_cache(inputs, (), steer, strict)[0]
 
-    def generate(self, inputs, max_new_tokens: int = 8, points=(), steer=(), return_logits: bool = True,
-                 strict: bool = False, readouts=(), **sampling) -> GenerationResult:
+    def generate(self, inputs: Any, max_new_tokens: int = 8, points: Any = (), steer: Any = (),
+                 return_logits: bool = True, strict: bool = False, readouts: Any = (),
+                 **sampling: Any) -> GenerationResult:
         """Greedy (by default) generation of every prompt in one continuous batch, with the same
         captures, steers and readouts for each; see generate_batch for per-request ones."""
         return self._run(self.aio.generate(inputs, max_new_tokens, points, steer, return_logits, strict, readouts,
@@ -130,7 +134,8 @@ class VLLMModel:
         closing the stream aborts the request after any interrupted step has unwound)."""
         return self._loop.iterate(agen)
 
-    def logit_lens(self, x, point: str = "resid_post") -> torch.Tensor:
+    def logit_lens(self, x: torch.Tensor | tuple[ActivationCache, Address | str],
+                   point: str = "resid_post") -> torch.Tensor:
         return self._run(self.aio.logit_lens(x, point))
 
     def steering(self, *steers: Any) -> AbstractContextManager:

@@ -19,8 +19,9 @@ import asyncio
 import copy
 import dataclasses
 import uuid
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -57,6 +58,14 @@ from engine.core.tokens import TokensMixin, special_ids
 from engine.model.base import ModelBase
 from engine.model.capabilities import Verdict, refused
 from engine.model.sampling import Sampling
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
+    from vllm.tokenizers import TokenizerLike
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+    from engine.backends.vllm.runtime import Loop
+    from engine.model.weights import BlockLayout
 
 __all__ = ["AsyncVLLMModel", "Submission", "StreamEvent", "NO_CAPTURE"]
 
@@ -105,8 +114,9 @@ class AsyncVLLMModel(ModelBase, TokensMixin):
     """Capture and steering on a vLLM engine, async. Built by engine.backends.vllm.backend.load, on
     `home` (engine.backends.vllm.runtime.Loop): its coroutines run there, awaited from any loop."""
 
-    def __init__(self, name: str, backend: "str | Mode", source: str, path: str, engine, catalogue: VLLMCatalogue | None,
-                 config, tokenizer, home=None) -> None:
+    def __init__(self, name: str, backend: "str | Mode", source: str, path: str, engine: AsyncLLM,
+                 catalogue: VLLMCatalogue | None, config: PretrainedConfig, tokenizer: TokenizerLike,
+                 home: Loop | None = None) -> None:
         self._home = home
         self.mode = mode_for(backend) if isinstance(backend, str) else backend
         self.name, self.backend, self.source, self.path = name, self.mode.name, source, path
@@ -165,7 +175,7 @@ class AsyncVLLMModel(ModelBase, TokensMixin):
             raise AddressError(f"{name} {value} is out of range for {addr.point!r} ({n} {name}s).")
         return Address(addr.point, addr.layer, **{name: value % n})
 
-    def block_layout(self):
+    def block_layout(self) -> BlockLayout:
         """The block layout from the family table and config (per-layer mixers: where q is served)."""
         from engine.families import family_for
         from engine.model.weights import layout
@@ -180,10 +190,10 @@ class AsyncVLLMModel(ModelBase, TokensMixin):
                                     f"and is not copied to the client; load the model with backend='eager' to read "
                                     f"weights.")
 
-    def W_O(self, layer) -> None:
+    def W_O(self, layer: int) -> None:
         self._weights_refused("W_O")
 
-    def W_down(self, layer) -> None:
+    def W_down(self, layer: int) -> None:
         self._weights_refused("W_down")
 
     @property
@@ -328,7 +338,8 @@ class AsyncVLLMModel(ModelBase, TokensMixin):
         (prompt,) = await self.engine.renderer.render_cmpl_async([{"prompt_token_ids": sub.prompt}],
                                                                 prompt_extras=extras)
         sp = SamplingParams(**sub.params, extra_args={EXTRA_KEY: key} if self._needs_worker(sub.plan) else None)
-        final, ids = None, []
+        final = None
+        ids: list[int] = []
         try:
             async for out in self.engine.generate(prompt, sp, request_id=key):
                 final = out
@@ -495,8 +506,9 @@ class AsyncVLLMModel(ModelBase, TokensMixin):
             check_strict(receipts, "forward")
         return logits, batch_cache([r.cache for r in res], cols, width, self.n_layers, receipts)
 
-    def stream(self, prompt, max_new_tokens: int = 8, points=(), steer=(), logprobs: int = 0,
-               return_logits: bool = True, rows: bool = True, strict: bool = False, readouts=(), **sampling):
+    def stream(self, prompt: Any, max_new_tokens: int = 8, points: Any = (), steer: Any = (), logprobs: int = 0,
+               return_logits: bool = True, rows: bool = True, strict: bool = False, readouts: Any = (),
+               **sampling: Any) -> AsyncGenerator[StreamStep, None]:
         """An async iterator of StreamSteps, one per generated token (token, text, logprob and the top
         `logprobs` of the raw distribution, and with rows=True the captured rows of the forward that
         produced it, read from the workers while the request runs); the last step carries the full
@@ -625,7 +637,8 @@ class AsyncVLLMModel(ModelBase, TokensMixin):
                                 combine([r.receipts for r in res]))
 
     @on_home_loop
-    async def logit_lens(self, x, point: str = "resid_post") -> torch.Tensor:
+    async def logit_lens(self, x: torch.Tensor | tuple[ActivationCache, Address | str],
+                         point: str = "resid_post") -> torch.Tensor:
         """Logits from a residual tensor through vLLM's own final norm and head (softcap, scaling)."""
         from engine.core.points import get_point
         from engine.model import lens
@@ -651,6 +664,6 @@ class AsyncVLLMModel(ModelBase, TokensMixin):
         (or await aclose()); the synchronous VLLMModel does that for you."""
         if not self._closed:
             self._closed = True
-            engine, self.engine = self.engine, None
+            engine, self.engine = self.engine, None  # type: ignore[assignment]  # released: _live() refuses later calls
             from engine.backends.vllm.runtime import stop_engine
             stop_engine(engine)

@@ -16,6 +16,8 @@ Checks, on a short probe prompt, greedy:
 """
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 PROBE = "The quick brown fox jumps over the lazy dog because it was asked to"
@@ -25,7 +27,9 @@ class TapProofError(RuntimeError):
     pass
 
 
-def prove_taps(model) -> dict:
+# `model` is the VLLMModel: typed Any (as Mode.prove's) because engine/backends/vllm/backend.py reaches this
+# module through modes.py and an import back, even for type checking only, would be a cycle (tests/test_imports.py)
+def prove_taps(model: Any) -> dict:
     from engine.core.results import Request
     from engine.core.steering import Steer
     mode = model.load_report.cudagraph_mode or "NONE"

@@ -18,11 +18,20 @@ import multiprocessing
 import os
 import threading
 import time
+from collections.abc import AsyncGenerator, Callable, Coroutine, Generator, Iterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
 
 from engine.backends.vllm.sizing import Sizing, kv_bytes_for  # noqa: F401  (kv_bytes_for: benchmarks)
 from engine.core.errors import OptionError
 from engine.model import sources
+
+if TYPE_CHECKING:
+    from vllm.platforms import Platform
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+_T = TypeVar("_T")
+_P = ParamSpec("_P")
 
 log = logging.getLogger("engine.vllm")
 if not log.handlers:  # the load report is a log line users should see without configuring logging
@@ -57,7 +66,7 @@ def check_engine_args(backend: str, engine_kw: dict) -> None:
             raise OptionError(f"{name}={engine_kw[name]!r} is not served by backend {backend!r}: {why}.")
 
 
-def check_executor(engine_kw: dict, platform) -> None:
+def check_executor(engine_kw: dict, platform: Platform) -> None:
     """distributed_executor_backend="ray" (vLLM's own multi-node path: its ranks as Ray actors) is
     passed on where vLLM's Ray executor can place ranks (a platform with a Ray device key: GPUs);
     elsewhere it is refused by name before anything starts (vLLM would fail after loading)."""
@@ -134,7 +143,7 @@ def rss_gib() -> float:
 
 
 @contextlib.contextmanager
-def scoped_env(env: dict):
+def scoped_env(env: dict[str, str]) -> Iterator[None]:
     """Environment variables for one engine's construction (its processes inherit them). vLLM caches
     its env reads once an engine is up, so the cache is dropped first."""
     import vllm.envs
@@ -218,7 +227,7 @@ class Loop:
         self.loop.call_soon_threadsafe(start)
         return fut, cancel
 
-    def run(self, coro):
+    def run(self, coro: Coroutine[Any, Any, _T]) -> _T:
         if self.here():
             coro.close()
             raise RuntimeError("a synchronous model call was made from the model's own event loop; await the "
@@ -236,7 +245,7 @@ class Loop:
                 concurrent.futures.wait([fut], timeout=30)
             raise
 
-    async def hop(self, coro):
+    async def hop(self, coro: Coroutine[Any, Any, _T]) -> _T:
         """Await `coro` on this loop from another running loop (cancelling the caller cancels it)."""
         if self.here():
             return await coro
@@ -250,7 +259,7 @@ class Loop:
                 raise self.closed_error() from None
             raise
 
-    async def relay(self, agen):
+    async def relay(self, agen: AsyncGenerator[_T, None]) -> AsyncGenerator[_T, None]:
         """`agen` (an async generator that lives on this loop) iterated from whichever loop iterates
         this one; closing this one closes it, after a step cancelled under it has unwound."""
         cursor = _Cursor(agen)
@@ -268,7 +277,7 @@ class Loop:
                 with contextlib.suppress(Exception):
                     await self.hop(cursor.close())
 
-    def iterate(self, agen):
+    def iterate(self, agen: AsyncGenerator[_T, None]) -> Generator[_T, None, None]:
         """`agen` (an async generator that lives on this loop) iterated from a plain thread, as a
         generator; closing it (or Ctrl-C while it waits) closes `agen` once its step has unwound."""
         cursor = _Cursor(agen)
@@ -316,7 +325,7 @@ class _Cursor:
     agen: object
     step: asyncio.Task | None = None
 
-    async def next(self):
+    async def next(self) -> Any:
         self.step = asyncio.current_task()
         try:
             return await self.agen.__anext__()  # type: ignore[attr-defined]
@@ -332,11 +341,12 @@ class _Cursor:
         await self.agen.aclose()  # type: ignore[attr-defined]
 
 
-def on_home_loop(method):
+def on_home_loop(method: Callable[Concatenate[Any, _P], Coroutine[Any, Any, _T]],
+                 ) -> Callable[Concatenate[Any, _P], Coroutine[Any, Any, _T]]:
     """A coroutine method of a model with a `_home` Loop (and `_live()`): it runs on that loop (where
     vLLM's AsyncLLM and its output handler live), awaited from whichever event loop calls it."""
     @functools.wraps(method)
-    async def call(self, *args, **kw):
+    async def call(self: Any, *args: _P.args, **kw: _P.kwargs) -> _T:
         if self._home is None:
             return await method(self, *args, **kw)
         self._live()
@@ -361,14 +371,14 @@ async def _cancel_pending(timeout: float) -> None:
         await asyncio.wait(tasks, timeout=timeout)
 
 
-def start_engine(path: str, env: dict, **engine_kw):
+def start_engine(path: str, env: dict[str, str], **engine_kw: Any) -> tuple[AsyncLLM, float]:
     """An AsyncLLM (engine core in its own process). Returns (engine, seconds); the engine's child
     processes are kept as `engine.interp_processes`, for stop_engine."""
     prepare_env()
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.v1.engine.async_llm import AsyncLLM
     if engine_kw.get("load_format") == "interp_static":
-        import engine.backends.vllm.worker.loader  # noqa: F401  (registers the load format)
+        import engine.backends.vllm.worker.loader as _loader  # noqa: F401  (registers the load format)
     t0 = time.perf_counter()
     before = set(multiprocessing.active_children())
     with scoped_env({"VLLM_ENABLE_V1_MULTIPROCESSING": "1", **env}):
@@ -377,7 +387,7 @@ def start_engine(path: str, env: dict, **engine_kw):
     return engine, time.perf_counter() - t0
 
 
-def stop_engine(engine, timeout: float = 30.0) -> None:
+def stop_engine(engine: AsyncLLM, timeout: float = 30.0) -> None:
     """Shut the engine down and wait until its processes are gone (killed after `timeout`)."""
     engine.shutdown()
     deadline = time.monotonic() + timeout

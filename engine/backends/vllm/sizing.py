@@ -14,10 +14,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
 from engine.core.errors import OptionError
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
+    from vllm.platforms import Platform
 
 CPU_MAX_MODEL_LEN = 512
 CPU_MAX_NUM_SEQS = 8
@@ -54,11 +59,11 @@ class Sizing:
         return f"on {self.device_type}: " + "; ".join(f"{k} {val(k)} ({self.why[k]})" for k in keys)
 
 
-def dtype_name(dtype) -> str:
+def dtype_name(dtype: torch.dtype | str) -> str:
     return str(dtype).removeprefix("torch.")
 
 
-def context_of(cfg) -> int | None:
+def context_of(cfg: PretrainedConfig) -> int | None:
     """The model's own context length from its config, or None when it states none."""
     for k in CONTEXT_KEYS:
         v = getattr(cfg, k, None)
@@ -67,12 +72,12 @@ def context_of(cfg) -> int | None:
     return None
 
 
-def checkpoint_dtype(cfg) -> str | None:
+def checkpoint_dtype(cfg: PretrainedConfig) -> str | None:
     v = getattr(cfg, "dtype", None) or getattr(cfg, "torch_dtype", None)
     return dtype_name(v) if v is not None else None
 
 
-def kv_bytes_per_token(cfg, dtype: torch.dtype) -> int:
+def kv_bytes_per_token(cfg: PretrainedConfig, dtype: torch.dtype) -> int:
     cfg = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
     heads: int = getattr(cfg, "num_attention_heads", None) or getattr(cfg, "n_head", None) or 1
     kvh: int = getattr(cfg, "num_key_value_heads", None) or heads
@@ -81,7 +86,7 @@ def kv_bytes_per_token(cfg, dtype: torch.dtype) -> int:
     return layers * 2 * max(kvh, 1) * hd * torch.tensor([], dtype=dtype).element_size()
 
 
-def kv_bytes_for(cfg, max_num_seqs: int, max_model_len: int, dtype: torch.dtype) -> int:
+def kv_bytes_for(cfg: PretrainedConfig, max_num_seqs: int, max_model_len: int, dtype: torch.dtype) -> int:
     """A KV cache budget that fits max_num_seqs full-length sequences twice over (min 16 MiB)."""
     return max(16 << 20, 2 * kv_bytes_per_token(cfg, dtype) * max_num_seqs * (max_model_len + 128))
 
@@ -95,7 +100,8 @@ def weight_bytes(path: str | None, stored: str | None, dtype: str) -> int:
     return on_disk * size.get(dtype, 2) // size.get(stored or dtype, 2)
 
 
-def choose(cfg, platform, dtype=None, max_model_len: int | None = None, max_num_seqs: int | None = None,
+def choose(cfg: PretrainedConfig, platform: Platform, dtype: torch.dtype | str | None = None,
+           max_model_len: int | None = None, max_num_seqs: int | None = None,
            kv_cache_memory_bytes: int | None = None, gpu_memory_utilization: float | None = None,
            path: str | None = None, tensor_parallel_size: int = 1) -> Sizing:
     """Fill the unset knobs for `platform` (vLLM's current_platform, or anything with `device_type`

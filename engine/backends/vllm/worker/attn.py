@@ -8,15 +8,20 @@ biases are refused; probabilities are refused where the softmax has sink logits.
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from engine.core.errors import UnsupportedPointError
 from engine.core.points import KEY_AXIS_POINTS
 
+if TYPE_CHECKING:
+    from vllm.model_executor.layers.attention import Attention
+
 ATTN_POINTS = KEY_AXIS_POINTS  # recomputed here from q and k: the points with a key-position axis
 
 
-def params(kernel) -> dict:
+def params(kernel: Attention) -> dict:
     """Scale, softcap, window and refusals of one vLLM Attention module."""
     impl = kernel.impl
     window = getattr(impl, "sliding_window", None)

@@ -20,6 +20,7 @@ ones on rank 0 only; the client gathers.
 from __future__ import annotations
 
 import functools
+from typing import TYPE_CHECKING, Callable
 
 import torch
 
@@ -34,6 +35,11 @@ from engine.core.errors import UnsupportedPointError
 from engine.core.plan import Plan, Span, Step, run_site, site_work
 from engine.core.points import POINTS
 from engine.core.readouts import Env, bind, parts_of
+
+if TYPE_CHECKING:
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    from engine.backends.vllm.worker.tree import VSite
 
 
 def _to_cpu(span, key, rows):
@@ -148,7 +154,7 @@ class HookSites:
 class WorkerState:
     """What one rank holds: the registered plans, the sites they need and the current step."""
 
-    def __init__(self, runner, backend: str) -> None:
+    def __init__(self, runner: GPUModelRunner, backend: str) -> None:
         from vllm.distributed import get_tensor_model_parallel_rank, get_tensor_model_parallel_world_size
         self.runner, self.backend = runner, backend
         self.model = runner.get_model()
@@ -172,7 +178,7 @@ class WorkerState:
             self.end_handle = self.end_module.register_forward_hook(self._end)
 
     # -- sites ------------------------------------------------------------------------------------
-    def site(self, addr: Address):
+    def site(self, addr: Address) -> VSite:
         key = (addr.point, addr.layer)
         if key not in self.sites:
             s = resolve(self.model, self.tree, addr.point, addr.layer, self.rank, self.tp)
@@ -314,7 +320,8 @@ class WorkerState:
             self.plans[plan.key] = plan
         self._rebuild()
 
-    def collect(self, keys: list[str], logits: list[bool], encode=vllm_wire.tensor_out) -> list[dict]:
+    def collect(self, keys: list[str], logits: list[bool],
+                encode: Callable[[torch.Tensor], dict] = vllm_wire.tensor_out) -> list[dict]:
         """Each plan's captures ({key: [first position, rows]}) and logits, and forget the plan
         (tensors go out through `encode`: inline bytes, or vllm_sink's shared-memory files)."""
         out = []
@@ -456,6 +463,6 @@ class InterpWorker:
     def interp_peek(self, keys: list, since: list, readouts: list | None = None) -> list:
         return self._interp.peek(keys, since, readouts)
 
-    def interp_lens(self, x: dict, apply_norm: bool):
+    def interp_lens(self, x: dict, apply_norm: bool) -> dict | None:
         out = self._interp.logits(vllm_wire.tensor_in(x), apply_norm)
         return vllm_wire.tensor_out(out) if self._interp.rank == 0 else None

@@ -10,11 +10,17 @@ from __future__ import annotations
 
 import copy
 import functools
+from typing import TYPE_CHECKING
 
 from vllm.model_executor.model_loader import DefaultModelLoader, register_model_loader
 
 from engine.core.address import parse
 from engine.core.points import HEADED_POINTS
+
+if TYPE_CHECKING:
+    import torch
+    from vllm.config import ModelConfig, VllmConfig
+    from vllm.config.load import LoadConfig
 
 LOAD_FORMAT = "interp_static"
 CONFIG_KEY = "interp_static"
@@ -24,14 +30,14 @@ ERRORS_ATTR = "_interp_static_errors"  # declared address -> why it cannot be a 
 
 @register_model_loader(LOAD_FORMAT)
 class StaticTapLoader(DefaultModelLoader):
-    def __init__(self, load_config) -> None:
+    def __init__(self, load_config: LoadConfig) -> None:
         extra = dict(load_config.model_loader_extra_config or {})
         self.declared = extra.pop(CONFIG_KEY, [])
         own = copy.copy(load_config)  # the weights themselves load exactly as vLLM's default would
         own.load_format, own.model_loader_extra_config = "auto", extra
         super().__init__(own)
 
-    def load_model(self, vllm_config, model_config, prefix: str = ""):
+    def load_model(self, vllm_config: VllmConfig, model_config: ModelConfig, prefix: str = "") -> torch.nn.Module:
         model = super().load_model(vllm_config, model_config, prefix)
         from vllm.distributed import get_tensor_model_parallel_rank, get_tensor_model_parallel_world_size
 
@@ -52,8 +58,10 @@ class StaticTapLoader(DefaultModelLoader):
             except UnsupportedPointError as e:
                 errors[a] = str(e)
         taps = StaticTaps()
+        # ModelConfig.dtype is declared `ModelDType | torch.dtype` but holds the torch.dtype once the config is built
         taps.install(good, site_of, cfg.hidden_size, vllm_config.scheduler_config.max_num_batched_tokens,
-                     next(model.parameters()).device, model_config.dtype, {p: hd for p in HEADED_POINTS})
+                     next(model.parameters()).device, model_config.dtype,  # type: ignore[arg-type]
+                     {p: hd for p in HEADED_POINTS})
         setattr(model, TAPS_ATTR, taps)
         setattr(model, ERRORS_ATTR, errors)
         return model

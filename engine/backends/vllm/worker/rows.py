@@ -9,7 +9,13 @@ logits. One model runner per worker process, so the map is a module global of th
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor, MoveDirectionality
+
+if TYPE_CHECKING:
+    import torch
+    from vllm.config import VllmConfig
 
 EXTRA_KEY = "interp_plan"
 ROWS: dict[int, str] = {}  # persistent-batch index -> plan key (only requests that carry one)
@@ -36,13 +42,13 @@ def apply_update(rows: dict, update: BatchUpdate) -> None:
 class RowMap(LogitsProcessor):
     """Tracks ROWS; argmax-invariant and the identity on logits."""
 
-    def __init__(self, vllm_config, device, is_pin_memory) -> None:
+    def __init__(self, vllm_config: VllmConfig, device: torch.device, is_pin_memory: bool) -> None:
         ROWS.clear()
 
     def is_argmax_invariant(self) -> bool:
         return True
 
-    def apply(self, logits):
+    def apply(self, logits: torch.Tensor) -> torch.Tensor:
         return logits
 
     def update_state(self, batch_update: BatchUpdate | None) -> None:

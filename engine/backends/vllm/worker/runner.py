@@ -58,7 +58,7 @@ def force_v1(backend: str, engine_kw: dict) -> tuple[dict, str]:
     return {ENV: "0"}, note
 
 
-def runner_kind(runner) -> str:
+def runner_kind(runner: object) -> str:
     """'v2' when the worker's model runner is vLLM's V2 runner (or a subclass), else 'v1'."""
     return "v2" if any(c.__module__.startswith(V2_PACKAGE) for c in type(runner).__mro__) else "v1"
 

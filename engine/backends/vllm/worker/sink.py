@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import uuid
 from pathlib import Path
+from typing import Callable
 
 import torch
 
@@ -45,7 +46,7 @@ def from_file(d: dict) -> torch.Tensor:
         Path(path).unlink(missing_ok=True)
 
 
-def encoder(directory: str | None, inline):
+def encoder(directory: str | None, inline: Callable[[torch.Tensor], dict]) -> Callable[[torch.Tensor], dict]:
     """The function a worker encodes collected tensors with: files under `directory` when this
     process can write there, else `inline` (vllm_wire.tensor_out: bytes in the reply)."""
     if directory is None or not os.path.isdir(directory):

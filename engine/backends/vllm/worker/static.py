@@ -23,6 +23,7 @@ differently in the last bits).
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
@@ -33,11 +34,16 @@ from engine.core.ops import OPS, AffineRows
 from engine.core.plan import Step, feed_readouts, steer_span, touches_every_row
 from engine.core.steering import overflowed, values_at
 
+if TYPE_CHECKING:
+    from engine.core.plan import Plan
+    from engine.core.steering import Steer
+
 
 class Tap:
     """Buffers and wrapper of one declared (point, layer)."""
 
-    def __init__(self, name: str, site: VSite, width: int, rows: int, writable: bool, device, dtype, index: int) -> None:
+    def __init__(self, name: str, site: VSite, width: int, rows: int, writable: bool, device: torch.device,
+                 dtype: torch.dtype, index: int) -> None:
         self.name, self.site, self.width, self.rows, self.writable = name, site, width, rows, writable
         self.dirty: tuple | None = None  # rows [lo, hi) the last step filled (None: identity everywhere)
         mod, p = site.module, f"_interp_tap{index}"
@@ -105,19 +111,21 @@ class Tap:
         self.buf("mul")[lo:hi].fill_(1.0)
         self.buf("add")[lo:hi].zero_()
 
-    def fill(self, rows: "torch.Tensor | slice", steer, head_dim: int | None, value=None) -> None:
+    def fill(self, rows: "torch.Tensor | slice", steer: Steer, head_dim: int | None,
+             value: torch.Tensor | None = None) -> None:
         """Compose one steer into the write buffers at the given flat rows (an index tensor, or a slice
         for a contiguous run); `value` is its value for those rows (engine.core.steering.values_at:
         [n, *shape] per position, or one [*shape])."""
         u, mul, add = self.buf("u"), self.buf("mul"), self.buf("add")
         cols = slice(None)
-        if steer.address.coords:
-            (_, h), = steer.address.coords
+        # a bound steer (engine.core.steering.Steer.bound): its address is an Address, its value a tensor or None
+        if steer.address.coords:  # type: ignore[union-attr]
+            (_, h), = steer.address.coords  # type: ignore[union-attr]
             h = h % (self.width // head_dim)
             cols = slice(h * head_dim, (h + 1) * head_dim)
         v = steer.value if value is None else value
         if v is not None:
-            v = v.to(mul.device, mul.dtype)
+            v = v.to(mul.device, mul.dtype)  # type: ignore[union-attr]
             per_row = value is not None and steer.bound().lead == 1
             n = rows.stop - rows.start if isinstance(rows, slice) else rows.numel()
             v = v.reshape(n, -1) if per_row else (v if v.dim() == 0 else v.reshape(-1))
@@ -149,9 +157,10 @@ class StaticTaps:
 
     def __init__(self) -> None:
         self.taps: dict[str, Tap] = {}  # address str (no coords) -> Tap
-        self.head_dim: dict[str, int] = {}
+        self.head_dim: dict[str, int | None] = {}  # None: the point has no head axis
 
-    def install(self, declared, site_of, d_model, rows, device, dtype, head_dims) -> None:
+    def install(self, declared: list[tuple[Address, bool]], site_of: Callable[[Address], VSite], d_model: int,
+                rows: int, device: torch.device, dtype: torch.dtype, head_dims: dict[str, int]) -> None:
         for i, (addr, writable) in enumerate(declared):
             site = site_of(addr)
             self.taps[str(addr)] = Tap(str(addr), site, width_of(site, addr.point, d_model), rows,
@@ -171,7 +180,7 @@ class StaticTaps:
         """Nothing to attach: the taps are part of the compiled forward."""
         return []
 
-    def original_forward(self, name: str):
+    def original_forward(self, name: str) -> Callable[..., Any] | None:
         """The forward of the module a tap named `name` wraps, before the tap (None: no such tap), so
         rows run through it (a lens readout's final norm) bypass the tap's capture and steer."""
         tap = self.taps.get(name)
@@ -210,7 +219,7 @@ class StaticTaps:
                     v = values_at(st, idx + sp.pos0, shape)
                     tap.fill((idx + sp.a).to(tap.buf("mul").device), st, self.head_dim[name], v)
 
-    def after(self, step: Step, work: dict, on_error=None) -> None:
+    def after(self, step: Step, work: dict, on_error: Callable[[Plan, BaseException], None] | None = None) -> None:
         """Fail each plan whose steer made a row non-finite at a tap (on_error(plan, exc); the tap
         kept the unsteered row), tally the receipts of this step's steers from the `pre` rows, and copy
         each capturing plan's rows out of the capture buffers (CPU copies)."""

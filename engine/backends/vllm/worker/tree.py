@@ -11,12 +11,15 @@ from __future__ import annotations
 
 import inspect
 from dataclasses import dataclass, field
-from typing import Callable, NoReturn
+from typing import TYPE_CHECKING, Any, Callable, NoReturn
 
 import torch
 
 from engine.core.errors import UnsupportedPointError
 from engine.model.paths import get_path
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
 
 _MOE_ACT = ("MoE layer: vLLM runs the experts as one fused kernel, so per-token expert activations "
             "are never materialized; use mlp_in / mlp_out")
@@ -86,7 +89,7 @@ TREES: dict[str, Tree] = {
 TRANSFORMERS_BACKEND = ("TransformersForCausalLM", "TransformersMoEForCausalLM")
 
 
-def tree_for(model, hf_config) -> Tree:
+def tree_for(model: torch.nn.Module, hf_config: PretrainedConfig) -> Tree:
     """The Tree for a loaded vLLM model; the Transformers backend reuses the eager family table."""
     cls = type(model).__name__
     if cls == "OPTForCausalLM" and not getattr(hf_config, "do_layer_norm_before", True):
@@ -157,10 +160,10 @@ class VSite:
     held: list | None = None  # sharded: global indices of axis 1 this rank holds (None: replicated)
 
     @property
-    def key(self):
+    def key(self) -> tuple[int, str, str]:
         return id(self.module), self.phase, self.kind
 
-    def install(self, fn) -> list:
+    def install(self, fn: Callable[[torch.Tensor], torch.Tensor | None]) -> list:
         """Attach fn(canonical) -> replacement | None as a forward (pre-)hook; returns the handles."""
         if self.phase == "pre":
             def pre(module, args, kwargs):
@@ -186,7 +189,7 @@ def _raw(new, like, batched, heads):
     return new.reshape(like.shape) if batched else new
 
 
-def out_site(module, batched=False, heads=None, kind="out") -> VSite:
+def out_site(module: torch.nn.Module, batched: bool = False, heads: int | None = None, kind: str = "out") -> VSite:
     """Module output (the first element of a tuple output, e.g. vLLM linears return (y, bias))."""
     def get(out):
         t = out[0] if isinstance(out, tuple) else out
@@ -199,7 +202,8 @@ def out_site(module, batched=False, heads=None, kind="out") -> VSite:
     return VSite(module, "post", kind, get, put)
 
 
-def in_site(module, batched=False, heads=None, kind="in", slot=None) -> VSite:
+def in_site(module: torch.nn.Module, batched: bool = False, heads: int | None = None, kind: str = "in",
+            slot: int | None = None) -> VSite:
     """Module input: its hidden-states argument (or the argument at `slot`)."""
     hi, hn, _, _ = _slots(module) if slot is None else (slot, f"__arg{slot}", None, "")
 
@@ -213,7 +217,7 @@ def in_site(module, batched=False, heads=None, kind="in", slot=None) -> VSite:
     return VSite(module, "pre", kind, get, put)
 
 
-def pair_in_site(module, batched=False, kind="pair_in", pair=True) -> VSite:
+def pair_in_site(module: torch.nn.Module, batched: bool = False, kind: str = "pair_in", pair: bool = True) -> VSite:
     """The residual stream entering a module that takes (hidden, residual): their sum (or hidden
     alone when residual is None); written back as hidden = new - residual. pair=False: the hidden
     argument alone is the stream (a residual argument, if any, is ignored by the module)."""
@@ -234,7 +238,8 @@ def pair_in_site(module, batched=False, kind="pair_in", pair=True) -> VSite:
     return VSite(module, "pre", kind, get, put)
 
 
-def pair_out_site(module, batched=False, kind="pair_out", pair_style=True) -> VSite:
+def pair_out_site(module: torch.nn.Module, batched: bool = False, kind: str = "pair_out",
+                  pair_style: bool = True) -> VSite:
     """The residual stream leaving a decoder layer that returns (hidden, residual): their sum.
     pair_style=False: the first output is the stream."""
     def pair(out):
@@ -273,7 +278,7 @@ class Ctx:
         raise UnsupportedPointError(f"{self.point!r}{where} is not served by vLLM's {type(self.model).__name__}: {why}")
 
     @staticmethod
-    def sub(root, path):
+    def sub(root: torch.nn.Module | None, path: str | None) -> Any:
         return get_path(root, path) if root is not None and path else None
 
     @property
@@ -281,16 +286,16 @@ class Ctx:
         return self.tree.batched
 
     @property
-    def blk(self):
+    def blk(self) -> torch.nn.Module:
         blk = self.sub(self.model, f"{self.tree.layers}.{0 if self.point == 'embeddings' else self.layer}")
         return blk if blk is not None else self.absent("no such decoder layer")
 
     @property
-    def attn(self):
+    def attn(self) -> torch.nn.Module | None:
         return self.sub(self.blk, self.tree.attn)
 
     @property
-    def mlp(self):
+    def mlp(self) -> torch.nn.Module | None:
         return self.sub(self.blk, self.tree.mlp)
 
     def model_heads(self, kv: bool = False) -> int:
@@ -401,7 +406,7 @@ RESOLVERS: dict[str, Callable[[Ctx], VSite]] = {
 }
 
 
-def resolve(model, tree: Tree, point: str, layer: int | None, rank: int = 0, tp: int = 1) -> VSite:
+def resolve(model: torch.nn.Module, tree: Tree, point: str, layer: int | None, rank: int = 0, tp: int = 1) -> VSite:
     """The site of `point` at `layer` in a loaded vLLM model, or UnsupportedPointError with why."""
     c = Ctx(model, tree, point, layer, rank, tp)
     if point in tree.refused:

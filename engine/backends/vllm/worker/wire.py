@@ -40,7 +40,7 @@ def tensor_in(d: dict) -> torch.Tensor:
     return torch.frombuffer(buf, dtype=dtype).reshape(d["shape"])
 
 
-def encode(x):
+def encode(x: Any) -> Any:
     """Tensors anywhere inside lists / tuples / dicts -> plain data."""
     if isinstance(x, torch.Tensor):
         return tensor_out(x)
@@ -51,7 +51,7 @@ def encode(x):
     return x
 
 
-def decode(x):
+def decode(x: Any) -> Any:
     if isinstance(x, dict):
         if x.get(_TENSOR):
             return tensor_in(x)
