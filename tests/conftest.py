@@ -9,3 +9,14 @@ def _close_shared_engines():
     import test_vllm_common
     for m in list(test_vllm_common._ENGINES.values()):
         test_vllm_common.drop(m)
+
+
+@pytest.fixture
+def ctrl_c():
+    """SIGINT handled as Python handles it at a terminal (KeyboardInterrupt) for the test's length: a
+    test runner started in the background (`cmd &` in a script, as CI may start it) inherits SIGINT
+    ignored, and then a Ctrl-C test would see nothing."""
+    import signal
+    old = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, old)

@@ -95,7 +95,7 @@ def test_async_stream_read_to_the_end_and_closed_early_still_work(loop):
 
 
 @pytest.mark.skipif(threading.current_thread() is not threading.main_thread(), reason="SIGINT goes to the main thread")
-def test_ctrl_c_during_a_sync_stream_step_is_a_keyboard_interrupt_and_closes_it(loop):
+def test_ctrl_c_during_a_sync_stream_step_is_a_keyboard_interrupt_and_closes_it(loop, ctrl_c):
     """SIGINT while the sync side waits for a step: KeyboardInterrupt (what a user's `except
     KeyboardInterrupt` catches), the step is cancelled and unwound, and closing the stream runs the
     generator's cleanup to its end without an error; the loop serves the next stream."""
@@ -127,7 +127,7 @@ def test_a_sync_stream_closed_after_the_loop_stopped_raises_nothing(loop):
 
 
 @pytest.mark.skipif(threading.current_thread() is not threading.main_thread(), reason="SIGINT goes to the main thread")
-def test_ctrl_c_during_a_sync_call_returns_once_the_call_has_unwound(loop):
+def test_ctrl_c_during_a_sync_call_returns_once_the_call_has_unwound(loop, ctrl_c):
     """Loop.run interrupted: the call is cancelled on the loop and KeyboardInterrupt goes on as soon as
     it has unwound. The cancelled future was never marked notified, so the wait for the unwind sat out
     its whole 30 s timeout on every Ctrl-C."""

@@ -293,6 +293,7 @@ def test_ctrl_c_during_a_sync_vllm_stream_is_a_keyboard_interrupt(tmp_path):
         "import os, signal, threading\n"
         "from engine.backends.vllm.backend import load\n"
         "if __name__ == '__main__':\n"
+        "    signal.signal(signal.SIGINT, signal.default_int_handler)  # as at a terminal, even when started in the background\n"
         "    m = load('meta-llama/Llama-3.2-1B', source='zoo', max_model_len=256)\n"
         "    steps = m.stream('The quick brown fox jumps over the lazy dog', 200, points=['resid_post.1'])\n"
         "    next(steps)\n"
@@ -314,7 +315,7 @@ def test_ctrl_c_during_a_sync_vllm_stream_is_a_keyboard_interrupt(tmp_path):
 
 
 @pytest.mark.skipif(threading.current_thread() is not threading.main_thread(), reason="SIGINT goes to the main thread")
-def test_ctrl_c_during_a_sync_vllm_stream_after_calls_from_another_loop(vm):
+def test_ctrl_c_during_a_sync_vllm_stream_after_calls_from_another_loop(vm, ctrl_c):
     """In the session engine, after it served calls (one cancelled) from a caller's own event loop, as
     the old in-session test did: SIGINT during a sync stream is a KeyboardInterrupt (it surfaced as
     "aclose(): asynchronous generator is already running"), returned promptly (the unwind wait sat

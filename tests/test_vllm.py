@@ -263,17 +263,19 @@ def test_a_failing_request_fails_alone(engines):
     a request running beside it and the engine itself are unaffected."""
     import asyncio
 
+    from engine.backends.vllm.client import Submission
     from engine.backends.vllm.worker import wire as vllm_wire
     from engine.core.plan import Plan
     vm, em = engines(LLAMA), eager_model(LLAMA)
     aio = vm.aio
-    bad = Plan(len(vm._prompt_ids(PROMPT)), [], [Steer("resid_post.0", "add", torch.ones(7))])
-    bad.prompt, bad.salted = vm._prompt_ids(PROMPT), True
+    prompt = vm._prompt_ids(PROMPT)
+    bad = Plan(len(prompt), [], [Steer("resid_post.0", "add", torch.ones(7))])
+    sub = Submission(bad, dict(temperature=0.0, max_tokens=3, min_tokens=3), prompt, salted=True)
 
     async def scenario():
         await aio._rpc("interp_register", [vllm_wire.plan_out(bad, "bad-plan")])
         good = asyncio.ensure_future(aio.generate(PROMPTS[1], 3, points=["resid_post.0"]))
-        await aio._submit(bad, dict(temperature=0.0, max_tokens=3, min_tokens=3), "bad-plan")
+        await aio._submit(sub, "bad-plan")
         (rank0,) = await aio._rpc("interp_collect", ["bad-plan"], [False])
         return rank0[0], await good
     res, good = vm._loop.run(scenario())
