@@ -32,12 +32,15 @@ def _deps(what: str) -> str:
     """scripts/site_deps.sh npm|chromium: installs when missing; skips the test with its reason."""
     if shutil.which("bash") is None:
         pytest.skip("bash not found")
-    p = subprocess.run(["bash", str(ROOT / "scripts" / "site_deps.sh"), what], capture_output=True, text=True,
-                       timeout=900)
-    if p.returncode == 3:
-        pytest.skip(f"site test needs {what}: {p.stderr.strip().splitlines()[-1]}")
-    assert p.returncode == 0, p.stderr
-    return p.stdout.strip().splitlines()[-1]
+    for _ in range(2):  # a first run that installed Chromium once printed no path; the second finds it
+        p = subprocess.run(["bash", str(ROOT / "scripts" / "site_deps.sh"), what], capture_output=True, text=True,
+                           timeout=900)
+        if p.returncode == 3:
+            pytest.skip(f"site test needs {what}: {p.stderr.strip().splitlines()[-1]}")
+        assert p.returncode == 0, p.stderr
+        if p.stdout.strip():
+            return p.stdout.strip().splitlines()[-1]
+    raise AssertionError(f"scripts/site_deps.sh {what} exited 0 but printed no path; its stderr ends: {p.stderr[-2000:]}")
 
 
 def _node(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
