@@ -4,6 +4,9 @@ tolerances (validator/tolerances.py: vllm float32 tier; decode x10)."""
 from __future__ import annotations
 
 import gc
+import multiprocessing
+import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -35,6 +38,42 @@ def drop(model) -> None:
             del _ENGINES[k]
             v.close()
     gc.collect()
+
+
+def _dying(pid: int) -> str | None:
+    """Why process `pid` can no longer run (gone, a zombie, or SIGKILL pending), or None if it can."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return "gone"
+    fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+    if fields.get("State", "").strip()[:1] in ("Z", "X"):
+        return "zombie"
+    sigkill = 1 << 8  # signal 9 is bit 8 of the pending masks
+    if any(int(fields.get(k, "0").strip(), 16) & sigkill for k in ("SigPnd", "ShdPnd")):
+        return "killed, still exiting"
+    return None
+
+
+def children_left_running(before: set[int], timeout: float = 60.0) -> dict[int, str]:
+    """Child processes started since `before` (pids) that can still run after up to `timeout` s, with
+    their /proc state. A SIGKILLed engine core on a loaded machine can take a while to be reaped (it
+    failed CI once at 20 s), so a process that is gone, a zombie or has SIGKILL pending counts as
+    released; one that can still run does not."""
+    deadline = time.monotonic() + timeout
+    while True:
+        new = {p.pid for p in multiprocessing.active_children()} - before
+        running = {pid for pid in new if pid is not None and _dying(pid) is None}
+        if not running or time.monotonic() > deadline:
+            return {pid: _state(pid) for pid in running}
+        time.sleep(0.2)
+
+
+def _state(pid: int) -> str:
+    try:
+        return next(line for line in Path(f"/proc/{pid}/status").read_text().splitlines() if line.startswith("State"))
+    except (FileNotFoundError, ProcessLookupError, StopIteration):
+        return "gone"
 
 
 def eager_model(name: str):
