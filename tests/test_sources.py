@@ -80,6 +80,7 @@ def test_save_pretrained_directory_loads_on_eager(saved, twin, no_network):
 
 
 @pytest.mark.vllm
+@pytest.mark.slow  # an engine of its own (~30 s with its close): CI's slow step, keeping the default run under 10 min
 def test_save_pretrained_directory_loads_on_vllm(saved, twin, no_network):
     vm = load_model(str(saved), backend="vllm", max_model_len=128)
     try:
