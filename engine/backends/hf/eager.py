@@ -364,6 +364,11 @@ class EagerModel(ModelBase, WeightsMixin, TokensMixin):
 
     @staticmethod
     def _position_ids(mask: torch.Tensor) -> torch.Tensor:
+        """Each row's positions, counted from its first real token. When every row starts at column 0
+        (right padding or none) that is one shared row, 0..width-1: HF then builds its rotary tables
+        once instead of per row (8% of a small model's forward; docs/harvest.md)."""
+        if bool(mask[:, 0].all()):
+            return torch.arange(mask.shape[1], device=mask.device)[None]
         return (mask.long().cumsum(-1) - 1).clamp_min(0)
 
     # -- public API -------------------------------------------------------------------------------
@@ -387,7 +392,8 @@ class EagerModel(ModelBase, WeightsMixin, TokensMixin):
         ctx = contextlib.nullcontext() if grad else torch.no_grad()
         with self._lock, ctx, self._attached(plans, [_prefill_layout(plans, mask.cpu())], held):
             out = self.hf(**enc, position_ids=self._position_ids(mask), use_cache=False)
-        logits = torch.where(mask.bool()[..., None], out.logits, torch.zeros((), dtype=out.logits.dtype))
+        pad = ~mask.bool()[..., None]
+        logits = out.logits.masked_fill(pad, 0) if grad else out.logits.masked_fill_(pad, 0)
         receipts = combine([p.receipts() for p in plans])
         if strict:
             check_strict(receipts, "forward")
