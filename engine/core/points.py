@@ -37,6 +37,12 @@ class Point:
         return "kpos" in self.shape
 
     @property
+    def after_blocks(self) -> bool:
+        """Computed after the last block (the output group: final norm, unembedding), so a forward
+        stopped early (run_with_cache's stop_at_layer) never reaches it."""
+        return self.group == "output"
+
+    @property
     def headed(self) -> bool:
         """Per head: each position holds [heads, head_dim] (q, k, value, z, ...), so a flat per-token
         tensor of width heads * head_dim is viewed as such; read from `shape` (its last axis is hd)."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import collections
 import time
-from typing import TYPE_CHECKING, Iterable, Iterator, Mapping, TypeGuard
+from typing import TYPE_CHECKING, Iterable, Iterator, Mapping, TypeGuard, cast
 
 import torch
 
@@ -123,6 +123,7 @@ def forward(model: EagerModel | VLLMModel, windows: list[list[int]], keys: list[
         _readout_rows({r.name: [res.cache.readouts[r.name] for res in results] for r in readouts}, lengths,
                       list(readouts), docs)
         return docs
+    model = cast("EagerModel", model)
     n = max(lengths)
     ids = torch.zeros(len(windows), n, dtype=torch.long)
     mask = torch.zeros(len(windows), n, dtype=torch.long)
@@ -130,10 +131,23 @@ def forward(model: EagerModel | VLLMModel, windows: list[list[int]], keys: list[
         ids[i, :len(w)] = torch.tensor(w, dtype=torch.long)
         mask[i, :len(w)] = 1
     _, cache = model.run_with_cache({"input_ids": ids.to(model.device), "attention_mask": mask.to(model.device)},
-                                    keys, readouts=list(readouts))
+                                    keys, readouts=list(readouts), stop_at_layer=stop_layer(model, keys, readouts))
     docs = per_document({k: cache[k].cpu() for k in keys}, lengths, keys)
     _readout_rows(cache.readouts, lengths, list(readouts), docs)
     return docs
+
+
+def stop_layer(model: EagerModel, keys: list[str], readouts: tuple | list = ()) -> int | None:
+    """Where an eager harvest's forward may stop: after the last block it reads (the final norm and
+    the unembedding never run: nothing stored depends on them), or None when it reads past the blocks."""
+    from engine.core.address import parse
+    addrs = [parse(k) for k in keys] + [parse(r.address) for r in readouts]
+    if not addrs or any(a.layer is None and get_point(a.point).after_blocks for a in addrs):
+        return None
+    last = max((a.layer for a in addrs if a.layer is not None), default=-1)
+    if last + 1 == model.n_layers and model.family.final_norm is None:
+        return None
+    return max(last + 1, 1)
 
 
 def pipelined(model: EagerModel | VLLMModel, stream: Iterable[Batch], keys: list[str], depth: int,

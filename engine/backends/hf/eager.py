@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, cast
 import torch
 
 from engine.backends.hf import attention, sites
+from engine.backends.hf.stop import Stop, stopped_at
 from engine.core.address import Address, closest, parse
 from engine.core.errors import AddressError, SteeringError, UnsupportedPointError
 from engine.core.inputs import limits_of, new_tokens, padded_batch, row_label
@@ -373,14 +374,17 @@ class EagerModel(ModelBase, WeightsMixin, TokensMixin):
 
     # -- public API -------------------------------------------------------------------------------
     def run_with_cache(self, inputs: Any, points: Any = (), steer: Any = (), grad: bool = False, strict: bool = False,
-                       readouts: Any = ()) -> tuple[torch.Tensor, ActivationCache]:
+                       readouts: Any = (), stop_at_layer: int | None = None) -> tuple[torch.Tensor, ActivationCache]:
         """One forward. Returns (logits [b, pos, vocab], ActivationCache of [b, pos, ...] tensors);
         padded positions hold 0 in both. With grad=True the captures stay in the autograd graph (they
         are the model's own tensors, padded positions as the model computed them); a capture-only
         point (`m.verdict(addr).capture_only` says why) is a differentiable copy, so gradients flow into
         it from below but the logits do not depend on it. The cache's `receipts` say what each steer
         did; strict=True fails a steer that touched no row. `readouts` (engine.core.readouts.Readout)
-        are computed in the hooks; their results are in `cache.readouts`."""
+        are computed in the hooks; their results are in `cache.readouts`. stop_at_layer=L runs blocks
+        0..L-1 only (TransformerLens's stop_at_layer; L = n_layers stops before the final norm): the first
+        value is then the hidden state block L would receive instead of logits, and reading or steering
+        anything past the stop is refused."""
         self._live()
         enc = self._inputs(inputs)
         mask = enc["attention_mask"]
@@ -388,12 +392,15 @@ class EagerModel(ModelBase, WeightsMixin, TokensMixin):
             raise ReadoutError("readouts are computed without gradients; capture the points with grad=True and "
                                "compute the readout on the captured tensors instead.")
         plans = self._plans(enc, points, steer, 0, readouts)
+        stop = None if stop_at_layer is None else Stop.checked(stop_at_layer, self.hf, self.family, plans[0])
         held = {} if grad else None
         ctx = contextlib.nullcontext() if grad else torch.no_grad()
         with self._lock, ctx, self._attached(plans, [_prefill_layout(plans, mask.cpu())], held):
-            out = self.hf(**enc, position_ids=self._position_ids(mask), use_cache=False)
+            with stopped_at(stop):
+                out = self.hf(**enc, position_ids=self._position_ids(mask), use_cache=False)
+        first = out.logits if stop is None else stop.reached()
         pad = ~mask.bool()[..., None]
-        logits = out.logits.masked_fill(pad, 0) if grad else out.logits.masked_fill_(pad, 0)
+        logits = first.masked_fill(pad, 0) if grad or stop is not None else first.masked_fill_(pad, 0)
         receipts = combine([p.receipts() for p in plans])
         if strict:
             check_strict(receipts, "forward")

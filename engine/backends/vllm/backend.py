@@ -30,7 +30,7 @@ from engine.backends.vllm.client import AsyncVLLMModel, StreamEvent
 from engine.backends.vllm.modes import mode_for
 from engine.backends.vllm.worker import runner as vllm_runner
 from engine.core.address import Address, parse
-from engine.core.errors import AddressError, FamilyLimitationError, UnsupportedPointError
+from engine.core.errors import AddressError, FamilyLimitationError, OptionError, UnsupportedPointError
 from engine.core.points import ALIASES, BY_NAME, backend_status, get_point
 from engine.core.results import GenerationResult, Request, RequestResult
 from engine.model import options
@@ -96,10 +96,14 @@ class VLLMModel:
         return self._loop.run(coro)
 
     def run_with_cache(self, inputs: Any, points: Any = (), steer: Any = (), strict: bool = False,
-                       readouts: Any = ()) -> tuple:
+                       readouts: Any = (), stop_at_layer: int | None = None) -> tuple:
         """One forward per prompt. Returns (logits [b, pos, vocab], cache of [b, pos, ...]), padded
         like eager's (left, or the layout of a given attention_mask); padded positions hold 0. The
-        cache's receipts say what each steer did; strict=True fails a steer that touched no row."""
+        cache's receipts say what each steer did; strict=True fails a steer that touched no row.
+        stop_at_layer is refused: vLLM runs its whole forward (the eager backend stops early)."""
+        if stop_at_layer is not None:
+            raise OptionError(f"stop_at_layer={stop_at_layer!r}: {self.backend} runs the whole forward; use "
+                              f"backend='eager' to stop after a block.")
         return self._run(self.aio.capture(inputs, points, steer, strict, readouts))
 
     def forward(self, inputs: Any, steer: Any = (), strict: bool = False) -> torch.Tensor:
