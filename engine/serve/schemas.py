@@ -86,6 +86,15 @@ def _json_in(conv):
     return classmethod(lambda cls, v: v if v is None else conv(v))
 
 
+def _spec(name: str, base: type[BaseModel], doc: str, json_fields: dict[str, Any], fields: dict[str, Any]) -> Any:
+    """The HTTP model of one engine type: `fields` (generated from the type's own fields), each of
+    `json_fields` decoded from JSON by its converter, `sae` checked against the server's --sae-dir;
+    `base` builds the engine object once the fields are valid (one validation, the type's own)."""
+    validators = {f"_in_{k}": field_validator(k)(_json_in(conv)) for k, conv in json_fields.items()}
+    validators["_in_sae"] = field_validator("sae")(classmethod(_sae_field))
+    return create_model(name, __base__=base, __doc__=doc, __validators__=validators, **fields)  # type: ignore[call-overload]
+
+
 # engine.core.readouts' kinds, each by its class name with its own fields (generated from
 # dataclasses.fields of every kind: a field added to a kind is served here; the kind checks values).
 _KIND_FIELDS = {name: [f.name for f in dataclasses.fields(k)] for name, k in KINDS.items()}
@@ -111,14 +120,12 @@ class _ReadoutBody(Body):
         return self._readout
 
 
-ReadoutSpec: Any = create_model(  # type: ignore[call-overload]
-    "ReadoutSpec", __base__=_ReadoutBody, __doc__="One engine.core.readouts.Readout in JSON: address, kind (a class "
-    "name of engine.core.readouts.KINDS), the kind's own fields (W / b as tensors or nested lists; sae: a folder "
-    "inside the server's --sae-dir) and an optional name.",
-    __validators__={"_in_sae": field_validator("sae")(classmethod(_sae_field)),
-                    **{f"_in_{k}": field_validator(k)(_json_in(conv)) for k, conv in _KIND_JSON.items()}},
-    address=(str, ...), kind=(Literal[tuple(KINDS)], ...), name=(str | None, None),  # type: ignore[valid-type]
-    **{f: (Any, None) for f in dict.fromkeys(f for fs in _KIND_FIELDS.values() for f in fs)})
+ReadoutSpec: Any = _spec(
+    "ReadoutSpec", _ReadoutBody, "One engine.core.readouts.Readout in JSON: address, kind (a class name of "
+    "engine.core.readouts.KINDS), the kind's own fields (W / b as tensors or nested lists; sae: a folder inside the "
+    "server's --sae-dir) and an optional name.", _KIND_JSON,
+    {"address": (str, ...), "kind": (Literal[tuple(KINDS)], ...), "name": (str | None, None),  # type: ignore[valid-type]
+     **{f: (Any, None) for f in dict.fromkeys(f for fs in _KIND_FIELDS.values() for f in fs)}})
 
 
 class StopSpec(Body):
@@ -186,13 +193,11 @@ class _SteerBody(Body):
         return self._steer
 
 
-SteerSpec: Any = create_model(  # type: ignore[call-overload]
-    "SteerSpec", __base__=_SteerBody, __doc__="One engine.core.steering.Steer in JSON (its fields, by name). value: a "
-    "number (scale), nested lists, or a tensor object (engine/serve/encoding.py); bounds: [min, max].",
-    __validators__={**{f"_in_{k}": field_validator(k)(_json_in(conv)) for k, conv in _STEER_JSON.items()},
-                    "_in_sae": field_validator("sae")(classmethod(_sae_field))},
-    **{f.name: (_STEER_TYPES.get(f.name, Any), ... if f.default is dataclasses.MISSING else f.default)
-       for f in _STEER_FIELDS})
+SteerSpec: Any = _spec(
+    "SteerSpec", _SteerBody, "One engine.core.steering.Steer in JSON (its fields, by name). value: a number (scale), "
+    "nested lists, or a tensor object (engine/serve/encoding.py); bounds: [min, max].", _STEER_JSON,
+    {f.name: (_STEER_TYPES.get(f.name, Any), ... if f.default is dataclasses.MISSING else f.default)
+     for f in _STEER_FIELDS})
 
 
 class Interp(Body):
