@@ -2,9 +2,11 @@
 refused with a named error type and a message that says what was wrong and what to do; plus the
 successes a user expects (a repo id in another letter case, dtype aliases).
 
-One model per backend for the module, both loaded by a differently-cased name (the Llama-3.2-1B zoo
-twin; vLLM with max_model_len=128). Load-time rows (names, directories, dtype, device) fail before a
-vLLM engine would start."""
+One model per backend: eager loaded by a differently-cased name (the Llama-3.2-1B zoo twin), vLLM the
+session's shared engine of that twin (tests/test_vllm_common.py, max_model_len=256; an engine of its
+own cost the default run ~30 s), whose name resolution by another case is checked without a second
+engine (both backends resolve names in engine.model.sources before anything starts). Load-time rows
+(names, directories, dtype, device) fail before a vLLM engine would start."""
 from __future__ import annotations
 
 import shutil
@@ -20,11 +22,13 @@ from engine.core.errors import (FamilyLimitationError, InputError, InputTypeErro
                                 SteeringError)
 from engine.core.inputs import limits_of
 from engine.core.steering import Steer
+from engine.model import sources
+from test_vllm_common import MAX_LEN, vllm_model
 
 LLAMA = "meta-llama/Llama-3.2-1B"
 ASKED = {"eager": "meta-llama/llama-3.2-1b", "vllm": "META-LLAMA/Llama-3.2-1b"}  # case differs on purpose
 FALCON_H1 = "tiiuae/Falcon-H1-0.5B-Base"
-VLLM_LEN = 128
+VLLM_LEN = MAX_LEN  # the shared engine's max_model_len
 BACKENDS = ("eager", "vllm")
 
 
@@ -34,13 +38,10 @@ def models():
 
     def get(backend):
         if backend not in made:
-            kw = dict(max_model_len=VLLM_LEN, dtype="fp32") if backend == "vllm" else dict(dtype="float32")
-            made[backend] = load_model(ASKED[backend], backend=backend, **kw)
+            made[backend] = (vllm_model(LLAMA) if backend == "vllm"
+                             else load_model(ASKED[backend], backend=backend, dtype="float32"))
         return made[backend]
-    yield get
-    for m in made.values():
-        if hasattr(m, "close"):
-            m.close()
+    yield get  # the vLLM engine is the session's: closed at the session's end
 
 
 @pytest.fixture(scope="module")
@@ -286,6 +287,7 @@ def test_eager_decode_state_is_built_one_step_at_a_time(models, monkeypatch):
 def test_case_insensitive_name_loads_and_still_serves(backend, models):
     m = models(backend)
     assert m.name == LLAMA and m.source == "zoo"
+    assert sources.resolve(ASKED[backend], "zoo").name == LLAMA  # what load_model hands either backend
     out = m.generate(["The quick brown fox", "Hello"], 3, points=["resid_post.0"])
     assert out.new_tokens.shape == (2, 3) and torch.isfinite(out.logits).all()  # no refusal left anything behind
 
