@@ -40,19 +40,21 @@ def drop(model) -> None:
     gc.collect()
 
 
-def _dying(pid: int) -> str | None:
-    """Why process `pid` can no longer run (gone, a zombie, or SIGKILL pending), or None if it can."""
+def _status(pid: int) -> dict[str, str] | None:
+    """/proc/PID/status as fields (None: the process is gone)."""
     try:
-        status = Path(f"/proc/{pid}/status").read_text()
+        text = Path(f"/proc/{pid}/status").read_text()
     except (FileNotFoundError, ProcessLookupError):
-        return "gone"
-    fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
-    if fields.get("State", "").strip()[:1] in ("Z", "X"):
-        return "zombie"
+        return None
+    return {k: v.strip() for k, v in (line.split(":", 1) for line in text.splitlines() if ":" in line)}
+
+
+def _dying(fields: dict[str, str] | None) -> bool:
+    """Whether a process (its status fields) can no longer run: gone, a zombie, or SIGKILL pending."""
+    if fields is None or fields.get("State", "")[:1] in ("Z", "X"):
+        return True
     sigkill = 1 << 8  # signal 9 is bit 8 of the pending masks
-    if any(int(fields.get(k, "0").strip(), 16) & sigkill for k in ("SigPnd", "ShdPnd")):
-        return "killed, still exiting"
-    return None
+    return any(int(fields.get(k, "0"), 16) & sigkill for k in ("SigPnd", "ShdPnd"))
 
 
 def children_left_running(before: set[int], timeout: float = 60.0) -> dict[int, str]:
@@ -63,17 +65,10 @@ def children_left_running(before: set[int], timeout: float = 60.0) -> dict[int, 
     deadline = time.monotonic() + timeout
     while True:
         new = {p.pid for p in multiprocessing.active_children()} - before
-        running = {pid for pid in new if pid is not None and _dying(pid) is None}
+        running = {pid: f for pid in new if pid is not None and not _dying(f := _status(pid))}
         if not running or time.monotonic() > deadline:
-            return {pid: _state(pid) for pid in running}
+            return {pid: f"State:\t{f['State']}" for pid, f in running.items() if f is not None}
         time.sleep(0.2)
-
-
-def _state(pid: int) -> str:
-    try:
-        return next(line for line in Path(f"/proc/{pid}/status").read_text().splitlines() if line.startswith("State"))
-    except (FileNotFoundError, ProcessLookupError, StopIteration):
-        return "gone"
 
 
 def eager_model(name: str):

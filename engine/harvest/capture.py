@@ -140,14 +140,10 @@ def forward(model: EagerModel | VLLMModel, windows: list[list[int]], keys: list[
 def stop_layer(model: EagerModel, keys: list[str], readouts: tuple | list = ()) -> int | None:
     """Where an eager harvest's forward may stop: after the last block it reads (the final norm and
     the unembedding never run: nothing stored depends on them), or None when it reads past the blocks."""
+    from engine.backends.hf.stop import earliest_stop
     from engine.core.address import parse
     addrs = [parse(k) for k in keys] + [parse(r.address) for r in readouts]
-    if not addrs or any(a.layer is None and get_point(a.point).after_blocks for a in addrs):
-        return None
-    last = max((a.layer for a in addrs if a.layer is not None), default=-1)
-    if last + 1 == model.n_layers and model.family.final_norm is None:
-        return None
-    return max(last + 1, 1)
+    return earliest_stop(addrs, model.n_layers, model.family) if addrs else None
 
 
 def pipelined(model: EagerModel | VLLMModel, stream: Iterable[Batch], keys: list[str], depth: int,

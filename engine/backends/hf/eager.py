@@ -367,7 +367,7 @@ class EagerModel(ModelBase, WeightsMixin, TokensMixin):
     def _position_ids(mask: torch.Tensor) -> torch.Tensor:
         """Each row's positions, counted from its first real token. When every row starts at column 0
         (right padding or none) that is one shared row, 0..width-1: HF then builds its rotary tables
-        once instead of per row (8% of a small model's forward; docs/harvest.md)."""
+        once instead of per row (3% of a small model's forward; docs/harvest.md)."""
         if bool(mask[:, 0].all()):
             return torch.arange(mask.shape[1], device=mask.device)[None]
         return (mask.long().cumsum(-1) - 1).clamp_min(0)

@@ -45,7 +45,7 @@ class Stop:
         if isinstance(stop_at_layer, bool) or not isinstance(stop_at_layer, int):
             raise TypeError(f"stop_at_layer must be an int (blocks 0..stop_at_layer-1 run), got "
                             f"{type(stop_at_layer).__name__} {stop_at_layer!r}.")
-        top = n_layers if family.final_norm is not None else n_layers - 1
+        top = _top(n_layers, family)
         if not 1 <= stop_at_layer <= top:
             raise ValueError(f"stop_at_layer must be between 1 and {top} on this {n_layers}-layer model "
                              f"(blocks 0..stop_at_layer-1 run), got {stop_at_layer}.")
@@ -53,7 +53,7 @@ class Stop:
         reach += [("steer", parse(st.address)) for st in plan.steers]
         reach += [("readout", parse(r.address)) for r in plan.readouts]
         for what, a in reach:
-            if (a.layer >= stop_at_layer) if a.layer is not None else get_point(a.point).after_blocks:
+            if _past(a, stop_at_layer):
                 raise AddressError(f"{what} at {a} runs after the forward stops (stop_at_layer={stop_at_layer}: "
                                    f"blocks 0..{stop_at_layer - 1} run); raise stop_at_layer or drop it.")
         module = get_path(hf, f"{family.layers}.{stop_at_layer}" if stop_at_layer < n_layers else str(family.final_norm))
@@ -63,6 +63,24 @@ class Stop:
         if self.hidden is None:
             raise RuntimeError(f"the forward never reached block {self.layer} (stop_at_layer={self.layer}).")
         return self.hidden
+
+
+def _top(n_layers: int, family: Family) -> int:
+    """The latest stop: before the final norm, or before the last block where the family has none."""
+    return n_layers if family.final_norm is not None else n_layers - 1
+
+
+def _past(a: Address, stop: int) -> bool:
+    """Whether `a` is computed after a forward stopped at block `stop`."""
+    return a.layer >= stop if a.layer is not None else get_point(a.point).after_blocks
+
+
+def earliest_stop(addresses: list[Address], n_layers: int, family: Family) -> int | None:
+    """The earliest stop that still computes every address (None: one of them needs the whole forward)."""
+    stop = max(1, max((a.layer + 1 for a in addresses if a.layer is not None), default=1))
+    if stop > _top(n_layers, family) or any(_past(a, stop) for a in addresses):
+        return None
+    return stop
 
 
 @contextlib.contextmanager
