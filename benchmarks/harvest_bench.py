@@ -22,6 +22,8 @@ Cells (engine process: what runs):
   static-one       engine.harvest on compiled vLLM (vllm-static) declaring the middle layer's resid_post
   static-all       vllm-static declaring resid_post at every layer
   eager-one        engine.harvest on the eager backend, one layer (its padded batches of 1024 tokens)
+  eager-fwd        the eager harvest's own forward calls (capture and stop) over its batches, nothing
+                   read or written: eager-one / eager-fwd is what the harvest's reading and writing cost
   hf               a plain HF forward over the eager harvest's very batches: the eager ceiling
 tokens/s = forwarded tokens / seconds from the first batch until the last shard is durable (harvest)
 or of the forward calls (prefill, hf). Every harvest is checked to hold one row per token.
@@ -53,13 +55,15 @@ CELLS = {
     "static-one": ("static-one", "one", {}),
     "static-all": ("static-all", "all", {}),
     "eager-one": ("eager", "one", {}),
+    "eager-fwd": ("eager", "one", {}),
     "hf": ("hf", None, {}),
 }
 DEFAULT_CELLS = ("prefill", "vllm-one", "vllm-all", "vllm-one-rpc1", "vllm-one-shm1", "vllm-one-rpc2",
                  "eager-one", "hf")
 # (numerator, denominator, goal)
 RATIOS = [(c, "prefill", 0.8 if c.endswith("one") else 0.6 if c.endswith("all") else None)
-          for c in CELLS if c.startswith(("vllm", "static"))] + [("eager-one", "hf", 0.9)]
+          for c in CELLS if c.startswith(("vllm", "static"))] + [("eager-one", "hf", 0.9), ("eager-fwd", "hf", None),
+                                                             ("eager-one", "eager-fwd", None)]
 EAGER_BATCH = 1024  # the eager harvest's default batch_tokens (engine/harvest/runner.py)
 
 
@@ -109,7 +113,7 @@ def _serve(a) -> int:
     import torch
 
     from engine.backends.vllm.backend import Request
-    from engine.harvest import batches, harvest, inputs, read_manifest
+    from engine.harvest import batches, capture, harvest, inputs, read_manifest
     from engine.harvest.runner import Flow
     n_layers = int(a.n_layers)
     model, tok, source = _load(a.serve, a, n_layers)
@@ -129,11 +133,16 @@ def _serve(a) -> int:
             dt = time.perf_counter() - t
             assert len(res) == len(windows)
             fig = {"tokens": total, "seconds": dt, "tok_s": total / dt}
-        elif a.serve == "hf":  # the eager harvest's batches, padded on the right as it pads them
+        elif cell in ("hf", "eager-fwd"):  # the eager harvest's batches, padded on the right as it pads them
             groups = list(batches.pack(batches.windows(inputs.documents(inputs.open_source(data)), tok, a.context),
                                        EAGER_BATCH))
+            if cell == "eager-fwd":
+                keys = capture.addresses(model, points_of(which, n_layers))
             t = time.perf_counter()
             for g in groups:
+                if cell == "eager-fwd":
+                    capture.forward(model, [w.ids for w in g.windows], keys)
+                    continue
                 width = max(len(w.ids) for w in g.windows)
                 ids = torch.zeros(len(g.windows), width, dtype=torch.long)
                 mask = torch.zeros_like(ids)
@@ -149,6 +158,7 @@ def _serve(a) -> int:
             s = harvest(model, points_of(which, n_layers), data, out, flow=Flow(**flow), **kw)
             assert read_manifest(out)["rows"] == total == s.tokens, (cell, s.tokens, total)
             shutil.rmtree(out)
+            os.sync()  # the deletion's disk work happens now, not during the next cell's timing
             fig = {"tokens": s.tokens, "seconds": s.seconds, "tok_s": s.tokens_per_s, "waited_s": s.forward_s,
                    "writer_busy_s": s.writer.write_s, "forward_stalled_s": s.writer.stall_s}
         print(MARK + json.dumps(fig), flush=True)
@@ -201,6 +211,7 @@ def main(argv=None) -> int:
     ap.add_argument("--size", default=None, choices=["tiny", "real"], help="zoo twin size (default: the env's)")
     ap.add_argument("--tokens", type=int, default=20000)
     ap.add_argument("--rounds", type=int, default=6)
+    ap.add_argument("--settle", type=float, default=2.0, help="seconds of quiet before each timed cell")
     ap.add_argument("--context", type=int, default=256)
     ap.add_argument("--shard-tokens", type=int, default=8192)
     ap.add_argument("--dtype", default="fp32")
@@ -245,6 +256,7 @@ def main(argv=None) -> int:
     print(f"loaded {len(procs)} engines in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
 
     def run(c: str) -> dict:
+        time.sleep(a.settle)  # the last cell's after-effects (freed memory, deleted files) settle first
         p = procs[CELLS[c][0]]
         p.stdin.write(c + "\n")
         p.stdin.flush()

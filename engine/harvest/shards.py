@@ -13,6 +13,8 @@ from __future__ import annotations
 import hashlib
 import json
 import queue
+import struct
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -32,19 +34,45 @@ def shard_name(index: int) -> str:
     return f"shard-{index:06d}.safetensors"
 
 
-def serialize(tensors: dict[str, torch.Tensor], metadata: dict[str, str]) -> bytes:
-    """safetensors bytes; the metadata goes in as one sorted JSON string under "harvest", because
-    safetensors writes a metadata map in hash order, which would differ from run to run."""
-    from safetensors.torch import save
+# safetensors' name for each dtype a shard can hold, and its rank in safetensors' own layout order
+# (it lays tensors out widest dtype first, then by name); `shard_parts` writes that exact layout
+SAFETENSORS_DTYPES = {torch.int64: ("I64", 3), torch.float32: ("F32", 2), torch.int32: ("I32", 1),
+                      torch.bfloat16: ("BF16", 0), torch.float16: ("F16", -1)}
+
+
+def shard_parts(tensors: dict[str, torch.Tensor], metadata: dict[str, str]) -> list[bytes | memoryview]:
+    """A shard's safetensors bytes as the header followed by views of the tensors' own memory: the
+    bytes `safetensors.torch.save` would return (tests/test_harvest_shards.py compares them), without
+    copying every row into one more buffer the size of the shard. The metadata goes in as one sorted
+    JSON string under "harvest", because safetensors writes a metadata map in hash order, which would
+    differ from run to run."""
     meta = {"harvest": json.dumps(metadata, sort_keys=True)}
-    return save({k: v.contiguous() for k, v in tensors.items()}, metadata=meta)
+    if sys.byteorder != "little" or any(t.dtype not in SAFETENSORS_DTYPES for t in tensors.values()):
+        from safetensors.torch import save  # safetensors stores little-endian; it converts
+        return [save({k: v.contiguous() for k, v in tensors.items()}, metadata=meta)]
+    header: dict[str, object] = {"__metadata__": meta}
+    views: list[bytes | memoryview] = []
+    at = 0
+    for name in sorted(tensors, key=lambda k: (-SAFETENSORS_DTYPES[tensors[k].dtype][1], k)):
+        t = tensors[name].contiguous()
+        size = t.numel() * t.element_size()
+        header[name] = {"dtype": SAFETENSORS_DTYPES[t.dtype][0], "shape": list(t.shape), "data_offsets": [at, at + size]}
+        views.append(t.reshape(-1).view(torch.uint8).numpy().data)  # the bytes in place
+        at += size
+    text = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode()
+    text += b" " * (-len(text) % 8)  # safetensors pads the header to 8 bytes with spaces
+    return [struct.pack("<Q", len(text)) + text, *views]
 
 
 def write_shard(path: Path, tensors: dict[str, torch.Tensor], metadata: dict[str, str]) -> tuple[str, int]:
-    """Serialize, hash and atomically write one shard; (sha256, bytes)."""
-    data = serialize(tensors, metadata)
-    write_atomic(path, data, durable=True)
-    return hashlib.sha256(data).hexdigest(), len(data)
+    """Hash and atomically write one shard straight from its tensors' memory; (sha256, bytes). Its
+    pages leave the page cache once on disk (a harvest writes more than memory holds)."""
+    parts = shard_parts(tensors, metadata)
+    digest = hashlib.sha256()
+    for part in parts:
+        digest.update(part)
+    write_atomic(path, parts, durable=True, cache=False)
+    return digest.hexdigest(), sum(memoryview(p).nbytes for p in parts)
 
 
 class ShardBuffer:
