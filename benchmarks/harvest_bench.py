@@ -22,6 +22,7 @@ Cells (engine process: what runs):
   static-one       engine.harvest on compiled vLLM (vllm-static) declaring the middle layer's resid_post
   static-all       vllm-static declaring resid_post at every layer
   eager-one        engine.harvest on the eager backend, one layer (its padded batches of 1024 tokens)
+  eager-one-nice0  the same with the reader and writer threads at the forward's priority (Flow(nice=0))
   eager-fwd        the eager harvest's own forward calls (capture and stop) over its batches, nothing
                    read or written: eager-one / eager-fwd is what the harvest's reading and writing cost
   hf               a plain HF forward over the eager harvest's very batches: the eager ceiling
@@ -55,6 +56,7 @@ CELLS = {
     "static-one": ("static-one", "one", {}),
     "static-all": ("static-all", "all", {}),
     "eager-one": ("eager", "one", {}),
+    "eager-one-nice0": ("eager", "one", {"nice": 0}),
     "eager-fwd": ("eager", "one", {}),
     "hf": ("hf", None, {}),
 }
@@ -62,7 +64,8 @@ DEFAULT_CELLS = ("prefill", "vllm-one", "vllm-all", "vllm-one-rpc1", "vllm-one-s
                  "eager-one", "hf")
 # (numerator, denominator, goal)
 RATIOS = [(c, "prefill", 0.8 if c.endswith("one") else 0.6 if c.endswith("all") else None)
-          for c in CELLS if c.startswith(("vllm", "static"))] + [("eager-one", "hf", 0.9), ("eager-fwd", "hf", None),
+          for c in CELLS if c.startswith(("vllm", "static"))] + [("eager-one", "hf", 0.9), ("eager-one-nice0", "hf", None),
+                                                             ("eager-fwd", "hf", None),
                                                              ("eager-one", "eager-fwd", None)]
 EAGER_BATCH = 1024  # the eager harvest's default batch_tokens (engine/harvest/runner.py)
 

@@ -12,6 +12,8 @@ import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Iterable, Iterator, NamedTuple
 
+from engine.harvest.priority import lower_this_thread
+
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
@@ -102,9 +104,10 @@ def _batch(ws: list[Window]) -> Batch:
     return Batch(list(ws), Cursor(ws[0].doc, ws[0].index), Cursor(ws[-1].doc, ws[-1].index + 1))
 
 
-def prefetch(items: Iterable, depth: int = 2) -> Iterator:
+def prefetch(items: Iterable, depth: int = 2, nice: int = 0) -> Iterator:
     """Iterate `items` on a thread, `depth` ahead: reading and tokenizing the next batches overlaps
-    the current forward. Same items, same order; an error in the producer is raised here."""
+    the current forward. Same items, same order; an error in the producer is raised here. nice: how
+    much lower the thread runs than the caller (engine/harvest/priority.py)."""
     q: queue.Queue = queue.Queue(maxsize=depth)
     done, stop = object(), threading.Event()
 
@@ -118,6 +121,7 @@ def prefetch(items: Iterable, depth: int = 2) -> Iterator:
         return False
 
     def produce():
+        lower_this_thread(nice)
         try:
             for x in items:
                 if not put(x):

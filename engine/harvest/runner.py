@@ -24,6 +24,7 @@ import torch
 from engine.core.files import remove_temps
 from engine.harvest import batches, capture, inputs
 from engine.harvest import manifest as mf
+from engine.harvest.priority import HELPER_NICE
 from engine.harvest.shards import DTYPES, INDEX_COLUMNS, Pending, ShardBuffer, ShardWriter, WriterStats
 
 if TYPE_CHECKING:
@@ -47,15 +48,19 @@ class Flow:
     harvest's identity). inflight: harvest batches in the vLLM engine at once (the engine computes
     the next while this process stores the last; eager runs one at a time); handoff: how vLLM's
     workers hand the rows over, "shm" (files in /dev/shm, only paths in the RPC reply) or "rpc"
-    (bytes inline in the reply). Measured in docs/harvest.md."""
+    (bytes inline in the reply); nice: how much lower than the forward the reader and writer threads
+    run (engine/harvest/priority.py; 0: the same priority). Measured in docs/harvest.md."""
     inflight: int = 2
     handoff: str = "shm"
+    nice: int = HELPER_NICE
 
     def __post_init__(self):
         if self.handoff not in HANDOFFS:
             raise ValueError(f"handoff must be one of {HANDOFFS}, got {self.handoff!r}.")
         if not isinstance(self.inflight, int) or self.inflight < 1:
             raise ValueError(f"inflight must be a positive number of batches, got {self.inflight!r}.")
+        if not isinstance(self.nice, int) or not 0 <= self.nice <= 19:
+            raise ValueError(f"nice must be a whole number from 0 to 19, got {self.nice!r}.")
 
 
 HANDOFFS = ("shm", "rpc")
@@ -284,9 +289,10 @@ def _loop(model, keys, src, out, manifest, part, positions, shard_tokens, dtype,
     row0 = manifest.rows
     docs = inputs.documents(src, i, of, start=start.doc)
     tok = copy.deepcopy(model.tokenizer)  # the reader thread's own: tokenizers need not be thread-safe
-    stream = batches.prefetch(batches.pack(batches.windows(docs, tok, context, positions, start), batch_tokens))
+    stream = batches.prefetch(batches.pack(batches.windows(docs, tok, context, positions, start), batch_tokens),
+                              nice=flow.nice)
     meta = {"format": mf.FORMAT, "part": manifest.directory.name}
-    writer = ShardWriter(manifest.directory, manifest.add, meta)
+    writer = ShardWriter(manifest.directory, manifest.add, meta, nice=flow.nice)
     summary = Summary(out, part, "written", writer=writer.stats)
     left = inputs.part_size(total_docs, i, of)
     left = None if left is None else left - len(range(i, start.doc, of))

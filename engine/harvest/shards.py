@@ -24,6 +24,7 @@ from typing import Callable
 import torch
 
 from engine.core.files import write_atomic
+from engine.harvest.priority import lower_this_thread
 
 # the index columns every shard holds beside one column per address
 INDEX_COLUMNS = {"token_ids": torch.int32, "doc_index": torch.int64, "position": torch.int32}
@@ -120,8 +121,8 @@ class ShardWriter:
     """Writes shards on a thread, in order, then records each in the manifest (`on_written`)."""
 
     def __init__(self, directory: Path, on_written: Callable[[dict, bool], None], metadata: dict[str, str],
-                 depth: int = 2) -> None:
-        self.directory, self.on_written, self.metadata = directory, on_written, metadata
+                 depth: int = 2, nice: int = 0) -> None:
+        self.directory, self.on_written, self.metadata, self.nice = directory, on_written, metadata, nice
         self.queue: queue.Queue = queue.Queue(maxsize=depth)
         self.error: BaseException | None = None
         self.stats = WriterStats()
@@ -129,6 +130,7 @@ class ShardWriter:
         self.thread.start()
 
     def _run(self):
+        lower_this_thread(self.nice)  # engine/harvest/priority.py
         while True:
             item = self.queue.get()
             if item is None:
