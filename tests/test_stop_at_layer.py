@@ -84,6 +84,19 @@ def test_bad_stops_are_refused_by_name_before_anything_runs(m, stop, points, ste
     assert not any(mod._forward_hooks or mod._forward_pre_hooks for mod in m.hf.modules())
 
 
+def test_any_integer_type_is_a_stop(m):
+    """numpy ints and 0-d integer tensors (what a sweep over np.arange yields) stop where the int does."""
+    import numpy as np
+    _, want = m.run_with_cache(PROMPTS[0], ["resid_post.0"], stop_at_layer=1)
+    for layer in (np.int64(1), np.int32(1), torch.tensor(1)):
+        _, got = m.run_with_cache(PROMPTS[0], ["resid_post.0"], stop_at_layer=layer)
+        torch.testing.assert_close(got["resid_post.0"], want["resid_post.0"], rtol=0, atol=0)
+    with pytest.raises(TypeError, match=r"got ndarray array\(\[1\]\)"):
+        m.run_with_cache(PROMPTS[0], ["resid_post.0"], stop_at_layer=np.array([1]))
+    with pytest.raises(ValueError, match="stop_at_layer must be between 1 and"):
+        m.run_with_cache(PROMPTS[0], ["resid_post.0"], stop_at_layer=np.int64(0))
+
+
 def test_a_harvest_stops_after_the_last_block_it_reads(m):
     last = m.n_layers - 1
     assert capture.stop_layer(m, ["resid_post.0"]) == 1

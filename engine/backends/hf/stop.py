@@ -9,6 +9,7 @@ before the forward starts.
 from __future__ import annotations
 
 import contextlib
+import operator
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -42,9 +43,14 @@ class Stop:
         """The stop for this call, checked: an int in 1..n_layers (n_layers only where the family has a
         final norm to stop at), and nothing the plan captures, steers or reads lies past it."""
         n_layers = len(get_path(hf, family.layers))
-        if isinstance(stop_at_layer, bool) or not isinstance(stop_at_layer, int):
+        given = stop_at_layer
+        try:  # any integer (numpy's, a 0-d integer tensor) through __index__; floats and bools are refused
+            stop_at_layer = None if isinstance(given, bool) else operator.index(given)
+        except TypeError:
+            stop_at_layer = None
+        if stop_at_layer is None:
             raise TypeError(f"stop_at_layer must be an int (blocks 0..stop_at_layer-1 run), got "
-                            f"{type(stop_at_layer).__name__} {stop_at_layer!r}.")
+                            f"{type(given).__name__} {given!r}.")
         top = _top(n_layers, family)
         if not 1 <= stop_at_layer <= top:
             raise ValueError(f"stop_at_layer must be between 1 and {top} on this {n_layers}-layer model "
