@@ -1,13 +1,15 @@
 """Harvest throughput against the same forward without harvesting, side by side in one run.
 
     PYTHONPATH=. .venv/bin/python benchmarks/harvest_bench.py [--model NAME] [--size tiny|real]
-        [--tokens 20000] [--rounds 6] [--cells CELL,...] [--dtype fp32|bf16] [--json PATH] [--md PATH]
+        [--tokens 20000] [--rounds 6] [--relaunch K] [--cells CELL,...] [--dtype fp32|bf16] [--json PATH] [--md PATH]
 
 Every cell harvests (or just forwards) the same synthetic corpus (documents of 40-400 tokens cut from
 the bundled sample), cut into the same `--context`-token windows. Each engine is loaded once in its
-own process (vLLM engines of different compile modes cannot share one) and the cells run in
+own process (vLLM engines of different compile modes cannot share one; the eager cells each have
+their own, so no harvest runs in a heap another cell has just churned) and the cells run in
 interleaved rounds whose order rotates every round (benchmarks/rounds.py), so a noisy neighbour
-slows every cell alike. Ratios are taken within each round; the tables give their median with the
+slows every cell alike; `--relaunch K` restarts the processes every K rounds, so that the spread
+between two processes of the same engine (on a small VM, several percent) is sampled as well. Ratios are taken within each round; the tables give their median with the
 95% distribution-free interval (benchmarks/ci.py), "unresolved" when it spans more than 25%.
 
 Cells (engine process: what runs):
@@ -19,6 +21,7 @@ Cells (engine process: what runs):
   vllm-one-rpc1    one layer, one batch at a time, rows inline in the RPC reply (the issue-13 path)
   vllm-one-shm1    one layer, one batch at a time, rows through /dev/shm
   vllm-one-rpc2    one layer, two batches in flight, rows inline in the RPC reply
+  vllm-one-shm3    one layer, three batches in flight, rows through /dev/shm
   static-one       engine.harvest on compiled vLLM (vllm-static) declaring the middle layer's resid_post
   static-all       vllm-static declaring resid_post at every layer
   eager-one        engine.harvest on the eager backend, one layer (its padded batches of 1024 tokens)
@@ -53,11 +56,12 @@ CELLS = {
     "vllm-one-rpc1": ("vllm", "one", {"inflight": 1, "handoff": "rpc"}),
     "vllm-one-shm1": ("vllm", "one", {"inflight": 1, "handoff": "shm"}),
     "vllm-one-rpc2": ("vllm", "one", {"inflight": 2, "handoff": "rpc"}),
+    "vllm-one-shm3": ("vllm", "one", {"inflight": 3}),
     "static-one": ("static-one", "one", {}),
     "static-all": ("static-all", "all", {}),
     "eager-one": ("eager", "one", {}),
-    "eager-one-nice0": ("eager", "one", {"nice": 0}),
-    "eager-fwd": ("eager", "one", {}),
+    "eager-one-nice0": ("eager-nice0", "one", {"nice": 0}),
+    "eager-fwd": ("eager-fwd", "one", {}),
     "hf": ("hf", None, {}),
 }
 DEFAULT_CELLS = ("prefill", "vllm-one", "vllm-all", "vllm-one-rpc1", "vllm-one-shm1", "vllm-one-rpc2",
@@ -99,7 +103,7 @@ def _load(proc: str, a, n_layers: int):
         from engine.loading import load_hf
         hf, tok, used = load_hf(a.model)
         return hf, tok, used
-    if proc == "eager":
+    if proc.startswith("eager"):
         m = load_model(a.model)
     elif proc == "prefill":  # no prefix cache: repeated rounds and shared sentence openings would hit it
         m = load_model(a.model, backend="vllm-generate", enable_prefix_caching=False, **vkw)
@@ -215,6 +219,9 @@ def main(argv=None) -> int:
     ap.add_argument("--tokens", type=int, default=20000)
     ap.add_argument("--rounds", type=int, default=6)
     ap.add_argument("--settle", type=float, default=2.0, help="seconds of quiet before each timed cell")
+    ap.add_argument("--relaunch", type=int, default=0, metavar="K",
+                    help="restart every engine process after each K rounds (0: never), so that the spread "
+                         "between processes of the same engine is sampled too")
     ap.add_argument("--context", type=int, default=256)
     ap.add_argument("--shard-tokens", type=int, default=8192)
     ap.add_argument("--dtype", default="fp32")
@@ -244,19 +251,30 @@ def main(argv=None) -> int:
     args = [sys.executable, __file__, "--data", str(data), "--n-layers", str(n_layers)] + [
         f"--{k.replace('_', '-')}={getattr(a, k)}" for k in ("model", "context", "shard_tokens", "dtype")]
     procs: dict = {}
-    source = ""
 
     def answer(p: str) -> dict:
         for line in procs[p].stdout:
             if line.startswith(MARK):
                 return json.loads(line[len(MARK):])
         raise RuntimeError(f"engine process {p} died (its stderr is above)")
-    t0 = time.perf_counter()
-    load_before = _load_avg()
-    for p in dict.fromkeys(CELLS[c][0] for c in cells):  # one at a time: startups would fight
-        procs[p] = subprocess.Popen(args + ["--serve", p], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-        source = answer(p)["source"] or source
-    print(f"loaded {len(procs)} engines in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
+
+    def launch() -> str:
+        """Start every engine process (one at a time: startups would fight); the model's source."""
+        t0, source = time.perf_counter(), ""
+        for p in dict.fromkeys(CELLS[c][0] for c in cells):
+            procs[p] = subprocess.Popen(args + ["--serve", p], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                        text=True)
+            source = answer(p)["source"] or source
+        print(f"loaded {len(procs)} engines in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
+        for c in cells:  # warmup (first-call allocations, compiled graphs)
+            run(c)
+        return source
+
+    def stop() -> None:
+        for proc in procs.values():
+            proc.stdin.close()
+            proc.wait()
+        procs.clear()
 
     def run(c: str) -> dict:
         time.sleep(a.settle)  # the last cell's after-effects (freed memory, deleted files) settle first
@@ -267,23 +285,25 @@ def main(argv=None) -> int:
         assert "tok_s" in fig, fig
         return fig
 
-    for c in cells:  # warmup (first-call allocations, compiled graphs)
-        run(c)
+    load_before = _load_avg()
+    source = launch()
     rounds, loads = [], []
     for r in range(a.rounds):
+        if a.relaunch and r and r % a.relaunch == 0:  # fresh processes: their spread enters the interval
+            stop()
+            launch()
         rounds.append({c: run(c) for c in rotated(cells, r)})
         loads.append(_load_avg())
         print(f"round {r + 1} (load {loads[-1]}): " + ", ".join(f"{c} {rounds[-1][c]['tok_s']:.0f}" for c in cells),
               file=sys.stderr)
-    for proc in procs.values():
-        proc.stdin.close()
-        proc.wait()
+    stop()
     shutil.rmtree(tmp, ignore_errors=True)
     res = summarize(rounds, cells)
     size = os.environ.get("INTERP_ZOO_SIZE", "tiny")
+    relaunched = f" (fresh engine processes every {a.relaunch} rounds)" if a.relaunch else ""
     head = (f"Harvest of {total} tokens, {a.model} ({source}, zoo size {size}, {n_layers} layers), context "
             f"{a.context}, shards of {a.shard_tokens} rows ({a.dtype}), {platform.machine()} CPU x{os.cpu_count()}, "
-            f"{a.rounds} interleaved rounds; load average before {load_before}, after each round "
+            f"{a.rounds} interleaved rounds{relaunched}; load average before {load_before}, after each round "
             f"{[x[0] for x in loads]}.")
     text = table(res, cells, head)
     print("\n" + text)
