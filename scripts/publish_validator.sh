@@ -26,4 +26,4 @@ $py -m validator run --check
 $py -m validator report --check
 echo "publish_validator: done in $(( ($(date +%s) - start) / 60 )) min; commit reports/validator and" \
      "visualizer-data/validation.generated.ts" >&2
-git status --short -- reports/validator visualizer-data | head -5 >&2
+git status --short -- reports/validator visualizer-data | sed -n 1,5p >&2  # sed reads it all: no SIGPIPE under pipefail
