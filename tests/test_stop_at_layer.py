@@ -93,6 +93,8 @@ def test_any_integer_type_is_a_stop(m):
         torch.testing.assert_close(got["resid_post.0"], want["resid_post.0"], rtol=0, atol=0)
     with pytest.raises(TypeError, match=r"got ndarray array\(\[1\]\)"):
         m.run_with_cache(PROMPTS[0], ["resid_post.0"], stop_at_layer=np.array([1]))
+    with pytest.raises(TypeError, match=r"got Tensor tensor\(\[1\]\)"):  # one element, but a batch's shape
+        m.run_with_cache(PROMPTS[0], ["resid_post.0"], stop_at_layer=torch.tensor([1]))
     with pytest.raises(ValueError, match="stop_at_layer must be between 1 and"):
         m.run_with_cache(PROMPTS[0], ["resid_post.0"], stop_at_layer=np.int64(0))
 

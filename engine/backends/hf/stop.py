@@ -44,8 +44,9 @@ class Stop:
         final norm to stop at), and nothing the plan captures, steers or reads lies past it."""
         n_layers = len(get_path(hf, family.layers))
         given = stop_at_layer
-        try:  # any integer (numpy's, a 0-d integer tensor) through __index__; floats and bools are refused
-            stop_at_layer = None if isinstance(given, bool) else operator.index(given)
+        try:  # any integer scalar (numpy's, a 0-d integer tensor) through __index__; floats, bools and
+            # arrays are refused (torch lets a one-element tensor of any shape pass __index__)
+            stop_at_layer = None if isinstance(given, bool) or getattr(given, "ndim", None) else operator.index(given)
         except TypeError:
             stop_at_layer = None
         if stop_at_layer is None:
