@@ -1,7 +1,8 @@
 """Harvest throughput against the same forward without harvesting, side by side in one run.
 
     PYTHONPATH=. .venv/bin/python benchmarks/harvest_bench.py [--model NAME] [--size tiny|real]
-        [--tokens 20000] [--rounds 6] [--relaunch K] [--cells CELL,...] [--dtype fp32|bf16] [--json PATH] [--md PATH]
+        [--tokens 20000] [--rounds 6] [--relaunch K] [--cells CELL,...] [--dtype fp32|bf16]
+        [--json PATH] [--md PATH]
 
 Every cell harvests (or just forwards) the same synthetic corpus (documents of 40-400 tokens cut from
 the bundled sample), cut into the same `--context`-token windows. Each engine is loaded once in its
@@ -9,8 +10,9 @@ own process (vLLM engines of different compile modes cannot share one; the eager
 their own, so no harvest runs in a heap another cell has just churned) and the cells run in
 interleaved rounds whose order rotates every round (benchmarks/rounds.py), so a noisy neighbour
 slows every cell alike; `--relaunch K` restarts the processes every K rounds, so that the spread
-between two processes of the same engine (on a small VM, several percent) is sampled as well. Ratios are taken within each round; the tables give their median with the
-95% distribution-free interval (benchmarks/ci.py), "unresolved" when it spans more than 25%.
+between two processes of the same engine (on a small VM, several percent) is sampled as well.
+Ratios are taken within each round; the tables give their median with the 95% distribution-free
+interval (benchmarks/ci.py), "unresolved" when it spans more than 25%.
 
 Cells (engine process: what runs):
   prefill          vllm-generate: stock vLLM, the windows as 1-token requests in one call, no capture,
@@ -232,6 +234,8 @@ def main(argv=None) -> int:
     ap.add_argument("--data", help=argparse.SUPPRESS)
     ap.add_argument("--n-layers", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
+    if a.relaunch < 0:
+        ap.error(f"--relaunch is a number of rounds (0: never relaunch), got {a.relaunch}")
     if a.size:
         os.environ["INTERP_ZOO_SIZE"] = a.size
     if a.serve:
