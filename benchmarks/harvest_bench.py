@@ -2,7 +2,7 @@
 
     PYTHONPATH=. .venv/bin/python benchmarks/harvest_bench.py [--model NAME] [--size tiny|real]
         [--tokens 20000] [--rounds 6] [--relaunch K] [--cells CELL,...] [--dtype fp32|bf16]
-        [--json PATH] [--md PATH]
+        [--device cpu|cuda] [--json PATH] [--md PATH]
 
 Every cell harvests (or just forwards) the same synthetic corpus (documents of 40-400 tokens cut from
 the bundled sample), cut into the same `--context`-token windows. Each engine is loaded once in its
@@ -12,7 +12,8 @@ interleaved rounds whose order rotates every round (benchmarks/rounds.py), so a 
 slows every cell alike; `--relaunch K` restarts the processes every K rounds, so that the spread
 between two processes of the same engine (on a small VM, several percent) is sampled as well.
 Ratios are taken within each round; the tables give their median with the 95% distribution-free
-interval (benchmarks/ci.py), "unresolved" when it spans more than 25%.
+interval (benchmarks/ci.py), "unresolved" when it spans more than 25%. `--device` places the eager and
+hf cells' model (float32 both); the vLLM cells run where the installed vLLM runs.
 
 Cells (engine process: what runs):
   prefill          vllm-generate: stock vLLM, the windows as 1-token requests in one call, no capture,
@@ -103,10 +104,10 @@ def _load(proc: str, a, n_layers: int):
     vkw = dict(max_model_len=a.context + 1, max_num_seqs=32)
     if proc == "hf":
         from engine.loading import load_hf
-        hf, tok, used = load_hf(a.model)
+        hf, tok, used = load_hf(a.model, device=a.device)
         return hf, tok, used
     if proc.startswith("eager"):
-        m = load_model(a.model)
+        m = load_model(a.model, device=a.device)
     elif proc == "prefill":  # no prefix cache: repeated rounds and shared sentence openings would hit it
         m = load_model(a.model, backend="vllm-generate", enable_prefix_caching=False, **vkw)
     elif proc.startswith("static"):
@@ -121,7 +122,6 @@ def _serve(a) -> int:
     """One engine process: load once, then answer every 'CELL' line on stdin with one JSON line."""
     import torch
 
-    from engine.backends.vllm.backend import Request
     from engine.harvest import batches, capture, harvest, inputs, read_manifest
     from engine.harvest.runner import Flow
     n_layers = int(a.n_layers)
@@ -137,6 +137,7 @@ def _serve(a) -> int:
             break
         _, which, flow = CELLS[cell]
         if a.serve == "prefill":
+            from engine.backends.vllm.backend import Request  # imports vLLM: only this process needs it
             t = time.perf_counter()
             res = model.generate_batch([Request(w, 1) for w in windows], return_logits=False)
             dt = time.perf_counter() - t
@@ -147,6 +148,9 @@ def _serve(a) -> int:
                                        EAGER_BATCH))
             if cell == "eager-fwd":
                 keys = capture.addresses(model, points_of(which, n_layers))
+            device = next(model.parameters()).device if cell == "hf" else model.device
+            sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+            sync()
             t = time.perf_counter()
             for g in groups:
                 if cell == "eager-fwd":
@@ -159,7 +163,8 @@ def _serve(a) -> int:
                     ids[i, :len(w.ids)] = torch.tensor(w.ids)
                     mask[i, :len(w.ids)] = 1
                 with torch.no_grad():
-                    model(input_ids=ids, attention_mask=mask, use_cache=False)
+                    model(input_ids=ids.to(device), attention_mask=mask.to(device), use_cache=False)
+            sync()  # eager-fwd's rows already came back to the CPU, as the harvest's do
             dt = time.perf_counter() - t
             fig = {"tokens": total, "seconds": dt, "tok_s": total / dt}
         else:
@@ -227,6 +232,7 @@ def main(argv=None) -> int:
     ap.add_argument("--context", type=int, default=256)
     ap.add_argument("--shard-tokens", type=int, default=8192)
     ap.add_argument("--dtype", default="fp32")
+    ap.add_argument("--device", default="cpu", help="where the eager and hf cells' model runs: cpu, cuda, cuda:N")
     ap.add_argument("--cells", default=",".join(DEFAULT_CELLS), help=f"any of {', '.join(CELLS)}")
     ap.add_argument("--json", help="write the raw samples and ratios here")
     ap.add_argument("--md", help="write the tables here")
@@ -253,7 +259,7 @@ def main(argv=None) -> int:
     del hf
     total = corpus(data, tok, a.tokens)
     args = [sys.executable, __file__, "--data", str(data), "--n-layers", str(n_layers)] + [
-        f"--{k.replace('_', '-')}={getattr(a, k)}" for k in ("model", "context", "shard_tokens", "dtype")]
+        f"--{k.replace('_', '-')}={getattr(a, k)}" for k in ("model", "context", "shard_tokens", "dtype", "device")]
     procs: dict = {}
 
     def answer(p: str) -> dict:
@@ -304,9 +310,13 @@ def main(argv=None) -> int:
     shutil.rmtree(tmp, ignore_errors=True)
     res = summarize(rounds, cells)
     size = os.environ.get("INTERP_ZOO_SIZE", "tiny")
+    gpu = ""
+    if a.device.startswith("cuda"):
+        import torch
+        gpu = f", eager and hf on {torch.cuda.get_device_name(torch.device(a.device))}"
     relaunched = f" (fresh engine processes every {a.relaunch} rounds)" if a.relaunch else ""
     head = (f"Harvest of {total} tokens, {a.model} ({source}, zoo size {size}, {n_layers} layers), context "
-            f"{a.context}, shards of {a.shard_tokens} rows ({a.dtype}), {platform.machine()} CPU x{os.cpu_count()}, "
+            f"{a.context}, shards of {a.shard_tokens} rows ({a.dtype}), {platform.machine()} CPU x{os.cpu_count()}{gpu}, "
             f"{a.rounds} interleaved rounds{relaunched}; load average before {load_before}, after each round "
             f"{[x[0] for x in loads]}.")
     text = table(res, cells, head)
