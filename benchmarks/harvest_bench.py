@@ -29,6 +29,9 @@ Cells (engine process: what runs):
   static-all       vllm-static declaring resid_post at every layer
   eager-one        engine.harvest on the eager backend, one layer (its padded batches of 1024 tokens)
   eager-one-nice0  the same with the reader and writer threads at the forward's priority (Flow(nice=0))
+  eager-one-tokseq eager-one in a process with TOKENIZERS_PARALLELISM=false: the reader tokenizes on its
+                   own thread instead of fanning each chunk out over every core (tokenizers' thread pool,
+                   at the forward's priority); on 2 cores it made no difference (docs/harvest.md)
   eager-fwd        the eager harvest's own forward calls (capture and stop) over its batches, nothing
                    read or written: eager-one / eager-fwd is what the harvest's reading and writing cost
   hf               a plain HF forward over the eager harvest's very batches: the eager ceiling
@@ -64,6 +67,7 @@ CELLS = {
     "static-all": ("static-all", "all", {}),
     "eager-one": ("eager", "one", {}),
     "eager-one-nice0": ("eager-nice0", "one", {"nice": 0}),
+    "eager-one-tokseq": ("eager-tokseq", "one", {}),
     "eager-fwd": ("eager-fwd", "one", {}),
     "hf": ("hf", None, {}),
 }
@@ -72,8 +76,10 @@ DEFAULT_CELLS = ("prefill", "vllm-one", "vllm-all", "vllm-one-rpc1", "vllm-one-s
 # (numerator, denominator, goal)
 RATIOS = [(c, "prefill", 0.8 if c.endswith("one") else 0.6 if c.endswith("all") else None)
           for c in CELLS if c.startswith(("vllm", "static"))] + [("eager-one", "hf", 0.9), ("eager-one-nice0", "hf", None),
+                                                             ("eager-one-tokseq", "hf", None),
                                                              ("eager-fwd", "hf", None),
                                                              ("eager-one", "eager-fwd", None)]
+PROCESS_ENV = {"eager-tokseq": {"TOKENIZERS_PARALLELISM": "false"}}  # engine process -> extra environment
 EAGER_BATCH = 1024  # the eager harvest's default batch_tokens (engine/harvest/runner.py)
 
 
@@ -273,7 +279,7 @@ def main(argv=None) -> int:
         t0, source = time.perf_counter(), ""
         for p in dict.fromkeys(CELLS[c][0] for c in cells):
             procs[p] = subprocess.Popen(args + ["--serve", p], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                        text=True)
+                                        text=True, env={**os.environ, **PROCESS_ENV.get(p, {})})
             source = answer(p)["source"] or source
         print(f"loaded {len(procs)} engines in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
         for c in cells:  # warmup (first-call allocations, compiled graphs)
