@@ -45,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     import engine.backends.hf.eager as eager_mod
     from benchmarks.harvest_bench import corpus
     from engine import load_model
-    from engine.harvest import batches, capture, inputs
+    from engine.harvest import capture
     m = load_model(a.model, device=a.device)
     data = Path(tempfile.mkdtemp(prefix="eager-breakdown-")) / "corpus.txt"
     corpus(data, m.tokenizer, a.tokens)
@@ -63,12 +63,23 @@ def main(argv: list[str] | None = None) -> int:
                 spent.setdefault(name, []).append(time.perf_counter() - t)
         return wrapper
 
-    for name in STAGES:
-        setattr(type(m), name, timed(name, getattr(type(m), name)))
-    eager_mod.batch_cache = timed("batch_cache", eager_mod.batch_cache)
-    eager_mod._prefill_layout = timed("_prefill_layout", eager_mod._prefill_layout)
-    m.hf.forward = timed("hf forward inside run_with_cache", m.hf.forward)
+    patched = [(type(m), name, name) for name in STAGES] + [(eager_mod, "batch_cache", "batch_cache"),
+               (eager_mod, "_prefill_layout", "_prefill_layout"), (m.hf, "forward", "hf forward inside run_with_cache")]
+    saved = [(obj, attr, obj.__dict__.get(attr)) for obj, attr, _ in patched]
+    for obj, attr, label in patched:
+        setattr(obj, attr, timed(label, getattr(obj, attr)))
+    try:
+        return _measure(a, m, sizes, hf_pass_of(m, torch, sync), keys, data, spent)
+    finally:  # the timers leave with this call (a caller in the same process gets the plain methods back)
+        for obj, attr, old in saved:
+            if old is None:
+                delattr(obj, attr)
+            else:
+                setattr(obj, attr, old)
 
+
+def hf_pass_of(m, torch, sync):
+    """A plain HF forward over a pass's batches."""
     def hf_pass(groups) -> None:  # as the harvest bench's hf cell: right-padded, no cache
         for g in groups:
             width = max(len(w.ids) for w in g.windows)
@@ -80,6 +91,14 @@ def main(argv: list[str] | None = None) -> int:
             with torch.no_grad():
                 m.hf(input_ids=ids.to(m.device), attention_mask=mask.to(m.device), use_cache=False)
         sync()
+    return hf_pass
+
+
+def _measure(a, m, sizes, hf_pass, keys, data, spent) -> int:
+    """Alternate the two passes per batch size; print and (with --json) write the figures."""
+    import torch
+
+    from engine.harvest import batches, capture, inputs
 
     def capture_pass(groups) -> None:  # its rows come back to the CPU, as a harvest's do
         for g in groups:

@@ -6,7 +6,7 @@
 #     --no-deps --only-binary=:all: --python-version 3.12 --implementation cp --platform manylinux_2_28_x86_64 \
 #     --platform manylinux_2_17_x86_64 -d .whl $p; done
 #   mkdir -p .devcarry/zoo/hub && cp -r .zoo-cache/hub/models--meta-llama--Llama-3.2-1B .devcarry/zoo/hub/
-# then run there (carry .whl and .devcarry): bash scripts/device_harvest.sh [cpu|gpu|breakdown ...]
+# then run there (carry .whl and .devcarry): bash benchmarks/device_harvest.sh [cpu|gpu|breakdown ...]
 # Results go to $OUT (default ./device-out). The real-size twin is built there by the zoo (about 10 s).
 set -u
 export PYTHONUNBUFFERED=1
