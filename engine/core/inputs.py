@@ -236,13 +236,35 @@ def token_rows(inputs: Any, tokenizer: Any, limits: Limits, one: bool = False, p
     return rows
 
 
+def _valid_at_once(inputs: Any, limits: Limits, new: int | None) -> bool:
+    """Whether a dict of [b, T] integer id and mask tensors passes every check token_rows makes on it,
+    found with a few whole-batch operations; False sends it through token_rows, which names what is
+    wrong (or passes it: anything unusual goes that way)."""
+    ids, mask = inputs.get("input_ids"), inputs.get("attention_mask")
+    if not (type(ids) is torch.Tensor and type(mask) is torch.Tensor and ids.dim() == 2 and mask.shape == ids.shape
+            and ids.numel() and not (ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool)):
+        return False
+    real = mask.bool()
+    lengths = real.sum(1)
+    if bool((lengths == 0).any()):
+        return False
+    picked = ids[real]
+    lo, hi = int(picked.min()), int(picked.max())
+    if lo < 0 or (limits.vocab_size is not None and hi >= limits.vocab_size):
+        return False
+    room = limits.max_positions
+    return room is None or int(lengths.max()) + (limits.capture_new if new is None else new) <= room
+
+
 def padded_batch(inputs: Any, tokenizer: Any, limits: Limits, device: torch.device | str | None = None, prepend_bos: bool | None = None,
                  new: int | None = 0) -> dict:
     """input_ids / attention_mask for a batch (each prompt with room for `new` generated tokens): a
     given mask (and its padding side) is kept, everything else is validated and left-padded, as
     EagerModel.to_tokens pads text."""
-    rows = token_rows(inputs, tokenizer, limits, prepend_bos=prepend_bos, new=new)
-    if (isinstance(inputs, Mapping) or hasattr(inputs, "keys")) and inputs.get("attention_mask") is not None:
+    given = (isinstance(inputs, Mapping) or hasattr(inputs, "keys")) and inputs.get("attention_mask") is not None
+    if not (given and _valid_at_once(inputs, limits, new)):
+        rows = token_rows(inputs, tokenizer, limits, prepend_bos=prepend_bos, new=new)
+    if given:
         ids = torch.as_tensor(inputs["input_ids"])
         mask = torch.as_tensor(inputs["attention_mask"])
         ids, mask = (ids[None], mask[None]) if ids.dim() == 1 else (ids, mask)

@@ -207,6 +207,15 @@ def columns_of(mask: torch.Tensor) -> list[torch.Tensor]:
     return [torch.nonzero(row.bool(), as_tuple=True)[0].cpu() for row in mask]
 
 
+def one_run_per_row(mask: torch.Tensor) -> bool:
+    """Whether every row of a [b, T] attention mask holds its real tokens in one unbroken, non-empty run
+    (padding on one side only), found with whole-mask operations instead of a nonzero per row."""
+    real = mask.bool().to(torch.int8)
+    first = real.argmax(1)  # the first maximum: the first real column
+    last = real.shape[1] - 1 - real.flip(1).argmax(1)
+    return bool((last - first + 1 == real.sum(1)).all())  # an empty row reads width == 0: False
+
+
 def scatter(key: str, rows: list[torch.Tensor], cols: list[torch.Tensor], width: int) -> torch.Tensor:
     """Stack per-sequence [len, ...] captures into [b, width, ...], each at its own columns (an
     attention pattern's key axis too); padded entries hold 0 (the most negative score for scores).

@@ -38,6 +38,7 @@ from engine.core.results import (
     columns,
     columns_of,
     combine,
+    one_run_per_row,
 )
 from engine.core.steer_checks import check_steers
 from engine.core.steering import Steer, check_feature_steer
@@ -218,6 +219,8 @@ class EagerModel(ModelBase, WeightsMixin, TokensMixin):
         """A validated (engine/core/inputs.py), padded batch, each prompt with room for `new` generated
         tokens (None: a forward); a given attention_mask keeps its layout."""
         enc = padded_batch(inputs, self.tokenizer, limits_of(self), self.device, self.prepend_bos, new)
+        if one_run_per_row(enc["attention_mask"]):
+            return enc
         for r, cols in enumerate(columns_of(enc["attention_mask"])):
             if int(cols[-1] - cols[0]) + 1 != len(cols):
                 raise ValueError(f"attention_mask row {r} has padding between real tokens; pad on one side only.")
@@ -264,11 +267,14 @@ class EagerModel(ModelBase, WeightsMixin, TokensMixin):
         capture = self.expand(points) if points else []
         reads = [self._readout(r) for r in validate_readouts(readouts)]
         steers = check_steers(steer, self._context_steers(), self._steer)
-        rows = [enc["input_ids"][r, cols.to(enc["input_ids"].device)].tolist()
-                for r, cols in enumerate(columns_of(enc["attention_mask"]))]
-        special = special_ids(self.tokenizer)
-        plans = [Plan(len(ids), list(capture), [st.for_row(r, len(rows), ids, special) for st in steers])
-                 for r, ids in enumerate(rows)]
+        cols = columns_of(enc["attention_mask"])
+        if steers:  # a steer's row view needs the row's ids (its `exclude` names special tokens)
+            rows = [enc["input_ids"][r, c.to(enc["input_ids"].device)].tolist() for r, c in enumerate(cols)]
+            special = special_ids(self.tokenizer)
+            plans = [Plan(len(ids), list(capture), [st.for_row(r, len(rows), ids, special) for st in steers])
+                     for r, ids in enumerate(rows)]
+        else:  # capture only: a plan needs the row's length alone (no ids read back, on CUDA no sync per row)
+            plans = [Plan(len(c), list(capture), []) for c in cols]
         env = self._env() if reads else None
         for r, p in enumerate(plans):
             if env is not None:
