@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     for obj, attr, label in patched:
         setattr(obj, attr, timed(label, getattr(obj, attr)))
     try:
-        return _measure(a, m, sizes, hf_pass_of(m, torch, sync), keys, data, spent)
+        return _measure(a, m, sizes, hf_pass_of(m, sync), keys, data, spent)
     finally:  # the timers leave with this call (a caller in the same process gets the plain methods back)
         for obj, attr, old in saved:
             if old is None:
@@ -78,18 +78,13 @@ def main(argv: list[str] | None = None) -> int:
                 setattr(obj, attr, old)
 
 
-def hf_pass_of(m, torch, sync):
-    """A plain HF forward over a pass's batches."""
-    def hf_pass(groups) -> None:  # as the harvest bench's hf cell: right-padded, no cache
+def hf_pass_of(m, sync):
+    """A plain HF forward over a pass's batches (the harvest bench's hf cell)."""
+    from benchmarks.harvest_bench import hf_forward
+
+    def hf_pass(groups) -> None:
         for g in groups:
-            width = max(len(w.ids) for w in g.windows)
-            ids = torch.zeros(len(g.windows), width, dtype=torch.long)
-            mask = torch.zeros_like(ids)
-            for i, w in enumerate(g.windows):
-                ids[i, :len(w.ids)] = torch.tensor(w.ids)
-                mask[i, :len(w.ids)] = 1
-            with torch.no_grad():
-                m.hf(input_ids=ids.to(m.device), attention_mask=mask.to(m.device), use_cache=False)
+            hf_forward(m.hf, g.windows, m.device)
         sync()
     return hf_pass
 

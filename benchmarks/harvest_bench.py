@@ -100,6 +100,19 @@ def corpus(path: Path, tokenizer, tokens: int, seed: int = 0) -> int:
     return total
 
 
+def hf_forward(hf, windows, device) -> None:
+    """A plain HF forward over one batch of the eager harvest, right-padded as it pads, no cache."""
+    import torch
+    width = max(len(w.ids) for w in windows)
+    ids = torch.zeros(len(windows), width, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for i, w in enumerate(windows):
+        ids[i, :len(w.ids)] = torch.tensor(w.ids)
+        mask[i, :len(w.ids)] = 1
+    with torch.no_grad():
+        hf(input_ids=ids.to(device), attention_mask=mask.to(device), use_cache=False)
+
+
 def points_of(which: str, n_layers: int) -> str:
     return f"resid_post.{n_layers // 2}" if which == "one" else "resid_post"
 
@@ -162,14 +175,7 @@ def _serve(a) -> int:
                 if cell == "eager-fwd":
                     capture.forward(model, [w.ids for w in g.windows], keys)
                     continue
-                width = max(len(w.ids) for w in g.windows)
-                ids = torch.zeros(len(g.windows), width, dtype=torch.long)
-                mask = torch.zeros_like(ids)
-                for i, w in enumerate(g.windows):
-                    ids[i, :len(w.ids)] = torch.tensor(w.ids)
-                    mask[i, :len(w.ids)] = 1
-                with torch.no_grad():
-                    model(input_ids=ids.to(device), attention_mask=mask.to(device), use_cache=False)
+                hf_forward(model, g.windows, device)
             sync()  # eager-fwd's rows already came back to the CPU, as the harvest's do
             dt = time.perf_counter() - t
             fig = {"tokens": total, "seconds": dt, "tok_s": total / dt}
