@@ -47,7 +47,8 @@ def main(argv: list[str] | None = None) -> int:
     from engine import load_model
     from engine.harvest import capture
     m = load_model(a.model, device=a.device)
-    data = Path(tempfile.mkdtemp(prefix="eager-breakdown-")) / "corpus.txt"
+    tmp = tempfile.TemporaryDirectory(prefix="eager-breakdown-")
+    data = Path(tmp.name) / "corpus.txt"
     corpus(data, m.tokenizer, a.tokens)
     keys = capture.addresses(m, f"resid_post.{m.n_layers // 2}")
     sync = torch.cuda.synchronize if m.device.type == "cuda" else (lambda: None)
@@ -70,7 +71,9 @@ def main(argv: list[str] | None = None) -> int:
         setattr(obj, attr, timed(label, getattr(obj, attr)))
     try:
         return _measure(a, m, sizes, hf_pass_of(m, sync), keys, data, spent)
-    finally:  # the timers leave with this call (a caller in the same process gets the plain methods back)
+    finally:  # the timers and the corpus leave with this call (a caller in the same process gets the plain
+        # methods back)
+        tmp.cleanup()
         for obj, attr, old in saved:
             if old is None:
                 delattr(obj, attr)

@@ -160,12 +160,23 @@ def top_logprobs(value: object) -> int:
     return int(value)
 
 
+def fits(n_prompt: int, new: int, limits: Limits) -> bool:
+    """Whether n_prompt tokens plus `new` generated ones fit the model's positions."""
+    return limits.max_positions is None or n_prompt + new <= limits.max_positions
+
+
+def in_vocab(lo: int, hi: int, limits: Limits) -> bool:
+    """Whether token ids from lo to hi are all ids of the model."""
+    return lo >= 0 and (limits.vocab_size is None or hi < limits.vocab_size)
+
+
 def check_room(n_prompt: int, new: int, limits: Limits, i: int = 0, n: int = 1, capture: bool = False) -> None:
     """Raise InputError when a prompt of n_prompt tokens plus `new` generated ones does not fit the
     model's positions (capture=True: `new` is what the backend generates after a capture)."""
-    m = limits.max_positions
-    if m is None or n_prompt + new <= m:
+    if fits(n_prompt, new, limits):
         return
+    m = limits.max_positions
+    assert m is not None
     what = _label(i, n)
     if n_prompt > m:
         head = f"{what} is {n_prompt} tokens, longer than the {m} positions {limits.model} takes"
@@ -195,7 +206,7 @@ def check_ids(ids: list[int], limits: Limits, i: int = 0, n: int = 1, new: int |
                          f"{'; drop it from the batch' if n > 1 else ''}.")
     check_room(len(ids), limits.capture_new if new is None else new, limits, i, n, capture=new is None)
     lo, hi = min(ids), max(ids)
-    if lo < 0 or (limits.vocab_size is not None and hi >= limits.vocab_size):
+    if not in_vocab(lo, hi, limits):
         bad = lo if lo < 0 else hi
         pos = ids.index(bad)
         rng = f"0..{limits.vocab_size - 1}" if limits.vocab_size is not None else "non-negative"
@@ -249,11 +260,8 @@ def _valid_at_once(inputs: Any, limits: Limits, new: int | None) -> bool:
     if bool((lengths == 0).any()):
         return False
     picked = ids[real]
-    lo, hi = int(picked.min()), int(picked.max())
-    if lo < 0 or (limits.vocab_size is not None and hi >= limits.vocab_size):
-        return False
-    room = limits.max_positions
-    return room is None or int(lengths.max()) + (limits.capture_new if new is None else new) <= room
+    return (in_vocab(int(picked.min()), int(picked.max()), limits)
+            and fits(int(lengths.max()), limits.capture_new if new is None else new, limits))
 
 
 def padded_batch(inputs: Any, tokenizer: Any, limits: Limits, device: torch.device | str | None = None, prepend_bos: bool | None = None,
@@ -261,14 +269,14 @@ def padded_batch(inputs: Any, tokenizer: Any, limits: Limits, device: torch.devi
     """input_ids / attention_mask for a batch (each prompt with room for `new` generated tokens): a
     given mask (and its padding side) is kept, everything else is validated and left-padded, as
     EagerModel.to_tokens pads text."""
-    given = (isinstance(inputs, Mapping) or hasattr(inputs, "keys")) and inputs.get("attention_mask") is not None
-    if not (given and _valid_at_once(inputs, limits, new)):
-        rows = token_rows(inputs, tokenizer, limits, prepend_bos=prepend_bos, new=new)
-    if given:
+    if (isinstance(inputs, Mapping) or hasattr(inputs, "keys")) and inputs.get("attention_mask") is not None:
+        if not _valid_at_once(inputs, limits, new):
+            token_rows(inputs, tokenizer, limits, prepend_bos=prepend_bos, new=new)  # other forms; names what is wrong
         ids = torch.as_tensor(inputs["input_ids"])
         mask = torch.as_tensor(inputs["attention_mask"])
         ids, mask = (ids[None], mask[None]) if ids.dim() == 1 else (ids, mask)
         return {"input_ids": ids.to(device), "attention_mask": mask.to(device)}
+    rows = token_rows(inputs, tokenizer, limits, prepend_bos=prepend_bos, new=new)
     if isinstance(inputs, torch.Tensor):  # equal rows: no padding
         ids = inputs if inputs.dim() == 2 else inputs[None]
         return {"input_ids": ids.to(device), "attention_mask": torch.ones_like(ids).to(device)}
