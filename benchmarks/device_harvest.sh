@@ -6,7 +6,7 @@
 #     --no-deps --only-binary=:all: --python-version 3.12 --implementation cp --platform manylinux_2_28_x86_64 \
 #     --platform manylinux_2_17_x86_64 -d .whl $p; done
 #   mkdir -p .devcarry/zoo/hub && cp -r .zoo-cache/hub/models--meta-llama--Llama-3.2-1B .devcarry/zoo/hub/
-# then run there (carry .whl and .devcarry): bash benchmarks/device_harvest.sh [cpu|gpu|breakdown ...]
+# then run there (carry .whl and .devcarry): bash benchmarks/device_harvest.sh [cpu|gpu|breakdown|costs|spare ...]
 # Results go to $OUT (default ./device-out). The real-size twin is built there by the zoo (about 10 s).
 set -u
 export PYTHONUNBUFFERED=1
@@ -36,6 +36,26 @@ for what in "${parts[@]}"; do
         2>&1 | grep -Ev "$quiet"
       INTERP_ZOO_SIZE=real python3 benchmarks/eager_breakdown.py --model HuggingFaceTB/SmolLM2-135M --device cuda \
         --tokens 64000 --batches 1024,8192,32768 --json "$OUT/bd-gpu-real.json" 2>&1 | grep -Ev "$quiet" ;;
-    *) echo "unknown part $what: choose from cpu, gpu, breakdown" >&2; exit 2 ;;
+    costs)  # where the eager harvest's time goes beside its own forward, one process per device
+      python3 benchmarks/harvest_costs.py --tokens 128000 --rounds 6 --out /tmp \
+        --variants hf,fwd,harvest,no-write,read-inline,spare-1,spare-2,fwd-spare-1 \
+        --json "$OUT/costs-cpu-tiny.json" --md "$OUT/costs-cpu-tiny.md" 2>&1 | grep -Ev "$quiet"
+      INTERP_ZOO_SIZE=real python3 benchmarks/harvest_costs.py --model HuggingFaceTB/SmolLM2-135M --device cuda \
+        --tokens 64000 --rounds 6 --out /tmp --variants hf,fwd,harvest,no-write \
+        --json "$OUT/costs-gpu-real.json" --md "$OUT/costs-gpu-real.md" 2>&1 | grep -Ev "$quiet" ;;
+    spare)  # the spare-thread rule (engine/harvest/priority.py) on the machine's cores: the tiny twin's costs, the
+      # same shards at any thread count, the rule's choice on the real-size twin, the cross-process goal
+      python3 benchmarks/harvest_costs.py --tokens 128000 --rounds 6 --out /tmp \
+        --variants hf,fwd,harvest,no-spare,spare-1,fwd-spare-1 \
+        --json "$OUT/spare-cpu-tiny.json" --md "$OUT/spare-cpu-tiny.md" 2>&1 | grep -Ev "$quiet"
+      python3 benchmarks/harvest_threads.py --tokens 16000 --json "$OUT/threads-tiny.json" 2>&1 | grep -Ev "$quiet"
+      INTERP_ZOO_SIZE=real python3 benchmarks/harvest_threads.py --model HuggingFaceTB/SmolLM2-135M --tokens 8000 \
+        --points resid_post.29,attn_out.0,mlp_out.15 --json "$OUT/threads-real.json" 2>&1 | grep -Ev "$quiet"
+      INTERP_ZOO_SIZE=real python3 benchmarks/harvest_costs.py --model HuggingFaceTB/SmolLM2-135M --tokens 24000 \
+        --rounds 6 --shard-tokens 4096 --out /tmp --variants harvest,no-spare,spare-1 \
+        --json "$OUT/spare-cpu-real.json" --md "$OUT/spare-cpu-real.md" 2>&1 | grep -Ev "$quiet"
+      python3 benchmarks/harvest_bench.py --cells eager-one,eager-fwd,hf --tokens 128000 --rounds 6 --relaunch 3 \
+        --json "$OUT/spare-bench-tiny.json" --md "$OUT/spare-bench-tiny.md" 2>&1 | grep -Ev "$quiet" ;;
+    *) echo "unknown part $what: choose from cpu, gpu, breakdown, costs, spare" >&2; exit 2 ;;
   esac
 done

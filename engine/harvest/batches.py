@@ -12,7 +12,7 @@ import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Iterable, Iterator, NamedTuple
 
-from engine.harvest.priority import lower_this_thread
+from engine.harvest.priority import ThreadCPU, lower_this_thread
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -104,10 +104,11 @@ def _batch(ws: list[Window]) -> Batch:
     return Batch(list(ws), Cursor(ws[0].doc, ws[0].index), Cursor(ws[-1].doc, ws[-1].index + 1))
 
 
-def prefetch(items: Iterable, depth: int = 2, nice: int = 0) -> Iterator:
+def prefetch(items: Iterable, depth: int = 2, nice: int = 0, cpu: ThreadCPU | None = None) -> Iterator:
     """Iterate `items` on a thread, `depth` ahead: reading and tokenizing the next batches overlaps
     the current forward. Same items, same order; an error in the producer is raised here. nice: how
-    much lower the thread runs than the caller (engine/harvest/priority.py)."""
+    much lower the thread runs than the caller (engine/harvest/priority.py); cpu: kept up to date with
+    the thread's CPU seconds."""
     q: queue.Queue = queue.Queue(maxsize=depth)
     done, stop = object(), threading.Event()
 
@@ -124,6 +125,8 @@ def prefetch(items: Iterable, depth: int = 2, nice: int = 0) -> Iterator:
         lower_this_thread(nice)
         try:
             for x in items:
+                if cpu is not None:
+                    cpu.update()
                 if not put(x):
                     return
             put(done)

@@ -24,7 +24,7 @@ import torch
 from engine.core.files import remove_temps
 from engine.harvest import batches, capture, inputs
 from engine.harvest import manifest as mf
-from engine.harvest.priority import HELPER_NICE
+from engine.harvest.priority import HELPER_NICE, ForwardThreads, ThreadCPU
 from engine.harvest.shards import DTYPES, INDEX_COLUMNS, Pending, ShardBuffer, ShardWriter, WriterStats
 
 if TYPE_CHECKING:
@@ -49,10 +49,13 @@ class Flow:
     the next while this process stores the last; eager runs one at a time); handoff: how vLLM's
     workers hand the rows over, "shm" (files in /dev/shm, only paths in the RPC reply) or "rpc"
     (bytes inline in the reply); nice: how much lower than the forward the reader and writer threads
-    run (engine/harvest/priority.py; 0: the same priority). Measured in docs/harvest.md."""
+    run (engine/harvest/priority.py; 0: the same priority); spare: intra-op threads an eager CPU
+    forward leaves to the reader and writer (None: decided from their CPU use at the first shard,
+    priority.ForwardThreads; 0: none). Measured in docs/harvest.md."""
     inflight: int = 2
     handoff: str = "shm"
     nice: int = HELPER_NICE
+    spare: int | None = None
 
     def __post_init__(self):
         if self.handoff not in HANDOFFS:
@@ -61,6 +64,10 @@ class Flow:
             raise ValueError(f"inflight must be a positive number of batches, got {self.inflight!r}.")
         if not isinstance(self.nice, int) or not 0 <= self.nice <= 19:
             raise ValueError(f"nice must be a whole number from 0 to 19, got {self.nice!r}.")
+        if self.spare is not None and (not isinstance(self.spare, int) or isinstance(self.spare, bool)
+                                       or self.spare < 0):
+            raise ValueError(f"spare must be a whole number of threads (0: none) or None (decided from the "
+                             f"helpers' CPU use), got {self.spare!r}.")
 
 
 HANDOFFS = ("shm", "rpc")
@@ -110,6 +117,7 @@ class Summary:
     shards: int = 0
     seconds: float = 0.0  # from the first batch until the last shard was durable
     forward_s: float = 0.0  # time this process waited for the model (batches in flight overlap it)
+    spared_threads: int = 0  # intra-op threads the eager CPU forward left to the reader and writer
     writer: WriterStats = field(default_factory=WriterStats)
     merged: bool = False
 
@@ -289,8 +297,9 @@ def _loop(model, keys, src, out, manifest, part, positions, shard_tokens, dtype,
     row0 = manifest.rows
     docs = inputs.documents(src, i, of, start=start.doc)
     tok = copy.deepcopy(model.tokenizer)  # the reader thread's own: tokenizers need not be thread-safe
+    reader_cpu = ThreadCPU()
     stream = batches.prefetch(batches.pack(batches.windows(docs, tok, context, positions, start), batch_tokens),
-                              nice=flow.nice)
+                              nice=flow.nice, cpu=reader_cpu)
     meta = {"format": mf.FORMAT, "part": manifest.directory.name}
     writer = ShardWriter(manifest.directory, manifest.add, meta, nice=flow.nice)
     summary = Summary(out, part, "written", writer=writer.stats)
@@ -299,6 +308,7 @@ def _loop(model, keys, src, out, manifest, part, positions, shard_tokens, dtype,
     bar = _progress(progress is True, part)
     report = progress if callable(progress) else None
     buf, index, rows_done, docs_seen, last_doc = None, len(manifest.shards), row0, 0, None
+    threads = ForwardThreads(flow.spare, active=not capture.is_vllm(model) and model.device.type == "cpu")
     t0 = time.perf_counter()
     try:
         depth = flow.inflight if capture.is_vllm(model) else 1
@@ -328,6 +338,8 @@ def _loop(model, keys, src, out, manifest, part, positions, shard_tokens, dtype,
                     index += 1
                     buf = ShardBuffer(shard_tokens, cols)
             summary.tokens += batch.tokens
+            if writer.stats.shards:
+                threads.update(reader_cpu.seconds + writer.stats.cpu_s, summary.forward_s)
             docs_seen += len({w.doc for w in batch.windows} - {last_doc})
             last_doc = batch.windows[-1].doc
             if left:
@@ -344,12 +356,14 @@ def _loop(model, keys, src, out, manifest, part, positions, shard_tokens, dtype,
         elif not manifest.shards and of == 1 and summary.tokens == 0 and row0 == 0:
             raise inputs.InputError(f"input {str(src.root)!r} has no non-empty documents to harvest.")
     finally:
+        threads.restore()
         bar.close()
         writer.close()  # every queued shard becomes durable and recorded, also after an error
     if not manifest.complete:
         manifest.finish()
     summary.seconds = time.perf_counter() - t0
     summary.rows, summary.shards = rows_done - row0, writer.stats.shards
+    summary.spared_threads = threads.spared
     if merge:
         summary.merged = mf.merge(out) is not None
     log.info("part %d/%d: %d rows in %d shards, %.0f tokens/s", i, of, summary.rows, summary.shards,

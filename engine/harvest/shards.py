@@ -113,6 +113,7 @@ class WriterStats:
     shards: int = 0
     bytes: int = 0
     write_s: float = 0.0  # time the writer thread spent serializing, hashing and writing
+    cpu_s: float = 0.0  # CPU seconds the writer thread has used (part of write_s; the rest is waiting)
     stall_s: float = 0.0  # time the forward loop waited for room in the queue
     _t: float = field(default=0.0, repr=False)
 
@@ -146,6 +147,7 @@ class ShardWriter:
                 self.stats.shards += 1
                 self.stats.bytes += n
                 self.stats.write_s += time.perf_counter() - t0
+                self.stats.cpu_s = time.thread_time()
             except BaseException as e:  # noqa: BLE001 (handed to the forward loop)
                 self.error = e
 
