@@ -14,14 +14,11 @@ records the CPU seconds of each thread: the forward's (main), the reader's and t
 Variants:
   hf           a stock HF forward (its own copy of the model) over the harvest's batches: the ceiling
   fwd          the harvest's own forward calls (capture.forward), nothing read ahead, nothing stored
-  harvest      engine.harvest as it ships: reader thread, forward, writer thread, and on CPU one
-               intra-op thread left to the two helpers when their CPU use says it pays (Flow.spare=None)
-  no-spare     the harvest with the forward on every thread (Flow(spare=0), as it shipped before)
-  no-write     no-spare, with the writer recording each shard in the manifest but neither hashing nor
-               writing it
-  read-inline  no-spare, with the batches tokenized on the forward's thread as it needs them, not ahead
-  spare-1      one thread always left to the helpers (Flow(spare=1))
-  spare-2      two threads always left to them (Flow(spare=2))
+  harvest      engine.harvest with its defaults: reader thread, forward on every thread, writer thread
+  no-write     the writer records each shard in the manifest but neither hashes nor writes it
+  read-inline  the batches are tokenized on the forward's thread as it needs them, not ahead
+  spare-1      the harvest with one intra-op thread left to the reader and writer (spare_threads=1)
+  spare-2      the same with two (spare_threads=2)
   fwd-spare-1  the forward alone with one thread fewer (what a spare thread costs the forward)
 """
 from __future__ import annotations
@@ -50,21 +47,20 @@ class Variant:
     kind: str  # "hf", "fwd" or "harvest"
     write: bool = True  # shards hashed and written (False: only recorded)
     read_ahead: bool = True  # the reader thread tokenizes ahead (False: inline, on the forward's thread)
-    spare: int | None = None  # harvest: Flow.spare; fwd: intra-op threads taken away (None: none)
+    spare: int = 0  # intra-op threads left to the helpers (fwd: taken away from the forward)
 
 
 VARIANTS = {
     "hf": Variant("hf"),
     "fwd": Variant("fwd"),
     "harvest": Variant("harvest"),
-    "no-spare": Variant("harvest", spare=0),
-    "no-write": Variant("harvest", write=False, spare=0),
-    "read-inline": Variant("harvest", read_ahead=False, spare=0),
+    "no-write": Variant("harvest", write=False),
+    "read-inline": Variant("harvest", read_ahead=False),
     "spare-1": Variant("harvest", spare=1),
     "spare-2": Variant("harvest", spare=2),
     "fwd-spare-1": Variant("fwd", spare=1),
 }
-DEFAULT = "hf,fwd,harvest,no-spare,no-write,read-inline"
+DEFAULT = "hf,fwd,harvest,no-write,read-inline,spare-1"
 
 
 def _unwritten(path, tensors, metadata) -> tuple[str, int]:
@@ -145,7 +141,6 @@ def measure(a, names: list[str], tmp: Path) -> dict:
     from benchmarks.rounds import rotated
     from engine import load_model
     from engine.harvest import batches, capture, harvest, inputs
-    from engine.harvest.runner import Flow
     from engine.loading import load_hf
     m = load_model(a.model, device=a.device)
     hf = load_hf(a.model, device=a.device)[0] if "hf" in names else None
@@ -163,7 +158,7 @@ def measure(a, names: list[str], tmp: Path) -> dict:
             cpu0, main0, t = time.process_time(), time.thread_time(), time.perf_counter()
             if v.kind == "harvest":
                 s = harvest(m, keys[0], data, tmp / "out", shard_tokens=a.shard_tokens, progress=False,
-                            flow=Flow(spare=v.spare))
+                            spare_threads=v.spare)
                 assert s.tokens == tokens, (s.tokens, tokens)
                 seconds, spared = s.seconds, s.spared_threads
             else:
@@ -173,7 +168,7 @@ def measure(a, names: list[str], tmp: Path) -> dict:
                     else:
                         hf_forward(hf, g.windows, m.device)
                 sync()
-                seconds, spared = time.perf_counter() - t, v.spare or 0
+                seconds, spared = time.perf_counter() - t, v.spare
             cpu = {"process": time.process_time() - cpu0, "main": time.thread_time() - main0}
         for thread, sec in spent.items():
             helper = thread.split("-")[1] if thread.startswith("harvest-") else "other"

@@ -52,6 +52,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--model-dtype", default="float32")
     p.add_argument("--engine-arg", action="append", default=[], metavar="KEY=VALUE",
                    help="passed to load_model / vllm.LLM, e.g. tensor_parallel_size=2 (JSON values)")
+    p.add_argument("--spare-threads", type=int, default=0, metavar="N",
+                   help="eager on CPU: leave N of torch's threads to the reader and writer (pays on many cores "
+                        "with a small model; the summary line says when; part of the harvest's identity)")
     p.add_argument("--no-progress", action="store_true")
     return p
 
@@ -121,6 +124,8 @@ def main(argv: list[str] | None = None) -> int:
         kw = dict(backend=a.backend, positions=a.positions, shard_tokens=a.shard_tokens, dtype=a.dtype,
                   context=a.context, batch_tokens=a.batch_tokens, text_field=a.text_field,
                   model_dtype=a.model_dtype, progress=not a.no_progress, load_kw=_engine_args(a.engine_arg))
+        if a.spare_threads:  # only when given: the worker and Ray paths pass every option on as it is
+            kw["spare_threads"] = a.spare_threads
         res: Summary | list[Summary] | list[dict]
         if a.ray is not None:
             from engine.harvest.cluster import run_on_ray
@@ -145,7 +150,10 @@ def main(argv: list[str] | None = None) -> int:
         else:
             print(f"{a.out}: part {s.part[0]}/{s.part[1]}: {s.rows} rows in {s.shards} shards, "
                   f"{s.tokens_per_s:.0f} tokens/s, writer stalled the forward {s.writer.stall_s:.2f} s"
-                  f"{'; manifest merged' if s.merged else ''}")
+                  f"{'; manifest merged' if s.merged else ''}"
+                  + (f"; its reader and writer used {s.helper_cpu_s:.2f} CPU s beside {s.forward_s:.2f} s of "
+                     f"forward on {s.threads} threads: --spare-threads 1 would likely be faster"
+                     if s.spare_would_pay else ""))
     if a.saelens:
         print(saelens_line)
     if demo:

@@ -9,23 +9,26 @@ the device, cores are idle, and the niceness changes nothing.
 
 Niceness cannot stop the stalls: whenever a helper runs on a core of the forward, every thread of
 the forward waits for it, so each second of helper CPU costs about a second of forward time, however
-many cores there are. `ForwardThreads` leaves the helpers a core of their own instead when that is
-cheaper: one intra-op thread fewer costs about 1/threads of the forward, so it pays once the helpers'
-CPU time is above that share of the forward's time (measured on 16 cores, benchmarks/harvest_costs.py:
-the tiny twin's harvest went from 0.73x to 0.91x of its own forward).
+many cores there are. Leaving the helpers a core of their own (`forward_threads`, the harvest's
+`spare_threads`) costs about 1/threads of the forward instead, so it pays once the helpers' CPU time
+is above that share of the forward's time (`spare_pays`). Measured with benchmarks/harvest_costs.py
+(docs/harvest.md): on 16 cores the tiny twin's harvest went from 0.74x to 0.83x of its own forward with
+one thread spared; on 2 cores a spare thread halves the forward. It is not automatic because the thread
+count can change the last bits of the rows (16, 8 and 1 threads agreed, 15 did not:
+benchmarks/harvest_threads.py), and a harvest's bytes must not depend on a timing.
 """
 from __future__ import annotations
 
-import logging
+import contextlib
 import os
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
 
 HELPER_NICE = 19  # Flow.nice's default: the lowest priority
-log = logging.getLogger("engine.harvest")
 
 
 def lower_this_thread(nice: int) -> None:
@@ -54,34 +57,22 @@ class ThreadCPU:
         self.seconds = time.thread_time()
 
 
-class ForwardThreads:
-    """Torch's intra-op thread count during one eager CPU harvest. `spare` threads are left to the
-    helpers: a number fixes it from the start; None decides once, at the first `update` with helper
-    time to go by: one spare thread when helper CPU seconds x threads > forward seconds (see the module
-    docstring), none otherwise. `restore` puts the caller's count back (torch's setting is per process)."""
+def spare_pays(helper_cpu_s: float, forward_s: float, threads: int) -> bool:
+    """Whether one intra-op thread left to the helpers would likely have made the harvest faster: their
+    CPU seconds (each stalling the whole forward) exceed the forward's share of one thread."""
+    return threads > 1 and forward_s > 0 and helper_cpu_s * threads > forward_s
 
-    def __init__(self, spare: int | None, active: bool) -> None:
-        self.threads = torch.get_num_threads()  # the caller's, restored at the end
-        self.spared = 0
-        self.decided = not active or spare is not None
-        if active and spare:
-            self._spare(spare)
 
-    def update(self, helper_cpu_s: float, forward_s: float) -> None:
-        """Decide (once) from what the helpers and the forward used so far; nothing before the helpers
-        have used any CPU."""
-        if self.decided or helper_cpu_s <= 0 or forward_s <= 0:
-            return
-        self.decided = True
-        if self.threads > 1 and helper_cpu_s * self.threads > forward_s:
-            self._spare(1)
-        log.info("helpers used %.3f CPU s beside %.3f s of forward on %d threads: %d thread(s) left to them",
-                 helper_cpu_s, forward_s, self.threads, self.spared)
-
-    def _spare(self, n: int) -> None:
-        torch.set_num_threads(max(1, self.threads - n))
-        self.spared = self.threads - torch.get_num_threads()
-
-    def restore(self) -> None:
-        if self.spared:
-            torch.set_num_threads(self.threads)
+@contextlib.contextmanager
+def forward_threads(spare: int) -> Iterator[int]:
+    """Torch's intra-op threads lowered by `spare` for the block (one at least is kept) and restored
+    after it (torch's setting is per process); yields how many threads were left to the helpers."""
+    threads = torch.get_num_threads()
+    if spare <= 0:
+        yield 0
+        return
+    torch.set_num_threads(max(1, threads - spare))
+    try:
+        yield threads - torch.get_num_threads()
+    finally:
+        torch.set_num_threads(threads)

@@ -24,7 +24,7 @@ import torch
 from engine.core.files import remove_temps
 from engine.harvest import batches, capture, inputs
 from engine.harvest import manifest as mf
-from engine.harvest.priority import HELPER_NICE, ForwardThreads, ThreadCPU
+from engine.harvest.priority import HELPER_NICE, ThreadCPU, forward_threads, spare_pays
 from engine.harvest.shards import DTYPES, INDEX_COLUMNS, Pending, ShardBuffer, ShardWriter, WriterStats
 
 if TYPE_CHECKING:
@@ -49,13 +49,10 @@ class Flow:
     the next while this process stores the last; eager runs one at a time); handoff: how vLLM's
     workers hand the rows over, "shm" (files in /dev/shm, only paths in the RPC reply) or "rpc"
     (bytes inline in the reply); nice: how much lower than the forward the reader and writer threads
-    run (engine/harvest/priority.py; 0: the same priority); spare: intra-op threads an eager CPU
-    forward leaves to the reader and writer (None: decided from their CPU use at the first shard,
-    priority.ForwardThreads; 0: none). Measured in docs/harvest.md."""
+    run (engine/harvest/priority.py; 0: the same priority). Measured in docs/harvest.md."""
     inflight: int = 2
     handoff: str = "shm"
     nice: int = HELPER_NICE
-    spare: int | None = None
 
     def __post_init__(self):
         if self.handoff not in HANDOFFS:
@@ -64,10 +61,6 @@ class Flow:
             raise ValueError(f"inflight must be a positive number of batches, got {self.inflight!r}.")
         if not isinstance(self.nice, int) or not 0 <= self.nice <= 19:
             raise ValueError(f"nice must be a whole number from 0 to 19, got {self.nice!r}.")
-        if self.spare is not None and (not isinstance(self.spare, int) or isinstance(self.spare, bool)
-                                       or self.spare < 0):
-            raise ValueError(f"spare must be a whole number of threads (0: none) or None (decided from the "
-                             f"helpers' CPU use), got {self.spare!r}.")
 
 
 HANDOFFS = ("shm", "rpc")
@@ -117,13 +110,21 @@ class Summary:
     shards: int = 0
     seconds: float = 0.0  # from the first batch until the last shard was durable
     forward_s: float = 0.0  # time this process waited for the model (batches in flight overlap it)
-    spared_threads: int = 0  # intra-op threads the eager CPU forward left to the reader and writer
+    threads: int = 0  # intra-op threads an eager CPU forward ran on (0: the forward ran elsewhere)
+    spared_threads: int = 0  # intra-op threads it left to the reader and writer (spare_threads)
+    helper_cpu_s: float = 0.0  # CPU seconds the reader and writer threads used
     writer: WriterStats = field(default_factory=WriterStats)
     merged: bool = False
 
     @property
     def tokens_per_s(self) -> float:
         return self.tokens / self.seconds if self.seconds else 0.0
+
+    @property
+    def spare_would_pay(self) -> bool:
+        """An eager CPU forward on every thread whose helpers used more CPU than one thread's share of
+        it: spare_threads=1 would likely have been faster (engine/harvest/priority.py)."""
+        return not self.spared_threads and spare_pays(self.helper_cpu_s, self.forward_s, self.threads)
 
 
 def tokenizer_digest(tok: PreTrainedTokenizerBase) -> str:
@@ -153,7 +154,13 @@ def engine_versions(backend: str) -> dict:
     return out
 
 
-def _settings(backend, positions, shard_tokens, dtype, context, batch_tokens, model_dtype, part):
+def _settings(backend, positions, shard_tokens, dtype, context, batch_tokens, model_dtype, part, spare_threads=0):
+    if not isinstance(spare_threads, int) or isinstance(spare_threads, bool) or spare_threads < 0:
+        raise ValueError(f"spare_threads must be a whole number of threads (0: the forward keeps them all), "
+                         f"got {spare_threads!r}.")
+    if spare_threads and backend != "eager":
+        raise ValueError(f"spare_threads leaves CPU threads of an eager forward to the reader and writer; the "
+                         f"{backend} backend runs its forward in its own processes. Drop spare_threads.")
     if positions not in batches.POSITIONS:
         raise ValueError(f"positions must be one of {batches.POSITIONS}, got {positions!r}.")
     if dtype not in DTYPES:
@@ -228,8 +235,11 @@ def run_part(model: str | EagerModel | VLLMModel, points: str | Iterable[str], d
              shard_tokens: int = 65536, dtype: str = "fp32", context: int = 256, batch_tokens: int | None = None,
              part: tuple[int, int] = (0, 1), text_field: str = "text", model_dtype: str = "float32",
              progress: bool | Callable[[int], None] = True, load_kw: dict | None = None, merge: bool = True,
-             flow: Flow | None = None, readouts: Iterable[Readout] = ()) -> Summary:
+             flow: Flow | None = None, readouts: Iterable[Readout] = (), spare_threads: int = 0) -> Summary:
     """Harvest part `part` = (i, N) of the input into OUT (see engine.harvest for the layout).
+    `spare_threads` (eager on CPU): intra-op threads the forward leaves to the reader and writer, which
+    pays on many cores with a small model (engine/harvest/priority.py; the summary's spare_would_pay
+    says when) and can change the rows' last bits, so it is part of the harvest's identity.
     `readouts` (engine.core.readouts.Readout, per-position kinds) are stored instead of (or beside)
     raw rows: a column per readout (`name`, or `name.indices` / `name.values` for top-k ones).
     `model` is a name (loaded here, closed at the end) or an already loaded model. progress: a
@@ -239,7 +249,7 @@ def run_part(model: str | EagerModel | VLLMModel, points: str | Iterable[str], d
         backend = model.backend
         model_dtype = str(model.dtype).replace("torch.", "")
     batch_tokens, model_dtype = _settings(backend, positions, shard_tokens, dtype, context, batch_tokens,
-                                          model_dtype, part)
+                                          model_dtype, part, spare_threads)
     requested = [p.strip() for p in (points.split(",") if isinstance(points, str) else points) if str(p).strip()]
     src = inputs.open_source(data, text_field)
     total_docs = inputs.count_documents(src)
@@ -253,6 +263,8 @@ def run_part(model: str | EagerModel | VLLMModel, points: str | Iterable[str], d
     reads = list(readouts or ())
     if reads:  # part of the harvest's identity (a resume with other readouts is refused)
         identity["readouts"] = [f"{r.name}={r.address}:{r.kind.describe()}" for r in reads]
+    if spare_threads:  # only when set: the identities of earlier harvests stay what they were
+        identity["spare_threads"] = spare_threads
     if mf.check_out(out, identity) is not None:
         log.info("%s already holds this finished harvest; nothing to do.", out)
         return Summary(out, part, "complete", merged=True)
@@ -266,6 +278,9 @@ def run_part(model: str | EagerModel | VLLMModel, points: str | Iterable[str], d
         model = load(name, backend, model_dtype, requested + [str(r.address) for r in reads], context, batch_tokens,
                      load_kw)
     try:
+        if spare_threads and model.device.type != "cpu":
+            raise ValueError(f"spare_threads leaves CPU threads of the forward to the reader and writer; this "
+                             f"model runs on {model.device}. Drop spare_threads.")
         reads = capture.readouts_of(model, reads)
         keys = capture.addresses(model, requested) if requested or not reads else []
         resolved = {"source": getattr(model, "source", "unknown"), "addresses": keys,
@@ -280,14 +295,16 @@ def run_part(model: str | EagerModel | VLLMModel, points: str | Iterable[str], d
             remove_temps(pdir)
             with sink_dir(model, flow or Flow()) as sink:
                 return _loop(model, keys, src, out, manifest, part, positions, shard_tokens, DTYPES[dtype],
-                             context, batch_tokens, progress, total_docs, merge, flow or Flow(), sink, reads)
+                             context, batch_tokens, progress, total_docs, merge, flow or Flow(), sink, reads,
+                             spare_threads)
     finally:
         if owned and hasattr(model, "close"):  # eager models hold no engine
             model.close()
 
 
 def _loop(model, keys, src, out, manifest, part, positions, shard_tokens, dtype, context, batch_tokens,
-          progress, total_docs, merge, flow: Flow, sink: str | None, reads: tuple | list = ()) -> Summary:
+          progress, total_docs, merge, flow: Flow, sink: str | None, reads: tuple | list = (),
+          spare_threads: int = 0) -> Summary:
     i, of = part
     if manifest.shards:
         doc, window, skip = manifest.shards[-1]["resume"]
@@ -308,7 +325,10 @@ def _loop(model, keys, src, out, manifest, part, positions, shard_tokens, dtype,
     bar = _progress(progress is True, part)
     report = progress if callable(progress) else None
     buf, index, rows_done, docs_seen, last_doc = None, len(manifest.shards), row0, 0, None
-    threads = ForwardThreads(flow.spare, active=not capture.is_vllm(model) and model.device.type == "cpu")
+    on_cpu = not capture.is_vllm(model) and model.device.type == "cpu"
+    threads = contextlib.ExitStack()  # the caller's thread count comes back when the loop ends, however it ends
+    summary.spared_threads = threads.enter_context(forward_threads(spare_threads))
+    summary.threads = torch.get_num_threads() if on_cpu else 0
     t0 = time.perf_counter()
     try:
         depth = flow.inflight if capture.is_vllm(model) else 1
@@ -338,8 +358,6 @@ def _loop(model, keys, src, out, manifest, part, positions, shard_tokens, dtype,
                     index += 1
                     buf = ShardBuffer(shard_tokens, cols)
             summary.tokens += batch.tokens
-            if writer.stats.shards:
-                threads.update(reader_cpu.seconds + writer.stats.cpu_s, summary.forward_s)
             docs_seen += len({w.doc for w in batch.windows} - {last_doc})
             last_doc = batch.windows[-1].doc
             if left:
@@ -356,14 +374,18 @@ def _loop(model, keys, src, out, manifest, part, positions, shard_tokens, dtype,
         elif not manifest.shards and of == 1 and summary.tokens == 0 and row0 == 0:
             raise inputs.InputError(f"input {str(src.root)!r} has no non-empty documents to harvest.")
     finally:
-        threads.restore()
+        threads.close()
         bar.close()
         writer.close()  # every queued shard becomes durable and recorded, also after an error
     if not manifest.complete:
         manifest.finish()
     summary.seconds = time.perf_counter() - t0
     summary.rows, summary.shards = rows_done - row0, writer.stats.shards
-    summary.spared_threads = threads.spared
+    summary.helper_cpu_s = reader_cpu.seconds + writer.stats.cpu_s
+    if on_cpu and summary.spare_would_pay:
+        log.info("the reader and writer used %.2f CPU s beside %.2f s of forward on %d threads; each of their "
+                 "seconds stalls the whole forward, so spare_threads=1 (--spare-threads 1) would likely be faster "
+                 "(engine/harvest/priority.py)", summary.helper_cpu_s, summary.forward_s, summary.threads)
     if merge:
         summary.merged = mf.merge(out) is not None
     log.info("part %d/%d: %d rows in %d shards, %.0f tokens/s", i, of, summary.rows, summary.shards,

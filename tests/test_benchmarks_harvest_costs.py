@@ -1,0 +1,65 @@
+"""benchmarks/harvest_costs.py and harvest_threads.py: each variant changes what it says and the change
+is undone after it, the ratios are the rounds' own, threads are compared by digest, bad arguments
+are refused by name."""
+from __future__ import annotations
+
+import json
+import statistics
+import threading
+
+import pytest
+import torch
+
+from benchmarks import harvest_costs, harvest_threads
+
+
+@pytest.fixture
+def two_threads():
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield
+    torch.set_num_threads(before)
+
+
+def test_costs_variants_change_one_thing_each_and_leave_nothing_behind(tmp_path, monkeypatch, two_threads):
+    import engine.harvest.batches as batches
+    import engine.harvest.shards as shards
+    monkeypatch.setenv("INTERP_ZOO_SIZE", "tiny")
+    plain = (shards.write_shard, batches.prefetch, threading.Thread.run)
+    out = tmp_path / "costs.json"
+    assert harvest_costs.main(["--tokens", "1200", "--rounds", "6", "--variants", "fwd,harvest,no-write,spare-1",
+                               "--out", str(tmp_path), "--json", str(out)]) == 0
+    res = json.loads(out.read_text())
+    assert (shards.write_shard, batches.prefetch, threading.Thread.run) == plain
+    assert torch.get_num_threads() == 2
+    assert res["spared"] == {"fwd": [0], "harvest": [0], "no-write": [0], "spare-1": [1]}
+    assert res["threads"] == 2 and res["tokens"] >= 1200 and len(res["rounds"]) == 6
+    for name in ("harvest", "no-write", "spare-1"):  # harvests have helper threads; the bare forward has none
+        assert res["cpu_s"][name]["writer"] > 0 and res["cpu_s"][name]["reader"] > 0
+    assert "writer" not in res["cpu_s"]["fwd"]
+    ratio = res["ratios"]["harvest / fwd"]
+    assert ratio["median"] == pytest.approx(statistics.median(r["harvest"]["tok_s"] / r["fwd"]["tok_s"]
+                                                              for r in res["rounds"]))
+    assert ratio["lo"] <= ratio["median"] <= ratio["hi"]
+    assert not list(tmp_path.glob("harvest-costs-*"))  # its corpus and harvests are gone
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--rounds", "5"], "--rounds must be at least 6"),
+    (["--variants", "fwd,nope"], "unknown variant(s) ['nope']"),
+])
+def test_costs_refuses_bad_arguments(args, message, capsys):
+    with pytest.raises(SystemExit) as e:
+        harvest_costs.main(args)
+    assert e.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_threads_compares_the_shards_of_every_thread_count(tmp_path, monkeypatch, two_threads):
+    monkeypatch.setenv("INTERP_ZOO_SIZE", "tiny")
+    out = tmp_path / "threads.json"
+    code = harvest_threads.main(["--tokens", "900", "--json", str(out)])
+    res = json.loads(out.read_text())
+    assert res["threads"] == [1, 2] and torch.get_num_threads() == 2
+    one, two = res["digests"]["1"], res["digests"]["2"]
+    assert len(one) == len(two) >= 1 and all(len(d) == 64 for d in one + two)
+    assert res["same"] == (one == two) and code == (0 if res["same"] else 1)
