@@ -7,9 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.harvest import SAMPLE, MixingError, harvest, read_manifest
+from engine.harvest import SAMPLE, MixingError, capture, harvest, read_manifest
 from engine.harvest import __main__ as cli
-from engine.harvest import capture
 from engine.harvest.priority import forward_threads, spare_pays
 from engine.harvest.runner import Summary
 from engine.loading import load_model
