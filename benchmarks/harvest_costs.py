@@ -95,7 +95,7 @@ def applied(v: Variant):
         if not v.write:
             stack.enter_context(mock.patch.object(shards, "write_shard", _unwritten))
         if not v.read_ahead:
-            stack.enter_context(mock.patch.object(batches, "prefetch", lambda items, depth=2, nice=0: iter(items)))
+            stack.enter_context(mock.patch.object(batches, "prefetch", lambda items, depth=2, nice=0, cpu=None: iter(items)))
         if v.kind == "fwd" and v.spare:
             torch.set_num_threads(max(1, threads - v.spare))
             stack.callback(torch.set_num_threads, threads)

@@ -27,16 +27,16 @@ def test_costs_variants_change_one_thing_each_and_leave_nothing_behind(tmp_path,
     monkeypatch.setenv("INTERP_ZOO_SIZE", "tiny")
     plain = (shards.write_shard, batches.prefetch, threading.Thread.run)
     out = tmp_path / "costs.json"
-    assert harvest_costs.main(["--tokens", "1200", "--rounds", "6", "--variants", "fwd,harvest,no-write,spare-1",
+    assert harvest_costs.main(["--tokens", "1200", "--rounds", "6", "--variants", "fwd,harvest,no-write,read-inline,spare-1",
                                "--out", str(tmp_path), "--json", str(out)]) == 0
     res = json.loads(out.read_text())
     assert (shards.write_shard, batches.prefetch, threading.Thread.run) == plain
     assert torch.get_num_threads() == 2
-    assert res["spared"] == {"fwd": [0], "harvest": [0], "no-write": [0], "spare-1": [1]}
+    assert res["spared"] == {"fwd": [0], "harvest": [0], "no-write": [0], "read-inline": [0], "spare-1": [1]}
     assert res["threads"] == 2 and res["tokens"] >= 1200 and len(res["rounds"]) == 6
     for name in ("harvest", "no-write", "spare-1"):  # harvests have helper threads; the bare forward has none
         assert res["cpu_s"][name]["writer"] > 0 and res["cpu_s"][name]["reader"] > 0
-    assert "writer" not in res["cpu_s"]["fwd"]
+    assert "writer" not in res["cpu_s"]["fwd"] and "reader" not in res["cpu_s"]["read-inline"]  # read inline
     ratio = res["ratios"]["harvest / fwd"]
     assert ratio["median"] == pytest.approx(statistics.median(r["harvest"]["tok_s"] / r["fwd"]["tok_s"]
                                                               for r in res["rounds"]))
