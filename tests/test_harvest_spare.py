@@ -31,11 +31,9 @@ def model():
     return load_model(LLAMA, source="zoo")
 
 
-@pytest.fixture(scope="module")
-def data(tmp_path_factory):
-    p = tmp_path_factory.mktemp("data") / "docs.txt"
-    p.write_text("\n".join(SAMPLE.read_text().splitlines()[:12]) + "\n")
-    return p
+@pytest.fixture
+def data():
+    return SAMPLE  # the bundled sample: 60 documents
 
 
 def test_forward_threads_lowers_for_the_block_and_restores_even_after_an_error(two_threads):
