@@ -62,6 +62,12 @@ def test_spare_pays_when_helper_cpu_outweighs_one_threads_share(helper_s, forwar
     assert s.spare_would_pay is pays
     assert Summary(SAMPLE, (0, 1), "written", forward_s=forward_s, threads=threads, helper_cpu_s=helper_s,
                    spared_threads=1).spare_would_pay is False  # already spared
+    if pays:
+        assert s.spare_advice == (f"the reader and writer used {helper_s:.2f} CPU s beside {forward_s:.2f} s of "
+                                  f"forward on {threads} threads, and each of their seconds stalls the whole "
+                                  f"forward: spare_threads=1 (--spare-threads 1) would likely be faster")
+    else:
+        assert s.spare_advice == ""
 
 
 def test_harvest_forward_runs_on_fewer_threads_and_the_rows_are_its_own(model, data, tmp_path, two_threads,
@@ -89,6 +95,21 @@ def test_harvest_forward_runs_on_fewer_threads_and_the_rows_are_its_own(model, d
         ra, rb = a[i], b[i]
         assert torch.equal(ra["token_ids"], rb["token_ids"]) and torch.equal(ra["position"], rb["position"])
         torch.testing.assert_close(ra["resid_post.1"], rb["resid_post.1"], rtol=1e-5, atol=1e-5)
+
+
+def test_an_interrupted_harvest_gives_the_threads_back(model, data, tmp_path, two_threads, monkeypatch):
+    calls = []
+    plain = capture.forward
+
+    def interrupted(*args, **kw):
+        calls.append(torch.get_num_threads())
+        if len(calls) == 2:
+            raise KeyboardInterrupt  # a Ctrl-C in the middle of the forward loop
+        return plain(*args, **kw)
+    monkeypatch.setattr(capture, "forward", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        harvest(model, "resid_post.1", data, tmp_path / "o", spare_threads=10**9, **KW)
+    assert calls == [1, 1] and torch.get_num_threads() == 2  # a huge spare keeps one thread; all come back
 
 
 def test_a_resume_with_another_spare_is_refused(model, data, tmp_path):

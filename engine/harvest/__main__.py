@@ -123,9 +123,8 @@ def main(argv: list[str] | None = None) -> int:
             raise ValueError("--ray runs every part; give --workers N (actors) instead of --part I/N.")
         kw = dict(backend=a.backend, positions=a.positions, shard_tokens=a.shard_tokens, dtype=a.dtype,
                   context=a.context, batch_tokens=a.batch_tokens, text_field=a.text_field,
-                  model_dtype=a.model_dtype, progress=not a.no_progress, load_kw=_engine_args(a.engine_arg))
-        if a.spare_threads:  # only when given: the worker and Ray paths pass every option on as it is
-            kw["spare_threads"] = a.spare_threads
+                  model_dtype=a.model_dtype, progress=not a.no_progress, load_kw=_engine_args(a.engine_arg),
+                  spare_threads=a.spare_threads)
         res: Summary | list[Summary] | list[dict]
         if a.ray is not None:
             from engine.harvest.cluster import run_on_ray
@@ -150,10 +149,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             print(f"{a.out}: part {s.part[0]}/{s.part[1]}: {s.rows} rows in {s.shards} shards, "
                   f"{s.tokens_per_s:.0f} tokens/s, writer stalled the forward {s.writer.stall_s:.2f} s"
-                  f"{'; manifest merged' if s.merged else ''}"
-                  + (f"; its reader and writer used {s.helper_cpu_s:.2f} CPU s beside {s.forward_s:.2f} s of "
-                     f"forward on {s.threads} threads: --spare-threads 1 would likely be faster"
-                     if s.spare_would_pay else ""))
+                  f"{'; manifest merged' if s.merged else ''}{'; ' + s.spare_advice if s.spare_advice else ''}")
     if a.saelens:
         print(saelens_line)
     if demo:

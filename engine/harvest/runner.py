@@ -126,6 +126,15 @@ class Summary:
         it: spare_threads=1 would likely have been faster (engine/harvest/priority.py)."""
         return not self.spared_threads and spare_pays(self.helper_cpu_s, self.forward_s, self.threads)
 
+    @property
+    def spare_advice(self) -> str:
+        """What the log and the CLI say when spare_would_pay ("" otherwise)."""
+        if not self.spare_would_pay:
+            return ""
+        return (f"the reader and writer used {self.helper_cpu_s:.2f} CPU s beside {self.forward_s:.2f} s of forward "
+                f"on {self.threads} threads, and each of their seconds stalls the whole forward: spare_threads=1 "
+                f"(--spare-threads 1) would likely be faster")
+
 
 def tokenizer_digest(tok: PreTrainedTokenizerBase) -> str:
     """sha256 of the vocabulary, the special tokens and the encoding of a probe string."""
@@ -293,10 +302,10 @@ def run_part(model: str | EagerModel | VLLMModel, points: str | Iterable[str], d
         with mf.exclusive(pdir):
             manifest = mf.PartManifest.open(pdir, identity, resolved, info)
             remove_temps(pdir)
-            with sink_dir(model, flow or Flow()) as sink:
+            with sink_dir(model, flow or Flow()) as sink, forward_threads(spare_threads) as spared:
                 return _loop(model, keys, src, out, manifest, part, positions, shard_tokens, DTYPES[dtype],
                              context, batch_tokens, progress, total_docs, merge, flow or Flow(), sink, reads,
-                             spare_threads)
+                             spared)
     finally:
         if owned and hasattr(model, "close"):  # eager models hold no engine
             model.close()
@@ -304,7 +313,7 @@ def run_part(model: str | EagerModel | VLLMModel, points: str | Iterable[str], d
 
 def _loop(model, keys, src, out, manifest, part, positions, shard_tokens, dtype, context, batch_tokens,
           progress, total_docs, merge, flow: Flow, sink: str | None, reads: tuple | list = (),
-          spare_threads: int = 0) -> Summary:
+          spared: int = 0) -> Summary:
     i, of = part
     if manifest.shards:
         doc, window, skip = manifest.shards[-1]["resume"]
@@ -319,16 +328,14 @@ def _loop(model, keys, src, out, manifest, part, positions, shard_tokens, dtype,
                               nice=flow.nice, cpu=reader_cpu)
     meta = {"format": mf.FORMAT, "part": manifest.directory.name}
     writer = ShardWriter(manifest.directory, manifest.add, meta, nice=flow.nice)
-    summary = Summary(out, part, "written", writer=writer.stats)
+    on_cpu = not capture.is_vllm(model) and model.device.type == "cpu"
+    summary = Summary(out, part, "written", writer=writer.stats, spared_threads=spared,
+                      threads=torch.get_num_threads() if on_cpu else 0)
     left = inputs.part_size(total_docs, i, of)
     left = None if left is None else left - len(range(i, start.doc, of))
     bar = _progress(progress is True, part)
     report = progress if callable(progress) else None
     buf, index, rows_done, docs_seen, last_doc = None, len(manifest.shards), row0, 0, None
-    on_cpu = not capture.is_vllm(model) and model.device.type == "cpu"
-    threads = contextlib.ExitStack()  # the caller's thread count comes back when the loop ends, however it ends
-    summary.spared_threads = threads.enter_context(forward_threads(spare_threads))
-    summary.threads = torch.get_num_threads() if on_cpu else 0
     t0 = time.perf_counter()
     try:
         depth = flow.inflight if capture.is_vllm(model) else 1
@@ -374,7 +381,6 @@ def _loop(model, keys, src, out, manifest, part, positions, shard_tokens, dtype,
         elif not manifest.shards and of == 1 and summary.tokens == 0 and row0 == 0:
             raise inputs.InputError(f"input {str(src.root)!r} has no non-empty documents to harvest.")
     finally:
-        threads.close()
         bar.close()
         writer.close()  # every queued shard becomes durable and recorded, also after an error
     if not manifest.complete:
@@ -382,10 +388,8 @@ def _loop(model, keys, src, out, manifest, part, positions, shard_tokens, dtype,
     summary.seconds = time.perf_counter() - t0
     summary.rows, summary.shards = rows_done - row0, writer.stats.shards
     summary.helper_cpu_s = reader_cpu.seconds + writer.stats.cpu_s
-    if on_cpu and summary.spare_would_pay:
-        log.info("the reader and writer used %.2f CPU s beside %.2f s of forward on %d threads; each of their "
-                 "seconds stalls the whole forward, so spare_threads=1 (--spare-threads 1) would likely be faster "
-                 "(engine/harvest/priority.py)", summary.helper_cpu_s, summary.forward_s, summary.threads)
+    if summary.spare_advice:
+        log.info("%s (engine/harvest/priority.py)", summary.spare_advice)
     if merge:
         summary.merged = mf.merge(out) is not None
     log.info("part %d/%d: %d rows in %d shards, %.0f tokens/s", i, of, summary.rows, summary.shards,
