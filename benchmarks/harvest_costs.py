@@ -86,19 +86,16 @@ def thread_cpu(spent: dict[str, float]):
 @contextlib.contextmanager
 def applied(v: Variant):
     """The variant's one change, undone on exit."""
-    import torch
-
     import engine.harvest.batches as batches
     import engine.harvest.shards as shards
-    threads = torch.get_num_threads()
+    from engine.harvest.priority import forward_threads
     with contextlib.ExitStack() as stack:
         if not v.write:
             stack.enter_context(mock.patch.object(shards, "write_shard", _unwritten))
         if not v.read_ahead:
             stack.enter_context(mock.patch.object(batches, "prefetch", lambda items, depth=2, nice=0, cpu=None: iter(items)))
-        if v.kind == "fwd" and v.spare:
-            torch.set_num_threads(max(1, threads - v.spare))
-            stack.callback(torch.set_num_threads, threads)
+        if v.kind == "fwd":  # a harvest spares its threads itself (spare_threads)
+            stack.enter_context(forward_threads(v.spare))
         yield
 
 
