@@ -28,7 +28,7 @@ case "${1:-}" in
       echo "chromium is not installed and apt-get needs root (run: sudo apt-get install -y chromium)" >&2; exit 3
     fi
     command -v apt-get >/dev/null 2>&1 || { echo "chromium is not installed and this system has no apt-get" >&2; exit 3; }
-    { $SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq chromium; } >&2 \
+    { $SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq chromium; } >&2 </dev/null \
       || { echo "apt-get install chromium failed (no package archive access?)" >&2; exit 3; }
     command -v chromium || { echo "apt-get installed no chromium binary" >&2; exit 3; } ;;
   *)

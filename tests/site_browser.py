@@ -96,6 +96,15 @@ class Browser:
             raise RuntimeError(f"{expression!r} threw: {r['exceptionDetails'].get('exception', r['exceptionDetails'])}")
         return r["result"].get("value")
 
+    def wait_for(self, expression: str, timeout_ms: int = 10_000):
+        """The first truthy value of `expression`, polled in the page every 10 ms: for what a page does after
+        an event it queues itself (a hashchange is dispatched after the key press or assignment returns)."""
+        return self.js(
+            f"new Promise((ok, fail) => {{ const t0 = performance.now(); (function poll() {{ let v = null; "
+            f"try {{ v = ({expression}); }} catch (e) {{}} if (v) ok(v); "
+            f"else if (performance.now() - t0 > {timeout_ms}) fail(new Error('still falsy after {timeout_ms} ms: ' + "
+            f"{json.dumps(expression)})); else setTimeout(poll, 10); }})(); }})")
+
     def press(self, key: str, times: int = 1) -> None:
         code, vk, text = KEYS[key]
         for _ in range(times):
