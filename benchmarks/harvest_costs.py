@@ -17,6 +17,8 @@ Variants:
   harvest      engine.harvest with its defaults: reader thread, forward on every thread, writer thread
   no-write     the writer records each shard in the manifest but neither hashes nor writes it
   read-inline  the batches are tokenized on the forward's thread as it needs them, not ahead
+  write-inline each shard is hashed and written on the forward's thread, between two forwards
+  serial       both: no helper thread at all, every part of the harvest one after another
   spare-1      the harvest with one intra-op thread left to the reader and writer (spare_threads=1)
   spare-2      the same with two (spare_threads=2)
   fwd-spare-1  the forward alone with one thread fewer (what a spare thread costs the forward)
@@ -47,6 +49,7 @@ class Variant:
     kind: str  # "hf", "fwd" or "harvest"
     write: bool = True  # shards hashed and written (False: only recorded)
     read_ahead: bool = True  # the reader thread tokenizes ahead (False: inline, on the forward's thread)
+    write_behind: bool = True  # the writer thread writes (False: inline, on the forward's thread)
     spare: int = 0  # intra-op threads left to the helpers (fwd: taken away from the forward)
 
 
@@ -56,6 +59,8 @@ VARIANTS = {
     "harvest": Variant("harvest"),
     "no-write": Variant("harvest", write=False),
     "read-inline": Variant("harvest", read_ahead=False),
+    "write-inline": Variant("harvest", write_behind=False),
+    "serial": Variant("harvest", read_ahead=False, write_behind=False),
     "spare-1": Variant("harvest", spare=1),
     "spare-2": Variant("harvest", spare=2),
     "fwd-spare-1": Variant("fwd", spare=1),
@@ -66,6 +71,12 @@ DEFAULT = "hf,fwd,harvest,no-write,read-inline,spare-1"
 def _unwritten(path, tensors, metadata) -> tuple[str, int]:
     """The no-write variant's stand-in for shards.write_shard: nothing hashed, nothing written."""
     return "0" * 64, 0
+
+
+def _written_now(self, item) -> None:
+    """The write-inline variant's stand-in for ShardWriter.submit: the shard written on the caller's thread."""
+    self.check()
+    self.write(item)
 
 
 @contextlib.contextmanager
@@ -94,6 +105,8 @@ def applied(v: Variant):
             stack.enter_context(mock.patch.object(shards, "write_shard", _unwritten))
         if not v.read_ahead:
             stack.enter_context(mock.patch.object(batches, "prefetch", lambda items, depth=2, nice=0, cpu=None: iter(items)))
+        if not v.write_behind:
+            stack.enter_context(mock.patch.object(shards.ShardWriter, "submit", _written_now))
         if v.kind == "fwd":  # a harvest spares its threads itself (spare_threads)
             stack.enter_context(forward_threads(v.spare))
         yield

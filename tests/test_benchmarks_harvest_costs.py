@@ -44,6 +44,33 @@ def test_costs_variants_change_one_thing_each_and_leave_nothing_behind(tmp_path,
     assert not list(tmp_path.glob("harvest-costs-*"))  # its corpus and harvests are gone
 
 
+def test_inline_variants_write_the_same_shards_on_the_calling_thread(tmp_path, monkeypatch):
+    """write-inline and serial move the writer's (and reader's) work onto the harvest's own thread; the
+    shards are the default harvest's, byte for byte, and the writer is back on its thread afterwards."""
+    import engine.harvest.shards as shards
+    from engine import load_model
+    from engine.harvest import SAMPLE, harvest, read_manifest, verify
+    monkeypatch.setenv("INTERP_ZOO_SIZE", "tiny")
+    m = load_model("meta-llama/Llama-3.2-1B")
+    spy, where = shards.write_shard, []
+
+    def recorded(*a, **kw):
+        where.append(threading.current_thread().name)
+        return spy(*a, **kw)
+
+    monkeypatch.setattr(shards, "write_shard", recorded)
+    digests = {}
+    for name in ("harvest", "write-inline", "serial"):
+        where.clear()
+        with harvest_costs.applied(harvest_costs.VARIANTS[name]):
+            harvest(m, "resid_post.0", SAMPLE, tmp_path / name, shard_tokens=256, progress=False)
+        assert where and set(where) == {"harvest-writer" if name == "harvest" else threading.current_thread().name}
+        assert verify(tmp_path / name) == []
+        digests[name] = [s["sha256"] for s in read_manifest(tmp_path / name)["shards"]]
+    assert len(digests["harvest"]) > 1 and digests["write-inline"] == digests["serial"] == digests["harvest"]
+    assert shards.ShardWriter.submit is not harvest_costs._written_now
+
+
 @pytest.mark.parametrize("args, message", [
     (["--rounds", "5"], "--rounds must be at least 6"),
     (["--variants", "fwd,nope"], "unknown variant(s) ['nope']"),

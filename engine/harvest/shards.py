@@ -139,17 +139,21 @@ class ShardWriter:
             if self.error is not None:
                 continue  # drain: after a failure nothing else may be recorded
             try:
-                t0 = time.perf_counter()
-                meta = dict(self.metadata, shard=str(item.index), rows=f"{item.entry['rows'][0]}-{item.entry['rows'][1]}")
-                sha, n = write_shard(self.directory / shard_name(item.index), item.tensors, meta)
-                item.entry.update(file=shard_name(item.index), sha256=sha, bytes=n)
-                self.on_written(item.entry, item.final)
-                self.stats.shards += 1
-                self.stats.bytes += n
-                self.stats.write_s += time.perf_counter() - t0
+                self.write(item)
                 self.stats.cpu_s = time.thread_time()
             except BaseException as e:  # noqa: BLE001 (handed to the forward loop)
                 self.error = e
+
+    def write(self, item: Pending) -> None:
+        """One shard hashed, written and recorded in the manifest (on the writer's thread)."""
+        t0 = time.perf_counter()
+        meta = dict(self.metadata, shard=str(item.index), rows=f"{item.entry['rows'][0]}-{item.entry['rows'][1]}")
+        sha, n = write_shard(self.directory / shard_name(item.index), item.tensors, meta)
+        item.entry.update(file=shard_name(item.index), sha256=sha, bytes=n)
+        self.on_written(item.entry, item.final)
+        self.stats.shards += 1
+        self.stats.bytes += n
+        self.stats.write_s += time.perf_counter() - t0
 
     def submit(self, item: Pending) -> None:
         """Queue a shard; blocks (counted as stall) only while `depth` shards are already waiting."""
