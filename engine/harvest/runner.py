@@ -387,7 +387,7 @@ def _loop(model, keys, src, out, manifest, part, positions, shard_tokens, dtype,
         manifest.finish()
     summary.seconds = time.perf_counter() - t0
     summary.rows, summary.shards = rows_done - row0, writer.stats.shards
-    summary.helper_cpu_s = reader_cpu.seconds + writer.stats.cpu_s
+    summary.helper_cpu_s = reader_cpu.seconds + writer.stats.cpu.seconds
     if summary.spare_advice:
         log.info("%s (engine/harvest/priority.py)", summary.spare_advice)
     if merge:

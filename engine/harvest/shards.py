@@ -24,7 +24,7 @@ from typing import Callable
 import torch
 
 from engine.core.files import write_atomic
-from engine.harvest.priority import lower_this_thread
+from engine.harvest.priority import ThreadCPU, lower_this_thread
 
 # the index columns every shard holds beside one column per address
 INDEX_COLUMNS = {"token_ids": torch.int32, "doc_index": torch.int64, "position": torch.int32}
@@ -113,7 +113,7 @@ class WriterStats:
     shards: int = 0
     bytes: int = 0
     write_s: float = 0.0  # time the writer thread spent serializing, hashing and writing
-    cpu_s: float = 0.0  # CPU seconds the writer thread has used (part of write_s; the rest is waiting)
+    cpu: ThreadCPU = field(default_factory=ThreadCPU)  # the writer thread's CPU (part of write_s; the rest waits)
     stall_s: float = 0.0  # time the forward loop waited for room in the queue
     _t: float = field(default=0.0, repr=False)
 
@@ -140,7 +140,7 @@ class ShardWriter:
                 continue  # drain: after a failure nothing else may be recorded
             try:
                 self.write(item)
-                self.stats.cpu_s = time.thread_time()
+                self.stats.cpu.update()
             except BaseException as e:  # noqa: BLE001 (handed to the forward loop)
                 self.error = e
 
