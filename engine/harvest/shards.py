@@ -115,7 +115,6 @@ class WriterStats:
     write_s: float = 0.0  # time the writer thread spent serializing, hashing and writing
     cpu: ThreadCPU = field(default_factory=ThreadCPU)  # the writer thread's CPU (part of write_s; the rest waits)
     stall_s: float = 0.0  # time the forward loop waited for room in the queue
-    _t: float = field(default=0.0, repr=False)
 
 
 class ShardWriter:
