@@ -90,3 +90,30 @@ def test_threads_compares_the_shards_of_every_thread_count(tmp_path, monkeypatch
     one, two = res["digests"]["1"], res["digests"]["2"]
     assert len(one) == len(two) >= 1 and all(len(d) == 64 for d in one + two)
     assert res["same"] == (one == two) and code == (0 if res["same"] else 1)
+
+
+def test_vllm_costs_refuses_bad_arguments(capsys):
+    from benchmarks import harvest_vllm_costs
+    with pytest.raises(SystemExit):
+        harvest_vllm_costs.main(["--rounds", "5"])
+    assert "--rounds must be at least 6" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+def test_vllm_costs_steps_and_differences_are_the_rounds_own(tmp_path, monkeypatch):
+    """One hooked engine runs every step each round; each difference is the median of the rounds' own
+    differences, inside its interval; every step forwarded the corpus (the harvest checks its rows)."""
+    pytest.importorskip("vllm")
+    from benchmarks import harvest_vllm_costs
+    monkeypatch.setenv("INTERP_ZOO_SIZE", "tiny")
+    out = tmp_path / "costs.json"
+    assert harvest_vllm_costs.main(["--tokens", "1500", "--rounds", "6", "--json", str(out)]) == 0
+    res = json.loads(out.read_text())
+    assert res["point"] == "resid_post.1"  # the middle of the tiny twin's two layers, as the bench's vllm-one
+    assert len(res["rounds"]) == 6 and all(set(r) == set(harvest_vllm_costs.STEPS) for r in res["rounds"])
+    assert all(v > 0 for r in res["rounds"] for v in r.values())
+    for x, y in harvest_vllm_costs.DIFFERENCES:
+        d = res["differences"][f"{x} - {y}"]
+        assert d["median"] == pytest.approx(statistics.median(r[x] - r[y] for r in res["rounds"]))
+        assert d["lo"] <= d["median"] <= d["hi"]
