@@ -129,18 +129,27 @@ def main(argv: list[str] | None = None) -> int:
     bad = [v for v in names if v not in VARIANTS]
     if bad or not names:
         ap.error(f"unknown variant(s) {bad}; choose from {', '.join(VARIANTS)}")
+    check_sizes(ap, a)
+    with tempfile.TemporaryDirectory(prefix="harvest-costs-", dir=a.out) as tmp:
+        res = measure(a, names, Path(tmp))
+    emit(table(res, names), res, a.md, a.json)
+    return 0
+
+
+def check_sizes(ap: argparse.ArgumentParser, a: argparse.Namespace) -> None:
+    """--rounds and --tokens as the intervals need them (argparse's error, naming both, otherwise)."""
     if a.rounds < 6 or a.tokens < 1:
         ap.error(f"--rounds must be at least 6 (fewer cannot give a 95% interval) and --tokens at least 1, "
                  f"got {a.rounds} and {a.tokens}")
-    with tempfile.TemporaryDirectory(prefix="harvest-costs-", dir=a.out) as tmp:
-        res = measure(a, names, Path(tmp))
-    text = table(res, names)
+
+
+def emit(text: str, res: dict, md: str | None, json_path: str | None) -> None:
+    """The table printed, and written with the samples where asked."""
     print("\n" + text)
-    if a.md:
-        Path(a.md).write_text(text)
-    if a.json:
-        Path(a.json).write_text(json.dumps(res, indent=1))
-    return 0
+    if md:
+        Path(md).write_text(text)
+    if json_path:
+        Path(json_path).write_text(json.dumps(res, indent=1))
 
 
 def measure(a, names: list[str], tmp: Path) -> dict:

@@ -21,13 +21,14 @@ interval.
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from benchmarks.harvest_costs import check_sizes, emit
 
 STEPS = ("prefill-one-call", "prefill-batches", "capture-batches", "harvest")
 DIFFERENCES = [("capture-batches", "prefill-batches"), ("harvest", "capture-batches"), ("harvest", "prefill-batches"),
@@ -44,17 +45,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", help="write the samples and differences here")
     ap.add_argument("--md", help="write the table here")
     a = ap.parse_args(argv)
-    if a.rounds < 6 or a.tokens < 1:
-        ap.error(f"--rounds must be at least 6 (fewer cannot give a 95% interval) and --tokens at least 1, "
-                 f"got {a.rounds} and {a.tokens}")
+    check_sizes(ap, a)
     with tempfile.TemporaryDirectory(prefix="harvest-vllm-costs-") as tmp:
         res = measure(a, Path(tmp))
-    text = table(res)
-    print("\n" + text)
-    if a.md:
-        Path(a.md).write_text(text)
-    if a.json:
-        Path(a.json).write_text(json.dumps(res, indent=1))
+    emit(table(res), res, a.md, a.json)
     return 0
 
 
