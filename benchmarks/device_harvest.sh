@@ -43,16 +43,16 @@ for what in "${parts[@]}"; do
       INTERP_ZOO_SIZE=real python3 benchmarks/harvest_costs.py --model HuggingFaceTB/SmolLM2-135M --device cuda \
         --tokens 64000 --rounds 6 --out /tmp --variants hf,fwd,harvest,no-write \
         --json "$OUT/costs-gpu-real.json" --md "$OUT/costs-gpu-real.md" 2>&1 | grep -Ev "$quiet" ;;
-    spare)  # the spare-thread rule (engine/harvest/priority.py) on the machine's cores: the tiny twin's costs, the
-      # same shards at any thread count, the rule's choice on the real-size twin, the cross-process goal
+    spare)  # spare_threads (engine/harvest/priority.py) on the machine's cores: the tiny twin's costs, the
+      # same shards at any thread count, a spare on the real-size twin, the cross-process goal
       python3 benchmarks/harvest_costs.py --tokens 128000 --rounds 6 --out /tmp \
-        --variants hf,fwd,harvest,no-spare,spare-1,fwd-spare-1 \
+        --variants hf,fwd,harvest,spare-1,fwd-spare-1 \
         --json "$OUT/spare-cpu-tiny.json" --md "$OUT/spare-cpu-tiny.md" 2>&1 | grep -Ev "$quiet"
       python3 benchmarks/harvest_threads.py --tokens 16000 --json "$OUT/threads-tiny.json" 2>&1 | grep -Ev "$quiet"
       INTERP_ZOO_SIZE=real python3 benchmarks/harvest_threads.py --model HuggingFaceTB/SmolLM2-135M --tokens 8000 \
         --points resid_post.29,attn_out.0,mlp_out.15 --json "$OUT/threads-real.json" 2>&1 | grep -Ev "$quiet"
       INTERP_ZOO_SIZE=real python3 benchmarks/harvest_costs.py --model HuggingFaceTB/SmolLM2-135M --tokens 24000 \
-        --rounds 6 --shard-tokens 4096 --out /tmp --variants harvest,no-spare,spare-1 \
+        --rounds 6 --shard-tokens 4096 --out /tmp --variants harvest,spare-1 \
         --json "$OUT/spare-cpu-real.json" --md "$OUT/spare-cpu-real.md" 2>&1 | grep -Ev "$quiet"
       python3 benchmarks/harvest_bench.py --cells eager-one,eager-fwd,hf --tokens 128000 --rounds 6 --relaunch 3 \
         --json "$OUT/spare-bench-tiny.json" --md "$OUT/spare-bench-tiny.md" 2>&1 | grep -Ev "$quiet" ;;

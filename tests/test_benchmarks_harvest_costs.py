@@ -117,3 +117,14 @@ def test_vllm_costs_steps_and_differences_are_the_rounds_own(tmp_path, monkeypat
         d = res["differences"][f"{x} - {y}"]
         assert d["median"] == pytest.approx(statistics.median(r[x] - r[y] for r in res["rounds"]))
         assert d["lo"] <= d["median"] <= d["hi"]
+
+
+def test_device_script_asks_only_for_variants_harvest_costs_has():
+    """benchmarks/device_harvest.sh runs on a lent machine with minutes to spare: a variant the tool
+    no longer has (its `spare` part still asked for `no-spare`) would spend them on an argparse error."""
+    import re
+    from pathlib import Path
+    script = (Path(__file__).resolve().parent.parent / "benchmarks" / "device_harvest.sh").read_text()
+    asked = re.findall(r"harvest_costs\.py[^;]*?--variants ([\w,-]+)", script, re.S)
+    assert len(asked) == 4
+    assert [v for names in asked for v in names.split(",") if v not in harvest_costs.VARIANTS] == []

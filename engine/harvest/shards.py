@@ -144,7 +144,8 @@ class ShardWriter:
                 self.error = e
 
     def write(self, item: Pending) -> None:
-        """One shard hashed, written and recorded in the manifest (on the writer's thread)."""
+        """One shard hashed, written and recorded in the manifest (the writer's thread does this for each
+        queued shard)."""
         t0 = time.perf_counter()
         meta = dict(self.metadata, shard=str(item.index), rows=f"{item.entry['rows'][0]}-{item.entry['rows'][1]}")
         sha, n = write_shard(self.directory / shard_name(item.index), item.tensors, meta)
