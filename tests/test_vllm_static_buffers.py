@@ -4,6 +4,7 @@ steer coefficients are written into it in place before a forward, and the forwar
 leaves its rows in `cap`. The replay itself needs a GPU; everything around it runs here on a Linear."""
 from __future__ import annotations
 
+import pytest
 import torch
 
 from engine.backends.vllm.worker.static import Tap
@@ -15,7 +16,7 @@ ROWS, WIDTH = 8, 4
 
 def _tap():
     torch.manual_seed(0)
-    lin = torch.nn.Linear(WIDTH, WIDTH)
+    lin = torch.nn.Linear(WIDTH, WIDTH).requires_grad_(False)  # as vLLM runs it: inference only
     site = VSite(lin, "post", "out", get=lambda out: out, put=lambda out, new: new)
     return lin, Tap("resid_post.0", site, WIDTH, ROWS, True, "cpu", torch.float32, 0)
 
@@ -82,3 +83,114 @@ def test_a_step_fills_only_its_rows_and_the_next_step_undoes_them():
     taps.before(Step([Span(a, 0, 1, 5)], 1), site_work([], str))  # plan a finished steering: nothing registered
     torch.testing.assert_close(lin(x), plain, rtol=0, atol=0)
     assert tap.dirty is None
+
+
+def _taps_with(tap):
+    from engine.backends.vllm.worker.static import StaticTaps
+    taps = StaticTaps()
+    taps.taps[tap.name], taps.head_dim[tap.name] = tap, None
+    return taps
+
+
+def test_a_finished_steer_never_reaches_a_step_the_engine_runs_without_ours(monkeypatch):
+    """The worker starts no step of ours when no registered plan has rows in it (plain requests
+    only), so the buffers must be the identity once a step ends: old code reset them only at the next
+    step it started, and a steer stayed applied to whatever plain request came next (measured on
+    vllm-static: a benign add at resid_post.0 changed 5 of 5 later plain prompts)."""
+    from engine.backends.vllm.worker import kv
+    from engine.core.plan import Plan, Span, Step, site_work
+    monkeypatch.setattr(kv, "scrub", lambda spans, failed=None: 0)  # no vLLM forward context here
+    lin, tap = _tap()
+    taps = _taps_with(tap)
+    v = torch.tensor([1.0, -2.0, 3.0, 0.5])
+    a = Plan(4, steers=[Steer("resid_post.0", "add", v)])
+    x = torch.randn(3, WIDTH)
+    plain = torch.nn.functional.linear(x, lin.weight, lin.bias)
+    work = site_work([a], str)
+    step = Step([Span(a, 0, 3, 0)], 3)
+    taps.before(step, work)
+    torch.testing.assert_close(lin(x), plain + v)
+    taps.after(step, work)
+    torch.testing.assert_close(lin(x), plain, rtol=0, atol=0)  # the next forward, no step of ours around it
+    for k, want in (("u", 0.0), ("mul", 1.0), ("add", 0.0)):
+        assert bool((tap.buf(k) == want).all()), k
+
+
+def test_a_fill_that_fails_midway_leaves_the_identity():
+    from engine.core.plan import Plan, Span, Step, site_work
+    lin, tap = _tap()
+    taps = _taps_with(tap)
+    good = Steer("resid_post.0", "add", torch.ones(WIDTH))
+    a = Plan(4, steers=[good, Steer("resid_post.0", "add", torch.ones(WIDTH))])
+    x = torch.randn(2, WIDTH)
+    plain = torch.nn.functional.linear(x, lin.weight, lin.bias)
+    calls = []
+    real = tap.fill
+
+    def fill(rows, st, head_dim, value=None):
+        calls.append(st)
+        if len(calls) == 2:
+            raise RuntimeError("fill failed")
+        return real(rows, st, head_dim, value)
+    tap.fill = fill
+    with pytest.raises(RuntimeError, match="fill failed"):
+        taps.before(Step([Span(a, 0, 2, 0)], 2), site_work([a], str))
+    assert len(calls) == 2  # the first steer was written, then the second failed
+    torch.testing.assert_close(lin(x), plain, rtol=0, atol=0)
+
+
+def test_tap_check_fails_a_steer_whose_squared_norm_overflows():
+    """3.4e38 is finite in float32, but a row of it has an infinite sum of squares, so every norm
+    after it divides by inf and outputs 0 (the issue's single-steer attack): the tap keeps the row
+    unsteered and flags it, as it does a row the steer made inf."""
+    from engine.backends.vllm.worker.guard import bounded
+    assert bounded(torch.tensor([[1.0, 2.0], [3.4e38, 0.0], [float("nan"), 0.0], [1e18, 1e18]])).flatten().tolist() \
+        == [True, False, False, True]
+    lin, tap = _tap()
+    x = torch.randn(2, WIDTH)
+    plain = torch.nn.functional.linear(x, lin.weight, lin.bias)
+    tap.fill(torch.tensor([1]), Steer("resid_post.0", "add", torch.full((WIDTH,), 3.4e38)), None)
+    out = lin(x)
+    torch.testing.assert_close(out, plain)  # row 1 kept its unsteered value
+    assert tap.buf("bad")[:2].flatten().tolist() == [0.0, 1.0]
+
+
+class _Layer(torch.nn.Module):
+    """A decoder layer as vLLM's Llama returns it: (hidden, residual), the stream their sum."""
+
+    def __init__(self, add: torch.Tensor) -> None:
+        super().__init__()
+        self.add = add
+
+    def forward(self, h, r):
+        return h + self.add[: h.shape[0]], r
+
+
+def test_layer_guard_zeroes_only_the_marked_rows_that_went_non_finite():
+    from engine.backends.vllm.worker.guard import LayerGuard
+    from engine.backends.vllm.worker.tree import Tree
+    from engine.core.plan import Plan, Span
+    n = 4
+    # layer 0 sends row 1 (marked) and row 3 (not marked) to inf; layer 1 makes row 2 (marked) too large to norm
+    add0 = torch.zeros(ROWS, WIDTH)
+    add0[1], add0[3] = float("inf"), float("inf")
+    add1 = torch.zeros(ROWS, WIDTH)
+    add1[2] = 3e38
+    layers = [_Layer(add0), _Layer(add1)]
+    guard = LayerGuard(layers, Tree(), ROWS, torch.device("cpu"), torch.float32)
+    guard.flag.fill_(1.0)  # a previous step's flags: layer 0 overwrites them
+    steering = Plan(4, steers=[Steer("resid_post.0", "add", torch.ones(WIDTH))])
+    spans = [Span(steering, 0, 3, 0)]
+    guard.mark(spans)
+    h, r = torch.randn(n, WIDTH), torch.randn(n, WIDTH)
+    out = layers[1](*layers[0](h, r))
+    assert out[0][3].isinf().all()  # a plain request's row is never altered
+    for row in (1, 2):
+        assert bool((out[0][row] == 0).all() and (out[1][row] == 0).all()), row
+    torch.testing.assert_close(out[0][0] + out[1][0], h[0] + r[0])
+    assert guard.flag[:n].flatten().tolist() == [0.0, 1.0, 1.0, 0.0]
+    assert guard.failed(spans).tolist() == [True]
+    guard.clear()
+    assert bool((guard.rows == 0).all()) and guard.dirty is None
+    out = layers[1](*layers[0](h, r))  # nothing marked: nothing guarded
+    assert out[0][1].isinf().all() and guard.flag[:n].sum() == 0

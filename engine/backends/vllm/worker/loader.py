@@ -4,6 +4,8 @@
 declared modules with fixed tap buffers (engine/backends/vllm/worker/static.py) before vLLM first runs,
 and so before torch.compile traces the forward or CUDA graphs are captured: the taps are part of
 the compiled graph. The declared addresses arrive in `model_loader_extra_config["interp_static"]`.
+Every decoder layer also gets the in-graph layer guard (engine/backends/vllm/worker/guard.py),
+whatever was declared.
 The taps are kept on the model object, where the worker extension finds them.
 """
 from __future__ import annotations
@@ -58,10 +60,13 @@ class StaticTapLoader(DefaultModelLoader):
             except UnsupportedPointError as e:
                 errors[a] = str(e)
         taps = StaticTaps()
+        rows, device = vllm_config.scheduler_config.max_num_batched_tokens, next(model.parameters()).device
         # ModelConfig.dtype is declared `ModelDType | torch.dtype` but holds the torch.dtype once the config is built
-        taps.install(good, site_of, cfg.hidden_size, vllm_config.scheduler_config.max_num_batched_tokens,
-                     next(model.parameters()).device, model_config.dtype,  # type: ignore[arg-type]
-                     {p: hd for p in HEADED_POINTS})
+        dtype: torch.dtype = model_config.dtype  # type: ignore[assignment]
+        taps.install(good, site_of, cfg.hidden_size, rows, device, dtype, {p: hd for p in HEADED_POINTS})
+        # every decoder layer guarded, after the taps (so outside a resid_post tap): worker/guard.py
+        from engine.model.paths import get_path
+        taps.install_guard(list(get_path(model, tree.layers)), tree, rows, device, dtype)
         setattr(model, TAPS_ATTR, taps)
         setattr(model, ERRORS_ATTR, errors)
         return model

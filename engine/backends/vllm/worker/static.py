@@ -27,7 +27,8 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
-from engine.backends.vllm.worker.tree import VSite
+from engine.backends.vllm.worker.guard import OVERFLOW, LayerGuard, bounded, downstream
+from engine.backends.vllm.worker.tree import Tree, VSite
 from engine.core.address import Address
 from engine.core.errors import SteeringError
 from engine.core.ops import OPS, AffineRows
@@ -82,9 +83,10 @@ class Tap:
                 u = getattr(mod, names["u"])[:n]
                 y = x - (x * u).sum(-1, keepdim=True) * u
                 y = y * getattr(mod, names["mul"])[:n] + getattr(mod, names["add"])[:n]
-                # a row the steer made non-finite keeps its unsteered value (it must never reach the KV
-                # cache) and is flagged for after() to fail its request
-                ok = torch.isfinite(y).all(-1, keepdim=True) | ~torch.isfinite(x).all(-1, keepdim=True)
+                # a row the steer made non-finite (or so large that its squared norm overflows: every
+                # norm after it would divide by inf) keeps its unsteered value (it must never reach the
+                # KV cache) and is flagged for after() to fail its request
+                ok = bounded(y) | ~bounded(x)
                 getattr(mod, names["bad"])[:n].copy_((~ok).to(y.dtype))
                 x = torch.where(ok, y, x)
             getattr(mod, names["cap"])[:n].copy_(x)
@@ -158,6 +160,7 @@ class StaticTaps:
     def __init__(self) -> None:
         self.taps: dict[str, Tap] = {}  # address str (no coords) -> Tap
         self.head_dim: dict[str, int | None] = {}  # None: the point has no head axis
+        self.guard: LayerGuard | None = None  # every decoder layer's (engine/backends/vllm/worker/guard.py)
 
     def install(self, declared: list[tuple[Address, bool]], site_of: Callable[[Address], VSite], d_model: int,
                 rows: int, device: torch.device, dtype: torch.dtype, head_dims: dict[str, int]) -> None:
@@ -167,9 +170,14 @@ class StaticTaps:
                                        writable and site.write_refused is None, device, dtype, i)
             self.head_dim[str(addr)] = head_dims.get(addr.point)
 
+    def install_guard(self, layers: list[torch.nn.Module], tree: Tree, rows: int, device: torch.device,
+                      dtype: torch.dtype) -> None:
+        """The layer guard on every decoder layer, outside any tap there (after install)."""
+        self.guard = LayerGuard(layers, tree, rows, device, dtype)
+
     @property
     def nbytes(self) -> int:
-        return sum(t.nbytes for t in self.taps.values())
+        return sum(t.nbytes for t in self.taps.values()) + (self.guard.nbytes if self.guard is not None else 0)
 
     # -- the worker's mode (engine/backends/vllm/worker/extension.py: HookSites is the hooked one) --------
     def site_key(self, addr: Address) -> str:
@@ -193,48 +201,65 @@ class StaticTaps:
         info["writable"] = bool(tap is not None and tap.writable)
 
     def before(self, step: Step, work: dict) -> None:
-        """Fill each write tap's buffers for the steering rows of this step (identity elsewhere);
-        work: tap name -> SiteWork of the registered plans (steers already local to this rank)."""
+        """Fill each write tap's buffers for the steering rows of this step (identity elsewhere) and
+        mark the rows of every steering request for the layer guard; work: tap name -> SiteWork of the
+        registered plans (steers already local to this rank). A fill that fails leaves every buffer
+        the identity again before the error goes on (the step's plans fail; nothing stays applied)."""
         if step.n_tokens > max((t.rows for t in self.taps.values()), default=math.inf):
             raise RuntimeError(f"step of {step.n_tokens} tokens exceeds the tap buffers; raise max_num_batched_tokens")
-        for name, tap in self.taps.items():
-            if not tap.writable:
+        self.identity()  # normally already (after() ends every step so); a step whose end never ran left rows
+        try:
+            if self.guard is not None:
+                self.guard.mark([sp for sp in step.spans if sp.plan.steers])
+            for name, tap in self.taps.items():
+                if tap.writable:
+                    self._fill(step, name, tap, work[name].writes if name in work else {})
+        except BaseException:
+            self.identity()
+            raise
+
+    def _fill(self, step: Step, name: str, tap: Tap, writes: dict) -> None:
+        todo = [(sp, st) for sp in step.spans if sp.plan.error is None for _, st in writes.get(sp.plan.key, ())]
+        if not todo:
+            return
+        # marked before filling, so a fill that fails midway is undone too
+        tap.dirty = (min(sp.a for sp, _ in todo), max(sp.b for sp, _ in todo))
+        for sp, st in todo:
+            shape = self.shape_of(name)[1:] if st.address.coords else self.shape_of(name)
+            if touches_every_row(st):  # every row of the span: a slice, no mask or index tensor
+                at = torch.arange(sp.pos0, sp.pos0 + sp.b - sp.a) if st.bound().lead else None
+                tap.fill(slice(sp.a, sp.b), st, self.head_dim[name], values_at(st, at, shape))
                 continue
-            writes = work[name].writes if name in work else {}
-            todo = [(sp, st) for sp in step.spans if sp.plan.error is None for _, st in writes.get(sp.plan.key, ())]
-            if not todo and tap.dirty is None:
-                continue
+            idx = torch.nonzero(sp.touched(st)).flatten()
+            if idx.numel():
+                v = values_at(st, idx + sp.pos0, shape)
+                tap.fill((idx + sp.a).to(tap.buf("mul").device), st, self.head_dim[name], v)
+
+    def identity(self) -> None:
+        """Every write tap the identity on every row again and no row marked for the guard: the state
+        outside a step, so a step the engine runs without starting one of ours (no registered plan has
+        rows in it) applies nothing a finished request left behind."""
+        for tap in self.taps.values():
             if tap.dirty is not None:
                 tap.reset(*tap.dirty)
-            # marked before filling, so a fill that fails midway is still undone next step
-            tap.dirty = (min(sp.a for sp, _ in todo), max(sp.b for sp, _ in todo)) if todo else None
-            for sp, st in todo:
-                shape = self.shape_of(name)[1:] if st.address.coords else self.shape_of(name)
-                if touches_every_row(st):  # every row of the span: a slice, no mask or index tensor
-                    at = torch.arange(sp.pos0, sp.pos0 + sp.b - sp.a) if st.bound().lead else None
-                    tap.fill(slice(sp.a, sp.b), st, self.head_dim[name], values_at(st, at, shape))
-                    continue
-                idx = torch.nonzero(sp.touched(st)).flatten()
-                if idx.numel():
-                    v = values_at(st, idx + sp.pos0, shape)
-                    tap.fill((idx + sp.a).to(tap.buf("mul").device), st, self.head_dim[name], v)
+                tap.dirty = None
+        if self.guard is not None:
+            self.guard.clear()
 
     def after(self, step: Step, work: dict, on_error: Callable[[Plan, BaseException], None] | None = None) -> None:
-        """Fail each plan whose steer made a row non-finite at a tap (on_error(plan, exc); the tap
-        kept the unsteered row), tally the receipts of this step's steers from the `pre` rows, and copy
-        each capturing plan's rows out of the capture buffers (CPU copies)."""
-        for name, w in work.items():
-            tap = self.taps[name]
-            if not w.writes or not tap.writable or on_error is None:
-                continue
-            bad = tap.buf("bad")
-            if not bool(bad[:step.n_tokens].any()):  # one check per tap; the spans only when a row is flagged
-                continue
-            for sp in step.spans:
-                sts = [st for _, st in w.writes.get(sp.plan.key, ())]
-                if sts and sp.plan.error is None and bool(bad[sp.a:sp.b].any()):
-                    on_error(sp.plan, overflowed(
-                        sts[0], bad.dtype, "the steered activation overflows, or its value does not fit that dtype"))
+        """Back to the identity (before anything else), then: scrub the KV blocks the steering rows
+        wrote (engine/backends/vllm/worker/kv.py), fail each plan whose rows a tap or the layer guard
+        flagged non-finite (on_error(plan, exc); one device read for the whole step), tally the
+        receipts of this step's steers from the `pre` rows, and copy each capturing plan's rows out of
+        the capture buffers (CPU copies)."""
+        self.identity()
+        steering = [sp for sp in step.spans if sp.plan.steers]
+        if steering:
+            bad = self._flagged(steering, work)
+            from engine.backends.vllm.worker import kv
+            kv.scrub(steering, bad)
+            if on_error is not None:
+                self._fail(steering, bad, work, on_error)
         for name, w in work.items():
             tap = self.taps[name]
             for sp in step.spans if w.writes and tap.writable else ():
@@ -267,6 +292,38 @@ class StaticTaps:
                         if on_error is None:
                             raise
                         on_error(sp.plan, e)
+
+    def _flagged(self, spans: list, work: dict) -> torch.Tensor:
+        """Bool per span, on the device (nothing read): a write tap kept one of its rows unsteered
+        because the steer made it non-finite, or the layer guard zeroed one."""
+        parts = [self.guard.failed(spans)] if self.guard is not None else []
+        for name, w in work.items():
+            tap = self.taps[name]
+            if w.writes and tap.writable:
+                bad = tap.buf("bad")
+                parts.append(torch.stack([bad[sp.a:sp.b].amax() > 0 for sp in spans]))
+        if not parts:
+            return torch.zeros(len(spans), dtype=torch.bool)
+        return torch.stack(parts).any(0)
+
+    def _fail(self, spans: list, bad: torch.Tensor, work: dict,
+              on_error: Callable[[Plan, BaseException], None]) -> None:
+        """Fail the flagged plans (the step's one read: `bad`): named by the first tap steer that made a
+        row non-finite, else by the guard (every steer of the request: it overflowed downstream)."""
+        hit = bad.tolist()
+        for sp, failed in zip(spans, hit):
+            if not failed or sp.plan.error is not None:
+                continue
+            exc: BaseException | None = None
+            for name, w in work.items():
+                tap = self.taps[name]
+                sts = [st for _, st in w.writes.get(sp.plan.key, ())]
+                if sts and tap.writable and bool(tap.buf("bad")[sp.a:sp.b].any()):
+                    exc = overflowed(sts[0], tap.buf("bad").dtype, OVERFLOW)
+                    break
+            if exc is None:
+                exc = downstream(sp.plan.steers, self.guard.flag.dtype if self.guard is not None else torch.float32)
+            on_error(sp.plan, exc)
 
     def shape_of(self, name: str) -> tuple:
         tap, hd = self.taps[name], self.head_dim[name]

