@@ -240,8 +240,10 @@ def test_text_never_ends_in_half_a_character():
 
 
 def test_health_probe_sees_an_engine_that_computes_non_finite_logits():
-    """/health on vLLM probes the engine with one greedy token and turns (and stays) unhealthy when
-    its logits are not finite (a KV cache holding NaN poisons every later request)."""
+    """/health on vLLM probes the engine with one greedy token: unhealthy while its logits are not
+    finite, healthy again once they are (old code stayed 503 for good after one bad probe, also after
+    the outputs recovered), and each probe's prompt is new, so the prefix cache never answers it from
+    blocks computed before (old code sent the same prompt every time)."""
     from engine.serve.runner import VLLMRunner
     logits = [torch.zeros(1, 8)]
     calls = []
@@ -256,11 +258,14 @@ def test_health_probe_sees_an_engine_that_computes_non_finite_logits():
     r.model = SimpleNamespace(aio=SimpleNamespace(_closed=False, generate_batch=generate_batch,
                                                   engine=SimpleNamespace(check_health=check_health)))
     r.limits = SimpleNamespace(vocab_size=100)
-    r.unfinite, r._probed, r._probe_lock = None, (float("-inf"), None), None
+    r._probed, r._probe_lock, r._probes = (float("-inf"), None), None, 0
     r.PROBE_EVERY_S = 0.0
     assert asyncio.run(r.problem()) is None
     logits[0] = torch.tensor([[0.0, float("nan")]])
     assert "inf or NaN logits" in asyncio.run(r.problem())
     logits[0] = torch.zeros(1, 8)
-    assert "inf or NaN logits" in asyncio.run(r.problem())  # sticky: the cache stays poisoned
-    assert len(calls) == 2 and all(0 <= t < 100 for t in calls[0])
+    assert asyncio.run(r.problem()) is None
+    assert len(calls) == 3 and all(0 < t < 100 for c in calls for t in c)
+    assert len({tuple(c) for c in calls}) == 3
+    r.PROBE_EVERY_S = 3600.0  # within the interval the latest verdict stands, without a request
+    assert asyncio.run(r.problem()) is None and len(calls) == 3

@@ -176,8 +176,8 @@ class VLLMRunner(Runner):
     def __init__(self, model: VLLMModel) -> None:
         self.backend = model.backend
         super().__init__(model)
-        self.unfinite: str | None = None  # sticky: once the engine computes inf / NaN it stays unhealthy
-        self._probed: tuple[float, str | None] = (-math.inf, None)  # (when, verdict)
+        self._probed: tuple[float, str | None] = (-math.inf, None)  # (when, verdict of the latest probe)
+        self._probes = 0  # probes run: each one's prompt differs (engine/serve/runner.probe_prompt)
         self._probe_lock: asyncio.Lock | None = None
         # the model runs in vLLM's own processes; here torch only cuts and copies small captures, and a
         # thread pool for that (waiting on busy cores) made each response's slicing ~20x slower
@@ -226,24 +226,25 @@ class VLLMRunner(Runner):
         return await self._probe()
 
     async def _probe(self) -> str | None:
-        """Whether the engine still computes finite logits: one greedy token of a short prompt (a
-        KV-cache block holding inf / NaN poisons every later request that gets it; this is the check
-        that sees it), at most once per PROBE_EVERY_S."""
-        if self.unfinite:
-            return self.unfinite
+        """Whether the engine answers a plain request with finite logits: one greedy token of a short
+        prompt, at most once per PROBE_EVERY_S (the verdict stands until the next probe: /health says
+        what the engine does now, not what it once did). Each probe's prompt differs, so vLLM's
+        prefix cache cannot answer it from blocks computed earlier: it computes afresh, in blocks
+        freed by other requests (where a request's inf / NaN would show)."""
         self._probe_lock = self._probe_lock or asyncio.Lock()
         async with self._probe_lock:
             when, verdict = self._probed
             if time.monotonic() - when < self.PROBE_EVERY_S:
                 return verdict
-            ids = [i % (self.limits.vocab_size or 2) for i in range(1, 9)]
+            self._probes += 1
+            ids = probe_prompt(self._probes, self.limits.vocab_size or 2)
             try:
                 (res,) = await asyncio.wait_for(self.model.aio.generate_batch(
                     [Request(ids, 1, (), (), {"temperature": 0.0})], return_logits=True), 60)
                 verdict = None
                 if res.logits is None or not bool(torch.isfinite(res.logits).all()):
-                    verdict = self.unfinite = ("the engine computes inf or NaN logits for a plain prompt (a request "
-                                               "left non-finite values in its KV cache); restart the server")
+                    verdict = ("the engine computes inf or NaN logits for a plain prompt (non-finite values in its "
+                               "KV cache or weights); restart the server")
             except Exception as e:
                 verdict = f"a probe request failed ({type(e).__name__}: {e})"
             self._probed = (time.monotonic(), verdict)
@@ -360,6 +361,11 @@ def first(readouts: dict) -> dict:
     """The readouts of the first (only) sequence of a batched result."""
     from engine.core.readouts import TopK
     return {k: v.map(lambda t: t[0]) if isinstance(v, TopK) else v[0] for k, v in readouts.items()}
+
+
+def probe_prompt(k: int, vocab: int, n: int = 8) -> list[int]:
+    """The k-th health probe's token ids: n ids in [1, vocab), a different sequence for every k."""
+    return [1 + (k * 7919 + i * 104729 + k * k * i) % max(vocab - 1, 1) for i in range(n)]
 
 
 def make(model: EagerModel | VLLMModel) -> Runner:
