@@ -151,13 +151,13 @@ def test_response_budget_counts_encoded_bytes_before_encoding():
     spec = CaptureSpec(points=["z.0"])
     raw = 6 * 2 * 4
     out, _ = interp.payload(spec, cache, 4, 6, budget=interp.Budget(wire=4 * raw // 3))
-    assert len(out["captures"]["a"]["data"]) == 4 * raw // 3  # the estimate is the encoded length
+    assert len(out["captures"]["a"]["data"].value()) == 4 * raw // 3  # the estimate is the encoded length
     with pytest.raises(ServeError) as e:
         interp.payload(spec, cache, 4, 6, budget=interp.Budget(wire=4 * raw // 3 - 1))
     assert e.value.status == 413 and "--max-response-bytes" in e.value.message and e.value.param == "interp.capture"
     listed = CaptureSpec(points=["z.0"], encoding="list")
     out, _ = interp.payload(listed, cache, 4, 6, budget=interp.Budget(wire=12 * interp.Budget.LIST_BYTES))
-    assert len(json.dumps(out["captures"]["a"]["data"])) <= 12 * interp.Budget.LIST_BYTES
+    assert len(json.dumps(out["captures"]["a"]["data"].value())) <= 12 * interp.Budget.LIST_BYTES
     with pytest.raises(ServeError) as e:
         interp.payload(listed, cache, 4, 6, budget=interp.Budget(wire=12 * interp.Budget.LIST_BYTES - 1))
     assert e.value.status == 413

@@ -8,15 +8,21 @@ nested lists, for readers without a base64 decoder.
 
     obj = encode(t)                  # server side
     t = decode(obj)                  # client side (or numpy: np.frombuffer(b64decode(data), dtype))
+
+The server writes its answers with `deferred` and `json_pieces`: a tensor's data is encoded only
+while the response goes out, in pieces of bounded work, each piece a job of the server's worker
+threads (engine/serve/offload.py), so eight answers of hundreds of megabytes each take turns with
+every other request instead of holding the interpreter for seconds at a time.
 """
 from __future__ import annotations
 
 import base64
+import functools
 import json
 import math
 import re
 import uuid
-from typing import Any
+from typing import Any, Callable, Iterator
 
 import torch
 
@@ -39,7 +45,7 @@ def encode(t: torch.Tensor, how: str = "base64") -> dict:
         out["data"] = t.tolist()
         return out
     raw = t.view(torch.uint8) if t.dtype == torch.bfloat16 else t  # numpy has no bfloat16
-    out["data"] = Base64(base64.b64encode(raw.numpy().tobytes()).decode("ascii"))
+    out["data"] = base64.b64encode(raw.numpy().tobytes()).decode("ascii")
     return out
 
 
@@ -49,6 +55,8 @@ def decode(obj: dict) -> torch.Tensor:
             or not {"dtype", "shape", "data"} <= set(obj):
         raise ValueError("a tensor object has the keys dtype, shape and data (and, in a response, positions)")
     name, shape, data = obj["dtype"], obj["shape"], obj["data"]
+    if isinstance(data, Lazy):  # a server-side object not written yet
+        data = data.value()
     if name not in DTYPES:
         raise ValueError(f"dtype {name!r} is not one of {', '.join(DTYPES)}")
     if not isinstance(shape, list) or not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in shape):
@@ -59,13 +67,15 @@ def decode(obj: dict) -> torch.Tensor:
         raise ValueError(f"shape {shape!r:.60} holds {math.prod(shape)} numbers; a tensor here holds at most "
                          f"{MAX_ELEMENTS}")
     dtype = DTYPES[name]
-    if isinstance(data, list):
+    if isinstance(data, list) or (shape == [] and isinstance(data, (int, float)) and not isinstance(data, bool)):
         t = from_list(data, dtype)
+        if t.numel() == 0 == math.prod(shape):  # [] is every empty shape's nested list
+            return torch.empty(shape, dtype=dtype)
         if list(t.shape) != shape:
             raise ValueError(f"data has shape {list(t.shape)} but shape says {shape}")
         return t
     if not isinstance(data, str):
-        raise ValueError("data must be a base64 string or nested lists")
+        raise ValueError("data must be a base64 string or nested lists (a number for shape [])")
     try:
         raw = base64.b64decode(data, validate=True)
     except ValueError as e:
@@ -128,17 +138,79 @@ def value_in(v: Any) -> "torch.Tensor | float | None":
                      f"{type(v).__name__}")
 
 
-class Base64(str):
-    """A base64 text made by `encode`: its JSON form is itself in quotes (no character needs
-    escaping), which `json_bytes` relies on to splice it in without the encoder scanning it."""
+CHUNK_NUMBERS = 1 << 14  # numbers per piece of a list encoding (a few ms of one core)
+CHUNK_BYTES = 3 << 18  # raw bytes per piece of a base64 encoding (768 KiB: a multiple of 3, so pieces join exactly)
+_JSON = dict(ensure_ascii=False, allow_nan=False, separators=(",", ":"))
 
 
-def json_bytes(obj: Any) -> bytes:
-    """`json.dumps(obj, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode()`, byte for
-    byte, without the JSON encoder scanning the base64 texts of captures (megabytes per response, the
-    largest CPU cost of a capturing request on the server): each `Base64` is replaced by a
-    placeholder holding a per-call random nonce, and its ASCII bytes spliced in after."""
-    raws: list[bytes] = []
+class Lazy:
+    """A tensor's `data` not encoded yet: `deferred` puts one in a response, and `json_pieces` writes
+    it in pieces of bounded work (CHUNK_NUMBERS numbers, CHUNK_BYTES raw bytes), so a capture of
+    hundreds of megabytes never sits in memory as text at once and no single call holds the
+    interpreter (and with it the event loop and /health) for seconds."""
+
+    __slots__ = ("t", "how")
+
+    def __init__(self, t: torch.Tensor, how: str) -> None:
+        self.t, self.how = t, how
+
+    def pieces(self) -> Iterator[Callable[[], bytes] | bytes]:
+        """The JSON text of the data: literal bytes, and calls that each encode one bounded piece."""
+        if self.how == "list":
+            yield from _list_pieces(self.t)
+            return
+        t = self.t
+        raw = (t.view(torch.uint8) if t.dtype == torch.bfloat16 else t).numpy().reshape(-1).data.cast("B")
+        yield b'"'
+        for i in range(0, len(raw), CHUNK_BYTES):
+            yield functools.partial(base64.b64encode, raw[i:i + CHUNK_BYTES])
+        yield b'"'
+
+    def value(self) -> str | list | float | int:
+        """The data as `encode` gives it (all at once)."""
+        return json.loads(b"".join(p if isinstance(p, bytes) else p() for p in self.pieces()))
+
+
+def _list_text(t: torch.Tensor, inner: bool) -> bytes:
+    text = json.dumps(t.tolist(), **_JSON).encode()  # type: ignore[arg-type]
+    return text[1:-1] if inner else text
+
+
+def _list_pieces(t: torch.Tensor) -> Iterator[Callable[[], bytes] | bytes]:
+    """Nested lists of t in pieces of at most CHUNK_NUMBERS numbers: groups of whole rows, or, for a
+    row longer than that, the row's own pieces."""
+    if t.dim() == 0 or t.numel() <= CHUNK_NUMBERS:
+        yield functools.partial(_list_text, t, False)
+        return
+    per = t[0].numel()
+    yield b"["
+    if per > CHUNK_NUMBERS:
+        for i in range(t.shape[0]):
+            if i:
+                yield b","
+            yield from _list_pieces(t[i])
+    else:
+        step = CHUNK_NUMBERS // per
+        for i in range(0, t.shape[0], step):
+            if i:
+                yield b","
+            yield functools.partial(_list_text, t[i:i + step], True)
+    yield b"]"
+
+
+def deferred(t: torch.Tensor, how: str = "base64") -> dict:
+    """`encode(t, how)` with its data a `Lazy` (encoded when the response is written)."""
+    t = t.detach().to("cpu").contiguous()
+    return {"dtype": dtype_name(t), "shape": list(t.shape), "data": Lazy(t, how)}
+
+
+def json_pieces(obj: Any, at_least: int = 1 << 16) -> Iterator[bytes]:
+    """`json_bytes(obj)` in pieces: each `next()` does a bounded amount of work (the text around the
+    tensors, or about one piece of a tensor's data, CHUNK_NUMBERS / CHUNK_BYTES) and returns at least
+    `at_least` bytes where that much is left, so a caller can run each step on a worker thread and let
+    other work in between. Each `Lazy` is replaced by a placeholder holding a per-call random nonce in
+    one json.dumps of the rest; its pieces are written where the placeholder was."""
+    lazies: list[Lazy] = []
     nonce = uuid.uuid4().hex
 
     def pull(x):
@@ -146,15 +218,39 @@ def json_bytes(obj: Any) -> bytes:
             return {k: pull(v) for k, v in x.items()}
         if isinstance(x, (list, tuple)):
             return [pull(v) for v in x]
-        if type(x) is Base64:
-            raws.append(x.encode("ascii"))
-            return f"{nonce}:{len(raws) - 1}"
+        if isinstance(x, Lazy):
+            lazies.append(x)
+            return f"{nonce}:{len(lazies) - 1}"
         return x
-    text = json.dumps(pull(obj), ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode()
-    if not raws:
-        return text
-    parts = re.split(b'"' + nonce.encode() + rb':(\d+)"', text)
-    out = [parts[0]]
+    text = json.dumps(pull(obj), **_JSON).encode()  # type: ignore[arg-type]
+    parts = re.split(b'"' + nonce.encode() + rb':(\d+)"', text) if lazies else [text]
+    buf: list[bytes] = [parts[0]]
+    size = len(parts[0])
     for i in range(1, len(parts), 2):
-        out += [b'"', raws[int(parts[i])], b'"', parts[i + 1]]
-    return b"".join(out)
+        for piece in lazies[int(parts[i])].pieces():
+            worked = callable(piece)
+            b = piece() if callable(piece) else piece
+            buf.append(b)
+            size += len(b)
+            if worked and size >= at_least:
+                yield b"".join(buf)
+                buf, size = [], 0
+        buf.append(parts[i + 1])
+        size += len(parts[i + 1])
+    if buf:
+        yield b"".join(buf)
+
+
+def lazy_numbers(obj: Any) -> int:
+    """How many numbers the `Lazy` data inside obj hold together (what writing them costs)."""
+    if isinstance(obj, dict):
+        return sum(lazy_numbers(v) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return sum(lazy_numbers(v) for v in obj)
+    return obj.t.numel() if isinstance(obj, Lazy) else 0
+
+
+def json_bytes(obj: Any) -> bytes:
+    """`json.dumps(obj, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode()`, byte for
+    byte, with each `Lazy` written as its encoded data (without the JSON encoder scanning it)."""
+    return b"".join(json_pieces(obj))

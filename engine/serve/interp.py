@@ -123,7 +123,7 @@ def readouts_payload(values: dict, how: str, budget: "Budget") -> tuple[dict, in
         enc = {}
         for k, t in parts.items():
             n += budget.take(t, how)
-            enc[k] = encoding.encode(t, how)
+            enc[k] = encoding.deferred(t, how)
         out[name] = enc if isinstance(v, TopK) else enc["value"]
     return out, n
 
@@ -186,7 +186,7 @@ def payload(spec: CaptureSpec, cache: dict, prompt_len: int, end: int, start: in
             rows = rows.float().mean(0) if len(mine) else None
         if rows is not None:
             nbytes += budget.take(rows, spec.encoding)
-        out[key] = None if rows is None else encoding.encode(rows, spec.encoding)
+        out[key] = None if rows is None else encoding.deferred(rows, spec.encoding)
         if out[key] is not None and len(mine) != len(pos):
             out[key]["positions"] = mine.tolist()
     return {"positions": pos.tolist(), "reduction": spec.reduction, "captures": out}, nbytes
@@ -232,7 +232,7 @@ class StreamRows:
     def _encoded(self, pos, cut: dict) -> tuple[dict, int]:
         nbytes = sum(self.budget.take(t, self.spec.encoding) for t in cut.values())
         return ({"positions": pos.tolist(), "reduction": "none",
-                 "captures": {k: encoding.encode(t, self.spec.encoding) for k, t in cut.items()}}, nbytes)
+                 "captures": {k: encoding.deferred(t, self.spec.encoding) for k, t in cut.items()}}, nbytes)
 
 
 def canonical(runner: Runner, points: list[str]) -> list[str]:

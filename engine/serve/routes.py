@@ -30,11 +30,11 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response, Strea
 
 from engine.core.errors import SteeringError
 from engine.core.results import StrictSteerError
-from engine.serve import encoding, interp, text
+from engine.serve import interp, text
 from engine.serve.errors import ServeError, from_engine, from_validation, is_client_error, payload
 from engine.serve.guard import Admission, Ticket
 from engine.serve.metrics import Metrics
-from engine.serve.offload import Offload, unless_gone
+from engine.serve.offload import Offload, event, respond, unless_gone
 from engine.serve.runner import Job, Runner
 from engine.serve.schemas import CaptureRequest, CaptureSpec, ChatRequest, CompletionRequest
 
@@ -243,8 +243,9 @@ class Gen:
             self.ctx.metrics.capture_bytes += n
         return block
 
-    def response(self, results: list[RequestResult]) -> bytes:
-        """The non-streamed answer, encoded (on an Offload thread)."""
+    def response(self, results: list[RequestResult]) -> dict:
+        """The non-streamed answer, its captures checked against the budget and deferred (on an Offload
+        thread; offload.respond writes it)."""
         choices, budget = [], self.ctx.budget()
         for i, res in enumerate(results):
             out, reason, stop_reason = self.finish(i, res)
@@ -257,8 +258,8 @@ class Gen:
             if block is not None:
                 c["interp"] = block
             choices.append(c)
-        return dumps({"id": self.rid, "object": "chat.completion" if self.chat else "text_completion",
-                      "created": self.created, "model": self.model, "choices": choices, "usage": self.usage(results)})
+        return {"id": self.rid, "object": "chat.completion" if self.chat else "text_completion",
+                "created": self.created, "model": self.model, "choices": choices, "usage": self.usage(results)}
 
     def usage(self, results: list[RequestResult]) -> dict:
         return self.usage_of([r.new_tokens.tolist() for r in results])
@@ -291,10 +292,6 @@ class Gen:
         if block is not None:
             c["interp"] = block
         return c
-
-
-def dumps(obj: Any) -> bytes:
-    return encoding.json_bytes(obj)  # captures' base64 spliced in, not scanned (engine/serve/encoding.py)
 
 
 def prepare(ctx: Context, raw: bytes, cls: type[Sampling], chat: bool) -> Gen:
@@ -337,7 +334,7 @@ async def generation(request: Request, cls: type[Sampling], chat: bool) -> Respo
         ticket.release()
     ctx.metrics.prompt_tokens += sum(map(len, g.prompts))
     ctx.metrics.generation_tokens += sum(r.new_tokens.shape[0] for r in results)
-    return Response(await ctx.offload(g.response, results), media_type="application/json")
+    return await respond(ctx.offload, await ctx.offload(g.response, results))
 
 
 async def merged(gens: list[AsyncGenerator[_T, None]]) -> AsyncGenerator[tuple[int, _T], None]:
@@ -385,7 +382,7 @@ async def guarded_stream(events: AsyncGenerator[Event, None], asked: interp.Aske
             yield ev
 
 
-async def stream_events(g: Gen) -> AsyncGenerator[str, None]:
+async def stream_events(g: Gen) -> AsyncGenerator[str | bytes, None]:
     """The SSE body: a chunk per token (text deltas that add up to the final text), capture rows as
     the engine produces them, then the finish reason and the interp block, usage, [DONE]."""
     ctx, req = g.ctx, g.req
@@ -420,13 +417,14 @@ async def stream_events(g: Gen) -> AsyncGenerator[str, None]:
                     block = {**(block or {}), "token_ids": list(seen[i]), "stopped": {
                         "readout": stop.readout, "token": len(seen[i]) - 1, "score": score}}
                     delta += detoks[i].final(ctx.runner.tokenizer.decode(seen[i], skip_special_tokens=True))
-                    yield sse(g.chunk([g.choice_delta(i, delta, "interp.stop", None, block)]))
+                    async for b in event(ctx.offload, g.chunk([g.choice_delta(i, delta, "interp.stop", None, block)])):
+                        yield b
                     if all(r is not None for r in results):
                         break
                     continue
-            if ev.result is None:
-                if delta or block:
-                    yield sse(g.chunk([g.choice_delta(i, delta, block=block)]))
+            if ev.result is None:  # a chunk per token, as vLLM's server sends (its text may be empty)
+                async for b in event(ctx.offload, g.chunk([g.choice_delta(i, delta, block=block)])):
+                    yield b
                 continue
             res = results[i] = ev.result
             out, reason, stop_reason = g.finish(i, res)
@@ -436,7 +434,8 @@ async def stream_events(g: Gen) -> AsyncGenerator[str, None]:
                 final_rows, n = await ctx.offload(sent.final, res.cache, fed(res))
                 ctx.metrics.capture_bytes += n
             block = await ctx.offload(g.interp_block, i, res, final_rows)
-            yield sse(g.chunk([g.choice_delta(i, delta, reason, stop_reason, block)]))
+            async for b in event(ctx.offload, g.chunk([g.choice_delta(i, delta, reason, stop_reason, block)])):
+                yield b
         ctx.metrics.prompt_tokens += sum(map(len, g.prompts))
         ctx.metrics.generation_tokens += sum(map(len, seen))
         if req.stream_options is not None and req.stream_options.include_usage:
@@ -475,7 +474,7 @@ def prepare_capture(ctx: Context, raw: bytes) -> tuple[CaptureRequest, list[list
 
 
 def capture_response(ctx: Context, req: CaptureRequest, prompts: list[list[int]], asked: interp.Asked,
-                     results: list[Capture]) -> tuple[bytes, int]:
+                     results: list[Capture]) -> tuple[dict, int]:
     spec = asked.spec or CaptureSpec.model_construct(points=[], positions="all", reduction="none", encoding="base64")
     data, budget = [], ctx.budget()
     for i, (p, (cache, logits, receipts, readouts)) in enumerate(zip(prompts, results)):
@@ -488,8 +487,8 @@ def capture_response(ctx: Context, req: CaptureRequest, prompts: list[list[int]]
             item["logits"] = lg["captures"]["logits"]
         data.append(item)
     n = sum(map(len, prompts))
-    return dumps({"object": "capture", "model": ctx.served[0], "data": data,
-                  "usage": {"prompt_tokens": n, "total_tokens": n}}), budget.raw_used
+    return {"object": "capture", "model": ctx.served[0], "data": data,
+            "usage": {"prompt_tokens": n, "total_tokens": n}}, budget.raw_used
 
 
 async def capture(request: Request) -> Response:
@@ -506,7 +505,7 @@ async def capture(request: Request) -> Response:
     body, nbytes = await ctx.offload(capture_response, ctx, req, prompts, asked, results)
     ctx.metrics.prompt_tokens += sum(map(len, prompts))
     ctx.metrics.capture_bytes += nbytes
-    return Response(body, media_type="application/json")
+    return await respond(ctx.offload, body)
 
 
 # -- the rest ---------------------------------------------------------------------------------------------
