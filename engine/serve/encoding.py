@@ -138,7 +138,7 @@ def value_in(v: Any) -> "torch.Tensor | float | None":
                      f"{type(v).__name__}")
 
 
-CHUNK_NUMBERS = 1 << 14  # numbers per piece of a list encoding (a few ms of one core)
+CHUNK_NUMBERS = 1 << 12  # numbers per piece of a list encoding (about a millisecond of one core)
 CHUNK_BYTES = 3 << 18  # raw bytes per piece of a base64 encoding (768 KiB: a multiple of 3, so pieces join exactly)
 _JSON = dict(ensure_ascii=False, allow_nan=False, separators=(",", ":"))
 
