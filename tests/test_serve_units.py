@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from types import SimpleNamespace
 
 import httpx
@@ -269,3 +270,33 @@ def test_health_probe_sees_an_engine_that_computes_non_finite_logits():
     assert len({tuple(c) for c in calls}) == 3
     r.PROBE_EVERY_S = 3600.0  # within the interval the latest verdict stands, without a request
     assert asyncio.run(r.problem()) is None and len(calls) == 3
+
+
+def test_serve_settings_are_checked_once_and_name_the_flag(tmp_path):
+    from engine.serve.settings import MIB, ServeSettings, size_for_machine
+    s = ServeSettings(served=["a", "b"], max_pending=3)
+    assert s.served == ("a", "b") and s.names("m") == ["a", "b"] and ServeSettings().names("m") == ["m"]
+    with pytest.raises(Exception):  # frozen: checked once, then trusted
+        s.max_pending = 0  # type: ignore[misc]
+    for kw, fragment in [({"max_pending": 0}, "max_pending (--max-pending) must be a whole number of at least 1"),
+                         ({"cpu_workers": True}, "cpu_workers (--cpu-workers)"),
+                         ({"max_response_bytes": -5}, "--max-response-bytes"),
+                         ({"max_tokens_limit": 1.5}, "--max-tokens-limit"),
+                         ({"served": ("",)}, "--served-model-name"),
+                         ({"api_key": " "}, "--api-key"),
+                         ({"sae_dir": str(tmp_path / "nope")}, "--sae-dir")]:
+        with pytest.raises(ValueError, match=re.escape(fragment)):
+            ServeSettings(**kw)
+    assert ServeSettings(sae_dir=str(tmp_path), max_tokens_limit=None).sae_dir == str(tmp_path)
+    # the limits follow the machine: 1/64 of its memory, within [16 MiB, 256 MiB]
+    assert size_for_machine(1 << 30) == 16 * MIB and size_for_machine(8 << 30) == 128 * MIB
+    assert size_for_machine(64 << 30) == 256 * MIB and size_for_machine(100 << 20) == 16 * MIB
+
+
+def test_a_bad_flag_fails_before_the_model_loads(capsys, monkeypatch):
+    from engine.serve import __main__ as cli
+    import engine.loading
+    monkeypatch.setattr(engine.loading, "load_model", lambda *a, **k: pytest.fail("the model was loaded"))
+    with pytest.raises(SystemExit):
+        cli.main(["some/model", "--max-pending", "0", "--port", "0"])
+    assert "max_pending (--max-pending) must be a whole number of at least 1" in capsys.readouterr().err

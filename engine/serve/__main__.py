@@ -10,6 +10,7 @@ import socket
 import sys
 
 from engine.core.points import CAPTURE_BACKENDS
+from engine.serve.settings import ServeSettings, size_for_machine
 
 
 def _size(s: str) -> int:
@@ -36,10 +37,12 @@ def parser() -> argparse.ArgumentParser:
                    help="vllm-static: 'auto' or comma-separated points / addresses")
     p.add_argument("--max-pending", type=int, default=256, help="sequences in flight before new requests get 429")
     p.add_argument("--max-body-bytes", type=_size, default=16 << 20, help="request body limit (413 above), e.g. 16MiB")
-    p.add_argument("--max-capture-bytes", type=_size, default=256 << 20, help="captured bytes one request may return")
-    p.add_argument("--max-response-bytes", type=_size, default=256 << 20,
+    p.add_argument("--max-capture-bytes", type=_size, default=None,
+                   help="captured bytes one request may return (default: 1/64 of this machine's memory, between "
+                        "16MiB and 256MiB)")
+    p.add_argument("--max-response-bytes", type=_size, default=None,
                    help="encoded captures one response may carry (base64: 4/3 of the raw bytes; list: 25 bytes a "
-                        "number); above it the request is a 413 naming the limit")
+                        "number); above it the request is a 413 naming the limit (default: as --max-capture-bytes)")
     p.add_argument("--cpu-workers", type=int, default=2,
                    help="threads that parse, check, tokenize and encode requests off the event loop")
     p.add_argument("--max-tokens-limit", type=int, default=None, help="largest max_tokens a request may ask")
@@ -73,15 +76,24 @@ def main(argv: list[str] | None = None) -> int:
     template = args.chat_template
     if template and os.path.isfile(template):
         template = open(template).read()
+    try:  # checked before the model loads: a bad flag fails in a second
+        machine = size_for_machine()
+        settings = ServeSettings(
+            served=tuple(args.served_model_name or ()), api_key=args.api_key, max_body_bytes=args.max_body_bytes,
+            max_pending=args.max_pending,
+            max_capture_bytes=machine if args.max_capture_bytes is None else args.max_capture_bytes,
+            max_response_bytes=machine if args.max_response_bytes is None else args.max_response_bytes,
+            max_tokens_limit=args.max_tokens_limit, chat_template=template, cpu_workers=args.cpu_workers,
+            sae_dir=args.sae_dir)
+    except ValueError as e:
+        parser().error(str(e))
     sock = socket.socket(socket.AF_INET6 if ":" in args.host else socket.AF_INET)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((args.host, args.port))  # before loading: a taken port fails in a second, not after a minute
     model = load_model(args.model, backend=args.backend, source=args.source, dtype=args.dtype, **kw)
     runner = runner_for(model)
     try:
-        app = build_app(runner, args.served_model_name, args.api_key, args.max_body_bytes, args.max_pending,
-                        args.max_capture_bytes, args.max_tokens_limit, template, args.max_response_bytes,
-                        args.cpu_workers, args.sae_dir)
+        app = build_app(runner, settings)
         server = uvicorn.Server(uvicorn.Config(app, log_level=args.log_level, access_log=args.access_log,
                                                timeout_graceful_shutdown=5))
         host, port = sock.getsockname()[:2]

@@ -14,6 +14,7 @@ from engine.serve import capabilities, routes
 from engine.serve.errors import ServeError, payload, response
 from engine.serve.guard import Admission, BodyTooLarge, Guard
 from engine.serve.metrics import Metrics, Recorder
+from engine.serve.settings import ServeSettings
 
 if TYPE_CHECKING:
     from engine.serve.runner import Runner
@@ -21,16 +22,14 @@ if TYPE_CHECKING:
 log = logging.getLogger("engine.serve")
 
 
-def build_app(runner: Runner, served: list[str] | None = None, api_key: str | None = None,
-              max_body_bytes: int = 16 << 20, max_pending: int = 256, max_capture_bytes: int = 256 << 20,
-              max_tokens_limit: int | None = None, chat_template: str | None = None,
-              max_response_bytes: int | None = 256 << 20, cpu_workers: int = 2, sae_dir: str | None = None) -> FastAPI:
-    """The server for a loaded model (engine/serve/runner.py); see `python -m engine.serve --help`."""
+def build_app(runner: Runner, settings: ServeSettings | None = None) -> FastAPI:
+    """The server for a loaded model (engine/serve/runner.py) with its settings (engine/serve/settings.py;
+    see `python -m engine.serve --help`)."""
+    settings = settings or ServeSettings()
     app = FastAPI(title="interp-engine", docs_url=None, redoc_url=None, openapi_url=None)
     metrics = Metrics()
-    app.state.ctx = routes.Context(runner, served or [runner.name], Admission(max_pending), metrics, max_capture_bytes,
-                                   max_tokens_limit, chat_template, capabilities.table(runner), max_response_bytes,
-                                   routes.Offload(cpu_workers), sae_dir)
+    app.state.ctx = routes.Context(runner, settings, settings.names(runner.name), Admission(settings.max_pending),
+                                   metrics, capabilities.table(runner), routes.Offload(settings.cpu_workers))
     routes.register(app)
 
     @app.exception_handler(ServeError)
@@ -53,6 +52,6 @@ def build_app(runner: Runner, served: list[str] | None = None, api_key: str | No
         log.exception("request to %s failed", request.url.path)
         return JSONResponse(payload(500, f"internal error: {type(exc).__name__}: {exc}"), status_code=500)
 
-    app.add_middleware(Guard, api_key=api_key, max_body_bytes=max_body_bytes)
+    app.add_middleware(Guard, api_key=settings.api_key, max_body_bytes=settings.max_body_bytes)
     app.add_middleware(Recorder, metrics=metrics)
     return app

@@ -37,6 +37,7 @@ from engine.serve.metrics import Metrics
 from engine.serve.offload import Offload, event, respond, unless_gone
 from engine.serve.runner import Job, Runner
 from engine.serve.schemas import CaptureRequest, CaptureSpec, ChatRequest, CompletionRequest
+from engine.serve.settings import ServeSettings
 
 if TYPE_CHECKING:
     from engine.core.results import RequestResult
@@ -49,21 +50,18 @@ _T = TypeVar("_T")
 
 @dataclass
 class Context:
-    """What the handlers share: the model, the names it answers to, the limits and the counters."""
+    """What the handlers share: the model, its settings, the names it answers to, the queue, the
+    counters, the capability table and the worker threads."""
     runner: Runner
+    settings: ServeSettings
     served: list[str]
     admission: Admission
     metrics: Metrics
-    max_capture_bytes: int
-    max_tokens_limit: int | None
-    chat_template: str | None
     points: dict
-    max_response_bytes: int | None = None
     offload: Offload = field(default_factory=lambda: Offload(2))
-    sae_dir: str | None = None  # --sae-dir: the folder whose SAEs requests may name
 
     def budget(self) -> interp.Budget:
-        return interp.Budget(self.max_capture_bytes, self.max_response_bytes)
+        return interp.Budget(self.settings.max_capture_bytes, self.settings.max_response_bytes)
 
 
 # -- parsing and checking (on the Offload threads) ----------------------------------------------------
@@ -81,7 +79,7 @@ def parse(raw: bytes, cls: type[_B], ctx: "Context | None" = None) -> _B:
     if not isinstance(obj, dict):
         raise ServeError(400, f"request body must be a JSON object, got a JSON {type(obj).__name__}")
     try:
-        return cls.model_validate(obj, context={"sae_dir": None if ctx is None else ctx.sae_dir})
+        return cls.model_validate(obj, context={"sae_dir": None if ctx is None else ctx.settings.sae_dir})
     except ValidationError as e:
         raise from_validation(e) from None
     except RecursionError:
@@ -126,9 +124,9 @@ def budget(ctx: Context, req: Sampling, prompt_len: int, default: int | None) ->
     if room is not None and room < 1:
         raise ServeError(400, f"prompt: its {prompt_len} tokens fill all {ctx.runner.max_model_len} positions this "
                               f"server's model takes (max_model_len); nothing can be generated after it", "prompt")
-    n = req.max_tokens or min([x for x in (default, room, ctx.max_tokens_limit) if x is not None] or [16])
-    if ctx.max_tokens_limit is not None and n > ctx.max_tokens_limit:
-        raise ServeError(400, f"max_tokens: {n} is over this server's limit of {ctx.max_tokens_limit} "
+    n = req.max_tokens or min([x for x in (default, room, ctx.settings.max_tokens_limit) if x is not None] or [16])
+    if ctx.settings.max_tokens_limit is not None and n > ctx.settings.max_tokens_limit:
+        raise ServeError(400, f"max_tokens: {n} is over this server's limit of {ctx.settings.max_tokens_limit} "
                               f"(--max-tokens-limit)", "max_tokens")
     if room is not None and n > room:
         raise ServeError(400, f"max_tokens: {n} new tokens after a {prompt_len}-token prompt exceed the "
@@ -300,7 +298,7 @@ def prepare(ctx: Context, raw: bytes, cls: type[Sampling], chat: bool) -> Gen:
     check_model(ctx, req.model)
     check_sampling(ctx, req)
     if chat:
-        prompts = [text.chat_ids(ctx.runner, req.messages, ctx.chat_template, req.add_generation_prompt,
+        prompts = [text.chat_ids(ctx.runner, req.messages, ctx.settings.chat_template, req.add_generation_prompt,
                                  req.chat_template_kwargs)]
         try:
             ctx.runner.tokenize(prompts[0])
