@@ -195,6 +195,35 @@ HOSTILE = [
      "covers positions 0..1", "interp.steer[0]"),
     ("steer engine field", "/v1/completions", {"prompt": "hi", "interp": {"steer": [
         {"address": "resid_post.0", "op": "ablate", "lead": 1}]}}, 400, "unknown field", "interp.steer[0].lead"),
+    # issue 34: every one of these was a 500 or silently accepted
+    ("max_tokens of 5000 digits", "/v1/completions", _raw('{"model":"M","prompt":"hi","max_tokens":' + "9" * 5000
+                                                          + "}"), 400, "valid integer", "max_tokens"),
+    ("steer value of 5000 digits", "/v1/completions", _raw(
+        '{"model":"M","prompt":"hi","interp":{"steer":[{"address":"resid_post.0","op":"add","value":[' + "9" * 5000
+        + "]}]}}"), 400, "a number of 5000 digits", "interp.steer[0].value"),
+    ("max_tokens as a string", "/v1/completions", {"prompt": "hi", "max_tokens": "5"}, 400, "valid integer",
+     "max_tokens"),
+    ("max_tokens true", "/v1/completions", {"prompt": "hi", "max_tokens": True}, 400, "valid integer", "max_tokens"),
+    ("strict 'yes'", "/v1/completions", {"prompt": "hi", "interp": {"strict": "yes", "steer": [
+        {"address": "resid_post.0", "op": "ablate"}]}}, 400, "valid boolean", "interp.strict"),
+    ("temperature as a string", "/v1/completions", {"prompt": "hi", "temperature": "0.5"}, 400, "valid number",
+     "temperature"),
+    ("layer in Arabic-Indic digits", "/v1/completions", {"prompt": "hi", "interp": {"steer": [
+        {"address": "resid_post.\u0661", "op": "ablate"}]}}, 400, "cannot parse", "interp.steer[0]"),
+    ("capture layer in Arabic-Indic digits", "/v1/capture", {"prompt": "hi", "interp": {
+        "capture": ["resid_post.\u0661"]}}, 400, "cannot parse", "interp.capture.points[0]"),
+    ("300 steers", "/v1/completions", {"prompt": "hi", "interp": {"steer": [
+        {"address": "resid_post.0", "op": "scale", "value": 1.0}] * 300}}, 400, "at most 256", "interp.steer"),
+    ("LensTopK k=10**9", "/v1/completions", {"prompt": "hi", "interp": {"capture": {"readouts": [
+        {"address": "resid_post.0", "kind": "LensTopK", "k": 10 ** 9}]}}}, 400, "tokens of the vocabulary",
+     "interp.capture.readouts[0]"),
+    ("3000-row steer on a short request", "/v1/completions", {"prompt": "hi", "max_tokens": 2, "interp": {"steer": [
+        {"address": "resid_post.0", "op": "add", "value": {"dtype": "float32", "shape": [3000, D_MODEL], "data":
+         base64.b64encode(bytes(3000 * D_MODEL * 4)).decode()}}]}}, 400, "rows of per-position values",
+     "interp.steer[0].value"),
+    ("stop index outside a lens readout", "/v1/completions", {"prompt": "hi", "stream": True, "interp": {
+        "capture": {"readouts": [{"address": "resid_post.1", "kind": "LensTopK", "k": 3, "name": "l"}]},
+        "stop": {"readout": "l", "above": 0.0, "index": 10 ** 6}}}, 400, "give index 0..", "interp.stop.index"),
     ("capture list encoding of inf", "/v1/capture", {"prompt": "hi there", "interp": {
         "capture": {"points": ["resid_mid.1"], "encoding": "list"}, "steer": [
             {"address": "resid_post.0", "op": "add", "value": [3e38] * D_MODEL},

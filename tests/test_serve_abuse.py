@@ -6,19 +6,20 @@ library, abandoned requests are dropped, text never ends in a half character. (T
 with the KV-cache poisoning reproducer: tests/test_serve_abuse_vllm.py, slow.)"""
 from __future__ import annotations
 
-import asyncio
+import json
 import re
+import socket
+import time
 
 import httpx
 import pytest
 import torch
+from serve_common import D_MODEL, HOSTILE, LLAMA, assert_refused, close, eager_server, healthy, tensors
+from test_vllm_common import eager_model
 
+from engine.core.steering import OPS, Steer
 from engine.serve import encoding
 from engine.serve.runner import longest_token
-from engine.core.steering import OPS, Steer
-from serve_common import (D_MODEL, HOSTILE, LLAMA, assert_refused, close, eager_server, healthy,
-                          tensors)
-from test_vllm_common import eager_model
 
 PROMPT = "The quick brown fox jumps over the lazy dog"
 NORMAL = {"model": LLAMA, "prompt": PROMPT, "max_tokens": 6, "temperature": 0,
@@ -64,6 +65,15 @@ def test_limits_a_client_can_rely_on(url, lib):
     err = r.json()["error"]
     assert r.status_code == 413 and "limit of 200000 bytes (--max-response-bytes)" in err["message"], r.text
     assert err["param"] == "interp.capture"
+    # a stream is refused before it starts when its captures cannot fit at their largest (old code sent
+    # 1.1 MB of the stream, then an in-band 413 inside a 200)
+    r = httpx.post(f"{url}/v1/completions", json={**big, "stream": True}, timeout=120)
+    err = r.json()["error"]
+    assert r.status_code == 413 and "at their largest" in err["message"] and err["param"] == "interp.capture", r.text[:300]
+    assert "'base64' instead of 'list'" in err["message"]
+    b64 = {**big, "max_tokens": 40, "stream": True, "interp": {"capture": {"points": ["mlp_act"], "encoding": "base64"}}}
+    r = httpx.post(f"{url}/v1/completions", json=b64, timeout=120)
+    assert r.status_code == 413 and "base64" not in r.text, r.text[:300]  # no hint to use what it already used
     r = httpx.head(f"{url}/health", timeout=30)
     assert r.status_code == 200
     healthy(url)
@@ -100,22 +110,41 @@ def test_every_op_over_http_equals_the_library(url, lib, op):
         close(got[k], ref[k][0], f"{op} {k}", atol=1e-5, rtol=1e-5)
 
 
-def _generated(url) -> int:
+def _metric(url, name: str) -> int:
     text = httpx.get(f"{url}/metrics", timeout=30).text
-    return int(re.search(r"^interp_generation_tokens_total (\d+)$", text, re.M).group(1))
+    return int(float(re.search(rf"^{name} (\S+)$", text, re.M).group(1)))
+
+
+def _until(predicate, what: str, timeout: float = 300) -> None:
+    """Poll until predicate() holds (a generous bound: only a broken server takes that long)."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
 
 
 def test_abandoned_requests_are_dropped(url):
-    """Eager runs one call at a time: requests whose clients left before their turn never run, and no
-    abandoned request is counted as served (old code: each ran to its end and was counted)."""
-    start = _generated(url)
-    long = {"model": LLAMA, "prompt": PROMPT, "max_tokens": 200, "temperature": 0}
-
-    async def abandon():
-        async with httpx.AsyncClient(base_url=url, timeout=0.5) as c:
-            await asyncio.gather(*(c.post("/v1/completions", json=long) for _ in range(3)), return_exceptions=True)
-    asyncio.run(abandon())
-    r = httpx.post(f"{url}/v1/completions", json={**long, "max_tokens": 2}, timeout=300)
-    assert r.status_code == 200
-    assert _generated(url) == start + 2
+    """Eager runs one call at a time. Three long generations are sent; once all three are admitted
+    their clients leave: the running one stops at its next step and the two waiting never run, so the
+    tokens generated for them stay far below one generation's 400 (old code ran the first to its end,
+    and on a loaded machine ran and counted more). Independent of load: stopping needs the server to
+    notice a closed socket, which takes far less than 400 steps however slow the machine is."""
+    start_gen, start_lost = _metric(url, "interp_generation_tokens_total"), _metric(url, "interp_abandoned_tokens_total")
+    body = json.dumps({"model": LLAMA, "prompt": PROMPT, "max_tokens": 400, "temperature": 0}).encode()
+    host, port = url.removeprefix("http://").rsplit(":", 1)
+    socks = []
+    for _ in range(3):
+        s = socket.create_connection((host, int(port)))
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+        socks.append(s)
+    _until(lambda: _metric(url, "interp_queue_depth") == 3, "three admitted requests")
+    for s in socks:
+        s.close()
+    _until(lambda: _metric(url, "interp_queue_depth") == 0, "the abandoned requests to leave the queue")
+    r = httpx.post(f"{url}/v1/completions", json={"model": LLAMA, "prompt": PROMPT, "max_tokens": 2}, timeout=300)
+    assert r.status_code == 200  # it ran after whatever was left of the abandoned ones: their count is final
+    assert _metric(url, "interp_generation_tokens_total") == start_gen + 2
+    lost = _metric(url, "interp_abandoned_tokens_total") - start_lost
+    assert 0 <= lost < 400, lost
     healthy(url)

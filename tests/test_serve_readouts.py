@@ -77,6 +77,14 @@ def test_readouts_and_feature_steers_equal_the_library(client):
       "stop": {"readout": "p", "above": 1}}, "interp.stop", "give index 0..1"),
     ({"steer": [{"address": "resid_post.1", "op": "feature_add", "sae": "res1", "feature": 9999, "coeff": 1.0}]},
      "interp.steer[0]", "feature 9999 is out of range"),
+    # issue 34: each of these was a 500 (the SAE is loaded only inside the forward)
+    ({"capture": {"readouts": [{"address": "resid_post.1", "kind": "SAEFeatures", "sae": "res1", "k": 513}]}},
+     "interp.capture.readouts[0]", "k=513 is more than the 512 latents of its SAE"),
+    ({"steer": [{"address": "resid_post.1", "op": "feature_scale", "sae": "res1", "feature": [3, 512],
+                 "coeff": 2.0}]}, "interp.steer[0].feature", "feature 512 is out of range; its SAE has 512"),
+    ({"capture": {"readouts": [{"address": "resid_post.1", "kind": "SAEFeatures", "sae": "res1", "k": 4,
+                                "name": "f"}]}, "stop": {"readout": "f", "above": 0.5, "index": 512}},
+     "interp.stop.index", "gives 512 features; give index 0..511"),
 ])
 def test_bad_readout_requests_are_400s_naming_the_field(client, interp, field, fragment):
     body = {"model": LLAMA, "prompt": PROMPT, "max_tokens": 2, "stream": "stop" in interp, "interp": interp}

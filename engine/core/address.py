@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from engine.core.errors import AddressError
 from engine.core.points import ALIASES, BY_NAME, get_point
 
-_COORD_RE = re.compile(r"^([a-z_]+)-(-?\d+)$")
+_COORD_RE = re.compile(r"^([a-z_]+)-(-?[0-9]+)$")  # ASCII digits only (int() also reads other scripts' digits)
 
 
 def closest(word: str, options: Iterable[str], n: int = 3) -> str:
@@ -86,7 +86,7 @@ def parse(text: "str | Address") -> Address:
     parts = text.strip().split(".")
     point, rest = parts[0], parts[1:]
     layer = None
-    if rest and re.fullmatch(r"-?\d+", rest[0]):
+    if rest and re.fullmatch(r"-?[0-9]+", rest[0]):
         layer = int(rest.pop(0))
     coords = {}
     for part in rest:

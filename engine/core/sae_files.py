@@ -154,6 +154,14 @@ def _check_tensors(tensors: dict[str, torch.Tensor], shapes: dict[str, tuple[int
             raise SAEError(f"{path}: tensor {name!r} contains NaN or inf.")
 
 
+def sae_widths(directory: "str | Path") -> tuple[int, int]:
+    """(d_in, d_sae) of an SAELens-format folder from its cfg.json alone (no weights read): what a
+    caller checks feature indices and top-k sizes against before anything runs."""
+    cfg_path = Path(directory) / CFG_FILE
+    f = _Fields(_modern(_read_cfg(cfg_path)), cfg_path)
+    return f.int("d_in", "the width of the activation the SAE reads"), f.int("d_sae", "the number of features")
+
+
 def load_sae(directory: "str | Path", *, device: "torch.device | str" = "cpu",
              dtype: "torch.dtype | str | None" = None, norm_scaling_factor: float | None = None) -> SAE:
     """Load an SAELens-format SAE or transcoder from a local folder.

@@ -12,14 +12,43 @@ from starlette.responses import JSONResponse
 
 from engine.serve import capabilities, routes
 from engine.serve.errors import ServeError, payload, response
-from engine.serve.guard import Admission, BodyTooLarge, Guard
+from engine.serve.guard import Admission, BodyTooLarge, Guard, auth_error, send_json
 from engine.serve.metrics import Metrics, Recorder
 from engine.serve.settings import ServeSettings
 
 if TYPE_CHECKING:
+    from starlette.types import ASGIApp
+
     from engine.serve.runner import Runner
 
 log = logging.getLogger("engine.serve")
+
+
+class Internal:
+    """Any exception a handler lets out is answered here as a 500 and not raised further. (Starlette's
+    own last-resort handler raises it again after answering, and uvicorn then closes the connection:
+    the client's next request on that keep-alive connection was reset.) A response already started
+    (a stream cut short) cannot be answered again: that one still ends its connection."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        started = False
+
+        async def watched(msg):
+            nonlocal started
+            started = started or msg["type"] == "http.response.start"
+            await send(msg)
+        try:
+            await self.app(scope, receive, watched)
+        except Exception as exc:
+            if started:
+                raise
+            log.exception("request to %s failed", scope["path"])
+            await send_json(send, 500, payload(500, f"internal error: {type(exc).__name__}: {exc}"))
 
 
 def build_app(runner: Runner, settings: ServeSettings | None = None) -> FastAPI:
@@ -42,16 +71,14 @@ def build_app(runner: Runner, settings: ServeSettings | None = None) -> FastAPI:
 
     @app.exception_handler(HTTPException)
     async def http_error(request, exc: HTTPException):
-        msg = {404: f"no endpoint {request.url.path}; endpoints: /v1/completions, /v1/chat/completions, "
-                    f"/v1/capture, /v1/points, /v1/models, /health, /metrics",
+        # the endpoints are listed only to a client the server would answer there (its key, when it has one)
+        listed = ("; endpoints: /v1/completions, /v1/chat/completions, /v1/capture, /v1/points, /v1/models, "
+                  "/health, /metrics") if auth_error(settings.api_key, dict(request.scope["headers"])) is None else ""
+        msg = {404: f"no endpoint {request.url.path}{listed}",
                405: f"{request.method} is not allowed on {request.url.path}"}.get(exc.status_code, str(exc.detail))
         return JSONResponse(payload(exc.status_code, msg), status_code=exc.status_code, headers=exc.headers)
 
-    @app.exception_handler(Exception)
-    async def internal(request, exc: Exception):
-        log.exception("request to %s failed", request.url.path)
-        return JSONResponse(payload(500, f"internal error: {type(exc).__name__}: {exc}"), status_code=500)
-
+    app.add_middleware(Internal)  # innermost: a 500 answered here is still counted and guarded
     app.add_middleware(Guard, api_key=settings.api_key, max_body_bytes=settings.max_body_bytes)
     app.add_middleware(Recorder, metrics=metrics)
     return app

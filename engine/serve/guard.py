@@ -24,7 +24,7 @@ class BodyTooLarge(Exception):
     pass
 
 
-async def _send_json(send, status: int, body: dict, headers=()) -> None:
+async def send_json(send, status: int, body: dict, headers=()) -> None:
     raw = json.dumps(body).encode()
     await send({"type": "http.response.start", "status": status,
                 "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(raw)).encode()),
@@ -39,21 +39,27 @@ async def _drain(receive) -> None:
             return
 
 
+def auth_error(api_key: str | None, headers: dict) -> str | None:
+    """Why a request's headers ({bytes: bytes}) do not carry the server's API key (None: they do, or
+    the server has none)."""
+    if not api_key:
+        return None
+    got = headers.get(b"authorization", b"").decode("latin-1")
+    if not got:
+        return ("missing API key: send the header 'Authorization: Bearer <key>' (the server was started "
+                "with --api-key)")
+    scheme, _, token = got.partition(" ")
+    if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), api_key.encode()):
+        return "invalid API key in the Authorization header"
+    return None
+
+
 class Guard:
     def __init__(self, app: ASGIApp, api_key: str | None, max_body_bytes: int) -> None:
         self.app, self.api_key, self.max_body = app, api_key, max_body_bytes
 
     def _auth_error(self, headers: dict) -> str | None:
-        if not self.api_key:
-            return None
-        got = headers.get(b"authorization", b"").decode("latin-1")
-        if not got:
-            return ("missing API key: send the header 'Authorization: Bearer <key>' (the server was started "
-                    "with --api-key)")
-        scheme, _, token = got.partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), self.api_key.encode()):
-            return "invalid API key in the Authorization header"
-        return None
+        return auth_error(self.api_key, headers)
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
@@ -63,11 +69,11 @@ class Guard:
             why = self._auth_error(headers)
             if why:
                 await _drain(receive)
-                return await _send_json(send, 401, payload(401, why), [(b"www-authenticate", b"Bearer")])
+                return await send_json(send, 401, payload(401, why), [(b"www-authenticate", b"Bearer")])
         declared = headers.get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.max_body:
             await _drain(receive)
-            return await _send_json(send, 413, payload(413, self._too_large(int(declared))))
+            return await send_json(send, 413, payload(413, self._too_large(int(declared))))
         seen = 0
 
         async def counted():

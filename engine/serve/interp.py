@@ -14,14 +14,18 @@ model comes back as `resid_post.3`), as in the library's ActivationCache.
 """
 from __future__ import annotations
 
+import functools
+import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import torch
 
 from engine.core import positions as engine_positions
-from engine.core.points import INTEGER_POINTS
-from engine.core.readouts import Project, TopK
+from engine.core.address import parse
+from engine.core.points import INTEGER_POINTS, KEY_AXIS_POINTS
+from engine.core.readouts import LensTopK, Project, SAEFeatures, TopK
+from engine.core.sae_files import sae_widths
 from engine.serve import encoding
 from engine.serve.errors import ServeError, from_engine
 from engine.serve.schemas import CaptureSpec, Interp, StopSpec
@@ -72,14 +76,17 @@ def check(runner: Runner, interp: Interp | None, calls: list[tuple[int, int]]) -
             except Exception as e:
                 raise from_engine(e, "interp.capture.positions") from None
     steers, addresses = [], []
+    longest = max(n + new for n, new in calls) if calls else 0
     for i, s in enumerate(interp.steer):
         where = f"interp.steer[{i}]"
+        check_features(s.steer, where)  # before the backend's own check: the same answer on every backend
         try:
             addresses.append(str(runner.check_steer(s.steer).address))
             for n, new in set(calls):
                 engine_positions.check(s.steer.positions, n, new, f"{s.steer.op} at {s.steer.address}")
         except Exception as e:
             raise from_engine(e, where) from None
+        check_rows(s.steer, longest, where)
         steers.append(s.steer)
     readouts = []
     for i, r in enumerate(spec.readouts if spec else []):
@@ -87,14 +94,68 @@ def check(runner: Runner, interp: Interp | None, calls: list[tuple[int, int]]) -
             readouts.append(runner.check_readout(r.readout))
         except Exception as e:
             raise from_engine(e, f"interp.capture.readouts[{i}]") from None
+        outputs(runner, readouts[-1].kind, f"interp.capture.readouts[{i}]")  # k within what the readout has
     stop = interp.stop
     if stop is not None:
         kind = next(r.kind for r in readouts if r.name == stop.readout)
-        outs = (kind.W.shape[0] if kind.W.dim() == 2 else 1) if isinstance(kind, Project) else 1
-        if not kind.sparse and ((stop.index is None and outs > 1) or (stop.index or 0) >= outs):
-            raise ServeError(400, f"interp.stop.index: readout {stop.readout!r} gives {outs} value(s) per token; give "
-                                  f"index 0..{outs - 1}", "interp.stop.index")
+        outs = outputs(runner, kind, "interp.stop.readout")
+        if (stop.index is None and outs > 1 and not kind.sparse) or (stop.index or 0) >= outs:
+            what = "token ids" if isinstance(kind, LensTopK) else "features" if kind.sparse else "value(s) per token"
+            raise ServeError(400, f"interp.stop.index: readout {stop.readout!r} gives {outs} {what}; give index "
+                                  f"0..{outs - 1}", "interp.stop.index")
     return Asked(points, steers, spec, strict=interp.strict, steer_addresses=addresses, readouts=readouts, stop=stop)
+
+
+@functools.lru_cache(maxsize=64)
+def sae_latents(path: str) -> int:
+    """d_sae of an SAE folder (its cfg.json alone, read once per path)."""
+    return sae_widths(path)[1]
+
+
+def outputs(runner: Runner, kind: object, where: str) -> int:
+    """How many outputs a readout kind has per token (a Project's rows, an SAE's latents, the
+    vocabulary for a lens), its top k checked against them: a k above that is a 400 naming `where`
+    (the engine would fail inside the forward, or compute a top-k it cannot fill)."""
+    if isinstance(kind, Project):
+        return kind.W.shape[0] if kind.W.dim() == 2 else 1
+    n = None
+    if isinstance(kind, SAEFeatures) and isinstance(kind.sae, str):
+        try:
+            n = sae_latents(kind.sae)
+        except Exception as e:
+            raise from_engine(e, where) from None
+    elif isinstance(kind, LensTopK):
+        n = runner.limits.vocab_size
+    k = getattr(kind, "k", None)
+    if n is not None and k is not None and k > n:
+        of = "latents of its SAE" if isinstance(kind, SAEFeatures) else "tokens of the vocabulary"
+        raise ServeError(400, f"{where}: k={k} is more than the {n} {of}; give k of at most {n}", where)
+    return n if n is not None else 1
+
+
+def check_features(st: object, where: str) -> None:
+    """A feature op's feature indices within its SAE (read from its cfg.json: the engine would load the
+    SAE and fail inside the forward on vLLM)."""
+    if getattr(st, "sae", None) is not None and getattr(st, "feature", None) is not None:
+        try:
+            n = sae_latents(st.sae)  # type: ignore[attr-defined]
+        except Exception as e:  # a folder without a readable cfg.json: the engine's own words
+            raise from_engine(e, where) from None
+        feats = st.feature if isinstance(st.feature, list) else [st.feature]  # type: ignore[attr-defined]
+        bad = [f for f in feats if not 0 <= f < n]
+        if bad:
+            raise ServeError(400, f"{where}.feature: feature {bad[0]} is out of range; its SAE has {n} features "
+                                  f"(0..{n - 1})", f"{where}.feature")
+
+
+def check_rows(st: object, longest: int, where: str) -> None:
+    """A per-position value with no more rows than the request has positions (the engine would accept
+    3000 rows for 10 positions, and keep them on every step)."""
+    v = getattr(st, "value", None)
+    lead = st.bound().lead if isinstance(v, torch.Tensor) else 0  # type: ignore[attr-defined]
+    if lead and v.shape[lead - 1] > longest:
+        raise ServeError(400, f"{where}.value: {v.shape[lead - 1]} rows of per-position values for a request of at "
+                              f"most {longest} positions; give one row per position", f"{where}.value")
 
 
 def stop_score(stop: StopSpec, value: torch.Tensor | TopK) -> float:
@@ -151,11 +212,53 @@ class Budget:
                                   f"{self.raw} bytes (--max-capture-bytes); capture fewer points or positions, or "
                                   f"use reduction 'last' or 'mean'", "interp.capture")
         if self.wire is not None and self.wire_used > self.wire:
-            raise ServeError(413, f"interp.capture: the encoded captures would make this response larger than this "
-                                  f"server's limit of {self.wire} bytes (--max-response-bytes); capture fewer points "
-                                  f"or positions, use reduction 'last' or 'mean', or encoding 'base64' instead of "
-                                  f"'list'", "interp.capture")
+            raise too_large(self.wire, how)
         return n
+
+
+def largest(runner: Runner, spec: CaptureSpec, keys: list[str], calls: list[tuple[int, int]]) -> tuple[int, int]:
+    """(raw bytes, encoded bytes) of a request's captures at their largest, counted as Budget.take
+    counts them: each call (prompt length, new tokens; 0: a forward) over every position its spec
+    selects, every capture key whose per-token shape the model knows (attention patterns, sized by
+    the run, are left to Budget as they are written)."""
+    raw = wire = 0
+    for n, new in calls:
+        end = n + max(new - 1, 0)  # positions a call runs the model on: the prompt, then each token fed back
+        m = int(engine_positions.mask(spec.positions, 0, end, n).sum())
+        rows = m if spec.reduction == "none" else min(m, 1)
+        for key in keys:
+            addr = parse(key)
+            shape = None if addr.point in KEY_AXIS_POINTS else runner.point_shape(addr.base)
+            if shape is None or not rows:
+                continue
+            numbers = rows * math.prod(shape[len(addr.coords):])
+            size = 4 if spec.reduction == "mean" else 8 if addr.point in INTEGER_POINTS else runner.itemsize
+            raw += numbers * size
+            wire += numbers * Budget.LIST_BYTES if spec.encoding == "list" else 4 * -(-numbers * size // 3)
+    return raw, wire
+
+
+def check_largest(runner: Runner, spec: CaptureSpec, keys: list[str], calls: list[tuple[int, int]],
+                  budget: Budget) -> None:
+    """Refuse, before anything runs, captures that cannot fit the budget even at their largest (see
+    `largest`). For a forward the largest is the answer; for a stream it is what would be sent before
+    a cut (old code sent 1.1 MB of a stream, then an in-band 413)."""
+    raw, wire = largest(runner, spec, keys, calls)
+    if budget.raw is not None and raw > budget.raw:
+        raise ServeError(400, f"interp.capture: the captures of this request, at their largest, are over this "
+                              f"server's limit of {budget.raw} bytes (--max-capture-bytes); capture fewer points or "
+                              f"positions, or use reduction 'last' or 'mean'", "interp.capture")
+    if budget.wire is not None and wire > budget.wire:
+        raise too_large(budget.wire, spec.encoding, largest=True)
+
+
+def too_large(limit: int, how: str, largest: bool = False) -> ServeError:
+    """The 413 of captures over --max-response-bytes, with the fixes that apply to this request."""
+    fixes = "capture fewer points or positions, or use reduction 'last' or 'mean'"
+    fixes += ", or encoding 'base64' instead of 'list' (6x smaller)" if how == "list" else ""
+    what = "at their largest (every token up to max_tokens), " if largest else ""
+    return ServeError(413, f"interp.capture: the encoded captures, {what}would make this response larger than this "
+                           f"server's limit of {limit} bytes (--max-response-bytes); {fixes}", "interp.capture")
 
 
 def selected(spec: CaptureSpec, start: int, stop: int, prompt_len: int) -> torch.Tensor:

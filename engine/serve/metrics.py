@@ -24,7 +24,8 @@ class Metrics:
         self.prompt_tokens = self.generation_tokens = self.capture_bytes = 0
         self.started = time.time()
 
-    def render(self, queue_depth: int, queue_limit: int, rejected: int, model: str, backend: str) -> str:
+    def render(self, queue_depth: int, queue_limit: int, rejected: int, model: str, backend: str,
+               abandoned_tokens: int = 0) -> str:
         lines = ["# HELP interp_requests_total HTTP requests by route and status code.",
                  "# TYPE interp_requests_total counter"]
         for (route, status), n in sorted(self.requests.items()):
@@ -39,6 +40,9 @@ class Metrics:
                 ("interp_capture_bytes_total", "Raw bytes of captured tensors returned.", self.capture_bytes,
                  "counter"),
                 ("interp_rejected_total", "Requests refused with 429 (queue full).", rejected, "counter"),
+                ("interp_abandoned_tokens_total", "Tokens generated for requests whose client left, before they "
+                 "stopped (eager stops between steps; vLLM aborts its requests and does not report these).",
+                 abandoned_tokens, "counter"),
                 ("interp_queue_depth", "Sequences admitted and not finished (queued or running).", queue_depth,
                  "gauge"),
                 ("interp_queue_limit", "Most sequences admitted at once (--max-pending).", queue_limit, "gauge"),

@@ -19,6 +19,7 @@ import asyncio
 import contextlib
 import json
 import re
+import sys
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -76,6 +77,8 @@ def parse(raw: bytes, cls: type[_B], ctx: "Context | None" = None) -> _B:
     except RecursionError:
         raise ServeError(400, "request body nests JSON arrays or objects too deep to parse; a request needs "
                               "only a few levels") from None
+    except ValueError:  # an integer past Python's digit limit (4300): read again, to name its field
+        obj = json.loads(raw, parse_int=_long_int)
     if not isinstance(obj, dict):
         raise ServeError(400, f"request body must be a JSON object, got a JSON {type(obj).__name__}")
     try:
@@ -84,6 +87,22 @@ def parse(raw: bytes, cls: type[_B], ctx: "Context | None" = None) -> _B:
         raise from_validation(e) from None
     except RecursionError:
         raise ServeError(400, "request body nests JSON arrays or objects too deep to check") from None
+
+
+class LongNumber:
+    """An integer in a request too long for Python to read (over sys.get_int_max_str_digits() digits):
+    kept as this marker, so the field holding it is refused by name like any other wrong type."""
+
+    def __init__(self, digits: int) -> None:
+        self.digits = digits
+
+    def __repr__(self) -> str:
+        return f"<a number of {self.digits} digits>"
+
+
+def _long_int(text: str) -> int | LongNumber:
+    digits = len(text.lstrip("-"))
+    return LongNumber(digits) if digits > sys.get_int_max_str_digits() else int(text)
 
 
 def check_model(ctx: Context, name: str | None) -> None:
@@ -313,6 +332,8 @@ def prepare(ctx: Context, raw: bytes, cls: type[Sampling], chat: bool) -> Gen:
         raise ServeError(400, "interp.stop: a readout stop ends a streamed generation; send stream: true",
                          "interp.stop")
     keys = interp.canonical(ctx.runner, asked.points)
+    if req.stream and asked.spec is not None and keys:  # a stream cannot take back what it sent: checked first
+        interp.check_largest(ctx.runner, asked.spec, keys, list(zip(map(len, prompts), budgets)), ctx.budget())
     rows = bool(req.stream and asked.wants_rows)
     jobs = [Job(p, n, asked.points, asked.steers, sampling, rows, asked.strict, asked.readouts)
             for p, n in zip(prompts, budgets)]
@@ -468,6 +489,9 @@ def prepare_capture(ctx: Context, raw: bytes) -> tuple[CaptureRequest, list[list
     if asked.spec is None and not req.return_logits:
         raise ServeError(400, "interp.capture: nothing to return; give interp.capture points, or return_logits: true",
                          "interp.capture")
+    if asked.spec is not None and asked.points:  # the answer's size is known before the forward: refused first
+        interp.check_largest(ctx.runner, asked.spec, interp.canonical(ctx.runner, asked.points),
+                             [(len(p), 0) for p in prompts], ctx.budget())
     return req, prompts, asked
 
 
@@ -543,5 +567,5 @@ def register(app: FastAPI) -> None:
     async def metrics(request: Request):
         ctx: Context = request.app.state.ctx
         a = ctx.admission
-        return PlainTextResponse(ctx.metrics.render(a.depth, a.limit, a.rejected, ctx.runner.name, ctx.runner.backend),
-                                 media_type="text/plain; version=0.0.4")
+        return PlainTextResponse(ctx.metrics.render(a.depth, a.limit, a.rejected, ctx.runner.name, ctx.runner.backend,
+                                                    ctx.runner.abandoned_tokens), media_type="text/plain; version=0.0.4")

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, AsyncGenerator, Coroutine, Sequence, cast
 
 import torch
+from transformers import StoppingCriteria
 
 from engine.core.inputs import limits_of, token_rows
 from engine.core.points import KEY_AXIS_POINTS
@@ -93,6 +94,7 @@ def longest_token(tokenizer: PreTrainedTokenizerBase | None) -> int:
 class Runner:
     backend: str
     forward_room = 0  # positions a forward over a prompt needs beyond it (vLLM: one, for the next token)
+    abandoned_tokens = 0  # tokens generated for requests whose client left (eager; vLLM aborts without a count)
 
     def __init__(self, model: EagerModel | VLLMModel) -> None:
         self.model = model
@@ -112,6 +114,12 @@ class Runner:
     @property
     def max_model_len(self) -> int | None:
         return self.limits.max_positions
+
+    @property
+    def itemsize(self) -> int:
+        """Bytes per number of a capture (the model's dtype)."""
+        dtype = self.catalogue.dtype
+        return dtype.itemsize if isinstance(dtype, torch.dtype) else 4
 
     # -- checks (the engine's own) ------------------------------------------------------------------
     def tokenize(self, prompt: str | list[int]) -> list[int]:
@@ -262,6 +270,16 @@ class VLLMRunner(Runner):
                 signal.signal(s, h)
 
 
+class _Gone(StoppingCriteria):
+    """A stopping criterion for HF generate: stop every row once `gone` is set."""
+
+    def __init__(self, gone: threading.Event) -> None:
+        self.gone = gone
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor, **kw: Any) -> torch.Tensor:
+        return torch.full((input_ids.shape[0],), self.gone.is_set(), dtype=torch.bool, device=input_ids.device)
+
+
 class EagerRunner(Runner):
     backend = "eager"
     REFUSED = ("stop", "stop_token_ids", "presence_penalty", "frequency_penalty", "min_p", "repetition_penalty")
@@ -270,6 +288,7 @@ class EagerRunner(Runner):
     def __init__(self, model: EagerModel) -> None:
         super().__init__(model)
         self.pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="interp-eager")
+        self.abandoned_tokens = 0  # tokens generated for requests whose client left, before they stopped
         self.shapes = self._probe_shapes()  # also resolves every site: checks on the event loop only read caches
 
     def _probe_shapes(self) -> dict:
@@ -301,16 +320,29 @@ class EagerRunner(Runner):
         t = 1.0 if req.temperature is None else req.temperature
         return _knobs({"temperature": t, "seed": req.seed, "top_p": req.top_p, "top_k": req.top_k})
 
-    def _generate(self, job: Job) -> RequestResult:
-        out = self.model.generate([job.prompt], job.max_tokens, job.points, job.steers, strict=job.strict,
-                                  readouts=job.readouts, **job.sampling)
-        return out.requests[0]
+    def _generate(self, job: Job, gone: threading.Event) -> RequestResult:
+        from transformers import StoppingCriteriaList
+        # the model's own generate, told to stop between steps once the client is gone (HF's stopping
+        # criteria run after every token)
+        out = self.model._generate([job.prompt], job.max_tokens, job.points, job.steers, job.sampling,
+                                   stopping=StoppingCriteriaList([_Gone(gone)]), strict=job.strict,
+                                   readouts=job.readouts)
+        res = out.requests[0]
+        if gone.is_set():
+            self.abandoned_tokens += res.new_tokens.shape[0]
+        return res
 
     async def _call(self, fn, *args):
         return await asyncio.get_running_loop().run_in_executor(self.pool, fn, *args)
 
     async def generate(self, job: Job) -> RequestResult:
-        return await self._call(self._generate, job)
+        """The generation on the model's thread; cancelled (its client left), it stops at the next step."""
+        gone = threading.Event()
+        try:
+            return await self._call(self._generate, job, gone)
+        except asyncio.CancelledError:
+            gone.set()
+            raise
 
     async def stream(self, job: Job) -> AsyncGenerator[Event, None]:
         """Eager generates in one call: the tokens go out when it returns, the rows with the last. With
