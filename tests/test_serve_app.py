@@ -130,3 +130,40 @@ def test_largest_counts_a_forward_as_its_answer_counts(how, reduction, positions
     assert e.value.status == 413 and ("'base64' instead of 'list'" in e.value.message) == (how == "list")
     # a stream of 3 new tokens: the largest covers the prompt and every token fed back
     assert interp.largest(runner, spec, keys, [(n, 3)])[0] >= budget.raw_used
+
+
+def test_a_stream_sends_a_chunk_per_token_even_without_text():
+    """Clients count tokens by chunks, as vLLM's server sends them: a token whose text is empty (half
+    a character, a special token) still gets its chunk (old code sent 2 chunks for 6 tokens)."""
+    import json
+
+    from engine.serve import routes
+    from engine.serve.guard import Admission
+    from engine.serve.metrics import Metrics
+    from engine.serve.runner import Event, Job
+    from engine.serve.schemas import CompletionRequest
+
+    tokens = [7, 0, 0, 7, 0, 7]  # 0 decodes to nothing
+    tok = SimpleNamespace(decode=lambda ids, skip_special_tokens=True: "".join("a" for t in ids if t),
+                          eos_token_id=None)
+    res = SimpleNamespace(text="aaa", new_tokens=torch.tensor(tokens), prompt_ids=torch.tensor([1, 2]),
+                          cache={}, receipts=[])
+
+    class Runner:
+        tokenizer, max_model_len = tok, 64
+
+        async def stream(self, job):
+            for i, t in enumerate(tokens):
+                yield Event(t, result=res if i == len(tokens) - 1 else None)
+
+    ctx = routes.Context(Runner(), ServeSettings(), ["m"], Admission(4), Metrics(), {}, Offload(1))
+    req = CompletionRequest.model_validate({"model": "m", "prompt": [1, 2], "max_tokens": 6, "stream": True})
+    g = routes.Gen(ctx, req, False, [[1, 2]], [Job([1, 2], 6, [], [], {})], interp.Asked(), [], "cmpl-1", 0)
+
+    async def run():
+        return [b if isinstance(b, bytes) else b.encode() async for b in routes.stream_events(g)]
+    body = b"".join(asyncio.run(run())).decode()
+    events = [e.removeprefix("data: ") for e in body.split("\n\n") if e]
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(e) for e in events[:-1]]
+    assert len(chunks) == len(tokens) and "".join(c["choices"][0]["text"] for c in chunks) == "aaa"
