@@ -37,7 +37,8 @@ class ServerProcess:
         self.lines: list[str] = []
         self.url: str | None = None
         self._seen = threading.Event()
-        threading.Thread(target=self._read, daemon=True).start()
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
 
     def _read(self):
         for line in self.proc.stdout:
@@ -68,6 +69,7 @@ class ServerProcess:
         raise TimeoutError(f"the server did not become healthy in {timeout} s:\n{self.log()}")
 
     def close(self) -> None:
+        """SIGTERM, as a supervisor stops it; then its output is read to the end (self.lines)."""
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:
@@ -75,6 +77,14 @@ class ServerProcess:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait(30)
+        self.reader.join(30)
+
+    def assert_clean_exit(self) -> None:
+        """After close(): exit status 0, vLLM's engine core not killed (a killed one leaves its shared
+        memory behind), no leaked shared memory reported."""
+        assert self.proc.returncode == 0, self.log()
+        bad = [ln for ln in self.lines if "force killing" in ln or "leaked shared_memory" in ln]
+        assert not bad, bad
 
 
 def healthy(url: str) -> None:

@@ -88,3 +88,4 @@ def test_no_attack_changes_another_request(backend):
         asyncio.run(_scenario(srv.wait().url))
     finally:
         srv.close()
+    srv.assert_clean_exit()  # SIGTERM: old code killed vLLM's engine core after 5 s (leaking its shared memory)

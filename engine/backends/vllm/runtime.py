@@ -388,8 +388,11 @@ def start_engine(path: str, env: dict[str, str], **engine_kw: Any) -> tuple[Asyn
 
 
 def stop_engine(engine: AsyncLLM, timeout: float = 30.0) -> None:
-    """Shut the engine down and wait until its processes are gone (killed after `timeout`)."""
-    engine.shutdown()
+    """Shut the engine down and wait until its processes are gone (killed after `timeout`). vLLM's own
+    default gives its engine core 5 s, and on a loaded CPU it needs longer to stop its worker and
+    exit: killed, it left its shared-memory queues behind (the resource tracker's 'leaked
+    shared_memory' warning) and a server's SIGTERM took 10 s."""
+    engine.shutdown(timeout=timeout)
     deadline = time.monotonic() + timeout
     for p in getattr(engine, "interp_processes", []):
         p.join(max(0.0, deadline - time.monotonic()))
