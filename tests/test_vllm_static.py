@@ -60,6 +60,7 @@ def test_startup_proof_and_report(static):
         info = static.catalogue.info(a)
         want += rows * int(torch.tensor(info["shape"]).prod()) * 4 * (5 if info["writable"] else 1)
         want += rows * 4 if info["writable"] else 0
+    want += 2 * rows * 4  # the layer guard's row marks and flags (engine/backends/vllm/worker/guard.py)
     assert static.tap_buffer_bytes == want > 0
     assert static.points() == ["embeddings", "attn_in", "z", "attn_out", "resid_mid", "mlp_act", "mlp_out",
                                "resid_post", "final_norm"]
@@ -190,3 +191,30 @@ def test_cuda_graph_taps_capture_and_steer():
                     check(r.cache[k][None], ge.cache[k].cpu(), k.split(".")[0], "vllm-static", "decode")
     finally:
         m.close()
+
+
+@pytest.mark.vllm
+def test_a_request_leaves_nothing_behind_for_later_ones(static):
+    """Issue 34 on the compiled forward. A benign steer stayed in the tap buffers and was applied to
+    the next plain requests (the worker starts no step of ours for requests without a plan); two
+    finite adds that overflow a later layer wrote NaN into KV blocks later requests were handed; one
+    add of 3.4e38 (finite) left every norm after it dividing by inf. Each now fails alone (the
+    overflowing ones with NonFiniteSteer naming their steers) and later requests answer as before."""
+    from engine.core.steering import NonFiniteSteer
+    d = static.d_model
+    prompts = ["Zebra", "Hello world", "Once upon a time", "def add(a, b):", "1 2 3 4 5"]
+
+    def answers():
+        return [static.generate([p], 6, return_logits=False).new_tokens[0].tolist() for p in prompts]
+    solo = answers()
+    static.generate(["Zebra crossing"], 4, steer=[Steer("resid_post.0", "add", torch.full((d,), 50.0))],
+                    return_logits=False)
+    assert answers() == solo
+    pair = [Steer("attn_out.0", "add", torch.full((d,), 1e18)), Steer("attn_out.1", "add", torch.full((d,), 1e18))]
+    with pytest.raises(NonFiniteSteer, match=r"downstream of its steers \('add' at attn_out.0; 'add' at attn_out.1\)"):
+        static.generate(["Zebra crossing Zebra crossing"], 4, steer=pair, return_logits=False)
+    assert answers() == solo
+    with pytest.raises(NonFiniteSteer, match="'add' at resid_post.0 produced inf or NaN"):
+        static.generate(["Zebra crossing"], 4, steer=[Steer("resid_post.0", "add", torch.full((d,), 3.4e38))],
+                        return_logits=False)
+    assert answers() == solo
