@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import hmac
 import json
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Sequence
 
 from engine.serve.errors import ServeError, payload
 
 if TYPE_CHECKING:
-    from starlette.types import ASGIApp
+    from starlette.types import ASGIApp, Send
 
 PROTECTED = ("/v1/", "/metrics")  # /health stays open for load balancers
 
@@ -24,7 +24,7 @@ class BodyTooLarge(Exception):
     pass
 
 
-async def send_json(send, status: int, body: dict, headers=()) -> None:
+async def send_json(send: Send, status: int, body: dict, headers: Sequence[tuple[bytes, bytes]] = ()) -> None:
     raw = json.dumps(body).encode()
     await send({"type": "http.response.start", "status": status,
                 "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(raw)).encode()),

@@ -19,25 +19,23 @@ import asyncio
 import contextlib
 import json
 import re
-import sys
 import time
 import uuid
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, AsyncGenerator, Awaitable, Iterable, TypeVar, cast
 
 from fastapi import FastAPI, Request
-from pydantic import BaseModel, ValidationError
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 
 from engine.core.errors import SteeringError
 from engine.core.results import StrictSteerError
 from engine.serve import interp, text
-from engine.serve.errors import ServeError, from_engine, from_validation, is_client_error, payload
+from engine.serve.errors import ServeError, from_engine, is_client_error, payload
 from engine.serve.guard import Admission, Ticket
 from engine.serve.metrics import Metrics
 from engine.serve.offload import Offload, event, respond, unless_gone
 from engine.serve.runner import Job, Runner
-from engine.serve.schemas import CaptureRequest, CaptureSpec, ChatRequest, CompletionRequest
+from engine.serve.schemas import CaptureRequest, CaptureSpec, ChatRequest, CompletionRequest, parse_body
 from engine.serve.settings import ServeSettings
 
 if TYPE_CHECKING:
@@ -45,7 +43,6 @@ if TYPE_CHECKING:
     from engine.serve.runner import Capture, Event
     from engine.serve.schemas import Sampling
 
-_B = TypeVar("_B", bound=BaseModel)
 _T = TypeVar("_T")
 
 
@@ -65,46 +62,7 @@ class Context:
         return interp.Budget(self.settings.max_capture_bytes, self.settings.max_response_bytes)
 
 
-# -- parsing and checking (on the Offload threads) ----------------------------------------------------
-def parse(raw: bytes, cls: type[_B], ctx: "Context | None" = None) -> _B:
-    if not raw.strip():
-        raise ServeError(400, "request body is empty; send a JSON object")
-    try:
-        obj = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        where = f" at line {e.lineno} column {e.colno}" if isinstance(e, json.JSONDecodeError) else ""
-        raise ServeError(400, f"request body is not valid JSON ({getattr(e, 'msg', e)}{where})") from None
-    except RecursionError:
-        raise ServeError(400, "request body nests JSON arrays or objects too deep to parse; a request needs "
-                              "only a few levels") from None
-    except ValueError:  # an integer past Python's digit limit (4300): read again, to name its field
-        obj = json.loads(raw, parse_int=_long_int)
-    if not isinstance(obj, dict):
-        raise ServeError(400, f"request body must be a JSON object, got a JSON {type(obj).__name__}")
-    try:
-        return cls.model_validate(obj, context={"sae_dir": None if ctx is None else ctx.settings.sae_dir})
-    except ValidationError as e:
-        raise from_validation(e) from None
-    except RecursionError:
-        raise ServeError(400, "request body nests JSON arrays or objects too deep to check") from None
-
-
-class LongNumber:
-    """An integer in a request too long for Python to read (over sys.get_int_max_str_digits() digits):
-    kept as this marker, so the field holding it is refused by name like any other wrong type."""
-
-    def __init__(self, digits: int) -> None:
-        self.digits = digits
-
-    def __repr__(self) -> str:
-        return f"<a number of {self.digits} digits>"
-
-
-def _long_int(text: str) -> int | LongNumber:
-    digits = len(text.lstrip("-"))
-    return LongNumber(digits) if digits > sys.get_int_max_str_digits() else int(text)
-
-
+# -- checking (on the Offload threads) ---------------------------------------------------------------
 def check_model(ctx: Context, name: str | None) -> None:
     if name is not None and name not in ctx.served:
         raise ServeError(404, f"model {name!r} is not served here; this server serves {ctx.served[0]!r} "
@@ -313,7 +271,7 @@ class Gen:
 
 def prepare(ctx: Context, raw: bytes, cls: type[Sampling], chat: bool) -> Gen:
     """A generation request parsed and checked in full (on an Offload thread)."""
-    req = parse(raw, cls, ctx)
+    req = parse_body(raw, cls, ctx.settings.sae_dir)
     check_model(ctx, req.model)
     check_sampling(ctx, req)
     if chat:
@@ -474,7 +432,7 @@ async def stream_events(g: Gen) -> AsyncGenerator[str | bytes, None]:
 
 # -- capture -----------------------------------------------------------------------------------------------
 def prepare_capture(ctx: Context, raw: bytes) -> tuple[CaptureRequest, list[list[int]], interp.Asked]:
-    req = parse(raw, CaptureRequest, ctx)
+    req = parse_body(raw, CaptureRequest, ctx.settings.sae_dir)
     check_model(ctx, req.model)
     prompts = tokenize(ctx, req.prompt)
     room = ctx.runner.forward_room

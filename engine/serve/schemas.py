@@ -10,8 +10,10 @@ silently return nothing.
 from __future__ import annotations
 
 import dataclasses
+import json
+import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeVar
 
 from pydantic import (
     AfterValidator,
@@ -19,6 +21,7 @@ from pydantic import (
     ConfigDict,
     Field,
     PrivateAttr,
+    ValidationError,
     ValidationInfo,
     create_model,
     field_validator,
@@ -31,6 +34,7 @@ from engine.core.points import ALIASES, BY_NAME
 from engine.core.readouts import KINDS, Readout
 from engine.core.steering import Steer
 from engine.serve import encoding
+from engine.serve.errors import ServeError, from_validation
 
 if TYPE_CHECKING:
     import torch
@@ -370,3 +374,48 @@ class CaptureRequest(Body):
     return_logits: bool = False
 
     _prompt = field_validator("prompt")(classmethod(lambda cls, v: prompts_in(v)))
+
+
+# -- a request body, parsed and checked once ----------------------------------------------------------
+_B = TypeVar("_B", bound=BaseModel)
+
+
+class LongNumber:
+    """An integer in a request too long for Python to read (over sys.get_int_max_str_digits() digits):
+    kept as this marker, so the field holding it is refused by name like any other wrong type."""
+
+    def __init__(self, digits: int) -> None:
+        self.digits = digits
+
+    def __repr__(self) -> str:
+        return f"<a number of {self.digits} digits>"
+
+
+def _long_int(text: str) -> int | LongNumber:
+    digits = len(text.lstrip("-"))
+    return LongNumber(digits) if digits > sys.get_int_max_str_digits() else int(text)
+
+
+def parse_body(raw: bytes, cls: type[_B], sae_dir: str | None = None) -> _B:
+    """A request body as `cls`, or a 400 naming what is wrong (sae_dir: the server's --sae-dir, the only
+    place a request may name an SAE)."""
+    if not raw.strip():
+        raise ServeError(400, "request body is empty; send a JSON object")
+    try:
+        obj = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        where = f" at line {e.lineno} column {e.colno}" if isinstance(e, json.JSONDecodeError) else ""
+        raise ServeError(400, f"request body is not valid JSON ({getattr(e, 'msg', e)}{where})") from None
+    except RecursionError:
+        raise ServeError(400, "request body nests JSON arrays or objects too deep to parse; a request needs "
+                              "only a few levels") from None
+    except ValueError:  # an integer past Python's digit limit (4300): read again, to name its field
+        obj = json.loads(raw, parse_int=_long_int)
+    if not isinstance(obj, dict):
+        raise ServeError(400, f"request body must be a JSON object, got a JSON {type(obj).__name__}")
+    try:
+        return cls.model_validate(obj, context={"sae_dir": sae_dir})
+    except ValidationError as e:
+        raise from_validation(e) from None
+    except RecursionError:
+        raise ServeError(400, "request body nests JSON arrays or objects too deep to check") from None

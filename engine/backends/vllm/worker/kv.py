@@ -19,7 +19,7 @@ step without steering rows costs nothing.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Iterable
+from typing import TYPE_CHECKING, Any, Iterable
 
 import torch
 
@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from engine.core.plan import Span
 
 
-def caches(ctx) -> list[tuple[str, torch.Tensor]]:
+def caches(ctx: Any) -> list[tuple[str, torch.Tensor]]:
     """(layer name, KV-cache tensor) of every attention layer of the forward context, each storage once
     (vLLM 0.32 lays each out blocks first, [blocks, ..., block_size, width]); quantized caches (fp8
     in uint8 storage) cannot hold inf or NaN as such and are left alone."""
