@@ -47,7 +47,7 @@ async def _run(url: str) -> tuple[float, list[float], list[float], list[int]]:
 
 
 def test_eight_maximal_list_captures_leave_health_and_small_requests_responsive():
-    with eager_server("--max-response-bytes", "256MiB", "--max-capture-bytes", "256MiB") as url:
+    with eager_server("--max-response-bytes", "256MiB", "--max-capture-bytes", "256MiB", "--max-pending", "16") as url:
         wall, health, completion, sizes = asyncio.run(_run(url))
     assert min(sizes) > 100e6  # they were maximal
     assert max(health) < 3.0, (max(health), wall)
