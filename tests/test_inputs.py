@@ -169,8 +169,8 @@ TABLE = [
      (InputTypeError, "max_new_tokens must be an int >= 1, got float 3.0 (a whole number: pass int(x))")),
     ("max_new_tokens True", lambda e: e.m.generate("Hi there", True),
      (InputTypeError, "max_new_tokens must be an int >= 1, got bool True.")),
-    ("max_new_tokens a tensor", lambda e: e.m.generate("Hi there", torch.tensor(3)),
-     (InputTypeError, "max_new_tokens must be an int >= 1, got Tensor tensor(3) (a 0-d tensor: pass int(t))")),
+    ("max_new_tokens a one-element tensor", lambda e: e.m.generate("Hi there", torch.tensor([3])),
+     (InputTypeError, "max_new_tokens must be an int >= 1, got Tensor tensor([3]).")),
     ("max_new_tokens 0", lambda e: e.m.generate("Hi there", 0),
      (InputError, "max_new_tokens must be >= 1, got 0; for one forward over the prompt without generating, use "
                   "run_with_cache")),

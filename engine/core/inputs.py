@@ -19,7 +19,6 @@ prompt of exactly M tokens fits eager's forward but not vLLM's. `max_new_tokens`
 """
 from __future__ import annotations
 
-import numbers
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -27,6 +26,7 @@ from typing import Any
 import torch
 
 from engine.core.errors import InputError, InputTypeError
+from engine.core.integers import as_int, described, is_int
 from engine.core.tokens import encode
 
 _POSITION_FIELDS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length", "n_ctx",
@@ -87,13 +87,12 @@ def _ids_of(x, i: int, n: int) -> list[int]:
                              f"e.g. tokenizer(text, return_tensors='pt')['input_ids'].")
         return x.tolist()
     if isinstance(x, (list, tuple)):
+        ids = [as_int(t) for t in x]
         for j, t in enumerate(x):
-            if isinstance(t, bool) or not isinstance(t, int):
-                if isinstance(t, torch.Tensor) and t.dim() == 0 and not t.is_floating_point():
-                    continue
-                raise InputTypeError(f"{what}: element {j} is {type(t).__name__} {t!r:.40}; a prompt is a string or "
+            if ids[j] is None:
+                raise InputTypeError(f"{what}: element {j} is {described(t)}; a prompt is a string or "
                                  f"a list of integer token ids.")
-        return [int(t) for t in x]
+        return ids  # type: ignore[return-value]
     raise InputTypeError(f"{what} is a {type(x).__name__}; a prompt is a string or a list / 1-D tensor of "
                      f"token ids.")
 
@@ -128,7 +127,7 @@ def _split(inputs) -> list:
     if isinstance(inputs, (list, tuple)):
         if not inputs:
             raise InputError(f"no prompts: inputs is an empty {type(inputs).__name__}; {_FORMS}.")
-        if all(isinstance(t, int) and not isinstance(t, bool) for t in inputs):
+        if all(is_int(t) for t in inputs):
             return [list(inputs)]
         kinds = {type(x).__name__ for x in inputs if not isinstance(x, str)}
         if any(isinstance(x, str) for x in inputs) and kinds:
@@ -141,11 +140,10 @@ def _split(inputs) -> list:
 def new_tokens(value: object, what: str = "max_new_tokens") -> int:
     """`value` as the number of tokens to generate: an int >= 1 (numpy ints too); bool, float and
     tensors are refused by name (one check for every backend, before anything is submitted)."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        hint = (" (a 0-d tensor: pass int(t))" if hasattr(value, "dim") else
-                " (a whole number: pass int(x))" if isinstance(value, float) and float(value).is_integer() else "")
-        raise InputTypeError(f"{what} must be an int >= 1, got {type(value).__name__} {value!r:.40}{hint}.")
-    n = int(value)
+    n = as_int(value)
+    if n is None:
+        hint = " (a whole number: pass int(x))" if isinstance(value, float) and float(value).is_integer() else ""
+        raise InputTypeError(f"{what} must be an int >= 1, got {described(value)}{hint}.")
     if n < 1:
         raise InputError(f"{what} must be >= 1, got {n}; for one forward over the prompt without generating, "
                          f"use run_with_cache (logits and captures at every prompt position).")
@@ -154,10 +152,11 @@ def new_tokens(value: object, what: str = "max_new_tokens") -> int:
 
 def top_logprobs(value: object) -> int:
     """How many top log-probabilities each streamed step carries: an int >= 0 (numpy ints too)."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
+    n = as_int(value)
+    if n is None or n < 0:
         raise InputTypeError(f"logprobs is how many top log-probabilities each step carries (an int >= 0), got "
                              f"{value!r:.40}.")
-    return int(value)
+    return n
 
 
 def fits(n_prompt: int, new: int, limits: Limits) -> bool:

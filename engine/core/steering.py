@@ -97,6 +97,7 @@ class Steer:
             self._check_feature()
 
     def _check_feature(self) -> None:
+        from engine.core.integers import as_int, described  # the one integer rule (np.int64, 0-d tensors)
         if isinstance(self.sae, Path):
             self.sae = str(self.sae)
         if isinstance(self.sae, str):
@@ -108,10 +109,14 @@ class Steer:
                                 f"eager), got {type(self.sae).__name__}.")
         f = self.feature
         many = f if isinstance(f, (list, tuple)) else [f]
-        if not many or any(isinstance(i, bool) or not isinstance(i, int) or i < 0 for i in many):
-            raise SteeringError(f"{self.op} at {self.address} needs feature= (a feature index >= 0, or a "
-                                f"non-empty list of them), got {f!r}.")
-        self.feature = list(f) if isinstance(f, (list, tuple)) else f
+        ints = [as_int(i) for i in many]
+        bad = [(i, n) for i, n in zip(many, ints) if n is None or n < 0]
+        if not many or bad:
+            why = ("an empty list" if not many else "none" if f is None else
+                   f"{described(bad[0][0])}, not an integer" if bad[0][1] is None else f"{bad[0][1]}, a negative index")
+            raise SteeringError(f"{self.op} at {self.address} needs feature= (a feature index >= 0, numpy and 0-d "
+                                f"tensor integers too, or a non-empty list of them), got {why}.")
+        self.feature = [n for n in ints if n is not None] if isinstance(f, (list, tuple)) else ints[0]
 
     def _take_value(self, op: Op) -> None:
         v = self.value

@@ -122,12 +122,17 @@ class TokensMixin:
     """bos(), prepend_bos, apply_chat_template for any model with a `tokenizer`."""
     prepend_bos: bool | None = None
 
+    def _live(self) -> None:
+        """A model with a closed state refuses calls after close() (ModelBase's); this mixin alone has none."""
+
     def bos(self) -> BosPolicy:
         """The BOS policy of this model's tokenizer (see BosPolicy.describe())."""
+        self._live()
         return bos_policy(self.tokenizer)
 
     def apply_chat_template(self, messages: list, add_generation_prompt: bool = True) -> ChatPrompt:
         """The chat rendered with the tokenizer's template: ids to pass to any call, text, message spans."""
+        self._live()
         return apply_chat_template(self.tokenizer, messages, add_generation_prompt, self.name)
 
 

@@ -25,6 +25,8 @@ class ModelBase(PointCatalogue, CapabilityMixin):
         self._closed = False
 
     def _live(self) -> None:
+        """Refuse any call on a closed model by name (every public method starts here, or with a call
+        that does: tests/test_pipeline_defects.py calls each one after close())."""
         if self._closed:
             raise EngineError(f"{self.name} ({self.backend}) was closed; load it again with load_model().")
 
@@ -36,6 +38,7 @@ class ModelBase(PointCatalogue, CapabilityMixin):
         """Apply steers to every call made in this block, in this thread or asyncio task (composable:
         nested blocks add up and each exit removes exactly its own steers)."""
         from engine.core.steer_checks import check_steers
+        self._live()
         check_steers(list(steers), (), self._steer)  # refuse a bad steer when the block opens, not at the first call
         token = self._steers.set((*self._steers.get(), *steers))
         try:
@@ -48,6 +51,7 @@ class ModelBase(PointCatalogue, CapabilityMixin):
         the device the model's inputs go to (eager: the model's; vLLM: the CPU), with the BOS policy
         `prepend_bos` (None: the model's own, engine/core/tokens.py)."""
         from engine.core.tokens import to_tokens
+        self._live()  # a closed model is closed for every call; its tokenizer stays at m.tokenizer
         device = self.device if self.backend == "eager" else "cpu"
         return to_tokens(self.tokenizer, text, padding_side,
                          getattr(self, "prepend_bos", None) if prepend_bos is None else prepend_bos, device)

@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from engine.core.errors import OptionError
+from engine.core.integers import as_int
 
 KNOBS = ("temperature", "top_p", "top_k", "seed")
 
@@ -55,12 +56,12 @@ class Sampling:
         p = kw.get("top_p", 1.0)
         if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0 < p <= 1:
             raise OptionError(f"top_p must be in (0, 1], got {p!r}.")
-        k = kw.get("top_k")
-        if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 1):
-            raise OptionError(f"top_k must be an int >= 1 or None, got {k!r}.")
-        s = kw.get("seed")
-        if s is not None and (isinstance(s, bool) or not isinstance(s, int)):
-            raise OptionError(f"seed must be an int or None, got {s!r}.")
+        k_in, s_in = kw.get("top_k"), kw.get("seed")  # any integer scalar (numpy's, a 0-d tensor)
+        k, s = as_int(k_in), as_int(s_in)
+        if k_in is not None and (k is None or k < 1):
+            raise OptionError(f"top_k must be an int >= 1 or None, got {k_in!r}.")
+        if s_in is not None and s is None:
+            raise OptionError(f"seed must be an int or None, got {s_in!r}.")
         if t == 0 and (p != 1.0 or k is not None):
             raise OptionError("top_p / top_k shape a sampled distribution, but temperature is 0 (greedy); set "
                               "temperature > 0 to sample.")
