@@ -2,6 +2,7 @@
 module-level or deferred; torch is allowed).
 
     errors        the error types (each names the bad input and the fix)
+    integers      as_int: what counts as an integer wherever an index or a count is taken
     points        the point registry: every point's definition and traits
     address       `resid_post.10`, `z.4.head-3`: parsing and the Address type
     positions     which token positions a capture or steer applies to
