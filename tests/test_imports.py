@@ -126,6 +126,8 @@ LAYER_RULES = [
                                      "engine.backends.vllm.runtime", "engine.backends.vllm.catalogue",
                                      "engine.backends.vllm.proof", "engine.backends.hf", "engine.loading"),
      "the worker runs inside vLLM's processes and never imports the client side"),
+    ("engine.interop", ("engine.backends", "engine.workflows", "engine.loading", "engine.serve", "engine.harvest"),
+     "interop maps names on any model passed in (the backends use its mappers)"),
     ("engine.backends.vllm", ("engine.backends.hf",), "the two backends are siblings"),
     ("engine.backends.hf", ("engine.backends.vllm",), "the two backends are siblings"),
     ("engine.workflows", ("engine.backends", "engine.loading", "engine.serve", "engine.harvest"),

@@ -43,3 +43,12 @@ class InputTypeError(InputError, TypeError):
 class SAEError(EngineError, ValueError):
     """A malformed or mismatched SAE or transcoder: a missing file, a bad cfg.json field, a tensor of the
     wrong shape, an unknown architecture, a width that is not the point's."""
+
+
+class SAESiteWarning(UserWarning):
+    """An SAE used at another point than the hook its cfg.json names (engine/interop/mappers.py
+    check_sae_sites); strict=True on the call refuses it instead (SAESiteError)."""
+
+
+class SAESiteError(SAEError):
+    """strict=True: an SAE used at another point than the hook its cfg.json names."""

@@ -227,6 +227,35 @@ def load_sae(directory: "str | Path", *, device: "torch.device | str" = "cpu",
                hook_name=f.str("hook_name"), hook_name_out=f.str("hook_name_out"), source=folder)
 
 
+@dataclasses.dataclass(frozen=True)
+class SAEHooks:
+    """Where an SAE was trained, from its cfg.json alone: the TransformerLens hook it reads
+    (`hook_name`), the one a transcoder writes (`hook_name_out`), and whether it is a transcoder."""
+    hook_name: str | None
+    hook_name_out: str | None
+    transcoder: bool
+    source: str
+
+
+_HOOKS: "dict[tuple, SAEHooks]" = {}
+
+
+def sae_hooks(sae: "str | Path | SAE") -> SAEHooks:
+    """The hooks of a loaded SAE, or of an SAE folder read from its cfg.json only (no weights; kept per
+    file size and mtime, so a call that names a folder reads it once)."""
+    if isinstance(sae, SAE):
+        return SAEHooks(sae.hook_name, sae.hook_name_out, sae.arch.transcoder, sae.where())
+    cfg_path = Path(sae).resolve() / CFG_FILE
+    st = cfg_path.stat() if cfg_path.is_file() else None
+    key = (str(cfg_path), st and (st.st_size, st.st_mtime_ns))
+    if key not in _HOOKS:
+        f = _Fields(_modern(_read_cfg(cfg_path)), cfg_path)
+        arch = ARCHITECTURES.get(f.raw("architecture"))
+        _HOOKS[key] = SAEHooks(f.str("hook_name"), f.str("hook_name_out"), bool(arch and arch.transcoder),
+                               str(Path(sae)))
+    return _HOOKS[key]
+
+
 _CACHE: "OrderedDict[tuple, SAE]" = OrderedDict()
 _CACHE_LOCK = threading.Lock()
 CACHE_SIZE = 8  # SAEs kept per process (a 65k x 2304 float32 SAE is about 1.2 GB)

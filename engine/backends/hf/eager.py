@@ -45,6 +45,7 @@ from engine.core.steering import Steer, check_feature_steer
 from engine.core.tokens import TokensMixin, special_ids
 from engine.families import limits as family_limits
 from engine.families.base import Family
+from engine.interop.mappers import check_sae_sites
 from engine.model import lens
 from engine.model.base import ModelBase
 from engine.model.capabilities import Verdict, refused
@@ -261,12 +262,13 @@ class EagerModel(ModelBase, WeightsMixin, TokensMixin):
         from engine.core.sae_store import sae_for
         return sae_for(path, self.device)
 
-    def _plans(self, enc: dict, points, steer, max_new_tokens: int, readouts=()) -> list[Plan]:
+    def _plans(self, enc: dict, points, steer, max_new_tokens: int, readouts=(), strict: bool = False) -> list[Plan]:
         """One plan per batch row: its own length, its row of any batch value or mask, its exclusions,
         its readouts bound to this model."""
         capture = self.expand(points) if points else []
         reads = [self._readout(r) for r in validate_readouts(readouts)]
         steers = check_steers(steer, self._context_steers(), self._steer)
+        check_sae_sites(self, steers, reads, strict)
         cols = columns_of(enc["attention_mask"])
         if steers:  # a steer's row view needs the row's ids (its `exclude` names special tokens)
             rows = [enc["input_ids"][r, c.to(enc["input_ids"].device)].tolist() for r, c in enumerate(cols)]
@@ -397,7 +399,7 @@ class EagerModel(ModelBase, WeightsMixin, TokensMixin):
         if grad and readouts:
             raise ReadoutError("readouts are computed without gradients; capture the points with grad=True and "
                                "compute the readout on the captured tensors instead.")
-        plans = self._plans(enc, points, steer, 0, readouts)
+        plans = self._plans(enc, points, steer, 0, readouts, strict)
         stop = None if stop_at_layer is None else Stop.checked(stop_at_layer, self.hf, self.family, plans[0])
         held = {} if grad else None
         ctx = contextlib.nullcontext() if grad else torch.no_grad()
@@ -449,7 +451,7 @@ class EagerModel(ModelBase, WeightsMixin, TokensMixin):
             raise ValueError("generate needs left padding (pad on the left so every row ends in a real "
                              "token); use model.to_tokens(texts, padding_side='left').")
         lengths = mask.sum(-1).tolist()
-        plans = self._plans(enc, points, steer, max_new_tokens, readouts)
+        plans = self._plans(enc, points, steer, max_new_tokens, readouts, strict)
         for p in plans:
             for a in internal:  # read for the engine itself (a stream's logprobs), from the last prompt token
                 p.internal.append(a)

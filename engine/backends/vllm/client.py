@@ -55,6 +55,7 @@ from engine.core.results import (
 from engine.core.steer_checks import check_steers
 from engine.core.steering import NonFiniteSteer, Steer
 from engine.core.tokens import TokensMixin, special_ids
+from engine.interop.mappers import check_sae_sites
 from engine.model.base import ModelBase
 from engine.model.capabilities import Verdict, refused
 from engine.model.sampling import Sampling
@@ -274,7 +275,8 @@ class AsyncVLLMModel(ModelBase, TokensMixin):
                                f"cached); pass SAEFeatures(path, ...) instead of a loaded SAE.")
         return r.at(addr)
 
-    def _plan(self, req: Request, prefill: bool, logits: bool, row: int = 0, n_rows: int = 1) -> Submission:
+    def _plan(self, req: Request, prefill: bool, logits: bool, row: int = 0, n_rows: int = 1,
+              strict: bool = False) -> Submission:
         """A request's plan and sampling params, as a Submission. prefill: a forward over the prompt (run_with_cache):
         every prompt position computed, logits at each; else logits of each new token. The request
         is sequence `row` of a call of `n_rows` (batch values and masks are cut to its row)."""
@@ -290,6 +292,8 @@ class AsyncVLLMModel(ModelBase, TokensMixin):
         plan = Plan(len(prompt), [a for a in caps if a not in derived], steers,
                     [Address(p, a.layer) for a in derived for p in ("q", "k")],
                     readouts=[self._readout(r) for r in validate_readouts(req.readouts)])
+        if row == 0:  # the same steers and readouts on every row of a call: checked once
+            check_sae_sites(self, plan.steers, plan.readouts, strict)
         if logits and self.mode.worker:
             plan.internal.append(Address("final_norm"))
             if not prefill and Address("final_norm") not in plan.captures:
@@ -461,7 +465,7 @@ class AsyncVLLMModel(ModelBase, TokensMixin):
         memory the workers hand the captured rows through (the harvester's; worker/sink.py)."""
         self._live()
         want = return_logits and self.mode.worker
-        res = await self._run_many([self._plan(r, False, want) for r in requests], want, sink=sink)
+        res = await self._run_many([self._plan(r, False, want, strict=strict) for r in requests], want, sink=sink)
         if strict:
             for r in res:
                 check_strict(r.receipts, "request")
@@ -478,7 +482,8 @@ class AsyncVLLMModel(ModelBase, TokensMixin):
         max_new_tokens = new_tokens(max_new_tokens)
         prompts, _ = self._prompts(inputs, max_new_tokens)
         want = return_logits and self.mode.worker
-        built = [self._plan(Request(p, max_new_tokens, points, steer, sampling, readouts), False, want, i, len(prompts))
+        built = [self._plan(Request(p, max_new_tokens, points, steer, sampling, readouts), False, want, i, len(prompts),
+                            strict)
                  for i, p in enumerate(prompts)]
         out = self._batch(await self._run_many(built, want))
         if strict:
@@ -494,7 +499,7 @@ class AsyncVLLMModel(ModelBase, TokensMixin):
         self._live()
         self._refuse_if_generate("capture")
         prompts, mask = self._prompts(inputs, None)
-        built = [self._plan(Request(p, 1, points, steer, readouts=readouts), True, True, i, len(prompts))
+        built = [self._plan(Request(p, 1, points, steer, readouts=readouts), True, True, i, len(prompts), strict)
                  for i, p in enumerate(prompts)]
         res = await self._run_many(built, True, prefill=True)
         lengths = [len(p) for p in prompts]
@@ -523,7 +528,7 @@ class AsyncVLLMModel(ModelBase, TokensMixin):
         from vllm.sampling_params import RequestOutputKind
         logprobs = top_logprobs(logprobs)
         want = return_logits and self.mode.worker
-        sub = self._plan(Request(prompt, max_new_tokens, points, steer, sampling, readouts), False, want)
+        sub = self._plan(Request(prompt, max_new_tokens, points, steer, sampling, readouts), False, want, strict=strict)
         # vLLM returns the sampled token's logprob too
         sub = dataclasses.replace(sub, params={**sub.params, "output_kind": RequestOutputKind.DELTA,
                                                "logprobs": logprobs})
