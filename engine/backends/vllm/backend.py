@@ -187,6 +187,7 @@ def load(name: str, backend: str = "vllm", source: str = "auto", dtype: Any = No
     Unset dtype / max_model_len / max_num_seqs / KV cache are chosen for the platform
     (engine/backends/vllm/sizing.py: CPU keeps the small twin numbers, CUDA a GPU user's), and the
     load report says what was chosen and why."""
+    rt.check_main_module()
     mode = mode_for(backend)
     if not mode.declares and static_points != "auto":
         raise ValueError(f"static_points is for backend='vllm-static', not {backend!r}.")

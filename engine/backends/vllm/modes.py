@@ -85,6 +85,13 @@ class Mode:
 class HooksMode(Mode):
     name = "vllm"
 
+    def setup(self, declared: list[Address] | None, compile: bool) -> Setup:
+        """The forward runs uncompiled (enforce_eager), and so does the rest of the worker: vLLM's sampler
+        ranks a sampled token's logprob with a torch.compile'd function, which Inductor compiled on the
+        first request asking for a logprob (every stream): 25 s on 2 CPU cores with a cold cache."""
+        base = Mode.setup(self, declared, compile)
+        return Setup(base.kw, {**base.env, "TORCH_COMPILE_DISABLE": "1"})
+
 
 class StaticTapsMode(Mode):
     name = "vllm-static"

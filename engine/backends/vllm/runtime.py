@@ -16,6 +16,7 @@ import functools
 import logging
 import multiprocessing
 import os
+import sys
 import threading
 import time
 from collections.abc import AsyncGenerator, Callable, Coroutine, Generator, Iterator
@@ -23,7 +24,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
 
 from engine.backends.vllm.sizing import Sizing, kv_bytes_for  # noqa: F401  (kv_bytes_for: benchmarks)
-from engine.core.errors import OptionError
+from engine.core.errors import EngineError, OptionError
 from engine.model import sources
 
 if TYPE_CHECKING:
@@ -76,6 +77,26 @@ def check_executor(engine_kw: dict, platform: Platform) -> None:
                           f"has none; leave it unset (vLLM's multiprocessing executor runs tensor_parallel_size "
                           f"ranks on one machine) or use `python -m engine.harvest --ray` to spread engines over "
                           f"machines.")
+
+
+GUARD = 'if __name__ == "__main__":'
+
+
+def check_main_module() -> None:
+    """vLLM starts its engine core as a spawned process, which imports the caller's main script again
+    (multiprocessing's spawn). Refuse, by name and before an engine starts, the two ways that cannot
+    work: a load run by that import (no main guard; it would start an engine from inside the engine's
+    start) and a script read from stdin (the spawned process cannot read it again)."""
+    main = sys.modules.get("__main__")
+    if getattr(multiprocessing.current_process(), "_inheriting", False):  # multiprocessing's own "bootstrapping" test
+        raise EngineError(f"a vLLM backend was loaded while vLLM's engine process was importing "
+                          f"{getattr(sys.modules.get('__mp_main__'), '__file__', None) or 'the main script'} again "
+                          f"(vLLM spawns its engine core, "
+                          f"which imports the script that started it): put the load under `{GUARD}`.")
+    if getattr(main, "__file__", None) == "<stdin>":
+        raise EngineError(f"a vLLM backend cannot start from code read on stdin: vLLM spawns its engine core, "
+                          f"which imports the main script again, and stdin cannot be read twice; save the code "
+                          f"to a file, with the load under `{GUARD}`, and run that file.")
 
 
 def prepare_env() -> None:
