@@ -186,13 +186,14 @@ def test_eager_close_and_context_manager():
         m.address("resid_post.0")
 
 
-def _calls_after_close(m) -> dict:
+def _calls_after_close(m, run_coroutine=None) -> dict:
     """Every public method and property of a model, each called on it (placeholders for required
-    arguments: a closed model must refuse before it reads them), mapped to what it raised."""
+    arguments: a closed model must refuse before it reads them; a coroutine is run by run_coroutine),
+    mapped to what it raised."""
     import inspect
     cls = type(m)
     out = {}
-    for name in sorted(n for n in dir(cls) if not n.startswith("_") and n != "close"):
+    for name in sorted(n for n in dir(cls) if not n.startswith("_") and n not in ("close", "aclose")):
         attr = inspect.getattr_static(cls, name)
         try:
             if isinstance(attr, property):
@@ -202,6 +203,8 @@ def _calls_after_close(m) -> dict:
                 args = [p for p in inspect.signature(fn).parameters.values() if p.default is p.empty
                         and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
                 result = fn(*["resid_post.0"] * len(args))
+                if inspect.iscoroutine(result):
+                    run_coroutine(result)
                 if hasattr(result, "__enter__"):  # steering(): refuses when the block opens
                     with result:
                         pass
@@ -252,7 +255,8 @@ def test_vllm_close_frees_the_engine_and_use_after_close_says_so():
         m.stream(PROMPT, 2)
     with pytest.raises(EngineError, match="was closed; load it again"):
         _within(60, lambda: asyncio.run(m.aio.capture(PROMPT)))
-    raised = _calls_after_close(m.aio)  # the sync model's catalogue calls are the async model's
+    # the sync model's catalogue calls are the async model's; its coroutines awaited from another loop
+    raised = _calls_after_close(m.aio, lambda c: _within(60, lambda: asyncio.run(c)))
     wrong = {n: repr(e) for n, e in raised.items() if not (isinstance(e, EngineError) and "was closed" in str(e))}
     assert not wrong, f"after close() these did not refuse with the closed-model error: {wrong}"
     for call in (m.points, lambda: m.to_tokens(PROMPT), lambda: m.point_layers("resid_post")):

@@ -187,6 +187,7 @@ class AsyncVLLMModel(ModelBase, TokensMixin):
         return layout(fam, self.config, self.n_layers, mixer)
 
     def _weights_refused(self, what):
+        self._live()
         raise UnsupportedPointError(f"{what} lives in vLLM's worker processes (sharded under tensor parallelism) "
                                     f"and is not copied to the client; load the model with backend='eager' to read "
                                     f"weights.")
@@ -203,6 +204,7 @@ class AsyncVLLMModel(ModelBase, TokensMixin):
 
     def point_shape(self, addr: Address) -> tuple:
         """Per-token shape of a capture at addr (what a steering value must have)."""
+        self._live()
         return self.catalogue.shape(addr)
 
     # -- plans -------------------------------------------------------------------------------------
