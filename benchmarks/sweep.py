@@ -22,9 +22,8 @@ from benchmarks.pool import WorkerDied, WorkerProc
 from benchmarks.spec import Params
 from benchmarks.variants import VARIANTS
 from benchmarks.variants import get as get_variant
-from benchmarks.workloads import NAMES as WORKLOAD_NAMES
+from benchmarks.workloads import DEFAULT as DEFAULT_WORKLOADS
 from benchmarks.workloads import get as get_workload
-
 
 SAMPLE_FIELDS = ("seconds", "cpu_s", "min_seconds", "min_cpu_s", "k", "load1", "t")
 
@@ -56,8 +55,8 @@ def default_sweep_name(p: Params) -> str:
 
 
 def plan(variants=None, workloads=None) -> tuple[list[str], list[str]]:
-    vs = [get_variant(v).name for v in variants] if variants else [v.name for v in VARIANTS]
-    ws = [get_workload(w).name for w in workloads] if workloads else list(WORKLOAD_NAMES)
+    vs = [get_variant(v).name for v in variants] if variants else [v.name for v in VARIANTS if v.in_default]
+    ws = [get_workload(w).name for w in workloads] if workloads else list(DEFAULT_WORKLOADS)
     return vs, ws
 
 
@@ -98,7 +97,10 @@ class Sweep:
 
     # -- phases ------------------------------------------------------------------------------------
     def start(self) -> None:
-        """Static n/a and skipped cells; a worker (loaded) for every variant with something to run."""
+        """Static n/a and skipped cells; a worker (loaded) for every variant with something to run. Workers
+        load at once (imports and weights are most of a sweep's start on a GPU machine), except the vLLM
+        ones, which busy-wait and start engine processes: those load one after another, after the rest."""
+        todo = {}
         for v in self.variants:
             var = get_variant(v)
             runnable = [w for w in self.workloads if not var.supports(w)]
@@ -109,23 +111,41 @@ class Sweep:
                 for w in runnable:
                     self._finish(v, w, "skipped", f"{v} unavailable: {why}")
                 continue
-            if not runnable:
-                continue
+            if runnable:
+                todo[v] = runnable
+        together = [v for v in todo if not get_variant(v).busy_waits]
+        t0 = time.perf_counter()
+        sent = {v: self._send_load(v) for v in together}
+        for v in together:
+            self._loaded(v, todo[v], sent[v], t0)
+        for v in [v for v in todo if v not in together]:
             t0 = time.perf_counter()
-            wp = WorkerProc(v, self.p, self.log_dir)
+            self._loaded(v, todo[v], self._send_load(v), t0)
+
+    def _send_load(self, v: str) -> tuple[WorkerProc, dict | None]:
+        wp = WorkerProc(v, self.p, self.log_dir)
+        try:
+            wp.send({"op": "load", "variant": v, "params": self.p.to_dict()})
+        except WorkerDied as e:
+            return wp, {"ok": False, "reason": str(e)}
+        return wp, None
+
+    def _loaded(self, v: str, runnable: list[str], sent: tuple[WorkerProc, dict | None], t0: float) -> None:
+        wp, reply = sent
+        if reply is None:
             try:
-                reply = wp.request({"op": "load", "variant": v, "params": self.p.to_dict()})
+                reply = wp.receive({"op": "load"})
             except WorkerDied as e:
                 reply = {"ok": False, "reason": str(e)}
-            if not reply.get("ok"):
-                wp.close()
-                for w in runnable:
-                    self._finish(v, w, "error", f"loading {v} failed: {reply.get('reason')}",
-                                 traceback=reply.get("traceback"))
-                self.log(f"{v:>15}: load failed: {str(reply.get('reason'))[:200]}")
-                continue
-            self.workers[v], self.loaded[v] = wp, reply
-            self.log(f"{v:>15}: loaded in {time.perf_counter() - t0:.0f} s (RSS {wp.rss_gib()} GiB)")
+        if not reply.get("ok"):
+            wp.close()
+            for w in runnable:
+                self._finish(v, w, "error", f"loading {v} failed: {reply.get('reason')}",
+                             traceback=reply.get("traceback"))
+            self.log(f"{v:>15}: load failed: {str(reply.get('reason'))[:200]}")
+            return
+        self.workers[v], self.loaded[v] = wp, reply
+        self.log(f"{v:>15}: loaded {time.perf_counter() - t0:.0f} s after the start (RSS {wp.rss_gib()} GiB)")
 
     def _ask(self, v: str, w: str, req: dict) -> dict | None:
         """A worker request; on failure the cell becomes an error and None comes back. A worker that
