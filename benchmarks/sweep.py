@@ -183,8 +183,15 @@ class Sweep:
                     ready.append((v, w))
         return ready
 
-    def run_rounds(self, ready: list[tuple[str, str]]) -> None:
+    def run_rounds(self, ready: list[tuple[str, str]], deadline: float | None = None) -> None:
+        """Every round; with a `deadline` (perf_counter), only those that the last round's duration says will
+        end before it (the rounds left out are logged)."""
+        last = 0.0
         for r in range(self.p.rounds):
+            if deadline is not None and time.perf_counter() + last > deadline:
+                self.log(f"round {r + 1}/{self.p.rounds} and later: not started, the sweep's time is up "
+                         f"(--max-seconds); {r} rounds ran")
+                break
             t0, load0 = time.perf_counter(), env.load1()
             for pos, (v, w) in enumerate(rounds.schedule(ready, r, lambda w: get_workload(w).baseline)):
                 if (v, w) in self.cells:  # failed earlier in this sweep
@@ -193,8 +200,8 @@ class Sweep:
                 if reply:
                     self.prepared[(v, w)]["samples"].append(
                         {"round": r, "position": pos, **{k: reply[k] for k in SAMPLE_FIELDS}})
-            self.log(f"round {r + 1}/{self.p.rounds}: {time.perf_counter() - t0:.0f} s, machine load "
-                     f"{load0} -> {env.load1()}")
+            last = time.perf_counter() - t0
+            self.log(f"round {r + 1}/{self.p.rounds}: {last:.0f} s, machine load {load0} -> {env.load1()}")
 
     def check(self) -> None:
         for (v, w), prep in self.prepared.items():
@@ -224,8 +231,9 @@ class Sweep:
 
 
 def run_sweep(params: Params, variants=None, workloads=None, root: Path = cells.CELLS_DIR, name: str | None = None,
-              log=print) -> list[dict]:
-    """Run one sweep and write its cells to `root/<name>/` (replacing that sweep's old cells)."""
+              log=print, max_s: float | None = None) -> list[dict]:
+    """Run one sweep and write its cells to `root/<name>/` (replacing that sweep's old cells); with `max_s`,
+    no round starts that would end more than `max_s` seconds after the sweep started."""
     vs, ws = plan(variants, workloads)
     params = params.for_variants([v for v in vs if get_variant(v).busy_waits])
     name = cells.check_sweep_name(name or default_sweep_name(params))
@@ -242,7 +250,7 @@ def run_sweep(params: Params, variants=None, workloads=None, root: Path = cells.
         s.start()
         ready = s.prepare()
         log(f"{len(ready)} cells ready; {params.rounds} rounds")
-        s.run_rounds(ready)
+        s.run_rounds(ready, None if max_s is None else t0 + max_s)
         s.check()
     finally:
         s.close()
