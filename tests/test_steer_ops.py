@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from engine.core.errors import SteeringError
-from engine.core.steering import OPS, CacheEntry, Steer, apply_steer
+from engine.core.site import apply_steer
+from engine.core.steering import OPS, CacheEntry, Steer
 from test_vllm_common import eager_model
 
 LLAMA, GEMMA2 = "meta-llama/Llama-3.2-1B", "google/gemma-2-2b"

@@ -1,0 +1,106 @@
+"""What the steers of a call did, kept on the model's device until it is read once.
+
+Every steer application records, for each row it touched, the squared change of that row (float64)
+at its absolute position, or FAILED where the steer made a finite row non-finite; the layer guard
+records FAILED for a steering plan whose hidden state went non-finite later in the forward. None of
+that reads a device value: `read()` moves everything recorded in one transfer (eager: once per call;
+the vLLM worker: when a request is collected) and returns, per plan, its receipts and, where a row
+went non-finite, its failure.
+
+    ledger.record(plan_keys, steer_indices, positions, sq)   # host arrays [m], device float64 [m]
+    outcome = ledger.read([plan.key])[plan.key]              # Outcome: per steer (rows, sum of squares)
+
+With `unique=False` (vLLM: the scheduler can preempt a request and recompute positions) a position
+recorded twice for one steer counts once, as last recorded; eager never computes a position twice.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+GUARD = -1  # the steer index the layer guard records under: the request's hidden state went non-finite
+FAILED = -1.0  # recorded instead of a squared change: the row went non-finite (a square is never negative)
+
+
+@dataclass(slots=True)
+class Outcome:
+    """One plan's tally: per steer index, (rows touched, sum of squared changes); `failed` the steer
+    index whose result was non-finite first recorded (GUARD: a later layer's hidden state), or None."""
+    rows: dict = field(default_factory=dict)
+    sumsq: dict = field(default_factory=dict)
+    failed: int | None = None
+
+    def of(self, index: int) -> tuple[int, float]:
+        return self.rows.get(index, 0), self.sumsq.get(index, 0.0)
+
+
+@dataclass(slots=True)
+class _Entry:
+    plan: np.ndarray  # int64 [m]
+    steer: np.ndarray  # int64 [m]
+    pos: np.ndarray  # int64 [m]
+    sq: torch.Tensor  # float64 [m], on the model's device
+
+
+class Ledger:
+    """Device-side tallies of a call (eager) or of a worker's registered plans (vLLM)."""
+    __slots__ = ("unique", "_entries")
+
+    def __init__(self, unique: bool = True) -> None:
+        self.unique = unique
+        self._entries: list[_Entry] = []
+
+    def __bool__(self) -> bool:
+        return bool(self._entries)
+
+    def record(self, plan: np.ndarray, steer: np.ndarray, pos: np.ndarray, sq: torch.Tensor) -> None:
+        """Rows of one application: plan keys, steer indices and absolute positions (host), and the
+        squared change of each row (device; NaN for a row made non-finite). No device read."""
+        self._entries.append(_Entry(plan, steer, pos, sq.detach().double().reshape(-1)))
+
+    def read(self, keys: "list[int] | None" = None) -> dict[int, Outcome]:
+        """{plan key: Outcome} for the plans `keys` (None: every plan recorded), in one transfer."""
+        entries = self._entries if keys is None else [e for e in self._entries if np.isin(e.plan, keys).any()]
+        out: dict[int, Outcome] = {k: Outcome() for k in (keys or [])}
+        if not entries:
+            return out
+        sq = torch.cat([e.sq for e in entries]).to("cpu").numpy()  # the one read
+        plan = np.concatenate([e.plan for e in entries])
+        steer = np.concatenate([e.steer for e in entries])
+        pos = np.concatenate([e.pos for e in entries])
+        if keys is not None:
+            keep = np.isin(plan, keys)
+            sq, plan, steer, pos = sq[keep], plan[keep], steer[keep], pos[keep]
+        if not self.unique:  # the last record of each (plan, steer, position) counts; guard records all do
+            table = np.stack([plan, steer, pos], axis=1)[::-1]
+            _, first = np.unique(table, axis=0, return_index=True)
+            last = np.zeros(len(sq), dtype=bool)
+            last[len(sq) - 1 - first] = True
+            keep = last | (steer < 0)
+            sq, plan, steer, pos = sq[keep], plan[keep], steer[keep], pos[keep]
+        bad = sq < 0  # FAILED
+        for k in np.unique(plan):
+            mine = plan == k
+            o = out.setdefault(int(k), Outcome())
+            s, q, b = steer[mine], sq[mine], bad[mine]
+            if b.any():
+                o.failed = int(s[np.argmax(b)])
+            for i in np.unique(s[s >= 0]):
+                at = s == i
+                o.rows[int(i)] = int(at.sum())
+                o.sumsq[int(i)] = float(np.maximum(q[at], 0.0).sum())  # NaN (a row already not finite) stays
+        return out
+
+    def drop(self, keys: list[int]) -> None:
+        """Forget what was recorded for these plans (collected); entries of other plans stay."""
+        kept = []
+        for e in self._entries:
+            mine = np.isin(e.plan, keys)
+            if not mine.any():
+                kept.append(e)
+            elif not mine.all():
+                rest = torch.from_numpy(np.flatnonzero(~mine)).to(e.sq.device)
+                kept.append(_Entry(e.plan[~mine], e.steer[~mine], e.pos[~mine], e.sq.index_select(0, rest)))
+        self._entries = kept
