@@ -7,7 +7,8 @@ that reads a device value: `read()` moves everything recorded in one transfer (e
 the vLLM worker: when a request is collected) and returns, per plan, its receipts and, where a row
 went non-finite, its failure.
 
-    ledger.record(plan_keys, steer_indices, positions, sq)   # host arrays [m], device float64 [m]
+    ledger.record(codes, steer_indices, positions, sq)   # host arrays [m] (codes: ledger.code(plan.key)),
+                                                         # device float64 [m]
     outcome = ledger.read([plan.key])[plan.key]              # Outcome: per steer (rows, sum of squares)
 
 With `unique=False` (vLLM: the scheduler can preempt a request and recompute positions) a position
@@ -15,11 +16,13 @@ recorded twice for one steer counts once, as last recorded; eager never computes
 """
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
+_CODES = itertools.count()
 GUARD = -1  # the steer index the layer guard records under: the request's hidden state went non-finite
 FAILED = -1.0  # recorded instead of a squared change: the row went non-finite (a square is never negative)
 
@@ -46,32 +49,43 @@ class _Entry:
 
 class Ledger:
     """Device-side tallies of a call (eager) or of a worker's registered plans (vLLM)."""
-    __slots__ = ("unique", "_entries")
+    __slots__ = ("unique", "_entries", "_codes", "_keys")
 
     def __init__(self, unique: bool = True) -> None:
         self.unique = unique
         self._entries: list[_Entry] = []
+        self._codes: dict = {}  # plan key (an int, or vLLM's request-key string) -> its int code here
+        self._keys: dict = {}  # and back
+
+    def code(self, key: object) -> int:
+        """The int a plan key is recorded under (plan keys may be strings)."""
+        c = self._codes.get(key)
+        if c is None:
+            c = self._codes[key] = next(_CODES)
+            self._keys[c] = key
+        return c
 
     def __bool__(self) -> bool:
         return bool(self._entries)
 
     def record(self, plan: np.ndarray, steer: np.ndarray, pos: np.ndarray, sq: torch.Tensor) -> None:
-        """Rows of one application: plan keys, steer indices and absolute positions (host), and the
+        """Rows of one application: plan codes (`code`), steer indices and absolute positions (host), and the
         squared change of each row (device; NaN for a row made non-finite). No device read."""
         self._entries.append(_Entry(plan, steer, pos, sq.detach().double().reshape(-1)))
 
-    def read(self, keys: "list[int] | None" = None) -> dict[int, Outcome]:
+    def read(self, keys: "list | None" = None) -> dict:
         """{plan key: Outcome} for the plans `keys` (None: every plan recorded), in one transfer."""
-        entries = self._entries if keys is None else [e for e in self._entries if np.isin(e.plan, keys).any()]
-        out: dict[int, Outcome] = {k: Outcome() for k in (keys or [])}
+        out: dict = {k: Outcome() for k in (keys or [])}
+        codes = None if keys is None else [self._codes[k] for k in keys if k in self._codes]
+        entries = self._entries if codes is None else [e for e in self._entries if np.isin(e.plan, codes).any()]
         if not entries:
             return out
         sq = torch.cat([e.sq for e in entries]).to("cpu").numpy()  # the one read
         plan = np.concatenate([e.plan for e in entries])
         steer = np.concatenate([e.steer for e in entries])
         pos = np.concatenate([e.pos for e in entries])
-        if keys is not None:
-            keep = np.isin(plan, keys)
+        if codes is not None:
+            keep = np.isin(plan, codes)
             sq, plan, steer, pos = sq[keep], plan[keep], steer[keep], pos[keep]
         if not self.unique:  # the last record of each (plan, steer, position) counts; guard records all do
             table = np.stack([plan, steer, pos], axis=1)[::-1]
@@ -83,7 +97,7 @@ class Ledger:
         bad = sq < 0  # FAILED
         for k in np.unique(plan):
             mine = plan == k
-            o = out.setdefault(int(k), Outcome())
+            o = out.setdefault(self._keys[int(k)], Outcome())
             s, q, b = steer[mine], sq[mine], bad[mine]
             if b.any():
                 o.failed = int(s[np.argmax(b)])
@@ -93,11 +107,14 @@ class Ledger:
                 o.sumsq[int(i)] = float(np.maximum(q[at], 0.0).sum())  # NaN (a row already not finite) stays
         return out
 
-    def drop(self, keys: list[int]) -> None:
+    def drop(self, keys: list) -> None:
         """Forget what was recorded for these plans (collected); entries of other plans stay."""
+        codes = [self._codes.pop(k) for k in keys if k in self._codes]
+        for c in codes:
+            del self._keys[c]
         kept = []
         for e in self._entries:
-            mine = np.isin(e.plan, keys)
+            mine = np.isin(e.plan, codes)
             if not mine.any():
                 kept.append(e)
             elif not mine.all():

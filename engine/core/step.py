@@ -95,14 +95,15 @@ class Step:
 
     # -- rows --------------------------------------------------------------------------------------
     def _rows(self, parts: list) -> Rows:
-        """Rows from (member, plan key, steer index, span, offsets within the span) of each member."""
+        """Rows from (member, plan key, steer index, span, offsets within the span) of each member (plan
+        keys are recorded as the ledger's codes)."""
         flat, plan, where, steer, members = [], [], [], [], []
         for member, key, index, sp, off in parts:
             if not len(off):
                 continue
             flat.append(off + sp.a)
             where.append(off + sp.pos0)
-            plan.append(np.full(len(off), key, dtype=np.int64))
+            plan.append(np.full(len(off), self.ledger.code(key), dtype=np.int64))
             steer.append(np.full(len(off), index, dtype=np.int64))
             members.append((member, sp.pos0 + int(off[0]), len(off)))
         if not members:

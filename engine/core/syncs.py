@@ -45,6 +45,15 @@ class SyncCounter(TorchFunctionMode):
     def __init__(self) -> None:
         super().__init__()
         self.sites: Counter = Counter()
+        self.active = False
+
+    def __enter__(self) -> "SyncCounter":
+        self.active = True
+        return super().__enter__()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.active = False
+        super().__exit__(*exc)
 
     @property
     def count(self) -> int:

@@ -330,6 +330,11 @@ class AsyncVLLMModel(ModelBase, TokensMixin):
     async def _rpc(self, method: str, *args):
         return await self.engine.collective_rpc(method, args=args)
 
+    async def worker_syncs(self, on: bool) -> list[dict]:
+        """Start (on=True) or stop counting the engine's host reads inside the workers' steps
+        (engine/core/syncs.py); stopping returns each rank's {"syncs", "steps", "sites"}."""
+        return await self._rpc("interp_syncs", on)
+
     async def _submit(self, sub: Submission, key: str, on_output=None):
         """Run one request in the continuous batch; returns vLLM's final RequestOutput."""
         from vllm import SamplingParams

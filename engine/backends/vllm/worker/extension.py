@@ -39,6 +39,7 @@ from engine.core.readouts import Env, bind, parts_of
 from engine.core.site import guard, run_site, zero_rows
 from engine.core.step import Step
 from engine.core.steering import failure
+from engine.core.syncs import SyncCounter
 
 if TYPE_CHECKING:
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
@@ -186,6 +187,8 @@ class WorkerState:
         self.sites: dict = {}  # (point, layer) -> VSite, one object per module slot
         self.handles: list = []
         self.step: Step | None = None
+        self.syncs: SyncCounter | None = None  # counting host reads inside steps (interp_syncs)
+        self.steps = 0  # steps that ran a registered plan since counting began
         self.end_module = self.end_handle = None
         if _wrap_model_forward(runner, self._begin, self._end):
             self.positions_at, self.anchor_error = 0, None
@@ -315,6 +318,9 @@ class WorkerState:
         mine = [(i, self.plans[k]) for i, k in ROWS.items() if k in self.plans]
         if not mine:
             return
+        if self.syncs is not None:  # counted from here to the end of the step (_end)
+            self.steps += 1
+            self.syncs.__enter__()
         try:
             self._start_step(mine, args, kwargs)
         except Exception as e:  # the step's plans fail; the engine serves on
@@ -344,7 +350,19 @@ class WorkerState:
         except Exception as e:
             for sp in self.step.spans:
                 _failed(sp.plan, e)
+        finally:
+            if self.syncs is not None and self.syncs.active:
+                self.syncs.__exit__(None, None, None)
         self.step = None
+
+    def count_syncs(self, on: bool) -> dict:
+        """Start (on) or stop counting the engine's host reads inside steps (engine/core/syncs.py);
+        stopping returns {"syncs", "steps", "sites"} since the start."""
+        if on:
+            self.syncs, self.steps = SyncCounter(), 0
+            return {}
+        c, self.syncs = self.syncs, None
+        return {"syncs": c.count if c else 0, "steps": self.steps, "sites": dict(c.sites) if c else {}}
 
     # -- requests ---------------------------------------------------------------------------------
     def register(self, plans: list[dict]) -> None:
@@ -496,6 +514,10 @@ class InterpWorker:
     def interp_register(self, plans: list) -> bool:
         self._interp.register(plans)
         return True
+
+    def interp_syncs(self, on: bool) -> dict:
+        """Count the engine's host reads inside this rank's steps (tests: at most 2 per step)."""
+        return self._interp.count_syncs(on)
 
     def interp_plans(self) -> list:
         """Keys of the plans this rank holds (registered, not collected yet)."""
