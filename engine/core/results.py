@@ -271,13 +271,14 @@ def batch_readout(values: list, cols: list[torch.Tensor], width: int) -> torch.T
 def _stack(values: list):
     from engine.core.readouts import TopK
     if isinstance(values[0], TopK):
-        return TopK(torch.stack([v.indices.cpu() for v in values]), torch.stack([v.values.cpu() for v in values]))
-    return torch.stack([v.cpu() for v in values])
+        return TopK(torch.stack([v.indices for v in values]), torch.stack([v.values for v in values]))
+    return torch.stack(values)
 
 
 def pad_rows(rows: list[torch.Tensor], cols: list[torch.Tensor], width: int, fill: float = 0) -> torch.Tensor:
-    """[b, width, ...] from per-sequence [len, ...] tensors (token ids, logits) at their columns."""
-    out = torch.full((len(rows), width, *rows[0].shape[1:]), fill, dtype=rows[0].dtype)
+    """[b, width, ...] from per-sequence [len, ...] tensors (token ids, logits) at their columns, on
+    their device."""
+    out = torch.full((len(rows), width, *rows[0].shape[1:]), fill, dtype=rows[0].dtype, device=rows[0].device)
     for i, (r, c) in enumerate(zip(rows, cols)):
-        out[i, c] = r.cpu()
+        out[i, c.to(r.device, non_blocking=True)] = r
     return out

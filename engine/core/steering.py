@@ -33,6 +33,7 @@ from engine.core.errors import SteeringError
 from engine.core.ops import OPS, Op
 from engine.core.points import INTEGER_POINTS, get_point
 
+DIRECTION_MIN_NORM = 1e-6  # below this a direction (project_out, rescale, ...) is treated as zero
 __all__ = ["OPS", "Op", "Steer", "CacheEntry", "NonFiniteSteer", "failure", "overflowed"]
 
 
@@ -140,8 +141,16 @@ class Steer:
             v = self.value = torch.tensor(finite_number(v, f"the scale of {self.op!r}", f"at {self.address}"))
         if not torch.is_floating_point(v):
             raise SteeringError(f"steering value for {self.address} must be a floating tensor, got dtype {v.dtype}.")
-        if v.device.type != "meta" and not torch.isfinite(v).all():
+        if v.device.type == "meta":
+            return  # refused by name when the steer is used (engine.core.steer_checks)
+        if not torch.isfinite(v).all():
             raise SteeringError(f"steering value for {self.address} contains NaN or inf.")
+        if op.value == "direction" and self.lead is None:
+            norm = float(v.detach().double().norm())
+            if not norm >= DIRECTION_MIN_NORM:
+                raise SteeringError(f"{self.op} at {self.address} needs a direction, but its value has norm {norm:.3g} "
+                                    f"(below {DIRECTION_MIN_NORM:g}), which would remove nothing; pass a non-zero "
+                                    f"vector (it is normalized for you).")
 
     def replace(self, **changes: Any) -> "Steer":
         """A copy with `changes`, made by the engine from this checked steer (validated once: not again)."""

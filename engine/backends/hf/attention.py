@@ -12,8 +12,8 @@ We register two kinds of implementation, chosen per call (`select`):
 
 Callbacks run only when attached to that attention module: with none, each is its underlying
 implementation, byte for byte; a callback that only reads (returns None) leaves every tensor of the
-call untouched. Families that softcap attention logits (Gemma-2) run eager in both: SDPA would skip
-the softcap.
+call untouched. Families that softcap attention logits (Gemma-2) or add ALiBi biases (Falcon-RW) run
+eager in both (`native_of` says why).
 """
 from __future__ import annotations
 
@@ -192,9 +192,11 @@ def configs(model: torch.nn.Module) -> list:
 
 def native_of(model: torch.nn.Module) -> str:
     """The implementation a model was loaded with, for its fast calls: eager where the family softcaps
-    attention logits (SDPA and flash kernels here do not)."""
+    attention logits (SDPA and flash kernels here do not), and where it adds ALiBi biases (Falcon-RW:
+    HF's SDPA path gave logits 1.4e-2 away from its eager path on a left-padded batch, measured by
+    tests/test_attention_fast.py)."""
     cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
-    if getattr(cfg, "attn_logit_softcapping", None):
+    if getattr(cfg, "attn_logit_softcapping", None) or getattr(cfg, "alibi", False):
         return "eager"
     return str(getattr(model.config, "_attn_implementation", None) or "eager")
 
