@@ -146,3 +146,30 @@ def test_no_device_sync_inside_an_eager_call_on_cuda():
         torch.cuda.set_sync_debug_mode(0)
     syncs = [w for w in seen if "synchroniz" in str(w.message).lower()]
     assert len(syncs) <= BUDGET, [str(w.message) for w in syncs]
+
+
+def test_the_cache_moves_to_the_host_whole(m):
+    """Captures stay on the model's device; ActivationCache.cpu() moves every capture and readout in one
+    go (one wait at the end), keeping receipts, columns and which readouts are per position."""
+    st = Steer("resid_post.0", "add", torch.ones(m.d_model))
+    _, cache = m.run_with_cache(_ids(2), ["resid_post.0", "attn_probs.0"], steer=[st],
+                                readouts=[Readout("resid_post.0", Mean()), Readout("resid_post.1", LensTopK(2))])
+    host = cache.cpu()
+    assert set(host) == set(cache) and all(torch.equal(host[k], cache[k]) for k in cache)
+    assert all(t.device.type == "cpu" for t in host.values())
+    assert host.receipts == cache.receipts and host.positional == cache.positional
+    assert [c.tolist() for c in host.columns] == [c.tolist() for c in cache.columns]
+    assert torch.equal(host.readouts["resid_post.0:mean"], cache.readouts["resid_post.0:mean"])
+    assert torch.equal(host.readouts["resid_post.1:lens_top2"].indices, cache.readouts["resid_post.1:lens_top2"].indices)
+    assert torch.equal(host.entry("resid_post.0").rows[1], cache.entry("resid_post.0").rows[1])
+
+
+@pytest.mark.gpu
+def test_captures_stay_on_cuda_until_asked():
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    m = load_model(LLAMA, source="zoo", device="cuda")
+    _, cache = m.run_with_cache("Hello there", ["resid_post.0"], readouts=[Readout("resid_post.0", Mean())])
+    assert cache["resid_post.0"].device.type == "cuda" and cache.readouts["resid_post.0:mean"].device.type == "cuda"
+    host = cache.cpu()
+    assert host["resid_post.0"].device.type == "cpu" and torch.equal(host["resid_post.0"], cache["resid_post.0"].cpu())

@@ -138,6 +138,28 @@ class ActivationCache(dict):
     def get(self, key: str, default: object = None) -> object:
         return self[key] if key in self else default
 
+    def cpu(self) -> "ActivationCache":
+        """The cache with every capture and readout on the host: captures stay on the model's device
+        (as TransformerLens and nnsight return them); this moves them all at once, each copy issued
+        without waiting and one wait at the end (a single host sync, not one per tensor)."""
+        from engine.core.readouts import TopK
+        out = ActivationCache(self.n_layers, self.columns, self.receipts)
+        device = None
+
+        def move(t: torch.Tensor) -> torch.Tensor:
+            nonlocal device
+            if t.device.type == "cpu":
+                return t
+            device = t.device
+            return t.to("cpu", non_blocking=True)
+        for k in self:
+            dict.__setitem__(out, k, move(dict.__getitem__(self, k)))
+        for name, v in self.readouts.items():
+            out.put_readout(name, v.map(move) if isinstance(v, TopK) else move(v), name in self.positional)
+        if device is not None and device.type == "cuda":
+            torch.cuda.current_stream(device).synchronize()
+        return out
+
 
 @dataclass
 class Request:

@@ -362,7 +362,10 @@ class WorkerState:
             self.syncs, self.steps = SyncCounter(), 0
             return {}
         c, self.syncs = self.syncs, None
-        return {"syncs": c.count if c else 0, "steps": self.steps, "sites": dict(c.sites) if c else {}}
+        steps, self.steps = self.steps, 0
+        if c is None:
+            return {"syncs": 0, "steps": 0, "sites": {}}
+        return {"syncs": c.count, "steps": steps, "sites": dict(c.sites)}
 
     # -- requests ---------------------------------------------------------------------------------
     def register(self, plans: list[dict]) -> None:
