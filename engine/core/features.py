@@ -24,7 +24,6 @@ per row, so the unedited features cancel); edit_features(sae, x, edit) takes any
 from __future__ import annotations
 
 import math
-
 from collections.abc import Callable, Sequence
 
 import torch

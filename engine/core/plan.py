@@ -36,7 +36,7 @@ from engine.core.steering import Steer
 
 if TYPE_CHECKING:
     from engine.core.ledger import Outcome
-    from engine.core.readouts import Accumulator, Kind
+    from engine.core.readouts import Kind
 
 _keys = itertools.count(1)
 

@@ -163,13 +163,18 @@ class ActivationCache(dict):
 
 @dataclass
 class Request:
-    """One request of a concurrent batch: its own prompt, length, captures, steers and sampling."""
+    """One request of a concurrent batch: its own prompt, length, captures, steers and sampling.
+    max_new_tokens is checked when the Request is made (engine.core.inputs.new_tokens), then trusted."""
     prompt: "str | list[int]"
     max_new_tokens: int = 8
     points: "list | tuple | str" = ()
     steer: "list | tuple" = ()
     sampling: dict = field(default_factory=dict)
     readouts: "list | tuple" = ()  # engine.core.readouts.Readout
+
+    def __post_init__(self) -> None:
+        from engine.core.inputs import new_tokens
+        self.max_new_tokens = new_tokens(self.max_new_tokens)
 
 
 @dataclass

@@ -14,15 +14,14 @@ Writers run before readers, so a capture sees the steered value, as the rest of 
 """
 from __future__ import annotations
 
-
 import numpy as np
 import torch
 
 from engine.core.ledger import FAILED, GUARD
 from engine.core.ops import OPS
 from engine.core.plan import Plan, ReadoutGroup, SiteWork, Span, SteerGroup, site_work
-from engine.core.step import Step
 from engine.core.steering import Steer, failure
+from engine.core.step import Step
 
 
 def run_site(t: torch.Tensor, step: Step, work: SiteWork) -> torch.Tensor | None:

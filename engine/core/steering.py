@@ -161,6 +161,26 @@ class Steer:
         return self.replace(address=address, value=self.value if value is None else value)
 
     # -- binding to the sequences of a call -------------------------------------------------------
+    @property
+    def scalar(self) -> bool:
+        """Whether the value is one number for every element (a scale op's scalar)."""
+        return OPS[self.op].value == "scale" and isinstance(self.value, torch.Tensor) and self.value.dim() == 0
+
+    def check_shape(self, shape: tuple) -> None:
+        """Refuse, naming both shapes, a value whose per-position shape is not the point's `shape` (the
+        one check of a value against its point: the vLLM client at plan time, the eager step at its site)."""
+        v = self.value
+        if v is None or self.scalar:
+            return
+        lead = self.bound().lead
+        if lead == 2:
+            raise SteeringError(f"steering value for {self.address} still has its batch axis {tuple(v.shape)}; the "
+                                f"engine binds it per sequence (report this as a bug).")
+        if tuple(v.shape[lead:]) != tuple(shape):
+            lead_txt = "" if not lead else f" (after {lead} leading pos axis)"
+            raise SteeringError(f"steering value for {self.address} has shape {tuple(v.shape)}{lead_txt} but the "
+                                f"point's per-position shape is {tuple(shape)}.")
+
     def per_position_dims(self) -> int:
         """How many per-position axes the point has (from the catalogue's shape), minus coordinates."""
         return len(get_point(self.address.point).shape.strip("[]").split(",")) - 2 - len(self.address.coords)
@@ -171,13 +191,13 @@ class Steer:
             return self
         k, v = self.per_position_dims(), self.value
         lead = v.dim() - k
-        if self.op == "scale" and v.dim() == 0:
+        if self.scalar:
             lead = 0
         if lead not in (0, 1, 2):
             raise SteeringError(f"steering value for {self.address} has shape {tuple(v.shape)}, which does not fit "
                                 f"the point's {k} per-position dim{'s' if k != 1 else ''}; give [*shape], "
                                 f"[pos, *shape] or [batch, pos, *shape].")
-        if self.op == "swap" and lead == 0:
+        if OPS[self.op].value == "activation" and lead == 0:
             raise SteeringError(f"swap at {self.address} replaces each position with another prompt's activation "
                                 f"there: give that capture ([pos, *shape], [batch, pos, *shape] or cache.entry(key)), "
                                 f"got one vector of shape {tuple(v.shape)} (for one vector everywhere, use set).")

@@ -14,13 +14,12 @@ uploaded as index tensors (non-blocking), and values are gathered with device in
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 import torch
 
-from engine.core import positions as pos
 from engine.core.errors import SteeringError
 from engine.core.ledger import GUARD, Ledger
 
@@ -209,22 +208,11 @@ class Step:
 
 
 def check_value(st: Steer, shape: tuple, at: np.ndarray) -> None:
-    """Refuse, naming both shapes, a value whose per-position shape is not the point's, and a
-    positional value that does not cover a position the steer touches (`at`: absolute positions)."""
+    """Refuse a value whose per-position shape is not the point's (Steer.check_shape), and a positional
+    value that does not cover a position the steer touches (`at`: absolute positions)."""
+    st.check_shape(shape)
     v = st.value
-    if v is None:
-        return
-    b = st.bound()
-    lead = b.lead
-    if lead == 2:
-        raise SteeringError(f"steering value for {st.address} still has its batch axis {tuple(v.shape)}; the "
-                            f"engine binds it per sequence (report this as a bug).")
-    per = tuple(v.shape[lead:])
-    if not (st.op == "scale" and v.dim() == 0) and per != tuple(shape):
-        lead_txt = "" if lead == 0 else f" (after {lead} leading pos axis)"
-        raise SteeringError(f"steering value for {st.address} has shape {tuple(v.shape)}{lead_txt} but the "
-                            f"point's per-position shape is {tuple(shape)}.")
-    if lead and len(at) and int(at.max()) >= v.shape[0]:
+    if isinstance(v, torch.Tensor) and st.bound().lead and len(at) and int(at.max()) >= v.shape[0]:
         raise SteeringError(f"steering value for {st.address} has shape {tuple(v.shape)}: it covers positions "
                             f"0..{v.shape[0] - 1} but the steer touches position {int(at.max())}; give a value "
                             f"for every touched position or narrow positions=.")

@@ -62,7 +62,7 @@ class SyncCounter(TorchFunctionMode):
     def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
         if func in SYNC_CALLS or _is_host_copy(func, args, kwargs):
-            f = sys._getframe(1)
+            f: Any = sys._getframe(1)
             while f is not None and "/torch/" in f.f_code.co_filename:
                 f = f.f_back
             if f is not None and f.f_code.co_filename.startswith(_ENGINE) and f.f_code.co_filename != __file__:

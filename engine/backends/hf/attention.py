@@ -106,7 +106,7 @@ def scores_from(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,
     return scores
 
 
-def _fast(native: Callable) -> Callable:
+def _fast(native: Any) -> Callable[..., tuple]:
     """`native` attention with the q / k / value / z callbacks around its call (no pattern)."""
     def attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                   attention_mask: torch.Tensor | None, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -175,8 +175,8 @@ def install(native: str = "eager") -> str:
         return NAME
     fast = f"{NAME}_{native}"
     if fast not in ALL_ATTENTION_FUNCTIONS._global_mapping:
-        ALL_ATTENTION_FUNCTIONS.register(fast, _fast(fn))
-        ALL_MASK_ATTENTION_FUNCTIONS.register(fast, mask)
+        ALL_ATTENTION_FUNCTIONS.register(fast, _fast(fn))  # type: ignore[arg-type]
+        ALL_MASK_ATTENTION_FUNCTIONS.register(fast, mask)  # type: ignore[arg-type]
     return fast
 
 
@@ -195,7 +195,8 @@ def native_of(model: torch.nn.Module) -> str:
     attention logits (SDPA and flash kernels here do not), and where it adds ALiBi biases (Falcon-RW:
     HF's SDPA path gave logits 1.4e-2 away from its eager path on a left-padded batch, measured by
     tests/test_attention_fast.py)."""
-    cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    config: Any = model.config
+    cfg = config.get_text_config() if hasattr(config, "get_text_config") else config
     if getattr(cfg, "attn_logit_softcapping", None) or getattr(cfg, "alibi", False):
         return "eager"
     return str(getattr(model.config, "_attn_implementation", None) or "eager")

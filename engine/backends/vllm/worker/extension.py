@@ -37,8 +37,8 @@ from engine.core.plan import Plan, Span, site_work
 from engine.core.points import POINTS
 from engine.core.readouts import Env, bind, parts_of
 from engine.core.site import guard, run_site, zero_rows
-from engine.core.step import Step
 from engine.core.steering import failure
+from engine.core.step import Step
 from engine.core.syncs import SyncCounter
 
 if TYPE_CHECKING:

@@ -37,7 +37,6 @@ from engine.core.site import readout, steer
 from engine.core.step import Step
 
 if TYPE_CHECKING:
-    from engine.core.plan import Plan
     from engine.core.steering import Steer
 
 
