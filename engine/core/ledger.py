@@ -1,14 +1,16 @@
 """What the steers of a call did, kept on the model's device until it is read once.
 
-Every steer application records, for each row it touched, the squared change of that row (float64)
-at its absolute position, or FAILED where the steer made a finite row non-finite; the layer guard
-records FAILED for a steering plan whose hidden state went non-finite later in the forward. None of
+Every steer application records, for each row it touched, the norm of that row's change (float64) at
+its absolute position: inf or NaN where the row is not finite after the steer. The layer guard records
+NaN for a steering plan whose hidden state went non-finite later in the forward. A row already not
+finite before a steer counts as that steer's failure; the first failure recorded is the one named, and
+a steer recorded earlier in the forward (or an earlier forward) is recorded first. None of
 that reads a device value: `read()` moves everything recorded in one transfer (eager: once per call;
 the vLLM worker: when a request is collected) and returns, per plan, its receipts and, where a row
 went non-finite, its failure.
 
-    ledger.record(codes, steer_indices, positions, sq)   # host arrays [m] (codes: ledger.code(plan.key)),
-                                                         # device float64 [m]
+    ledger.record(codes, steer_indices, positions, norms)   # host arrays [m] (codes: ledger.code(plan.key)),
+                                                            # device float64 [m]
     outcome = ledger.read([plan.key])[plan.key]              # Outcome: per steer (rows, sum of squares)
 
 With `unique=False` (vLLM: the scheduler can preempt a request and recompute positions) a position
@@ -24,7 +26,6 @@ import torch
 
 _CODES = itertools.count()
 GUARD = -1  # the steer index the layer guard records under: the request's hidden state went non-finite
-FAILED = -1.0  # recorded instead of a squared change: the row went non-finite (a square is never negative)
 
 
 @dataclass(slots=True)
@@ -44,7 +45,7 @@ class _Entry:
     plan: np.ndarray  # int64 [m]
     steer: np.ndarray  # int64 [m]
     pos: np.ndarray  # int64 [m]
-    sq: torch.Tensor  # float64 [m], on the model's device
+    norm: torch.Tensor  # float64 [m], on the model's device
 
 
 class Ledger:
@@ -68,10 +69,10 @@ class Ledger:
     def __bool__(self) -> bool:
         return bool(self._entries)
 
-    def record(self, plan: np.ndarray, steer: np.ndarray, pos: np.ndarray, sq: torch.Tensor) -> None:
+    def record(self, plan: np.ndarray, steer: np.ndarray, pos: np.ndarray, norm: torch.Tensor) -> None:
         """Rows of one application: plan codes (`code`), steer indices and absolute positions (host), and the
-        squared change of each row (device; NaN for a row made non-finite). No device read."""
-        self._entries.append(_Entry(plan, steer, pos, sq.detach().double().reshape(-1)))
+        norm of each row's change (device; inf or NaN for a row not finite). No device read."""
+        self._entries.append(_Entry(plan, steer, pos, norm.detach().double().reshape(-1)))
 
     def read(self, keys: "list | None" = None) -> dict:
         """{plan key: Outcome} for the plans `keys` (None: every plan recorded), in one transfer."""
@@ -80,7 +81,7 @@ class Ledger:
         entries = self._entries if codes is None else [e for e in self._entries if np.isin(e.plan, codes).any()]
         if not entries:
             return out
-        sq = torch.cat([e.sq for e in entries]).to("cpu").numpy()  # the one read
+        sq = torch.cat([e.norm for e in entries]).to("cpu").numpy() ** 2  # the one read
         plan = np.concatenate([e.plan for e in entries])
         steer = np.concatenate([e.steer for e in entries])
         pos = np.concatenate([e.pos for e in entries])
@@ -94,7 +95,7 @@ class Ledger:
             last[len(sq) - 1 - first] = True
             keep = last | (steer < 0)
             sq, plan, steer, pos = sq[keep], plan[keep], steer[keep], pos[keep]
-        bad = sq < 0  # FAILED
+        bad = ~np.isfinite(sq)
         for k in np.unique(plan):
             mine = plan == k
             o = out.setdefault(self._keys[int(k)], Outcome())
@@ -104,7 +105,7 @@ class Ledger:
             for i in np.unique(s[s >= 0]):
                 at = s == i
                 o.rows[int(i)] = int(at.sum())
-                o.sumsq[int(i)] = float(np.maximum(q[at], 0.0).sum())  # NaN (a row already not finite) stays
+                o.sumsq[int(i)] = float(q[at].sum())
         return out
 
     def drop(self, keys: list) -> None:
@@ -118,6 +119,6 @@ class Ledger:
             if not mine.any():
                 kept.append(e)
             elif not mine.all():
-                rest = torch.from_numpy(np.flatnonzero(~mine)).to(e.sq.device)
-                kept.append(_Entry(e.plan[~mine], e.steer[~mine], e.pos[~mine], e.sq.index_select(0, rest)))
+                rest = torch.from_numpy(np.flatnonzero(~mine)).to(e.norm.device)
+                kept.append(_Entry(e.plan[~mine], e.steer[~mine], e.pos[~mine], e.norm.index_select(0, rest)))
         self._entries = kept

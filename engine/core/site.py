@@ -5,9 +5,9 @@ engine/core/step.py builds their rows once per step).
     new = run_site(t, step, work)   # t: the flat [tokens, ...] tensor the site sees; None: unchanged
 
 A steer group gathers its rows (or takes the whole tensor when it touches every row), applies its op
-(engine/core/ops.py) once, and records each row's change in the step's ledger: the squared float64 norm
-of (new - old) per row, or FAILED where the op made a finite row non-finite. That record is the guard
-and the receipt at once, and nothing is read back here: the ledger is read once per call (eager) or at
+(engine/core/ops.py) once, and records each row's change in the step's ledger: the float64 norm of
+(new - old) per row, inf or NaN where the row is not finite after the op (three kernels: the op, the
+difference, the norm). That record is the guard and the receipt at once, and nothing is read back here: the ledger is read once per call (eager) or at
 collect (vLLM). With `step.sanitize` (vLLM) a row made non-finite keeps its unsteered value, so nothing
 non-finite reaches the rest of the forward or the KV cache; its request fails when the ledger is read.
 Writers run before readers, so a capture sees the steered value, as the rest of the forward does.
@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from engine.core.ledger import FAILED, GUARD
+from engine.core.ledger import GUARD
 from engine.core.ops import OPS
 from engine.core.plan import Plan, ReadoutGroup, SiteWork, Span, SteerGroup, site_work
 from engine.core.steering import Steer, failure
@@ -62,13 +62,11 @@ def steer(t: torch.Tensor, step: Step, g: SteerGroup) -> torch.Tensor:
         return t
     x = view if rows.index is None else view.index_select(0, rows.index)
     new = OPS[st.op].apply(x, None if value is None else value.to(x.dtype), st)
-    with torch.no_grad():
+    with torch.no_grad():  # the receipt and the guard in one: inf or NaN where the row went non-finite
         change = torch.linalg.vector_norm((new - x).reshape(rows.m, -1), dim=-1, dtype=torch.float64)
-        was = torch.isfinite(torch.linalg.vector_norm(x.reshape(rows.m, -1), dim=-1, dtype=torch.float64))
-        bad = was & ~torch.isfinite(change)  # the steer made a finite row non-finite (rows already not: not its doing)
-        step.ledger.record(rows.plan, rows.steer, rows.pos, torch.where(bad, FAILED, change.square()))
+        step.ledger.record(rows.plan, rows.steer, rows.pos, change)
     if step.sanitize:  # a row made non-finite keeps its unsteered value
-        new = torch.where(bad.reshape(-1, *[1] * (new.dim() - 1)), x, new)
+        new = torch.where(torch.isfinite(change).reshape(-1, *[1] * (new.dim() - 1)), new, x)
     if rows.index is None and h is None:  # every row: the op's result is the new tensor
         return new.clone() if new.data_ptr() == t.data_ptr() else new
     out = t.clone()
@@ -118,7 +116,7 @@ def guard(t: torch.Tensor, step: Step) -> torch.Tensor | None:
         bad = torch.segment_reduce((~ok).double(), "max", lengths=lengths.to(ok.device, non_blocking=True), axis=0)
         first = np.cumsum([0] + rows.counts[:-1])
         step.ledger.record(rows.plan[first], np.full(len(first), GUARD, dtype=np.int64), rows.pos[first],
-                           torch.where(bad > 0, FAILED, 0.0))
+                           torch.where(bad > 0, torch.nan, 0.0))
         if rows.index is None:
             return ok
         return torch.ones(t.shape[0], dtype=torch.bool, device=t.device).index_copy(0, rows.index, ok)
