@@ -96,16 +96,19 @@ class Ledger:
             keep = last | (steer < 0)
             sq, plan, steer, pos = sq[keep], plan[keep], steer[keep], pos[keep]
         bad = ~np.isfinite(sq)
-        for k in np.unique(plan):
-            mine = plan == k
-            o = out.setdefault(self._keys[int(k)], Outcome())
-            s, q, b = steer[mine], sq[mine], bad[mine]
-            if b.any():
-                o.failed = int(s[np.argmax(b)])
-            for i in np.unique(s[s >= 0]):
-                at = s == i
-                o.rows[int(i)] = int(at.sum())
-                o.sumsq[int(i)] = float(q[at].sum())
+        plans, at_plan = np.unique(plan, return_inverse=True)
+        for j in np.flatnonzero(np.bincount(at_plan, weights=bad, minlength=len(plans))):
+            mine = np.flatnonzero(at_plan == j)
+            out.setdefault(self._keys[int(plans[j])], Outcome()).failed = int(steer[mine[np.argmax(bad[mine])]])
+        real = steer >= 0  # receipts: per (plan, steer), rows and the sum of squares, at once
+        pairs, at_pair = np.unique(np.stack([plan[real], steer[real]], axis=1), axis=0, return_inverse=True)
+        rows = np.bincount(at_pair.reshape(-1), minlength=len(pairs))
+        sums = np.bincount(at_pair.reshape(-1), weights=sq[real], minlength=len(pairs))
+        for (k, i), n, q in zip(pairs.tolist(), rows.tolist(), sums.tolist()):
+            o = out.setdefault(self._keys[k], Outcome())
+            o.rows[i], o.sumsq[i] = n, q
+        for k in plans.tolist():
+            out.setdefault(self._keys[k], Outcome())
         return out
 
     def drop(self, keys: list) -> None:

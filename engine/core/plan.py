@@ -203,6 +203,7 @@ def site_work(plans: list[Plan], site_key: Callable[[Address], object], local_re
     and applies (its own shard)."""
     work: dict = {}
     groups: dict = {}  # (site, order at the site, signature) -> SteerGroup
+    known: dict = {}  # id(steer) -> (site, signature): the plans of an eager call share their steers
     reads: dict = {}  # (site, key, coord) -> ReadGroup
     outs: dict = {}  # (site, coord, kind) -> ReadoutGroup
     for plan in plans:
@@ -211,12 +212,14 @@ def site_work(plans: list[Plan], site_key: Callable[[Address], object], local_re
             st_here = st if local_steer is None else local_steer(st)
             if st_here is None:
                 continue
-            site = site_key(st.address.base)
+            if id(st_here) not in known:
+                known[id(st_here)] = (site_key(st.address.base), signature(st_here), st_here)
+            site, sig, _ = known[id(st_here)]
             k = order[site] = order.get(site, -1) + 1
             w = work.setdefault(site, SiteWork())
-            g = groups.get((site, k, signature(st_here)))
+            g = groups.get((site, k, sig))
             if g is None:
-                g = groups[(site, k, signature(st_here))] = SteerGroup(k)
+                g = groups[(site, k, sig)] = SteerGroup(k)
                 w.steers.append(g)
             g.members.append((plan, i, st_here))
         for addr in plan.reads():

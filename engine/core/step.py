@@ -23,6 +23,8 @@ import torch
 from engine.core.errors import SteeringError
 from engine.core.ledger import GUARD, Ledger
 
+from engine.core.plan import touches_every_row
+
 if TYPE_CHECKING:
     from engine.core.plan import Plan, ReadGroup, ReadoutGroup, Span, SteerGroup
     from engine.core.steering import Steer
@@ -94,23 +96,31 @@ class Step:
 
     # -- rows --------------------------------------------------------------------------------------
     def _rows(self, parts: list) -> Rows:
-        """Rows from (member, plan key, steer index, span, offsets within the span) of each member (plan
-        keys are recorded as the ledger's codes)."""
-        flat, plan, where, steer, members = [], [], [], [], []
-        for member, key, index, sp, off in parts:
-            if not len(off):
-                continue
-            flat.append(off + sp.a)
-            where.append(off + sp.pos0)
-            plan.append(np.full(len(off), self.ledger.code(key), dtype=np.int64))
-            steer.append(np.full(len(off), index, dtype=np.int64))
-            members.append((member, sp.pos0 + int(off[0]), len(off)))
-        if not members:
+        """Rows from (member, plan key, steer index, span, offsets within the span, or None for every row
+        of the span) of each member (plan keys are recorded as the ledger's codes)."""
+        parts = [p for p in parts if p[4] is None or len(p[4])]
+        if not parts:
             return Rows(None, _EMPTY, _EMPTY, _EMPTY, _EMPTY, [])
-        rows = np.concatenate(flat)
+        counts = np.array([p[3].n if p[4] is None else len(p[4]) for p in parts], dtype=np.int64)
+        first = np.zeros(len(parts), dtype=np.int64)
+        for j, p in enumerate(parts):
+            if p[4] is not None:
+                first[j] = p[4][0]
+        if all(p[4] is None for p in parts):  # every row of each span: ranges, built at once
+            start = np.repeat(np.cumsum(counts) - counts, counts)
+            within = np.arange(int(counts.sum()), dtype=np.int64) - start
+            rows = np.repeat([p[3].a for p in parts], counts) + within
+            where = np.repeat([p[3].pos0 for p in parts], counts) + within
+        else:
+            offs = [np.arange(p[3].n, dtype=np.int64) if p[4] is None else p[4] for p in parts]
+            rows = np.concatenate([o + p[3].a for o, p in zip(offs, parts)])
+            where = np.concatenate([o + p[3].pos0 for o, p in zip(offs, parts)])
+        code = self.ledger.code
+        plan = np.repeat(np.array([code(p[1]) for p in parts], dtype=np.int64), counts)
+        steer = np.repeat(np.array([p[2] for p in parts], dtype=np.int64), counts)
+        members = [(p[0], p[3].pos0 + int(f), int(n)) for p, f, n in zip(parts, first, counts)]
         every = len(rows) == self.n_tokens and bool((rows == np.arange(self.n_tokens)).all())
-        return Rows(None if every else upload(rows, self.device), rows, np.concatenate(plan), np.concatenate(where),
-                    np.concatenate(steer), members)
+        return Rows(None if every else upload(rows, self.device), rows, plan, where, steer, members)
 
     def steer_rows(self, g: SteerGroup, shape: tuple) -> tuple[Rows, torch.Tensor | None]:
         """The rows the group's steers touch in this step and the value for each (checked against the
@@ -123,9 +133,10 @@ class Step:
                 sp = self.span(plan)
                 if sp is None:
                     continue
-                off = st.offsets(sp.pos0, sp.n, plan.prompt_len)
+                off = None if touches_every_row(st) else st.offsets(sp.pos0, sp.n, plan.prompt_len)
                 try:
-                    check_value(st, shape, sp.pos0 + off)
+                    last = sp.pos0 + sp.n - 1 if off is None else sp.pos0 + int(off[-1]) if len(off) else -1
+                    check_value(st, shape, last)
                 except SteeringError as e:
                     if self.on_error is None:
                         raise
@@ -171,7 +182,7 @@ class Step:
                     continue
                 skip = plan.wanted(g.key, sp.pos0, sp.n)
                 if skip is not None:
-                    parts.append((plan, plan.key, 0, sp, np.arange(skip, sp.n, dtype=np.int64)))
+                    parts.append((plan, plan.key, 0, sp, None if skip == 0 else np.arange(skip, sp.n, dtype=np.int64)))
             self._built[key] = self._rows(parts)
         return self._built[key]
 
@@ -183,7 +194,7 @@ class Step:
             for plan, acc in g.members:
                 sp = self.span(plan)
                 if sp is not None:
-                    parts.append(((plan, acc), plan.key, 0, sp, np.arange(sp.n, dtype=np.int64)))
+                    parts.append(((plan, acc), plan.key, 0, sp, None))
             self._built[key] = self._rows(parts)
         return self._built[key]
 
@@ -191,8 +202,8 @@ class Step:
         """Every row of each plan that steers (what the layer guard watches)."""
         key = ("guard",)
         if key not in self._built:
-            parts = [(sp.plan, sp.plan.key, GUARD, sp, np.arange(sp.n, dtype=np.int64))
-                     for sp in self.spans if sp.plan.steers and sp.plan.error is None]
+            parts = [(sp.plan, sp.plan.key, GUARD, sp, None) for sp in self.spans
+                     if sp.plan.steers and sp.plan.error is None]
             self._built[key] = self._rows(parts)
         return self._built[key]
 
@@ -207,12 +218,12 @@ class Step:
             plan.add(g.key, p0, part)
 
 
-def check_value(st: Steer, shape: tuple, at: np.ndarray) -> None:
+def check_value(st: Steer, shape: tuple, last: int) -> None:
     """Refuse a value whose per-position shape is not the point's (Steer.check_shape), and a positional
-    value that does not cover a position the steer touches (`at`: absolute positions)."""
+    value that does not cover a position the steer touches (`last`: the latest absolute one; -1: none)."""
     st.check_shape(shape)
     v = st.value
-    if isinstance(v, torch.Tensor) and st.bound().lead and len(at) and int(at.max()) >= v.shape[0]:
+    if isinstance(v, torch.Tensor) and st.bound().lead and last >= v.shape[0]:
         raise SteeringError(f"steering value for {st.address} has shape {tuple(v.shape)}: it covers positions "
-                            f"0..{v.shape[0] - 1} but the steer touches position {int(at.max())}; give a value "
+                            f"0..{v.shape[0] - 1} but the steer touches position {last}; give a value "
                             f"for every touched position or narrow positions=.")

@@ -205,7 +205,7 @@ class EagerModel(ModelBase, WeightsMixin, TokensMixin):
             check_feature_steer(st, self._load_sae(st.sae) if isinstance(st.sae, str) else st.sae)
         v = st.value
         moved = v.to(self.device, non_blocking=True) if isinstance(v, torch.Tensor) and v.device != self.device else None
-        return st.at(addr, moved)
+        return st.at(addr, moved).bound()
 
     def _readout(self, r: Readout) -> Readout:
         """A readout checked against this model, at its absolute address."""
