@@ -22,7 +22,6 @@ import torch
 
 from engine.core.errors import SteeringError
 from engine.core.ledger import GUARD, Ledger
-
 from engine.core.plan import touches_every_row
 
 if TYPE_CHECKING:
@@ -42,7 +41,6 @@ class Rows:
     pos: np.ndarray
     steer: np.ndarray
     members: list
-    _seg: torch.Tensor | None = None
 
     @property
     def m(self) -> int:
@@ -51,13 +49,6 @@ class Rows:
     @property
     def counts(self) -> list[int]:
         return [n for _, _, n in self.members]
-
-    def seg(self, device: torch.device) -> torch.Tensor:
-        """Device long [m]: each row's member number (for per-member reductions)."""
-        if self._seg is None:
-            ids = np.repeat(np.arange(len(self.members), dtype=np.int64), self.counts)
-            self._seg = upload(ids, device)
-        return self._seg
 
     def take(self, t: torch.Tensor) -> torch.Tensor:
         """These rows of the flat tensor t (a copy)."""
