@@ -7,7 +7,7 @@ paired per round and reported as a median with a 95% interval (unresolved when i
     python -m benchmarks publish --check               # fail when a committed output drifted from its cells
     bash benchmarks/gpu.sh                             # the headline run on a CUDA machine (see the script)
     bash benchmarks/device.sh                          # a lent GPU without vLLM: the batched GPU goals (batch_*
-                                                       # workloads, hf-sdpa and the peers), the validator and the
+                                                       # workloads against HF and the peers), the validator and the
                                                        # README on cuda, in under 8 minutes (device_prep.sh first)
 
 Modules: spec (settings), workloads and variants (the two tables), worker (one variant's model, kept

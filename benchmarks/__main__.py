@@ -42,7 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
                           "runs on a GPU, else cpu")
     run.add_argument("--ci-bound", type=float, default=Params.ci_bound,
                      help="a ratio whose 95%% interval spans more than this fraction of it is unresolved")
-    run.add_argument("--variants", type=_csv, default=None, help="comma list (default: all but hf-sdpa, which benchmarks/device.sh names)")
+    run.add_argument("--variants", type=_csv, default=None, help="comma list (default: all)")
     run.add_argument("--workloads", type=_csv, default=None,
                      help="comma list (default: all but the batch_* GPU workloads, which benchmarks/device.sh names)")
     run.add_argument("--timeout", type=int, default=Params.timeout_s, help="seconds per worker request")

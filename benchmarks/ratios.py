@@ -14,7 +14,7 @@ from benchmarks.ci import Interval, median_ci
 from benchmarks.spec import MIN_ROUNDS
 from benchmarks.workloads import BY_NAME as WORKLOADS
 
-EAGER, STOCK, HF, HF_SDPA = "eager", "vllm-generate", "hf-generate", "hf-sdpa"
+EAGER, STOCK, HF = "eager", "vllm-generate", "hf-generate"
 PEERS = ("transformerlens", "nnsight", "interp-engine")
 VLLM_OURS = ("vllm", "vllm-static")
 
@@ -55,10 +55,10 @@ def _s(group, nv, nw, dv, dw, label="", goal=None):
 # as cheap as HF's own output_hidden_states, steering nearly free, and capture and steering at least as fast as
 # every peer's (the fastest, nnsight, is the bar)
 GPU: tuple[RatioSpec, ...] = (
-    _s("gpu", EAGER, "batch_prefill", HF_SDPA, "batch_prefill", "eager forward / HF forward (SDPA), batched",
-       0.98),
-    _s("gpu", EAGER, "batch_capture", HF_SDPA, "batch_capture",
-       "eager, capture at every layer / HF forward with output_hidden_states (SDPA), batched", 0.95),
+    _s("gpu", EAGER, "batch_prefill", HF, "batch_prefill",
+       "eager forward / HF forward (its default attention, SDPA), batched", 0.98),
+    _s("gpu", EAGER, "batch_capture", HF, "batch_capture",
+       "eager, capture at every layer / HF forward with output_hidden_states, batched", 0.95),
     _s("gpu", EAGER, "batch_steer", EAGER, "batch_prefill", "eager, steer every layer / no steer, batched prefill",
        0.95),
     _s("gpu", EAGER, "batch_steer_gen", EAGER, "batch_generate",
@@ -99,7 +99,7 @@ def all_specs(variants: list[str], workloads: list[str]) -> list[RatioSpec]:
             if base != w:
                 out.append(_s("own", v, w, v, base))
     for w in workloads:
-        for p in (HF, HF_SDPA, *PEERS):
+        for p in (HF, *PEERS):
             out.append(_s("peers", EAGER, w, p, w))
         for v in (EAGER, *VLLM_OURS):
             out.append(_s("stock", v, w, STOCK, WORKLOADS[w].baseline))

@@ -55,7 +55,7 @@ def default_sweep_name(p: Params) -> str:
 
 
 def plan(variants=None, workloads=None) -> tuple[list[str], list[str]]:
-    vs = [get_variant(v).name for v in variants] if variants else [v.name for v in VARIANTS if v.in_default]
+    vs = [get_variant(v).name for v in variants] if variants else [v.name for v in VARIANTS]
     ws = [get_workload(w).name for w in workloads] if workloads else list(DEFAULT_WORKLOADS)
     return vs, ws
 

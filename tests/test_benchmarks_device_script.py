@@ -57,13 +57,14 @@ def test_a_dry_run_does_every_phase_and_hands_back_eight_files(tmp_path):
                                        "validator.tgz", "published.tgz"}
     world = (out / "device-env.txt").read_text()
     assert "vllm: missing" in world and "transformer_lens: missing" in world and "torch 2." in world
-    assert "device: variants eager,hf-sdpa,nnsight,interp-engine" in world
+    assert "device: variants eager,hf-generate,nnsight,interp-engine" in world
     assert "transformerlens: skipped, transformer_lens is not importable here" in text
     # the README examples ran on the chosen device; the table is printed last and handed back
     assert "readme blocks on cpu: 2 of 2 ran" in (out / "readme.log").read_text()
     summary = (out / "summary.md").read_text()
     assert summary.strip() in text and "(goal ≥ 0.98)" not in summary  # goals in their own column
-    assert "| eager forward / HF forward (SDPA), batched | `cpu-llama-3.2-1b-tiny-batch` |" in summary
+    assert "| eager forward / HF forward (its default attention, SDPA), batched | `cpu-llama-3.2-1b-tiny-batch` |" \
+        in summary
     assert "| eager, generation with a steer at every layer / without, batched | `cpu-llama-3.2-1b-tiny-batch-gen` |" \
         in summary
     assert "readme blocks on cpu: 2 of 2 ran" in summary and "| hf | meta-llama/Llama-3.2-1B | cpu |" in summary
@@ -73,10 +74,10 @@ def test_a_dry_run_does_every_phase_and_hands_back_eight_files(tmp_path):
             t.extractall(tmp_path / "back", filter="data")
     sweeps = tmp_path / "back" / "sweeps"
     got = {c["id"]: c["status"] for d in sorted(sweeps.iterdir()) for c in cellio.load_sweep(d)}
-    for cell in ("eager__batch_prefill", "eager__batch_capture", "eager__batch_steer", "hf-sdpa__batch_capture",
+    for cell in ("eager__batch_prefill", "eager__batch_capture", "eager__batch_steer", "hf-generate__batch_capture",
                  "nnsight__batch_steer", "interp-engine__batch_capture", "eager__batch_steer_gen"):
         assert got[cell] == "ok", (cell, got)
-    assert got["hf-sdpa__batch_steer"] == "n/a" and not [c for c in got if c.startswith("transformerlens")]
+    assert got["hf-generate__batch_steer"] == "n/a" and not [c for c in got if c.startswith("transformerlens")]
     from validator import cells as vcells
     vc = {c["engine"]: c for c in vcells.load_all(tmp_path / "back" / "validator")}
     assert vc["hf"]["status"] == "ok" and vc["hf"]["summary"]["fail"] == 0 and vc["hf"]["variant"]["device"] == "cpu"

@@ -45,10 +45,6 @@ class Variant:
     # its work runs in processes that busy-wait between messages (vLLM's shared-memory queues spin for
     # up to a second after each read), so their CPU time is not the work done: time it on the wall clock
     busy_waits: bool = False
-    # peers on plain HF: the attention implementation they load with ("" = the engine's loader's, eager;
-    # "sdpa" = HF's own default, what a user gets from from_pretrained)
-    attn: str = ""
-    in_default: bool = True  # part of a sweep that names no variants
 
     def unavailable(self) -> str | None:
         """Why this variant cannot run on this machine now, or None."""
@@ -86,9 +82,6 @@ VARIANTS: tuple[Variant, ...] = (
                                     "batch_readout", "batch_capture_gen", "batch_steer_gen", "batch_readout_gen")}),
     Variant("hf-generate", "peer", "peer: plain HF transformers", "benchmarks.variants.hf:HFRunner",
             requires=("transformers",), na=_hf_na()),
-    Variant("hf-sdpa", "peer", "peer: plain HF transformers, its default attention (SDPA)",
-            "benchmarks.variants.hf:HFRunner", requires=("transformers",), na=_hf_na(), attn="sdpa",
-            in_default=False),
     Variant("transformerlens", "peer", "peer: TransformerLens (TransformerBridge)",
             "benchmarks.variants.tl:TLRunner", requires=("transformer_lens",),
             na={**{w: "TransformerLens 4.3 refuses generate(return_cache=True) for more than one prompt "

@@ -13,11 +13,8 @@ class HFRunner(Runner):
     def load(self):
         from engine.loading import load_hf
         p = self.p
-        # the engine's loader gives eager attention; a variant with `attn` runs that implementation instead
-        # (hf-sdpa: HF's own default); no engine hooks are attached
+        # the attention HF picks for the model (sdpa where it has it), as from_pretrained gives a user; no hooks
         self.hf, self.tok, used = load_hf(p.model, p.source, p.torch_dtype(), p.device)
-        if self.variant.attn:
-            self.hf.set_attn_implementation(self.variant.attn)
         self.pad = self.tok.pad_token_id if self.tok.pad_token_id is not None else self.tok.eos_token_id
         self.tokenize(self.tok)
         self.n_layers = self.hf.config.get_text_config().num_hidden_layers
