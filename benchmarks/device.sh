@@ -123,8 +123,8 @@ cat "$RESULTS/readme.log"
 grep -q "^readme exit 0" "$RESULTS/readme.log" || FAILED+=("README examples on $DEVICE")
 
 # 2. the goal ratios: batched prefill with the peers, then batched generation (eager: its own ratios)
-sweep "$dev-$tag-$SIZE-batch" "$BENCH_MODEL" "$VARIANTS" "$PREFILL_WORK" "${PREFILL_CAP:-190}"
-sweep "$dev-$tag-$SIZE-batch-gen" "$BENCH_MODEL" eager "$GEN_WORK" "${GEN_CAP:-110}"
+sweep "$dev-$tag-$SIZE-batch" "$BENCH_MODEL" "$VARIANTS" "$PREFILL_WORK" "${PREFILL_CAP:-200}"
+sweep "$dev-$tag-$SIZE-batch-gen" "$BENCH_MODEL" eager "$GEN_WORK" "${GEN_CAP:-100}"
 
 # 3. the validator on the device (every reference engine importable here; the rest skipped by name)
 capped "validator" 60 240 "$PY" -m validator run --device "$DEVICE" --dtype "$DTYPE" --out "$RESULTS/validator" \
