@@ -161,3 +161,25 @@ def test_a_batched_sweep_answers_the_gpu_ratios(tmp_path):
     text = render([t])
     assert "Batched (16 prompts or streams): the GPU goals of issue 33" in text
     assert "eager forward / HF forward (its default attention, SDPA), batched (goal ≥ 0.98)" in text
+
+
+def test_a_sweep_past_its_time_starts_no_more_rounds_and_says_so(tmp_path):
+    """--max-seconds: a round that the last one's duration says would end past the deadline is not started;
+    the rounds that ran keep their samples (the cells are written either way)."""
+    import time
+
+    from benchmarks.sweep import Sweep
+    logs: list[str] = []
+    s = Sweep(Params(**FAST), "t", ["eager"], ["batch_prefill"], tmp_path, log=logs.append)
+    s.prepared = {("eager", "batch_prefill"): {"samples": []}}
+    s.workers = {"eager": object()}
+
+    def ask(v, w, req):
+        time.sleep(0.3)
+        return {"seconds": 0.3, "cpu_s": 0.3, "min_seconds": 0.3, "min_cpu_s": 0.3, "k": 1, "load1": 0.0, "t": 0.0}
+    s._ask = ask
+    s.run_rounds([("eager", "batch_prefill")], deadline=time.perf_counter() + 0.75)
+    ran = len(s.prepared[("eager", "batch_prefill")]["samples"])
+    assert 1 <= ran < FAST["rounds"]
+    assert f"round {ran + 1}/6 and later: not started, the sweep's time is up (--max-seconds); {ran} rounds ran" \
+        in logs
