@@ -122,6 +122,12 @@ wait "$readme_pid"
 cat "$RESULTS/readme.log"
 grep -q "^readme exit 0" "$RESULTS/readme.log" || FAILED+=("README examples on $DEVICE")
 
+# 1b. the GPU-marked tests: no host sync inside an eager call (torch's own detector), captures stay on the
+#     device, a CPU steer value on a CUDA model (tiny twins; they skip without CUDA)
+mkdir -p "$RESULTS/logs"
+capped "gpu tests" 20 90 bash -c "INTERP_ZOO_SIZE=tiny '$PY' -m pytest -q -p no:cacheprovider -m gpu tests/test_syncs.py \
+  tests/test_steer_ops.py > '$RESULTS/logs/gpu-tests.log' 2>&1; rc=\$?; tail -3 '$RESULTS/logs/gpu-tests.log'; exit \$rc"
+
 # 2. the goal ratios: batched prefill with the peers, then batched generation (eager: its own ratios)
 sweep "$dev-$tag-$SIZE-batch" "$BENCH_MODEL" "$VARIANTS" "$PREFILL_WORK" "${PREFILL_CAP:-200}"
 sweep "$dev-$tag-$SIZE-batch-gen" "$BENCH_MODEL" eager "$GEN_WORK" "${GEN_CAP:-100}"
