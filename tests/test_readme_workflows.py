@@ -16,14 +16,14 @@ from pathlib import Path
 import pytest
 import torch
 
+from scripts import readme_blocks
+
 REPO = Path(__file__).resolve().parents[1]
 README = REPO / "README.md"
 
 
 def _block() -> str:
-    text = README.read_text()
-    section = text.split("## Workflows", 1)[1]
-    return re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    return readme_blocks.get("workflows").code()
 
 
 def test_readme_workflows_run_as_written(tmp_path, monkeypatch, capsys):
@@ -234,8 +234,7 @@ def test_readme_vllm_harvest_command_runs_as_written(tmp_path):
 
 
 def _readouts_block() -> str:
-    section = README.read_text().split("## Readouts", 1)[1].split("\n## ", 1)[0]
-    return re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    return readme_blocks.get("readouts").code()
 
 
 def test_readme_readouts_example_runs_as_written(capsys):
@@ -262,7 +261,7 @@ def test_readme_sae_folder_and_probe_file_block_runs_as_written(tmp_path, monkey
     from engine.core.features import topk
     from engine.core.sae_files import load_sae
     monkeypatch.chdir(tmp_path)
-    block = _blocks(README.read_text().split("### Real SAEs and probe files", 1)[1].split("\n## ", 1)[0])[0]
+    block = readme_blocks.get("real-saes").code()
     ns: dict = {}
     exec(compile(block, "README.md", "exec"), ns)
     cache = ns["cache"]
