@@ -335,6 +335,7 @@ class AsyncVLLMModel(ModelBase, TokensMixin):
     async def worker_syncs(self, on: bool) -> list[dict]:
         """Start (on=True) or stop counting the engine's host reads inside the workers' steps
         (engine/core/syncs.py); stopping returns each rank's {"syncs", "steps", "sites"}."""
+        self._live()
         return await self._rpc("interp_syncs", on)
 
     async def _submit(self, sub: Submission, key: str, on_output=None):
