@@ -7,7 +7,6 @@ on eager HF or vLLM, checked against TransformerLens, nnsight/nnterp and HF itse
 """
 from typing import Any
 
-from engine import _moved  # noqa: F401  (importing it installs the finder for the pre-move paths)
 from engine.core.address import Address, parse
 from engine.core.errors import (
     AddressError,

@@ -158,7 +158,7 @@ def test_headed_is_a_point_trait_read_from_its_shape():
 
 
 def _engine_sources():
-    return {p: p.read_text() for p in ENGINE.rglob("*.py") if p.name != "_moved.py"}
+    return {p: p.read_text() for p in ENGINE.rglob("*.py")}
 
 
 def test_no_module_relists_a_point_trait_or_compares_vllm_backend_names():
