@@ -10,12 +10,24 @@ from typing import Any
 from engine.core.address import Address, parse
 from engine.core.errors import (
     AddressError,
+    BodyTooLarge,
     EngineError,
+    EngineFailure,
     FamilyLimitationError,
     InputError,
+    InputTypeError,
+    MixingError,
     ModelNotFoundError,
     OptionError,
+    PartBusyError,
+    PointError,
+    ReadoutError,
+    RunnerError,
+    SAEError,
+    ServeError,
     SteeringError,
+    TapProofError,
+    UnmappedError,
     UnsupportedPointError,
 )
 from engine.core.points import POINTS, get_point
@@ -29,7 +41,7 @@ from engine.core.results import (
     StreamStep,
     StrictSteerError,
 )
-from engine.core.steering import Steer
+from engine.core.steering import NonFiniteSteer, Steer
 from engine.loading import BACKENDS, load_model
 from engine.workflows.attention_capture import AttentionCapture, capture_attention
 from engine.workflows.patching import PatchResult, logit_diff, patch_sweep
@@ -43,6 +55,10 @@ def run_with_cache(model: Any, inputs: Any, points: Any = (), steer: Any = (), s
 __all__ = ["Address", "parse", "load_model", "run_with_cache", "Steer", "POINTS", "get_point", "BACKENDS",
            "ActivationCache", "GenerationResult", "Request", "RequestResult", "StreamStep", "Receipt",
            "patch_sweep", "logit_diff", "PatchResult", "capture_attention", "AttentionCapture",
-           "EngineError", "AddressError", "UnsupportedPointError", "SteeringError", "ModelNotFoundError",
-           "OptionError", "InputError", "FamilyLimitationError", "StrictSteerError",
-           "Readout", "KINDS", "Mean", "Max", "Last", "Norm", "Project", "LensTopK", "SAEFeatures", "TopK"]
+           "NonFiniteSteer", "StrictSteerError",
+           "Readout", "KINDS", "Mean", "Max", "Last", "Norm", "Project", "LensTopK", "SAEFeatures", "TopK",
+           # every error (engine/core/errors.py), as httpx exports its whole hierarchy
+           "EngineError", "AddressError", "UnsupportedPointError", "UnmappedError", "PointError", "SteeringError",
+           "ModelNotFoundError", "OptionError", "InputError", "InputTypeError", "FamilyLimitationError",
+           "RunnerError", "SAEError", "ReadoutError", "MixingError", "PartBusyError", "EngineFailure",
+           "TapProofError", "ServeError", "BodyTooLarge"]

@@ -1,4 +1,23 @@
-"""Error types. Every message names the bad input and the fix."""
+"""Every error the engine raises, in one hierarchy under EngineError (each exported from `engine`).
+
+Every message names the bad input and the fix. A subclass of EngineError is a refusal of what was
+asked (the server answers it with a 4xx naming the field), except EngineFailure and its subclasses
+(the engine failed, not the input) and a bare EngineError (a failure while running).
+
+    EngineError
+      AddressError (ValueError)         UnsupportedPointError, UnmappedError, PointError
+      SteeringError (ValueError)        (NonFiniteSteer and StrictSteerError, beside their data for now)
+      ModelNotFoundError (LookupError, ValueError)
+      OptionError (ValueError)
+      InputError (ValueError)           InputTypeError (TypeError)
+      FamilyLimitationError (NotImplementedError)   RunnerError
+      SAEError (ValueError)
+      ReadoutError (ValueError)
+      MixingError (ValueError)          PartBusyError
+      EngineFailure (RuntimeError)      TapProofError
+      ServeError                        BodyTooLarge
+"""
+from __future__ import annotations
 
 
 class EngineError(Exception):
@@ -13,6 +32,15 @@ class UnsupportedPointError(AddressError):
     """The point exists but this backend (or this layer of this family) cannot serve it."""
 
 
+class UnmappedError(AddressError):
+    """Another engine (TransformerLens, nnsight, nnterp) has no hook or accessor holding this tensor
+    (engine/interop/mappers.py; the message says why)."""
+
+
+class PointError(AddressError):
+    """A point the harvester cannot store in fixed-width rows (or no point at all)."""
+
+
 class SteeringError(EngineError, ValueError):
     """Bad steering input: width, dtype, device, NaN, op, positions."""
 
@@ -23,12 +51,17 @@ class ModelNotFoundError(EngineError, LookupError, ValueError):
 
 
 class OptionError(EngineError, ValueError):
-    """A bad load option: dtype, device or source."""
+    """A bad load option: dtype, device, source, or a keyword the backend does not take."""
 
 
 class InputError(EngineError, ValueError):
-    """Bad model input: an empty prompt, a prompt longer than the model's positions, token ids out of
-    the vocabulary, a malformed batch."""
+    """Bad input: an empty prompt, a prompt longer than the model's positions, token ids out of the
+    vocabulary, a malformed batch; for a harvest, documents that cannot be read (missing, empty, the
+    wrong field, mixed formats)."""
+
+
+class InputTypeError(InputError, TypeError):
+    """Model input of a type no backend takes (also a TypeError)."""
 
 
 class FamilyLimitationError(EngineError, NotImplementedError):
@@ -36,10 +69,49 @@ class FamilyLimitationError(EngineError, NotImplementedError):
     engine/families/limits.py); the message names the limitation and the workaround."""
 
 
-class InputTypeError(InputError, TypeError):
-    """Model input of a type no backend takes (also a TypeError)."""
+class RunnerError(FamilyLimitationError):
+    """vLLM runs (or would run) its V2 model runner, whose batch rows the hooked backends cannot map
+    to requests (engine/backends/vllm/worker/runner.py)."""
 
 
 class SAEError(EngineError, ValueError):
     """A malformed or mismatched SAE or transcoder: a missing file, a bad cfg.json field, a tensor of the
     wrong shape, an unknown architecture, a width that is not the point's."""
+
+
+class ReadoutError(EngineError, ValueError):
+    """A readout that cannot be computed as asked (its kind, its parameters, its address)."""
+
+
+class MixingError(EngineError, ValueError):
+    """A harvest's OUT already holds a harvest made differently; writing into it would mix two datasets."""
+
+
+class PartBusyError(MixingError):
+    """Another process holds the harvest part's lock right now (a scheduler retrying the part of a
+    process that is still dying waits for this one to clear)."""
+
+
+class EngineFailure(EngineError, RuntimeError):
+    """The engine failed, not the input: never a client's error."""
+
+
+class TapProofError(EngineFailure):
+    """vllm-static's startup proof failed: a tap did not capture or a test steer did not act
+    (engine/backends/vllm/proof.py); the engine refuses to serve."""
+
+
+class ServeError(EngineError):
+    """An HTTP error response of the server: its status, a message saying what was wrong and the fix,
+    the request field it is about, extra headers."""
+
+    def __init__(self, status: int, message: str, param: str | None = None, headers: dict | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.param, self.headers = status, message, param, headers
+
+
+class BodyTooLarge(ServeError):
+    """A request body over the server's limit (413)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(413, message)

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Iterable, Iterator, Mapping, TypeGuard, cast
 import torch
 
 from engine.core.address import Address
+from engine.core.errors import PointError
 from engine.core.points import get_point
 
 if TYPE_CHECKING:
@@ -17,10 +18,6 @@ if TYPE_CHECKING:
     from engine.backends.vllm.backend import VLLMModel
     from engine.core.readouts import Readout
     from engine.harvest.batches import Batch
-
-
-class PointError(ValueError):
-    """A point the harvester cannot store in fixed-width rows."""
 
 
 def addresses(model: EagerModel | VLLMModel, points: str | Iterable[str | Address]) -> list[str]:

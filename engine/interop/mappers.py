@@ -15,22 +15,13 @@ UnmappedError saying why. tests/test_mappers.py compares every mapped tensor, no
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from engine.core.address import Address
-from engine.core.errors import AddressError
+from engine.core.errors import AddressError, UnmappedError
 from engine.core.points import POINTS, get_point
 from engine.families import family_for
 from engine.families.base import Split
-
-if TYPE_CHECKING:
-    pass
-
-
-
-class UnmappedError(AddressError):
-    """The other engine has no hook / accessor holding this tensor (the message says why)."""
-
 
 # (family, point) -> the TL hook where the generic one holds another tensor, or (None, why)
 TL_OVERRIDES: dict[tuple[str, str], tuple[str | None, str]] = {

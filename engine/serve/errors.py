@@ -10,19 +10,11 @@ from __future__ import annotations
 from pydantic import ValidationError
 from starlette.responses import JSONResponse
 
-from engine.core.errors import EngineError
+from engine.core.errors import EngineError, EngineFailure, ServeError
 
 TYPES = {400: "BadRequestError", 401: "AuthenticationError", 404: "NotFoundError", 405: "MethodNotAllowedError",
          413: "RequestTooLargeError", 429: "RateLimitError", 500: "InternalServerError",
          503: "ServiceUnavailableError"}
-
-
-class ServeError(Exception):
-    """An error response: HTTP status, a message saying what was wrong and the fix, the field."""
-
-    def __init__(self, status: int, message: str, param: str | None = None, headers: dict | None = None) -> None:
-        super().__init__(message)
-        self.status, self.message, self.param, self.headers = status, message, param, headers
 
 
 def payload(status: int, message: str, param: str | None = None) -> dict:
@@ -56,12 +48,15 @@ def from_validation(e: ValidationError, prefix: tuple = ()) -> ServeError:
 
 
 def is_client_error(e: BaseException) -> bool:
-    """The engine's refusals of bad input (every EngineError subclass is one; a bare EngineError is a
-    failure while running)."""
-    return isinstance(e, EngineError) and type(e) is not EngineError
+    """The engine's refusals of bad input (engine/core/errors.py: every EngineError subclass is one but
+    an EngineFailure; a bare EngineError is a failure while running; a ServeError carries its own status)."""
+    return (isinstance(e, EngineError) and type(e) is not EngineError
+            and not isinstance(e, (EngineFailure, ServeError)))
 
 
 def from_engine(e: BaseException, param: str | None = None) -> ServeError:
+    if isinstance(e, ServeError):
+        return e
     if is_client_error(e):
         return ServeError(400, f"{param}: {e}" if param else str(e), param)
     return ServeError(500, f"{type(e).__name__}: {e}")

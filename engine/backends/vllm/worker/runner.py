@@ -21,16 +21,12 @@ from __future__ import annotations
 
 import os
 
-from engine.core.errors import FamilyLimitationError
+from engine.core.errors import RunnerError
 
 ENV = "VLLM_USE_V2_MODEL_RUNNER"
 V2_PACKAGE = "vllm.v1.worker.gpu."  # V2 runners (the CPU V2 runner subclasses the GPU one)
 # engine arguments with which vLLM 0.32 uses V2 whatever the environment says (config/vllm.py)
 FORCES_V2 = {"watermark_config": "watermarking", "hisparse_config": "HiSparse attention"}
-
-
-class RunnerError(FamilyLimitationError):
-    pass
 
 
 def _forcing_v2(engine_kw: dict) -> list[str]:
