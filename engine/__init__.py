@@ -8,6 +8,7 @@ on eager HF or vLLM, checked against TransformerLens, nnsight/nnterp and HF itse
 from typing import Any
 
 from engine.core.address import Address, parse
+from engine.core.backends import BACKENDS
 from engine.core.errors import (
     AddressError,
     BodyTooLarge,
@@ -42,7 +43,7 @@ from engine.core.results import (
     StrictSteerError,
 )
 from engine.core.steering import NonFiniteSteer, Steer
-from engine.loading import BACKENDS, load_model
+from engine.loading import load_model
 from engine.workflows.attention_capture import AttentionCapture, capture_attention
 from engine.workflows.patching import PatchResult, logit_diff, patch_sweep
 

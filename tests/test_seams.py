@@ -14,10 +14,11 @@ from engine.backends.vllm.client import Submission
 from engine.backends.vllm.modes import MODES, NO_CAPTURE, HooksMode, StaticTapsMode, StockMode, mode_for
 from engine.backends.vllm.runtime import LoadReport
 from engine.core.address import Address
+from engine.core.backends import VLLM_BACKENDS
 from engine.core.errors import SteeringError, UnsupportedPointError
 from engine.core.ops import OPS, AffineRows
 from engine.core.plan import Plan, SiteWork, Span, Step
-from engine.core.points import HEADED_POINTS, POINTS, VLLM_BACKENDS, get_point
+from engine.core.points import HEADED_POINTS, POINTS, get_point
 from engine.core.steer_checks import check_steers
 from engine.core.steering import CacheEntry, Steer
 

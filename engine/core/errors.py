@@ -1,6 +1,6 @@
 """Every error the engine raises, in one hierarchy under EngineError (each exported from `engine`).
 
-Every message names the bad input and the fix. A subclass of EngineError is a refusal of what was
+Every message names the bad input and the fix (`closest` gives the "Did you mean" part). A subclass of EngineError is a refusal of what was
 asked (the server answers it with a 4xx naming the field), except EngineFailure and its subclasses
 (the engine failed, not the input) and a bare EngineError (a failure while running).
 
@@ -18,6 +18,15 @@ asked (the server answers it with a 4xx naming the field), except EngineFailure 
       ServeError                        BodyTooLarge
 """
 from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable
+
+
+def closest(word: str, options: Iterable[str], n: int = 3) -> str:
+    """A 'did you mean' suffix for error messages."""
+    hits = difflib.get_close_matches(word, list(options), n=n, cutoff=0.5)
+    return f" Did you mean {', '.join(repr(h) for h in hits)}?" if hits else ""
 
 
 class EngineError(Exception):

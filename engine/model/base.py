@@ -7,6 +7,7 @@ import contextlib
 import contextvars
 from typing import TYPE_CHECKING, Iterator, Self
 
+from engine.core.backends import backend_for
 from engine.core.errors import EngineError
 from engine.model.capabilities import CapabilityMixin
 from engine.model.catalogue import PointCatalogue
@@ -48,7 +49,7 @@ class ModelBase(PointCatalogue, CapabilityMixin):
         the device the model's inputs go to (eager: the model's; vLLM: the CPU), with the BOS policy
         `prepend_bos` (None: the model's own, engine/core/tokens.py)."""
         from engine.core.tokens import to_tokens
-        device = self.device if self.backend == "eager" else "cpu"
+        device = "cpu" if backend_for(self.backend).runtime.own_processes else self.device
         return to_tokens(self.tokenizer, text, padding_side,
                          getattr(self, "prepend_bos", None) if prepend_bos is None else prepend_bos, device)
 

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, AsyncGenerator, Coroutine, Sequence, cast
 
 import torch
 
+from engine.core.backends import HF, VLLM, Runtime, backend_for
 from engine.core.inputs import limits_of, token_rows
 from engine.core.points import KEY_AXIS_POINTS
 from engine.core.results import Receipt, Request, RequestResult
@@ -96,6 +97,7 @@ class Runner:
 
     def __init__(self, model: EagerModel | VLLMModel) -> None:
         self.model = model
+        self.backend = model.backend
         self.name = model.name
         self.tokenizer = model.tokenizer
         self.tokenizer_lock = threading.Lock()  # requests are tokenized on several threads (routes.Offload)
@@ -174,7 +176,6 @@ class VLLMRunner(Runner):
     model: VLLMModel
 
     def __init__(self, model: VLLMModel) -> None:
-        self.backend = model.backend
         super().__init__(model)
         self.unfinite: str | None = None  # sticky: once the engine computes inf / NaN it stays unhealthy
         self._probed: tuple[float, str | None] = (-math.inf, None)  # (when, verdict)
@@ -262,7 +263,6 @@ class VLLMRunner(Runner):
 
 
 class EagerRunner(Runner):
-    backend = "eager"
     REFUSED = ("stop", "stop_token_ids", "presence_penalty", "frequency_penalty", "min_p", "repetition_penalty")
     model: EagerModel
 
@@ -362,8 +362,11 @@ def first(readouts: dict) -> dict:
     return {k: v.map(lambda t: t[0]) if isinstance(v, TopK) else v[0] for k, v in readouts.items()}
 
 
+RUNNERS: dict[Runtime, type[Runner]] = {HF: EagerRunner, VLLM: VLLMRunner}  # the server's runner per engine
+
+
 def make(model: EagerModel | VLLMModel) -> Runner:
-    return (EagerRunner(cast("EagerModel", model)) if model.backend == "eager"
-            else VLLMRunner(cast("VLLMModel", model)))
+    """The runner for a loaded model: the one of its backend's runtime (engine/core/backends.py)."""
+    return RUNNERS[backend_for(model.backend).runtime](cast(Any, model))
 
 

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
 
 from engine.backends.vllm.sizing import Sizing, kv_bytes_for  # noqa: F401  (kv_bytes_for: benchmarks)
+from engine.core.backends import backend_for
 from engine.core.errors import OptionError
 from engine.model import sources
 
@@ -58,8 +59,9 @@ REFUSED_ENGINE_ARGS = {
 
 
 def check_engine_args(backend: str, engine_kw: dict) -> None:
-    """Refuse, before anything starts, an engine arg whose feature would make captures or steers wrong."""
-    if backend == "vllm-generate":
+    """Refuse, before anything starts, an engine arg whose feature would make captures or steers wrong
+    (a backend that captures nothing takes them all)."""
+    if not backend_for(backend).captures:
         return
     for name, why in REFUSED_ENGINE_ARGS.items():
         if engine_kw.get(name):

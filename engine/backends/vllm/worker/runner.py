@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import os
 
+from engine.core.backends import backend_for
 from engine.core.errors import RunnerError
 
 ENV = "VLLM_USE_V2_MODEL_RUNNER"
@@ -41,7 +42,7 @@ def _forcing_v2(engine_kw: dict) -> list[str]:
 def force_v1(backend: str, engine_kw: dict) -> tuple[dict, str]:
     """(environment for the engine's processes, what the load report says about the runner).
     Refuses, before starting anything, engine arguments that make vLLM use V2 regardless."""
-    if backend == "vllm-generate":
+    if not backend_for(backend).captures:
         return {}, "model runner: vLLM's own choice (stock vLLM, no row map)"
     forcing = _forcing_v2(engine_kw)
     if forcing:
