@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Iterator
 
 import torch
 
+from engine.core import DISTRIBUTION
 from engine.core.backends import VLLM, backend_for
 from engine.core.errors import OptionError
 from engine.core.files import remove_temps
@@ -125,16 +126,16 @@ def engine_versions(backend: str) -> dict:
     """Versions that produced the data (recorded, never compared: an upgrade may resume)."""
     import importlib.metadata as md
     out = {}
-    for dist in ("interp-standard", "torch", "transformers", "safetensors") + backend_for(backend).runtime.dists:
+    for dist in (DISTRIBUTION, "torch", "transformers", "safetensors") + backend_for(backend).runtime.dists:
         try:
             out[dist] = md.version(dist)
         except md.PackageNotFoundError:
             pass
-    if "interp-standard" not in out:  # running from a checkout
+    if DISTRIBUTION not in out:  # running from a checkout
         import tomllib
         pp = Path(__file__).resolve().parents[2] / "pyproject.toml"
         if pp.is_file():
-            out["interp-standard"] = tomllib.loads(pp.read_text())["project"]["version"]
+            out[DISTRIBUTION] = tomllib.loads(pp.read_text())["project"]["version"]
     return out
 
 

@@ -28,6 +28,7 @@ from fastapi import FastAPI, Request
 from pydantic import BaseModel, ValidationError
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 
+from engine.core import DISTRIBUTION
 from engine.core.errors import SteeringError
 from engine.core.results import StrictSteerError
 from engine.serve import encoding, interp, text
@@ -529,7 +530,7 @@ def register(app: FastAPI) -> None:
     async def models(request: Request):
         ctx: Context = request.app.state.ctx
         return JSONResponse({"object": "list", "data": [
-            {"id": n, "object": "model", "created": int(ctx.metrics.started), "owned_by": "interp-engine",
+            {"id": n, "object": "model", "created": int(ctx.metrics.started), "owned_by": DISTRIBUTION,
              "root": ctx.runner.name, "max_model_len": ctx.runner.max_model_len} for n in ctx.served]})
 
     @app.api_route("/health", methods=["GET", "HEAD"])
