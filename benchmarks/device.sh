@@ -92,7 +92,8 @@ done
 if ls -d "$SWEEPS"/*/ >/dev/null 2>&1; then
   printf '# R\n<!-- THROUGHPUT:START -->\n<!-- THROUGHPUT:END -->\n' > "$RESULTS/THROUGHPUT.md"
   phase "publish" 10 "$PY" -m benchmarks publish --sweeps $(ls -d "$SWEEPS"/*/) --readme "$RESULTS/THROUGHPUT.md" \
-    --ts "$RESULTS/benchmarks.generated.ts" --out "$RESULTS/published"
+    --out "$RESULTS/published"
+  phase "site data" 5 "$PY" -m visualizer_data build --only benchmarks --benchmark-cells "$SWEEPS" --out "$RESULTS"
 else
   echo "== publish: skipped (no sweep finished)"; SKIPPED+=("publish")
 fi

@@ -35,11 +35,12 @@ def test_device_script_runs_without_vllm_and_skips_what_is_missing(tmp_path):
     assert {c["id"]: c["status"] for c in cells} == {"eager__prefill": "ok", "eager__capture_all": "ok",
                                                      "hf-generate__prefill": "ok", "hf-generate__capture_all": "ok"}
     assert (tmp_path / "r" / "published" / "results-latest.md").exists()
+    assert "cpu-llama-3.2-1b-tiny" in (tmp_path / "r" / "benchmarks.generated.ts").read_text()  # the site data
     assert "| eager, capture at every layer / HF forward |" in (tmp_path / "r" / "THROUGHPUT.md").read_text()
     vcells = {p.name: json.loads(p.read_text()) for p in (tmp_path / "r" / "validator" / "cells").glob("*.json")}
     hf = next(c for n, c in vcells.items() if "__hf@" in n)
     tl = next(c for n, c in vcells.items() if "__transformer_lens@" in n)
-    assert "== validator eager columns: exit 0" in out and "== publish: exit 0" in out
+    assert "== validator eager columns: exit 0" in out and "== publish: exit 0" in out and "== site data: exit 0" in out
     assert hf["status"] == "ok" and hf["summary"]["pass"] > 0 and hf["summary"]["fail"] == 0
     assert hf["variant"]["device"] == "cpu"
     assert tl["status"] == "skipped" and "'transformer_lens' is not importable here" in tl["reason"]
