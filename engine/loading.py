@@ -28,40 +28,53 @@ _FROM = {"real": "the local HF cache (real weights)", "zoo": "the zoo (tiny twin
          "local": "a local model directory"}
 
 
-def _load_hf(src: sources.ModelSource, dtype, device):
+ATTENTION = ("auto", "eager", "sdpa", "flash_attention_2")
+
+
+def _load_hf(src: sources.ModelSource, dtype, device, attention: str = "auto"):
+    """HF's model and tokenizer. attention="auto": the implementation HF picks for the model (sdpa, or
+    eager where it has no other); the eager backend runs its calls that read a pattern eager anyway."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
+    if attention not in ATTENTION:
+        raise ValueError(f"attention={attention!r} is not one of {', '.join(ATTENTION)}.")
     hf = AutoModelForCausalLM.from_pretrained(src.path, dtype=dtype, local_files_only=True,
-                                              attn_implementation="eager")
+                                              attn_implementation=None if attention == "auto" else attention)
     tok = AutoTokenizer.from_pretrained(src.path, local_files_only=True)
     hf.eval().to(device)
     log.info("loaded %s from %s", src.name, _FROM[src.source])
     return hf, tok
 
 
-def load_hf(name: str, source: str = "auto", dtype: torch.dtype | str | None = torch.float32, device: str = "cpu") -> tuple[PreTrainedModel, PreTrainedTokenizerBase, str]:
+def load_hf(name: str, source: str = "auto", dtype: torch.dtype | str | None = torch.float32, device: str = "cpu",
+            attention: str = "auto") -> tuple[PreTrainedModel, PreTrainedTokenizerBase, str]:
     """(hf_model, tokenizer, source_used) for a name or a model directory; never downloads."""
     src = sources.resolve(name, source)
-    hf, tok = _load_hf(src, options.parse_dtype(dtype, "eager"), options.parse_device(device, "eager"))
+    hf, tok = _load_hf(src, options.parse_dtype(dtype, "eager"), options.parse_device(device, "eager"), attention)
     return hf, tok, src.source
 
 
 def load_model(name: str, backend: str = "eager", source: str = "auto", dtype: torch.dtype | str | None = None,
-               device: str | None = None, **backend_kw: Any) -> Any:
+               device: str | None = None, attention: str = "auto", **backend_kw: Any) -> Any:
     """Load `name` (a repo id in any case, or a model directory) on `backend`. `source`: "auto"
     (the directory, else real if cached, else the zoo twin), "zoo", "real" or "local". `dtype`: a
     torch dtype or a name ("bf16", "float16", ...); unset (or "auto" on vLLM), the backend's own (eager:
     float32; vLLM: float32 on CPU, the checkpoint's dtype on CUDA). `device`: "cpu", "cuda", "cuda:N"; unset, the
     backend's own (eager: cpu; vLLM: the device the installed vLLM runs on, the only one it takes).
+    `attention` (eager): "auto" (HF's choice for the model, usually sdpa; calls reading attn_scores /
+    attn_probs run eager), or one implementation for every call that reads no pattern.
     `backend_kw`: the vLLM backends' load options and engine arguments
     (engine/backends/vllm/load_options.py); eager takes none. An unknown keyword is refused by name."""
     spec = backend_for(backend)
     runtime = spec.runtime
     if runtime is HF and backend_kw:
         raise OptionError(f"unknown keyword{'s' if len(backend_kw) > 1 else ''} {', '.join(map(repr, backend_kw))} "
-                          f"for backend {backend!r}: it takes source, dtype and device only (load options such as "
-                          f"max_model_len and static_points are the vLLM backends': {', '.join(VLLM_BACKENDS)}).")
+                          f"for backend {backend!r}: it takes source, dtype, device and attention only (load options "
+                          f"such as max_model_len and static_points are the vLLM backends': {', '.join(VLLM_BACKENDS)}).")
     opts = None
     if runtime is VLLM:
+        if attention != "auto":
+            raise OptionError(f"attention={attention!r} chooses the eager backend's HF attention; backend {backend!r} "
+                              f"runs vLLM's own kernels: leave attention unset.")
         from engine.backends.vllm.load_options import LoadOptions
         opts = LoadOptions.parse(backend, backend_kw)  # before anything loads
     sources.check_source(source)
@@ -74,7 +87,7 @@ def load_model(name: str, backend: str = "eager", source: str = "auto", dtype: t
     src = sources.resolve(name, source)
     if runtime is HF:
         from engine.backends.hf.eager import EagerModel
-        hf, tok = _load_hf(src, dtype, device)
+        hf, tok = _load_hf(src, dtype, device, attention)
         return EagerModel(src.name, hf, tok, family_for(hf.config.model_type), src.source)
     from engine.backends.vllm import backend as vllm_backend
     return vllm_backend.load(src.name, backend, src.source, dtype, device, opts)

@@ -131,7 +131,7 @@ def test_load_model_refuses_an_unknown_keyword_by_name_on_every_backend(backend,
     monkeypatch.setattr(sources, "resolve", lambda *a, **k: pytest.fail("resolved the model before the check"))
     if backend == "eager":  # eager takes no load option at all: max_num_seqs used to be dropped silently
         with pytest.raises(OptionError, match=r"unknown keyword 'max_num_seqs' for backend 'eager': it takes source, "
-                                              r"dtype and device only .*vllm, vllm-static, vllm-generate"):
+                                              r"dtype, device and attention only .*vllm, vllm-static, vllm-generate"):
             load_model("no/such-model", backend=backend, max_num_seqs=4)
         return
     with pytest.raises(OptionError, match=rf"unknown keyword 'max_num_seq' for backend '{backend}'\. Did you mean "

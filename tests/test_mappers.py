@@ -216,12 +216,12 @@ def _standardize(name, refused_ok):
     otherwise. Any other error fails."""
     from nnterp import StandardizedTransformer
     from nnterp.rename_utils import RenamingError
-    hf, tok, _ = load_hf(name, source="zoo")  # a fresh HF model: nnterp reads its eager attention source
+    hf, tok, _ = load_hf(name, source="zoo", attention="eager")  # a fresh HF model: nnterp reads its eager attention source
     try:
         return StandardizedTransformer(hf, tokenizer=tok, enable_attention_probs=True), True
     except Exception:  # noqa: BLE001  (the probabilities' source check raises several types; retried without)
         pass
-    hf, tok, _ = load_hf(name, source="zoo")
+    hf, tok, _ = load_hf(name, source="zoo", attention="eager")
     try:
         return StandardizedTransformer(hf, tokenizer=tok), False
     except RenamingError as e:

@@ -193,7 +193,7 @@ class StockMode(Mode):
 
 
 MODES: dict[str, Mode] = {m.name: m for m in (HooksMode(), StaticTapsMode(), StockMode())}
-assert tuple(MODES) == tuple(VLLM_BACKENDS), "a vLLM backend of engine/core/points.py without a mode, or the reverse"
+assert tuple(MODES) == tuple(VLLM_BACKENDS), "a vLLM backend of engine/core/backends.py without a mode, or the reverse"
 
 
 def mode_for(backend: str) -> Mode:
