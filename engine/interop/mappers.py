@@ -262,7 +262,7 @@ def to_nnterp(model: Any, address: Address | str) -> str:
         raise UnmappedError(f"{addr}: the MLP's projections sit on the decoder layer itself (no MLP module), so "
                             f"nnterp's mlps_input / mlps_output find nothing to read.")
     if addr.point == "mlp_out" and fam.name == "falcon" and fam.parallel:
-        raise UnmappedError(f"{addr}: {_FALCON_PARALLEL_MLP.format(out=acc.format(L=addr.layer))}.")
+        raise UnmappedError(f"{addr}: {_FALCON_PARALLEL_MLP.format(out='mlps_output')}.")
     return acc.format(L=addr.layer)
 
 
