@@ -8,14 +8,16 @@ import asyncio
 import concurrent.futures
 import contextlib
 import contextvars
+import functools
 import threading
-from collections.abc import AsyncGenerator, Coroutine, Generator
+from collections.abc import AsyncGenerator, Callable, Coroutine, Generator
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from engine.core.errors import EngineError
 
 _T = TypeVar("_T")
+_P = ParamSpec("_P")
 
 
 class Loop:
@@ -214,3 +216,17 @@ async def _cancel_pending(timeout: float) -> None:
         t.cancel()
     if tasks:
         await asyncio.wait(tasks, timeout=timeout)
+
+
+def on_home_loop(method: Callable[Concatenate[Any, _P], Coroutine[Any, Any, _T]],
+                 ) -> Callable[Concatenate[Any, _P], Coroutine[Any, Any, _T]]:
+    """A coroutine method of a model with a `_home` Loop (and `_live()`): it runs on that loop (where
+    what the model drives lives: vLLM's AsyncLLM, an HTTP client's pool), awaited from whichever event
+    loop calls it."""
+    @functools.wraps(method)
+    async def call(self: Any, *args: _P.args, **kw: _P.kwargs) -> _T:
+        if self._home is None:
+            return await method(self, *args, **kw)
+        self._live()
+        return await self._home.hop(method(self, *args, **kw))
+    return call

@@ -9,26 +9,23 @@ thread drives the async engine for the synchronous API (`Loop`, engine/core/loop
 from __future__ import annotations
 
 import contextlib
-import functools
 import logging
 import multiprocessing
 import os
 import time
-from collections.abc import Callable, Coroutine, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Any
 
 from engine.backends.vllm.sizing import Sizing, kv_bytes_for  # noqa: F401  (kv_bytes_for: benchmarks)
 from engine.core.errors import OptionError
-from engine.core.loop import Loop  # noqa: F401  (the vLLM backends' private loop; it lives in core)
+from engine.core.loop import Loop, on_home_loop  # noqa: F401  (the vLLM backends' private loop; it lives in core)
 from engine.model import sources
 
 if TYPE_CHECKING:
     from vllm.platforms import Platform
     from vllm.v1.engine.async_llm import AsyncLLM
 
-_T = TypeVar("_T")
-_P = ParamSpec("_P")
 
 log = logging.getLogger("engine.vllm")
 if not log.handlers:  # the load report is a log line users should see without configuring logging
@@ -155,19 +152,6 @@ def scoped_env(env: dict[str, str]) -> Iterator[None]:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
-
-
-def on_home_loop(method: Callable[Concatenate[Any, _P], Coroutine[Any, Any, _T]],
-                 ) -> Callable[Concatenate[Any, _P], Coroutine[Any, Any, _T]]:
-    """A coroutine method of a model with a `_home` Loop (and `_live()`): it runs on that loop (where
-    vLLM's AsyncLLM and its output handler live), awaited from whichever event loop calls it."""
-    @functools.wraps(method)
-    async def call(self: Any, *args: _P.args, **kw: _P.kwargs) -> _T:
-        if self._home is None:
-            return await method(self, *args, **kw)
-        self._live()
-        return await self._home.hop(method(self, *args, **kw))
-    return call
 
 
 def start_engine(path: str, env: dict[str, str], **engine_kw: Any) -> tuple[AsyncLLM, float]:

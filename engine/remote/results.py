@@ -1,0 +1,124 @@
+"""The library's result types (engine/core/results.py) from the server's answers: one sequence's
+captures, readouts and receipts as an ActivationCache / RequestResult, a call's sequences padded into
+[batch, ...] tensors the way the local backends pad them (left, or the layout of a given
+attention_mask), and the tensors on the device the caller named.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from engine.core.readouts import Readout, TopK
+from engine.core.results import (
+    ActivationCache,
+    GenerationResult,
+    Receipt,
+    RequestResult,
+    batch_cache,
+    batch_readouts,
+    columns,
+    combine,
+    pad_rows,
+)
+from engine.serve import encoding
+
+HEADS = ("lm_head", "lm_head_raw")  # captured while generating from the last prompt token: [new, vocab]
+
+
+def tensor(obj: dict, device: torch.device | str) -> torch.Tensor:
+    t = encoding.decode({k: v for k, v in obj.items() if k != "positions"})
+    return t if torch.device(device).type == "cpu" else t.to(device)
+
+
+def receipts(items: list[dict]) -> list[Receipt]:
+    """Receipts from their JSON (a non-finite change_norm travels as null: NaN here)."""
+    return [Receipt(**{**r, "change_norm": math.nan if r.get("change_norm") is None else r["change_norm"]})
+            for r in items]
+
+
+def _readout_value(obj: dict, device) -> torch.Tensor | TopK:
+    if set(obj) == {"indices", "values"}:
+        return TopK(tensor(obj["indices"], device), tensor(obj["values"], device))
+    return tensor(obj, device)
+
+
+def cache(item: dict, n_layers: int, readouts: list[Readout], device, drop: tuple = ()) -> ActivationCache:
+    """One sequence's ActivationCache ([pos, ...] captures, its readouts by name) from an answer's
+    item (a /v1/capture data entry or a completion's interp block); `drop`: keys the client added."""
+    out = ActivationCache(n_layers, receipts=receipts(item.get("receipts", [])))
+    for key, obj in (item.get("captures") or {}).items():
+        if key not in drop:
+            out[key] = tensor(obj, device)
+    per_position = {r.name: r.kind.per_position for r in readouts}
+    for name, obj in (item.get("readouts") or {}).items():
+        out.put_readout(name, _readout_value(obj, device), per_position[name])
+    return out
+
+
+def layout(lengths: list[int], mask: torch.Tensor | None) -> tuple[list[torch.Tensor], int]:
+    """(each sequence's columns, width) of a padded batch: left padding, or a given mask's own layout."""
+    if mask is None:
+        width = max(lengths)
+        return columns(lengths, width, "left"), width
+    from engine.core.results import columns_of
+    return columns_of(mask), mask.shape[1]
+
+
+def forward(items: list[dict], n_layers: int, readouts: list[Readout], mask: torch.Tensor | None, logits: bool,
+            device) -> tuple[torch.Tensor | None, ActivationCache]:
+    """(logits [b, pos, vocab] or None, cache of [b, pos, ...]) of a /v1/capture answer's items."""
+    caches = [cache(it, n_layers, readouts, device) for it in items]
+    cols, width = layout([len(it["prompt_token_ids"]) for it in items], mask)
+    out = batch_cache(caches, cols, width, n_layers, combine([c.receipts for c in caches]))
+    lg = None
+    if logits:
+        lg = pad_rows([tensor(it["logits"], device) for it in items], cols, width)
+        lg = lg if torch.device(device).type == "cpu" else lg.to(device)
+    if torch.device(device).type != "cpu":
+        for k in out:
+            dict.__setitem__(out, k, out[k].to(device))
+    return lg, out
+
+
+def request(block: dict, n_layers: int, readouts: list[Readout], logits_key: str | None, device) -> RequestResult:
+    """One generated sequence from its completion's interp block; `logits_key`: the head capture the
+    client added for the logits (moved out of the cache), or None."""
+    c = cache(block, n_layers, readouts, device, drop=(logits_key,) if logits_key else ())
+    lg = tensor(block["captures"][logits_key], device) if logits_key else None
+    return RequestResult(torch.tensor(block["prompt_token_ids"], dtype=torch.long),
+                         torch.tensor(block["token_ids"], dtype=torch.long), block["text"], c, lg,
+                         int(block.get("cached_tokens", 0)), int(block.get("recomputed", 0)), c.receipts)
+
+
+def generation(res: list[RequestResult], n_layers: int, pad: int) -> GenerationResult:
+    """A batch of generated sequences as the local backends return it: tokens and mask [b, P + N]
+    padded on the left, new tokens and logits [b, N, ...] on the right (a sequence that stopped early),
+    captures [b, P + N - 1, ...] on the left (the heads [b, N, vocab] like the logits), receipts
+    combined over the sequences."""
+    lengths = [r.tokens.shape[0] for r in res]
+    width = max(lengths)
+    cols = columns(lengths, width, "left")
+    tokens = pad_rows([r.tokens for r in res], cols, width, pad)
+    mask = pad_rows([torch.ones_like(r.tokens) for r in res], cols, width, 0)
+    n_new = max(r.new_tokens.shape[0] for r in res)
+    new_cols = columns([r.new_tokens.shape[0] for r in res], n_new, "right")
+    new = pad_rows([r.new_tokens for r in res], new_cols, n_new, pad)
+    seen = columns([n - 1 for n in lengths], width - 1, "left")
+    body = [{k: v for k, v in r.cache.items() if k not in HEADS} for r in res]
+    out = batch_cache(body, seen, width - 1, n_layers)
+    batch_readouts(out, [r.cache for r in res], seen, width - 1)
+    for head in HEADS:
+        if head in res[0].cache:
+            out[head] = _on(pad_rows([r.cache[head] for r in res], new_cols, n_new), res[0].cache[head])
+    logits = None
+    if all(r.logits is not None for r in res):
+        logits = _on(pad_rows([r.logits for r in res], new_cols, n_new), res[0].logits)
+    return GenerationResult(tokens, new, [r.text for r in res], out, logits, mask, res,
+                            combine([r.receipts for r in res]))
+
+
+def _on(t: torch.Tensor, like: Any) -> torch.Tensor:
+    """pad_rows builds on the CPU: back onto the device the sequences' tensors are on."""
+    return t if t.device == like.device else t.to(like.device)
