@@ -4,6 +4,7 @@ on eager HF or vLLM, checked against TransformerLens, nnsight/nnterp and HF itse
     from engine import load_model, Steer
     m = load_model("meta-llama/Llama-3.2-1B")            # real if cached, else the tiny zoo twin
     logits, cache = m.run_with_cache("Hello world", ["resid_post.-1", "z.0.head-1"])
+    m = connect("http://gpu-box:8000")                   # the same API on a `python -m engine.serve` server
 """
 from typing import Any
 
@@ -32,6 +33,7 @@ from engine.core.results import (
 )
 from engine.core.steering import Steer
 from engine.loading import BACKENDS, load_model
+from engine.remote import connect
 from engine.workflows.attention_capture import AttentionCapture, capture_attention
 from engine.workflows.patching import PatchResult, logit_diff, patch_sweep
 
@@ -41,7 +43,7 @@ def run_with_cache(model: Any, inputs: Any, points: Any = (), steer: Any = (), s
     return model.run_with_cache(inputs, points, steer, strict=strict, readouts=readouts)
 
 
-__all__ = ["Address", "parse", "load_model", "run_with_cache", "Steer", "POINTS", "get_point", "BACKENDS",
+__all__ = ["Address", "parse", "load_model", "connect", "run_with_cache", "Steer", "POINTS", "get_point", "BACKENDS",
            "ActivationCache", "GenerationResult", "Request", "RequestResult", "StreamStep", "Receipt",
            "patch_sweep", "logit_diff", "PatchResult", "capture_attention", "AttentionCapture",
            "EngineError", "AddressError", "UnsupportedPointError", "SteeringError", "ModelNotFoundError",

@@ -12,8 +12,8 @@ from typing import Any
 
 import torch
 
-from engine.core.errors import ReadoutError, SteeringError
-from engine.core.readouts import Readout, kind_fields
+from engine.core.errors import SteeringError
+from engine.core.readouts import Readout, ReadoutError, kind_fields
 from engine.core.steering import Steer
 from engine.serve import encoding
 

@@ -19,6 +19,7 @@ from engine.core.results import (
     batch_cache,
     batch_readouts,
     columns,
+    columns_of,
     combine,
     pad_rows,
 )
@@ -38,22 +39,29 @@ def receipts(items: list[dict]) -> list[Receipt]:
             for r in items]
 
 
-def _readout_value(obj: dict, device) -> torch.Tensor | TopK:
+def readout_value(obj: dict, device) -> torch.Tensor | TopK:
     if set(obj) == {"indices", "values"}:
         return TopK(tensor(obj["indices"], device), tensor(obj["values"], device))
     return tensor(obj, device)
 
 
-def cache(item: dict, n_layers: int, readouts: list[Readout], device, drop: tuple = ()) -> ActivationCache:
-    """One sequence's ActivationCache ([pos, ...] captures, its readouts by name) from an answer's
-    item (a /v1/capture data entry or a completion's interp block); `drop`: keys the client added."""
+def captures(item: dict, device) -> dict[str, torch.Tensor]:
+    """An answer item's captures as tensors (a reduction over no position, null, left out)."""
+    return {k: tensor(obj, device) for k, obj in (item.get("captures") or {}).items() if obj is not None}
+
+
+def cache(item: dict, caps: dict[str, torch.Tensor], n_layers: int, readouts: list[Readout], device,
+          drop: tuple = ()) -> ActivationCache:
+    """One sequence's ActivationCache ([pos, ...] captures `caps`, the item's readouts by name and
+    receipts) of an answer's item (a /v1/capture data entry or a completion's interp block); `drop`:
+    capture keys the client added for itself."""
     out = ActivationCache(n_layers, receipts=receipts(item.get("receipts", [])))
-    for key, obj in (item.get("captures") or {}).items():
+    for key, t in caps.items():
         if key not in drop:
-            out[key] = tensor(obj, device)
+            out[key] = t
     per_position = {r.name: r.kind.per_position for r in readouts}
     for name, obj in (item.get("readouts") or {}).items():
-        out.put_readout(name, _readout_value(obj, device), per_position[name])
+        out.put_readout(name, readout_value(obj, device), per_position[name])
     return out
 
 
@@ -62,31 +70,28 @@ def layout(lengths: list[int], mask: torch.Tensor | None) -> tuple[list[torch.Te
     if mask is None:
         width = max(lengths)
         return columns(lengths, width, "left"), width
-    from engine.core.results import columns_of
     return columns_of(mask), mask.shape[1]
 
 
 def forward(items: list[dict], n_layers: int, readouts: list[Readout], mask: torch.Tensor | None, logits: bool,
             device) -> tuple[torch.Tensor | None, ActivationCache]:
     """(logits [b, pos, vocab] or None, cache of [b, pos, ...]) of a /v1/capture answer's items."""
-    caches = [cache(it, n_layers, readouts, device) for it in items]
+    caches = [cache(it, captures(it, device), n_layers, readouts, device) for it in items]
     cols, width = layout([len(it["prompt_token_ids"]) for it in items], mask)
     out = batch_cache(caches, cols, width, n_layers, combine([c.receipts for c in caches]))
     lg = None
     if logits:
         lg = pad_rows([tensor(it["logits"], device) for it in items], cols, width)
         lg = lg if torch.device(device).type == "cpu" else lg.to(device)
-    if torch.device(device).type != "cpu":
-        for k in out:
-            dict.__setitem__(out, k, out[k].to(device))
     return lg, out
 
 
-def request(block: dict, n_layers: int, readouts: list[Readout], logits_key: str | None, device) -> RequestResult:
-    """One generated sequence from its completion's interp block; `logits_key`: the head capture the
-    client added for the logits (moved out of the cache), or None."""
-    c = cache(block, n_layers, readouts, device, drop=(logits_key,) if logits_key else ())
-    lg = tensor(block["captures"][logits_key], device) if logits_key else None
+def request(block: dict, caps: dict[str, torch.Tensor], n_layers: int, readouts: list[Readout],
+            logits_key: str | None, drop: tuple, device) -> RequestResult:
+    """One generated sequence from its completion's interp block and captures `caps`; `logits_key`: the
+    head capture read as the logits ([new, vocab]), `drop`: captures the client added (not kept)."""
+    c = cache(block, caps, n_layers, readouts, device, drop)
+    lg = caps[logits_key] if logits_key else None
     return RequestResult(torch.tensor(block["prompt_token_ids"], dtype=torch.long),
                          torch.tensor(block["token_ids"], dtype=torch.long), block["text"], c, lg,
                          int(block.get("cached_tokens", 0)), int(block.get("recomputed", 0)), c.receipts)
