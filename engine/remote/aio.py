@@ -31,7 +31,7 @@ from engine.core.loop import Loop, on_home_loop
 from engine.core.points import ALIASES, BY_NAME, KEY_AXIS_POINTS
 from engine.core.positions import is_mask
 from engine.core.readouts import Readout, TopK, validate_readouts
-from engine.core.results import Request, RequestResult, StreamStep, check_strict
+from engine.core.results import Request, RequestResult, StreamStep, check_strict, columns_of, one_run_per_row
 from engine.core.steer_checks import check_steers, validate_steers
 from engine.core.steering import Steer
 from engine.core.tokens import id_rows, padded
@@ -198,6 +198,10 @@ class AsyncRemoteModel:
         prompts = prompts_of(inputs)
         mask = inputs.get("attention_mask") if isinstance(inputs, dict) else None
         mask = None if mask is None else torch.as_tensor(mask).reshape(-1, torch.as_tensor(mask).shape[-1]).cpu()
+        if mask is not None and not one_run_per_row(mask):
+            for r, cols in enumerate(columns_of(mask)):
+                if len(cols) and int(cols[-1] - cols[0]) + 1 != len(cols):
+                    raise ValueError(f"attention_mask row {r} has padding between real tokens; pad on one side only.")
         call = self._call(points, steer, readouts, False)
         fetch = return_logits or not (call.points or call.readouts)  # a body asks for something to return
         rows = _split(call.steers, len(prompts))

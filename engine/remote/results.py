@@ -91,10 +91,11 @@ def request(block: dict, caps: dict[str, torch.Tensor], n_layers: int, readouts:
     """One generated sequence from its completion's interp block and captures `caps`; `logits_key`: the
     head capture read as the logits ([new, vocab]), `drop`: captures the client added (not kept)."""
     c = cache(block, caps, n_layers, readouts, device, drop)
+    kept, c.receipts = c.receipts, []  # a sequence's receipts are the RequestResult's, as in-process
     lg = caps[logits_key] if logits_key else None
     return RequestResult(torch.tensor(block["prompt_token_ids"], dtype=torch.long),
                          torch.tensor(block["token_ids"], dtype=torch.long), block["text"], c, lg,
-                         int(block.get("cached_tokens", 0)), int(block.get("recomputed", 0)), c.receipts)
+                         int(block.get("cached_tokens", 0)), int(block.get("recomputed", 0)), kept)
 
 
 def generation(res: list[RequestResult], n_layers: int, pad: int) -> GenerationResult:
