@@ -319,3 +319,37 @@ def test_receipts_travel_as_the_librarys(m, lib):
     same_receipts(m.generate(P, 3, steer=lm).receipts, lib.generate(P, 3, steer=lm).receipts)
     with pytest.raises(StrictSteerError, match=r"steer 0 \('add' at lm_head\) touched no row"):
         m.generate(P, 3, steer=lm, strict=True)
+
+
+def test_frames_hold_what_base64_holds(url):
+    """The same request answered as JSON (base64 tensors) and, with Accept: the frame type, as a frame
+    (raw bytes): the same tensors bit for bit; a stream stays server-sent events either way."""
+    import httpx
+
+    from engine.serve import encoding, wire
+    body = {"model": LLAMA, "prompt": PROMPTS, "return_logits": True, "interp": {"capture": {
+        "points": ["resid_post.0", "attn_probs.1"], "readouts": [{"address": "resid_post.1", "kind": "LensTopK", "k": 2}]}}}
+    gen = {"model": LLAMA, "prompt": P, "max_tokens": 3, "temperature": 0, "interp": {"capture": ["lm_head"]}}
+    with httpx.Client(base_url=url, timeout=300) as c:
+        for path, b in ((wire.CAPTURE, body), (wire.COMPLETIONS, gen)):
+            plain = c.post(path, json=b)
+            framed = c.post(path, json=b, headers={"accept": wire.FRAME_TYPE})
+            assert plain.headers["content-type"] == "application/json", plain.text[:200]
+            assert framed.headers["content-type"] == wire.FRAME_TYPE and len(framed.content) < len(plain.content)
+            a, f = plain.json(), encoding.unframe(framed.content)
+
+            def tensors(x, out, at=""):
+                if isinstance(x, dict) and {"dtype", "shape", "data"} <= set(x):
+                    out[at] = encoding.decode({k: v for k, v in x.items() if k != "positions"})
+                elif isinstance(x, dict):
+                    for k, v in x.items():
+                        tensors(v, out, f"{at}.{k}")
+                elif isinstance(x, list):
+                    for i, v in enumerate(x):
+                        tensors(v, out, f"{at}[{i}]")
+                return out
+            ta, tf = tensors(a, {}), tensors(f, {})
+            assert ta.keys() == tf.keys() and len(ta) >= (6 if path == wire.CAPTURE else 1), path
+            assert all(ta[k].dtype == tf[k].dtype and torch.equal(ta[k], tf[k]) for k in ta), path
+        with c.stream("POST", wire.COMPLETIONS, json={**gen, "stream": True}, headers={"accept": wire.FRAME_TYPE}) as r:
+            assert r.headers["content-type"].startswith("text/event-stream")
