@@ -26,30 +26,40 @@ _FROM = {"real": "the local HF cache (real weights)", "zoo": "the zoo (tiny twin
          "local": "a local model directory"}
 
 
-def _load_hf(src: sources.ModelSource, dtype, device):
+ATTENTION = ("auto", "eager", "sdpa", "flash_attention_2")
+
+
+def _load_hf(src: sources.ModelSource, dtype, device, attention: str = "auto"):
+    """HF's model and tokenizer. attention="auto": the implementation HF picks for the model (sdpa, or
+    eager where it has no other); the eager backend runs its calls that read a pattern eager anyway."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
+    if attention not in ATTENTION:
+        raise ValueError(f"attention={attention!r} is not one of {', '.join(ATTENTION)}.")
     hf = AutoModelForCausalLM.from_pretrained(src.path, dtype=dtype, local_files_only=True,
-                                              attn_implementation="eager")
+                                              attn_implementation=None if attention == "auto" else attention)
     tok = AutoTokenizer.from_pretrained(src.path, local_files_only=True)
     hf.eval().to(device)
     log.info("loaded %s from %s", src.name, _FROM[src.source])
     return hf, tok
 
 
-def load_hf(name: str, source: str = "auto", dtype: torch.dtype | str | None = torch.float32, device: str = "cpu") -> tuple[PreTrainedModel, PreTrainedTokenizerBase, str]:
+def load_hf(name: str, source: str = "auto", dtype: torch.dtype | str | None = torch.float32, device: str = "cpu",
+            attention: str = "auto") -> tuple[PreTrainedModel, PreTrainedTokenizerBase, str]:
     """(hf_model, tokenizer, source_used) for a name or a model directory; never downloads."""
     src = sources.resolve(name, source)
-    hf, tok = _load_hf(src, options.parse_dtype(dtype, "eager"), options.parse_device(device, "eager"))
+    hf, tok = _load_hf(src, options.parse_dtype(dtype, "eager"), options.parse_device(device, "eager"), attention)
     return hf, tok, src.source
 
 
 def load_model(name: str, backend: str = "eager", source: str = "auto", dtype: torch.dtype | str | None = None,
-               device: str | None = None, **backend_kw: Any) -> Any:
+               device: str | None = None, attention: str = "auto", **backend_kw: Any) -> Any:
     """Load `name` (a repo id in any case, or a model directory) on `backend`. `source`: "auto"
     (the directory, else real if cached, else the zoo twin), "zoo", "real" or "local". `dtype`: a
     torch dtype or a name ("bf16", "float16", ...); unset (or "auto" on vLLM), the backend's own (eager:
     float32; vLLM: float32 on CPU, the checkpoint's dtype on CUDA). `device`: "cpu", "cuda", "cuda:N"; unset, the
-    backend's own (eager: cpu; vLLM: the device the installed vLLM runs on, the only one it takes)."""
+    backend's own (eager: cpu; vLLM: the device the installed vLLM runs on, the only one it takes).
+    `attention` (eager): "auto" (HF's choice for the model, usually sdpa; calls reading attn_scores /
+    attn_probs run eager), or one implementation for every call that reads no pattern."""
     if backend not in BACKENDS:
         from engine.core.address import closest
         raise ValueError(f"unknown backend {backend!r}.{closest(backend, BACKENDS)} Backends: {', '.join(BACKENDS)}.")
@@ -60,7 +70,7 @@ def load_model(name: str, backend: str = "eager", source: str = "auto", dtype: t
     src = sources.resolve(name, source)
     if backend == "eager":
         from engine.backends.hf.eager import EagerModel
-        hf, tok = _load_hf(src, dtype, device)
+        hf, tok = _load_hf(src, dtype, device, attention)
         return EagerModel(src.name, hf, tok, family_for(hf.config.model_type), src.source)
     from engine.backends.vllm import backend as vllm_backend
     return vllm_backend.load(src.name, backend=backend, source=src.source, dtype=dtype, device=device, **backend_kw)

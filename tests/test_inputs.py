@@ -272,8 +272,8 @@ def test_eager_decode_state_is_built_one_step_at_a_time(models, monkeypatch):
     from engine.backends.hf import eager
     m = models("eager")
     built, seen = [], []
-    real = eager._decode_layout
-    monkeypatch.setattr(eager, "_decode_layout", lambda *a: built.append(a[2]) or real(*a))
+    real = eager.decode_layout
+    monkeypatch.setattr(eager, "decode_layout", lambda *a: built.append(a[2]) or real(*a))
     h = m.hf.register_forward_pre_hook(lambda mod, args: seen.append(len(built)))
     try:
         out = m.generate("Hi there", 6, points=["resid_post.0"])

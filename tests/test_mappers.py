@@ -220,7 +220,7 @@ def _nnterp_check(name):
             acc[v.address] = to_nnterp(m, v.address)
         except UnmappedError:
             pass
-    hf, tok, _ = load_hf(name, source="zoo")  # a fresh HF model: nnterp reads its eager attention source
+    hf, tok, _ = load_hf(name, source="zoo", attention="eager")  # a fresh HF model: nnterp reads its eager attention source
     try:
         st = StandardizedTransformer(hf, tokenizer=tok, enable_attention_probs=True)
     except Exception as e:  # noqa: BLE001  (nnterp's renaming checks raise several types)

@@ -16,7 +16,9 @@ from engine.backends.vllm.runtime import LoadReport
 from engine.core.address import Address
 from engine.core.errors import SteeringError, UnsupportedPointError
 from engine.core.ops import OPS, AffineRows
-from engine.core.plan import Plan, SiteWork, Span, Step
+from engine.core.ledger import Ledger
+from engine.core.plan import Plan, SiteWork, Span
+from engine.core.step import Step
 from engine.core.points import HEADED_POINTS, POINTS, VLLM_BACKENDS, get_point
 from engine.core.steer_checks import check_steers
 from engine.core.steering import CacheEntry, Steer
@@ -125,7 +127,7 @@ def test_check_steers_is_the_one_pass_form_then_model_then_together():
 
 def _instances():
     plan = Plan(3)
-    return [plan, Span(plan, 0, 3, 0), Step([], 0), SiteWork(), Steer("resid_post.0", "ablate"),
+    return [plan, Span(plan, 0, 3, 0), Step([], 0), Ledger(), SiteWork(), Steer("resid_post.0", "ablate"),
             CacheEntry("resid_post.0", [torch.zeros(2, D)]), Submission(plan, {}, [1, 2, 3]),
             LoadReport("vllm", 1.0, 0, 0), OPS["add"], AffineRows.identity(1, D)]
 

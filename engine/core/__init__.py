@@ -7,7 +7,11 @@ module-level or deferred; torch is allowed).
     positions     which token positions a capture or steer applies to
     steering      Steer, the op table and the maths of each op
     steer_checks  steers validated against a model (once, before any backend sees them)
-    plan          addresses and steers -> a Plan of typed sites and steps (the one pipeline)
+    plan          per-sequence Plans and what a call's plans do at each site, grouped (SiteWork)
+    step          one forward's rows as index tensors, built once per step
+    site          run_site: a site's steers, captures and readouts as whole-batch operations; the guard
+    ledger        what the steers did (receipts, non-finite rows), kept on the device, read once
+    syncs         SyncCounter: host reads of device values made by the engine (tests, benchmarks)
     results       ActivationCache, Request, RequestResult, GenerationResult, StreamStep
     tokens        token/string helpers shared by every backend
     inputs        what a user may pass as input (strings, token lists, tensors) and its limits

@@ -23,6 +23,7 @@ per row, so the unedited features cancel); edit_features(sae, x, edit) takes any
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 
 import torch
@@ -69,10 +70,9 @@ def _per_index(name: str, value: "float | Sequence[float]", n: int) -> Tensor:
     vals = [value] * n if isinstance(value, (int, float)) and not isinstance(value, bool) else list(value)  # type: ignore[arg-type]
     if len(vals) != n or any(isinstance(v, bool) or not isinstance(v, (int, float)) for v in vals):
         raise SAEError(f"{name} {value!r}: give one number, or one per feature index ({n}).")
-    t = torch.tensor([float(v) for v in vals], dtype=torch.float64)
-    if not torch.isfinite(t).all():
+    if not all(math.isfinite(float(v)) for v in vals):
         raise SAEError(f"{name} {value!r} contains NaN or inf.")
-    return t
+    return torch.tensor([float(v) for v in vals], dtype=torch.float64)
 
 
 def _source(sae: SAE, x: Tensor, source: Tensor | None) -> Tensor:

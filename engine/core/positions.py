@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import torch
 
 from engine.core.errors import SteeringError
@@ -145,3 +146,20 @@ def mask(p: Any, pos0: int, n: int, prompt_len: int, device: "torch.device | str
     if isinstance(a, int):
         return idx == a
     return (idx >= a.start) & (idx < a.stop)
+
+
+def offsets(p: Any, pos0: int, n: int, prompt_len: int) -> np.ndarray:
+    """The offsets (0..n-1, int64, ascending) of the tokens at absolute positions pos0 .. pos0+n-1
+    that the spec touches: `mask` as host indices, with no tensor made for the common forms."""
+    if isinstance(p, str):
+        lo = {"all": 0, "generated": prompt_len, "last": prompt_len - 1}[p]
+        return np.arange(max(lo - pos0, 0), n, dtype=np.int64)
+    if is_mask(p):
+        return np.flatnonzero(mask(p, pos0, n, prompt_len).numpy()).astype(np.int64)
+    a = absolute(p, prompt_len)
+    if isinstance(a, int):
+        return np.array([a - pos0], dtype=np.int64) if pos0 <= a < pos0 + n else np.zeros(0, np.int64)
+    if isinstance(a, slice):
+        return np.arange(max(a.start - pos0, 0), max(min(a.stop - pos0, n), 0), dtype=np.int64)
+    at = np.asarray(a, dtype=np.int64) - pos0
+    return at[(at >= 0) & (at < n)]

@@ -27,7 +27,7 @@ import torch
 from engine.core.inputs import limits_of, token_rows
 from engine.core.points import KEY_AXIS_POINTS
 from engine.core.results import Receipt, Request, RequestResult
-from engine.core.steering import Steer, values_at
+from engine.core.steering import Steer
 from engine.serve.errors import ServeError
 
 if TYPE_CHECKING:
@@ -299,7 +299,7 @@ class EagerRunner(Runner):
         if shape is not None and isinstance(st.value, torch.Tensor):
             b = st.bound()
             if b.lead < 2:  # the engine's own message (a batch axis is checked per sequence when it runs)
-                values_at(b, torch.empty(0, dtype=torch.long), shape[len(st.address.coords):])
+                b.check_shape(shape[len(st.address.coords):])
         return st
 
     def sampling(self, req: Sampling) -> dict:

@@ -87,6 +87,10 @@ class VLLMModel:
         self.close()
         return False
 
+    def worker_syncs(self, on: bool) -> list[dict]:
+        """Count the engine's host reads inside the workers' steps (AsyncVLLMModel.worker_syncs)."""
+        return self._run(self.aio.worker_syncs(on))
+
     def _run(self, coro):
         try:
             self.aio._live()

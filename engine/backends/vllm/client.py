@@ -229,11 +229,7 @@ class AsyncVLLMModel(ModelBase, TokensMixin):
         st = st.at(addr).bound()
         v = st.value
         if isinstance(v, torch.Tensor):  # (a value on the meta device was refused by check_steers)
-            want = self.point_shape(addr)
-            if not (st.op == "scale" and v.dim() == 0) and tuple(v.shape[st.lead:]) != want:
-                lead = "" if not st.lead else f" (after {st.lead} leading {'pos' if st.lead == 1 else 'batch, pos'} axes)"
-                raise SteeringError(f"steering value for {addr} has shape {tuple(v.shape)}{lead} but the point's "
-                                    f"per-position shape is {want}.")
+            st.check_shape(self.point_shape(addr))
         return st.at(addr, v.detach().cpu() if isinstance(v, torch.Tensor) else None)
 
     def _readout_kinds(self) -> dict:
@@ -278,7 +274,7 @@ class AsyncVLLMModel(ModelBase, TokensMixin):
         """A request's plan and sampling params, as a Submission. prefill: a forward over the prompt (run_with_cache):
         every prompt position computed, logits at each; else logits of each new token. The request
         is sequence `row` of a call of `n_rows` (batch values and masks are cut to its row)."""
-        n_new = None if prefill else new_tokens(req.max_new_tokens)
+        n_new = None if prefill else req.max_new_tokens  # checked when the Request was made
         prompt = self._prompt_ids(req.prompt, n_new)
         caps = self.expand(req.points) if req.points else []
         if caps:
@@ -329,6 +325,11 @@ class AsyncVLLMModel(ModelBase, TokensMixin):
     # -- running requests ----------------------------------------------------------------------------
     async def _rpc(self, method: str, *args):
         return await self.engine.collective_rpc(method, args=args)
+
+    async def worker_syncs(self, on: bool) -> list[dict]:
+        """Start (on=True) or stop counting the engine's host reads inside the workers' steps
+        (engine/core/syncs.py); stopping returns each rank's {"syncs", "steps", "sites"}."""
+        return await self._rpc("interp_syncs", on)
 
     async def _submit(self, sub: Submission, key: str, on_output=None):
         """Run one request in the continuous batch; returns vLLM's final RequestOutput."""

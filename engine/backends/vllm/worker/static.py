@@ -15,10 +15,12 @@ engine/core/ops.py (`Tap.fill` only gathers the rows and writes the result back)
 express (their row's `static` says why) are refused by name before a request runs, by the client's
 mode object (engine/backends/vllm/modes.py: StaticTapsMode.check_steer / check_steers).
 
-Receipts: after each step, the steering requests' rows of `pre` go through the same steer routine
-as the hooked backends (engine.core.plan.steer_span), outside the graph, which tallies each steer's rows
-and change exactly as `vllm` and `eager` define them (the graph's affine arithmetic may round
-differently in the last bits).
+Receipts and the guard: after each step, the steering requests' rows of `pre` go through the same
+steer routine as the hooked backends (engine.core.site.steer), outside the graph, which records each
+steer's rows and change in the worker's ledger exactly as `vllm` and `eager` define them (the graph's
+affine arithmetic may round differently in the last bits), and NaN for a row the op makes non-finite:
+the same rows the graph's `bad` flag marks, so nothing is read back per step; the request fails when
+its ledger is read at collect.
 """
 from __future__ import annotations
 
@@ -31,11 +33,10 @@ from engine.backends.vllm.worker.tree import VSite
 from engine.core.address import Address
 from engine.core.errors import SteeringError
 from engine.core.ops import OPS, AffineRows
-from engine.core.plan import Step, feed_readouts, steer_span, touches_every_row
-from engine.core.steering import overflowed, values_at
+from engine.core.site import readout, steer
+from engine.core.step import Step
 
 if TYPE_CHECKING:
-    from engine.core.plan import Plan
     from engine.core.steering import Steer
 
 
@@ -64,6 +65,11 @@ class Tap:
 
     def buf(self, k: str) -> torch.Tensor:
         return getattr(self.site.module, self.attrs[k])
+
+    def shape(self, head_dim: int | None, head: bool = False) -> tuple:
+        """The per-position shape of the point (one head's, with a head coordinate)."""
+        full = (self.width // head_dim, head_dim) if head_dim else (self.width,)
+        return full[1:] if head else full
 
     @property
     def nbytes(self) -> int:
@@ -114,8 +120,8 @@ class Tap:
     def fill(self, rows: "torch.Tensor | slice", steer: Steer, head_dim: int | None,
              value: torch.Tensor | None = None) -> None:
         """Compose one steer into the write buffers at the given flat rows (an index tensor, or a slice
-        for a contiguous run); `value` is its value for those rows (engine.core.steering.values_at:
-        [n, *shape] per position, or one [*shape])."""
+        for a contiguous run); `value` is its value for those rows (engine.core.step.Step.steer_rows:
+        [n, *shape] one per row, or one [*shape] / scalar for every row)."""
         u, mul, add = self.buf("u"), self.buf("mul"), self.buf("add")
         cols = slice(None)
         # a bound steer (engine.core.steering.Steer.bound): its address is an Address, its value a tensor or None
@@ -126,8 +132,8 @@ class Tap:
         v = steer.value if value is None else value
         if v is not None:
             v = v.to(mul.device, mul.dtype)  # type: ignore[union-attr]
-            per_row = value is not None and steer.bound().lead == 1
             n = rows.stop - rows.start if isinstance(rows, slice) else rows.numel()
+            per_row = v.dim() > len(self.shape(head_dim, bool(steer.address.coords)))  # type: ignore[union-attr]
             v = v.reshape(n, -1) if per_row else (v if v.dim() == 0 else v.reshape(-1))
         op = OPS[steer.op]
         why = op.static_refusal(steer)
@@ -200,73 +206,41 @@ class StaticTaps:
         for name, tap in self.taps.items():
             if not tap.writable:
                 continue
-            writes = work[name].writes if name in work else {}
-            todo = [(sp, st) for sp in step.spans if sp.plan.error is None for _, st in writes.get(sp.plan.key, ())]
-            if not todo and tap.dirty is None:
+            groups = work[name].steers if name in work else []
+            filled = [(g, *step.steer_rows(g, tap.shape(self.head_dim[name], bool(g.steer.address.coords))))
+                      for g in groups]
+            filled = [(g, rows, v) for g, rows, v in filled if rows.members]
+            if not filled and tap.dirty is None:
                 continue
             if tap.dirty is not None:
                 tap.reset(*tap.dirty)
             # marked before filling, so a fill that fails midway is still undone next step
-            tap.dirty = (min(sp.a for sp, _ in todo), max(sp.b for sp, _ in todo)) if todo else None
-            for sp, st in todo:
-                shape = self.shape_of(name)[1:] if st.address.coords else self.shape_of(name)
-                if touches_every_row(st):  # every row of the span: a slice, no mask or index tensor
-                    at = torch.arange(sp.pos0, sp.pos0 + sp.b - sp.a) if st.bound().lead else None
-                    tap.fill(slice(sp.a, sp.b), st, self.head_dim[name], values_at(st, at, shape))
-                    continue
-                idx = torch.nonzero(sp.touched(st)).flatten()
-                if idx.numel():
-                    v = values_at(st, idx + sp.pos0, shape)
-                    tap.fill((idx + sp.a).to(tap.buf("mul").device), st, self.head_dim[name], v)
+            tap.dirty = (min(int(r.flat.min()) for _, r, _ in filled),
+                         max(int(r.flat.max()) for _, r, _ in filled) + 1) if filled else None
+            for g, rows, v in filled:
+                at = slice(0, step.n_tokens) if rows.index is None else rows.index.to(tap.buf("mul").device)
+                tap.fill(at, g.steer, self.head_dim[name], v)
 
-    def after(self, step: Step, work: dict, on_error: Callable[[Plan, BaseException], None] | None = None) -> None:
-        """Fail each plan whose steer made a row non-finite at a tap (on_error(plan, exc); the tap
-        kept the unsteered row), tally the receipts of this step's steers from the `pre` rows, and copy
-        each capturing plan's rows out of the capture buffers (CPU copies)."""
+    def after(self, step: Step, work: dict) -> None:
+        """Replay this step's steers on the `pre` rows through the shared routine (receipts, and NaN in
+        the ledger for a row the graph kept unsteered because the op made it non-finite), then copy
+        each capturing plan's rows out of the capture buffers and feed the readouts."""
         for name, w in work.items():
             tap = self.taps[name]
-            if not w.writes or not tap.writable or on_error is None:
-                continue
-            bad = tap.buf("bad")
-            if not bool(bad[:step.n_tokens].any()):  # one check per tap; the spans only when a row is flagged
-                continue
-            for sp in step.spans:
-                sts = [st for _, st in w.writes.get(sp.plan.key, ())]
-                if sts and sp.plan.error is None and bool(bad[sp.a:sp.b].any()):
-                    on_error(sp.plan, overflowed(
-                        sts[0], bad.dtype, "the steered activation overflows, or its value does not fit that dtype"))
-        for name, w in work.items():
-            tap = self.taps[name]
-            for sp in step.spans if w.writes and tap.writable else ():
-                writes = w.writes.get(sp.plan.key)
-                if writes and sp.plan.error is None:  # tallies only: the graph already applied them
-                    rows = tap.buf("pre")[sp.a:sp.b].reshape(sp.b - sp.a, *self.shape_of(name))
-                    steer_span(sp, writes, rows)
-            if not w.reads:
-                continue
-            cap = tap.buf("cap")
-            for sp in step.spans:
-                for key, coord in w.reads.get(sp.plan.key, ()):
-                    skip = sp.plan.wanted(key, sp.pos0, sp.b - sp.a)
-                    if skip is None:
-                        continue
-                    seg = cap[sp.a + skip:sp.b].reshape(sp.b - sp.a - skip, *self.shape_of(name))
-                    seg = seg[:, coord] if coord is not None else seg
-                    sp.plan.add(key, sp.pos0 + skip, seg.to("cpu", copy=True))
+            if w.steers and tap.writable:  # the graph already applied them: tallies only
+                cur = tap.buf("pre")[:step.n_tokens].reshape(step.n_tokens, *self.shape_of(name))
+                for g in w.steers:
+                    cur = steer(cur, step, g)
+            if w.reads:
+                cap = tap.buf("cap")[:step.n_tokens].reshape(step.n_tokens, *self.shape_of(name))
+                for r in w.reads:
+                    step.capture(r, cap)
         # readouts last: a lens readout runs the final norm and head, whose taps' buffers it may write
         for name, w in work.items():
-            if not w.readouts:
-                continue
-            shape = self.shape_of(name)
-            for sp in step.spans:
-                if sp.plan.error is None and w.readouts.get(sp.plan.key):
-                    rows = self.taps[name].buf("cap")[sp.a:sp.b].reshape(sp.b - sp.a, *shape).clone()
-                    try:
-                        feed_readouts(sp, w, rows)
-                    except Exception as e:
-                        if on_error is None:
-                            raise
-                        on_error(sp.plan, e)
+            if w.readouts:
+                cap = self.taps[name].buf("cap")[:step.n_tokens].reshape(step.n_tokens, *self.shape_of(name)).clone()
+                for o in w.readouts:
+                    readout(cap, step, o)
 
     def shape_of(self, name: str) -> tuple:
         tap, hd = self.taps[name], self.head_dim[name]
