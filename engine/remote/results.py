@@ -102,7 +102,7 @@ def generation(res: list[RequestResult], n_layers: int, pad: int) -> GenerationR
     """A batch of generated sequences as the local backends return it: tokens and mask [b, P + N]
     padded on the left, new tokens and logits [b, N, ...] on the right (a sequence that stopped early),
     captures [b, P + N - 1, ...] on the left (the heads [b, N, vocab] like the logits), receipts
-    combined over the sequences."""
+    combined over the sequences (the result's and its cache's, as eager's)."""
     lengths = [r.tokens.shape[0] for r in res]
     width = max(lengths)
     cols = columns(lengths, width, "left")
@@ -113,7 +113,8 @@ def generation(res: list[RequestResult], n_layers: int, pad: int) -> GenerationR
     new = pad_rows([r.new_tokens for r in res], new_cols, n_new, pad)
     seen = columns([n - 1 for n in lengths], width - 1, "left")
     body = [{k: v for k, v in r.cache.items() if k not in HEADS} for r in res]
-    out = batch_cache(body, seen, width - 1, n_layers)
+    receipts = combine([r.receipts for r in res])
+    out = batch_cache(body, seen, width - 1, n_layers, receipts)
     batch_readouts(out, [r.cache for r in res], seen, width - 1)
     for head in HEADS:
         if head in res[0].cache:
@@ -121,8 +122,7 @@ def generation(res: list[RequestResult], n_layers: int, pad: int) -> GenerationR
     logits = None
     if all(r.logits is not None for r in res):
         logits = _on(pad_rows([r.logits for r in res], new_cols, n_new), res[0].logits)
-    return GenerationResult(tokens, new, [r.text for r in res], out, logits, mask, res,
-                            combine([r.receipts for r in res]))
+    return GenerationResult(tokens, new, [r.text for r in res], out, logits, mask, res, receipts)
 
 
 def _on(t: torch.Tensor, like: Any) -> torch.Tensor:
