@@ -206,14 +206,18 @@ class AsyncRemoteModel:
         fetch = return_logits or not (call.points or call.readouts)  # a body asks for something to return
         rows = _split(call.steers, len(prompts))
         groups = [(prompts, call.steers)] if rows is None else [([p], s) for p, s in zip(prompts, rows)]
-        answers = await _all([self._post(wire.CAPTURE, {"model": self.name, "prompt": ps, "return_logits": fetch,
-                                                        "interp": bodies.interp(call.points, st, call.readouts)})
+        answers = await _all([self._post(wire.CAPTURE, self._capture_body(ps, Call(call.points, st, call.readouts), fetch))
                               for ps, st in groups])
         items = [it for a in answers for it in a["data"]]
         logits, cache = results.forward(items, self.n_layers, call.readouts, mask, return_logits, self.device)
         if strict:
             check_strict(cache.receipts, "forward")
         return logits, cache
+
+    def _capture_body(self, prompts: list, call: Call, logits: bool) -> dict:
+        """The /v1/capture body of a forward (benchmarks/remote_cost.py sends the same one with raw httpx)."""
+        return {"model": self.name, "prompt": prompts, "return_logits": logits,
+                "interp": bodies.interp(call.points, call.steers, call.readouts)}
 
     @on_home_loop
     async def forward(self, inputs: Any, steer: Any = (), strict: bool = False) -> torch.Tensor:

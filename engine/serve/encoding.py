@@ -229,3 +229,14 @@ def unframe(body: bytes) -> Any:
             return [put(v) for v in x]
         return x
     return put(head["body"])
+
+
+def answer_bytes(obj: Any) -> bytes:
+    """An answer's bytes: a frame when it holds binary tensors (`Blob`), else `json_bytes`."""
+    def has_blob(x):
+        if isinstance(x, dict):
+            return any(has_blob(v) for v in x.values())
+        if isinstance(x, list):
+            return any(has_blob(v) for v in x)
+        return isinstance(x, Blob)
+    return frame_bytes(obj) if has_blob(obj) else json_bytes(obj)

@@ -296,17 +296,7 @@ class Gen:
 
 
 def dumps(obj: Any) -> bytes:
-    """The answer's bytes: JSON with the captures' base64 spliced in, not scanned, or a frame when its
-    tensors are binary (engine/serve/encoding.py)."""
-    return encoding.frame_bytes(obj) if _has_blob(obj) else encoding.json_bytes(obj)
-
-
-def _has_blob(x: Any) -> bool:
-    if isinstance(x, dict):
-        return any(_has_blob(v) for v in x.values())
-    if isinstance(x, list):
-        return any(_has_blob(v) for v in x)
-    return isinstance(x, encoding.Blob)
+    return encoding.answer_bytes(obj)  # JSON with the captures' base64 spliced in, or a frame (binary tensors)
 
 
 def answer(body: bytes) -> Response:
