@@ -78,12 +78,41 @@ def forward(items: list[dict], n_layers: int, readouts: list[Readout], mask: tor
     """(logits [b, pos, vocab] or None, cache of [b, pos, ...]) of a /v1/capture answer's items."""
     caches = [cache(it, captures(it, device), n_layers, readouts, device) for it in items]
     cols, width = layout([len(it["prompt_token_ids"]) for it in items], mask)
-    out = batch_cache(caches, cols, width, n_layers, combine([c.receipts for c in caches]))
+    out = _batched_cache(caches, cols, width, n_layers, combine([c.receipts for c in caches]))
     lg = None
     if logits:
-        lg = pad_rows([tensor(it["logits"], device) for it in items], cols, width)
-        lg = lg if torch.device(device).type == "cpu" else lg.to(device)
+        rows = [tensor(it["logits"], device) for it in items]
+        lg = _on(_padded(rows, cols, width), rows[0])
     return lg, out
+
+
+def _whole(cols: list[torch.Tensor], width: int) -> bool:
+    """One sequence filling every column: its batch is itself with a batch axis (no padding, no copy)."""
+    return len(cols) == 1 and len(cols[0]) == width
+
+
+def _padded(rows: list[torch.Tensor], cols: list[torch.Tensor], width: int, fill: float = 0) -> torch.Tensor:
+    """pad_rows, or (one sequence filling the width) the rows themselves as a batch of one: the common
+    remote call, spared a copy (and torch's threaded fill, which a busy machine makes slow)."""
+    return rows[0][None] if _whole(cols, width) else pad_rows(rows, cols, width, fill)
+
+
+def _batched_cache(caches: list, cols: list[torch.Tensor], width: int, n_layers: int,
+                   receipts: list[Receipt]) -> ActivationCache:
+    """batch_cache (readouts included), or for one sequence filling the width its entries with a batch axis."""
+    if not _whole(cols, width):
+        return batch_cache(caches, cols, width, n_layers, receipts)
+    out = ActivationCache(n_layers, [c.cpu() for c in cols], receipts)
+    for key, t in caches[0].items():
+        out[key] = t[None]
+    if isinstance(caches[0], ActivationCache):
+        _readouts_of_one(out, caches[0])
+    return out
+
+
+def _readouts_of_one(out: ActivationCache, one: ActivationCache) -> None:
+    for name, v in one.readouts.items():
+        out.put_readout(name, v.map(lambda t: t[None]) if isinstance(v, TopK) else v[None], name in one.positional)
 
 
 def request(block: dict, caps: dict[str, torch.Tensor], n_layers: int, readouts: list[Readout],
@@ -114,14 +143,17 @@ def generation(res: list[RequestResult], n_layers: int, pad: int) -> GenerationR
     seen = columns([n - 1 for n in lengths], width - 1, "left")
     body = [{k: v for k, v in r.cache.items() if k not in HEADS} for r in res]
     receipts = combine([r.receipts for r in res])
-    out = batch_cache(body, seen, width - 1, n_layers, receipts)
-    batch_readouts(out, [r.cache for r in res], seen, width - 1)
+    out = _batched_cache(body, seen, width - 1, n_layers, receipts)
+    if _whole(seen, width - 1):
+        _readouts_of_one(out, res[0].cache)
+    else:
+        batch_readouts(out, [r.cache for r in res], seen, width - 1)
     for head in HEADS:
         if head in res[0].cache:
-            out[head] = _on(pad_rows([r.cache[head] for r in res], new_cols, n_new), res[0].cache[head])
+            out[head] = _on(_padded([r.cache[head] for r in res], new_cols, n_new), res[0].cache[head])
     logits = None
     if all(r.logits is not None for r in res):
-        logits = _on(pad_rows([r.logits for r in res], new_cols, n_new), res[0].logits)
+        logits = _on(_padded([r.logits for r in res], new_cols, n_new), res[0].logits)
     return GenerationResult(tokens, new, [r.text for r in res], out, logits, mask, res, receipts)
 
 
