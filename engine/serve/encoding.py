@@ -163,7 +163,7 @@ def json_bytes(obj: Any) -> bytes:
         if isinstance(x, dict):
             return {k: pull(v) for k, v in x.items()}
         if isinstance(x, (list, tuple)):
-            return [pull(v) for v in x]
+            return x if _plain(x) else [pull(v) for v in x]
         if type(x) is Base64:
             raws.append(x.encode("ascii"))
             return f"{nonce}:{len(raws) - 1}"
@@ -187,7 +187,7 @@ def frame_bytes(obj: Any) -> bytes:
         if isinstance(x, dict):
             return {k: pull(v) for k, v in x.items()}
         if isinstance(x, (list, tuple)):
-            return [pull(v) for v in x]
+            return x if _plain(x) else [pull(v) for v in x]
         if type(x) is Blob:
             blobs.append(x)
             return {"blob": len(blobs) - 1}
@@ -226,9 +226,18 @@ def unframe(body: bytes) -> Any:
                 return {**{k: put(v) for k, v in x.items() if k != "data"}, "data": view[starts[i]:starts[i] + sizes[i]]}
             return {k: put(v) for k, v in x.items()}
         if isinstance(x, list):
-            return [put(v) for v in x]
+            return x if _plain(x) else [put(v) for v in x]
         return x
     return put(head["body"])
+
+
+_SCALARS = (int, float, bool, type(None))
+
+
+def _plain(xs: list | tuple) -> bool:
+    """A list of plain numbers (token ids, a shape): nothing inside to pull out or put back, so the
+    walks above skip it whole instead of visiting every number."""
+    return all(type(v) in _SCALARS for v in xs)
 
 
 def answer_bytes(obj: Any) -> bytes:
