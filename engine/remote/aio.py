@@ -29,7 +29,6 @@ from engine.core.errors import EngineError, InputError, OptionError
 from engine.core.inputs import new_tokens, prompts_of, top_logprobs
 from engine.core.loop import Loop, on_home_loop
 from engine.core.points import ALIASES, BY_NAME, KEY_AXIS_POINTS
-from engine.core.positions import is_mask
 from engine.core.readouts import Readout, TopK, validate_readouts
 from engine.core.results import Request, RequestResult, StreamStep, check_strict, columns_of, one_run_per_row
 from engine.core.steer_checks import check_steers, validate_steers
@@ -42,18 +41,16 @@ from engine.remote.transport import Transport
 from engine.serve import wire
 
 _T = TypeVar("_T")
-HEAD = "lm_head"  # the capture generation logits are read from (the model's logits, after any softcap)
 
 
 @dataclass
 class Call:
     """One call's parts, checked: what to capture (the server's address strings), the steers (the
-    steering() blocks' first), readouts, sampling fields, and where the logits come from."""
+    steering() blocks' first), readouts, and whether a generation returns its logits."""
     points: list[str]
     steers: list[Steer]
     readouts: list[Readout]
-    logits_key: str | None = None  # a head capture read as the logits
-    drop: tuple = ()  # captures the client added (not the caller's)
+    logits: bool = False
 
 
 def _point(p: Any) -> str:
@@ -63,15 +60,11 @@ def _point(p: Any) -> str:
     return str(parse(p))
 
 
-def _head_of(p: str) -> bool:
-    name = ALIASES.get(p.split(".")[0], p.split(".")[0])
-    return name == HEAD
-
-
 def _split(steers: list[Steer], n: int) -> list[list[Steer]] | None:
     """Each prompt's own steers when a steer has a row per prompt (a batch value or mask), else None."""
     def per_row(st: Steer) -> bool:
-        return st.bound().lead == 2 or (is_mask(st.positions) and st.positions.dim() == 2)
+        p = st.positions
+        return st.bound().lead == 2 or (isinstance(p, torch.Tensor) and p.dim() == 2)
     if not any(per_row(s) for s in steers):
         return None
 
@@ -141,17 +134,7 @@ class AsyncRemoteModel:
         if isinstance(points, (str, bytes)) or not hasattr(points, "__iter__"):
             points = [points]
         caps = [_point(p) for p in points]
-        call = Call(caps, check_steers(steer, self._steers.get()), validate_readouts(readouts))
-        if logits:
-            if not self.served.point_layers(HEAD):
-                raise OptionError(f"return_logits=True reads the logits as the '{HEAD}' capture, which the "
-                                  f"{self.backend} server at {self.url} does not serve ({self.served.why_not(HEAD)}); "
-                                  f"pass return_logits=False.")
-            call.logits_key = HEAD
-            if not any(_head_of(p) for p in caps):
-                call.points.append(HEAD)
-                call.drop = (HEAD,)
-        return call
+        return Call(caps, check_steers(steer, self._steers.get()), validate_readouts(readouts), bool(logits))
 
     def _sampling(self, kw: dict, n_new: int) -> dict:
         """The request's sampling fields: the knobs checked as the library checks them, then the extras
@@ -226,18 +209,18 @@ class AsyncRemoteModel:
     # -- generation ------------------------------------------------------------------------------------
     def _completion(self, prompts: list, n_new: int, call: Call, sampling: dict, stream: bool = False) -> dict:
         return {"model": self.name, "prompt": prompts, "max_tokens": n_new, **sampling, "stream": stream,
-                "interp": bodies.interp(call.points, call.steers, call.readouts)}
+                "interp": bodies.interp(call.points, call.steers, call.readouts, call.logits)}
 
     async def _generate(self, prompts: list, n_new: int, call: Call, sampling: dict) -> list[RequestResult]:
         rows = _split(call.steers, len(prompts))
         groups = [(prompts, call.steers)] if rows is None else [([p], s) for p, s in zip(prompts, rows)]
         answers = await _all([self._post(wire.COMPLETIONS, self._completion(
-            ps, n_new, Call(call.points, st, call.readouts), sampling)) for ps, st in groups])
+            ps, n_new, Call(call.points, st, call.readouts, call.logits), sampling)) for ps, st in groups])
         choices = [c for a in answers for c in sorted(a["choices"], key=lambda c: c["index"])]
         return [self._result(c["interp"], results.captures(c["interp"], self.device), call) for c in choices]
 
     def _result(self, block: dict, caps: dict, call: Call) -> RequestResult:
-        return results.request(block, caps, self.n_layers, call.readouts, call.logits_key, call.drop, self.device)
+        return results.request(block, caps, self.n_layers, call.readouts, call.logits, self.device)
 
     @on_home_loop
     async def generate(self, inputs: Any, max_new_tokens: int = 8, points: Any = (), steer: Any = (),
@@ -267,7 +250,7 @@ class AsyncRemoteModel:
                               f"shared-memory sink and its progress bar run beside a local engine); leave it unset.")
         if not isinstance(requests, (list, tuple)) or not all(isinstance(r, Request) for r in requests):
             raise InputError("generate_batch takes a list of engine.Request objects, e.g. [Request('Hello', 8)].")
-        jobs = []
+        jobs: list[Awaitable[list[RequestResult]]] = []
         for r in requests:
             n = new_tokens(r.max_new_tokens)
             (prompt,) = prompts_of(r.prompt) if not isinstance(r.prompt, str) else [r.prompt]
@@ -276,10 +259,10 @@ class AsyncRemoteModel:
             if split is not None:
                 call.steers = split[0]
             jobs.append(self._generate([prompt], n, call, self._sampling(r.sampling, n)))
-        res = [r for group in await _all(jobs) for r in group]
+        res = [one for group in await _all(jobs) for one in group]
         if strict:
-            for r in res:
-                check_strict(r.receipts, "request")
+            for one in res:
+                check_strict(one.receipts, "request")
         return res
 
     # -- streaming -------------------------------------------------------------------------------------
@@ -298,7 +281,7 @@ class AsyncRemoteModel:
         self._live()
         if top_logprobs(logprobs):
             raise OptionError(f"logprobs={logprobs}: the server at {self.url} does not send log-probabilities; capture "
-                              f"'{HEAD}' (points=['{HEAD}']) and take log_softmax of its rows, or leave logprobs=0.")
+                              f"return_logits=True and take log_softmax of the result's logits, or leave logprobs=0.")
         n = new_tokens(max_new_tokens)
         prompts = prompts_of(prompt)
         if len(prompts) != 1:
@@ -308,8 +291,7 @@ class AsyncRemoteModel:
         if split is not None:
             call.steers = split[0]
         body = self._completion(prompts, n, call, self._sampling(sampling, n), stream=True)
-        asked = [p for p in call.points if not (call.drop and p == HEAD)]  # the caller's own captures
-        return self._stream(body, call, bool(rows and asked), strict)
+        return self._stream(body, call, bool(rows and call.points), strict)
 
     async def _stream(self, body: dict, call: Call, want_rows: bool, strict: bool) -> AsyncGenerator[StreamStep, None]:
         got = Rows()
@@ -327,7 +309,7 @@ class AsyncRemoteModel:
                                                   readouts=self._step_readouts(blk, call)))
                 while pending and (not want_rows or got.covers(pending[0].index)):
                     step = pending.pop(0)
-                    step.rows = got.step(step.index, call.drop) if want_rows else None
+                    step.rows = got.step(step.index) if want_rows else None
                     got.yielded += 1
                     yield step
         if final is None:
@@ -336,8 +318,8 @@ class AsyncRemoteModel:
         last = StreamStep(got.yielded + len(pending), final["token_id"], final["token_text"], result=res,
                           readouts=got.step_readouts(len(pending) + got.yielded, res, call.readouts))
         for step in pending:  # held for their rows, which came with the last token
-            step.rows = got.step(step.index, call.drop) if want_rows else None
-        last.rows = got.step(last.index, call.drop) if want_rows else None
+            step.rows = got.step(step.index) if want_rows else None
+        last.rows = got.step(last.index) if want_rows else None
         if strict:
             for step in pending:
                 yield step
@@ -437,12 +419,10 @@ class Rows:
         last = self.span(i)[-1]
         return all(last in rows or (rows and min(rows) > last) for rows in self.by_key.values())
 
-    def step(self, i: int, drop: tuple) -> dict:
+    def step(self, i: int) -> dict:
         out = {}
         span = self.span(i)
         for key, rows in self.by_key.items():
-            if key in drop:
-                continue
             at = [p for p in span if p in rows]
             if not at:
                 continue

@@ -77,10 +77,13 @@ def readout(r: Readout) -> dict:
     return out
 
 
-def interp(points: list[str], steers: list[Steer], readouts: list[Readout]) -> dict:
+def interp(points: list[str], steers: list[Steer], readouts: list[Readout], logits: bool = False) -> dict:
     """The `interp` field: every position captured whole (the client cuts and pads as the library does),
-    strict left to the client (it checks the call's combined receipts, as the library does)."""
+    strict left to the client (it checks the call's combined receipts, as the library does); `logits`:
+    a generation's logits returned."""
     body: dict[str, Any] = {"strict": False}
+    if logits:
+        body["logits"] = True
     if points or readouts:
         body["capture"] = {"points": points, "positions": "all", "reduction": "none",
                            "readouts": [readout(r) for r in readouts]}

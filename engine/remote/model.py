@@ -57,9 +57,8 @@ class RemoteModel:
     def __enter__(self) -> RemoteModel:
         return self
 
-    def __exit__(self, *exc: Any) -> bool:
+    def __exit__(self, *exc: Any) -> None:
         self.close()
-        return False
 
     def _run(self, coro):
         try:

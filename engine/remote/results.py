@@ -50,15 +50,13 @@ def captures(item: dict, device) -> dict[str, torch.Tensor]:
     return {k: tensor(obj, device) for k, obj in (item.get("captures") or {}).items() if obj is not None}
 
 
-def cache(item: dict, caps: dict[str, torch.Tensor], n_layers: int, readouts: list[Readout], device,
-          drop: tuple = ()) -> ActivationCache:
+def cache(item: dict, caps: dict[str, torch.Tensor], n_layers: int, readouts: list[Readout],
+          device) -> ActivationCache:
     """One sequence's ActivationCache ([pos, ...] captures `caps`, the item's readouts by name and
-    receipts) of an answer's item (a /v1/capture data entry or a completion's interp block); `drop`:
-    capture keys the client added for itself."""
+    receipts) of an answer's item (a /v1/capture data entry or a completion's interp block)."""
     out = ActivationCache(n_layers, receipts=receipts(item.get("receipts", [])))
     for key, t in caps.items():
-        if key not in drop:
-            out[key] = t
+        out[key] = t
     per_position = {r.name: r.kind.per_position for r in readouts}
     for name, obj in (item.get("readouts") or {}).items():
         out.put_readout(name, readout_value(obj, device), per_position[name])
@@ -115,13 +113,18 @@ def _readouts_of_one(out: ActivationCache, one: ActivationCache) -> None:
         out.put_readout(name, v.map(lambda t: t[None]) if isinstance(v, TopK) else v[None], name in one.positional)
 
 
-def request(block: dict, caps: dict[str, torch.Tensor], n_layers: int, readouts: list[Readout],
-            logits_key: str | None, drop: tuple, device) -> RequestResult:
-    """One generated sequence from its completion's interp block and captures `caps`; `logits_key`: the
-    head capture read as the logits ([new, vocab]), `drop`: captures the client added (not kept)."""
-    c = cache(block, caps, n_layers, readouts, device, drop)
+def request(block: dict, caps: dict[str, torch.Tensor], n_layers: int, readouts: list[Readout], logits: bool,
+            device) -> RequestResult:
+    """One generated sequence from its completion's interp block and captures `caps`; `logits`: the
+    block carries each new token's logits [new, vocab] (interp.logits)."""
+    c = cache(block, caps, n_layers, readouts, device)
     kept, c.receipts = c.receipts, []  # a sequence's receipts are the RequestResult's, as in-process
-    lg = caps[logits_key] if logits_key else None
+    lg = None
+    if logits:
+        if block.get("logits") is None:
+            from engine.core.errors import EngineError
+            raise EngineError("the server sent no logits for a generation that asked for them (interp.logits)")
+        lg = tensor(block["logits"], device)
     return RequestResult(torch.tensor(block["prompt_token_ids"], dtype=torch.long),
                          torch.tensor(block["token_ids"], dtype=torch.long), block["text"], c, lg,
                          int(block.get("cached_tokens", 0)), int(block.get("recomputed", 0)), kept)
@@ -152,8 +155,9 @@ def generation(res: list[RequestResult], n_layers: int, pad: int) -> GenerationR
         if head in res[0].cache:
             out[head] = _on(_padded([r.cache[head] for r in res], new_cols, n_new), res[0].cache[head])
     logits = None
-    if all(r.logits is not None for r in res):
-        logits = _on(_padded([r.logits for r in res], new_cols, n_new), res[0].logits)
+    rows = [r.logits for r in res if r.logits is not None]
+    if len(rows) == len(res):
+        logits = _on(_padded(rows, new_cols, n_new), rows[0])
     return GenerationResult(tokens, new, [r.text for r in res], out, logits, mask, res, receipts)
 
 

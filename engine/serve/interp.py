@@ -42,6 +42,7 @@ class Asked:
     readouts: list = field(default_factory=list)  # engine.core.readouts.Readout, checked against the model
     stop: StopSpec | None = None
     binary: bool = False  # the answer is a frame: tensors asked as base64 travel as raw bytes (encoding.BINARY)
+    logits: bool = False  # a generation returns each new token's logits
 
     @property
     def encoding(self) -> str:
@@ -99,7 +100,7 @@ def check(runner: Runner, interp: Interp | None, calls: list[tuple[int, int]], b
             raise ServeError(400, f"interp.stop.index: readout {stop.readout!r} gives {outs} value(s) per token; give "
                                   f"index 0..{outs - 1}", "interp.stop.index")
     return Asked(points, steers, spec, strict=interp.strict, steer_addresses=addresses, readouts=readouts, stop=stop,
-                 binary=binary)
+                 binary=binary, logits=interp.logits)
 
 
 def stop_score(stop: StopSpec, value: torch.Tensor | TopK) -> float:

@@ -243,6 +243,9 @@ class Gen:
             block["readouts"], n = interp.readouts_payload(res.cache.readouts, self.asked.encoding,
                                                            budget or self.ctx.budget())
             self.ctx.metrics.capture_bytes += n
+        if self.asked.logits and res.logits is not None:
+            self.ctx.metrics.capture_bytes += (budget or self.ctx.budget()).take(res.logits, self.asked.encoding)
+            block["logits"] = encoding.encode(res.logits, self.asked.encoding)
         return block
 
     def response(self, results: list[RequestResult]) -> bytes:
@@ -332,7 +335,7 @@ def prepare(ctx: Context, raw: bytes, cls: type[Sampling], chat: bool, binary: b
                          "interp.stop")
     keys = interp.canonical(ctx.runner, asked.points)
     rows = bool(req.stream and asked.wants_rows)
-    jobs = [Job(p, n, asked.points, asked.steers, sampling, rows, asked.strict, asked.readouts)
+    jobs = [Job(p, n, asked.points, asked.steers, sampling, rows, asked.strict, asked.readouts, asked.logits)
             for p, n in zip(prompts, budgets)]
     return Gen(ctx, req, chat, prompts, jobs, asked, keys, f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}",
                int(time.time()))

@@ -53,6 +53,7 @@ class Job:
     rows: bool = False  # stream the capture rows per step
     strict: bool = True  # a steer that touched no row fails the request
     readouts: list = field(default_factory=list)  # engine.core.readouts.Readout, checked against the model
+    logits: bool = False  # keep each new token's logits in the result (interp.logits)
 
 
 @dataclass
@@ -206,13 +207,13 @@ class VLLMRunner(Runner):
         # one output at the end, as vLLM's own server asks for non-streamed requests (not one per step)
         sampling = {**job.sampling, "output_kind": RequestOutputKind.FINAL_ONLY}
         req = Request(job.prompt, job.max_tokens, job.points, job.steers, sampling, job.readouts)
-        (res,) = await self.model.aio.generate_batch([req], return_logits=False, strict=job.strict)
+        (res,) = await self.model.aio.generate_batch([req], return_logits=job.logits, strict=job.strict)
         return res
 
     async def stream(self, job: Job) -> AsyncGenerator[Event, None]:
         n = len(job.prompt)
         async for st in self.model.aio.stream(job.prompt, job.max_tokens, job.points, job.steers,
-                                              return_logits=False, rows=job.rows, strict=job.strict,
+                                              return_logits=job.logits, rows=job.rows, strict=job.strict,
                                               readouts=job.readouts, **job.sampling):
             at = 0 if st.index == 0 else n + st.index - 1  # the first position of the step's rows
             yield Event(st.token, {k: (at, t) for k, t in st.rows.items()} if st.rows else None, st.result,
@@ -325,7 +326,7 @@ class EagerRunner(Runner):
         """Token by token (the model's own stream), each with its forward's readouts, the rows with the
         last; a client that leaves stops the generation at its next step (closing the model's stream)."""
         it = await self._call(lambda: self.model.stream(job.prompt, job.max_tokens, job.points, job.steers,
-                                                        return_logits=False, rows=False, strict=job.strict,
+                                                        return_logits=job.logits, rows=False, strict=job.strict,
                                                         readouts=job.readouts, **job.sampling))
         try:
             while True:

@@ -227,6 +227,7 @@ class Interp(Body):
     steer: list[SteerSpec] = Field(default_factory=list)
     strict: bool = True
     stop: StopSpec | None = None
+    logits: bool = False  # generation: each new token's logits [new, vocab] (the library's return_logits=True)
 
     @model_validator(mode="after")
     def _stop_reads_a_readout(self):
