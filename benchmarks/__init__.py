@@ -6,6 +6,9 @@ paired per round and reported as a median with a 95% interval (unresolved when i
     python -m benchmarks publish                       # report, README block, site data, plots (all or nothing)
     python -m benchmarks publish --check               # fail when a committed output drifted from its cells
     bash benchmarks/gpu.sh                             # the headline run on a CUDA machine (see the script)
+    bash benchmarks/device.sh                          # a lent GPU without vLLM: the batched GPU goals (batch_*
+                                                       # workloads against HF and the peers), the validator and the
+                                                       # README on cuda, in under 8 minutes (device_prep.sh first)
 
 Modules: spec (settings), workloads and variants (the two tables), worker (one variant's model, kept
 warm, timing samples on request) and pool (its process, from the sweep's side), rounds (the rotated

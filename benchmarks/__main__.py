@@ -43,8 +43,12 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--ci-bound", type=float, default=Params.ci_bound,
                      help="a ratio whose 95%% interval spans more than this fraction of it is unresolved")
     run.add_argument("--variants", type=_csv, default=None, help="comma list (default: all)")
-    run.add_argument("--workloads", type=_csv, default=None, help="comma list (default: all)")
+    run.add_argument("--workloads", type=_csv, default=None,
+                     help="comma list (default: all but the batch_* GPU workloads, which benchmarks/device.sh names)")
     run.add_argument("--timeout", type=int, default=Params.timeout_s, help="seconds per worker request")
+    run.add_argument("--max-seconds", type=float, default=None,
+                     help="start no round that would end after this many seconds from the sweep's start (the "
+                          "checks and cells are written either way; fewer than 6 rounds give no intervals)")
     run.add_argument("--sweep", default=None, help="sweep name (default: <device>-<model>-<size>)")
     run.add_argument("--sweeps", type=Path, default=cells.CELLS_DIR, help="folder of sweep folders")
     rep = sub.add_parser("report", help="write reports/benchmarks/results-latest.md from the sweeps")
@@ -74,7 +78,7 @@ def main(argv=None) -> int:
                             new_tokens=args.new_tokens, rounds=args.rounds, warmups=args.warmups,
                             min_sample_s=args.min_sample, dtype=args.dtype, device=args.device,
                             threads=args.threads, clock=args.clock, ci_bound=args.ci_bound, timeout_s=args.timeout)
-            run_sweep(params, args.variants, args.workloads, args.sweeps, args.sweep)
+            run_sweep(params, args.variants, args.workloads, args.sweeps, args.sweep, max_s=args.max_seconds)
             return 0
         from benchmarks import publish
         if args.cmd == "report":

@@ -195,11 +195,13 @@ HOSTILE = [
      "covers positions 0..1", "interp.steer[0]"),
     ("steer engine field", "/v1/completions", {"prompt": "hi", "interp": {"steer": [
         {"address": "resid_post.0", "op": "ablate", "lead": 1}]}}, 400, "unknown field", "interp.steer[0].lead"),
+    # each steer's own result is finite, together they overflow a later layer: the request fails alone
+    # (the layer guard, engine.core.site.guard), naming its steers, before any capture is encoded
     ("capture list encoding of inf", "/v1/capture", {"prompt": "hi there", "interp": {
         "capture": {"points": ["resid_mid.1"], "encoding": "list"}, "steer": [
             {"address": "resid_post.0", "op": "add", "value": [3e38] * D_MODEL},
-            {"address": "attn_out.1", "op": "add", "value": [3e38] * D_MODEL}]}}, 400, "use encoding 'base64'",
-     "interp.capture.encoding"),
+            {"address": "attn_out.1", "op": "add", "value": [3e38] * D_MODEL}]}}, 400,
+     "downstream of its steers ('add' at resid_post.0; 'add' at attn_out.1)", "interp.steer[0]"),
 ]
 
 

@@ -10,13 +10,13 @@ from pathlib import Path
 import pytest
 import torch
 
+from scripts import readme_blocks
+
 README = Path(__file__).resolve().parents[1] / "README.md"
 
 
 def _block() -> str:
-    text = README.read_text()
-    section = text.split("## Workflows", 1)[1]
-    return re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    return readme_blocks.get("workflows").code()
 
 
 def test_readme_workflows_run_as_written(tmp_path, monkeypatch, capsys):
@@ -71,8 +71,7 @@ def test_readme_async_example_runs_as_written_from_its_own_loop():
 
 
 def _readouts_block() -> str:
-    section = README.read_text().split("## Readouts", 1)[1].split("\n## ", 1)[0]
-    return re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    return readme_blocks.get("readouts").code()
 
 
 def test_readme_readouts_example_runs_as_written(capsys):

@@ -14,10 +14,8 @@ Writers run before readers, so a capture sees the steered value, as the rest of 
 """
 from __future__ import annotations
 
-import numpy as np
 import torch
 
-from engine.core.ledger import GUARD
 from engine.core.ops import OPS
 from engine.core.plan import Plan, ReadoutGroup, SiteWork, Span, SteerGroup, site_work
 from engine.core.steering import Steer, failure
@@ -111,12 +109,9 @@ def guard(t: torch.Tensor, step: Step) -> torch.Tensor | None:
         return None
     x = t if rows.index is None else t.index_select(0, rows.index)
     with torch.no_grad():
-        ok = torch.isfinite(torch.linalg.vector_norm(x.reshape(rows.m, -1), dim=-1, dtype=torch.float64))
-        lengths = torch.tensor(rows.counts, dtype=torch.long)
-        bad = torch.segment_reduce((~ok).double(), "max", lengths=lengths.to(ok.device, non_blocking=True), axis=0)
-        first = np.cumsum([0] + rows.counts[:-1])
-        step.ledger.record(rows.plan[first], np.full(len(first), GUARD, dtype=np.int64), rows.pos[first],
-                           torch.where(bad > 0, torch.nan, 0.0))
+        norm = torch.linalg.vector_norm(x.reshape(rows.m, -1), dim=-1, dtype=torch.float64)
+        ok = torch.isfinite(norm)
+        step.ledger.record(rows.plan, rows.steer, rows.pos, torch.where(ok, 0.0, torch.nan))
         if rows.index is None:
             return ok
         return torch.ones(t.shape[0], dtype=torch.bool, device=t.device).index_copy(0, rows.index, ok)

@@ -173,11 +173,8 @@ class Steer:
         if v is None or self.scalar:
             return
         lead = self.bound().lead
-        if lead == 2:
-            raise SteeringError(f"steering value for {self.address} still has its batch axis {tuple(v.shape)}; the "
-                                f"engine binds it per sequence (report this as a bug).")
         if tuple(v.shape[lead:]) != tuple(shape):
-            lead_txt = "" if not lead else f" (after {lead} leading pos axis)"
+            lead_txt = {0: "", 1: " (after 1 leading pos axis)", 2: " (after 2 leading batch, pos axes)"}[lead]
             raise SteeringError(f"steering value for {self.address} has shape {tuple(v.shape)}{lead_txt} but the "
                                 f"point's per-position shape is {tuple(shape)}.")
 

@@ -22,7 +22,6 @@ import torch
 
 from engine.core.errors import SteeringError
 from engine.core.ledger import GUARD, Ledger
-
 from engine.core.plan import touches_every_row
 
 if TYPE_CHECKING:
@@ -42,7 +41,6 @@ class Rows:
     pos: np.ndarray
     steer: np.ndarray
     members: list
-    _seg: torch.Tensor | None = None
 
     @property
     def m(self) -> int:
@@ -51,13 +49,6 @@ class Rows:
     @property
     def counts(self) -> list[int]:
         return [n for _, _, n in self.members]
-
-    def seg(self, device: torch.device) -> torch.Tensor:
-        """Device long [m]: each row's member number (for per-member reductions)."""
-        if self._seg is None:
-            ids = np.repeat(np.arange(len(self.members), dtype=np.int64), self.counts)
-            self._seg = upload(ids, device)
-        return self._seg
 
     def take(self, t: torch.Tensor) -> torch.Tensor:
         """These rows of the flat tensor t (a copy)."""
@@ -97,30 +88,40 @@ class Step:
     # -- rows --------------------------------------------------------------------------------------
     def _rows(self, parts: list) -> Rows:
         """Rows from (member, plan key, steer index, span, offsets within the span, or None for every row
-        of the span) of each member (plan keys are recorded as the ledger's codes)."""
+        of the span) of each member (plan keys are recorded as the ledger's codes). The row geometry
+        is built once per step for each distinct set of spans and offsets (every layer's capture of a
+        call has the same one), the labels per group."""
         parts = [p for p in parts if p[4] is None or len(p[4])]
         if not parts:
             return Rows(None, _EMPTY, _EMPTY, _EMPTY, _EMPTY, [])
-        counts = np.array([p[3].n if p[4] is None else len(p[4]) for p in parts], dtype=np.int64)
-        first = np.zeros(len(parts), dtype=np.int64)
-        for j, p in enumerate(parts):
-            if p[4] is not None:
-                first[j] = p[4][0]
-        if all(p[4] is None for p in parts):  # every row of each span: ranges, built at once
+        key = ("rows", *((id(p[3]), None if p[4] is None else p[4].tobytes()) for p in parts))
+        geo = self._built.get(key)
+        if geo is None:
+            geo = self._built[key] = self._geometry([(p[1], p[3], p[4]) for p in parts])
+        index, flat, plan, where, counts, firsts = geo
+        indices = {p[2] for p in parts}
+        steer = (np.full(len(flat), parts[0][2], dtype=np.int64) if len(indices) == 1
+                 else np.repeat(np.array([p[2] for p in parts], dtype=np.int64), counts))
+        return Rows(index, flat, plan, where, steer, [(p[0], f, n) for p, f, n in zip(parts, firsts, counts)])
+
+    def _geometry(self, spans: list) -> tuple:
+        """(device index or None, flat rows, plan codes, positions, counts, first positions) for
+        (plan key, span, offsets or None) of each member."""
+        counts = np.array([sp.n if off is None else len(off) for _, sp, off in spans], dtype=np.int64)
+        firsts = [sp.pos0 + (0 if off is None else int(off[0])) for _, sp, off in spans]
+        if all(off is None for _, _, off in spans):  # every row of each span: ranges, built at once
             start = np.repeat(np.cumsum(counts) - counts, counts)
             within = np.arange(int(counts.sum()), dtype=np.int64) - start
-            rows = np.repeat([p[3].a for p in parts], counts) + within
-            where = np.repeat([p[3].pos0 for p in parts], counts) + within
+            flat = np.repeat([sp.a for _, sp, _ in spans], counts) + within
+            where = np.repeat([sp.pos0 for _, sp, _ in spans], counts) + within
         else:
-            offs = [np.arange(p[3].n, dtype=np.int64) if p[4] is None else p[4] for p in parts]
-            rows = np.concatenate([o + p[3].a for o, p in zip(offs, parts)])
-            where = np.concatenate([o + p[3].pos0 for o, p in zip(offs, parts)])
+            offs = [np.arange(sp.n, dtype=np.int64) if off is None else off for _, sp, off in spans]
+            flat = np.concatenate([o + sp.a for o, (_, sp, _) in zip(offs, spans)])
+            where = np.concatenate([o + sp.pos0 for o, (_, sp, _) in zip(offs, spans)])
         code = self.ledger.code
-        plan = np.repeat(np.array([code(p[1]) for p in parts], dtype=np.int64), counts)
-        steer = np.repeat(np.array([p[2] for p in parts], dtype=np.int64), counts)
-        members = [(p[0], p[3].pos0 + int(f), int(n)) for p, f, n in zip(parts, first, counts)]
-        every = len(rows) == self.n_tokens and bool((rows == np.arange(self.n_tokens)).all())
-        return Rows(None if every else upload(rows, self.device), rows, plan, where, steer, members)
+        plan = np.repeat(np.array([code(k) for k, _, _ in spans], dtype=np.int64), counts)
+        every = len(flat) == self.n_tokens and bool((flat == np.arange(self.n_tokens)).all())
+        return (None if every else upload(flat, self.device), flat, plan, where, counts.tolist(), firsts)
 
     def steer_rows(self, g: SteerGroup, shape: tuple) -> tuple[Rows, torch.Tensor | None]:
         """The rows the group's steers touch in this step and the value for each (checked against the
@@ -133,7 +134,7 @@ class Step:
                 sp = self.span(plan)
                 if sp is None:
                     continue
-                off = None if touches_every_row(st) else st.offsets(sp.pos0, sp.n, plan.prompt_len)
+                off = None if touches_every_row(st) else self._offsets(st, sp)
                 try:
                     last = sp.pos0 + sp.n - 1 if off is None else sp.pos0 + int(off[-1]) if len(off) else -1
                     check_value(st, shape, last)
@@ -145,6 +146,16 @@ class Step:
                 parts.append(((plan, i, st), plan.key, i, sp, off))
             rows = self._rows(parts)
             self._built[key] = (rows, self._values(rows, shape))
+        return self._built[key]
+
+    def _offsets(self, st: Steer, sp: Span) -> np.ndarray:
+        """st.offsets on the span, computed once per step for steers whose positions and exclusions agree."""
+        p = st.positions
+        spec = id(p) if isinstance(p, torch.Tensor) else (p.start, p.stop) if isinstance(p, slice) else \
+            tuple(p) if isinstance(p, list) else p
+        key = ("offsets", spec, tuple(st.exclude or ()), sp.pos0, sp.n, sp.plan.prompt_len)
+        if key not in self._built:
+            self._built[key] = st.offsets(sp.pos0, sp.n, sp.plan.prompt_len)
         return self._built[key]
 
     def _values(self, rows: Rows, shape: tuple) -> torch.Tensor | None:
@@ -223,6 +234,9 @@ def check_value(st: Steer, shape: tuple, last: int) -> None:
     value that does not cover a position the steer touches (`last`: the latest absolute one; -1: none)."""
     st.check_shape(shape)
     v = st.value
+    if st.bound().lead == 2:
+        raise SteeringError(f"steering value for {st.address} still has its batch axis {tuple(v.shape)}; the "
+                            f"engine binds it per sequence (report this as a bug).")
     if isinstance(v, torch.Tensor) and st.bound().lead and last >= v.shape[0]:
         raise SteeringError(f"steering value for {st.address} has shape {tuple(v.shape)}: it covers positions "
                             f"0..{v.shape[0] - 1} but the steer touches position {last}; give a value "

@@ -83,12 +83,11 @@ class EagerModel(ModelBase, WeightsMixin, TokensMixin):
         self.d_model = self.config.hidden_size
         self.device = next(hf.parameters()).device
         self.dtype = next(hf.parameters()).dtype
-        # attention: the loaded implementation (sdpa, flash) for every call that reads no pattern, the
-        # family's eager attention for calls that do (engine/backends/hf/attention.py); a family whose
-        # attention runs inline branches on the implementation's name itself
-        native = attention.native_of(hf)
-        self._attn = ((attention.install(native), attention.NAME) if family.attn_interface else (native, "eager"))
-        self._attn_configs = attention.configs(hf)
+        # attention: the implementation HF loaded (sdpa, flash) with the engine's points around it, a read
+        # pattern computed beside it (engine/backends/hf/attention.py); a family whose attention runs
+        # inline forms its pattern only on HF's eager path, so it runs that
+        self._attention = attention.install(attention.native_of(hf)) if family.attn_interface else "eager"
+        attention.select(attention.configs(hf), self._attention)
         self._layout: Layout | None = None
         self._sites: dict = {}
         self._lock = threading.RLock()
@@ -304,8 +303,6 @@ class EagerModel(ModelBase, WeightsMixin, TokensMixin):
         `held` (gradients), captures go there whole instead of into the call's store. Plans that steer
         also get the guard."""
         step = iter(layouts)
-        patterns = any(a.point in PATTERNS for p in plans for a in p.reads())
-        attention.select(self._attn_configs, self._attn[1] if patterns else self._attn[0])
 
         def on_forward(module, args, kwargs):
             self._layout = next(step)

@@ -20,7 +20,7 @@ ones on rank 0 only; the client gathers.
 from __future__ import annotations
 
 import functools
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
@@ -65,7 +65,7 @@ def _query_start_loc(ctx) -> list[int]:
                        "architecture has no softmax attention layer the engine can align rows with")
 
 
-def host_rows(runner, batch_rows: list[int]) -> tuple[list[int], list[int]] | None:
+def host_rows(runner: Any, batch_rows: list[int]) -> tuple[list[int], list[int]] | None:
     """(query_start_loc, the first position of each of `batch_rows`) from the host copies V1's runner
     fills before every forward (query_start_loc.np, input_batch.num_computed_tokens_cpu): no device
     read. None where the runner keeps no such copies."""
