@@ -423,6 +423,8 @@ async def stream_events(g: Gen) -> AsyncGenerator[str, None]:
             # each token as the engine made it, for a client that keeps tokens (engine/remote/)
             tok = {} if req.interp is None else {
                 "token_id": ev.token, "token_text": ctx.runner.tokenizer.decode([ev.token], skip_special_tokens=True)}
+            if tok and len(seen[i]) == 1:  # the positions of the rows that follow are counted from the prompt
+                tok["prompt_token_ids"] = g.prompts[i]
             sent = rows[i]
             if sent is not None and ev.rows:
                 part, n = sent.add(ev.rows) if ev.result is None else (None, 0)
