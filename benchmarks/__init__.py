@@ -11,6 +11,10 @@ paired per round and reported as a median with a 95% interval (unresolved when i
                                                        # workloads against HF and the peers), the validator and the
                                                        # README on cuda, in under 8 minutes (device_prep.sh first)
 
+The library's client beside raw httpx (engine.connect; about 3 minutes here):
+
+    python -m benchmarks.remote_cost --rounds 20 --calls 8   # reports/serve/remote-cost.md
+
 Modules: spec (settings), workloads and variants (the two tables), worker (one variant's model, kept
 warm, timing samples on request) and pool (its process, from the sweep's side), rounds (the rotated
 order), sweep (load, warm up, rounds, checks, cells), cells (strict files), ci (the interval over

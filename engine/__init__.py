@@ -4,6 +4,7 @@ on eager HF or vLLM, checked against TransformerLens, nnsight/nnterp and HF itse
     from engine import load_model, Steer
     m = load_model("meta-llama/Llama-3.2-1B")            # real if cached, else the tiny zoo twin
     logits, cache = m.run_with_cache("Hello world", ["resid_post.-1", "z.0.head-1"])
+    m = connect("http://gpu-box:8000")                   # the same API on a `python -m engine.serve` server
 """
 from typing import Any
 
@@ -11,7 +12,9 @@ from engine.core.address import Address, parse
 from engine.core.backends import BACKENDS
 from engine.core.errors import (
     AddressError,
+    AuthenticationError,
     BodyTooLarge,
+    Disconnected,
     EngineError,
     EngineFailure,
     FamilyLimitationError,
@@ -23,9 +26,13 @@ from engine.core.errors import (
     PartBusyError,
     PointError,
     ReadoutError,
+    RemoteError,
     RunnerError,
     SAEError,
     ServeError,
+    ServerBusy,
+    ServerFailed,
+    ServerRefused,
     SteeringError,
     TapProofError,
     UnmappedError,
@@ -44,6 +51,7 @@ from engine.core.results import (
 )
 from engine.core.steering import NonFiniteSteer, Steer
 from engine.loading import load_model
+from engine.remote import connect
 from engine.workflows.attention_capture import AttentionCapture, capture_attention
 from engine.workflows.patching import PatchResult, logit_diff, patch_sweep
 
@@ -53,7 +61,7 @@ def run_with_cache(model: Any, inputs: Any, points: Any = (), steer: Any = (), s
     return model.run_with_cache(inputs, points, steer, strict=strict, readouts=readouts)
 
 
-__all__ = ["Address", "parse", "load_model", "run_with_cache", "Steer", "POINTS", "get_point", "BACKENDS",
+__all__ = ["Address", "parse", "load_model", "connect", "run_with_cache", "Steer", "POINTS", "get_point", "BACKENDS",
            "ActivationCache", "GenerationResult", "Request", "RequestResult", "StreamStep", "Receipt",
            "patch_sweep", "logit_diff", "PatchResult", "capture_attention", "AttentionCapture",
            "NonFiniteSteer", "StrictSteerError",
@@ -62,4 +70,5 @@ __all__ = ["Address", "parse", "load_model", "run_with_cache", "Steer", "POINTS"
            "EngineError", "AddressError", "UnsupportedPointError", "UnmappedError", "PointError", "SteeringError",
            "ModelNotFoundError", "OptionError", "InputError", "InputTypeError", "FamilyLimitationError",
            "RunnerError", "SAEError", "ReadoutError", "MixingError", "PartBusyError", "EngineFailure",
-           "TapProofError", "ServeError", "BodyTooLarge"]
+           "TapProofError", "ServeError", "BodyTooLarge", "RemoteError", "ServerRefused", "AuthenticationError",
+           "ServerBusy", "ServerFailed", "Disconnected"]

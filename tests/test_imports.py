@@ -131,6 +131,11 @@ LAYER_RULES = [
     ("engine.workflows", ("engine.backends", "engine.loading", "engine.serve", "engine.harvest"),
      "workflows take any model"),
     ("engine", ("validator", "benchmarks", "visualizer_data"), "the engine never imports the harness"),
+    ("engine.remote", ("engine.backends", "engine.loading", "engine.families", "engine.harvest", "engine.zoo",
+                       "engine.workflows", "engine.interop",
+                       *[m for m in MODULES if _under(m, "engine.serve")
+                         and m not in ("engine.serve", "engine.serve.wire", "engine.serve.encoding")]),
+     "a client of a model server imports the engine's core and the server's wire pieces, never a backend"),
     ("benchmarks", ("visualizer_data",), "visualizer_data renders what benchmarks hands it, not the reverse"),
 ]
 

@@ -112,11 +112,13 @@ class TapProofError(EngineFailure):
 
 class ServeError(EngineError):
     """An HTTP error response of the server: its status, a message saying what was wrong and the fix,
-    the request field it is about, extra headers."""
+    the request field it is about, extra headers, and `kind`: the class name of the engine's exception it
+    reports (None: the server's own refusal), which the remote client raises again."""
 
-    def __init__(self, status: int, message: str, param: str | None = None, headers: dict | None = None) -> None:
+    def __init__(self, status: int, message: str, param: str | None = None, headers: dict | None = None,
+                 kind: str | None = None) -> None:
         super().__init__(message)
-        self.status, self.message, self.param, self.headers = status, message, param, headers
+        self.status, self.message, self.param, self.headers, self.kind = status, message, param, headers, kind
 
 
 class BodyTooLarge(ServeError):
@@ -124,3 +126,38 @@ class BodyTooLarge(ServeError):
 
     def __init__(self, message: str) -> None:
         super().__init__(413, message)
+
+
+# -- a model served over HTTP (engine/remote): failures only a remote call has ---------------------
+class RemoteError(EngineError):
+    """A call to a model server failed for a reason of the server or the network, not of the input.
+    `status`: the HTTP status (None when no answer came)."""
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class ServerRefused(RemoteError, ValueError):
+    """A 4xx that is the server's own refusal rather than the engine's (one of its limits, a field its
+    protocol does not take); `param` names the request field."""
+
+    def __init__(self, message: str, status: int | None = None, param: str | None = None) -> None:
+        super().__init__(message, status)
+        self.param = param
+
+
+class AuthenticationError(RemoteError, PermissionError):
+    """401: the server wants an API key (connect(api_key=...) or $INTERP_API_KEY) and got none or another."""
+
+
+class ServerBusy(RemoteError):
+    """429 / 503 still after every retry: the server's queue is full or it is not ready."""
+
+
+class ServerFailed(RemoteError):
+    """A 5xx other than 503: the server failed while running the call."""
+
+
+class Disconnected(RemoteError, ConnectionError):
+    """No answer: the server could not be reached, dropped the connection, or took longer than the timeout."""
