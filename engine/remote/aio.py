@@ -34,6 +34,7 @@ from engine.core.results import Request, RequestResult, StreamStep, check_strict
 from engine.core.steer_checks import check_steers, validate_steers
 from engine.core.steering import Steer
 from engine.core.tokens import id_rows, padded
+from engine.core.backends import backend_for
 from engine.model.sampling import KNOBS, Sampling
 from engine.remote import bodies, results
 from engine.remote.served import Served
@@ -142,8 +143,8 @@ class AsyncRemoteModel:
         exactly max_new_tokens unless a stop ends it, as in-process)."""
         kw = dict(kw)
         extras = {k: kw.pop(k) for k in list(kw) if k not in KNOBS}
-        if self.backend == "eager":
-            Sampling.parse({**kw, **extras}, "eager")  # refuses any extra, as eager does in-process
+        if not backend_for(self.backend).runtime.sampling_extras:
+            Sampling.parse({**kw, **extras}, self.backend)  # refuses any extra, as this backend does in-process
         n = extras.pop("n", 1)
         if isinstance(n, bool) or n != 1:
             Sampling.parse({"n": n}, self.backend)  # the library's refusal of n != 1
