@@ -56,12 +56,11 @@ def build_parser() -> argparse.ArgumentParser:
                      help="sweep folders (default: every folder under reports/benchmarks/sweeps)")
     rep.add_argument("--out", type=Path, default=cells.REPORT_DIR / "results-latest.md")
     rep.add_argument("--check", action="store_true", help="fail if the committed report drifts from the cells")
-    pub = sub.add_parser("publish", help="report, README THROUGHPUT block, benchmarks.generated.ts and plots, "
-                                         "all or nothing")
+    pub = sub.add_parser("publish", help="report, README THROUGHPUT block and plots, all or nothing (the site's "
+                                         "data: python -m visualizer_data build --only benchmarks)")
     pub.add_argument("--sweeps", type=Path, nargs="+", default=None,
                      help="sweep folders (default: every folder under reports/benchmarks/sweeps)")
     pub.add_argument("--readme", type=Path, default=cells.ROOT / "README.md")
-    pub.add_argument("--ts", type=Path, default=cells.ROOT / "visualizer-data" / "benchmarks.generated.ts")
     pub.add_argument("--out", type=Path, default=cells.REPORT_DIR, help="folder of the report and plots")
     pub.add_argument("--check", action="store_true", help="fail if a committed file drifts from the cells")
     return ap
@@ -83,9 +82,7 @@ def main(argv=None) -> int:
         from benchmarks import publish
         if args.cmd == "report":
             return publish.report_main(args.sweeps, args.out, args.check)
-        # the command wires the two packages: visualizer_data renders the site file from benchmarks' cells
-        from visualizer_data.benchmarks_ts import render
-        return publish.main(args.sweeps, args.readme, args.ts, args.out, args.check, render_ts=render)
+        return publish.main(args.sweeps, args.readme, args.out, args.check)
     except (ValueError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -150,7 +150,9 @@ if ls -d "$SWEEPS"/*/ >/dev/null 2>&1; then
   mkdir -p "$RESULTS/published"
   printf '# R\n<!-- THROUGHPUT:START -->\n<!-- THROUGHPUT:END -->\n' > "$RESULTS/published/THROUGHPUT.md"
   capped "publish" 5 60 "$PY" -m benchmarks publish --sweeps $(ls -d "$SWEEPS"/*/) \
-    --readme "$RESULTS/published/THROUGHPUT.md" --ts "$RESULTS/published/benchmarks.generated.ts" --out "$RESULTS/published"
+    --readme "$RESULTS/published/THROUGHPUT.md" --out "$RESULTS/published"
+  capped "site data" 5 60 "$PY" -m visualizer_data build --only benchmarks --benchmark-cells "$SWEEPS" \
+    --out "$RESULTS/published"
 else
   echo "== publish: skipped (no sweep finished)"; SKIPPED+=("publish")
 fi

@@ -3,7 +3,8 @@
 Names resolve once for every backend (engine/model/sources.py): a local model directory (what
 `save_pretrained` wrote), the real checkpoint when it is in the local HF cache, otherwise the zoo
 twin (same architecture, tiny, seeded random weights) built in the zoo's private cache. Repo ids
-match in any letter case and nothing is downloaded. dtype and device are parsed by engine/model/options.py.
+match in any letter case and nothing is downloaded. dtype and device are parsed by engine/model/options.py;
+the backend's registry entry (engine/core/backends.py) says which engine loads it.
 """
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from engine.core.points import BACKENDS
+from engine.core.backends import HF, VLLM, VLLM_BACKENDS, backend_for
+from engine.core.errors import OptionError
 from engine.families.base import family_for
 from engine.model import options, sources
 
@@ -59,18 +61,33 @@ def load_model(name: str, backend: str = "eager", source: str = "auto", dtype: t
     float32; vLLM: float32 on CPU, the checkpoint's dtype on CUDA). `device`: "cpu", "cuda", "cuda:N"; unset, the
     backend's own (eager: cpu; vLLM: the device the installed vLLM runs on, the only one it takes).
     `attention` (eager): "auto" (HF's choice for the model, usually sdpa; calls reading attn_scores /
-    attn_probs run eager), or one implementation for every call that reads no pattern."""
-    if backend not in BACKENDS:
-        from engine.core.address import closest
-        raise ValueError(f"unknown backend {backend!r}.{closest(backend, BACKENDS)} Backends: {', '.join(BACKENDS)}.")
+    attn_probs run eager), or one implementation for every call that reads no pattern.
+    `backend_kw`: the vLLM backends' load options and engine arguments
+    (engine/backends/vllm/load_options.py); eager takes none. An unknown keyword is refused by name."""
+    spec = backend_for(backend)
+    runtime = spec.runtime
+    if runtime is HF and backend_kw:
+        raise OptionError(f"unknown keyword{'s' if len(backend_kw) > 1 else ''} {', '.join(map(repr, backend_kw))} "
+                          f"for backend {backend!r}: it takes source, dtype, device and attention only (load options "
+                          f"such as max_model_len and static_points are the vLLM backends': {', '.join(VLLM_BACKENDS)}).")
+    opts = None
+    if runtime is VLLM:
+        if attention != "auto":
+            raise OptionError(f"attention={attention!r} chooses the eager backend's HF attention; backend {backend!r} "
+                              f"runs vLLM's own kernels: leave attention unset.")
+        from engine.backends.vllm.load_options import LoadOptions
+        opts = LoadOptions.parse(backend, backend_kw)  # before anything loads
     sources.check_source(source)
-    if backend == "eager" or dtype not in (None, "auto"):  # vLLM chooses an unset dtype by platform
+    platform_dtype = runtime.default_dtype is None  # an unset dtype (or "auto") is the platform's choice
+    if dtype is None:
+        dtype = runtime.default_dtype
+    if not (platform_dtype and dtype in (None, "auto")):
         dtype = options.parse_dtype(dtype, backend)
     device = options.parse_device(device, backend)
     src = sources.resolve(name, source)
-    if backend == "eager":
+    if runtime is HF:
         from engine.backends.hf.eager import EagerModel
         hf, tok = _load_hf(src, dtype, device, attention)
         return EagerModel(src.name, hf, tok, family_for(hf.config.model_type), src.source)
     from engine.backends.vllm import backend as vllm_backend
-    return vllm_backend.load(src.name, backend=backend, source=src.source, dtype=dtype, device=device, **backend_kw)
+    return vllm_backend.load(src.name, backend, src.source, dtype, device, opts)

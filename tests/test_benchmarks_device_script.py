@@ -84,6 +84,8 @@ def test_a_dry_run_does_every_phase_and_hands_back_eight_files(tmp_path):
     assert vc["transformer_lens"]["status"] == "skipped"
     assert "'transformer_lens' is not importable here" in vc["transformer_lens"]["reason"]
     assert (tmp_path / "back" / "published" / "results-latest.md").exists()
+    assert "cpu-llama-3.2-1b-tiny-batch" in (tmp_path / "back" / "published" / "benchmarks.generated.ts").read_text()
+    assert "== site data: exit 0" in text  # the site's data file, visualizer_data's own command
 
 
 def test_the_hider_makes_a_module_missing(tmp_path):

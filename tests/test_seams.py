@@ -14,12 +14,13 @@ from engine.backends.vllm.client import Submission
 from engine.backends.vllm.modes import MODES, NO_CAPTURE, HooksMode, StaticTapsMode, StockMode, mode_for
 from engine.backends.vllm.runtime import LoadReport
 from engine.core.address import Address
+from engine.core.backends import VLLM_BACKENDS
 from engine.core.errors import SteeringError, UnsupportedPointError
 from engine.core.ops import OPS, AffineRows
 from engine.core.ledger import Ledger
 from engine.core.plan import Plan, SiteWork, Span
+from engine.core.points import HEADED_POINTS, POINTS, get_point
 from engine.core.step import Step
-from engine.core.points import HEADED_POINTS, POINTS, VLLM_BACKENDS, get_point
 from engine.core.steer_checks import check_steers
 from engine.core.steering import CacheEntry, Steer
 
@@ -161,7 +162,7 @@ def test_headed_is_a_point_trait_read_from_its_shape():
 
 
 def _engine_sources():
-    return {p: p.read_text() for p in ENGINE.rglob("*.py") if p.name != "_moved.py"}
+    return {p: p.read_text() for p in ENGINE.rglob("*.py")}
 
 
 def test_no_module_relists_a_point_trait_or_compares_vllm_backend_names():

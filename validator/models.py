@@ -5,7 +5,6 @@ engine's loader, so nothing the engine does to its own copy can leak into the re
 """
 from __future__ import annotations
 
-import difflib
 import json
 from pathlib import Path
 
@@ -19,11 +18,6 @@ def resolve_names(patterns: list[str] | None) -> list[str]:
     the whole zoo); unknown names raise with the closest zoo names (engine/model/sources.py)."""
     from engine.model import sources
     return sources.expand(patterns)
-
-
-def closest_model(name: str) -> list[str]:
-    from engine import zoo
-    return difflib.get_close_matches(name, list(zoo.ZOO), n=3, cutoff=0.3)
 
 
 # the engine under test runs the references' attention (eager): like against like, the same kernels on a GPU;

@@ -21,8 +21,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from validator.engines import ENGINES
-
 
 @dataclass(frozen=True)
 class Tier:
@@ -108,8 +106,3 @@ def tier_for(engine: str, dtype: str, case: str = "") -> Tier:
                          f"validator/tolerances.py (known: {known}).")
     f = CASE_FACTOR.get(case, 1.0)
     return tier if f == 1.0 else Tier(tier.pass_rel * f, tier.warn_rel * f, f"{tier.why}; x{f:g} for {case}")
-
-
-def check_complete() -> list[str]:
-    """Engines of the registry that have no float32 tier (an engine added without its tolerances)."""
-    return [e for e in ENGINES if (e, "float32") not in TIERS]

@@ -1,8 +1,9 @@
 """The engine's core: what a request means, independent of any model library (no HF or vLLM import,
 module-level or deferred; torch is allowed).
 
-    errors        the error types (each names the bad input and the fix)
+    errors        every error type, one hierarchy under EngineError (each names the bad input and the fix)
     integers      as_int: what counts as an integer wherever an index or a count is taken
+    backends      the backend registry: each backend's name -> its object (runtime, defaults, knobs)
     points        the point registry: every point's definition and traits
     address       `resid_post.10`, `z.4.head-3`: parsing and the Address type
     positions     which token positions a capture or steer applies to
@@ -21,3 +22,7 @@ module-level or deferred; torch is allowed).
     sae_files     load_sae / save_sae / random_sae: SAELens's on-disk format (cfg.json + safetensors)
     features      topk / above readouts and feature steering (clamp, scale, add a decoder direction)
 """
+
+# the distribution's name, the one a user reads (README, the site, the server's `owned_by`); the
+# published `interp-engine` package is a reference engine the validator compares against, not this
+DISTRIBUTION = "interp-standard"

@@ -6,12 +6,10 @@ strict: every error says which rule was broken and what to use instead.
 """
 from __future__ import annotations
 
-import difflib
 import re
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from engine.core.errors import AddressError
+from engine.core.errors import AddressError, closest  # noqa: F401  (closest: importable here too)
 from engine.core.integers import as_int, described
 from engine.core.points import ALIASES, BY_NAME, get_point
 
@@ -21,12 +19,6 @@ _NUMBER = r"(?:0|-?[1-9][0-9]*)"
 _LAYER_RE = re.compile(r"-?[0-9]+")
 _COORD_RE = re.compile(r"([a-z_]+)-(-?[0-9]+)")
 _CANONICAL = re.compile(_NUMBER)
-
-
-def closest(word: str, options: Iterable[str], n: int = 3) -> str:
-    """A 'did you mean' suffix for error messages."""
-    hits = difflib.get_close_matches(word, list(options), n=n, cutoff=0.5)
-    return f" Did you mean {', '.join(repr(h) for h in hits)}?" if hits else ""
 
 
 @dataclass(frozen=True)

@@ -247,6 +247,16 @@ def token_rows(inputs: Any, tokenizer: Any, limits: Limits, one: bool = False, p
     return rows
 
 
+def prompts_of(inputs: Any) -> list[str | list[int]]:
+    """Every prompt of `inputs` in a form that crosses a process or a network as it is: text (valid
+    Unicode, not tokenized: whoever holds the tokenizer encodes it) or a list of int token ids (their
+    type checked here, their range by the model's owner). Refuses what token_rows refuses before a
+    tokenizer is needed (no prompts, a mixed batch, non-integer ids), with the same errors."""
+    prompts = _split(inputs)
+    n = len(prompts)
+    return [_text(p, i, n) if isinstance(p, str) else _ids_of(p, i, n) for i, p in enumerate(prompts)]
+
+
 def _host(x: Any) -> np.ndarray:
     """A tensor or nested list as a host array (a tensor on a device: one copy)."""
     return x.detach().cpu().numpy() if isinstance(x, torch.Tensor) else np.asarray(x)

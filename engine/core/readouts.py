@@ -33,12 +33,8 @@ from typing import Any, Callable, ClassVar
 import torch
 
 from engine.core.address import Address, parse
-from engine.core.errors import EngineError
+from engine.core.errors import ReadoutError  # noqa: F401  (defined with every other error; importable here too)
 from engine.core.points import INTEGER_POINTS, KEY_AXIS_POINTS, RESIDUAL_POINTS
-
-
-class ReadoutError(EngineError, ValueError):
-    """A readout that cannot be computed as asked (its kind, its parameters, its address)."""
 
 
 @dataclass(frozen=True)

@@ -234,10 +234,12 @@ def check_value(st: Steer, shape: tuple, last: int) -> None:
     value that does not cover a position the steer touches (`last`: the latest absolute one; -1: none)."""
     st.check_shape(shape)
     v = st.value
+    if not isinstance(v, torch.Tensor):
+        return
     if st.bound().lead == 2:
         raise SteeringError(f"steering value for {st.address} still has its batch axis {tuple(v.shape)}; the "
                             f"engine binds it per sequence (report this as a bug).")
-    if isinstance(v, torch.Tensor) and st.bound().lead and last >= v.shape[0]:
+    if st.bound().lead and last >= v.shape[0]:
         raise SteeringError(f"steering value for {st.address} has shape {tuple(v.shape)}: it covers positions "
                             f"0..{v.shape[0] - 1} but the steer touches position {last}; give a value "
                             f"for every touched position or narrow positions=.")

@@ -17,23 +17,14 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from engine.core.address import Address
-from engine.core.errors import AddressError, SAESiteError, SAESiteWarning
+from engine.core.errors import AddressError, SAESiteError, SAESiteWarning, UnmappedError
 from engine.core.points import POINTS, get_point
 from engine.core.sae_files import sae_hooks
 from engine.families import family_for
 from engine.families.base import Split
-
-if TYPE_CHECKING:
-    pass
-
-
-
-class UnmappedError(AddressError):
-    """The other engine has no hook / accessor holding this tensor (the message says why)."""
-
 
 # (family, point) -> the TL hook where the generic one holds another tensor, or (None, why)
 TL_OVERRIDES: dict[tuple[str, str], tuple[str | None, str]] = {
@@ -219,8 +210,7 @@ def to_nnsight(model: Any, address: Address | str) -> Accessor:
             unmapped("the MLP module adds the residual itself" if fam.mlp_adds_residual else
                      "the MLP slot is two modules whose outputs are added")
         if point == "mlp_out" and fam.name == "falcon" and fam.parallel:
-            unmapped("HF Falcon's parallel block adds the attention output into the MLP output in place after the "
-                     "module returns, so a saved output is overwritten; clone mlp.output inside the trace")
+            unmapped(_FALCON_PARALLEL_MLP.format(out="mlp.output"))
         return Accessor(f"{blk}.{fam.mlp}", "input" if point == "mlp_in" else "output")
     if point == "mlp_act" and fam.mlp_down:
         return Accessor(f"{blk}.{fam.mlp_down}" if fam.mlp_on_layer else f"{blk}.{fam.mlp}.{fam.mlp_down}", "input")
@@ -250,6 +240,11 @@ def to_nnsight(model: Any, address: Address | str) -> Accessor:
     unmapped("it is computed inside a module (the attention call, a router, a stream connection)")
 
 
+# HF Falcon's parallel block (FalconDecoderLayer.forward: `mlp_output += attention_output`) edits the MLP's
+# output tensor in place after the module returns: a reader that saves a reference sees attn + mlp
+_FALCON_PARALLEL_MLP = ("HF Falcon's parallel block adds the attention output into the MLP output in place after "
+                        "the module returns, so a saved output is overwritten; clone {out} inside the trace")
+
 NNTERP_NONE = {"bloom": "BLOOM's modules add the residual themselves, so nnterp's attentions_output / mlps_output "
                         "are residuals, not the sublayer writes",
                "mpt": "MPT's MLP adds the residual itself, so nnterp's mlps_output is resid_post"}
@@ -269,6 +264,8 @@ def to_nnterp(model: Any, address: Address | str) -> str:
     if addr.point in ("mlp_in", "mlp_out") and fam.mlp_on_layer:
         raise UnmappedError(f"{addr}: the MLP's projections sit on the decoder layer itself (no MLP module), so "
                             f"nnterp's mlps_input / mlps_output find nothing to read.")
+    if addr.point == "mlp_out" and fam.name == "falcon" and fam.parallel:
+        raise UnmappedError(f"{addr}: {_FALCON_PARALLEL_MLP.format(out='mlps_output')}.")
     return acc.format(L=addr.layer)
 
 

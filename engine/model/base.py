@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-from typing import TYPE_CHECKING, Iterator, Self
+from typing import TYPE_CHECKING, Any, Iterator, Self
 
+from engine.core.backends import backend_for
 from engine.core.errors import EngineError
 from engine.model.capabilities import CapabilityMixin
 from engine.model.catalogue import PointCatalogue
@@ -52,9 +53,16 @@ class ModelBase(PointCatalogue, CapabilityMixin):
         `prepend_bos` (None: the model's own, engine/core/tokens.py)."""
         from engine.core.tokens import to_tokens
         self._live()  # a closed model is closed for every call; its tokenizer stays at m.tokenizer
-        device = self.device if self.backend == "eager" else "cpu"
+        device = "cpu" if backend_for(self.backend).runtime.own_processes else self.device
         return to_tokens(self.tokenizer, text, padding_side,
                          getattr(self, "prepend_bos", None) if prepend_bos is None else prepend_bos, device)
+
+    def to_string(self, tokens: Any, skip_special_tokens: bool = False) -> str | list[str]:
+        """Token ids back to text with this model's tokenizer: one sequence gives a str, a batch (a
+        2-D tensor, a list of id lists) a list of str (engine/core/tokens.py)."""
+        from engine.core.tokens import to_string
+        self._live()
+        return to_string(self.tokenizer, tokens, skip_special_tokens)
 
     def __enter__(self):
         return self

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from engine.core.backends import backend_for
 from engine.core.errors import OptionError
 from engine.core.integers import as_int
 
@@ -31,15 +32,16 @@ class Sampling:
     @classmethod
     def parse(cls, kw: dict, backend: str) -> "Sampling":
         kw = dict(kw or {})
+        extras_taken = backend_for(backend).runtime.sampling_extras  # vLLM: SamplingParams fields, one sample each
         if "do_sample" in kw:
             raise OptionError("do_sample is not a knob here: sample with temperature > 0 (greedy is temperature=0, "
                               "the default); the same names work on every backend: " + ", ".join(KNOBS) + ".")
         extra = {k: kw.pop(k) for k in list(kw) if k not in KNOBS}
-        if extra and backend == "eager":
+        if extra and not extras_taken:
             raise OptionError(f"unknown sampling option{'s' if len(extra) > 1 else ''} {sorted(extra)} for backend "
-                              f"'eager'; the knobs every backend takes are {', '.join(KNOBS)}.")
+                              f"{backend!r}; the knobs every backend takes are {', '.join(KNOBS)}.")
         n = extra.get("n", 1)
-        if backend != "eager" and (isinstance(n, bool) or n != 1):
+        if extras_taken and (isinstance(n, bool) or n != 1):
             raise OptionError(f"n={n!r}: the vLLM backends run one sample per request, so each request's captured "
                               f"rows and steers are its own; pass the prompt several times instead "
                               f"(generate([prompt] * k, temperature=...)).")

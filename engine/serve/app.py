@@ -10,7 +10,7 @@ from fastapi import FastAPI
 from starlette.exceptions import HTTPException
 from starlette.responses import JSONResponse
 
-from engine.serve import capabilities, routes
+from engine.serve import capabilities, native, routes
 from engine.serve.errors import ServeError, payload, response
 from engine.serve.guard import Admission, BodyTooLarge, Guard
 from engine.serve.metrics import Metrics, Recorder
@@ -32,6 +32,7 @@ def build_app(runner: Runner, served: list[str] | None = None, api_key: str | No
                                    max_tokens_limit, chat_template, capabilities.table(runner), max_response_bytes,
                                    routes.Offload(cpu_workers), sae_dir)
     routes.register(app)
+    native.register(app)  # the library's client's routes (engine/remote/)
 
     @app.exception_handler(ServeError)
     async def serve_error(request, exc: ServeError):
@@ -44,7 +45,8 @@ def build_app(runner: Runner, served: list[str] | None = None, api_key: str | No
     @app.exception_handler(HTTPException)
     async def http_error(request, exc: HTTPException):
         msg = {404: f"no endpoint {request.url.path}; endpoints: /v1/completions, /v1/chat/completions, "
-                    f"/v1/capture, /v1/points, /v1/models, /health, /metrics",
+                    f"/v1/capture, /v1/points, /v1/models, /v1/capabilities, /v1/tokenize, /v1/detokenize, "
+                    f"/v1/lens, /health, /metrics",
                405: f"{request.method} is not allowed on {request.url.path}"}.get(exc.status_code, str(exc.detail))
         return JSONResponse(payload(exc.status_code, msg), status_code=exc.status_code, headers=exc.headers)
 

@@ -12,16 +12,13 @@ import hmac
 import json
 from typing import TYPE_CHECKING
 
+from engine.core.errors import BodyTooLarge
 from engine.serve.errors import ServeError, payload
 
 if TYPE_CHECKING:
     from starlette.types import ASGIApp
 
 PROTECTED = ("/v1/", "/metrics")  # /health stays open for load balancers
-
-
-class BodyTooLarge(Exception):
-    pass
 
 
 async def _send_json(send, status: int, body: dict, headers=()) -> None:

@@ -41,21 +41,26 @@ class Asked:
     steer_addresses: list[str] = field(default_factory=list)  # each steer's resolved address (errors name it)
     readouts: list = field(default_factory=list)  # engine.core.readouts.Readout, checked against the model
     stop: StopSpec | None = None
+    binary: bool = False  # the answer is a frame: tensors asked as base64 travel as raw bytes (encoding.BINARY)
+    logits: bool = False  # a generation returns each new token's logits
 
     @property
     def encoding(self) -> str:
-        return self.spec.encoding if self.spec is not None else "base64"
+        return self.spec.encoding if self.spec is not None else (encoding.BINARY if self.binary else "base64")
 
     @property
     def wants_rows(self) -> bool:
         return self.spec is not None and self.spec.reduction == "none" and bool(self.points)
 
 
-def check(runner: Runner, interp: Interp | None, calls: list[tuple[int, int]]) -> Asked:
-    """Validate `interp` for calls of (prompt length, new tokens) (0 new tokens: a forward)."""
+def check(runner: Runner, interp: Interp | None, calls: list[tuple[int, int]], binary: bool = False) -> Asked:
+    """Validate `interp` for calls of (prompt length, new tokens) (0 new tokens: a forward). `binary`:
+    the answer is a frame, so base64 tensors are sent as raw bytes instead."""
     if interp is None:
-        return Asked()
+        return Asked(binary=binary)
     spec = interp.capture
+    if binary and spec is not None and spec.encoding == "base64":
+        spec = spec.model_copy(update={"encoding": encoding.BINARY})
     points = list(spec.points) if spec else []
     for i, p in enumerate(points):
         try:
@@ -94,7 +99,8 @@ def check(runner: Runner, interp: Interp | None, calls: list[tuple[int, int]]) -
         if not kind.sparse and ((stop.index is None and outs > 1) or (stop.index or 0) >= outs):
             raise ServeError(400, f"interp.stop.index: readout {stop.readout!r} gives {outs} value(s) per token; give "
                                   f"index 0..{outs - 1}", "interp.stop.index")
-    return Asked(points, steers, spec, strict=interp.strict, steer_addresses=addresses, readouts=readouts, stop=stop)
+    return Asked(points, steers, spec, strict=interp.strict, steer_addresses=addresses, readouts=readouts, stop=stop,
+                 binary=binary, logits=interp.logits)
 
 
 def stop_score(stop: StopSpec, value: torch.Tensor | TopK) -> float:
@@ -132,7 +138,8 @@ def readouts_payload(values: dict, how: str, budget: "Budget") -> tuple[dict, in
 class Budget:
     """What one request's captures may take: raw tensor bytes (`raw`, --max-capture-bytes) and bytes
     in the response body once encoded (`wire`, --max-response-bytes; base64 is 4/3 of raw, a `list`
-    number counts LIST_BYTES). Checked before a tensor is encoded, so an oversize answer costs nothing."""
+    number counts LIST_BYTES, binary is the raw bytes). Checked before a tensor is encoded, so an oversize
+    answer costs nothing."""
     raw: int | None = None
     wire: int | None = None
     raw_used: int = 0
@@ -145,7 +152,8 @@ class Budget:
             raise ServeError(400, "interp.capture.encoding: these captures hold inf or NaN, which JSON numbers "
                                   "cannot carry; use encoding 'base64'", "interp.capture.encoding")
         self.raw_used += n
-        self.wire_used += rows.nelement() * self.LIST_BYTES if how == "list" else 4 * -(-n // 3)
+        self.wire_used += (rows.nelement() * self.LIST_BYTES if how == "list" else n if how == encoding.BINARY
+                           else 4 * -(-n // 3))
         if self.raw is not None and self.raw_used > self.raw:
             raise ServeError(400, f"interp.capture: the captures of this request are over this server's limit of "
                                   f"{self.raw} bytes (--max-capture-bytes); capture fewer points or positions, or "

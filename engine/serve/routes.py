@@ -28,10 +28,11 @@ from fastapi import FastAPI, Request
 from pydantic import BaseModel, ValidationError
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 
+from engine.core import DISTRIBUTION
 from engine.core.errors import SteeringError
 from engine.core.results import StrictSteerError
-from engine.serve import encoding, interp, text
-from engine.serve.errors import ServeError, from_engine, from_validation, is_client_error, payload
+from engine.serve import encoding, interp, text, wire
+from engine.serve.errors import ServeError, from_engine, from_validation, is_client_error, kind_of, payload
 from engine.serve.guard import Admission, Ticket
 from engine.serve.metrics import Metrics
 from engine.serve.offload import Offload, unless_gone
@@ -125,7 +126,8 @@ def budget(ctx: Context, req: Sampling, prompt_len: int, default: int | None) ->
     room = None if ctx.runner.max_model_len is None else ctx.runner.max_model_len - prompt_len
     if room is not None and room < 1:
         raise ServeError(400, f"prompt: its {prompt_len} tokens fill all {ctx.runner.max_model_len} positions this "
-                              f"server's model takes (max_model_len); nothing can be generated after it", "prompt")
+                              f"server's model takes (max_model_len); nothing can be generated after it", "prompt",
+                         kind="InputError")
     n = req.max_tokens or min([x for x in (default, room, ctx.max_tokens_limit) if x is not None] or [16])
     if ctx.max_tokens_limit is not None and n > ctx.max_tokens_limit:
         raise ServeError(400, f"max_tokens: {n} is over this server's limit of {ctx.max_tokens_limit} "
@@ -133,7 +135,7 @@ def budget(ctx: Context, req: Sampling, prompt_len: int, default: int | None) ->
     if room is not None and n > room:
         raise ServeError(400, f"max_tokens: {n} new tokens after a {prompt_len}-token prompt exceed the "
                               f"{ctx.runner.max_model_len} positions this server's model takes (max_model_len); "
-                              f"ask for at most {max(room, 0)}", "max_tokens")
+                              f"ask for at most {max(room, 0)}", "max_tokens", kind="InputError")
     if req.min_tokens > n:
         raise ServeError(400, f"min_tokens: {req.min_tokens} is more than max_tokens ({n})", "min_tokens")
     return n
@@ -163,7 +165,7 @@ async def guarded(coro: Awaitable[_T], asked: "interp.Asked | None" = None) -> _
     except Exception as e:
         if is_client_error(e) or (isinstance(e, ValueError) and not isinstance(e, UnicodeError)):
             param = steer_param(e, asked)
-            raise ServeError(400, f"{param}: {e}" if param else str(e), param) from None
+            raise ServeError(400, f"{param}: {e}" if param else str(e), param, kind=kind_of(e)) from None
         raise
 
 
@@ -230,7 +232,8 @@ class Gen:
         if self.req.interp is None:
             return None
         block: dict[str, Any] = {"prompt_token_ids": self.prompts[i], "token_ids": res.new_tokens.tolist(),
-                                 "receipts": interp.receipts(res.receipts)}
+                                 "receipts": interp.receipts(res.receipts), "text": res.text,
+                                 "cached_tokens": res.cached_tokens, "recomputed": res.recomputed}
         if self.asked.spec is not None and self.asked.points:
             if rows_payload is None:
                 rows_payload, n = interp.payload(self.asked.spec, res.cache, len(self.prompts[i]), fed(res),
@@ -241,6 +244,9 @@ class Gen:
             block["readouts"], n = interp.readouts_payload(res.cache.readouts, self.asked.encoding,
                                                            budget or self.ctx.budget())
             self.ctx.metrics.capture_bytes += n
+        if self.asked.logits and res.logits is not None:
+            self.ctx.metrics.capture_bytes += (budget or self.ctx.budget()).take(res.logits, self.asked.encoding)
+            block["logits"] = encoding.encode(res.logits, self.asked.encoding)
         return block
 
     def response(self, results: list[RequestResult]) -> bytes:
@@ -294,11 +300,22 @@ class Gen:
 
 
 def dumps(obj: Any) -> bytes:
-    return encoding.json_bytes(obj)  # captures' base64 spliced in, not scanned (engine/serve/encoding.py)
+    return encoding.answer_bytes(obj)  # JSON with the captures' base64 spliced in, or a frame (binary tensors)
 
 
-def prepare(ctx: Context, raw: bytes, cls: type[Sampling], chat: bool) -> Gen:
-    """A generation request parsed and checked in full (on an Offload thread)."""
+def answer(body: bytes) -> Response:
+    media = wire.FRAME_TYPE if body.startswith(encoding.MAGIC) else "application/json"
+    return Response(body, media_type=media)
+
+
+def framed(request: Request) -> bool:
+    """Whether the client asked for tensors as raw bytes in a frame (Accept: engine/serve/wire.FRAME_TYPE)."""
+    return wire.FRAME_TYPE in request.headers.get("accept", "")
+
+
+def prepare(ctx: Context, raw: bytes, cls: type[Sampling], chat: bool, binary: bool = False) -> Gen:
+    """A generation request parsed and checked in full (on an Offload thread); `binary`: its
+    non-streamed answer carries base64 tensors as raw bytes in a frame."""
     req = parse(raw, cls, ctx)
     check_model(ctx, req.model)
     check_sampling(ctx, req)
@@ -313,13 +330,13 @@ def prepare(ctx: Context, raw: bytes, cls: type[Sampling], chat: bool) -> Gen:
         prompts = tokenize(ctx, req.prompt)
     sampling = ctx.runner.sampling(req)
     budgets = [budget(ctx, req, len(p), None if chat else 16) for p in prompts]
-    asked = interp.check(ctx.runner, req.interp, list(zip(map(len, prompts), budgets)))
+    asked = interp.check(ctx.runner, req.interp, list(zip(map(len, prompts), budgets)), binary and not req.stream)
     if asked.stop is not None and not req.stream:
         raise ServeError(400, "interp.stop: a readout stop ends a streamed generation; send stream: true",
                          "interp.stop")
     keys = interp.canonical(ctx.runner, asked.points)
     rows = bool(req.stream and asked.wants_rows)
-    jobs = [Job(p, n, asked.points, asked.steers, sampling, rows, asked.strict, asked.readouts)
+    jobs = [Job(p, n, asked.points, asked.steers, sampling, rows, asked.strict, asked.readouts, asked.logits)
             for p, n in zip(prompts, budgets)]
     return Gen(ctx, req, chat, prompts, jobs, asked, keys, f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}",
                int(time.time()))
@@ -327,7 +344,7 @@ def prepare(ctx: Context, raw: bytes, cls: type[Sampling], chat: bool) -> Gen:
 
 async def generation(request: Request, cls: type[Sampling], chat: bool) -> Response:
     ctx: Context = request.app.state.ctx
-    g = await ctx.offload(prepare, ctx, await request.body(), cls, chat)
+    g = await ctx.offload(prepare, ctx, await request.body(), cls, chat, framed(request))
     ticket = ctx.admission.enter(len(g.jobs))
     if g.req.stream:
         return Stream(stream_events(g), ticket)
@@ -337,7 +354,7 @@ async def generation(request: Request, cls: type[Sampling], chat: bool) -> Respo
         ticket.release()
     ctx.metrics.prompt_tokens += sum(map(len, g.prompts))
     ctx.metrics.generation_tokens += sum(r.new_tokens.shape[0] for r in results)
-    return Response(await ctx.offload(g.response, results), media_type="application/json")
+    return answer(await ctx.offload(g.response, results))
 
 
 async def merged(gens: list[AsyncGenerator[_T, None]]) -> AsyncGenerator[tuple[int, _T], None]:
@@ -404,6 +421,11 @@ async def stream_events(g: Gen) -> AsyncGenerator[str, None]:
             delta = detoks[i].push(ev.token)
             seen[i].append(ev.token)
             block = None
+            # each token as the engine made it, for a client that keeps tokens (engine/remote/)
+            tok = {} if req.interp is None else {
+                "token_id": ev.token, "token_text": ctx.runner.tokenizer.decode([ev.token], skip_special_tokens=True)}
+            if tok and len(seen[i]) == 1:  # the positions of the rows that follow are counted from the prompt
+                tok["prompt_token_ids"] = g.prompts[i]
             sent = rows[i]
             if sent is not None and ev.rows:
                 part, n = sent.add(ev.rows) if ev.result is None else (None, 0)
@@ -417,7 +439,7 @@ async def stream_events(g: Gen) -> AsyncGenerator[str, None]:
                 score = interp.stop_score(stop, ev.readouts[stop.readout])
                 if interp.crossed(stop, score):
                     results[i] = ev.result or False
-                    block = {**(block or {}), "token_ids": list(seen[i]), "stopped": {
+                    block = {**(block or {}), **tok, "token_ids": list(seen[i]), "stopped": {
                         "readout": stop.readout, "token": len(seen[i]) - 1, "score": score}}
                     delta += detoks[i].final(ctx.runner.tokenizer.decode(seen[i], skip_special_tokens=True))
                     yield sse(g.chunk([g.choice_delta(i, delta, "interp.stop", None, block)]))
@@ -425,6 +447,8 @@ async def stream_events(g: Gen) -> AsyncGenerator[str, None]:
                         break
                     continue
             if ev.result is None:
+                if tok:
+                    block = {**(block or {}), **tok}
                 if delta or block:
                     yield sse(g.chunk([g.choice_delta(i, delta, block=block)]))
                 continue
@@ -436,6 +460,8 @@ async def stream_events(g: Gen) -> AsyncGenerator[str, None]:
                 final_rows, n = await ctx.offload(sent.final, res.cache, fed(res))
                 ctx.metrics.capture_bytes += n
             block = await ctx.offload(g.interp_block, i, res, final_rows)
+            if block is not None:
+                block.update(tok)
             yield sse(g.chunk([g.choice_delta(i, delta, reason, stop_reason, block)]))
         ctx.metrics.prompt_tokens += sum(map(len, g.prompts))
         ctx.metrics.generation_tokens += sum(map(len, seen))
@@ -447,15 +473,16 @@ async def stream_events(g: Gen) -> AsyncGenerator[str, None]:
         elif isinstance(e, StrictSteerError):
             err = from_engine(e, f"interp.steer[{e.receipt.index}]")
         elif is_client_error(e) or isinstance(e, ValueError):
-            err = ServeError(400, str(e))
+            err = ServeError(400, str(e), kind=kind_of(e))
         else:
             err = ServeError(500, f"{type(e).__name__}: {e}")
-        yield sse(payload(err.status, err.message, err.param))
+        yield sse(payload(err.status, err.message, err.param, err.kind))
     yield "data: [DONE]\n\n"
 
 
 # -- capture -----------------------------------------------------------------------------------------------
-def prepare_capture(ctx: Context, raw: bytes) -> tuple[CaptureRequest, list[list[int]], interp.Asked]:
+def prepare_capture(ctx: Context, raw: bytes, binary: bool = False
+                    ) -> tuple[CaptureRequest, list[list[int]], interp.Asked]:
     req = parse(raw, CaptureRequest, ctx)
     check_model(ctx, req.model)
     prompts = tokenize(ctx, req.prompt)
@@ -466,8 +493,8 @@ def prepare_capture(ctx: Context, raw: bytes) -> tuple[CaptureRequest, list[list
             raise ServeError(400, f"{where}: its {len(p)} tokens fill all {ctx.runner.max_model_len} positions "
                                   f"this server's model takes (max_model_len); backend {ctx.runner.backend!r} "
                                   f"runs a forward only over a prompt of at most {ctx.runner.max_model_len - room} "
-                                  f"tokens (one position stays for the next token)", where)
-    asked = interp.check(ctx.runner, req.interp, [(len(p), 0) for p in prompts])
+                                  f"tokens (one position stays for the next token)", where, kind="InputError")
+    asked = interp.check(ctx.runner, req.interp, [(len(p), 0) for p in prompts], binary)
     if asked.spec is None and not req.return_logits:
         raise ServeError(400, "interp.capture: nothing to return; give interp.capture points, or return_logits: true",
                          "interp.capture")
@@ -476,7 +503,8 @@ def prepare_capture(ctx: Context, raw: bytes) -> tuple[CaptureRequest, list[list
 
 def capture_response(ctx: Context, req: CaptureRequest, prompts: list[list[int]], asked: interp.Asked,
                      results: list[Capture]) -> tuple[bytes, int]:
-    spec = asked.spec or CaptureSpec.model_construct(points=[], positions="all", reduction="none", encoding="base64")
+    spec = asked.spec or CaptureSpec.model_construct(points=[], positions="all", reduction="none",
+                                                     encoding=encoding.BINARY if asked.binary else "base64")
     data, budget = [], ctx.budget()
     for i, (p, (cache, logits, receipts, readouts)) in enumerate(zip(prompts, results)):
         item, _ = interp.payload(spec, cache, len(p), len(p), budget=budget)
@@ -494,7 +522,7 @@ def capture_response(ctx: Context, req: CaptureRequest, prompts: list[list[int]]
 
 async def capture(request: Request) -> Response:
     ctx: Context = request.app.state.ctx
-    req, prompts, asked = await ctx.offload(prepare_capture, ctx, await request.body())
+    req, prompts, asked = await ctx.offload(prepare_capture, ctx, await request.body(), framed(request))
     ticket = ctx.admission.enter(len(prompts))
     try:
         results = await unless_gone(request, gather_all(
@@ -506,7 +534,7 @@ async def capture(request: Request) -> Response:
     body, nbytes = await ctx.offload(capture_response, ctx, req, prompts, asked, results)
     ctx.metrics.prompt_tokens += sum(map(len, prompts))
     ctx.metrics.capture_bytes += nbytes
-    return Response(body, media_type="application/json")
+    return answer(body)
 
 
 # -- the rest ---------------------------------------------------------------------------------------------
@@ -529,7 +557,7 @@ def register(app: FastAPI) -> None:
     async def models(request: Request):
         ctx: Context = request.app.state.ctx
         return JSONResponse({"object": "list", "data": [
-            {"id": n, "object": "model", "created": int(ctx.metrics.started), "owned_by": "interp-engine",
+            {"id": n, "object": "model", "created": int(ctx.metrics.started), "owned_by": DISTRIBUTION,
              "root": ctx.runner.name, "max_model_len": ctx.runner.max_model_len} for n in ctx.served]})
 
     @app.api_route("/health", methods=["GET", "HEAD"])

@@ -185,7 +185,3 @@ def scores_from_qk(q: torch.Tensor, k: torch.Tensor, mask, scaling: float, softc
         m = mask[:, :, :, : k.shape[-2]]
         s = s.masked_fill(~m, float("-inf")) if m.dtype == torch.bool else s + m.float()
     return s.transpose(1, 2)
-
-
-def all_missing(addresses, reason: str) -> dict:
-    return {a: Missing(reason) for a in addresses}

@@ -27,13 +27,13 @@ import torch
 
 from engine.backends.vllm.catalogue import VLLMCatalogue
 from engine.backends.vllm.modes import NO_CAPTURE, Mode, mode_for
-from engine.backends.vllm.runtime import on_home_loop
 from engine.backends.vllm.worker import attn as vllm_attn
 from engine.backends.vllm.worker import wire as vllm_wire
 from engine.backends.vllm.worker.rows import EXTRA_KEY
 from engine.core.address import Address, parse
 from engine.core.errors import AddressError, EngineError, SteeringError, UnsupportedPointError
 from engine.core.inputs import limits_of, new_tokens, row_label, token_rows, top_logprobs
+from engine.core.loop import on_home_loop
 from engine.core.ops import OPS
 from engine.core.plan import Plan
 from engine.core.points import INTEGER_POINTS
@@ -65,7 +65,7 @@ if TYPE_CHECKING:
     from vllm.tokenizers import TokenizerLike
     from vllm.v1.engine.async_llm import AsyncLLM
 
-    from engine.backends.vllm.runtime import Loop
+    from engine.core.loop import Loop
     from engine.model.weights import BlockLayout
 
 __all__ = ["AsyncVLLMModel", "Submission", "StreamEvent", "NO_CAPTURE"]

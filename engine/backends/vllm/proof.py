@@ -20,11 +20,9 @@ from typing import Any
 
 import torch
 
+from engine.core.errors import TapProofError
+
 PROBE = "The quick brown fox jumps over the lazy dog because it was asked to"
-
-
-class TapProofError(RuntimeError):
-    pass
 
 
 # `model` is the VLLMModel: typed Any (as Mode.prove's) because engine/backends/vllm/backend.py reaches this

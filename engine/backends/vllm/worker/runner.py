@@ -24,17 +24,14 @@ from __future__ import annotations
 import importlib.util
 import os
 
-from engine.core.errors import FamilyLimitationError
+from engine.core.backends import backend_for
+from engine.core.errors import RunnerError
 
 ENV = "VLLM_USE_V2_MODEL_RUNNER"
 V1_RUNNER = "vllm.v1.worker.gpu_model_runner"  # removed with the V1 runner in vLLM 0.34 (docs/vllm-internals.md)
 V2_PACKAGE = "vllm.v1.worker.gpu."  # V2 runners (the CPU V2 runner subclasses the GPU one)
 # engine arguments with which vLLM 0.32 uses V2 whatever the environment says (config/vllm.py)
 FORCES_V2 = {"watermark_config": "watermarking", "hisparse_config": "HiSparse attention"}
-
-
-class RunnerError(FamilyLimitationError):
-    pass
 
 
 def _forcing_v2(engine_kw: dict) -> list[str]:
@@ -49,7 +46,7 @@ def _forcing_v2(engine_kw: dict) -> list[str]:
 def force_v1(backend: str, engine_kw: dict) -> tuple[dict, str]:
     """(environment for the engine's processes, what the load report says about the runner).
     Refuses, before starting anything, engine arguments that make vLLM use V2 regardless."""
-    if backend == "vllm-generate":
+    if not backend_for(backend).captures:
         return {}, "model runner: vLLM's own choice (stock vLLM, no row map)"
     if importlib.util.find_spec(V1_RUNNER) is None:
         import vllm
