@@ -25,6 +25,7 @@ from typing import Any, TypeVar
 import torch
 
 from engine.core.address import parse
+from engine.core.backends import backend_for
 from engine.core.errors import EngineError, InputError, OptionError
 from engine.core.inputs import new_tokens, prompts_of, top_logprobs
 from engine.core.loop import Loop, on_home_loop
@@ -34,7 +35,6 @@ from engine.core.results import Request, RequestResult, StreamStep, check_strict
 from engine.core.steer_checks import check_steers, validate_steers
 from engine.core.steering import Steer
 from engine.core.tokens import id_rows, padded
-from engine.core.backends import backend_for
 from engine.model.sampling import KNOBS, Sampling
 from engine.remote import bodies, results
 from engine.remote.served import Served

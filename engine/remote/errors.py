@@ -27,7 +27,7 @@ def engine_classes() -> dict[str, type[BaseException]]:
     """The exception classes an error body can name (engine/serve/errors.kind_of): those of engine/core
     by name, and the builtins an input check raises."""
     out: dict[str, type[BaseException]] = {"ValueError": ValueError, "TypeError": TypeError}
-    todo: list[type] = [EngineError]
+    todo: list[type[BaseException]] = [EngineError]
     while todo:
         cls = todo.pop()
         if issubclass(cls, RemoteError):  # the client's own failures: never named by a server's body
