@@ -43,8 +43,12 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--ci-bound", type=float, default=Params.ci_bound,
                      help="a ratio whose 95%% interval spans more than this fraction of it is unresolved")
     run.add_argument("--variants", type=_csv, default=None, help="comma list (default: all)")
-    run.add_argument("--workloads", type=_csv, default=None, help="comma list (default: all)")
+    run.add_argument("--workloads", type=_csv, default=None,
+                     help="comma list (default: all but the batch_* GPU workloads, which benchmarks/device.sh names)")
     run.add_argument("--timeout", type=int, default=Params.timeout_s, help="seconds per worker request")
+    run.add_argument("--max-seconds", type=float, default=None,
+                     help="start no round that would end after this many seconds from the sweep's start (the "
+                          "checks and cells are written either way; fewer than 6 rounds give no intervals)")
     run.add_argument("--sweep", default=None, help="sweep name (default: <device>-<model>-<size>)")
     run.add_argument("--sweeps", type=Path, default=cells.CELLS_DIR, help="folder of sweep folders")
     rep = sub.add_parser("report", help="write reports/benchmarks/results-latest.md from the sweeps")
@@ -52,12 +56,11 @@ def build_parser() -> argparse.ArgumentParser:
                      help="sweep folders (default: every folder under reports/benchmarks/sweeps)")
     rep.add_argument("--out", type=Path, default=cells.REPORT_DIR / "results-latest.md")
     rep.add_argument("--check", action="store_true", help="fail if the committed report drifts from the cells")
-    pub = sub.add_parser("publish", help="report, README THROUGHPUT block, benchmarks.generated.ts and plots, "
-                                         "all or nothing")
+    pub = sub.add_parser("publish", help="report, README THROUGHPUT block and plots, all or nothing (the site's "
+                                         "data: python -m visualizer_data build --only benchmarks)")
     pub.add_argument("--sweeps", type=Path, nargs="+", default=None,
                      help="sweep folders (default: every folder under reports/benchmarks/sweeps)")
     pub.add_argument("--readme", type=Path, default=cells.ROOT / "README.md")
-    pub.add_argument("--ts", type=Path, default=cells.ROOT / "visualizer-data" / "benchmarks.generated.ts")
     pub.add_argument("--out", type=Path, default=cells.REPORT_DIR, help="folder of the report and plots")
     pub.add_argument("--check", action="store_true", help="fail if a committed file drifts from the cells")
     return ap
@@ -74,14 +77,12 @@ def main(argv=None) -> int:
                             new_tokens=args.new_tokens, rounds=args.rounds, warmups=args.warmups,
                             min_sample_s=args.min_sample, dtype=args.dtype, device=args.device,
                             threads=args.threads, clock=args.clock, ci_bound=args.ci_bound, timeout_s=args.timeout)
-            run_sweep(params, args.variants, args.workloads, args.sweeps, args.sweep)
+            run_sweep(params, args.variants, args.workloads, args.sweeps, args.sweep, max_s=args.max_seconds)
             return 0
         from benchmarks import publish
         if args.cmd == "report":
             return publish.report_main(args.sweeps, args.out, args.check)
-        # the command wires the two packages: visualizer_data renders the site file from benchmarks' cells
-        from visualizer_data.benchmarks_ts import render
-        return publish.main(args.sweeps, args.readme, args.ts, args.out, args.check, render_ts=render)
+        return publish.main(args.sweeps, args.readme, args.out, args.check)
     except (ValueError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -47,6 +47,8 @@ fi
 stamp "tiny sweep"
 "$PY" -m benchmarks publish
 "$PY" -m benchmarks publish --check
+"$PY" -m visualizer_data build --only benchmarks   # the site's data file of the same cells
+"$PY" -m visualizer_data build --only benchmarks --check
 stamp "published"
 if [ -z "${SKIP_SERVE:-}" ]; then
   "$PY" -m benchmarks.serve_load --model "$REAL_MODEL" --size real --rounds "$SERVE_ROUNDS" --requests 16

@@ -9,8 +9,8 @@ batch size, a plain HF forward over the eager harvest's batches with the harvest
 (engine.harvest.capture.forward: resid_post at the middle layer, stopping after it), both over the same
 synthetic corpus. It prints their tokens/s and, for the capture side, the median milliseconds per call of
 each stage of EagerModel.run_with_cache (inputs checked and padded, per-row plans, layout, the HF forward
-inside it, per-row caches, the batch cache): what a batch costs beyond the model itself. On CUDA the
-forward returns before the GPU is done, so its time lands in the first stage that waits (the copies back).
+inside it, the ledger's one read, the padded batch cache): what a batch costs beyond the model itself. On
+CUDA the forward returns before the GPU is done, so its time lands in the first stage that waits.
 """
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 
-STAGES = ("_inputs", "_plans", "_cache", "run_with_cache")  # EagerModel methods timed per call
+STAGES = ("_inputs", "_plans", "_outcomes", "run_with_cache")  # EagerModel methods timed per call
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -64,8 +64,8 @@ def main(argv: list[str] | None = None) -> int:
                 spent.setdefault(name, []).append(time.perf_counter() - t)
         return wrapper
 
-    patched = [(type(m), name, name) for name in STAGES] + [(eager_mod, "batch_cache", "batch_cache"),
-               (eager_mod, "_prefill_layout", "_prefill_layout"), (m.hf, "forward", "hf forward inside run_with_cache")]
+    patched = [(type(m), name, name) for name in STAGES] + [(eager_mod, "padded", "padded"),
+               (eager_mod, "prefill_layout", "prefill_layout"), (m.hf, "forward", "hf forward inside run_with_cache")]
     saved = [(obj, attr, obj.__dict__.get(attr)) for obj, attr, _ in patched]
     for obj, attr, label in patched:
         setattr(obj, attr, timed(label, getattr(obj, attr)))

@@ -12,7 +12,7 @@
 # knob is an environment variable, so the same script runs on CPU with a tiny model as its test:
 #
 #   DEVICE=cpu SIZE=tiny MODELS=meta-llama/Llama-3.2-1B PROMPT=32 NEW=4 ROUNDS=6 SKIP_TESTS=1 \
-#     SKIP_VALIDATOR=1 SKIP_SERVE=1 OUT=/tmp/gpu-smoke PUBLISH_ARGS="--readme /tmp/R.md --ts /tmp/b.ts --out /tmp/o" \
+#     SKIP_VALIDATOR=1 SKIP_SERVE=1 OUT=/tmp/gpu-smoke PUBLISH_ARGS="--readme /tmp/R.md --out /tmp/o" SITE_ARGS="--out /tmp/s" \
 #     bash benchmarks/gpu.sh
 #
 # Needs: .venv (or PY) with CUDA torch and vLLM for CUDA (`bash scripts/setup.sh --cuda`); the zoo cache
@@ -37,6 +37,7 @@ OUT=${OUT:-reports/benchmarks/sweeps}     # sweeps root; publish reads every swe
 VALIDATOR_OUT=${VALIDATOR_OUT:-/tmp/gpu-validator}
 SERVE_OUT=${SERVE_OUT:-/tmp/gpu-serve}    # the server load report (never the committed CPU one)
 PUBLISH_ARGS=${PUBLISH_ARGS:-}
+SITE_ARGS=${SITE_ARGS:-}                  # python -m visualizer_data build's, e.g. --out DIR (default: visualizer-data/)
 REAL=${REAL:-}                            # set: sweep the real checkpoints from the HF cache, not twins
 if [ "$DEVICE" = cpu ]; then DTYPE=${DTYPE:-float32}; THREADS=${THREADS:-1}; else DTYPE=${DTYPE:-bfloat16}; THREADS=${THREADS:-0}; fi
 
@@ -71,6 +72,7 @@ done
 
 # 5. publish every sweep under OUT (the CPU sweeps beside the GPU ones), all or nothing
 phase "publish" 5 "$PY" -m benchmarks publish --sweeps $(ls -d "$OUT"/*/) $PUBLISH_ARGS
+phase "site data" 2 "$PY" -m visualizer_data build --only benchmarks --benchmark-cells "$OUT" $SITE_ARGS
 
 # 6. last, so it cannot starve the publish: the server against stock `vllm serve` on the first sweep
 #    model (benchmarks/serve_load.py: the same requests and ratio rules as the CPU report), into

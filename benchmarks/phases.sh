@@ -6,12 +6,16 @@
 SKIPPED=(); FAILED=()
 left() { echo $(( BUDGET_S - ($(date +%s) - START) )); }
 phase() {  # phase NAME ESTIMATE_S COMMAND...: run COMMAND under what is left of the budget, or skip it
-  local name=$1 est=$2; shift 2
+  capped "$1" "$2" 0 "${@:3}"
+}
+capped() {  # capped NAME ESTIMATE_S CAP_S COMMAND...: as phase, for at most CAP_S seconds (0: no cap)
+  local name=$1 est=$2 cap=$3; shift 3
   local l; l=$(left)
   if [ "$l" -lt "$est" ]; then
     echo "== $name: skipped ($l s of the budget left, it needs about $est s)"; SKIPPED+=("$name"); return 0
   fi
-  echo "== $name (budget left $l s)"
+  [ "$cap" -gt 0 ] && [ "$cap" -lt "$l" ] && l=$cap
+  echo "== $name (for at most $l s)"
   local t0; t0=$(date +%s)
   timeout --kill-after=20 "$l" "$@"; local rc=$?
   echo "== $name: exit $rc after $(( $(date +%s) - t0 )) s"

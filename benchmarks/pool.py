@@ -60,7 +60,11 @@ class WorkerProc:
 
     def request(self, req: dict, timeout_s: float | None = None) -> dict:
         """Send one request and wait for its reply; WorkerDied when none comes in time."""
-        timeout_s = timeout_s or self.params.timeout_s
+        self.send(req)
+        return self.receive(req, timeout_s)
+
+    def send(self, req: dict) -> None:
+        """Send one request without waiting (several workers can then load at once); `receive` its reply."""
         if self.proc.poll() is not None:
             raise WorkerDied(f"{self.variant} worker exited with code {self.proc.returncode}: {self.log_tail()}")
         try:
@@ -68,6 +72,10 @@ class WorkerProc:
             self.proc.stdin.flush()
         except BrokenPipeError:
             raise WorkerDied(f"{self.variant} worker is gone: {self.log_tail()}") from None
+
+    def receive(self, req: dict, timeout_s: float | None = None) -> dict:
+        """The reply to `req`, sent before; WorkerDied when none comes within `timeout_s` of now."""
+        timeout_s = timeout_s or self.params.timeout_s
         deadline = time.monotonic() + timeout_s
         while True:
             left = deadline - time.monotonic()

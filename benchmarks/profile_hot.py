@@ -191,12 +191,14 @@ def serve(args) -> int:
 def micro(args) -> int:
     """CPU time of the engine's per-site work for one decode step of `--rows` rows at every one of
     `--layers` sites of width `--width` (what the `vllm` hooks run per token, without vLLM): capture
-    (a CPU copy kept per site) and an `add` steer at every site with its receipt tally. CPU seconds of
+    (a copy kept per site) and an `add` steer at every site with its ledger record. CPU seconds of
     this thread, so other work on the machine slows it far less than wall time."""
     import torch
 
     from engine.core.address import parse
-    from engine.core.plan import Plan, Span, run_site, site_work
+    from engine.core.plan import Plan, Span, site_work
+    from engine.core.site import run_site
+    from engine.core.step import Step
     from engine.core.steering import Steer
     torch.set_num_threads(1)
     torch.manual_seed(0)
@@ -204,8 +206,6 @@ def micro(args) -> int:
     v = torch.randn(d)
     sites = [f"resid_post.{i}" for i in range(n_layers)]
 
-    def keep(sp, key, r):
-        return r.detach().to("cpu", copy=True)
     out = {}
     for kind in ("capture", "steer"):
         best = float("inf")
@@ -216,9 +216,9 @@ def micro(args) -> int:
             t = torch.randn(rows, d)
             t0 = time.process_time()
             for step in range(args.steps):
-                spans = [Span(plan, 0, rows, 32 + step * rows)]
+                st = Step([Span(plan, 0, rows, 32 + step * rows)], rows)
                 for s in sites:
-                    run_site(t, spans, work[s], keep)
+                    run_site(t, st, work[s])
             best = min(best, (time.process_time() - t0) / args.steps)
         out[kind] = best
         print(f"{kind:>8}: {best * 1e3:.3f} ms CPU per step of {rows} row(s) over {n_layers} sites of width {d} "

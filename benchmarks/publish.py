@@ -1,15 +1,15 @@
-"""`python -m benchmarks publish`: the full report, the README's THROUGHPUT block,
-visualizer-data/benchmarks.generated.ts and the PNG plots, all from the sweeps' cells, all or nothing:
+"""`python -m benchmarks publish`: the full report, the README's THROUGHPUT block and the PNG plots,
+all from the sweeps' cells, all or nothing:
 every output is rendered in memory first, so a refusal or an error while rendering (a bad cell, a
 plot that fails) leaves every committed file as it was. `--check` renders the same and fails on
-any drift (plots by the digest of the figures they draw).
+any drift (plots by the digest of the figures they draw). The site's data file of the same cells is
+visualizer_data's (`python -m visualizer_data build --only benchmarks`): benchmarks never imports it.
 
 README.md belongs to its owner: only the text between the markers is ever rewritten."""
 from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Callable
 
 from benchmarks import cells as cellio
 from benchmarks import plots, report
@@ -66,23 +66,18 @@ def readme_block(tables: list[Table]) -> str:
     return "\n".join(lines)
 
 
-def outputs(tables: list[Table], readme: Path, ts: Path, out_dir: Path,
-            render_ts: Callable[[list[dict]], str]) -> dict[Path, str]:
-    """The text files publish writes (README: only its block changed), rendered in memory. `render_ts`
-    renders the site's TS file from the cells (visualizer_data.benchmarks_ts.render, handed in by the
-    caller: benchmarks never imports visualizer_data, which renders what benchmarks hands it)."""
+def outputs(tables: list[Table], readme: Path, out_dir: Path) -> dict[Path, str]:
+    """The text files publish writes (README: only its block changed), rendered in memory."""
     if not readme.exists():
         raise MarkerError(f"{readme} does not exist; create it with a {START} / {END} pair where the "
                           f"throughput table belongs.")
     return {Path(out_dir) / REPORT_MD: report.render(tables),
-            readme: replace_block(readme.read_text(), readme_block(tables), readme.name),
-            ts: render_ts([c for t in tables for c in t.cells])}
+            readme: replace_block(readme.read_text(), readme_block(tables), readme.name)}
 
 
-def main(sweeps, readme: Path, ts: Path, out_dir: Path, check: bool, log=print, *,
-         render_ts: Callable[[list[dict]], str]) -> int:
+def main(sweeps, readme: Path, out_dir: Path, check: bool, log=print) -> int:
     tables = load_tables(sweeps)
-    texts = outputs(tables, readme, ts, out_dir, render_ts)
+    texts = outputs(tables, readme, out_dir)
     pngs = {Path(out_dir) / name: spec for name, spec in plots.expected(tables).items()}
     if check:
         drift = [p for p, text in texts.items() if (p.read_text() if p.exists() else None) != text]
@@ -92,7 +87,7 @@ def main(sweeps, readme: Path, ts: Path, out_dir: Path, check: bool, log=print, 
         if drift:
             log("regenerate with `python -m benchmarks publish`")
             return 1
-        log(f"report, README block, {ts.name} and {len(pngs)} plots match the cells of {len(tables)} sweep(s)")
+        log(f"report, README block and {len(pngs)} plots match the cells of {len(tables)} sweep(s)")
         return 0
     rendered = {p: render() for p, (_, render) in pngs.items()}  # a plot that fails stops here: nothing written
     for p, text in texts.items():

@@ -25,6 +25,7 @@ GROUPS = {
     "steer": "Steering at every layer against no steering",
     "own": "Capture, steering and lens against the same variant's plain run",
     "readout": "SAE top-k readout against raw capture at the same points (resid_post, every layer), during generation",
+    "gpu": "Batched (16 prompts or streams): the GPU goals of issue 33",
 }
 
 
@@ -34,6 +35,7 @@ class RatioSpec:
     num: tuple[str, str]  # (variant, workload)
     den: tuple[str, str]
     label: str = ""
+    goal: float | None = None  # the ratio this spec must reach (issue 33's GPU goals), shown in its title
 
     @property
     def key(self) -> str:
@@ -41,12 +43,33 @@ class RatioSpec:
 
     @property
     def title(self) -> str:
-        return self.label or f"{self.num[0]} {self.num[1]} / {self.den[0]} {self.den[1]}"
+        text = self.label or f"{self.num[0]} {self.num[1]} / {self.den[0]} {self.den[1]}"
+        return text + (f" (goal ≥ {self.goal:g})" if self.goal is not None else "")
 
 
-def _s(group, nv, nw, dv, dw, label=""):
-    return RatioSpec(group, (nv, nw), (dv, dw), label)
+def _s(group, nv, nw, dv, dw, label="", goal=None):
+    return RatioSpec(group, (nv, nw), (dv, dw), label, goal)
 
+
+# issue 33's goals on a GPU (bf16, a 1B model, 16 x 512): the engine as fast as HF's default forward, capture
+# as cheap as HF's own output_hidden_states, steering nearly free, and capture and steering at least as fast as
+# every peer's (the fastest, nnsight, is the bar)
+GPU: tuple[RatioSpec, ...] = (
+    _s("gpu", EAGER, "batch_prefill", HF, "batch_prefill",
+       "eager forward / HF forward (its default attention, SDPA), batched", 0.98),
+    _s("gpu", EAGER, "batch_capture", HF, "batch_capture",
+       "eager, capture at every layer / HF forward with output_hidden_states, batched", 0.95),
+    _s("gpu", EAGER, "batch_steer", EAGER, "batch_prefill", "eager, steer every layer / no steer, batched prefill",
+       0.95),
+    _s("gpu", EAGER, "batch_steer_gen", EAGER, "batch_generate",
+       "eager, generation with a steer at every layer / without, batched", 0.9),
+    *(_s("gpu", EAGER, w, p, w, f"eager / {p}, {WORKLOADS[w].title}", 1.0)
+      for p in ("nnsight", "interp-engine", "transformerlens") for w in ("batch_capture", "batch_steer")),
+    _s("gpu", EAGER, "batch_capture", EAGER, "batch_prefill", "eager, capture at every layer / no capture, batched"),
+    _s("gpu", EAGER, "batch_readout", EAGER, "batch_prefill", "eager, probe readout at every layer / none, batched"),
+    _s("gpu", EAGER, "batch_capture_gen", EAGER, "batch_generate",
+       "eager, generation capturing every layer / without, batched"),
+)
 
 HEADLINE: tuple[RatioSpec, ...] = (
     _s("hf", EAGER, "capture_all", HF, "prefill", "eager, capture at every layer / HF forward"),
@@ -61,6 +84,7 @@ HEADLINE: tuple[RatioSpec, ...] = (
       for v in (EAGER, *VLLM_OURS)),
     *(_s("readout", v, "readout_gen", v, "capture_gen", f"{v}, SAE top-k readout / raw capture")
       for v in (EAGER, *VLLM_OURS)),
+    *GPU,
 )
 
 

@@ -22,9 +22,8 @@ from benchmarks.pool import WorkerDied, WorkerProc
 from benchmarks.spec import Params
 from benchmarks.variants import VARIANTS
 from benchmarks.variants import get as get_variant
-from benchmarks.workloads import NAMES as WORKLOAD_NAMES
+from benchmarks.workloads import DEFAULT as DEFAULT_WORKLOADS
 from benchmarks.workloads import get as get_workload
-
 
 SAMPLE_FIELDS = ("seconds", "cpu_s", "min_seconds", "min_cpu_s", "k", "load1", "t")
 
@@ -57,7 +56,7 @@ def default_sweep_name(p: Params) -> str:
 
 def plan(variants=None, workloads=None) -> tuple[list[str], list[str]]:
     vs = [get_variant(v).name for v in variants] if variants else [v.name for v in VARIANTS]
-    ws = [get_workload(w).name for w in workloads] if workloads else list(WORKLOAD_NAMES)
+    ws = [get_workload(w).name for w in workloads] if workloads else list(DEFAULT_WORKLOADS)
     return vs, ws
 
 
@@ -98,7 +97,10 @@ class Sweep:
 
     # -- phases ------------------------------------------------------------------------------------
     def start(self) -> None:
-        """Static n/a and skipped cells; a worker (loaded) for every variant with something to run."""
+        """Static n/a and skipped cells; a worker (loaded) for every variant with something to run. Workers
+        load at once (imports and weights are most of a sweep's start on a GPU machine), except the vLLM
+        ones, which busy-wait and start engine processes: those load one after another, after the rest."""
+        todo = {}
         for v in self.variants:
             var = get_variant(v)
             runnable = [w for w in self.workloads if not var.supports(w)]
@@ -109,23 +111,41 @@ class Sweep:
                 for w in runnable:
                     self._finish(v, w, "skipped", f"{v} unavailable: {why}")
                 continue
-            if not runnable:
-                continue
+            if runnable:
+                todo[v] = runnable
+        together = [v for v in todo if not get_variant(v).busy_waits]
+        t0 = time.perf_counter()
+        sent = {v: self._send_load(v) for v in together}
+        for v in together:
+            self._loaded(v, todo[v], sent[v], t0)
+        for v in [v for v in todo if v not in together]:
             t0 = time.perf_counter()
-            wp = WorkerProc(v, self.p, self.log_dir)
+            self._loaded(v, todo[v], self._send_load(v), t0)
+
+    def _send_load(self, v: str) -> tuple[WorkerProc, dict | None]:
+        wp = WorkerProc(v, self.p, self.log_dir)
+        try:
+            wp.send({"op": "load", "variant": v, "params": self.p.to_dict()})
+        except WorkerDied as e:
+            return wp, {"ok": False, "reason": str(e)}
+        return wp, None
+
+    def _loaded(self, v: str, runnable: list[str], sent: tuple[WorkerProc, dict | None], t0: float) -> None:
+        wp, reply = sent
+        if reply is None:
             try:
-                reply = wp.request({"op": "load", "variant": v, "params": self.p.to_dict()})
+                reply = wp.receive({"op": "load"})
             except WorkerDied as e:
                 reply = {"ok": False, "reason": str(e)}
-            if not reply.get("ok"):
-                wp.close()
-                for w in runnable:
-                    self._finish(v, w, "error", f"loading {v} failed: {reply.get('reason')}",
-                                 traceback=reply.get("traceback"))
-                self.log(f"{v:>15}: load failed: {str(reply.get('reason'))[:200]}")
-                continue
-            self.workers[v], self.loaded[v] = wp, reply
-            self.log(f"{v:>15}: loaded in {time.perf_counter() - t0:.0f} s (RSS {wp.rss_gib()} GiB)")
+        if not reply.get("ok"):
+            wp.close()
+            for w in runnable:
+                self._finish(v, w, "error", f"loading {v} failed: {reply.get('reason')}",
+                             traceback=reply.get("traceback"))
+            self.log(f"{v:>15}: load failed: {str(reply.get('reason'))[:200]}")
+            return
+        self.workers[v], self.loaded[v] = wp, reply
+        self.log(f"{v:>15}: loaded {time.perf_counter() - t0:.0f} s after the start (RSS {wp.rss_gib()} GiB)")
 
     def _ask(self, v: str, w: str, req: dict) -> dict | None:
         """A worker request; on failure the cell becomes an error and None comes back. A worker that
@@ -163,8 +183,15 @@ class Sweep:
                     ready.append((v, w))
         return ready
 
-    def run_rounds(self, ready: list[tuple[str, str]]) -> None:
+    def run_rounds(self, ready: list[tuple[str, str]], deadline: float | None = None) -> None:
+        """Every round; with a `deadline` (perf_counter), only those that the last round's duration says will
+        end before it (the rounds left out are logged)."""
+        last = 0.0
         for r in range(self.p.rounds):
+            if deadline is not None and time.perf_counter() + last > deadline:
+                self.log(f"round {r + 1}/{self.p.rounds} and later: not started, the sweep's time is up "
+                         f"(--max-seconds); {r} rounds ran")
+                break
             t0, load0 = time.perf_counter(), env.load1()
             for pos, (v, w) in enumerate(rounds.schedule(ready, r, lambda w: get_workload(w).baseline)):
                 if (v, w) in self.cells:  # failed earlier in this sweep
@@ -173,8 +200,8 @@ class Sweep:
                 if reply:
                     self.prepared[(v, w)]["samples"].append(
                         {"round": r, "position": pos, **{k: reply[k] for k in SAMPLE_FIELDS}})
-            self.log(f"round {r + 1}/{self.p.rounds}: {time.perf_counter() - t0:.0f} s, machine load "
-                     f"{load0} -> {env.load1()}")
+            last = time.perf_counter() - t0
+            self.log(f"round {r + 1}/{self.p.rounds}: {last:.0f} s, machine load {load0} -> {env.load1()}")
 
     def check(self) -> None:
         for (v, w), prep in self.prepared.items():
@@ -204,8 +231,9 @@ class Sweep:
 
 
 def run_sweep(params: Params, variants=None, workloads=None, root: Path = cells.CELLS_DIR, name: str | None = None,
-              log=print) -> list[dict]:
-    """Run one sweep and write its cells to `root/<name>/` (replacing that sweep's old cells)."""
+              log=print, max_s: float | None = None) -> list[dict]:
+    """Run one sweep and write its cells to `root/<name>/` (replacing that sweep's old cells); with `max_s`,
+    no round starts that would end more than `max_s` seconds after the sweep started."""
     vs, ws = plan(variants, workloads)
     params = params.for_variants([v for v in vs if get_variant(v).busy_waits])
     name = cells.check_sweep_name(name or default_sweep_name(params))
@@ -222,7 +250,7 @@ def run_sweep(params: Params, variants=None, workloads=None, root: Path = cells.
         s.start()
         ready = s.prepare()
         log(f"{len(ready)} cells ready; {params.rounds} rounds")
-        s.run_rounds(ready)
+        s.run_rounds(ready, None if max_s is None else t0 + max_s)
         s.check()
     finally:
         s.close()

@@ -11,7 +11,6 @@ from benchmarks.variants import NAMES as VARIANT_ORDER
 from benchmarks.workloads import BY_NAME as WORKLOADS
 from benchmarks.workloads import NAMES as WORKLOAD_ORDER
 
-
 CLOCK_FIELD = {"cpu": "min_cpu_s", "wall": "min_seconds"}  # a sample lasts its fastest run, on the clock
 
 

@@ -1,5 +1,10 @@
 """The workload table: what each benchmark times, how many tokens one run accounts for, what its
-check proves, and which plain workload of the same variant its cost is priced against."""
+check proves, and which plain workload of the same variant its cost is priced against.
+
+The batch_* workloads are the GPU-sized ones (issue 35): BATCH prompts of prompt_tokens each in one
+forward, or BATCH streams generating together, each with capture, steering and a readout at every
+layer. At batch 1 a GPU spends its time launching kernels; at batch a sample is seconds of real work
+and the ratios of issue 33's GPU goals resolve."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -21,6 +26,9 @@ class Workload:
     # SAE `sae_expansion` times d_model wide (engine.core.readouts.SAEFeatures), 0 for none
     sae_k: int = 0
     sae_expansion: int = 0
+    # a linear-probe readout instead: `probe` directions projected at the captured layers
+    # (engine.core.readouts.Project), the [batch, pos, probe] scores coming back instead of the rows
+    probe: int = 0
 
     def prompt_len(self, p) -> int:
         return p.long_prompt_tokens if self.long else p.prompt_tokens
@@ -39,8 +47,12 @@ class Workload:
 # prompt ids): generate (greedy new_tokens), forward (no capture), capture (resid_post at the layers
 # `captures` says), capture_gen (resid_post at every layer while generating), steer (generation with the
 # steer vector at the layers `steers` says), lens (resid_post at every layer, then the unembedding),
-# readout_gen (an SAE top-k readout of resid_post at every layer while generating)
-RUNS = ("generate", "forward", "capture", "capture_gen", "steer", "lens", "readout_gen")
+# readout_gen (a readout of resid_post at every layer while generating), steer_forward (one forward with the
+# steer vector at the layers `steers` says), readout (one forward with a readout of resid_post at every layer);
+# a readout is an SAE's top-k latents (sae_k) or a linear probe's scores (probe)
+RUNS = ("generate", "forward", "capture", "capture_gen", "steer", "lens", "readout_gen", "steer_forward", "readout")
+BATCH = 16  # prompts (or streams) of the batch_* workloads: issue 33's GPU goals are stated at 16 x 512
+PROBE = 16  # directions of the batch_* workloads' probe readout
 
 _GEN = "greedy generation of new_tokens (prefill included in the time)"
 WORKLOADS: tuple[Workload, ...] = (
@@ -81,10 +93,40 @@ WORKLOADS: tuple[Workload, ...] = (
     Workload("long_capture", "long prompt, capture at every layer",
              "one forward pass over the long prompt capturing resid_post at every layer", 1, False,
              "long_prefill", runs="capture", long=True, captures=-1),
+    Workload("batch_prefill", f"batched prefill ({BATCH} prompts)",
+             f"one forward pass over {BATCH} prompts together, no capture", BATCH, False, "batch_prefill",
+             runs="forward"),
+    Workload("batch_capture", f"batched prefill, capture at every layer ({BATCH} prompts)",
+             f"one forward pass over {BATCH} prompts capturing resid_post at every layer", BATCH, False,
+             "batch_prefill", runs="capture", captures=-1),
+    Workload("batch_steer", f"batched prefill, steer every layer ({BATCH} prompts)",
+             f"one forward pass over {BATCH} prompts with a vector added to resid_post at every layer at every "
+             "position (the logits come back)", BATCH, False, "batch_prefill", runs="steer_forward", steers=-1),
+    Workload("batch_readout", f"batched prefill, probe readout at every layer ({BATCH} prompts)",
+             f"one forward pass over {BATCH} prompts reading, at resid_post of every layer, a linear probe of "
+             f"{PROBE} directions computed where the activation is (the scores come back instead of the rows)",
+             BATCH, False, "batch_prefill", runs="readout", captures=-1, probe=PROBE),
+    Workload("batch_generate", f"batched generation ({BATCH} streams)",
+             f"{_GEN} for {BATCH} prompts together; tok/s is the aggregate over the streams", BATCH, True,
+             "batch_generate", runs="generate"),
+    Workload("batch_capture_gen", f"batched generation, capture at every layer ({BATCH} streams)",
+             f"{_GEN} for {BATCH} prompts together, each capturing resid_post at every layer", BATCH, True,
+             "batch_generate", runs="capture_gen", captures=-1),
+    Workload("batch_steer_gen", f"batched generation, steer every layer ({BATCH} streams)",
+             f"{_GEN} for {BATCH} prompts together with a vector added to resid_post at every layer at every "
+             "position", BATCH, True, "batch_generate", runs="steer", steers=-1),
+    Workload("batch_readout_gen", f"batched generation, probe readout at every layer ({BATCH} streams)",
+             f"{_GEN} for {BATCH} prompts together reading a {PROBE}-direction linear probe at resid_post of "
+             "every layer for the prompt and every fed-back token", BATCH, True, "batch_generate",
+             runs="readout_gen", captures=-1, probe=PROBE),
 )
+GPU_PREFILL = ("batch_prefill", "batch_capture", "batch_steer", "batch_readout")
+GPU_GENERATION = ("batch_generate", "batch_capture_gen", "batch_steer_gen", "batch_readout_gen")
 
 BY_NAME = {w.name: w for w in WORKLOADS}
 NAMES = tuple(BY_NAME)
+# what a sweep runs when no workloads are named: the batch_* ones are for a GPU, named by benchmarks/device.sh
+DEFAULT = tuple(n for n in NAMES if n not in GPU_PREFILL + GPU_GENERATION)
 
 
 def get(name: str) -> Workload:
@@ -98,8 +140,11 @@ def _check_table() -> None:
     for w in WORKLOADS:
         if w.runs not in RUNS:
             raise AssertionError(f"workload {w.name!r} runs {w.runs!r}, which is not one of {RUNS}")
-        if (w.sae_k > 0) != (w.runs == "readout_gen") or (w.sae_k > 0) != (w.sae_expansion > 0):
-            raise AssertionError(f"workload {w.name!r}: sae_k and sae_expansion go together, with runs='readout_gen'")
+        if (w.sae_k > 0) != (w.sae_expansion > 0):
+            raise AssertionError(f"workload {w.name!r}: sae_k and sae_expansion go together")
+        if ((w.sae_k > 0) + (w.probe > 0) == 1) != (w.runs in ("readout", "readout_gen")):
+            raise AssertionError(f"workload {w.name!r}: a readout workload (runs 'readout' or 'readout_gen') "
+                                 f"reads one kind, an SAE (sae_k) or a probe (probe); no other workload reads any")
         base = BY_NAME.get(w.baseline)
         if base is None or base.baseline != base.name or base.generates != w.generates or base.long != w.long \
                 or base.batch != w.batch:

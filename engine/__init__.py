@@ -4,19 +4,40 @@ on eager HF or vLLM, checked against TransformerLens, nnsight/nnterp and HF itse
     from engine import load_model, Steer
     m = load_model("meta-llama/Llama-3.2-1B")            # real if cached, else the tiny zoo twin
     logits, cache = m.run_with_cache("Hello world", ["resid_post.-1", "z.0.head-1"])
+    m = connect("http://gpu-box:8000")                   # the same API on a `python -m engine.serve` server
 """
 from typing import Any
 
-from engine import _moved  # noqa: F401  (importing it installs the finder for the pre-move paths)
 from engine.core.address import Address, parse
+from engine.core.backends import BACKENDS
 from engine.core.errors import (
     AddressError,
+    AuthenticationError,
+    BodyTooLarge,
+    Disconnected,
     EngineError,
+    EngineFailure,
     FamilyLimitationError,
     InputError,
+    InputTypeError,
+    MixingError,
     ModelNotFoundError,
     OptionError,
+    PartBusyError,
+    PointError,
+    ReadoutError,
+    RemoteError,
+    RunnerError,
+    SAEError,
+    SAESiteError,
+    SAESiteWarning,
+    ServeError,
+    ServerBusy,
+    ServerFailed,
+    ServerRefused,
     SteeringError,
+    TapProofError,
+    UnmappedError,
     UnsupportedPointError,
 )
 from engine.core.points import POINTS, get_point
@@ -30,8 +51,9 @@ from engine.core.results import (
     StreamStep,
     StrictSteerError,
 )
-from engine.core.steering import Steer
-from engine.loading import BACKENDS, load_model
+from engine.core.steering import NonFiniteSteer, Steer
+from engine.loading import load_model
+from engine.remote import connect
 from engine.workflows.attention_capture import AttentionCapture, capture_attention
 from engine.workflows.patching import PatchResult, logit_diff, patch_sweep
 
@@ -41,9 +63,14 @@ def run_with_cache(model: Any, inputs: Any, points: Any = (), steer: Any = (), s
     return model.run_with_cache(inputs, points, steer, strict=strict, readouts=readouts)
 
 
-__all__ = ["Address", "parse", "load_model", "run_with_cache", "Steer", "POINTS", "get_point", "BACKENDS",
+__all__ = ["Address", "parse", "load_model", "connect", "run_with_cache", "Steer", "POINTS", "get_point", "BACKENDS",
            "ActivationCache", "GenerationResult", "Request", "RequestResult", "StreamStep", "Receipt",
            "patch_sweep", "logit_diff", "PatchResult", "capture_attention", "AttentionCapture",
-           "EngineError", "AddressError", "UnsupportedPointError", "SteeringError", "ModelNotFoundError",
-           "OptionError", "InputError", "FamilyLimitationError", "StrictSteerError",
-           "Readout", "KINDS", "Mean", "Max", "Last", "Norm", "Project", "LensTopK", "SAEFeatures", "TopK"]
+           "NonFiniteSteer", "StrictSteerError",
+           "Readout", "KINDS", "Mean", "Max", "Last", "Norm", "Project", "LensTopK", "SAEFeatures", "TopK",
+           # every error (engine/core/errors.py), as httpx exports its whole hierarchy
+           "EngineError", "AddressError", "UnsupportedPointError", "UnmappedError", "PointError", "SteeringError",
+           "ModelNotFoundError", "OptionError", "InputError", "InputTypeError", "FamilyLimitationError",
+           "RunnerError", "SAEError", "SAESiteError", "SAESiteWarning", "ReadoutError", "MixingError", "PartBusyError", "EngineFailure",
+           "TapProofError", "ServeError", "BodyTooLarge", "RemoteError", "ServerRefused", "AuthenticationError",
+           "ServerBusy", "ServerFailed", "Disconnected"]

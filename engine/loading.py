@@ -3,7 +3,8 @@
 Names resolve once for every backend (engine/model/sources.py): a local model directory (what
 `save_pretrained` wrote), the real checkpoint when it is in the local HF cache, otherwise the zoo
 twin (same architecture, tiny, seeded random weights) built in the zoo's private cache. Repo ids
-match in any letter case and nothing is downloaded. dtype and device are parsed by engine/model/options.py.
+match in any letter case and nothing is downloaded. dtype and device are parsed by engine/model/options.py;
+the backend's registry entry (engine/core/backends.py) says which engine loads it.
 """
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from engine.core.points import BACKENDS
+from engine.core.backends import HF, VLLM, VLLM_BACKENDS, backend_for
+from engine.core.errors import OptionError
 from engine.families.base import family_for
 from engine.model import options, sources
 
@@ -26,41 +28,66 @@ _FROM = {"real": "the local HF cache (real weights)", "zoo": "the zoo (tiny twin
          "local": "a local model directory"}
 
 
-def _load_hf(src: sources.ModelSource, dtype, device):
+ATTENTION = ("auto", "eager", "sdpa", "flash_attention_2")
+
+
+def _load_hf(src: sources.ModelSource, dtype, device, attention: str = "auto"):
+    """HF's model and tokenizer. attention="auto": the implementation HF picks for the model (sdpa, or
+    eager where it has no other); the eager backend runs its calls that read a pattern eager anyway."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
+    if attention not in ATTENTION:
+        raise ValueError(f"attention={attention!r} is not one of {', '.join(ATTENTION)}.")
     hf = AutoModelForCausalLM.from_pretrained(src.path, dtype=dtype, local_files_only=True,
-                                              attn_implementation="eager")
+                                              attn_implementation=None if attention == "auto" else attention)
     tok = AutoTokenizer.from_pretrained(src.path, local_files_only=True)
     hf.eval().to(device)
     log.info("loaded %s from %s", src.name, _FROM[src.source])
     return hf, tok
 
 
-def load_hf(name: str, source: str = "auto", dtype: torch.dtype | str | None = torch.float32, device: str = "cpu") -> tuple[PreTrainedModel, PreTrainedTokenizerBase, str]:
+def load_hf(name: str, source: str = "auto", dtype: torch.dtype | str | None = torch.float32, device: str = "cpu",
+            attention: str = "auto") -> tuple[PreTrainedModel, PreTrainedTokenizerBase, str]:
     """(hf_model, tokenizer, source_used) for a name or a model directory; never downloads."""
     src = sources.resolve(name, source)
-    hf, tok = _load_hf(src, options.parse_dtype(dtype, "eager"), options.parse_device(device, "eager"))
+    hf, tok = _load_hf(src, options.parse_dtype(dtype, "eager"), options.parse_device(device, "eager"), attention)
     return hf, tok, src.source
 
 
 def load_model(name: str, backend: str = "eager", source: str = "auto", dtype: torch.dtype | str | None = None,
-               device: str | None = None, **backend_kw: Any) -> Any:
+               device: str | None = None, attention: str = "auto", **backend_kw: Any) -> Any:
     """Load `name` (a repo id in any case, or a model directory) on `backend`. `source`: "auto"
     (the directory, else real if cached, else the zoo twin), "zoo", "real" or "local". `dtype`: a
     torch dtype or a name ("bf16", "float16", ...); unset (or "auto" on vLLM), the backend's own (eager:
     float32; vLLM: float32 on CPU, the checkpoint's dtype on CUDA). `device`: "cpu", "cuda", "cuda:N"; unset, the
-    backend's own (eager: cpu; vLLM: the device the installed vLLM runs on, the only one it takes)."""
-    if backend not in BACKENDS:
-        from engine.core.address import closest
-        raise ValueError(f"unknown backend {backend!r}.{closest(backend, BACKENDS)} Backends: {', '.join(BACKENDS)}.")
+    backend's own (eager: cpu; vLLM: the device the installed vLLM runs on, the only one it takes).
+    `attention` (eager): "auto" (HF's choice for the model, usually sdpa; calls reading attn_scores /
+    attn_probs run eager), or one implementation for every call that reads no pattern.
+    `backend_kw`: the vLLM backends' load options and engine arguments
+    (engine/backends/vllm/load_options.py); eager takes none. An unknown keyword is refused by name."""
+    spec = backend_for(backend)
+    runtime = spec.runtime
+    if runtime is HF and backend_kw:
+        raise OptionError(f"unknown keyword{'s' if len(backend_kw) > 1 else ''} {', '.join(map(repr, backend_kw))} "
+                          f"for backend {backend!r}: it takes source, dtype, device and attention only (load options "
+                          f"such as max_model_len and static_points are the vLLM backends': {', '.join(VLLM_BACKENDS)}).")
+    opts = None
+    if runtime is VLLM:
+        if attention != "auto":
+            raise OptionError(f"attention={attention!r} chooses the eager backend's HF attention; backend {backend!r} "
+                              f"runs vLLM's own kernels: leave attention unset.")
+        from engine.backends.vllm.load_options import LoadOptions
+        opts = LoadOptions.parse(backend, backend_kw)  # before anything loads
     sources.check_source(source)
-    if backend == "eager" or dtype not in (None, "auto"):  # vLLM chooses an unset dtype by platform
+    platform_dtype = runtime.default_dtype is None  # an unset dtype (or "auto") is the platform's choice
+    if dtype is None:
+        dtype = runtime.default_dtype
+    if not (platform_dtype and dtype in (None, "auto")):
         dtype = options.parse_dtype(dtype, backend)
     device = options.parse_device(device, backend)
     src = sources.resolve(name, source)
-    if backend == "eager":
+    if runtime is HF:
         from engine.backends.hf.eager import EagerModel
-        hf, tok = _load_hf(src, dtype, device)
+        hf, tok = _load_hf(src, dtype, device, attention)
         return EagerModel(src.name, hf, tok, family_for(hf.config.model_type), src.source)
     from engine.backends.vllm import backend as vllm_backend
-    return vllm_backend.load(src.name, backend=backend, source=src.source, dtype=dtype, device=device, **backend_kw)
+    return vllm_backend.load(src.name, backend, src.source, dtype, device, opts)

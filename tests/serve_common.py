@@ -219,9 +219,9 @@ HOSTILE = [
     ("temperature as a string", "/v1/completions", {"prompt": "hi", "temperature": "0.5"}, 400, "valid number",
      "temperature"),
     ("layer in Arabic-Indic digits", "/v1/completions", {"prompt": "hi", "interp": {"steer": [
-        {"address": "resid_post.\u0661", "op": "ablate"}]}}, 400, "cannot parse", "interp.steer[0]"),
+        {"address": "resid_post.\u0661", "op": "ablate"}]}}, 400, "ASCII", "interp.steer[0]"),
     ("capture layer in Arabic-Indic digits", "/v1/capture", {"prompt": "hi", "interp": {
-        "capture": ["resid_post.\u0661"]}}, 400, "cannot parse", "interp.capture.points[0]"),
+        "capture": ["resid_post.\u0661"]}}, 400, "ASCII", "interp.capture.points[0]"),
     ("300 steers", "/v1/completions", {"prompt": "hi", "interp": {"steer": [
         {"address": "resid_post.0", "op": "scale", "value": 1.0}] * 300}}, 400, "at most 256", "interp.steer"),
     ("LensTopK k=10**9", "/v1/completions", {"prompt": "hi", "interp": {"capture": {"readouts": [
@@ -234,11 +234,13 @@ HOSTILE = [
     ("stop index outside a lens readout", "/v1/completions", {"prompt": "hi", "stream": True, "interp": {
         "capture": {"readouts": [{"address": "resid_post.1", "kind": "LensTopK", "k": 3, "name": "l"}]},
         "stop": {"readout": "l", "above": 0.0, "index": 10 ** 6}}}, 400, "give index 0..", "interp.stop.index"),
+    # each steer's own result is finite, together they overflow a later layer: the request fails alone
+    # (the layer guard, engine.core.site.guard), naming its steers, before any capture is encoded
     ("capture list encoding of inf", "/v1/capture", {"prompt": "hi there", "interp": {
         "capture": {"points": ["resid_mid.1"], "encoding": "list"}, "steer": [
             {"address": "resid_post.0", "op": "add", "value": [3e38] * D_MODEL},
-            {"address": "attn_out.1", "op": "add", "value": [3e38] * D_MODEL}]}}, 400, "use encoding 'base64'",
-     "interp.capture.encoding"),
+            {"address": "attn_out.1", "op": "add", "value": [3e38] * D_MODEL}]}}, 400,
+     "downstream of its steers ('add' at resid_post.0; 'add' at attn_out.1)", "interp.steer[0]"),
 ]
 
 

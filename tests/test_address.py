@@ -1,5 +1,9 @@
 """Address grammar and the point catalogue: strict parsing, clear errors."""
+import re
+
+import numpy as np
 import pytest
+import torch
 
 from engine.core.address import Address, parse
 from engine.core.errors import AddressError
@@ -52,6 +56,14 @@ def test_negative_layers_resolve_from_the_end():
     ("resid_post.1.head-2", "takes no coordinate 'head'"),
     ("resid_post.x", "cannot parse 'x'"),
     ("", "an address is a string"),
+    # one spelling per address, in ASCII digits: '-0' was layer 0 (not the last), '\u0661' (Arabic-Indic
+    # one) was layer 1, through str.isdigit / the regex's Unicode \d
+    ("resid_post.-0", "layer '-0' in address 'resid_post.-0' is not written plainly: write 0 (the first) or -1"),
+    ("resid_post.\u0661", "has a digit outside ASCII 0-9; write layers and coordinates with ASCII digits"),
+    ("resid_post.\uff11", "has a digit outside ASCII 0-9"),  # a fullwidth one
+    ("resid_post.01", "layer '01' in address 'resid_post.01' is not written plainly: write 1"),
+    ("z.1.head--0", "coordinate head '-0' in address 'z.1.head--0' is not written plainly"),
+    ("z.1.head-\u0663", "has a digit outside ASCII 0-9"),
 ])
 def test_parse_errors_name_the_problem(text, fragment):
     with pytest.raises(AddressError, match=fragment.replace("(", r"\(").replace(")", r"\)")):
@@ -84,3 +96,23 @@ def test_key_axis_is_a_point_trait_read_by_every_module_that_pads_or_recomputes_
     assert get_point("attn_probs").key_axis and not get_point("z").key_axis
     assert results.PATTERNS is KEY_AXIS_POINTS and attn.ATTN_POINTS is KEY_AXIS_POINTS
     assert plan.KEY_AXIS_POINTS is KEY_AXIS_POINTS
+
+
+@pytest.mark.parametrize("layer,head", [(np.int64(3), np.int32(1)), (torch.tensor(3), torch.tensor(1)),
+                                        (np.array(3), np.uint8(1))])
+def test_integer_scalars_are_layers_and_coordinates(layer, head):
+    """Any integer scalar (numpy's, a 0-d integer tensor) is the int it holds, stored as a Python int."""
+    a = Address("z", layer, head=head)
+    assert a == Address("z", 3, head=1) and type(a.layer) is int and type(a.coords[0][1]) is int
+    assert str(a) == "z.3.head-1"
+
+
+@pytest.mark.parametrize("bad,shown", [(3.0, "float 3.0"), (True, "bool True"), (torch.tensor([3]), "Tensor tensor([3])"),
+                                       (torch.tensor(3.0), "Tensor tensor(3.)"), ("3", "str '3'")])
+def test_non_integers_are_refused_as_layers_naming_what_was_given(bad, shown):
+    with pytest.raises(AddressError, match=re.escape(f"layer must be an int (numpy and 0-d tensor integers too), "
+                                                     f"got {shown}.")):
+        Address("resid_post", bad)
+    with pytest.raises(AddressError, match=re.escape(f"coordinate head must be an int (numpy and 0-d tensor "
+                                                     f"integers too), got {shown}.")):
+        Address("z", 0, head=bad)

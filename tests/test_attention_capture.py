@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from engine.loading import load_hf
 from engine.workflows.attention_capture import capture_attention
 from test_vllm_common import eager_model
 
@@ -24,8 +25,11 @@ def test_capture_attention_against_hf(fam):
     m = model(FAMILIES[fam])
     att = capture_attention(m, TEXT)
     ids = m._inputs(TEXT)["input_ids"]
+    # HF's own patterns come from its eager attention (the engine runs sdpa and forms a read pattern beside
+    # it): a copy of the same weights loaded eager
+    hf, _, _ = load_hf(FAMILIES[fam], source="zoo", attention="eager")
     with torch.no_grad():
-        ref = m.hf(ids, output_attentions=True).attentions
+        ref = hf(ids, output_attentions=True).attentions
     assert att.layers and set(att.probs) == set(att.layers) == set(att.value) == set(att.z)
     if len(ref) < m.n_layers:  # hybrids: HF returns the attention layers' patterns only
         ref = dict(zip(att.layers, ref))

@@ -19,11 +19,12 @@ def test_gpu_script_runs_on_cpu_with_a_tiny_model(tmp_path):
     env = {**os.environ, "DEVICE": "cpu", "SIZE": "tiny", "MODELS": "meta-llama/Llama-3.2-1B", "PROMPT": "16",
            "NEW": "4", "ROUNDS": "6", "MIN_SAMPLE": "0", "VARIANTS": "eager,hf-generate",
            "WORKLOADS": "prefill,capture_all", "SKIP_TESTS": "1", "SKIP_VALIDATOR": "1", "SKIP_SERVE": "1", "OUT": str(tmp_path / "sw"),
-           "PUBLISH_ARGS": f"--readme {readme} --ts {tmp_path / 'b.ts'} --out {tmp_path / 'o'}"}
+           "PUBLISH_ARGS": f"--readme {readme} --out {tmp_path / 'o'}", "SITE_ARGS": f"--out {tmp_path / 's'}"}
     proc = subprocess.run(["bash", str(cellio.ROOT / "benchmarks" / "gpu.sh")], env=env, capture_output=True,
                           text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "== sweep meta-llama/Llama-3.2-1B: exit 0" in proc.stdout and "== publish: exit 0" in proc.stdout
+    assert "== site data: exit 0" in proc.stdout and "cpu-llama-3.2-1b-tiny" in (tmp_path / "s" / "benchmarks.generated.ts").read_text()
     cells = cellio.load_sweep(tmp_path / "sw" / "cpu-llama-3.2-1b-tiny")
     status = {c["id"]: c["status"] for c in cells}
     assert status == {"eager__prefill": "ok", "eager__capture_all": "ok", "hf-generate__prefill": "ok",

@@ -1,6 +1,7 @@
 """Publishing that cannot lie: every refusal by its message, all-or-nothing writes, `--check` on
 fresh and drifted outputs, what the README block shows (ratios with intervals, model size, machine;
-no absolute tok/s), and that the committed outputs are what the committed cells give."""
+no absolute tok/s), and that the committed outputs are what the committed cells give. The site's data
+file of the same cells is visualizer_data's (rendered here from the same sweeps to check its figures)."""
 from __future__ import annotations
 
 import json
@@ -33,30 +34,27 @@ def sweep_cells(sweep="cpu-test-tiny", scale=1.0, **params):
 
 @pytest.fixture
 def site(tmp_path):
-    """A sweeps root with two sweeps, a README with markers, and where TS / report / plots go."""
+    """A sweeps root with two sweeps, a README with markers, and where the report and plots go."""
     root = tmp_path / "sweeps"
     for c in sweep_cells() + sweep_cells("cpu-test-real", 3.0, size="real"):
         cellio.write_cell(c, root)
     readme = tmp_path / "README.md"
     readme.write_text(README)
-    return {"root": root, "sweeps": sorted(root.iterdir()), "readme": readme, "ts": tmp_path / "bench.ts",
-            "out": tmp_path / "out"}
+    return {"root": root, "sweeps": sorted(root.iterdir()), "readme": readme, "out": tmp_path / "out"}
 
 
 def run_publish(site, check=False, log=QUIET, sweeps=None):
-    return publish.main(sweeps or site["sweeps"], site["readme"], site["ts"], site["out"], check, log,
-                        render_ts=benchmarks_ts.render)
+    return publish.main(sweeps or site["sweeps"], site["readme"], site["out"], check, log)
 
 
-def ts_export(path, name):
-    """The JSON value of `export const name: T = ...;` in a generated TS file."""
-    text = path.read_text().split(f"export const {name}: ")[1]
+def ts_export(root, name):
+    """The JSON value of `export const name: T = ...;` in the site's TS file of the sweeps under `root`."""
+    text = benchmarks_ts.render(cellio.load_cells(root)).split(f"export const {name}: ")[1]
     return json.loads(text.split(" = ", 1)[1].split(";\n", 1)[0])
 
 
 def snapshot(site) -> dict:
-    files = [site["readme"], site["ts"], *site["out"].glob("*")] if site["out"].exists() else [site["readme"],
-                                                                                              site["ts"]]
+    files = [site["readme"], *site["out"].glob("*")] if site["out"].exists() else [site["readme"]]
     return {p: p.read_bytes() for p in files if p.exists()}
 
 
@@ -76,10 +74,10 @@ def test_readme_block_shows_ratios_with_intervals_model_and_machine_but_no_tok_s
     assert "| eager | decode | 153 [133–160] | 1 | 1.0 |" in report  # absolute figures live in the report
     assert "invalid: because — **nnsight x steer_all**" in report
     assert "n/a: plain HF has no steering API — **hf-generate x steer_all**" in report
-    rows = ts_export(site["ts"], "benchmarkRatios")
+    rows = ts_export(site["root"], "benchmarkRatios")
     row = next(r for r in rows if r["sweep"] == "cpu-test-tiny" and r["key"] == "eager:steer_all/eager:decode")
     assert row["median"] == pytest.approx(1 / 1.1) and row["resolved"] and row["headline"]
-    assert [s["name"] for s in ts_export(site["ts"], "benchmarkSweeps")] == ["cpu-test-real", "cpu-test-tiny"]
+    assert [s["name"] for s in ts_export(site["root"], "benchmarkSweeps")] == ["cpu-test-real", "cpu-test-tiny"]
     assert {p.name for p in site["out"].glob("*.png")} == {plots.RATIOS_PNG, "throughput-cpu-test-real.png",
                                                            "throughput-cpu-test-tiny.png"}
 
@@ -96,15 +94,15 @@ def test_unresolved_ratio_is_never_a_figure(site, tmp_path):
     assert "| eager, steer every layer / no steer | unresolved |" in block
     report = (site["out"] / publish.REPORT_MD).read_text()
     assert "| eager, steer every layer / no steer | unresolved ([" in report and "spans" in report
-    row = next(r for r in ts_export(site["ts"], "benchmarkRatios") if r["key"] == "eager:steer_all/eager:decode")
+    row = next(r for r in ts_export(root, "benchmarkRatios") if r["key"] == "eager:steer_all/eager:decode")
     assert row["median"] is None and row["resolved"] is False and row["lo"] < row["hi"]
 
 
 # -- refusals, by message, and nothing written ----------------------------------------------------------
 def refuses(site, capsys, argv_sweeps, message):
     before = snapshot(site)
-    rc = cli(["publish", "--sweeps", *map(str, argv_sweeps), "--readme", str(site["readme"]), "--ts",
-              str(site["ts"]), "--out", str(site["out"])])
+    rc = cli(["publish", "--sweeps", *map(str, argv_sweeps), "--readme", str(site["readme"]), "--out",
+              str(site["out"])])
     assert rc == 2
     err = capsys.readouterr().err
     assert message in err, err
@@ -171,7 +169,7 @@ def test_refuses_a_readme_without_markers(site):
     site["readme"].write_text("# Project\n")
     with pytest.raises(publish.MarkerError, match="Add the two marker lines"):
         run_publish(site)
-    assert site["readme"].read_text() == "# Project\n" and not site["ts"].exists()
+    assert site["readme"].read_text() == "# Project\n" and not site["out"].exists()
 
 
 def test_a_plot_error_publishes_nothing(site, monkeypatch):
@@ -202,7 +200,7 @@ def test_replace_block_errors_say_how_to_fix(text, msg):
 def test_check_passes_fresh_and_catches_each_drifted_file(site):
     assert run_publish(site) == 0
     assert run_publish(site, check=True) == 0
-    victims = [site["readme"], site["ts"], site["out"] / publish.REPORT_MD, site["out"] / plots.RATIOS_PNG,
+    victims = [site["readme"], site["out"] / publish.REPORT_MD, site["out"] / plots.RATIOS_PNG,
                site["out"] / "throughput-cpu-test-tiny.png"]
     for victim in victims:
         saved = victim.read_bytes()
@@ -218,10 +216,9 @@ def test_check_passes_fresh_and_catches_each_drifted_file(site):
 
 
 def test_committed_outputs_match_committed_cells():
-    """The committed report, README block, TS file and plots are what the committed cells give."""
-    if not cellio.CELLS_DIR.is_dir() or not cellio.sweep_dirs():
-        pytest.skip("no committed benchmark sweeps yet (run `python -m benchmarks run`)")
+    """The committed report, README block and plots are what the committed cells give (the site's TS
+    file: tests/test_visualizer_data.py). The sweeps are committed: their absence is a failure, not a skip."""
+    assert cellio.CELLS_DIR.is_dir() and cellio.sweep_dirs(), f"no committed benchmark sweeps under {cellio.CELLS_DIR}"
     msgs = []
-    rc = publish.main(None, cellio.ROOT / "README.md", cellio.ROOT / "visualizer-data" / "benchmarks.generated.ts",
-                      cellio.REPORT_DIR, True, msgs.append, render_ts=benchmarks_ts.render)
+    rc = publish.main(None, cellio.ROOT / "README.md", cellio.REPORT_DIR, True, msgs.append)
     assert rc == 0, msgs

@@ -149,8 +149,8 @@ def _one_thread():
 
 # -- building ------------------------------------------------------------------------------------
 def _hf(name, overrides):
-    if overrides is None:
-        hf, _, _ = load_hf(name, source="zoo")
+    if overrides is None:  # eager: the reference reads HF's attention weights (output_attentions)
+        hf, _, _ = load_hf(name, source="zoo", attention="eager")
         return hf
     cfg = zoo.build_config(zoo.ZOO[name])
     for k, v in overrides.items():

@@ -179,7 +179,7 @@ def _zamba_refs(hf, enc):
 
 
 def _zamba_bundle():
-    hf, _, _ = load_hf(ZAMBA, source="zoo")
+    hf, _, _ = load_hf(ZAMBA, source="zoo", attention="eager")  # the reference reads HF's attention weights
     enc = _inputs(hf.config)
     ref = _zamba_refs(hf, enc)
     m = EagerModel(ZAMBA, hf, None, family_for("zamba2"), "zoo")

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 
+import numpy as np
 import pytest
 import torch
 
@@ -85,9 +86,12 @@ def test_feature_add_adds_the_decoder_direction_at_the_steered_positions_only(em
     (dict(op="feature_clamp", coeff=1.0, sae="/nonexistent"), "is not a directory"),
     (dict(op="feature_clamp", sae="SAE", feature=1), "needs coeff="),
     (dict(op="feature_clamp", sae="SAE", coeff=1.0), "needs feature="),
-    (dict(op="feature_clamp", sae="SAE", coeff=1.0, feature=True), "needs feature="),
-    (dict(op="feature_clamp", sae="SAE", coeff=1.0, feature=[]), "needs feature="),
-    (dict(op="feature_clamp", sae="SAE", coeff=1.0, feature=-2), "needs feature="),
+    (dict(op="feature_clamp", sae="SAE", coeff=1.0, feature=True), "needs feature=.*got bool True, not an integer"),
+    (dict(op="feature_clamp", sae="SAE", coeff=1.0, feature=[]), "needs feature=.*got an empty list"),
+    (dict(op="feature_clamp", sae="SAE", coeff=1.0, feature=-2), "needs feature=.*got -2, a negative index"),
+    (dict(op="feature_clamp", sae="SAE", coeff=1.0, feature=[1, np.int64(-2)]), "got -2, a negative index"),
+    (dict(op="feature_clamp", sae="SAE", coeff=1.0, feature=3.0), r"got float 3.0, not an integer"),
+    (dict(op="feature_clamp", sae="SAE", coeff=1.0, feature=torch.tensor([3])), r"got Tensor tensor\(\[3\]\), not an"),
     (dict(op="feature_add", sae="SAE", coeff=float("nan"), feature=1), "finite"),
     (dict(op="feature_add", sae="SAE", coeff=1.0, feature=1, value=torch.ones(D)), "takes no value"),
     (dict(op="add", value=torch.ones(D), sae="SAE"), "takes no sae"),
@@ -98,6 +102,19 @@ def test_malformed_feature_steers_are_refused_when_made(saes, kw, match):
         kw = {**kw, "sae": saes["random"]}
     with pytest.raises(SteeringError, match=match):
         Steer("resid_post.1", **kw)
+
+
+@pytest.mark.parametrize("feature", [np.int64(11), torch.tensor(11), np.array(11), [np.int32(11), torch.tensor(7)]])
+def test_integer_scalars_are_feature_indices(em, saes, feature):
+    """np.int64(3) or torch.tensor(3) was refused with "needs feature= (a feature index >= 0 ...)"; any
+    integer scalar is the index it holds, and the steer equals the one made with Python ints."""
+    plain = [11, 7] if isinstance(feature, list) else 11
+    st = Steer("resid_post.1", "feature_clamp", sae=saes["random"], feature=feature, coeff=4.0, positions="last")
+    assert st.feature == plain and all(type(i) is int for i in (st.feature if isinstance(plain, list) else [plain]))
+    ref = Steer("resid_post.1", "feature_clamp", sae=saes["random"], feature=plain, coeff=4.0, positions="last")
+    got, want = _rows(em, PROMPTS, [st]), _rows(em, PROMPTS, [ref])
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
+    assert not torch.allclose(got[0], _rows(em, PROMPTS)[0])
 
 
 def test_feature_steers_checked_against_the_sae_before_running(em, saes, tmp_path):

@@ -126,23 +126,25 @@ LAYER_RULES = [
                                      "engine.backends.vllm.runtime", "engine.backends.vllm.catalogue",
                                      "engine.backends.vllm.proof", "engine.backends.hf", "engine.loading"),
      "the worker runs inside vLLM's processes and never imports the client side"),
+    ("engine.interop", ("engine.backends", "engine.workflows", "engine.loading", "engine.serve", "engine.harvest"),
+     "interop maps names on any model passed in (the backends use its mappers)"),
     ("engine.backends.vllm", ("engine.backends.hf",), "the two backends are siblings"),
     ("engine.backends.hf", ("engine.backends.vllm",), "the two backends are siblings"),
     ("engine.workflows", ("engine.backends", "engine.loading", "engine.serve", "engine.harvest"),
      "workflows take any model"),
     ("engine", ("validator", "benchmarks", "visualizer_data"), "the engine never imports the harness"),
+    ("engine.remote", ("engine.backends", "engine.loading", "engine.families", "engine.harvest", "engine.zoo",
+                       "engine.workflows", "engine.interop",
+                       *[m for m in MODULES if _under(m, "engine.serve")
+                         and m not in ("engine.serve", "engine.serve.wire", "engine.serve.encoding")]),
+     "a client of a model server imports the engine's core and the server's wire pieces, never a backend"),
     ("benchmarks", ("visualizer_data",), "visualizer_data renders what benchmarks hands it, not the reverse"),
 ]
 
 
-# the only edges that cross a rule, each with its reason
-ALLOWED = {
-    # engine/model/__init__.py's __getattr__ serves the old engine.model shim names (deprecated, one release)
-    "engine.model imports engine.backends.hf.eager",
-    # the `python -m benchmarks publish` command is the composition root: it hands visualizer_data's
-    # renderer to benchmarks.publish, which itself never imports visualizer_data
-    "benchmarks.__main__ imports visualizer_data.benchmarks_ts",
-}
+# the only edges that cross a rule, each with its reason (none: benchmarks publishes its report, README
+# block and plots; the site's data file of the same cells is visualizer_data's own command)
+ALLOWED: set[str] = set()
 
 
 @pytest.mark.parametrize("who,forbidden,why", LAYER_RULES, ids=[r[0] for r in LAYER_RULES])
@@ -161,51 +163,16 @@ def test_layer_rule_checker_catches_an_upward_import(monkeypatch):
     assert _violations("engine.core", ("engine.backends",)) == ["engine.core.points imports engine.backends.hf.sites"]
 
 
-def _fresh_import(name: str):
+def test_no_pre_move_path_is_forwarded():
+    """No release had the pre-move paths (issue 36): importing engine installs no alias finder, an
+    old path fails to import, and engine.model forwards no old names."""
     import importlib
     import sys
-    import warnings
-    sys.modules.pop(name, None)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        module = importlib.import_module(name)
-    sys.modules.pop(name, None)  # leave no alias behind for other tests
-    return module, [str(w.message) for w in caught if issubclass(w.category, DeprecationWarning)]
 
-
-@pytest.mark.parametrize("old,new", [("engine.steering", "engine.core.steering"),
-                                     ("engine.backends.vllm_backend", "engine.backends.vllm.backend"),
-                                     ("engine.backends.eager", "engine.backends.hf.eager"),
-                                     ("engine.mappers", "engine.interop.mappers"),
-                                     ("engine.points", "engine.core.points")])
-def test_pre_move_paths_import_the_same_module_with_a_warning(old, new):
-    import importlib
-    module, warned = _fresh_import(old)
-    assert module is importlib.import_module(new)
-    assert module.__spec__.name == new  # the alias does not rename the real module
-    assert warned == [f"{old} moved to {new}; import it from there (the old path goes away in the next release)."]
-
-
-def test_old_engine_model_names_warn_and_resolve():
+    import engine
     import engine.model
-    from engine.backends.hf.eager import EagerModel
-    from engine.core.results import ActivationCache
-    with pytest.warns(DeprecationWarning, match="engine.model.EagerModel moved: import it from engine.backends.hf.eager"):
-        assert engine.model.EagerModel is EagerModel
-    with pytest.warns(DeprecationWarning, match="engine.model.ActivationCache moved"):
-        assert engine.model.ActivationCache is ActivationCache
-    with pytest.raises(AttributeError, match="no attribute 'nope'"):
-        engine.model.nope  # noqa: B018
-
-
-def test_every_moved_name_has_a_target_module():
-    import importlib.util
-    from engine._moved import MOVED
-    spec = importlib.util.spec_from_file_location("house_move", REPO / "scripts" / "house_move.py")
-    table = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(table)
-    moved_modules = {old.removesuffix(".py").replace("/", ".") for old, new in table.MOVES.items() if new}
-    assert moved_modules <= set(MOVED), moved_modules - set(MOVED)  # every row of the move table is served
-    missing = [new for new in MOVED.values() if new not in MODULES]
-    assert not missing, missing
-    assert not [old for old in MOVED if old in MODULES], "an old path is also a real module: the alias would shadow it"
+    assert not [f for f in sys.meta_path if type(f).__module__.startswith("engine")]
+    for old in ("engine.steering", "engine.backends.vllm_backend", "engine.points"):
+        with pytest.raises(ModuleNotFoundError, match=old.replace(".", r"\.")):
+            importlib.import_module(old)
+    assert not hasattr(engine.model, "EagerModel") and hasattr(engine, "load_model")

@@ -1,10 +1,11 @@
-"""The whole-batch input checks (engine/core/inputs._valid_at_once, engine/core/results.one_run_per_row)
+"""The whole-batch input checks (engine/core/inputs._valid_at_once on host arrays, engine/core/results.one_run_per_row)
 agree with the per-row checks they stand in front of, and the eager backend still names what is wrong."""
 from __future__ import annotations
 
 import itertools
 import random
 
+import numpy as np
 import pytest
 import torch
 
@@ -48,7 +49,7 @@ def test_valid_at_once_never_passes_what_the_row_checks_refuse():
         limits = Limits("m", rng.choice([10, None, 5]), rng.choice([None, 4, 8, 20]), capture_new=rng.choice([0, 1]))
         new = rng.choice([None, 0, 2, 5])
         batch = {"input_ids": ids, "attention_mask": mask}
-        fast = _valid_at_once(batch, limits, new)
+        fast = _valid_at_once(ids.numpy(), mask.numpy(), limits, new)
         try:
             token_rows(batch, None, limits, new=new)
             slow = True
@@ -62,11 +63,12 @@ def test_valid_at_once_never_passes_what_the_row_checks_refuse():
 
 def test_valid_at_once_leaves_other_forms_to_the_row_checks():
     limits = Limits("m", 10, 8)
-    assert _valid_at_once({"input_ids": torch.tensor([[1, 2]]), "attention_mask": torch.tensor([[1, 1]])}, limits, 0)
-    assert not _valid_at_once({"input_ids": [[1, 2]], "attention_mask": [[1, 1]]}, limits, 0)  # lists: per row
-    assert not _valid_at_once({"input_ids": torch.tensor([1, 2]), "attention_mask": torch.tensor([1, 1])}, limits, 0)
-    assert not _valid_at_once({"input_ids": torch.tensor([[1, 2]]), "attention_mask": torch.tensor([[1, 0, 1]])},
-                              limits, 0)
+    assert _valid_at_once(np.array([[1, 2]]), np.array([[1, 1]]), limits, 0)
+    assert not _valid_at_once(np.array([1, 2]), np.array([1, 1]), limits, 0)  # 1-D: host_batch adds the batch axis
+    assert not _valid_at_once(np.array([[1, 2]]), np.array([[1, 0, 1]]), limits, 0)
+    assert not _valid_at_once(np.array([[1.0, 2.0]]), np.array([[1, 1]]), limits, 0)  # float ids: the row checks say why
+    assert not _valid_at_once(np.array([[True, False]]), np.array([[1, 1]]), limits, 0)
+    assert not _valid_at_once(np.array([[1, 2], [3]], dtype=object), np.array([[1, 1], [1]], dtype=object), limits, 0)
 
 
 @pytest.fixture(scope="module")

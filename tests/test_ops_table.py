@@ -15,7 +15,8 @@ from engine.backends.vllm.worker.tree import VSite
 from engine.core.errors import SteeringError
 from engine.core.ops import OPS, AffineRows, Op
 from engine.core.sae_files import write_random_sae
-from engine.core.steering import Steer, apply_steer, finite_number, values_at
+from engine.core.site import apply_steer
+from engine.core.steering import Steer, finite_number
 
 WIDTH, ROWS = 6, 5
 STATIC = MODES["vllm-static"]
@@ -46,6 +47,13 @@ def _value(op: Op, g: torch.Generator, per_row: bool):
 def _static_ops():
     return [n for n, o in OPS.items() if o.affine is not None]
 
+
+
+def values_at(steer: Steer, rows: torch.Tensor, shape: tuple):
+    """The steer's value for the rows at positions `rows`, as a step gathers it (engine/core/step.py)."""
+    st = steer.bound()
+    st.check_shape(shape)
+    return None if st.value is None else (st.value[rows] if st.lead else st.value)
 
 @pytest.mark.parametrize("per_row", [False, True], ids=["one value", "a value per position"])
 @pytest.mark.parametrize("name", _static_ops())

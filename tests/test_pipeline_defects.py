@@ -186,6 +186,54 @@ def test_eager_close_and_context_manager():
         m.address("resid_post.0")
 
 
+def _calls_after_close(m, run_coroutine=None) -> dict:
+    """Every public method and property of a model, each called on it (placeholders for required
+    arguments: a closed model must refuse before it reads them; a coroutine is run by run_coroutine),
+    mapped to what it raised."""
+    import inspect
+    cls = type(m)
+    out = {}
+    for name in sorted(n for n in dir(cls) if not n.startswith("_") and n not in ("close", "aclose")):
+        attr = inspect.getattr_static(cls, name)
+        try:
+            if isinstance(attr, property):
+                getattr(m, name)
+            elif callable(attr):
+                fn = getattr(m, name)
+                args = [p for p in inspect.signature(fn).parameters.values() if p.default is p.empty
+                        and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+                result = fn(*["resid_post.0"] * len(args))
+                if inspect.iscoroutine(result):
+                    run_coroutine(result)
+                if hasattr(result, "__enter__"):  # steering(): refuses when the block opens
+                    with result:
+                        pass
+            else:
+                continue  # plain class attributes: backend, prepend_bos
+            out[name] = None
+        except Exception as e:  # noqa: BLE001 - what each raised is the assertion
+            out[name] = e
+    return out
+
+
+def test_every_public_method_of_a_closed_eager_model_says_it_was_closed():
+    """points() and capture_attention() raised AttributeError ('NoneType' object has no attribute
+    'config') after close(); to_tokens() still worked. A closed model refuses every call by name (its
+    tokenizer stays reachable as m.tokenizer)."""
+    from engine import capture_attention
+    from engine.loading import load_model
+    m = load_model(LLAMA, source="zoo")
+    m.points()  # fills the catalogue's cache: a cached answer is refused all the same
+    m.close()
+    raised = _calls_after_close(m)
+    assert {"points", "to_tokens", "run_with_cache", "W_U", "describe"} <= set(raised)
+    wrong = {n: repr(e) for n, e in raised.items() if not (isinstance(e, EngineError) and "was closed" in str(e))}
+    assert not wrong, f"after close() these did not refuse with the closed-model error: {wrong}"
+    with pytest.raises(EngineError, match="was closed; load it again"):
+        capture_attention(m, PROMPT)
+    assert m.tokenizer(PROMPT)["input_ids"]
+
+
 @pytest.mark.vllm
 @pytest.mark.slow  # two engines of its own (~55 s): CI's slow step, keeping the default run under 10 min
 def test_vllm_close_frees_the_engine_and_use_after_close_says_so():
@@ -207,6 +255,13 @@ def test_vllm_close_frees_the_engine_and_use_after_close_says_so():
         m.stream(PROMPT, 2)
     with pytest.raises(EngineError, match="was closed; load it again"):
         _within(60, lambda: asyncio.run(m.aio.capture(PROMPT)))
+    # the sync model's catalogue calls are the async model's; its coroutines awaited from another loop
+    raised = _calls_after_close(m.aio, lambda c: _within(60, lambda: asyncio.run(c)))
+    wrong = {n: repr(e) for n, e in raised.items() if not (isinstance(e, EngineError) and "was closed" in str(e))}
+    assert not wrong, f"after close() these did not refuse with the closed-model error: {wrong}"
+    for call in (m.points, lambda: m.to_tokens(PROMPT), lambda: m.point_layers("resid_post")):
+        with pytest.raises(EngineError, match="was closed; load it again"):
+            call()
     _within(60, half.close)
     assert children_left_running(before) == {}
     dropped = load("openai-community/gpt2", source="zoo", max_model_len=128)  # never closed: freed when dropped

@@ -17,8 +17,10 @@ from engine.backends.vllm.worker.wire import decode, encode, plan_in, plan_out
 from engine.core import positions
 from engine.core.address import Address
 from engine.core.errors import SteeringError
-from engine.core.plan import Plan, Span, run_site, site_work
-from engine.core.steering import Steer, apply_steer
+from engine.core.plan import Plan, Span, site_work
+from engine.core.site import apply_steer, run_site
+from engine.core.step import Step
+from engine.core.steering import Steer
 
 
 def _rows(p0, n, d=3):
@@ -119,7 +121,7 @@ def test_run_site_touches_each_sequence_only_in_its_own_rows():
     work = site_work([a, b], lambda addr: "site")["site"]
     t = torch.zeros(6, 2)  # rows: a at 0..2 (positions 0..2), a pad row, b at 4..5 (positions 0..1)
     spans = [Span(a, 0, 3, 0, 0), Span(b, 4, 6, 0, 1)]
-    new = run_site(t, spans, work, lambda sp, k, r: r.clone())
+    new = run_site(t, Step(spans, 6), work)
     assert torch.equal(new[:, 0], torch.tensor([0.0, 1, 0, 0, 0, 0]))
     assert torch.equal(a.tensor("resid_post.0")[:, 0], torch.tensor([0.0, 1, 0]))  # a sees its steer
     assert b.tensor("resid_post.0").abs().max() == 0 and t.abs().max() == 0  # t itself untouched
@@ -128,7 +130,8 @@ def test_run_site_touches_each_sequence_only_in_its_own_rows():
 def test_run_site_read_only_returns_none():
     plan = Plan(2, [Address("resid_post", 0)])
     work = site_work([plan], lambda addr: "s")["s"]
-    assert run_site(torch.randn(2, 4), [Span(plan, 0, 2, 0)], work, lambda sp, k, r: r.clone()) is None
+    assert run_site(torch.randn(2, 4), Step([Span(plan, 0, 2, 0)], 2), work) is None
+    assert plan.tensor("resid_post.0").shape == (2, 4)
 
 
 def test_run_site_isolates_a_failing_plan_when_asked():
@@ -137,11 +140,12 @@ def test_run_site_isolates_a_failing_plan_when_asked():
     work = site_work([bad, good], lambda addr: "s")["s"]
     spans = [Span(bad, 0, 2, 0), Span(good, 2, 4, 0)]
     with pytest.raises(SteeringError):
-        run_site(torch.zeros(4, 2), spans, work, lambda sp, k, r: r.clone())
+        run_site(torch.zeros(4, 2), Step(spans, 4), work)
     errors = []
-    new = run_site(torch.zeros(4, 2), spans, work, lambda sp, k, r: r.clone(),
-                   lambda p, e: (errors.append(p), setattr(p, "error", str(e))))
+    new = run_site(torch.zeros(4, 2), Step(spans, 4, on_error=lambda p, e: (errors.append(p),
+                                                                            setattr(p, "error", str(e)))), work)
     assert errors == [bad] and "shape (3,)" in bad.error and torch.equal(new[2:], torch.ones(2, 2))
+    assert torch.equal(new[:2], torch.zeros(2, 2)) and good.tensor("resid_post.0").equal(torch.ones(2, 2))
 
 
 # -- vLLM's persistent batch -----------------------------------------------------------------------

@@ -1,22 +1,29 @@
-"""The README's "Workflows" block, as written, on the zoo twin: it runs offline, and what it prints
-is checked here against the engine's own calls (patching restores the clean logit difference,
-probs @ value = z, the refusal names its alternative)."""
+"""The README's blocks, as written, on the zoo twins, offline: the Workflows, readouts and SAE / probe
+blocks run here (what they print checked against the engine's own calls: patching restores the
+clean logit difference, probs @ value = z, the readouts are the SAE's and the probe's own maths); the
+vLLM blocks are complete scripts run as files (slow: each starts an engine), the harvest commands
+parse with the CLI's parser and run from a view of the repository root."""
 from __future__ import annotations
 
+import ast
+import os
 import re
-import threading
+import shlex
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+from scripts import readme_blocks
+
+REPO = Path(__file__).resolve().parents[1]
+README = REPO / "README.md"
 
 
 def _block() -> str:
-    text = README.read_text()
-    section = text.split("## Workflows", 1)[1]
-    return re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    return readme_blocks.get("workflows").code()
 
 
 def test_readme_workflows_run_as_written(tmp_path, monkeypatch, capsys):
@@ -35,44 +42,199 @@ def test_readme_workflows_run_as_written(tmp_path, monkeypatch, capsys):
     assert "True" in out and "use attn_out" in out
 
 
-def _async_block() -> str:
-    """The README's async example: the block under "The vLLM backends" that runs asyncio."""
-    section = README.read_text().split("## The vLLM backends", 1)[1].split("\n## ", 1)[0]
-    return next(b for b in re.findall(r"```python\n(.*?)```", section, re.S) if "asyncio.run(" in b)
+def _section(title: str) -> str:
+    return README.read_text().split(f"## {title}", 1)[1].split("\n## ", 1)[0]
 
 
+def _blocks(section: str, lang: str = "python") -> list[str]:
+    return re.findall(rf"```{lang}\n(.*?)```", section, re.S)
+
+
+def _vllm_blocks() -> dict[str, str]:
+    """The vLLM section's Python blocks by what they show: each a complete script."""
+    blocks = _blocks(_section("The vLLM backends"))
+    return {"async" if "asyncio.run(" in b else "tp": b for b in blocks}
+
+
+def _code(block: str) -> str:
+    return "\n".join(line.split("#", 1)[0] for line in block.splitlines())
+
+
+def test_every_readme_block_that_starts_vllm_is_a_script_under_a_main_guard():
+    """vLLM spawns its engine core, which imports the user's script again: a block that loads a vLLM
+    backend at the top level fails pasted into a file, and nothing pasted into stdin can start one."""
+    starting = [b for b in _blocks(README.read_text()) if re.search(r"backend=[\"']vllm", _code(b))]
+    assert len(starting) >= 2, "the README's vLLM examples were not found"
+    for b in starting:
+        code = _code(b)
+        guard = code.index('if __name__ == "__main__":')
+        load = code.index("load_model(")
+        assert guard < load and re.search(r"\n[ ]{4,}.*load_model\(", code[guard:]), b[:200]
+        assert "import" in code.split("\n", 1)[0] or code.lstrip().startswith(("import", "from")), \
+            f"a vLLM block must be complete (its imports first):\n{b[:200]}"
+
+
+def _printed(stdout: str) -> list[str]:
+    """What a script printed, without the log lines vLLM's processes write to the same stdout."""
+    return [line for line in stdout.splitlines()
+            if line.strip() and not re.match(r"(\(\w+ pid=\d+\) )?(INFO|WARNING|DEBUG|ERROR) ", line)]
+
+
+def _run_script(tmp_path: Path, block: str, name: str, timeout: int = 900) -> subprocess.CompletedProcess:
+    script = tmp_path / name
+    script.write_text(block)
+    env = {**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    return subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=timeout, env=env)
+
+
+@pytest.mark.slow
 @pytest.mark.vllm
-def test_readme_async_example_runs_as_written_from_its_own_loop():
-    """`asyncio.run(...)` starts the reader's own event loop, not the model's: m.aio must hand each call
-    to the engine's loop and bring the result back (it used to wait forever)."""
-    from test_vllm_common import check, vllm_model
-    m = vllm_model("meta-llama/Llama-3.2-1B")
-    printed: list = []
-    ns: dict = {"m": m, "print": lambda *a, **k: printed.append(a)}
-    done = threading.Event()
+def test_readme_async_script_runs_as_a_file(tmp_path):
+    """The async block saved as a file and run: `asyncio.run(...)` starts the reader's own event loop,
+    not the model's, and m.aio hands each call to the engine's loop; its stream prints the tokens eager
+    generates, each with a log-probability, and the captures have the eager capture's shape."""
+    from test_vllm_common import eager_model
+    proc = _run_script(tmp_path, _vllm_blocks()["async"], "many.py")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = _printed(proc.stdout)
+    steps, shapes = lines[:-1], ast.literal_eval(lines[-1])
+    em = eager_model("meta-llama/Llama-3.2-1B")
+    ref = em.generate("a prompt", 16)
+    assert [int(line.split(" ", 1)[0]) for line in steps] == ref.new_tokens[0].tolist()
+    assert all(float(line.rsplit(" ", 1)[1]) <= 0 for line in steps)  # each step's log-probability
+    want = [tuple(em.run_with_cache(p, ["resid_post.1"])[1]["resid_post.1"].shape)
+            for p in ("a prompt", "another prompt")]
+    assert shapes == want
 
-    def run():
-        try:
-            exec(compile(_async_block(), "README.md", "exec"), ns)
-        finally:
-            done.set()
-    t = threading.Thread(target=run, daemon=True)  # a hang fails the test instead of stalling the run
-    t.start()
-    assert done.wait(300), "the README's async example did not finish within 300 s"
-    outs = ns["outs"]
-    assert len(outs) == 2
-    for p, (logits, cache) in zip(["a prompt", "another prompt"], outs):
-        ref_logits, ref = m.run_with_cache(p, ["resid_post.1"])
-        check(cache["resid_post.1"], ref["resid_post.1"], "resid_post")
-        check(logits, ref_logits, "lm_head")
-    ref = m.generate("a prompt", 16)
-    assert [a[0] for a in printed] == ref.new_tokens[0].tolist()
-    assert all(isinstance(a[2], float) for a in printed)  # each step's log-probability
+
+@pytest.mark.slow
+@pytest.mark.vllm
+def test_readme_tensor_parallel_script_runs_as_a_file(tmp_path):
+    """The TP=2 block saved as a file and run (on CPU one core per rank): the gathered captures have the
+    full shapes eager gives, and the steered request's receipt touched rows."""
+    from test_vllm_common import eager_model
+    proc = _run_script(tmp_path, _vllm_blocks()["tp"], "tp.py")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    shapes, last = _printed(proc.stdout)[-2:]
+    em = eager_model("meta-llama/Llama-3.2-1B")
+    _, ref = em.run_with_cache(["a prompt", "another"], ["resid_post.-1", "z.1", "mlp_act.0"])
+    assert ast.literal_eval(shapes) == {k: tuple(t.shape) for k, t in ref.items()}
+    assert "Receipt(" in last and "rows=0" not in last
+
+
+def test_a_vllm_load_from_stdin_is_refused_before_an_engine_starts():
+    """Code read on stdin cannot start vLLM (the spawned engine process cannot read '<stdin>' again: it
+    failed with FileNotFoundError there); the load says so, and what to do, before starting anything."""
+    code = ("from engine import load_model\n"
+            "load_model('meta-llama/Llama-3.2-1B', backend='vllm')\n")
+    env = {**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    proc = subprocess.run([sys.executable, "-"], input=code, capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 1
+    assert ("EngineError: a vLLM backend cannot start from code read on stdin: vLLM spawns its engine core, which "
+            "imports the main script again, and stdin cannot be read twice; save the code to a file, with the load "
+            'under `if __name__ == "__main__":`, and run that file.') in proc.stderr
+    assert "EngineCore" not in proc.stderr  # refused before any engine process
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+def test_a_script_without_a_main_guard_is_told_so(tmp_path):
+    """A load at the top level of a script ran again in vLLM's spawned engine process and failed with
+    multiprocessing's bootstrapping error under "Engine core initialization failed"; the root cause
+    printed above that error now names the script and the guard."""
+    proc = _run_script(tmp_path, "from engine import load_model\n"
+                                 "m = load_model('meta-llama/Llama-3.2-1B', backend='vllm')\n", "noguard.py", 600)
+    assert proc.returncode != 0
+    assert (f"EngineError: a vLLM backend was loaded while vLLM's engine process was importing {tmp_path / 'noguard.py'}"
+            f' again (vLLM spawns its engine core, which imports the script that started it): put the load under '
+            f'`if __name__ == "__main__":`.') in proc.stderr
+
+
+# -- the harvest section's commands ----------------------------------------------------------------
+def _harvest_commands() -> list[list[str]]:
+    """Every `python -m engine.harvest ...` command of the harvest section's bash blocks, as argv."""
+    out = []
+    for block in _blocks(_section("Harvesting activations to disk"), "bash"):
+        for line in block.replace("\\\n", " ").splitlines():
+            line = line.split("#", 1)[0].strip()
+            if line:
+                argv = shlex.split(line)
+                assert argv[:3] == [".venv/bin/python", "-m", "engine.harvest"], line
+                out.append(argv[3:])
+    return out
+
+
+def test_readme_harvest_commands_parse_and_its_option_table_matches_the_cli():
+    """The command was printed with literal `[--backend vllm|vllm-static|eager] ...` brackets and failed
+    pasted ("unrecognized arguments"): each command now parses, and the option table's names and
+    defaults are the CLI's own."""
+    from engine.harvest.__main__ import parser
+    cmds = _harvest_commands()
+    assert len(cmds) >= 4
+    p = parser()
+    for argv in cmds:
+        if argv[:1] in (["verify"], ["merge"], ["saelens"]):
+            continue
+        p.parse_args(argv)  # exits (SystemExit 2) on an unknown argument or a bad choice
+    rows = re.findall(r"^\| (`--[^|]*`) \| [^|]* \| ([^|]*) \|$", _section("Harvesting activations to disk"), re.M)
+    known = {o for a in p._actions for o in a.option_strings}
+    defaults = {o: a.default for a in p._actions for o in a.option_strings}
+    assert len(rows) >= 10
+    for names, default in rows:
+        for opt in re.findall(r"`(--[a-z-]+)", names):
+            assert opt in known, f"README lists {opt}, which python -m engine.harvest does not take"
+        listed = re.fullmatch(r"`([^`]*)`", default.strip())
+        if listed and names.count("`--") == 1:
+            opt = re.findall(r"`(--[a-z-]+)", names)[0]
+            assert str(defaults[opt]) == listed.group(1), f"README says {opt} defaults to {listed.group(1)}, the CLI " \
+                                                          f"to {defaults[opt]}"
+
+
+def _repo_view(tmp_path: Path) -> None:
+    """tmp_path as the repository root the commands expect (.venv and engine/ linked), outputs kept there."""
+    (tmp_path / ".venv").symlink_to(REPO / ".venv")
+    (tmp_path / "engine").symlink_to(REPO / "engine")
+
+
+def test_readme_eager_harvest_command_runs_as_written(tmp_path):
+    """The eager command, as pasted from the repository root, harvests the sample; its rows are the eager
+    model's own captures, and the README's verify command passes on it."""
+    import torch
+
+    from engine.harvest import HarvestDataset
+    from test_vllm_common import eager_model
+    _repo_view(tmp_path)
+    argv = next(c for c in _harvest_commands() if "eager" in c)
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    for cmd in (argv, ["verify", argv[argv.index("--out") + 1]]):
+        proc = subprocess.run([".venv/bin/python", "-m", "engine.harvest", *cmd], cwd=tmp_path, capture_output=True,
+                              text=True, timeout=600, env=env)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    ds = HarvestDataset(tmp_path / "acts")
+    row = ds[0]
+    em = eager_model("meta-llama/Llama-3.2-1B")
+    first = next(line for line in (REPO / "engine/harvest/sample.txt").read_text().splitlines() if line.strip())
+    _, cache = em.run_with_cache(first, ["resid_post.1"])
+    assert ds.points == ["resid_post.1", "mlp_out.1"] and int(row["doc_index"]) == 0
+    torch.testing.assert_close(row["resid_post.1"], cache["resid_post.1"][0, int(row["position"])], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+def test_readme_vllm_harvest_command_runs_as_written(tmp_path):
+    import datasets
+    _repo_view(tmp_path)
+    argv = next(c for c in _harvest_commands() if "vllm" in c and "--ray" not in c)
+    proc = subprocess.run([".venv/bin/python", "-m", "engine.harvest", *argv], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=900, env={**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    ds = datasets.load_from_disk(str(tmp_path / "acts-saelens"))
+    assert ds.features["blocks.1.hook_resid_post"].shape == (128, 256) and len(ds) > 0
 
 
 def _readouts_block() -> str:
-    section = README.read_text().split("## Readouts", 1)[1].split("\n## ", 1)[0]
-    return re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    return readme_blocks.get("readouts").code()
 
 
 def test_readme_readouts_example_runs_as_written(capsys):
@@ -89,3 +251,26 @@ def test_readme_readouts_example_runs_as_written(capsys):
     assert abs(steered.receipts[0].change_norm - want) < 1e-4 * max(1.0, want)
     assert ns["out"].cache.readouts["feats"].indices.shape[-1] == 5
     assert "Receipt(" in capsys.readouterr().out
+
+
+def test_readme_sae_folder_and_probe_file_block_runs_as_written(tmp_path, monkeypatch, capsys):
+    """Loading an SAE from a local SAELens-format folder and a probe from a tensor file: the readouts
+    are the loaded SAE's top-k of the captured activation and the probe's softmax(x @ W.T + b)."""
+    from safetensors.torch import load_file
+
+    from engine.core.features import topk
+    from engine.core.sae_files import load_sae
+    monkeypatch.chdir(tmp_path)
+    block = readme_blocks.get("real-saes").code()
+    ns: dict = {}
+    exec(compile(block, "README.md", "exec"), ns)
+    cache = ns["cache"]
+    x = cache["resid_post.1"][0]
+    sae, probe = load_sae(tmp_path / "saes/blocks.1.hook_resid_post"), load_file(tmp_path / "probe.safetensors")
+    idx, vals = topk(sae.encode(x), 8)
+    torch.testing.assert_close(cache.readouts["feats"].values[0], vals, rtol=1e-5, atol=1e-5)
+    assert torch.equal(cache.readouts["feats"].indices[0], idx)
+    torch.testing.assert_close(cache.readouts["probe"][0], torch.softmax(x @ probe["W"].T + probe["b"], -1),
+                               rtol=1e-5, atol=1e-6)
+    assert sae.hook_name == "blocks.1.hook_resid_post" and "jumprelu 256 1024 blocks.1.hook_resid_post" in \
+        capsys.readouterr().out

@@ -11,7 +11,10 @@ import math
 import pytest
 import torch
 
-from engine.core.plan import Plan, Span, Step, run_site, site_work
+from engine.core.ledger import Ledger
+from engine.core.plan import Plan, Span, site_work
+from engine.core.site import run_site
+from engine.core.step import Step
 from engine.core.results import Receipt, StrictSteerError, check_strict, combine
 from engine.core.steering import Steer
 from test_vllm_common import PROMPT, eager_model, random_vector
@@ -60,16 +63,20 @@ def test_each_steer_is_measured_from_what_it_received_and_recomputed_rows_count_
     plan, other = Plan(4, [], [add, scale]), Plan(4, [], [Steer("resid_post.0", "ablate", positions=9)])
     work = site_work([plan, other], lambda a: "s")["s"]
     t = torch.ones(8, 2)
-    out = run_site(t, [Span(plan, 0, 4, 0), Span(other, 4, 8, 0)], work, None)
+    ledger = Ledger(unique=False)  # the vLLM worker's: a recomputed position counts once
+
+    def receipts(p):
+        return p.receipts(ledger.read([p.key])[p.key])
+    out = run_site(t, Step([Span(plan, 0, 4, 0), Span(other, 4, 8, 0)], 8, ledger=ledger), work)
     assert torch.equal(out[:4], torch.tensor([[4.0, 5], [1, 1], [8, 10], [2, 2]]))
-    a, s = plan.receipts()
+    a, s = receipts(plan)
     assert (a.rows, a.change_norm) == (2, pytest.approx(math.sqrt(2) * 5))  # |(3, 4)| at rows 0 and 2
     # scale sees row 2 after the add: (4, 5) -> (8, 10), and row 3 (1, 1) -> (2, 2)
     assert (s.rows, s.change_norm) == (2, pytest.approx(math.sqrt(16 + 25 + 1 + 1)))
-    assert other.receipts() == [Receipt(0, "resid_post.0", "ablate", 0, 0.0)]
+    assert receipts(other) == [Receipt(0, "resid_post.0", "ablate", 0, 0.0)]
     # the scheduler recomputes positions 2..3 (preemption): each position counts once, as last computed
-    run_site(torch.full((2, 2), 10.0), [Span(plan, 0, 2, 2)], work, None)
-    a, s = plan.receipts()
+    run_site(torch.full((2, 2), 10.0), Step([Span(plan, 0, 2, 2)], 2, ledger=ledger), work)
+    a, s = receipts(plan)
     assert (a.rows, a.change_norm) == (2, pytest.approx(math.sqrt(2) * 5))
     # position 2: (10, 10) + (3, 4) = (13, 14), doubled; position 3: (10, 10) doubled
     assert (s.rows, s.change_norm) == (2, pytest.approx(math.sqrt(13 ** 2 + 14 ** 2 + 2 * 10 ** 2)))
@@ -95,9 +102,11 @@ def test_static_taps_tally_from_the_pre_write_buffer():
     taps.before(step, work)
     got = site.module(x)
     taps.after(step, work)
-    want = run_site(x, [Span(hooked, 2, 7, 0)], site_work([hooked], lambda a: "s")["s"], None)
+    other = Step([Span(hooked, 2, 7, 0)], 7)
+    want = run_site(x, other, site_work([hooked], lambda a: "s")["s"])
     torch.testing.assert_close(got, want)
-    a, b = static.receipts(), hooked.receipts()
+    a = static.receipts(step.ledger.read()[static.key])
+    b = hooked.receipts(other.ledger.read()[hooked.key])
     assert [r.rows for r in a] == [r.rows for r in b] == [5, 2, 2]
     for r, s in zip(a, b):
         assert r.change_norm == pytest.approx(s.change_norm, rel=1e-6) and r.change_norm > 0

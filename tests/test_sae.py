@@ -464,11 +464,8 @@ def test_scaling_factor_of_ones_is_dropped_and_factor_checks(tmp_path):
 # ---- the README's example ------------------------------------------------------------------------------
 
 def test_readme_sae_example_runs_as_written(tmp_path, monkeypatch, capsys):
-    import re
-    from pathlib import Path
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    section = readme.split("## SAEs and transcoders", 1)[1].split("\n## ", 1)[0]
-    block = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    from scripts import readme_blocks
+    block = readme_blocks.get("sae").code()
     monkeypatch.chdir(tmp_path)
     ns: dict = {}
     exec(compile(block, "README.md", "exec"), ns)

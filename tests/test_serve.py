@@ -93,7 +93,8 @@ def test_completion_matches_library(client, lib):
     plain = complete(client, PROMPT, interp={})["choices"][0]
     assert_matches(plain, library(lib, PROMPT, 6), "plain")
     assert plain["finish_reason"] in ("length", "stop")
-    assert plain["interp"].keys() == {"prompt_token_ids", "token_ids", "receipts"} and plain["interp"]["receipts"] == []
+    assert plain["interp"].keys() == {"prompt_token_ids", "token_ids", "receipts", "text", "cached_tokens", "recomputed"}
+    assert plain["interp"]["receipts"] == [] and whole_chars(plain["interp"]["text"]) == plain["text"]  # the library's text
     points = ["resid_post.-1", "z.0.head-1", "attn_probs.0", "mlp_act.1", "embeddings"]
     steer = [Steer("resid_post.0", "add", vec(256, 1)), Steer("z.1.head-2", "scale", 0.0, "generated"),
              Steer("mlp_out.0", "ablate", None, (2, 5))]

@@ -294,8 +294,8 @@ def test_serve_settings_are_checked_once_and_name_the_flag(tmp_path):
 
 
 def test_a_bad_flag_fails_before_the_model_loads(capsys, monkeypatch):
-    from engine.serve import __main__ as cli
     import engine.loading
+    from engine.serve import __main__ as cli
     monkeypatch.setattr(engine.loading, "load_model", lambda *a, **k: pytest.fail("the model was loaded"))
     with pytest.raises(SystemExit):
         cli.main(["some/model", "--max-pending", "0", "--port", "0"])

@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from engine.core.errors import SteeringError
-from engine.core.steering import OPS, CacheEntry, Steer, apply_steer
+from engine.core.site import apply_steer
+from engine.core.steering import OPS, CacheEntry, Steer
 from test_vllm_common import eager_model
 
 LLAMA, GEMMA2 = "meta-llama/Llama-3.2-1B", "google/gemma-2-2b"
@@ -134,3 +135,26 @@ def test_ops_table_is_complete():
     assert {o for o, op in OPS.items() if op.static} == {"rescale", "projection_cap", "norm_scaled_add",
                                                          "feature_clamp", "feature_scale"}
     assert all(OPS[o].whole for o in ("project_out", "rescale", "projection_cap", "norm_scaled_add"))
+
+
+def test_a_value_of_another_dtype_is_cast_where_it_is_applied():
+    """A float64 or bfloat16 value on a float32 model is accepted and cast at its site: the same logits as
+    the value cast by hand (issue 35: values come from any device or dtype, moved once per call)."""
+    em = eager_model("meta-llama/Llama-3.2-1B")
+    v = torch.randn(em.d_model, generator=torch.Generator().manual_seed(7), dtype=torch.float64)
+    ids = torch.tensor([[5, 6, 7, 8]])
+    for given in (v, v.bfloat16()):
+        want = em.forward(ids, steer=[Steer("resid_post.0", "add", given.float())])
+        assert torch.equal(em.forward(ids, steer=[Steer("resid_post.0", "add", given)]), want)
+
+
+@pytest.mark.gpu
+def test_a_value_on_the_cpu_steers_a_cuda_model():
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    from engine import load_model
+    m = load_model("meta-llama/Llama-3.2-1B", source="zoo", device="cuda")
+    v = torch.randn(m.d_model)
+    ids = torch.tensor([[5, 6, 7, 8]])
+    got = m.forward(ids, steer=[Steer("resid_post.0", "add", v)])
+    assert torch.equal(got, m.forward(ids, steer=[Steer("resid_post.0", "add", v.cuda())]))

@@ -5,7 +5,9 @@ as if they were positions: ours (1, 1, 4, 21) vs HF (1, 1, 4, 23), and a prefill
 import pytest
 import torch
 
-from engine.backends.hf.eager import Layout
+import numpy as np
+
+from engine.backends.hf.grid import Call, Layout
 from engine.core.plan import pad_key_axis
 from engine.core.results import scatter
 
@@ -17,7 +19,7 @@ def test_align_keys_pads_the_window_not_the_compressor_entries():
     # 19 columns seen, a window cache of 16 keys, rate 4 -> 4 compressor entries after the window
     window, entries = torch.arange(1.0, 17.0), torch.tensor([100.0, 101, 102, 103])
     seg = torch.cat([window, entries]).reshape(1, 1, 20)
-    layout = Layout([], (1, 1), torch.ones(1, 19, dtype=torch.bool))
+    layout = Layout([], (1, 1), np.ones((1, 19), dtype=bool), Call(torch.device("cpu")))
     out = layout.align_keys(0, seg, "attn_probs.1", compress_rate=4)
     assert out.shape == (1, 1, 23)
     assert out[0, 0, :3].tolist() == [0.0, 0.0, 0.0]

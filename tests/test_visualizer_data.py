@@ -25,7 +25,8 @@ def _export(text: str, name: str):
 
 
 def test_points_cover_the_catalogue_exactly():
-    from engine.core.points import BACKENDS, POINTS, backend_status
+    from engine.core.backends import BACKENDS
+    from engine.core.points import POINTS, backend_status
     got = _export(points_ts.render(), "points")
     assert [p["name"] for p in got] == [p.name for p in POINTS]
     for g, p in zip(got, POINTS):

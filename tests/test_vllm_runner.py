@@ -58,6 +58,21 @@ def test_arguments_that_force_v2_are_refused_before_start(kw, what):
     assert vr.force_v1("vllm-generate", kw)[0] == {}  # stock vLLM maps no rows: V2 is fine there
 
 
+def test_a_vllm_without_the_v1_runner_is_refused_by_name_before_start(monkeypatch):
+    """vLLM 0.34 removed the V1 runner (users install the newest vLLM): the hooked backends say so and
+    what to install, instead of vLLM's engine failing on VLLM_USE_V2_MODEL_RUNNER=0."""
+    import importlib.util
+    real = importlib.util.find_spec
+    assert real(vr.V1_RUNNER) is not None  # the pinned 0.32 has it
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == vr.V1_RUNNER else real(name, *a))
+    for backend in ("vllm", "vllm-static"):
+        with pytest.raises(vr.RunnerError, match=rf"{backend} runs on vLLM's V1 model runner, which the installed vLLM "
+                                                 r"0\.32\.0 no longer has \(vllm\.v1\.worker\.gpu_model_runner is gone: "
+                                                 r"vLLM 0\.34 removed it\); install the pinned vLLM 0\.32"):
+            vr.force_v1(backend, {})
+    assert vr.force_v1("vllm-generate", {})[0] == {}  # stock vLLM needs no V1
+
+
 def test_a_v2_worker_is_refused_by_name():
     vr.check("vllm", ["v1", "v1"])
     with pytest.raises(vr.RunnerError, match="vllm-static: vLLM started its V2 model runner although "

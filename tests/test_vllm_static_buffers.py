@@ -64,7 +64,8 @@ def test_a_step_fills_only_its_rows_and_the_next_step_undoes_them():
     """StaticTaps.before: a steer at every position fills its span's rows (a slice), one at some
     positions only those rows; the next step without steers leaves every row the identity again."""
     from engine.backends.vllm.worker.static import StaticTaps
-    from engine.core.plan import Plan, Span, Step, site_work
+    from engine.core.plan import Plan, Span, site_work
+    from engine.core.step import Step
     lin, tap = _tap()
     taps = StaticTaps()
     taps.taps["resid_post.0"], taps.head_dim["resid_post.0"] = tap, None

@@ -5,7 +5,6 @@ engine's loader, so nothing the engine does to its own copy can leak into the re
 """
 from __future__ import annotations
 
-import difflib
 import json
 from pathlib import Path
 
@@ -21,14 +20,15 @@ def resolve_names(patterns: list[str] | None) -> list[str]:
     return sources.expand(patterns)
 
 
-def closest_model(name: str) -> list[str]:
-    from engine import zoo
-    return difflib.get_close_matches(name, list(zoo.ZOO), n=3, cutoff=0.3)
+# the engine under test runs the references' attention (eager): like against like, the same kernels on a GPU;
+# the engine's default (sdpa for calls that read no pattern) is checked against eager in
+# tests/test_attention_fast.py
+ATTENTION = "eager"
 
 
 def _from_pretrained(name: str, dtype: str, device: str, cache_dir=None):
     from transformers import AutoModelForCausalLM, AutoTokenizer
-    kw = dict(local_files_only=True, dtype=DTYPES[dtype], attn_implementation="eager")
+    kw = dict(local_files_only=True, dtype=DTYPES[dtype], attn_implementation=ATTENTION)
     if cache_dir is not None:
         kw["cache_dir"] = str(cache_dir)
     hf = AutoModelForCausalLM.from_pretrained(name, **kw).eval().to(device)
@@ -49,7 +49,7 @@ def zoo_spec(name: str, dtype: str = "float32", device: str = "cpu") -> ModelSpe
 
     def load_engine():
         zoo.ensure_twin(name)
-        return load_model(name, source="zoo", dtype=DTYPES[dtype], device=device)
+        return load_model(name, source="zoo", dtype=DTYPES[dtype], device=device, attention=ATTENTION)
 
     def load_reference():
         zoo.ensure_twin(name)
@@ -74,7 +74,7 @@ def real_spec(name: str, dtype: str = "float32", device: str = "cpu") -> ModelSp
     snap = Path(cfg_path).parent.name if isinstance(cfg_path, str) else "unknown"
     cfg = json.loads(Path(cfg_path).read_text()) if isinstance(cfg_path, str) else {}
     return ModelSpec(name, "real", f"real:{snap}",
-                     lambda: load_model(name, source="real", dtype=DTYPES[dtype], device=device),
+                     lambda: load_model(name, source="real", dtype=DTYPES[dtype], device=device, attention=ATTENTION),
                      lambda: _from_pretrained(name, dtype, device),
                      n_layers=(cfg.get("text_config") or cfg).get("num_hidden_layers"),
                      model_type=(cfg.get("text_config") or cfg).get("model_type", "?"))
@@ -90,5 +90,5 @@ def local_spec(path: str, dtype: str = "float32", device: str = "cpu") -> ModelS
     from engine.loading import load_model
     src = sources.resolve(path, "local")
     return ModelSpec(src.name, "local", src.fingerprint(),
-                     lambda: load_model(src.path, dtype=DTYPES[dtype], device=device),
+                     lambda: load_model(src.path, dtype=DTYPES[dtype], device=device, attention=ATTENTION),
                      lambda: _from_pretrained(src.path, dtype, device))

@@ -84,6 +84,6 @@ def digest(cases: list[Case]) -> str:
     h = hashlib.sha256()
     for c in cases:
         h.update(c.name.encode())
-        h.update(c.input_ids.numpy().tobytes())
-        h.update(c.attention_mask.numpy().tobytes())
+        h.update(c.input_ids.cpu().numpy().tobytes())
+        h.update(c.attention_mask.cpu().numpy().tobytes())
     return h.hexdigest()[:16]

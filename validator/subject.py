@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from validator.engines.base import Case, Missing
+from validator.engines.base import Case, Missing, on_device
 from validator.prompts import DECODE_TOKENS, decode_case
 from validator.scoring import KPOS_POINTS
 
@@ -17,8 +17,7 @@ class Subject:
         self.m = model
 
     def _enc(self, case: Case) -> dict:
-        dev = self.m.device
-        return {"input_ids": case.input_ids.to(dev), "attention_mask": case.attention_mask.to(dev)}
+        return on_device({"input_ids": case.input_ids, "attention_mask": case.attention_mask}, self.m.device)
 
     def _collect(self, run, addresses, first_split=None) -> dict:
         """run(addresses) -> cache; on failure, split (first by `first_split`, then in halves) so that
@@ -68,10 +67,11 @@ class Subject:
 
     def steer_vector(self, case: Case, layer: int, seed: int = 0) -> torch.Tensor:
         """A fixed random direction scaled to twice the residual's RMS norm at `layer` (large enough
-        to move the logits, small enough to stay finite)."""
+        to move the logits, small enough to stay finite), on the model's device and in its dtype. The
+        direction is drawn on the CPU (the same numbers whatever the device) and scaled there."""
         _, cache = self.m.run_with_cache(self._enc(case), [f"resid_post.{layer}"])
         resid = cache[f"resid_post.{layer}"].float()
         g = torch.Generator().manual_seed(seed)
         v = torch.randn(self.m.d_model, generator=g)
-        scale = resid.pow(2).mean(-1).sqrt().mean()
-        return (v / v.norm() * scale * (self.m.d_model ** 0.5) * 2.0).to(self.m.dtype)
+        scale = float(resid.pow(2).mean(-1).sqrt().mean())  # one read, wherever the model runs
+        return on_device(v / v.norm() * scale * (self.m.d_model ** 0.5) * 2.0, self.m.device, self.m.dtype)

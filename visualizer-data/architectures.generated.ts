@@ -5778,7 +5778,11 @@ export const architectures: readonly Architecture[] = [
                 "name": null,
                 "why": "mlp_out.{L} is not a module boundary nnsight can read on falcon: HF Falcon's parallel block adds the attention output into the MLP output in place after the module returns, so a saved output is overwritten; clone mlp.output inside the trace."
               },
-              {"engine": "nnterp", "name": "mlps_output[{L}]", "why": ""}
+              {
+                "engine": "nnterp",
+                "name": null,
+                "why": "mlp_out.{L}: HF Falcon's parallel block adds the attention output into the MLP output in place after the module returns, so a saved output is overwritten; clone mlps_output inside the trace."
+              }
             ]
           },
           {
@@ -6281,7 +6285,11 @@ export const architectures: readonly Architecture[] = [
                 "name": null,
                 "why": "mlp_out.{L} is not a module boundary nnsight can read on falcon: HF Falcon's parallel block adds the attention output into the MLP output in place after the module returns, so a saved output is overwritten; clone mlp.output inside the trace."
               },
-              {"engine": "nnterp", "name": "mlps_output[{L}]", "why": ""}
+              {
+                "engine": "nnterp",
+                "name": null,
+                "why": "mlp_out.{L}: HF Falcon's parallel block adds the attention output into the MLP output in place after the module returns, so a saved output is overwritten; clone mlps_output inside the trace."
+              }
             ]
           },
           {

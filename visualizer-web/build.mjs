@@ -38,7 +38,7 @@ const shell = (page) => `<!doctype html>
 <head>
 <meta charset="utf-8">
 <meta name="viewport" content="width=device-width, initial-scale=1">
-<title>interp engine</title>
+<title>interp-standard</title>
 <link rel="stylesheet" href="style.css">
 </head>
 <body>

@@ -38,9 +38,12 @@ def main(argv=None) -> int:
     b.add_argument("--check", action="store_true", help="fail (exit 1) if a committed file drifts from its sources")
     b.add_argument("--out", type=Path, default=OUT_DIR)
     b.add_argument("--only", default=",".join(FILES), help=f"comma list of {', '.join(FILES)}")
+    b.add_argument("--benchmark-cells", type=Path, default=None,
+                   help="the benchmark sweeps folder (default reports/benchmarks/sweeps): every sweep under it")
     args = ap.parse_args(argv)
     try:
-        files = outputs(args.out, [x.strip() for x in args.only.split(",") if x.strip()])
+        files = outputs(args.out, [x.strip() for x in args.only.split(",") if x.strip()],
+                        benchmark_cells=args.benchmark_cells)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -157,7 +157,7 @@ def data(cells: list[dict]) -> dict:
 
 def render(cells: list[dict]) -> str:
     d = data(cells)
-    return module("python -m benchmarks publish", "reports/benchmarks/sweeps/*/*.json", INTERFACES, [
+    return module("python -m visualizer_data build", "reports/benchmarks/sweeps/*/*.json", INTERFACES, [
         ("benchmarkSweeps", "readonly BenchmarkSweep[]", d["benchmarkSweeps"]),
         ("benchmarkWorkloads", "readonly BenchmarkWorkload[]", d["benchmarkWorkloads"]),
         ("benchmarkVariants", "readonly BenchmarkVariant[]", d["benchmarkVariants"]),

@@ -49,7 +49,8 @@ def width(shape: str) -> str:
 
 
 def data() -> list[dict]:
-    from engine.core.points import BACKENDS, POINTS, backend_status
+    from engine.core.backends import BACKENDS
+    from engine.core.points import POINTS, backend_status
     out = []
     for p in POINTS:
         out.append({

@@ -17,6 +17,20 @@ _NO_READOUT = ("it has no readout computed inside the forward: a user captures t
                "afterwards (timed under capture during generation)")
 _HF_STEER = ("plain HF has no steering API (writing into a layer needs hooks, which is what the eager backend "
              "adds)")
+_NO_PROBE = ("it has no readout computed inside the forward: a user captures the raw rows and applies the probe "
+             "afterwards (timed under capture at every layer)")
+_BATCH_READOUTS = ("batch_readout", "batch_readout_gen")
+_NO_BATCH_GEN = {w: "interp-engine's eager backend generates one prompt per call (no batched generation)"
+                 for w in ("concurrency8", "capture_gen8", "batch_generate", "batch_capture_gen", "batch_steer_gen",
+                           "batch_readout_gen")}
+
+
+def _hf_na() -> dict:
+    return {"capture_one": "plain HF has no per-layer capture: output_hidden_states returns every "
+                           "layer (timed under capture at every layer)",
+            "steer": _HF_STEER, "steer_all": _HF_STEER, "batch_steer": _HF_STEER, "batch_steer_gen": _HF_STEER,
+            "lens": "plain HF has no logit-lens API", "readout_gen": f"plain HF: {_NO_READOUT}",
+            **{w: f"plain HF: {_NO_PROBE}" for w in _BATCH_READOUTS}}
 
 
 @dataclass(frozen=True)
@@ -64,24 +78,26 @@ VARIANTS: tuple[Variant, ...] = (
     Variant("vllm-generate", "ours", "stock vLLM (generate only)", "benchmarks.variants.ours:VllmRunner",
             requires=_VLLM_REQ, backend="vllm-generate", busy_waits=True,
             na={w: _STOCK for w in ("capture_one", "capture_all", "capture_gen", "capture_gen8", "steer",
-                                    "steer_all", "lens", "long_capture", "readout_gen")}),
+                                    "steer_all", "lens", "long_capture", "readout_gen", "batch_capture", "batch_steer",
+                                    "batch_readout", "batch_capture_gen", "batch_steer_gen", "batch_readout_gen")}),
     Variant("hf-generate", "peer", "peer: plain HF transformers", "benchmarks.variants.hf:HFRunner",
-            requires=("transformers",),
-            na={"capture_one": "plain HF has no per-layer capture: output_hidden_states returns every "
-                               "layer (timed under capture at every layer)",
-                "steer": _HF_STEER, "steer_all": _HF_STEER, "lens": "plain HF has no logit-lens API",
-                "readout_gen": f"plain HF: {_NO_READOUT}"}),
+            requires=("transformers",), na=_hf_na()),
     Variant("transformerlens", "peer", "peer: TransformerLens (TransformerBridge)",
             "benchmarks.variants.tl:TLRunner", requires=("transformer_lens",),
-            na={"capture_gen8": "TransformerLens 4.3 refuses generate(return_cache=True) for more than one prompt "
-                                "(NotImplementedError: not supported for batched generation yet)",
-                "readout_gen": f"TransformerLens: {_NO_READOUT}"}),
+            na={**{w: "TransformerLens 4.3 refuses generate(return_cache=True) for more than one prompt "
+                      "(NotImplementedError: not supported for batched generation yet)"
+                   for w in ("capture_gen8", "batch_capture_gen")},
+                "readout_gen": f"TransformerLens: {_NO_READOUT}",
+                **{w: f"TransformerLens: {_NO_PROBE}" for w in _BATCH_READOUTS}}),
     Variant("nnsight", "peer", "peer: nnsight trace", "benchmarks.variants.nn:NNsightRunner",
-            requires=("nnsight",), na={"readout_gen": f"nnsight: {_NO_READOUT}"}),
+            requires=("nnsight",), na={"readout_gen": f"nnsight: {_NO_READOUT}",
+                                       **{w: f"nnsight: {_NO_PROBE}" for w in _BATCH_READOUTS}}),
     Variant("interp-engine", "peer", "peer: interp-engine (PyPI), eager backend", "benchmarks.variants.ie:IERunner",
             requires=("interp_engine",),
-            na={w: "interp-engine's eager backend generates one prompt per call (no batched generation)"
-                for w in ("concurrency8", "capture_gen8")} | {"readout_gen": "this benchmark's interp-engine runner does not drive its SAE projection (not timed yet)"}),
+            na=_NO_BATCH_GEN | {"readout_gen": "this benchmark's interp-engine runner does not drive its SAE "
+                                               "projection (not timed yet)",
+                                "batch_readout": "this benchmark's interp-engine runner does not drive its probe "
+                                                 "readout (not timed yet)"}),
 )
 
 BY_NAME = {v.name: v for v in VARIANTS}

@@ -13,8 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from benchmarks.spec import Params
-from benchmarks.workloads import Workload
+from benchmarks.spec import Params, prompt_ids
+from benchmarks.workloads import WORKLOADS, Workload
 from benchmarks.workloads import get as get_workload
 
 
@@ -40,10 +40,8 @@ class Runner:
         self.name = variant.name
         self.backend = variant.backend
         self.model_info: dict = {}
-        # the prompts load() tokenizes: one, a batch of eight, the long one (None: the variant has none)
-        self.ids1: Any = None
-        self.ids8: Any = None
-        self.ids_long: Any = None
+        # the prompts load() tokenizes (`tokenize`), by (batch, long): every shape the workload table uses
+        self.ids: dict[tuple[int, bool], Any] = {}
 
     def load(self) -> None:
         raise NotImplementedError
@@ -64,9 +62,16 @@ class Runner:
         """What a variant answers for a workload it cannot build."""
         raise NotImplementedError(f"variant {self.name!r} has no {wl.name!r} workload")
 
+    def tokenize(self, tokenizer) -> None:
+        """The prompt ids of every (batch, long) shape in the workload table, on the sweep's device, built
+        the same way for every variant (benchmarks/spec.py prompt_ids)."""
+        for wl in WORKLOADS:
+            if (wl.batch, wl.long) not in self.ids:
+                self.ids[(wl.batch, wl.long)] = prompt_ids(tokenizer, wl.prompt_len(self.p), wl.batch).to(self.p.device)
+
     def prompt(self, wl: Workload) -> Any:
-        """The prompt ids `wl` runs on: the long prompt, the batch of eight, or the single prompt."""
-        ids = self.ids_long if wl.long else self.ids8 if wl.batch > 1 else self.ids1
+        """The prompt ids `wl` runs on: its batch of prompts, each of its length (the long one or not)."""
+        ids = self.ids.get((wl.batch, wl.long))
         return self.cannot(wl) if ids is None else ids
 
     # helpers shared by runners --------------------------------------------------------------
@@ -109,6 +114,22 @@ def tokens_changed(steered, unsteered) -> dict:
     return {"passed": n > 0, "changed_tokens": n, "total_tokens": int(a.numel()),
             "detail": f"{n} of {a.numel()} generated tokens differ from unsteered generation"
                       if n else "steered generation equals unsteered generation: the steer was a no-op"}
+
+
+def logits_changed(steered, unsteered) -> dict:
+    """The check of a steered forward: how many positions' logits differ from the unsteered forward's (a
+    no-op steer changes none) and how far the most likely token moved."""
+    import torch
+    a, b = torch.as_tensor(steered).float(), torch.as_tensor(unsteered).float()
+    if a.shape != b.shape:
+        return {"passed": False, "detail": f"steered logits {tuple(a.shape)} and unsteered {tuple(b.shape)} differ "
+                                           f"in shape", "changed_positions": None}
+    moved = (a != b).flatten(2).any(-1) if a.dim() > 2 else (a != b)
+    n, total = int(moved.sum()), int(moved.numel())
+    top = int((a.argmax(-1) != b.argmax(-1)).sum())
+    return {"passed": n > 0, "changed_positions": n, "total_positions": total, "changed_top_tokens": top,
+            "detail": f"{n} of {total} positions' logits differ from the unsteered forward's ({top} top tokens "
+                      f"changed)" if n else "steered logits equal the unsteered ones: the steer was a no-op"}
 
 
 def generated_tokens(out, prompt_len: int) -> int | None:

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import torch
 
-from benchmarks.spec import prompt_ids
 from benchmarks.variants.base import Job, Runner
 
 _LAST_NORMED = ("HF output_hidden_states: every layer's output, the last one after the final norm (resid_post of "
@@ -14,14 +13,13 @@ class HFRunner(Runner):
     def load(self):
         from engine.loading import load_hf
         p = self.p
-        # the eager attention HF picks by default for these models; no engine hooks are attached
+        # the attention HF picks for the model (sdpa where it has it), as from_pretrained gives a user; no hooks
         self.hf, self.tok, used = load_hf(p.model, p.source, p.torch_dtype(), p.device)
         self.pad = self.tok.pad_token_id if self.tok.pad_token_id is not None else self.tok.eos_token_id
-        self.ids1 = prompt_ids(self.tok, p.prompt_tokens, 1).to(p.device)
-        self.ids8 = prompt_ids(self.tok, p.prompt_tokens, 8).to(p.device)
-        self.ids_long = prompt_ids(self.tok, p.long_prompt_tokens, 1).to(p.device)
+        self.tokenize(self.tok)
         self.n_layers = self.hf.config.get_text_config().num_hidden_layers
-        self.model_info = {"n_layers": self.n_layers, "source": used}
+        self.model_info = {"n_layers": self.n_layers, "source": used,
+                           "attn_implementation": self.hf.config._attn_implementation}
 
     def _gen(self, ids, **kw):
         n = self.p.new_tokens

@@ -3,8 +3,8 @@ free functions (`load_model`, `capture`, `capture_generation`, `generate_stream`
 `layer_logits`), loaded by repo id from the same cache as every other variant."""
 from __future__ import annotations
 
-from benchmarks.spec import prompt_ids, steer_vector
-from benchmarks.variants.base import Job, Runner, tokens_changed
+from benchmarks.spec import steer_vector
+from benchmarks.variants.base import Job, Runner, logits_changed, tokens_changed
 
 
 class IERunner(Runner):
@@ -19,8 +19,7 @@ class IERunner(Runner):
         self.n_layers, self.d_model = self.m.n_layers, self.m.d_model
         self.L = self.middle_layer(self.n_layers)
         tok = self.m.tokenizer
-        self.ids1 = prompt_ids(tok, p.prompt_tokens, 1).to(p.device)
-        self.ids_long = prompt_ids(tok, p.long_prompt_tokens, 1).to(p.device)
+        self.tokenize(tok)
         self.model_info = {"n_layers": self.n_layers, "d_model": self.d_model, "layer": self.L,
                            "source": p.source, "version": getattr(ie, "__version__", None)}
 
@@ -61,11 +60,30 @@ class IERunner(Runner):
                    notes=["interp-engine capture_generation generates, then runs one extra forward over prompt + "
                           "generated tokens to capture them"])
 
-    def steer(self, wl, ids):
+    def _spec(self, wl):
         ie = self.ie
         v = steer_vector(self.d_model, self.p.steer_scale)
-        spec = ie.SteeringSpec(layers={i: ie.LayerSteeringSpec(operations=[ie.AddSpec(vector=v, scale=1.0)])
+        return ie.SteeringSpec(layers={i: ie.LayerSteeringSpec(operations=[ie.AddSpec(vector=v, scale=1.0)])
                                        for i in self.steer_layers(wl.name, self.n_layers)})
+
+    def steer_forward(self, wl, ids):
+        """Its plain forward (a capture of nothing) inside its steering context; the check captures the logits
+        with and without it."""
+        ie, spec = self.ie, self._spec(wl)
+
+        def run():
+            with ie.steer(self.m, spec):
+                return ie.capture(self.m, ids, [])
+
+        def check(last):
+            with ie.steer(self.m, spec):
+                steered = ie.capture(self.m, ids, ["lm_head"])["lm_head"]
+            return logits_changed(steered, ie.capture(self.m, ids, ["lm_head"])["lm_head"])
+        return Job(run, check, notes=["interp-engine capture with no points inside its steer context: one forward"])
+
+    def steer(self, wl, ids):
+        ie = self.ie
+        spec = self._spec(wl)
         gen = self._gen(ids)
 
         def run():

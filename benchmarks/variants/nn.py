@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from benchmarks.spec import prompt_ids, steer_vector
-from benchmarks.variants.base import Job, Runner, tokens_changed
+from benchmarks.spec import steer_vector
+from benchmarks.variants.base import Job, Runner, logits_changed, tokens_changed
 
 
 def envoy(root, path: str):
@@ -34,9 +34,7 @@ class NNsightRunner(Runner):
         self.n_layers = cfg.num_hidden_layers
         self.L = self.middle_layer(self.n_layers)
         self.d_model = cfg.hidden_size
-        self.ids1 = prompt_ids(self.lm.tokenizer, p.prompt_tokens, 1).to(p.device)
-        self.ids8 = prompt_ids(self.lm.tokenizer, p.prompt_tokens, 8).to(p.device)
-        self.ids_long = prompt_ids(self.lm.tokenizer, p.long_prompt_tokens, 1).to(p.device)
+        self.tokenize(self.lm.tokenizer)
         self.model_info = {"n_layers": self.n_layers, "d_model": self.d_model, "layer": self.L,
                            "source": p.source, "family": self.fam.name}
 
@@ -101,6 +99,21 @@ class NNsightRunner(Runner):
             return [(_out(s[0]).shape[0], sum(_out(t).shape[1] for t in s), _out(s[0]).shape[2]) for s in per_layer]
         return Job(self._generate(ids, body), self.capture_check(wl.name, self.n_layers, shapes, self.d_model),
                    notes=["nnsight generate with tracer.all(), appending every step's layer outputs to saved lists"])
+
+    def steer_forward(self, wl, ids):
+        """One trace adding the vector to every steered layer's output in place, saving the logits (as the
+        plain forward does)."""
+        v = steer_vector(self.d_model, self.p.steer_scale).to(self.p.device)
+        layers = self.steer_layers(wl.name, self.n_layers)
+
+        def run():
+            with torch.no_grad(), self.lm.trace(ids):
+                for i in layers:
+                    self.layer(i).output[:] += v
+                logits = envoy(self.lm, self.fam.lm_head).output.save()
+            return logits
+        plain = self._trace(ids, [])
+        return Job(run, lambda last: logits_changed(_out(last), _out(plain()[0])))
 
     def steer(self, wl, ids):
         v = steer_vector(self.d_model, self.p.steer_scale).to(self.p.device)

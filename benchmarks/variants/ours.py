@@ -5,8 +5,8 @@ from __future__ import annotations
 import shutil
 import tempfile
 
-from benchmarks.spec import prompt_ids, steer_vector
-from benchmarks.variants.base import Job, NotApplicable, Runner, tokens_changed
+from benchmarks.spec import steer_vector
+from benchmarks.variants.base import Job, NotApplicable, Runner, logits_changed, tokens_changed
 
 
 def _shapes(cache) -> list:
@@ -48,9 +48,7 @@ class EagerRunner(Runner):
         self.n_layers = self.m.n_layers
         self.L = self.middle_layer(self.n_layers)
         tok = self.m.tokenizer
-        self.ids1 = prompt_ids(tok, p.prompt_tokens, 1).to(p.device)
-        self.ids8 = prompt_ids(tok, p.prompt_tokens, 8).to(p.device)
-        self.ids_long = prompt_ids(tok, p.long_prompt_tokens, 1).to(p.device)
+        self.tokenize(tok)
         self.model_info = {"n_layers": self.n_layers, "d_model": self.m.d_model,
                            "source": getattr(self.m, "source", p.source), "layer": self.L,
                            "family": getattr(getattr(self.m, "family", None), "name", None)}
@@ -82,28 +80,58 @@ class EagerRunner(Runner):
         return Job(self._gen(ids, points=["resid_post"]),
                    lambda out: with_bytes(rows(out), nbytes(dict(out.cache)), positions))
 
+    def _readouts(self, wl) -> tuple[list, int]:
+        """The workload's readout at resid_post of every layer and the width of its result per position: a
+        random SAE's top-k latents (written to a folder once per runner, as a user's SAE would be), or a
+        seeded linear probe of wl.probe directions."""
+        from engine.core.readouts import Project, Readout, SAEFeatures
+        if wl.sae_k:
+            from engine.core.sae_files import write_random_sae
+            if self.sae_dir is None:
+                self.sae_dir = tempfile.mkdtemp(prefix="bench-sae-")
+                write_random_sae(self.sae_dir, "standard", d_in=self.m.d_model,
+                                 d_sae=wl.sae_expansion * self.m.d_model, dtype=self.m.dtype)
+            kind, width, name = SAEFeatures(self.sae_dir, k=wl.sae_k), wl.sae_k, "sae"
+        else:
+            import torch
+            g = torch.Generator().manual_seed(0)
+            W = torch.randn(wl.probe, self.m.d_model, generator=g).to(device=self.p.device, dtype=self.m.dtype)
+            kind, width, name = Project(W), wl.probe, "probe"
+        return [Readout(f"resid_post.{i}", kind, name=f"{name}.{i}") for i in range(self.n_layers)], width
+
     def readout_gen(self, wl, ids):
-        """capture_gen's points, read through a random SAE (written to a folder once per runner, as a user's
-        SAE would be): the k largest latents per row come back instead of the row."""
-        from engine.core.readouts import Readout, SAEFeatures
-        from engine.core.sae_files import write_random_sae
-        if self.sae_dir is None:
-            self.sae_dir = tempfile.mkdtemp(prefix="bench-sae-")
-            write_random_sae(self.sae_dir, "standard", d_in=self.m.d_model, d_sae=wl.sae_expansion * self.m.d_model,
-                             dtype=self.m.dtype)
-        kind = SAEFeatures(self.sae_dir, k=wl.sae_k)
-        reads = [Readout(f"resid_post.{i}", kind, name=f"sae.{i}") for i in range(self.n_layers)]
+        """capture_gen's points, read through the workload's readout: the SAE's k largest latents or the probe's
+        scores per row come back instead of the row."""
+        reads, width = self._readouts(wl)
         rows = self.capture_check(wl.name, self.n_layers, lambda out: [r.shape for r in out.cache.readouts.values()],
-                                  wl.sae_k)
+                                  width)
         positions = wl.batch * wl.rows(self.p)
         return Job(self._gen(ids, readouts=reads),
                    lambda out: with_bytes(rows(out), nbytes(dict(out.cache.readouts)), positions))
 
-    def steer(self, wl, ids):
+    def readout(self, wl, ids):
+        """One forward reading the workload's readout at every layer (the scores come back, not the rows)."""
+        reads, width = self._readouts(wl)
+        rows = self.capture_check(wl.name, self.n_layers, lambda out: [r.shape for r in out[1].readouts.values()],
+                                  width)
+        positions = wl.batch * wl.rows(self.p)
+        return Job(lambda: self.m.run_with_cache(ids, [], readouts=reads),
+                   lambda out: with_bytes(rows(out), nbytes(dict(out[1].readouts)), positions))
+
+    def _steers(self, wl):
         from engine.core.steering import Steer
         v = steer_vector(self.m.d_model, self.p.steer_scale, self.m.dtype).to(self.p.device)
-        st = [Steer(f"resid_post.{i}", "add", v) for i in self.steer_layers(wl.name, self.n_layers)]
-        run = self._gen(ids, steer=st)
+        return [Steer(f"resid_post.{i}", "add", v) for i in self.steer_layers(wl.name, self.n_layers)]
+
+    def steer_forward(self, wl, ids):
+        """One forward with the vector added at the workload's layers; the check compares its logits with an
+        unsteered forward's."""
+        st = self._steers(wl)
+        return Job(lambda: self.m.run_with_cache(ids, [], steer=st),
+                   lambda last: logits_changed(last[0], self.m.run_with_cache(ids, [])[0]))
+
+    def steer(self, wl, ids):
+        run = self._gen(ids, steer=self._steers(wl))
 
         def check(last):
             plain = self._gen(ids)()

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from benchmarks.spec import prompt_ids, steer_vector
-from benchmarks.variants.base import Job, Runner, tokens_changed
+from benchmarks.spec import steer_vector
+from benchmarks.variants.base import Job, Runner, logits_changed, tokens_changed
 
 
 class TLRunner(Runner):
@@ -19,9 +19,7 @@ class TLRunner(Runner):
         self.n_layers = self.b.cfg.n_layers
         self.L = self.middle_layer(self.n_layers)
         tok = self.b.tokenizer
-        self.ids1 = prompt_ids(tok, p.prompt_tokens, 1).to(p.device)
-        self.ids8 = prompt_ids(tok, p.prompt_tokens, 8).to(p.device)
-        self.ids_long = prompt_ids(tok, p.long_prompt_tokens, 1).to(p.device)
+        self.tokenize(tok)
         self.d_model = self.b.cfg.d_model
         self.model_info = {"n_layers": self.n_layers, "d_model": self.d_model, "layer": self.L,
                            "source": p.source}
@@ -77,12 +75,23 @@ class TLRunner(Runner):
                    notes=["TransformerLens generate(return_cache=True) generates first, then runs one extra clean "
                           "forward over prompt + output to fill the cache (its rows include the last new token)"])
 
-    def steer(self, wl, ids):
+    def _steer_hooks(self, wl):
         v = steer_vector(self.d_model, self.p.steer_scale).to(self.p.device)
 
         def add(t, hook):
             return t + v.to(t.dtype)
-        hooks = [(f"blocks.{i}.hook_resid_post", add) for i in self.steer_layers(wl.name, self.n_layers)]
+        return [(f"blocks.{i}.hook_resid_post", add) for i in self.steer_layers(wl.name, self.n_layers)]
+
+    def steer_forward(self, wl, ids):
+        hooks, fwd = self._steer_hooks(wl), self._fwd(ids)
+
+        def run():
+            with self.b.hooks(fwd_hooks=hooks):
+                return fwd()
+        return Job(run, lambda last: logits_changed(last, fwd()))
+
+    def steer(self, wl, ids):
+        hooks = self._steer_hooks(wl)
         gen = self._gen(ids)
 
         def run():

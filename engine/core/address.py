@@ -6,21 +6,19 @@ strict: every error says which rule was broken and what to use instead.
 """
 from __future__ import annotations
 
-import difflib
 import re
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from engine.core.errors import AddressError
+from engine.core.errors import AddressError, closest  # noqa: F401  (closest: importable here too)
+from engine.core.integers import as_int, described
 from engine.core.points import ALIASES, BY_NAME, get_point
 
-_COORD_RE = re.compile(r"^([a-z_]+)-(-?[0-9]+)$")  # ASCII digits only (int() also reads other scripts' digits)
-
-
-def closest(word: str, options: Iterable[str], n: int = 3) -> str:
-    """A 'did you mean' suffix for error messages."""
-    hits = difflib.get_close_matches(word, list(options), n=n, cutoff=0.5)
-    return f" Did you mean {', '.join(repr(h) for h in hits)}?" if hits else ""
+# ASCII digits only (a str pattern's \d also matches '١', an Arabic-Indic one), and no '-0': layer -0
+# would silently be layer 0, not the last one
+_NUMBER = r"(?:0|-?[1-9][0-9]*)"
+_LAYER_RE = re.compile(r"-?[0-9]+")
+_COORD_RE = re.compile(r"([a-z_]+)-(-?[0-9]+)")
+_CANONICAL = re.compile(_NUMBER)
 
 
 @dataclass(frozen=True)
@@ -39,14 +37,18 @@ class Address:
             raise AddressError(f"{point!r} is a trunk point and takes no layer; write {point!r}.")
         if spec.scope == "layer" and layer is None:
             raise AddressError(f"{point!r} needs a layer, e.g. '{point}.0' or '{point}.-1'.")
-        if layer is not None and (not isinstance(layer, int) or isinstance(layer, bool)):
-            raise AddressError(f"layer must be an int, got {layer!r}.")
-        for name, value in coords.items():
+        if layer is not None:
+            given, layer = layer, as_int(layer)
+            if layer is None:
+                raise AddressError(f"layer must be an int (numpy and 0-d tensor integers too), got {described(given)}.")
+        for name, value in list(coords.items()):
             if name not in spec.coords:
                 allowed = ", ".join(spec.coords) or "none"
                 raise AddressError(f"{point!r} takes no coordinate {name!r} (allowed: {allowed}).")
-            if not isinstance(value, int) or isinstance(value, bool):
-                raise AddressError(f"coordinate {name} must be an int, got {value!r}.")
+            coords[name] = as_int(value)  # type: ignore[assignment]
+            if coords[name] is None:
+                raise AddressError(f"coordinate {name} must be an int (numpy and 0-d tensor integers too), got "
+                                   f"{described(value)}.")
         object.__setattr__(self, "point", point)
         object.__setattr__(self, "layer", layer)
         object.__setattr__(self, "coords", tuple(sorted(coords.items())))
@@ -86,13 +88,26 @@ def parse(text: "str | Address") -> Address:
     parts = text.strip().split(".")
     point, rest = parts[0], parts[1:]
     layer = None
-    if rest and re.fullmatch(r"-?[0-9]+", rest[0]):
-        layer = int(rest.pop(0))
+    if rest and _LAYER_RE.fullmatch(rest[0]):
+        layer = _number(rest.pop(0), "layer", text)
     coords = {}
     for part in rest:
-        m = _COORD_RE.match(part)
+        m = _COORD_RE.fullmatch(part)
+        if not m and any(c.isdigit() and not c.isascii() for c in part):
+            raise AddressError(f"{part!r} in address {text!r} has a digit outside ASCII 0-9; write layers and "
+                               f"coordinates with ASCII digits, e.g. 'resid_post.1', 'z.4.head-3'.")
         if not m:
             raise AddressError(f"cannot parse {part!r} in address {text!r}: expected a layer number or a "
-                               f"coordinate like 'head-3'.")
-        coords[m.group(1)] = int(m.group(2))
+                               f"coordinate like 'head-3' (ASCII digits).")
+        coords[m.group(1)] = _number(m.group(2), f"coordinate {m.group(1)}", text)
     return Address(point, layer, **coords)
+
+
+def _number(digits: str, what: str, text: str) -> int:
+    """An address's number, written once: no '-0' (negative counts from the end, so -0 means nothing)
+    and no leading zeros."""
+    if not _CANONICAL.fullmatch(digits):
+        n = int(digits)
+        hint = "write 0 (the first) or -1 (the last)" if n == 0 else f"write {n}"
+        raise AddressError(f"{what} {digits!r} in address {text!r} is not written plainly: {hint}.")
+    return int(digits)

@@ -23,11 +23,13 @@ per row, so the unedited features cancel); edit_features(sae, x, edit) takes any
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 
 import torch
 
 from engine.core.errors import SAEError
+from engine.core.integers import as_int, is_int
 from engine.core.sae import SAE
 
 Tensor = torch.Tensor
@@ -35,9 +37,10 @@ Tensor = torch.Tensor
 
 def topk(feats: Tensor, k: int) -> tuple[Tensor, Tensor]:
     """The k largest features of each row: (indices int64 [..., k], values [..., k]), largest first."""
-    if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= feats.shape[-1]:
+    n = as_int(k)
+    if n is None or not 1 <= n <= feats.shape[-1]:
         raise SAEError(f"topk k={k!r}; give an integer from 1 to the number of features ({feats.shape[-1]}).")
-    top = feats.topk(k, dim=-1, sorted=True)
+    top = feats.topk(n, dim=-1, sorted=True)
     return top.indices, top.values
 
 
@@ -55,11 +58,12 @@ def dense(indices: Tensor, values: Tensor, d_sae: int) -> Tensor:
 
 
 def _indices(sae: SAE, index: "int | Sequence[int]") -> list[int]:
-    idx = [index] if isinstance(index, int) else list(index)
-    if not idx:
+    given: list = [index] if is_int(index) else list(index)  # type: ignore[arg-type]
+    if not given:
         raise SAEError("no feature index given; name at least one feature.")
-    for i in idx:
+    for i in given:
         sae.direction(i)  # validates the index, naming the SAE and its d_sae
+    idx = [n for n in map(as_int, given) if n is not None]  # every one checked above
     if len(set(idx)) != len(idx):
         raise SAEError(f"feature indices {idx} name a feature twice; name each once.")
     return idx
@@ -69,10 +73,9 @@ def _per_index(name: str, value: "float | Sequence[float]", n: int) -> Tensor:
     vals = [value] * n if isinstance(value, (int, float)) and not isinstance(value, bool) else list(value)  # type: ignore[arg-type]
     if len(vals) != n or any(isinstance(v, bool) or not isinstance(v, (int, float)) for v in vals):
         raise SAEError(f"{name} {value!r}: give one number, or one per feature index ({n}).")
-    t = torch.tensor([float(v) for v in vals], dtype=torch.float64)
-    if not torch.isfinite(t).all():
+    if not all(math.isfinite(float(v)) for v in vals):
         raise SAEError(f"{name} {value!r} contains NaN or inf.")
-    return t
+    return torch.tensor([float(v) for v in vals], dtype=torch.float64)
 
 
 def _source(sae: SAE, x: Tensor, source: Tensor | None) -> Tensor:

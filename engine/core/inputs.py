@@ -14,19 +14,20 @@ prompt of exactly M tokens fits eager's forward but not vLLM's. `max_new_tokens`
 `new_tokens` (an int >= 1, numpy ints taken) before anything runs.
 
     rows = token_rows(inputs, tokenizer, limits_of(model), new=8)    # vLLM: one list per request
-    enc = padded_batch(inputs, tokenizer, limits_of(model), device)  # eager: left-padded batch
+    ids, mask = host_batch(inputs, tokenizer, limits_of(model))      # eager: left-padded, on the host
     n = new_tokens(max_new_tokens)                                   # every backend, before submitting
 """
 from __future__ import annotations
 
-import numbers
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 
 from engine.core.errors import InputError, InputTypeError
+from engine.core.integers import as_int, described, is_int
 from engine.core.tokens import encode
 
 _POSITION_FIELDS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length", "n_ctx",
@@ -87,13 +88,12 @@ def _ids_of(x, i: int, n: int) -> list[int]:
                              f"e.g. tokenizer(text, return_tensors='pt')['input_ids'].")
         return x.tolist()
     if isinstance(x, (list, tuple)):
+        ids = [as_int(t) for t in x]
         for j, t in enumerate(x):
-            if isinstance(t, bool) or not isinstance(t, int):
-                if isinstance(t, torch.Tensor) and t.dim() == 0 and not t.is_floating_point():
-                    continue
-                raise InputTypeError(f"{what}: element {j} is {type(t).__name__} {t!r:.40}; a prompt is a string or "
+            if ids[j] is None:
+                raise InputTypeError(f"{what}: element {j} is {described(t)}; a prompt is a string or "
                                  f"a list of integer token ids.")
-        return [int(t) for t in x]
+        return ids  # type: ignore[return-value]
     raise InputTypeError(f"{what} is a {type(x).__name__}; a prompt is a string or a list / 1-D tensor of "
                      f"token ids.")
 
@@ -128,7 +128,7 @@ def _split(inputs) -> list:
     if isinstance(inputs, (list, tuple)):
         if not inputs:
             raise InputError(f"no prompts: inputs is an empty {type(inputs).__name__}; {_FORMS}.")
-        if all(isinstance(t, int) and not isinstance(t, bool) for t in inputs):
+        if all(is_int(t) for t in inputs):
             return [list(inputs)]
         kinds = {type(x).__name__ for x in inputs if not isinstance(x, str)}
         if any(isinstance(x, str) for x in inputs) and kinds:
@@ -141,11 +141,10 @@ def _split(inputs) -> list:
 def new_tokens(value: object, what: str = "max_new_tokens") -> int:
     """`value` as the number of tokens to generate: an int >= 1 (numpy ints too); bool, float and
     tensors are refused by name (one check for every backend, before anything is submitted)."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        hint = (" (a 0-d tensor: pass int(t))" if hasattr(value, "dim") else
-                " (a whole number: pass int(x))" if isinstance(value, float) and float(value).is_integer() else "")
-        raise InputTypeError(f"{what} must be an int >= 1, got {type(value).__name__} {value!r:.40}{hint}.")
-    n = int(value)
+    n = as_int(value)
+    if n is None:
+        hint = " (a whole number: pass int(x))" if isinstance(value, float) and float(value).is_integer() else ""
+        raise InputTypeError(f"{what} must be an int >= 1, got {described(value)}{hint}.")
     if n < 1:
         raise InputError(f"{what} must be >= 1, got {n}; for one forward over the prompt without generating, "
                          f"use run_with_cache (logits and captures at every prompt position).")
@@ -154,10 +153,11 @@ def new_tokens(value: object, what: str = "max_new_tokens") -> int:
 
 def top_logprobs(value: object) -> int:
     """How many top log-probabilities each streamed step carries: an int >= 0 (numpy ints too)."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
+    n = as_int(value)
+    if n is None or n < 0:
         raise InputTypeError(f"logprobs is how many top log-probabilities each step carries (an int >= 0), got "
                              f"{value!r:.40}.")
-    return int(value)
+    return n
 
 
 def fits(n_prompt: int, new: int, limits: Limits) -> bool:
@@ -247,45 +247,65 @@ def token_rows(inputs: Any, tokenizer: Any, limits: Limits, one: bool = False, p
     return rows
 
 
-def _valid_at_once(inputs: Any, limits: Limits, new: int | None) -> bool:
-    """Whether a dict of [b, T] integer id and mask tensors passes every check token_rows makes on it,
-    found with a few whole-batch operations; False sends it through token_rows, which names what is
-    wrong (or passes it: anything unusual goes that way)."""
-    ids, mask = inputs.get("input_ids"), inputs.get("attention_mask")
-    if not (type(ids) is torch.Tensor and type(mask) is torch.Tensor and ids.dim() == 2 and mask.shape == ids.shape
-            and ids.numel() and not (ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool)):
+def prompts_of(inputs: Any) -> list[str | list[int]]:
+    """Every prompt of `inputs` in a form that crosses a process or a network as it is: text (valid
+    Unicode, not tokenized: whoever holds the tokenizer encodes it) or a list of int token ids (their
+    type checked here, their range by the model's owner). Refuses what token_rows refuses before a
+    tokenizer is needed (no prompts, a mixed batch, non-integer ids), with the same errors."""
+    prompts = _split(inputs)
+    n = len(prompts)
+    return [_text(p, i, n) if isinstance(p, str) else _ids_of(p, i, n) for i, p in enumerate(prompts)]
+
+
+def _host(x: Any) -> np.ndarray:
+    """A tensor or nested list as a host array (a tensor on a device: one copy)."""
+    return x.detach().cpu().numpy() if isinstance(x, torch.Tensor) else np.asarray(x)
+
+
+def _valid_at_once(ids: np.ndarray, mask: np.ndarray, limits: Limits, new: int | None) -> bool:
+    """Whether host [b, T] integer ids and their mask pass every check token_rows makes on them, found
+    with a few whole-batch operations; False sends the inputs through token_rows, which names what is
+    wrong (or passes them: anything unusual goes that way)."""
+    if not (ids.ndim == 2 and mask.shape == ids.shape and ids.size and ids.dtype.kind in "iu"
+            and mask.dtype.kind in "biu"):
         return False
-    real = mask.bool()
+    real = mask.astype(bool)
     lengths = real.sum(1)
-    if bool((lengths == 0).any()):
+    if (lengths == 0).any():
         return False
     picked = ids[real]
     return (in_vocab(int(picked.min()), int(picked.max()), limits)
             and fits(int(lengths.max()), limits.capture_new if new is None else new, limits))
 
 
-def padded_batch(inputs: Any, tokenizer: Any, limits: Limits, device: torch.device | str | None = None, prepend_bos: bool | None = None,
-                 new: int | None = 0) -> dict:
-    """input_ids / attention_mask for a batch (each prompt with room for `new` generated tokens): a
-    given mask (and its padding side) is kept, everything else is validated and left-padded, as
+def host_batch(inputs: Any, tokenizer: Any, limits: Limits, prepend_bos: bool | None = None,
+               new: int | None = 0) -> tuple[np.ndarray, np.ndarray]:
+    """ids (int64 [b, T]) and mask (bool [b, T]) of a batch, on the host and validated, each prompt with
+    room for `new` generated tokens: a given mask (and its padding side) is kept, token tensors are taken
+    as they are (one copy to the host), anything else is validated prompt by prompt and left-padded, as
     EagerModel.to_tokens pads text."""
-    if (isinstance(inputs, Mapping) or hasattr(inputs, "keys")) and inputs.get("attention_mask") is not None:
-        if not _valid_at_once(inputs, limits, new):
-            token_rows(inputs, tokenizer, limits, prepend_bos=prepend_bos, new=new)  # other forms; names what is wrong
-        ids = torch.as_tensor(inputs["input_ids"])
-        mask = torch.as_tensor(inputs["attention_mask"])
-        ids, mask = (ids[None], mask[None]) if ids.dim() == 1 else (ids, mask)
-        return {"input_ids": ids.to(device), "attention_mask": mask.to(device)}
+    given = (isinstance(inputs, Mapping) or hasattr(inputs, "keys")) and inputs.get("attention_mask") is not None
+    if given or isinstance(inputs, torch.Tensor):
+        ids = _host(inputs["input_ids"] if given else inputs)
+        mask = _host(inputs["attention_mask"]) if given else np.ones(ids.shape, dtype=bool)
+        ids, mask = (ids[None], mask[None]) if ids.ndim == 1 else (ids, mask)
+        if not _valid_at_once(ids, mask, limits, new):
+            token_rows(inputs, tokenizer, limits, prepend_bos=prepend_bos, new=new)  # names what is wrong
+        return ids.astype(np.int64), mask.astype(bool)
     rows = token_rows(inputs, tokenizer, limits, prepend_bos=prepend_bos, new=new)
-    if isinstance(inputs, torch.Tensor):  # equal rows: no padding
-        ids = inputs if inputs.dim() == 2 else inputs[None]
-        return {"input_ids": ids.to(device), "attention_mask": torch.ones_like(ids).to(device)}
     width = max(len(r) for r in rows)
     pad = 0
     if tokenizer is not None and any(len(r) < width for r in rows):
         if tokenizer.pad_token is None:
             tokenizer.pad_token = tokenizer.eos_token
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    ids = torch.tensor([[pad] * (width - len(r)) + r for r in rows], dtype=torch.long)
-    mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows], dtype=torch.long)
-    return {"input_ids": ids.to(device), "attention_mask": mask.to(device)}
+    ids = np.array([[pad] * (width - len(r)) + r for r in rows], dtype=np.int64)
+    mask = np.array([[False] * (width - len(r)) + [True] * len(r) for r in rows], dtype=bool)
+    return ids, mask
+
+
+def padded_batch(inputs: Any, tokenizer: Any, limits: Limits, device: torch.device | str | None = None,
+                 prepend_bos: bool | None = None, new: int | None = 0) -> dict:
+    """input_ids / attention_mask (int64) on `device` for a batch (host_batch, uploaded)."""
+    ids, mask = host_batch(inputs, tokenizer, limits, prepend_bos, new)
+    return {"input_ids": torch.from_numpy(ids).to(device), "attention_mask": torch.from_numpy(mask).long().to(device)}

@@ -1,29 +1,29 @@
-"""The intervention pipeline every backend shares: per-sequence plans, the rows of a forward step,
-and the one routine that steers and captures at a site.
+"""The intervention pipeline every backend shares: per-sequence plans, and what the plans of a call
+do at each site.
 
     Plan      one sequence of one call: what it captures and steers (addresses resolved), and what it
               has captured so far, accumulated by absolute position
     Span      the rows a..b of a step's flat [tokens, ...] tensor that belong to one plan, the first of
               them at absolute position pos0
-    Step      the spans of one forward
-    SiteWork  what the plans of a call do at one site (their steers and their reads)
-    run_site  apply the steers, then capture, on the flat tensor a site sees
-    steer_span  the plan's steers at one site on one span's rows, each tallied for its receipt
+    SiteWork  what the plans of a call do at one site, grouped so that a site runs one whole-batch
+              operation per group: SteerGroup (the k-th steer of each plan there, when their op and
+              parameters agree), ReadGroup (one capture key), ReadoutGroup (one readout kind)
+    site_work the SiteWork of every site the plans use
 
-A backend only says how a step's rows map to spans (eager: the real columns of each padded batch
-row; vLLM: each request's slice of the continuous batch) and how a site is attached (a hook, a
-static tap buffer). Captured chunks are kept by absolute position: a chunk that starts before what
-is held (the scheduler preempted and recomputed the sequence) truncates the accumulator first; one
+A step's rows, index tensors and values are in engine/core/step.py; what a site does with them in
+engine/core/site.py. A backend only says how a step's rows map to spans (eager: the real columns of
+each padded batch row; vLLM: each request's slice of the continuous batch) and how a site is attached
+(a hook, a static tap buffer). Captured chunks are kept by absolute position: a chunk that starts before
+what is held (the scheduler preempted and recomputed the sequence) truncates the accumulator first; one
 that starts after it (positions never computed, e.g. served from a prefix cache) is an error at
-assembly, never a silently short tensor. Receipts (engine.core.results.Receipt) are tallied the same
-way: per steer, the squared change of each touched row at its absolute position, the last
-computation of a position counting.
+assembly, never a silently short tensor. Receipts come from the step's ledger (engine/core/ledger.py).
 """
 from __future__ import annotations
 
 import itertools
+import math
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import torch
 
@@ -32,7 +32,11 @@ from engine.core.address import Address
 from engine.core.errors import SteeringError
 from engine.core.points import KEY_AXIS_POINTS
 from engine.core.results import Receipt
-from engine.core.steering import Steer, apply_steer
+from engine.core.steering import Steer
+
+if TYPE_CHECKING:
+    from engine.core.ledger import Outcome
+    from engine.core.readouts import Kind
 
 _keys = itertools.count(1)
 
@@ -48,7 +52,6 @@ class Plan:
     recomputed: int = 0  # chunks that restarted below what was held (preemption + recompute)
     store: dict = field(default_factory=dict)  # capture key -> list[(pos0, rows)]
     error: str | None = None  # set when this plan failed inside a forward (vLLM workers)
-    tallies: dict = field(default_factory=dict)  # steer index -> [(positions [k] CPU, squared change [k])]
     readouts: list = field(default_factory=list)  # engine.core.readouts.Readout, resolved addresses
     accumulators: dict = field(default_factory=dict)  # readout name -> Accumulator, bound where it runs
 
@@ -67,25 +70,13 @@ class Plan:
                 raise SteeringError(f"{what}: every position it selects is excluded (exclude={st.exclude}); "
                                     f"nothing would be steered.")
 
-    def tally(self, index: int, positions: "torch.Tensor | range", old: torch.Tensor, new: torch.Tensor) -> None:
-        """Record steer `index`'s change on the rows at absolute `positions` (a tensor, or a range when
-        the steer touched a contiguous run: no tensor made for it; old / new: those rows)."""
-        d = (new.detach() - old.detach()).float().reshape(old.shape[0], -1)
-        self.tallies.setdefault(index, []).append((positions, d.pow(2).sum(-1)))
-
-    def receipts(self) -> list[Receipt]:
-        """One Receipt per steer: distinct positions touched and the norm of the change over them (a
-        position computed twice, after preemption, counts once, as last computed)."""
+    def receipts(self, outcome: Outcome | None = None) -> list[Receipt]:
+        """One Receipt per steer from what the ledger recorded for this plan (engine.core.ledger):
+        distinct positions touched and the norm of the change over them."""
         out = []
         for i, st in enumerate(self.steers):
-            rows, norm = 0, 0.0
-            chunks = self.tallies.get(i)
-            if chunks:
-                pos = [q for p, _ in chunks for q in (p if isinstance(p, range) else p.tolist())]
-                sq = torch.cat([q for _, q in chunks]).to("cpu", torch.float64)
-                last = torch.tensor(list({p: j for j, p in enumerate(pos)}.values()), dtype=torch.long)
-                rows, norm = len(last), float(sq[last].sum().sqrt())
-            out.append(Receipt(i, str(st.address), st.op, rows, norm))
+            rows, sumsq = outcome.of(i) if outcome is not None else (0, 0.0)
+            out.append(Receipt(i, str(st.address), st.op, rows, math.sqrt(sumsq)))
         return out
 
     def wanted(self, key: str, pos0: int, n: int) -> int | None:
@@ -151,130 +142,114 @@ class Span:
     pos0: int  # absolute position of row a
     row: int = 0  # the sequence's index in the call (eager: its batch row)
 
-    def mask(self, spec: object) -> torch.Tensor:
-        return positions.mask(spec, self.pos0, self.b - self.a, self.plan.prompt_len)
-
-    def touched(self, steer: Steer) -> torch.Tensor:
-        """Bool [rows]: which rows of this span the steer touches (its positions minus exclusions)."""
-        return steer.touched(self.pos0, self.b - self.a, self.plan.prompt_len)
+    @property
+    def n(self) -> int:
+        return self.b - self.a
 
 
-@dataclass(slots=True)
-class Step:
-    spans: list[Span]
-    n_tokens: int
+def signature(st: Steer) -> tuple:
+    """What steers must share to run as one operation over the rows of several plans: the op, where
+    (coordinates included), its parameters, and the axes of its value (the values themselves may differ)."""
+    sae = st.sae if isinstance(st.sae, str) or st.sae is None else id(st.sae)
+    feature = tuple(st.feature) if isinstance(st.feature, list) else st.feature
+    return (st.op, str(st.address), st.coeff, st.bounds, sae, feature, st.bound().lead)
+
+
+@dataclass(eq=False, slots=True)
+class SteerGroup:
+    """The k-th steer at one site of each of some plans, with one signature: applied in one operation.
+    members: (plan, the steer's index in plan.steers, the steer as bound for that plan)."""
+    order: int  # k: the group runs after every group of a lower k at its site
+    members: list = field(default_factory=list)
+
+    @property
+    def steer(self) -> Steer:
+        return self.members[0][2]
+
+
+@dataclass(eq=False, slots=True)
+class ReadGroup:
+    """One capture key (with its coordinate on this rank) read by some plans."""
+    key: str
+    coord: int | None
+    plans: list = field(default_factory=list)
+
+
+@dataclass(eq=False, slots=True)
+class ReadoutGroup:
+    """One readout kind at one site (and coordinate), computed by some plans' accumulators."""
+    coord: int | None
+    kind: Kind
+    members: list = field(default_factory=list)  # (plan, Accumulator)
 
 
 @dataclass(slots=True)
 class SiteWork:
-    """What the plans of one call do at one site: steers and reads, keyed by plan key."""
-    writes: dict = field(default_factory=dict)  # plan key -> [(index in plan.steers, Steer)]
-    reads: dict = field(default_factory=dict)  # plan key -> [(capture key, coordinate index or None)]
-    readouts: dict = field(default_factory=dict)  # plan key -> [(coordinate index or None, Accumulator)]
+    """What the plans of one call do at one site, in the order it runs: steers (group k before
+    group k + 1), then reads and readouts of the steered value."""
+    steers: list[SteerGroup] = field(default_factory=list)
+    reads: list[ReadGroup] = field(default_factory=list)
+    readouts: list[ReadoutGroup] = field(default_factory=list)
+
+    def plans_reading(self) -> set:
+        return {id(p) for g in self.reads for p in g.plans}
 
 
-def site_work(plans: list[Plan], site_key: Callable[[Address], object], local_read: Callable | None = None, local_steer: Callable | None = None,
-              local_readout: Callable | None = None) -> dict:
+def site_work(plans: list[Plan], site_key: Callable[[Address], object], local_read: Callable | None = None,
+              local_steer: Callable | None = None, local_readout: Callable | None = None) -> dict:
     """{site key: SiteWork} for the plans of a call; site_key(address without coords) names a site.
     Under tensor parallelism local_read(plan, address) -> (capture key, coordinate) | None,
     local_steer(steer) -> Steer | None and local_readout(readout) -> bool say what this rank records
     and applies (its own shard)."""
     work: dict = {}
+    groups: dict = {}  # (site, order at the site, signature) -> SteerGroup
+    known: dict = {}  # id(steer) -> (site, signature): the plans of an eager call share their steers
+    reads: dict = {}  # (site, key, coord) -> ReadGroup
+    outs: dict = {}  # (site, coord, kind) -> ReadoutGroup
     for plan in plans:
+        order: dict = {}
         for i, st in enumerate(plan.steers):
             st_here = st if local_steer is None else local_steer(st)
-            if st_here is not None:
-                w = work.setdefault(site_key(st.address.base), SiteWork())
-                w.writes.setdefault(plan.key, []).append((i, st_here))
+            if st_here is None:
+                continue
+            if id(st_here) not in known:
+                known[id(st_here)] = (site_key(st.address.base), signature(st_here), st_here)
+            site, sig, _ = known[id(st_here)]
+            k = order[site] = order.get(site, -1) + 1
+            w = work.setdefault(site, SiteWork())
+            g = groups.get((site, k, sig))
+            if g is None:
+                g = groups[(site, k, sig)] = SteerGroup(k)
+                w.steers.append(g)
+            g.members.append((plan, i, st_here))
         for addr in plan.reads():
             read = (str(addr), addr.coords[0][1] if addr.coords else None) if local_read is None \
                 else local_read(plan, addr)
             if read is not None:
-                w = work.setdefault(site_key(addr.base), SiteWork())
-                w.reads.setdefault(plan.key, []).append(read)
+                site = site_key(addr.base)
+                w = work.setdefault(site, SiteWork())
+                r = reads.get((site, *read))
+                if r is None:
+                    r = reads[(site, *read)] = ReadGroup(*read)
+                    w.reads.append(r)
+                r.plans.append(plan)
         for acc in plan.accumulators.values():
             addr = acc.readout.address
             if local_readout is None or local_readout(acc.readout):
-                w = work.setdefault(site_key(addr.base), SiteWork())
-                w.readouts.setdefault(plan.key, []).append((addr.coords[0][1] if addr.coords else None, acc))
+                site = site_key(addr.base)
+                w = work.setdefault(site, SiteWork())
+                coord = addr.coords[0][1] if addr.coords else None
+                kind = acc.readout.kind
+                o = outs.get((site, coord, id(kind)))
+                if o is None:
+                    o = outs[(site, coord, id(kind))] = ReadoutGroup(coord, kind)
+                    w.readouts.append(o)
+                o.members.append((plan, acc))
+    for w in work.values():  # the k-th steers of every plan after the (k-1)-th (a stable sort)
+        w.steers.sort(key=lambda g: g.order)
     return work
-
-
-def feed_readouts(sp: Span, work: SiteWork, rows: torch.Tensor) -> None:
-    """Hand one span's rows [n, ...] at a site to the plan's readouts there."""
-    for coord, acc in work.readouts.get(sp.plan.key, ()):
-        acc.add(sp.pos0, rows if coord is None else rows[:, coord])
 
 
 def touches_every_row(st: Steer) -> bool:
     """Whether the steer touches every position (no mask to build, no rows to pick)."""
     return isinstance(st.positions, str) and st.positions == "all" and not st.exclude
-
-
-def steer_span(sp: Span, writes: list, rows: torch.Tensor) -> torch.Tensor | None:
-    """The plan's steers at one site ((index, Steer) in order) on one span's rows [n, ...], each
-    tallied for its receipt; the new rows, or None when no steer touched a row."""
-    cur = rows
-    if rows.shape[0] == 0:
-        return None
-    for i, st in writes:
-        m = None if touches_every_row(st) else sp.touched(st)
-        if m is not None and bool(m.all()):
-            m = None
-        if m is not None and not bool(m.any()):
-            continue
-        new = apply_steer(st, cur, m, sp.pos0)
-        if m is None:
-            sp.plan.tally(i, range(sp.pos0, sp.pos0 + cur.shape[0]), cur, new)
-        else:
-            touched = torch.nonzero(m).flatten()
-            on = touched.to(cur.device)
-            sp.plan.tally(i, touched + sp.pos0, cur[on], new[on])
-        cur = new
-    return None if cur is rows else cur
-
-
-def run_site(t: torch.Tensor, spans: list[Span], work: SiteWork, keep: Callable, on_error: Callable | None = None) -> torch.Tensor | None:
-    """Steer then capture (and feed readouts) on the flat [tokens, ...] tensor `t` of one site.
-    Writers run before readers, so a capture sees the steered value, as the rest of the forward does. keep(span, key,
-    rows) makes what is stored (a detached copy, a CPU copy). Returns the replacement, or None when
-    nothing was steered (the forward then continues with `t` itself). With on_error(plan, exc), a
-    failure is that plan's alone: it is reported, its rows keep their unsteered values (a steer
-    whose result is not finite never reaches the rest of the forward) and the plan is skipped from
-    then on; the others carry on."""
-    out = t
-    for sp in spans:
-        if sp.plan.error is not None:
-            continue
-        writes = work.writes.get(sp.plan.key)
-        if not writes:
-            continue
-        try:
-            new = steer_span(sp, writes, out[sp.a:sp.b])
-            if new is not None:
-                if out is t and sp.a == 0 and sp.b == t.shape[0]:
-                    out = new  # a fresh tensor covering every row: no copy of t to make
-                else:
-                    if out is t:
-                        out = t.clone()
-                    out[sp.a:sp.b] = new
-        except Exception as e:
-            if on_error is None:
-                raise
-            on_error(sp.plan, e)
-    for sp in spans:
-        if sp.plan.error is not None:
-            continue
-        try:
-            for key, coord in work.reads.get(sp.plan.key, ()):
-                skip = sp.plan.wanted(key, sp.pos0, sp.b - sp.a)
-                if skip is None:
-                    continue
-                seg = out[sp.a + skip:sp.b]
-                sp.plan.add(key, sp.pos0 + skip, keep(sp, key, seg if coord is None else seg[:, coord]))
-            feed_readouts(sp, work, out[sp.a:sp.b])
-        except Exception as e:
-            if on_error is None:
-                raise
-            on_error(sp.plan, e)
-    return None if out is t else out

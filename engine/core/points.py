@@ -235,11 +235,6 @@ POINTS: tuple[Point, ...] = (
 
 BY_NAME: dict[str, Point] = {p.name: p for p in POINTS}
 ALIASES: dict[str, str] = {a: p.name for p in POINTS for a in p.aliases}
-# every backend load_model accepts: the one list (the rest below are derived from it)
-BACKENDS = ("eager", "vllm", "vllm-static", "vllm-generate")
-STOCK_BACKEND = "vllm-generate"  # stock vLLM: generates only, never captures or steers (the speed ceiling)
-VLLM_BACKENDS = tuple(b for b in BACKENDS if b.startswith("vllm"))  # the ones engine.backends.vllm loads
-CAPTURE_BACKENDS = tuple(b for b in BACKENDS if b != STOCK_BACKEND)  # what serve and harvest can run
 RESIDUAL_POINTS = ("embeddings", "resid_pre", "resid_mid", "resid_post", "final_norm")
 # Points whose capture is an integer tensor: capture-only, never steered or lensed.
 INTEGER_POINTS = ("expert_indices",)

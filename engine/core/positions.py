@@ -21,9 +21,11 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import torch
 
 from engine.core.errors import SteeringError
+from engine.core.integers import as_int
 
 WORDS = ("all", "last", "generated")
 _END = 1 << 62
@@ -38,33 +40,34 @@ def normalize(p: Any) -> "str | int | slice | list[int] | torch.Tensor":
     """Check the form of a position spec (no lengths needed); tuples become slices."""
     if isinstance(p, bool) or p is None:
         raise SteeringError(f"positions={p!r} is not a position spec; use {FORMS}.")
+    if (n := as_int(p)) is not None:  # numpy and 0-d tensor integers too
+        return n
     if isinstance(p, torch.Tensor):
         if p.dtype != torch.bool or p.dim() not in (1, 2):
             raise SteeringError(f"a positions mask is a bool tensor [pos] or [batch, pos], got dtype {p.dtype} "
                                 f"and shape {tuple(p.shape)}.")
         return p.detach().to("cpu")
     if isinstance(p, list):
-        if not p or not all(isinstance(x, int) and not isinstance(x, bool) for x in p):
-            raise SteeringError(f"a positions list holds one or more ints, got {p!r}.")
-        return sorted(set(p))
+        ints = [as_int(x) for x in p]
+        if not p or None in ints:
+            raise SteeringError(f"a positions list holds one or more ints, got {p!r:.80}.")
+        return sorted({n for n in ints if n is not None})
     if isinstance(p, str):
         if p not in WORDS:
             raise SteeringError(f"positions {p!r} is not one of {WORDS}, an int, a slice or (start, stop).")
         return p
-    if isinstance(p, int):
-        return p
     if isinstance(p, tuple):
-        if len(p) != 2 or not all(x is None or (isinstance(x, int) and not isinstance(x, bool)) for x in p):
+        if len(p) != 2 or not all(x is None or as_int(x) is not None for x in p):
             raise SteeringError(f"a positions tuple is (start, stop) of ints, got {p!r}.")
         p = slice(*p)
     if isinstance(p, slice):
-        if p.step not in (None, 1):
+        if p.step is not None and as_int(p.step) != 1:
             raise SteeringError(f"positions slice {p!r} has step {p.step}; only contiguous ranges (step 1) are "
                                 f"supported: pass several steers for strided positions.")
-        for x in (p.start, p.stop):
-            if x is not None and (not isinstance(x, int) or isinstance(x, bool)):
-                raise SteeringError(f"positions slice bounds must be ints or None, got {p!r}.")
-        return p
+        bounds = [None if x is None else as_int(x) for x in (p.start, p.stop)]
+        if any(b is None and x is not None for b, x in zip(bounds, (p.start, p.stop))):
+            raise SteeringError(f"positions slice bounds must be ints or None, got {p!r}.")
+        return slice(*bounds)
     raise SteeringError(f"positions must be {FORMS}; got {p!r} ({type(p).__name__}).")
 
 
@@ -145,3 +148,20 @@ def mask(p: Any, pos0: int, n: int, prompt_len: int, device: "torch.device | str
     if isinstance(a, int):
         return idx == a
     return (idx >= a.start) & (idx < a.stop)
+
+
+def offsets(p: Any, pos0: int, n: int, prompt_len: int) -> np.ndarray:
+    """The offsets (0..n-1, int64, ascending) of the tokens at absolute positions pos0 .. pos0+n-1
+    that the spec touches: `mask` as host indices, with no tensor made for the common forms."""
+    if isinstance(p, str):
+        lo = {"all": 0, "generated": prompt_len, "last": prompt_len - 1}[p]
+        return np.arange(max(lo - pos0, 0), n, dtype=np.int64)
+    if is_mask(p):
+        return np.flatnonzero(mask(p, pos0, n, prompt_len).numpy()).astype(np.int64)
+    a = absolute(p, prompt_len)
+    if isinstance(a, int):
+        return np.array([a - pos0], dtype=np.int64) if pos0 <= a < pos0 + n else np.zeros(0, np.int64)
+    if isinstance(a, slice):
+        return np.arange(max(a.start - pos0, 0), max(min(a.stop - pos0, n), 0), dtype=np.int64)
+    at = np.asarray(a, dtype=np.int64) - pos0
+    return at[(at >= 0) & (at < n)]

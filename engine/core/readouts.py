@@ -33,12 +33,8 @@ from typing import Any, Callable, ClassVar
 import torch
 
 from engine.core.address import Address, parse
-from engine.core.errors import EngineError
+from engine.core.errors import ReadoutError  # noqa: F401  (defined with every other error; importable here too)
 from engine.core.points import INTEGER_POINTS, KEY_AXIS_POINTS, RESIDUAL_POINTS
-
-
-class ReadoutError(EngineError, ValueError):
-    """A readout that cannot be computed as asked (its kind, its parameters, its address)."""
 
 
 @dataclass(frozen=True)
@@ -88,8 +84,18 @@ class Kind:
     def combine(self, partials: list[tuple], n: int) -> tuple:
         raise NotImplementedError
 
+    def segments(self, x: torch.Tensor, counts: list[int], device: torch.device) -> tuple:
+        """Position kinds: the partial of each of several members' consecutive rows of x at once
+        (counts: rows per member), as a tuple of [members, ...] tensors, one whole-batch reduction."""
+        raise NotImplementedError
+
     def describe(self) -> str:
         return self.label
+
+
+def _lengths(counts: list[int], device: torch.device) -> torch.Tensor:
+    t = torch.tensor(counts, dtype=torch.long)
+    return t if device.type == "cpu" else t.to(device, non_blocking=True)
 
 
 # -- position kinds ------------------------------------------------------------------------------
@@ -105,6 +111,9 @@ class Mean(Kind):
     def combine(self, partials: list[tuple], n: int) -> tuple:
         return (torch.stack([p[0] for p in partials]).sum(0) / n,)
 
+    def segments(self, x: torch.Tensor, counts: list[int], device: torch.device) -> tuple:
+        return (torch.segment_reduce(x.float(), "sum", lengths=_lengths(counts, device), axis=0),)
+
 
 @dataclass(frozen=True)
 class Max(Kind):
@@ -118,6 +127,9 @@ class Max(Kind):
     def combine(self, partials: list[tuple], n: int) -> tuple:
         return (torch.stack([p[0] for p in partials]).amax(0),)
 
+    def segments(self, x: torch.Tensor, counts: list[int], device: torch.device) -> tuple:
+        return (torch.segment_reduce(x, "max", lengths=_lengths(counts, device), axis=0),)
+
 
 @dataclass(frozen=True)
 class Last(Kind):
@@ -130,6 +142,11 @@ class Last(Kind):
 
     def combine(self, partials: list[tuple], n: int) -> tuple:
         return partials[-1]
+
+    def segments(self, x: torch.Tensor, counts: list[int], device: torch.device) -> tuple:
+        import numpy as np
+        last = torch.from_numpy(np.cumsum(counts) - 1)
+        return (x.index_select(0, last if device.type == "cpu" else last.to(device, non_blocking=True)),)
 
 
 # -- per-position kinds --------------------------------------------------------------------------
@@ -362,14 +379,18 @@ class Accumulator:
     error: str | None = None
 
     def add(self, pos0: int, x: torch.Tensor) -> None:
-        parts = self.fn(x)
+        self.put(pos0, x.shape[0], self.fn(x))
+
+    def put(self, pos0: int, n: int, parts: tuple) -> None:
+        """Keep the parts of the n rows from absolute position pos0 (computed by the caller for many
+        accumulators at once: engine.core.site.readout)."""
         if self.chunks:
-            p, n, _ = self.chunks[-1]
-            if pos0 < p + n:  # recomputed after preemption: drop what is being recomputed
+            p, k, _ = self.chunks[-1]
+            if pos0 < p + k:  # recomputed after preemption: drop what is being recomputed
                 kept = []
-                for p, n, c in self.chunks:
-                    if p + n <= pos0:
-                        kept.append((p, n, c))
+                for p, k, c in self.chunks:
+                    if p + k <= pos0:
+                        kept.append((p, k, c))
                     elif p < pos0:
                         if not self.readout.kind.per_position:
                             self.error = (f"{self.readout.name}: the scheduler recomputed this request from "
@@ -378,7 +399,7 @@ class Accumulator:
                             break
                         kept.append((p, pos0 - p, tuple(t[:pos0 - p] for t in c)))
                 self.chunks = kept
-        self.chunks.append((pos0, x.shape[0], parts))
+        self.chunks.append((pos0, n, parts))
 
     def _contiguous(self, start: int) -> list:
         if self.error:

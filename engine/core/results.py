@@ -138,16 +138,43 @@ class ActivationCache(dict):
     def get(self, key: str, default: object = None) -> object:
         return self[key] if key in self else default
 
+    def cpu(self) -> "ActivationCache":
+        """The cache with every capture and readout on the host: captures stay on the model's device
+        (as TransformerLens and nnsight return them); this moves them all at once, each copy issued
+        without waiting and one wait at the end (a single host sync, not one per tensor)."""
+        from engine.core.readouts import TopK
+        out = ActivationCache(self.n_layers, self.columns, self.receipts)
+        device = None
+
+        def move(t: torch.Tensor) -> torch.Tensor:
+            nonlocal device
+            if t.device.type == "cpu":
+                return t
+            device = t.device
+            return t.to("cpu", non_blocking=True)
+        for k in self:
+            dict.__setitem__(out, k, move(dict.__getitem__(self, k)))
+        for name, v in self.readouts.items():
+            out.put_readout(name, v.map(move) if isinstance(v, TopK) else move(v), name in self.positional)
+        if device is not None and device.type == "cuda":
+            torch.cuda.current_stream(device).synchronize()
+        return out
+
 
 @dataclass
 class Request:
-    """One request of a concurrent batch: its own prompt, length, captures, steers and sampling."""
+    """One request of a concurrent batch: its own prompt, length, captures, steers and sampling.
+    max_new_tokens is checked when the Request is made (engine.core.inputs.new_tokens), then trusted."""
     prompt: "str | list[int]"
     max_new_tokens: int = 8
     points: "list | tuple | str" = ()
     steer: "list | tuple" = ()
     sampling: dict = field(default_factory=dict)
     readouts: "list | tuple" = ()  # engine.core.readouts.Readout
+
+    def __post_init__(self) -> None:
+        from engine.core.inputs import new_tokens
+        self.max_new_tokens = new_tokens(self.max_new_tokens)
 
 
 @dataclass
@@ -271,13 +298,14 @@ def batch_readout(values: list, cols: list[torch.Tensor], width: int) -> torch.T
 def _stack(values: list):
     from engine.core.readouts import TopK
     if isinstance(values[0], TopK):
-        return TopK(torch.stack([v.indices.cpu() for v in values]), torch.stack([v.values.cpu() for v in values]))
-    return torch.stack([v.cpu() for v in values])
+        return TopK(torch.stack([v.indices for v in values]), torch.stack([v.values for v in values]))
+    return torch.stack(values)
 
 
 def pad_rows(rows: list[torch.Tensor], cols: list[torch.Tensor], width: int, fill: float = 0) -> torch.Tensor:
-    """[b, width, ...] from per-sequence [len, ...] tensors (token ids, logits) at their columns."""
-    out = torch.full((len(rows), width, *rows[0].shape[1:]), fill, dtype=rows[0].dtype)
+    """[b, width, ...] from per-sequence [len, ...] tensors (token ids, logits) at their columns, on
+    their device."""
+    out = torch.full((len(rows), width, *rows[0].shape[1:]), fill, dtype=rows[0].dtype, device=rows[0].device)
     for i, (r, c) in enumerate(zip(rows, cols)):
-        out[i, c] = r.cpu()
+        out[i, c.to(r.device, non_blocking=True)] = r
     return out

@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 
 from engine.core.errors import SAEError
+from engine.core.integers import as_int
 
 Tensor = torch.Tensor
 
@@ -282,8 +283,10 @@ class SAE:
     def direction(self, index: int) -> Tensor:
         """What one unit of feature `index` adds to the reconstruction before output normalization:
         W_dec[index] (over its norm when rescale_acts_by_decoder_norm)."""
-        if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < self.d_sae:
-            raise SAEError(f"{self.where()}: feature index {index!r} is out of range; the SAE has "
-                           f"d_sae={self.d_sae} features (0..{self.d_sae - 1}).")
-        row = self.W_dec[index]
+        i = as_int(index)
+        if i is None or not 0 <= i < self.d_sae:
+            shown = f"{index!r} is not an integer" if i is None else f"{i} is out of range"
+            raise SAEError(f"{self.where()}: feature index {shown}; "
+                           f"the SAE has d_sae={self.d_sae} features (0..{self.d_sae - 1}).")
+        row = self.W_dec[i]
         return row / row.norm() if self.rescale_acts_by_decoder_norm else row

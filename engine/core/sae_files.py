@@ -19,12 +19,13 @@ import json
 import math
 import threading
 from collections import OrderedDict
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from engine.core.errors import SAEError
+from engine.core.errors import SAEError, closest
 from engine.core.files import write_atomic
 from engine.core.sae import ARCHITECTURES, NORMS, REFUSED_ARCHITECTURES, SAE
 
@@ -235,6 +236,35 @@ def load_sae(directory: "str | Path", *, device: "torch.device | str" = "cpu",
                hook_name=f.str("hook_name"), hook_name_out=f.str("hook_name_out"), source=folder)
 
 
+@dataclasses.dataclass(frozen=True)
+class SAEHooks:
+    """Where an SAE was trained, from its cfg.json alone: the TransformerLens hook it reads
+    (`hook_name`), the one a transcoder writes (`hook_name_out`), and whether it is a transcoder."""
+    hook_name: str | None
+    hook_name_out: str | None
+    transcoder: bool
+    source: str
+
+
+_HOOKS: "dict[tuple, SAEHooks]" = {}
+
+
+def sae_hooks(sae: "str | Path | SAE") -> SAEHooks:
+    """The hooks of a loaded SAE, or of an SAE folder read from its cfg.json only (no weights; kept per
+    file size and mtime, so a call that names a folder reads it once)."""
+    if isinstance(sae, SAE):
+        return SAEHooks(sae.hook_name, sae.hook_name_out, sae.arch.transcoder, sae.where())
+    cfg_path = Path(sae).resolve() / CFG_FILE
+    st = cfg_path.stat() if cfg_path.is_file() else None
+    key = (str(cfg_path), st and (st.st_size, st.st_mtime_ns))
+    if key not in _HOOKS:
+        f = _Fields(_modern(_read_cfg(cfg_path)), cfg_path)
+        arch = ARCHITECTURES.get(f.raw("architecture"))
+        _HOOKS[key] = SAEHooks(f.str("hook_name"), f.str("hook_name_out"), bool(arch and arch.transcoder),
+                               str(Path(sae)))
+    return _HOOKS[key]
+
+
 _CACHE: "OrderedDict[tuple, SAE]" = OrderedDict()
 _CACHE_LOCK = threading.Lock()
 CACHE_SIZE = 8  # SAEs kept per process (a 65k x 2304 float32 SAE is about 1.2 GB)
@@ -294,13 +324,37 @@ def save_sae(sae: SAE, directory: "str | Path") -> Path:
     return folder
 
 
-def random_sae(arch: str = "standard", d_in: int = 16, d_sae: int = 64, *, seed: int = 0, k: int | None = None,
-               d_out: int | None = None, dtype: "torch.dtype | str" = torch.float32,
-               apply_b_dec_to_input: bool | None = None, normalize_activations: str = "none",
-               norm_scaling_factor: float = 1.0, rescale_acts_by_decoder_norm: bool = False, hook_z: bool = False,
-               hook_name: str | None = None, hook_name_out: str | None = None) -> SAE:
+@dataclass(frozen=True)
+class RandomSAEOptions:
+    """random_sae's settings beyond the architecture, sizes and seed (the cfg.json fields it writes)."""
+    k: int | None = None  # topk: active latents (default 4)
+    d_out: int | None = None  # transcoders: output width (default d_in)
+    dtype: "torch.dtype | str" = torch.float32
+    apply_b_dec_to_input: bool | None = None  # default: true for SAEs, false for transcoders
+    normalize_activations: str = "none"
+    norm_scaling_factor: float = 1.0
+    rescale_acts_by_decoder_norm: bool = False  # topk only
+    hook_z: bool = False  # SAEs on z: rows reshaped from [.., heads, hd]
+    hook_name: str | None = None
+    hook_name_out: str | None = None
+
+    @classmethod
+    def of(cls, **options: Any) -> "RandomSAEOptions":
+        names = [f.name for f in dataclasses.fields(cls)]
+        unknown = sorted(set(options) - set(names))
+        if unknown:
+            raise SAEError(f"unknown random_sae option{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))}."
+                           f"{closest(unknown[0], names)} The options: {', '.join(names)}.")
+        return cls(**options)
+
+
+def random_sae(arch: str = "standard", d_in: int = 16, d_sae: int = 64, *, seed: int = 0, **options: Any) -> SAE:
     """A seeded random SAE of architecture `arch` (a test fixture: scales chosen so that some features fire
-    and some do not). Transcoders default to d_out = d_in and apply_b_dec_to_input false; topk to k = 4."""
+    and some do not); `options`: RandomSAEOptions' fields. Transcoders default to d_out = d_in and
+    apply_b_dec_to_input false; topk to k = 4."""
+    o = RandomSAEOptions.of(**options)
+    k, d_out, normalize_activations, hook_z = o.k, o.d_out, o.normalize_activations, o.hook_z
+    rescale_acts_by_decoder_norm = o.rescale_acts_by_decoder_norm
     if arch not in ARCHITECTURES:
         raise SAEError(f"unknown architecture {arch!r}; implemented: {', '.join(ARCHITECTURES)}.")
     a = ARCHITECTURES[arch]
@@ -328,10 +382,10 @@ def random_sae(arch: str = "standard", d_in: int = 16, d_sae: int = 64, *, seed:
               b_gate=vec() if gated else None, b_mag=vec() if gated else None, r_mag=vec() if gated else None,
               W_skip=rand(out, d_in, scale=0.1 / math.sqrt(d_in)) if a.skip else None,
               k=(k or 4) if "k" in a.fields else None, rescale_acts_by_decoder_norm=rescale_acts_by_decoder_norm,
-              apply_b_dec_to_input=(not a.transcoder) if apply_b_dec_to_input is None else apply_b_dec_to_input,
-              norm=NORMS[normalize_activations], norm_scaling_factor=norm_scaling_factor, hook_z=hook_z,
-              hook_name=hook_name, hook_name_out=hook_name_out)
-    return sae.to(dtype=_dtype(dtype, "dtype"))
+              apply_b_dec_to_input=(not a.transcoder) if o.apply_b_dec_to_input is None else o.apply_b_dec_to_input,
+              norm=NORMS[normalize_activations], norm_scaling_factor=o.norm_scaling_factor, hook_z=hook_z,
+              hook_name=o.hook_name, hook_name_out=o.hook_name_out)
+    return sae.to(dtype=_dtype(o.dtype, "dtype"))
 
 
 def write_random_sae(directory: "str | Path", arch: str = "standard", d_in: int = 16, d_sae: int = 64, *,

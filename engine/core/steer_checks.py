@@ -10,8 +10,8 @@ mode's extra rules for one steer); then the mode's rules for the request's steer
 (`together`, e.g. vllm-static's order at a tap).
 
 Refused by name: entries that are not engine.core.steering.Steer objects (saying what was passed and how
-to build one), values on the meta device (no data to steer with), and project_out directions with
-no length (a zero vector would make the projection a silent no-op).
+to build one) and values on the meta device (no data to steer with). A direction with no length is
+refused when the Steer is made (engine.core.steering: checked once, not per call).
 """
 from __future__ import annotations
 
@@ -20,9 +20,8 @@ from typing import Callable, Iterable
 import torch
 
 from engine.core.errors import SteeringError
-from engine.core.steering import OPS, Steer
+from engine.core.steering import Steer
 
-PROJECT_OUT_MIN_NORM = 1e-6  # below this a project_out direction is treated as zero
 _HOW = "pass engine.Steer objects, e.g. Steer('resid_post.3', 'add', vector)"
 
 
@@ -72,12 +71,6 @@ def validate_steers(steer: object) -> list[Steer]:
         p = st.positions
         if isinstance(p, torch.Tensor) and not bool(p.any()):
             raise SteeringError(f"the positions mask of {where} ({st.op} at {st.address}) selects no position.")
-        if OPS[st.op].value == "direction" and isinstance(v, torch.Tensor) and st.lead is None:
-            norm = float(v.detach().double().norm())
-            if not norm >= PROJECT_OUT_MIN_NORM:
-                raise SteeringError(f"{st.op} at {st.address} ({where}) needs a direction, but its value has "
-                                    f"norm {norm:.3g} (below {PROJECT_OUT_MIN_NORM:g}), which would remove "
-                                    f"nothing; pass a non-zero vector (it is normalized for you).")
     return items
 
 

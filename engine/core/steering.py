@@ -2,7 +2,7 @@
 
 A Steer is pure data (so the vLLM backends can ship it to their workers). Its op is a row of
 engine.core.ops.OPS (re-exported here), which carries the op's maths, its vllm-static form and its
-parameters. `apply_steer` applies one op to the `[n, ...]` rows of one sequence at one site.
+parameters. Applying them is engine/core/site.py's job (every backend's one routine).
 
 Values and their axes (k = the point's per-position dims, e.g. 1 for resid_post, 2 for z):
     [*shape]               the same value at every touched position of every sequence
@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from engine.core import positions as pos
@@ -32,7 +33,8 @@ from engine.core.errors import SteeringError
 from engine.core.ops import OPS, Op
 from engine.core.points import INTEGER_POINTS, get_point
 
-__all__ = ["OPS", "Op", "Steer", "CacheEntry", "NonFiniteSteer", "apply_steer", "values_at", "overflowed"]
+DIRECTION_MIN_NORM = 1e-6  # below this a direction (project_out, rescale, ...) is treated as zero
+__all__ = ["OPS", "Op", "Steer", "CacheEntry", "NonFiniteSteer", "failure", "overflowed"]
 
 
 @dataclass(eq=False, slots=True)
@@ -56,8 +58,12 @@ class Steer:
     # and for a batch value from a cache, each sequence's own length
     lead: int | None = dataclasses.field(default=None, repr=False, metadata={"engine": True})
     lengths: "list | None" = dataclasses.field(default=None, repr=False, metadata={"engine": True})
+    # a copy the engine made of a checked steer (replace): its fields are trusted, not checked again
+    checked: bool = dataclasses.field(default=False, repr=False, compare=False, metadata={"engine": True})
 
     def __post_init__(self):
+        if self.checked:
+            return
         self.address = parse(self.address)
         if self.op not in OPS:
             from engine.core.address import closest
@@ -97,6 +103,7 @@ class Steer:
             self._check_feature()
 
     def _check_feature(self) -> None:
+        from engine.core.integers import as_int, described  # the one integer rule (np.int64, 0-d tensors)
         if isinstance(self.sae, Path):
             self.sae = str(self.sae)
         if isinstance(self.sae, str):
@@ -108,10 +115,14 @@ class Steer:
                                 f"eager), got {type(self.sae).__name__}.")
         f = self.feature
         many = f if isinstance(f, (list, tuple)) else [f]
-        if not many or any(isinstance(i, bool) or not isinstance(i, int) or i < 0 for i in many):
-            raise SteeringError(f"{self.op} at {self.address} needs feature= (a feature index >= 0, or a "
-                                f"non-empty list of them), got {f!r}.")
-        self.feature = list(f) if isinstance(f, (list, tuple)) else f
+        ints = [as_int(i) for i in many]
+        bad = [(i, n) for i, n in zip(many, ints) if n is None or n < 0]
+        if not many or bad:
+            why = ("an empty list" if not many else "none" if f is None else
+                   f"{described(bad[0][0])}, not an integer" if bad[0][1] is None else f"{bad[0][1]}, a negative index")
+            raise SteeringError(f"{self.op} at {self.address} needs feature= (a feature index >= 0, numpy and 0-d "
+                                f"tensor integers too, or a non-empty list of them), got {why}.")
+        self.feature = [n for n in ints if n is not None] if isinstance(f, (list, tuple)) else ints[0]
 
     def _take_value(self, op: Op) -> None:
         v = self.value
@@ -135,17 +146,43 @@ class Steer:
             v = self.value = torch.tensor(finite_number(v, f"the scale of {self.op!r}", f"at {self.address}"))
         if not torch.is_floating_point(v):
             raise SteeringError(f"steering value for {self.address} must be a floating tensor, got dtype {v.dtype}.")
-        if v.device.type != "meta" and not torch.isfinite(v).all():
+        if v.device.type == "meta":
+            return  # refused by name when the steer is used (engine.core.steer_checks)
+        if not torch.isfinite(v).all():
             raise SteeringError(f"steering value for {self.address} contains NaN or inf.")
+        if op.value == "direction" and self.lead is None:
+            norm = float(v.detach().double().norm())
+            if not norm >= DIRECTION_MIN_NORM:
+                raise SteeringError(f"{self.op} at {self.address} needs a direction, but its value has norm {norm:.3g} "
+                                    f"(below {DIRECTION_MIN_NORM:g}), which would remove nothing; pass a non-zero "
+                                    f"vector (it is normalized for you).")
 
     def replace(self, **changes: Any) -> "Steer":
-        return dataclasses.replace(self, **changes)
+        """A copy with `changes`, made by the engine from this checked steer (validated once: not again)."""
+        return dataclasses.replace(self, checked=True, **changes)
 
     def at(self, address: Address, value: "torch.Tensor | None" = None) -> "Steer":
         """The same intervention at a resolved address (and value cast for the model)."""
         return self.replace(address=address, value=self.value if value is None else value)
 
     # -- binding to the sequences of a call -------------------------------------------------------
+    @property
+    def scalar(self) -> bool:
+        """Whether the value is one number for every element (a scale op's scalar)."""
+        return OPS[self.op].value == "scale" and isinstance(self.value, torch.Tensor) and self.value.dim() == 0
+
+    def check_shape(self, shape: tuple) -> None:
+        """Refuse, naming both shapes, a value whose per-position shape is not the point's `shape` (the
+        one check of a value against its point: the vLLM client at plan time, the eager step at its site)."""
+        v = self.value
+        if v is None or self.scalar:
+            return
+        lead = self.bound().lead
+        if tuple(v.shape[lead:]) != tuple(shape):
+            lead_txt = {0: "", 1: " (after 1 leading pos axis)", 2: " (after 2 leading batch, pos axes)"}[lead]
+            raise SteeringError(f"steering value for {self.address} has shape {tuple(v.shape)}{lead_txt} but the "
+                                f"point's per-position shape is {tuple(shape)}.")
+
     def per_position_dims(self) -> int:
         """How many per-position axes the point has (from the catalogue's shape), minus coordinates."""
         return len(get_point(self.address.point).shape.strip("[]").split(",")) - 2 - len(self.address.coords)
@@ -156,13 +193,13 @@ class Steer:
             return self
         k, v = self.per_position_dims(), self.value
         lead = v.dim() - k
-        if self.op == "scale" and v.dim() == 0:
+        if self.scalar:
             lead = 0
         if lead not in (0, 1, 2):
             raise SteeringError(f"steering value for {self.address} has shape {tuple(v.shape)}, which does not fit "
                                 f"the point's {k} per-position dim{'s' if k != 1 else ''}; give [*shape], "
                                 f"[pos, *shape] or [batch, pos, *shape].")
-        if self.op == "swap" and lead == 0:
+        if OPS[self.op].value == "activation" and lead == 0:
             raise SteeringError(f"swap at {self.address} replaces each position with another prompt's activation "
                                 f"there: give that capture ([pos, *shape], [batch, pos, *shape] or cache.entry(key)), "
                                 f"got one vector of shape {tuple(v.shape)} (for one vector everywhere, use set).")
@@ -194,7 +231,18 @@ class Steer:
                 raise SteeringError("exclude='special' needs the prompt's token ids.")
             special = set(special_ids)
             changes["exclude"] = [i for i, t in enumerate(prompt_ids) if int(t) in special]
-        return dataclasses.replace(st, **changes) if changes else st
+        return st.replace(**changes) if changes else st
+
+    def offsets(self, pos0: int, n: int, prompt_len: int) -> np.ndarray:
+        """Host int64 offsets (ascending) of the tokens at pos0 .. pos0+n-1 this steer touches: its
+        spec minus `exclude` (the form every backend builds its row index from)."""
+        off = pos.offsets(self.positions, pos0, n, prompt_len)
+        if self.exclude:
+            if not isinstance(self.exclude, list):
+                raise SteeringError(f"exclude={self.exclude!r} of {self.op!r} at {self.address} is resolved per "
+                                    f"sequence before it runs (report this as a bug).")
+            off = np.setdiff1d(off, pos.offsets(self.exclude, pos0, n, prompt_len), assume_unique=True)
+        return off
 
     def touched(self, pos0: int, n: int, prompt_len: int, device: "torch.device | str | None" = None) -> torch.Tensor:
         """Bool [n]: the positions pos0 .. pos0+n-1 this steer touches (its spec minus `exclude`)."""
@@ -287,82 +335,18 @@ def overflowed(steer: Steer, dtype: torch.dtype, cause: str = "the steered activ
                           f"the rest of the model; give smaller values.")
 
 
-def values_at(steer: Steer, positions: torch.Tensor | None, shape: tuple) -> torch.Tensor | None:
-    """The steer's value for rows at absolute `positions` (a [n] tensor; unused, and may be None, for
-    a value without a pos axis): [n, *shape] for a
-    positional value, [*shape] (or a scalar for scale) otherwise; checked against the per-position
-    `shape` the rows have."""
+def failure(steer: "Steer | None", dtype: torch.dtype, steers: "list[Steer] | None" = None) -> NonFiniteSteer:
+    """The error of a request whose rows went non-finite (read from the ledger, engine/core/ledger.py):
+    `steer` made them so at its own site (a value that does not fit `dtype` said as such), or, None, a
+    later layer's hidden state overflowed from the request's `steers`."""
+    if steer is None:
+        named = "; ".join(f"{s.op!r} at {s.address}" for s in steers or []) or "none"
+        return NonFiniteSteer(f"the hidden state of this request became inf or NaN in the model's "
+                              f"{str(dtype).replace('torch.', '')} downstream of its steers ({named}): each steer's "
+                              f"own result was finite, but together or in a later layer they overflow; the request "
+                              f"was stopped and nothing it computed reaches another; give smaller values.")
     v = steer.value
-    if v is None:
-        return None
-    assert isinstance(v, torch.Tensor), "Steer.__post_init__ makes every value a tensor"
-    st = steer.bound()
-    lead = st.lead
-    if lead == 2:
-        raise SteeringError(f"steering value for {steer.address} still has its batch axis "
-                            f"{tuple(v.shape)}; the engine binds it per sequence (report this as a bug).")
-    per = tuple(v.shape[lead:])
-    if not (steer.op == "scale" and v.dim() == 0) and per != tuple(shape):
-        lead_txt = "" if lead == 0 else f" (after {lead} leading pos axis)"
-        raise SteeringError(f"steering value for {steer.address} has shape {tuple(v.shape)}{lead_txt} but the "
-                            f"point's per-position shape is {tuple(shape)}.")
-    if lead == 0:
-        return v
-    if positions.numel() and int(positions.max()) >= v.shape[0]:
-        raise SteeringError(f"steering value for {steer.address} has shape {tuple(v.shape)}: it covers positions "
-                            f"0..{v.shape[0] - 1} but the steer touches position {int(positions.max())}; give a value "
-                            f"for every touched position or narrow positions=.")
-    return v[positions.to(v.device)]
-
-
-def check_device(steer: Steer, rows: torch.Tensor) -> None:
-    v = steer.value
-    if v is not None and v.dim() > 0 and v.device.type != rows.device.type:
-        raise SteeringError(f"steering value for {steer.address} is on {v.device}, the model runs on "
-                            f"{rows.device}; move it with .to({str(rows.device)!r}).")
-
-
-def apply_steer(steer: Steer, rows: torch.Tensor, mask: torch.Tensor | None, pos0: int = 0) -> torch.Tensor:
-    """Rows [n, ...] (absolute positions pos0..pos0+n-1) with the op applied where mask[n] (None:
-    every row; a new tensor, never in place)."""
-    check_device(steer, rows)
-    coords = dict(steer.address.coords)
-    view = rows
-    if coords:
-        (_, idx), = coords.items()
-        view = rows[:, idx]
-    every = mask is None or bool(mask.all())  # masks are built on the CPU (engine.core.positions): no device sync
-    if every:
-        touched, x = None, view
-        at = torch.arange(pos0, pos0 + view.shape[0]) if steer.bound().lead else None
-    else:
-        touched = torch.nonzero(mask.to(view.device)).flatten()
-        x, at = view[touched], touched + pos0
-    v = values_at(steer, at, tuple(view.shape[1:]))
-    if v is not None:
-        v = v.to(view.dtype)
-    new = OPS[steer.op].apply(x, v, steer)
-    # one reduction and one host sync on the hot path: a value that does not fit the dtype makes the
-    # result non-finite too, and a non-finite entry makes the float32 sum non-finite, so only then is
-    # the closer look needed (a sum that overflows on finite rows only costs that look)
-    if not math.isfinite(float(new.sum(dtype=torch.float32))):
-        _refuse_non_finite(steer, v, x, new, view.dtype)
-    if every and not coords:  # the op's result is the new rows; never the input's storage, which vLLM reuses
-        return new.clone() if new.data_ptr() == x.data_ptr() else new
-    out = rows.clone()
-    target = out[:, idx] if coords else out
-    if every:
-        target[:] = new
-    else:
-        target[touched] = new
-    return out
-
-
-def _refuse_non_finite(steer: Steer, v, x: torch.Tensor, new: torch.Tensor, dtype: torch.dtype) -> None:
-    """Raise for a value that does not fit `dtype`, or a row the op made non-finite; rows that were
-    not finite before are not the steer's doing and pass."""
-    if v is not None and not bool(torch.isfinite(v).all()):
-        raise NonFiniteSteer(f"steering value of {steer.op!r} at {steer.address} does not fit the model's "
-                             f"{str(dtype).replace('torch.', '')} (it becomes inf); give smaller values.")
-    if bool((~torch.isfinite(new).flatten(1).all(1) & torch.isfinite(x).flatten(1).all(1)).any()):
-        raise overflowed(steer, dtype)
+    if isinstance(v, torch.Tensor) and v.is_floating_point() and not bool(torch.isfinite(v.to(dtype)).all()):
+        return NonFiniteSteer(f"steering value of {steer.op!r} at {steer.address} does not fit the model's "
+                              f"{str(dtype).replace('torch.', '')} (it becomes inf); give smaller values.")
+    return overflowed(steer, dtype)

@@ -122,26 +122,43 @@ class TokensMixin:
     """bos(), prepend_bos, apply_chat_template for any model with a `tokenizer`."""
     prepend_bos: bool | None = None
 
+    def _live(self) -> None:
+        """A model with a closed state refuses calls after close() (ModelBase's); this mixin alone has none."""
+
     def bos(self) -> BosPolicy:
         """The BOS policy of this model's tokenizer (see BosPolicy.describe())."""
+        self._live()
         return bos_policy(self.tokenizer)
 
     def apply_chat_template(self, messages: list, add_generation_prompt: bool = True) -> ChatPrompt:
         """The chat rendered with the tokenizer's template: ids to pass to any call, text, message spans."""
+        self._live()
         return apply_chat_template(self.tokenizer, messages, add_generation_prompt, self.name)
 
 
 def to_tokens(tokenizer: Any, text: "str | list[str]", padding_side: str = "left", prepend_bos: bool | None = None, device: torch.device | str | None = None) -> dict:
     """A padded input_ids / attention_mask batch of one text or a list of texts, BOS policy applied."""
-    import torch
     if padding_side not in ("left", "right"):
         raise ValueError(f"padding_side must be 'left' or 'right', got {padding_side!r}.")
     texts = [text] if isinstance(text, str) else list(text)
+    rows = [encode(tokenizer, t, prepend_bos) for t in texts]
+    return padded(rows, pad_id(tokenizer), padding_side, device)
+
+
+def pad_id(tokenizer: Any) -> int:
+    """The id a padded batch fills with: the tokenizer's pad token, else its EOS (set as its pad token,
+    as HF's generate does), else 0."""
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
-    rows = [encode(tokenizer, t, prepend_bos) for t in texts]
+    return tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+
+
+def padded(rows: list[list[int]], pad: int, padding_side: str = "left", device: "torch.device | str | None" = None) -> dict:
+    """input_ids / attention_mask [b, width] of token id rows, padded on `padding_side` with `pad`."""
+    import torch
+    if padding_side not in ("left", "right"):
+        raise ValueError(f"padding_side must be 'left' or 'right', got {padding_side!r}.")
     width = max(len(r) for r in rows)
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     ids, mask = [], []
     for r in rows:
         fill = [pad] * (width - len(r))
@@ -150,3 +167,36 @@ def to_tokens(tokenizer: Any, text: "str | list[str]", padding_side: str = "left
         mask.append(zeros + ones if padding_side == "left" else ones + zeros)
     return {"input_ids": torch.tensor(ids, dtype=torch.long, device=device),
             "attention_mask": torch.tensor(mask, dtype=torch.long, device=device)}
+
+
+def id_rows(tokens: Any, vocab: int | None = None) -> tuple[list[list[int]], bool]:
+    """(rows of int token ids, whether `tokens` was one sequence) of to_string's argument: a list of ints
+    or a 0-d / 1-D integer tensor is one sequence, a list of id lists or a 2-D tensor a batch. Refuses
+    non-integer ids and, given `vocab`, ids outside 0..vocab-1."""
+    import torch
+    if isinstance(tokens, torch.Tensor):
+        if tokens.is_floating_point() or tokens.is_complex() or tokens.dtype == torch.bool or tokens.dim() > 2:
+            raise InputError(f"to_string takes integer token ids (a list, or a 0-, 1- or 2-D integer tensor), got a "
+                             f"{tokens.dim()}-D {tokens.dtype} tensor.")
+        tokens = tokens.tolist()
+    one = not (isinstance(tokens, (list, tuple)) and tokens and all(isinstance(r, (list, tuple)) for r in tokens))
+    rows = [[tokens] if isinstance(tokens, int) and not isinstance(tokens, bool) else tokens] if one else list(tokens)
+    for r, row in enumerate(rows):
+        if not isinstance(row, (list, tuple)):
+            raise InputError(f"to_string takes token ids (a list of ints or of id lists), got {type(row).__name__}.")
+        for j, t in enumerate(row):
+            if isinstance(t, bool) or not isinstance(t, int):
+                raise InputError(f"to_string: element {j}{f' of row {r}' if not one else ''} is {type(t).__name__} "
+                                 f"{t!r:.40}; token ids are ints.")
+            if vocab is not None and not 0 <= t < vocab:
+                raise InputError(f"to_string: token id {t} is out of range; this tokenizer has {vocab} ids "
+                                 f"(0..{vocab - 1}).")
+    return [list(row) for row in rows], one
+
+
+def to_string(tokenizer: Any, tokens: Any, skip_special_tokens: bool = False) -> "str | list[str]":
+    """Token ids back to text: one sequence (a list of ints, a 0-d or 1-D integer tensor) gives a str,
+    a batch (a list of id lists, a 2-D tensor) a list of str (id_rows says what is refused)."""
+    rows, one = id_rows(tokens, len(tokenizer))
+    texts = [tokenizer.decode(row, skip_special_tokens=skip_special_tokens) for row in rows]
+    return texts[0] if one else texts

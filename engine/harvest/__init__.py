@@ -5,7 +5,8 @@
     ds = HarvestDataset("acts/")          # ds[i] -> {"token_ids", "doc_index", "position", "resid_post.1", ...}
 
 Modules, one job each: inputs (documents from text / JSONL / parquet / Arrow, split into parts),
-batches (tokens -> context windows -> forward batches, resume cursors), capture (the one model call),
+settings (a harvest's options, checked once), batches (tokens -> context windows -> forward batches,
+resume cursors), capture (the one model call),
 shards (row buffers, atomic writes on a writer thread), manifest (identity, mixing guard, merge),
 runner (one part's loop), workers (N local processes), dataset (reading it back), __main__ (CLI).
 """
@@ -19,6 +20,7 @@ from engine.harvest.dataset import HarvestDataset, hf_dataset, read_manifest, ve
 from engine.harvest.inputs import InputError
 from engine.harvest.manifest import MixingError, merge
 from engine.harvest.runner import Summary, run_part
+from engine.harvest.settings import Flow, HarvestSettings
 
 if TYPE_CHECKING:
     from engine.backends.hf.eager import EagerModel
@@ -39,6 +41,7 @@ def harvest(model: str | EagerModel | VLLMModel, points: str | Iterable[str], da
         raise ValueError(f"workers must be at least 1, got {workers}.")
     if workers == 1:
         return run_part(model, points, data, out, part=part or (0, 1), **kw)
+    HarvestSettings.of(model, **kw)  # a bad option is refused before any process starts
     if isinstance(model, str):
         from engine.harvest.workers import launch
         points = points if isinstance(points, str) else ",".join(points)
@@ -46,5 +49,5 @@ def harvest(model: str | EagerModel | VLLMModel, points: str | Iterable[str], da
     return [run_part(model, points, data, out, part=(i, workers), **kw) for i in range(workers)]
 
 
-__all__ = ["harvest", "run_part", "Summary", "HarvestDataset", "hf_dataset", "read_manifest", "verify", "merge",
+__all__ = ["harvest", "run_part", "Summary", "HarvestSettings", "Flow", "HarvestDataset", "hf_dataset", "read_manifest", "verify", "merge",
            "MixingError", "InputError", "SAMPLE"]

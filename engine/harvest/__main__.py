@@ -17,8 +17,8 @@ import json
 import sys
 from typing import TYPE_CHECKING
 
+from engine.core.backends import CAPTURE_BACKENDS
 from engine.core.errors import EngineError
-from engine.core.points import CAPTURE_BACKENDS
 
 if TYPE_CHECKING:
     from engine.harvest.runner import Summary

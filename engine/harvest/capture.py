@@ -10,6 +10,8 @@ from typing import TYPE_CHECKING, Iterable, Iterator, Mapping, TypeGuard, cast
 import torch
 
 from engine.core.address import Address
+from engine.core.backends import VLLM, backend_for
+from engine.core.errors import PointError
 from engine.core.points import get_point
 
 if TYPE_CHECKING:
@@ -17,10 +19,6 @@ if TYPE_CHECKING:
     from engine.backends.vllm.backend import VLLMModel
     from engine.core.readouts import Readout
     from engine.harvest.batches import Batch
-
-
-class PointError(ValueError):
-    """A point the harvester cannot store in fixed-width rows."""
 
 
 def addresses(model: EagerModel | VLLMModel, points: str | Iterable[str | Address]) -> list[str]:
@@ -103,8 +101,9 @@ def _readout_rows(values: dict, lengths: list[int], readouts: list, out: list[di
                 out[i][name] = t.cpu()
 
 
-def is_vllm(model: object) -> TypeGuard[VLLMModel]:
-    return str(getattr(model, "backend", "eager")).startswith("vllm")
+def is_vllm(model: EagerModel | VLLMModel) -> TypeGuard[VLLMModel]:
+    """The model runs on a vLLM engine (its backend's runtime, engine/core/backends.py)."""
+    return backend_for(model.backend).runtime is VLLM
 
 
 def forward(model: EagerModel | VLLMModel, windows: list[list[int]], keys: list[str], sink: str | None = None,

@@ -11,13 +11,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
+from engine.core.errors import InputError
+
 # file suffix -> datasets builder
 BUILDERS = {".txt": "text", ".text": "text", ".jsonl": "json", ".json": "json", ".parquet": "parquet",
             ".arrow": "arrow"}
-
-
-class InputError(ValueError):
-    """The input cannot be read as documents (missing, empty, wrong field, mixed formats)."""
 
 
 @dataclass(frozen=True)

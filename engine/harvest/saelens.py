@@ -9,6 +9,11 @@ a `token_ids` column of `context_size` int32. It checks that shape against its c
 storage unit: the harvest's rows in order, `context_size` at a time (the last partial one dropped,
 as a fixed shape demands).
 
+The features are written in the form every `datasets` SAELens accepts (it requires datasets>=3.1)
+reads: datasets 4 renamed the fixed-length list feature `Sequence` to `List`, which 3.x does not
+know, and 4+ still reads `Sequence` as `List`; so `token_ids` is recorded as a `Sequence`, in
+dataset_info.json and in each Arrow file's schema (`_features_for_datasets_3`).
+
     from engine.harvest.saelens import to_saelens
     to_saelens("acts/", "acts-saelens/", point="resid_post.6")   # -> hook blocks.6.hook_resid_post
 """
@@ -45,6 +50,45 @@ def hook_name(address: str) -> str:
         raise ValueError(f"{address} has no TransformerLens hook SAELens can train on (it takes whole "
                          f"[pos, d] hooks); export a point such as resid_post.{a.layer or 0}.")
     return tl.format(L=a.layer)
+
+
+def _sequence_form(features: dict) -> dict:
+    """A features dict (Features.to_dict()) with each `List` of a plain value written as the `Sequence`
+    that datasets 3.x knows and 4+ reads back as the same `List` (same Arrow type)."""
+    out = {}
+    for name, f in features.items():
+        if isinstance(f, dict) and f.get("_type") == "List":
+            if not (isinstance(f.get("feature"), dict) and f["feature"].get("_type") == "Value"):
+                raise ValueError(f"column {name!r}: only lists of plain values have a datasets 3.x form, got {f}.")
+            f = {**f, "_type": "Sequence"}
+        out[name] = f
+    return out
+
+
+def _features_for_datasets_3(data: Path) -> None:
+    """Rewrite a saved dataset's features in the `Sequence` form (see the module docstring): its
+    dataset_info.json, and the schema every Arrow file carries (datasets 3.x reads the features from
+    both), the files streamed batch by batch (one more pass over the data)."""
+    import json
+
+    import pyarrow as pa
+    info = data / "dataset_info.json"
+    meta = json.loads(info.read_text())
+    meta["features"] = _sequence_form(meta["features"])
+    info.write_text(json.dumps(meta, indent=2))
+    for path in sorted(data.glob("*.arrow")):
+        fixed = path.with_name(path.name + ".tmp")
+        with pa.memory_map(str(path)) as src:
+            reader = pa.ipc.open_stream(src)
+            schema_meta = dict(reader.schema.metadata or {})
+            hf = json.loads(schema_meta[b"huggingface"])
+            hf["info"]["features"] = _sequence_form(hf["info"]["features"])
+            schema_meta[b"huggingface"] = json.dumps(hf).encode()
+            with pa.OSFile(str(fixed), "wb") as sink, \
+                    pa.ipc.new_stream(sink, reader.schema.with_metadata(schema_meta)) as writer:
+                for batch in reader:
+                    writer.write_batch(batch)
+        os.replace(fixed, path)
 
 
 def to_saelens(out: str | os.PathLike[str], dest: str | os.PathLike[str], point: str | None = None,
@@ -106,6 +150,7 @@ def to_saelens(out: str | os.PathLike[str], dest: str | os.PathLike[str], point:
         size = n_seq * ctx * d_in * torch.empty((), dtype=getattr(torch, dt)).element_size()
         built.save_to_disk(str(tmp / "data"), num_shards=max(1, min(n_seq, -(-size // file_bytes))))
         del built
+        _features_for_datasets_3(tmp / "data")
         if dest.exists():
             dest.rmdir()
         os.replace(tmp / "data", dest)

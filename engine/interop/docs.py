@@ -9,8 +9,9 @@ import argparse
 import sys
 from pathlib import Path
 
+from engine.core.backends import BACKENDS
 from engine.core.files import write_atomic
-from engine.core.points import BACKENDS, POINTS
+from engine.core.points import POINTS
 from engine.families import registry
 
 OUT = Path(__file__).resolve().parents[2] / "docs" / "points.md"  # the repository's docs/

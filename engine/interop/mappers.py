@@ -7,6 +7,7 @@ models without rotary have no hook_rot_q).
     from_tl(m, "blocks.3.hook_attn_out") -> Address("attn_out", 3)  (attn_out_post on Gemma-2)
     to_nnsight(m, "mlp_act.1")           -> Accessor("model.layers.1.mlp.down_proj", "input")
     to_nnterp(m, "resid_post.2")         -> "layers_output[2]"
+    check_sae_sites(m, steers, readouts)  warns when an SAE's cfg.json hook is not where it is used
 
 Generic names live in the catalogue (engine/core/points.py: Point.tl / .nnterp); this module holds only
 the model-dependent exceptions, each with its reason. A point with no equivalent raises
@@ -14,23 +15,16 @@ UnmappedError saying why. tests/test_mappers.py compares every mapped tensor, no
 """
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from engine.core.address import Address
-from engine.core.errors import AddressError
+from engine.core.errors import AddressError, SAESiteError, SAESiteWarning, UnmappedError
 from engine.core.points import POINTS, get_point
+from engine.core.sae_files import sae_hooks
 from engine.families import family_for
 from engine.families.base import Split
-
-if TYPE_CHECKING:
-    pass
-
-
-
-class UnmappedError(AddressError):
-    """The other engine has no hook / accessor holding this tensor (the message says why)."""
-
 
 # (family, point) -> the TL hook where the generic one holds another tensor, or (None, why)
 TL_OVERRIDES: dict[tuple[str, str], tuple[str | None, str]] = {
@@ -216,8 +210,7 @@ def to_nnsight(model: Any, address: Address | str) -> Accessor:
             unmapped("the MLP module adds the residual itself" if fam.mlp_adds_residual else
                      "the MLP slot is two modules whose outputs are added")
         if point == "mlp_out" and fam.name == "falcon" and fam.parallel:
-            unmapped("HF Falcon's parallel block adds the attention output into the MLP output in place after the "
-                     "module returns, so a saved output is overwritten; clone mlp.output inside the trace")
+            unmapped(_FALCON_PARALLEL_MLP.format(out="mlp.output"))
         return Accessor(f"{blk}.{fam.mlp}", "input" if point == "mlp_in" else "output")
     if point == "mlp_act" and fam.mlp_down:
         return Accessor(f"{blk}.{fam.mlp_down}" if fam.mlp_on_layer else f"{blk}.{fam.mlp}.{fam.mlp_down}", "input")
@@ -247,6 +240,11 @@ def to_nnsight(model: Any, address: Address | str) -> Accessor:
     unmapped("it is computed inside a module (the attention call, a router, a stream connection)")
 
 
+# HF Falcon's parallel block (FalconDecoderLayer.forward: `mlp_output += attention_output`) edits the MLP's
+# output tensor in place after the module returns: a reader that saves a reference sees attn + mlp
+_FALCON_PARALLEL_MLP = ("HF Falcon's parallel block adds the attention output into the MLP output in place after "
+                        "the module returns, so a saved output is overwritten; clone {out} inside the trace")
+
 NNTERP_NONE = {"bloom": "BLOOM's modules add the residual themselves, so nnterp's attentions_output / mlps_output "
                         "are residuals, not the sublayer writes",
                "mpt": "MPT's MLP adds the residual itself, so nnterp's mlps_output is resid_post"}
@@ -266,6 +264,8 @@ def to_nnterp(model: Any, address: Address | str) -> str:
     if addr.point in ("mlp_in", "mlp_out") and fam.mlp_on_layer:
         raise UnmappedError(f"{addr}: the MLP's projections sit on the decoder layer itself (no MLP module), so "
                             f"nnterp's mlps_input / mlps_output find nothing to read.")
+    if addr.point == "mlp_out" and fam.name == "falcon" and fam.parallel:
+        raise UnmappedError(f"{addr}: {_FALCON_PARALLEL_MLP.format(out='mlps_output')}.")
     return acc.format(L=addr.layer)
 
 
@@ -283,4 +283,57 @@ def table(model: Any) -> list[dict]:
     return rows
 
 
-__all__ = ["to_tl", "from_tl", "to_nnsight", "to_nnterp", "table", "Accessor", "UnmappedError", "rotary"]
+# -- an SAE's training site against the address it is used at ----------------------------------------
+_SAME_TENSOR = {Address("embeddings"): Address("resid_pre", 0)}  # one tensor, two of our names
+
+
+def sae_site_problem(model: Any, hook: str | None, address: Address | str) -> str | None:
+    """Why an SAE trained at TransformerLens hook `hook` (its cfg.json's hook_name) does not belong at
+    `address` on this model, through to_tl / from_tl; None when it does, when the SAE names no hook, or
+    when neither name maps to a tensor of this model (nothing can be said)."""
+    if not hook:
+        return None
+    addr = model.address(address)
+    here = Address(addr.point, addr.layer)
+    try:
+        tl_here: str | None = to_tl(model, here)
+    except UnmappedError:
+        tl_here = None
+    if tl_here == hook:
+        return None
+    try:
+        trained: Address | None = from_tl(model, hook)
+    except UnmappedError:
+        trained = None
+    if trained is not None and _SAME_TENSOR.get(here, here) == _SAME_TENSOR.get(trained, trained):
+        return None
+    if trained is None and tl_here is None:
+        return None
+    at = f"{addr} (TransformerLens {tl_here!r})" if tl_here else f"{addr}"
+    was = f"{hook!r}, our {trained}" if trained else f"{hook!r}, which holds no point of our catalogue on this model"
+    fix = f"use it at {trained}" if trained else "use it where it was trained"
+    return f"its cfg.json names hook_name {was}, but it is used at {at}; {fix}, or use an SAE trained at {addr}"
+
+
+def check_sae_sites(model: Any, steers: Any = (), readouts: Any = (), strict: bool = False) -> None:
+    """Warn (SAESiteWarning), or with strict=True refuse (SAESiteError), each feature steer and SAE
+    readout whose SAE's cfg.json names another hook than the address it is used at. A transcoder is
+    read at its hook_name and its decode written at its hook_name_out: a feature steer adds the decode,
+    so it is checked against hook_name_out. Called by every backend when it checks a call."""
+    uses = [(f"{st.op} at {st.address}", st.sae, st.address, "out") for st in steers if st.sae is not None]
+    uses += [(f"readout {r.name!r}", r.kind.sae, r.address, "in") for r in readouts
+             if getattr(r.kind, "sae", None) is not None]
+    for what, sae, address, side in uses:
+        hooks = sae_hooks(sae)
+        hook = hooks.hook_name_out if side == "out" and hooks.transcoder else hooks.hook_name
+        why = sae_site_problem(model, hook, address)
+        if why is None:
+            continue
+        message = f"{what}: the SAE {hooks.source}: {why}"
+        if strict:
+            raise SAESiteError(f"{message} (strict=True refuses an SAE used away from its hook; strict=False warns).")
+        warnings.warn(f"{message} (strict=True refuses this).", SAESiteWarning, stacklevel=2)
+
+
+__all__ = ["to_tl", "from_tl", "to_nnsight", "to_nnterp", "table", "Accessor", "UnmappedError", "rotary",
+           "sae_site_problem", "check_sae_sites"]

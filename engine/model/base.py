@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-from typing import TYPE_CHECKING, Iterator, Self
+from typing import TYPE_CHECKING, Any, Iterator, Self
 
+from engine.core.backends import backend_for
 from engine.core.errors import EngineError
 from engine.model.capabilities import CapabilityMixin
 from engine.model.catalogue import PointCatalogue
@@ -25,6 +26,8 @@ class ModelBase(PointCatalogue, CapabilityMixin):
         self._closed = False
 
     def _live(self) -> None:
+        """Refuse any call on a closed model by name (every public method starts here, or with a call
+        that does: tests/test_pipeline_defects.py calls each one after close())."""
         if self._closed:
             raise EngineError(f"{self.name} ({self.backend}) was closed; load it again with load_model().")
 
@@ -36,6 +39,7 @@ class ModelBase(PointCatalogue, CapabilityMixin):
         """Apply steers to every call made in this block, in this thread or asyncio task (composable:
         nested blocks add up and each exit removes exactly its own steers)."""
         from engine.core.steer_checks import check_steers
+        self._live()
         check_steers(list(steers), (), self._steer)  # refuse a bad steer when the block opens, not at the first call
         token = self._steers.set((*self._steers.get(), *steers))
         try:
@@ -48,9 +52,17 @@ class ModelBase(PointCatalogue, CapabilityMixin):
         the device the model's inputs go to (eager: the model's; vLLM: the CPU), with the BOS policy
         `prepend_bos` (None: the model's own, engine/core/tokens.py)."""
         from engine.core.tokens import to_tokens
-        device = self.device if self.backend == "eager" else "cpu"
+        self._live()  # a closed model is closed for every call; its tokenizer stays at m.tokenizer
+        device = "cpu" if backend_for(self.backend).runtime.own_processes else self.device
         return to_tokens(self.tokenizer, text, padding_side,
                          getattr(self, "prepend_bos", None) if prepend_bos is None else prepend_bos, device)
+
+    def to_string(self, tokens: Any, skip_special_tokens: bool = False) -> str | list[str]:
+        """Token ids back to text with this model's tokenizer: one sequence gives a str, a batch (a
+        2-D tensor, a list of id lists) a list of str (engine/core/tokens.py)."""
+        from engine.core.tokens import to_string
+        self._live()
+        return to_string(self.tokenizer, tokens, skip_special_tokens)
 
     def __enter__(self):
         return self

@@ -17,8 +17,9 @@ from dataclasses import dataclass
 from typing import Iterable
 
 from engine.core.address import Address, parse
+from engine.core.backends import REGISTRY
 from engine.core.errors import AddressError
-from engine.core.points import BACKENDS, POINTS, STOCK_BACKEND, backend_status, get_point
+from engine.core.points import POINTS, backend_status, get_point
 
 _LAYER = re.compile(r"at layer \d+")
 _USE = re.compile(r"(?:^|[;:,(] ?)((?:use|steer|capture|declare|lens|project out|load) [^;.()]*(?:\([^)]*\)[^;.()]*)*)")
@@ -44,7 +45,8 @@ def instead_of(reason: str, point: str, backend: str) -> str | None:
     m = _USE.search(reason or "")
     if m:
         return m.group(1).strip()
-    others = [b for b in BACKENDS if b not in (backend, STOCK_BACKEND) and backend_status(point, b)[0] != "refused"]
+    others = [b for b, spec in REGISTRY.items()
+              if b != backend and spec.captures and backend_status(point, b)[0] != "refused"]
     if backend_status(point, backend)[0] == "refused" and others:
         return f"backend={others[0]!r}"
     return None

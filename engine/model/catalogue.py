@@ -1,7 +1,8 @@
 """What every backend's model shares about its point catalogue: where each point exists, listing
 the points it serves and expanding capture lists. Each backend supplies `_probe(point, layer)`
 (raise UnsupportedPointError when it cannot serve the point there), `address(a)`, `n_layers` and
-a `_point_layers` dict used as the cache."""
+a `_point_layers` dict used as the cache; `_live()` (ModelBase) refuses a closed model before any of
+them, even where the answer is cached."""
 from __future__ import annotations
 
 from typing import Iterable
@@ -15,8 +16,12 @@ class PointCatalogue:
     def _probe(self, point: str, layer: int | None) -> None:
         raise NotImplementedError
 
+    def _live(self) -> None:
+        raise NotImplementedError
+
     def point_layers(self, point: str) -> list[int]:
         """Layers at which this backend serves `point` on this model ([-1] stands for a trunk point)."""
+        self._live()
         point = get_point(point).name
         if point not in self._point_layers:
             layers = [None] if get_point(point).scope == "trunk" else range(self.n_layers)
@@ -37,6 +42,7 @@ class PointCatalogue:
     def expand(self, points: Iterable[Address | str] | Address | str) -> list[Address]:
         """Addresses from strings/Addresses; a layer-scoped name without a layer means every layer
         that has it. Duplicates ('resid_post.-1' and 'resid_post.2' on 3 layers) are one capture."""
+        self._live()
         if isinstance(points, (str, Address)):
             points = [points]
         out = []

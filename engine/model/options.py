@@ -1,5 +1,5 @@
 """Load options every backend shares: dtype and device, parsed once with errors that name the bad
-value and list what is accepted.
+value and list what is accepted. What a backend takes is its runtime's (engine/core/backends.py).
 
     parse_dtype("bf16") -> torch.bfloat16        parse_dtype(torch.float16) -> torch.float16
     parse_device("cuda:1", "eager") -> "cuda:1"   (refused by name on a machine without CUDA)
@@ -11,27 +11,28 @@ import difflib
 
 import torch
 
+from engine.core.backends import FLOAT_DTYPES, REGISTRY, backend_for
 from engine.core.errors import OptionError
 
-DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
-          "float64": torch.float64}
+DTYPES = {name: getattr(torch, name) for name in FLOAT_DTYPES}
 DTYPE_ALIASES = {"fp32": "float32", "f32": "float32", "float": "float32", "single": "float32",
                  "fp16": "float16", "f16": "float16", "half": "float16",
                  "bf16": "bfloat16",
                  "fp64": "float64", "f64": "float64", "double": "float64"}
-VLLM_DTYPES = ("float32", "float16", "bfloat16")
 DEVICES = ("cpu", "cuda", "cuda:N", "mps")
 _NOT_A_DEVICE = {"gpu": "cuda", "nvidia": "cuda", "cuda0": "cuda:0", "metal": "mps", "apple": "mps"}
 
 
 def _accepted(backend: str) -> str:
-    names = VLLM_DTYPES if backend.startswith("vllm") else tuple(DTYPES)
+    names = backend_for(backend).runtime.dtypes
     aliases = [a for a, n in DTYPE_ALIASES.items() if n in names]
     return f"{', '.join(names)} (aliases {', '.join(aliases)}; or the torch dtype, e.g. torch.bfloat16)"
 
 
 def parse_dtype(value: torch.dtype | str | None, backend: str = "eager") -> torch.dtype:
-    """A torch floating dtype from a string, an alias or a torch dtype; None means float32."""
+    """A torch floating dtype from a string, an alias or a torch dtype, one the backend loads; None
+    means float32."""
+    runtime = backend_for(backend).runtime
     if value is None:
         return torch.float32
     if isinstance(value, torch.dtype):
@@ -49,9 +50,10 @@ def parse_dtype(value: torch.dtype | str | None, backend: str = "eager") -> torc
     else:
         raise OptionError(f"dtype must be a string such as 'bfloat16' or a torch dtype, got "
                           f"{type(value).__name__} {value!r}. Accepted: {_accepted(backend)}.")
-    if backend.startswith("vllm") and name not in VLLM_DTYPES:
-        raise OptionError(f"dtype {name} is not served by vLLM (backend {backend!r}); use one of "
-                          f"{_accepted(backend)}, or backend='eager' for {name}.")
+    if name not in runtime.dtypes:
+        takes = [b for b, spec in REGISTRY.items() if name in spec.runtime.dtypes]
+        raise OptionError(f"dtype {name} is not served by {runtime.label} (backend {backend!r}); use one of "
+                          f"{_accepted(backend)}, or backend={takes[0]!r} for {name}.")
     return DTYPES[name]
 
 
@@ -65,8 +67,9 @@ def _cuda_missing(asked: str) -> str:
 
 def parse_device(value: str | None, backend: str = "eager") -> str:
     """'cpu', 'cuda', 'cuda:N' or 'mps', checked against this machine; None: the backend's own device."""
+    on_platform = backend_for(backend).runtime.platform_device
     if value is None:
-        return vllm_device() if backend.startswith("vllm") else "cpu"
+        return vllm_device() if on_platform else "cpu"
     if isinstance(value, bool) or not isinstance(value, (str, int, torch.device)):
         raise OptionError(f"device must be a string such as 'cpu' or 'cuda:0' (or a torch.device), got "
                           f"{type(value).__name__} {value!r}.")
@@ -89,7 +92,7 @@ def parse_device(value: str | None, backend: str = "eager") -> str:
                               f"{'s' if n != 1 else ''} (cuda:0{f'..cuda:{n - 1}' if n > 1 else ''}).")
     if kind == "mps" and not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
         raise OptionError(f"device {asked!r} needs Apple MPS, which is not available here; use device='cpu'.")
-    if backend.startswith("vllm"):
+    if on_platform:
         return _vllm_device_ok(asked, kind, index)
     return text
 

@@ -14,7 +14,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from engine.core.backends import backend_for
 from engine.core.errors import OptionError
+from engine.core.integers import as_int
 
 KNOBS = ("temperature", "top_p", "top_k", "seed")
 
@@ -30,15 +32,16 @@ class Sampling:
     @classmethod
     def parse(cls, kw: dict, backend: str) -> "Sampling":
         kw = dict(kw or {})
+        extras_taken = backend_for(backend).runtime.sampling_extras  # vLLM: SamplingParams fields, one sample each
         if "do_sample" in kw:
             raise OptionError("do_sample is not a knob here: sample with temperature > 0 (greedy is temperature=0, "
                               "the default); the same names work on every backend: " + ", ".join(KNOBS) + ".")
         extra = {k: kw.pop(k) for k in list(kw) if k not in KNOBS}
-        if extra and backend == "eager":
+        if extra and not extras_taken:
             raise OptionError(f"unknown sampling option{'s' if len(extra) > 1 else ''} {sorted(extra)} for backend "
-                              f"'eager'; the knobs every backend takes are {', '.join(KNOBS)}.")
+                              f"{backend!r}; the knobs every backend takes are {', '.join(KNOBS)}.")
         n = extra.get("n", 1)
-        if backend != "eager" and (isinstance(n, bool) or n != 1):
+        if extras_taken and (isinstance(n, bool) or n != 1):
             raise OptionError(f"n={n!r}: the vLLM backends run one sample per request, so each request's captured "
                               f"rows and steers are its own; pass the prompt several times instead "
                               f"(generate([prompt] * k, temperature=...)).")
@@ -55,12 +58,12 @@ class Sampling:
         p = kw.get("top_p", 1.0)
         if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0 < p <= 1:
             raise OptionError(f"top_p must be in (0, 1], got {p!r}.")
-        k = kw.get("top_k")
-        if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 1):
-            raise OptionError(f"top_k must be an int >= 1 or None, got {k!r}.")
-        s = kw.get("seed")
-        if s is not None and (isinstance(s, bool) or not isinstance(s, int)):
-            raise OptionError(f"seed must be an int or None, got {s!r}.")
+        k_in, s_in = kw.get("top_k"), kw.get("seed")  # any integer scalar (numpy's, a 0-d tensor)
+        k, s = as_int(k_in), as_int(s_in)
+        if k_in is not None and (k is None or k < 1):
+            raise OptionError(f"top_k must be an int >= 1 or None, got {k_in!r}.")
+        if s_in is not None and s is None:
+            raise OptionError(f"seed must be an int or None, got {s_in!r}.")
         if t == 0 and (p != 1.0 or k is not None):
             raise OptionError("top_p / top_k shape a sampled distribution, but temperature is 0 (greedy); set "
                               "temperature > 0 to sample.")

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Callable
 
 import torch
 
+from engine.core.address import Address
 from engine.core.errors import UnsupportedPointError
 from engine.model.paths import get_path
 
@@ -94,6 +95,8 @@ class WeightsMixin:
     """For the eager model: block_layout, W_O, W_down, W_U from the HF modules."""
 
     def block_layout(self) -> BlockLayout:
+        self._live()
+
         def mixer(i):
             fam = self.family.for_config(self.config, i)
             blk = get_path(self.hf, f"{fam.layers}.{i}")
@@ -110,7 +113,7 @@ class WeightsMixin:
     def _module(self, layer, point, path_of, what):
         """The module path_of(family) under decoder layer `layer`, where `point` is served."""
         self._live()
-        layer = self.address(f"{point}.{layer}").layer  # refuses with the point's reason
+        layer = self.address(Address(point, layer)).layer  # any integer; refuses with the point's reason
         fam = self.family.for_config(self.config, layer)
         path = path_of(fam)
         mod = get_path(self.hf, f"{fam.layers}.{layer}.{path}") if path else None

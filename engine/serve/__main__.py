@@ -9,7 +9,7 @@ import os
 import socket
 import sys
 
-from engine.core.points import CAPTURE_BACKENDS
+from engine.core.backends import CAPTURE_BACKENDS, backend_for
 from engine.serve.settings import ServeSettings, size_for_machine
 
 
@@ -57,7 +57,12 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)
+    cli = parser()
+    args = cli.parse_args(argv)
+    spec = backend_for(args.backend)
+    if args.static_points != "auto" and not spec.declares:
+        cli.error(f"--static-points declares the taps of a backend that declares them at load (vllm-static), "
+                  f"not of --backend {args.backend}")
     logging.basicConfig(level=args.log_level.upper(), format="%(name)s: %(message)s")
     logging.getLogger("engine.vllm").propagate = False  # it has its own handler: its load report once, not twice
     import uvicorn
@@ -68,11 +73,8 @@ def main(argv: list[str] | None = None) -> int:
         pass
     from engine.loading import load_model
     from engine.serve import build_app, runner_for
-    kw = {}
-    if args.backend != "eager":
-        kw = dict(max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs)
-        if args.backend == "vllm-static":
-            kw["static_points"] = "auto" if args.static_points == "auto" else args.static_points.split(",")
+    points = "auto" if args.static_points == "auto" else args.static_points.split(",")
+    kw = spec.load_kw(max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs, static_points=points)
     template = args.chat_template
     if template and os.path.isfile(template):
         template = open(template).read()
@@ -86,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
             max_tokens_limit=args.max_tokens_limit, chat_template=template, cpu_workers=args.cpu_workers,
             sae_dir=args.sae_dir)
     except ValueError as e:
-        parser().error(str(e))
+        cli.error(str(e))
     sock = socket.socket(socket.AF_INET6 if ":" in args.host else socket.AF_INET)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((args.host, args.port))  # before loading: a taken port fails in a second, not after a minute

@@ -10,9 +10,10 @@ from fastapi import FastAPI
 from starlette.exceptions import HTTPException
 from starlette.responses import JSONResponse
 
-from engine.serve import capabilities, routes
+from engine.core.errors import BodyTooLarge
+from engine.serve import capabilities, native, routes
 from engine.serve.errors import ServeError, payload, response
-from engine.serve.guard import Admission, BodyTooLarge, Guard, auth_error, send_json
+from engine.serve.guard import Admission, Guard, auth_error, send_json
 from engine.serve.metrics import Metrics, Recorder
 from engine.serve.settings import ServeSettings
 
@@ -60,6 +61,7 @@ def build_app(runner: Runner, settings: ServeSettings | None = None) -> FastAPI:
     app.state.ctx = routes.Context(runner, settings, settings.names(runner.name), Admission(settings.max_pending),
                                    metrics, capabilities.table(runner), routes.Offload(settings.cpu_workers))
     routes.register(app)
+    native.register(app)  # the library's client's routes (engine/remote/)
 
     @app.exception_handler(ServeError)
     async def serve_error(request, exc: ServeError):
@@ -73,7 +75,8 @@ def build_app(runner: Runner, settings: ServeSettings | None = None) -> FastAPI:
     async def http_error(request, exc: HTTPException):
         # the endpoints are listed only to a client the server would answer there (its key, when it has one)
         listed = ("; endpoints: /v1/completions, /v1/chat/completions, /v1/capture, /v1/points, /v1/models, "
-                  "/health, /metrics") if auth_error(settings.api_key, dict(request.scope["headers"])) is None else ""
+                  "/v1/capabilities, /v1/tokenize, /v1/detokenize, /v1/lens, /health, /metrics"
+                  ) if auth_error(settings.api_key, dict(request.scope["headers"])) is None else ""
         msg = {404: f"no endpoint {request.url.path}{listed}",
                405: f"{request.method} is not allowed on {request.url.path}"}.get(exc.status_code, str(exc.detail))
         return JSONResponse(payload(exc.status_code, msg), status_code=exc.status_code, headers=exc.headers)

@@ -6,21 +6,30 @@ JSON, 4/3 of the raw size, and an order of magnitude cheaper to produce and pars
 number lists (reports/serve/ has the measurement). `"list"` gives the same object with `data` as
 nested lists, for readers without a base64 decoder.
 
+Binary (`"binary"`, for a client that sends `Accept: application/x-interp-frame`, engine/serve/wire.py):
+`data` is the raw bytes themselves, and the answer is a frame instead of JSON: MAGIC, the header's
+length (8 bytes, little-endian), the header (JSON: `{"blobs": [n0, n1, ...], "body": ...}`, each
+tensor's data written `{"blob": i}`), then the blobs back to back. No base64 on either side and 3/4
+of the bytes; `unframe` gives back the body with each data as its bytes, which `decode` takes.
+
     obj = encode(t)                  # server side
     t = decode(obj)                  # client side (or numpy: np.frombuffer(b64decode(data), dtype))
+    body = frame_bytes({"x": encode(t, "binary")}); decode(unframe(body)["x"])   # the binary form
 
-The server writes its answers with `deferred` and `json_pieces`: a tensor's data is encoded only
-while the response goes out, in pieces of bounded work, each piece a job of the server's worker
-threads (engine/serve/offload.py), so eight answers of hundreds of megabytes each take turns with
-every other request instead of holding the interpreter for seconds at a time.
+The server writes its JSON answers with `deferred` and `json_pieces`: a tensor's data is encoded
+only while the response goes out, in pieces of bounded work, each piece a job of the server's
+worker threads (engine/serve/offload.py), so eight answers of hundreds of megabytes each take turns
+with every other request instead of holding the interpreter for seconds at a time.
 """
 from __future__ import annotations
 
 import base64
 import functools
+import itertools
 import json
 import math
 import re
+import struct
 import uuid
 from typing import Any, Callable, Iterator
 
@@ -30,7 +39,9 @@ MAX_RANK = 8  # a steering value has at most [batch, pos, heads, head_dim]; chec
 MAX_ELEMENTS = 1 << 26  # numbers in one tensor object (256 MiB of float32)
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
           "float64": torch.float64, "int64": torch.int64, "int32": torch.int32}
-ENCODINGS = ("base64", "list")
+ENCODINGS = ("base64", "list")  # the JSON forms a request may ask for (interp.capture.encoding)
+BINARY = "binary"  # raw bytes in a frame: chosen by the Accept header, never inside JSON
+MAGIC = b"\x89IEF\r\n\x1a\n"  # a frame's first bytes: no JSON text starts with 0x89
 
 
 def dtype_name(t: torch.Tensor) -> str:
@@ -44,8 +55,8 @@ def encode(t: torch.Tensor, how: str = "base64") -> dict:
     if how == "list":
         out["data"] = t.tolist()
         return out
-    raw = t.view(torch.uint8) if t.dtype == torch.bfloat16 else t  # numpy has no bfloat16
-    out["data"] = base64.b64encode(raw.numpy().tobytes()).decode("ascii")
+    raw = (t.view(torch.uint8) if t.dtype == torch.bfloat16 else t).numpy().tobytes()  # numpy has no bfloat16
+    out["data"] = Blob(raw) if how == BINARY else Base64(base64.b64encode(raw).decode("ascii"))
     return out
 
 
@@ -74,12 +85,15 @@ def decode(obj: dict) -> torch.Tensor:
         if list(t.shape) != shape:
             raise ValueError(f"data has shape {list(t.shape)} but shape says {shape}")
         return t
-    if not isinstance(data, str):
+    if isinstance(data, (bytes, bytearray, memoryview)):  # a frame's blob (unframe)
+        raw = data
+    elif not isinstance(data, str):
         raise ValueError("data must be a base64 string or nested lists (a number for shape [])")
-    try:
-        raw = base64.b64decode(data, validate=True)
-    except ValueError as e:
-        raise ValueError(f"data is not valid base64 ({e})") from None
+    else:
+        try:
+            raw = base64.b64decode(data, validate=True)
+        except ValueError as e:
+            raise ValueError(f"data is not valid base64 ({e})") from None
     size = torch.tensor([], dtype=dtype).element_size()
     want = math.prod(shape) * size
     if len(raw) != want:
@@ -136,6 +150,15 @@ def value_in(v: Any) -> "torch.Tensor | float | None":
         return from_list(v)
     raise ValueError(f"a steering value is a number, nested lists of numbers or a tensor object, got "
                      f"{type(v).__name__}")
+
+
+class Blob(bytes):
+    """A tensor's raw bytes made by `encode(t, "binary")`: written into a frame by `frame_bytes`."""
+
+
+class Base64(str):
+    """A base64 text made by `encode`: its JSON form is itself in quotes (no character needs
+    escaping), which `json_bytes` relies on to splice it in without the encoder scanning it."""
 
 
 CHUNK_NUMBERS = 1 << 12  # numbers per piece of a list encoding (about a millisecond of one core)
@@ -199,35 +222,42 @@ def _list_pieces(t: torch.Tensor) -> Iterator[Callable[[], bytes] | bytes]:
 
 
 def deferred(t: torch.Tensor, how: str = "base64") -> dict:
-    """`encode(t, how)` with its data a `Lazy` (encoded when the response is written)."""
+    """`encode(t, how)` with its data a `Lazy` (encoded when the response is written); the binary form
+    is raw bytes already (a copy, no encoding), so it is made at once."""
+    if how == BINARY:
+        return encode(t, how)
     t = t.detach().to("cpu").contiguous()
     return {"dtype": dtype_name(t), "shape": list(t.shape), "data": Lazy(t, how)}
 
 
 def json_pieces(obj: Any, at_least: int = 1 << 16) -> Iterator[bytes]:
-    """`json_bytes(obj)` in pieces: each `next()` does a bounded amount of work (the text around the
-    tensors, or about one piece of a tensor's data, CHUNK_NUMBERS / CHUNK_BYTES) and returns at least
-    `at_least` bytes where that much is left, so a caller can run each step on a worker thread and let
-    other work in between. Each `Lazy` is replaced by a placeholder holding a per-call random nonce in
-    one json.dumps of the rest; its pieces are written where the placeholder was."""
-    lazies: list[Lazy] = []
+    """`json.dumps(obj, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode()`, byte for
+    byte, in pieces: each `next()` does a bounded amount of work (the text around the tensors, or about
+    one piece of a tensor's data, CHUNK_NUMBERS / CHUNK_BYTES) and returns at least `at_least` bytes
+    where that much is left, so a caller can run each step on a worker thread and let other work in
+    between. Neither a `Lazy` nor a `Base64` text is scanned by the JSON encoder (megabytes per
+    response, the largest CPU cost of a capturing request on the server): each is replaced by a
+    placeholder holding a per-call random nonce in one json.dumps of the rest, and written where the
+    placeholder was."""
+    parts_of: list[Lazy | bytes] = []
     nonce = uuid.uuid4().hex
 
     def pull(x):
         if isinstance(x, dict):
             return {k: pull(v) for k, v in x.items()}
         if isinstance(x, (list, tuple)):
-            return [pull(v) for v in x]
-        if isinstance(x, Lazy):
-            lazies.append(x)
-            return f"{nonce}:{len(lazies) - 1}"
+            return x if _plain(x) else [pull(v) for v in x]
+        if isinstance(x, Lazy) or type(x) is Base64:
+            parts_of.append(x if isinstance(x, Lazy) else b'"' + x.encode("ascii") + b'"')
+            return f"{nonce}:{len(parts_of) - 1}"
         return x
     text = json.dumps(pull(obj), **_JSON).encode()  # type: ignore[arg-type]
-    parts = re.split(b'"' + nonce.encode() + rb':(\d+)"', text) if lazies else [text]
+    parts = re.split(b'"' + nonce.encode() + rb':(\d+)"', text) if parts_of else [text]
     buf: list[bytes] = [parts[0]]
     size = len(parts[0])
     for i in range(1, len(parts), 2):
-        for piece in lazies[int(parts[i])].pieces():
+        item = parts_of[int(parts[i])]
+        for piece in item.pieces() if isinstance(item, Lazy) else [item]:
             worked = callable(piece)
             b = piece() if callable(piece) else piece
             buf.append(b)
@@ -246,11 +276,87 @@ def lazy_numbers(obj: Any) -> int:
     if isinstance(obj, dict):
         return sum(lazy_numbers(v) for v in obj.values())
     if isinstance(obj, (list, tuple)):
-        return sum(lazy_numbers(v) for v in obj)
+        return 0 if _plain(obj) else sum(lazy_numbers(v) for v in obj)
     return obj.t.numel() if isinstance(obj, Lazy) else 0
 
 
 def json_bytes(obj: Any) -> bytes:
     """`json.dumps(obj, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode()`, byte for
-    byte, with each `Lazy` written as its encoded data (without the JSON encoder scanning it)."""
+    byte, with each `Lazy` written as its encoded data and each `Base64` spliced in (json_pieces)."""
     return b"".join(json_pieces(obj))
+
+
+def frame_bytes(obj: Any) -> bytes:
+    """`obj` as a frame (see the module docstring): each `Blob` pulled out of the JSON into the blob
+    section, in the order met."""
+    blobs: list[bytes] = []
+
+    def pull(x):
+        if isinstance(x, dict):
+            return {k: pull(v) for k, v in x.items()}
+        if isinstance(x, (list, tuple)):
+            return x if _plain(x) else [pull(v) for v in x]
+        if type(x) is Blob:
+            blobs.append(x)
+            return {"blob": len(blobs) - 1}
+        return x
+    body = pull(obj)
+    head = json_bytes({"blobs": [len(b) for b in blobs], "body": body})
+    return b"".join([MAGIC, struct.pack("<Q", len(head)), head, *blobs])
+
+
+def unframe(body: bytes) -> Any:
+    """The object of a frame, each tensor's `data` the bytes of its blob (a memoryview of `body`);
+    ValueError when `body` is not a whole frame."""
+    view = memoryview(body)
+    n = len(MAGIC) + 8
+    if len(view) < n or bytes(view[:len(MAGIC)]) != MAGIC:
+        raise ValueError("not a frame: it does not start with the frame's magic bytes")
+    (size,) = struct.unpack("<Q", view[len(MAGIC):n])
+    if size > len(view) - n:
+        raise ValueError(f"truncated frame: its header says {size} bytes, {len(view) - n} follow")
+    try:
+        head = json.loads(bytes(view[n:n + size]))
+        sizes = [int(k) for k in head["blobs"]]
+    except (ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"a frame's header is not valid ({e})") from None
+    if any(k < 0 for k in sizes) or n + size + sum(sizes) != len(view):
+        raise ValueError(f"truncated frame: its blobs need {sum(sizes)} bytes, {len(view) - n - size} follow")
+    starts = list(itertools.accumulate(sizes[:-1], initial=n + size))
+
+    def put(x):
+        if isinstance(x, dict):
+            ref = x.get("data")
+            if isinstance(ref, dict) and set(ref) == {"blob"}:
+                i = ref["blob"]
+                if not isinstance(i, int) or not 0 <= i < len(sizes):
+                    raise ValueError(f"a tensor of the frame names blob {i!r}, which it does not hold")
+                return {**{k: put(v) for k, v in x.items() if k != "data"}, "data": view[starts[i]:starts[i] + sizes[i]]}
+            return {k: put(v) for k, v in x.items()}
+        if isinstance(x, list):
+            return x if _plain(x) else [put(v) for v in x]
+        return x
+    return put(head["body"])
+
+
+_SCALARS = (int, float, bool, type(None))
+
+
+def _plain(xs: list | tuple) -> bool:
+    """A list of plain numbers (token ids, a shape): nothing inside to pull out or put back, so the
+    walks above skip it whole instead of visiting every number."""
+    return all(type(v) in _SCALARS for v in xs)
+
+
+def has_blob(x: Any) -> bool:
+    """Whether an answer holds binary tensors (`Blob`): then it is written as a frame."""
+    if isinstance(x, dict):
+        return any(has_blob(v) for v in x.values())
+    if isinstance(x, list):
+        return any(has_blob(v) for v in x)
+    return isinstance(x, Blob)
+
+
+def answer_bytes(obj: Any) -> bytes:
+    """An answer's bytes: a frame when it holds binary tensors (`Blob`), else `json_bytes`."""
+    return frame_bytes(obj) if has_blob(obj) else json_bytes(obj)

@@ -12,16 +12,13 @@ import hmac
 import json
 from typing import TYPE_CHECKING, Sequence
 
+from engine.core.errors import BodyTooLarge
 from engine.serve.errors import ServeError, payload
 
 if TYPE_CHECKING:
     from starlette.types import ASGIApp, Send
 
 PROTECTED = ("/v1/", "/metrics")  # /health stays open for load balancers
-
-
-class BodyTooLarge(Exception):
-    pass
 
 
 async def send_json(send: Send, status: int, body: dict, headers: Sequence[tuple[bytes, bytes]] = ()) -> None:

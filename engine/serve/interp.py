@@ -45,21 +45,26 @@ class Asked:
     steer_addresses: list[str] = field(default_factory=list)  # each steer's resolved address (errors name it)
     readouts: list = field(default_factory=list)  # engine.core.readouts.Readout, checked against the model
     stop: StopSpec | None = None
+    binary: bool = False  # the answer is a frame: tensors asked as base64 travel as raw bytes (encoding.BINARY)
+    logits: bool = False  # a generation returns each new token's logits
 
     @property
     def encoding(self) -> str:
-        return self.spec.encoding if self.spec is not None else "base64"
+        return self.spec.encoding if self.spec is not None else (encoding.BINARY if self.binary else "base64")
 
     @property
     def wants_rows(self) -> bool:
         return self.spec is not None and self.spec.reduction == "none" and bool(self.points)
 
 
-def check(runner: Runner, interp: Interp | None, calls: list[tuple[int, int]]) -> Asked:
-    """Validate `interp` for calls of (prompt length, new tokens) (0 new tokens: a forward)."""
+def check(runner: Runner, interp: Interp | None, calls: list[tuple[int, int]], binary: bool = False) -> Asked:
+    """Validate `interp` for calls of (prompt length, new tokens) (0 new tokens: a forward). `binary`:
+    the answer is a frame, so base64 tensors are sent as raw bytes instead."""
     if interp is None:
-        return Asked()
+        return Asked(binary=binary)
     spec = interp.capture
+    if binary and spec is not None and spec.encoding == "base64":
+        spec = spec.model_copy(update={"encoding": encoding.BINARY})
     points = list(spec.points) if spec else []
     for i, p in enumerate(points):
         try:
@@ -103,7 +108,8 @@ def check(runner: Runner, interp: Interp | None, calls: list[tuple[int, int]]) -
             what = "token ids" if isinstance(kind, LensTopK) else "features" if kind.sparse else "value(s) per token"
             raise ServeError(400, f"interp.stop.index: readout {stop.readout!r} gives {outs} {what}; give index "
                                   f"0..{outs - 1}", "interp.stop.index")
-    return Asked(points, steers, spec, strict=interp.strict, steer_addresses=addresses, readouts=readouts, stop=stop)
+    return Asked(points, steers, spec, strict=interp.strict, steer_addresses=addresses, readouts=readouts, stop=stop,
+                 binary=binary, logits=interp.logits)
 
 
 @functools.lru_cache(maxsize=64)
@@ -193,7 +199,8 @@ def readouts_payload(values: dict, how: str, budget: "Budget") -> tuple[dict, in
 class Budget:
     """What one request's captures may take: raw tensor bytes (`raw`, --max-capture-bytes) and bytes
     in the response body once encoded (`wire`, --max-response-bytes; base64 is 4/3 of raw, a `list`
-    number counts LIST_BYTES). Checked before a tensor is encoded, so an oversize answer costs nothing."""
+    number counts LIST_BYTES, binary is the raw bytes). Checked before a tensor is encoded, so an oversize
+    answer costs nothing."""
     raw: int | None = None
     wire: int | None = None
     raw_used: int = 0
@@ -206,7 +213,7 @@ class Budget:
             raise ServeError(400, "interp.capture.encoding: these captures hold inf or NaN, which JSON numbers "
                                   "cannot carry; use encoding 'base64'", "interp.capture.encoding")
         self.raw_used += n
-        self.wire_used += rows.nelement() * self.LIST_BYTES if how == "list" else 4 * -(-n // 3)
+        self.wire_used += self.wire_of(rows.nelement(), n, how)
         if self.raw is not None and self.raw_used > self.raw:
             raise ServeError(400, f"interp.capture: the captures of this request are over this server's limit of "
                                   f"{self.raw} bytes (--max-capture-bytes); capture fewer points or positions, or "
@@ -215,12 +222,19 @@ class Budget:
             raise too_large(self.wire, how)
         return n
 
+    @classmethod
+    def wire_of(cls, numbers: int, raw: int, how: str) -> int:
+        """Bytes a tensor of `numbers` numbers (`raw` bytes) takes in an answer, encoded `how`."""
+        return numbers * cls.LIST_BYTES if how == "list" else raw if how == encoding.BINARY else 4 * -(-raw // 3)
 
-def largest(runner: Runner, spec: CaptureSpec, keys: list[str], calls: list[tuple[int, int]]) -> tuple[int, int]:
+
+def largest(runner: Runner, spec: CaptureSpec, keys: list[str], calls: list[tuple[int, int]],
+            how: str | None = None) -> tuple[int, int]:
     """(raw bytes, encoded bytes) of a request's captures at their largest, counted as Budget.take
     counts them: each call (prompt length, new tokens; 0: a forward) over every position its spec
     selects, every capture key whose per-token shape the model knows (attention patterns, sized by
-    the run, are left to Budget as they are written)."""
+    the run, are left to Budget as they are written); `how`: the answer's encoding (default the spec's)."""
+    how = how or spec.encoding
     raw = wire = 0
     for n, new in calls:
         end = n + max(new - 1, 0)  # positions a call runs the model on: the prompt, then each token fed back
@@ -234,22 +248,22 @@ def largest(runner: Runner, spec: CaptureSpec, keys: list[str], calls: list[tupl
             numbers = rows * math.prod(shape[len(addr.coords):])
             size = 4 if spec.reduction == "mean" else 8 if addr.point in INTEGER_POINTS else runner.itemsize
             raw += numbers * size
-            wire += numbers * Budget.LIST_BYTES if spec.encoding == "list" else 4 * -(-numbers * size // 3)
+            wire += Budget.wire_of(numbers, numbers * size, how)
     return raw, wire
 
 
 def check_largest(runner: Runner, spec: CaptureSpec, keys: list[str], calls: list[tuple[int, int]],
-                  budget: Budget) -> None:
+                  budget: Budget, how: str | None = None) -> None:
     """Refuse, before anything runs, captures that cannot fit the budget even at their largest (see
     `largest`). For a forward the largest is the answer; for a stream it is what would be sent before
     a cut (old code sent 1.1 MB of a stream, then an in-band 413)."""
-    raw, wire = largest(runner, spec, keys, calls)
+    raw, wire = largest(runner, spec, keys, calls, how)
     if budget.raw is not None and raw > budget.raw:
         raise ServeError(400, f"interp.capture: the captures of this request, at their largest, are over this "
                               f"server's limit of {budget.raw} bytes (--max-capture-bytes); capture fewer points or "
                               f"positions, or use reduction 'last' or 'mean'", "interp.capture")
     if budget.wire is not None and wire > budget.wire:
-        raise too_large(budget.wire, spec.encoding, largest=True)
+        raise too_large(budget.wire, how or spec.encoding, largest=True)
 
 
 def too_large(limit: int, how: str, largest: bool = False) -> ServeError:

@@ -12,7 +12,7 @@ from typing import Any, AsyncIterator, Awaitable, Iterator, TypeVar
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
-from engine.serve import encoding
+from engine.serve import encoding, wire
 from engine.serve.errors import ServeError
 
 _T = TypeVar("_T")
@@ -54,9 +54,12 @@ async def _rest(offload: Offload, it: Iterator[bytes], first: bytes) -> AsyncIte
 
 
 async def respond(offload: Offload, obj: Any) -> Response:
-    """A JSON answer written on the Offload threads in bounded pieces (engine/serve/encoding.json_pieces):
-    a short one whole, with its length; a long one streamed as it is written, one piece per job, so
+    """An answer written on the Offload threads: a frame (engine/serve/wire.FRAME_TYPE, its tensors raw
+    bytes: copies, no encoding) in one job; JSON in bounded pieces (engine/serve/encoding.json_pieces),
+    a short one whole, with its length, a long one streamed as it is written, one piece per job, so
     other requests' jobs run between its pieces and it never sits in memory as text at once."""
+    if encoding.has_blob(obj):
+        return Response(await offload(encoding.frame_bytes, obj), media_type=wire.FRAME_TYPE)
     it = encoding.json_pieces(obj)
     first, done = await offload(_take, it, STREAM_ABOVE)  # the text around the tensors: every refusal is here
     if done:

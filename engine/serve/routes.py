@@ -27,10 +27,11 @@ from typing import TYPE_CHECKING, Any, AsyncGenerator, Awaitable, Iterable, Type
 from fastapi import FastAPI, Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 
+from engine.core import DISTRIBUTION
 from engine.core.errors import SteeringError
 from engine.core.results import StrictSteerError
-from engine.serve import interp, text
-from engine.serve.errors import ServeError, from_engine, is_client_error, payload
+from engine.serve import encoding, interp, text, wire
+from engine.serve.errors import ServeError, from_engine, is_client_error, kind_of, payload
 from engine.serve.guard import Admission, Ticket
 from engine.serve.metrics import Metrics
 from engine.serve.offload import Offload, event, respond, unless_gone
@@ -100,7 +101,8 @@ def budget(ctx: Context, req: Sampling, prompt_len: int, default: int | None) ->
     room = None if ctx.runner.max_model_len is None else ctx.runner.max_model_len - prompt_len
     if room is not None and room < 1:
         raise ServeError(400, f"prompt: its {prompt_len} tokens fill all {ctx.runner.max_model_len} positions this "
-                              f"server's model takes (max_model_len); nothing can be generated after it", "prompt")
+                              f"server's model takes (max_model_len); nothing can be generated after it", "prompt",
+                         kind="InputError")
     n = req.max_tokens or min([x for x in (default, room, ctx.settings.max_tokens_limit) if x is not None] or [16])
     if ctx.settings.max_tokens_limit is not None and n > ctx.settings.max_tokens_limit:
         raise ServeError(400, f"max_tokens: {n} is over this server's limit of {ctx.settings.max_tokens_limit} "
@@ -108,7 +110,7 @@ def budget(ctx: Context, req: Sampling, prompt_len: int, default: int | None) ->
     if room is not None and n > room:
         raise ServeError(400, f"max_tokens: {n} new tokens after a {prompt_len}-token prompt exceed the "
                               f"{ctx.runner.max_model_len} positions this server's model takes (max_model_len); "
-                              f"ask for at most {max(room, 0)}", "max_tokens")
+                              f"ask for at most {max(room, 0)}", "max_tokens", kind="InputError")
     if req.min_tokens > n:
         raise ServeError(400, f"min_tokens: {req.min_tokens} is more than max_tokens ({n})", "min_tokens")
     return n
@@ -138,7 +140,7 @@ async def guarded(coro: Awaitable[_T], asked: "interp.Asked | None" = None) -> _
     except Exception as e:
         if is_client_error(e) or (isinstance(e, ValueError) and not isinstance(e, UnicodeError)):
             param = steer_param(e, asked)
-            raise ServeError(400, f"{param}: {e}" if param else str(e), param) from None
+            raise ServeError(400, f"{param}: {e}" if param else str(e), param, kind=kind_of(e)) from None
         raise
 
 
@@ -205,7 +207,8 @@ class Gen:
         if self.req.interp is None:
             return None
         block: dict[str, Any] = {"prompt_token_ids": self.prompts[i], "token_ids": res.new_tokens.tolist(),
-                                 "receipts": interp.receipts(res.receipts)}
+                                 "receipts": interp.receipts(res.receipts), "text": res.text,
+                                 "cached_tokens": res.cached_tokens, "recomputed": res.recomputed}
         if self.asked.spec is not None and self.asked.points:
             if rows_payload is None:
                 rows_payload, n = interp.payload(self.asked.spec, res.cache, len(self.prompts[i]), fed(res),
@@ -216,6 +219,9 @@ class Gen:
             block["readouts"], n = interp.readouts_payload(res.cache.readouts, self.asked.encoding,
                                                            budget or self.ctx.budget())
             self.ctx.metrics.capture_bytes += n
+        if self.asked.logits and res.logits is not None:
+            self.ctx.metrics.capture_bytes += (budget or self.ctx.budget()).take(res.logits, self.asked.encoding)
+            block["logits"] = encoding.deferred(res.logits, self.asked.encoding)
         return block
 
     def response(self, results: list[RequestResult]) -> dict:
@@ -269,8 +275,14 @@ class Gen:
         return c
 
 
-def prepare(ctx: Context, raw: bytes, cls: type[Sampling], chat: bool) -> Gen:
-    """A generation request parsed and checked in full (on an Offload thread)."""
+def framed(request: Request) -> bool:
+    """Whether the client asked for tensors as raw bytes in a frame (Accept: engine/serve/wire.FRAME_TYPE)."""
+    return wire.FRAME_TYPE in request.headers.get("accept", "")
+
+
+def prepare(ctx: Context, raw: bytes, cls: type[Sampling], chat: bool, binary: bool = False) -> Gen:
+    """A generation request parsed and checked in full (on an Offload thread); `binary`: its
+    non-streamed answer carries base64 tensors as raw bytes in a frame."""
     req = parse_body(raw, cls, ctx.settings.sae_dir)
     check_model(ctx, req.model)
     check_sampling(ctx, req)
@@ -285,7 +297,7 @@ def prepare(ctx: Context, raw: bytes, cls: type[Sampling], chat: bool) -> Gen:
         prompts = tokenize(ctx, req.prompt)
     sampling = ctx.runner.sampling(req)
     budgets = [budget(ctx, req, len(p), None if chat else 16) for p in prompts]
-    asked = interp.check(ctx.runner, req.interp, list(zip(map(len, prompts), budgets)))
+    asked = interp.check(ctx.runner, req.interp, list(zip(map(len, prompts), budgets)), binary and not req.stream)
     if asked.stop is not None and not req.stream:
         raise ServeError(400, "interp.stop: a readout stop ends a streamed generation; send stream: true",
                          "interp.stop")
@@ -293,7 +305,7 @@ def prepare(ctx: Context, raw: bytes, cls: type[Sampling], chat: bool) -> Gen:
     if req.stream and asked.spec is not None and keys:  # a stream cannot take back what it sent: checked first
         interp.check_largest(ctx.runner, asked.spec, keys, list(zip(map(len, prompts), budgets)), ctx.budget())
     rows = bool(req.stream and asked.wants_rows)
-    jobs = [Job(p, n, asked.points, asked.steers, sampling, rows, asked.strict, asked.readouts)
+    jobs = [Job(p, n, asked.points, asked.steers, sampling, rows, asked.strict, asked.readouts, asked.logits)
             for p, n in zip(prompts, budgets)]
     return Gen(ctx, req, chat, prompts, jobs, asked, keys, f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}",
                int(time.time()))
@@ -301,7 +313,7 @@ def prepare(ctx: Context, raw: bytes, cls: type[Sampling], chat: bool) -> Gen:
 
 async def generation(request: Request, cls: type[Sampling], chat: bool) -> Response:
     ctx: Context = request.app.state.ctx
-    g = await ctx.offload(prepare, ctx, await request.body(), cls, chat)
+    g = await ctx.offload(prepare, ctx, await request.body(), cls, chat, framed(request))
     ticket = ctx.admission.enter(len(g.jobs))
     if g.req.stream:
         return Stream(stream_events(g), ticket)
@@ -378,6 +390,11 @@ async def stream_events(g: Gen) -> AsyncGenerator[str | bytes, None]:
             delta = detoks[i].push(ev.token)
             seen[i].append(ev.token)
             block = None
+            # each token as the engine made it, for a client that keeps tokens (engine/remote/)
+            tok = {} if req.interp is None else {
+                "token_id": ev.token, "token_text": ctx.runner.tokenizer.decode([ev.token], skip_special_tokens=True)}
+            if tok and len(seen[i]) == 1:  # the positions of the rows that follow are counted from the prompt
+                tok["prompt_token_ids"] = g.prompts[i]
             sent = rows[i]
             if sent is not None and ev.rows:
                 part, n = sent.add(ev.rows) if ev.result is None else (None, 0)
@@ -391,7 +408,7 @@ async def stream_events(g: Gen) -> AsyncGenerator[str | bytes, None]:
                 score = interp.stop_score(stop, ev.readouts[stop.readout])
                 if interp.crossed(stop, score):
                     results[i] = ev.result or False
-                    block = {**(block or {}), "token_ids": list(seen[i]), "stopped": {
+                    block = {**(block or {}), **tok, "token_ids": list(seen[i]), "stopped": {
                         "readout": stop.readout, "token": len(seen[i]) - 1, "score": score}}
                     delta += detoks[i].final(ctx.runner.tokenizer.decode(seen[i], skip_special_tokens=True))
                     async for b in event(ctx.offload, g.chunk([g.choice_delta(i, delta, "interp.stop", None, block)])):
@@ -400,6 +417,8 @@ async def stream_events(g: Gen) -> AsyncGenerator[str | bytes, None]:
                         break
                     continue
             if ev.result is None:  # a chunk per token, as vLLM's server sends (its text may be empty)
+                if tok:
+                    block = {**(block or {}), **tok}
                 async for b in event(ctx.offload, g.chunk([g.choice_delta(i, delta, block=block)])):
                     yield b
                 continue
@@ -411,6 +430,8 @@ async def stream_events(g: Gen) -> AsyncGenerator[str | bytes, None]:
                 final_rows, n = await ctx.offload(sent.final, res.cache, fed(res))
                 ctx.metrics.capture_bytes += n
             block = await ctx.offload(g.interp_block, i, res, final_rows)
+            if block is not None:
+                block.update(tok)
             async for b in event(ctx.offload, g.chunk([g.choice_delta(i, delta, reason, stop_reason, block)])):
                 yield b
         ctx.metrics.prompt_tokens += sum(map(len, g.prompts))
@@ -423,15 +444,16 @@ async def stream_events(g: Gen) -> AsyncGenerator[str | bytes, None]:
         elif isinstance(e, StrictSteerError):
             err = from_engine(e, f"interp.steer[{e.receipt.index}]")
         elif is_client_error(e) or isinstance(e, ValueError):
-            err = ServeError(400, str(e))
+            err = ServeError(400, str(e), kind=kind_of(e))
         else:
             err = ServeError(500, f"{type(e).__name__}: {e}")
-        yield sse(payload(err.status, err.message, err.param))
+        yield sse(payload(err.status, err.message, err.param, err.kind))
     yield "data: [DONE]\n\n"
 
 
 # -- capture -----------------------------------------------------------------------------------------------
-def prepare_capture(ctx: Context, raw: bytes) -> tuple[CaptureRequest, list[list[int]], interp.Asked]:
+def prepare_capture(ctx: Context, raw: bytes, binary: bool = False
+                    ) -> tuple[CaptureRequest, list[list[int]], interp.Asked]:
     req = parse_body(raw, CaptureRequest, ctx.settings.sae_dir)
     check_model(ctx, req.model)
     prompts = tokenize(ctx, req.prompt)
@@ -442,20 +464,21 @@ def prepare_capture(ctx: Context, raw: bytes) -> tuple[CaptureRequest, list[list
             raise ServeError(400, f"{where}: its {len(p)} tokens fill all {ctx.runner.max_model_len} positions "
                                   f"this server's model takes (max_model_len); backend {ctx.runner.backend!r} "
                                   f"runs a forward only over a prompt of at most {ctx.runner.max_model_len - room} "
-                                  f"tokens (one position stays for the next token)", where)
-    asked = interp.check(ctx.runner, req.interp, [(len(p), 0) for p in prompts])
+                                  f"tokens (one position stays for the next token)", where, kind="InputError")
+    asked = interp.check(ctx.runner, req.interp, [(len(p), 0) for p in prompts], binary)
     if asked.spec is None and not req.return_logits:
         raise ServeError(400, "interp.capture: nothing to return; give interp.capture points, or return_logits: true",
                          "interp.capture")
     if asked.spec is not None and asked.points:  # the answer's size is known before the forward: refused first
         interp.check_largest(ctx.runner, asked.spec, interp.canonical(ctx.runner, asked.points),
-                             [(len(p), 0) for p in prompts], ctx.budget())
+                             [(len(p), 0) for p in prompts], ctx.budget(), encoding.BINARY if binary else None)
     return req, prompts, asked
 
 
 def capture_response(ctx: Context, req: CaptureRequest, prompts: list[list[int]], asked: interp.Asked,
                      results: list[Capture]) -> tuple[dict, int]:
-    spec = asked.spec or CaptureSpec.model_construct(points=[], positions="all", reduction="none", encoding="base64")
+    spec = asked.spec or CaptureSpec.model_construct(points=[], positions="all", reduction="none",
+                                                     encoding=encoding.BINARY if asked.binary else "base64")
     data, budget = [], ctx.budget()
     for i, (p, (cache, logits, receipts, readouts)) in enumerate(zip(prompts, results)):
         item, _ = interp.payload(spec, cache, len(p), len(p), budget=budget)
@@ -473,7 +496,7 @@ def capture_response(ctx: Context, req: CaptureRequest, prompts: list[list[int]]
 
 async def capture(request: Request) -> Response:
     ctx: Context = request.app.state.ctx
-    req, prompts, asked = await ctx.offload(prepare_capture, ctx, await request.body())
+    req, prompts, asked = await ctx.offload(prepare_capture, ctx, await request.body(), framed(request))
     ticket = ctx.admission.enter(len(prompts))
     try:
         results = await unless_gone(request, gather_all(
@@ -508,7 +531,7 @@ def register(app: FastAPI) -> None:
     async def models(request: Request):
         ctx: Context = request.app.state.ctx
         return JSONResponse({"object": "list", "data": [
-            {"id": n, "object": "model", "created": int(ctx.metrics.started), "owned_by": "interp-engine",
+            {"id": n, "object": "model", "created": int(ctx.metrics.started), "owned_by": DISTRIBUTION,
              "root": ctx.runner.name, "max_model_len": ctx.runner.max_model_len} for n in ctx.served]})
 
     @app.api_route("/health", methods=["GET", "HEAD"])

@@ -25,10 +25,11 @@ from typing import TYPE_CHECKING, Any, AsyncGenerator, Coroutine, Sequence, cast
 import torch
 from transformers import StoppingCriteria
 
+from engine.core.backends import HF, VLLM, Runtime, backend_for
 from engine.core.inputs import limits_of, token_rows
 from engine.core.points import KEY_AXIS_POINTS
 from engine.core.results import Receipt, Request, RequestResult
-from engine.core.steering import Steer, values_at
+from engine.core.steering import Steer
 from engine.serve.errors import ServeError
 
 if TYPE_CHECKING:
@@ -54,6 +55,7 @@ class Job:
     rows: bool = False  # stream the capture rows per step
     strict: bool = True  # a steer that touched no row fails the request
     readouts: list = field(default_factory=list)  # engine.core.readouts.Readout, checked against the model
+    logits: bool = False  # keep each new token's logits in the result (interp.logits)
 
 
 @dataclass
@@ -95,9 +97,11 @@ class Runner:
     backend: str
     forward_room = 0  # positions a forward over a prompt needs beyond it (vLLM: one, for the next token)
     abandoned_tokens = 0  # tokens generated for requests whose client left (eager; vLLM aborts without a count)
+    SAMPLING_EXTRAS: tuple[str, ...] = ()  # request fields beyond the engine's knobs that this backend honours
 
     def __init__(self, model: EagerModel | VLLMModel) -> None:
         self.model = model
+        self.backend = model.backend
         self.name = model.name
         self.tokenizer = model.tokenizer
         self.tokenizer_lock = threading.Lock()  # requests are tokenized on several threads (routes.Offload)
@@ -164,6 +168,10 @@ class Runner:
         """One forward: ({address: [P, ...]}, logits [P, vocab] or None, receipts, {readout name: value})."""
         raise NotImplementedError
 
+    async def lens(self, x: torch.Tensor, point: str) -> torch.Tensor:
+        """The model's logit lens (final norm and unembedding) of residual rows x [..., d_model]."""
+        raise NotImplementedError
+
     async def problem(self) -> str | None:
         """None when healthy, else why not."""
         return "closed" if self.catalogue._closed else None
@@ -178,11 +186,12 @@ class Runner:
 
 class VLLMRunner(Runner):
     forward_room = 1
+    SAMPLING_EXTRAS = ("stop", "stop_token_ids", "presence_penalty", "frequency_penalty", "repetition_penalty",
+                       "min_p", "min_tokens", "ignore_eos")
     PROBE_EVERY_S = 5.0  # /health runs at most one probe request per interval and reuses its verdict
     model: VLLMModel
 
     def __init__(self, model: VLLMModel) -> None:
-        self.backend = model.backend
         super().__init__(model)
         self._probed: tuple[float, str | None] = (-math.inf, None)  # (when, verdict of the latest probe)
         self._probes = 0  # probes run: each one's prompt differs (engine/serve/runner.probe_prompt)
@@ -207,13 +216,13 @@ class VLLMRunner(Runner):
         # one output at the end, as vLLM's own server asks for non-streamed requests (not one per step)
         sampling = {**job.sampling, "output_kind": RequestOutputKind.FINAL_ONLY}
         req = Request(job.prompt, job.max_tokens, job.points, job.steers, sampling, job.readouts)
-        (res,) = await self.model.aio.generate_batch([req], return_logits=False, strict=job.strict)
+        (res,) = await self.model.aio.generate_batch([req], return_logits=job.logits, strict=job.strict)
         return res
 
     async def stream(self, job: Job) -> AsyncGenerator[Event, None]:
         n = len(job.prompt)
         async for st in self.model.aio.stream(job.prompt, job.max_tokens, job.points, job.steers,
-                                              return_logits=False, rows=job.rows, strict=job.strict,
+                                              return_logits=job.logits, rows=job.rows, strict=job.strict,
                                               readouts=job.readouts, **job.sampling):
             at = 0 if st.index == 0 else n + st.index - 1  # the first position of the step's rows
             yield Event(st.token, {k: (at, t) for k, t in st.rows.items()} if st.rows else None, st.result,
@@ -223,6 +232,9 @@ class VLLMRunner(Runner):
                       strict: bool = True, readouts: Sequence[Readout] = ()) -> Capture:
         lg, cache = await self.model.aio.capture([prompt], points, steers, strict, readouts)
         return {k: v[0] for k, v in cache.items()}, (lg[0] if logits else None), cache.receipts, first(cache.readouts)
+
+    async def lens(self, x: torch.Tensor, point: str) -> torch.Tensor:
+        return await self.model.aio.logit_lens(x, point)
 
     async def problem(self) -> str | None:
         if self.catalogue._closed:
@@ -281,7 +293,6 @@ class _Gone(StoppingCriteria):
 
 
 class EagerRunner(Runner):
-    backend = "eager"
     REFUSED = ("stop", "stop_token_ids", "presence_penalty", "frequency_penalty", "min_p", "repetition_penalty")
     model: EagerModel
 
@@ -309,7 +320,7 @@ class EagerRunner(Runner):
         if shape is not None and isinstance(st.value, torch.Tensor):
             b = st.bound()
             if b.lead < 2:  # the engine's own message (a batch axis is checked per sequence when it runs)
-                values_at(b, torch.empty(0, dtype=torch.long), shape[len(st.address.coords):])
+                b.check_shape(shape[len(st.address.coords):])
         return st
 
     def sampling(self, req: Sampling) -> dict:
@@ -345,21 +356,10 @@ class EagerRunner(Runner):
             raise
 
     async def stream(self, job: Job) -> AsyncGenerator[Event, None]:
-        """Eager generates in one call: the tokens go out when it returns, the rows with the last. With
-        readouts, token by token (the model's own stream), each with its forward's readouts."""
-        if job.readouts:
-            async for ev in self._live(job):
-                yield ev
-            return
-        res = await self.generate(job)
-        toks = res.new_tokens.tolist()
-        for tok in toks[:-1]:
-            yield Event(tok)
-        yield Event(toks[-1], {k: (0, v) for k, v in res.cache.items()} if job.rows else None, res)
-
-    async def _live(self, job: Job):
+        """Token by token (the model's own stream), each with its forward's readouts, the rows with the
+        last; a client that leaves stops the generation at its next step (closing the model's stream)."""
         it = await self._call(lambda: self.model.stream(job.prompt, job.max_tokens, job.points, job.steers,
-                                                        return_logits=False, rows=False, strict=job.strict,
+                                                        return_logits=job.logits, rows=False, strict=job.strict,
                                                         readouts=job.readouts, **job.sampling))
         try:
             while True:
@@ -381,6 +381,9 @@ class EagerRunner(Runner):
                       strict: bool = True, readouts: Sequence[Readout] = ()) -> Capture:
         return await self._call(self._capture, prompt, points, steers, logits, strict, readouts)
 
+    async def lens(self, x: torch.Tensor, point: str) -> torch.Tensor:
+        return await self._call(self.model.logit_lens, x, point)
+
     def serve(self, coro: Coroutine[Any, Any, None], server: Server) -> None:
         asyncio.run(coro)
 
@@ -400,8 +403,11 @@ def probe_prompt(k: int, vocab: int, n: int = 8) -> list[int]:
     return [1 + (k * 7919 + i * 104729 + k * k * i) % max(vocab - 1, 1) for i in range(n)]
 
 
+RUNNERS: dict[Runtime, type[Runner]] = {HF: EagerRunner, VLLM: VLLMRunner}  # the server's runner per engine
+
+
 def make(model: EagerModel | VLLMModel) -> Runner:
-    return (EagerRunner(cast("EagerModel", model)) if model.backend == "eager"
-            else VLLMRunner(cast("VLLMModel", model)))
+    """The runner for a loaded model: the one of its backend's runtime (engine/core/backends.py)."""
+    return RUNNERS[backend_for(model.backend).runtime](cast(Any, model))
 
 

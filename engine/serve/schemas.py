@@ -52,12 +52,31 @@ class Body(BaseModel):
 
 
 def positions_in(p: Any) -> "str | int | slice | list[int] | torch.Tensor":
-    """A position spec from JSON: "all" | "last" | "generated" | int | [start, stop] (null = open)."""
+    """A position spec from JSON: "all" | "last" | "generated" | int | [start, stop] (null = open) |
+    {"at": [int, ...]} (explicit positions) | {"mask": [bool, ...]} (a mask over positions; [[...]]:
+    one row per sequence)."""
+    if isinstance(p, dict):
+        return _positions_object(p)
     if isinstance(p, list):
         if len(p) != 2:
             raise ValueError(f"positions as a list is [start, stop], got {len(p)} items")
         p = tuple(p)
     return engine_positions.normalize(p)
+
+
+def _positions_object(p: dict) -> "list[int] | torch.Tensor":
+    if set(p) == {"at"} and isinstance(p["at"], list):
+        return engine_positions.normalize(p["at"])
+    if set(p) == {"mask"} and isinstance(p["mask"], list):
+        m = p["mask"]
+        rows = m if m and isinstance(m[0], list) else [m]
+        if not all(isinstance(r, list) and all(isinstance(x, bool) for x in r) for r in rows) \
+                or len({len(r) for r in rows}) > 1 or sum(map(len, rows)) > encoding.MAX_ELEMENTS:
+            raise ValueError("a positions mask is a list of booleans, or a list of equal-length lists of booleans "
+                             "(one per sequence)")
+        import torch
+        return engine_positions.normalize(torch.tensor(m, dtype=torch.bool))
+    raise ValueError('positions as an object is {"at": [int, ...]} or {"mask": [bool, ...]}')
 
 
 def _address(p: str) -> str:
@@ -216,6 +235,7 @@ class Interp(Body):
     steer: list[SteerSpec] = Field(default_factory=list, max_length=MAX_STEERS)
     strict: bool = True
     stop: StopSpec | None = None
+    logits: bool = False  # generation: each new token's logits [new, vocab] (the library's return_logits=True)
 
     @model_validator(mode="after")
     def _stop_reads_a_readout(self):

@@ -19,6 +19,8 @@ from typing import Any, Iterable
 
 import torch
 
+from engine.core.address import Address
+
 PIECES = {"scores": "attn_scores", "probs": "attn_probs", "value": "value", "z": "z"}
 
 
@@ -52,7 +54,7 @@ def capture_attention(model: Any, tokens: Any, layers: Iterable[int] | None = No
         if not layers:
             raise ValueError(f"{model.name} has no softmax attention layer this backend serves: "
                              f"{model.refuses('attn_probs.0')}")
-    layers = [model.address(f"resid_post.{layer}").layer for layer in layers]
+    layers = [model.address(Address("resid_post", layer)).layer for layer in layers]  # any integer, checked
     want, out = [], AttentionCapture(layers)
     for layer in layers:
         for piece in pieces:

@@ -20,6 +20,7 @@ import torch
 
 from engine.core.errors import InputError
 from engine.core.inputs import limits_of, token_rows
+from engine.core.integers import as_int
 from engine.core.steering import Steer
 
 
@@ -65,8 +66,8 @@ def logit_diff(model: Any, answer: int | str, wrong: int | str, position: int = 
 
 
 def _token_id(model, t) -> int:
-    if isinstance(t, int):
-        return t
+    if (i := as_int(t)) is not None:
+        return i
     ids = model.tokenizer(t, add_special_tokens=False)["input_ids"]
     if len(ids) != 1:
         raise InputError(f"{t!r} is {len(ids)} tokens for this tokenizer ({ids}); a logit difference needs one "

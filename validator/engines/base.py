@@ -2,7 +2,10 @@
 
 Every adapter returns canonical tensors (`[batch, pos, ...]`, heads as `[b, pos, h, hd]`,
 attention patterns as `[b, pos, h, kpos]`) on the CPU, keyed by address string ("resid_post.3",
-"final_norm"). A point the reference cannot produce is a `Missing` with the reason (the runner
+"final_norm"). What goes the other way (a case's token ids, mask and positions, a steer vector) is
+moved to the device of the model that reads it by `on_device`, the one place the validator does
+that: cases are built on the CPU (their digest and the scoring read them there) and a model may run
+on cuda. A point the reference cannot produce is a `Missing` with the reason (the runner
 turns it into a declared gap, or a failure when no gap is declared for it). Each adapter keeps a
 `TENSORS` table saying exactly which of its tensors stands for each of our points, because the
 same name often means a different tensor across libraries.
@@ -10,6 +13,7 @@ same name often means a different tensor across libraries.
 from __future__ import annotations
 
 import copy
+import dataclasses
 from dataclasses import dataclass, field
 
 import torch
@@ -24,6 +28,24 @@ class Missing:
 class EngineUnavailable(Exception):
     """The reference cannot run this model at all (e.g. TransformerLens has no adapter for the
     architecture); every row of the cell becomes a gap or failure with this text as evidence."""
+
+
+def on_device(x, device, dtype: torch.dtype | None = None):
+    """`x` with every tensor in it on `device` (and floating tensors cast to `dtype` when given): a
+    tensor, a `Case`, or a dict / list / tuple of them (other values pass through). The validator moves
+    what it builds to a model only through here, so a harness tensor never meets a model on another
+    device (on cuda: "Expected all tensors to be on the same device ... index is on cpu")."""
+    if isinstance(x, torch.Tensor):
+        return x.to(device=device, dtype=dtype if x.is_floating_point() else None)
+    if isinstance(x, Case):
+        return dataclasses.replace(x, input_ids=on_device(x.input_ids, device),
+                                   attention_mask=on_device(x.attention_mask, device),
+                                   valid=on_device(x.valid, device))
+    if isinstance(x, dict):
+        return {k: on_device(v, device, dtype) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return type(x)(on_device(v, device, dtype) for v in x)
+    return x
 
 
 @dataclass
@@ -70,6 +92,11 @@ class ModelContext:
     def n_layers(self) -> int:
         return self.config.num_hidden_layers
 
+    @property
+    def device(self) -> torch.device:
+        """Where the reference model runs (an adapter's copies are made on it)."""
+        return model_device(self.hf)
+
     def fresh_hf(self) -> torch.nn.Module:
         return copy.deepcopy(self.hf).eval()
 
@@ -82,6 +109,15 @@ class Reference:
 
     def __init__(self, ctx: ModelContext):
         self.ctx = ctx
+
+    @property
+    def device(self) -> torch.device:
+        """The device of the model this adapter runs (its inputs are moved there by `place`)."""
+        return self.ctx.device
+
+    def place(self, x, dtype: torch.dtype | None = None):
+        """A case, a steer vector, or a dict of inputs on this adapter's model device (`on_device`)."""
+        return on_device(x, self.device, dtype)
 
     def capture(self, case: Case, addresses: list[str]) -> dict:
         """{address: canonical tensor or Missing} for every address, from one forward."""
@@ -96,6 +132,12 @@ class Reference:
 
     def close(self) -> None:
         """Release the model copies (the runner keeps one reference alive at a time)."""
+
+
+def model_device(module: torch.nn.Module) -> torch.device:
+    """The device of a module's first parameter (CPU for a module without any)."""
+    p = next(module.parameters(), None)
+    return p.device if p is not None else torch.device("cpu")
 
 
 def split_address(address: str) -> tuple[str, int | None]:
@@ -143,7 +185,3 @@ def scores_from_qk(q: torch.Tensor, k: torch.Tensor, mask, scaling: float, softc
         m = mask[:, :, :, : k.shape[-2]]
         s = s.masked_fill(~m, float("-inf")) if m.dtype == torch.bool else s + m.float()
     return s.transpose(1, 2)
-
-
-def all_missing(addresses, reason: str) -> dict:
-    return {a: Missing(reason) for a in addresses}

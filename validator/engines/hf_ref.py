@@ -13,8 +13,7 @@ import inspect
 
 import torch
 
-from validator.engines.base import (Case, Missing, Reference, first, scores_from_qk, split_address,
-                                    to_heads)
+from validator.engines.base import Case, Missing, Reference, first, scores_from_qk, split_address, to_heads
 from validator.engines.hf_layouts import get_path, layout_for
 
 TENSORS = {
@@ -352,6 +351,7 @@ class HFReference(Reference):
 
     # -- public -------------------------------------------------------------------------------
     def capture(self, case: Case, addresses: list[str]) -> dict:
+        case = self.place(case)
         rec = _Recorder()
         plans = {}
         for addr in addresses:
@@ -384,6 +384,8 @@ class HFReference(Reference):
         return result
 
     def steer_logits(self, case: Case, layer: int, vector: torch.Tensor) -> torch.Tensor:
+        case, vector = self.place(case), self.place(vector)
+
         def hook(mod, args, output):
             if isinstance(output, tuple):
                 return (output[0] + vector.to(output[0].dtype), *output[1:])

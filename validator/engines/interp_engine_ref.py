@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from validator.engines.base import Case, EngineUnavailable, Missing, Reference, split_address
+from validator.engines.base import Case, EngineUnavailable, Missing, Reference, model_device, split_address
 from validator.engines.interp_align import Dims, align
 
 TENSORS = {"*": "interp_engine.capture(model, ids, [address]) with the same address string, re-laid out by "
@@ -28,7 +28,7 @@ class InterpEngineReference(Reference):
         self.ie = ie
         try:  # handed our copy and tokenizer, so it never resolves the name on a hub
             self.m = ie.EagerModel(ctx.name, hf_model=ctx.fresh_hf(), tokenizer=ctx.tokenizer, device="cpu"
-                                   if next(ctx.hf.parameters()).device.type == "cpu" else None)
+                                   if ctx.device.type == "cpu" else None)
         except Exception as e:  # noqa: BLE001  (its architecture resolution raises several types)
             raise EngineUnavailable(f"interp_engine.EagerModel failed: {type(e).__name__}: {_last(e)}") from e
         self.names = {p.name for p in self.m.points()}
@@ -39,6 +39,10 @@ class InterpEngineReference(Reference):
         heads = getattr(cfg, "num_attention_heads", 0) or 0
         self.dims = dict(heads=heads, kv_heads=getattr(cfg, "num_key_value_heads", None) or heads,
                          head_dim=getattr(cfg, "head_dim", None) or (cfg.hidden_size // heads if heads else 0))
+
+    @property
+    def device(self) -> torch.device:
+        return model_device(self.m.hf_model)  # where interp-engine put its copy
 
     def _refusal(self, address: str) -> str:
         point, layer = split_address(address)
@@ -54,6 +58,7 @@ class InterpEngineReference(Reference):
         return case.position_ids if self.takes_positions else None
 
     def _capture(self, case: Case, addresses: list[str]) -> dict:
+        case = self.place(case)
         cache = self.ie.capture(self.m, case.input_ids, addresses, attention_mask=case.attention_mask,
                                 position_ids=self._positions(case))
         b, n = case.input_ids.shape
@@ -86,7 +91,8 @@ class InterpEngineReference(Reference):
 
     def steer_logits(self, case: Case, layer: int, vector: torch.Tensor) -> torch.Tensor:
         ie = self.ie
-        spec = ie.SteerSpec(vector=vector.to(torch.float32), layer=layer, point="resid_post")
+        case = self.place(case)
+        spec = ie.SteerSpec(vector=self.place(vector, torch.float32), layer=layer, point="resid_post")
         with torch.no_grad(), ie.steer(self.m, [spec]):
             cache = ie.capture(self.m, case.input_ids, ["lm_head"], attention_mask=case.attention_mask,
                                position_ids=self._positions(case))

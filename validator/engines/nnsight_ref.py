@@ -12,8 +12,16 @@ import inspect
 
 import torch
 
-from validator.engines.base import (Case, EngineUnavailable, Missing, Reference, first, scores_from_qk,
-                                    split_address, to_heads)
+from validator.engines.base import (
+    Case,
+    EngineUnavailable,
+    Missing,
+    Reference,
+    first,
+    scores_from_qk,
+    split_address,
+    to_heads,
+)
 from validator.engines.hf_layouts import get_path, layout_for
 from validator.engines.hf_ref import _find_layers, _kv_heads, _spec
 
@@ -200,7 +208,7 @@ class NNsightReference(Reference):
         kw = dict(input_ids=case.input_ids, attention_mask=case.attention_mask)
         if self.accepts_positions:
             kw["position_ids"] = case.position_ids
-        return kw
+        return self.place(kw)
 
     def _envoy(self, path: str):
         env = self.lm
@@ -319,6 +327,7 @@ class NNsightReference(Reference):
         inputs = self._inputs(case)
         ids = inputs.pop("input_ids")
         env = self._envoy(f"{self.layers_path}.{layer}")
+        vector = self.place(vector)
         with torch.no_grad(), self.lm.trace({"input_ids": ids, "attention_mask": inputs.pop("attention_mask")},
                                             **inputs):
             o = env.output

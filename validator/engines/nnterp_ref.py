@@ -114,6 +114,7 @@ class NNterpReference(Reference):
                 todo.append((self._key(point, layer), a, point, layer))
         todo.sort()
         saved = {}
+        case = self.place(case)
         with torch.no_grad(), self.st.trace({"input_ids": case.input_ids, "attention_mask": case.attention_mask},
                                             position_ids=case.position_ids):
             for _, a, point, layer in todo:
@@ -128,6 +129,7 @@ class NNterpReference(Reference):
         return out
 
     def steer_logits(self, case: Case, layer: int, vector: torch.Tensor) -> torch.Tensor:
+        case, vector = self.place(case), self.place(vector)
         with torch.no_grad(), self.st.trace({"input_ids": case.input_ids, "attention_mask": case.attention_mask},
                                             position_ids=case.position_ids):
             self.st.steer(layer, vector)

@@ -12,8 +12,7 @@ import copy
 
 import torch
 
-from validator.engines.base import (Case, EngineUnavailable, Missing, Reference, split_address,
-                                    to_heads)
+from validator.engines.base import Case, EngineUnavailable, Missing, Reference, split_address, to_heads
 
 # our point -> bridge hook candidates ({L} = layer), first existing wins
 HOOKS: dict[str, tuple[str, ...]] = {
@@ -100,7 +99,7 @@ class TLReference(Reference):
         try:
             self.bridge = TransformerBridge.boot_transformers(
                 ctx.name, hf_model=ctx.fresh_hf(), tokenizer=_bridge_tokenizer(ctx.tokenizer, ctx.name),
-                device=str(next(ctx.hf.parameters()).device), dtype=ctx.dtype)
+                device=str(ctx.device), dtype=ctx.dtype)
         except Exception as e:  # noqa: BLE001  (unsupported architectures raise many types)
             raise EngineUnavailable(f"TransformerBridge.boot_transformers failed: {type(e).__name__}: "
                                     f"{str(e)[:400]}") from e
@@ -128,6 +127,7 @@ class TLReference(Reference):
         return Missing(f"no bridge hook {' / '.join(names)} on {self.bridge.cfg.architecture}")
 
     def _run(self, case: Case, fwd_hooks=(), names=None):
+        case = self.place(case)
         kw = dict(attention_mask=case.attention_mask, position_ids=case.position_ids)
         with torch.no_grad():
             if names is None:
@@ -177,6 +177,7 @@ class TLReference(Reference):
         name = f"blocks.{layer}.hook_resid_post"
         if name not in self.hooks:
             raise LookupError(f"no bridge hook {name}")
+        vector = self.place(vector)
         logits, _ = self._run(case, fwd_hooks=[(name, lambda t, hook: t + vector.to(t.dtype))])
         return logits.detach().float().cpu()
 

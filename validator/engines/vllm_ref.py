@@ -49,9 +49,12 @@ class VllmEngine(Reference):
                 out[a] = Missing(f"refused by backend {self.backend!r}: {e}")
         return ok, out
 
-    @staticmethod
-    def _inputs(case: Case) -> dict:
-        return {"input_ids": case.input_ids, "attention_mask": case.attention_mask}
+    @property
+    def device(self) -> torch.device:
+        return torch.device("cpu")  # the vLLM client takes host tensors; its workers place them
+
+    def _inputs(self, case: Case) -> dict:
+        return self.place({"input_ids": case.input_ids, "attention_mask": case.attention_mask})
 
     def capture(self, case: Case, addresses: list[str]) -> dict:
         self._ensure(addresses)
@@ -69,7 +72,8 @@ class VllmEngine(Reference):
     def steer_logits(self, case: Case, layer: int, vector: torch.Tensor) -> torch.Tensor:
         from engine.core.steering import Steer
         self._ensure([f"resid_post.{layer}"])
-        logits, _ = self.m.run_with_cache(self._inputs(case), [], steer=[Steer(f"resid_post.{layer}", "add", vector)])
+        logits, _ = self.m.run_with_cache(self._inputs(case), [], steer=[Steer(f"resid_post.{layer}", "add",
+                                                                                 self.place(vector))])
         return _cpu(logits)
 
     def versions(self) -> dict:

@@ -43,11 +43,11 @@ export const PAGES: readonly { file: string; title: string }[] = [
 
 /** The page frame: header with navigation, a title, an intro paragraph; returns the main element. */
 export function frame(file: string, title: string, intro: string): HTMLElement {
-  document.title = `${title} · interp engine`;
+  document.title = `${title} · interp-standard`;
   const nav = h("nav", { "aria-label": "Pages" }, ...PAGES.map((p) =>
     h("a", { href: p.file, "aria-current": p.file === file ? "page" : null }, p.title)));
   const main = h("main", { id: "main" }, h("h1", {}, title), h("p", { class: "intro" }, intro));
-  document.body.append(h("header", {}, h("a", { class: "brand", href: "index.html" }, "interp engine"), nav), main,
+  document.body.append(h("header", {}, h("a", { class: "brand", href: "index.html" }, "interp-standard"), nav), main,
     h("footer", {}, "Built from visualizer-data/*.generated.ts (", h("code", {}, "python -m visualizer_data build"),
       "); nothing on these pages is typed by hand."));
   return main;

@@ -6,7 +6,7 @@ import { benchmarkRatios, benchmarkSweeps } from "../../visualizer-data/benchmar
 import { badge, frame, h, table, unique } from "./dom";
 import { VERDICTS, shown } from "./verdict";
 
-const main = frame("index.html", "interp engine: points, validation, speed",
+const main = frame("index.html", "interp-standard: points, validation, speed",
   "One name for the same activation on every architecture, captured and steered at serving speed, with proof that it is the right tensor. " +
   "These pages are generated from the repository's data files and open without a server.");
 

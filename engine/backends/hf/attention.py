@@ -1,11 +1,21 @@
-"""An attention implementation that exposes q, k, value, attn_scores, attn_probs and z.
+"""Attention implementations that expose q, k, value, attn_scores, attn_probs and z.
 
 HF models call `ALL_ATTENTION_FUNCTIONS.get_interface(config._attn_implementation, eager_fn)`.
-We register one more implementation, "interp", which runs the family's own eager attention
-(looked up in the module's modeling file, so softcaps, sinks and sliding windows stay exactly
-HF's) and, only when callbacks are attached to that attention module, lets them read or replace
-the tensors that flow through. With no callbacks it is the family's eager path, byte for byte; a
-callback that only reads (returns None) leaves every tensor of the call untouched.
+We register two kinds of implementation:
+
+    "interp"           the family's own eager attention (looked up in the module's modeling file, so
+                       softcaps, sinks and sliding windows stay exactly HF's) with every point read or
+                       replaced inside it; what a model loaded with eager attention runs
+    "interp_<native>"  the implementation the model was loaded with (`native`: sdpa, or flash
+                       attention where installed) with q, k, value and z read or replaced around its
+                       call; a layer whose pattern (attn_scores, attn_probs) is read also runs the
+                       family's eager attention beside it for the pattern alone, so the forward stays
+                       the native one, bit for bit
+
+Callbacks run only when attached to that attention module: with none, each is its underlying
+implementation, byte for byte; a callback that only reads (returns None) leaves every tensor of the
+call untouched. Families that softcap attention logits (Gemma-2) or add ALiBi biases (Falcon-RW) run
+eager in both (`native_of` says why).
 """
 from __future__ import annotations
 
@@ -98,6 +108,58 @@ def scores_from(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,
     return scores
 
 
+def additive_mask(mask: torch.Tensor | None, q_len: int, kv_len: int, dtype: torch.dtype,
+                  device: torch.device) -> torch.Tensor:
+    """The mask an eager attention adds to its scores ([b or 1, 1, q, kv], 0 or the dtype's minimum), from
+    what the loaded implementation's mask function gave: a bool mask (True: attend), an additive one
+    (kept), or None (a plain causal mask, which is when HF's SDPA mask skips building one)."""
+    if mask is not None and mask.is_floating_point():
+        return mask
+    if mask is None:
+        q_pos = torch.arange(kv_len - q_len, kv_len, device=device)[:, None]
+        mask = (torch.arange(kv_len, device=device)[None, :] <= q_pos)[None, None]
+    return torch.zeros((), dtype=dtype, device=device).masked_fill(~mask[..., :kv_len], torch.finfo(dtype).min)
+
+
+def _fast(native: Any) -> Callable[..., tuple]:
+    """`native` attention with q / k / value / z callbacks around its call. A pattern callback (capture of
+    attn_scores / attn_probs) gets the family's eager scores and probabilities, computed beside the native
+    call, so reading a pattern leaves the forward bit-identical; a written attn_probs recomputes the
+    output from the new probabilities, as the eager path does."""
+    def attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                  attention_mask: torch.Tensor | None, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
+        cbs = getattr(module, CALLBACKS_ATTR, None)
+        if not cbs:
+            return native(module, query, key, value, attention_mask, **kwargs)
+        q_len = query.shape[2]
+        if "q" in cbs:
+            new = _run(cbs, "q", _heads_first_to_pos_first(query))
+            query = query if new is None else _heads_first_to_pos_first(new)
+        key = _new_tail(module, key, q_len, cbs, "k")
+        value = _new_tail(module, value, q_len, cbs, "value")
+        out, probs = native(module, query, key, value, attention_mask, **kwargs)
+        if "attn_scores" in cbs or "attn_probs" in cbs:
+            scaling = kwargs.get("scaling") or getattr(module, "scaling", query.shape[-1] ** -0.5)
+            mask = additive_mask(attention_mask, q_len, key.shape[2], query.dtype, query.device)
+            if "attn_scores" in cbs:
+                scores = scores_from(module, query, key, mask, scaling, kwargs.get("softcap"))
+                _run(cbs, "attn_scores", scores.transpose(1, 2))  # capture only: [b, q, h, kv]
+            if "attn_probs" in cbs:
+                eager_kw = {k: v for k, v in kwargs.items() if k != "scaling"}
+                _, weights = _eager_fn(module)(module, query, key, value, mask, scaling=scaling, **eager_kw)
+                new = _run(cbs, "attn_probs", weights.transpose(1, 2))
+                if new is not None:  # steered: the output is recomputed from the new probabilities
+                    p = new.transpose(1, 2)
+                    groups = p.shape[1] // value.shape[1]
+                    v = value.repeat_interleave(groups, dim=1) if groups > 1 else value
+                    out = torch.matmul(p.to(v.dtype), v).transpose(1, 2).contiguous()
+        if "z" in cbs:
+            new = _run(cbs, "z", out)  # out is [b, q, h, d]
+            out = out if new is None else new
+        return out, probs
+    return attention
+
+
 def interp_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                      attention_mask: torch.Tensor | None, scaling: float | None = None,
                      **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -131,20 +193,57 @@ def interp_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Te
     return out, probs
 
 
-def install() -> None:
-    """Register the implementation (idempotent)."""
+def install(native: str = "eager") -> str:
+    """Register "interp" and the fast implementation over `native` (idempotent); the fast one's name
+    ("interp" itself when native is eager, or unknown to HF's registries)."""
     if NAME not in ALL_ATTENTION_FUNCTIONS._global_mapping:
         ALL_ATTENTION_FUNCTIONS.register(NAME, interp_attention)
         ALL_MASK_ATTENTION_FUNCTIONS.register(NAME, eager_mask)
+    fn = ALL_ATTENTION_FUNCTIONS._global_mapping.get(native)
+    mask = ALL_MASK_ATTENTION_FUNCTIONS._global_mapping.get(native)
+    if native in ("eager", NAME) or fn is None or mask is None:
+        return NAME
+    fast = f"{NAME}_{native}"
+    if fast not in ALL_ATTENTION_FUNCTIONS._global_mapping:
+        ALL_ATTENTION_FUNCTIONS.register(fast, _fast(fn))  # type: ignore[arg-type]
+        ALL_MASK_ATTENTION_FUNCTIONS.register(fast, mask)  # type: ignore[arg-type]
+    return fast
 
 
-def use_on(model: torch.nn.Module) -> None:
-    """Switch a loaded HF model (and its sub-configs) to the interp implementation."""
-    install()
+def configs(model: torch.nn.Module) -> list:
+    """Every config of a loaded HF model that names its attention implementation (sub-configs too)."""
+    seen: dict = {}
     for module in model.modules():
         cfg = getattr(module, "config", None)
         if cfg is not None and hasattr(cfg, "_attn_implementation"):
-            try:
-                cfg._attn_implementation = NAME
-            except Exception:  # some configs guard the setter; the internal field always exists
-                cfg._attn_implementation_internal = NAME
+            seen[id(cfg)] = cfg
+    return list(seen.values())
+
+
+def native_of(model: torch.nn.Module) -> str:
+    """The implementation a model was loaded with, for its fast calls: eager where the family softcaps
+    attention logits (SDPA and flash kernels here do not), and where it adds ALiBi biases (Falcon-RW:
+    HF's SDPA path gave logits 1.4e-2 away from its eager path on a left-padded batch, measured by
+    tests/test_attention_fast.py)."""
+    config: Any = model.config
+    cfg = config.get_text_config() if hasattr(config, "get_text_config") else config
+    if getattr(cfg, "attn_logit_softcapping", None) or getattr(cfg, "alibi", False):
+        return "eager"
+    return str(getattr(model.config, "_attn_implementation", None) or "eager")
+
+
+def select(cfgs: list, name: str) -> None:
+    """Run the model with implementation `name` (each config's choice is set)."""
+    for cfg in cfgs:
+        if cfg._attn_implementation == name:
+            continue
+        try:
+            cfg._attn_implementation = name
+        except Exception:  # some configs guard the setter; the internal field always exists
+            cfg._attn_implementation_internal = name
+
+
+def use_on(model: torch.nn.Module) -> None:
+    """Switch a loaded HF model (and its sub-configs) to the interp implementation (every call eager)."""
+    install()
+    select(configs(model), NAME)

@@ -17,14 +17,17 @@ from collections.abc import Generator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
+import numpy as np
 import torch
 
 from engine.backends.hf import attention, sites
+from engine.backends.hf.grid import Call, Layout, decode_layout, padded, pattern_rows, prefill_layout
 from engine.backends.hf.stop import Stop, stopped_at
 from engine.core.address import Address, closest, parse
 from engine.core.errors import AddressError, SteeringError, UnsupportedPointError
-from engine.core.inputs import limits_of, new_tokens, padded_batch, row_label
-from engine.core.plan import Plan, SiteWork, Span, run_site, site_work
+from engine.core.inputs import host_batch, limits_of, new_tokens, row_label
+from engine.core.ledger import GUARD
+from engine.core.plan import Plan, SiteWork, site_work
 from engine.core.points import INTEGER_POINTS, backend_status, get_point
 from engine.core.readouts import Env, Readout, ReadoutError, bind, validate_readouts
 from engine.core.results import (
@@ -32,19 +35,18 @@ from engine.core.results import (
     ActivationCache,
     GenerationResult,
     RequestResult,
-    batch_cache,
     batch_readouts,
     check_strict,
-    columns,
-    columns_of,
     combine,
-    one_run_per_row,
+    scatter,
 )
+from engine.core.site import guard, run_site
 from engine.core.steer_checks import check_steers
-from engine.core.steering import Steer, check_feature_steer
+from engine.core.steering import Steer, check_feature_steer, failure
 from engine.core.tokens import TokensMixin, special_ids
 from engine.families import limits as family_limits
 from engine.families.base import Family
+from engine.interop.mappers import check_sae_sites
 from engine.model import lens
 from engine.model.base import ModelBase
 from engine.model.capabilities import Verdict, refused
@@ -59,61 +61,16 @@ if TYPE_CHECKING:
 _HEADS = ("lm_head", "lm_head_raw")  # read at the last prompt token and each new one while generating
 
 
-@dataclass
-class Layout:
-    """How the running forward's [batch, cols] rows map to sequences: spans over the flat rows, the
-    chunk's shape, and which columns of the sequence so far are real tokens (for attention keys)."""
-    spans: list[Span]
-    shape: tuple[int, int]
-    key_mask: torch.Tensor  # [batch, columns so far], bool
+@dataclass(frozen=True)
+class Batch:
+    """A validated, padded batch: `enc` (input_ids / attention_mask on the model's device) and their host
+    copies (numpy: ids, and the mask as bool)."""
+    enc: dict
+    ids: np.ndarray
+    mask: np.ndarray
 
-    def spans_for(self, n_cols: int) -> list[Span]:
-        """Spans over a tensor holding only the last n_cols columns of the chunk (HF computes the
-        logits of the last prompt token alone when generating)."""
-        b, width = self.shape
-        if n_cols == width:
-            return self.spans
-        out = []
-        for sp in self.spans:
-            c0, c1 = sp.a - sp.row * width, sp.b - sp.row * width
-            lo = max(c0, width - n_cols)
-            if lo < c1:
-                a = sp.row * n_cols + lo - (width - n_cols)
-                out.append(Span(sp.plan, a, a + c1 - lo, sp.pos0 + lo - c0, sp.row))
-        return out
-
-    def align_keys(self, row: int, seg: torch.Tensor, key: str, compress_rate: int = 0) -> torch.Tensor:
-        """An attention pattern's key axis, which covers the last K columns of the sequence so far
-        (a sliding-window cache holds only the newest keys), as the row's own absolute key positions:
-        pad keys dropped, keys the cache no longer holds filled with the masked value. Compressed-KV
-        layers (DeepSeek-V4) append one compressor entry per `compress_rate` columns after the
-        positions: those are kept as they are, after the aligned positions."""
-        extra = self.key_mask.shape[1] // compress_rate if compress_rate else 0
-        seg, entries = seg[..., :seg.shape[-1] - extra], seg[..., seg.shape[-1] - extra:]
-        k = seg.shape[-1]
-        real = self.key_mask[row, -k:].to(seg.device)
-        seg = seg[..., real]
-        missing = int(self.key_mask[row].sum()) - seg.shape[-1]
-        if missing > 0:
-            fill = torch.finfo(seg.dtype).min if key.startswith("attn_scores") else 0.0
-            seg = torch.nn.functional.pad(seg, (missing, 0), value=fill)
-        return torch.cat([seg, entries], dim=-1) if extra else seg
-
-
-def _prefill_layout(plans: list[Plan], mask: torch.Tensor) -> Layout:
-    b, width = mask.shape
-    spans = []
-    for r, (plan, cols) in enumerate(zip(plans, columns_of(mask))):
-        a = r * width + int(cols[0])
-        spans.append(Span(plan, a, a + len(cols), 0, r))
-    return Layout(spans, (b, width), mask.bool())
-
-
-def _decode_layout(plans: list[Plan], mask: torch.Tensor, step: int) -> Layout:
-    """The forward feeding back generated token `step` (1-based): one column per row."""
-    spans = [Span(plan, r, r + 1, plan.prompt_len + step - 1, r) for r, plan in enumerate(plans)]
-    key_mask = torch.cat([mask.bool(), torch.ones(mask.shape[0], step, dtype=torch.bool)], dim=1)
-    return Layout(spans, (mask.shape[0], 1), key_mask)
+    def __getitem__(self, key: str) -> torch.Tensor:
+        return self.enc[key]
 
 
 class EagerModel(ModelBase, WeightsMixin, TokensMixin):
@@ -127,8 +84,11 @@ class EagerModel(ModelBase, WeightsMixin, TokensMixin):
         self.d_model = self.config.hidden_size
         self.device = next(hf.parameters()).device
         self.dtype = next(hf.parameters()).dtype
-        if family.attn_interface:
-            attention.use_on(hf)
+        # attention: the implementation HF loaded (sdpa, flash) with the engine's points around it, a read
+        # pattern computed beside it (engine/backends/hf/attention.py); a family whose attention runs
+        # inline forms its pattern only on HF's eager path, so it runs that
+        self._attention = attention.install(attention.native_of(hf)) if family.attn_interface else "eager"
+        attention.select(attention.configs(hf), self._attention)
         self._layout: Layout | None = None
         self._sites: dict = {}
         self._lock = threading.RLock()
@@ -215,21 +175,26 @@ class EagerModel(ModelBase, WeightsMixin, TokensMixin):
         return getattr(cfg, "hc_mult", 1)
 
     # -- tokens (to_tokens: ModelBase) --------------------------------------------------------------
-    def _inputs(self, inputs, new: int | None = None) -> dict:
+    def _inputs(self, inputs, new: int | None = None) -> Batch:
         """A validated (engine/core/inputs.py), padded batch, each prompt with room for `new` generated
-        tokens (None: a forward); a given attention_mask keeps its layout."""
-        enc = padded_batch(inputs, self.tokenizer, limits_of(self), self.device, self.prepend_bos, new)
-        if one_run_per_row(enc["attention_mask"]):
-            return enc
-        for r, cols in enumerate(columns_of(enc["attention_mask"])):
-            if int(cols[-1] - cols[0]) + 1 != len(cols):
-                raise ValueError(f"attention_mask row {r} has padding between real tokens; pad on one side only.")
-        return enc
+        tokens (None: a forward); a given attention_mask keeps its layout. The ids and mask are read to
+        the host once, here: everything the engine builds from them (spans, plans) is host work."""
+        if isinstance(inputs, Batch):
+            return inputs
+        ids, mask = host_batch(inputs, self.tokenizer, limits_of(self), self.prepend_bos, new)
+        first, last = mask.argmax(1), mask.shape[1] - 1 - mask[:, ::-1].argmax(1)
+        gaps = np.flatnonzero(last - first + 1 != mask.sum(1))
+        if len(gaps):
+            raise ValueError(f"attention_mask row {int(gaps[0])} has padding between real tokens; pad on one side "
+                             f"only.")
+        enc = {"input_ids": torch.from_numpy(ids), "attention_mask": torch.from_numpy(mask).long()}
+        return Batch({k: v.to(self.device, non_blocking=True) for k, v in enc.items()}, ids, mask)
 
     # -- plans ----------------------------------------------------------------------------------
     def _steer(self, st: Steer) -> Steer:
-        """A steer checked against this model, at its absolute address (called by
-        engine.core.steer_checks.check_steers, after the steer's own checks)."""
+        """A steer checked against this model, at its absolute address, its value on the model's device
+        (moved once per call; called by engine.core.steer_checks.check_steers, after the steer's own
+        checks)."""
         addr = self.address(st.address)
         if addr.point in INTEGER_POINTS:
             raise UnsupportedPointError(f"{addr} is capture-only.")
@@ -238,7 +203,9 @@ class EagerModel(ModelBase, WeightsMixin, TokensMixin):
             raise SteeringError(f"{addr} can be captured but not steered on this model: {why}.")
         if st.sae is not None:
             check_feature_steer(st, self._load_sae(st.sae) if isinstance(st.sae, str) else st.sae)
-        return st.at(addr)
+        v = st.value
+        moved = v.to(self.device, non_blocking=True) if isinstance(v, torch.Tensor) and v.device != self.device else None
+        return st.at(addr, moved).bound()
 
     def _readout(self, r: Readout) -> Readout:
         """A readout checked against this model, at its absolute address."""
@@ -261,20 +228,20 @@ class EagerModel(ModelBase, WeightsMixin, TokensMixin):
         from engine.core.sae_store import sae_for
         return sae_for(path, self.device)
 
-    def _plans(self, enc: dict, points, steer, max_new_tokens: int, readouts=()) -> list[Plan]:
+    def _plans(self, batch: Batch, points, steer, max_new_tokens: int, readouts=(), strict: bool = False) -> list[Plan]:
         """One plan per batch row: its own length, its row of any batch value or mask, its exclusions,
         its readouts bound to this model."""
         capture = self.expand(points) if points else []
         reads = [self._readout(r) for r in validate_readouts(readouts)]
         steers = check_steers(steer, self._context_steers(), self._steer)
-        cols = columns_of(enc["attention_mask"])
+        check_sae_sites(self, steers, reads, strict)
         if steers:  # a steer's row view needs the row's ids (its `exclude` names special tokens)
-            rows = [enc["input_ids"][r, c.to(enc["input_ids"].device)].tolist() for r, c in enumerate(cols)]
+            rows = [batch.ids[r][batch.mask[r]].tolist() for r in range(len(batch.ids))]
             special = special_ids(self.tokenizer)
             plans = [Plan(len(ids), list(capture), [st.for_row(r, len(rows), ids, special) for st in steers])
                      for r, ids in enumerate(rows)]
-        else:  # capture only: a plan needs the row's length alone (no ids read back, on CUDA no sync per row)
-            plans = [Plan(len(c), list(capture), []) for c in cols]
+        else:  # capture only: a plan needs the row's length alone
+            plans = [Plan(int(n), list(capture), []) for n in batch.mask.sum(1)]
         env = self._env() if reads else None
         for r, p in enumerate(plans):
             if env is not None:
@@ -295,27 +262,13 @@ class EagerModel(ModelBase, WeightsMixin, TokensMixin):
         attn = sites.get_path(self.hf, f"{self.family.layers}.{layer}.{self.family.attn}")
         return int(getattr(getattr(attn, "compressor", None), "compress_rate", 0) or 0)
 
-    def _keep(self):
-        rates: dict[str, int] = {}
-
-        def keep(span, key, rows):
-            if key.split(".")[0] in PATTERNS:
-                if key not in rates:
-                    rates[key] = self._compress_rate(key)
-                rows = self._layout.align_keys(span.row, rows, key, rates[key])
-            # a copy: HF edits some outputs in place after the hook (Falcon adds the attention output
-            # into mlp_out), which must not reach the capture
-            return rows.detach().clone()
-        return keep
-
-    def _at_site(self, work, keep, t):
+    def _at_site(self, work: SiteWork, t: torch.Tensor) -> torch.Tensor | None:
         if self._layout is None:  # a readout's own lens call inside the forward
             return None
-        flat = t.reshape(-1, *t.shape[2:])
-        new = run_site(flat, self._layout.spans_for(t.shape[1]), work, keep)
+        new = run_site(t.reshape(-1, *t.shape[2:]), self._layout.step(t.shape[1]), work)
         return None if new is None else new.reshape(t.shape)
 
-    def _at_site_grad(self, work, held, writable, t):
+    def _at_site_grad(self, work: SiteWork, held: dict, writable: bool, t: torch.Tensor) -> torch.Tensor | None:
         """With gradients a capture must be the tensor the rest of the forward is computed from: the
         site's whole [batch, pos, ...] tensor (after steering) is kept and the model continues with a
         clone of it (so in-place edits downstream never reach the capture). A capture-only site
@@ -323,26 +276,39 @@ class EagerModel(ModelBase, WeightsMixin, TokensMixin):
         not carry the whole point): its capture is a differentiable copy of what it read, and the
         forward runs untouched."""
         if not writable:
-            for key, coord in next(iter(work.reads.values()), ()):
-                held[key] = t.clone() if coord is None else t[:, :, coord].clone()
+            for g in work.reads:
+                held[g.key] = t.clone() if g.coord is None else t[:, :, g.coord].clone()
             return None
-        flat = t.reshape(-1, *t.shape[2:])
-        new = run_site(flat, self._layout.spans, SiteWork(writes=work.writes), None)
+        assert self._layout is not None
+        new = run_site(t.reshape(-1, *t.shape[2:]), self._layout.step(t.shape[1]), SiteWork(steers=work.steers))
         cur = t if new is None else new.reshape(t.shape)
-        for key, coord in next(iter(work.reads.values()), ()):
-            held[key] = cur if coord is None else cur[:, :, coord]
+        for g in work.reads:
+            held[g.key] = cur if g.coord is None else cur[:, :, g.coord]
         return cur.clone()
+
+    def _guard(self, t: torch.Tensor) -> None:
+        """The call's guard on the hidden state entering the head (engine.core.site.guard): a row of a
+        steering plan that is not finite there fails its call when the ledger is read."""
+        if self._layout is not None:
+            guard(t.reshape(-1, t.shape[-1]).detach(), self._layout.step(t.shape[1]))
+
+    def _guard_site(self):
+        """Where the guard reads: the final norm's output (every row the head sees), else the last block's."""
+        try:
+            return self._site(Address("final_norm"))
+        except UnsupportedPointError:
+            return self._site(Address("resid_post", self.n_layers - 1))
 
     @contextlib.contextmanager
     def _attached(self, plans: list[Plan], layouts, held: dict | None = None):
         """Attach every site the plans need and track each forward's layout, for one call; with
-        `held` (gradients), captures go there whole instead of into the plans."""
+        `held` (gradients), captures go there whole instead of into the call's store. Plans that steer
+        also get the guard."""
         step = iter(layouts)
 
         def on_forward(module, args, kwargs):
             self._layout = next(step)
 
-        keep = self._keep()
         handles = [self.hf.register_forward_pre_hook(on_forward, with_kwargs=True)]
         try:
             points = {}
@@ -358,11 +324,13 @@ class EagerModel(ModelBase, WeightsMixin, TokensMixin):
                 work_at.sort(key=lambda kv: kv[0].how != "recompute")
             for site, work in work_at:
                 if held is None or not work.reads:
-                    fn, writes = functools.partial(self._at_site, work, keep), bool(work.writes)
+                    fn, writes = functools.partial(self._at_site, work), bool(work.steers)
                 else:  # steers are refused at capture-only sites, so this one only reads
                     writable = self._capture_only(points[site], site) is None
                     fn, writes = functools.partial(self._at_site_grad, work, held, writable), writable
                 handles += site.install(fn, writes=writes)
+            if held is None and any(p.steers for p in plans):
+                handles += self._guard_site().install(self._guard, writes=False)
             yield
         finally:
             for h in handles:
@@ -370,13 +338,26 @@ class EagerModel(ModelBase, WeightsMixin, TokensMixin):
             self._layout = None
 
     @staticmethod
-    def _position_ids(mask: torch.Tensor) -> torch.Tensor:
+    def _position_ids(mask: torch.Tensor, from_zero: bool | None = None) -> torch.Tensor:
         """Each row's positions, counted from its first real token. When every row starts at column 0
-        (right padding or none) that is one shared row, 0..width-1: HF then builds its rotary tables
-        once instead of per row (3% of a small model's forward; docs/harvest.md)."""
-        if bool(mask[:, 0].all()):
+        (right padding or none; `from_zero`, from the host mask, else read here) that is one shared row,
+        0..width-1: HF then builds its rotary tables once instead of per row (3% of a small model's
+        forward; docs/harvest.md)."""
+        if bool(mask[:, 0].all()) if from_zero is None else from_zero:
             return torch.arange(mask.shape[1], device=mask.device)[None]
         return (mask.long().cumsum(-1) - 1).clamp_min(0)
+
+    def _outcomes(self, plans: list[Plan], call: Call) -> dict:
+        """The call's one read of its ledger (engine/core/ledger.py): receipts, and the first plan whose
+        rows went non-finite fails the call, naming its steer."""
+        if not call.ledger:
+            return {}
+        outcomes = call.ledger.read()
+        for r, p in enumerate(plans):
+            o = outcomes.get(p.key)
+            if o is not None and o.failed is not None:
+                raise failure(None if o.failed == GUARD else p.steers[o.failed], self.dtype, p.steers)
+        return outcomes
 
     # -- public API -------------------------------------------------------------------------------
     def run_with_cache(self, inputs: Any, points: Any = (), steer: Any = (), grad: bool = False, strict: bool = False,
@@ -390,42 +371,54 @@ class EagerModel(ModelBase, WeightsMixin, TokensMixin):
         are computed in the hooks; their results are in `cache.readouts`. stop_at_layer=L runs blocks
         0..L-1 only (TransformerLens's stop_at_layer; L = n_layers stops before the final norm): the first
         value is then the hidden state block L would receive instead of logits, and reading or steering
-        anything past the stop is refused."""
+        anything past the stop is refused. Captures stay on the model's device."""
         self._live()
-        enc = self._inputs(inputs)
-        mask = enc["attention_mask"]
+        batch = self._inputs(inputs)
         if grad and readouts:
             raise ReadoutError("readouts are computed without gradients; capture the points with grad=True and "
                                "compute the readout on the captured tensors instead.")
-        plans = self._plans(enc, points, steer, 0, readouts)
+        plans = self._plans(batch, points, steer, 0, readouts, strict)
         stop = None if stop_at_layer is None else Stop.checked(stop_at_layer, self.hf, self.family, plans[0])
         held = {} if grad else None
+        call = Call(self.device)
+        layout = prefill_layout(plans, batch.mask, call)
         ctx = contextlib.nullcontext() if grad else torch.no_grad()
-        with self._lock, ctx, self._attached(plans, [_prefill_layout(plans, mask.cpu())], held):
+        with self._lock, ctx, self._attached(plans, [layout], held):
             with stopped_at(stop):
-                out = self.hf(**enc, position_ids=self._position_ids(mask), use_cache=False)
+                out = self.hf(**batch.enc, position_ids=self._position_ids(batch.enc["attention_mask"], bool(batch.mask[:, 0].all())), use_cache=False)
         first = out.logits if stop is None else stop.reached()
-        pad = ~mask.bool()[..., None]
+        if stop is not None and not grad and any(p.steers for p in plans):
+            guard(first.reshape(-1, first.shape[-1]), layout.step(first.shape[1]))
+        real = batch.enc["attention_mask"].bool()
+        pad = ~real[..., None]
         logits = first.masked_fill(pad, 0) if grad or stop is not None else first.masked_fill_(pad, 0)
-        receipts = combine([p.receipts() for p in plans])
+        outcomes = self._outcomes(plans, call)
+        receipts = combine([p.receipts(outcomes.get(p.key)) for p in plans])
         if strict:
             check_strict(receipts, "forward")
+        cols = [torch.from_numpy(np.flatnonzero(row)) for row in batch.mask]
+        cache = ActivationCache(self.n_layers, cols, receipts)
         if grad:
-            cache = ActivationCache(self.n_layers, columns_of(mask), receipts)
             for addr in plans[0].captures:
                 cache[str(addr)] = held[str(addr)]
             return logits, cache
-        caches = [self._cache(p) for p in plans]
-        return logits, batch_cache(caches, columns_of(mask), mask.shape[1], self.n_layers, receipts)
+        width = batch.mask.shape[1]
+        for addr in plans[0].captures:
+            key = str(addr)
+            if key.split(".")[0] in PATTERNS:
+                pattern_rows(call, key, self._compress_rate(key))
+                cache[key] = scatter(key, [p.tensor(key) for p in plans], cols, width)
+            else:
+                cache[key] = padded(call.grid(key), real)
+        if plans[0].accumulators:
+            batch_readouts(cache, [self._readouts(p) for p in plans], cols, width)
+        return logits, cache
 
     def forward(self, inputs: Any, steer: Any = (), strict: bool = False) -> torch.Tensor:
         return self.run_with_cache(inputs, (), steer, strict=strict)[0]
 
-    def _cache(self, plan: Plan) -> ActivationCache:
+    def _readouts(self, plan: Plan) -> ActivationCache:
         cache = ActivationCache(self.n_layers)
-        for addr in plan.captures:
-            key = str(addr)
-            cache[key] = plan.tensor(key, plan.start_at.get(key, 0))
         for name, acc in plan.accumulators.items():
             cache.put_readout(name, acc.result(), acc.readout.kind.per_position)
         return cache
@@ -442,53 +435,75 @@ class EagerModel(ModelBase, WeightsMixin, TokensMixin):
         self._live()
         max_new_tokens = new_tokens(max_new_tokens)
         knobs = Sampling.parse(sampling, "eager")
-        enc = self._inputs(inputs, max_new_tokens)
-        mask = enc["attention_mask"]
-        family_limits.check(self.config.model_type, "eager", "generate", batch=enc["input_ids"].shape[0])
-        if not bool((mask[:, -1] == 1).all()):
+        batch = self._inputs(inputs, max_new_tokens)
+        mask = batch.mask
+        family_limits.check(self.config.model_type, "eager", "generate", batch=mask.shape[0])
+        if not mask[:, -1].all():
             raise ValueError("generate needs left padding (pad on the left so every row ends in a real "
                              "token); use model.to_tokens(texts, padding_side='left').")
-        lengths = mask.sum(-1).tolist()
-        plans = self._plans(enc, points, steer, max_new_tokens, readouts)
+        lengths = mask.sum(1).tolist()
+        plans = self._plans(batch, points, steer, max_new_tokens, readouts, strict)
         for p in plans:
             for a in internal:  # read for the engine itself (a stream's logprobs), from the last prompt token
                 p.internal.append(a)
                 p.start_at.setdefault(str(a), p.prompt_len - 1)
+        call = Call(self.device)
         if on_plans is not None:
-            on_plans(plans)
-        cpu_mask = mask.cpu()
+            on_plans(plans, call)
         # built one forward at a time: a step's key mask grows with it (all of them at once is O(n^2))
-        layouts = itertools.chain([_prefill_layout(plans, cpu_mask)],
-                                  (_decode_layout(plans, cpu_mask, i) for i in range(1, max_new_tokens)))
+        layouts = itertools.chain([prefill_layout(plans, mask, call)],
+                                  (decode_layout(plans, mask, i, call) for i in range(1, max_new_tokens)))
         with self._lock, torch.no_grad(), self._attached(plans, layouts):
             if knobs.seed is not None:
                 torch.manual_seed(knobs.seed)
             # PreTrainedModel declares no generate: the CausalLM classes mix GenerationMixin in
-            out = self.hf.generate(**enc, max_new_tokens=max_new_tokens, **knobs.hf(),  # type: ignore[operator]
-                                   min_new_tokens=max_new_tokens, output_logits=True,
+            out = self.hf.generate(**batch.enc, max_new_tokens=max_new_tokens,  # type: ignore[operator]
+                                   **knobs.hf(), min_new_tokens=max_new_tokens, output_logits=True,
                                    return_dict_in_generate=True, streamer=streamer, stopping_criteria=stopping,
                                    pad_token_id=self.tokenizer.pad_token_id)
+        outcomes = self._outcomes(plans, call)
         seq = out.sequences
-        new = seq[:, enc["input_ids"].shape[1]:]
+        n_new = seq.shape[1] - mask.shape[1]
+        new = seq[:, mask.shape[1]:]
         logits = torch.stack(out.logits, dim=1) if out.logits else None
         text = self.tokenizer.batch_decode(new, skip_special_tokens=True)
-        caches = [self._cache(p) for p in plans]
         width = seq.shape[1] - 1
-        cols = columns([n + new.shape[1] - 1 for n in lengths], width, "left")
-        cache = batch_cache([{k: v for k, v in c.items() if k not in _HEADS} for c in caches], cols, width,
-                            self.n_layers)
+        full = np.concatenate([mask, np.ones((mask.shape[0], n_new), dtype=bool)], axis=1)
+        real = torch.from_numpy(full[:, :width]).to(self.device)
+        cols = [torch.from_numpy(np.flatnonzero(row)) for row in full[:, :width]]
+        cache = ActivationCache(self.n_layers, cols)
+        own: list[dict] = [{} for _ in plans]  # each sequence's own [len + new - 1, ...] rows
+        for addr in plans[0].captures:
+            key = str(addr)
+            if key in _HEADS:  # [b, new, vocab], like the logits: the last prompt column, then each step's
+                chunks = [c for _, c in call.store[key]]
+                cache[key] = torch.cat([chunks[0][:, -1:], *chunks[1:]], dim=1)
+                for r, o in enumerate(own):
+                    o[key] = cache[key][r]
+            elif key.split(".")[0] in PATTERNS:
+                pattern_rows(call, key, self._compress_rate(key))
+                for o, p in zip(own, plans):
+                    o[key] = p.tensor(key)
+                cache[key] = scatter(key, [o[key] for o in own], cols, width)
+            else:
+                cache[key] = padded(call.grid(key), real)
+                for r, (o, n) in enumerate(zip(own, lengths)):
+                    o[key] = cache[key][r, width - (n + n_new - 1):]
+        caches = []
+        for o, p in zip(own, plans):
+            c = self._readouts(p)
+            c.update(o)
+            caches.append(c)
         batch_readouts(cache, caches, cols, width)
-        for head in _HEADS:  # [b, new, vocab], like the logits
-            if head in caches[0]:
-                cache[head] = torch.stack([c[head] for c in caches])
-        full_mask = torch.cat([cpu_mask, torch.ones_like(new.cpu())], dim=1)
-        reqs = [RequestResult(seq[r, -(n + new.shape[1]):-new.shape[1]].cpu(), new[r].cpu(), text[r], caches[r],
-                              None if logits is None else logits[r], receipts=p.receipts())
+        seq_host, new_host = seq.cpu(), new.cpu()
+        reqs = [RequestResult(seq_host[r, -(n + n_new):-n_new], new_host[r], text[r], caches[r],
+                              None if logits is None else logits[r], receipts=p.receipts(outcomes.get(p.key)))
                 for r, (n, p) in enumerate(zip(lengths, plans))]
         receipts = combine([r.receipts for r in reqs])
+        cache.receipts = receipts
         if strict:
             check_strict(receipts, "generation")
-        return GenerationResult(seq, new, text, cache, logits, full_mask, reqs, receipts)
+        return GenerationResult(seq, new, text, cache, logits, torch.from_numpy(full).long(), reqs, receipts)
 
     def stream(self, prompt: Any, max_new_tokens: int = 8, points: Any = (), steer: Any = (), logprobs: int = 0,
                return_logits: bool = True, rows: bool = True, strict: bool = False, readouts: Any = (),

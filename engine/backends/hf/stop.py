@@ -9,7 +9,6 @@ before the forward starts.
 from __future__ import annotations
 
 import contextlib
-import operator
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -18,6 +17,7 @@ import torch
 
 from engine.core.address import Address, parse
 from engine.core.errors import AddressError
+from engine.core.integers import as_int
 from engine.core.points import get_point
 from engine.model.paths import get_path
 
@@ -44,11 +44,7 @@ class Stop:
         final norm to stop at), and nothing the plan captures, steers or reads lies past it."""
         n_layers = len(get_path(hf, family.layers))
         given = stop_at_layer
-        try:  # any integer scalar (numpy's, a 0-d integer tensor) through __index__; floats, bools and
-            # arrays are refused (torch lets a one-element tensor of any shape pass __index__)
-            stop_at_layer = None if isinstance(given, bool) or getattr(given, "ndim", None) else operator.index(given)
-        except TypeError:
-            stop_at_layer = None
+        stop_at_layer = as_int(given)  # numpy and 0-d tensor integers too; floats, bools and arrays refused
         if stop_at_layer is None:
             raise TypeError(f"stop_at_layer must be an int (blocks 0..stop_at_layer-1 run), got "
                             f"{type(given).__name__} {given!r}.")

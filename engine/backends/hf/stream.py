@@ -7,7 +7,7 @@ import contextvars
 import queue
 import threading
 from collections.abc import Generator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from transformers.generation.stopping_criteria import StoppingCriteria, StoppingCriteriaList
@@ -19,7 +19,11 @@ from engine.core.inputs import new_tokens, top_logprobs
 from engine.core.plan import Plan
 from engine.core.results import StreamStep
 
+if TYPE_CHECKING:
+    from engine.backends.hf.grid import Call
+
 _LOGITS = Address("lm_head")
+_HEADS = ("lm_head", "lm_head_raw")  # HF's prefill computes every column; the stream gives the last
 # `model` below is the EagerModel: typed Any because engine/backends/hf/eager.py imports this module and an
 # import back, even for type checking only, would be a cycle (tests/test_imports.py)
 
@@ -48,6 +52,7 @@ class _Streamer(BaseStreamer):
     def __init__(self, model: Any, n_logprobs: int, out: queue.Queue, rows: bool = True) -> None:
         self.model, self.n, self.out, self.want_rows = model, n_logprobs, out, rows
         self.plan: Plan | None = None
+        self.call: Call | None = None  # the call's captured chunks ([1, columns, ...] per forward)
         self.seen_prompt = False
         self.index = 0
         self.sent: dict = {}  # capture key -> chunks already handed out
@@ -57,20 +62,20 @@ class _Streamer(BaseStreamer):
             self.seen_prompt = True
             return
         token = int(value.reshape(-1)[0])
-        plan = self.plan
-        assert plan is not None, "generate hands the plan over before the first token"
-        chunks = plan.store.get(str(_LOGITS)) or []
-        logprob, top = step_logprobs(chunks[-1][1][-1], token, self.n) if chunks else (None, {})
+        plan, call = self.plan, self.call
+        assert plan is not None and call is not None, "generate hands the plan over before the first token"
+        chunks = call.store.get(str(_LOGITS)) or []
+        logprob, top = step_logprobs(chunks[-1][1][0, -1], token, self.n) if chunks else (None, {})
         rows = None
         if plan.captures and self.want_rows:
             rows = {}
             for addr in plan.captures:
                 key = str(addr)
-                got = plan.store.get(key) or []
+                got = call.store.get(key) or []
                 new = got[self.sent.get(key, 0):]
                 self.sent[key] = len(got)
                 if new:
-                    rows[key] = torch.cat([c for _, c in new])
+                    rows[key] = torch.cat([c[0, -1:] if key in _HEADS else c[0] for _, c in new])
         text = self.model.tokenizer.decode([token], skip_special_tokens=True)
         self.out.put(("step", StreamStep(self.index, token, text, logprob, top, rows, self._readouts(plan))))
         self.index += 1
@@ -100,14 +105,14 @@ def stream(model: Any, prompt: Any, max_new_tokens: int, points: Any, steer: Any
     model._live()
     max_new_tokens = new_tokens(max_new_tokens)
     enc = model._inputs(prompt, max_new_tokens)
-    if enc["input_ids"].shape[0] != 1:
-        raise InputError(f"stream takes one prompt, got {enc['input_ids'].shape[0]}; stream each, or use generate "
+    if enc.mask.shape[0] != 1:
+        raise InputError(f"stream takes one prompt, got {enc.mask.shape[0]}; stream each, or use generate "
                          f"for a batch.")
     out: queue.Queue = queue.Queue()
     streamer, stop = _Streamer(model, logprobs, out, rows), _Stop()
 
-    def on_plans(plans):
-        streamer.plan = plans[0]
+    def on_plans(plans, call):
+        streamer.plan, streamer.call = plans[0], call
 
     def run():
         try:

@@ -27,18 +27,19 @@ from engine.backends.vllm import runtime as rt
 from engine.backends.vllm import sizing as vllm_sizing
 from engine.backends.vllm.catalogue import VLLMCatalogue
 from engine.backends.vllm.client import AsyncVLLMModel, StreamEvent
+from engine.backends.vllm.load_options import LoadOptions
 from engine.backends.vllm.modes import mode_for
 from engine.backends.vllm.worker import runner as vllm_runner
 from engine.core.address import Address, parse
 from engine.core.errors import AddressError, FamilyLimitationError, OptionError, UnsupportedPointError
 from engine.core.points import ALIASES, BY_NAME, backend_status, get_point
 from engine.core.results import GenerationResult, Request, RequestResult
-from engine.model import options
+from engine.model import options as model_options
 
 if TYPE_CHECKING:
     from engine.core.results import ActivationCache
 
-__all__ = ["load", "VLLMModel", "AsyncVLLMModel", "Request", "RequestResult", "GenerationResult", "StreamEvent"]
+__all__ = ["load", "LoadOptions", "VLLMModel", "AsyncVLLMModel", "Request", "RequestResult", "GenerationResult", "StreamEvent"]
 
 
 def _shutdown(aio: AsyncVLLMModel, loop: rt.Loop) -> None:
@@ -86,6 +87,10 @@ class VLLMModel:
     def __exit__(self, *exc):
         self.close()
         return False
+
+    def worker_syncs(self, on: bool) -> list[dict]:
+        """Count the engine's host reads inside the workers' steps (AsyncVLLMModel.worker_syncs)."""
+        return self._run(self.aio.worker_syncs(on))
 
     def _run(self, coro):
         try:
@@ -179,42 +184,44 @@ def _declared(spec, n_layers: int) -> list[Address]:
 
 
 def load(name: str, backend: str = "vllm", source: str = "auto", dtype: Any = None, device: str | None = None,
-         static_points: Any = "auto", compile: bool = True, max_model_len: int | None = None,
-         max_num_seqs: int | None = None, max_num_batched_tokens: int | None = None,
-         kv_cache_memory_bytes: int | None = None, gpu_memory_utilization: float | None = None,
-         seed: int = 0, prove: bool = True, tensor_parallel_size: int = 1, **engine_kw: Any) -> VLLMModel:
-    """Load `name` on a vLLM backend (see module docstring). Extra kwargs go to vLLM's engine args.
+         options: LoadOptions | None = None, **kw: Any) -> VLLMModel:
+    """Load `name` on a vLLM backend (see module docstring). `options`, or its fields and vLLM's
+    engine arguments as keywords (engine/backends/vllm/load_options.py: unknown ones are refused).
     Unset dtype / max_model_len / max_num_seqs / KV cache are chosen for the platform
     (engine/backends/vllm/sizing.py: CPU keeps the small twin numbers, CUDA a GPU user's), and the
     load report says what was chosen and why."""
+    rt.check_main_module()
     mode = mode_for(backend)
-    if not mode.declares and static_points != "auto":
-        raise ValueError(f"static_points is for backend='vllm-static', not {backend!r}.")
+    rt.prepare_env()
+    if options is not None and kw:
+        raise OptionError(f"give the load options as a LoadOptions or as keywords, not both (got {sorted(kw)}).")
+    opts = options if options is not None else LoadOptions.parse(backend, kw)
+    engine_kw = opts.engine_kw
     if mode.worker:
         rt.check_engine_args(backend, engine_kw)
-    rt.prepare_env()
-    options.parse_device(device, backend)  # vLLM runs on its platform's device; another is an error
+    model_options.parse_device(device, backend)  # vLLM runs on its platform's device; another is an error
     if dtype is not None and dtype != "auto":
-        dtype = options.parse_dtype(dtype, backend)
+        dtype = model_options.parse_dtype(dtype, backend)
     path, used = rt.model_path(name, source)
     from transformers import AutoConfig
     hf_cfg = AutoConfig.from_pretrained(path)
     text_cfg = hf_cfg.get_text_config() if hasattr(hf_cfg, "get_text_config") else hf_cfg
     from vllm.platforms import current_platform
     rt.check_executor(engine_kw, current_platform)
-    sizing = vllm_sizing.choose(text_cfg, current_platform, dtype, max_model_len, max_num_seqs,
-                                kv_cache_memory_bytes, gpu_memory_utilization, path, tensor_parallel_size)
-    kw = dict(**sizing.engine_kw(), seed=seed, tensor_parallel_size=tensor_parallel_size)
-    if max_num_batched_tokens:
-        kw["max_num_batched_tokens"] = max_num_batched_tokens
+    tp = opts.tensor_parallel_size
+    sizing = vllm_sizing.choose(text_cfg, current_platform, dtype, opts.max_model_len, opts.max_num_seqs,
+                                opts.kv_cache_memory_bytes, opts.gpu_memory_utilization, path, tp)
+    kw = dict(**sizing.engine_kw(), seed=opts.seed, tensor_parallel_size=tp)
+    if opts.max_num_batched_tokens:
+        kw["max_num_batched_tokens"] = opts.max_num_batched_tokens
     env, runner_note = vllm_runner.force_v1(backend, engine_kw)
     if env:
         rt.log.info("%s: %s", name, runner_note)
-    binding = rt.cpu_binding(tensor_parallel_size)
+    binding = rt.cpu_binding(tp)
     if binding and current_platform.device_type == "cpu" and "VLLM_CPU_OMP_THREADS_BIND" not in os.environ:
         env["VLLM_CPU_OMP_THREADS_BIND"] = binding
-    setup = mode.setup(_declared(static_points, text_cfg.num_hidden_layers)
-                       if mode.declares else None, compile)
+    setup = mode.setup(_declared(opts.static_points, text_cfg.num_hidden_layers)
+                       if mode.declares else None, opts.compile)
     kw.update(setup.kw)
     env.update(setup.env)
     declared = setup.declared
@@ -241,15 +248,15 @@ def load(name: str, backend: str = "vllm", source: str = "auto", dtype: Any = No
         tokens = (cache.num_gpu_blocks or 0) * cache.block_size
         kv_bytes = sizing.kv_cache_memory_bytes or tokens * vllm_sizing.kv_bytes_per_token(text_cfg, getattr(torch, sizing.dtype))
         report = rt.LoadReport(backend, startup, kv_bytes, tokens, catalogue.tap_bytes if catalogue else 0,
-                               rt.rss_gib(), tensor_parallel_size=tensor_parallel_size, sizing=sizing,
-                               runner=runner_note, **mode.report(engine, compile))
+                               rt.rss_gib(), tensor_parallel_size=tp, sizing=sizing,
+                               runner=runner_note, **mode.report(engine, opts.compile))
         model = VLLMModel(aio, loop, report)
     except BaseException:
         loop.run(_stop(engine))
         loop.stop()
         raise
     rt.log.info("%s %s", name, report.line())
-    if prove:
+    if opts.prove:
         try:
             proof = mode.prove(model)
         except Exception:

@@ -27,13 +27,13 @@ import torch
 
 from engine.backends.vllm.catalogue import VLLMCatalogue
 from engine.backends.vllm.modes import NO_CAPTURE, Mode, mode_for
-from engine.backends.vllm.runtime import on_home_loop
 from engine.backends.vllm.worker import attn as vllm_attn
 from engine.backends.vllm.worker import wire as vllm_wire
 from engine.backends.vllm.worker.rows import EXTRA_KEY
 from engine.core.address import Address, parse
 from engine.core.errors import AddressError, EngineError, SteeringError, UnsupportedPointError
 from engine.core.inputs import limits_of, new_tokens, row_label, token_rows, top_logprobs
+from engine.core.loop import on_home_loop
 from engine.core.ops import OPS
 from engine.core.plan import Plan
 from engine.core.points import INTEGER_POINTS
@@ -55,6 +55,7 @@ from engine.core.results import (
 from engine.core.steer_checks import check_steers
 from engine.core.steering import NonFiniteSteer, Steer
 from engine.core.tokens import TokensMixin, special_ids
+from engine.interop.mappers import check_sae_sites
 from engine.model.base import ModelBase
 from engine.model.capabilities import Verdict, refused
 from engine.model.sampling import Sampling
@@ -64,7 +65,7 @@ if TYPE_CHECKING:
     from vllm.tokenizers import TokenizerLike
     from vllm.v1.engine.async_llm import AsyncLLM
 
-    from engine.backends.vllm.runtime import Loop
+    from engine.core.loop import Loop
     from engine.model.weights import BlockLayout
 
 __all__ = ["AsyncVLLMModel", "Submission", "StreamEvent", "NO_CAPTURE"]
@@ -186,6 +187,7 @@ class AsyncVLLMModel(ModelBase, TokensMixin):
         return layout(fam, self.config, self.n_layers, mixer)
 
     def _weights_refused(self, what):
+        self._live()
         raise UnsupportedPointError(f"{what} lives in vLLM's worker processes (sharded under tensor parallelism) "
                                     f"and is not copied to the client; load the model with backend='eager' to read "
                                     f"weights.")
@@ -202,6 +204,7 @@ class AsyncVLLMModel(ModelBase, TokensMixin):
 
     def point_shape(self, addr: Address) -> tuple:
         """Per-token shape of a capture at addr (what a steering value must have)."""
+        self._live()
         return self.catalogue.shape(addr)
 
     # -- plans -------------------------------------------------------------------------------------
@@ -229,11 +232,7 @@ class AsyncVLLMModel(ModelBase, TokensMixin):
         st = st.at(addr).bound()
         v = st.value
         if isinstance(v, torch.Tensor):  # (a value on the meta device was refused by check_steers)
-            want = self.point_shape(addr)
-            if not (st.op == "scale" and v.dim() == 0) and tuple(v.shape[st.lead:]) != want:
-                lead = "" if not st.lead else f" (after {st.lead} leading {'pos' if st.lead == 1 else 'batch, pos'} axes)"
-                raise SteeringError(f"steering value for {addr} has shape {tuple(v.shape)}{lead} but the point's "
-                                    f"per-position shape is {want}.")
+            st.check_shape(self.point_shape(addr))
         return st.at(addr, v.detach().cpu() if isinstance(v, torch.Tensor) else None)
 
     def _readout_kinds(self) -> dict:
@@ -274,11 +273,12 @@ class AsyncVLLMModel(ModelBase, TokensMixin):
                                f"cached); pass SAEFeatures(path, ...) instead of a loaded SAE.")
         return r.at(addr)
 
-    def _plan(self, req: Request, prefill: bool, logits: bool, row: int = 0, n_rows: int = 1) -> Submission:
+    def _plan(self, req: Request, prefill: bool, logits: bool, row: int = 0, n_rows: int = 1,
+              strict: bool = False) -> Submission:
         """A request's plan and sampling params, as a Submission. prefill: a forward over the prompt (run_with_cache):
         every prompt position computed, logits at each; else logits of each new token. The request
         is sequence `row` of a call of `n_rows` (batch values and masks are cut to its row)."""
-        n_new = None if prefill else new_tokens(req.max_new_tokens)
+        n_new = None if prefill else req.max_new_tokens  # checked when the Request was made
         prompt = self._prompt_ids(req.prompt, n_new)
         caps = self.expand(req.points) if req.points else []
         if caps:
@@ -290,6 +290,8 @@ class AsyncVLLMModel(ModelBase, TokensMixin):
         plan = Plan(len(prompt), [a for a in caps if a not in derived], steers,
                     [Address(p, a.layer) for a in derived for p in ("q", "k")],
                     readouts=[self._readout(r) for r in validate_readouts(req.readouts)])
+        if row == 0:  # the same steers and readouts on every row of a call: checked once
+            check_sae_sites(self, plan.steers, plan.readouts, strict)
         if logits and self.mode.worker:
             plan.internal.append(Address("final_norm"))
             if not prefill and Address("final_norm") not in plan.captures:
@@ -329,6 +331,12 @@ class AsyncVLLMModel(ModelBase, TokensMixin):
     # -- running requests ----------------------------------------------------------------------------
     async def _rpc(self, method: str, *args):
         return await self.engine.collective_rpc(method, args=args)
+
+    async def worker_syncs(self, on: bool) -> list[dict]:
+        """Start (on=True) or stop counting the engine's host reads inside the workers' steps
+        (engine/core/syncs.py); stopping returns each rank's {"syncs", "steps", "sites"}."""
+        self._live()
+        return await self._rpc("interp_syncs", on)
 
     async def _submit(self, sub: Submission, key: str, on_output=None):
         """Run one request in the continuous batch; returns vLLM's final RequestOutput."""
@@ -461,7 +469,7 @@ class AsyncVLLMModel(ModelBase, TokensMixin):
         memory the workers hand the captured rows through (the harvester's; worker/sink.py)."""
         self._live()
         want = return_logits and self.mode.worker
-        res = await self._run_many([self._plan(r, False, want) for r in requests], want, sink=sink)
+        res = await self._run_many([self._plan(r, False, want, strict=strict) for r in requests], want, sink=sink)
         if strict:
             for r in res:
                 check_strict(r.receipts, "request")
@@ -478,7 +486,8 @@ class AsyncVLLMModel(ModelBase, TokensMixin):
         max_new_tokens = new_tokens(max_new_tokens)
         prompts, _ = self._prompts(inputs, max_new_tokens)
         want = return_logits and self.mode.worker
-        built = [self._plan(Request(p, max_new_tokens, points, steer, sampling, readouts), False, want, i, len(prompts))
+        built = [self._plan(Request(p, max_new_tokens, points, steer, sampling, readouts), False, want, i, len(prompts),
+                            strict)
                  for i, p in enumerate(prompts)]
         out = self._batch(await self._run_many(built, want))
         if strict:
@@ -494,7 +503,7 @@ class AsyncVLLMModel(ModelBase, TokensMixin):
         self._live()
         self._refuse_if_generate("capture")
         prompts, mask = self._prompts(inputs, None)
-        built = [self._plan(Request(p, 1, points, steer, readouts=readouts), True, True, i, len(prompts))
+        built = [self._plan(Request(p, 1, points, steer, readouts=readouts), True, True, i, len(prompts), strict)
                  for i, p in enumerate(prompts)]
         res = await self._run_many(built, True, prefill=True)
         lengths = [len(p) for p in prompts]
@@ -523,7 +532,7 @@ class AsyncVLLMModel(ModelBase, TokensMixin):
         from vllm.sampling_params import RequestOutputKind
         logprobs = top_logprobs(logprobs)
         want = return_logits and self.mode.worker
-        sub = self._plan(Request(prompt, max_new_tokens, points, steer, sampling, readouts), False, want)
+        sub = self._plan(Request(prompt, max_new_tokens, points, steer, sampling, readouts), False, want, strict=strict)
         # vLLM returns the sampled token's logprob too
         sub = dataclasses.replace(sub, params={**sub.params, "output_kind": RequestOutputKind.DELTA,
                                                "logprobs": logprobs})

@@ -20,9 +20,10 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from engine.core.address import Address, parse
+from engine.core.backends import VLLM_BACKENDS, Backend, backend_for
 from engine.core.errors import SteeringError, UnsupportedPointError
 from engine.core.ops import OPS
-from engine.core.points import VLLM_BACKENDS, backend_status
+from engine.core.points import backend_status
 from engine.core.steering import Steer
 
 NO_CAPTURE = ("vllm-generate is stock vLLM: no capture, no steering, no logit lens; load the model with "
@@ -38,14 +39,28 @@ class Setup:
 
 
 class Mode:
-    """One vLLM backend. Subclasses override what differs; the defaults are the hooked backend's."""
+    """One vLLM backend. Subclasses override what differs; the defaults are the hooked backend's. What
+    the backend is (captures, declares taps, its defaults) is its registry entry, `spec`."""
     name: ClassVar[str]
-    worker: ClassVar[bool] = True  # the engine's worker extension runs (capture, steering, logit lens)
     unserved: ClassVar[str | None] = None  # why this mode serves no capture / steering at all
-    declares: ClassVar[bool] = False  # taps declared at load (the static_points option)
 
     def __repr__(self) -> str:
         return f"<vLLM mode {self.name}>"
+
+    @property
+    def spec(self) -> Backend:
+        """This backend's entry in engine/core/backends.py."""
+        return backend_for(self.name)
+
+    @property
+    def worker(self) -> bool:
+        """The engine's worker extension runs (capture, steering, logit lens)."""
+        return self.spec.captures
+
+    @property
+    def declares(self) -> bool:
+        """Taps declared at load (the static_points option, default `spec.static_points`)."""
+        return self.spec.declares
 
     # -- loading -----------------------------------------------------------------------------------
     def setup(self, declared: list[Address] | None, compile: bool) -> Setup:
@@ -85,10 +100,16 @@ class Mode:
 class HooksMode(Mode):
     name = "vllm"
 
+    def setup(self, declared: list[Address] | None, compile: bool) -> Setup:
+        """The forward runs uncompiled (enforce_eager), and so does the rest of the worker: vLLM's sampler
+        ranks a sampled token's logprob with a torch.compile'd function, which Inductor compiled on the
+        first request asking for a logprob (every stream): 25 s on 2 CPU cores with a cold cache."""
+        base = Mode.setup(self, declared, compile)
+        return Setup(base.kw, {**base.env, "TORCH_COMPILE_DISABLE": "1"})
+
 
 class StaticTapsMode(Mode):
     name = "vllm-static"
-    declares = True
     READ_ONLY = "a read-only tap of this vllm-static engine; declare it in static_points to steer it"
 
     def setup(self, declared: list[Address] | None, compile: bool) -> Setup:
@@ -166,7 +187,6 @@ def _tap_of(st: Steer) -> str:
 
 class StockMode(Mode):
     name = "vllm-generate"
-    worker = False
     unserved = NO_CAPTURE
 
     def setup(self, declared: list[Address] | None, compile: bool) -> Setup:
@@ -180,7 +200,7 @@ class StockMode(Mode):
 
 
 MODES: dict[str, Mode] = {m.name: m for m in (HooksMode(), StaticTapsMode(), StockMode())}
-assert tuple(MODES) == tuple(VLLM_BACKENDS), "a vLLM backend of engine/core/points.py without a mode, or the reverse"
+assert tuple(MODES) == tuple(VLLM_BACKENDS), "a vLLM backend of engine/core/backends.py without a mode, or the reverse"
 
 
 def mode_for(backend: str) -> Mode:

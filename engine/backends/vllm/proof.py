@@ -20,11 +20,9 @@ from typing import Any
 
 import torch
 
+from engine.core.errors import TapProofError
+
 PROBE = "The quick brown fox jumps over the lazy dog because it was asked to"
-
-
-class TapProofError(RuntimeError):
-    pass
 
 
 # `model` is the VLLMModel: typed Any (as Mode.prove's) because engine/backends/vllm/backend.py reaches this
@@ -38,7 +36,9 @@ def prove_taps(model: Any) -> dict:
               "backend='vllm'.")
     reads = [str(a) for a in model.declared if a.point != "final_norm"] + ["final_norm"]
     ids = model._prompt_ids(PROBE)
-    raw = {"min_tokens": 0, "ignore_eos": True}  # sample the raw argmax (no end-of-sequence ban)
+    # sample the raw argmax (no end-of-sequence ban); a logprob, so that vLLM's compiled sampler helper is
+    # compiled here, at load, and not on the first request that asks for one (every stream)
+    raw = {"min_tokens": 0, "ignore_eos": True, "logprobs": 0}
     base = model.generate_batch([Request(ids, 2, points=reads, sampling=raw)])[0]
     for k in reads:
         t = base.cache[k]

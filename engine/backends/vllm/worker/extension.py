@@ -20,7 +20,7 @@ ones on rank 0 only; the client gathers.
 from __future__ import annotations
 
 import functools
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
@@ -32,18 +32,19 @@ from engine.backends.vllm.worker.rows import ROWS
 from engine.backends.vllm.worker.tree import resolve, tree_for
 from engine.core.address import Address, parse
 from engine.core.errors import UnsupportedPointError
-from engine.core.plan import Plan, Span, Step, run_site, site_work
+from engine.core.ledger import GUARD, Ledger
+from engine.core.plan import Plan, Span, site_work
 from engine.core.points import POINTS
 from engine.core.readouts import Env, bind, parts_of
+from engine.core.site import guard, run_site, zero_rows
+from engine.core.steering import failure
+from engine.core.step import Step
+from engine.core.syncs import SyncCounter
 
 if TYPE_CHECKING:
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
     from engine.backends.vllm.worker.tree import VSite
-
-
-def _to_cpu(span, key, rows):
-    return rows.detach().to("cpu", copy=True)  # vLLM reuses its activation buffers
 
 
 def _failed(plan: Plan, exc: BaseException) -> None:
@@ -53,6 +54,8 @@ def _failed(plan: Plan, exc: BaseException) -> None:
 
 
 def _query_start_loc(ctx) -> list[int]:
+    """The step's query_start_loc from the forward context's attention metadata (a device read: used
+    only where the runner keeps no host copy, engine/backends/vllm/worker/extension.host_rows)."""
     md = ctx.attn_metadata
     for m in (md.values() if isinstance(md, dict) else [md]):
         q = getattr(m, "query_start_loc", None)
@@ -60,6 +63,19 @@ def _query_start_loc(ctx) -> list[int]:
             return q.tolist()
     raise RuntimeError("the forward context carries no attention metadata with query_start_loc; this "
                        "architecture has no softmax attention layer the engine can align rows with")
+
+
+def host_rows(runner: Any, batch_rows: list[int]) -> tuple[list[int], list[int]] | None:
+    """(query_start_loc, the first position of each of `batch_rows`) from the host copies V1's runner
+    fills before every forward (query_start_loc.np, input_batch.num_computed_tokens_cpu): no device
+    read. None where the runner keeps no such copies."""
+    qsl = getattr(getattr(runner, "query_start_loc", None), "np", None)
+    batch = getattr(runner, "input_batch", None)
+    computed = getattr(batch, "num_computed_tokens_cpu", None)
+    if qsl is None or computed is None:
+        return None
+    n = batch.num_reqs
+    return qsl[:n + 1].tolist(), [int(computed[i]) for i in batch_rows]
 
 
 def _rows_from(chunks: list, start: int):
@@ -140,7 +156,7 @@ class HookSites:
     def before(self, step: Step, work: dict) -> None:
         pass
 
-    def after(self, step: Step, work: dict, on_error: object = None) -> None:
+    def after(self, step: Step, work: dict) -> None:
         pass
 
     def describe(self, addr: Address, info: dict) -> None:
@@ -165,10 +181,14 @@ class WorkerState:
         taps = getattr(self.model, TAPS_ATTR, None)  # installed by the interp_static loader (vllm-static)
         self.mode = HookSites(self) if taps is None else taps
         self.plans: dict[str, Plan] = {}
+        self.ledger = Ledger(unique=False)  # what every registered plan's steers did, read at collect
+        self.device = next(self.model.parameters()).device
         self.work: dict = {}
         self.sites: dict = {}  # (point, layer) -> VSite, one object per module slot
         self.handles: list = []
         self.step: Step | None = None
+        self.syncs: SyncCounter | None = None  # counting host reads inside steps (interp_syncs)
+        self.steps = 0  # steps that ran a registered plan since counting began
         self.end_module = self.end_handle = None
         if _wrap_model_forward(runner, self._begin, self._end):
             self.positions_at, self.anchor_error = 0, None
@@ -259,6 +279,8 @@ class WorkerState:
         for h in self.handles:
             h.remove()
         self.handles = self.mode.attach(self.work)
+        if any(p.steers for p in plans) and isinstance(self.mode, HookSites):
+            self.handles += [layer.register_forward_hook(self._guard_layer) for layer in self._layers()]
         if self.end_handle is not None:  # after every site's hook, where the end module is also a site
             self.end_handle.remove()
             self.end_handle = self.end_module.register_forward_hook(self._end)
@@ -267,7 +289,26 @@ class WorkerState:
         step = self.step
         if step is None or not step.spans:
             return None
-        return run_site(t, step.spans, work, _to_cpu, _failed)
+        return run_site(t, step, work)
+
+    def _guard_layer(self, module, args, output):
+        """The layer guard (engine.core.site.guard) on a decoder layer's output: a steering request's row
+        that is not finite there is zeroed in every part of the stream (vLLM's (hidden, residual) pair),
+        so nothing non-finite reaches a later layer or the KV cache; its request fails at collect."""
+        step = self.step
+        if step is None or not step.spans:
+            return None
+        parts = list(output) if isinstance(output, tuple) else [output]
+        tensors = [i for i, p in enumerate(parts) if isinstance(p, torch.Tensor) and p.shape[:1] == (step.n_tokens,)]
+        if not tensors:
+            return None
+        stream = sum(parts[i] for i in tensors)
+        ok = guard(stream.reshape(step.n_tokens, -1), step)
+        if ok is None:
+            return None
+        for i in tensors:
+            parts[i] = zero_rows(parts[i], ok)
+        return tuple(parts) if isinstance(output, tuple) else parts[0]
 
     # -- steps ------------------------------------------------------------------------------------
     def _begin(self, module, args, kwargs):
@@ -277,6 +318,9 @@ class WorkerState:
         mine = [(i, self.plans[k]) for i, k in ROWS.items() if k in self.plans]
         if not mine:
             return
+        if self.syncs is not None:  # counted from here to the end of the step (_end)
+            self.steps += 1
+            self.syncs.__enter__()
         try:
             self._start_step(mine, args, kwargs)
         except Exception as e:  # the step's plans fail; the engine serves on
@@ -285,28 +329,47 @@ class WorkerState:
             self.step = None
 
     def _start_step(self, mine, args, kwargs):
-        from vllm.forward_context import get_forward_context
-        qsl = _query_start_loc(get_forward_context())
         positions = kwargs["positions"] if "positions" in kwargs else args[self.positions_at]
         flat = positions[0] if positions.dim() == 2 else positions  # M-RoPE: [3, tokens]
-        starts = flat[torch.tensor([qsl[i] for i, _ in mine], device=flat.device)].tolist()
+        host = host_rows(self.runner, [i for i, _ in mine])
+        if host is None:  # no host copies in this runner: read them from the device (two syncs)
+            from vllm.forward_context import get_forward_context
+            qsl = _query_start_loc(get_forward_context())
+            starts = flat[torch.tensor([qsl[i] for i, _ in mine], device=flat.device)].tolist()
+        else:
+            qsl, starts = host
         spans = [Span(plan, qsl[i], qsl[i + 1], int(p0), i) for (i, plan), p0 in zip(mine, starts)
                  if qsl[i + 1] > qsl[i]]
-        self.step = Step(spans, int(flat.shape[0]))
+        self.step = Step(spans, int(flat.shape[0]), self.device, self.ledger, sanitize=True, on_error=_failed)
         self.mode.before(self.step, self.work)
 
     def _end(self, module, args, output):
         try:
             if self.step is not None:
-                self.mode.after(self.step, self.work, _failed)
+                self.mode.after(self.step, self.work)
         except Exception as e:
             for sp in self.step.spans:
                 _failed(sp.plan, e)
+        finally:
+            if self.syncs is not None and self.syncs.active:
+                self.syncs.__exit__(None, None, None)
         self.step = None
+
+    def count_syncs(self, on: bool) -> dict:
+        """Start (on) or stop counting the engine's host reads inside steps (engine/core/syncs.py);
+        stopping returns {"syncs", "steps", "sites"} since the start."""
+        if on:
+            self.syncs, self.steps = SyncCounter(), 0
+            return {}
+        c, self.syncs = self.syncs, None
+        steps, self.steps = self.steps, 0
+        if c is None:
+            return {"syncs": 0, "steps": 0, "sites": {}}
+        return {"syncs": c.count, "steps": steps, "sites": dict(c.sites)}
 
     # -- requests ---------------------------------------------------------------------------------
     def register(self, plans: list[dict]) -> None:
-        device = next(self.model.parameters()).device
+        device = self.device
         for d in plans:
             plan = vllm_wire.plan_in(d)
             # values arrive on the CPU; steered rows (and vllm-static's receipt replay) are on the model's device
@@ -325,16 +388,24 @@ class WorkerState:
         """Each plan's captures ({key: [first position, rows]}) and logits, and forget the plan
         (tensors go out through `encode`: inline bytes, or vllm_sink's shared-memory files)."""
         out = []
+        mine = [self.plans[k] for k in keys if k in self.plans]
+        outcomes = self.ledger.read([p.key for p in mine]) if self.ledger else {}  # the one read
+        self.ledger.drop([p.key for p in mine])
+        dtype = self.runner.model_config.dtype
         for key, want_logits in zip(keys, logits):
             plan = self.plans.pop(key, None)
             if plan is None:
                 out.append({"key": key, "error": f"plan {key} is not registered on rank {self.rank}"})
                 continue
             res = {"key": key, "recomputed": plan.recomputed, "captures": {}, "errors": {}, "held": {}}
+            outcome = outcomes.get(plan.key)
+            if plan.error is None and outcome is not None and outcome.failed is not None:
+                st = None if outcome.failed == GUARD else plan.steers[outcome.failed]
+                plan.error = f"NonFiniteSteer: {failure(st, dtype, plan.steers)}"
             if plan.error is not None:
                 res["failed"] = plan.error
             else:
-                res["receipts"] = [vllm_wire.receipt_out(r) for r in plan.receipts()
+                res["receipts"] = [vllm_wire.receipt_out(r) for r in plan.receipts(outcome)
                                    if self._reports(plan.steers[r.index])]
             if plan.accumulators and plan.error is None and self._local_readout(None):
                 res["readouts"] = {}
@@ -446,6 +517,10 @@ class InterpWorker:
     def interp_register(self, plans: list) -> bool:
         self._interp.register(plans)
         return True
+
+    def interp_syncs(self, on: bool) -> dict:
+        """Count the engine's host reads inside this rank's steps (tests: at most 2 per step)."""
+        return self._interp.count_syncs(on)
 
     def interp_plans(self) -> list:
         """Keys of the plans this rank holds (registered, not collected yet)."""

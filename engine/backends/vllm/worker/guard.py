@@ -10,8 +10,9 @@ ops only: the rows marked in `rows` (those of requests that steer, marked per st
 StaticTaps.before; 0 elsewhere, so a plain request is never altered) whose stream left the layer
 non-finite, or so large that its squared norm overflows (`bounded`), become 0 (both halves of a
 (hidden, residual) pair), and `flag` keeps, per row, whether any layer did that in this step (layer
-0 writes it, later layers take the maximum). After the step, StaticTaps.after fails the flagged
-requests (NonFiniteSteer naming their steers) and has their KV blocks scrubbed
+0 writes it, later layers take the maximum). After the step, StaticTaps.after records the flagged
+rows in the worker's ledger (the request fails with NonFiniteSteer naming its steers when its ledger
+is read at collect; nothing is read back per step) and has their KV blocks scrubbed
 (engine/backends/vllm/worker/kv.py).
 """
 from __future__ import annotations
@@ -20,14 +21,9 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from engine.core.steering import NonFiniteSteer
-
 if TYPE_CHECKING:
     from engine.backends.vllm.worker.tree import Tree
-
-
-OVERFLOW = ("the steered activation overflows, its value does not fit that dtype, or its squared norm does, so "
-            "every norm after it divides by inf")
+    from engine.core.step import Rows
 
 
 def bounded(x: torch.Tensor) -> torch.Tensor:
@@ -89,32 +85,20 @@ class LayerGuard:
         layer.forward = forward
 
     # -- between steps (Python, outside the graph) -------------------------------------------------
-    def mark(self, spans: list) -> None:
-        """Mark the rows of these spans (the requests that steer) for this step."""
-        if not spans:
+    def mark(self, rows: Rows, n_tokens: int) -> None:
+        """Mark these rows of the step (engine.core.step.Step.guard_rows: every row of each request
+        that steers) for this step."""
+        if not rows.members:
             return
-        rows = self.rows
-        for sp in spans:
-            rows[sp.a:sp.b] = 1.0
-        self.dirty = (min(sp.a for sp in spans), max(sp.b for sp in spans))
+        if rows.index is None:
+            self.rows[:n_tokens] = 1.0
+            self.dirty = (0, n_tokens)
+        else:
+            self.rows.index_fill_(0, rows.index.to(self.rows.device), 1.0)
+            self.dirty = (int(rows.flat.min()), int(rows.flat.max()) + 1)
 
     def clear(self) -> None:
         """No row marked (the state between steps: a plain step's rows are never touched)."""
         if self.dirty is not None:
             self.rows[self.dirty[0]:self.dirty[1]].zero_()
             self.dirty = None
-
-    def failed(self, spans: list) -> torch.Tensor:
-        """Bool per span (on the device, not read): whether any layer zeroed one of its rows this step."""
-        flag = self.flag
-        return torch.stack([flag[sp.a:sp.b].amax() > 0 for sp in spans])
-
-
-def downstream(steers: list, dtype: torch.dtype) -> NonFiniteSteer:
-    """The error of a request whose hidden state the guard found non-finite: each of its steers' own
-    results was finite, so the request names them all."""
-    named = "; ".join(f"{s.op!r} at {s.address}" for s in steers) or "none"
-    return NonFiniteSteer(f"the hidden state of this request became inf or NaN in the model's "
-                          f"{str(dtype).replace('torch.', '')} downstream of its steers ({named}): each steer's own "
-                          f"result was finite, but together or in a later layer they overflow; the request was "
-                          f"stopped and nothing it computed reaches another request; give smaller values.")

@@ -12,25 +12,26 @@ V1's machinery, which V2 replaces:
     persistent slot i, and nothing the forward receives names the request of a row.
   - V2 replays FULL CUDA graphs with `cudagraph_manager.run_fullgraph`, which calls neither the model
     nor V1's `_model_forward`, where the step begins and ends (engine/backends/vllm/worker/extension.py).
-Supporting V2 would mean deriving rows from `input_batch.idx_mapping` inside `execute_model`, which
-is not reachable from the forward. So the engine sets VLLM_USE_V2_MODEL_RUNNER=0 for the engines it
-hooks (a log line says so), and each worker reports the runner it got; V2 is refused by name,
-never run with a wrong row map. vllm-generate (stock vLLM, no rows) keeps vLLM's own choice.
+Supporting V2 means deriving rows from the step's `InputBatch` (`req_ids`, `query_start_loc`), which
+V2's `prepare_inputs` returns before the forward (a wrappable seam; not used yet). So the engine sets
+VLLM_USE_V2_MODEL_RUNNER=0 for the engines it hooks (a log line says so), and each worker reports the
+runner it got; V2 is refused by name, never run with a wrong row map. vllm-generate (stock vLLM, no
+rows) keeps vLLM's own choice. vLLM 0.34 removed V1 altogether: the hooked backends refuse it at load
+(docs/vllm-internals.md, "Moving the CUDA world to 0.34").
 """
 from __future__ import annotations
 
+import importlib.util
 import os
 
-from engine.core.errors import FamilyLimitationError
+from engine.core.backends import backend_for
+from engine.core.errors import RunnerError
 
 ENV = "VLLM_USE_V2_MODEL_RUNNER"
+V1_RUNNER = "vllm.v1.worker.gpu_model_runner"  # removed with the V1 runner in vLLM 0.34 (docs/vllm-internals.md)
 V2_PACKAGE = "vllm.v1.worker.gpu."  # V2 runners (the CPU V2 runner subclasses the GPU one)
 # engine arguments with which vLLM 0.32 uses V2 whatever the environment says (config/vllm.py)
 FORCES_V2 = {"watermark_config": "watermarking", "hisparse_config": "HiSparse attention"}
-
-
-class RunnerError(FamilyLimitationError):
-    pass
 
 
 def _forcing_v2(engine_kw: dict) -> list[str]:
@@ -45,8 +46,15 @@ def _forcing_v2(engine_kw: dict) -> list[str]:
 def force_v1(backend: str, engine_kw: dict) -> tuple[dict, str]:
     """(environment for the engine's processes, what the load report says about the runner).
     Refuses, before starting anything, engine arguments that make vLLM use V2 regardless."""
-    if backend == "vllm-generate":
+    if not backend_for(backend).captures:
         return {}, "model runner: vLLM's own choice (stock vLLM, no row map)"
+    if importlib.util.find_spec(V1_RUNNER) is None:
+        import vllm
+        raise RunnerError(f"{backend} runs on vLLM's V1 model runner, which the installed vLLM "
+                          f"{getattr(vllm, '__version__', '')} no longer has "
+                          f"({V1_RUNNER} is gone: vLLM 0.34 removed it); install the pinned vLLM 0.32 "
+                          f"(bash scripts/setup.sh) or use backend='vllm-generate' (stock vLLM, no capture). "
+                          f"docs/vllm-internals.md says what moving to 0.34 needs.")
     forcing = _forcing_v2(engine_kw)
     if forcing:
         raise RunnerError(f"{backend} needs vLLM's V1 model runner, but {', '.join(forcing)} makes vLLM 0.32 use V2 "

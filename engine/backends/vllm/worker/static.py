@@ -15,10 +15,15 @@ engine/core/ops.py (`Tap.fill` only gathers the rows and writes the result back)
 express (their row's `static` says why) are refused by name before a request runs, by the client's
 mode object (engine/backends/vllm/modes.py: StaticTapsMode.check_steer / check_steers).
 
-Receipts: after each step, the steering requests' rows of `pre` go through the same steer routine
-as the hooked backends (engine.core.plan.steer_span), outside the graph, which tallies each steer's rows
-and change exactly as `vllm` and `eager` define them (the graph's affine arithmetic may round
-differently in the last bits).
+Receipts and the guard: after each step, the steering requests' rows of `pre` go through the same
+steer routine as the hooked backends (engine.core.site.steer), outside the graph, which records each
+steer's rows and change in the worker's ledger exactly as `vllm` and `eager` define them (the graph's
+affine arithmetic may round differently in the last bits), and NaN for a row the op makes non-finite:
+the same rows the graph's `bad` flag marks. The graph's own flags (a tap's `bad`, the layer guard's
+`flag`, engine/backends/vllm/worker/guard.py) go to the ledger too, on the device: nothing is read
+back per step, and the request fails when its ledger is read at collect. Between steps every write
+tap is the identity (`identity`), and the KV blocks a steering request's rows wrote are scrubbed of
+inf / NaN (engine/backends/vllm/worker/kv.py).
 """
 from __future__ import annotations
 
@@ -27,16 +32,15 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
-from engine.backends.vllm.worker.guard import OVERFLOW, LayerGuard, bounded, downstream
+from engine.backends.vllm.worker.guard import LayerGuard, bounded
 from engine.backends.vllm.worker.tree import Tree, VSite
 from engine.core.address import Address
 from engine.core.errors import SteeringError
 from engine.core.ops import OPS, AffineRows
-from engine.core.plan import Step, feed_readouts, steer_span, touches_every_row
-from engine.core.steering import overflowed, values_at
+from engine.core.site import readout, steer
+from engine.core.step import Step
 
 if TYPE_CHECKING:
-    from engine.core.plan import Plan
     from engine.core.steering import Steer
 
 
@@ -65,6 +69,11 @@ class Tap:
 
     def buf(self, k: str) -> torch.Tensor:
         return getattr(self.site.module, self.attrs[k])
+
+    def shape(self, head_dim: int | None, head: bool = False) -> tuple:
+        """The per-position shape of the point (one head's, with a head coordinate)."""
+        full = (self.width // head_dim, head_dim) if head_dim else (self.width,)
+        return full[1:] if head else full
 
     @property
     def nbytes(self) -> int:
@@ -116,8 +125,8 @@ class Tap:
     def fill(self, rows: "torch.Tensor | slice", steer: Steer, head_dim: int | None,
              value: torch.Tensor | None = None) -> None:
         """Compose one steer into the write buffers at the given flat rows (an index tensor, or a slice
-        for a contiguous run); `value` is its value for those rows (engine.core.steering.values_at:
-        [n, *shape] per position, or one [*shape])."""
+        for a contiguous run); `value` is its value for those rows (engine.core.step.Step.steer_rows:
+        [n, *shape] one per row, or one [*shape] / scalar for every row)."""
         u, mul, add = self.buf("u"), self.buf("mul"), self.buf("add")
         cols = slice(None)
         # a bound steer (engine.core.steering.Steer.bound): its address is an Address, its value a tensor or None
@@ -128,8 +137,8 @@ class Tap:
         v = steer.value if value is None else value
         if v is not None:
             v = v.to(mul.device, mul.dtype)  # type: ignore[union-attr]
-            per_row = value is not None and steer.bound().lead == 1
             n = rows.stop - rows.start if isinstance(rows, slice) else rows.numel()
+            per_row = v.dim() > len(self.shape(head_dim, bool(steer.address.coords)))  # type: ignore[union-attr]
             v = v.reshape(n, -1) if per_row else (v if v.dim() == 0 else v.reshape(-1))
         op = OPS[steer.op]
         why = op.static_refusal(steer)
@@ -210,35 +219,32 @@ class StaticTaps:
         self.identity()  # normally already (after() ends every step so); a step whose end never ran left rows
         try:
             if self.guard is not None:
-                self.guard.mark([sp for sp in step.spans if sp.plan.steers])
+                self.guard.mark(step.guard_rows(), step.n_tokens)
             for name, tap in self.taps.items():
                 if tap.writable:
-                    self._fill(step, name, tap, work[name].writes if name in work else {})
+                    self._fill(step, name, tap, work[name].steers if name in work else [])
         except BaseException:
             self.identity()
             raise
 
-    def _fill(self, step: Step, name: str, tap: Tap, writes: dict) -> None:
-        todo = [(sp, st) for sp in step.spans if sp.plan.error is None for _, st in writes.get(sp.plan.key, ())]
-        if not todo:
+    def _fill(self, step: Step, name: str, tap: Tap, groups: list) -> None:
+        filled = [(g, *step.steer_rows(g, tap.shape(self.head_dim[name], bool(g.steer.address.coords))))
+                  for g in groups]
+        filled = [(g, rows, v) for g, rows, v in filled if rows.members]
+        if not filled:
             return
         # marked before filling, so a fill that fails midway is undone too
-        tap.dirty = (min(sp.a for sp, _ in todo), max(sp.b for sp, _ in todo))
-        for sp, st in todo:
-            shape = self.shape_of(name)[1:] if st.address.coords else self.shape_of(name)
-            if touches_every_row(st):  # every row of the span: a slice, no mask or index tensor
-                at = torch.arange(sp.pos0, sp.pos0 + sp.b - sp.a) if st.bound().lead else None
-                tap.fill(slice(sp.a, sp.b), st, self.head_dim[name], values_at(st, at, shape))
-                continue
-            idx = torch.nonzero(sp.touched(st)).flatten()
-            if idx.numel():
-                v = values_at(st, idx + sp.pos0, shape)
-                tap.fill((idx + sp.a).to(tap.buf("mul").device), st, self.head_dim[name], v)
+        tap.dirty = (min(int(r.flat.min()) for _, r, _ in filled), max(int(r.flat.max()) for _, r, _ in filled) + 1)
+        for g, rows, v in filled:
+            at = slice(0, step.n_tokens) if rows.index is None else rows.index.to(tap.buf("mul").device)
+            tap.fill(at, g.steer, self.head_dim[name], v)
 
     def identity(self) -> None:
         """Every write tap the identity on every row again and no row marked for the guard: the state
         outside a step, so a step the engine runs without starting one of ours (no registered plan has
-        rows in it) applies nothing a finished request left behind."""
+        rows in it) applies nothing a finished request left behind (old code reset the rows a step
+        filled only when it started the next step of its own: a benign steer stayed applied to every
+        plain request after it)."""
         for tap in self.taps.values():
             if tap.dirty is not None:
                 tap.reset(*tap.dirty)
@@ -246,84 +252,51 @@ class StaticTaps:
         if self.guard is not None:
             self.guard.clear()
 
-    def after(self, step: Step, work: dict, on_error: Callable[[Plan, BaseException], None] | None = None) -> None:
-        """Back to the identity (before anything else), then: scrub the KV blocks the steering rows
-        wrote (engine/backends/vllm/worker/kv.py), fail each plan whose rows a tap or the layer guard
-        flagged non-finite (on_error(plan, exc); one device read for the whole step), tally the
-        receipts of this step's steers from the `pre` rows, and copy each capturing plan's rows out of
-        the capture buffers (CPU copies)."""
+    def after(self, step: Step, work: dict) -> None:
+        """Back to the identity (before anything else); then record in the ledger, for every row of a
+        steering request, whether a tap kept it unsteered (its steer made it non-finite or unbounded)
+        or the layer guard zeroed it (its request fails when the ledger is read at collect), and scrub
+        the KV blocks those rows wrote (engine/backends/vllm/worker/kv.py); nothing is read back. Then
+        replay this step's steers on the `pre` rows through the shared routine (receipts), copy each
+        capturing plan's rows out of the capture buffers and feed the readouts."""
         self.identity()
-        steering = [sp for sp in step.spans if sp.plan.steers]
-        if steering:
-            bad = self._flagged(steering, work)
-            from engine.backends.vllm.worker import kv
-            kv.scrub(steering, bad)
-            if on_error is not None:
-                self._fail(steering, bad, work, on_error)
+        self._guarded(step, work)
         for name, w in work.items():
             tap = self.taps[name]
-            for sp in step.spans if w.writes and tap.writable else ():
-                writes = w.writes.get(sp.plan.key)
-                if writes and sp.plan.error is None:  # tallies only: the graph already applied them
-                    rows = tap.buf("pre")[sp.a:sp.b].reshape(sp.b - sp.a, *self.shape_of(name))
-                    steer_span(sp, writes, rows)
-            if not w.reads:
-                continue
-            cap = tap.buf("cap")
-            for sp in step.spans:
-                for key, coord in w.reads.get(sp.plan.key, ()):
-                    skip = sp.plan.wanted(key, sp.pos0, sp.b - sp.a)
-                    if skip is None:
-                        continue
-                    seg = cap[sp.a + skip:sp.b].reshape(sp.b - sp.a - skip, *self.shape_of(name))
-                    seg = seg[:, coord] if coord is not None else seg
-                    sp.plan.add(key, sp.pos0 + skip, seg.to("cpu", copy=True))
+            if w.steers and tap.writable:  # the graph already applied them: tallies only
+                cur = tap.buf("pre")[:step.n_tokens].reshape(step.n_tokens, *self.shape_of(name))
+                for g in w.steers:
+                    cur = steer(cur, step, g)
+            if w.reads:
+                cap = tap.buf("cap")[:step.n_tokens].reshape(step.n_tokens, *self.shape_of(name))
+                for r in w.reads:
+                    step.capture(r, cap)
         # readouts last: a lens readout runs the final norm and head, whose taps' buffers it may write
         for name, w in work.items():
-            if not w.readouts:
-                continue
-            shape = self.shape_of(name)
-            for sp in step.spans:
-                if sp.plan.error is None and w.readouts.get(sp.plan.key):
-                    rows = self.taps[name].buf("cap")[sp.a:sp.b].reshape(sp.b - sp.a, *shape).clone()
-                    try:
-                        feed_readouts(sp, w, rows)
-                    except Exception as e:
-                        if on_error is None:
-                            raise
-                        on_error(sp.plan, e)
+            if w.readouts:
+                cap = self.taps[name].buf("cap")[:step.n_tokens].reshape(step.n_tokens, *self.shape_of(name)).clone()
+                for o in w.readouts:
+                    readout(cap, step, o)
 
-    def _flagged(self, spans: list, work: dict) -> torch.Tensor:
-        """Bool per span, on the device (nothing read): a write tap kept one of its rows unsteered
-        because the steer made it non-finite, or the layer guard zeroed one."""
-        parts = [self.guard.failed(spans)] if self.guard is not None else []
-        for name, w in work.items():
-            tap = self.taps[name]
-            if w.writes and tap.writable:
-                bad = tap.buf("bad")
-                parts.append(torch.stack([bad[sp.a:sp.b].amax() > 0 for sp in spans]))
-        if not parts:
-            return torch.zeros(len(spans), dtype=torch.bool)
-        return torch.stack(parts).any(0)
-
-    def _fail(self, spans: list, bad: torch.Tensor, work: dict,
-              on_error: Callable[[Plan, BaseException], None]) -> None:
-        """Fail the flagged plans (the step's one read: `bad`): named by the first tap steer that made a
-        row non-finite, else by the guard (every steer of the request: it overflowed downstream)."""
-        hit = bad.tolist()
-        for sp, failed in zip(spans, hit):
-            if not failed or sp.plan.error is not None:
-                continue
-            exc: BaseException | None = None
-            for name, w in work.items():
-                tap = self.taps[name]
-                sts = [st for _, st in w.writes.get(sp.plan.key, ())]
-                if sts and tap.writable and bool(tap.buf("bad")[sp.a:sp.b].any()):
-                    exc = overflowed(sts[0], tap.buf("bad").dtype, OVERFLOW)
-                    break
-            if exc is None:
-                exc = downstream(sp.plan.steers, self.guard.flag.dtype if self.guard is not None else torch.float32)
-            on_error(sp.plan, exc)
+    def _guarded(self, step: Step, work: dict) -> None:
+        """The graph's flags of this step, on the device: a row of a steering request is bad where a
+        write tap kept it unsteered or the layer guard zeroed it; recorded under GUARD (the request
+        fails at collect, naming its steers) and its KV blocks scrubbed."""
+        rows = step.guard_rows()
+        if not rows.members:
+            return
+        n = step.n_tokens
+        flags = [self.guard.flag[:n]] if self.guard is not None else []
+        flags += [self.taps[name].buf("bad")[:n] for name, w in work.items()
+                  if w.steers and self.taps[name].writable]
+        if not flags:
+            return
+        bad = torch.stack([f.reshape(n) for f in flags]).amax(0) > 0  # [n] bool
+        mine = bad if rows.index is None else bad.index_select(0, rows.index)
+        step.ledger.record(rows.plan, rows.steer, rows.pos, torch.where(mine, torch.nan, 0.0).double())
+        spans = [sp for sp in step.spans if sp.plan.steers and sp.plan.error is None]
+        from engine.backends.vllm.worker import kv
+        kv.scrub(spans, torch.stack([bad[sp.a:sp.b].any() for sp in spans]))
 
     def shape_of(self, name: str) -> tuple:
         tap, hd = self.taps[name], self.head_dim[name]

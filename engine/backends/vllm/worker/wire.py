@@ -96,6 +96,8 @@ def steer_out(s: Steer) -> dict:
     """A steer bound to one sequence (engine.core.steering.Steer.for_row) as plain data."""
     out = {}
     for f in dataclasses.fields(Steer):
+        if f.name == "checked":  # the worker checks what it receives
+            continue
         v, codec = getattr(s, f.name), _STEER_CODECS.get(f.name)
         out[f.name] = v if v is None or codec is None else codec[0](v)
     return out

@@ -1,0 +1,127 @@
+"""What the steers of a call did, kept on the model's device until it is read once.
+
+Every steer application records, for each row it touched, the norm of that row's change (float64) at
+its absolute position: inf or NaN where the row is not finite after the steer. The layer guard records
+NaN for a steering plan whose hidden state went non-finite later in the forward. A row already not
+finite before a steer counts as that steer's failure; the first failure recorded is the one named, and
+a steer recorded earlier in the forward (or an earlier forward) is recorded first. None of
+that reads a device value: `read()` moves everything recorded in one transfer (eager: once per call;
+the vLLM worker: when a request is collected) and returns, per plan, its receipts and, where a row
+went non-finite, its failure.
+
+    ledger.record(codes, steer_indices, positions, norms)   # host arrays [m] (codes: ledger.code(plan.key)),
+                                                            # device float64 [m]
+    outcome = ledger.read([plan.key])[plan.key]              # Outcome: per steer (rows, sum of squares)
+
+With `unique=False` (vLLM: the scheduler can preempt a request and recompute positions) a position
+recorded twice for one steer counts once, as last recorded; eager never computes a position twice.
+"""
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+_CODES = itertools.count()
+GUARD = -1  # the steer index the layer guard records under: the request's hidden state went non-finite
+
+
+@dataclass(slots=True)
+class Outcome:
+    """One plan's tally: per steer index, (rows touched, sum of squared changes); `failed` the steer
+    index whose result was non-finite first recorded (GUARD: a later layer's hidden state), or None."""
+    rows: dict = field(default_factory=dict)
+    sumsq: dict = field(default_factory=dict)
+    failed: int | None = None
+
+    def of(self, index: int) -> tuple[int, float]:
+        return self.rows.get(index, 0), self.sumsq.get(index, 0.0)
+
+
+@dataclass(slots=True)
+class _Entry:
+    plan: np.ndarray  # int64 [m]
+    steer: np.ndarray  # int64 [m]
+    pos: np.ndarray  # int64 [m]
+    norm: torch.Tensor  # float64 [m], on the model's device
+
+
+class Ledger:
+    """Device-side tallies of a call (eager) or of a worker's registered plans (vLLM)."""
+    __slots__ = ("unique", "_entries", "_codes", "_keys")
+
+    def __init__(self, unique: bool = True) -> None:
+        self.unique = unique
+        self._entries: list[_Entry] = []
+        self._codes: dict = {}  # plan key (an int, or vLLM's request-key string) -> its int code here
+        self._keys: dict = {}  # and back
+
+    def code(self, key: object) -> int:
+        """The int a plan key is recorded under (plan keys may be strings)."""
+        c = self._codes.get(key)
+        if c is None:
+            c = self._codes[key] = next(_CODES)
+            self._keys[c] = key
+        return c
+
+    def __bool__(self) -> bool:
+        return bool(self._entries)
+
+    def record(self, plan: np.ndarray, steer: np.ndarray, pos: np.ndarray, norm: torch.Tensor) -> None:
+        """Rows of one application: plan codes (`code`), steer indices and absolute positions (host), and the
+        norm of each row's change (device; inf or NaN for a row not finite). No device read."""
+        self._entries.append(_Entry(plan, steer, pos, norm.detach().double().reshape(-1)))
+
+    def read(self, keys: "list | None" = None) -> dict:
+        """{plan key: Outcome} for the plans `keys` (None: every plan recorded), in one transfer."""
+        out: dict = {k: Outcome() for k in (keys or [])}
+        codes = None if keys is None else [self._codes[k] for k in keys if k in self._codes]
+        entries = self._entries if codes is None else [e for e in self._entries if np.isin(e.plan, codes).any()]
+        if not entries:
+            return out
+        sq = torch.cat([e.norm for e in entries]).to("cpu").numpy() ** 2  # the one read
+        plan = np.concatenate([e.plan for e in entries])
+        steer = np.concatenate([e.steer for e in entries])
+        pos = np.concatenate([e.pos for e in entries])
+        if codes is not None:
+            keep = np.isin(plan, codes)
+            sq, plan, steer, pos = sq[keep], plan[keep], steer[keep], pos[keep]
+        if not self.unique:  # the last record of each (plan, steer, position) counts; guard records all do
+            table = np.stack([plan, steer, pos], axis=1)[::-1]
+            _, first = np.unique(table, axis=0, return_index=True)
+            last = np.zeros(len(sq), dtype=bool)
+            last[len(sq) - 1 - first] = True
+            keep = last | (steer < 0)
+            sq, plan, steer, pos = sq[keep], plan[keep], steer[keep], pos[keep]
+        bad = ~np.isfinite(sq)
+        plans, at_plan = np.unique(plan, return_inverse=True)
+        for j in np.flatnonzero(np.bincount(at_plan, weights=bad, minlength=len(plans))):
+            mine = np.flatnonzero(at_plan == j)
+            out.setdefault(self._keys[int(plans[j])], Outcome()).failed = int(steer[mine[np.argmax(bad[mine])]])
+        real = steer >= 0  # receipts: per (plan, steer), rows and the sum of squares, at once
+        pairs, at_pair = np.unique(np.stack([plan[real], steer[real]], axis=1), axis=0, return_inverse=True)
+        rows = np.bincount(at_pair.reshape(-1), minlength=len(pairs))
+        sums = np.bincount(at_pair.reshape(-1), weights=sq[real], minlength=len(pairs))
+        for (k, i), n, q in zip(pairs.tolist(), rows.tolist(), sums.tolist()):
+            o = out.setdefault(self._keys[k], Outcome())
+            o.rows[i], o.sumsq[i] = n, q
+        for k in plans.tolist():
+            out.setdefault(self._keys[k], Outcome())
+        return out
+
+    def drop(self, keys: list) -> None:
+        """Forget what was recorded for these plans (collected); entries of other plans stay."""
+        codes = [self._codes.pop(k) for k in keys if k in self._codes]
+        for c in codes:
+            del self._keys[c]
+        kept = []
+        for e in self._entries:
+            mine = np.isin(e.plan, codes)
+            if not mine.any():
+                kept.append(e)
+            elif not mine.all():
+                rest = torch.from_numpy(np.flatnonzero(~mine)).to(e.norm.device)
+                kept.append(_Entry(e.plan[~mine], e.steer[~mine], e.pos[~mine], e.norm.index_select(0, rest)))
+        self._entries = kept

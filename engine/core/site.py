@@ -1,0 +1,138 @@
+"""What a site does in one forward: its steer groups in order, then its captures and readouts, each one
+whole-batch operation over the rows of every plan it concerns (engine/core/plan.py groups them,
+engine/core/step.py builds their rows once per step).
+
+    new = run_site(t, step, work)   # t: the flat [tokens, ...] tensor the site sees; None: unchanged
+
+A steer group gathers its rows (or takes the whole tensor when it touches every row), applies its op
+(engine/core/ops.py) once, and records each row's change in the step's ledger: the float64 norm of
+(new - old) per row, inf or NaN where the row is not finite after the op (three kernels: the op, the
+difference, the norm). That record is the guard and the receipt at once, and nothing is read back here: the ledger is read once per call (eager) or at
+collect (vLLM). With `step.sanitize` (vLLM) a row made non-finite keeps its unsteered value, so nothing
+non-finite reaches the rest of the forward or the KV cache; its request fails when the ledger is read.
+Writers run before readers, so a capture sees the steered value, as the rest of the forward does.
+"""
+from __future__ import annotations
+
+import torch
+
+from engine.core.ops import OPS
+from engine.core.plan import Plan, ReadoutGroup, SiteWork, Span, SteerGroup, site_work
+from engine.core.steering import Steer, failure
+from engine.core.step import Step
+
+
+def run_site(t: torch.Tensor, step: Step, work: SiteWork) -> torch.Tensor | None:
+    """Steer, then capture and read out, on the flat [tokens, ...] tensor `t` of one site. Returns the
+    replacement, or None when nothing was steered (the forward then continues with `t` itself)."""
+    out = t
+    for g in work.steers:
+        try:
+            out = steer(out, step, g)
+        except Exception as e:  # with on_error (vLLM), the group's plans fail alone, their rows unsteered
+            _fail(step, [m[0] for m in g.members], e)
+    for r in work.reads:
+        try:
+            step.capture(r, out)
+        except Exception as e:
+            _fail(step, r.plans, e)
+    for o in work.readouts:
+        readout(out, step, o)
+    return None if out is t else out
+
+
+def _fail(step: Step, plans: list, exc: Exception) -> None:
+    """A failure inside a site: raised, or, with step.on_error, each plan's own (the forward carries on)."""
+    if step.on_error is None:
+        raise exc
+    for plan in plans:
+        if step.span(plan) is not None:
+            step.on_error(plan, exc)
+
+
+def steer(t: torch.Tensor, step: Step, g: SteerGroup) -> torch.Tensor:
+    """The group's op on its rows of t (a new tensor; t itself is never written)."""
+    st = g.steer
+    h = st.address.coords[0][1] if st.address.coords else None  # type: ignore[union-attr]
+    view = t if h is None else t[:, h]
+    rows, value = step.steer_rows(g, tuple(view.shape[1:]))
+    if not rows.members:
+        return t
+    x = view if rows.index is None else view.index_select(0, rows.index)
+    new = OPS[st.op].apply(x, None if value is None else value.to(x.dtype), st)
+    with torch.no_grad():  # the receipt and the guard in one: inf or NaN where the row went non-finite
+        change = torch.linalg.vector_norm((new - x).reshape(rows.m, -1), dim=-1, dtype=torch.float64)
+        step.ledger.record(rows.plan, rows.steer, rows.pos, change)
+    if step.sanitize:  # a row made non-finite keeps its unsteered value
+        new = torch.where(torch.isfinite(change).reshape(-1, *[1] * (new.dim() - 1)), new, x)
+    if rows.index is None and h is None:  # every row: the op's result is the new tensor
+        return new.clone() if new.data_ptr() == t.data_ptr() else new
+    out = t.clone()
+    target = out if h is None else out[:, h]
+    if rows.index is None:
+        target.copy_(new)
+    else:
+        target.index_copy_(0, rows.index, new.to(target.dtype))
+    return out
+
+
+def readout(t: torch.Tensor, step: Step, g: ReadoutGroup) -> None:
+    """The group's readout kind on its rows of t, in one call; each member's accumulator takes its
+    part (per-position rows, or its reduction over its rows)."""
+    rows = step.readout_rows(g)
+    if not rows.members:
+        return
+    src = t.detach() if g.coord is None else t.detach()[:, g.coord]
+    x = src if rows.index is None else src.index_select(0, rows.index)
+    try:
+        if g.kind.per_position:
+            fn = g.members[0][1].fn  # the members share the kind, bound alike
+            pieces = list(zip(*(p.split(rows.counts) for p in fn(x))))
+        else:
+            partials = g.kind.segments(x, rows.counts, step.device)
+            pieces = [tuple(p[j] for p in partials) for j in range(len(rows.members))]
+    except Exception as e:
+        _fail(step, [plan for (plan, _), _, _ in rows.members], e)
+        return
+    for ((_, acc), p0, n), piece in zip(rows.members, pieces):
+        acc.put(p0, n, piece)
+
+
+def guard(t: torch.Tensor, step: Step) -> torch.Tensor | None:
+    """The layer guard on a flat [tokens, d] hidden state: for each plan of the step that steers, whether
+    any of its rows is not finite there, recorded in the ledger under GUARD (its request fails when the
+    ledger is read). Returns a bool [tokens] (device) that is False on each non-finite row of those
+    plans, for a backend that must keep such rows from going further (`zero_rows`); None when no plan
+    of the step steers. Nothing is read back."""
+    rows = step.guard_rows()
+    if not rows.members:
+        return None
+    x = t if rows.index is None else t.index_select(0, rows.index)
+    with torch.no_grad():
+        norm = torch.linalg.vector_norm(x.reshape(rows.m, -1), dim=-1, dtype=torch.float64)
+        ok = torch.isfinite(norm)
+        step.ledger.record(rows.plan, rows.steer, rows.pos, torch.where(ok, 0.0, torch.nan))
+        if rows.index is None:
+            return ok
+        return torch.ones(t.shape[0], dtype=torch.bool, device=t.device).index_copy(0, rows.index, ok)
+
+
+def zero_rows(t: torch.Tensor, ok: torch.Tensor) -> torch.Tensor:
+    """t [tokens, ...] with 0 on every row where ok [tokens] is False (a new tensor)."""
+    return torch.where(ok.reshape(-1, *[1] * (t.dim() - 1)), t, torch.zeros((), dtype=t.dtype, device=t.device))
+
+
+def apply_steer(steer: Steer, rows: torch.Tensor, mask: torch.Tensor | None = None, pos0: int = 0) -> torch.Tensor:
+    """One steer on one sequence's rows [n, ...] (absolute positions pos0..pos0+n-1) where mask [n] is True
+    (None: every row): the routine every backend runs (run_site) on a step of one plan, its ledger read at
+    once, so a non-finite result raises NonFiniteSteer here. For tests and tools; backends use run_site."""
+    n = rows.shape[0]
+    spec = "all" if mask is None else torch.cat([torch.zeros(pos0, dtype=torch.bool), mask.bool().cpu()])
+    st = steer.bound().replace(positions=spec, exclude=None)
+    plan = Plan(pos0 + n, [], [st])
+    step = Step([Span(plan, 0, n, pos0)], n, rows.device)
+    out = run_site(rows, step, site_work([plan], lambda a: 0)[0])
+    o = step.ledger.read().get(plan.key)
+    if o is not None and o.failed is not None:
+        raise failure(steer, rows.dtype)
+    return rows.clone() if out is None else out
