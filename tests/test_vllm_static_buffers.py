@@ -99,7 +99,8 @@ def test_a_finished_steer_never_reaches_a_step_the_engine_runs_without_ours(monk
     step it started, and a steer stayed applied to whatever plain request came next (measured on
     vllm-static: a benign add at resid_post.0 changed 5 of 5 later plain prompts)."""
     from engine.backends.vllm.worker import kv
-    from engine.core.plan import Plan, Span, Step, site_work
+    from engine.core.plan import Plan, Span, site_work
+    from engine.core.step import Step
     monkeypatch.setattr(kv, "scrub", lambda spans, failed=None: 0)  # no vLLM forward context here
     lin, tap = _tap()
     taps = _taps_with(tap)
@@ -118,7 +119,8 @@ def test_a_finished_steer_never_reaches_a_step_the_engine_runs_without_ours(monk
 
 
 def test_a_fill_that_fails_midway_leaves_the_identity():
-    from engine.core.plan import Plan, Span, Step, site_work
+    from engine.core.plan import Plan, Span, site_work
+    from engine.core.step import Step
     lin, tap = _tap()
     taps = _taps_with(tap)
     good = Steer("resid_post.0", "add", torch.ones(WIDTH))
@@ -167,10 +169,19 @@ class _Layer(torch.nn.Module):
         return h + self.add[: h.shape[0]], r
 
 
-def test_layer_guard_zeroes_only_the_marked_rows_that_went_non_finite():
+def test_layer_guard_zeroes_only_the_marked_rows_that_went_non_finite(monkeypatch):
+    """In the graph: a steering request's row whose stream left a layer inf, or too large to norm, is
+    zeroed in both halves of the (hidden, residual) pair and flagged; a plain request's row is never
+    touched. After the step the flags reach the ledger (the request fails at collect, named by its
+    steers) with nothing read back, and no row stays marked."""
+    from engine.backends.vllm.worker import kv
     from engine.backends.vllm.worker.guard import LayerGuard
     from engine.backends.vllm.worker.tree import Tree
+    from engine.core.ledger import GUARD
     from engine.core.plan import Plan, Span
+    from engine.core.step import Step
+    scrubbed = []
+    monkeypatch.setattr(kv, "scrub", lambda spans, failed=None: scrubbed.append(failed.tolist()))
     n = 4
     # layer 0 sends row 1 (marked) and row 3 (not marked) to inf; layer 1 makes row 2 (marked) too large to norm
     add0 = torch.zeros(ROWS, WIDTH)
@@ -178,11 +189,14 @@ def test_layer_guard_zeroes_only_the_marked_rows_that_went_non_finite():
     add1 = torch.zeros(ROWS, WIDTH)
     add1[2] = 3e38
     layers = [_Layer(add0), _Layer(add1)]
-    guard = LayerGuard(layers, Tree(), ROWS, torch.device("cpu"), torch.float32)
+    lin, tap = _tap()
+    taps = _taps_with(tap)
+    taps.guard = guard = LayerGuard(layers, Tree(), ROWS, torch.device("cpu"), torch.float32)
     guard.flag.fill_(1.0)  # a previous step's flags: layer 0 overwrites them
-    steering = Plan(4, steers=[Steer("resid_post.0", "add", torch.ones(WIDTH))])
-    spans = [Span(steering, 0, 3, 0)]
-    guard.mark(spans)
+    steering = Plan(4, steers=[Steer("mlp_out.0", "add", torch.ones(WIDTH))])
+    plain = Plan(1)
+    step = Step([Span(steering, 0, 3, 0), Span(plain, 3, 4, 0)], n)
+    taps.before(step, {})
     h, r = torch.randn(n, WIDTH), torch.randn(n, WIDTH)
     out = layers[1](*layers[0](h, r))
     assert out[0][3].isinf().all()  # a plain request's row is never altered
@@ -190,8 +204,9 @@ def test_layer_guard_zeroes_only_the_marked_rows_that_went_non_finite():
         assert bool((out[0][row] == 0).all() and (out[1][row] == 0).all()), row
     torch.testing.assert_close(out[0][0] + out[1][0], h[0] + r[0])
     assert guard.flag[:n].flatten().tolist() == [0.0, 1.0, 1.0, 0.0]
-    assert guard.failed(spans).tolist() == [True]
-    guard.clear()
+    taps.after(step, {})
     assert bool((guard.rows == 0).all()) and guard.dirty is None
+    assert scrubbed == [[True]]  # the steering request's KV blocks, dropped whole
+    assert step.ledger.read([steering.key])[steering.key].failed == GUARD
     out = layers[1](*layers[0](h, r))  # nothing marked: nothing guarded
     assert out[0][1].isinf().all() and guard.flag[:n].sum() == 0
