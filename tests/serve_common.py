@@ -227,10 +227,10 @@ HOSTILE = [
     ("LensTopK k=10**9", "/v1/completions", {"prompt": "hi", "interp": {"capture": {"readouts": [
         {"address": "resid_post.0", "kind": "LensTopK", "k": 10 ** 9}]}}}, 400, "tokens of the vocabulary",
      "interp.capture.readouts[0]"),
-    ("3000-row steer on a short request", "/v1/completions", {"prompt": "hi", "max_tokens": 2, "interp": {"steer": [
-        {"address": "resid_post.0", "op": "add", "value": {"dtype": "float32", "shape": [3000, D_MODEL], "data":
-         base64.b64encode(bytes(3000 * D_MODEL * 4)).decode()}}]}}, 400, "rows of per-position values",
-     "interp.steer[0].value"),
+    ("3000-row steer on a 256- or 512-position model", "/v1/completions", {"prompt": "hi", "max_tokens": 2,
+     "interp": {"steer": [{"address": "resid_post.0", "op": "add", "value": {"dtype": "float32", "shape": [
+         3000, D_MODEL], "data": base64.b64encode(bytes(3000 * D_MODEL * 4)).decode()}}]}}, 400,
+     "3000 rows of per-position values, more than the", "interp.steer[0].value"),
     ("stop index outside a lens readout", "/v1/completions", {"prompt": "hi", "stream": True, "interp": {
         "capture": {"readouts": [{"address": "resid_post.1", "kind": "LensTopK", "k": 3, "name": "l"}]},
         "stop": {"readout": "l", "above": 0.0, "index": 10 ** 6}}}, 400, "give index 0..", "interp.stop.index"),

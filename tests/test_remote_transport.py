@@ -17,7 +17,7 @@ from test_vllm_common import eager_model
 from engine import connect
 from engine.core.errors import AddressError
 from engine.remote import AuthenticationError, Disconnected, Retry, ServerBusy, ServerRefused
-from engine.serve import build_app, wire
+from engine.serve import ServeSettings, build_app, wire
 
 KEY = "remote-test-key"
 P = "The quick brown fox jumps over the lazy dog"
@@ -31,7 +31,7 @@ def lib():
 @pytest.fixture(scope="module")
 def served(lib):
     runner = SpyRunner(lib)
-    script = Script(build_app(runner, api_key=KEY))
+    script = Script(build_app(runner, ServeSettings(api_key=KEY)))
     srv = InProcess(script)
     yield srv, script, runner
     srv.stop()

@@ -150,7 +150,6 @@ def test_fuzz_eager(eager_url):
     assert 200 in statuses and any(400 <= s < 500 for s in statuses)  # the cases reach both outcomes
 
 
-@pytest.mark.xfail(strict=True, reason=LEAD_GUARD)
 def test_later_overflow_is_a_4xx_eager(eager_url):
     run_later_overflow(eager_url)
 

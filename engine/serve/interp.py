@@ -81,7 +81,6 @@ def check(runner: Runner, interp: Interp | None, calls: list[tuple[int, int]], b
             except Exception as e:
                 raise from_engine(e, "interp.capture.positions") from None
     steers, addresses = [], []
-    longest = max(n + new for n, new in calls) if calls else 0
     for i, s in enumerate(interp.steer):
         where = f"interp.steer[{i}]"
         check_features(s.steer, where)  # before the backend's own check: the same answer on every backend
@@ -91,7 +90,7 @@ def check(runner: Runner, interp: Interp | None, calls: list[tuple[int, int]], b
                 engine_positions.check(s.steer.positions, n, new, f"{s.steer.op} at {s.steer.address}")
         except Exception as e:
             raise from_engine(e, where) from None
-        check_rows(s.steer, longest, where)
+        check_rows(s.steer, runner.max_model_len, where)
         steers.append(s.steer)
     readouts = []
     for i, r in enumerate(spec.readouts if spec else []):
@@ -154,14 +153,17 @@ def check_features(st: object, where: str) -> None:
                                   f"(0..{n - 1})", f"{where}.feature")
 
 
-def check_rows(st: object, longest: int, where: str) -> None:
-    """A per-position value with no more rows than the request has positions (the engine would accept
-    3000 rows for 10 positions, and keep them on every step)."""
+def check_rows(st: object, most: int | None, where: str) -> None:
+    """A per-position value with no more rows than the model has positions (`most`: max_model_len).
+    Rows past a request's own positions are left unused, as the library does (a client may pad one
+    value for prompts of several lengths); rows past every position are refused (3000 rows for a
+    512-position model were accepted, checked and carried on every step)."""
     v = getattr(st, "value", None)
     lead = st.bound().lead if isinstance(v, torch.Tensor) else 0  # type: ignore[attr-defined]
-    if lead and v.shape[lead - 1] > longest:
-        raise ServeError(400, f"{where}.value: {v.shape[lead - 1]} rows of per-position values for a request of at "
-                              f"most {longest} positions; give one row per position", f"{where}.value")
+    if lead and most is not None and v.shape[lead - 1] > most:
+        raise ServeError(400, f"{where}.value: {v.shape[lead - 1]} rows of per-position values, more than the "
+                              f"{most} positions this server's model takes (max_model_len); give one row per "
+                              f"position", f"{where}.value")
 
 
 def stop_score(stop: StopSpec, value: torch.Tensor | TopK) -> float:
