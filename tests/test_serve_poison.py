@@ -8,9 +8,10 @@ answer exactly as before, alone and while attacks run beside them:
   changed; zeroing the non-finite KV entries restored all 10);
 - one add of 3.4e38 at resid_post.0: finite, but no norm after it is defined; on vllm-static its
   coefficients also stayed in the tap buffers and were applied to the next plain requests;
+- one add of 3e38 at attn_in.1: finite where it is added, inf in layer 1's q / k / v, which reach its
+  KV block before the layer's output is guarded (zeroing the block's inf restored 10 of 10 prompts);
 - a benign add at resid_post.0 (vllm-static: the same leak without any overflow).
-The hooked `vllm` backend needs the lead's layer guard and worker/kv.scrub wired into its step
-(engine/backends/vllm/worker/extension.py): xfail until then."""
+The hooked `vllm` backend: xfail until the two gaps LEAD_GUARD names are closed."""
 from __future__ import annotations
 
 import asyncio
@@ -28,9 +29,12 @@ D = 256  # the Llama-3.2-1B twin's hidden size
 PAIR = [{"address": "attn_out.0", "op": "add", "value": [3e38] * D},
         {"address": "mlp_out.0", "op": "add", "value": [3e38] * D}]
 SINGLE = [{"address": "resid_post.0", "op": "add", "value": [3.4e38] * D}]
+INLAYER = [{"address": "attn_in.1", "op": "add", "value": [3e38] * D}]  # finite; layer 1's q / k / v are not
 BENIGN = [{"address": "resid_post.0", "op": "add", "value": [50.0] * D}]
-LEAD_GUARD = ("the hooked backend fails a request whose later layer overflows, and scrubs its KV blocks, only once "
-              "the lead's layer guard and worker/kv.scrub are wired into the worker step (extension.py)")
+LEAD_GUARD = ("the hooked vllm backend (with the lead's layer guard) still answers the 3.4e38 add with a 200 (its guard "
+              "checks a float64 norm, finite there, where every float32 norm after it divides by inf), and leaves inf "
+              "in the KV block of a layer that overflows inside (attn_in.1) until worker/kv.scrub is wired into "
+              "HookSites.after (engine/backends/vllm/worker/extension.py)")
 
 
 def _body(prompt: str, steer: list | None = None, n: int = 8) -> dict:
@@ -61,7 +65,7 @@ async def _scenario(url: str) -> None:
     async with httpx.AsyncClient(base_url=url, timeout=600) as c:
         solo = [(await c.post("/v1/completions", json=_body(p))).json()["choices"][0]["text"] for p in WORDS]
         assert await _answers(c) == solo  # batched together they answer as alone (the comparison below)
-        for steer in (PAIR, SINGLE):
+        for steer in (PAIR, SINGLE, INLAYER):
             _refused(await _attacked(c, steer))
             assert await _answers(c) == solo, steer[0]["address"]
             healthy(url)
@@ -69,7 +73,7 @@ async def _scenario(url: str) -> None:
         assert r.status_code == 200, r.text
         assert [(await c.post("/v1/completions", json=_body(p))).json()["choices"][0]["text"] for p in WORDS] == solo
         # attacks and unrelated requests in the same steps
-        together = await asyncio.gather(_answers(c), *(_attacked(c, s) for s in (PAIR, SINGLE, PAIR)))
+        together = await asyncio.gather(_answers(c), *(_attacked(c, s) for s in (PAIR, SINGLE, INLAYER)))
         for r in together[1:]:
             _refused(r)
         assert together[0] == solo
@@ -80,7 +84,7 @@ async def _scenario(url: str) -> None:
 @pytest.mark.parametrize("backend", [pytest.param("vllm", marks=pytest.mark.xfail(strict=True, reason=LEAD_GUARD)),
                                      "vllm-static"])
 def test_no_attack_changes_another_request(backend):
-    taps = ("--static-points", "resid_post,attn_out,mlp_out") if backend == "vllm-static" else ()
+    taps = ("--static-points", "resid_post,attn_out,mlp_out,attn_in") if backend == "vllm-static" else ()
     srv = ServerProcess(LLAMA, "--backend", backend, "--source", "zoo", "--max-model-len", str(MAX_LEN),
                         "--max-num-seqs", "8", *taps)
     try:
