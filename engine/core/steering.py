@@ -280,10 +280,13 @@ def finite_number(x: object, what: str, where: str = "", fix: str = "give a fini
 
 
 def _exclusion(x):
-    if x is None or x == "special":
+    if x is None or (isinstance(x, str) and x == "special"):
         return x
-    if isinstance(x, (list, tuple)) and all(isinstance(i, int) and not isinstance(i, bool) for i in x):
-        return sorted(set(x))
+    if isinstance(x, (list, tuple)):
+        from engine.core.integers import as_int
+        ints = [as_int(i) for i in x]
+        if all(i is not None for i in ints):
+            return sorted(set(ints))  # type: ignore[type-var]
     raise SteeringError(f"exclude is a list of positions or 'special' (the tokenizer's special tokens), got {x!r}.")
 
 
