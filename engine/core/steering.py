@@ -345,7 +345,8 @@ def failure(steer: "Steer | None", dtype: torch.dtype, steers: "list[Steer] | No
     if steer is None:
         named = "; ".join(f"{s.op!r} at {s.address}" for s in steers or []) or "none"
         return NonFiniteSteer(f"the hidden state of this request became inf or NaN in the model's "
-                              f"{str(dtype).replace('torch.', '')} downstream of its steers ({named}): each steer's "
+                              f"{str(dtype).replace('torch.', '')} (or too large for any norm after it) downstream "
+                              f"of its steers ({named}): each steer's "
                               f"own result was finite, but together or in a later layer they overflow; the request "
                               f"was stopped and nothing it computed reaches another; give smaller values.")
     v = steer.value
