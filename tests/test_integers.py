@@ -101,3 +101,19 @@ def test_sae_feature_indices_take_integer_scalars():
         sae.direction(4.0)
     with pytest.raises(SAEError, match="feature index 32 is out of range"):
         sae.direction(np.int64(32))
+
+
+def test_readout_k_and_exclusions_take_integer_scalars():
+    import numpy as np
+    import torch
+
+    from engine.core.readouts import LensTopK, ReadoutError
+    from engine.core.steering import Steer, SteeringError
+    assert LensTopK(np.int64(3)).k == 3 and type(LensTopK(torch.tensor(2)).k) is int
+    for bad in (True, 2.0, 0, torch.tensor([3])):
+        with pytest.raises(ReadoutError, match="LensTopK k must be a positive int"):
+            LensTopK(bad)
+    st = Steer("resid_post.0", "add", torch.ones(4), exclude=[np.int64(2), torch.tensor(0), 2])
+    assert st.exclude == [0, 2] and all(type(i) is int for i in st.exclude)
+    with pytest.raises(SteeringError, match="exclude is a list of positions"):
+        Steer("resid_post.0", "add", torch.ones(4), exclude=[1.0])

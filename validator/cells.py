@@ -200,10 +200,11 @@ def files_digest(paths) -> str:
 # known_gaps is not a file dependency: each cell depends on the entries that can apply to it
 # (known_gaps.digest, in runner.inputs_digest)
 CELL_MODULES = ("runner", "subject", "prompts", "matrix", "scoring", "tolerances", "rows", "models", "variant")
-# engine/ subtrees that never touch a capture (by layout: a file added there is excluded with them);
+# engine/ subtrees that never touch a capture (by layout: a file added there is excluded with them; remote/ is
+# the HTTP client of a server);
 # the vLLM backends (engine/backends/vllm/, client and worker) only decide the vllm columns, whose
 # adapters list that subtree. The eager backend (engine/backends/hf/) decides all.
-ENGINE_EXCLUDED = (("interop", "docs.py"), ("serve",), ("harvest",), ("backends", "vllm"))
+ENGINE_EXCLUDED = (("interop", "docs.py"), ("serve",), ("remote",), ("harvest",), ("backends", "vllm"))
 
 
 def _engine_file(rel: Path) -> bool:

@@ -230,9 +230,11 @@ class Project(Kind):
 
 
 def _positive_int(k, what: str) -> int:
-    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-        raise ReadoutError(f"{what} must be a positive int, got {k!r}.")
-    return k
+    from engine.core.integers import as_int, described
+    n = as_int(k)
+    if n is None or n < 1:
+        raise ReadoutError(f"{what} must be a positive int, got {described(k)}.")
+    return n
 
 
 @dataclass(frozen=True)
@@ -243,7 +245,7 @@ class LensTopK(Kind):
     label: ClassVar[str] = "lens_topk"
 
     def __post_init__(self):
-        _positive_int(self.k, "LensTopK k")
+        object.__setattr__(self, "k", _positive_int(self.k, "LensTopK k"))
 
     def check(self, address: Address) -> None:
         if address.point not in RESIDUAL_POINTS or address.coords:
@@ -278,7 +280,7 @@ class SAEFeatures(Kind):
     label: ClassVar[str] = "sae"
 
     def __post_init__(self):
-        _positive_int(self.k, "SAEFeatures k")
+        object.__setattr__(self, "k", _positive_int(self.k, "SAEFeatures k"))
         if isinstance(self.sae, Path):
             object.__setattr__(self, "sae", str(self.sae))
         if isinstance(self.sae, str) and not Path(self.sae).is_dir():

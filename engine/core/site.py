@@ -98,9 +98,12 @@ def readout(t: torch.Tensor, step: Step, g: ReadoutGroup) -> None:
         acc.put(p0, n, piece)
 
 
+GUARD_NORM = float(torch.finfo(torch.float32).max) ** 0.5  # a row's norm past this: its float32 square is inf
+
+
 def guard(t: torch.Tensor, step: Step) -> torch.Tensor | None:
     """The layer guard on a flat [tokens, d] hidden state: for each plan of the step that steers, whether
-    any of its rows is not finite there, recorded in the ledger under GUARD (its request fails when the
+    any of its rows is not finite there (or so large that its float32 sum of squares is: GUARD_NORM), recorded in the ledger under GUARD (its request fails when the
     ledger is read). Returns a bool [tokens] (device) that is False on each non-finite row of those
     plans, for a backend that must keep such rows from going further (`zero_rows`); None when no plan
     of the step steers. Nothing is read back."""
@@ -110,7 +113,8 @@ def guard(t: torch.Tensor, step: Step) -> torch.Tensor | None:
     x = t if rows.index is None else t.index_select(0, rows.index)
     with torch.no_grad():
         norm = torch.linalg.vector_norm(x.reshape(rows.m, -1), dim=-1, dtype=torch.float64)
-        ok = torch.isfinite(norm)
+        ok = norm < GUARD_NORM  # inf / NaN fail it (NaN < x is False), and so does a finite row too large
+        # for any norm after it: its float32 sum of squares overflows, and every norm then divides by inf
         step.ledger.record(rows.plan, rows.steer, rows.pos, torch.where(ok, 0.0, torch.nan))
         if rows.index is None:
             return ok

@@ -280,10 +280,13 @@ def finite_number(x: object, what: str, where: str = "", fix: str = "give a fini
 
 
 def _exclusion(x):
-    if x is None or x == "special":
+    if x is None or (isinstance(x, str) and x == "special"):
         return x
-    if isinstance(x, (list, tuple)) and all(isinstance(i, int) and not isinstance(i, bool) for i in x):
-        return sorted(set(x))
+    if isinstance(x, (list, tuple)):
+        from engine.core.integers import as_int
+        ints = [as_int(i) for i in x]
+        if all(i is not None for i in ints):
+            return sorted(set(ints))  # type: ignore[type-var]
     raise SteeringError(f"exclude is a list of positions or 'special' (the tokenizer's special tokens), got {x!r}.")
 
 
@@ -342,7 +345,8 @@ def failure(steer: "Steer | None", dtype: torch.dtype, steers: "list[Steer] | No
     if steer is None:
         named = "; ".join(f"{s.op!r} at {s.address}" for s in steers or []) or "none"
         return NonFiniteSteer(f"the hidden state of this request became inf or NaN in the model's "
-                              f"{str(dtype).replace('torch.', '')} downstream of its steers ({named}): each steer's "
+                              f"{str(dtype).replace('torch.', '')} (or too large for any norm after it) downstream "
+                              f"of its steers ({named}): each steer's "
                               f"own result was finite, but together or in a later layer they overflow; the request "
                               f"was stopped and nothing it computed reaches another; give smaller values.")
     v = steer.value

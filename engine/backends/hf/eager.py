@@ -293,11 +293,12 @@ class EagerModel(ModelBase, WeightsMixin, TokensMixin):
             guard(t.reshape(-1, t.shape[-1]).detach(), self._layout.step(t.shape[1]))
 
     def _guard_site(self):
-        """Where the guard reads: the final norm's output (every row the head sees), else the last block's."""
+        """Where the guard reads: the last block's output (what the final norm and the head read: a row too
+        large there normalizes to zeros, which a check after the norm would pass), else the final norm's."""
         try:
-            return self._site(Address("final_norm"))
-        except UnsupportedPointError:
             return self._site(Address("resid_post", self.n_layers - 1))
+        except UnsupportedPointError:
+            return self._site(Address("final_norm"))
 
     @contextlib.contextmanager
     def _attached(self, plans: list[Plan], layouts, held: dict | None = None):
