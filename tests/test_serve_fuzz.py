@@ -6,9 +6,8 @@ Cases (seeded, so a failure names a case that can be replayed): huge adds, scale
 points, layers and positions; pairs whose results are finite alone and overflow a later layer;
 Project readouts whose weights make their values inf or NaN. The attacked request itself may be a
 200 (a finite result is its own business) or a 4xx naming the field, never a 500; one that overflows
-a later layer, or inside a layer, is a 4xx naming its steers (the layer guard). On the hooked vllm
-backend an overflow inside a layer leaves inf in that layer's KV block until worker/kv.scrub is
-wired into its step (xfail until then); vllm-static scrubs them already.
+a later layer, or inside a layer, is a 4xx naming its steers (the layer guard), and the KV blocks
+it wrote are scrubbed after its step on both vLLM backends (engine/backends/vllm/worker/kv.py).
 """
 from __future__ import annotations
 
@@ -25,9 +24,6 @@ WIDTH = {"resid_post": D, "resid_mid": D, "attn_out": D, "mlp_out": D, "attn_in"
 POINTS = tuple(WIDTH)
 STATIC_TAPS = "resid_post,resid_mid,attn_out,mlp_out,attn_in,mlp_in"
 UNRELATED = ["Zebra", "Once upon a time there was", "def add(a, b):\n    return"]
-KV_SCRUB = ("the hooked vllm backend fails a request that overflows inside a layer (the lead's layer guard) but "
-            "leaves inf in that layer's KV block, which the next requests are handed, until worker/kv.scrub is "
-            "wired into its step (HookSites.after in engine/backends/vllm/worker/extension.py)")
 
 
 @dataclass
@@ -168,8 +164,7 @@ def _vllm(backend: str) -> ServerProcess:
 
 @pytest.mark.slow
 @pytest.mark.vllm
-@pytest.mark.parametrize("backend", [pytest.param("vllm", marks=pytest.mark.xfail(strict=True, reason=KV_SCRUB)),
-                                     "vllm-static"])
+@pytest.mark.parametrize("backend", ["vllm", "vllm-static"])
 def test_fuzz_vllm(backend):
     srv = _vllm(backend)
     try:

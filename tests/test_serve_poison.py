@@ -11,7 +11,8 @@ answer exactly as before, alone and while attacks run beside them:
 - one add of 3e38 at attn_in.1: finite where it is added, inf in layer 1's q / k / v, which reach its
   KV block before the layer's output is guarded (zeroing the block's inf restored 10 of 10 prompts);
 - a benign add at resid_post.0 (vllm-static: the same leak without any overflow).
-The hooked `vllm` backend: xfail until the two gaps LEAD_GUARD names are closed."""
+Both vLLM backends: the layer guard fails a row whose float32 norm overflows, and the KV blocks a
+steering request wrote are scrubbed after its step (engine/backends/vllm/worker/kv.py)."""
 from __future__ import annotations
 
 import asyncio
@@ -31,10 +32,6 @@ PAIR = [{"address": "attn_out.0", "op": "add", "value": [3e38] * D},
 SINGLE = [{"address": "resid_post.0", "op": "add", "value": [3.4e38] * D}]
 INLAYER = [{"address": "attn_in.1", "op": "add", "value": [3e38] * D}]  # finite; layer 1's q / k / v are not
 BENIGN = [{"address": "resid_post.0", "op": "add", "value": [50.0] * D}]
-LEAD_GUARD = ("the hooked vllm backend (with the lead's layer guard) still answers the 3.4e38 add with a 200 (its guard "
-              "checks a float64 norm, finite there, where every float32 norm after it divides by inf), and leaves inf "
-              "in the KV block of a layer that overflows inside (attn_in.1) until worker/kv.scrub is wired into "
-              "HookSites.after (engine/backends/vllm/worker/extension.py)")
 
 
 def _body(prompt: str, steer: list | None = None, n: int = 8) -> dict:
@@ -81,8 +78,7 @@ async def _scenario(url: str) -> None:
     healthy(url)
 
 
-@pytest.mark.parametrize("backend", [pytest.param("vllm", marks=pytest.mark.xfail(strict=True, reason=LEAD_GUARD)),
-                                     "vllm-static"])
+@pytest.mark.parametrize("backend", ["vllm", "vllm-static"])
 def test_no_attack_changes_another_request(backend):
     taps = ("--static-points", "resid_post,attn_out,mlp_out,attn_in") if backend == "vllm-static" else ()
     srv = ServerProcess(LLAMA, "--backend", backend, "--source", "zoo", "--max-model-len", str(MAX_LEN),

@@ -157,7 +157,20 @@ class HookSites:
         pass
 
     def after(self, step: Step, work: dict) -> None:
-        pass
+        """Scrub the KV blocks this step's steering requests wrote (engine/backends/vllm/worker/kv.py):
+        the layer guard keeps a non-finite row from leaving a layer, but inside a layer (a huge attn_in
+        overflowing in q / k / v) it has reached the cache already; a request the guard flagged has its
+        blocks zeroed whole. Nothing is read back."""
+        rows = step.guard_rows()
+        if not rows.members:
+            return
+        guarded = {id(plan) for plan, _, _ in rows.members}
+        spans = [sp for sp in step.spans if id(sp.plan) in guarded]
+        if not spans:
+            return
+        from engine.backends.vllm.worker import kv
+        bad = self.state.step_bad
+        kv.scrub(spans, None if bad is None else torch.stack([bad[sp.a:sp.b].any() for sp in spans]))
 
     def describe(self, addr: Address, info: dict) -> None:
         pass
@@ -187,6 +200,7 @@ class WorkerState:
         self.sites: dict = {}  # (point, layer) -> VSite, one object per module slot
         self.handles: list = []
         self.step: Step | None = None
+        self.step_bad: torch.Tensor | None = None  # [tokens] bool: rows a layer guard zeroed this step
         self.syncs: SyncCounter | None = None  # counting host reads inside steps (interp_syncs)
         self.steps = 0  # steps that ran a registered plan since counting began
         self.end_module = self.end_handle = None
@@ -306,13 +320,14 @@ class WorkerState:
         ok = guard(stream.reshape(step.n_tokens, -1), step)
         if ok is None:
             return None
+        self.step_bad = ~ok if self.step_bad is None else self.step_bad | ~ok
         for i in tensors:
             parts[i] = zero_rows(parts[i], ok)
         return tuple(parts) if isinstance(output, tuple) else parts[0]
 
     # -- steps ------------------------------------------------------------------------------------
     def _begin(self, module, args, kwargs):
-        self.step = None
+        self.step, self.step_bad = None, None
         if not self.plans or not ROWS:
             return
         mine = [(i, self.plans[k]) for i, k in ROWS.items() if k in self.plans]
@@ -353,7 +368,7 @@ class WorkerState:
         finally:
             if self.syncs is not None and self.syncs.active:
                 self.syncs.__exit__(None, None, None)
-        self.step = None
+        self.step, self.step_bad = None, None
 
     def count_syncs(self, on: bool) -> dict:
         """Start (on) or stop counting the engine's host reads inside steps (engine/core/syncs.py);
