@@ -193,7 +193,9 @@ def _calls_after_close(m, run_coroutine=None) -> dict:
     import inspect
     cls = type(m)
     out = {}
-    for name in sorted(n for n in dir(cls) if not n.startswith("_") and n not in ("close", "aclose")):
+    # the engine's own names only: nnsight mounts a `save` on `object` itself once a trace has run
+    own = {n for c in cls.__mro__ if c is not object for n in vars(c)}
+    for name in sorted(n for n in own if not n.startswith("_") and n not in ("close", "aclose")):
         attr = inspect.getattr_static(cls, name)
         try:
             if isinstance(attr, property):
