@@ -73,7 +73,7 @@ class ServerProcess:
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:
-                self.proc.wait(60)
+                self.proc.wait(150)  # uvicorn's 5 s grace, then up to 60 s for vLLM's processes (stop_engine)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait(30)

@@ -3,8 +3,6 @@ timed run returns is checked against the engine called directly, a no-op steer i
 run the same batch, and a small sweep answers issue 33's GPU ratios with intervals."""
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 
@@ -20,18 +18,15 @@ ALL = GPU_PREFILL + GPU_GENERATION
 
 @pytest.fixture(scope="module", autouse=True)
 def offline_zoo():
+    """The zoo's offline environment, also in an already-imported huggingface_hub (whose constants
+    are read at import: setting os.environ alone left the peers looking online for the twin when an
+    earlier test had imported it)."""
     from engine import zoo
-    old = {k: os.environ.get(k) for k in zoo.offline_env("tiny")}
-    os.environ.update(zoo.offline_env("tiny"))
     zoo.ensure_twin(DEFAULT_MODEL, "tiny")
     threads = torch.get_num_threads()
-    yield
+    with zoo.offline_session():
+        yield
     torch.set_num_threads(threads)
-    for k, v in old.items():
-        if v is None:
-            os.environ.pop(k, None)
-        else:
-            os.environ[k] = v
 
 
 def _worker(variant: str, **kw) -> Worker:

@@ -311,3 +311,24 @@ def test_negative_layer_steer_and_duplicate_addresses(llama):
     _, st = _run(llama, ["resid_post.-1", "resid_post.2"], [Steer("resid_post.-1", "add", v)])
     assert list(st) == ["resid_post.2"]
     torch.testing.assert_close(st["resid_post.-1"], base["resid_post.2"] + v)
+
+
+def test_a_call_frees_its_captured_grids_without_the_cyclic_collector(llama):
+    """A call's steps pointed back at their layout and each layout at the call, so every call's captured
+    grids waited for Python's cyclic collector (which runs on object counts, not bytes): a harvest's
+    resident memory grew with its dataset. Now nothing of a finished call is left for it to find."""
+    import gc
+
+    from engine.backends.hf.grid import Call, GridStep
+    gc.collect()
+    gc.disable()
+    try:
+        for n in (5, 6, 7):
+            ids = torch.randint(1, 100, (2, n))
+            llama.run_with_cache({"input_ids": ids, "attention_mask": torch.ones_like(ids)},
+                                 ["resid_post.0", "attn_probs.0"], steer=[Steer("resid_post.0", "add", torch.ones(128))])
+            llama.generate(ids, max_new_tokens=2, points=["resid_post.0"])
+        left = [type(o).__name__ for o in gc.get_objects() if isinstance(o, (Call, GridStep))]
+    finally:
+        gc.enable()
+    assert left == []

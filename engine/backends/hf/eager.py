@@ -381,39 +381,39 @@ class EagerModel(ModelBase, WeightsMixin, TokensMixin):
         plans = self._plans(batch, points, steer, 0, readouts, strict)
         stop = None if stop_at_layer is None else Stop.checked(stop_at_layer, self.hf, self.family, plans[0])
         held = {} if grad else None
-        call = Call(self.device)
-        layout = prefill_layout(plans, batch.mask, call)
-        ctx = contextlib.nullcontext() if grad else torch.no_grad()
-        with self._lock, ctx, self._attached(plans, [layout], held):
-            with stopped_at(stop):
-                out = self.hf(**batch.enc, position_ids=self._position_ids(batch.enc["attention_mask"], bool(batch.mask[:, 0].all())), use_cache=False)
-        first = out.logits if stop is None else stop.reached()
-        if stop is not None and not grad and any(p.steers for p in plans):
-            guard(first.reshape(-1, first.shape[-1]), layout.step(first.shape[1]))
-        real = batch.enc["attention_mask"].bool()
-        pad = ~real[..., None]
-        logits = first.masked_fill(pad, 0) if grad or stop is not None else first.masked_fill_(pad, 0)
-        outcomes = self._outcomes(plans, call)
-        receipts = combine([p.receipts(outcomes.get(p.key)) for p in plans])
-        if strict:
-            check_strict(receipts, "forward")
-        cols = [torch.from_numpy(np.flatnonzero(row)) for row in batch.mask]
-        cache = ActivationCache(self.n_layers, cols, receipts)
-        if grad:
+        with contextlib.closing(Call(self.device)) as call:  # its chunks and steps go when the result is built
+            layout = prefill_layout(plans, batch.mask, call)
+            ctx = contextlib.nullcontext() if grad else torch.no_grad()
+            with self._lock, ctx, self._attached(plans, [layout], held):
+                with stopped_at(stop):
+                    out = self.hf(**batch.enc, position_ids=self._position_ids(batch.enc["attention_mask"], bool(batch.mask[:, 0].all())), use_cache=False)
+            first = out.logits if stop is None else stop.reached()
+            if stop is not None and not grad and any(p.steers for p in plans):
+                guard(first.reshape(-1, first.shape[-1]), layout.step(first.shape[1]))
+            real = batch.enc["attention_mask"].bool()
+            pad = ~real[..., None]
+            logits = first.masked_fill(pad, 0) if grad or stop is not None else first.masked_fill_(pad, 0)
+            outcomes = self._outcomes(plans, call)
+            receipts = combine([p.receipts(outcomes.get(p.key)) for p in plans])
+            if strict:
+                check_strict(receipts, "forward")
+            cols = [torch.from_numpy(np.flatnonzero(row)) for row in batch.mask]
+            cache = ActivationCache(self.n_layers, cols, receipts)
+            if grad:
+                for addr in plans[0].captures:
+                    cache[str(addr)] = held[str(addr)]
+                return logits, cache
+            width = batch.mask.shape[1]
             for addr in plans[0].captures:
-                cache[str(addr)] = held[str(addr)]
+                key = str(addr)
+                if key.split(".")[0] in PATTERNS:
+                    pattern_rows(call, key, self._compress_rate(key))
+                    cache[key] = scatter(key, [p.tensor(key) for p in plans], cols, width)
+                else:
+                    cache[key] = padded(call.grid(key), real)
+            if plans[0].accumulators:
+                batch_readouts(cache, [self._readouts(p) for p in plans], cols, width)
             return logits, cache
-        width = batch.mask.shape[1]
-        for addr in plans[0].captures:
-            key = str(addr)
-            if key.split(".")[0] in PATTERNS:
-                pattern_rows(call, key, self._compress_rate(key))
-                cache[key] = scatter(key, [p.tensor(key) for p in plans], cols, width)
-            else:
-                cache[key] = padded(call.grid(key), real)
-        if plans[0].accumulators:
-            batch_readouts(cache, [self._readouts(p) for p in plans], cols, width)
-        return logits, cache
 
     def forward(self, inputs: Any, steer: Any = (), strict: bool = False) -> torch.Tensor:
         return self.run_with_cache(inputs, (), steer, strict=strict)[0]
@@ -448,63 +448,63 @@ class EagerModel(ModelBase, WeightsMixin, TokensMixin):
             for a in internal:  # read for the engine itself (a stream's logprobs), from the last prompt token
                 p.internal.append(a)
                 p.start_at.setdefault(str(a), p.prompt_len - 1)
-        call = Call(self.device)
-        if on_plans is not None:
-            on_plans(plans, call)
-        # built one forward at a time: a step's key mask grows with it (all of them at once is O(n^2))
-        layouts = itertools.chain([prefill_layout(plans, mask, call)],
-                                  (decode_layout(plans, mask, i, call) for i in range(1, max_new_tokens)))
-        with self._lock, torch.no_grad(), self._attached(plans, layouts):
-            if knobs.seed is not None:
-                torch.manual_seed(knobs.seed)
-            # PreTrainedModel declares no generate: the CausalLM classes mix GenerationMixin in
-            out = self.hf.generate(**batch.enc, max_new_tokens=max_new_tokens,  # type: ignore[operator]
-                                   **knobs.hf(), min_new_tokens=max_new_tokens, output_logits=True,
-                                   return_dict_in_generate=True, streamer=streamer, stopping_criteria=stopping,
-                                   pad_token_id=self.tokenizer.pad_token_id)
-        outcomes = self._outcomes(plans, call)
-        seq = out.sequences
-        n_new = seq.shape[1] - mask.shape[1]
-        new = seq[:, mask.shape[1]:]
-        logits = torch.stack(out.logits, dim=1) if out.logits else None
-        text = self.tokenizer.batch_decode(new, skip_special_tokens=True)
-        width = seq.shape[1] - 1
-        full = np.concatenate([mask, np.ones((mask.shape[0], n_new), dtype=bool)], axis=1)
-        real = torch.from_numpy(full[:, :width]).to(self.device)
-        cols = [torch.from_numpy(np.flatnonzero(row)) for row in full[:, :width]]
-        cache = ActivationCache(self.n_layers, cols)
-        own: list[dict] = [{} for _ in plans]  # each sequence's own [len + new - 1, ...] rows
-        for addr in plans[0].captures:
-            key = str(addr)
-            if key in _HEADS:  # [b, new, vocab], like the logits: the last prompt column, then each step's
-                chunks = [c for _, c in call.store[key]]
-                cache[key] = torch.cat([chunks[0][:, -1:], *chunks[1:]], dim=1)
-                for r, o in enumerate(own):
-                    o[key] = cache[key][r]
-            elif key.split(".")[0] in PATTERNS:
-                pattern_rows(call, key, self._compress_rate(key))
-                for o, p in zip(own, plans):
-                    o[key] = p.tensor(key)
-                cache[key] = scatter(key, [o[key] for o in own], cols, width)
-            else:
-                cache[key] = padded(call.grid(key), real)
-                for r, (o, n) in enumerate(zip(own, lengths)):
-                    o[key] = cache[key][r, width - (n + n_new - 1):]
-        caches = []
-        for o, p in zip(own, plans):
-            c = self._readouts(p)
-            c.update(o)
-            caches.append(c)
-        batch_readouts(cache, caches, cols, width)
-        seq_host, new_host = seq.cpu(), new.cpu()
-        reqs = [RequestResult(seq_host[r, -(n + n_new):-n_new], new_host[r], text[r], caches[r],
-                              None if logits is None else logits[r], receipts=p.receipts(outcomes.get(p.key)))
-                for r, (n, p) in enumerate(zip(lengths, plans))]
-        receipts = combine([r.receipts for r in reqs])
-        cache.receipts = receipts
-        if strict:
-            check_strict(receipts, "generation")
-        return GenerationResult(seq, new, text, cache, logits, torch.from_numpy(full).long(), reqs, receipts)
+        with contextlib.closing(Call(self.device)) as call:  # its chunks and steps go when the result is built
+            if on_plans is not None:
+                on_plans(plans, call)
+            # built one forward at a time: a step's key mask grows with it (all of them at once is O(n^2))
+            layouts = itertools.chain([prefill_layout(plans, mask, call)],
+                                      (decode_layout(plans, mask, i, call) for i in range(1, max_new_tokens)))
+            with self._lock, torch.no_grad(), self._attached(plans, layouts):
+                if knobs.seed is not None:
+                    torch.manual_seed(knobs.seed)
+                # PreTrainedModel declares no generate: the CausalLM classes mix GenerationMixin in
+                out = self.hf.generate(**batch.enc, max_new_tokens=max_new_tokens,  # type: ignore[operator]
+                                       **knobs.hf(), min_new_tokens=max_new_tokens, output_logits=True,
+                                       return_dict_in_generate=True, streamer=streamer, stopping_criteria=stopping,
+                                       pad_token_id=self.tokenizer.pad_token_id)
+            outcomes = self._outcomes(plans, call)
+            seq = out.sequences
+            n_new = seq.shape[1] - mask.shape[1]
+            new = seq[:, mask.shape[1]:]
+            logits = torch.stack(out.logits, dim=1) if out.logits else None
+            text = self.tokenizer.batch_decode(new, skip_special_tokens=True)
+            width = seq.shape[1] - 1
+            full = np.concatenate([mask, np.ones((mask.shape[0], n_new), dtype=bool)], axis=1)
+            real = torch.from_numpy(full[:, :width]).to(self.device)
+            cols = [torch.from_numpy(np.flatnonzero(row)) for row in full[:, :width]]
+            cache = ActivationCache(self.n_layers, cols)
+            own: list[dict] = [{} for _ in plans]  # each sequence's own [len + new - 1, ...] rows
+            for addr in plans[0].captures:
+                key = str(addr)
+                if key in _HEADS:  # [b, new, vocab], like the logits: the last prompt column, then each step's
+                    chunks = [c for _, c in call.store[key]]
+                    cache[key] = torch.cat([chunks[0][:, -1:], *chunks[1:]], dim=1)
+                    for r, o in enumerate(own):
+                        o[key] = cache[key][r]
+                elif key.split(".")[0] in PATTERNS:
+                    pattern_rows(call, key, self._compress_rate(key))
+                    for o, p in zip(own, plans):
+                        o[key] = p.tensor(key)
+                    cache[key] = scatter(key, [o[key] for o in own], cols, width)
+                else:
+                    cache[key] = padded(call.grid(key), real)
+                    for r, (o, n) in enumerate(zip(own, lengths)):
+                        o[key] = cache[key][r, width - (n + n_new - 1):]
+            caches = []
+            for o, p in zip(own, plans):
+                c = self._readouts(p)
+                c.update(o)
+                caches.append(c)
+            batch_readouts(cache, caches, cols, width)
+            seq_host, new_host = seq.cpu(), new.cpu()
+            reqs = [RequestResult(seq_host[r, -(n + n_new):-n_new], new_host[r], text[r], caches[r],
+                                  None if logits is None else logits[r], receipts=p.receipts(outcomes.get(p.key)))
+                    for r, (n, p) in enumerate(zip(lengths, plans))]
+            receipts = combine([r.receipts for r in reqs])
+            cache.receipts = receipts
+            if strict:
+                check_strict(receipts, "generation")
+            return GenerationResult(seq, new, text, cache, logits, torch.from_numpy(full).long(), reqs, receipts)
 
     def stream(self, prompt: Any, max_new_tokens: int = 8, points: Any = (), steer: Any = (), logprobs: int = 0,
                return_logits: bool = True, rows: bool = True, strict: bool = False, readouts: Any = (),

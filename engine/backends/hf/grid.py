@@ -30,6 +30,14 @@ class Call:
     device: torch.device
     ledger: Ledger = field(default_factory=Ledger)
     store: dict = field(default_factory=dict)  # capture key -> [(Layout, [b, n_cols, ...])]
+    steps: dict = field(default_factory=dict)  # (id(layout), n_cols) -> GridStep
+
+    def close(self) -> None:
+        """Drop the chunks and steps once the call's result is assembled. A step points back at its
+        layout, and a layout at this call: left to the cyclic collector, each call's captured grids
+        outlived it (a harvest's resident memory grew with its dataset, 463 -> 603 MB over 400 calls)."""
+        self.store.clear()
+        self.steps.clear()
 
     def grid(self, key: str) -> torch.Tensor:
         """Every forward's chunk of `key`, concatenated along the columns: [b, columns, ...]."""
@@ -45,14 +53,14 @@ class Layout:
     shape: tuple[int, int]
     key_mask: np.ndarray  # [batch, columns so far], bool
     call: Call
-    _steps: dict = field(default_factory=dict)
 
     def step(self, n_cols: int) -> GridStep:
         """The Step of a site whose tensor holds the last n_cols columns (HF computes the logits of the
-        last prompt token alone when generating)."""
-        if n_cols not in self._steps:
-            self._steps[n_cols] = GridStep(self.spans_for(n_cols), (self.shape[0], n_cols), self)
-        return self._steps[n_cols]
+        last prompt token alone when generating); kept by the call until it closes."""
+        key = (id(self), n_cols)
+        if key not in self.call.steps:
+            self.call.steps[key] = GridStep(self.spans_for(n_cols), (self.shape[0], n_cols), self)
+        return self.call.steps[key]
 
     def spans_for(self, n_cols: int) -> list[Span]:
         b, width = self.shape

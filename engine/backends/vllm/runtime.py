@@ -193,11 +193,12 @@ def start_engine(path: str, env: dict[str, str], **engine_kw: Any) -> tuple[Asyn
     return engine, time.perf_counter() - t0
 
 
-def stop_engine(engine: AsyncLLM, timeout: float = 30.0) -> None:
+def stop_engine(engine: AsyncLLM, timeout: float = 60.0) -> None:
     """Shut the engine down and wait until its processes are gone (killed after `timeout`). vLLM's own
     default gives its engine core 5 s, and on a loaded CPU it needs longer to stop its worker and
     exit: killed, it left its shared-memory queues behind (the resource tracker's 'leaked
-    shared_memory' warning) and a server's SIGTERM took 10 s."""
+    shared_memory' warning) and a server's SIGTERM took 10 s. Idle it takes about 1 s; on a 2-core
+    machine running three other jobs, 11 s, and 30 s were once not enough (a CI-like slow run)."""
     engine.shutdown(timeout=timeout)
     deadline = time.monotonic() + timeout
     for p in getattr(engine, "interp_processes", []):
