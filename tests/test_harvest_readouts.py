@@ -6,11 +6,14 @@ from __future__ import annotations
 import pytest
 import torch
 
+import test_harvest
 from engine import Mean, Project, Readout, SAEFeatures
 from engine.core.readouts import ReadoutError
 from engine.core.sae_files import load_sae, write_random_sae
 from engine.harvest import SAMPLE, HarvestDataset, MixingError, harvest
-from test_harvest import KW, model  # noqa: F401  (the eager twin fixture and the small-shard settings)
+from test_harvest import KW  # the small-shard settings
+
+model = test_harvest.model  # the eager twin fixture, shared with test_harvest (pytest finds it by its name)
 
 
 @pytest.fixture(scope="module")
