@@ -53,5 +53,6 @@ def test_readout_columns_equal_the_readout_of_the_raw_rows(model, setup, tmp_pat
 
 def test_a_reduced_readout_is_refused_by_name(model, setup, tmp_path):
     data, _ = setup
-    with pytest.raises(ReadoutError, match="'resid_post.1:mean' is reduced over positions"):
+    with pytest.raises(ReadoutError, match=r"'resid_post.1:mean' is reduced over positions; a harvest stores one "
+                                           r"row per token \(Norm, Project, LensTopK, SAEFeatures\)"):
         harvest(model, [], data, tmp_path / "c", readouts=[Readout("resid_post.1", Mean())], **KW)
