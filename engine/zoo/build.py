@@ -122,10 +122,6 @@ def snapshot_hash(entry: ZooEntry) -> str:
     return hashlib.sha1(text.encode()).hexdigest()
 
 
-def repo_dir(name: str, root: Path | str | None = None) -> Path:
-    return zoo_hub_cache(root) / get_entry(name).repo_folder
-
-
 def snapshot_dir(name: str, root: Path | str | None = None) -> Path:
     entry = get_entry(name)
     return zoo_hub_cache(root) / entry.repo_folder / "snapshots" / snapshot_hash(entry)
@@ -196,12 +192,6 @@ def attention_head_dims(cfg: PretrainedConfig) -> dict[str, int]:
 
 
 # ----------------------------------------------------------------------------------- weights
-
-
-@dataclasses.dataclass
-class _InitStats:
-    matrices: int = 0
-    vectors: int = 0
 
 
 def reinit_weights(model: PreTrainedModel, seed: int) -> None:

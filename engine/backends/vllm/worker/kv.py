@@ -71,9 +71,9 @@ def scrub(spans: list[Span], failed: torch.Tensor | None = None) -> int:
     """Clean the KV blocks the rows of `spans` wrote in the step whose forward just ran (call it inside
     the forward context): inf / NaN become 0, and every entry of a span whose `failed[i]` (a device
     bool per span) is set becomes 0. Returns the number of (layer, block) rewrites queued."""
-    from vllm.forward_context import get_forward_context
-    if not spans:
-        return 0
+    from vllm.forward_context import get_forward_context, is_forward_context_available
+    if not spans or not is_forward_context_available():
+        return 0  # no forward context: the step ran no attention layer, so it wrote no KV block
     ctx = get_forward_context()
     slots = ctx.slot_mapping
     layers = caches(ctx)
