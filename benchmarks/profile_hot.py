@@ -198,8 +198,8 @@ def micro(args) -> int:
     from engine.core.address import parse
     from engine.core.plan import Plan, Span, site_work
     from engine.core.site import run_site
-    from engine.core.step import Step
     from engine.core.steering import Steer
+    from engine.core.step import Step
     torch.set_num_threads(1)
     torch.manual_seed(0)
     d, n_layers, rows = args.width, args.layers, args.rows

@@ -127,8 +127,8 @@ def test_noop_steer_is_caught_and_real_steer_changes_tokens():
     w2.handle({"op": "prepare", "workload": "steer_all"})
     check = w2.handle({"op": "check", "workload": "steer_all"})["check"]
     # the same steer, done independently through the engine, changes the same number of tokens
-    from engine.loading import load_model
     from engine.core.steering import Steer
+    from engine.loading import load_model
     m = load_model(DEFAULT_MODEL, source="zoo")
     ids = prompt_ids(m.tokenizer, 8, 1)
     v = steer_vector(m.d_model, 8.0)

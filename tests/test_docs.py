@@ -1,6 +1,6 @@
 """docs/points.md is generated from the catalogue and its --check catches drift."""
-from engine.interop import docs
 from engine.core.points import POINTS
+from engine.interop import docs
 
 
 def test_render_covers_every_point_and_backend():

@@ -5,10 +5,10 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, GPT2Config, LlamaConfig
 
-from engine.core.errors import AddressError, SteeringError, UnsupportedPointError
-from engine.families import family_for
 from engine.backends.hf.eager import EagerModel
+from engine.core.errors import AddressError, SteeringError, UnsupportedPointError
 from engine.core.steering import Steer
+from engine.families import family_for
 from engine.zoo.tokenizer import build_tokenizer
 
 CONFIGS = {

@@ -17,12 +17,12 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from engine import zoo
-from engine.core.errors import UnsupportedPointError
-from engine.families import family_for
-from engine.loading import load_hf
 from engine.backends.hf.eager import EagerModel
+from engine.core.errors import UnsupportedPointError
 from engine.core.points import get_point
 from engine.core.steering import Steer
+from engine.families import family_for
+from engine.loading import load_hf
 
 TOL = 1e-5  # fp32 relative error (norm of the difference over the norm of the reference)
 SEQ, BATCH = 24, 2  # longer than the twins' sliding windows (16)

@@ -16,11 +16,11 @@ from transformers import AutoModelForCausalLM
 
 import test_families_dense as dense
 from engine import zoo
+from engine.backends.hf.eager import EagerModel
 from engine.core.errors import SteeringError, UnsupportedPointError
+from engine.core.steering import Steer
 from engine.families import family_for
 from engine.loading import load_hf
-from engine.backends.hf.eager import EagerModel
-from engine.core.steering import Steer
 from test_families_dense import BATCH, SEQ, TOL, Ref, _rel
 
 _GPT_NEO = dict(layers="transformer.h", attn="attn.attention", o="attn.attention.out_proj", gate="mlp.c_fc",

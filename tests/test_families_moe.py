@@ -7,10 +7,10 @@ import torch
 from transformers import AutoModelForCausalLM, Qwen2MoeConfig
 
 from engine import zoo
-from engine.core.errors import AddressError, SteeringError, UnsupportedPointError
-from engine.families import family_for
 from engine.backends.hf.eager import EagerModel
+from engine.core.errors import AddressError, SteeringError, UnsupportedPointError
 from engine.core.steering import Steer
+from engine.families import family_for
 
 # model_type -> zoo twin, router path in a decoder layer, index of (logits, weights, indices) in its
 # output, MLP-slot module path, final norm path, and the routing rule expert_indices must follow.

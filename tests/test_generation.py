@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from engine.core.errors import InputError, OptionError
-from engine.model.sampling import KNOBS, Sampling
 from engine.core.steering import Steer
+from engine.model.sampling import KNOBS, Sampling
 from test_vllm_common import eager_model
 
 LLAMA = "meta-llama/Llama-3.2-1B"

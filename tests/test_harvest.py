@@ -15,10 +15,18 @@ import pytest
 import torch
 
 from engine.core.errors import AddressError
-from engine.harvest import (SAMPLE, HarvestDataset, InputError, MixingError, harvest, hf_dataset, read_manifest,
-                            verify)
+from engine.harvest import (
+    SAMPLE,
+    HarvestDataset,
+    InputError,
+    MixingError,
+    harvest,
+    hf_dataset,
+    read_manifest,
+    runner,
+    verify,
+)
 from engine.harvest import manifest as mf
-from engine.harvest import runner
 from engine.harvest.capture import PointError
 from engine.loading import load_model
 

@@ -6,11 +6,14 @@ from __future__ import annotations
 import pytest
 import torch
 
+import test_harvest
 from engine import Mean, Project, Readout, SAEFeatures
 from engine.core.readouts import ReadoutError
 from engine.core.sae_files import load_sae, write_random_sae
 from engine.harvest import SAMPLE, HarvestDataset, MixingError, harvest
-from test_harvest import KW, model  # noqa: F401  (the eager twin fixture and the small-shard settings)
+from test_harvest import KW  # the small-shard settings
+
+model = test_harvest.model  # the eager twin fixture, shared with test_harvest (pytest finds it by its name)
 
 
 @pytest.fixture(scope="module")
@@ -50,5 +53,6 @@ def test_readout_columns_equal_the_readout_of_the_raw_rows(model, setup, tmp_pat
 
 def test_a_reduced_readout_is_refused_by_name(model, setup, tmp_path):
     data, _ = setup
-    with pytest.raises(ReadoutError, match="'resid_post.1:mean' is reduced over positions"):
+    with pytest.raises(ReadoutError, match=r"'resid_post.1:mean' is reduced over positions; a harvest stores one "
+                                           r"row per token \(Norm, Project, LensTopK, SAEFeatures\)"):
         harvest(model, [], data, tmp_path / "c", readouts=[Readout("resid_post.1", Mean())], **KW)

@@ -11,9 +11,8 @@ import pytest
 import torch
 
 from engine.core.errors import UnsupportedPointError
-from engine.harvest import SAMPLE, HarvestDataset, harvest, read_manifest, verify
+from engine.harvest import SAMPLE, HarvestDataset, harvest, read_manifest, runner, shards, verify
 from engine.harvest import manifest as mf
-from engine.harvest import runner, shards
 from engine.harvest.runner import Flow
 from test_vllm_common import drop, eager_model, vllm_model
 
@@ -99,7 +98,9 @@ def test_crash_then_resume_writes_the_bytes_of_an_uninterrupted_run(engines, dat
     assert s.shards == len(read_manifest(ref)["shards"]) - 3
     a, b = tree(ref), tree(out)
     assert a.keys() == b.keys()
-    strip = (lambda m: {k: v for k, v in m.items() if k not in mf.TIMESTAMPS})
+
+    def strip(m: dict) -> dict:
+        return {k: v for k, v in m.items() if k not in mf.TIMESTAMPS}
     for name in a:
         if name.endswith(".json"):
             assert strip(json.loads(a[name])) == strip(json.loads(b[name])), name

@@ -116,8 +116,11 @@ def _violations(source: str, forbidden: tuple[str, ...]) -> list[str]:
 LAYER_RULES = [
     # (who, may not import, why)
     ("engine.core", ("engine.model", "engine.families", "engine.backends", "engine.workflows", "engine.interop",
-                     "engine.serve", "engine.harvest", "engine.loading", "engine.zoo"),
+                     "engine.serve", "engine.harvest", "engine.loading", "engine.zoo", "engine.remote"),
      "core is the bottom layer"),
+    ("engine.zoo", ("engine.model", "engine.families", "engine.backends", "engine.workflows", "engine.interop",
+                    "engine.serve", "engine.harvest", "engine.remote", "engine.loading"),
+     "the zoo builds twins from its own table, below every model class"),
     ("engine.model", ("engine.backends", "engine.workflows", "engine.interop", "engine.serve", "engine.harvest",
                       "engine.loading"), "the model surface is backend-free"),
     ("engine.families", ("engine.model", "engine.backends", "engine.workflows", "engine.interop", "engine.serve",
@@ -138,6 +141,11 @@ LAYER_RULES = [
                        *[m for m in MODULES if _under(m, "engine.serve")
                          and m not in ("engine.serve", "engine.serve.wire", "engine.serve.encoding")]),
      "a client of a model server imports the engine's core and the server's wire pieces, never a backend"),
+    ("engine.loading", ("engine.serve", "engine.harvest", "engine.remote", "engine.workflows"),
+     "load_model sits below the server, the harvester and the remote client"),
+    ("engine.serve", ("engine.harvest", "engine.remote"), "the server and the harvester are siblings; remote is its client"),
+    ("engine.harvest", ("engine.serve", "engine.remote"), "the harvester and the server are siblings"),
+    ("validator", ("benchmarks", "visualizer_data"), "the validator is a harness of its own; visualizer_data renders it"),
     ("benchmarks", ("visualizer_data",), "visualizer_data renders what benchmarks hands it, not the reverse"),
 ]
 

@@ -18,8 +18,14 @@ import pytest
 import torch
 
 from engine import load_model
-from engine.core.errors import (FamilyLimitationError, InputError, InputTypeError, ModelNotFoundError, OptionError,
-                                SteeringError)
+from engine.core.errors import (
+    FamilyLimitationError,
+    InputError,
+    InputTypeError,
+    ModelNotFoundError,
+    OptionError,
+    SteeringError,
+)
 from engine.core.inputs import limits_of
 from engine.core.steering import Steer
 from engine.model import sources

@@ -10,8 +10,8 @@ import torch
 
 from engine import load_model, zoo
 from engine.core.address import parse
-from engine.loading import load_hf
 from engine.interop.mappers import UnmappedError, from_tl, rotary, to_nnsight, to_nnterp, to_tl
+from engine.loading import load_hf
 
 TEXT = "When Mary and John went to the store, John gave"
 FAMILIES = {"gpt2": "openai-community/gpt2", "llama": "meta-llama/Llama-3.2-1B", "gemma2": "google/gemma-2-2b",

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from engine.core.errors import InputError, SteeringError
-from engine.workflows.patching import logit_diff, patch_sweep
 from engine.core.steering import Steer
+from engine.workflows.patching import logit_diff, patch_sweep
 from test_vllm_common import eager_model
 
 CLEAN = "When Mary and John went to the store, John gave a drink to"
@@ -173,7 +173,7 @@ def test_scale_value_shapes():
 
 @pytest.mark.parametrize("make,fragment", [
     (lambda d, n: Steer("resid_pre.1", "set", torch.ones(n, d + 1)),
-     rf"shape \(19, 257\) \(after 1 leading pos axis\) but the point's per-position shape is \(256,\)"),
+     r"shape \(19, 257\) \(after 1 leading pos axis\) but the point's per-position shape is \(256,\)"),
     (lambda d, n: Steer("resid_pre.1", "set", torch.ones(4, d)),
      r"covers positions 0..3 but the steer touches position 18"),
     (lambda d, n: Steer("resid_pre.1", "set", torch.ones(3, n, d)), "a batch axis of 3 for a call of 1 sequence"),

@@ -20,8 +20,16 @@ import torch
 from engine.core.errors import EngineError, SteeringError
 from engine.core.results import ActivationCache
 from engine.core.steering import Steer
-from test_vllm_common import (PROMPT, PROMPTS, check, children_left_running, eager_model, random_vector,
-                              stream_under_steering, vllm_model)
+from test_vllm_common import (
+    PROMPT,
+    PROMPTS,
+    check,
+    children_left_running,
+    eager_model,
+    random_vector,
+    stream_under_steering,
+    vllm_model,
+)
 
 LLAMA = "meta-llama/Llama-3.2-1B"
 REPO = Path(__file__).resolve().parents[1]

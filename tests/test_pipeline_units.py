@@ -19,8 +19,8 @@ from engine.core.address import Address
 from engine.core.errors import SteeringError
 from engine.core.plan import Plan, Span, site_work
 from engine.core.site import apply_steer, run_site
-from engine.core.step import Step
 from engine.core.steering import Steer
+from engine.core.step import Step
 
 
 def _rows(p0, n, d=3):

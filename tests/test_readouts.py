@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from engine import Readout, Steer
-from engine.core.readouts import LensTopK, Last, Max, Mean, Norm, Project, ReadoutError, SAEFeatures, TopK
-from engine.core.sae_files import load_sae, write_random_sae
+from engine.core.readouts import Last, LensTopK, Max, Mean, Norm, Project, ReadoutError, SAEFeatures, TopK
 from engine.core.results import Request
+from engine.core.sae_files import load_sae, write_random_sae
 from test_vllm_common import check, eager_model, random_vector, vllm_model
 
 LLAMA = "meta-llama/Llama-3.2-1B"

@@ -13,10 +13,10 @@ import torch
 
 from engine.core.ledger import Ledger
 from engine.core.plan import Plan, Span, site_work
-from engine.core.site import run_site
-from engine.core.step import Step
 from engine.core.results import Receipt, StrictSteerError, check_strict, combine
+from engine.core.site import run_site
 from engine.core.steering import Steer
+from engine.core.step import Step
 from test_vllm_common import PROMPT, eager_model, random_vector
 
 LLAMA = "meta-llama/Llama-3.2-1B"

@@ -9,12 +9,12 @@ import math
 
 import pytest
 import torch
-from serve_common import LLAMA, eager_server
-from test_vllm_common import eager_model
 
 from engine import LensTopK, Mean, Norm, Project, Readout, Request, Steer, StrictSteerError, connect
 from engine.core.errors import ModelNotFoundError, OptionError
 from engine.core.readouts import TopK
+from serve_common import LLAMA, eager_server
+from test_vllm_common import eager_model
 
 P = "The quick brown fox jumps over the lazy dog"
 PROMPTS = [P, "Hello there"]

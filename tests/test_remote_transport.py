@@ -10,14 +10,14 @@ import time
 
 import pytest
 import torch
-from remote_common import InProcess, Script, SpyRunner
-from serve_common import LLAMA
-from test_vllm_common import eager_model
 
 from engine import connect
 from engine.core.errors import AddressError
 from engine.remote import AuthenticationError, Disconnected, Retry, ServerBusy, ServerRefused
 from engine.serve import ServeSettings, build_app, wire
+from remote_common import InProcess, Script, SpyRunner
+from serve_common import LLAMA
+from test_vllm_common import eager_model
 
 KEY = "remote-test-key"
 P = "The quick brown fox jumps over the lazy dog"

@@ -92,8 +92,8 @@ def test_the_error_body_names_the_nearest_core_class():
     ({"prompt": 5, "interp": {"capture": ["resid_post.0"]}}, None),  # the server's own schema: no engine class
 ])
 def test_a_refusal_while_parsing_carries_the_engines_class(body, kind):
-    from engine.serve.schemas import parse_body as parse
     from engine.serve.schemas import CaptureRequest
+    from engine.serve.schemas import parse_body as parse
     with pytest.raises(errors.ServeError) as e:
         parse(json.dumps(body).encode(), CaptureRequest)
     assert e.value.status == 400 and e.value.kind == kind, e.value.message

@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+
+from engine import Norm, Readout, Steer, connect
 from serve_common import LLAMA, ServerProcess
 from test_remote import same, same_cache, same_receipts
 from test_vllm_common import MAX_LEN, vllm_model
-
-from engine import Norm, Readout, Steer, connect
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 P = "The quick brown fox jumps over the lazy dog"

@@ -16,13 +16,13 @@ from engine.backends.vllm.runtime import LoadReport
 from engine.core.address import Address
 from engine.core.backends import VLLM_BACKENDS
 from engine.core.errors import SteeringError, UnsupportedPointError
-from engine.core.ops import OPS, AffineRows
 from engine.core.ledger import Ledger
+from engine.core.ops import OPS, AffineRows
 from engine.core.plan import Plan, SiteWork, Span
 from engine.core.points import HEADED_POINTS, POINTS, get_point
-from engine.core.step import Step
 from engine.core.steer_checks import check_steers
 from engine.core.steering import CacheEntry, Steer
+from engine.core.step import Step
 
 ENGINE = pathlib.Path(__file__).resolve().parents[1] / "engine"
 D = 8

@@ -19,12 +19,24 @@ import torch
 from engine.core.errors import UnsupportedPointError
 from engine.core.points import POINTS
 from engine.core.results import Receipt, Request
-from engine.serve import encoding
 from engine.core.steering import Steer
+from engine.serve import encoding
 from engine.serve.text import whole_chars  # the server drops a half character at the end, as vLLM does
-from serve_common import (AUTH, CHAT_TEMPLATE, KEY, LLAMA, ROOT, ServerProcess, assert_receipts, close, healthy,
-                          probe_stop_matches_library,
-                          joined_rows, stream_lines, tensors)
+from serve_common import (
+    AUTH,
+    CHAT_TEMPLATE,
+    KEY,
+    LLAMA,
+    ROOT,
+    ServerProcess,
+    assert_receipts,
+    close,
+    healthy,
+    joined_rows,
+    probe_stop_matches_library,
+    stream_lines,
+    tensors,
+)
 from test_vllm_common import MAX_LEN, eager_model, vllm_model
 
 pytestmark = pytest.mark.vllm

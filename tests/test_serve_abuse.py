@@ -14,12 +14,12 @@ import time
 import httpx
 import pytest
 import torch
-from serve_common import D_MODEL, HOSTILE, LLAMA, assert_refused, close, eager_server, healthy, tensors
-from test_vllm_common import eager_model
 
 from engine.core.steering import OPS, Steer
 from engine.serve import encoding
 from engine.serve.runner import longest_token
+from serve_common import D_MODEL, HOSTILE, LLAMA, assert_refused, close, eager_server, healthy, tensors
+from test_vllm_common import eager_model
 
 PROMPT = "The quick brown fox jumps over the lazy dog"
 NORMAL = {"model": LLAMA, "prompt": PROMPT, "max_tokens": 6, "temperature": 0,

@@ -12,6 +12,7 @@ import time
 
 import httpx
 import pytest
+
 from serve_common import LLAMA, eager_server
 
 pytestmark = pytest.mark.slow

@@ -6,11 +6,11 @@ from __future__ import annotations
 import httpx
 import pytest
 import torch
-from serve_common import LLAMA, assert_receipts, close, eager_server, healthy, joined_rows, stream_lines, tensors
-from test_vllm_common import eager_model
 
 from engine.core.steering import Steer
 from engine.serve import encoding
+from serve_common import LLAMA, assert_receipts, close, eager_server, healthy, joined_rows, stream_lines, tensors
+from test_vllm_common import eager_model
 
 PROMPT = "The quick brown fox jumps over the lazy dog"
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import httpx
 import pytest
+
 from serve_common import LLAMA, ServerProcess, eager_server
 from test_vllm_common import MAX_LEN
 

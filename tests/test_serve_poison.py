@@ -19,6 +19,7 @@ import asyncio
 
 import httpx
 import pytest
+
 from serve_common import LLAMA, ServerProcess, healthy
 from test_vllm_common import MAX_LEN
 

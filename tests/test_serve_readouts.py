@@ -10,12 +10,12 @@ from pathlib import Path
 import httpx
 import pytest
 import torch
-from serve_common import LLAMA, close, eager_server, probe_stop_matches_library
-from test_vllm_common import eager_model
 
 from engine import LensTopK, Mean, Project, Readout, SAEFeatures, Steer
 from engine.core.sae_files import write_random_sae
 from engine.serve import encoding
+from serve_common import LLAMA, close, eager_server, probe_stop_matches_library
+from test_vllm_common import eager_model
 
 PROMPT = "The quick brown fox jumps over the lazy dog"
 SAE_DIR = Path(tempfile.mkdtemp(prefix="serve-saes-"))

@@ -300,3 +300,16 @@ def test_a_bad_flag_fails_before_the_model_loads(capsys, monkeypatch):
     with pytest.raises(SystemExit):
         cli.main(["some/model", "--max-pending", "0", "--port", "0"])
     assert "max_pending (--max-pending) must be a whole number of at least 1" in capsys.readouterr().err
+
+
+def test_a_stop_on_a_reduced_readout_names_the_per_position_kinds():
+    """The kinds the message offers are KINDS' per-position ones, read from the table (a new kind is
+    offered without an edit here), in KINDS' order."""
+    from engine.core.readouts import KINDS
+    from engine.serve.schemas import Interp
+    with pytest.raises(ValidationError) as info:
+        Interp.model_validate({"capture": {"readouts": [{"address": "resid_post.1", "kind": "Mean", "name": "m"}]},
+                               "stop": {"readout": "m", "above": 1}})
+    offered = re.search(r"a stop reads a per-position readout \(([^)]*)\)", str(info.value)).group(1).split(", ")
+    assert offered == ["Norm", "Project", "LensTopK", "SAEFeatures"]
+    assert offered == [n for n, k in KINDS.items() if k.per_position]

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from engine import load_model
-from engine.model import sources
 from engine.core.errors import ModelNotFoundError
+from engine.model import sources
 
 LLAMA = "meta-llama/Llama-3.2-1B"
 PROMPT = "The quick brown fox jumps over the lazy dog"

@@ -10,8 +10,8 @@ import torch
 
 from engine.core.plan import Plan, Span, site_work
 from engine.core.site import apply_steer, run_site
-from engine.core.step import Step
 from engine.core.steering import NonFiniteSteer, Steer
+from engine.core.step import Step
 
 D = 6
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from engine import load_model
-from engine.core.readouts import LensTopK, Last, Max, Mean, Norm, Project, Readout, SAEFeatures
+from engine.core.readouts import Last, LensTopK, Max, Mean, Norm, Project, Readout, SAEFeatures
 from engine.core.sae_files import write_random_sae
 from engine.core.steering import OPS, Steer
 from engine.core.syncs import SyncCounter

@@ -2,10 +2,9 @@
 entries...] at every step and in a padded batch, as in HF's full recompute (the validator's decode rows
 compare the last step with HF recomputing the whole sequence; the compressor entries used to be padded
 as if they were positions: ours (1, 1, 4, 21) vs HF (1, 1, 4, 23), and a prefill capture crashed)."""
+import numpy as np
 import pytest
 import torch
-
-import numpy as np
 
 from engine.backends.hf.grid import Call, Layout
 from engine.core.plan import pad_key_axis

@@ -6,8 +6,8 @@ torch does) while the model stays on the CPU: whatever reaches the model without
 `validator.engines.base.on_device` fails here as it did on the GPU."""
 import pytest
 import torch
-from other_device import DEVICE, Elsewhere, elsewhere
 
+from other_device import DEVICE, Elsewhere, elsewhere
 from validator import prompts, runner
 from validator.engines import adapter_class
 from validator.engines.base import Case, Missing, ModelContext, on_device

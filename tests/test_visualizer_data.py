@@ -63,8 +63,8 @@ def test_architecture_layers_come_from_the_engine():
 def test_architecture_layout_and_other_engines_names_come_from_the_engine():
     """Per model: the block layout is the model's own, and each TransformerLens / nnterp / nnsight name,
     with {L} filled in at ANY layer (not only the one it was read at), is what engine.interop.mappers gives there."""
-    from engine.interop import mappers
     from engine.core.errors import AddressError
+    from engine.interop import mappers
     from engine.loading import load_model
     entry = architectures_ts.inspect_model("EleutherAI/pythia-70m-deduped")
     assert entry["error"] is None

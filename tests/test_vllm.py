@@ -11,8 +11,20 @@ from engine.backends.vllm.backend import Request
 from engine.core.errors import AddressError, SteeringError, UnsupportedPointError
 from engine.core.points import backend_status
 from engine.core.steering import Steer
-from test_vllm_common import (MAX_LEN, PROMPT, PROMPTS, assert_steer_acts, check, decode_failures, drop, eager_model,
-                              prefill_failures, random_vector, shared_points, vllm_model)
+from test_vllm_common import (
+    MAX_LEN,
+    PROMPT,
+    PROMPTS,
+    assert_steer_acts,
+    check,
+    decode_failures,
+    drop,
+    eager_model,
+    prefill_failures,
+    random_vector,
+    shared_points,
+    vllm_model,
+)
 
 pytestmark = pytest.mark.vllm
 

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine.loading import load_model
 from engine.core.points import get_point
+from engine.loading import load_model
 from validator.scoring import compare
 from validator.tolerances import STEER_MIN_EFFECT, tier_for
 

@@ -13,8 +13,17 @@ import pytest
 
 from engine.core.errors import UnsupportedPointError
 from engine.core.steering import Steer
-from test_vllm_common import (children_left_running, decode_failures, drop, eager_model, prefill_failures,
-                              random_vector, shared_points, vllm_model, _EAGER)
+from test_vllm_common import (
+    _EAGER,
+    children_left_running,
+    decode_failures,
+    drop,
+    eager_model,
+    prefill_failures,
+    random_vector,
+    shared_points,
+    vllm_model,
+)
 
 pytestmark = [pytest.mark.vllm]
 

@@ -8,12 +8,21 @@ import pytest
 import torch
 
 from engine.core.errors import SteeringError
-from engine.workflows.patching import patch_sweep
 from engine.core.results import Request, StrictSteerError
 from engine.core.steering import Steer
+from engine.workflows.patching import patch_sweep
 from test_receipts import CASES, check_receipt, steered_cases
-from test_vllm_common import (PROMPT, PROMPTS, check, decode_failures, drop, eager_model, random_vector,
-                              stream_under_steering, vllm_model)
+from test_vllm_common import (
+    PROMPT,
+    PROMPTS,
+    check,
+    decode_failures,
+    drop,
+    eager_model,
+    random_vector,
+    stream_under_steering,
+    vllm_model,
+)
 
 pytestmark = pytest.mark.vllm
 LLAMA = "meta-llama/Llama-3.2-1B"

@@ -4,6 +4,14 @@ from __future__ import annotations
 
 import pytest
 import torch
+
+from engine.backends.vllm.backend import Request, _declared, load
+from engine.backends.vllm.proof import PROBE, TapProofError, prove_taps
+from engine.backends.vllm.runtime import LoadReport
+from engine.core.address import Address
+from engine.core.errors import AddressError, SteeringError, UnsupportedPointError
+from engine.core.points import backend_status
+from engine.core.steering import Steer
 from test_vllm_common import (
     MAX_LEN,
     PROMPT,
@@ -16,14 +24,6 @@ from test_vllm_common import (
     random_vector,
     vllm_model,
 )
-
-from engine.backends.vllm.backend import Request, _declared, load
-from engine.backends.vllm.proof import PROBE, TapProofError, prove_taps
-from engine.backends.vllm.runtime import LoadReport
-from engine.core.address import Address
-from engine.core.errors import AddressError, SteeringError, UnsupportedPointError
-from engine.core.points import backend_status
-from engine.core.steering import Steer
 
 LLAMA, GPT2 = "meta-llama/Llama-3.2-1B", "openai-community/gpt2"
 # "auto" (resid_post everywhere) plus one tap of every other site kind: block input, module input,

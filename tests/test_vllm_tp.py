@@ -10,11 +10,19 @@ import torch
 
 from engine.core.errors import SteeringError
 from engine.core.steering import Steer
+from test_vllm_common import (
+    PROMPT,
+    check,
+    decode_failures,
+    drop,
+    eager_model,
+    prefill_failures,
+    random_vector,
+    shared_points,
+    vllm_model,
+)
 from validator.scoring import compare
 from validator.tolerances import tier_for
-
-from test_vllm_common import (PROMPT, check, decode_failures, drop, eager_model, prefill_failures, random_vector,
-                              shared_points, vllm_model)
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 FAMILIES = ["meta-llama/Llama-3.2-1B", "Qwen/Qwen3-0.6B", "allenai/OLMoE-1B-7B-0924"]

@@ -13,7 +13,8 @@ import pytest
 import torch
 
 from engine import zoo
-from engine.zoo import ZOO, build as zbuild
+from engine.zoo import ZOO
+from engine.zoo import build as zbuild
 from engine.zoo.tokenizer import build_tokenizer
 
 PROMPT = (

@@ -40,8 +40,8 @@ def _from_pretrained(name: str, dtype: str, device: str, cache_dir=None):
 
 
 def zoo_spec(name: str, dtype: str = "float32", device: str = "cpu") -> ModelSpec:
-    from engine.model import sources
     from engine import zoo
+    from engine.model import sources
     if sources.looks_like_path(name):
         return local_spec(name, dtype, device)
     from engine.loading import load_model
@@ -61,8 +61,8 @@ def zoo_spec(name: str, dtype: str = "float32", device: str = "cpu") -> ModelSpe
 
 
 def real_spec(name: str, dtype: str = "float32", device: str = "cpu") -> ModelSpec:
-    from engine.model import sources
     from engine import zoo
+    from engine.model import sources
     if sources.looks_like_path(name):
         return local_spec(name, dtype, device)
     from engine.loading import load_model
@@ -86,8 +86,8 @@ def default_device() -> str:
 
 def local_spec(path: str, dtype: str = "float32", device: str = "cpu") -> ModelSpec:
     """A model directory (a fine-tune, what save_pretrained wrote): engine and reference load its files."""
-    from engine.model import sources
     from engine.loading import load_model
+    from engine.model import sources
     src = sources.resolve(path, "local")
     return ModelSpec(src.name, "local", src.fingerprint(),
                      lambda: load_model(src.path, dtype=DTYPES[dtype], device=device, attention=ATTENTION),

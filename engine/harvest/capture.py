@@ -71,12 +71,13 @@ def per_document(cache: Mapping[str, torch.Tensor | list[torch.Tensor] | tuple[t
 def readouts_of(model: EagerModel | VLLMModel, readouts: Iterable[Readout]) -> list[Readout]:
     """Readouts checked for a harvest: per-position kinds only (one row per token, like a point),
     checked against the model."""
-    from engine.core.readouts import ReadoutError, validate_readouts
+    from engine.core.readouts import KINDS, Kind, ReadoutError, validate_readouts
     out = []
     for r in validate_readouts(readouts):
         if not r.kind.per_position:
+            kinds = ", ".join(n for n, k in KINDS.items() if issubclass(k, Kind) and k.per_position)
             raise ReadoutError(f"readout {r.name!r} is reduced over positions; a harvest stores one row per token "
-                               f"(Norm, Project, LensTopK, SAEFeatures).")
+                               f"({kinds}).")
         out.append(r)
     return out
 

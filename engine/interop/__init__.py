@@ -1,5 +1,4 @@
 """The engine's names next to other libraries' names.
 
-    mappers  our addresses <-> TransformerLens, nnsight/nnterp and HF module names
-    docs     docs/points.md rendered from the point registry and the families
+Its modules, one line each: the tree in docs/architecture.md (tests/test_architecture_map.py keeps it whole).
 """

@@ -245,8 +245,9 @@ class Interp(Body):
             if not found:
                 raise ValueError(f"interp.stop.readout {self.stop.readout!r} names no readout of interp.capture.readouts")
             if not found[0].kind.per_position:
+                kinds = ", ".join(n for n, k in KINDS.items() if k.per_position)
                 raise ValueError(f"interp.stop.readout {self.stop.readout!r} is reduced over positions; a stop reads a "
-                                 f"per-position readout (Norm, Project, LensTopK, SAEFeatures)")
+                                 f"per-position readout ({kinds})")
         return self
 
     @field_validator("capture", mode="before")

@@ -1,5 +1,4 @@
 """Workflows built on any loaded model (they take a model, never a backend class).
 
-    patching           activation patching sweeps and logit differences
-    attention_capture  attention patterns for every layer and head in one call
+Its modules, one line each: the tree in docs/architecture.md (tests/test_architecture_map.py keeps it whole).
 """
