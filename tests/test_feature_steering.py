@@ -14,6 +14,7 @@ import torch
 
 from engine import Readout, SAEFeatures, Steer
 from engine.core.errors import SteeringError
+from engine.core.ops import OPS
 from engine.core.sae_files import load_sae, random_sae, save_sae, write_random_sae
 from test_vllm_common import check, eager_model, vllm_model
 
@@ -122,8 +123,17 @@ def test_feature_steers_checked_against_the_sae_before_running(em, saes, tmp_pat
         em.run_with_cache("hi", steer=[Steer("resid_post.1", "feature_clamp", sae=saes["random"], feature=512,
                                              coeff=1.0)])
     tc = str(write_random_sae(tmp_path / "tc", "transcoder", D, 32, seed=4))
-    with pytest.raises(SteeringError, match="is a transcoder"):
-        em.run_with_cache("hi", steer=[Steer("resid_post.1", "feature_scale", sae=tc, feature=1, coeff=2.0)])
+    # the ops that encode x with the SAE (the op table's `encodes`) are refused with a transcoder, which
+    # encodes another point; feature_add only decodes and runs
+    feature_ops = [o for o in OPS.values() if "sae" in o.params]
+    assert {o.name for o in feature_ops if o.encodes} == {"feature_clamp", "feature_scale"}
+    for op in feature_ops:
+        st = Steer("resid_post.1", op.name, sae=tc, feature=1, coeff=2.0)
+        if op.encodes:
+            with pytest.raises(SteeringError, match=f"{op.name} at resid_post.1: .* is a transcoder"):
+                em.run_with_cache("hi", steer=[st])
+        else:
+            em.run_with_cache("hi", steer=[st])
 
 
 # -- vllm and vllm-static against eager ----------------------------------------------------------------

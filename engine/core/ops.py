@@ -69,6 +69,7 @@ class Op:
     whole: bool = False
     static_if: Callable[[Params], bool] | None = None
     first: bool = False
+    encodes: bool = False  # runs the SAE's encoder on x: refused with a transcoder (it encodes another point)
 
     def __post_init__(self) -> None:
         if self.value not in VALUE_KINDS:
@@ -187,9 +188,10 @@ OPS: dict[str, Op] = {o.name: o for o in (
        "a cache entry); resample ablation with CacheEntry.resampled()", _replace, _replace_affine),
     Op("feature_clamp", "none", "x + decode(f') - decode(f), f = SAE.encode(x), f' = f with feature(s) set to coeff "
        "(the SAE's reconstruction error kept)", _feature("clamp_feature"), None,
-       _AFFINE.format(what="an SAE encode and decode"), _FEATURE, True),
+       _AFFINE.format(what="an SAE encode and decode"), _FEATURE, True, encodes=True),
     Op("feature_scale", "none", "x + decode(f') - decode(f), f' = f with feature(s) multiplied by coeff",
-       _feature("scale_feature"), None, _AFFINE.format(what="an SAE encode and decode"), _FEATURE, True),
+       _feature("scale_feature"), None, _AFFINE.format(what="an SAE encode and decode"), _FEATURE, True,
+       encodes=True),
     Op("feature_add", "none", "x + coeff * the SAE decoder direction of feature(s)",
        _feature("add_feature_direction"), _feature_add_affine, None, _FEATURE, True),
 )}

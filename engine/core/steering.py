@@ -256,7 +256,7 @@ def check_feature_steer(st: Steer, sae: Any) -> None:
     """A feature steer against its loaded SAE: feature indices in range, and an SAE (a transcoder
     reads one point and writes another: its feature edit needs both, which a steer at one address
     does not have)."""
-    if sae.arch.transcoder and st.op != "feature_add":
+    if sae.arch.transcoder and OPS[st.op].encodes:
         raise SteeringError(f"{st.op} at {st.address}: {sae.where()} is a {sae.arch.name} (it encodes one point and "
                             f"decodes into another); clamp or scale features of an SAE, or use feature_add.")
     for i in (st.feature if isinstance(st.feature, list) else [st.feature]):
