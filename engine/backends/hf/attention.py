@@ -149,15 +149,20 @@ def _fast(native: Any) -> Callable[..., tuple]:
                 _, weights = _eager_fn(module)(module, query, key, value, mask, scaling=scaling, **eager_kw)
                 new = _run(cbs, "attn_probs", weights.transpose(1, 2))
                 if new is not None:  # steered: the output is recomputed from the new probabilities
-                    p = new.transpose(1, 2)
-                    groups = p.shape[1] // value.shape[1]
-                    v = value.repeat_interleave(groups, dim=1) if groups > 1 else value
-                    out = torch.matmul(p.to(v.dtype), v).transpose(1, 2).contiguous()
+                    out = _from_probs(new.transpose(1, 2), value)
         if "z" in cbs:
             new = _run(cbs, "z", out)  # out is [b, q, h, d]
             out = out if new is None else new
         return out, probs
     return attention
+
+
+def _from_probs(probs: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
+    """The attention output [b, q, h, d] of probabilities [b, h, q, kv] over values [b, kv_heads, kv, d]
+    (grouped-query heads share their value head)."""
+    groups = probs.shape[1] // value.shape[1]
+    v = value.repeat_interleave(groups, dim=1) if groups > 1 else value
+    return torch.matmul(probs.to(v.dtype), v).transpose(1, 2).contiguous()
 
 
 def interp_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -184,9 +189,7 @@ def interp_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Te
         new = _run(cbs, "attn_probs", probs.transpose(1, 2))
         if new is not None:  # steered: the output is recomputed from the new probabilities
             probs = new.transpose(1, 2)
-            groups = probs.shape[1] // value.shape[1]
-            v = value.repeat_interleave(groups, dim=1) if groups > 1 else value
-            out = torch.matmul(probs.to(v.dtype), v).transpose(1, 2).contiguous()
+            out = _from_probs(probs, value)
     if "z" in cbs:
         new = _run(cbs, "z", out)  # out is already [b, q, h, d]
         out = out if new is None else new
