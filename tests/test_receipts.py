@@ -82,6 +82,34 @@ def test_each_steer_is_measured_from_what_it_received_and_recomputed_rows_count_
     assert (s.rows, s.change_norm) == (2, pytest.approx(math.sqrt(13 ** 2 + 14 ** 2 + 2 * 10 ** 2)))
 
 
+def test_a_worker_ledger_collects_each_request_alone_and_forgets_it():
+    """The vLLM worker's ledger holds every registered request's rows, each step's records mixing them:
+    collecting one (read, then drop) returns exactly its own tallies, leaves the others' intact, and
+    the ledger is empty once all are collected (a dropped request's rows stay in mixed entries until
+    every request of the entry is dropped: no read may count them)."""
+    import numpy as np
+    led = Ledger(unique=False)
+    keys = ["a", "b", "c"]
+    codes = np.array([led.code(k) for k in keys])
+    norms = torch.rand(5, 3, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    for step in range(5):
+        led.record(codes, np.zeros(3, dtype=np.int64), np.full(3, step), norms[step])
+    # "a" recomputes position 4 (a preempted request): its last record counts
+    led.record(codes[:1], np.zeros(1, dtype=np.int64), np.array([4]), torch.tensor([9.0], dtype=torch.float64))
+    sq = (norms ** 2).sum(0).tolist()
+    want = {"a": [sq[0] - norms[4, 0].item() ** 2 + 81.0, 5], "b": [sq[1], 5], "c": [sq[2], 5]}
+    left = set(keys)
+    for k in ("b", "a", "c"):
+        o = led.read([k])[k]
+        assert o.rows == {0: want[k][1]} and o.sumsq[0] == pytest.approx(want[k][0]) and o.failed is None
+        led.drop([k])
+        left.discard(k)
+        assert set(led.read()) == left
+        for other in left:
+            assert led.read([other])[other].sumsq[0] == pytest.approx(want[other][0])
+    assert not led
+
+
 def test_static_taps_tally_from_the_pre_write_buffer():
     """vllm-static applies steers as one affine map inside the graph; its receipts replay the step's
     steers on the tap's pre-write rows through the shared routine: the same receipts as the hooked

@@ -46,6 +46,7 @@ class _Entry:
     steer: np.ndarray  # int64 [m]
     pos: np.ndarray  # int64 [m]
     norm: torch.Tensor  # float64 [m], on the model's device
+    codes: frozenset  # the plan codes in `plan`: collect picks a request's entries without scanning arrays
 
 
 class Ledger:
@@ -72,22 +73,22 @@ class Ledger:
     def record(self, plan: np.ndarray, steer: np.ndarray, pos: np.ndarray, norm: torch.Tensor) -> None:
         """Rows of one application: plan codes (`code`), steer indices and absolute positions (host), and the
         norm of each row's change (device; inf or NaN for a row not finite). No device read."""
-        self._entries.append(_Entry(plan, steer, pos, norm.detach().double().reshape(-1)))
+        self._entries.append(_Entry(plan, steer, pos, norm.detach().double().reshape(-1), frozenset(plan.tolist())))
 
     def read(self, keys: "list | None" = None) -> dict:
         """{plan key: Outcome} for the plans `keys` (None: every plan recorded), in one transfer."""
         out: dict = {k: Outcome() for k in (keys or [])}
-        codes = None if keys is None else [self._codes[k] for k in keys if k in self._codes]
-        entries = self._entries if codes is None else [e for e in self._entries if np.isin(e.plan, codes).any()]
+        codes = list(self._keys) if keys is None else [self._codes[k] for k in keys if k in self._codes]
+        wanted = frozenset(codes)
+        entries = [e for e in self._entries if not wanted.isdisjoint(e.codes)]
         if not entries:
             return out
         sq = torch.cat([e.norm for e in entries]).to("cpu").numpy() ** 2  # the one read
         plan = np.concatenate([e.plan for e in entries])
         steer = np.concatenate([e.steer for e in entries])
         pos = np.concatenate([e.pos for e in entries])
-        if codes is not None:
-            keep = np.isin(plan, codes)
-            sq, plan, steer, pos = sq[keep], plan[keep], steer[keep], pos[keep]
+        keep = np.isin(plan, codes)  # entries may hold rows of other plans, and of dropped ones
+        sq, plan, steer, pos = sq[keep], plan[keep], steer[keep], pos[keep]
         if not self.unique:  # the last record of each (plan, steer, position) counts; guard records all do
             table = np.stack([plan, steer, pos], axis=1)[::-1]
             _, first = np.unique(table, axis=0, return_index=True)
@@ -116,12 +117,11 @@ class Ledger:
         codes = [self._codes.pop(k) for k in keys if k in self._codes]
         for c in codes:
             del self._keys[c]
+        gone = frozenset(codes)
         kept = []
-        for e in self._entries:
-            mine = np.isin(e.plan, codes)
-            if not mine.any():
+        for e in self._entries:  # an entry's rows of dropped plans stay until all its plans are dropped:
+            live = e.codes - gone  # codes are never reused, so no later read can match them
+            if live:
+                e.codes = live
                 kept.append(e)
-            elif not mine.all():
-                rest = torch.from_numpy(np.flatnonzero(~mine)).to(e.norm.device)
-                kept.append(_Entry(e.plan[~mine], e.steer[~mine], e.pos[~mine], e.norm.index_select(0, rest)))
         self._entries = kept
