@@ -101,7 +101,7 @@ def test_a_finished_steer_never_reaches_a_step_the_engine_runs_without_ours(monk
     from engine.backends.vllm.worker import kv
     from engine.core.plan import Plan, Span, site_work
     from engine.core.step import Step
-    monkeypatch.setattr(kv, "scrub", lambda spans, failed=None: 0)  # no vLLM forward context here
+    monkeypatch.setattr(kv, "scrub", lambda spans, failed=None, start=0: 0)  # no vLLM forward context here
     lin, tap = _tap()
     taps = _taps_with(tap)
     v = torch.tensor([1.0, -2.0, 3.0, 0.5])
@@ -181,7 +181,7 @@ def test_layer_guard_zeroes_only_the_marked_rows_that_went_non_finite(monkeypatc
     from engine.core.plan import Plan, Span
     from engine.core.step import Step
     scrubbed = []
-    monkeypatch.setattr(kv, "scrub", lambda spans, failed=None: scrubbed.append(failed.tolist()))
+    monkeypatch.setattr(kv, "scrub", lambda spans, failed=None, start=0: scrubbed.append(failed.tolist()))
     n = 4
     # layer 0 sends row 1 (marked) and row 3 (not marked) to inf; layer 1 makes row 2 (marked) too large to norm
     add0 = torch.zeros(ROWS, WIDTH)

@@ -83,3 +83,24 @@ def test_scrub_outside_a_forward_context_does_nothing():
     """A step without vLLM's forward context ran no attention layer (nothing wrote a KV block): the
     scrub returns 0 rather than failing the step (the static taps' unit tests run so)."""
     assert kv.scrub([_span(0, 1, 0)]) == 0
+
+
+def test_scrub_starts_at_the_first_layer_a_steer_can_change(monkeypatch):
+    """A layer below every steer of the step computes the steering rows from unsteered inputs: the scrub
+    leaves it alone (its NaN here is planted, as no real forward could write it), cleans the layers
+    from the first steered one on, and always cleans a layer whose index its name does not give."""
+    from engine.core.steering import Steer
+    caches = {name: torch.ones(BLOCKS, HEADS, BS, WIDTH) for name in
+              ("model.layers.0.self_attn.attn", "model.layers.2.self_attn.attn", "model.layers.3.self_attn.attn",
+               "shared_attn")}
+    for c in caches.values():
+        c[0, 0, 0, 0] = float("nan")
+    _context(monkeypatch, caches, torch.tensor([0]))
+    plans = [Plan(1, steers=[Steer("resid_post.3", "add", torch.ones(4))]),
+             Plan(1, steers=[Steer("attn_in.2", "add", torch.ones(4)), Steer("resid_post.5", "add", torch.ones(4))])]
+    start = kv.first_layer(plans)
+    assert start == 2 and kv.first_layer([Plan(1, steers=[Steer("embeddings", "add", torch.ones(4))])]) == 0
+    assert kv.layer_of("model.layers.13.self_attn.attn") == 13 and kv.layer_of("shared_attn") is None
+    assert kv.scrub([Span(plans[0], 0, 1, 0)], None, start) == 3
+    assert torch.isnan(caches["model.layers.0.self_attn.attn"][0, 0, 0, 0])
+    assert all(bool(torch.isfinite(caches[n]).all()) for n in caches if n != "model.layers.0.self_attn.attn")

@@ -170,7 +170,8 @@ class HookSites:
             return
         from engine.backends.vllm.worker import kv
         bad = self.state.step_bad
-        kv.scrub(spans, None if bad is None else torch.stack([bad[sp.a:sp.b].any() for sp in spans]))
+        kv.scrub(spans, None if bad is None else torch.stack([bad[sp.a:sp.b].any() for sp in spans]),
+                 kv.first_layer(sp.plan for sp in spans))
 
     def describe(self, addr: Address, info: dict) -> None:
         pass
@@ -293,8 +294,11 @@ class WorkerState:
         for h in self.handles:
             h.remove()
         self.handles = self.mode.attach(self.work)
-        if any(p.steers for p in plans) and isinstance(self.mode, HookSites):
-            self.handles += [layer.register_forward_hook(self._guard_layer) for layer in self._layers()]
+        steering = [p for p in plans if p.steers]
+        if steering and isinstance(self.mode, HookSites):  # from the first layer a steer can change
+            from engine.backends.vllm.worker.kv import first_layer
+            self.handles += [layer.register_forward_hook(self._guard_layer)
+                             for layer in self._layers()[first_layer(steering):]]
         if self.end_handle is not None:  # after every site's hook, where the end module is also a site
             self.end_handle.remove()
             self.end_handle = self.end_module.register_forward_hook(self._end)

@@ -19,12 +19,35 @@ step without steering rows costs nothing.
 """
 from __future__ import annotations
 
+import re
 from typing import TYPE_CHECKING, Any, Iterable
 
 import torch
 
 if TYPE_CHECKING:
-    from engine.core.plan import Span
+    from engine.core.plan import Plan, Span
+
+_LAYER = re.compile(r"\.(\d+)\.")  # vLLM names an attention layer "model.layers.<i>.self_attn.attn"
+
+
+def first_layer(plans: Iterable[Plan]) -> int:
+    """The lowest decoder layer any steer of these plans can change: a layer below it computes a
+    steering request's rows from unsteered inputs, as for any other request, so it needs no guard
+    and writes no KV entry to scrub (a point without a layer, the embeddings, counts as layer 0)."""
+    from engine.core.address import parse
+    return min((parse(st.address).layer or 0 for p in plans for st in p.steers), default=0)
+
+
+def _from(name: str, start: int) -> bool:
+    """Whether an attention layer is at or after `start` (a layer its name does not place: yes)."""
+    i = layer_of(name)
+    return i is None or i >= start
+
+
+def layer_of(name: str) -> int | None:
+    """The decoder layer of an attention layer's name (None: not read from the name)."""
+    m = _LAYER.search(name)
+    return int(m.group(1)) if m else None
 
 
 def caches(ctx: Any) -> list[tuple[str, torch.Tensor]]:
@@ -67,16 +90,17 @@ def _on(values: list[int], device: torch.device) -> torch.Tensor:
     return t.pin_memory().to(device, non_blocking=True)
 
 
-def scrub(spans: list[Span], failed: torch.Tensor | None = None) -> int:
+def scrub(spans: list[Span], failed: torch.Tensor | None = None, start: int = 0) -> int:
     """Clean the KV blocks the rows of `spans` wrote in the step whose forward just ran (call it inside
-    the forward context): inf / NaN become 0, and every entry of a span whose `failed[i]` (a device
-    bool per span) is set becomes 0. Returns the number of (layer, block) rewrites queued."""
+    the forward context), in the layers from `start` on (`first_layer` of the spans' plans): inf / NaN
+    become 0, and every entry of a span whose `failed[i]` (a device bool per span) is set becomes 0.
+    Returns the number of (layer, block) rewrites queued."""
     from vllm.forward_context import get_forward_context, is_forward_context_available
     if not spans or not is_forward_context_available():
         return 0  # no forward context: the step ran no attention layer, so it wrote no KV block
     ctx = get_forward_context()
     slots = ctx.slot_mapping
-    layers = caches(ctx)
+    layers = [(name, kv) for name, kv in caches(ctx) if _from(name, start)]
     if not isinstance(slots, dict) or any(name not in slots for name, _ in layers):
         # no per-layer slot mapping (vLLM's dual-batch overlap splits it in micro-batches): clean the
         # whole caches, slower but never wrong

@@ -298,7 +298,7 @@ class StaticTaps:
         spans = [sp for sp in step.spans if id(sp.plan) in guarded]
         if spans:
             from engine.backends.vllm.worker import kv
-            kv.scrub(spans, torch.stack([bad[sp.a:sp.b].any() for sp in spans]))
+            kv.scrub(spans, torch.stack([bad[sp.a:sp.b].any() for sp in spans]), kv.first_layer(sp.plan for sp in spans))
 
     def shape_of(self, name: str) -> tuple:
         tap, hd = self.taps[name], self.head_dim[name]
