@@ -161,17 +161,8 @@ class HookSites:
         the layer guard keeps a non-finite row from leaving a layer, but inside a layer (a huge attn_in
         overflowing in q / k / v) it has reached the cache already; a request the guard flagged has its
         blocks zeroed whole. Nothing is read back."""
-        rows = step.guard_rows()
-        if not rows.members:
-            return
-        guarded = {id(plan) for plan, _, _ in rows.members}
-        spans = [sp for sp in step.spans if id(sp.plan) in guarded]
-        if not spans:
-            return
         from engine.backends.vllm.worker import kv
-        bad = self.state.step_bad
-        kv.scrub(spans, None if bad is None else torch.stack([bad[sp.a:sp.b].any() for sp in spans]),
-                 kv.first_layer(sp.plan for sp in spans))
+        kv.scrub_step(step, self.state.step_bad)
 
     def describe(self, addr: Address, info: dict) -> None:
         pass

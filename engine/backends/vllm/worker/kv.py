@@ -26,6 +26,7 @@ import torch
 
 if TYPE_CHECKING:
     from engine.core.plan import Plan, Span
+    from engine.core.step import Step
 
 _LAYER = re.compile(r"\.(\d+)\.")  # vLLM names an attention layer "model.layers.<i>.self_attn.attn"
 
@@ -88,6 +89,20 @@ def _on(values: list[int], device: torch.device) -> torch.Tensor:
     if device.type == "cpu":
         return t
     return t.pin_memory().to(device, non_blocking=True)
+
+
+def scrub_step(step: Step, bad: torch.Tensor | None) -> int:
+    """`scrub` for the steering requests of a step whose forward just ran (both vLLM backends call it
+    after the step): the spans of the plans the guard watched when the step began (failed since or
+    not), each dropped whole where `bad` ([tokens] bool, the guard's verdict; None: no row flagged)
+    marks one of its rows, from the first layer their steers can change."""
+    rows = step.guard_rows()
+    guarded = {id(plan) for plan, _, _ in rows.members}
+    spans = [sp for sp in step.spans if id(sp.plan) in guarded]
+    if not spans:
+        return 0
+    failed = None if bad is None else torch.stack([bad[sp.a:sp.b].any() for sp in spans])
+    return scrub(spans, failed, first_layer(sp.plan for sp in spans))
 
 
 def scrub(spans: list[Span], failed: torch.Tensor | None = None, start: int = 0) -> int:

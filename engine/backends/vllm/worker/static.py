@@ -294,11 +294,8 @@ class StaticTaps:
         bad = torch.stack([f.reshape(n) for f in flags]).amax(0) > 0  # [n] bool
         mine = bad if rows.index is None else bad.index_select(0, rows.index)
         step.ledger.record(rows.plan, rows.steer, rows.pos, torch.where(mine, torch.nan, 0.0).double())
-        guarded = {id(plan) for plan, _, _ in rows.members}  # as built when the step began (failed since or not)
-        spans = [sp for sp in step.spans if id(sp.plan) in guarded]
-        if spans:
-            from engine.backends.vllm.worker import kv
-            kv.scrub(spans, torch.stack([bad[sp.a:sp.b].any() for sp in spans]), kv.first_layer(sp.plan for sp in spans))
+        from engine.backends.vllm.worker import kv
+        kv.scrub_step(step, bad)
 
     def shape_of(self, name: str) -> tuple:
         tap, hd = self.taps[name], self.head_dim[name]
