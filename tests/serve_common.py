@@ -30,10 +30,14 @@ CHAT_TEMPLATE = ("{% for m in messages %}<|{{ m.role }}|>{{ m.content }}\n{% end
 class ServerProcess:
     """`python -m engine.serve MODEL ...` in a subprocess; `url` once it printed where it listens."""
 
-    def __init__(self, model: str, *args: str):
+    def __init__(self, model: str, *args: str, sigchld_ignored: bool = False):
+        """sigchld_ignored: started with SIGCHLD ignored, as a supervisor or a Ray driver (the subreaper
+        option) may start it; the disposition is inherited across exec."""
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
+        pre = (lambda: signal.signal(signal.SIGCHLD, signal.SIG_IGN)) if sigchld_ignored else None
         self.proc = subprocess.Popen([sys.executable, "-m", "engine.serve", model, "--port", "0", *args], cwd=ROOT,
-                                     env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                                     env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                     preexec_fn=pre)
         self.lines: list[str] = []
         self.url: str | None = None
         self._seen = threading.Event()

@@ -5,6 +5,9 @@ running the same parts; `verify` passes; the killed actor's engine process does 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import threading
 import time
 
@@ -25,17 +28,15 @@ def shards(out) -> dict[str, bytes]:
 
 def test_two_actors_one_killed_mid_part_equals_one_process(tmp_path, monkeypatch):
     ray = pytest.importorskip("ray")
-    from engine.harvest.cluster import run_on_ray, wait_dead
+    from engine.harvest.cluster import CLUSTER_ENV, _connect, run_on_ray, wait_dead
     from engine.harvest.runner import load_for, run_part
     monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
-    # the raylet reaps what a killed actor leaves (its vLLM engine core process), as run_on_ray sets it
-    monkeypatch.setenv("RAY_kill_child_processes_on_worker_exit_with_raylet_subreaper", "true")
     data = tmp_path / "docs.txt"
     data.write_text("\n".join(LINES * 4) + "\n")  # 240 documents, ~6000 tokens per part
     kw = dict(model=LLAMA, points="resid_post.1,mlp_out.0", data=str(data), backend="vllm", shard_tokens=64,
               context=32, batch_tokens=128, progress=False)
     out = tmp_path / "ray"
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    _connect(None, 2)  # the local cluster as run_on_ray starts it (killed actors' process groups are killed)
     try:
         res, err = [], []
 
@@ -62,6 +63,11 @@ def test_two_actors_one_killed_mid_part_equals_one_process(tmp_path, monkeypatch
         assert wait_dead(pids) == [], "the killed actor's engine process outlived it"
     finally:
         ray.shutdown()
+    # the cluster's variables stayed the cluster's, and this process still sees its own children exit: with
+    # the subreaper option the driver ignored SIGCHLD from ray.init on (a child's status read 0, and a vLLM
+    # server started later by the same process force-killed its engine at shutdown)
+    assert not set(CLUSTER_ENV) & set(os.environ)
+    assert subprocess.run([sys.executable, "-c", "raise SystemExit(3)"]).returncode == 3
     assert verify(out) == []
     merged = mf.read(out / mf.MANIFEST)
     # one process, the same parts one after another, the same loader

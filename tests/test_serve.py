@@ -51,12 +51,15 @@ MAX_PENDING = 40
 def url():
     srv = ServerProcess(LLAMA, "--backend", "vllm", "--source", "zoo", "--max-model-len", str(MAX_LEN),
                         "--max-num-seqs", "16", "--max-pending", str(MAX_PENDING), "--api-key", KEY,
-                        "--max-body-bytes", str(MAX_BODY), "--chat-template", CHAT_TEMPLATE)
+                        "--max-body-bytes", str(MAX_BODY), "--chat-template", CHAT_TEMPLATE, sigchld_ignored=True)
     try:
         vllm_model(LLAMA)  # the library's engine loads while the server starts
         yield srv.wait().url
     finally:
         srv.close()
+    # started with SIGCHLD ignored, old code waited out vLLM's 60 s shutdown for children already reaped
+    # unseen, then force-killed them
+    srv.assert_clean_exit()
 
 
 @pytest.fixture(scope="module")

@@ -16,8 +16,10 @@ is ordered shards with a resumable manifest per part, which whole parts on actor
 from __future__ import annotations
 
 import collections
+import contextlib
 import os
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -78,12 +80,35 @@ def _connect(address: str | None, num_cpus: int | None):
     except ImportError:
         raise RuntimeError(f"--ray needs Ray: {RAY_HINT}.") from None
     if not ray.is_initialized():
-        # a local cluster started here: its raylet reaps what a killed actor leaves (its vLLM engine
-        # core process); start remote clusters with the same variable set
-        os.environ.setdefault("RAY_kill_child_processes_on_worker_exit_with_raylet_subreaper", "true")
-        ray.init(address=address or None, num_cpus=num_cpus if not address else None,
-                 include_dashboard=False, log_to_driver=False)
+        with _local_cluster_env():
+            ray.init(address=address or None, num_cpus=num_cpus if not address else None,
+                     include_dashboard=False, log_to_driver=False)
     return ray
+
+
+# a local cluster started here puts each worker in its own process group and kills the group when the
+# worker exits, so a killed actor's vLLM engine core process goes with it. Not Ray's older
+# RAY_kill_child_processes_on_worker_exit_with_raylet_subreaper: every core worker reading it, the
+# driver's own included, made itself a subreaper and ignored SIGCHLD, so the driver's children were
+# reaped behind its back for the rest of the process (subprocess return codes read 0, and a vLLM
+# server started later waited its whole shutdown timeout for processes already gone, then force-killed)
+CLUSTER_ENV = {"RAY_process_group_cleanup_enabled": "true"}
+
+
+@contextlib.contextmanager
+def _local_cluster_env() -> Iterator[None]:
+    """CLUSTER_ENV for the processes ray.init starts (they inherit it), and this process's environment
+    as it was afterwards (the variables are the cluster's, not the caller's)."""
+    old = {k: os.environ.get(k) for k in CLUSTER_ENV}
+    os.environ.update({k: os.environ.get(k, v) for k, v in CLUSTER_ENV.items()})
+    try:
+        yield
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def _runtime_env() -> dict:

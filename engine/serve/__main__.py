@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import logging
 import os
+import signal
 import socket
 import sys
 
@@ -64,6 +65,10 @@ def main(argv: list[str] | None = None) -> int:
         cli.error(f"--static-points declares the taps of a backend that declares them at load (vllm-static), "
                   f"not of --backend {args.backend}")
     logging.basicConfig(level=args.log_level.upper(), format="%(name)s: %(message)s")
+    # an ignored SIGCHLD is inherited (a supervisor's, or a Ray driver's with the subreaper option): the
+    # children vLLM starts would be reaped unseen, and its shutdown would wait out its timeout for them
+    # and then force-kill them (leaking their shared memory)
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     logging.getLogger("engine.vllm").propagate = False  # it has its own handler: its load report once, not twice
     import uvicorn
     try:  # the event loop vLLM's own server runs on; the vLLM backends' private loop is made under this policy
