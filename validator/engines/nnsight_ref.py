@@ -2,7 +2,8 @@
 
 Module inputs and outputs are saved from nnsight's envoys at the paths of the validator's HF
 layout table (hf_layouts.py); the attention internals are the arguments and result of the
-attention call inside the attention module's forward (`.source.attention_interface_0`). nnsight
+attention call inside the attention module's forward (`.source.attention_interface_<n>`, see
+`_attention_call`). nnsight
 requires a trace to touch modules in execution order, so one dry forward per model records that
 order and every trace visits its envoys sorted by it.
 """
@@ -37,18 +38,30 @@ TENSORS = {
     "mlp_pre": "<gate proj>.output", "mlp_pre_linear": "<up proj>.output", "mlp_act": "<down proj>.input",
     "q_norm_in": "<q norm>.input", "q_norm_out": "<q norm>.output",
     "k_norm_in": "<k norm>.input", "k_norm_out": "<k norm>.output",
-    "q": "<attn>.source.attention_interface_0 query argument",
-    "k": "<attn>.source.attention_interface_0 key argument",
-    "value": "<attn>.source.attention_interface_0 value argument (q/k/value: <projection>.output per head "
+    "q": "<attn>.source.attention_interface_<n> query argument",
+    "k": "<attn>.source.attention_interface_<n> key argument",
+    "value": "<attn>.source.attention_interface_<n> value argument (q/k/value: <projection>.output per head "
              "where HF computes attention inline on them, GPT-Neo and MPT)",
-    "z": "<attn>.source.attention_interface_0 output[0] (<o_a_proj>.input per head on DeepSeek-V4)",
-    "attn_probs": "<attn>.source.attention_interface_0 output[1] (<attn>.output[1] where HF computes "
+    "z": "<attn>.source.attention_interface_<n> output[0] (<o_a_proj>.input per head on DeepSeek-V4)",
+    "attn_probs": "<attn>.source.attention_interface_<n> output[1] (<attn>.output[1] where HF computes "
                   "attention inline and returns the pattern, GPT-Neo and MPT)",
     "attn_scores": "recomputed from the saved query, key, mask and scaling arguments",
     "router_logits": "<router>.output[i]", "expert_weights": "<router>.output[i]",
     "expert_indices": "<router>.output[i]",
 }
-_FN = "attention_interface_0"
+_FN = "attention_interface"
+
+
+def _attention_call(source) -> str | None:
+    """The name nnsight gives the attention function's call in a module's source: the last
+    `attention_interface_<n>` operation. nnsight 0.7 names calls only (`_0` is the call); 0.8 names every
+    assignment too, so `_0` is `attention_interface = ALL_ATTENTION_FUNCTIONS.get_interface(...)` and the
+    call that follows it is `_1`. None: no such call (HF computes this family's attention inline)."""
+    names = getattr(source, "names", None)  # 0.8: the operations in execution order
+    if names is None:  # 0.7: one attribute per operation
+        names = [n for n in dir(source) if not n.startswith("_")]
+    ops = [n for n in names if n.startswith(_FN + "_") and n[len(_FN) + 1:].isdigit()]
+    return max(ops, key=lambda n: int(n[len(_FN) + 1:])) if ops else None
 
 
 class NNsightReference(Reference):
@@ -123,8 +136,8 @@ class NNsightReference(Reference):
                     return attn, "out", ("pattern", lay.probs_out)
                 if point != "attn_probs":
                     return Missing(f"{type(get_path(self.hf, attn)).__name__} computes attention inline: its "
-                                   f"source has no {_FN} call, so {point} is never a separate tensor")
-                return Missing(f"{type(get_path(self.hf, attn)).__name__}'s source has no {_FN} call to read the "
+                                   f"source has no {_FN}_0 call, so {point} is never a separate tensor")
+                return Missing(f"{type(get_path(self.hf, attn)).__name__}'s source has no {_FN}_0 call to read the "
                                f"pattern from")
             return attn, "fn", point
         if point in ("q_norm_in", "q_norm_out", "k_norm_in", "k_norm_out"):
@@ -175,7 +188,7 @@ class NNsightReference(Reference):
 
     def _has_fn(self, path: str) -> bool:
         try:
-            return hasattr(self._envoy(path).source, _FN)
+            return _attention_call(self._envoy(path).source) is not None
         except Exception:  # noqa: BLE001  (source parsing can fail on exotic forwards)
             return False
 
@@ -263,7 +276,8 @@ class NNsightReference(Reference):
                 if event == "logits":
                     saved[(path, event)] = self.lm.output.logits.save()
                 elif event == "fn":
-                    fn = getattr(self._envoy(path).source, _FN)
+                    source = self._envoy(path).source
+                    fn = getattr(source, _attention_call(source))
                     saved[(path, event)] = (fn.inputs.save(), fn.output.save())
                 elif event == "in":
                     saved[(path, event)] = self._envoy(path).inputs.save()
