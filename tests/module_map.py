@@ -141,6 +141,7 @@ TESTS: dict[str, tuple[str, ...]] = {
         "test_guard.py", "test_receipts.py", "test_seams.py", "test_syncs.py", "test_vllm_static_buffers.py",
     ),
     "engine/core/loop.py": ("test_loop_streams.py",),
+    "engine/core/environ.py": ("test_environ.py", "test_harvest_ray.py"),
     "engine/core/ops.py": ("test_ops_table.py", "test_seams.py", "test_steer_hot_path.py"),
     "engine/core/plan.py": (
         "test_address.py", "test_pipeline_units.py", "test_receipts.py", "test_seams.py", "test_steer_hot_path.py",

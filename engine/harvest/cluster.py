@@ -19,10 +19,10 @@ import collections
 import contextlib
 import os
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from engine.core.environ import scoped_environ
 from engine.harvest import manifest as mf
 
 if TYPE_CHECKING:
@@ -95,20 +95,10 @@ def _connect(address: str | None, num_cpus: int | None):
 CLUSTER_ENV = {"RAY_process_group_cleanup_enabled": "true"}
 
 
-@contextlib.contextmanager
-def _local_cluster_env() -> Iterator[None]:
-    """CLUSTER_ENV for the processes ray.init starts (they inherit it), and this process's environment
-    as it was afterwards (the variables are the cluster's, not the caller's)."""
-    old = {k: os.environ.get(k) for k in CLUSTER_ENV}
-    os.environ.update({k: os.environ.get(k, v) for k, v in CLUSTER_ENV.items()})
-    try:
-        yield
-    finally:
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+def _local_cluster_env() -> contextlib.AbstractContextManager[None]:
+    """CLUSTER_ENV (where this process does not set a variable itself) for the processes ray.init
+    starts; this process's environment as it was afterwards (the variables are the cluster's)."""
+    return scoped_environ({k: os.environ.get(k, v) for k, v in CLUSTER_ENV.items()})
 
 
 def _runtime_env() -> dict:

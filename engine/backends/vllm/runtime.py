@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from engine.backends.vllm.sizing import Sizing, kv_bytes_for  # noqa: F401  (kv_bytes_for: benchmarks)
 from engine.core.backends import backend_for
+from engine.core.environ import scoped_environ
 from engine.core.errors import EngineError, OptionError
 from engine.core.loop import Loop, on_home_loop  # noqa: F401  (the vLLM backends' private loop; it lives in core)
 from engine.model import sources
@@ -165,16 +166,8 @@ def scoped_env(env: dict[str, str]) -> Iterator[None]:
     its env reads once an engine is up, so the cache is dropped first."""
     import vllm.envs
     vllm.envs.disable_envs_cache()
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    try:
+    with scoped_environ(env):
         yield
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 def start_engine(path: str, env: dict[str, str], **engine_kw: Any) -> tuple[AsyncLLM, float]:
