@@ -1,4 +1,4 @@
-"""Peer: nnsight 0.7 `LanguageModel` trace / generate, modules addressed by the family table's
+"""Peer: nnsight `LanguageModel` trace / generate (0.7, the pin, and 0.8), modules addressed by the family table's
 paths (so the same code works on every family the engine knows)."""
 from __future__ import annotations
 
@@ -89,7 +89,7 @@ class NNsightRunner(Runner):
     def capture_gen(self, wl, ids):
         def body(tracer):
             saved = [list().save() for _ in range(self.n_layers)]
-            with tracer.all():  # every step appends its rows, so the lists hold prompt + fed-back tokens
+            for _ in tracer.iter[:self.p.new_tokens]:  # every step appends its rows: prompt + fed-back tokens
                 for i in range(self.n_layers):
                     saved[i].append(self.layer(i).output)
             return saved
@@ -98,7 +98,7 @@ class NNsightRunner(Runner):
             per_layer = out[1]
             return [(_out(s[0]).shape[0], sum(_out(t).shape[1] for t in s), _out(s[0]).shape[2]) for s in per_layer]
         return Job(self._generate(ids, body), self.capture_check(wl.name, self.n_layers, shapes, self.d_model),
-                   notes=["nnsight generate with tracer.all(), appending every step's layer outputs to saved lists"])
+                   notes=["nnsight generate iterating its new_tokens forwards (tracer.iter), appending every step's layer outputs to saved lists"])
 
     def steer_forward(self, wl, ids):
         """One trace adding the vector to every steered layer's output in place, saving the logits (as the
@@ -120,7 +120,9 @@ class NNsightRunner(Runner):
         layers = self.steer_layers(wl.name, self.n_layers)
 
         def body(tracer):
-            with tracer.all():
+            # bounded (one iteration per forward of the generation): under nnsight 0.8 nothing after an
+            # unbounded tracer.all() runs, so the generator's output was never saved (KeyError 'out')
+            for _ in tracer.iter[:self.p.new_tokens]:
                 for i in layers:
                     self.layer(i).output[:] += v
         run = self._generate(ids, body)
