@@ -104,3 +104,26 @@ def test_scrub_starts_at_the_first_layer_a_steer_can_change(monkeypatch):
     assert kv.scrub([Span(plans[0], 0, 1, 0)], None, start) == 3
     assert torch.isnan(caches["model.layers.0.self_attn.attn"][0, 0, 0, 0])
     assert all(bool(torch.isfinite(caches[n]).all()) for n in caches if n != "model.layers.0.self_attn.attn")
+
+
+def test_a_step_scrubs_each_steering_request_and_drops_those_the_guard_flagged(monkeypatch):
+    """scrub_step hands scrub the steering requests' spans (a plain request between them is not one)
+    and, per span, whether the guard flagged any of its rows: the same verdict as reading each span's
+    rows one by one, from one reduction for the whole step."""
+    from engine.core.steering import Steer
+    from engine.core.step import Step
+    steer = [Steer("resid_post.1", "add", torch.ones(4))]
+    plans = [Plan(9, steers=steer), Plan(9, steers=[]), Plan(9, steers=steer), Plan(9, steers=steer)]
+    spans = [Span(plans[0], 0, 3, 6), Span(plans[1], 3, 5, 7), Span(plans[2], 5, 9, 5), Span(plans[3], 9, 10, 8)]
+    step = Step(spans, 10)
+    got = []
+    monkeypatch.setattr(kv, "scrub", lambda sp, failed=None, start=0: got.append(
+        ([s.plan for s in sp], None if failed is None else failed.tolist(), start)) or 0)
+    for marked in ([], [1], [3, 4], [9], [0, 2, 6, 9]):
+        bad = torch.zeros(10, dtype=torch.bool)
+        bad[marked] = True
+        kv.scrub_step(step, bad)
+        steering = [sp for sp in spans if sp.plan.steers]
+        assert got.pop() == ([sp.plan for sp in steering], [bool(bad[sp.a:sp.b].any()) for sp in steering], 1)
+    kv.scrub_step(step, None)
+    assert got.pop() == ([plans[0], plans[2], plans[3]], None, 1)

@@ -22,11 +22,14 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING, Any, Iterable
 
+import numpy as np
 import torch
+
+from engine.core.step import upload
 
 if TYPE_CHECKING:
     from engine.core.plan import Plan, Span
-    from engine.core.step import Step
+    from engine.core.step import Rows, Step
 
 _LAYER = re.compile(r"\.(\d+)\.")  # vLLM names an attention layer "model.layers.<i>.self_attn.attn"
 
@@ -98,11 +101,20 @@ def scrub_step(step: Step, bad: torch.Tensor | None) -> int:
     marks one of its rows, from the first layer their steers can change."""
     rows = step.guard_rows()
     guarded = {id(plan) for plan, _, _ in rows.members}
-    spans = [sp for sp in step.spans if id(sp.plan) in guarded]
+    spans = [sp for sp in step.spans if id(sp.plan) in guarded]  # one per member, in the members' order
     if not spans:
         return 0
-    failed = None if bad is None else torch.stack([bad[sp.a:sp.b].any() for sp in spans])
+    failed = None if bad is None else _flagged(bad, rows)
     return scrub(spans, failed, first_layer(sp.plan for sp in spans))
+
+
+def _flagged(bad: torch.Tensor, rows: Rows) -> torch.Tensor:
+    """Whether `bad` ([tokens] bool) marks any row of each member of `rows` (a device bool per member):
+    one segment sum over the members' rows, however many requests the step holds."""
+    mine = bad if rows.index is None else bad.index_select(0, rows.index)
+    owner = upload(np.repeat(np.arange(len(rows.members), dtype=np.int64), rows.counts), bad.device)
+    hits = torch.zeros(len(rows.members), dtype=torch.int32, device=bad.device).index_add_(0, owner, mine.int())
+    return hits > 0
 
 
 def scrub(spans: list[Span], failed: torch.Tensor | None = None, start: int = 0) -> int:
