@@ -57,8 +57,8 @@ def url():
         yield srv.wait().url
     finally:
         srv.close()
-    # started with SIGCHLD ignored, old code waited out vLLM's 60 s shutdown for children already reaped
-    # unseen, then force-killed them
+    # started with SIGCHLD ignored, old code's vLLM shutdown could not see its children exit (they were
+    # reaped unseen) and force-killed its engine core
     srv.assert_clean_exit()
 
 

@@ -91,7 +91,7 @@ def _connect(address: str | None, num_cpus: int | None):
 # RAY_kill_child_processes_on_worker_exit_with_raylet_subreaper: every core worker reading it, the
 # driver's own included, made itself a subreaper and ignored SIGCHLD, so the driver's children were
 # reaped behind its back for the rest of the process (subprocess return codes read 0, and a vLLM
-# server started later waited its whole shutdown timeout for processes already gone, then force-killed)
+# server started later could not see its engine exit at shutdown and force-killed it)
 CLUSTER_ENV = {"RAY_process_group_cleanup_enabled": "true"}
 
 

@@ -66,8 +66,8 @@ def main(argv: list[str] | None = None) -> int:
                   f"not of --backend {args.backend}")
     logging.basicConfig(level=args.log_level.upper(), format="%(name)s: %(message)s")
     # an ignored SIGCHLD is inherited (a supervisor's, or a Ray driver's with the subreaper option): the
-    # children vLLM starts would be reaped unseen, and its shutdown would wait out its timeout for them
-    # and then force-kill them (leaking their shared memory)
+    # children vLLM starts would be reaped unseen, and its shutdown, unable to see them exit, would
+    # force-kill them (leaking their shared memory)
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     logging.getLogger("engine.vllm").propagate = False  # it has its own handler: its load report once, not twice
     import uvicorn
