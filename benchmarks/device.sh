@@ -61,12 +61,17 @@ if ls .whl/*.whl >/dev/null 2>&1; then
   "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
     && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH} || echo "device: installing .whl/ failed; the peers it carries will be skipped"
 fi
+# nnterp's own nnsight 0.7.0 beside the carried 0.8.1: .nnterp-ref/, from .whl/nnterp-ref (the validator's nnterp column)
+if ls .whl/nnterp-ref/*.whl >/dev/null 2>&1; then
+  PYTHON="$PY" bash scripts/nnterp_reference.sh --wheels .whl/nnterp-ref \
+    || echo "device: .nnterp-ref from .whl/nnterp-ref failed; the validator's nnterp column will be skipped"
+fi
 "$PY" - "$DEVICE" > "$RESULTS/device-env.txt" <<'PYEOF' || { cat "$RESULTS/device-env.txt"; echo "device: torch is not importable with $PY"; exit 2; }
 import importlib.util, sys, torch
 print(f"python {sys.version.split()[0]}; torch {torch.__version__} (CUDA {torch.version.cuda}); "
       f"cuda available {torch.cuda.is_available()}"
       + (f"; {torch.cuda.get_device_name(0)}" if torch.cuda.is_available() else ""))
-for m in ("transformers", "huggingface_hub", "vllm", "transformer_lens", "nnsight", "nnterp", "interp_engine",
+for m in ("transformers", "huggingface_hub", "vllm", "transformer_lens", "nnsight", "interp_engine",
           "datasets", "pandas", "matplotlib"):
     try:
         spec = importlib.util.find_spec(m)
@@ -82,6 +87,9 @@ for m in ("transformers", "huggingface_hub", "vllm", "transformer_lens", "nnsigh
     except metadata.PackageNotFoundError:
         v = "?"
     print(f"{m}: {v}")
+from pathlib import Path
+stamp = Path(".nnterp-ref/.stamp")  # nnterp runs on its own nnsight from there, in the validator's child process
+print(f"nnterp: .nnterp-ref holds {stamp.read_text().strip() if stamp.is_file() else 'nothing (missing)'}")
 if sys.argv[1] == "cuda" and not torch.cuda.is_available():
     sys.exit("DEVICE=cuda but torch sees no GPU; for the CPU test of this script set DRY=1")
 PYEOF

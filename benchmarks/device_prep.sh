@@ -4,8 +4,9 @@
 # call), a check that the peers, the validator and the benchmarks import with only that machine's
 # packages and those wheels, and a check that the checkout plus .whl/ fit the 64 MiB a call carries.
 #
-#   bash benchmarks/device_prep.sh                 # TransformerLens, nnsight, nnterp, interp-engine and their
-#                                                  # imports (about 13 MB); transformers stays the machine's 5.17
+#   bash benchmarks/device_prep.sh                 # TransformerLens, nnsight 0.8.1, interp-engine and their
+#                                                  # imports, and in .whl/nnterp-ref nnterp with its own nnsight
+#                                                  # 0.7.0 (about 13 MB); transformers stays the machine's 5.17
 #   bash benchmarks/device_prep.sh --transformers  # also transformers 5.19 (12.6 MB more: fits only if the
 #                                                  # checkout leaves room; the size check says)
 #
@@ -14,7 +15,8 @@
 # device.sh installs .whl/ into /tmp/site there, runs in about 7.5 minutes (BUDGET_S=450) and leaves
 # 8 files in $OUT (summary.md, device.log, device-env.txt, readme.log, sweeps.tgz, validator.tgz,
 # published.tgz, logs.tgz); the table is also the end of its output.
-# Needs: .venv (or PY) with pip and a registry it can reach (pip download), git.
+# Needs: .venv (or PY) with pip and a registry it can reach (pip download), git, and .nnterp-ref
+# (scripts/nnterp_reference.sh, which setup.sh runs) for the check of nnterp's side folder.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}

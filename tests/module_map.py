@@ -255,7 +255,8 @@ TESTS: dict[str, tuple[str, ...]] = {
     "engine/harvest/workers.py": ("test_harvest.py",),
     "engine/interop/docs.py": ("test_docs.py",),
     "engine/interop/mappers.py": (
-        "test_errors.py", "test_mappers.py", "test_remote_units.py", "test_sae_sites.py", "test_visualizer_data.py",
+        "test_errors.py", "test_mappers.py", "test_mappers_nnterp.py", "test_remote_units.py", "test_sae_sites.py",
+        "test_visualizer_data.py",
     ),
     "engine/loading.py": (
         "test_attention_capture.py", "test_attention_fast.py", "test_backends.py",
@@ -338,19 +339,21 @@ TESTS: dict[str, tuple[str, ...]] = {
     ),
     "validator/dropin.py": ("test_validator_report_views.py",),
     "validator/engines/__init__.py": (
-        "test_families_extra.py", "test_validator_devices.py", "test_validator_engines.py",
+        "test_families_extra.py", "test_validator_child.py", "test_validator_devices.py", "test_validator_engines.py",
         "test_validator_published.py", "test_validator_results.py", "test_validator_run.py",
     ),
     "validator/engines/base.py": (
         "test_families_extra.py", "test_validator_decode_keys.py", "test_validator_devices.py",
         "test_validator_engines.py", "test_validator_interp_engine.py", "test_validator_scoring.py",
     ),
+    "validator/engines/child.py": ("test_validator_child.py", "test_validator_devices.py", "test_validator_engines.py"),
     "validator/engines/hf_layouts.py": ("test_families_extra.py", "test_validator_engines.py"),
     "validator/engines/hf_ref.py": ("test_validator_decode_keys.py", "test_validator_run.py"),
     "validator/engines/interp_align.py": ("test_validator_interp_engine.py",),
     "validator/engines/interp_engine_ref.py": ("test_validator_interp_engine.py",),
     "validator/engines/nnsight_ref.py": ("test_validator_engines.py",),
-    "validator/engines/nnterp_ref.py": ("test_validator_engines.py",),
+    "validator/engines/nnterp_ref.py": ("test_validator_child.py", "test_validator_engines.py"),
+    "validator/engines/side.py": ("test_mappers_nnterp.py", "test_validator_child.py"),
     "validator/engines/tl_ref.py": ("test_validator_engines.py",),
     "validator/engines/vllm_ref.py": ("test_validator_faults.py", "test_validator_vllm_sample.py"),
     "validator/exits.py": ("test_validator_faults.py", "test_validator_results.py"),
@@ -427,6 +430,7 @@ BEYOND_MODULES: dict[str, str] = {
 HELPERS: dict[str, str] = {
     "bench_fakes.py": "hand-made benchmark cells for the harness tests",
     "conftest.py": "session fixtures: the shared vLLM engines closed at the end, Ctrl-C handling",
+    "mapper_checks.py": "the mapper tests' models and comparison, and nnterp's side of them (run with .nnterp-ref)",
     "module_map.py": "this table",
     "device_world/sitecustomize.py": "the device machine's interpreter setup",
     "other_device.py": "a tensor subclass that plays a second device on the CPU",

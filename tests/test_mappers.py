@@ -1,6 +1,7 @@
 """engine/interop/mappers.py: every mapped name is checked by comparing the tensor the other engine holds
-there with our capture (TransformerLens bridge hooks, nnsight envoys, nnterp accessors), on one
-family of each kind plus BLOOM; unmapped points say why."""
+there with our capture (TransformerLens bridge hooks, nnsight envoys; nnterp accessors in
+tests/test_mappers_nnterp.py, which runs nnterp on its own nnsight in a subprocess), on one family of
+each kind plus BLOOM; unmapped points say why."""
 from __future__ import annotations
 
 import copy
@@ -8,50 +9,9 @@ import copy
 import pytest
 import torch
 
-from engine import load_model, zoo
 from engine.core.address import parse
 from engine.interop.mappers import UnmappedError, from_tl, rotary, to_nnsight, to_nnterp, to_tl
-from engine.loading import load_hf
-
-TEXT = "When Mary and John went to the store, John gave"
-FAMILIES = {"gpt2": "openai-community/gpt2", "llama": "meta-llama/Llama-3.2-1B", "gemma2": "google/gemma-2-2b",
-            "mixtral": "mistralai/Mixtral-8x7B-v0.1", "lfm2": "LiquidAI/LFM2-350M", "bloom": "bigscience/bloom-560m",
-            "gpt_neox": "EleutherAI/pythia-70m-deduped"}
-OTHERS = [n for n in zoo.ZOO if n not in FAMILIES.values()]  # the slow sweeps: every other zoo twin
-_M: dict = {}
-
-
-def model(name):
-    if name not in _M:
-        _M[name] = load_model(name, source="zoo")
-    return _M[name]
-
-
-def _same(ours: torch.Tensor, theirs: torch.Tensor, point: str):
-    """theirs in our layout, or None when no layout rule makes the shapes agree."""
-    theirs = theirs.detach()
-    theirs = theirs.float() if theirs.is_floating_point() else theirs
-    if point in ("attn_scores", "attn_probs") and theirs.dim() == 4:
-        theirs = theirs.transpose(1, 2)  # [b, h, q, k] -> [b, q, h, k]
-    if theirs.shape == ours.shape:
-        return theirs
-    if theirs.dim() == ours.dim() and theirs.transpose(1, 2).shape == ours.shape:  # heads first
-        return theirs.transpose(1, 2)
-    if theirs.dim() == ours.dim() - 1 and theirs.numel() == ours.numel():  # heads flattened
-        return theirs.reshape(ours.shape)
-    if theirs.shape[:2] == ours.shape[:2] and theirs.numel() == ours.numel():  # heads regrouped per position
-        return theirs.reshape(ours.shape)
-    return None
-
-
-def _close(a, b, point):
-    if not a.is_floating_point():
-        return torch.equal(a, b.to(a.dtype))
-    if point == "attn_scores":  # masked entries: both very negative, compare where allowed
-        keep = a > -1e4
-        return torch.equal(keep, b > -1e4) and torch.allclose(a[keep], b[keep], rtol=1e-4, atol=1e-4)
-    return torch.allclose(a, b, rtol=1e-4, atol=1e-4)
-
+from mapper_checks import FAMILIES, OTHERS, TEXT, close_enough, model, same_layout
 
 # the bridge cannot run these at all (no adapter, or a forward that crashes upstream): nothing to compare
 TL_CANNOT = {"facebook/opt-350m": "the bridge's forward crashes on post-LN OPT (ValueError: not enough values to "
@@ -93,8 +53,8 @@ def _tl_check(name):
         if h not in theirs:
             bad[a] = (h, "never fired in the bridge's forward")
             continue
-        t = _same(ours[a], theirs[h], point)
-        if t is None or not _close(ours[a], t, point):
+        t = same_layout(ours[a], theirs[h], point)
+        if t is None or not close_enough(ours[a], t, point):
             bad[a] = (h, tuple(ours[a].shape), tuple(theirs[h].shape))
         if from_tl(m, h) != (parse("resid_pre.0") if a == "embeddings" else parse(a)):
             bad[a] = (h, "from_tl gives", str(from_tl(m, h)))
@@ -166,7 +126,7 @@ def _order(m, ids):
 def _nnsight_check(name):
     """(model, accessors, unmapped, bad): every served address mapped by to_nnsight, read in an nnsight
     trace of a copy of our HF model and compared with our capture."""
-    from nnsight import LanguageModel
+    from nnsight import TransformersModel
     m = model(name)
     ids = m._inputs(TEXT)["input_ids"]
     acc, unmapped = {}, {}
@@ -177,7 +137,7 @@ def _nnsight_check(name):
             unmapped[v.address] = str(e)
     order = _order(m, ids)
     todo = sorted(acc.items(), key=lambda kv: order[(kv[1].module, kv[1].event)])
-    lm = LanguageModel(copy.deepcopy(m.hf), tokenizer=m.tokenizer)
+    lm = TransformersModel(copy.deepcopy(m.hf), tokenizer=m.tokenizer, task="text-generation")
     saved = {}
     with lm.trace(ids):
         for a, x in todo:
@@ -188,8 +148,8 @@ def _nnsight_check(name):
     for a, x in acc.items():
         t = saved[a]
         t = t.logits if a == "lm_head" else t[0] if isinstance(t, tuple) else t
-        got = _same(ours[a], t, parse(a).point)
-        if got is None or not _close(ours[a], got, parse(a).point):
+        got = same_layout(ours[a], t, parse(a).point)
+        if got is None or not close_enough(ours[a], got, parse(a).point):
             bad[a] = (str(x), tuple(ours[a].shape), tuple(t.shape))
     return m, acc, unmapped, bad
 
@@ -204,85 +164,10 @@ def test_nnsight_accessors_hold_our_tensors(fam):
     assert str(to_nnsight(m, "resid_post.1")).endswith("[1].output")
 
 
-_NNTERP_RANK = ["layers_input", "attentions_input", "attention_probabilities", "attentions_output", "mlps_input",
-                "mlps_output", "layers_output", "ln_final", "logits"]
-
-
-def _standardize(name, refused_ok):
-    """(nnterp's StandardizedTransformer of a fresh HF model, whether it has attention probabilities).
-    Where nnterp cannot find this family's attention probabilities it is built without them (the
-    validator's nnterp-probs-source gap); an architecture nnterp refuses to standardize (RenamingError,
-    the validator's nnterp-unsupported-arch gap) skips a twin of the slow sweep (refused_ok) and fails
-    otherwise. Any other error fails."""
-    from nnterp import StandardizedTransformer
-    from nnterp.rename_utils import RenamingError
-    hf, tok, _ = load_hf(name, source="zoo", attention="eager")  # a fresh HF model: nnterp reads its eager attention source
-    try:
-        return StandardizedTransformer(hf, tokenizer=tok, enable_attention_probs=True), True
-    except Exception:  # noqa: BLE001  (the probabilities' source check raises several types; retried without)
-        pass
-    hf, tok, _ = load_hf(name, source="zoo", attention="eager")
-    try:
-        return StandardizedTransformer(hf, tokenizer=tok), False
-    except RenamingError as e:
-        if not refused_ok:
-            raise
-        pytest.skip(f"nnterp cannot standardize {hf.config.model_type} (RenamingError): {str(e)[:200]}")
-
-
-def _nnterp_check(name, refused_ok=False):
-    """(model, accessors, bad): every served address mapped by to_nnterp, read through nnterp's
-    StandardizedTransformer and compared with our capture (see _standardize for what nnterp refuses)."""
-    m = model(name)
-    ids = m._inputs(TEXT)["input_ids"]
-    acc = {}
-    for v in m.describe().served():
-        try:
-            acc[v.address] = to_nnterp(m, v.address)
-        except UnmappedError:
-            pass
-    st, probs = _standardize(name, refused_ok)
-    if not probs:
-        acc = {a: n for a, n in acc.items() if parse(a).point != "attn_probs"}
-
-    def key(kv):
-        name = kv[1].split("[")[0].split(".")[0]
-        layer = int(kv[1].split("[")[1].rstrip("]")) if "[" in kv[1] else m.n_layers
-        return layer, _NNTERP_RANK.index(name)
-    saved = {}
-    with st.trace(ids):
-        for a, name in sorted(acc.items(), key=key):
-            obj = st
-            head, _, idx = name.partition("[")
-            for part in head.split("."):
-                obj = getattr(obj, part)
-            if idx:
-                obj = obj[int(idx.rstrip("]"))]
-            saved[a] = obj.save()
-    _, ours = m.run_with_cache(ids, list(acc))
-    bad = {a: (acc[a],) for a in acc if (t := _same(ours[a], saved[a], parse(a).point)) is None
-           or not _close(ours[a], t, parse(a).point)}
-    return m, acc, bad
-
-
-@pytest.mark.parametrize("fam", ["llama", "gemma2"])
-def test_nnterp_accessors_hold_our_tensors(fam):
-    m, acc, bad = _nnterp_check(FAMILIES[fam])
-    assert bad == {}, bad
-    assert {parse(a).point for a in acc} >= {"resid_pre", "attn_out", "mlp_out", "resid_post", "lm_head", "attn_probs"}
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("name", OTHERS)
 def test_nnsight_accessors_hold_our_tensors_on_every_twin(name):
     bad = _nnsight_check(name)[-1]
-    assert bad == {}, bad
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("name", OTHERS)
-def test_nnterp_accessors_hold_our_tensors_on_every_twin(name):
-    bad = _nnterp_check(name, refused_ok=True)[-1]
     assert bad == {}, bad
 
 

@@ -2,12 +2,13 @@
 computed directly here: hidden states, attention patterns, logits, a hand-rotated query, steering.
 
 The `hf` adapter runs in the default suite; TransformerLens, nnsight and nnterp cost 10-20 s of
-imports and wrapping each, so their cases are marked slow (CI's second step runs them)."""
+imports and wrapping each, so their cases are marked slow (CI's second step runs them). nnterp's adapter
+is what the runner uses: the proxy that runs it in a child on its own nnsight (validator/engines/child.py)."""
 import pytest
 import torch
 
 from validator import known_gaps, prompts
-from validator.engines import adapter_class
+from validator.engines import adapter_class, availability
 from validator.engines.base import Missing, ModelContext
 
 MODELS = ("meta-llama/Llama-3.2-1B", "openai-community/gpt2")
@@ -40,6 +41,9 @@ class _Captures(dict):
     def __missing__(self, key):
         engine, name = key
         ctx, _, cases = self.loaded[name]
+        ok, why = availability(engine)
+        if not ok:  # nnterp without its side directory
+            pytest.skip(why)
         addrs = ["embeddings", "final_norm", "lm_head"] + [
             f"{p}.{layer}" for layer in range(ctx.n_layers)
             for p in ("resid_pre", "resid_post", "attn_probs", "q", "z", "attn_out", "mlp_out")]

@@ -22,7 +22,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = REPO / "reports" / "validator"
 SCHEMA = 1
-PACKAGES = ("torch", "transformers", "transformer_lens", "nnsight", "nnterp", "vllm", "interp_engine")
+# this process's packages; nnterp is not one of them: it runs in a child on its own nnsight (validator/engines/child.py),
+# and its cells record that child's versions
+PACKAGES = ("torch", "transformers", "transformer_lens", "nnsight", "vllm", "interp_engine")
 
 
 def cell_dir(out: Path) -> Path:

@@ -42,23 +42,23 @@ class Known:
     repro: str = _REPRO
 
 
-_NNTERP_API = ("nnterp 1.3.0 StandardizedTransformer exposes layers_input/output, attentions_input/output, "
-               "mlps_input/output, attention_probabilities, ln_final, logits (nnterp/standardized_transformer.py "
-               "__init__); anything else is plain nnsight, which has its own column")
+_NNTERP_API = ("nnterp 1.3.0 (on its own nnsight 0.7.0, .nnterp-ref/) StandardizedTransformer exposes layers_input/output, "
+               "attentions_input/output, mlps_input/output, attention_probabilities, ln_final, logits "
+               "(nnterp/standardized_transformer.py __init__); anything else is plain nnsight, which has its own column")
 
 KNOWN: tuple[Known, ...] = (
     Known("nnterp-no-accessor", "gap", "nnterp", "*",
           "nnterp's standardized interface has no accessor for this point", _NNTERP_API,
           match=r"has no accessor for"),
     Known("nnterp-probs-source", "gap", "nnterp", "attn_probs",
-          "nnterp 1.3.0 cannot locate the attention probabilities in this family's transformers 5.19 attention "
-          "code, checks that at load and disables attention_probabilities",
+          "nnterp 1.3.0 (nnsight 0.7.0) cannot locate the attention probabilities in this family's transformers 5.19 "
+          "attention code, checks that at load and disables attention_probabilities",
           "StandardizedTransformer(..., enable_attention_probs=True) raises in check_source, e.g. on GPT-2: "
           "AttributeError: 'SourceEnvoy' object has no attribute 'module_attn_dropout_0' "
           "(nnterp/rename_utils.py gpt2_attention_prob_source)",
           match=r"nnterp disabled attention probabilities"),
     Known("nnterp-unsupported-arch", "gap", "nnterp", "*",
-          "nnterp 1.3.0 cannot standardize this architecture (its renaming check fails at load)",
+          "nnterp 1.3.0 (nnsight 0.7.0) cannot standardize this architecture (its renaming check fails at load)",
           "StandardizedTransformer(model) raises RenamingError (the runtime text is on every row)",
           match=r"StandardizedTransformer failed"),
     Known("nnterp-no-module", "gap", "nnterp", "*",

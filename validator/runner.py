@@ -17,7 +17,7 @@ from typing import Callable
 import torch
 
 from validator import cells, known_gaps, matrix, prompts, rows
-from validator.engines import ENGINES, adapter_class, adapter_source_files, availability, model_skip_reason
+from validator.engines import ENGINES, adapter_class, adapter_source_files, availability, model_skip_reason, side_digest
 from validator.engines.base import EngineUnavailable, Missing, ModelContext
 from validator.variant import DEFAULT_LAYERS, Variant
 
@@ -65,7 +65,7 @@ def inputs_digest(spec: ModelSpec, engine: str, opts: Options) -> str:
     files = adapter_source_files(engine) if engine in ENGINES else []
     return cells.sha(spec.name, spec.source, spec.fingerprint, variant(spec, opts).as_dict(), engine,
                      cells.code_digest(), cells.files_digest(files) if files else "", cells.versions(),
-                     known_gaps.digest(engine, spec.model_type))
+                     known_gaps.digest(engine, spec.model_type), *(side_digest(engine) if engine in ENGINES else []))
 
 
 def pending(spec: ModelSpec, opts: Options) -> list[str]:
@@ -149,7 +149,8 @@ def run_model(spec: ModelSpec, opts: Options) -> list[Path]:
         except Exception as e:  # noqa: BLE001  (a crash in one adapter fails that cell only)
             cell = _base_cell(spec, engine, opts, "error", error=f"{type(e).__name__}: {e}",
                               trace=traceback.format_exc()[-2000:], rows=[])
-        cell["provenance"] = _provenance(spec, engine, opts, common, time.time() - t0)
+        cell["provenance"] = _provenance(spec, engine, opts, common, time.time() - t0,
+                                         cell.get("reference_versions", {}))
         if _write(path, cell, opts):
             written.append(path)
     return written
@@ -194,11 +195,11 @@ def _subject_side(m, ctx, opts) -> dict:
 
 def _run_engine(engine, spec, ctx, common, opts) -> dict:
     cases, addresses = common["cases"], common["addresses"]
-    unavailable = None
+    unavailable, versions = None, {}
     try:
         ref = adapter_class(engine)(ctx)
     except EngineUnavailable as e:
-        ref, unavailable = None, str(e)
+        ref, unavailable, versions = None, str(e), e.versions
     try:
         def capture(case):
             if ref is None:
@@ -227,7 +228,7 @@ def _run_engine(engine, spec, ctx, common, opts) -> dict:
             if key in common:
                 scored.append({"case": key.split("_")[0], "point": key.split("_")[0], "layer": None,
                                "verdict": "fail", "reason": common[key]})
-        versions = ref.versions() if ref is not None else {}
+        versions = ref.versions() if ref is not None else versions
         adapter_notes = list(getattr(ref, "notes", None) or [])
         tensors = {p: getattr(ref, "TENSORS", {}).get(p, "") for p in {r["point"] for r in scored}} if ref else {}
     finally:
@@ -255,11 +256,15 @@ def _last_line(e: Exception) -> str:
     return (lines[-1] if lines else "")[:300]
 
 
-def _provenance(spec, engine, opts, common, seconds) -> dict:
+def _provenance(spec, engine, opts, common, seconds, reference_versions: dict) -> dict:
     files = adapter_source_files(engine) if engine in ENGINES else []
-    return {"versions": cells.versions(), "dtype": opts.dtype, "device": opts.device,
+    side = side_digest(engine) if engine in ENGINES else []
+    versions = cells.versions()
+    if side:  # the reference ran in a child on its own versions of what its side install shadows (nnsight)
+        versions = {**versions, **reference_versions}
+    return {"versions": versions, "dtype": opts.dtype, "device": opts.device,
             "torch_threads": torch.get_num_threads(), "prompt_digest": common.get("prompt_digest"),
             "reference_digest": cells.sha(engine, spec.fingerprint, cells.files_digest(files) if files else "",
-                                          cells.versions()),
+                                          cells.versions(), *side),
             "weights": spec.fingerprint, "code_digest": cells.code_digest(), **cells.git_commit(),
             "seconds": round(seconds, 2), "engine_seconds": common.get("engine_seconds")}

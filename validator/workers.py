@@ -3,7 +3,8 @@
 A worker outliving its parent would go on writing cells into a directory nobody is watching and then
 hang in the pool's result queue; so each worker asks the kernel for SIGKILL when its parent dies
 (Linux prctl PR_SET_PDEATHSIG) and, where that is unavailable, a watchdog thread exits it within a
-second of its parent's disappearance.
+second of its parent's disappearance. `die_with` also ties the nnterp column's child process
+(validator/engines/child.py) to the process that started it.
 """
 from __future__ import annotations
 
@@ -16,7 +17,8 @@ import time
 PR_SET_PDEATHSIG = 1
 
 
-def _die_with(parent: int) -> None:
+def die_with(parent: int) -> None:
+    """End this process when `parent` dies (the kernel's parent-death signal, else a watchdog thread)."""
     try:
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     except (OSError, AttributeError):
@@ -33,7 +35,7 @@ def _die_with(parent: int) -> None:
 
 def init_worker(parent: int, threads: int) -> None:
     """Pool initializer: tie the worker to `parent`, set its torch thread count."""
-    _die_with(parent)
+    die_with(parent)
     import torch
     torch.set_num_threads(threads)
 

@@ -1,5 +1,5 @@
-"""Peer: nnsight `LanguageModel` trace / generate (0.7, the pin, and 0.8), modules addressed by the family table's
-paths (so the same code works on every family the engine knows)."""
+"""Peer: nnsight 0.8 `TransformersModel` trace / generate (the pin is 0.8.1; `LanguageModel` is now its deprecated
+alias), modules addressed by the family table's paths (so the same code works on every family the engine knows)."""
 from __future__ import annotations
 
 import torch
@@ -21,14 +21,15 @@ def _out(t):
 
 class NNsightRunner(Runner):
     def load(self):
-        from nnsight import LanguageModel
+        from nnsight import TransformersModel
 
         from engine.families import family_for
         p = self.p
         if p.source == "zoo":
             from engine import zoo
             zoo.ensure_twin(p.model)
-        self.lm = LanguageModel(p.model, device_map=p.device, dispatch=True, dtype=p.torch_dtype())
+        self.lm = TransformersModel(p.model, task="text-generation", device_map=p.device, dispatch=True,
+                                    dtype=p.torch_dtype())
         cfg = self.lm.config.get_text_config()
         self.fam = family_for(cfg.model_type)
         self.n_layers = cfg.num_hidden_layers
@@ -52,7 +53,7 @@ class NNsightRunner(Runner):
                                                    pad_token_id=pad) as tracer:
                 if body:
                     res["saved"] = body(tracer)
-                res["out"] = self.lm.generator.output.save()
+                res["out"] = tracer.result.save()  # the generated ids (0.8: model.generator.output is deprecated)
             return res["out"], res.get("saved")
         return run
 

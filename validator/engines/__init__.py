@@ -1,13 +1,20 @@
 """The engine registry: one table entry per reference engine (a column of the matrix).
 
 Adding an engine is one `EngineSpec` here plus its adapter module (and a tolerance tier). An
-engine whose `requires` modules are not importable is skipped with that reason, never silently.
+engine whose `requires` modules are not importable is skipped with that reason, never silently. An
+engine with a `side` install (validator/engines/side.py) runs in a child process with that folder
+first on its path (validator/engines/child.py); it is skipped, with the command that creates the
+folder, while the folder does not hold its pins.
 """
 from __future__ import annotations
 
 import importlib
+import importlib.machinery
 import importlib.util
+import sys
 from dataclasses import dataclass
+
+from validator.engines.side import SideInstall
 
 
 @dataclass(frozen=True)
@@ -20,6 +27,13 @@ class EngineSpec:
     what: str  # one line: what this column compares
     zoo_flag: str = ""  # a ZooEntry attribute that must be true for this engine to run a zoo twin
     code: tuple[str, ...] = ()  # repo directories (besides its adapter) whose code decides its cells
+    side: SideInstall | None = None  # packages of its own, first on the path of the child it runs in
+
+
+# nnterp 1.3.0 imports nnsight.intervention.tracing, which nnsight 0.8 removed: it keeps nnsight 0.7.0 in its own
+# folder while .venv (and the nnsight column) has 0.8.1
+NNTERP_SIDE = SideInstall(".nnterp-ref", "scripts/nnterp_reference.sh", "scripts/nnterp_reference.txt",
+                          ("nnsight", "nnterp"), "nnterp on its own nnsight pin")
 
 
 ENGINES: dict[str, EngineSpec] = {e.name: e for e in (
@@ -29,11 +43,12 @@ ENGINES: dict[str, EngineSpec] = {e.name: e for e in (
     EngineSpec("transformer_lens", "tl_ref", "TLReference", True, ("transformer_lens",),
                "TransformerLens 4 TransformerBridge hooks (raw HF numerics, no compatibility mode)"),
     EngineSpec("nnsight", "nnsight_ref", "NNsightReference", True, ("nnsight",),
-               "nnsight LanguageModel.trace: saved module inputs/outputs and the attention call's "
+               "nnsight TransformersModel.trace: saved module inputs/outputs and the attention call's "
                "arguments (.source)"),
     EngineSpec("nnterp", "nnterp_ref", "NNterpReference", True, ("nnterp",),
                "nnterp StandardizedTransformer accessors (layers_*, attentions_*, mlps_*, "
-               "attention_probabilities, ln_final, logits)"),
+               "attention_probabilities, ln_final, logits), on nnterp's own nnsight pin in a child process",
+               side=NNTERP_SIDE),
     EngineSpec("interp-engine", "interp_engine_ref", "InterpEngineReference", True, ("interp_engine",),
                "the published interp-engine package (PyPI interp-engine 1.14.2, eager backend): the same "
                "address strings, aligned by validator/engines/interp_align.py"),
@@ -51,14 +66,28 @@ DEFAULT_ENGINES = tuple(n for n, e in ENGINES.items() if e.default)
 def availability(name: str) -> tuple[bool, str]:
     """(True, "") or (False, why it cannot run here)."""
     spec = ENGINES[name]
+    if spec.side is not None:
+        why = spec.side.problem()
+        if why:
+            return False, f"engine {name!r}: {why}"
     for mod in spec.requires:
         try:
-            found = importlib.util.find_spec(mod) is not None
+            if spec.side is not None:  # what its child will see: the side install, then this path
+                found = importlib.machinery.PathFinder.find_spec(mod, [str(spec.side.path), *sys.path]) is not None
+            else:
+                found = importlib.util.find_spec(mod) is not None
         except (ImportError, ValueError):
             found = False
         if not found:
             return False, f"module {mod!r} is not importable here (engine {name!r} needs it)"
     return True, ""
+
+
+def side_digest(name: str) -> list[str]:
+    """What of an engine's side install decides its cells: the stamp (the pins installed), or "absent";
+    nothing for an engine without one (so their digests do not change)."""
+    side = ENGINES[name].side
+    return [] if side is None else [side.stamp() or "absent"]
 
 
 def model_skip_reason(name: str, model: str, source: str) -> str:
@@ -75,7 +104,14 @@ def model_skip_reason(name: str, model: str, source: str) -> str:
 
 
 def adapter_class(name: str):
+    """What builds this engine's adapter from a ModelContext: its Reference class, or for an engine with a
+    side install the proxy that runs that class in the engine's child process."""
     spec = ENGINES[name]
+    if spec.side is not None:
+        from functools import partial
+
+        from validator.engines.child import ChildReference
+        return partial(ChildReference, spec.name, spec.module, spec.cls, spec.side)
     return getattr(importlib.import_module(f"validator.engines.{spec.module}"), spec.cls)
 
 
@@ -88,6 +124,8 @@ def adapter_source_files(name: str) -> list[str]:
         files.append(here / "hf_layouts.py")
     if name == "interp-engine":
         files.append(here / "interp_align.py")
+    if ENGINES[name].side is not None:
+        files += [here / "child.py", here / "side.py"]
     root = here.parents[1]
     for d in ENGINES[name].code:
         files += sorted(p for p in (root / d).rglob("*.py") if "__pycache__" not in p.parts)

@@ -27,7 +27,13 @@ class Missing:
 
 class EngineUnavailable(Exception):
     """The reference cannot run this model at all (e.g. TransformerLens has no adapter for the
-    architecture); every row of the cell becomes a gap or failure with this text as evidence."""
+    architecture); every row of the cell becomes a gap or failure with this text as evidence.
+    `versions`: what the reference ran before it gave up, where that is not this process's packages
+    (an engine in a child process on its own versions: validator/engines/child.py)."""
+
+    def __init__(self, message: str, versions: dict | None = None):
+        super().__init__(message)
+        self.versions = dict(versions or {})
 
 
 def on_device(x, device, dtype: torch.dtype | None = None):

@@ -1,4 +1,5 @@
-"""Reference `nnsight`: `LanguageModel.trace` on the validator's own copy of the HF model.
+"""Reference `nnsight`: `TransformersModel.trace` (nnsight 0.8's model class; `LanguageModel` is its
+deprecated alias) on the validator's own copy of the HF model.
 
 Module inputs and outputs are saved from nnsight's envoys at the paths of the validator's HF
 layout table (hf_layouts.py); the attention internals are the arguments and result of the
@@ -70,7 +71,7 @@ class NNsightReference(Reference):
 
     def __init__(self, ctx):
         super().__init__(ctx)
-        from nnsight import LanguageModel
+        from nnsight import TransformersModel
         hf = ctx.fresh_hf()
         self.cfg = ctx.config
         self.layout = layout_for(ctx.model_type, self.cfg)
@@ -81,9 +82,9 @@ class NNsightReference(Reference):
             self.layers_path = next(n for n, m in hf.named_modules() if m is layers)
         self.head_dim = getattr(self.cfg, "head_dim", None) or self.cfg.hidden_size // self.cfg.num_attention_heads
         try:
-            self.lm = LanguageModel(hf, tokenizer=ctx.tokenizer)
+            self.lm = TransformersModel(hf, tokenizer=ctx.tokenizer, task="text-generation")
         except Exception as e:  # noqa: BLE001
-            raise EngineUnavailable(f"nnsight LanguageModel failed: {type(e).__name__}: {e}") from e
+            raise EngineUnavailable(f"nnsight TransformersModel failed: {type(e).__name__}: {e}") from e
         self.hf = hf
         self._order: dict | None = None
         self.accepts_positions = "position_ids" in inspect.signature(hf.forward).parameters

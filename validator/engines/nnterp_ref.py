@@ -1,5 +1,8 @@
-"""Reference `nnterp`: nnterp 1.3's StandardizedTransformer (on nnsight 0.7) around the validator's
-own copy of the HF model, with attention probabilities enabled.
+"""Reference `nnterp`: nnterp 1.3's StandardizedTransformer around the validator's own copy of the HF
+model, with attention probabilities enabled. nnterp 1.3.0 does not import on nnsight 0.8 (it imports
+nnsight.intervention.tracing, which 0.8 removed), so this adapter runs in a child process with
+.nnterp-ref/ (nnterp and nnsight 0.7.0: scripts/nnterp_reference.sh) first on its path, behind the
+proxy of validator/engines/child.py; it never runs in the validator's own process.
 
 Only nnterp's standardized accessors are used (anything else would just be nnsight again), so the
 points nnterp has no accessor for are declared gaps. nnterp's `mlps_output` is the raw MLP module
@@ -138,7 +141,7 @@ class NNterpReference(Reference):
 
     def versions(self) -> dict:
         from importlib import metadata
-        return {"nnterp": metadata.version("nnterp")}
+        return {"nnterp": metadata.version("nnterp"), "nnsight": metadata.version("nnsight")}
 
     def close(self):
         self.st = None
