@@ -55,6 +55,7 @@ TESTS: dict[str, tuple[str, ...]] = {
     "benchmarks/variants/nn.py": ("test_benchmarks_workers.py",),
     "benchmarks/variants/ours.py": ("test_benchmarks_workers.py",),
     "benchmarks/variants/tl.py": ("test_benchmarks_workers.py",),
+    "benchmarks/versus.py": ("test_benchmarks_versus.py",),
     "benchmarks/worker.py": ("test_benchmarks_batched.py", "test_benchmarks_workers.py"),
     "benchmarks/workloads.py": (
         "test_benchmarks.py", "test_benchmarks_batched.py", "test_benchmarks_device_script.py",

@@ -116,3 +116,30 @@ def test_an_op_that_gives_back_its_input_still_returns_new_storage(monkeypatch):
     out = apply_steer(Steer("resid_post.0", "add", torch.ones(D)).bound(), x, None)
     torch.testing.assert_close(out, x, rtol=0, atol=0)
     assert out.data_ptr() != x.data_ptr()
+
+
+@pytest.mark.parametrize("a,b,pos0,n_tokens", [(0, 4, 0, 4), (0, 1, 9, 1), (2, 5, 7, 6), (0, 3, 4, 5)])
+def test_one_span_rows_are_its_range_of_flat_rows_and_positions(a, b, pos0, n_tokens):
+    """One plan's every row (a decode step of one sequence, or a prefill) takes a shortcut in the row
+    geometry: its rows are still flat rows a..b-1 at positions pos0.., each labelled with the plan and the
+    steer, and a value by position is gathered at those positions; the index is None only when the span
+    is the whole step."""
+    value = torch.arange(20 * D, dtype=torch.float32).reshape(20, D)
+    st = Steer("resid_post.0", "add", value, positions="all").bound()
+    plan = Plan(pos0 + b - a, steers=[st])
+    step = Step([Span(plan, a, b, pos0)], n_tokens)
+    g = site_work([plan], str)["resid_post.0"].steers[0]
+    rows, v = step.steer_rows(g, (D,))
+    assert rows.flat.tolist() == list(range(a, b)) and rows.pos.tolist() == list(range(pos0, pos0 + b - a))
+    assert rows.plan.tolist() == [step.ledger.code(plan.key)] * (b - a) and rows.steer.tolist() == [0] * (b - a)
+    assert rows.members == [((plan, 0, st), pos0, b - a)]
+    if (a, b) == (0, n_tokens):
+        assert rows.index is None
+    else:
+        assert rows.index.tolist() == list(range(a, b))
+    torch.testing.assert_close(v, value[pos0:pos0 + b - a], rtol=0, atol=0)
+    t = torch.randn(n_tokens, D)
+    out = run_site(t, step, site_work([plan], str)["resid_post.0"])
+    want = t.clone()
+    want[a:b] += value[pos0:pos0 + b - a]
+    torch.testing.assert_close(out, want, rtol=0, atol=0)

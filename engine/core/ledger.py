@@ -46,7 +46,8 @@ class _Entry:
     steer: np.ndarray  # int64 [m]
     pos: np.ndarray  # int64 [m]
     norm: torch.Tensor  # float64 [m], on the model's device
-    codes: frozenset  # the plan codes in `plan`: collect picks a request's entries without scanning arrays
+    codes: frozenset  # the live plan codes in `plan`: collect picks a request's entries without scanning arrays
+    trimmed: bool = False  # `plan` also holds codes of dropped plans (no longer in `codes`)
 
 
 class Ledger:
@@ -87,8 +88,9 @@ class Ledger:
         plan = np.concatenate([e.plan for e in entries])
         steer = np.concatenate([e.steer for e in entries])
         pos = np.concatenate([e.pos for e in entries])
-        keep = np.isin(plan, codes)  # entries may hold rows of other plans, and of dropped ones
-        sq, plan, steer, pos = sq[keep], plan[keep], steer[keep], pos[keep]
+        if not all(not e.trimmed and e.codes <= wanted for e in entries):  # entries may hold rows of other plans, and of dropped ones
+            keep = np.isin(plan, codes)
+            sq, plan, steer, pos = sq[keep], plan[keep], steer[keep], pos[keep]
         if not self.unique:  # the last record of each (plan, steer, position) counts; guard records all do
             table = np.stack([plan, steer, pos], axis=1)[::-1]
             _, first = np.unique(table, axis=0, return_index=True)
@@ -98,16 +100,18 @@ class Ledger:
             sq, plan, steer, pos = sq[keep], plan[keep], steer[keep], pos[keep]
         bad = ~np.isfinite(sq)
         plans, at_plan = np.unique(plan, return_inverse=True)
-        for j in np.flatnonzero(np.bincount(at_plan, weights=bad, minlength=len(plans))):
-            mine = np.flatnonzero(at_plan == j)
-            out.setdefault(self._keys[int(plans[j])], Outcome()).failed = int(steer[mine[np.argmax(bad[mine])]])
+        if bad.any():
+            for j in np.flatnonzero(np.bincount(at_plan, weights=bad, minlength=len(plans))):
+                mine = np.flatnonzero(at_plan == j)
+                out.setdefault(self._keys[int(plans[j])], Outcome()).failed = int(steer[mine[np.argmax(bad[mine])]])
         real = steer >= 0  # receipts: per (plan, steer), rows and the sum of squares, at once
-        pairs, at_pair = np.unique(np.stack([plan[real], steer[real]], axis=1), axis=0, return_inverse=True)
-        rows = np.bincount(at_pair.reshape(-1), minlength=len(pairs))
-        sums = np.bincount(at_pair.reshape(-1), weights=sq[real], minlength=len(pairs))
-        for (k, i), n, q in zip(pairs.tolist(), rows.tolist(), sums.tolist()):
-            o = out.setdefault(self._keys[k], Outcome())
-            o.rows[i], o.sumsq[i] = n, q
+        width = int(steer.max()) + 1 if real.any() else 1
+        pair = at_plan.reshape(-1)[real] * width + steer[real]  # (plan, steer) as one key, in (plan, steer) order
+        rows = np.bincount(pair, minlength=len(plans) * width)
+        sums = np.bincount(pair, weights=sq[real], minlength=len(plans) * width)
+        for j in np.flatnonzero(rows).tolist():
+            o = out.setdefault(self._keys[int(plans[j // width])], Outcome())
+            o.rows[j % width], o.sumsq[j % width] = int(rows[j]), float(sums[j])
         for k in plans.tolist():
             out.setdefault(self._keys[k], Outcome())
         return out
@@ -122,6 +126,7 @@ class Ledger:
         for e in self._entries:  # an entry's rows of dropped plans stay until all its plans are dropped:
             live = e.codes - gone  # codes are never reused, so no later read can match them
             if live:
+                e.trimmed = e.trimmed or live != e.codes
                 e.codes = live
                 kept.append(e)
         self._entries = kept

@@ -107,6 +107,13 @@ class Step:
     def _geometry(self, spans: list) -> tuple:
         """(device index or None, flat rows, plan codes, positions, counts, first positions) for
         (plan key, span, offsets or None) of each member."""
+        code = self.ledger.code
+        if len(spans) == 1 and spans[0][2] is None:  # one plan's every row (a decode step of one sequence):
+            key, sp, _ = spans[0]  # two ranges, no array arithmetic (this runs once per forward)
+            flat = np.arange(sp.a, sp.b, dtype=np.int64)
+            where = np.arange(sp.pos0, sp.pos0 + sp.n, dtype=np.int64)
+            index = None if sp.a == 0 and sp.n == self.n_tokens else upload(flat, self.device)
+            return index, flat, np.full(sp.n, code(key), dtype=np.int64), where, [sp.n], [sp.pos0]
         counts = np.array([sp.n if off is None else len(off) for _, sp, off in spans], dtype=np.int64)
         firsts = [sp.pos0 + (0 if off is None else int(off[0])) for _, sp, off in spans]
         if all(off is None for _, _, off in spans):  # every row of each span: ranges, built at once
@@ -118,7 +125,6 @@ class Step:
             offs = [np.arange(sp.n, dtype=np.int64) if off is None else off for _, sp, off in spans]
             flat = np.concatenate([o + sp.a for o, (_, sp, _) in zip(offs, spans)])
             where = np.concatenate([o + sp.pos0 for o, (_, sp, _) in zip(offs, spans)])
-        code = self.ledger.code
         plan = np.repeat(np.array([code(k) for k, _, _ in spans], dtype=np.int64), counts)
         every = len(flat) == self.n_tokens and bool((flat == np.arange(self.n_tokens)).all())
         return (None if every else upload(flat, self.device), flat, plan, where, counts.tolist(), firsts)

@@ -1,0 +1,67 @@
+"""benchmarks/versus.py: the eager engine at two commits, side by side. The table is checked against
+ratios worked out by hand from synthetic rounds; bad input is refused by name; and (slow) a whole run
+of this checkout against its own HEAD measures every workload on both sides."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from benchmarks import versus
+
+
+def _round(scale_base: float, scale_head: float) -> dict:
+    """Seconds per workload: the head side is `scale_head` times as fast as a unit, the base `scale_base`."""
+    unit = {"forward": 0.01, "capture": 0.02, "generate": 0.1, "capture_gen": 0.125, "steer_gen": 0.2,
+            "readout_gen": 0.25}
+    return {"base": {w: s / scale_base for w, s in unit.items()}, "head": {w: s / scale_head for w, s in unit.items()}}
+
+
+def test_the_table_gives_tokens_per_second_and_head_over_base_per_round():
+    rounds = [_round(1.0, f) for f in (1.9, 2.0, 2.0, 2.1, 2.0, 2.05)]
+    table, data = versus.report(rounds, "old", "new", prompt=32, new_tokens=16)
+    steer = data["workloads"]["steer_gen"]
+    assert steer["base_tok_s"] == [16 / 0.2] * 6  # 16 new tokens in 0.2 s
+    assert steer["head_over_base"]["median"] == pytest.approx(2.0)
+    assert steer["head_over_base"]["lo"] == pytest.approx(1.9) and steer["head_over_base"]["hi"] == pytest.approx(2.1)
+    assert data["workloads"]["forward"]["head_tok_s"][0] == pytest.approx(32 / 0.01 * 1.9)  # the prompt's tokens
+    assert "| generation with a vector added to resid_post at every layer | 80 | 160 | 2.00x [1.90–2.10] |" in table
+    # own ratios: steer 0.2 s against generate 0.1 s is 0.5x on both sides, readout 0.25 s against capture 0.125 s
+    assert data["own"]["steer every layer / no steer"]["head"]["median"] == pytest.approx(0.5)
+    assert "| SAE top-k readout / raw capture, during generation | 0.500x [0.500–0.500] | 0.500x [0.500–0.500] |" in table
+
+
+def test_a_ratio_whose_interval_is_wide_is_unresolved():
+    rounds = [_round(1.0, f) for f in (1.0, 2.0, 1.5, 1.2, 1.8, 1.4)]  # head / base from 1.0 to 2.0: median 1.45
+    table, _ = versus.report(rounds, "old", "new", prompt=32, new_tokens=16)
+    assert "| generation, nothing asked | 160 | 232 | unresolved |" in table
+
+
+def test_too_few_rounds_are_refused_by_name(capsys):
+    with pytest.raises(SystemExit):
+        versus.main(["--base", "HEAD", "--rounds", "3"])
+    assert "--rounds 3: a 95% interval for a median needs at least 6 rounds" in capsys.readouterr().err
+
+
+def test_a_revision_that_does_not_exist_fails_before_anything_runs():
+    p = subprocess.run([sys.executable, "benchmarks/versus.py", "--base", "no-such-rev-xyz", "--rounds", "6"],
+                       capture_output=True, text=True, env={"PYTHONPATH": ".", "PATH": "/usr/bin:/bin"})
+    assert p.returncode != 0 and "no-such-rev-xyz" in p.stderr
+
+
+@pytest.mark.slow
+def test_this_tree_against_its_head_measures_every_workload_on_both_sides(tmp_path):
+    out = tmp_path / "v.json"
+    p = subprocess.run([sys.executable, "benchmarks/versus.py", "--base", "HEAD", "--rounds", "6", "--reps", "1",
+                        "--new-tokens", "4", "--json", str(out)], capture_output=True, text=True,
+                       env={**__import__("os").environ, "PYTHONPATH": "."}, timeout=1200)
+    assert p.returncode == 0, p.stderr[-2000:]
+    data = json.loads(out.read_text())
+    assert len(data["rounds"]) == 6
+    for r in data["rounds"]:
+        for side in ("base", "head"):
+            assert set(r[side]) == set(versus.WORKLOADS) and all(s > 0 for s in r[side].values())
+    assert "| workload | HEAD tok/s | . tok/s | . / HEAD |" in p.stdout
+    assert not subprocess.run(["git", "worktree", "list"], capture_output=True, text=True).stdout.count("versus-")
