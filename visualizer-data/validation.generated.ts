@@ -50354,7 +50354,7 @@ export const validationEngines: readonly ValidationEngine[] = [
   {
     "column": "nnsight",
     "engine": "nnsight",
-    "compares": "nnsight LanguageModel.trace: saved module inputs/outputs and the attention call's arguments (.source)",
+    "compares": "nnsight TransformersModel.trace: saved module inputs/outputs and the attention call's arguments (.source)",
     "cells": 96,
     "counts": {"fail": 46, "gap": 185, "pass": 19879, "warn": 24},
     "declared": 46,
@@ -50364,7 +50364,7 @@ export const validationEngines: readonly ValidationEngine[] = [
   {
     "column": "nnterp",
     "engine": "nnterp",
-    "compares": "nnterp StandardizedTransformer accessors (layers_*, attentions_*, mlps_*, attention_probabilities, ln_final, logits)",
+    "compares": "nnterp StandardizedTransformer accessors (layers_*, attentions_*, mlps_*, attention_probabilities, ln_final, logits), on nnterp's own nnsight pin in a child process",
     "cells": 96,
     "counts": {"gap": 12531, "pass": 7603},
     "declared": 0,
@@ -50409,20 +50409,20 @@ export const validationCauses: readonly ValidationCause[] = [
     "kind": "gap",
     "engine": "nnterp",
     "reason": "nnterp's standardized interface has no accessor for this point",
-    "evidence": "nnterp 1.3.0 StandardizedTransformer exposes layers_input/output, attentions_input/output, mlps_input/output, attention_probabilities, ln_final, logits (nnterp/standardized_transformer.py __init__); anything else is plain nnsight, which has its own column"
+    "evidence": "nnterp 1.3.0 (on its own nnsight 0.7.0, .nnterp-ref/) StandardizedTransformer exposes layers_input/output, attentions_input/output, mlps_input/output, attention_probabilities, ln_final, logits (nnterp/standardized_transformer.py __init__); anything else is plain nnsight, which has its own column"
   },
   {
     "id": "nnterp-probs-source",
     "kind": "gap",
     "engine": "nnterp",
-    "reason": "nnterp 1.3.0 cannot locate the attention probabilities in this family's transformers 5.19 attention code, checks that at load and disables attention_probabilities",
+    "reason": "nnterp 1.3.0 (nnsight 0.7.0) cannot locate the attention probabilities in this family's transformers 5.19 attention code, checks that at load and disables attention_probabilities",
     "evidence": "StandardizedTransformer(..., enable_attention_probs=True) raises in check_source, e.g. on GPT-2: AttributeError: 'SourceEnvoy' object has no attribute 'module_attn_dropout_0' (nnterp/rename_utils.py gpt2_attention_prob_source)"
   },
   {
     "id": "nnterp-unsupported-arch",
     "kind": "gap",
     "engine": "nnterp",
-    "reason": "nnterp 1.3.0 cannot standardize this architecture (its renaming check fails at load)",
+    "reason": "nnterp 1.3.0 (nnsight 0.7.0) cannot standardize this architecture (its renaming check fails at load)",
     "evidence": "StandardizedTransformer(model) raises RenamingError (the runtime text is on every row)"
   },
   {
