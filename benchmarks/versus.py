@@ -95,6 +95,22 @@ def _checkout(rev: str, into: Path) -> Path:
     return path
 
 
+def caption(args, trees: dict) -> str:
+    """What a table was measured on: each side's commit (the working tree marked +dirty when it has changes),
+    the model, the rounds and the machine, so a published table says how to reproduce it."""
+    import platform
+
+    def commit(tree: Path) -> str:
+        sha = subprocess.run(["git", "-C", str(tree), "rev-parse", "--short=10", "HEAD"], capture_output=True,
+                             text=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(tree), "status", "--porcelain", "--", "engine"], capture_output=True,
+                               text=True).stdout.strip()
+        return sha + ("+dirty (engine/)" if dirty else "")
+    return (f"base {args.base} = {commit(trees['base'])}, head {args.head} = {commit(trees['head'])}; "
+            f"{args.model} ({args.size} twin), prompt {args.prompt}, {args.new_tokens} new tokens; {args.rounds} rounds "
+            f"x {args.reps} reps; {platform.processor() or platform.machine()}, {os.cpu_count()} cores, one torch thread")
+
+
 def _run_side(tree: Path, args) -> dict:
     env = {**os.environ, "PYTHONPATH": str(tree), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
            "INTERP_ZOO_HOME": os.environ.get("INTERP_ZOO_HOME", str(ROOT / ".zoo-cache"))}
@@ -173,10 +189,11 @@ def main(argv: list[str] | None = None) -> int:
             rounds.append({side: _run_side(trees[side], args) for side in order})
             print(f"versus: round {r + 1}/{args.rounds} done", file=sys.stderr, flush=True)
         table, data = report(rounds, args.base, args.head, args.prompt, args.new_tokens)
-        print(table)
+        text = caption(args, trees)
+        print(f"{text}\n\n{table}")
         if args.json:
-            args.json.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "rounds": rounds,
-                                             **data}, indent=1))
+            args.json.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "caption": text,
+                                             "rounds": rounds, **data}, indent=1))
     finally:
         for tree in trees.values():
             if tree != ROOT:

@@ -64,4 +64,7 @@ def test_this_tree_against_its_head_measures_every_workload_on_both_sides(tmp_pa
         for side in ("base", "head"):
             assert set(r[side]) == set(versus.WORKLOADS) and all(s > 0 for s in r[side].values())
     assert "| workload | HEAD tok/s | . tok/s | . / HEAD |" in p.stdout
+    head = subprocess.run(["git", "rev-parse", "--short=10", "HEAD"], capture_output=True, text=True).stdout.strip()
+    assert p.stdout.startswith(f"base HEAD = {head}, head . = {head}") and "6 rounds x 1 reps" in p.stdout
+    assert data["caption"] == p.stdout.split("\n")[0]
     assert not subprocess.run(["git", "worktree", "list"], capture_output=True, text=True).stdout.count("versus-")
