@@ -11,6 +11,17 @@ def _close_shared_engines():
         test_vllm_common.drop(m)
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _stop_reference_children():
+    """A module that ran a side-install column (nnterp, validator/engines/child.py) leaves no child process
+    to the next: one counting its own children would see it."""
+    yield
+    import sys
+    child = sys.modules.get("validator.engines.child")
+    if child is not None:
+        child.stop_all()
+
+
 @pytest.fixture
 def ctrl_c():
     """SIGINT handled as Python handles it at a terminal (KeyboardInterrupt) for the test's length: a

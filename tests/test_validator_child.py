@@ -169,6 +169,7 @@ def test_the_nnterp_digest_follows_the_side_pins_and_no_other_columns(tmp_path, 
     assert runner.inputs_digest(spec, "nnterp", opts) not in (before["nnterp"], after["nnterp"])
 
 
+@pytest.mark.slow  # a child of its own: about 5 s (the default run stays under its 10 minutes)
 def test_a_child_that_died_is_named_and_replaced(llama):
     _need_side()
     ctx, cases = llama
@@ -197,6 +198,7 @@ _PARENT = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow  # a child of its own: about 5 s (the default run stays under its 10 minutes)
 def test_the_child_dies_with_its_parent(tmp_path):
     _need_side()
     script = tmp_path / "parent.py"
@@ -218,6 +220,7 @@ def test_the_child_dies_with_its_parent(tmp_path):
             parent.kill()
 
 
+@pytest.mark.slow  # a child of its own: about 5 s (the default run stays under its 10 minutes)
 def test_nnsight_imported_before_the_side_directory_fails_loudly(tmp_path):
     """A parent whose __main__ imports nnsight (.venv's 0.8.1): spawn re-imports that module in the child before
     the side directory can come first, so nnterp would run on the wrong nnsight; the child refuses, by name."""
@@ -230,3 +233,21 @@ def test_nnsight_imported_before_the_side_directory_fails_loudly(tmp_path):
     assert proc.returncode != 0
     assert "nnsight already imported in the .nnterp-ref child before the side install was entered" in proc.stderr
     assert "__main__" in proc.stderr and "site-packages/nnsight/__init__.py" in proc.stderr
+
+
+def test_a_validator_run_stops_the_children_it_started(tmp_path, monkeypatch):
+    """`validator run` stops its reference children when it ends (an in-process run used to leave the nnterp
+    child running until the process exited: a later check of the process's own children saw it)."""
+    _need_side()
+    from validator import cli
+    from validator.engines import child
+    started = []
+
+    def run_model(spec, opts):  # the run's work, reduced to starting the column's child
+        started.append(child.child_for("nnterp", NNTERP_SIDE))
+        return []
+    monkeypatch.setattr(runner, "run_model", run_model)
+    code = cli.main(["run", "--engines", "nnterp", "--models", LLAMA, "--out", str(tmp_path / "v"), "--force"])
+    assert code == 0 and len(started) == 1
+    started[0].process.join(timeout=30)
+    assert not started[0].process.is_alive() and child._CHILDREN == {}

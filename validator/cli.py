@@ -231,6 +231,8 @@ def _run(args, engines, variant, out, names, specs, con) -> int:
                     bar.finish(futs[f], len(todo[futs[f]]))
     finally:
         bar.close()
+        from validator.engines.child import stop_all
+        stop_all()  # the reference children this process started (a side-install column's): not left to exit
     report.render(out)
     tag = variant.tag()
     selected = [c for c in cells.load_all(out)
