@@ -179,6 +179,9 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.rounds < 6:
         ap.error(f"--rounds {args.rounds}: a 95% interval for a median needs at least 6 rounds")
+    for flag, value in (("--reps", args.reps), ("--prompt", args.prompt), ("--new-tokens", args.new_tokens)):
+        if value < 1:  # a median of no runs, or tok/s of no tokens: refused here, not after a round of loading
+            ap.error(f"{flag} {value}: must be at least 1")
     tmp = Path(tempfile.mkdtemp(prefix="versus-"))
     trees = {}
     try:

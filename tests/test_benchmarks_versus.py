@@ -45,6 +45,13 @@ def test_too_few_rounds_are_refused_by_name(capsys):
     assert "--rounds 3: a 95% interval for a median needs at least 6 rounds" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("flag", ["--reps", "--prompt", "--new-tokens"])
+def test_a_count_below_one_is_refused_by_name_before_anything_runs(flag, capsys):
+    with pytest.raises(SystemExit):
+        versus.main(["--base", "HEAD", flag, "0"])
+    assert f"{flag} 0: must be at least 1" in capsys.readouterr().err
+
+
 def test_a_revision_that_does_not_exist_fails_before_anything_runs():
     p = subprocess.run([sys.executable, "benchmarks/versus.py", "--base", "no-such-rev-xyz", "--rounds", "6"],
                        capture_output=True, text=True, env={"PYTHONPATH": ".", "PATH": "/usr/bin:/bin"})
