@@ -7,7 +7,8 @@ points, layers and positions; pairs whose results are finite alone and overflow 
 Project readouts whose weights make their values inf or NaN. The attacked request itself may be a
 200 (a finite result is its own business) or a 4xx naming the field, never a 500; one that overflows
 a later layer, or inside a layer, is a 4xx naming its steers (the layer guard), and the KV blocks
-it wrote are scrubbed after its step on both vLLM backends (engine/backends/vllm/worker/kv.py).
+it wrote are zeroed before another request is handed them, on both vLLM backends
+(engine/backends/vllm/worker/kv.py).
 """
 from __future__ import annotations
 

@@ -12,7 +12,8 @@ answer exactly as before, alone and while attacks run beside them:
   KV block before the layer's output is guarded (zeroing the block's inf restored 10 of 10 prompts);
 - a benign add at resid_post.0 (vllm-static: the same leak without any overflow).
 Both vLLM backends: the layer guard fails a row whose float32 norm overflows, and the KV blocks a
-steering request wrote are scrubbed after its step (engine/backends/vllm/worker/kv.py)."""
+steering request wrote are zeroed before a schedule hands them to another request
+(engine/backends/vllm/worker/kv.py)."""
 from __future__ import annotations
 
 import asyncio

@@ -1,8 +1,9 @@
-"""KV-cache hygiene (engine/backends/vllm/worker/kv.py) on a cache laid out as vLLM 0.32 lays it out
-(blocks first, [blocks, kv_heads, block_size, 2 * head_dim]) inside a stand-in forward context: the
-blocks a steering request's rows wrote this step lose their inf / NaN (all of them, for a request the
-guard flagged), every other block is left exactly as it was, and each block is read once however
-long the span. The real engine: tests/test_vllm_static.py and tests/test_serve_poison.py (slow)."""
+"""KV-cache hygiene (engine/backends/vllm/worker/kv.py) against a stand-in of V1's runner: its host
+block tables (`requests[id].block_ids`, `input_batch.req_ids`), its static forward context of caches
+laid out as vLLM 0.32 lays them out, and scheduler outputs as the scheduler writes them. A block a
+steering request's rows wrote is zeroed in every layer when a schedule hands it to another request,
+exactly once, and nothing else in any cache changes; a block handed back to its owner is left alone.
+The real engine: tests/test_serve_poison.py and tests/test_serve_fuzz.py (slow)."""
 from __future__ import annotations
 
 import types
@@ -12,118 +13,154 @@ import torch
 
 from engine.backends.vllm.worker import kv
 from engine.core.plan import Plan, Span
+from engine.core.steering import Steer
+from engine.core.step import Step
 
-BLOCKS, HEADS, BS, WIDTH = 6, 2, 4, 6
-
-
-@pytest.mark.parametrize("a,n,pos0", [(0, 1, 0), (3, 1, 7), (0, 9, 0), (5, 10, 3), (2, 4, 4), (0, 4, 5)])
-def test_block_rows_meet_each_block_of_a_span_once(a, n, pos0):
-    rows, owner = kv.block_rows([(a, n, pos0)], BS)
-    want = sorted({(pos0 + r) // BS for r in range(n)})  # the blocks of the span's positions, by brute force
-    assert [(pos0 + r - a) // BS for r in rows] == want
-    assert all(a <= r < a + n for r in rows) and owner == [0] * len(rows)
+BLOCKS, HEADS, BS, WIDTH = 8, 2, 4, 6
+STEER = [Steer("resid_post.1", "add", torch.ones(4))]
 
 
-def _context(monkeypatch, caches: dict, slots: torch.Tensor):
-    import vllm.forward_context as fc
-    ctx = types.SimpleNamespace(no_compile_layers={k: types.SimpleNamespace(kv_cache=v) for k, v in caches.items()},
-                                slot_mapping={k: slots for k in caches})
-    monkeypatch.setattr(fc, "get_forward_context", lambda: ctx)
-    monkeypatch.setattr(fc, "is_forward_context_available", lambda: True)
+def _runner(caches: dict, tables: dict, batch: list, num_blocks: int = BLOCKS, sizes=(BS,)):
+    """V1's runner as Blocks reads it: per request its scheduler block ids per KV-cache group."""
+    groups = [types.SimpleNamespace(kv_cache_spec=types.SimpleNamespace(block_size=s)) for s in sizes]
+    return types.SimpleNamespace(
+        input_batch=types.SimpleNamespace(req_ids=batch),
+        requests={rid: types.SimpleNamespace(block_ids=ids) for rid, ids in tables.items()},
+        kv_cache_config=types.SimpleNamespace(kv_cache_groups=groups, num_blocks=num_blocks),
+        cache_config=types.SimpleNamespace(block_size=sizes[0]),
+        compilation_config=types.SimpleNamespace(
+            static_forward_context={k: types.SimpleNamespace(kv_cache=v) for k, v in caches.items()}))
 
 
-def _span(a, b, pos0):
-    return Span(Plan(pos0 + b - a, steers=[]), a, b, pos0)
+def _schedule(new=(), cached=(), resumed=()):
+    """A SchedulerOutput's block assignments: new requests (id, block ids per group), then running or
+    resumed ones (id, new block ids per group or None)."""
+    return types.SimpleNamespace(
+        scheduled_new_reqs=[types.SimpleNamespace(req_id=r, block_ids=b) for r, b in new],
+        scheduled_cached_reqs=types.SimpleNamespace(req_ids=[r for r, _ in cached],
+                                                    new_block_ids=[b for _, b in cached], resumed_req_ids=set(resumed)))
 
 
-def test_scrub_cleans_the_steering_rows_blocks_and_nothing_else(monkeypatch):
+def _poisoned(shape=(BLOCKS, HEADS, BS, WIDTH)) -> torch.Tensor:
     torch.manual_seed(0)
-    cache = torch.randn(BLOCKS, HEADS, BS, WIDTH)
-    cache[1, 0, 2, 3] = float("inf")  # block 1: the steering request's, with one inf and one NaN
-    cache[1, 1, 0, 0] = float("nan")
-    cache[4, 0, 0, 0] = float("nan")  # block 4: another request's (not scrubbed here: not this step's rows)
-    cache[2, 1, 3, 5] = float("-inf")  # block 2: the flagged request's
-    before = cache.clone()
-    # step rows: 0-1 a steering request at positions 5, 6 (block 1: slots 5, 6); 2-4 a plain one in
-    # block 4; 5-6 a flagged steering request at positions 0, 1 (block 2: slots 8, 9)
-    slots = torch.tensor([5, 6, 16, 17, 18, 8, 9])
-    _context(monkeypatch, {"layer.0": cache}, slots)
-    spans = [_span(0, 2, 5), _span(5, 7, 0)]
-    done = kv.scrub(spans, torch.tensor([False, True]))
-    assert done == 2  # one block each
-    want = before.clone()
-    want[1] = want[1].nan_to_num(0.0, 0.0, 0.0)
-    want[2] = 0.0
-    torch.testing.assert_close(cache, want, rtol=0, atol=0, equal_nan=True)
-    assert torch.isnan(cache[4, 0, 0, 0])  # another request's block is its own business
+    c = torch.randn(shape)
+    c[c > 1.5] = float("inf")
+    c[c < -1.5] = float("nan")
+    return c
 
 
-def test_scrub_without_a_per_layer_slot_mapping_cleans_whole_caches(monkeypatch):
-    import vllm.forward_context as fc
-    cache = torch.ones(BLOCKS, HEADS, BS, WIDTH)
-    cache[5, 0, 0, 0] = float("nan")
-    ctx = types.SimpleNamespace(no_compile_layers={"l": types.SimpleNamespace(kv_cache=cache)},
-                                slot_mapping=[{"l": torch.zeros(1, dtype=torch.long)}])  # dual-batch overlap
-    monkeypatch.setattr(fc, "get_forward_context", lambda: ctx)
-    monkeypatch.setattr(fc, "is_forward_context_available", lambda: True)
-    kv.scrub([_span(0, 1, 0)])
-    assert bool(torch.isfinite(cache).all()) and cache.sum() == cache.numel() - 1
+def test_a_steering_requests_blocks_are_zeroed_when_handed_to_another_and_nothing_else_changes():
+    # batch row 0: "a" steers, its positions 5..9 this step (blocks 1 and 2 of its table: ids 3 and 6);
+    # row 1: "p" plain, in block 4; row 2: "b" steers at position 0 (block 0 of its table: id 7)
+    caches = {"model.layers.0.self_attn.attn": _poisoned(), "model.layers.1.self_attn.attn": _poisoned()}
+    runner = _runner(caches, {"a": ([2, 3, 6],), "p": ([4],), "b": ([7],)}, ["a", "p", "b"])
+    blocks = kv.Blocks(runner)
+    a, p, b = Plan(9, steers=STEER), Plan(9), Plan(9, steers=STEER)
+    step = Step([Span(a, 0, 5, 5, 0), Span(p, 5, 6, 2, 1), Span(b, 6, 7, 0, 2)], 7)
+    assert blocks.mark(step) == 3
+    assert blocks.owner == {3: "a", 6: "a", 7: "b"}  # block 2 (positions 0..3) was not written this step
+    before = {k: c.clone() for k, c in caches.items()}
+    # the next schedule: "a" grows into block 5 and gets its own block 6 back (no hand-on); "b" is done
+    # and "c" is handed blocks 7 and 3 (both another's), "q" is handed block 2 (never marked)
+    zeroed = blocks.reclaim(_schedule(new=[("c", ([7, 3],)), ("q", ([2],))], cached=[("a", ([5, 6],))]))
+    assert zeroed == 2 and blocks.zeroed == 2 and blocks.owner == {6: "a"}
+    for k, c in caches.items():
+        want = before[k].clone()
+        want[[3, 7]] = 0.0
+        torch.testing.assert_close(c, want, rtol=0, atol=0, equal_nan=True)
+    assert blocks.reclaim(_schedule(new=[("d", ([7, 3],))])) == 0  # zeroed once: they are no longer marked
+
+
+def test_nothing_marked_costs_nothing_and_a_plain_step_marks_nothing():
+    runner = _runner({"l.0.": _poisoned()}, {"p": ([1],)}, ["p"])
+    blocks = kv.Blocks(runner)
+    assert blocks.mark(Step([Span(Plan(3), 0, 3, 0, 0)], 3)) == 0 and blocks.owner == {}
+    assert blocks.handed_on(_schedule(new=[("c", ([1, 2],))])) == []
+
+
+def test_a_failed_steering_request_is_marked_like_any_other():
+    """A plan that failed during a step may have steered the layers before it failed: its blocks are
+    marked as a healthy one's."""
+    runner = _runner({"l": _poisoned()}, {"a": ([1],), "b": ([2],)}, ["a", "b"])
+    blocks = kv.Blocks(runner)
+    ok, failed = Plan(1, steers=STEER), Plan(1, steers=STEER)
+    failed.error = "RuntimeError: its own"
+    blocks.mark(Step([Span(ok, 0, 1, 0, 0), Span(failed, 1, 2, 0, 1)], 2))
+    assert blocks.owner == {1: "a", 2: "b"}
+
+
+@pytest.mark.parametrize("pos0,n,want", [(0, 1, [10]), (3, 1, [10]), (4, 1, [11]), (3, 2, [10, 11]),
+                                         (0, 12, [10, 11, 12]), (8, 3, [12])])
+def test_the_marked_blocks_are_those_of_the_positions_written(pos0, n, want):
+    runner = _runner({"l": _poisoned()}, {"a": ([10, 11, 12, 13],)}, ["a"], num_blocks=16)
+    blocks = kv.Blocks(runner)
+    blocks.mark(Step([Span(Plan(20, steers=STEER), 0, n, pos0, 0)], n))
+    brute = sorted({[10, 11, 12, 13][(pos0 + r) // BS] for r in range(n)})
+    assert sorted(blocks.owner) == brute == want
+
+
+def test_every_kv_cache_group_is_marked_with_its_own_block_size():
+    runner = _runner({"l": _poisoned((16, HEADS, BS, WIDTH))}, {"a": ([1, 2, 3], [9, 10])}, ["a"],
+                     num_blocks=16, sizes=(4, 8))
+    blocks = kv.Blocks(runner)
+    blocks.mark(Step([Span(Plan(20, steers=STEER), 0, 3, 6, 0)], 3))  # positions 6..8
+    assert blocks.owner == {2: "a", 3: "a", 9: "a", 10: "a"}
+
+
+def test_layouts_keys_and_values_first_and_kernel_blocks_are_zeroed_whole():
+    """[2, blocks, ...] (keys and values first) and a kernel block half the scheduler's ([2 x blocks,
+    ...]): the scheduler block's every entry, and only those, become 0."""
+    kv_first = _poisoned((2, BLOCKS, BS, HEADS, WIDTH))
+    split = _poisoned((2 * BLOCKS, HEADS, BS // 2, WIDTH))
+    runner = _runner({"x": kv_first, "y": split}, {}, [])
+    before = kv_first.clone(), split.clone()
+    blocks = kv.Blocks(runner)
+    assert blocks.zero([5, 1]) == 2
+    want = before[0].clone()
+    want[:, [1, 5]] = 0.0
+    torch.testing.assert_close(kv_first, want, rtol=0, atol=0, equal_nan=True)
+    want = before[1].clone()
+    want[[2, 3, 10, 11]] = 0.0
+    torch.testing.assert_close(split, want, rtol=0, atol=0, equal_nan=True)
+
+
+def test_a_cache_with_no_block_dimension_loses_its_inf_and_nan_whole():
+    odd = _poisoned((3, 5, WIDTH))
+    runner = _runner({"z": odd}, {}, [], num_blocks=BLOCKS)
+    assert kv.block_dim(odd, BLOCKS) is None
+    kv.Blocks(runner).zero([1])
+    assert bool(torch.isfinite(odd).all())
 
 
 def test_caches_skip_quantized_and_shared_storage():
     f = torch.zeros(2, 1, 4, 4)
-    ctx = types.SimpleNamespace(no_compile_layers={
-        "a": types.SimpleNamespace(kv_cache=f), "b": types.SimpleNamespace(kv_cache=f),  # shared across layers
-        "c": types.SimpleNamespace(kv_cache=torch.zeros(2, 1, 4, 4, dtype=torch.uint8)),  # fp8 in uint8 storage
-        "d": types.SimpleNamespace(kv_cache=[f.clone()]), "e": types.SimpleNamespace()})
-    assert [name for name, _ in kv.caches(ctx)] == ["a", "d"]
+    layers = {"a": types.SimpleNamespace(kv_cache=f), "b": types.SimpleNamespace(kv_cache=f),  # shared
+              "c": types.SimpleNamespace(kv_cache=torch.zeros(2, 1, 4, 4, dtype=torch.uint8)),  # fp8 in uint8
+              "d": types.SimpleNamespace(kv_cache=[g := f.clone()]), "e": types.SimpleNamespace()}
+    got = kv.caches(layers)
+    assert len(got) == 2 and got[0] is f and got[1] is g
 
 
-def test_scrub_outside_a_forward_context_does_nothing():
-    """A step without vLLM's forward context ran no attention layer (nothing wrote a KV block): the
-    scrub returns 0 rather than failing the step (the static taps' unit tests run so)."""
-    assert kv.scrub([_span(0, 1, 0)]) == 0
-
-
-def test_scrub_starts_at_the_first_layer_a_steer_can_change(monkeypatch):
-    """A layer below every steer of the step computes the steering rows from unsteered inputs: the scrub
-    leaves it alone (its NaN here is planted, as no real forward could write it), cleans the layers
-    from the first steered one on, and always cleans a layer whose index its name does not give."""
-    from engine.core.steering import Steer
-    caches = {name: torch.ones(BLOCKS, HEADS, BS, WIDTH) for name in
-              ("model.layers.0.self_attn.attn", "model.layers.2.self_attn.attn", "model.layers.3.self_attn.attn",
-               "shared_attn")}
-    for c in caches.values():
-        c[0, 0, 0, 0] = float("nan")
-    _context(monkeypatch, caches, torch.tensor([0]))
+def test_the_first_layer_a_steer_can_change():
     plans = [Plan(1, steers=[Steer("resid_post.3", "add", torch.ones(4))]),
              Plan(1, steers=[Steer("attn_in.2", "add", torch.ones(4)), Steer("resid_post.5", "add", torch.ones(4))])]
-    start = kv.first_layer(plans)
-    assert start == 2 and kv.first_layer([Plan(1, steers=[Steer("embeddings", "add", torch.ones(4))])]) == 0
-    assert kv.layer_of("model.layers.13.self_attn.attn") == 13 and kv.layer_of("shared_attn") is None
-    assert kv.scrub([Span(plans[0], 0, 1, 0)], None, start) == 3
-    assert torch.isnan(caches["model.layers.0.self_attn.attn"][0, 0, 0, 0])
-    assert all(bool(torch.isfinite(caches[n]).all()) for n in caches if n != "model.layers.0.self_attn.attn")
+    assert kv.first_layer(plans) == 2
+    assert kv.first_layer([Plan(1, steers=[Steer("embeddings", "add", torch.ones(4))])]) == 0
 
 
-def test_a_step_scrubs_each_steering_request_and_drops_those_the_guard_flagged(monkeypatch):
-    """scrub_step hands scrub the steering requests' spans (a plain request between them is not one)
-    and, per span, whether the guard flagged any of its rows: the same verdict as reading each span's
-    rows one by one, from one reduction for the whole step."""
-    from engine.core.steering import Steer
-    from engine.core.step import Step
-    steer = [Steer("resid_post.1", "add", torch.ones(4))]
-    plans = [Plan(9, steers=steer), Plan(9, steers=[]), Plan(9, steers=steer), Plan(9, steers=steer)]
-    spans = [Span(plans[0], 0, 3, 6), Span(plans[1], 3, 5, 7), Span(plans[2], 5, 9, 5), Span(plans[3], 9, 10, 8)]
-    step = Step(spans, 10)
-    got = []
-    monkeypatch.setattr(kv, "scrub", lambda sp, failed=None, start=0: got.append(
-        ([s.plan for s in sp], None if failed is None else failed.tolist(), start)) or 0)
-    for marked in ([], [1], [3, 4], [9], [0, 2, 6, 9]):
-        bad = torch.zeros(10, dtype=torch.bool)
-        bad[marked] = True
-        kv.scrub_step(step, bad)
-        steering = [sp for sp in spans if sp.plan.steers]
-        assert got.pop() == ([sp.plan for sp in steering], [bool(bad[sp.a:sp.b].any()) for sp in steering], 1)
-    kv.scrub_step(step, None)
-    assert got.pop() == ([plans[0], plans[2], plans[3]], None, 1)
+def test_the_worker_reclaims_before_the_runner_takes_each_schedule():
+    """_wrap_execute_model: the hand-on is zeroed before the runner's own execute_model runs (which
+    updates its states, then runs the forward), on every call, and a second wrap never nests."""
+    from engine.backends.vllm.worker.extension import _wrap_execute_model
+    order = []
+
+    class Runner:
+        def execute_model(self, scheduler_output, intermediate_tensors=None):
+            order.append(("runner", scheduler_output))
+            return "out"
+    r = Runner()
+    assert _wrap_execute_model(r, lambda so: order.append(("reclaim", so)))
+    assert _wrap_execute_model(r, lambda so: order.append(("reclaim", so)))
+    assert r.execute_model("s1") == "out" and r.execute_model("s2", None) == "out"
+    assert order == [("reclaim", "s1"), ("runner", "s1"), ("reclaim", "s2"), ("runner", "s2")]
+    assert not _wrap_execute_model(types.SimpleNamespace(), print)

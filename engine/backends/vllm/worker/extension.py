@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import torch
 
 from engine.backends.vllm.worker import attn as vllm_attn
+from engine.backends.vllm.worker import kv
 from engine.backends.vllm.worker import runner as vllm_runner
 from engine.backends.vllm.worker import wire as vllm_wire
 from engine.backends.vllm.worker.loader import ERRORS_ATTR, TAPS_ATTR
@@ -118,6 +119,21 @@ def _step_anchors(model, tree):
     return layers[0], end, 0, error
 
 
+def _wrap_execute_model(runner, before) -> bool:
+    """Run before(scheduler_output) ahead of every call of the runner's `execute_model` (the worker's
+    one call per schedule, before the runner updates its states or runs a forward). False where the
+    runner has no such method."""
+    if not callable(getattr(type(runner), "execute_model", None)):
+        return False
+    orig = type(runner).execute_model.__get__(runner)  # the class's, so a second setup never nests
+
+    def execute_model(scheduler_output, *args, **kwargs):
+        before(scheduler_output)
+        return orig(scheduler_output, *args, **kwargs)
+    runner.execute_model = execute_model
+    return True
+
+
 def _wrap_model_forward(runner, begin, end) -> bool:
     """Run begin(None, args, kwargs) before and end(None, args, output) after every call of the V1
     runner's `_model_forward` (eager, compiled, PIECEWISE or FULL CUDA-graph replay alike: the call
@@ -157,12 +173,7 @@ class HookSites:
         pass
 
     def after(self, step: Step, work: dict) -> None:
-        """Scrub the KV blocks this step's steering requests wrote (engine/backends/vllm/worker/kv.py):
-        the layer guard keeps a non-finite row from leaving a layer, but inside a layer (a huge attn_in
-        overflowing in q / k / v) it has reached the cache already; a request the guard flagged has its
-        blocks zeroed whole. Nothing is read back."""
-        from engine.backends.vllm.worker import kv
-        kv.scrub_step(step, self.state.step_bad)
+        pass
 
     def describe(self, addr: Address, info: dict) -> None:
         pass
@@ -192,10 +203,14 @@ class WorkerState:
         self.sites: dict = {}  # (point, layer) -> VSite, one object per module slot
         self.handles: list = []
         self.step: Step | None = None
-        self.step_bad: torch.Tensor | None = None  # [tokens] bool: rows a layer guard zeroed this step
         self.syncs: SyncCounter | None = None  # counting host reads inside steps (interp_syncs)
         self.steps = 0  # steps that ran a registered plan since counting began
         self.end_module = self.end_handle = None
+        # the KV blocks steering requests wrote, zeroed before a schedule hands one to another request
+        self.blocks = kv.Blocks(runner)
+        if not _wrap_execute_model(runner, self.blocks.reclaim):
+            raise RuntimeError(f"{type(runner).__name__} has no execute_model: the engine cannot see which KV blocks a "
+                               f"schedule hands on, so it cannot keep a steering request's KV entries from others")
         if _wrap_model_forward(runner, self._begin, self._end):
             self.positions_at, self.anchor_error = 0, None
         else:
@@ -287,9 +302,8 @@ class WorkerState:
         self.handles = self.mode.attach(self.work)
         steering = [p for p in plans if p.steers]
         if steering and isinstance(self.mode, HookSites):  # from the first layer a steer can change
-            from engine.backends.vllm.worker.kv import first_layer
             self.handles += [layer.register_forward_hook(self._guard_layer)
-                             for layer in self._layers()[first_layer(steering):]]
+                             for layer in self._layers()[kv.first_layer(steering):]]
         if self.end_handle is not None:  # after every site's hook, where the end module is also a site
             self.end_handle.remove()
             self.end_handle = self.end_module.register_forward_hook(self._end)
@@ -315,14 +329,13 @@ class WorkerState:
         ok = guard(stream.reshape(step.n_tokens, -1), step)
         if ok is None:
             return None
-        self.step_bad = ~ok if self.step_bad is None else self.step_bad | ~ok
         for i in tensors:
             parts[i] = zero_rows(parts[i], ok)
         return tuple(parts) if isinstance(output, tuple) else parts[0]
 
     # -- steps ------------------------------------------------------------------------------------
     def _begin(self, module, args, kwargs):
-        self.step, self.step_bad = None, None
+        self.step = None
         if not self.plans or not ROWS:
             return
         mine = [(i, self.plans[k]) for i, k in ROWS.items() if k in self.plans]
@@ -357,13 +370,14 @@ class WorkerState:
         try:
             if self.step is not None:
                 self.mode.after(self.step, self.work)
+                self.blocks.mark(self.step)
         except Exception as e:
             for sp in self.step.spans:
                 _failed(sp.plan, e)
         finally:
             if self.syncs is not None and self.syncs.active:
                 self.syncs.__exit__(None, None, None)
-        self.step, self.step_bad = None, None
+        self.step = None
 
     def count_syncs(self, on: bool) -> dict:
         """Start (on) or stop counting the engine's host reads inside steps (engine/core/syncs.py);

@@ -12,8 +12,8 @@ non-finite, or so large that its squared norm overflows (`bounded`), become 0 (b
 (hidden, residual) pair), and `flag` keeps, per row, whether any layer did that in this step (layer
 0 writes it, later layers take the maximum). After the step, StaticTaps.after records the flagged
 rows in the worker's ledger (the request fails with NonFiniteSteer naming its steers when its ledger
-is read at collect; nothing is read back per step) and has their KV blocks scrubbed
-(engine/backends/vllm/worker/kv.py).
+is read at collect; nothing is read back per step); the KV blocks such rows wrote are zeroed before
+they are handed to another request (engine/backends/vllm/worker/kv.py).
 """
 from __future__ import annotations
 

@@ -22,8 +22,8 @@ affine arithmetic may round differently in the last bits), and NaN for a row the
 the same rows the graph's `bad` flag marks. The graph's own flags (a tap's `bad`, the layer guard's
 `flag`, engine/backends/vllm/worker/guard.py) go to the ledger too, on the device: nothing is read
 back per step, and the request fails when its ledger is read at collect. Between steps every write
-tap is the identity (`identity`), and the KV blocks a steering request's rows wrote are scrubbed of
-inf / NaN (engine/backends/vllm/worker/kv.py).
+tap is the identity (`identity`), and the KV blocks a steering request's rows wrote are zeroed before
+they are handed to another request (engine/backends/vllm/worker/kv.py).
 """
 from __future__ import annotations
 
@@ -255,10 +255,9 @@ class StaticTaps:
     def after(self, step: Step, work: dict) -> None:
         """Back to the identity (before anything else); then record in the ledger, for every row of a
         steering request, whether a tap kept it unsteered (its steer made it non-finite or unbounded)
-        or the layer guard zeroed it (its request fails when the ledger is read at collect), and scrub
-        the KV blocks those rows wrote (engine/backends/vllm/worker/kv.py); nothing is read back. Then
-        replay this step's steers on the `pre` rows through the shared routine (receipts), copy each
-        capturing plan's rows out of the capture buffers and feed the readouts."""
+        or the layer guard zeroed it (its request fails when the ledger is read at collect); nothing is
+        read back. Then replay this step's steers on the `pre` rows through the shared routine
+        (receipts), copy each capturing plan's rows out of the capture buffers and feed the readouts."""
         self.identity()
         self._guarded(step, work)
         for name, w in work.items():
@@ -281,7 +280,7 @@ class StaticTaps:
     def _guarded(self, step: Step, work: dict) -> None:
         """The graph's flags of this step, on the device: a row of a steering request is bad where a
         write tap kept it unsteered or the layer guard zeroed it; recorded under GUARD (the request
-        fails at collect, naming its steers) and its KV blocks scrubbed."""
+        fails at collect, naming its steers)."""
         rows = step.guard_rows()
         if not rows.members:
             return
@@ -294,8 +293,6 @@ class StaticTaps:
         bad = torch.stack([f.reshape(n) for f in flags]).amax(0) > 0  # [n] bool
         mine = bad if rows.index is None else bad.index_select(0, rows.index)
         step.ledger.record(rows.plan, rows.steer, rows.pos, torch.where(mine, torch.nan, 0.0).double())
-        from engine.backends.vllm.worker import kv
-        kv.scrub_step(step, bad)
 
     def shape_of(self, name: str) -> tuple:
         tap, hd = self.taps[name], self.head_dim[name]
