@@ -1,7 +1,8 @@
-"""The eager engine at two commits on the same machine, side by side in interleaved rounds.
+"""The engine at two commits on the same machine, side by side in interleaved rounds.
 
     PYTHONPATH=. .venv/bin/python benchmarks/versus.py --base d65b860 [--head .] [--rounds 9] [--reps 5]
-        [--model meta-llama/Llama-3.2-1B] [--size tiny] [--new-tokens 16] [--json PATH]
+        [--backend eager|vllm|vllm-static] [--model meta-llama/Llama-3.2-1B] [--size tiny] [--new-tokens 16]
+        [--json PATH]
 
 A published ratio such as "steer every layer / no steer" has the engine on both sides: when a change makes
 the plain forward faster, the ratio can fall while steering itself got faster too. This answers the
@@ -12,7 +13,9 @@ that alternates by round, each loading the model from the same zoo home and timi
 `--reps` times after a warm-up (its median is the round's figure); the ratios head / base are taken
 within each round, and the table gives their median with the 95% distribution-free interval
 (benchmarks/ci.py), "unresolved" when it spans more than 25% of it. The workloads use only the public
-API both commits share (load_model, generate with points / steer / readouts, run_with_cache).
+API both commits share (load_model, generate with points / steer / readouts, run_with_cache). On the vLLM
+backends (`--backend`) the generation workloads run (vLLM has no bare forward), with prefix caching off
+so every run computes its prompt, and no logits returned: the benchmark sweep's own settings.
 """
 from __future__ import annotations
 
@@ -37,26 +40,39 @@ WORKLOADS = {
     "steer_gen": "generation with a vector added to resid_post at every layer",
     "readout_gen": "generation reading an SAE's top-32 latents (8x d_model wide, random) at resid_post of every layer",
 }
+FORWARDS = ("forward", "capture")  # eager only
+BACKENDS = ("eager", "vllm", "vllm-static")
 # (label, numerator workload, denominator workload): within-commit ratios, reported for both sides
 OWN = (("steer every layer / no steer", "steer_gen", "generate"),
        ("capture during generation / no capture", "capture_gen", "generate"),
        ("SAE top-k readout / raw capture, during generation", "readout_gen", "capture_gen"))
 
 
-def measure(model: str, size: str, prompt: int, new_tokens: int, reps: int) -> dict:
+def _load(model: str, backend: str, prompt: int, new_tokens: int):
+    """The model on `backend`; the vLLM backends with the benchmark sweep's settings (prefix caching off,
+    room for the prompt and its new tokens, one step holding the prompt)."""
+    from engine import load_model
+    if backend == "eager":
+        return load_model(model, backend="eager", source="zoo"), {}
+    room = -(-(prompt + new_tokens) // 16) * 16
+    m = load_model(model, backend=backend, source="zoo", enable_prefix_caching=False, max_model_len=room,
+                   max_num_batched_tokens=max(room, 256))
+    return m, {"return_logits": False}
+
+
+def measure(model: str, size: str, prompt: int, new_tokens: int, reps: int, backend: str = "eager") -> dict:
     """Seconds per workload (median of `reps` after a warm-up) for the engine importable here."""
     import statistics
     import time
 
     import torch
 
-    from engine import load_model
     from engine.core.readouts import Readout, SAEFeatures
     from engine.core.sae_files import write_random_sae
     from engine.core.steering import Steer
     torch.set_num_threads(1)
     os.environ["INTERP_ZOO_SIZE"] = size  # the zoo reads the twin's size from the environment
-    m = load_model(model, backend="eager", source="zoo")
+    m, gen = _load(model, backend, prompt, new_tokens)
     ids = torch.randint(0, 500, (1, prompt), generator=torch.Generator().manual_seed(0))
     v = torch.randn(m.d_model, generator=torch.Generator().manual_seed(1)) * 0.1
     sae = tempfile.mkdtemp(prefix="versus-sae-")
@@ -65,12 +81,15 @@ def measure(model: str, size: str, prompt: int, new_tokens: int, reps: int) -> d
     jobs = {
         "forward": lambda: m.run_with_cache(ids, []),
         "capture": lambda: m.run_with_cache(ids, ["resid_post"]),
-        "generate": lambda: m.generate(ids, max_new_tokens=new_tokens),
-        "capture_gen": lambda: m.generate(ids, max_new_tokens=new_tokens, points=["resid_post"]),
-        "steer_gen": lambda: m.generate(ids, max_new_tokens=new_tokens, steer=[Steer(a, "add", v) for a in every]),
+        "generate": lambda: m.generate(ids, max_new_tokens=new_tokens, **gen),
+        "capture_gen": lambda: m.generate(ids, max_new_tokens=new_tokens, points=["resid_post"], **gen),
+        "steer_gen": lambda: m.generate(ids, max_new_tokens=new_tokens, steer=[Steer(a, "add", v) for a in every],
+                                        **gen),
         "readout_gen": lambda: m.generate(ids, max_new_tokens=new_tokens, readouts=[
-            Readout(a, SAEFeatures(sae, k=32), name=f"sae.{i}") for i, a in enumerate(every)]),
+            Readout(a, SAEFeatures(sae, k=32), name=f"sae.{i}") for i, a in enumerate(every)], **gen),
     }
+    if backend != "eager":
+        jobs = {k: f for k, f in jobs.items() if k not in FORWARDS}
     out = {}
     try:
         for name, job in jobs.items():
@@ -83,6 +102,8 @@ def measure(model: str, size: str, prompt: int, new_tokens: int, reps: int) -> d
             out[name] = statistics.median(times)
     finally:
         shutil.rmtree(sae, ignore_errors=True)
+        if hasattr(m, "close"):
+            m.close()
     return out
 
 
@@ -107,7 +128,7 @@ def caption(args, trees: dict) -> str:
                                text=True).stdout.strip()
         return sha + ("+dirty (engine/)" if dirty else "")
     return (f"base {args.base} = {commit(trees['base'])}, head {args.head} = {commit(trees['head'])}; "
-            f"{args.model} ({args.size} twin), prompt {args.prompt}, {args.new_tokens} new tokens; {args.rounds} rounds "
+            f"backend {args.backend}; {args.model} ({args.size} twin), prompt {args.prompt}, {args.new_tokens} new tokens; {args.rounds} rounds "
             f"x {args.reps} reps; {platform.processor() or platform.machine()}, {os.cpu_count()} cores, one torch thread")
 
 
@@ -115,7 +136,8 @@ def _run_side(tree: Path, args) -> dict:
     env = {**os.environ, "PYTHONPATH": str(tree), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
            "INTERP_ZOO_HOME": os.environ.get("INTERP_ZOO_HOME", str(ROOT / ".zoo-cache"))}
     cmd = [sys.executable, str(Path(__file__).resolve()), "_measure", "--model", args.model, "--size", args.size,
-           "--prompt", str(args.prompt), "--new-tokens", str(args.new_tokens), "--reps", str(args.reps)]
+           "--prompt", str(args.prompt), "--new-tokens", str(args.new_tokens), "--reps", str(args.reps),
+           "--backend", args.backend]
     p = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True)
     lines = [ln for ln in p.stdout.splitlines() if ln.startswith(MARK)]
     if p.returncode != 0 or not lines:
@@ -139,6 +161,8 @@ def report(rounds: list[dict], base: str, head: str, prompt: int, new_tokens: in
     lines = [f"| workload | {base} tok/s | {head} tok/s | {head} / {base} |", "|---|---:|---:|---:|"]
     data: dict = {"workloads": {}, "own": {}}
     for w, what in WORKLOADS.items():
+        if any(w not in r["base"] or w not in r["head"] for r in rounds):
+            continue  # not run on this backend
         b = [tokens[w] / r["base"][w] for r in rounds]
         h = [tokens[w] / r["head"][w] for r in rounds]
         text, iv = _interval([y / x for x, y in zip(b, h)])
@@ -159,18 +183,20 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["_measure"]:
         ap = argparse.ArgumentParser()
-        for flag in ("--model", "--size"):
+        for flag in ("--model", "--size", "--backend"):
             ap.add_argument(flag, required=True)
         for flag in ("--prompt", "--new-tokens", "--reps"):
             ap.add_argument(flag, type=int, required=True)
         a = ap.parse_args(argv[1:])
-        print(MARK + json.dumps(measure(a.model, a.size, a.prompt, a.new_tokens, a.reps)), flush=True)
+        print(MARK + json.dumps(measure(a.model, a.size, a.prompt, a.new_tokens, a.reps, a.backend)), flush=True)
         return 0
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--base", required=True, help="the git revision to compare against")
     ap.add_argument("--head", default=".", help="the revision measured against it ('.': this working tree)")
     ap.add_argument("--rounds", type=int, default=9)
     ap.add_argument("--reps", type=int, default=5, help="timed repetitions per workload per round")
+    ap.add_argument("--backend", default="eager", choices=BACKENDS,
+                    help="the backend both sides run (vLLM: the generation workloads only)")
     ap.add_argument("--model", default="meta-llama/Llama-3.2-1B")
     ap.add_argument("--size", default="tiny", choices=["tiny", "real"])
     ap.add_argument("--prompt", type=int, default=32)

@@ -1,6 +1,7 @@
-"""benchmarks/versus.py: the eager engine at two commits, side by side. The table is checked against
-ratios worked out by hand from synthetic rounds; bad input is refused by name; and (slow) a whole run
-of this checkout against its own HEAD measures every workload on both sides."""
+"""benchmarks/versus.py: the engine at two commits, side by side. The table is checked against ratios
+worked out by hand from synthetic rounds; bad input is refused by name; and (slow) a whole run of this
+checkout against its own HEAD measures every workload on both sides, and the vLLM backend's measuring
+process times the generation workloads."""
 from __future__ import annotations
 
 import json
@@ -39,6 +40,27 @@ def test_a_ratio_whose_interval_is_wide_is_unresolved():
     assert "| generation, nothing asked | 160 | 232 | unresolved |" in table
 
 
+def test_a_vllm_table_has_the_generation_workloads_and_every_own_ratio():
+    """vLLM has no bare forward: its rounds carry the generation workloads only, and the table leaves the
+    forward rows out rather than failing on them."""
+    rounds = [_round(1.0, f) for f in (1.9, 2.0, 2.0, 2.1, 2.0, 2.05)]
+    for r in rounds:
+        for side in r.values():
+            for w in versus.FORWARDS:
+                del side[w]
+    table, data = versus.report(rounds, "old", "new", prompt=32, new_tokens=16)
+    assert set(data["workloads"]) == set(versus.WORKLOADS) - set(versus.FORWARDS)
+    assert "one forward" not in table
+    assert data["own"]["steer every layer / no steer"]["base"]["median"] == pytest.approx(0.5)
+
+
+def test_an_unknown_backend_is_refused_by_name(capsys):
+    with pytest.raises(SystemExit):
+        versus.main(["--base", "HEAD", "--backend", "vllm-generate"])
+    err = capsys.readouterr().err
+    assert "--backend" in err and "vllm-generate" in err and "vllm-static" in err
+
+
 def test_too_few_rounds_are_refused_by_name(capsys):
     with pytest.raises(SystemExit):
         versus.main(["--base", "HEAD", "--rounds", "3"])
@@ -75,3 +97,12 @@ def test_this_tree_against_its_head_measures_every_workload_on_both_sides(tmp_pa
     assert p.stdout.startswith(f"base HEAD = {head}, head . = {head}") and "6 rounds x 1 reps" in p.stdout
     assert data["caption"] == p.stdout.split("\n")[0]
     assert not subprocess.run(["git", "worktree", "list"], capture_output=True, text=True).stdout.count("versus-")
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+def test_the_vllm_side_times_the_generation_workloads():
+    """The measuring process's own function on the vLLM backend: one load, every generation workload timed,
+    the engine closed afterwards."""
+    out = versus.measure("meta-llama/Llama-3.2-1B", "tiny", prompt=8, new_tokens=2, reps=1, backend="vllm")
+    assert set(out) == set(versus.WORKLOADS) - set(versus.FORWARDS) and all(s > 0 for s in out.values())
