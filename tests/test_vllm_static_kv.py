@@ -89,6 +89,16 @@ def test_a_failed_steering_request_is_marked_like_any_other():
     assert blocks.owner == {1: "a", 2: "b"}
 
 
+def test_a_mark_that_fails_cleans_every_cache_whole_and_fails_the_step():
+    """The runner's host tables not as mark reads them (here a batch row with no request): no block can be
+    marked, so every cache loses its inf / NaN at once, and the error goes on to fail the step's plans."""
+    caches = {"a": _poisoned(), "b": _poisoned()}
+    runner = _runner(caches, {}, [])
+    with pytest.raises(IndexError):
+        kv.Blocks(runner).guarded_mark(Step([Span(Plan(1, steers=STEER), 0, 1, 0, 3)], 1))
+    assert all(bool(torch.isfinite(c).all()) for c in caches.values())
+
+
 @pytest.mark.parametrize("pos0,n,want", [(0, 1, [10]), (3, 1, [10]), (4, 1, [11]), (3, 2, [10, 11]),
                                          (0, 12, [10, 11, 12]), (8, 3, [12])])
 def test_the_marked_blocks_are_those_of_the_positions_written(pos0, n, want):

@@ -369,8 +369,8 @@ class WorkerState:
     def _end(self, module, args, output):
         try:
             if self.step is not None:
+                self.blocks.guarded_mark(self.step)  # first: the KV isolation never waits on the rest
                 self.mode.after(self.step, self.work)
-                self.blocks.mark(self.step)
         except Exception as e:
             for sp in self.step.spans:
                 _failed(sp.plan, e)

@@ -113,6 +113,17 @@ class Blocks:
                     done += 1
         return done
 
+    def guarded_mark(self, step: Step) -> int:
+        """`mark`, or where it fails (the runner's block tables are not what it reads) every cache loses its
+        inf / NaN whole, slower but never leaving this step's values for another request; the error goes on
+        (the step's plans fail with it)."""
+        try:
+            return self.mark(step)
+        except Exception:
+            for kv in caches(self.runner.compilation_config.static_forward_context):
+                kv.nan_to_num_(0.0, 0.0, 0.0)
+            raise
+
     def handed_on(self, scheduler_output: Any) -> list[int]:
         """The marked blocks this schedule hands to a request other than their owner (forgotten here:
         the caller zeroes them before the step runs)."""
