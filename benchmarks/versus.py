@@ -23,6 +23,7 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -210,8 +211,16 @@ def main(argv: list[str] | None = None) -> int:
             ap.error(f"{flag} {value}: must be at least 1")
     tmp = Path(tempfile.mkdtemp(prefix="versus-"))
     trees = {}
+    # a SIGTERM (a killed job) unwinds like Ctrl-C, so the worktrees below are removed, not left registered
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     try:
-        trees = {"base": _checkout(args.base, tmp), "head": _checkout(args.head, tmp)}
+        # SIGTERM waits while git checks out: `git worktree add` runs its checkout in a child process that a
+        # kill of git itself would leave writing into the folder the cleanup below removes
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+        try:
+            trees = {"base": _checkout(args.base, tmp), "head": _checkout(args.head, tmp)}
+        finally:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
         rounds = []
         for r in range(args.rounds):
             order = ("base", "head") if r % 2 == 0 else ("head", "base")
@@ -224,10 +233,12 @@ def main(argv: list[str] | None = None) -> int:
             args.json.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "caption": text,
                                              "rounds": rounds, **data}, indent=1))
     finally:
-        for tree in trees.values():
-            if tree != ROOT:
-                subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)], check=False)
+        # every worktree under tmp, one interrupted while `git worktree add` ran (still locked) included
+        for tree in [*tmp.iterdir()] if tmp.exists() else []:
+            subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", "--force", str(tree)],
+                           check=False, capture_output=True)
         shutil.rmtree(tmp, ignore_errors=True)
+        subprocess.run(["git", "-C", str(ROOT), "worktree", "prune"], check=False)
     return 0
 
 

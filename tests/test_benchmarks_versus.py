@@ -80,6 +80,37 @@ def test_a_revision_that_does_not_exist_fails_before_anything_runs():
     assert p.returncode != 0 and "no-such-rev-xyz" in p.stderr
 
 
+def test_a_killed_run_removes_its_worktrees():
+    """SIGTERM as soon as a worktree is registered (while `git worktree add` may still be checking it out)
+    and later, while a round runs: the run unwinds, deregisters its worktrees and removes its folder (old
+    code died at once and left them in `git worktree list`; a first fix killed git mid-checkout, whose
+    own child then rewrote the removed folder)."""
+    import glob
+    import os
+    import signal
+    import tempfile
+    import time
+
+    def ours() -> list[str]:
+        out = subprocess.run(["git", "worktree", "list"], capture_output=True, text=True).stdout
+        return [ln for ln in out.splitlines() if "/versus-" in ln]
+    def folders() -> set[str]:
+        return set(glob.glob(os.path.join(tempfile.gettempdir(), "versus-*", "")))
+    before, had = ours(), folders()
+    for wait in (0.0, 2.0):
+        p = subprocess.Popen([sys.executable, "benchmarks/versus.py", "--base", "HEAD", "--rounds", "6"],
+                             env={**os.environ, "PYTHONPATH": "."}, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        deadline = time.monotonic() + 120
+        while len(ours()) == len(before) and time.monotonic() < deadline and p.poll() is None:
+            time.sleep(0.02)
+        assert len(ours()) > len(before), "the run never checked out its base"
+        time.sleep(wait)
+        p.send_signal(signal.SIGTERM)
+        assert p.wait(timeout=120) == 128 + signal.SIGTERM, wait
+        time.sleep(0.5)  # anything still writing would have recreated the folder by now
+        assert ours() == before and folders() == had, wait
+
+
 @pytest.mark.slow
 def test_this_tree_against_its_head_measures_every_workload_on_both_sides(tmp_path):
     out = tmp_path / "v.json"
