@@ -41,20 +41,24 @@ WORKLOADS = {
     "steer_gen": "generation with a vector added to resid_post at every layer",
     "readout_gen": "generation reading an SAE's top-32 latents (8x d_model wide, random) at resid_post of every layer",
 }
-FORWARDS = ("forward", "capture")  # eager only
-BACKENDS = ("eager", "vllm", "vllm-static")
+FORWARDS = ("forward", "capture")  # the HF runtime only (vLLM has no bare forward)
 # (label, numerator workload, denominator workload): within-commit ratios, reported for both sides
 OWN = (("steer every layer / no steer", "steer_gen", "generate"),
        ("capture during generation / no capture", "capture_gen", "generate"),
        ("SAE top-k readout / raw capture, during generation", "readout_gen", "capture_gen"))
 
 
+def _on_vllm(backend: str) -> bool:
+    from engine.core.backends import VLLM_BACKENDS
+    return backend in VLLM_BACKENDS
+
+
 def _load(model: str, backend: str, prompt: int, new_tokens: int):
     """The model on `backend`; the vLLM backends with the benchmark sweep's settings (prefix caching off,
     room for the prompt and its new tokens, one step holding the prompt)."""
     from engine import load_model
-    if backend == "eager":
-        return load_model(model, backend="eager", source="zoo"), {}
+    if not _on_vllm(backend):
+        return load_model(model, backend=backend, source="zoo"), {}
     room = -(-(prompt + new_tokens) // 16) * 16
     m = load_model(model, backend=backend, source="zoo", enable_prefix_caching=False, max_model_len=room,
                    max_num_batched_tokens=max(room, 256))
@@ -89,7 +93,7 @@ def measure(model: str, size: str, prompt: int, new_tokens: int, reps: int, back
         "readout_gen": lambda: m.generate(ids, max_new_tokens=new_tokens, readouts=[
             Readout(a, SAEFeatures(sae, k=32), name=f"sae.{i}") for i, a in enumerate(every)], **gen),
     }
-    if backend != "eager":
+    if _on_vllm(backend):
         jobs = {k: f for k, f in jobs.items() if k not in FORWARDS}
     out = {}
     try:
@@ -196,7 +200,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--head", default=".", help="the revision measured against it ('.': this working tree)")
     ap.add_argument("--rounds", type=int, default=9)
     ap.add_argument("--reps", type=int, default=5, help="timed repetitions per workload per round")
-    ap.add_argument("--backend", default="eager", choices=BACKENDS,
+    from engine.core.backends import CAPTURE_BACKENDS
+    ap.add_argument("--backend", default="eager", choices=CAPTURE_BACKENDS,
                     help="the backend both sides run (vLLM: the generation workloads only)")
     ap.add_argument("--model", default="meta-llama/Llama-3.2-1B")
     ap.add_argument("--size", default="tiny", choices=["tiny", "real"])
