@@ -85,13 +85,9 @@ class Blocks:
         self.runner = runner
         self.owner: dict[int, str] = {}  # scheduler block id -> the vLLM request whose steered rows wrote it
         self.zeroed = 0  # blocks zeroed on hand-on since the worker started (tests read it)
-
-    def _sizes(self) -> list[int]:
-        """Scheduler block size of each KV-cache group."""
-        cfg = getattr(self.runner, "kv_cache_config", None)
-        groups = getattr(cfg, "kv_cache_groups", None) or []
-        sizes = [g.kv_cache_spec.block_size for g in groups]
-        return sizes or [self.runner.cache_config.block_size]
+        # scheduler block size of each KV-cache group (the caches exist before the engine serves: fixed)
+        groups = getattr(getattr(runner, "kv_cache_config", None), "kv_cache_groups", None) or []
+        self.sizes = [g.kv_cache_spec.block_size for g in groups] or [runner.cache_config.block_size]
 
     def mark(self, step: Step) -> int:
         """Record the blocks the rows of this step's steering requests wrote (every plan with a steer,
@@ -100,7 +96,7 @@ class Blocks:
         spans = [sp for sp in step.spans if sp.plan.steers and sp.n > 0]
         if not spans:
             return 0
-        batch, states, sizes = self.runner.input_batch, self.runner.requests, self._sizes()
+        batch, states, sizes = self.runner.input_batch, self.runner.requests, self.sizes
         done = 0
         for sp in spans:
             rid = batch.req_ids[sp.row]
@@ -153,6 +149,8 @@ class Blocks:
             return 0
         layers = self.runner.compilation_config.static_forward_context
         num_blocks = self.runner.kv_cache_config.num_blocks
+        host = torch.tensor(blocks, dtype=torch.long)
+        index: dict[tuple[int, torch.device], torch.Tensor] = {}  # built once per (k, device), not per layer
         done = 0
         for kv in caches(layers):
             where = block_dim(kv, num_blocks)
@@ -161,12 +159,12 @@ class Blocks:
                 kv.nan_to_num_(0.0, 0.0, 0.0)
                 continue
             dim, k = where
-            ids = torch.tensor(blocks, dtype=torch.long)
-            if k > 1:
-                ids = (ids[:, None] * k + torch.arange(k)).reshape(-1)
-            if kv.device.type != "cpu":
-                ids = ids.pin_memory().to(kv.device, non_blocking=True)
-            kv.index_fill_(dim, ids, 0.0)
+            if (k, kv.device) not in index:
+                ids = host if k == 1 else (host[:, None] * k + torch.arange(k)).reshape(-1)
+                if kv.device.type != "cpu":
+                    ids = ids.pin_memory().to(kv.device, non_blocking=True)
+                index[(k, kv.device)] = ids
+            kv.index_fill_(dim, index[(k, kv.device)], 0.0)
         self.zeroed += len(blocks)
         return done
 
