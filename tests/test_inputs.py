@@ -287,11 +287,11 @@ def test_gpt2_eager_generation_past_its_positions_is_refused_before_it_runs():
 def test_eager_decode_state_is_built_one_step_at_a_time(models, monkeypatch):
     """Each decode step's layout (whose key mask grows with the sequence) is built when its forward
     runs, not all up front: generate(max_new_tokens=n) held O(n^2) of them before the first forward."""
-    from engine.backends.hf import eager
+    from engine.backends.hf import grid
     m = models("eager")
     built, seen = [], []
-    real = eager.decode_layout
-    monkeypatch.setattr(eager, "decode_layout", lambda *a: built.append(a[2]) or real(*a))
+    real = grid.decode_layout
+    monkeypatch.setattr(grid, "decode_layout", lambda *a: built.append(a[2]) or real(*a))
     h = m.hf.register_forward_pre_hook(lambda mod, args: seen.append(len(built)))
     try:
         out = m.generate("Hi there", 6, points=["resid_post.0"])

@@ -143,3 +143,100 @@ def test_one_span_rows_are_its_range_of_flat_rows_and_positions(a, b, pos0, n_to
     want = t.clone()
     want[a:b] += value[pos0:pos0 + b - a]
     torch.testing.assert_close(out, want, rtol=0, atol=0)
+
+
+def _decode_steps(plans, steps=3, pos0=(5, 9)):
+    """Steps of a decode of two sequences (rows 0 and 1 of each forward), each after the one before,
+    and the same steps built on their own (the reference)."""
+    chained, alone, prev = [], [], None
+    for i in range(steps):
+        spans = [Span(p, r, r + 1, pos0[r] + i, r) for r, p in enumerate(plans)]
+        prev = Step(spans, len(plans), prev=prev)  # the ledger of the first
+        chained.append(prev)
+        alone.append(Step([Span(p, r, r + 1, pos0[r] + i, r) for r, p in enumerate(plans)], len(plans),
+                          ledger=prev.ledger))
+    return chained, alone
+
+
+def _same_rows(got, want):
+    assert (got.index is None) == (want.index is None)
+    if got.index is not None:
+        assert torch.equal(got.index, want.index)
+    for f in ("flat", "plan", "pos", "steer"):
+        assert getattr(got, f).tolist() == getattr(want, f).tolist(), f
+    assert got.members == want.members and got.codes == want.codes
+
+
+def test_a_decode_step_carries_position_free_rows_from_the_step_before_exactly():
+    """Eager decode: a step whose spans are the last step's, one position on (Step.prev), takes the rows
+    that do not depend on positions (a steer of every position with one vector, the guard's, a
+    readout's) from it, shifted; they equal the rows the step builds on its own."""
+    v = torch.randn(D)
+    plans = [Plan(5, steers=[Steer("resid_post.0", "add", v).bound()]), Plan(9, steers=[Steer("resid_post.0", "add", v).bound()])]
+    g = site_work(plans, str)["resid_post.0"].steers[0]
+    chained, alone = _decode_steps(plans)
+    for c, a in zip(chained, alone):
+        (rc, vc), (ra, va) = c.steer_rows(g, (D,)), a.steer_rows(g, (D,))
+        _same_rows(rc, ra)
+        assert torch.equal(vc, va)
+        _same_rows(c.guard_rows(), a.guard_rows())
+    built = []
+    real = Step._steer_rows
+    Step._steer_rows = lambda self, *a: built.append(self) or real(self, *a)
+    try:
+        chained, _ = _decode_steps(plans)
+        for c in chained:
+            c.steer_rows(g, (D,))
+    finally:
+        Step._steer_rows = real
+    assert built == chained[:1]  # built once, carried after
+
+
+@pytest.mark.parametrize("how", ["positional value", "position window"])
+def test_rows_that_depend_on_positions_are_built_again_at_every_decode_step(how):
+    """A value by position reads each step's own positions, and a window of positions touches a row at
+    some steps only: neither is carried from the step before."""
+    val = torch.randn(20, D)
+    st = (Steer("resid_post.0", "add", val) if how == "positional value"
+          else Steer("resid_post.0", "add", val[0], positions=slice(6, 7))).bound()
+    plans = [Plan(5, steers=[st]), Plan(9, steers=[st])]
+    g = site_work(plans, str)["resid_post.0"].steers[0]
+    chained, alone = _decode_steps(plans)
+    for c, a in zip(chained, alone):
+        (rc, vc), (ra, va) = c.steer_rows(g, (D,)), a.steer_rows(g, (D,))
+        _same_rows(rc, ra)
+        assert (vc is None) == (va is None) and (vc is None or torch.equal(vc, va))
+    if how == "position window":  # row 0 is at position 6 in the second step only
+        assert [c.steer_rows(g, (D,))[0].pos.tolist() for c in chained] == [[], [6], []]
+
+
+def test_the_guard_bound_is_a_float32_norm_for_every_dtype():
+    """engine.core.site.row_bounds: inf or NaN for a row not finite or too large for a float32 sum of
+    squares (|row| past ~1.8e19), finite otherwise; a float16 row of norm 64000 (finite in float16, its
+    square is not) is within bounds, as it is for the model that holds it."""
+    from engine.core.site import row_bounds
+    x = torch.tensor([[1.0, 2.0], [float("nan"), 0.0], [float("inf"), 0.0], [1.4e19, 1.4e19], [1.2e19, 1.2e19]])
+    got = row_bounds(x)
+    assert got.dtype == torch.float32
+    assert torch.isfinite(got).tolist() == [True, False, False, False, True]
+    torch.testing.assert_close(got[[0, 4]], x[[0, 4]].double().norm(dim=-1).float())
+    half = torch.full((1, 4096), 1000.0, dtype=torch.float16)
+    assert row_bounds(half).tolist() == [64000.0]
+    assert row_bounds(torch.zeros(3, 2, 4)).shape == (3,)  # per row of a headed point
+
+
+def test_a_guarded_site_leaves_a_non_finite_row_to_the_layer_guard():
+    """With sanitize on (vLLM), a steer's non-finite row keeps its unsteered value, unless the site is
+    `guarded` (the layer guard checks its output next, and zeroes the row there); both fail the plan."""
+    x = _rows(2)
+    plan = Plan(2, steers=[Steer("resid_post.0", "scale", 3e38).bound()])
+    for guarded in (False, True):
+        work = site_work([plan], str)["resid_post.0"]
+        work.guarded = guarded
+        step = Step([Span(plan, 0, 2, 0)], 2, sanitize=True)
+        out = run_site(x * 10, step, work)
+        if guarded:
+            assert not torch.isfinite(out).all()
+        else:
+            torch.testing.assert_close(out, x * 10, rtol=0, atol=0)
+        assert step.ledger.read([plan.key])[plan.key].failed == 0

@@ -10,6 +10,7 @@ covers Llama, GPT-2, Gemma-2 (tests/test_vllm.py) and compiled vllm-static on Ll
 from __future__ import annotations
 
 import pytest
+import torch
 
 from engine.core.errors import UnsupportedPointError
 from engine.core.steering import Steer
@@ -106,6 +107,21 @@ def test_vllm_decode_with_steer(family):
     steer = [Steer("resid_post.0", "add", random_vector((vm.d_model,)))]
     assert decode_failures(vm, em, shared_points(vm, em), prompt=LONG, n=4) == {}
     assert decode_failures(vm, em, ["resid_post", f"mlp_out.{vm.n_layers - 1}"], n=4, steer=steer) == {}
+
+
+def test_vllm_guard_fails_a_later_layer_overflow_alone(family):
+    """Two finite adds of 3e38 at the first block's attention and MLP outputs overflow its residual
+    stream: the layer guard fails that request naming both steers, on every tree shape (the Transformers
+    backend's [1, tokens, d] layer outputs went unchecked: the request answered instead of failing), and
+    a plain request answers as it did before."""
+    from engine.core.steering import NonFiniteSteer
+    name, vm, em = family
+    solo = vm.generate(LONG, 4, return_logits=False).new_tokens[0].tolist()
+    big = torch.full((vm.d_model,), 3e38)
+    steer = [Steer("attn_out.0", "add", big), Steer("mlp_out.0", "add", big)]
+    with pytest.raises(NonFiniteSteer, match=r"downstream of its steers \('add' at attn_out\.0; 'add' at mlp_out\.0\)"):
+        vm.generate(LONG, 4, steer=steer, return_logits=False)
+    assert vm.generate(LONG, 4, return_logits=False).new_tokens[0].tolist() == solo
 
 
 def test_vllm_static_declared_taps(family):

@@ -71,10 +71,14 @@ class Ledger:
     def __bool__(self) -> bool:
         return bool(self._entries)
 
-    def record(self, plan: np.ndarray, steer: np.ndarray, pos: np.ndarray, norm: torch.Tensor) -> None:
+    def record(self, plan: np.ndarray, steer: np.ndarray, pos: np.ndarray, norm: torch.Tensor,
+               codes: frozenset | None = None) -> None:
         """Rows of one application: plan codes (`code`), steer indices and absolute positions (host), and the
-        norm of each row's change (device; inf or NaN for a row not finite). No device read."""
-        self._entries.append(_Entry(plan, steer, pos, norm.detach().double().reshape(-1), frozenset(plan.tolist())))
+        norm of each row's change (device; inf or NaN for a row not finite). `codes`: the distinct codes of
+        `plan` where the caller has them (engine.core.step.Rows). No device read."""
+        norm = norm.detach().double()
+        self._entries.append(_Entry(plan, steer, pos, norm if norm.dim() == 1 else norm.reshape(-1),
+                                    frozenset(plan.tolist()) if codes is None else codes))
 
     def read(self, keys: "list | None" = None) -> dict:
         """{plan key: Outcome} for the plans `keys` (None: every plan recorded), in one transfer."""

@@ -186,10 +186,13 @@ class ReadoutGroup:
 @dataclass(slots=True)
 class SiteWork:
     """What the plans of one call do at one site, in the order it runs: steers (group k before
-    group k + 1), then reads and readouts of the steered value."""
+    group k + 1), then reads and readouts of the steered value. `guarded`: the backend's layer guard
+    checks this site's output before anything else reads it (the vLLM worker's hooks on a decoder
+    layer's output), so a steer here needs no sanitizing of its own (engine.core.site.steer)."""
     steers: list[SteerGroup] = field(default_factory=list)
     reads: list[ReadGroup] = field(default_factory=list)
     readouts: list[ReadoutGroup] = field(default_factory=list)
+    guarded: bool = False
 
     def plans_reading(self) -> set:
         return {id(p) for g in self.reads for p in g.plans}

@@ -10,9 +10,13 @@ A steer group gathers its rows (or takes the whole tensor when it touches every 
 difference, the norm). That record is the guard and the receipt at once, and nothing is read back here: the ledger is read once per call (eager) or at
 collect (vLLM). With `step.sanitize` (vLLM) a row made non-finite keeps its unsteered value, so nothing
 non-finite reaches the rest of the forward or the KV cache; its request fails when the ledger is read.
+A site whose output the layer guard checks next (`SiteWork.guarded`) leaves that to the guard, which
+zeroes such a row.
 Writers run before readers, so a capture sees the steered value, as the rest of the forward does.
 """
 from __future__ import annotations
+
+import contextlib
 
 import torch
 
@@ -26,9 +30,10 @@ def run_site(t: torch.Tensor, step: Step, work: SiteWork) -> torch.Tensor | None
     """Steer, then capture and read out, on the flat [tokens, ...] tensor `t` of one site. Returns the
     replacement, or None when nothing was steered (the forward then continues with `t` itself)."""
     out = t
+    sanitize = step.sanitize and not work.guarded
     for g in work.steers:
         try:
-            out = steer(out, step, g)
+            out = steer(out, step, g, sanitize)
         except Exception as e:  # with on_error (vLLM), the group's plans fail alone, their rows unsteered
             _fail(step, [m[0] for m in g.members], e)
     for r in work.reads:
@@ -50,8 +55,9 @@ def _fail(step: Step, plans: list, exc: Exception) -> None:
             step.on_error(plan, exc)
 
 
-def steer(t: torch.Tensor, step: Step, g: SteerGroup) -> torch.Tensor:
-    """The group's op on its rows of t (a new tensor; t itself is never written)."""
+def steer(t: torch.Tensor, step: Step, g: SteerGroup, sanitize: bool = False) -> torch.Tensor:
+    """The group's op on its rows of t (a new tensor; t itself is never written). `sanitize`: a row the
+    op made non-finite keeps its unsteered value."""
     st = g.steer
     h = st.address.coords[0][1] if st.address.coords else None  # type: ignore[union-attr]
     view = t if h is None else t[:, h]
@@ -60,10 +66,10 @@ def steer(t: torch.Tensor, step: Step, g: SteerGroup) -> torch.Tensor:
         return t
     x = view if rows.index is None else view.index_select(0, rows.index)
     new = OPS[st.op].apply(x, None if value is None else value.to(x.dtype), st)
-    with torch.no_grad():  # the receipt and the guard in one: inf or NaN where the row went non-finite
+    with _no_grad():  # the receipt and the guard in one: inf or NaN where the row went non-finite
         change = torch.linalg.vector_norm((new - x).reshape(rows.m, -1), dim=-1, dtype=torch.float64)
-        step.ledger.record(rows.plan, rows.steer, rows.pos, change)
-    if step.sanitize:  # a row made non-finite keeps its unsteered value
+        step.ledger.record(rows.plan, rows.steer, rows.pos, change, rows.codes)
+    if sanitize:
         new = torch.where(torch.isfinite(change).reshape(-1, *[1] * (new.dim() - 1)), new, x)
     if rows.index is None and h is None:  # every row: the op's result is the new tensor
         return new.clone() if new.data_ptr() == t.data_ptr() else new
@@ -98,24 +104,30 @@ def readout(t: torch.Tensor, step: Step, g: ReadoutGroup) -> None:
         acc.put(p0, n, piece)
 
 
-GUARD_NORM = float(torch.finfo(torch.float32).max) ** 0.5  # a row's norm past this: its float32 square is inf
+def row_bounds(x: torch.Tensor) -> torch.Tensor:
+    """Per row of x [n, ...]: its norm, accumulated in float32; inf or NaN where the row is not finite, or
+    so large that its float32 sum of squares overflows (|row| past ~1.8e19: finite, but every RMSNorm /
+    LayerNorm after it divides by inf, so it fails like inf). Tensor ops only: vllm-static traces it
+    into its compiled graph (engine/backends/vllm/worker/guard.py)."""
+    return torch.linalg.vector_norm(x.reshape(x.shape[0], -1), dim=-1, dtype=torch.float32)
 
 
-def guard(t: torch.Tensor, step: Step) -> torch.Tensor | None:
+def guard(t: torch.Tensor, step: Step, keep: bool = False) -> torch.Tensor | None:
     """The layer guard on a flat [tokens, d] hidden state: for each plan of the step that steers, whether
-    any of its rows is not finite there (or so large that its float32 sum of squares is: GUARD_NORM), recorded in the ledger under GUARD (its request fails when the
-    ledger is read). Returns a bool [tokens] (device) that is False on each non-finite row of those
-    plans, for a backend that must keep such rows from going further (`zero_rows`); None when no plan
-    of the step steers. Nothing is read back."""
+    any of its rows is out of bounds there (`row_bounds`), recorded in the ledger under GUARD (its request
+    fails when the ledger is read). With `keep`, returns a bool [tokens] (device) that is False on each
+    such row of those plans, for a backend that must keep such rows from going further (`zero_rows`);
+    None when no plan of the step steers, or without `keep`. Nothing is read back."""
     rows = step.guard_rows()
     if not rows.members:
         return None
     x = t if rows.index is None else t.index_select(0, rows.index)
-    with torch.no_grad():
-        norm = torch.linalg.vector_norm(x.reshape(rows.m, -1), dim=-1, dtype=torch.float64)
-        ok = norm < GUARD_NORM  # inf / NaN fail it (NaN < x is False), and so does a finite row too large
-        # for any norm after it: its float32 sum of squares overflows, and every norm then divides by inf
-        step.ledger.record(rows.plan, rows.steer, rows.pos, torch.where(ok, 0.0, torch.nan))
+    with _no_grad():
+        norm = row_bounds(x)
+        step.ledger.record(rows.plan, rows.steer, rows.pos, norm, rows.codes)  # only its finiteness counts
+        if not keep:
+            return None
+        ok = torch.isfinite(norm)
         if rows.index is None:
             return ok
         return torch.ones(t.shape[0], dtype=torch.bool, device=t.device).index_copy(0, rows.index, ok)
@@ -123,7 +135,12 @@ def guard(t: torch.Tensor, step: Step) -> torch.Tensor | None:
 
 def zero_rows(t: torch.Tensor, ok: torch.Tensor) -> torch.Tensor:
     """t [tokens, ...] with 0 on every row where ok [tokens] is False (a new tensor)."""
-    return torch.where(ok.reshape(-1, *[1] * (t.dim() - 1)), t, torch.zeros((), dtype=t.dtype, device=t.device))
+    return torch.where(ok.reshape(-1, *[1] * (t.dim() - 1)), t, 0.0)
+
+
+def _no_grad() -> contextlib.AbstractContextManager:
+    """no_grad where gradients are on (a steer inside a grad=True call); else nothing to enter."""
+    return torch.no_grad() if torch.is_grad_enabled() else contextlib.nullcontext()
 
 
 def apply_steer(steer: Steer, rows: torch.Tensor, mask: torch.Tensor | None = None, pos0: int = 0) -> torch.Tensor:

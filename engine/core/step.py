@@ -34,13 +34,19 @@ class Rows:
     """Some rows of a step's flat tensor, member by member (a member: a plan, or a plan's steer).
     index: device long [m] (None: every row of the step, in order); flat / plan / pos / steer: host
     int64 [m] (the rows, their plan key, absolute position and steer index); members: (member, absolute
-    position of its first row, its row count) for members with rows."""
+    position of its first row, its row count) for members with rows; codes: the distinct plan codes."""
     index: torch.Tensor | None
     flat: np.ndarray
     plan: np.ndarray
     pos: np.ndarray
     steer: np.ndarray
     members: list
+    codes: frozenset = frozenset()
+
+    def shifted(self, d: int) -> Rows:
+        """The same rows of a step whose every sequence is d positions further on (eager decode)."""
+        return Rows(self.index, self.flat, self.plan, self.pos + d, self.steer,
+                    [(m, f + d, n) for m, f, n in self.members], self.codes)
 
     @property
     def m(self) -> int:
@@ -68,15 +74,20 @@ class Step:
     """The spans of one forward and, built on first use, the index tensors and values its sites use.
     `ledger` receives every steer application's tally; `sanitize`: a row a steer makes non-finite keeps
     its unsteered value (vLLM: nothing non-finite may reach the KV cache); `on_error(plan, exc)`: a
-    plan's own failure while building its rows (None: raise)."""
-    __slots__ = ("spans", "n_tokens", "device", "ledger", "sanitize", "on_error", "_span", "_built")
+    plan's own failure while building its rows (None: raise). `prev`: the Step of the previous forward
+    of the same sequences when this one's spans are exactly those, one position on (eager decode): rows
+    that do not depend on positions are taken from it, shifted, instead of rebuilt."""
+    __slots__ = ("spans", "n_tokens", "device", "ledger", "sanitize", "on_error", "prev", "_span", "_built")
 
     def __init__(self, spans: list[Span], n_tokens: int, device: torch.device | str | None = None,
                  ledger: Ledger | None = None, sanitize: bool = False,
-                 on_error: Callable[[Plan, BaseException], None] | None = None) -> None:
-        self.spans, self.n_tokens = spans, n_tokens
+                 on_error: Callable[[Plan, BaseException], None] | None = None, prev: Step | None = None) -> None:
+        self.spans, self.n_tokens, self.prev = spans, n_tokens, prev
         self.device = torch.device(device if device is not None else "cpu")
-        self.ledger = ledger if ledger is not None else Ledger()
+        before: Ledger | None = None if prev is None else prev.ledger
+        if before is not None and ledger is not None and ledger is not before:
+            raise ValueError("a Step carried from another records in its ledger: rows carry its plan codes")
+        self.ledger: Ledger = ledger if ledger is not None else before if before is not None else Ledger()
         self.sanitize, self.on_error = sanitize, on_error
         self._span = {id(sp.plan): sp for sp in spans}
         self._built: dict = {}
@@ -98,22 +109,23 @@ class Step:
         geo = self._built.get(key)
         if geo is None:
             geo = self._built[key] = self._geometry([(p[1], p[3], p[4]) for p in parts])
-        index, flat, plan, where, counts, firsts = geo
+        index, flat, plan, where, counts, firsts, codes = geo
         indices = {p[2] for p in parts}
         steer = (np.full(len(flat), parts[0][2], dtype=np.int64) if len(indices) == 1
                  else np.repeat(np.array([p[2] for p in parts], dtype=np.int64), counts))
-        return Rows(index, flat, plan, where, steer, [(p[0], f, n) for p, f, n in zip(parts, firsts, counts)])
+        return Rows(index, flat, plan, where, steer, [(p[0], f, n) for p, f, n in zip(parts, firsts, counts)], codes)
 
     def _geometry(self, spans: list) -> tuple:
-        """(device index or None, flat rows, plan codes, positions, counts, first positions) for
-        (plan key, span, offsets or None) of each member."""
+        """(device index or None, flat rows, plan codes, positions, counts, first positions, distinct plan
+        codes) for (plan key, span, offsets or None) of each member."""
         code = self.ledger.code
         if len(spans) == 1 and spans[0][2] is None:  # one plan's every row (a decode step of one sequence):
             key, sp, _ = spans[0]  # two ranges, no array arithmetic (this runs once per forward)
             flat = np.arange(sp.a, sp.b, dtype=np.int64)
             where = np.arange(sp.pos0, sp.pos0 + sp.n, dtype=np.int64)
             index = None if sp.a == 0 and sp.n == self.n_tokens else upload(flat, self.device)
-            return index, flat, np.full(sp.n, code(key), dtype=np.int64), where, [sp.n], [sp.pos0]
+            c = code(key)
+            return index, flat, np.full(sp.n, c, dtype=np.int64), where, [sp.n], [sp.pos0], frozenset((c,))
         counts = np.array([sp.n if off is None else len(off) for _, sp, off in spans], dtype=np.int64)
         firsts = [sp.pos0 + (0 if off is None else int(off[0])) for _, sp, off in spans]
         if all(off is None for _, _, off in spans):  # every row of each span: ranges, built at once
@@ -125,34 +137,48 @@ class Step:
             offs = [np.arange(sp.n, dtype=np.int64) if off is None else off for _, sp, off in spans]
             flat = np.concatenate([o + sp.a for o, (_, sp, _) in zip(offs, spans)])
             where = np.concatenate([o + sp.pos0 for o, (_, sp, _) in zip(offs, spans)])
-        plan = np.repeat(np.array([code(k) for k, _, _ in spans], dtype=np.int64), counts)
+        codes = [code(k) for k, _, _ in spans]
+        plan = np.repeat(np.array(codes, dtype=np.int64), counts)
         every = len(flat) == self.n_tokens and bool((flat == np.arange(self.n_tokens)).all())
-        return (None if every else upload(flat, self.device), flat, plan, where, counts.tolist(), firsts)
+        return (None if every else upload(flat, self.device), flat, plan, where, counts.tolist(), firsts,
+                frozenset(codes))
+
+    def _carried(self, key: tuple, build: Callable[[], tuple]) -> tuple:
+        """What `key` built in this step: from the previous step, shifted a position, where it was built
+        there and marked as not depending on positions (the entry's last item); else built now."""
+        got = self._built.get(key)
+        if got is None:
+            old = None if self.prev is None else self.prev._built.get(key)
+            got = self._built[key] = (old[0].shifted(1), *old[1:]) if old is not None and old[-1] else build()
+        return got
 
     def steer_rows(self, g: SteerGroup, shape: tuple) -> tuple[Rows, torch.Tensor | None]:
         """The rows the group's steers touch in this step and the value for each (checked against the
         per-position `shape` the site has; a member whose value does not fit fails alone, when
         on_error is set)."""
-        key = ("steer", id(g))
-        if key not in self._built:
-            parts = []
-            for plan, i, st in g.members:
-                sp = self.span(plan)
-                if sp is None:
-                    continue
-                off = None if touches_every_row(st) else self._offsets(st, sp)
-                try:
-                    last = sp.pos0 + sp.n - 1 if off is None else sp.pos0 + int(off[-1]) if len(off) else -1
-                    check_value(st, shape, last)
-                except SteeringError as e:
-                    if self.on_error is None:
-                        raise
-                    self.on_error(plan, e)
-                    continue
-                parts.append(((plan, i, st), plan.key, i, sp, off))
-            rows = self._rows(parts)
-            self._built[key] = (rows, self._values(rows, shape))
-        return self._built[key]
+        rows, value, _ = self._carried(("steer", id(g)), lambda: self._steer_rows(g, shape))
+        return rows, value
+
+    def _steer_rows(self, g: SteerGroup, shape: tuple) -> tuple:
+        """(rows, value per row, whether neither depends on positions) of a steer group in this step."""
+        parts = []
+        for plan, i, st in g.members:
+            sp = self.span(plan)
+            if sp is None:
+                continue
+            off = None if touches_every_row(st) else self._offsets(st, sp)
+            try:
+                last = sp.pos0 + sp.n - 1 if off is None else sp.pos0 + int(off[-1]) if len(off) else -1
+                check_value(st, shape, last)
+            except SteeringError as e:
+                if self.on_error is None:
+                    raise
+                self.on_error(plan, e)
+                continue
+            parts.append(((plan, i, st), plan.key, i, sp, off))
+        rows = self._rows(parts)
+        free = all(off is None for *_, off in parts) and (g.steer.value is None or not g.steer.bound().lead)
+        return rows, self._values(rows, shape), free
 
     def _offsets(self, st: Steer, sp: Span) -> np.ndarray:
         """st.offsets on the span, computed once per step for steers whose positions and exclusions agree."""
@@ -205,24 +231,19 @@ class Step:
 
     def readout_rows(self, g: ReadoutGroup) -> Rows:
         """Every row of each member's span (a member: (plan, Accumulator))."""
-        key = ("readout", id(g))
-        if key not in self._built:
-            parts = []
-            for plan, acc in g.members:
-                sp = self.span(plan)
-                if sp is not None:
-                    parts.append(((plan, acc), plan.key, 0, sp, None))
-            self._built[key] = self._rows(parts)
-        return self._built[key]
+        def build() -> tuple:
+            parts = [((plan, acc), plan.key, 0, sp, None) for plan, acc in g.members
+                     if (sp := self.span(plan)) is not None]
+            return self._rows(parts), True
+        return self._carried(("readout", id(g)), build)[0]
 
     def guard_rows(self) -> Rows:
         """Every row of each plan that steers (what the layer guard watches)."""
-        key = ("guard",)
-        if key not in self._built:
+        def build() -> tuple:
             parts = [(sp.plan, sp.plan.key, GUARD, sp, None) for sp in self.spans
                      if sp.plan.steers and sp.plan.error is None]
-            self._built[key] = self._rows(parts)
-        return self._built[key]
+            return self._rows(parts), True
+        return self._carried(("guard",), build)[0]
 
     # -- what a site keeps ---------------------------------------------------------------------------
     def capture(self, g: ReadGroup, t: torch.Tensor) -> None:

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from engine.backends.hf import attention, sites
-from engine.backends.hf.grid import Call, Layout, decode_layout, padded, pattern_rows, prefill_layout
+from engine.backends.hf.grid import Call, Layout, decode_layouts, padded, pattern_rows, prefill_layout
 from engine.backends.hf.stop import Stop, stopped_at
 from engine.core.address import Address, closest, parse
 from engine.core.errors import AddressError, SteeringError, UnsupportedPointError
@@ -451,9 +451,7 @@ class EagerModel(ModelBase, WeightsMixin, TokensMixin):
         with contextlib.closing(Call(self.device)) as call:  # its chunks and steps go when the result is built
             if on_plans is not None:
                 on_plans(plans, call)
-            # built one forward at a time: a step's key mask grows with it (all of them at once is O(n^2))
-            layouts = itertools.chain([prefill_layout(plans, mask, call)],
-                                      (decode_layout(plans, mask, i, call) for i in range(1, max_new_tokens)))
+            layouts = itertools.chain([prefill_layout(plans, mask, call)], decode_layouts(plans, mask, max_new_tokens, call))
             with self._lock, torch.no_grad(), self._attached(plans, layouts):
                 if knobs.seed is not None:
                     torch.manual_seed(knobs.seed)

@@ -1,7 +1,7 @@
 """One eager call's rows: a [batch, columns] grid per forward, captured whole, assembled once at the end.
 
     call = Call(device)                          # the call's ledger and captured chunks
-    layout = prefill_layout(plans, mask, call)   # mask: host [b, T] bool; then decode_layout per step
+    layout = prefill_layout(plans, mask, call)   # mask: host [b, T] bool; then decode_layouts, one per step
     step = layout.step(n_cols)                   # the Step a site of n_cols columns runs with (engine/core/step.py)
     grid = call.grid(key)                        # [b, columns, ...] of every forward, in order
 
@@ -13,6 +13,7 @@ per row: done once at assembly (`pattern_rows`), never inside the forward.
 """
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -48,19 +49,23 @@ class Call:
 @dataclass(eq=False, slots=True)
 class Layout:
     """How one forward's [batch, cols] rows map to sequences: spans over the flat rows, the chunk's
-    shape, and which columns of the sequence so far are real tokens (host, for attention keys)."""
+    shape, and which columns of the sequence so far are real tokens (host, for attention keys).
+    `after`: the previous forward's layout when these spans are its own, one position on (decode)."""
     spans: list[Span]
     shape: tuple[int, int]
     key_mask: np.ndarray  # [batch, columns so far], bool
     call: Call
+    after: Layout | None = None
 
     def step(self, n_cols: int) -> GridStep:
         """The Step of a site whose tensor holds the last n_cols columns (HF computes the logits of the
         last prompt token alone when generating); kept by the call until it closes."""
         key = (id(self), n_cols)
-        if key not in self.call.steps:
-            self.call.steps[key] = GridStep(self.spans_for(n_cols), (self.shape[0], n_cols), self)
-        return self.call.steps[key]
+        step = self.call.steps.get(key)
+        if step is None:
+            prev = None if self.after is None else self.call.steps.get((id(self.after), n_cols))
+            step = self.call.steps[key] = GridStep(self.spans_for(n_cols), (self.shape[0], n_cols), self, prev)
+        return step
 
     def spans_for(self, n_cols: int) -> list[Span]:
         b, width = self.shape
@@ -97,8 +102,8 @@ class GridStep(Step):
     """The Step of one eager forward: a capture keeps the site's whole [b, n_cols, ...] grid."""
     __slots__ = ("shape", "layout")
 
-    def __init__(self, spans: list[Span], shape: tuple[int, int], layout: Layout) -> None:
-        super().__init__(spans, shape[0] * shape[1], layout.call.device, layout.call.ledger)
+    def __init__(self, spans: list[Span], shape: tuple[int, int], layout: Layout, prev: GridStep | None = None) -> None:
+        super().__init__(spans, shape[0] * shape[1], layout.call.device, layout.call.ledger, prev=prev)
         self.shape, self.layout = shape, layout
 
     def capture(self, g: ReadGroup, t: torch.Tensor) -> None:
@@ -118,11 +123,21 @@ def prefill_layout(plans: list[Plan], mask: np.ndarray, call: Call) -> Layout:
     return Layout(spans, (b, width), mask, call)
 
 
-def decode_layout(plans: list[Plan], mask: np.ndarray, step: int, call: Call) -> Layout:
-    """The forward feeding back generated token `step` (1-based): one column per row."""
+def decode_layout(plans: list[Plan], mask: np.ndarray, step: int, call: Call, after: Layout | None = None) -> Layout:
+    """The forward feeding back generated token `step` (1-based): one column per row. `after`: the
+    layout of step - 1 (its rows, one position on)."""
     spans = [Span(plan, r, r + 1, plan.prompt_len + step - 1, r) for r, plan in enumerate(plans)]
     key_mask = np.concatenate([mask, np.ones((mask.shape[0], step), dtype=bool)], axis=1)
-    return Layout(spans, (mask.shape[0], 1), key_mask, call)
+    return Layout(spans, (mask.shape[0], 1), key_mask, call, after)
+
+
+def decode_layouts(plans: list[Plan], mask: np.ndarray, n: int, call: Call) -> Iterator[Layout]:
+    """The layouts of decode steps 1..n-1, built one forward at a time (a step's key mask grows with
+    it: all of them at once is O(n^2)), each after the one before."""
+    last = None
+    for step in range(1, n):
+        last = decode_layout(plans, mask, step, call, last)
+        yield last
 
 
 def pattern_rows(call: Call, key: str, compress_rate: int) -> None:

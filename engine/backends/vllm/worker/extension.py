@@ -297,13 +297,16 @@ class WorkerState:
         """Recompute what every site does for the registered plans; reattach hooks (`vllm`)."""
         plans = list(self.plans.values())
         self.work = site_work(plans, self._site_key, self._local_read, self._local_steer, self._local_readout)
+        steering = [p for p in plans if p.steers]
+        # the layer guard, from the first layer a steer can change (hooked mode; vllm-static's is in its graph)
+        guarded = self._layers()[kv.first_layer(steering):] if steering and isinstance(self.mode, HookSites) else []
+        checked = {id(layer) for layer in guarded}
+        for site, w in self.work.items():  # a layer's output hooks run before its guard's (registered after)
+            w.guarded = bool(checked) and site.phase == "post" and id(site.module) in checked
         for h in self.handles:
             h.remove()
         self.handles = self.mode.attach(self.work)
-        steering = [p for p in plans if p.steers]
-        if steering and isinstance(self.mode, HookSites):  # from the first layer a steer can change
-            self.handles += [layer.register_forward_hook(self._guard_layer)
-                             for layer in self._layers()[kv.first_layer(steering):]]
+        self.handles += [layer.register_forward_hook(self._guard_layer) for layer in guarded]
         if self.end_handle is not None:  # after every site's hook, where the end module is also a site
             self.end_handle.remove()
             self.end_handle = self.end_module.register_forward_hook(self._end)
@@ -322,15 +325,20 @@ class WorkerState:
         if step is None or not step.spans:
             return None
         parts = list(output) if isinstance(output, tuple) else [output]
-        tensors = [i for i, p in enumerate(parts) if isinstance(p, torch.Tensor) and p.shape[:1] == (step.n_tokens,)]
+        n, flat = step.n_tokens, self.tree.batched  # the Transformers backend's tensors are [1, tokens, d]
+        tensors = [i for i, p in enumerate(parts) if isinstance(p, torch.Tensor) and p.dim() >= 2
+                   and (p.shape[:2] == (1, n) if flat else p.shape[0] == n)]
         if not tensors:
             return None
-        stream = sum(parts[i] for i in tensors)
-        ok = guard(stream.reshape(step.n_tokens, -1), step)
+        rows = [parts[i].reshape(n, -1) for i in tensors]
+        stream = rows[0]
+        for r in rows[1:]:  # (hidden, residual): their sum is the stream (no 0 + hidden first, as sum() does)
+            stream = stream + r
+        ok = guard(stream, step, keep=True)
         if ok is None:
             return None
-        for i in tensors:
-            parts[i] = zero_rows(parts[i], ok)
+        for i, r in zip(tensors, rows):
+            parts[i] = zero_rows(r, ok).reshape(parts[i].shape)
         return tuple(parts) if isinstance(output, tuple) else parts[0]
 
     # -- steps ------------------------------------------------------------------------------------

@@ -21,16 +21,17 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from engine.core.site import row_bounds
+
 if TYPE_CHECKING:
     from engine.backends.vllm.worker.tree import Tree
     from engine.core.step import Rows
 
 
 def bounded(x: torch.Tensor) -> torch.Tensor:
-    """Bool [n, 1]: each row of [n, d] finite with a finite float32 sum of squares. A row past that
-    (|x| above ~1.8e19) is finite but saturates every RMSNorm / LayerNorm after it (their variance
-    is inf, their output 0): a steer that makes one fails like one that makes inf. Tensor ops only."""
-    return torch.isfinite(x.float().square().sum(-1, keepdim=True))
+    """Bool [n, 1]: each row of [n, d] within the guard's bounds (engine.core.site.row_bounds: finite,
+    with a finite float32 sum of squares). Tensor ops only."""
+    return torch.isfinite(row_bounds(x)).unsqueeze(-1)
 
 
 class LayerGuard:
