@@ -240,3 +240,21 @@ def test_a_guarded_site_leaves_a_non_finite_row_to_the_layer_guard():
         else:
             torch.testing.assert_close(out, x * 10, rtol=0, atol=0)
         assert step.ledger.read([plan.key])[plan.key].failed == 0
+
+
+def test_a_step_carries_from_the_one_before_only_when_its_spans_are_those_one_position_on():
+    """engine.core.step.one_on, the vLLM worker's test before Step(prev=...): the same plans in the same
+    rows, every one a position further, none failed."""
+    from engine.core.step import one_on
+    a, b = Plan(4), Plan(6)
+    prev = Step([Span(a, 0, 1, 4), Span(b, 1, 2, 6)], 2)
+    assert one_on(prev, [Span(a, 0, 1, 5), Span(b, 1, 2, 7)], 2) is prev
+    assert one_on(None, [Span(a, 0, 1, 5), Span(b, 1, 2, 7)], 2) is None
+    for spans, n in (([Span(a, 0, 1, 5), Span(b, 1, 2, 7)], 3),  # another step size
+                     ([Span(b, 0, 1, 7), Span(a, 1, 2, 5)], 2),  # rows swapped
+                     ([Span(a, 0, 1, 5)], 2),  # a request left
+                     ([Span(a, 0, 1, 6), Span(b, 1, 2, 7)], 2),  # two positions on (or recomputed)
+                     ([Span(a, 0, 1, 4), Span(b, 1, 2, 6)], 2)):  # the same positions again
+        assert one_on(prev, spans, n) is None
+    b.error = "failed"
+    assert one_on(prev, [Span(a, 0, 1, 5), Span(b, 1, 2, 7)], 2) is None

@@ -17,6 +17,7 @@ Writers run before readers, so a capture sees the steered value, as the rest of 
 from __future__ import annotations
 
 import contextlib
+import functools
 
 import torch
 
@@ -135,7 +136,13 @@ def guard(t: torch.Tensor, step: Step, keep: bool = False) -> torch.Tensor | Non
 
 def zero_rows(t: torch.Tensor, ok: torch.Tensor) -> torch.Tensor:
     """t [tokens, ...] with 0 on every row where ok [tokens] is False (a new tensor)."""
-    return torch.where(ok.reshape(-1, *[1] * (t.dim() - 1)), t, 0.0)
+    return torch.where(ok.reshape(-1, *[1] * (t.dim() - 1)), t, _zero(t.dtype, t.device))
+
+
+@functools.cache
+def _zero(dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A 0-dim zero per dtype and device, made once (where() with a Python 0.0 wraps a new one each call)."""
+    return torch.zeros((), dtype=dtype, device=device)
 
 
 def _no_grad() -> contextlib.AbstractContextManager:

@@ -256,6 +256,17 @@ class Step:
             plan.add(g.key, p0, part)
 
 
+def one_on(prev: Step | None, spans: list[Span], n_tokens: int) -> Step | None:
+    """`prev` when `spans` are its own one position on (a decode step of the same sequences in the same
+    rows, none of them failed): the Step these may carry rows from (Step(prev=...)); else None."""
+    if prev is None or prev.n_tokens != n_tokens or len(prev.spans) != len(spans):
+        return None
+    for old, sp in zip(prev.spans, spans):
+        if sp.plan is not old.plan or sp.a != old.a or sp.b != old.b or sp.pos0 != old.pos0 + 1 or sp.plan.error:
+            return None
+    return prev
+
+
 def check_value(st: Steer, shape: tuple, last: int) -> None:
     """Refuse a value whose per-position shape is not the point's (Steer.check_shape), and a positional
     value that does not cover a position the steer touches (`last`: the latest absolute one; -1: none)."""

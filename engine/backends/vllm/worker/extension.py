@@ -39,7 +39,7 @@ from engine.core.points import POINTS
 from engine.core.readouts import Env, bind, parts_of
 from engine.core.site import guard, run_site, zero_rows
 from engine.core.steering import failure
-from engine.core.step import Step
+from engine.core.step import Step, one_on
 from engine.core.syncs import SyncCounter
 
 if TYPE_CHECKING:
@@ -203,6 +203,7 @@ class WorkerState:
         self.sites: dict = {}  # (point, layer) -> VSite, one object per module slot
         self.handles: list = []
         self.step: Step | None = None
+        self.last: Step | None = None  # the step before, while the registered plans stay: rows carry from it
         self.syncs: SyncCounter | None = None  # counting host reads inside steps (interp_syncs)
         self.steps = 0  # steps that ran a registered plan since counting began
         self.end_module = self.end_handle = None
@@ -296,6 +297,7 @@ class WorkerState:
     def _rebuild(self) -> None:
         """Recompute what every site does for the registered plans; reattach hooks (`vllm`)."""
         plans = list(self.plans.values())
+        self.last = None  # its rows are keyed by the groups being replaced
         self.work = site_work(plans, self._site_key, self._local_read, self._local_steer, self._local_readout)
         steering = [p for p in plans if p.steers]
         # the layer guard, from the first layer a steer can change (hooked mode; vllm-static's is in its graph)
@@ -371,7 +373,9 @@ class WorkerState:
             qsl, starts = host
         spans = [Span(plan, qsl[i], qsl[i + 1], int(p0), i) for (i, plan), p0 in zip(mine, starts)
                  if qsl[i + 1] > qsl[i]]
-        self.step = Step(spans, int(flat.shape[0]), self.device, self.ledger, sanitize=True, on_error=_failed)
+        n = int(flat.shape[0])
+        self.step = Step(spans, n, self.device, self.ledger, sanitize=True, on_error=_failed,
+                         prev=one_on(self.last, spans, n))
         self.mode.before(self.step, self.work)
 
     def _end(self, module, args, output):
@@ -385,7 +389,7 @@ class WorkerState:
         finally:
             if self.syncs is not None and self.syncs.active:
                 self.syncs.__exit__(None, None, None)
-        self.step = None
+        self.last, self.step = self.step, None
 
     def count_syncs(self, on: bool) -> dict:
         """Start (on) or stop counting the engine's host reads inside steps (engine/core/syncs.py);
