@@ -2,7 +2,7 @@
 
     PYTHONPATH=. .venv/bin/python benchmarks/versus.py --base d65b860 [--head .] [--rounds 9] [--reps 5]
         [--backend eager|vllm|vllm-static] [--model meta-llama/Llama-3.2-1B] [--size tiny] [--new-tokens 16]
-        [--json PATH]
+        [--clock wall|cpu] [--json PATH]
 
 A published ratio such as "steer every layer / no steer" has the engine on both sides: when a change makes
 the plain forward faster, the ratio can fall while steering itself got faster too. This answers the
@@ -16,6 +16,9 @@ within each round, and the table gives their median with the 95% distribution-fr
 API both commits share (load_model, generate with points / steer / readouts, run_with_cache). On the vLLM
 backends (`--backend`) the generation workloads run (vLLM has no bare forward), with prefix caching off
 so every run computes its prompt, and no logits returned: the benchmark sweep's own settings.
+`--clock cpu` (eager only) times each run in CPU seconds of the measuring process (one torch thread), so
+time spent waiting for a core that other work holds does not count: on a shared 2-core machine the wall
+clock leaves small differences unresolved. vLLM runs its forward in other processes: wall clock only.
 """
 from __future__ import annotations
 
@@ -65,8 +68,10 @@ def _load(model: str, backend: str, prompt: int, new_tokens: int):
     return m, {"return_logits": False}
 
 
-def measure(model: str, size: str, prompt: int, new_tokens: int, reps: int, backend: str = "eager") -> dict:
-    """Seconds per workload (median of `reps` after a warm-up) for the engine importable here."""
+def measure(model: str, size: str, prompt: int, new_tokens: int, reps: int, backend: str = "eager",
+            clock: str = "wall") -> dict:
+    """Seconds per workload (median of `reps` after a warm-up) for the engine importable here, on the wall
+    clock or in CPU seconds of this process (`clock` "cpu")."""
     import statistics
     import time
 
@@ -76,6 +81,7 @@ def measure(model: str, size: str, prompt: int, new_tokens: int, reps: int, back
     from engine.core.sae_files import write_random_sae
     from engine.core.steering import Steer
     torch.set_num_threads(1)
+    now = time.process_time if clock == "cpu" else time.perf_counter
     os.environ["INTERP_ZOO_SIZE"] = size  # the zoo reads the twin's size from the environment
     m, gen = _load(model, backend, prompt, new_tokens)
     ids = torch.randint(0, 500, (1, prompt), generator=torch.Generator().manual_seed(0))
@@ -101,9 +107,9 @@ def measure(model: str, size: str, prompt: int, new_tokens: int, reps: int, back
             job()
             times = []
             for _ in range(reps):
-                t = time.perf_counter()
+                t = now()
                 job()
-                times.append(time.perf_counter() - t)
+                times.append(now() - t)
             out[name] = statistics.median(times)
     finally:
         shutil.rmtree(sae, ignore_errors=True)
@@ -134,7 +140,8 @@ def caption(args, trees: dict) -> str:
         return sha + ("+dirty (engine/)" if dirty else "")
     return (f"base {args.base} = {commit(trees['base'])}, head {args.head} = {commit(trees['head'])}; "
             f"backend {args.backend}; {args.model} ({args.size} twin), prompt {args.prompt}, {args.new_tokens} new tokens; {args.rounds} rounds "
-            f"x {args.reps} reps; {platform.processor() or platform.machine()}, {os.cpu_count()} cores, one torch thread")
+            f"x {args.reps} reps; {args.clock} clock; {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
+            f"one torch thread")
 
 
 def _run_side(tree: Path, args) -> dict:
@@ -142,7 +149,7 @@ def _run_side(tree: Path, args) -> dict:
            "INTERP_ZOO_HOME": os.environ.get("INTERP_ZOO_HOME", str(ROOT / ".zoo-cache"))}
     cmd = [sys.executable, str(Path(__file__).resolve()), "_measure", "--model", args.model, "--size", args.size,
            "--prompt", str(args.prompt), "--new-tokens", str(args.new_tokens), "--reps", str(args.reps),
-           "--backend", args.backend]
+           "--backend", args.backend, "--clock", args.clock]
     p = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True)
     lines = [ln for ln in p.stdout.splitlines() if ln.startswith(MARK)]
     if p.returncode != 0 or not lines:
@@ -188,12 +195,13 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["_measure"]:
         ap = argparse.ArgumentParser()
-        for flag in ("--model", "--size", "--backend"):
+        for flag in ("--model", "--size", "--backend", "--clock"):
             ap.add_argument(flag, required=True)
         for flag in ("--prompt", "--new-tokens", "--reps"):
             ap.add_argument(flag, type=int, required=True)
         a = ap.parse_args(argv[1:])
-        print(MARK + json.dumps(measure(a.model, a.size, a.prompt, a.new_tokens, a.reps, a.backend)), flush=True)
+        print(MARK + json.dumps(measure(a.model, a.size, a.prompt, a.new_tokens, a.reps, a.backend, a.clock)),
+              flush=True)
         return 0
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--base", required=True, help="the git revision to compare against")
@@ -207,8 +215,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--size", default="tiny", choices=["tiny", "real"])
     ap.add_argument("--prompt", type=int, default=32)
     ap.add_argument("--new-tokens", type=int, default=16)
+    ap.add_argument("--clock", default="wall", choices=["wall", "cpu"],
+                    help="time runs on the wall clock or in CPU seconds of the measuring process (eager only)")
     ap.add_argument("--json", type=Path, help="write every round's samples and the intervals here")
     args = ap.parse_args(argv)
+    if args.clock == "cpu" and _on_vllm(args.backend):
+        ap.error(f"--clock cpu with --backend {args.backend}: vLLM runs the forward in its own processes, whose CPU "
+                 f"time this process does not see; use --clock wall (on an otherwise idle machine)")
     if args.rounds < 6:
         ap.error(f"--rounds {args.rounds}: a 95% interval for a median needs at least 6 rounds")
     for flag, value in (("--reps", args.reps), ("--prompt", args.prompt), ("--new-tokens", args.new_tokens)):

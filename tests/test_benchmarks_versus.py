@@ -137,3 +137,31 @@ def test_the_vllm_side_times_the_generation_workloads():
     the engine closed afterwards."""
     out = versus.measure("meta-llama/Llama-3.2-1B", "tiny", prompt=8, new_tokens=2, reps=1, backend="vllm")
     assert set(out) == set(versus.WORKLOADS) - set(versus.FORWARDS) and all(s > 0 for s in out.values())
+
+
+def test_cpu_seconds_leave_out_what_the_wall_clock_counts_while_the_process_waits(monkeypatch):
+    """--clock cpu: a run that waits (here: sleeps, as a process waiting for a core does) costs its wall
+    time on the wall clock and almost nothing in CPU seconds."""
+    import time
+
+    import torch
+
+    class Waits:
+        d_model, n_layers, dtype = 8, 2, torch.float32
+
+        def run_with_cache(self, *a, **k):
+            time.sleep(0.05)
+
+        generate = run_with_cache
+
+    monkeypatch.setattr(versus, "_load", lambda *a: (Waits(), {}))
+    wall = versus.measure("m", "tiny", prompt=4, new_tokens=2, reps=1, clock="wall")
+    cpu = versus.measure("m", "tiny", prompt=4, new_tokens=2, reps=1, clock="cpu")
+    assert set(wall) == set(cpu) == set(versus.WORKLOADS)
+    assert min(wall.values()) >= 0.05 and max(cpu.values()) < 0.02
+
+
+def test_cpu_seconds_on_a_vllm_backend_are_refused_by_name(capsys):
+    with pytest.raises(SystemExit):
+        versus.main(["--base", "HEAD", "--backend", "vllm", "--clock", "cpu"])
+    assert "--clock cpu with --backend vllm: vLLM runs the forward in its own processes" in capsys.readouterr().err
