@@ -389,6 +389,8 @@ class WorkerState:
         finally:
             if self.syncs is not None and self.syncs.active:
                 self.syncs.__exit__(None, None, None)
+        if self.step is not None:  # done building: it no longer needs the step before (kept, each step
+            self.step.prev = None  # would hold every earlier one, its rows and values, until a rebuild)
         self.last, self.step = self.step, None
 
     def count_syncs(self, on: bool) -> dict:
