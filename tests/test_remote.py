@@ -43,13 +43,15 @@ def m(url):
 
 
 def same(a, b, what=""):
-    """Equal within 1e-5, with the same shape, dtype and device."""
+    """Equal within 1e-5 + 1e-5 |b| elementwise, with the same shape, dtype and device. The server may run
+    a call's prompts as separate requests (a batch of one each) where the library pads them into one batch:
+    float32 sums then round apart in proportion to the values (1.1e-5 where entries reach 16 on an Intel Xeon)."""
     assert isinstance(a, torch.Tensor), f"{what}: {type(a).__name__}"
     assert (a.shape, a.dtype, a.device) == (b.shape, b.dtype, b.device), \
         f"{what}: {(a.shape, a.dtype, a.device)} != {(b.shape, b.dtype, b.device)}"
     if a.is_floating_point():
-        diff = (a - b).abs().max().item() if a.numel() else 0.0
-        assert diff <= 1e-5, f"{what}: max abs diff {diff:.3g}"
+        excess = ((a - b).abs() - 1e-5 * b.abs()).max().item() if a.numel() else 0.0
+        assert excess <= 1e-5, f"{what}: max abs diff {(a - b).abs().max().item():.3g} beyond 1e-5 |b| by {excess:.3g}"
     else:
         assert torch.equal(a, b), what
 

@@ -258,3 +258,52 @@ def test_a_step_carries_from_the_one_before_only_when_its_spans_are_those_one_po
         assert one_on(prev, spans, n) is None
     b.error = "failed"
     assert one_on(prev, [Span(a, 0, 1, 5), Span(b, 1, 2, 7)], 2) is None
+
+
+def test_carried_rows_record_each_steps_own_positions_in_the_ledger():
+    """A carried step's rows share the step before's arrays and differ by a shift the ledger adds when it
+    is read: vLLM's ledger (unique=False) counts a position once per steer, so three decode steps of two
+    sequences are three rows each, with the change norms each step recorded (the reference: the value's
+    norm, every row steered by `add` of one vector)."""
+    from engine.core.ledger import Ledger
+    v = torch.randn(D, generator=torch.Generator().manual_seed(3))
+    plans = [Plan(5, steers=[Steer("resid_post.0", "add", v).bound()]), Plan(9, steers=[Steer("resid_post.0", "add", v).bound()])]
+    work = site_work(plans, str)["resid_post.0"]
+    prev = None
+    ledger = Ledger(unique=False)
+    for i in range(3):
+        spans = [Span(p, r, r + 1, (5, 9)[r] + i, r) for r, p in enumerate(plans)]
+        prev = Step(spans, 2, ledger=ledger if prev is None else None, prev=prev)
+        run_site(_rows(2, seed=i), prev, work)
+        assert prev.steer_rows(work.steers[0], (D,))[0].pos.tolist() == [5 + i, 9 + i]
+    out = ledger.read([p.key for p in plans])
+    for p in plans:
+        rows, sumsq = out[p.key].of(0)
+        assert rows == 3 and out[p.key].failed is None
+        assert math.isclose(sumsq, 3 * float(v.double().norm()) ** 2, rel_tol=1e-5)
+
+
+def test_the_vllm_worker_keeps_no_chain_of_finished_steps():
+    """engine.backends.vllm.worker.extension.WorkerState._end: a finished step stays as `last` (the next
+    step's rows carry from it) but drops its own link to the step before; kept, every step of a long
+    generation held all earlier ones, with their rows and values, until the plans changed."""
+    import types
+
+    from engine.backends.vllm.worker.extension import WorkerState
+    from engine.core.step import one_on
+    plan = Plan(4, steers=[Steer("resid_post.0", "add", torch.ones(D)).bound()])
+    work = site_work([plan], str)["resid_post.0"]
+    ws = object.__new__(WorkerState)  # the state _end reads, without a vLLM runner
+    ws.blocks = types.SimpleNamespace(guarded_mark=lambda step: None)
+    ws.mode = types.SimpleNamespace(after=lambda step, work: None)
+    ws.work, ws.syncs, ws.step, ws.last = {}, None, None, None
+    steps = []
+    for i in range(4):
+        spans = [Span(plan, 0, 1, 4 + i)]
+        ws.step = Step(spans, 1, prev=one_on(ws.last, spans, 1))
+        assert (ws.step.prev is None) == (i == 0) and ws.step.prev is ws.last  # the one before, while built
+        run_site(_rows(1, seed=i), ws.step, work)
+        steps.append(ws.step)
+        ws._end(None, None, None)
+        assert ws.step is None and ws.last is steps[-1] and ws.last.prev is None
+    assert all(s.prev is None for s in steps)

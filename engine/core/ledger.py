@@ -44,10 +44,11 @@ class Outcome:
 class _Entry:
     plan: np.ndarray  # int64 [m]
     steer: np.ndarray  # int64 [m]
-    pos: np.ndarray  # int64 [m]
-    norm: torch.Tensor  # float64 [m], on the model's device
+    pos: np.ndarray  # int64 [m], less `shift`
+    norm: torch.Tensor  # float32 or float64 [m], on the model's device
     codes: frozenset  # the live plan codes in `plan`: collect picks a request's entries without scanning arrays
     trimmed: bool = False  # `plan` also holds codes of dropped plans (no longer in `codes`)
+    shift: int = 0  # added to `pos` when read (a carried step's rows: engine.core.step.Rows.shift)
 
 
 class Ledger:
@@ -72,13 +73,15 @@ class Ledger:
         return bool(self._entries)
 
     def record(self, plan: np.ndarray, steer: np.ndarray, pos: np.ndarray, norm: torch.Tensor,
-               codes: frozenset | None = None) -> None:
-        """Rows of one application: plan codes (`code`), steer indices and absolute positions (host), and the
-        norm of each row's change (device; inf or NaN for a row not finite). `codes`: the distinct codes of
-        `plan` where the caller has them (engine.core.step.Rows). No device read."""
-        norm = norm.detach().double()
+               codes: frozenset | None = None, shift: int = 0) -> None:
+        """Rows of one application: plan codes (`code`), steer indices and absolute positions less `shift`
+        (host), and the norm of each row's change (device, float32 or float64; inf or NaN for a row not
+        finite). `codes`: the distinct codes of `plan` where the caller has them (engine.core.step.Rows).
+        No device read, and no kernel: the norms are widened to float64 when read."""
+        if norm.requires_grad:
+            norm = norm.detach()
         self._entries.append(_Entry(plan, steer, pos, norm if norm.dim() == 1 else norm.reshape(-1),
-                                    frozenset(plan.tolist()) if codes is None else codes))
+                                    frozenset(plan.tolist()) if codes is None else codes, False, shift))
 
     def read(self, keys: "list | None" = None) -> dict:
         """{plan key: Outcome} for the plans `keys` (None: every plan recorded), in one transfer."""
@@ -88,10 +91,11 @@ class Ledger:
         entries = [e for e in self._entries if not wanted.isdisjoint(e.codes)]
         if not entries:
             return out
-        sq = torch.cat([e.norm for e in entries]).to("cpu").numpy() ** 2  # the one read
+        norms = [e.norm if e.norm.dtype == torch.float64 else e.norm.double() for e in entries]  # cat of one dtype
+        sq = torch.cat(norms).to("cpu").numpy() ** 2  # the one read
         plan = np.concatenate([e.plan for e in entries])
         steer = np.concatenate([e.steer for e in entries])
-        pos = np.concatenate([e.pos for e in entries])
+        pos = np.concatenate([e.pos + e.shift if e.shift else e.pos for e in entries])
         if not all(not e.trimmed and e.codes <= wanted for e in entries):  # entries may hold rows of other plans, and of dropped ones
             keep = np.isin(plan, codes)
             sq, plan, steer, pos = sq[keep], plan[keep], steer[keep], pos[keep]

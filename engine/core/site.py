@@ -16,7 +16,6 @@ Writers run before readers, so a capture sees the steered value, as the rest of 
 """
 from __future__ import annotations
 
-import contextlib
 import functools
 
 import torch
@@ -63,13 +62,16 @@ def steer(t: torch.Tensor, step: Step, g: SteerGroup, sanitize: bool = False) ->
     h = st.address.coords[0][1] if st.address.coords else None  # type: ignore[union-attr]
     view = t if h is None else t[:, h]
     rows, value = step.steer_rows(g, tuple(view.shape[1:]))
-    if not rows.members:
+    if not rows.spans:
         return t
     x = view if rows.index is None else view.index_select(0, rows.index)
-    new = OPS[st.op].apply(x, None if value is None else value.to(x.dtype), st)
-    with _no_grad():  # the receipt and the guard in one: inf or NaN where the row went non-finite
-        change = torch.linalg.vector_norm((new - x).reshape(rows.m, -1), dim=-1, dtype=torch.float64)
-        step.ledger.record(rows.plan, rows.steer, rows.pos, change, rows.codes)
+    new = OPS[st.op].apply(x, value if value is None or value.dtype == x.dtype else value.to(x.dtype), st)
+    # the receipt and the guard in one: inf or NaN where the row went non-finite (with gradients on, the
+    # ledger keeps it detached: nothing backpropagates through a receipt)
+    change = new - x
+    change = torch.linalg.vector_norm(change if change.dim() == 2 else change.reshape(rows.m, -1), dim=-1,
+                                      dtype=torch.float64)
+    step.ledger.record(rows.plan, rows.steer, rows.at, change, rows.codes, rows.shift)
     if sanitize:
         new = torch.where(torch.isfinite(change).reshape(-1, *[1] * (new.dim() - 1)), new, x)
     if rows.index is None and h is None:  # every row: the op's result is the new tensor
@@ -87,7 +89,7 @@ def readout(t: torch.Tensor, step: Step, g: ReadoutGroup) -> None:
     """The group's readout kind on its rows of t, in one call; each member's accumulator takes its
     part (per-position rows, or its reduction over its rows)."""
     rows = step.readout_rows(g)
-    if not rows.members:
+    if not rows.spans:
         return
     src = t.detach() if g.coord is None else t.detach()[:, g.coord]
     x = src if rows.index is None else src.index_select(0, rows.index)
@@ -110,7 +112,7 @@ def row_bounds(x: torch.Tensor) -> torch.Tensor:
     so large that its float32 sum of squares overflows (|row| past ~1.8e19: finite, but every RMSNorm /
     LayerNorm after it divides by inf, so it fails like inf). Tensor ops only: vllm-static traces it
     into its compiled graph (engine/backends/vllm/worker/guard.py)."""
-    return torch.linalg.vector_norm(x.reshape(x.shape[0], -1), dim=-1, dtype=torch.float32)
+    return torch.linalg.vector_norm(x if x.dim() == 2 else x.reshape(x.shape[0], -1), dim=-1, dtype=torch.float32)
 
 
 def guard(t: torch.Tensor, step: Step, keep: bool = False) -> torch.Tensor | None:
@@ -120,34 +122,29 @@ def guard(t: torch.Tensor, step: Step, keep: bool = False) -> torch.Tensor | Non
     such row of those plans, for a backend that must keep such rows from going further (`zero_rows`);
     None when no plan of the step steers, or without `keep`. Nothing is read back."""
     rows = step.guard_rows()
-    if not rows.members:
+    if not rows.spans:
         return None
     x = t if rows.index is None else t.index_select(0, rows.index)
-    with _no_grad():
-        norm = row_bounds(x)
-        step.ledger.record(rows.plan, rows.steer, rows.pos, norm, rows.codes)  # only its finiteness counts
-        if not keep:
-            return None
-        ok = torch.isfinite(norm)
-        if rows.index is None:
-            return ok
-        return torch.ones(t.shape[0], dtype=torch.bool, device=t.device).index_copy(0, rows.index, ok)
+    norm = row_bounds(x)  # with gradients on, the ledger keeps it detached
+    step.ledger.record(rows.plan, rows.steer, rows.at, norm, rows.codes, rows.shift)  # only its finiteness counts
+    if not keep:
+        return None
+    ok = torch.isfinite(norm)
+    if rows.index is None:
+        return ok
+    return torch.ones(t.shape[0], dtype=torch.bool, device=t.device).index_copy(0, rows.index, ok)
 
 
 def zero_rows(t: torch.Tensor, ok: torch.Tensor) -> torch.Tensor:
-    """t [tokens, ...] with 0 on every row where ok [tokens] is False (a new tensor)."""
-    return torch.where(ok.reshape(-1, *[1] * (t.dim() - 1)), t, _zero(t.dtype, t.device))
+    """t [tokens, ...] with 0 on every row where ok [tokens] (or ok already shaped [tokens, 1, ...]) is False
+    (a new tensor)."""
+    return torch.where(ok if ok.dim() == t.dim() else ok.reshape(-1, *[1] * (t.dim() - 1)), t, _zero(t.dtype, t.device))
 
 
 @functools.cache
 def _zero(dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """A 0-dim zero per dtype and device, made once (where() with a Python 0.0 wraps a new one each call)."""
     return torch.zeros((), dtype=dtype, device=device)
-
-
-def _no_grad() -> contextlib.AbstractContextManager:
-    """no_grad where gradients are on (a steer inside a grad=True call); else nothing to enter."""
-    return torch.no_grad() if torch.is_grad_enabled() else contextlib.nullcontext()
 
 
 def apply_steer(steer: Steer, rows: torch.Tensor, mask: torch.Tensor | None = None, pos0: int = 0) -> torch.Tensor:

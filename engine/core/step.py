@@ -32,21 +32,34 @@ if TYPE_CHECKING:
 @dataclass(eq=False, slots=True)
 class Rows:
     """Some rows of a step's flat tensor, member by member (a member: a plan, or a plan's steer).
-    index: device long [m] (None: every row of the step, in order); flat / plan / pos / steer: host
-    int64 [m] (the rows, their plan key, absolute position and steer index); members: (member, absolute
-    position of its first row, its row count) for members with rows; codes: the distinct plan codes."""
+    index: device long [m] (None: every row of the step, in order); flat / plan / steer: host int64 [m]
+    (the rows, their plan key, steer index); at: host int64 [m], each row's absolute position less
+    `shift`; spans: (member, absolute position of its first row less `shift`, its row count) for members
+    with rows; codes: the distinct plan codes. A carried step's rows share every array with the step
+    before and differ in `shift` alone (positions are added when used: `pos`, `members`, the ledger's read)."""
     index: torch.Tensor | None
     flat: np.ndarray
     plan: np.ndarray
-    pos: np.ndarray
+    at: np.ndarray
     steer: np.ndarray
-    members: list
+    spans: list
     codes: frozenset = frozenset()
+    shift: int = 0
 
     def shifted(self, d: int) -> Rows:
-        """The same rows of a step whose every sequence is d positions further on (eager decode)."""
-        return Rows(self.index, self.flat, self.plan, self.pos + d, self.steer,
-                    [(m, f + d, n) for m, f, n in self.members], self.codes)
+        """The same rows of a step whose every sequence is d positions further on (a decode step)."""
+        return Rows(self.index, self.flat, self.plan, self.at, self.steer, self.spans, self.codes, self.shift + d)
+
+    @property
+    def pos(self) -> np.ndarray:
+        """Each row's absolute position (host int64 [m])."""
+        return self.at + self.shift if self.shift else self.at
+
+    @property
+    def members(self) -> list:
+        """(member, absolute position of its first row, its row count) for members with rows."""
+        d = self.shift
+        return [(m, f + d, n) for m, f, n in self.spans] if d else self.spans
 
     @property
     def m(self) -> int:
@@ -54,7 +67,7 @@ class Rows:
 
     @property
     def counts(self) -> list[int]:
-        return [n for _, _, n in self.members]
+        return [n for _, _, n in self.spans]
 
     def take(self, t: torch.Tensor) -> torch.Tensor:
         """These rows of the flat tensor t (a copy)."""
@@ -68,6 +81,7 @@ def upload(a: np.ndarray, device: torch.device) -> torch.Tensor:
 
 
 _EMPTY = np.zeros(0, dtype=np.int64)
+_GUARD_KEY = ("guard",)
 
 
 class Step:
@@ -143,21 +157,25 @@ class Step:
         return (None if every else upload(flat, self.device), flat, plan, where, counts.tolist(), firsts,
                 frozenset(codes))
 
-    def _carried(self, key: tuple, build: Callable[[], tuple]) -> tuple:
+    def _carried(self, key: tuple) -> tuple | None:
         """What `key` built in this step: from the previous step, shifted a position, where it was built
-        there and marked as not depending on positions (the entry's last item); else built now."""
+        there and marked as not depending on positions (the entry's last item); None: to be built now."""
         got = self._built.get(key)
-        if got is None:
-            old = None if self.prev is None else self.prev._built.get(key)
-            got = self._built[key] = (old[0].shifted(1), *old[1:]) if old is not None and old[-1] else build()
+        if got is None and self.prev is not None:
+            old = self.prev._built.get(key)
+            if old is not None and old[-1]:
+                got = self._built[key] = (old[0].shifted(1), *old[1:])
         return got
 
     def steer_rows(self, g: SteerGroup, shape: tuple) -> tuple[Rows, torch.Tensor | None]:
         """The rows the group's steers touch in this step and the value for each (checked against the
         per-position `shape` the site has; a member whose value does not fit fails alone, when
         on_error is set)."""
-        rows, value, _ = self._carried(("steer", id(g)), lambda: self._steer_rows(g, shape))
-        return rows, value
+        key = ("steer", id(g))
+        got = self._carried(key)
+        if got is None:
+            got = self._built[key] = self._steer_rows(g, shape)
+        return got[0], got[1]
 
     def _steer_rows(self, g: SteerGroup, shape: tuple) -> tuple:
         """(rows, value per row, whether neither depends on positions) of a steer group in this step."""
@@ -231,19 +249,22 @@ class Step:
 
     def readout_rows(self, g: ReadoutGroup) -> Rows:
         """Every row of each member's span (a member: (plan, Accumulator))."""
-        def build() -> tuple:
+        key = ("readout", id(g))
+        got = self._carried(key)
+        if got is None:
             parts = [((plan, acc), plan.key, 0, sp, None) for plan, acc in g.members
                      if (sp := self.span(plan)) is not None]
-            return self._rows(parts), True
-        return self._carried(("readout", id(g)), build)[0]
+            got = self._built[key] = (self._rows(parts), True)
+        return got[0]
 
     def guard_rows(self) -> Rows:
         """Every row of each plan that steers (what the layer guard watches)."""
-        def build() -> tuple:
+        got = self._carried(_GUARD_KEY)
+        if got is None:
             parts = [(sp.plan, sp.plan.key, GUARD, sp, None) for sp in self.spans
                      if sp.plan.steers and sp.plan.error is None]
-            return self._rows(parts), True
-        return self._carried(("guard",), build)[0]
+            got = self._built[_GUARD_KEY] = (self._rows(parts), True)
+        return got[0]
 
     # -- what a site keeps ---------------------------------------------------------------------------
     def capture(self, g: ReadGroup, t: torch.Tensor) -> None:

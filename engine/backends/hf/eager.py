@@ -290,7 +290,7 @@ class EagerModel(ModelBase, WeightsMixin, TokensMixin):
         """The call's guard on the hidden state entering the head (engine.core.site.guard): a row of a
         steering plan that is not finite there fails its call when the ledger is read."""
         if self._layout is not None:
-            guard(t.reshape(-1, t.shape[-1]).detach(), self._layout.step(t.shape[1]))
+            guard(t.reshape(-1, t.shape[-1]), self._layout.step(t.shape[1]))
 
     def _guard_site(self):
         """Where the guard reads: the last block's output (what the final norm and the head read: a row too

@@ -332,15 +332,17 @@ class WorkerState:
                    and (p.shape[:2] == (1, n) if flat else p.shape[0] == n)]
         if not tensors:
             return None
-        rows = [parts[i].reshape(n, -1) for i in tensors]
+        rows = [p if p.dim() == 2 else p.reshape(n, -1) for p in (parts[i] for i in tensors)]
         stream = rows[0]
         for r in rows[1:]:  # (hidden, residual): their sum is the stream (no 0 + hidden first, as sum() does)
             stream = stream + r
         ok = guard(stream, step, keep=True)
         if ok is None:
             return None
+        ok = ok.reshape(n, 1)  # once for every part
         for i, r in zip(tensors, rows):
-            parts[i] = zero_rows(r, ok).reshape(parts[i].shape)
+            z = zero_rows(r, ok)
+            parts[i] = z if z.dim() == parts[i].dim() else z.reshape(parts[i].shape)
         return tuple(parts) if isinstance(output, tuple) else parts[0]
 
     # -- steps ------------------------------------------------------------------------------------

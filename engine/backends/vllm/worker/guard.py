@@ -89,7 +89,7 @@ class LayerGuard:
     def mark(self, rows: Rows, n_tokens: int) -> None:
         """Mark these rows of the step (engine.core.step.Step.guard_rows: every row of each request
         that steers) for this step."""
-        if not rows.members:
+        if not rows.spans:
             return
         if rows.index is None:
             self.rows[:n_tokens] = 1.0

@@ -230,7 +230,7 @@ class StaticTaps:
     def _fill(self, step: Step, name: str, tap: Tap, groups: list) -> None:
         filled = [(g, *step.steer_rows(g, tap.shape(self.head_dim[name], bool(g.steer.address.coords))))
                   for g in groups]
-        filled = [(g, rows, v) for g, rows, v in filled if rows.members]
+        filled = [(g, rows, v) for g, rows, v in filled if rows.spans]
         if not filled:
             return
         # marked before filling, so a fill that fails midway is undone too
@@ -282,7 +282,7 @@ class StaticTaps:
         write tap kept it unsteered or the layer guard zeroed it; recorded under GUARD (the request
         fails at collect, naming its steers)."""
         rows = step.guard_rows()
-        if not rows.members:
+        if not rows.spans:
             return
         n = step.n_tokens
         flags = [self.guard.flag[:n]] if self.guard is not None else []
@@ -292,7 +292,7 @@ class StaticTaps:
             return
         bad = torch.stack([f.reshape(n) for f in flags]).amax(0) > 0  # [n] bool
         mine = bad if rows.index is None else bad.index_select(0, rows.index)
-        step.ledger.record(rows.plan, rows.steer, rows.pos, torch.where(mine, torch.nan, 0.0).double())
+        step.ledger.record(rows.plan, rows.steer, rows.at, torch.where(mine, torch.nan, 0.0), rows.codes, rows.shift)
 
     def shape_of(self, name: str) -> tuple:
         tap, hd = self.taps[name], self.head_dim[name]
