@@ -144,6 +144,86 @@ def test_generate_and_stream_readouts_cover_the_captured_positions(em):
     assert torch.allclose(per_step, steps[-1].result.cache.readouts["p"], atol=1e-6)
 
 
+def test_a_generations_sae_readout_encodes_its_decode_rows_together_and_equals_the_capture(em, sae_dirs, monkeypatch):
+    """A per-position readout's decode rows wait (Accumulator.defer) and are encoded together: generating
+    6 tokens calls the SAE's encoder once for the prompts and once per sequence for its 5 fed-back tokens
+    (not 5 more times for the batch), and the top-k equals the SAE's encoding of the captured rows."""
+    from engine.core import features
+    sae = load_sae(sae_dirs["standard"])
+    calls = []
+    real = features.topk
+    monkeypatch.setattr(features, "topk", lambda f, k: calls.append(f.shape[0]) or real(f, k))  # once per encode
+    out = em.generate(PROMPTS, 6, points=["resid_post.1"], readouts=[Readout("resid_post.1", SAEFeatures(sae, k=8), name="f")])
+    monkeypatch.undo()
+    # the prompts' rows in one call, then each sequence's 5 fed-back rows in one call (its own readout)
+    assert calls == [sum(len(c) - 5 for c in out.cache.columns), 5, 5]
+    for i, x in enumerate(_rows(out.cache, "resid_post.1")):
+        ref = sae.encode(x).topk(8)
+        got = out.cache.readouts["f"]
+        c = out.cache.columns[i]
+        assert torch.equal(got.indices[i, c], ref.indices)
+        torch.testing.assert_close(got.values[i, c], ref.values, rtol=1e-5, atol=1e-5)
+
+
+def _accumulator(kind=None, fn=None):
+    from engine.core.readouts import Accumulator
+    r = Readout("resid_post.1", kind or Project(torch.ones(2, 3)), name="r")
+    calls = []
+
+    def counted(x):  # the readout's maths (x @ W.T per row), counting the rows of each call
+        calls.append(x.shape[0])
+        return (fn or (lambda t: (t @ torch.ones(2, 3).T,)))(x)
+    return Accumulator(r, counted), calls
+
+
+def test_deferred_rows_are_computed_together_in_order_and_read_as_if_computed_at_once():
+    """Accumulator.defer: chunks wait until DEFER_ROWS do, a chunk kept after them (a prefill computed by
+    the site), or a read; each is then where a direct computation of every chunk would put it."""
+    from engine.core.readouts import DEFER_ROWS
+    acc, calls = _accumulator()
+    rows = torch.randn(DEFER_ROWS + 10, 3, generator=torch.Generator().manual_seed(0))
+    want = rows @ torch.ones(2, 3).T
+    acc.put(0, 4, (rows[:4] @ torch.ones(2, 3).T,))  # the prompt, computed by the site
+    for p in range(4, 4 + DEFER_ROWS - 1):  # a row per step, one short of the cap: nothing computed yet
+        acc.defer(p, rows[p:p + 1].clone())
+    assert calls == [] and acc.n_waiting == DEFER_ROWS - 1
+    acc.defer(DEFER_ROWS + 3, rows[DEFER_ROWS + 3:DEFER_ROWS + 4].clone())  # the cap: one call for all
+    assert calls == [DEFER_ROWS] and acc.waiting == []
+    acc.defer(DEFER_ROWS + 4, rows[DEFER_ROWS + 4:DEFER_ROWS + 6].clone())
+    acc.put(DEFER_ROWS + 6, 4, (rows[DEFER_ROWS + 6:] @ torch.ones(2, 3).T,))  # kept after the waiting rows
+    assert calls == [DEFER_ROWS, 2]
+    torch.testing.assert_close(acc.result(), want)
+    acc.defer(DEFER_ROWS + 10, rows[:1].clone())  # a read computes what waits
+    assert acc.rows_from(DEFER_ROWS + 9)[0].shape == (2, 2) and calls == [DEFER_ROWS, 2, 1]
+
+
+def test_deferred_rows_recomputed_after_preemption_replace_the_earlier_ones():
+    """The scheduler may recompute a request's positions (vLLM preemption): rows deferred for positions
+    already kept, or waiting, are replaced as computed ones are (Accumulator.put)."""
+    acc, _ = _accumulator()
+    x = torch.randn(8, 3, generator=torch.Generator().manual_seed(1))
+    for p in range(6):
+        acc.defer(p, x[p:p + 1].clone())
+    acc.defer(3, (x[3:6] * 2).clone())  # positions 3..5 again, with other values
+    got = acc.result()
+    want = torch.cat([x[:3], x[3:6] * 2]) @ torch.ones(2, 3).T
+    torch.testing.assert_close(got, want)
+
+
+def test_a_readout_that_fails_on_deferred_rows_fails_when_read_naming_it():
+    """A failure of the deferred call (after the readout ran once) is the readout's error: read, not raised
+    from inside a later step (a vLLM worker collects every other request on)."""
+    def fn(x):
+        if x.shape[0] > 1:
+            raise ValueError("out of memory")
+        return (x.sum(-1, keepdim=True),)
+    acc, _ = _accumulator(fn=fn)
+    acc.defer(0, torch.ones(1, 3))
+    acc.defer(1, torch.ones(1, 3))
+    with pytest.raises(RuntimeError, match="r: ValueError: out of memory"):
+        acc.result()
+
+
 @pytest.mark.parametrize("make, match", [
     (lambda: Readout("resid_post.1", "mean"), "Readout kind must be one of"),
     (lambda: Readout("resid_post.1", Project(torch.ones(2, 2, 2))), "Project W must have 1 or 2 dims"),

@@ -371,21 +371,58 @@ def validate_readouts(readouts: Any) -> list[Readout]:
     return items
 
 
+DEFER_ROWS = 32  # a per-position readout's rows computed together once this many wait (see Accumulator.defer)
+
+
 @dataclass(eq=False)
 class Accumulator:
     """One readout of one plan, bound where it runs: takes each chunk's rows [n, ...] at absolute
-    position pos0 and keeps the readout's parts (chunks of (pos0, n, parts))."""
+    position pos0 and keeps the readout's parts (chunks of (pos0, n, parts)).
+
+    A per-position readout's small chunks (a decode step's row) may wait (`defer`) and be computed
+    together: the readout reads its weights once per `fn` call (an SAE's encoder, a lens's head), which
+    over one row at a time costs more than the model's own step. They are computed when DEFER_ROWS wait,
+    before anything later is kept, and before the result is read (`result`, `rows_from`), so what is
+    read is the same in either case, up to float rounding of a product over more rows at once."""
     readout: Readout
     fn: Callable[[torch.Tensor], tuple]
     chunks: list = field(default_factory=list)
     error: str | None = None
+    waiting: list = field(default_factory=list)  # (pos0, rows [n, ...]) deferred, in order
+    n_waiting: int = 0
 
     def add(self, pos0: int, x: torch.Tensor) -> None:
         self.put(pos0, x.shape[0], self.fn(x))
 
+    def defer(self, pos0: int, x: torch.Tensor) -> None:
+        """Keep rows x [n, ...] (a copy the caller no longer writes) at absolute position pos0, to be
+        computed with the rest waiting."""
+        self.waiting.append((pos0, x))
+        self.n_waiting += x.shape[0]
+        if self.n_waiting >= DEFER_ROWS:
+            self.settle()
+
+    def settle(self) -> None:
+        """Compute every deferred chunk in one `fn` call; a failure is kept as the readout's error."""
+        if not self.waiting:
+            return
+        waiting, self.waiting, self.n_waiting = self.waiting, [], 0
+        try:
+            counts = [x.shape[0] for _, x in waiting]
+            parts = self.fn(waiting[0][1] if len(waiting) == 1 else torch.cat([x for _, x in waiting]))
+        except Exception as e:  # noqa: BLE001  (read back as this readout's error, as a failed chunk is)
+            self.error = f"{self.readout.name}: {type(e).__name__}: {e}"
+            return
+        for (pos0, _), piece in zip(waiting, zip(*(p.split(counts) for p in parts))):
+            self._keep(pos0, piece[0].shape[0], piece)
+
     def put(self, pos0: int, n: int, parts: tuple) -> None:
         """Keep the parts of the n rows from absolute position pos0 (computed by the caller for many
-        accumulators at once: engine.core.site.readout)."""
+        accumulators at once: engine.core.site.readout), after any deferred rows."""
+        self.settle()
+        self._keep(pos0, n, parts)
+
+    def _keep(self, pos0: int, n: int, parts: tuple) -> None:
         if self.chunks:
             p, k, _ = self.chunks[-1]
             if pos0 < p + k:  # recomputed after preemption: drop what is being recomputed
@@ -404,6 +441,7 @@ class Accumulator:
         self.chunks.append((pos0, n, parts))
 
     def _contiguous(self, start: int) -> list:
+        self.settle()
         if self.error:
             raise RuntimeError(self.error)
         if not self.chunks:
@@ -426,6 +464,7 @@ class Accumulator:
 
     def rows_from(self, start: int) -> "tuple | None":
         """Per-position parts from absolute position `start` up to the first gap (a stream's read)."""
+        self.settle()
         parts, at = [], start
         for p, n, c in self.chunks:
             if p + n <= at:

@@ -22,6 +22,7 @@ import torch
 
 from engine.core.ops import OPS
 from engine.core.plan import Plan, ReadoutGroup, SiteWork, Span, SteerGroup, site_work
+from engine.core.readouts import DEFER_ROWS
 from engine.core.steering import Steer, failure
 from engine.core.step import Step
 
@@ -93,6 +94,13 @@ def readout(t: torch.Tensor, step: Step, g: ReadoutGroup) -> None:
         return
     src = t.detach() if g.coord is None else t.detach()[:, g.coord]
     x = src if rows.index is None else src.index_select(0, rows.index)
+    if g.kind.per_position and rows.m < DEFER_ROWS and all(acc.chunks or acc.waiting for (_, acc), _, _ in rows.spans):
+        # a decode step's rows, each member's readout computed before (its binding has run once): they
+        # wait, and are computed with the next ones (Accumulator.defer)
+        x = x.clone() if x is src else x
+        for ((_, acc), p0, _), part in zip(rows.members, x.split(rows.counts)):
+            acc.defer(p0, part)
+        return
     try:
         if g.kind.per_position:
             fn = g.members[0][1].fn  # the members share the kind, bound alike
