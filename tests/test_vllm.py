@@ -276,7 +276,6 @@ def test_a_failing_request_fails_alone(engines):
     import asyncio
 
     from engine.backends.vllm.client import Submission
-    from engine.backends.vllm.worker import wire as vllm_wire
     from engine.core.plan import Plan
     vm, em = engines(LLAMA), eager_model(LLAMA)
     aio = vm.aio
@@ -284,8 +283,7 @@ def test_a_failing_request_fails_alone(engines):
     bad = Plan(len(prompt), [], [Steer("resid_post.0", "add", torch.ones(7))])
     sub = Submission(bad, dict(temperature=0.0, max_tokens=3, min_tokens=3), prompt, salted=True)
 
-    async def scenario():
-        await aio._rpc("interp_register", [vllm_wire.plan_out(bad, "bad-plan")])
+    async def scenario():  # the bad plan rides with its request, as every plan does
         good = asyncio.ensure_future(aio.generate(PROMPTS[1], 3, points=["resid_post.0"]))
         await aio._submit(sub, "bad-plan")
         (rank0,) = await aio._rpc("interp_collect", ["bad-plan"], [False])
@@ -300,9 +298,10 @@ def test_a_failing_request_fails_alone(engines):
 
 
 def test_cancelled_requests_leave_no_plan_in_the_workers(engines):
-    """A request cancelled at any await point of its run (before it starts, while its plan's register
-    RPC is in flight, while vLLM generates it, while its collect RPC is in flight) leaves no plan
-    registered in the workers (old code: cancelled during the register, the plan was never collected)."""
+    """A request cancelled at any await point of its run (before it starts, while vLLM generates it, while
+    its collect RPC is in flight) leaves no plan registered in the workers (its plan rides with the
+    request and is registered when it is first scheduled; older code registered it by an RPC of its own,
+    and a request cancelled during that RPC was never collected)."""
     import asyncio
     vm = engines(LLAMA)
     aio = vm.aio
@@ -334,8 +333,64 @@ def test_cancelled_requests_leave_no_plan_in_the_workers(engines):
         await asyncio.sleep(0.5)
         return await aio._rpc("interp_plans")
 
-    for point in ("start", "interp_register", "generate", "interp_collect"):
+    for point in ("start", "generate", "interp_collect"):
         assert vm._loop.run(scenario(point)) == [[]], point
+    assert vm.generate(PROMPT, 2, points=["resid_post.0"]).requests[0].new_tokens.shape == (2,)
+
+
+def test_a_request_makes_one_call_to_the_workers_and_its_plan_rides_with_it(engines):
+    """A capturing or steering call makes one RPC to the workers (its collect): each plan is registered
+    by the workers from the request itself when it is first scheduled (older code made a register RPC
+    first, which stalls the engine core for every request it serves)."""
+    vm, em = engines(LLAMA), eager_model(LLAMA)
+    aio = vm.aio
+    real = aio._rpc
+    calls = []
+
+    async def rpc(method, *args):
+        calls.append(method)
+        return await real(method, *args)
+    aio._rpc = rpc
+    try:
+        out = vm.generate(PROMPT, 3, points=["resid_post.0"], steer=[Steer("resid_post.1", "scale", 0.5)])
+    finally:
+        aio._rpc = real
+    assert calls == ["interp_collect"]
+    ref = em.generate(PROMPT, 3, points=["resid_post.0"], steer=[Steer("resid_post.1", "scale", 0.5)])
+    assert torch.equal(out.new_tokens, ref.new_tokens)  # the plan was registered before its first step
+    assert [r.rows for r in out.receipts] == [r.rows for r in ref.receipts] == [len(vm._prompt_ids(PROMPT)) + 2]
+    check(out.cache["resid_post.0"], ref.cache["resid_post.0"], "resid_post", case="decode")
+    assert vm._loop.run(aio._rpc("interp_plans")) == [[]]
+
+
+def test_a_plan_the_workers_cannot_register_fails_its_request_alone(engines):
+    """A plan that does not decode in the worker (here: a steer with no address) fails its own request at
+    collect, naming why; registering it never raises into vLLM's step, so a request beside it and the
+    engine itself go on."""
+    import asyncio
+
+    from vllm import SamplingParams
+
+    from engine.backends.vllm.worker.rows import EXTRA_KEY, PLAN_ARG
+    vm, em = engines(LLAMA), eager_model(LLAMA)
+    aio = vm.aio
+    prompt = vm._prompt_ids(PROMPT)
+    wire = {"key": "broken", "prompt_len": len(prompt), "captures": [], "internal": [], "start_at": {},
+            "steers": [{"op": "add"}], "readouts": []}
+
+    async def scenario():
+        good = asyncio.ensure_future(aio.generate(PROMPTS[1], 3, points=["resid_post.0"]))
+        sp = SamplingParams(max_tokens=3, temperature=0.0, extra_args={EXTRA_KEY: "broken", PLAN_ARG: wire})
+        (rendered,) = await aio.engine.renderer.render_cmpl_async([{"prompt_token_ids": prompt}],
+                                                                  prompt_extras={"cache_salt": "interp-broken"})
+        async for _ in aio.engine.generate(rendered, sp, request_id="broken"):
+            pass
+        (rank0,) = await aio._rpc("interp_collect", ["broken"], [False])
+        return rank0[0], await good
+    res, good = vm._loop.run(scenario())
+    assert "failed" in res and "address" in res["failed"], res
+    ref = em.generate(PROMPTS[1], 3, points=["resid_post.0"])
+    assert torch.equal(good.new_tokens, ref.new_tokens)
     assert vm.generate(PROMPT, 2, points=["resid_post.0"]).requests[0].new_tokens.shape == (2,)
 
 

@@ -95,17 +95,18 @@ class Ledger:
         sq = torch.cat(norms).to("cpu").numpy() ** 2  # the one read
         plan = np.concatenate([e.plan for e in entries])
         steer = np.concatenate([e.steer for e in entries])
-        pos = np.concatenate([e.pos + e.shift if e.shift else e.pos for e in entries])
-        if not all(not e.trimmed and e.codes <= wanted for e in entries):  # entries may hold rows of other plans, and of dropped ones
-            keep = np.isin(plan, codes)
-            sq, plan, steer, pos = sq[keep], plan[keep], steer[keep], pos[keep]
+        mine = None  # entries may hold rows of other plans, and of dropped ones
+        if not all(not e.trimmed and e.codes <= wanted for e in entries):
+            mine = np.isin(plan, codes)
+            sq, plan, steer = sq[mine], plan[mine], steer[mine]
         if not self.unique:  # the last record of each (plan, steer, position) counts; guard records all do
-            table = np.stack([plan, steer, pos], axis=1)[::-1]
+            pos = np.concatenate([e.pos + e.shift for e in entries])  # positions matter here alone
+            table = np.stack([plan, steer, pos if mine is None else pos[mine]], axis=1)[::-1]
             _, first = np.unique(table, axis=0, return_index=True)
             last = np.zeros(len(sq), dtype=bool)
             last[len(sq) - 1 - first] = True
             keep = last | (steer < 0)
-            sq, plan, steer, pos = sq[keep], plan[keep], steer[keep], pos[keep]
+            sq, plan, steer = sq[keep], plan[keep], steer[keep]
         bad = ~np.isfinite(sq)
         plans, at_plan = np.unique(plan, return_inverse=True)
         if bad.any():

@@ -9,9 +9,11 @@ loop, against a vLLM engine whose core runs in its own process.
 Its coroutines run on the model's own event loop (where vLLM's AsyncLLM lives) and are awaited from
 any loop: a call from another one is handed over and its result comes back (vllm_runtime.Loop.hop).
 
-Per request: the plan goes to every worker (collective_rpc "interp_register"), the request runs in
-vLLM's continuous batch carrying the plan's key, and the captures come back when it finishes
-("interp_collect"), gathered across tensor-parallel ranks.
+Per request: the plan rides with the request (its SamplingParams' extra_args: the plan's key and its
+wire form), every worker registers it when a schedule first holds the request, the request runs in
+vLLM's continuous batch, and the captures come back when it finishes (collective_rpc "interp_collect"),
+gathered across tensor-parallel ranks. One call to the workers per batch of requests: each such call
+stalls the engine core for every request it serves.
 """
 from __future__ import annotations
 
@@ -29,7 +31,7 @@ from engine.backends.vllm.catalogue import VLLMCatalogue
 from engine.backends.vllm.modes import NO_CAPTURE, Mode, mode_for
 from engine.backends.vllm.worker import attn as vllm_attn
 from engine.backends.vllm.worker import wire as vllm_wire
-from engine.backends.vllm.worker.rows import EXTRA_KEY
+from engine.backends.vllm.worker.rows import EXTRA_KEY, PLAN_ARG
 from engine.core.address import Address, parse
 from engine.core.errors import AddressError, EngineError, SteeringError, UnsupportedPointError
 from engine.core.inputs import limits_of, new_tokens, row_label, token_rows, top_logprobs
@@ -345,7 +347,10 @@ class AsyncVLLMModel(ModelBase, TokensMixin):
         extras = {"cache_salt": f"interp-{key}"} if sub.salted else None
         (prompt,) = await self.engine.renderer.render_cmpl_async([{"prompt_token_ids": sub.prompt}],
                                                                 prompt_extras=extras)
-        sp = SamplingParams(**sub.params, extra_args={EXTRA_KEY: key} if self._needs_worker(sub.plan) else None)
+        # the plan rides with the request: each worker registers it when a schedule first holds the request
+        # (WorkerState.scheduled), so no call to the workers stalls the engine before it runs
+        sp = SamplingParams(**sub.params, extra_args={EXTRA_KEY: key, PLAN_ARG: vllm_wire.plan_out(sub.plan, key)}
+                            if self._needs_worker(sub.plan) else None)
         final = None
         ids: list[int] = []
         try:
@@ -368,14 +373,13 @@ class AsyncVLLMModel(ModelBase, TokensMixin):
     async def _run_many(self, built: list[Submission], want_logits: bool, prefill: bool = False,
                         on_output=None, keys=None, hold: asyncio.Event | None = None,
                         sink: str | None = None) -> list[RequestResult]:
-        """Register every plan in one RPC, run the requests concurrently, collect in one RPC (after
-        `hold` is set, when given: a stream reads the plans' rows step by step until then; with
-        `sink`, a shared-memory directory, the rows come back as files there: worker/sink.py)."""
+        """Run the requests concurrently, each carrying its plan (registered by the workers when it is
+        first scheduled), and collect every plan in one RPC (after `hold` is set, when given: a stream
+        reads the plans' rows step by step until then; with `sink`, a shared-memory directory, the rows
+        come back as files there: worker/sink.py)."""
         keys = keys or [uuid.uuid4().hex for _ in built]
         active = [(k, s.plan) for k, s in zip(keys, built) if self._needs_worker(s.plan)]
-        try:  # registered inside: a request cancelled while the register RPC is in flight is still collected
-            if active:
-                await self._rpc("interp_register", [vllm_wire.plan_out(p, k) for k, p in active])
+        try:  # collected in `finally`: a request cancelled once scheduled has a plan to forget
             outs = await asyncio.gather(*(self._submit(s, k, on_output) for k, s in zip(keys, built)))
             if hold is not None:
                 await hold.wait()

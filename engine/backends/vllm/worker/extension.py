@@ -29,7 +29,7 @@ from engine.backends.vllm.worker import kv
 from engine.backends.vllm.worker import runner as vllm_runner
 from engine.backends.vllm.worker import wire as vllm_wire
 from engine.backends.vllm.worker.loader import ERRORS_ATTR, TAPS_ATTR
-from engine.backends.vllm.worker.rows import ROWS
+from engine.backends.vllm.worker.rows import PLAN_ARG, ROWS
 from engine.backends.vllm.worker.tree import resolve, tree_for
 from engine.core.address import Address, parse
 from engine.core.errors import UnsupportedPointError
@@ -209,7 +209,7 @@ class WorkerState:
         self.end_module = self.end_handle = None
         # the KV blocks steering requests wrote, zeroed before a schedule hands one to another request
         self.blocks = kv.Blocks(runner)
-        if not _wrap_execute_model(runner, self.blocks.reclaim):
+        if not _wrap_execute_model(runner, self.scheduled):
             raise RuntimeError(f"{type(runner).__name__} has no execute_model: the engine cannot see which KV blocks a "
                                f"schedule hands on, so it cannot keep a steering request's KV entries from others")
         if _wrap_model_forward(runner, self._begin, self._end):
@@ -408,20 +408,52 @@ class WorkerState:
         return {"syncs": c.count, "steps": steps, "sites": dict(c.sites)}
 
     # -- requests ---------------------------------------------------------------------------------
+    def scheduled(self, scheduler_output: Any) -> None:
+        """Before the runner takes a schedule: register the plans its new requests carry (PLAN_ARG in
+        their SamplingParams' extra_args), then hand KV blocks on (kv.Blocks.reclaim)."""
+        try:
+            self._register_carried(scheduler_output)
+        finally:
+            self.blocks.reclaim(scheduler_output)
+
+    def _register_carried(self, scheduler_output: Any) -> None:
+        wires = []
+        for req in getattr(scheduler_output, "scheduled_new_reqs", None) or ():
+            args = getattr(getattr(req, "sampling_params", None), "extra_args", None) or {}
+            d = args.get(PLAN_ARG)
+            if isinstance(d, dict) and d.get("key") not in self.plans:
+                wires.append(d)
+        if wires:
+            self.register(wires)
+
     def register(self, plans: list[dict]) -> None:
-        device = self.device
+        """Add plans (wire form) and rebuild the sites once. A plan that does not decode or bind fails
+        its own request at collect; nothing is raised into vLLM's step (that ends the engine)."""
         for d in plans:
-            plan = vllm_wire.plan_in(d)
-            # values arrive on the CPU; steered rows (and vllm-static's receipt replay) are on the model's device
-            plan.steers = [st.at(st.address, st.value.to(device)) if isinstance(st.value, torch.Tensor) else st
-                           for st in plan.steers]
-            if plan.readouts:
-                try:
-                    plan.accumulators = bind(plan.readouts, self._env())
-                except Exception as e:  # the request's own failure (an SAE that does not load): kept for collect
-                    _failed(plan, e)
+            try:
+                plan = self._admit(d)
+            except Exception as e:  # noqa: BLE001  (kept for its collect, naming why)
+                plan = Plan(0, key=d.get("key"))
+                _failed(plan, e)
             self.plans[plan.key] = plan
-        self._rebuild()
+        try:
+            self._rebuild()
+        except Exception as e:  # noqa: BLE001  (the sites could not be attached: every plan's request fails with it)
+            for plan in self.plans.values():
+                _failed(plan, e)
+
+    def _admit(self, d: dict) -> Plan:
+        """One plan from its wire form, its steer values on the model's device, its readouts bound."""
+        plan = vllm_wire.plan_in(d)
+        # values arrive on the CPU; steered rows (and vllm-static's receipt replay) are on the model's device
+        plan.steers = [st.at(st.address, st.value.to(self.device)) if isinstance(st.value, torch.Tensor) else st
+                       for st in plan.steers]
+        if plan.readouts:
+            try:
+                plan.accumulators = bind(plan.readouts, self._env())
+            except Exception as e:  # the request's own failure (an SAE that does not load): kept for collect
+                _failed(plan, e)
+        return plan
 
     def collect(self, keys: list[str], logits: list[bool],
                 encode: Callable[[torch.Tensor], dict] = vllm_wire.tensor_out) -> list[dict]:
@@ -553,10 +585,6 @@ class InterpWorker:
             return {"runner": runner}
         self._interp = WorkerState(self.model_runner, backend)
         return {**self._interp.describe(), "runner": runner}
-
-    def interp_register(self, plans: list) -> bool:
-        self._interp.register(plans)
-        return True
 
     def interp_syncs(self, on: bool) -> dict:
         """Count the engine's host reads inside this rank's steps (tests: at most 2 per step)."""

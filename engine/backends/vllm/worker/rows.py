@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from vllm.config import VllmConfig
 
 EXTRA_KEY = "interp_plan"
+PLAN_ARG = "interp_plan_wire"  # the plan itself (wire form), registered when the request is first scheduled
 ROWS: dict[int, str] = {}  # persistent-batch index -> plan key (only requests that carry one)
 
 
