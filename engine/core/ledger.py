@@ -95,13 +95,13 @@ class Ledger:
         sq = torch.cat(norms).to("cpu").numpy() ** 2  # the one read
         plan = np.concatenate([e.plan for e in entries])
         steer = np.concatenate([e.steer for e in entries])
-        mine = None  # entries may hold rows of other plans, and of dropped ones
+        selected = None  # entries may hold rows of other plans, and of dropped ones
         if not all(not e.trimmed and e.codes <= wanted for e in entries):
-            mine = np.isin(plan, codes)
-            sq, plan, steer = sq[mine], plan[mine], steer[mine]
+            selected = np.isin(plan, codes)
+            sq, plan, steer = sq[selected], plan[selected], steer[selected]
         if not self.unique:  # the last record of each (plan, steer, position) counts; guard records all do
             pos = np.concatenate([e.pos + e.shift for e in entries])  # positions matter here alone
-            table = np.stack([plan, steer, pos if mine is None else pos[mine]], axis=1)[::-1]
+            table = np.stack([plan, steer, pos if selected is None else pos[selected]], axis=1)[::-1]
             _, first = np.unique(table, axis=0, return_index=True)
             last = np.zeros(len(sq), dtype=bool)
             last[len(sq) - 1 - first] = True
