@@ -381,7 +381,7 @@ class Accumulator:
 
     A per-position readout's small chunks (a decode step's row) may wait (`defer`) and be computed
     together: the readout reads its weights once per `fn` call (an SAE's encoder, a lens's head), which
-    over one row at a time costs more than the model's own step. They are computed when DEFER_ROWS wait,
+    over one row at a time reads nearly what the model's own step reads. They are computed when DEFER_ROWS wait,
     before anything later is kept, and before the result is read (`result`, `rows_from`), so what is
     read is the same in either case, up to float rounding of a product over more rows at once."""
     readout: Readout
