@@ -91,10 +91,12 @@ TESTS: dict[str, tuple[str, ...]] = {
     "engine/backends/vllm/load_options.py": ("test_backends.py",),
     "engine/backends/vllm/modes.py": ("test_ops_table.py", "test_pipeline_units.py", "test_seams.py"),
     "engine/backends/vllm/proof.py": ("test_errors.py", "test_vllm_static.py"),
+    "engine/backends/vllm/replies.py": ("test_vllm_replies.py", "test_vllm.py", "test_vllm_tp.py"),
     "engine/backends/vllm/runtime.py": (
         "test_loop_streams.py", "test_ray_options.py", "test_seams.py", "test_sources.py", "test_vllm_static.py",
     ),
     "engine/backends/vllm/sizing.py": ("test_vllm_sizing.py",),
+    "engine/backends/vllm/streaming.py": ("test_vllm_replies.py", "test_vllm_interventions.py"),
     "engine/backends/vllm/worker/attn.py": ("test_address.py", "test_pipeline_units.py"),
     "engine/backends/vllm/worker/extension.py": ("test_pipeline_units.py", "test_vllm_runner.py"),
     "engine/backends/vllm/worker/guard.py": ("test_serve_poison.py", "test_vllm_static_buffers.py"),
@@ -104,6 +106,7 @@ TESTS: dict[str, tuple[str, ...]] = {
     "engine/backends/vllm/worker/loader.py": ("test_vllm_static.py", "test_vllm_static_buffers.py"),
     "engine/backends/vllm/worker/rows.py": ("test_pipeline_units.py", "test_vllm_runner.py"),
     "engine/backends/vllm/worker/runner.py": ("test_errors.py", "test_vllm_runner.py"),
+    "engine/backends/vllm/worker/seams.py": ("test_pipeline_units.py", "test_vllm_runner.py", "test_vllm_static_kv.py"),
     "engine/backends/vllm/worker/sink.py": ("test_harvest_sink.py",),
     "engine/backends/vllm/worker/static.py": (
         "test_ops_table.py", "test_pipeline_units.py", "test_receipts.py", "test_vllm_static_buffers.py",
@@ -290,6 +293,7 @@ TESTS: dict[str, tuple[str, ...]] = {
     "engine/serve/__main__.py": ("test_serve_units.py",),
     "engine/serve/app.py": ("test_remote_transport.py", "test_serve_app.py"),
     "engine/serve/capabilities.py": ("test_serve.py", "test_serve_eager.py"),
+    "engine/serve/context.py": ("test_serve_abuse.py", "test_serve_app.py"),
     "engine/serve/encoding.py": (
         "test_remote.py", "test_remote_units.py", "test_serve.py", "test_serve_abuse.py", "test_serve_app.py",
         "test_serve_big_captures.py", "test_serve_eager.py", "test_serve_json.py", "test_serve_readouts.py",

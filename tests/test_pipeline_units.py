@@ -325,21 +325,21 @@ class _WholeCompiled(_Net):
 
 
 def test_step_anchor_is_the_top_model_where_its_hooks_fire():
-    from engine.backends.vllm.worker.extension import _step_anchors
+    from engine.backends.vllm.worker.seams import step_anchors
     from engine.backends.vllm.worker.tree import Tree
     net = _Net()
-    assert _step_anchors(net, Tree()) == (net, net, 1, None)
+    assert step_anchors(net, Tree()) == (net, net, 1, None)
 
 
 def test_step_anchor_falls_back_to_first_layer_and_final_norm_when_the_top_is_compile_decorated():
-    from engine.backends.vllm.worker.extension import _step_anchors
+    from engine.backends.vllm.worker.seams import step_anchors
     from engine.backends.vllm.worker.tree import Tree
     net = _WholeCompiled()
     net.do_not_compile = True  # vllm (eager forward): layer hooks fire
-    begin, end, positions_at, error = _step_anchors(net, Tree())
+    begin, end, positions_at, error = step_anchors(net, Tree())
     assert begin is net.model.layers[0] and end is net.model.norm and positions_at == 0 and error is None
     net.do_not_compile = False  # compiled whole: nothing inside is visible
-    error = _step_anchors(net, Tree())[3]
+    error = step_anchors(net, Tree())[3]
     assert "_WholeCompiled as a whole" in error and "compile=False" in error
 
 

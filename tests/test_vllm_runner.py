@@ -101,25 +101,25 @@ class _Runner:
 
 
 def test_step_anchor_wraps_model_forward_and_survives_replay():
-    from engine.backends.vllm.worker.extension import _wrap_model_forward
+    from engine.backends.vllm.worker.seams import wrap_model_forward
     seen = []
     runner = _Runner(lambda positions: positions * 2)
     begin = lambda m, args, kw: seen.append(("begin", kw["positions"].tolist()))  # noqa: E731
     end = lambda m, args, out: seen.append(("end", out.tolist()))  # noqa: E731
-    assert _wrap_model_forward(runner, begin, end)
+    assert wrap_model_forward(runner, begin, end)
     import torch
     out = runner._model_forward(input_ids=None, positions=torch.tensor([3, 4]))
     assert out.tolist() == [6, 8] and runner.calls == ["forward"]
     assert seen == [("begin", [3, 4]), ("end", [6, 8])]
-    assert _wrap_model_forward(runner, begin, end)  # a second setup replaces, never nests
+    assert wrap_model_forward(runner, begin, end)  # a second setup replaces, never nests
     seen.clear()
     runner._model_forward(positions=torch.tensor([1]))
     assert seen == [("begin", [1]), ("end", [2])]
 
 
 def test_no_model_forward_means_module_hooks():
-    from engine.backends.vllm.worker.extension import _wrap_model_forward
-    assert not _wrap_model_forward(object(), None, None)
+    from engine.backends.vllm.worker.seams import wrap_model_forward
+    assert not wrap_model_forward(object(), None, None)
 
 
 # -- what load() hands vLLM (no engine: the start is intercepted) ------------------------------------

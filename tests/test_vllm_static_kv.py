@@ -159,9 +159,9 @@ def test_the_first_layer_a_steer_can_change():
 
 
 def test_the_worker_reclaims_before_the_runner_takes_each_schedule():
-    """_wrap_execute_model: the hand-on is zeroed before the runner's own execute_model runs (which
+    """wrap_execute_model: the hand-on is zeroed before the runner's own execute_model runs (which
     updates its states, then runs the forward), on every call, and a second wrap never nests."""
-    from engine.backends.vllm.worker.extension import _wrap_execute_model
+    from engine.backends.vllm.worker.seams import wrap_execute_model
     order = []
 
     class Runner:
@@ -169,8 +169,8 @@ def test_the_worker_reclaims_before_the_runner_takes_each_schedule():
             order.append(("runner", scheduler_output))
             return "out"
     r = Runner()
-    assert _wrap_execute_model(r, lambda so: order.append(("reclaim", so)))
-    assert _wrap_execute_model(r, lambda so: order.append(("reclaim", so)))
+    assert wrap_execute_model(r, lambda so: order.append(("reclaim", so)))
+    assert wrap_execute_model(r, lambda so: order.append(("reclaim", so)))
     assert r.execute_model("s1") == "out" and r.execute_model("s2", None) == "out"
     assert order == [("reclaim", "s1"), ("runner", "s1"), ("reclaim", "s2"), ("runner", "s2")]
-    assert not _wrap_execute_model(types.SimpleNamespace(), print)
+    assert not wrap_execute_model(types.SimpleNamespace(), print)

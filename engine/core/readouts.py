@@ -388,8 +388,7 @@ class Accumulator:
     fn: Callable[[torch.Tensor], tuple]
     chunks: list = field(default_factory=list)
     error: str | None = None
-    waiting: list = field(default_factory=list)  # (pos0, rows [n, ...]) deferred, in order
-    n_waiting: int = 0
+    waiting: list = field(default_factory=list)  # (pos0, rows [n, ...]) deferred, in order (< DEFER_ROWS rows)
 
     def add(self, pos0: int, x: torch.Tensor) -> None:
         self.put(pos0, x.shape[0], self.fn(x))
@@ -398,15 +397,14 @@ class Accumulator:
         """Keep rows x [n, ...] (a copy the caller no longer writes) at absolute position pos0, to be
         computed with the rest waiting."""
         self.waiting.append((pos0, x))
-        self.n_waiting += x.shape[0]
-        if self.n_waiting >= DEFER_ROWS:
+        if sum(w.shape[0] for _, w in self.waiting) >= DEFER_ROWS:
             self.settle()
 
     def settle(self) -> None:
         """Compute every deferred chunk in one `fn` call; a failure is kept as the readout's error."""
         if not self.waiting:
             return
-        waiting, self.waiting, self.n_waiting = self.waiting, [], 0
+        waiting, self.waiting = self.waiting, []
         try:
             counts = [x.shape[0] for _, x in waiting]
             parts = self.fn(waiting[0][1] if len(waiting) == 1 else torch.cat([x for _, x in waiting]))

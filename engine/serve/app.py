@@ -11,10 +11,11 @@ from starlette.exceptions import HTTPException
 from starlette.responses import JSONResponse
 
 from engine.core.errors import BodyTooLarge
-from engine.serve import capabilities, native, routes
+from engine.serve import capabilities, context, native, routes
 from engine.serve.errors import ServeError, payload, response
 from engine.serve.guard import Admission, Guard, auth_error, send_json
 from engine.serve.metrics import Metrics, Recorder
+from engine.serve.offload import Offload
 from engine.serve.settings import ServeSettings
 
 if TYPE_CHECKING:
@@ -58,8 +59,8 @@ def build_app(runner: Runner, settings: ServeSettings | None = None) -> FastAPI:
     settings = settings or ServeSettings()
     app = FastAPI(title="interp-engine", docs_url=None, redoc_url=None, openapi_url=None)
     metrics = Metrics()
-    app.state.ctx = routes.Context(runner, settings, settings.names(runner.name), Admission(settings.max_pending),
-                                   metrics, capabilities.table(runner), routes.Offload(settings.cpu_workers))
+    app.state.ctx = context.Context(runner, settings, settings.names(runner.name), Admission(settings.max_pending),
+                                   metrics, capabilities.table(runner), Offload(settings.cpu_workers))
     routes.register(app)
     native.register(app)  # the library's client's routes (engine/remote/)
 

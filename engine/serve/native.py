@@ -21,7 +21,7 @@ from starlette.responses import JSONResponse, Response
 from engine.core import tokens as engine_tokens
 from engine.core.points import get_point
 from engine.model.sampling import KNOBS
-from engine.serve import encoding, routes, wire
+from engine.serve import context, encoding, wire
 from engine.serve.errors import ServeError, from_engine
 from engine.serve.offload import respond, unless_gone
 from engine.serve.runner import Runner
@@ -62,7 +62,7 @@ class LensRequest(Body):
         return get_point(v).name  # AddressError names an unknown point
 
 
-def capabilities(ctx: routes.Context) -> dict:
+def capabilities(ctx: context.Context) -> dict:
     """What this server runs and serves, for a client to check calls against before sending them."""
     r = ctx.runner
     table = ctx.points
@@ -86,9 +86,9 @@ def tokenizer_facts(r: Runner) -> dict:
     return {"pad_token_id": pad, "bos_token_id": tok.bos_token_id, "eos_token_id": tok.eos_token_id, "size": len(tok)}
 
 
-def tokenize(ctx: routes.Context, raw: bytes) -> dict:
+def tokenize(ctx: context.Context, raw: bytes) -> dict:
     req = parse_body(raw, TokenizeRequest, ctx.settings.sae_dir)
-    routes.check_model(ctx, req.model)
+    context.check_model(ctx, req.model)
     texts = [req.text] if isinstance(req.text, str) else req.text
     try:
         with ctx.runner.tokenizer_lock:
@@ -98,9 +98,9 @@ def tokenize(ctx: routes.Context, raw: bytes) -> dict:
     return {"object": "tokens", "tokens": ids[0] if isinstance(req.text, str) else ids}
 
 
-def detokenize(ctx: routes.Context, raw: bytes) -> dict:
+def detokenize(ctx: context.Context, raw: bytes) -> dict:
     req = parse_body(raw, DetokenizeRequest, ctx.settings.sae_dir)
-    routes.check_model(ctx, req.model)
+    context.check_model(ctx, req.model)
     try:
         with ctx.runner.tokenizer_lock:
             text = engine_tokens.to_string(ctx.runner.tokenizer, req.tokens, req.skip_special_tokens)
@@ -109,9 +109,9 @@ def detokenize(ctx: routes.Context, raw: bytes) -> dict:
     return {"object": "text", "text": text}
 
 
-def prepare_lens(ctx: routes.Context, raw: bytes) -> LensRequest:
+def prepare_lens(ctx: context.Context, raw: bytes) -> LensRequest:
     req = parse_body(raw, LensRequest, ctx.settings.sae_dir)
-    routes.check_model(ctx, req.model)
+    context.check_model(ctx, req.model)
     rows = req.x.numel() // max(req.x.shape[-1], 1)
     vocab = ctx.runner.limits.vocab_size or 0
     nbytes = rows * vocab * req.x.element_size()
@@ -122,7 +122,7 @@ def prepare_lens(ctx: routes.Context, raw: bytes) -> LensRequest:
     return req
 
 
-def lens_answer(ctx: routes.Context, logits: torch.Tensor, binary: bool) -> dict:
+def lens_answer(ctx: context.Context, logits: torch.Tensor, binary: bool) -> dict:
     how = encoding.BINARY if binary else "base64"
     ctx.budget().take(logits, how)
     return {"object": "lens", "logits": encoding.deferred(logits, how)}
@@ -135,21 +135,21 @@ def register(app: FastAPI) -> None:
 
     @app.post(wire.TOKENIZE)
     async def post_tokenize(request: Request):
-        ctx: routes.Context = request.app.state.ctx
+        ctx: context.Context = request.app.state.ctx
         return JSONResponse(await ctx.offload(tokenize, ctx, await request.body()))
 
     @app.post(wire.DETOKENIZE)
     async def post_detokenize(request: Request):
-        ctx: routes.Context = request.app.state.ctx
+        ctx: context.Context = request.app.state.ctx
         return JSONResponse(await ctx.offload(detokenize, ctx, await request.body()))
 
     @app.post(wire.LENS)
     async def post_lens(request: Request) -> Response:
-        ctx: routes.Context = request.app.state.ctx
+        ctx: context.Context = request.app.state.ctx
         req = await ctx.offload(prepare_lens, ctx, await request.body())
         ticket = ctx.admission.enter(1)
         try:
-            logits = await unless_gone(request, routes.guarded(ctx.runner.lens(req.x, req.point)))
+            logits = await unless_gone(request, context.guarded(ctx.runner.lens(req.x, req.point)))
         finally:
             ticket.release()
-        return await respond(ctx.offload, await ctx.offload(lens_answer, ctx, logits, routes.framed(request)))
+        return await respond(ctx.offload, await ctx.offload(lens_answer, ctx, logits, context.framed(request)))

@@ -18,26 +18,23 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import re
 import time
 import uuid
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, AsyncGenerator, Awaitable, Iterable, TypeVar, cast
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, AsyncGenerator, TypeVar
 
 from fastapi import FastAPI, Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 
 from engine.core import DISTRIBUTION
-from engine.core.errors import SteeringError
 from engine.core.results import StrictSteerError
-from engine.serve import encoding, interp, text, wire
+from engine.serve import encoding, interp, text
+from engine.serve.context import Context, budget, check_model, check_sampling, framed, gather_all, guarded, tokenize
 from engine.serve.errors import ServeError, from_engine, is_client_error, kind_of, payload
-from engine.serve.guard import Admission, Ticket
-from engine.serve.metrics import Metrics
-from engine.serve.offload import Offload, event, respond, unless_gone
-from engine.serve.runner import Job, Runner
+from engine.serve.guard import Ticket
+from engine.serve.offload import event, respond, unless_gone
+from engine.serve.runner import Job
 from engine.serve.schemas import CaptureRequest, CaptureSpec, ChatRequest, CompletionRequest, parse_body
-from engine.serve.settings import ServeSettings
 
 if TYPE_CHECKING:
     from engine.core.results import RequestResult
@@ -45,113 +42,6 @@ if TYPE_CHECKING:
     from engine.serve.schemas import Sampling
 
 _T = TypeVar("_T")
-
-
-@dataclass
-class Context:
-    """What the handlers share: the model, its settings, the names it answers to, the queue, the
-    counters, the capability table and the worker threads."""
-    runner: Runner
-    settings: ServeSettings
-    served: list[str]
-    admission: Admission
-    metrics: Metrics
-    points: dict
-    offload: Offload = field(default_factory=lambda: Offload(2))
-
-    def budget(self) -> interp.Budget:
-        return interp.Budget(self.settings.max_capture_bytes, self.settings.max_response_bytes)
-
-
-# -- checking (on the Offload threads) ---------------------------------------------------------------
-def check_model(ctx: Context, name: str | None) -> None:
-    if name is not None and name not in ctx.served:
-        raise ServeError(404, f"model {name!r} is not served here; this server serves {ctx.served[0]!r} "
-                              f"(GET /v1/models)", "model")
-
-
-def tokenize(ctx: Context, prompts: list) -> list[list[int]]:
-    out = []
-    for i, p in enumerate(prompts):
-        where = "prompt" if len(prompts) == 1 else f"prompt[{i}]"
-        if isinstance(p, str) and len(p) > ctx.runner.max_prompt_chars:
-            raise ServeError(400, f"{where}: {len(p)} characters cannot fit the {ctx.runner.max_model_len} "
-                                  f"positions this server's model takes (no token is longer than "
-                                  f"{ctx.runner.max_prompt_chars // ctx.runner.max_model_len} characters); "
-                                  f"send a shorter prompt", where)
-        try:
-            out.append(ctx.runner.tokenize(p))
-        except Exception as e:
-            raise from_engine(e, where) from None
-    return out
-
-
-def check_sampling(ctx: Context, req: Sampling) -> None:
-    """What the engine would refuse late (or crash on): token ids outside the vocabulary."""
-    vocab = ctx.runner.limits.vocab_size
-    for i, t in enumerate(req.stop_token_ids or ()):
-        if t < 0 or (vocab is not None and t >= vocab):
-            raise ServeError(400, f"stop_token_ids[{i}]: {t} is not a token id of this model (0 .. {vocab - 1})"
-                             if vocab else f"stop_token_ids[{i}]: {t} is not a token id (ids are >= 0)",
-                             "stop_token_ids")
-
-
-def budget(ctx: Context, req: Sampling, prompt_len: int, default: int | None) -> int:
-    """max_tokens for one prompt, checked against the model's positions and the server's cap."""
-    room = None if ctx.runner.max_model_len is None else ctx.runner.max_model_len - prompt_len
-    if room is not None and room < 1:
-        raise ServeError(400, f"prompt: its {prompt_len} tokens fill all {ctx.runner.max_model_len} positions this "
-                              f"server's model takes (max_model_len); nothing can be generated after it", "prompt",
-                         kind="InputError")
-    n = req.max_tokens or min([x for x in (default, room, ctx.settings.max_tokens_limit) if x is not None] or [16])
-    if ctx.settings.max_tokens_limit is not None and n > ctx.settings.max_tokens_limit:
-        raise ServeError(400, f"max_tokens: {n} is over this server's limit of {ctx.settings.max_tokens_limit} "
-                              f"(--max-tokens-limit)", "max_tokens")
-    if room is not None and n > room:
-        raise ServeError(400, f"max_tokens: {n} new tokens after a {prompt_len}-token prompt exceed the "
-                              f"{ctx.runner.max_model_len} positions this server's model takes (max_model_len); "
-                              f"ask for at most {max(room, 0)}", "max_tokens", kind="InputError")
-    if req.min_tokens > n:
-        raise ServeError(400, f"min_tokens: {req.min_tokens} is more than max_tokens ({n})", "min_tokens")
-    return n
-
-
-def steer_param(e: BaseException, asked: "interp.Asked | None") -> str | None:
-    """The request field of the steer an engine error is about (its message names the address)."""
-    if asked is None or not isinstance(e, SteeringError):
-        return None
-    msg = str(e)
-    for i, addr in enumerate(asked.steer_addresses):
-        if re.search(rf"(?<![\w.]){re.escape(addr)}(?![\w]|\.\w)", msg):
-            return f"interp.steer[{i}]"
-    return "interp.steer" if asked.steers else None
-
-
-async def guarded(coro: Awaitable[_T], asked: "interp.Asked | None" = None) -> _T:
-    """Run one engine call: the engine's refusals become 400s naming what it refused (a steer that
-    failed inside the forward, e.g. its result overflowed, or a strict steer that touched nothing,
-    names that steer)."""
-    try:
-        return await coro
-    except ServeError:
-        raise
-    except StrictSteerError as e:
-        raise from_engine(e, f"interp.steer[{e.receipt.index}]") from None
-    except Exception as e:
-        if is_client_error(e) or (isinstance(e, ValueError) and not isinstance(e, UnicodeError)):
-            param = steer_param(e, asked)
-            raise ServeError(400, f"{param}: {e}" if param else str(e), param, kind=kind_of(e)) from None
-        raise
-
-
-async def gather_all(coros: Iterable[Awaitable[_T]]) -> list[_T]:
-    """Every call runs to its end (a failed one never leaves the others running unaccounted); the
-    first failure is raised."""
-    out = await asyncio.gather(*coros, return_exceptions=True)
-    for r in out:
-        if isinstance(r, BaseException):
-            raise r
-    return cast("list[_T]", out)
 
 
 class Stream(StreamingResponse):
@@ -273,11 +163,6 @@ class Gen:
         if block is not None:
             c["interp"] = block
         return c
-
-
-def framed(request: Request) -> bool:
-    """Whether the client asked for tensors as raw bytes in a frame (Accept: engine/serve/wire.FRAME_TYPE)."""
-    return wire.FRAME_TYPE in request.headers.get("accept", "")
 
 
 def prepare(ctx: Context, raw: bytes, cls: type[Sampling], chat: bool, binary: bool = False) -> Gen:

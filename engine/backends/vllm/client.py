@@ -12,8 +12,9 @@ any loop: a call from another one is handed over and its result comes back (vllm
 Per request: the plan rides with the request (its SamplingParams' extra_args: the plan's key and its
 wire form), every worker registers it when a schedule first holds the request, the request runs in
 vLLM's continuous batch, and the captures come back when it finishes (collective_rpc "interp_collect"),
-gathered across tensor-parallel ranks. One call to the workers per batch of requests: each such call
-stalls the engine core for every request it serves.
+gathered across tensor-parallel ranks (engine/backends/vllm/replies.py makes the results; a stream
+peeks while its request runs, engine/backends/vllm/streaming.py). One call to the workers per batch of
+requests: each such call stalls the engine core for every request it serves.
 """
 from __future__ import annotations
 
@@ -27,26 +28,26 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from engine.backends.vllm import replies, streaming
 from engine.backends.vllm.catalogue import VLLMCatalogue
 from engine.backends.vllm.modes import NO_CAPTURE, Mode, mode_for
 from engine.backends.vllm.worker import attn as vllm_attn
 from engine.backends.vllm.worker import wire as vllm_wire
 from engine.backends.vllm.worker.rows import EXTRA_KEY, PLAN_ARG
 from engine.core.address import Address, parse
-from engine.core.errors import AddressError, EngineError, SteeringError, UnsupportedPointError
+from engine.core.errors import AddressError, SteeringError, UnsupportedPointError
 from engine.core.inputs import limits_of, new_tokens, row_label, token_rows, top_logprobs
 from engine.core.loop import on_home_loop
 from engine.core.ops import OPS
 from engine.core.plan import Plan
 from engine.core.points import INTEGER_POINTS
-from engine.core.readouts import Readout, ReadoutError, as_value, parts_of, validate_readouts
+from engine.core.readouts import Readout, ReadoutError, validate_readouts
 from engine.core.results import (
     ActivationCache,
     GenerationResult,
     Request,
     RequestResult,
     StreamStep,
-    StrictSteerError,
     batch_cache,
     check_strict,
     columns,
@@ -55,7 +56,7 @@ from engine.core.results import (
     pad_rows,
 )
 from engine.core.steer_checks import check_steers
-from engine.core.steering import NonFiniteSteer, Steer
+from engine.core.steering import Steer
 from engine.core.tokens import TokensMixin, special_ids
 from engine.interop.mappers import check_sae_sites
 from engine.model.base import ModelBase
@@ -84,35 +85,6 @@ class Submission:
 
 
 StreamEvent = StreamStep  # the earlier name of one streamed step
-# a worker's failure of one request that is the request's own fault (a steer): re-raised as that class
-_REQUEST_FAULTS = {c.__name__: c for c in (NonFiniteSteer, SteeringError)}
-
-
-def _logprobs(entry, token: int, n: int) -> tuple:
-    """(the sampled token's log-probability, {id: log-probability} of the n most likely) from vLLM's
-    per-token logprobs dict ({id: Logprob(logprob, rank)})."""
-    if not entry:
-        return None, {}
-    top = {int(i): float(v.logprob) for i, v in entry.items() if v.rank is not None and v.rank <= n}
-    chosen = entry.get(token)
-    return (None if chosen is None else float(chosen.logprob)), top
-
-
-def _step_readouts(parts: dict, kinds: dict, prompt_len: int, index: int) -> dict | None:
-    """The per-position readouts of the forward that produced new token `index` ({name: value}), cut
-    from parts read from position 0 (as _step_rows cuts captures)."""
-    lo, hi = (0, prompt_len) if index == 0 else (prompt_len + index - 1, prompt_len + index)
-    out = {n: as_value(kinds[n], tuple(t[lo:hi] for t in p)) for n, p in parts.items() if p[0].shape[0] >= hi}
-    return out or None
-
-
-def _step_rows(rows: dict, prompt_len: int, index: int) -> dict:
-    """The rows of the forward that produced new token `index` ({address: [n, ...]}): the prompt for
-    the first, then the token fed back; addresses not read that far are left out."""
-    lo, hi = (0, prompt_len) if index == 0 else (prompt_len + index - 1, prompt_len + index)
-    return {k: t[lo:hi] for k, t in rows.items() if t.shape[0] >= hi}
-
-
 class AsyncVLLMModel(ModelBase, TokensMixin):
     """Capture and steering on a vLLM engine, async. Built by engine.backends.vllm.backend.load, on
     `home` (engine.backends.vllm.runtime.Loop): its coroutines run there, awaited from any loop."""
@@ -392,76 +364,9 @@ class AsyncVLLMModel(ModelBase, TokensMixin):
                     *(() if sink is None else (sink,))))
                 for i, (k, _) in enumerate(active):
                     collected[k] = [rank[i] for rank in per_rank]
-        return [self._result(s, out, collected.get(k), want_logits, prefill) for k, s, out in zip(keys, built, outs)]
-
-    def _gather(self, key: str, ranks: list[dict]) -> torch.Tensor:
-        """One capture from every rank's part: a sharded point's heads / neurons put in place."""
-        parts = [(r["captures"][key][0], vllm_wire.tensor_in(r["captures"][key][1])) for r in ranks
-                 if key in r["captures"]]
-        errors = [r["errors"][key] for r in ranks if key in r.get("errors", {})]
-        if errors:
-            raise RuntimeError(errors[0])
-        if not parts:
-            raise RuntimeError(f"{key} was never computed for this request.")
-        addr = parse(key)
-        info = self.catalogue.info(addr.base)
-        if len(parts) == 1 or not info.get("sharded") or addr.coords:
-            return parts[0][1]
-        held = [r for r in ranks if key in r["captures"]]
-        full = torch.zeros(parts[0][1].shape[0], *info["shape"], dtype=parts[0][1].dtype)
-        for (_, t), r in zip(parts, held):
-            full[:, torch.tensor(r["held"][key])] = t
-        return full
-
-    def _result(self, sub: Submission, out, ranks: list[dict] | None, want_logits: bool, prefill: bool) -> RequestResult:
-        plan = sub.plan
-        if out is None:
-            raise EngineError("vLLM returned no output for a request (aborted?).")
-        if ranks:
-            bad = [r["error"] for r in ranks if "error" in r]
-            if bad:
-                raise EngineError(f"a worker lost this request's plan: {bad[0]}")
-            failed = [r["failed"] for r in ranks if "failed" in r]
-            if failed:
-                kind, _, why = failed[0].partition(": ")
-                if kind in _REQUEST_FAULTS:  # the request's own input (a steer), not the engine: say so
-                    raise _REQUEST_FAULTS[kind](f"{why} (this request alone failed; others are unaffected)")
-                raise EngineError(f"this request failed inside the vLLM worker ({failed[0]}); other requests "
-                                  f"and the engine are unaffected.")
-        new = torch.tensor(list(out.outputs[0].token_ids), dtype=torch.long)
-        cache = ActivationCache(self.n_layers)
-        for addr in plan.captures:
-            cache[str(addr)] = self._gather(str(addr), ranks)
-        for addr in sub.derived:
-            layer = addr.layer
-            assert layer is not None and self.catalogue is not None  # attention patterns are per layer
-            q, k = self._gather(f"q.{layer}", ranks), self._gather(f"k.{layer}", ranks)
-            t = vllm_attn.scores(q, k, self.catalogue.attn[layer])
-            t = vllm_attn.probs(t) if addr.point == "attn_probs" else t
-            cache[str(addr)] = t[:, addr.coords[0][1]] if addr.coords else t
-        for r in plan.readouts:
-            cache.put_readout(r.name, self._readout_value(r, ranks), r.kind.per_position)
-        logits = None
-        if want_logits and ranks and "logits" in ranks[0]:
-            logits = vllm_wire.tensor_in(ranks[0]["logits"])  # rows from position ranks[0]["logits_from"]
-            if not prefill:  # the scores each new token was chosen from: the last prompt position on
-                start = plan.prompt_len - 1 - ranks[0]["logits_from"]
-                logits = logits[start:start + len(new)]
-        text = self.tokenizer.decode(new.tolist(), skip_special_tokens=True)
-        return RequestResult(torch.tensor(sub.prompt, dtype=torch.long), new, text, cache, logits,
-                             int(getattr(out, "num_cached_tokens", 0) or 0),
-                             max([r.get("recomputed", 0) for r in ranks or []], default=0),
-                             vllm_wire.receipts_in(plan, ranks))
-
-    @staticmethod
-    def _readout_value(r: Readout, ranks: list[dict] | None):
-        """One readout's result from the rank that computed it (rank 0)."""
-        for rank in ranks or []:
-            if r.name in rank.get("errors", {}):
-                raise RuntimeError(rank["errors"][r.name])
-            if r.name in rank.get("readouts", {}):
-                return as_value(r.kind, tuple(vllm_wire.decode(rank["readouts"][r.name])))
-        raise RuntimeError(f"readout {r.name!r} was never computed for this request.")
+        return [replies.request_result(s.plan, s.prompt, s.derived, out, collected.get(k), want_logits, prefill,
+                                       catalogue=self.catalogue, n_layers=self.n_layers, tokenizer=self.tokenizer)
+                for k, s, out in zip(keys, built, outs)]
 
     # -- public async API ----------------------------------------------------------------------------
     @on_home_loop
@@ -493,7 +398,8 @@ class AsyncVLLMModel(ModelBase, TokensMixin):
         built = [self._plan(Request(p, max_new_tokens, points, steer, sampling, readouts), False, want, i, len(prompts),
                             strict)
                  for i, p in enumerate(prompts)]
-        out = self._batch(await self._run_many(built, want))
+        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        out = replies.batch_result(await self._run_many(built, want), pad, self.n_layers)
         if strict:
             check_strict(out.receipts, "generation")
         return out
@@ -540,78 +446,10 @@ class AsyncVLLMModel(ModelBase, TokensMixin):
         # vLLM returns the sampled token's logprob too
         sub = dataclasses.replace(sub, params={**sub.params, "output_kind": RequestOutputKind.DELTA,
                                                "logprobs": logprobs})
-        steps = self._stream(sub, want, logprobs, rows, strict)
+        steps = streaming.stream_steps(
+            sub.plan, lambda on_output, key, hold: self._run_many([sub], want, on_output=on_output, keys=[key], hold=hold),
+            self._peek, lambda tok: self.tokenizer.decode([tok], skip_special_tokens=True), logprobs, rows, strict)
         return steps if self._home is None else self._home.relay(steps)
-
-    async def _stream(self, sub: Submission, want: bool, logprobs: int, rows: bool, strict: bool):
-        key, plan = uuid.uuid4().hex, sub.plan
-        queue: asyncio.Queue = asyncio.Queue()
-        hold = asyncio.Event()  # the plan stays registered until the final output was seen
-        task = asyncio.ensure_future(self._run_many([sub], want, on_output=queue.put_nowait, keys=[key],
-                                                    hold=hold))
-        live = [str(a) for a in plan.captures if a.point not in vllm_attn.ATTN_POINTS] if rows else []
-        since = {k: 0 for k in live}  # read from the workers up to here
-        got: dict = {}  # {address: rows from position 0}, as read so far
-        live_r = {r.name: r.kind for r in plan.readouts if r.kind.per_position}
-        since_r = {n: 0 for n in live_r}
-        got_r: dict = {}  # {readout name: parts from position 0}, as read so far
-        pending: list[StreamStep] = []  # seen, not yielded (the newest goes out last, with the result)
-        seen: list[int] = []
-        try:
-            finished = False
-            while not finished:
-                getter = asyncio.ensure_future(queue.get())
-                done, _ = await asyncio.wait({getter, task}, return_when=asyncio.FIRST_COMPLETED)
-                if getter not in done:  # the request ended without a final output: raise its error
-                    getter.cancel()
-                    task.result()
-                    break
-                ro = getter.result()
-                finished = bool(getattr(ro, "finished", False))
-                out = ro.outputs[0]
-                for j, tok in enumerate(out.token_ids):
-                    lp, top = _logprobs(out.logprobs[j] if out.logprobs else None, tok, logprobs)
-                    pending.append(StreamStep(len(seen), tok, self.tokenizer.decode([tok], skip_special_tokens=True),
-                                              lp, top))
-                    seen.append(tok)
-                if finished:
-                    hold.set()
-                if len(pending) < 2 or finished:
-                    continue
-                if since or since_r:
-                    caps, reads = await self._peek(key, since, since_r)
-                    for k, t in caps.items():
-                        got[k] = torch.cat([got[k], t]) if k in got else t
-                    for k, parts in reads.items():
-                        got_r[k] = tuple(torch.cat(z) for z in zip(got_r[k], parts)) if k in got_r else parts
-                while len(pending) > 1:
-                    step = pending.pop(0)
-                    step.rows = _step_rows(got, plan.prompt_len, step.index) if live else None
-                    step.readouts = _step_readouts(got_r, live_r, plan.prompt_len, step.index)
-                    yield step
-            hold.set()
-            (result,) = await task  # built from every DELTA output's tokens (_submit)
-            cache = {k: result.cache[k] for k in live}
-            final_r = {n: parts_of(result.cache.readouts[n]) for n in live_r}
-            for step in pending:
-                step.rows = _step_rows(cache, plan.prompt_len, step.index) if live else None
-                step.readouts = _step_readouts(final_r, live_r, plan.prompt_len, step.index)
-            if pending:
-                pending[-1].result = result
-            failure = None
-            if strict:
-                try:
-                    check_strict(result.receipts, "generation")
-                except StrictSteerError as e:
-                    failure, pending = e, pending[:-1]
-            for step in pending:
-                yield step
-            if failure is not None:
-                raise failure
-        finally:
-            hold.set()
-            if not task.done():
-                task.cancel()
 
     async def _peek(self, key: str, since: dict, since_r: dict) -> tuple[dict, dict]:
         """Capture rows ({address: rows}) and per-position readout parts ({name: parts}) of a running
@@ -626,28 +464,10 @@ class AsyncVLLMModel(ModelBase, TokensMixin):
         for k in since:
             starts = [r["captures"][k][0] for r in ranks if k in r["captures"]]
             if starts:
-                t = self._gather(k, ranks)
+                t = replies.gather(self.catalogue, k, ranks)
                 out[k] = t
                 since[k] = starts[0] + t.shape[0]
         return out, reads
-
-    def _batch(self, res: list[RequestResult]) -> GenerationResult:
-        lengths = [r.tokens.shape[0] for r in res]
-        width = max(lengths)
-        cols = columns(lengths, width, "left")
-        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
-        tokens = pad_rows([r.tokens for r in res], cols, width, pad)
-        mask = pad_rows([torch.ones_like(r.tokens) for r in res], cols, width, 0)
-        n_new = max(r.new_tokens.shape[0] for r in res)
-        new = pad_rows([r.new_tokens for r in res], columns([r.new_tokens.shape[0] for r in res], n_new, "right"),
-                       n_new, pad)
-        seen = [n - 1 for n in lengths]
-        cache = batch_cache([r.cache for r in res], columns(seen, width - 1, "left"), width - 1, self.n_layers)
-        logits = None
-        if all(r.logits is not None for r in res):
-            logits = pad_rows([r.logits for r in res], columns([r.logits.shape[0] for r in res], n_new, "right"), n_new)
-        return GenerationResult(tokens, new, [r.text for r in res], cache, logits, mask, res,
-                                combine([r.receipts for r in res]))
 
     @on_home_loop
     async def logit_lens(self, x: torch.Tensor | tuple[ActivationCache, Address | str],

@@ -3,19 +3,21 @@
     worker_extension_cls  `InterpWorker` is mixed into vLLM's Worker; the client calls its methods
                           on every rank with collective_rpc, sending plain data (vllm_wire)
     logits_processors     `vllm_rows.RowMap` learns which batch row holds which plan
+    schedule              around V1's `execute_model` (engine/backends/vllm/worker/seams.py): a request's
+                          plan, riding in its SamplingParams (PLAN_ARG), is registered when a schedule
+                          first holds the request, before the runner takes that schedule
     step anchor           around V1's `GPUModelRunner._model_forward` (the runner's one call of the
                           model per step, documented by vLLM as its override point): the step begins
-                          (rows -> spans, from the forward context's query_start_loc and the
-                          `positions` argument) and ends there, so it runs under any CUDA-graph mode,
+                          (rows -> spans, from the runner's host copies of query_start_loc and the
+                          computed positions) and ends there, so it runs under any CUDA-graph mode,
                           FULL replay included (vllm_static's taps are read and written around it).
-                          Without that method: forward hooks on the top-level model (_step_anchors)
+                          Without that method: forward hooks on the top-level model (seams.step_anchors)
 
-Per request, the client registers a plan before submitting it and collects its captures when it
-finishes. `vllm` attaches hooks at the sites the registered plans need (none when no plan is
-registered, so plain requests pay nothing); `vllm-static` fills and reads the tap buffers its
-loader installed (vllm_loader). Under tensor parallelism every rank runs the same steps: sharded
-points (heads, MLP neurons) are captured and steered per rank on the indices it holds, replicated
-ones on rank 0 only; the client gathers.
+The client collects a request's captures when it finishes (one collective_rpc). `vllm` attaches hooks
+at the sites the registered plans need (none when no plan is registered, so plain requests pay
+nothing); `vllm-static` fills and reads the tap buffers its loader installed (vllm_loader). Under
+tensor parallelism every rank runs the same steps: sharded points (heads, MLP neurons) are captured
+and steered per rank on the indices it holds, replicated ones on rank 0 only; the client gathers.
 """
 from __future__ import annotations
 
@@ -25,7 +27,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import torch
 
 from engine.backends.vllm.worker import attn as vllm_attn
-from engine.backends.vllm.worker import kv
+from engine.backends.vllm.worker import kv, seams
 from engine.backends.vllm.worker import runner as vllm_runner
 from engine.backends.vllm.worker import wire as vllm_wire
 from engine.backends.vllm.worker.loader import ERRORS_ATTR, TAPS_ATTR
@@ -54,31 +56,6 @@ def _failed(plan: Plan, exc: BaseException) -> None:
     plan.error = f"{type(exc).__name__}: {exc}"
 
 
-def _query_start_loc(ctx) -> list[int]:
-    """The step's query_start_loc from the forward context's attention metadata (a device read: used
-    only where the runner keeps no host copy, engine/backends/vllm/worker/extension.host_rows)."""
-    md = ctx.attn_metadata
-    for m in (md.values() if isinstance(md, dict) else [md]):
-        q = getattr(m, "query_start_loc", None)
-        if q is not None:
-            return q.tolist()
-    raise RuntimeError("the forward context carries no attention metadata with query_start_loc; this "
-                       "architecture has no softmax attention layer the engine can align rows with")
-
-
-def host_rows(runner: Any, batch_rows: list[int]) -> tuple[list[int], list[int]] | None:
-    """(query_start_loc, the first position of each of `batch_rows`) from the host copies V1's runner
-    fills before every forward (query_start_loc.np, input_batch.num_computed_tokens_cpu): no device
-    read. None where the runner keeps no such copies."""
-    qsl = getattr(getattr(runner, "query_start_loc", None), "np", None)
-    batch = getattr(runner, "input_batch", None)
-    computed = getattr(batch, "num_computed_tokens_cpu", None)
-    if qsl is None or computed is None:
-        return None
-    n = batch.num_reqs
-    return qsl[:n + 1].tolist(), [int(computed[i]) for i in batch_rows]
-
-
 def _rows_from(chunks: list, start: int):
     """The rows of (first position, rows) chunks from absolute position `start` up to the first gap."""
     parts, at = [], start
@@ -90,65 +67,6 @@ def _rows_from(chunks: list, start: int):
         parts.append(c[at - p:])
         at = p + c.shape[0]
     return torch.cat(parts) if parts else None
-
-
-def _hooks_fire(module) -> bool:
-    """True when calling the module runs torch's hooks. vLLM's @support_torch_compile replaces a
-    class's __call__ with one that calls forward (or the compiled graph) directly, skipping them."""
-    return type(module).__call__ is torch.nn.Module.__call__
-
-
-def _step_anchors(model, tree):
-    """(module whose pre-hook begins a step, module whose hook ends it, index of `positions` in the
-    begin module's positional args, why no anchor can work or None).
-
-    The top-level model is the anchor wherever its hooks fire. Some vLLM classes are compile-decorated
-    at the top (Ernie4_5ForCausalLM in vLLM 0.32): then the first decoder layer begins the step
-    (it receives `positions` first) and the final norm ends it; those fire only when the forward runs
-    uncompiled (vllm, or vllm-static with compile=False)."""
-    from engine.model.paths import get_path
-    if _hooks_fire(model):
-        return model, model, 1, None
-    layers = get_path(model, tree.layers)
-    end = get_path(model, tree.final_norm) if tree.final_norm else layers[-1]
-    error = None
-    if not getattr(model, "do_not_compile", True):
-        error = (f"vLLM compiles {type(model).__name__} as a whole (its top-level class is "
-                 f"torch.compile-decorated), so no step boundary is visible to the engine; load "
-                 f"vllm-static with compile=False for this architecture")
-    return layers[0], end, 0, error
-
-
-def _wrap_execute_model(runner, before) -> bool:
-    """Run before(scheduler_output) ahead of every call of the runner's `execute_model` (the worker's
-    one call per schedule, before the runner updates its states or runs a forward). False where the
-    runner has no such method."""
-    if not callable(getattr(type(runner), "execute_model", None)):
-        return False
-    orig = type(runner).execute_model.__get__(runner)  # the class's, so a second setup never nests
-
-    def execute_model(scheduler_output, *args, **kwargs):
-        before(scheduler_output)
-        return orig(scheduler_output, *args, **kwargs)
-    runner.execute_model = execute_model
-    return True
-
-
-def _wrap_model_forward(runner, begin, end) -> bool:
-    """Run begin(None, args, kwargs) before and end(None, args, output) after every call of the V1
-    runner's `_model_forward` (eager, compiled, PIECEWISE or FULL CUDA-graph replay alike: the call
-    itself is Python). False where the runner has no such method (then module hooks anchor steps)."""
-    if not callable(getattr(type(runner), "_model_forward", None)):
-        return False
-    orig = type(runner)._model_forward.__get__(runner)  # the class's, so a second setup never nests
-
-    def model_forward(*args, **kwargs):
-        begin(None, args, kwargs)
-        out = orig(*args, **kwargs)  # a failure here ends the engine; the next begin starts afresh
-        end(None, args, out)
-        return out
-    runner._model_forward = model_forward
-    return True
 
 
 class HookSites:
@@ -209,13 +127,13 @@ class WorkerState:
         self.end_module = self.end_handle = None
         # the KV blocks steering requests wrote, zeroed before a schedule hands one to another request
         self.blocks = kv.Blocks(runner)
-        if not _wrap_execute_model(runner, self.scheduled):
+        if not seams.wrap_execute_model(runner, self.scheduled):
             raise RuntimeError(f"{type(runner).__name__} has no execute_model: the engine cannot see which KV blocks a "
                                f"schedule hands on, so it cannot keep a steering request's KV entries from others")
-        if _wrap_model_forward(runner, self._begin, self._end):
+        if seams.wrap_model_forward(runner, self._begin, self._end):
             self.positions_at, self.anchor_error = 0, None
         else:
-            begin, self.end_module, self.positions_at, self.anchor_error = _step_anchors(self.model, self.tree)
+            begin, self.end_module, self.positions_at, self.anchor_error = seams.step_anchors(self.model, self.tree)
             begin.register_forward_pre_hook(self._begin, with_kwargs=True)  # before any site's pre-hook
             self.end_handle = self.end_module.register_forward_hook(self._end)
 
@@ -366,10 +284,10 @@ class WorkerState:
     def _start_step(self, mine, args, kwargs):
         positions = kwargs["positions"] if "positions" in kwargs else args[self.positions_at]
         flat = positions[0] if positions.dim() == 2 else positions  # M-RoPE: [3, tokens]
-        host = host_rows(self.runner, [i for i, _ in mine])
+        host = seams.host_rows(self.runner, [i for i, _ in mine])
         if host is None:  # no host copies in this runner: read them from the device (two syncs)
             from vllm.forward_context import get_forward_context
-            qsl = _query_start_loc(get_forward_context())
+            qsl = seams.query_start_loc(get_forward_context())
             starts = flat[torch.tensor([qsl[i] for i, _ in mine], device=flat.device)].tolist()
         else:
             qsl, starts = host

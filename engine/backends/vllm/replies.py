@@ -1,0 +1,140 @@
+"""What a vLLM request's workers send back, made into the engine's results.
+
+Every rank answers a collect (or a peek) with plain data (engine/backends/vllm/worker/wire.py):
+{"captures": {address: (first position, rows)}, "held": {address: indices this rank holds},
+"readouts", "errors", "logits", "logits_from", "recomputed", "receipts", and "failed" or "error" when
+the request failed there}. These functions turn those replies into one RequestResult per request (a
+sharded point's heads or neurons put in place, attention patterns recomputed from q and k) and a
+call's requests into one left-padded GenerationResult. Nothing here talks to vLLM; the client
+(engine/backends/vllm/client.py) calls them.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from engine.backends.vllm.worker import attn as vllm_attn
+from engine.backends.vllm.worker import wire as vllm_wire
+from engine.core.address import Address, parse
+from engine.core.errors import EngineError, SteeringError
+from engine.core.plan import Plan
+from engine.core.readouts import Readout, as_value
+from engine.core.results import (
+    ActivationCache,
+    GenerationResult,
+    RequestResult,
+    batch_cache,
+    columns,
+    combine,
+    pad_rows,
+)
+from engine.core.steering import NonFiniteSteer
+
+if TYPE_CHECKING:
+    from engine.backends.vllm.catalogue import VLLMCatalogue
+
+# a worker's failure of one request that is the request's own fault (a steer): re-raised as that class
+REQUEST_FAULTS = {c.__name__: c for c in (NonFiniteSteer, SteeringError)}
+
+
+def gather(catalogue: VLLMCatalogue, key: str, ranks: list[dict]) -> torch.Tensor:
+    """One capture from every rank's part: a sharded point's heads / neurons put in place."""
+    parts = [(r["captures"][key][0], vllm_wire.tensor_in(r["captures"][key][1])) for r in ranks
+             if key in r["captures"]]
+    errors = [r["errors"][key] for r in ranks if key in r.get("errors", {})]
+    if errors:
+        raise RuntimeError(errors[0])
+    if not parts:
+        raise RuntimeError(f"{key} was never computed for this request.")
+    addr = parse(key)
+    info = catalogue.info(addr.base)
+    if len(parts) == 1 or not info.get("sharded") or addr.coords:
+        return parts[0][1]
+    held = [r for r in ranks if key in r["captures"]]
+    full = torch.zeros(parts[0][1].shape[0], *info["shape"], dtype=parts[0][1].dtype)
+    for (_, t), r in zip(parts, held):
+        full[:, torch.tensor(r["held"][key])] = t
+    return full
+
+
+def readout_value(r: Readout, ranks: list[dict] | None) -> Any:
+    """One readout's result from the rank that computed it (rank 0)."""
+    for rank in ranks or []:
+        if r.name in rank.get("errors", {}):
+            raise RuntimeError(rank["errors"][r.name])
+        if r.name in rank.get("readouts", {}):
+            return as_value(r.kind, tuple(vllm_wire.decode(rank["readouts"][r.name])))
+    raise RuntimeError(f"readout {r.name!r} was never computed for this request.")
+
+
+def _raise_failure(ranks: list[dict]) -> None:
+    """Raise the request's failure in a worker, if any: its own fault (a steer) as that class, else the
+    engine's, both saying that other requests are unaffected."""
+    bad = [r["error"] for r in ranks if "error" in r]
+    if bad:
+        raise EngineError(f"a worker lost this request's plan: {bad[0]}")
+    failed = [r["failed"] for r in ranks if "failed" in r]
+    if failed:
+        kind, _, why = failed[0].partition(": ")
+        if kind in REQUEST_FAULTS:  # the request's own input (a steer), not the engine: say so
+            raise REQUEST_FAULTS[kind](f"{why} (this request alone failed; others are unaffected)")
+        raise EngineError(f"this request failed inside the vLLM worker ({failed[0]}); other requests "
+                          f"and the engine are unaffected.")
+
+
+def request_result(plan: Plan, prompt: list[int], derived: tuple[Address, ...], out: Any,
+                   ranks: list[dict] | None, want_logits: bool, prefill: bool, *, catalogue: VLLMCatalogue,
+                   n_layers: int, tokenizer: Any) -> RequestResult:
+    """One request's result from vLLM's final output `out` and its ranks' collect replies (None: it
+    ran no plan). derived: attention patterns recomputed here from the captured q and k; prefill: logits
+    at every prompt position, else those each new token was chosen from."""
+    if out is None:
+        raise EngineError("vLLM returned no output for a request (aborted?).")
+    if ranks:
+        _raise_failure(ranks)
+    new = torch.tensor(list(out.outputs[0].token_ids), dtype=torch.long)
+    cache = ActivationCache(n_layers)
+    for addr in plan.captures:
+        cache[str(addr)] = gather(catalogue, str(addr), ranks or [])
+    for addr in derived:
+        layer = addr.layer
+        assert layer is not None  # attention patterns are per layer
+        q, k = gather(catalogue, f"q.{layer}", ranks or []), gather(catalogue, f"k.{layer}", ranks or [])
+        t = vllm_attn.scores(q, k, catalogue.attn[layer])
+        t = vllm_attn.probs(t) if addr.point == "attn_probs" else t
+        cache[str(addr)] = t[:, addr.coords[0][1]] if addr.coords else t
+    for r in plan.readouts:
+        cache.put_readout(r.name, readout_value(r, ranks), r.kind.per_position)
+    logits = None
+    if want_logits and ranks and "logits" in ranks[0]:
+        logits = vllm_wire.tensor_in(ranks[0]["logits"])  # rows from position ranks[0]["logits_from"]
+        if not prefill:  # the scores each new token was chosen from: the last prompt position on
+            start = plan.prompt_len - 1 - ranks[0]["logits_from"]
+            logits = logits[start:start + len(new)]
+    text = tokenizer.decode(new.tolist(), skip_special_tokens=True)
+    return RequestResult(torch.tensor(prompt, dtype=torch.long), new, text, cache, logits,
+                         int(getattr(out, "num_cached_tokens", 0) or 0),
+                         max([r.get("recomputed", 0) for r in ranks or []], default=0),
+                         vllm_wire.receipts_in(plan, ranks))
+
+
+def batch_result(res: list[RequestResult], pad: int, n_layers: int) -> GenerationResult:
+    """A call's requests as one generation: tokens, masks and captures padded on the left (as eager's),
+    new tokens and logits on the right, with `pad` where a row is shorter."""
+    lengths = [r.tokens.shape[0] for r in res]
+    width = max(lengths)
+    cols = columns(lengths, width, "left")
+    tokens = pad_rows([r.tokens for r in res], cols, width, pad)
+    mask = pad_rows([torch.ones_like(r.tokens) for r in res], cols, width, 0)
+    n_new = max(r.new_tokens.shape[0] for r in res)
+    new = pad_rows([r.new_tokens for r in res], columns([r.new_tokens.shape[0] for r in res], n_new, "right"),
+                   n_new, pad)
+    seen = [n - 1 for n in lengths]
+    cache = batch_cache([r.cache for r in res], columns(seen, width - 1, "left"), width - 1, n_layers)
+    got = [r.logits for r in res if r.logits is not None]
+    logits = None
+    if len(got) == len(res):  # every request kept its logits
+        logits = pad_rows(got, columns([t.shape[0] for t in got], n_new, "right"), n_new)
+    return GenerationResult(tokens, new, [r.text for r in res], cache, logits, mask, res,
+                            combine([r.receipts for r in res]))

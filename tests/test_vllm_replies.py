@@ -1,0 +1,203 @@
+"""What a vLLM request's workers send back, made into results (engine/backends/vllm/replies.py), and a
+stream's steps cut from what was read (engine/backends/vllm/streaming.py): on hand-made worker replies
+and vLLM outputs, so no vLLM engine runs. The end-to-end paths (a real engine's collect and stream) are
+in test_vllm.py and test_vllm_interventions.py."""
+from __future__ import annotations
+
+import asyncio
+import types
+
+import pytest
+import torch
+
+from engine.backends.vllm import replies, streaming
+from engine.backends.vllm.worker import wire
+from engine.core.address import Address
+from engine.core.errors import EngineError, SteeringError
+from engine.core.plan import Plan
+from engine.core.results import ActivationCache, RequestResult, StreamStep
+from engine.core.steering import NonFiniteSteer, Steer
+
+
+class Catalogue:
+    """The two facts replies reads from a catalogue: a point's shape and whether it is sharded."""
+
+    def __init__(self, sharded: bool, shape: tuple) -> None:
+        self.sharded, self.shape = sharded, shape
+
+    def info(self, addr: Address) -> dict:
+        return {"sharded": self.sharded, "shape": self.shape}
+
+
+def _rank(key: str, rows: torch.Tensor, held: list[int] | None = None, **more) -> dict:
+    return {"captures": {key: (0, wire.tensor_out(rows))}, "held": {key: held or []}, **more}
+
+
+def _out(tokens: list[int], cached: int = 0):
+    """A stand-in for vLLM's final RequestOutput: its one completion's token ids."""
+    return types.SimpleNamespace(outputs=[types.SimpleNamespace(token_ids=tokens)], num_cached_tokens=cached)
+
+
+class Tok:
+    def decode(self, ids, skip_special_tokens=True):
+        return "".join(f"<{i}>" for i in ids)
+
+
+def test_gather_puts_each_ranks_heads_of_a_sharded_point_in_place():
+    full = torch.arange(5 * 4 * 3, dtype=torch.float32).reshape(5, 4, 3)  # [pos, heads, d_head]
+    held = [[0, 2], [1, 3]]  # interleaved, so an order-only concatenation would be wrong
+    ranks = [_rank("z.1", full[:, h], h) for h in held]
+    got = replies.gather(Catalogue(True, (4, 3)), "z.1", ranks)
+    assert torch.equal(got, full)
+    # a replicated point (or one head asked for) comes from the first rank that holds it
+    assert torch.equal(replies.gather(Catalogue(False, (4, 3)), "z.1", ranks), full[:, [0, 2]])
+
+
+def test_gather_says_which_capture_is_missing_or_failed():
+    with pytest.raises(RuntimeError, match=r"^resid_post\.0 was never computed for this request\.$"):
+        replies.gather(Catalogue(False, (8,)), "resid_post.0", [{"captures": {}}])
+    failed = {"captures": {}, "errors": {"resid_post.0": "resid_post.0: out of memory"}}
+    with pytest.raises(RuntimeError, match=r"^resid_post\.0: out of memory$"):
+        replies.gather(Catalogue(False, (8,)), "resid_post.0", [failed])
+
+
+def _result(ranks, plan=None, prefill=False, want_logits=False, tokens=(7, 8)):
+    plan = plan or Plan(3, [Address("resid_post", 0)])
+    return replies.request_result(plan, [1, 2, 3], (), _out(list(tokens)), ranks, want_logits, prefill,
+                                  catalogue=Catalogue(False, (2,)), n_layers=2, tokenizer=Tok())
+
+
+def test_a_request_result_holds_its_tokens_captures_text_and_logits_from_the_last_prompt_position():
+    rows = torch.randn(4, 2)  # the prompt (3) and the first new token fed back
+    logits = torch.randn(5, 11)  # from position 1 (the worker's logits_from) on
+    rank = _rank("resid_post.0", rows, logits=wire.tensor_out(logits), logits_from=1, recomputed=2)
+    res = _result([rank], want_logits=True)
+    assert res.prompt_ids.tolist() == [1, 2, 3] and res.new_tokens.tolist() == [7, 8]
+    assert res.text == "<7><8>" and res.recomputed == 2 and res.cached_tokens == 0
+    assert torch.equal(res.cache["resid_post.0"], rows)
+    # the scores each new token was chosen from: the last prompt position (2) on, one per new token
+    assert torch.equal(res.logits, logits[1:3])
+    assert torch.equal(_result([rank], want_logits=True, prefill=True).logits, logits)  # a forward: every row
+    assert _result([rank]).logits is None
+
+
+@pytest.mark.parametrize("failed, cls, match", [
+    ("NonFiniteSteer: add at resid_post.0 made 2 rows non-finite", NonFiniteSteer,
+     r"^add at resid_post\.0 made 2 rows non-finite \(this request alone failed; others are unaffected\)$"),
+    ("SteeringError: no row selected", SteeringError, r"^no row selected \(this request alone failed"),
+    ("RuntimeError: CUDA error", EngineError,
+     r"^this request failed inside the vLLM worker \(RuntimeError: CUDA error\); other requests and the engine "
+     r"are unaffected\.$"),
+])
+def test_a_request_failed_in_a_worker_raises_its_own_class_when_its_input_was_at_fault(failed, cls, match):
+    with pytest.raises(cls, match=match) as e:
+        _result([{"captures": {}, "failed": failed}])
+    assert type(e.value) is cls
+
+
+def test_a_lost_plan_and_a_missing_output_are_the_engines_errors():
+    with pytest.raises(EngineError, match=r"^a worker lost this request's plan: unknown key abc$"):
+        _result([{"captures": {}, "error": "unknown key abc"}])
+    with pytest.raises(EngineError, match=r"aborted\?"):
+        replies.request_result(Plan(3), [1, 2, 3], (), None, None, False, False, catalogue=Catalogue(False, (2,)),
+                               n_layers=2, tokenizer=Tok())
+
+
+def test_receipts_come_back_one_per_steer_with_sharded_changes_added_in_quadrature():
+    plan = Plan(3, [], [Steer("z.0", "add", torch.ones(3))])
+    ranks = [{"captures": {}, "receipts": [{"index": 0, "address": "z.0", "op": "add", "rows": 3, "change_norm": 3.0}]},
+             {"captures": {}, "receipts": [{"index": 0, "address": "z.0", "op": "add", "rows": 3, "change_norm": 4.0}]}]
+    (r,) = _result(ranks, plan).receipts
+    assert (r.rows, r.change_norm, r.op) == (3, 5.0, "add")
+
+
+def _req(prompt: list[int], new: list[int], rows: torch.Tensor, logits: bool = True) -> RequestResult:
+    cache = ActivationCache(1)
+    cache["resid_post.0"] = rows
+    lg = torch.full((len(new), 3), float(len(prompt))) if logits else None
+    return RequestResult(torch.tensor(prompt), torch.tensor(new), "", cache, lg)
+
+
+def test_a_calls_requests_are_padded_like_eagers_prompts_left_new_tokens_right():
+    a = _req([1, 2, 3], [4, 5], torch.arange(4.0).reshape(4, 1))  # 3 + 2 - 1 positions fed
+    b = _req([6], [7], torch.tensor([[9.0]]))  # stopped after one token
+    out = replies.batch_result([a, b], pad=0, n_layers=1)
+    assert out.tokens.tolist() == [[1, 2, 3, 4, 5], [0, 0, 0, 6, 7]]
+    assert out.attention_mask.tolist() == [[1, 1, 1, 1, 1], [0, 0, 0, 1, 1]]
+    assert out.new_tokens.tolist() == [[4, 5], [7, 0]]
+    assert out.cache["resid_post.0"][:, :, 0].tolist() == [[0, 1, 2, 3], [0, 0, 0, 9]]
+    assert out.logits[:, :, 0].tolist() == [[3, 3], [1, 0]]
+    assert replies.batch_result([a, _req([6], [7], torch.tensor([[9.0]]), logits=False)], 0, 1).logits is None
+
+
+def test_a_stream_step_holds_the_rows_of_the_forward_that_made_its_token():
+    rows = {"a": torch.arange(6.0), "b": torch.arange(3.0)}  # "b" read only up to position 2
+    assert {k: t.tolist() for k, t in streaming.step_rows(rows, 3, 0).items()} == {"a": [0, 1, 2], "b": [0, 1, 2]}
+    assert {k: t.tolist() for k, t in streaming.step_rows(rows, 3, 1).items()} == {"a": [3]}
+    assert streaming.step_rows(rows, 3, 4) == {}
+
+
+def test_token_logprobs_keep_the_sampled_token_and_the_n_most_likely():
+    lp = lambda v, r: types.SimpleNamespace(logprob=v, rank=r)  # noqa: E731
+    entry = {5: lp(-0.1, 1), 9: lp(-2.0, 2), 2: lp(-3.0, 3), 4: lp(-9.0, None)}
+    assert streaming.token_logprobs(entry, 4, 2) == (-9.0, {5: -0.1, 9: -2.0})
+    assert streaming.token_logprobs(None, 4, 2) == (None, {})
+
+
+def _run_stream(outputs: list[tuple[list[int], bool]]) -> tuple[list[StreamStep], list[int]]:
+    """Stream a request whose vLLM outputs are `outputs` ((new token ids, finished) each), capturing
+    resid_post.0 of a 2-token prompt (position p holds p). A peek answers with the rows the workers have
+    computed: the prompt and every token seen but the newest. Returns the steps and where each peek began."""
+    plan = Plan(2, [Address("resid_post", 0)])
+    every = torch.arange(10.0).reshape(10, 1)
+    seen, peeks = [0], []
+
+    async def start(on_output, key, hold):
+        for ids, finished in outputs:
+            seen[0] += len(ids)
+            on_output(types.SimpleNamespace(finished=finished,
+                                            outputs=[types.SimpleNamespace(token_ids=ids, logprobs=None)]))
+            await asyncio.sleep(0)
+        await hold.wait()
+        cache = ActivationCache(1)
+        cache["resid_post.0"] = every[:2 + seen[0] - 1]
+        return [RequestResult(torch.tensor([1, 2]), torch.tensor(sum((i for i, _ in outputs), [])), "", cache, None)]
+
+    async def peek(key, since, since_r):
+        lo, hi = since["resid_post.0"], 2 + seen[0] - 1
+        peeks.append(lo)
+        since["resid_post.0"] = hi
+        return {"resid_post.0": every[lo:hi]}, {}
+
+    async def collect():
+        return [s async for s in streaming.stream_steps(plan, start, peek, lambda t: f"<{t}>", 0, True, False)]
+    return asyncio.run(collect()), peeks
+
+
+def test_a_streams_steps_carry_their_forwards_rows_and_the_last_carries_the_result():
+    steps, peeks = _run_stream([([10], False), ([11], False), ([12], True)])
+    assert [s.token for s in steps] == [10, 11, 12] and [s.text for s in steps] == ["<10>", "<11>", "<12>"]
+    assert [s.rows["resid_post.0"][:, 0].tolist() for s in steps] == [[0, 1], [2], [3]]
+    assert [s.result is not None for s in steps] == [False, False, True]
+    assert peeks == [0]  # one peek, at the second token, served the first step; the last step reads the result
+
+
+def test_a_stream_whose_request_fails_raises_its_error_after_the_steps_it_made():
+    got: list = []
+
+    async def consume():
+        plan = Plan(2)
+
+        async def start(on_output, key, hold):
+            on_output(types.SimpleNamespace(finished=False, outputs=[types.SimpleNamespace(token_ids=[10], logprobs=None)]))
+            await asyncio.sleep(0)
+            raise NonFiniteSteer("add at resid_post.0 made 1 row non-finite")
+
+        async def peek(key, since, since_r):
+            return {}, {}
+        async for s in streaming.stream_steps(plan, start, peek, str, 0, False, False):
+            got.append(s)
+
+    with pytest.raises(NonFiniteSteer, match="made 1 row non-finite"):
+        asyncio.run(consume())
+    assert got == []  # the one token seen waits for the next, which never came
