@@ -222,6 +222,33 @@ class GenerationResult:
     receipts: list[Receipt] = field(default_factory=list)  # per steer, over every sequence (results.combine)
 
 
+@dataclass(frozen=True)
+class Sequences:
+    """A call's generated sequences padded as every backend returns them: tokens and mask [b, P + N] on
+    the left, new tokens [b, N] on the right (a sequence that stopped early), captures [b, P + N - 1, ...]
+    on the left (every position but the last was fed to the model). Built once by `of`; a backend pads
+    its captures and logits at `seen` and `new_cols`."""
+    tokens: torch.Tensor  # [b, width]
+    mask: torch.Tensor  # [b, width]: 1 on real tokens
+    new: torch.Tensor  # [b, n_new]
+    width: int  # P + N of the longest sequence
+    n_new: int
+    new_cols: list[torch.Tensor]  # each sequence's columns in the new tokens (and logits)
+    seen: list[torch.Tensor]  # each sequence's columns in the captures [b, width - 1, ...]
+
+    @classmethod
+    def of(cls, res: list[RequestResult], pad: int) -> Sequences:
+        lengths = [r.tokens.shape[0] for r in res]
+        width = max(lengths)
+        cols = columns(lengths, width, "left")
+        n_new = max(r.new_tokens.shape[0] for r in res)
+        new_cols = columns([r.new_tokens.shape[0] for r in res], n_new, "right")
+        return cls(pad_rows([r.tokens for r in res], cols, width, pad),
+                   pad_rows([torch.ones_like(r.tokens) for r in res], cols, width, 0),
+                   pad_rows([r.new_tokens for r in res], new_cols, n_new, pad), width, n_new, new_cols,
+                   columns([n - 1 for n in lengths], width - 1, "left"))
+
+
 def columns(lengths: list[int], width: int, side: str) -> list[torch.Tensor]:
     """Per sequence, the columns of a padded batch of `width` its positions 0..len-1 occupy."""
     if side not in ("left", "right"):

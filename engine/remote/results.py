@@ -16,6 +16,7 @@ from engine.core.results import (
     GenerationResult,
     Receipt,
     RequestResult,
+    Sequences,
     batch_cache,
     batch_readouts,
     columns,
@@ -135,15 +136,8 @@ def generation(res: list[RequestResult], n_layers: int, pad: int) -> GenerationR
     padded on the left, new tokens and logits [b, N, ...] on the right (a sequence that stopped early),
     captures [b, P + N - 1, ...] on the left (the heads [b, N, vocab] like the logits), receipts
     combined over the sequences (the result's and its cache's, as eager's)."""
-    lengths = [r.tokens.shape[0] for r in res]
-    width = max(lengths)
-    cols = columns(lengths, width, "left")
-    tokens = pad_rows([r.tokens for r in res], cols, width, pad)
-    mask = pad_rows([torch.ones_like(r.tokens) for r in res], cols, width, 0)
-    n_new = max(r.new_tokens.shape[0] for r in res)
-    new_cols = columns([r.new_tokens.shape[0] for r in res], n_new, "right")
-    new = pad_rows([r.new_tokens for r in res], new_cols, n_new, pad)
-    seen = columns([n - 1 for n in lengths], width - 1, "left")
+    seqs = Sequences.of(res, pad)
+    new_cols, n_new, seen, width = seqs.new_cols, seqs.n_new, seqs.seen, seqs.width
     body = [{k: v for k, v in r.cache.items() if k not in HEADS} for r in res]
     receipts = combine([r.receipts for r in res])
     out = _batched_cache(body, seen, width - 1, n_layers, receipts)
@@ -158,7 +152,7 @@ def generation(res: list[RequestResult], n_layers: int, pad: int) -> GenerationR
     rows = [r.logits for r in res if r.logits is not None]
     if len(rows) == len(res):
         logits = _on(_padded(rows, new_cols, n_new), rows[0])
-    return GenerationResult(tokens, new, [r.text for r in res], out, logits, mask, res, receipts)
+    return GenerationResult(seqs.tokens, seqs.new, [r.text for r in res], out, logits, seqs.mask, res, receipts)
 
 
 def _on(t: torch.Tensor, like: Any) -> torch.Tensor:

@@ -24,6 +24,7 @@ from engine.core.results import (
     ActivationCache,
     GenerationResult,
     RequestResult,
+    Sequences,
     batch_cache,
     columns,
     combine,
@@ -122,19 +123,11 @@ def request_result(plan: Plan, prompt: list[int], derived: tuple[Address, ...], 
 def batch_result(res: list[RequestResult], pad: int, n_layers: int) -> GenerationResult:
     """A call's requests as one generation: tokens, masks and captures padded on the left (as eager's),
     new tokens and logits on the right, with `pad` where a row is shorter."""
-    lengths = [r.tokens.shape[0] for r in res]
-    width = max(lengths)
-    cols = columns(lengths, width, "left")
-    tokens = pad_rows([r.tokens for r in res], cols, width, pad)
-    mask = pad_rows([torch.ones_like(r.tokens) for r in res], cols, width, 0)
-    n_new = max(r.new_tokens.shape[0] for r in res)
-    new = pad_rows([r.new_tokens for r in res], columns([r.new_tokens.shape[0] for r in res], n_new, "right"),
-                   n_new, pad)
-    seen = [n - 1 for n in lengths]
-    cache = batch_cache([r.cache for r in res], columns(seen, width - 1, "left"), width - 1, n_layers)
+    seqs = Sequences.of(res, pad)
+    cache = batch_cache([r.cache for r in res], seqs.seen, seqs.width - 1, n_layers)
     got = [r.logits for r in res if r.logits is not None]
     logits = None
     if len(got) == len(res):  # every request kept its logits
-        logits = pad_rows(got, columns([t.shape[0] for t in got], n_new, "right"), n_new)
-    return GenerationResult(tokens, new, [r.text for r in res], cache, logits, mask, res,
+        logits = pad_rows(got, columns([t.shape[0] for t in got], seqs.n_new, "right"), seqs.n_new)
+    return GenerationResult(seqs.tokens, seqs.new, [r.text for r in res], cache, logits, seqs.mask, res,
                             combine([r.receipts for r in res]))
