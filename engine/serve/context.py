@@ -52,9 +52,9 @@ def check_model(ctx: Context, name: str | None) -> None:
 
 def tokenize(ctx: Context, prompts: list) -> list[list[int]]:
     out = []
+    n = ctx.runner.max_model_len  # None: no limit (then max_prompt_chars is infinite)
     for i, p in enumerate(prompts):
         where = "prompt" if len(prompts) == 1 else f"prompt[{i}]"
-        n = ctx.runner.max_model_len  # None: no limit (then max_prompt_chars is infinite)
         if isinstance(p, str) and n is not None and len(p) > ctx.runner.max_prompt_chars:
             raise ServeError(400, f"{where}: {len(p)} characters cannot fit the {n} "
                                   f"positions this server's model takes (no token is longer than "
