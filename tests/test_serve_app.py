@@ -167,3 +167,47 @@ def test_a_stream_sends_a_chunk_per_token_even_without_text():
     assert events[-1] == "[DONE]"
     chunks = [json.loads(e) for e in events[:-1]]
     assert len(chunks) == len(tokens) and "".join(c["choices"][0]["text"] for c in chunks) == "aaa"
+
+
+def _stream_failing_at(decode_error: Exception) -> dict:
+    """The last event before [DONE] of a stream whose tokenizer fails on its second token."""
+    import json
+
+    from engine.serve import routes
+    from engine.serve.guard import Admission
+    from engine.serve.metrics import Metrics
+    from engine.serve.runner import Event, Job
+    from engine.serve.schemas import CompletionRequest
+
+    def decode(ids, skip_special_tokens=True):
+        if 9 in ids:
+            raise decode_error
+        return "a" * len(ids)
+    tok = SimpleNamespace(decode=decode, eos_token_id=None)
+
+    class Runner:
+        tokenizer, max_model_len = tok, 64
+
+        async def stream(self, job):
+            for t in (7, 9, 7):
+                yield Event(t)
+
+    ctx = routes.Context(Runner(), ServeSettings(), ["m"], Admission(4), Metrics(), {}, Offload(1))
+    req = CompletionRequest.model_validate({"model": "m", "prompt": [1, 2], "max_tokens": 3, "stream": True})
+    g = routes.Gen(ctx, req, False, [[1, 2]], [Job([1, 2], 3, [], [], {})], interp.Asked(), [], "cmpl-1", 0)
+
+    async def run():
+        return [b if isinstance(b, bytes) else b.encode() async for b in routes.stream_events(g)]
+    events = [e.removeprefix("data: ") for e in b"".join(asyncio.run(run())).decode().split("\n\n") if e]
+    assert events[-1] == "[DONE]"
+    return json.loads(events[-2])
+
+
+def test_a_stream_failing_on_its_own_text_ends_in_a_500_not_a_400():
+    """A stream's errors are told as a whole response's are (engine/serve/context.refusal): text the server
+    failed to decode is its own fault. The stream's own copy of the rules sent that UnicodeError (a
+    ValueError) as a 400, the client's fault, until 2026-12-05."""
+    err = _stream_failing_at(UnicodeDecodeError("utf-8", b"\xff", 0, 1, "invalid start byte"))["error"]
+    assert err["code"] == 500 and err["message"].startswith("UnicodeDecodeError: 'utf-8' codec can't decode"), err
+    err = _stream_failing_at(ValueError("token 9 is out of range"))["error"]
+    assert err["code"] == 400 and err["message"] == "token 9 is out of range" and err["param"] is None, err

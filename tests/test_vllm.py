@@ -190,6 +190,24 @@ def test_run_with_cache_pads_like_eager(engines):
         assert cv["resid_post.1"][i, :width - lengths[i]].abs().max() == 0 if lengths[i] < width else True
 
 
+def test_generate_pads_tokens_like_eager_when_the_tokenizer_has_no_pad(engines):
+    """A tokenizer with no pad token pads with its EOS on every backend (engine/core/tokens.pad_id, which the
+    server hands the remote client too). The vLLM client padded with 0 until 2026-12-05, or with EOS once
+    some earlier call had set the pad: the same request's tokens depended on the calls before it."""
+    vm, em = engines(LLAMA), eager_model(LLAMA)
+    saved = vm.tokenizer.pad_token, em.tokenizer.pad_token
+    try:
+        vm.tokenizer.pad_token = em.tokenizer.pad_token = None
+        gv, ge = vm.generate(PROMPTS, 3), em.generate(PROMPTS, 3)
+    finally:
+        vm.tokenizer.pad_token, em.tokenizer.pad_token = saved
+    eos = em.tokenizer.eos_token_id
+    assert eos not in (None, 0) and torch.equal(gv.attention_mask, ge.attention_mask)
+    pads = gv.attention_mask == 0
+    assert pads.any() and (gv.tokens[pads] == eos).all(), gv.tokens
+    assert torch.equal(gv.tokens, ge.tokens)
+
+
 def test_logit_lens_and_steering_context_match_eager(engines):
     vm, em = engines(LLAMA), eager_model(LLAMA)
     _, cv = vm.run_with_cache(PROMPT, ["resid_post.1", "final_norm"])

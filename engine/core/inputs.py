@@ -28,7 +28,7 @@ import torch
 
 from engine.core.errors import InputError, InputTypeError
 from engine.core.integers import as_int, described, is_int
-from engine.core.tokens import encode
+from engine.core.tokens import encode, pad_id
 
 _POSITION_FIELDS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length", "n_ctx",
                     "max_sequence_length")
@@ -296,9 +296,7 @@ def host_batch(inputs: Any, tokenizer: Any, limits: Limits, prepend_bos: bool | 
     width = max(len(r) for r in rows)
     pad = 0
     if tokenizer is not None and any(len(r) < width for r in rows):
-        if tokenizer.pad_token is None:
-            tokenizer.pad_token = tokenizer.eos_token
-        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+        pad = pad_id(tokenizer)
     ids = np.array([[pad] * (width - len(r)) + r for r in rows], dtype=np.int64)
     mask = np.array([[False] * (width - len(r)) + [True] * len(r) for r in rows], dtype=bool)
     return ids, mask

@@ -114,15 +114,25 @@ async def guarded(coro: Awaitable[_T], asked: "interp.Asked | None" = None) -> _
     names that steer)."""
     try:
         return await coro
-    except ServeError:
-        raise
-    except StrictSteerError as e:
-        raise from_engine(e, f"interp.steer[{e.receipt.index}]") from None
     except Exception as e:
-        if is_client_error(e) or (isinstance(e, ValueError) and not isinstance(e, UnicodeError)):
-            param = steer_param(e, asked)
-            raise ServeError(400, f"{param}: {e}" if param else str(e), param, kind=kind_of(e)) from None
-        raise
+        refused = refusal(e, asked)
+        if refused is None or refused is e:
+            raise
+        raise refused from None
+
+
+def refusal(e: BaseException, asked: "interp.Asked | None" = None) -> ServeError | None:
+    """What the client is told of an error that is its request's fault (a 400 naming the field: the
+    steer a strict check or a steer's failure names), or None for the server's own (a 500). A
+    UnicodeError is a ValueError but never the client's: the server made the text it failed on."""
+    if isinstance(e, ServeError):
+        return e
+    if isinstance(e, StrictSteerError):
+        return from_engine(e, f"interp.steer[{e.receipt.index}]")
+    if is_client_error(e) or (isinstance(e, ValueError) and not isinstance(e, UnicodeError)):
+        param = steer_param(e, asked)
+        return ServeError(400, f"{param}: {e}" if param else str(e), param, kind=kind_of(e))
+    return None
 
 
 async def gather_all(coros: Iterable[Awaitable[_T]]) -> list[_T]:

@@ -27,10 +27,19 @@ from fastapi import FastAPI, Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 
 from engine.core import DISTRIBUTION
-from engine.core.results import StrictSteerError
 from engine.serve import encoding, interp, text
-from engine.serve.context import Context, budget, check_model, check_sampling, framed, gather_all, guarded, tokenize
-from engine.serve.errors import ServeError, from_engine, is_client_error, kind_of, payload
+from engine.serve.context import (
+    Context,
+    budget,
+    check_model,
+    check_sampling,
+    framed,
+    gather_all,
+    guarded,
+    refusal,
+    tokenize,
+)
+from engine.serve.errors import ServeError, from_engine, payload
 from engine.serve.guard import Ticket
 from engine.serve.offload import event, respond, unless_gone
 from engine.serve.runner import Job
@@ -323,15 +332,8 @@ async def stream_events(g: Gen) -> AsyncGenerator[str | bytes, None]:
         ctx.metrics.generation_tokens += sum(map(len, seen))
         if req.stream_options is not None and req.stream_options.include_usage:
             yield sse(g.chunk([], g.usage_of(seen)))
-    except Exception as e:
-        if isinstance(e, ServeError):
-            err = e
-        elif isinstance(e, StrictSteerError):
-            err = from_engine(e, f"interp.steer[{e.receipt.index}]")
-        elif is_client_error(e) or isinstance(e, ValueError):
-            err = ServeError(400, str(e), kind=kind_of(e))
-        else:
-            err = ServeError(500, f"{type(e).__name__}: {e}")
+    except Exception as e:  # the response has begun: an error is the stream's last event
+        err = refusal(e, g.asked) or ServeError(500, f"{type(e).__name__}: {e}")
         yield sse(payload(err.status, err.message, err.param, err.kind))
     yield "data: [DONE]\n\n"
 

@@ -96,8 +96,9 @@ class Layout:
         extra = self.key_mask.shape[1] // compress_rate if compress_rate else 0
         seg, entries = seg[..., :seg.shape[-1] - extra], seg[..., seg.shape[-1] - extra:]
         k = seg.shape[-1]
-        real = torch.from_numpy(self.key_mask[row, -k:]).to(seg.device)
-        seg = seg[..., real]
+        # the real keys' indices, found on the host: a boolean mask would make CUDA read its count back
+        real = torch.from_numpy(np.flatnonzero(self.key_mask[row, -k:])).to(seg.device)
+        seg = seg.index_select(-1, real)
         missing = int(self.key_mask[row].sum()) - seg.shape[-1]
         if missing > 0:
             fill = torch.finfo(seg.dtype).min if key.startswith("attn_scores") else 0.0

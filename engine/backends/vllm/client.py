@@ -57,7 +57,7 @@ from engine.core.results import (
 )
 from engine.core.steer_checks import check_steers
 from engine.core.steering import Steer
-from engine.core.tokens import TokensMixin, special_ids
+from engine.core.tokens import TokensMixin, pad_id, special_ids
 from engine.interop.mappers import check_sae_sites
 from engine.model.base import ModelBase
 from engine.model.capabilities import Verdict, refused
@@ -398,8 +398,8 @@ class AsyncVLLMModel(ModelBase, TokensMixin):
         built = [self._plan(Request(p, max_new_tokens, points, steer, sampling, readouts), False, want, i, len(prompts),
                             strict)
                  for i, p in enumerate(prompts)]
-        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
-        out = replies.batch_result(await self._run_many(built, want), pad, self.n_layers)
+        # the pad every backend fills with (the remote client is handed the same id by its server)
+        out = replies.batch_result(await self._run_many(built, want), pad_id(self.tokenizer), self.n_layers)
         if strict:
             check_strict(out.receipts, "generation")
         return out
