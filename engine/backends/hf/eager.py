@@ -462,10 +462,11 @@ class EagerModel(ModelBase, WeightsMixin, TokensMixin):
                                        pad_token_id=self.tokenizer.pad_token_id)
             outcomes = self._outcomes(plans, call)
             seq = out.sequences
+            seq_host = seq.cpu()  # the tokens' one copy to the host: the text and each request's tokens
             n_new = seq.shape[1] - mask.shape[1]
-            new = seq[:, mask.shape[1]:]
+            new, new_host = seq[:, mask.shape[1]:], seq_host[:, mask.shape[1]:]
             logits = torch.stack(out.logits, dim=1) if out.logits else None
-            text = self.tokenizer.batch_decode(new, skip_special_tokens=True)
+            text = self.tokenizer.batch_decode(new_host, skip_special_tokens=True)
             width = seq.shape[1] - 1
             full = np.concatenate([mask, np.ones((mask.shape[0], n_new), dtype=bool)], axis=1)
             real = torch.from_numpy(full[:, :width]).to(self.device)
@@ -494,7 +495,6 @@ class EagerModel(ModelBase, WeightsMixin, TokensMixin):
                 c.update(o)
                 caches.append(c)
             batch_readouts(cache, caches, cols, width)
-            seq_host, new_host = seq.cpu(), new.cpu()
             reqs = [RequestResult(seq_host[r, -(n + n_new):-n_new], new_host[r], text[r], caches[r],
                                   None if logits is None else logits[r], receipts=p.receipts(outcomes.get(p.key)))
                     for r, (n, p) in enumerate(zip(lengths, plans))]
