@@ -181,6 +181,40 @@ def test_no_device_sync_inside_an_eager_call_on_cuda():
     assert len(syncs) <= BUDGET, [str(w.message) for w in syncs]
 
 
+def _cuda_syncs(fn) -> list[str]:
+    """The sync warnings torch's own detector raises during fn (after one warm call)."""
+    import warnings
+    fn()
+    torch.cuda.set_sync_debug_mode("warn")
+    try:
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            fn()
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    return [f"{w.filename}:{w.lineno}" for w in seen if "synchroniz" in str(w.message).lower()]
+
+
+@pytest.mark.gpu
+def test_cuda_syncs_do_not_grow_with_the_batch_for_patterns_and_generation():
+    """Every point (attention patterns too) and a steered generation: the same syncs at batch 2 and 6, the
+    model library's own included (HF reads its stopping criteria once per step). A pattern's keys were
+    aligned by a boolean mask, one sync per row, layer and pattern, until 2026-12-05."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    m = load_model(LLAMA, source="zoo", device="cuda")
+    everything = m.expand(m.points())
+    steers = [Steer(f"resid_post.{L}", "add", torch.randn(m.d_model, device="cuda"), positions="all")
+              for L in range(m.n_layers)]
+    for call in (lambda enc: m.run_with_cache(enc, everything),
+                 lambda enc: m.generate(enc, 4, points=["resid_post.0"], steer=steers)):
+        counts = {}
+        for b in (2, 6):
+            enc = {k: v.cuda() for k, v in _ids(b).items()}
+            counts[b] = _cuda_syncs(lambda: call(enc))
+        assert len(counts[2]) == len(counts[6]), counts
+
+
 def test_the_cache_moves_to_the_host_whole(m):
     """Captures stay on the model's device; ActivationCache.cpu() moves every capture and readout in one
     go (one wait at the end), keeping receipts, columns and which readouts are per position."""
