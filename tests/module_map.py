@@ -19,6 +19,7 @@ TESTS: dict[str, tuple[str, ...]] = {
         "test_benchmarks_publish.py", "test_benchmarks_workers.py",
     ),
     "benchmarks/ci.py": ("test_benchmarks.py", "test_benchmarks_device_script.py"),
+    "benchmarks/decode_overhead.py": ("test_benchmarks_decode_overhead.py",),
     "benchmarks/device_wheels.py": ("test_benchmarks_device_wheels.py",),
     "benchmarks/eager_breakdown.py": ("test_benchmarks_eager_breakdown.py",),
     "benchmarks/env.py": ("test_benchmarks.py",),
