@@ -11,6 +11,10 @@ import math
 import statistics
 from dataclasses import dataclass
 
+from benchmarks.stats import fmt_interval
+
+BOUND = 0.25  # an interval wider than this fraction of its median is unresolved
+
 
 def _binom_cdf_half(n: int, k: int) -> float:
     """P(B <= k) for B ~ Binomial(n, 1/2)."""
@@ -62,3 +66,9 @@ def median_ci(xs: list[float], level: float = 0.95) -> Interval:
     s = sorted(xs)
     k, coverage = order_ranks(len(s), level)
     return Interval(statistics.median(s), s[k - 1], s[len(s) - k], len(s), coverage)
+
+
+def ratio_shown(iv: Interval, bound: float = BOUND) -> str:
+    """'1.23x [1.10–1.41]', or 'unresolved' when the interval is wider than `bound` of its median (a wide
+    interval is never shown as a figure)."""
+    return fmt_interval(iv.median, iv.lo, iv.hi, unit="x") if iv.resolved(bound) else "unresolved"

@@ -23,10 +23,8 @@ from typing import Callable
 
 import torch
 
-from benchmarks.ci import median_ci
+from benchmarks.ci import median_ci, ratio_shown
 from benchmarks.stats import fmt_interval
-
-BOUND = 0.25
 
 
 def _arms(model_name: str, prompt: int, new: int) -> dict[str, Callable[[], torch.Tensor]]:
@@ -98,9 +96,8 @@ def main(argv: list[str] | None = None) -> None:
     print("| arm | ms per token | / HF generate |\n|---|---:|---:|")
     for n in names:
         ms = median_ci(per_token[n])
-        ratio = median_ci([x / h for x, h in zip(per_token[n], per_token["HF generate"])])
-        shown = fmt_interval(ratio.median, ratio.lo, ratio.hi, unit="x") + ("" if ratio.resolved(BOUND) else " (unresolved)")
-        print(f"| {n} | {fmt_interval(ms.median, ms.lo, ms.hi)} | {shown if n != 'HF generate' else '1'} |")
+        ratio = ratio_shown(median_ci([x / h for x, h in zip(per_token[n], per_token["HF generate"])]))
+        print(f"| {n} | {fmt_interval(ms.median, ms.lo, ms.hi)} | {ratio if n != 'HF generate' else '1'} |")
 
 
 if __name__ == "__main__":

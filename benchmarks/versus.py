@@ -34,7 +34,6 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 MARK = "VERSUS "  # the measuring process's answer line (libraries print to stdout too)
-BOUND = 0.25  # an interval wider than this fraction of its median is unresolved
 # workload -> what it runs (one sequence of the model's zoo twin; generation is greedy)
 WORKLOADS = {
     "forward": "one forward of the prompt, nothing asked",
@@ -158,11 +157,9 @@ def _run_side(tree: Path, args) -> dict:
 
 
 def _interval(xs: list[float]) -> tuple[str, dict]:
-    from benchmarks.ci import median_ci
-    from benchmarks.stats import fmt_interval
+    from benchmarks.ci import median_ci, ratio_shown
     iv = median_ci(xs)
-    text = fmt_interval(iv.median, iv.lo, iv.hi, unit="x") if iv.resolved(BOUND) else "unresolved"
-    return text, iv.to_dict()
+    return ratio_shown(iv), iv.to_dict()
 
 
 def report(rounds: list[dict], base: str, head: str, prompt: int, new_tokens: int) -> tuple[str, dict]:

@@ -93,6 +93,9 @@ def test_median_ci_picks_the_order_statistics():
     assert (tight.lo, tight.hi) == (0.98, 1.02) and tight.resolved(0.05)
     with pytest.raises(ValueError, match="finite values"):
         ci.median_ci([1.0, float("nan")] * 3)
+    # a ratio is shown with its interval, or as "unresolved" (never a figure) past the bound
+    assert ci.ratio_shown(tight) == "1.00x [0.980–1.02]" and ci.ratio_shown(iv) == "unresolved"
+    assert ci.ratio_shown(tight, bound=0.01) == "unresolved"
 
 
 def test_interval_covers_the_median_at_its_stated_rate():

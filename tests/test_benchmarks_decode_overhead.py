@@ -17,7 +17,8 @@ def test_the_table_has_each_arm_and_its_ratio(capsys):
     assert set(rows) == {"HF generate", "bare loop", "engine generate"}
     assert rows["HF generate"].endswith("| 1")
     for arm in ("bare loop", "engine generate"):
-        assert re.fullmatch(r"[\d.]+ \[[\d.]+–[\d.]+\] \| [\d.]+x \[[\d.]+–[\d.]+\]( \(unresolved\))?", rows[arm]), rows[arm]
+        # a ratio is a figure with its interval, or "unresolved" when that is wider than 25% (benchmarks/ci.py)
+        assert re.fullmatch(r"[\d.]+ \[[\d.]+–[\d.]+\] \| ([\d.]+x \[[\d.]+–[\d.]+\]|unresolved)", rows[arm]), rows[arm]
 
 
 def test_a_loop_whose_tokens_differ_is_not_timed(monkeypatch):

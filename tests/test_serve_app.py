@@ -132,38 +132,45 @@ def test_largest_counts_a_forward_as_its_answer_counts(how, reduction, positions
     assert interp.largest(runner, spec, keys, [(n, 3)])[0] >= budget.raw_used
 
 
+def _streamed(tok, events: list) -> list[str]:
+    """The SSE events (data, [DONE] last) of a completion of prompt [1, 2] streamed by routes.stream_events,
+    from a stand-in runner that yields `events` (engine/serve/runner.Event) decoded by `tok`."""
+    from engine.serve import routes
+    from engine.serve.guard import Admission
+    from engine.serve.metrics import Metrics
+    from engine.serve.runner import Job
+    from engine.serve.schemas import CompletionRequest
+
+    class Runner:
+        tokenizer, max_model_len = tok, 64
+
+        async def stream(self, job):
+            for ev in events:
+                yield ev
+
+    ctx = routes.Context(Runner(), ServeSettings(), ["m"], Admission(4), Metrics(), {}, Offload(1))
+    n = len(events)
+    req = CompletionRequest.model_validate({"model": "m", "prompt": [1, 2], "max_tokens": n, "stream": True})
+    g = routes.Gen(ctx, req, False, [[1, 2]], [Job([1, 2], n, [], [], {})], interp.Asked(), [], "cmpl-1", 0)
+
+    async def run():
+        return [b if isinstance(b, bytes) else b.encode() async for b in routes.stream_events(g)]
+    return [e.removeprefix("data: ") for e in b"".join(asyncio.run(run())).decode().split("\n\n") if e]
+
+
 def test_a_stream_sends_a_chunk_per_token_even_without_text():
     """Clients count tokens by chunks, as vLLM's server sends them: a token whose text is empty (half
     a character, a special token) still gets its chunk (old code sent 2 chunks for 6 tokens)."""
     import json
 
-    from engine.serve import routes
-    from engine.serve.guard import Admission
-    from engine.serve.metrics import Metrics
-    from engine.serve.runner import Event, Job
-    from engine.serve.schemas import CompletionRequest
+    from engine.serve.runner import Event
 
     tokens = [7, 0, 0, 7, 0, 7]  # 0 decodes to nothing
     tok = SimpleNamespace(decode=lambda ids, skip_special_tokens=True: "".join("a" for t in ids if t),
                           eos_token_id=None)
     res = SimpleNamespace(text="aaa", new_tokens=torch.tensor(tokens), prompt_ids=torch.tensor([1, 2]),
                           cache={}, receipts=[])
-
-    class Runner:
-        tokenizer, max_model_len = tok, 64
-
-        async def stream(self, job):
-            for i, t in enumerate(tokens):
-                yield Event(t, result=res if i == len(tokens) - 1 else None)
-
-    ctx = routes.Context(Runner(), ServeSettings(), ["m"], Admission(4), Metrics(), {}, Offload(1))
-    req = CompletionRequest.model_validate({"model": "m", "prompt": [1, 2], "max_tokens": 6, "stream": True})
-    g = routes.Gen(ctx, req, False, [[1, 2]], [Job([1, 2], 6, [], [], {})], interp.Asked(), [], "cmpl-1", 0)
-
-    async def run():
-        return [b if isinstance(b, bytes) else b.encode() async for b in routes.stream_events(g)]
-    body = b"".join(asyncio.run(run())).decode()
-    events = [e.removeprefix("data: ") for e in body.split("\n\n") if e]
+    events = _streamed(tok, [Event(t, result=res if i == len(tokens) - 1 else None) for i, t in enumerate(tokens)])
     assert events[-1] == "[DONE]"
     chunks = [json.loads(e) for e in events[:-1]]
     assert len(chunks) == len(tokens) and "".join(c["choices"][0]["text"] for c in chunks) == "aaa"
@@ -173,32 +180,13 @@ def _stream_failing_at(decode_error: Exception) -> dict:
     """The last event before [DONE] of a stream whose tokenizer fails on its second token."""
     import json
 
-    from engine.serve import routes
-    from engine.serve.guard import Admission
-    from engine.serve.metrics import Metrics
-    from engine.serve.runner import Event, Job
-    from engine.serve.schemas import CompletionRequest
+    from engine.serve.runner import Event
 
     def decode(ids, skip_special_tokens=True):
         if 9 in ids:
             raise decode_error
         return "a" * len(ids)
-    tok = SimpleNamespace(decode=decode, eos_token_id=None)
-
-    class Runner:
-        tokenizer, max_model_len = tok, 64
-
-        async def stream(self, job):
-            for t in (7, 9, 7):
-                yield Event(t)
-
-    ctx = routes.Context(Runner(), ServeSettings(), ["m"], Admission(4), Metrics(), {}, Offload(1))
-    req = CompletionRequest.model_validate({"model": "m", "prompt": [1, 2], "max_tokens": 3, "stream": True})
-    g = routes.Gen(ctx, req, False, [[1, 2]], [Job([1, 2], 3, [], [], {})], interp.Asked(), [], "cmpl-1", 0)
-
-    async def run():
-        return [b if isinstance(b, bytes) else b.encode() async for b in routes.stream_events(g)]
-    events = [e.removeprefix("data: ") for e in b"".join(asyncio.run(run())).decode().split("\n\n") if e]
+    events = _streamed(SimpleNamespace(decode=decode, eos_token_id=None), [Event(7), Event(9), Event(7)])
     assert events[-1] == "[DONE]"
     return json.loads(events[-2])
 

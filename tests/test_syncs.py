@@ -159,6 +159,19 @@ def test_a_failed_steer_is_read_once_and_named(m):
     assert c.count <= BUDGET
 
 
+def _cuda_syncs(fn) -> list[str]:
+    """The sync warnings torch's own detector raises during one call of fn (warm it first): where, and what."""
+    import warnings
+    torch.cuda.set_sync_debug_mode("warn")
+    try:
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            fn()
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    return [f"{w.filename}:{w.lineno}: {w.message}" for w in seen if "synchroniz" in str(w.message).lower()]
+
+
 @pytest.mark.gpu
 def test_no_device_sync_inside_an_eager_call_on_cuda():
     """On CUDA, torch's own sync detector: a capture and a steered forward at every layer raise no sync
@@ -169,30 +182,8 @@ def test_no_device_sync_inside_an_eager_call_on_cuda():
     enc = {k: v.cuda() for k, v in _ids(4).items()}
     steers = [Steer(f"resid_post.{L}", "add", torch.randn(m.d_model, device="cuda")) for L in range(m.n_layers)]
     m.run_with_cache(enc, ["resid_post.0"], steer=steers)
-    import warnings
-    torch.cuda.set_sync_debug_mode("warn")
-    try:
-        with warnings.catch_warnings(record=True) as seen:
-            warnings.simplefilter("always")
-            m.run_with_cache(enc, [f"resid_post.{L}" for L in range(m.n_layers)], steer=steers)
-    finally:
-        torch.cuda.set_sync_debug_mode(0)
-    syncs = [w for w in seen if "synchroniz" in str(w.message).lower()]
-    assert len(syncs) <= BUDGET, [str(w.message) for w in syncs]
-
-
-def _cuda_syncs(fn) -> list[str]:
-    """The sync warnings torch's own detector raises during fn (after one warm call)."""
-    import warnings
-    fn()
-    torch.cuda.set_sync_debug_mode("warn")
-    try:
-        with warnings.catch_warnings(record=True) as seen:
-            warnings.simplefilter("always")
-            fn()
-    finally:
-        torch.cuda.set_sync_debug_mode(0)
-    return [f"{w.filename}:{w.lineno}" for w in seen if "synchroniz" in str(w.message).lower()]
+    syncs = _cuda_syncs(lambda: m.run_with_cache(enc, [f"resid_post.{L}" for L in range(m.n_layers)], steer=steers))
+    assert len(syncs) <= BUDGET, syncs
 
 
 @pytest.mark.gpu
@@ -211,6 +202,7 @@ def test_cuda_syncs_do_not_grow_with_the_batch_for_patterns_and_generation():
         counts = {}
         for b in (2, 6):
             enc = {k: v.cuda() for k, v in _ids(b).items()}
+            call(enc)  # warm
             counts[b] = _cuda_syncs(lambda: call(enc))
         assert len(counts[2]) == len(counts[6]), counts
 
