@@ -53,7 +53,6 @@ import time
 from pathlib import Path
 
 MARK = "HARVEST_BENCH "  # vLLM logs to stdout too: answers carry this prefix
-BOUND = 0.25  # an interval wider than this fraction of its median is unresolved
 # cell -> (engine process, points ("one" / "all" / None), Flow kwargs)
 CELLS = {
     "prefill": ("prefill", None, {}),
@@ -204,7 +203,7 @@ def summarize(rounds: list[dict], cells: list[str]) -> dict:
     """Per cell the median tok/s; per ratio the median over rounds with its interval."""
     import statistics
 
-    from benchmarks.ci import median_ci
+    from benchmarks.ci import BOUND, median_ci
     out = {"tok_s": {c: statistics.median(r[c]["tok_s"] for r in rounds) for c in cells}, "ratios": {}}
     for num, den, goal in RATIOS:
         if num in cells and den in cells:

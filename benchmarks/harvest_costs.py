@@ -40,8 +40,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from unittest import mock
 
-BOUND = 0.25  # an interval wider than this fraction of its median is unresolved
-
 
 @dataclass(frozen=True)
 class Variant:
@@ -216,7 +214,7 @@ def measure(a, names: list[str], tmp: Path) -> dict:
 def summarize(rounds: list[dict], names: list[str]) -> dict:
     """Per variant: median tokens/s, its ratio to the first variant and to `fwd` (median over rounds,
     95% interval), and the median CPU seconds of each thread."""
-    from benchmarks.ci import median_ci
+    from benchmarks.ci import BOUND, median_ci
     out: dict = {"tok_s": {}, "ratios": {}, "cpu_s": {}, "spared": {}}
     bases = list(dict.fromkeys([names[0]] + (["fwd"] if "fwd" in names else [])))
     for n in names:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from benchmarks.ci import BOUND
+
 DEFAULT_MODEL = "meta-llama/Llama-3.2-1B"
 DTYPES = ("float32", "bfloat16", "float16")
 SOURCES = ("zoo", "real", "local")  # local: a model directory
@@ -48,7 +50,7 @@ class Params:
     clock: str = "auto"
     steer_scale: float = 4.0  # steering vector = steer_scale * unit-variance random vector
     ci_level: float = 0.95  # confidence of the interval around each median
-    ci_bound: float = 0.25  # a ratio whose interval spans more than this fraction of it is unresolved
+    ci_bound: float = BOUND  # a ratio whose interval spans more than this fraction of it is unresolved
     timeout_s: int = 900  # one worker request (load, warmup or one sample)
 
     def __post_init__(self):
