@@ -4,7 +4,8 @@
 #   1. the twins (real-size Llama-3.2-1B and gemma-2-2b) built, while the README's examples run on cuda
 #   2. issue 33's GPU goals: batched prefill (16 x PROMPT tokens: capture, steer and a probe readout at every
 #      layer) against HF's SDPA forward and the peers that import here, then batched generation (16 streams
-#      x NEW tokens) with and without a steer at every layer, in interleaved rounds of >= MIN_SAMPLE s samples
+#      x NEW tokens) with and without a steer at every layer, in interleaved rounds of >= MIN_SAMPLE s samples,
+#      and the steered decode step's host time, site by site (benchmarks/decode_sites.py)
 #   3. the validator on cuda in bf16 for both models (every reference engine importable here)
 #   4. SmolLM2-135M's batched prefill if the budget still allows; publish what ran; the one table
 # Anything missing (a peer, vLLM) is skipped and named, never fatal. Phases share BUDGET_S
@@ -139,6 +140,11 @@ capped "gpu tests" 20 90 bash -c "INTERP_ZOO_SIZE=tiny '$PY' -m pytest -q -p no:
 # 2. the goal ratios: batched prefill with the peers, then batched generation (eager: its own ratios)
 sweep "$dev-$tag-$SIZE-batch" "$BENCH_MODEL" "$VARIANTS" "$PREFILL_WORK" "${PREFILL_CAP:-200}"
 sweep "$dev-$tag-$SIZE-batch-gen" "$BENCH_MODEL" eager "$GEN_WORK" "${GEN_CAP:-100}"
+# 2b. where a steered decode step's host time goes: the engine at each site against HF's own layers (the
+#     generation goal's denominator on a launch-bound step), its table in device.log, its figures in logs
+capped "decode sites" 20 60 "$PY" -m benchmarks.decode_sites --model "$BENCH_MODEL" --size "$SIZE" --device "$DEVICE" \
+  --dtype "$DTYPE" --batch 16 --prompt "$PROMPT" --new-tokens "$NEW" --rounds 6 --reps 1 \
+  --json "$RESULTS/logs/decode-sites.json"
 
 # 3. the validator on the device (every reference engine importable here; the rest skipped by name)
 capped "validator" 60 240 "$PY" -m validator run --device "$DEVICE" --dtype "$DTYPE" --out "$RESULTS/validator" \

@@ -15,7 +15,6 @@ CUDA the forward returns before the GPU is done, so its time lands in the first 
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import statistics
 import sys
@@ -44,6 +43,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import engine.backends.hf.eager as eager_mod
     from benchmarks.harvest_bench import corpus
+    from benchmarks.timers import timing
     from engine import load_model
     from engine.harvest import capture
     m = load_model(a.model, device=a.device)
@@ -53,32 +53,11 @@ def main(argv: list[str] | None = None) -> int:
     keys = capture.addresses(m, f"resid_post.{m.n_layers // 2}")
     sync = torch.cuda.synchronize if m.device.type == "cuda" else (lambda: None)
     spent: dict[str, list[float]] = {}
-
-    def timed(name, fn):
-        @functools.wraps(fn)
-        def wrapper(*args, **kw):
-            t = time.perf_counter()
-            try:
-                return fn(*args, **kw)
-            finally:
-                spent.setdefault(name, []).append(time.perf_counter() - t)
-        return wrapper
-
     patched = [(type(m), name, name) for name in STAGES] + [(eager_mod, "padded", "padded"),
                (eager_mod, "prefill_layout", "prefill_layout"), (m.hf, "forward", "hf forward inside run_with_cache")]
-    saved = [(obj, attr, obj.__dict__.get(attr)) for obj, attr, _ in patched]
-    for obj, attr, label in patched:
-        setattr(obj, attr, timed(label, getattr(obj, attr)))
-    try:
+    # the timers and the corpus leave with this call (a caller in the same process gets the plain methods back)
+    with tmp, timing(patched, spent):
         return _measure(a, m, sizes, hf_pass_of(m, sync), keys, data, spent)
-    finally:  # the timers and the corpus leave with this call (a caller in the same process gets the plain
-        # methods back)
-        tmp.cleanup()
-        for obj, attr, old in saved:
-            if old is None:
-                delattr(obj, attr)
-            else:
-                setattr(obj, attr, old)
 
 
 def hf_pass_of(m, sync):

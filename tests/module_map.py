@@ -20,6 +20,7 @@ TESTS: dict[str, tuple[str, ...]] = {
     ),
     "benchmarks/ci.py": ("test_benchmarks.py", "test_benchmarks_device_script.py"),
     "benchmarks/decode_overhead.py": ("test_benchmarks_decode_overhead.py",),
+    "benchmarks/decode_sites.py": ("test_benchmarks_decode_sites.py",),
     "benchmarks/device_wheels.py": ("test_benchmarks_device_wheels.py",),
     "benchmarks/eager_breakdown.py": ("test_benchmarks_eager_breakdown.py",),
     "benchmarks/env.py": ("test_benchmarks.py",),
@@ -46,6 +47,7 @@ TESTS: dict[str, tuple[str, ...]] = {
         "test_benchmarks.py", "test_benchmarks_batched.py", "test_benchmarks_workers.py", "test_sources.py",
     ),
     "benchmarks/table.py": ("test_benchmarks.py", "test_benchmarks_batched.py", "test_benchmarks_workers.py"),
+    "benchmarks/timers.py": ("test_benchmarks_decode_sites.py", "test_benchmarks_eager_breakdown.py"),
     "benchmarks/variants/__init__.py": (
         "test_benchmarks.py", "test_benchmarks_batched.py", "test_benchmarks_device_script.py",
         "test_benchmarks_workers.py", "test_sources.py",

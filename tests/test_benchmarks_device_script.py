@@ -5,6 +5,7 @@ run eager and the importable peers, skip the missing ones by name, run the READM
 publish, print the one table, and hand back at most 8 files no deeper than $OUT/a/b/file."""
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -86,6 +87,10 @@ def test_a_dry_run_does_every_phase_and_hands_back_eight_files(tmp_path):
     assert (tmp_path / "back" / "published" / "results-latest.md").exists()
     assert "cpu-llama-3.2-1b-tiny-batch" in (tmp_path / "back" / "published" / "benchmarks.generated.ts").read_text()
     assert "== site data: exit 0" in text  # the site's data file, visualizer_data's own command
+    # the steered decode step's host breakdown ran on the chosen device, its figures in logs.tgz
+    assert "== decode sites: exit 0" in text and "| engine: the steered sites |" in text
+    with tarfile.open(out / "logs.tgz") as t:
+        assert json.load(t.extractfile("logs/decode-sites.json"))["device"] == "cpu"
 
 
 def test_the_hider_makes_a_module_missing(tmp_path):
