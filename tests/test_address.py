@@ -64,6 +64,9 @@ def test_negative_layers_resolve_from_the_end():
     ("resid_post.01", "layer '01' in address 'resid_post.01' is not written plainly: write 1"),
     ("z.1.head--0", "coordinate head '-0' in address 'z.1.head--0' is not written plainly"),
     ("z.1.head-\u0663", "has a digit outside ASCII 0-9"),
+    # one coordinate once: the last of two used to win silently
+    ("z.0.head-1.head-2", "address 'z.0.head-1.head-2' gives coordinate 'head' twice; give it once, e.g. 'z.0.head-1'"),
+    ("z.0.head-1.head-1", "gives coordinate 'head' twice"),
 ])
 def test_parse_errors_name_the_problem(text, fragment):
     with pytest.raises(AddressError, match=fragment.replace("(", r"\(").replace(")", r"\)")):

@@ -303,6 +303,12 @@ def test_points_listing(llama):
     assert "resid_post" in pts and "q" in pts and "mlp_pre_linear" in pts
     assert "q_norm_in" not in pts and "router_logits" not in pts and "resid_streams" not in pts
     assert llama.point_layers("resid_post") == [0, 1, 2] and llama.point_layers("final_norm") == [-1]
+    assert llama.point_layers("logits") == llama.point_layers("lm_head")  # an alias names its point
+    # an unknown name is an AddressError with the closest names, as in an address (a bare KeyError before)
+    with pytest.raises(AddressError, match=r"unknown point 'resid_pots'\. Did you mean 'resid_post'"):
+        llama.point_layers("resid_pots")
+    with pytest.raises(AddressError, match="unknown point 5"):
+        llama.point_layers(5)
 
 
 def test_negative_layer_steer_and_duplicate_addresses(llama):

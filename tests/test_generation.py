@@ -70,10 +70,28 @@ def test_sampling_knobs_are_repeatable_and_greedy_limits():
     assert [s.token for s in steps] == a.new_tokens[0, :4].tolist()
 
 
+def test_a_seeded_call_leaves_the_callers_generator_as_it_was():
+    """The seed is the call's own: torch's global generator continues afterwards as if the call had not
+    run (a seeded generate used to leave it reseeded, so the caller's own random draws repeated)."""
+    m = model()
+    torch.manual_seed(123)
+    want = torch.rand(4)
+    torch.manual_seed(123)
+    a = m.generate(TEXT, 4, temperature=1.5, seed=7)
+    assert torch.equal(torch.rand(4), want)
+    assert torch.equal(m.generate(TEXT, 4, temperature=1.5, seed=7).new_tokens, a.new_tokens)  # still repeatable
+    torch.manual_seed(123)
+    list(m.stream(TEXT, 3, temperature=1.5, seed=7))
+    assert torch.equal(torch.rand(4), want)
+
+
 @pytest.mark.parametrize("kw,fragment", [
     ({"do_sample": True}, "sample with temperature > 0"),
     ({"temperatur": 0.5}, r"unknown sampling option \['temperatur'\] for backend 'eager'"),
-    ({"temperature": -1}, "temperature must be a number >= 0"),
+    ({"temperature": -1}, "temperature must be a finite number >= 0"),
+    ({"temperature": float("nan")}, r"temperature must be a finite number >= 0 \(0 = greedy\), got nan"),
+    ({"temperature": float("inf")}, "temperature must be a finite number >= 0"),
+    ({"temperature": 1.0, "seed": 2 ** 70}, r"seed must be an int64 \(-2\*\*63 <= seed < 2\*\*63\) or None, got 1180"),
     ({"temperature": 1.0, "top_p": 0}, r"top_p must be in \(0, 1\]"),
     ({"temperature": 1.0, "top_k": 0}, "top_k must be an int >= 1"),
     ({"top_k": 5}, "temperature is 0"),
@@ -93,6 +111,11 @@ def test_stream_bad_input():
         m.stream([TEXT, "Water boils"], 2)
     with pytest.raises(ValueError, match="logprobs is how many"):
         m.stream(TEXT, 2, logprobs=-1)
+    vocab = m.hf.get_input_embeddings().num_embeddings
+    with pytest.raises(InputError, match=f"logprobs=1000000 asks for more top log-probabilities than the "
+                                         f"vocabulary's {vocab} tokens; ask for at most {vocab}"):
+        m.stream(TEXT, 2, logprobs=10 ** 6)  # torch's topk failed on the worker thread before
+    assert len(next(iter(m.stream(TEXT, 2, logprobs=vocab))).top_logprobs) == vocab
 
 
 def test_knob_translation():

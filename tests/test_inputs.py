@@ -138,6 +138,11 @@ TABLE = [
     ("device cuda without CUDA", lambda e: e.load(device="cuda"),
      None if _CUDA else (OptionError, "needs CUDA, but")),
     # -- token input -------------------------------------------------------------------------------------
+    ("to_tokens(None)", lambda e: e.m.to_tokens(None),
+     (InputTypeError, "to_tokens takes a text or a non-empty list of texts, got NoneType None; token ids go to")),
+    ("to_tokens(5)", lambda e: e.m.to_tokens(5), (InputTypeError, "a non-empty list of texts, got int 5")),
+    ("to_tokens([])", lambda e: e.m.to_tokens([]), (InputTypeError, "a non-empty list of texts, got list []")),
+    ("to_tokens of a text and an int", lambda e: e.m.to_tokens(["Hi", 5]), (InputTypeError, "texts, got int 5")),
     ("empty string", lambda e: e.m.run_with_cache(""), (InputError, "the prompt is empty (0 tokens)")),
     ("empty list", lambda e: e.m.run_with_cache([]), (InputError, "no prompts")),
     ("empty id list in a batch", lambda e: e.m.run_with_cache([[5, 6], []]), (InputError, "prompt 1 (of 2) is empty")),

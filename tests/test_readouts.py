@@ -259,6 +259,12 @@ def test_bad_readouts_are_refused_by_the_call(em):
         em.run_with_cache("hi", readouts=[Readout("resid_post.1", Project(torch.ones(2, 7)))])
     with pytest.raises(Exception, match="out of range"):
         em.run_with_cache("hi", readouts=[Readout("resid_post.40", Mean())])
+    vocab = em.config.vocab_size  # a lens's k above it was cut to the vocabulary without a word (the server refused it)
+    with pytest.raises(ReadoutError, match=f"LensTopK k={vocab + 1} exceeds the vocabulary's {vocab} tokens; ask "
+                                           f"for at most {vocab}"):
+        em.run_with_cache("hi", readouts=[Readout("resid_post.1", LensTopK(vocab + 1))])
+    _, c = em.run_with_cache("hi", readouts=[Readout("resid_post.1", LensTopK(vocab))])
+    assert c.readouts[f"resid_post.1:lens_top{vocab}"].indices.shape[-1] == vocab
 
 
 # -- vllm and vllm-static against eager ---------------------------------------------------------------

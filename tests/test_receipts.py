@@ -212,3 +212,24 @@ def test_eager_stream_result_carries_the_receipts(em):
         for step in em.stream(PROMPT, 4, steer=st, strict=True):
             got.append(step.token)
     assert got == ref.new_tokens[0, :-1].tolist()  # every step but the last, which would carry the result
+
+
+@pytest.mark.parametrize("spelled", [[0, -6], [5, -1], [-1, 0, 5]])
+def test_a_token_named_twice_is_steered_and_counted_once(em, spelled):
+    """A positions list may name one token twice, as a position and counting back from the end of the prompt;
+    the token is steered once, so its receipt counts it once (it counted it twice before)."""
+    tokens = em.to_tokens("The capital of France is")["input_ids"]
+    assert tokens.shape[1] == 6
+    st = Steer("resid_post.0", "add", random_vector((em.d_model,), 10), positions=spelled)
+    _, cache = em.run_with_cache(tokens, ["resid_post.0"], [st])
+    (r,) = cache.receipts
+    check_receipt(em, cache, tokens, st, r)
+    assert r.rows == len({p % 6 for p in spelled})
+    g = em.generate(tokens, 3, steer=[st])
+    assert g.receipts[0].rows == r.rows and g.receipts[0].change_norm == pytest.approx(r.change_norm, rel=1e-5)
+
+
+def test_positions_offsets_are_ascending_and_once_each():
+    from engine.core.positions import normalize, offsets
+    assert offsets(normalize([-1, 0, 5, 2]), 0, 6, 6).tolist() == [0, 2, 5]
+    assert offsets(normalize([-1, 0]), 3, 3, 6).tolist() == [2]  # positions 3..5 of the call: 5 alone

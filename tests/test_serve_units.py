@@ -66,6 +66,9 @@ def _error(cls, body) -> ServeError:
     ({"model": "m", "prompt": "x", "interp": {"capture": {"points": []}}}, "interp.capture", "give points or readouts"),
     ({"model": "m", "prompt": "x", "interp": {"capture": {"points": ["z.0"], "positions": "first"}}},
      "interp.capture.positions", "'first' is not one of"),
+    # a JSON list is a range; the error says how explicit positions are written
+    ({"model": "m", "prompt": "x", "interp": {"capture": {"points": ["z.0"], "positions": [2, 4, 5]}}},
+     "interp.capture.positions", 'a range [start, stop] (null = open), got 3 items; explicit positions are {"at": '),
     ({"model": "m", "prompt": "x", "interp": {"steer": [{"address": "z.0", "op": "add", "value": [1.0]},
                                                         {"address": "resid_post.0", "op": "ablate", "value": 1.0}]}},
      "interp.steer[1]", "takes no value"),

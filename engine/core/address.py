@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from engine.core.errors import AddressError, closest  # noqa: F401  (closest: importable here too)
 from engine.core.integers import as_int, described
-from engine.core.points import ALIASES, BY_NAME, get_point
+from engine.core.points import ALIASES, BY_NAME, Point, get_point
 
 # ASCII digits only (a str pattern's \d also matches '١', an Arabic-Indic one), and no '-0': layer -0
 # would silently be layer 0, not the last one
@@ -28,11 +28,8 @@ class Address:
     coords: tuple[tuple[str, int], ...] = field(default=())
 
     def __init__(self, point: str, layer: int | None = None, **coords: int) -> None:
-        point = ALIASES.get(point, point)
-        if point not in BY_NAME:
-            raise AddressError(f"unknown point {point!r}.{closest(point, list(BY_NAME) + list(ALIASES))} "
-                               f"Known points: {', '.join(BY_NAME)}.")
-        spec = get_point(point)
+        spec = known_point(point)
+        point = spec.name
         if spec.scope == "trunk" and layer is not None:
             raise AddressError(f"{point!r} is a trunk point and takes no layer; write {point!r}.")
         if spec.scope == "layer" and layer is None:
@@ -79,6 +76,15 @@ class Address:
         return Address(self.point, self.layer)
 
 
+def known_point(name: object) -> Point:
+    """The Point a name or alias stands for; an AddressError naming the closest names otherwise."""
+    point = ALIASES.get(name, name) if isinstance(name, str) else name
+    if not isinstance(point, str) or point not in BY_NAME:
+        near = closest(point, list(BY_NAME) + list(ALIASES)) if isinstance(point, str) else ""
+        raise AddressError(f"unknown point {point!r}.{near} Known points: {', '.join(BY_NAME)}.")
+    return get_point(point)
+
+
 def parse(text: "str | Address") -> Address:
     """Parse `name[.layer][.coord-value...]` strictly."""
     if isinstance(text, Address):
@@ -90,7 +96,7 @@ def parse(text: "str | Address") -> Address:
     layer = None
     if rest and _LAYER_RE.fullmatch(rest[0]):
         layer = _number(rest.pop(0), "layer", text)
-    coords = {}
+    coords: dict[str, int] = {}
     for part in rest:
         m = _COORD_RE.fullmatch(part)
         if not m and any(c.isdigit() and not c.isascii() for c in part):
@@ -99,6 +105,9 @@ def parse(text: "str | Address") -> Address:
         if not m:
             raise AddressError(f"cannot parse {part!r} in address {text!r}: expected a layer number or a "
                                f"coordinate like 'head-3' (ASCII digits).")
+        if m.group(1) in coords:
+            raise AddressError(f"address {text!r} gives coordinate {m.group(1)!r} twice; give it once, e.g. "
+                               f"'{point}{'' if layer is None else f'.{layer}'}.{m.group(1)}-{coords[m.group(1)]}'.")
         coords[m.group(1)] = _number(m.group(2), f"coordinate {m.group(1)}", text)
     return Address(point, layer, **coords)
 

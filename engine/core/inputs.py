@@ -151,12 +151,16 @@ def new_tokens(value: object, what: str = "max_new_tokens") -> int:
     return n
 
 
-def top_logprobs(value: object) -> int:
-    """How many top log-probabilities each streamed step carries: an int >= 0 (numpy ints too)."""
+def top_logprobs(value: object, vocab: int | None = None) -> int:
+    """How many top log-probabilities each streamed step carries: an int >= 0 (numpy ints too), and at
+    most the `vocab` tokens there are where the caller knows them."""
     n = as_int(value)
     if n is None or n < 0:
         raise InputTypeError(f"logprobs is how many top log-probabilities each step carries (an int >= 0), got "
                              f"{value!r:.40}.")
+    if vocab is not None and n > vocab:
+        raise InputError(f"logprobs={n} asks for more top log-probabilities than the vocabulary's {vocab} tokens; "
+                         f"ask for at most {vocab}.")
     return n
 
 

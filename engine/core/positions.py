@@ -163,5 +163,5 @@ def offsets(p: Any, pos0: int, n: int, prompt_len: int) -> np.ndarray:
         return np.array([a - pos0], dtype=np.int64) if pos0 <= a < pos0 + n else np.zeros(0, np.int64)
     if isinstance(a, slice):
         return np.arange(max(a.start - pos0, 0), max(min(a.stop - pos0, n), 0), dtype=np.int64)
-    at = np.asarray(a, dtype=np.int64) - pos0
+    at = np.unique(np.asarray(a, dtype=np.int64)) - pos0  # one token named twice ([0, -n]) is touched once
     return at[(at >= 0) & (at < n)]

@@ -259,7 +259,10 @@ class LensTopK(Kind):
 
         def fn(x: torch.Tensor) -> tuple:
             lp = torch.log_softmax(lens(x, address.point).float(), dim=-1)
-            v, i = lp.topk(min(self.k, lp.shape[-1]), dim=-1)
+            if self.k > lp.shape[-1]:  # the vocabulary is known here first (the server refuses it up front)
+                raise ReadoutError(f"LensTopK k={self.k} exceeds the vocabulary's {lp.shape[-1]} tokens; ask for "
+                                   f"at most {lp.shape[-1]}.")
+            v, i = lp.topk(self.k, dim=-1)
             return i, v
         return fn
 

@@ -16,7 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from engine.core.errors import InputError
+from engine.core.errors import InputError, InputTypeError
+from engine.core.integers import described
 
 if TYPE_CHECKING:
     import torch
@@ -140,7 +141,11 @@ def to_tokens(tokenizer: Any, text: "str | list[str]", padding_side: str = "left
     """A padded input_ids / attention_mask batch of one text or a list of texts, BOS policy applied."""
     if padding_side not in ("left", "right"):
         raise ValueError(f"padding_side must be 'left' or 'right', got {padding_side!r}.")
-    texts = [text] if isinstance(text, str) else list(text)
+    texts = [text] if isinstance(text, str) else list(text) if isinstance(text, (list, tuple)) else None
+    if not texts or not all(isinstance(t, str) for t in texts):
+        bad = text if texts is None else next((t for t in texts if not isinstance(t, str)), text)
+        raise InputTypeError(f"to_tokens takes a text or a non-empty list of texts, got {described(bad)}; "
+                             f"token ids go to the calls as they are (input_ids, or a dict with attention_mask).")
     rows = [encode(tokenizer, t, prepend_bos) for t in texts]
     return padded(rows, pad_id(tokenizer), padding_side, device)
 

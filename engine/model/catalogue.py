@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Iterable
 
-from engine.core.address import Address
+from engine.core.address import Address, known_point
 from engine.core.errors import UnsupportedPointError
 from engine.core.points import ALIASES, BY_NAME, POINTS, get_point
 
@@ -22,7 +22,7 @@ class PointCatalogue:
     def point_layers(self, point: str) -> list[int]:
         """Layers at which this backend serves `point` on this model ([-1] stands for a trunk point)."""
         self._live()
-        point = get_point(point).name
+        point = known_point(point).name
         if point not in self._point_layers:
             layers = [None] if get_point(point).scope == "trunk" else range(self.n_layers)
             found = []

@@ -4,14 +4,17 @@
     top_p         nucleus sampling: the smallest set of tokens whose probability reaches top_p (0 < p <= 1)
     top_k         sample among the k most likely tokens (None = all)
     seed          makes a sampled generation repeatable (eager: seeds torch's global generator for the
-                  call; vLLM: the request's own generator). Samples differ between backends; greedy
-                  tokens do not.
+                  call, whose state is put back after it; vLLM: the request's own generator). Samples
+                  differ between backends; greedy tokens do not. On eager the rows of a call share
+                  the generator, so a seeded row's tokens depend on the rest of its batch: the same
+                  call repeats, the same prompt in another batch need not.
 
 `Sampling.parse(kw, backend)` refuses unknown names by name (`do_sample` included: say temperature>0);
 vLLM also takes SamplingParams' own fields, as vLLM-only extras.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from engine.core.backends import backend_for
@@ -53,8 +56,8 @@ class Sampling:
                 raise OptionError(f"unknown sampling option{'s' if len(bad) > 1 else ''} {bad}; the knobs every "
                                   f"backend takes are {', '.join(KNOBS)} (vLLM also takes SamplingParams fields).")
         t = kw.get("temperature", 0.0)
-        if isinstance(t, bool) or not isinstance(t, (int, float)) or t < 0:
-            raise OptionError(f"temperature must be a number >= 0 (0 = greedy), got {t!r}.")
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or not 0 <= t < math.inf:  # NaN fails too
+            raise OptionError(f"temperature must be a finite number >= 0 (0 = greedy), got {t!r}.")
         p = kw.get("top_p", 1.0)
         if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0 < p <= 1:
             raise OptionError(f"top_p must be in (0, 1], got {p!r}.")
@@ -62,8 +65,8 @@ class Sampling:
         k, s = as_int(k_in), as_int(s_in)
         if k_in is not None and (k is None or k < 1):
             raise OptionError(f"top_k must be an int >= 1 or None, got {k_in!r}.")
-        if s_in is not None and s is None:
-            raise OptionError(f"seed must be an int or None, got {s_in!r}.")
+        if s_in is not None and (s is None or not -(2 ** 63) <= s < 2 ** 63):
+            raise OptionError(f"seed must be an int64 (-2**63 <= seed < 2**63) or None, got {s_in!r}.")
         if t == 0 and (p != 1.0 or k is not None):
             raise OptionError("top_p / top_k shape a sampled distribution, but temperature is 0 (greedy); set "
                               "temperature > 0 to sample.")

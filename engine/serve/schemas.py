@@ -59,7 +59,8 @@ def positions_in(p: Any) -> "str | int | slice | list[int] | torch.Tensor":
         return _positions_object(p)
     if isinstance(p, list):
         if len(p) != 2:
-            raise ValueError(f"positions as a list is [start, stop], got {len(p)} items")
+            raise ValueError(f'positions as a list is a range [start, stop] (null = open), got {len(p)} items; '
+                             f'explicit positions are {{"at": [int, ...]}}')
         p = tuple(p)
     return engine_positions.normalize(p)
 

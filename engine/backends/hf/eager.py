@@ -452,7 +452,10 @@ class EagerModel(ModelBase, WeightsMixin, TokensMixin):
             if on_plans is not None:
                 on_plans(plans, call)
             layouts = itertools.chain([prefill_layout(plans, mask, call)], decode_layouts(plans, mask, max_new_tokens, call))
-            with self._lock, torch.no_grad(), self._attached(plans, layouts):
+            # a seed is the call's own: torch's global generator gets its state back afterwards
+            forked = contextlib.nullcontext() if knobs.seed is None else torch.random.fork_rng(
+                devices=range(torch.cuda.device_count()) if torch.cuda.is_available() else [])
+            with self._lock, torch.no_grad(), self._attached(plans, layouts), forked:
                 if knobs.seed is not None:
                     torch.manual_seed(knobs.seed)
                 # PreTrainedModel declares no generate: the CausalLM classes mix GenerationMixin in

@@ -15,7 +15,7 @@ from transformers.generation.streamers import BaseStreamer
 
 from engine.core.address import Address
 from engine.core.errors import InputError
-from engine.core.inputs import new_tokens, top_logprobs
+from engine.core.inputs import limits_of, new_tokens, top_logprobs
 from engine.core.plan import Plan
 from engine.core.results import StreamStep
 
@@ -101,7 +101,7 @@ class _Streamer(BaseStreamer):
 def stream(model: Any, prompt: Any, max_new_tokens: int, points: Any, steer: Any, logprobs: int,
            sampling: dict[str, Any], return_logits: bool = True, rows: bool = True, strict: bool = False,
            readouts: Any = ()) -> Generator[StreamStep, None, None]:
-    logprobs = top_logprobs(logprobs)
+    logprobs = top_logprobs(logprobs, limits_of(model).vocab_size)
     model._live()
     max_new_tokens = new_tokens(max_new_tokens)
     enc = model._inputs(prompt, max_new_tokens)
