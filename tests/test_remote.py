@@ -240,6 +240,11 @@ def _bad_inputs():
         ("max_new_tokens 0", lambda mm: mm.generate(P, 0)),
         ("max_new_tokens 1.5", lambda mm: mm.generate(P, 1.5)),
         ("temperature -1", lambda mm: mm.generate(P, 2, temperature=-1)),
+        ("temperature NaN", lambda mm: mm.generate(P, 2, temperature=float("nan"))),  # the client's JSON failed on it
+        ("temperature inf", lambda mm: mm.generate(P, 2, temperature=float("inf"))),
+        ("seed past int64", lambda mm: mm.generate(P, 2, temperature=1.0, seed=2 ** 64)),
+        ("an address giving a coordinate twice", lambda mm: mm.run_with_cache(P, ["z.0.head-1.head-2"])),
+        ("to_tokens of an int", lambda mm: mm.to_tokens(5)),
         ("top_p when greedy", lambda mm: mm.generate(P, 2, top_p=0.5)),
         ("do_sample", lambda mm: mm.generate(P, 2, do_sample=True)),
         ("eager's unknown sampling option", lambda mm: mm.generate(P, 2, stop=["x"])),

@@ -141,13 +141,19 @@ def to_tokens(tokenizer: Any, text: "str | list[str]", padding_side: str = "left
     """A padded input_ids / attention_mask batch of one text or a list of texts, BOS policy applied."""
     if padding_side not in ("left", "right"):
         raise ValueError(f"padding_side must be 'left' or 'right', got {padding_side!r}.")
+    rows = [encode(tokenizer, t, prepend_bos) for t in texts_of(text)]
+    return padded(rows, pad_id(tokenizer), padding_side, device)
+
+
+def texts_of(text: object) -> list[str]:
+    """The texts of a to_tokens call (a text, or a non-empty list or tuple of texts) as a list; an
+    InputTypeError naming anything else."""
     texts = [text] if isinstance(text, str) else list(text) if isinstance(text, (list, tuple)) else None
     if not texts or not all(isinstance(t, str) for t in texts):
         bad = text if texts is None else next((t for t in texts if not isinstance(t, str)), text)
         raise InputTypeError(f"to_tokens takes a text or a non-empty list of texts, got {described(bad)}; "
                              f"token ids go to the calls as they are (input_ids, or a dict with attention_mask).")
-    rows = [encode(tokenizer, t, prepend_bos) for t in texts]
-    return padded(rows, pad_id(tokenizer), padding_side, device)
+    return texts
 
 
 def pad_id(tokenizer: Any) -> int:

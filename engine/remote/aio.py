@@ -34,7 +34,7 @@ from engine.core.readouts import Readout, TopK, validate_readouts
 from engine.core.results import Request, RequestResult, StreamStep, check_strict, columns_of, one_run_per_row
 from engine.core.steer_checks import check_steers, validate_steers
 from engine.core.steering import Steer
-from engine.core.tokens import id_rows, padded
+from engine.core.tokens import id_rows, padded, texts_of
 from engine.model.sampling import KNOBS, Sampling
 from engine.remote import bodies, results
 from engine.remote.served import Served
@@ -368,8 +368,7 @@ class AsyncRemoteModel:
         self._live()
         if padding_side not in ("left", "right"):
             raise ValueError(f"padding_side must be 'left' or 'right', got {padding_side!r}.")
-        texts = [text] if isinstance(text, str) else list(text)
-        out = await self._post(wire.TOKENIZE, {"model": self.name, "text": texts, "prepend_bos": prepend_bos})
+        out = await self._post(wire.TOKENIZE, {"model": self.name, "text": texts_of(text), "prepend_bos": prepend_bos})
         return padded(out["tokens"], self.served.tokenizer.get("pad_token_id") or 0, padding_side)
 
     @on_home_loop
