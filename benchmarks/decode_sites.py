@@ -12,8 +12,8 @@ on every layer's resid_post in interleaved rounds (tokens per second; their rati
 with its 95% interval, "unresolved" when wider than benchmarks/ci.BOUND), and, inside the steered arm's
 decode forwards, the host time of:
 
-- the decoder layers' own forwards (HF; timed by hooks registered before the engine's, so they leave the
-  engine's site out);
+- the decoder layers' own forwards (HF; their `forward`, which runs between a module's hooks, so the
+  engine's site is left out);
 - the engine at the steered sites (`EagerModel._at_site`: the rows, the op, the receipt);
 - the engine's guard (`EagerModel._guard`) and the decode layout of each forward (`grid.decode_layout`);
 - per call, the plans and the ledger's one read (`EagerModel._plans`, `EagerModel._outcomes`).
@@ -31,7 +31,6 @@ import statistics
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 from benchmarks.ci import median_ci, ratio_shown
 from benchmarks.stats import fmt_interval
@@ -86,53 +85,41 @@ def measure(a: argparse.Namespace) -> dict:
     kwargs: dict[str, dict] = {"generate": {}, "steer every layer": {"steer": steers}}
 
     spent: dict[str, list[float]] = {}
-    started: dict[int, float] = {}
-    layers = sites.get_path(m.hf, m.family.layers)
-
-    def layer_in(module: Any, args: Any) -> None:
-        started[id(module)] = time.perf_counter()
-
-    def layer_out(module: Any, args: Any, output: Any) -> None:
-        hidden = args[0] if args else None
-        if hidden is not None and hidden.shape[1] == 1:  # a decode forward: one column per row
-            spent.setdefault("layers", []).append(time.perf_counter() - started[id(module)])
 
     def decode_only(name: str, at: int):
+        """A label for calls whose tensor (positional argument `at`) is a decode forward's: one column per row."""
         return lambda *args, **kw: name if args[at].shape[1] == 1 else None
 
-    targets = [(eager.EagerModel, "_at_site", decode_only("sites", 2)), (eager.EagerModel, "_guard", decode_only("guard", 1)),
-               (grid, "decode_layout", "layout"), (eager.EagerModel, "_plans", "plans"),
-               (eager.EagerModel, "_outcomes", "ledger read")]
-    handles = [h for layer in layers for h in (layer.register_forward_pre_hook(layer_in),
-                                               layer.register_forward_hook(layer_out))]
+    # each decoder layer's own forward (its instance attribute, called inside the module's call, between the
+    # hooks: the engine's site is left out), then the engine's parts
+    targets = [(layer, "forward", decode_only("layers", 0)) for layer in sites.get_path(m.hf, m.family.layers)]
+    targets += [(eager.EagerModel, "_at_site", decode_only("sites", 2)), (eager.EagerModel, "_guard", decode_only("guard", 1)),
+                (grid, "decode_layout", "layout"), (eager.EagerModel, "_plans", "plans"),
+                (eager.EagerModel, "_outcomes", "ledger read")]
     per_step: dict[str, list[float]] = {arm: [] for arm in ARMS}  # seconds per generated position
     host: dict[str, list[float]] = {k: [] for k in (*DECODE, *PER_CALL)}
     calls: dict[str, float] = {}  # timed calls per decode step (per call for PER_CALL), the last round's
     steps = a.new_tokens - 1  # decode forwards per call (the first new token comes from the prefill)
-    try:
-        with timing(targets, spent):
-            for arm in ARMS:
-                m.generate(inputs, a.new_tokens, **kwargs[arm])  # warm
-            for r in range(a.rounds):
-                for arm in (ARMS if r % 2 == 0 else ARMS[::-1]):
-                    spent.clear()
-                    times = []
-                    for _ in range(a.reps):
-                        t = time.perf_counter()
-                        m.generate(inputs, a.new_tokens, **kwargs[arm])
-                        sync()
-                        times.append(time.perf_counter() - t)
-                    per_step[arm].append(statistics.median(times) / a.new_tokens)
-                    if arm == "steer every layer":
-                        for k in (*DECODE, *PER_CALL):
-                            per = a.reps * (steps if k in DECODE else 1)
-                            host[k].append(sum(spent.get(k, [])) / per)
-                            calls[k] = len(spent.get(k, [])) / per
-                print(f"round {r + 1}/{a.rounds}: " + ", ".join(f"{arm} {per_step[arm][-1] * 1e3:.2f} ms/step"
-                                                                for arm in ARMS), flush=True)
-    finally:
-        for h in handles:
-            h.remove()
+    with timing(targets, spent):
+        for arm in ARMS:
+            m.generate(inputs, a.new_tokens, **kwargs[arm])  # warm
+        for r in range(a.rounds):
+            for arm in (ARMS if r % 2 == 0 else ARMS[::-1]):
+                spent.clear()
+                times = []
+                for _ in range(a.reps):
+                    t = time.perf_counter()
+                    m.generate(inputs, a.new_tokens, **kwargs[arm])
+                    sync()
+                    times.append(time.perf_counter() - t)
+                per_step[arm].append(statistics.median(times) / a.new_tokens)
+                if arm == "steer every layer":
+                    for k in (*DECODE, *PER_CALL):
+                        per = a.reps * (steps if k in DECODE else 1)
+                        host[k].append(sum(spent.get(k, [])) / per)
+                        calls[k] = len(spent.get(k, [])) / per
+            print(f"round {r + 1}/{a.rounds}: " + ", ".join(f"{arm} {per_step[arm][-1] * 1e3:.2f} ms/step"
+                                                            for arm in ARMS), flush=True)
     return {"model": a.model, "size": a.size, "device": str(m.device), "dtype": a.dtype, "layers": m.n_layers,
             "batch": a.batch, "prompt": a.prompt, "new_tokens": a.new_tokens, "rounds": a.rounds, "reps": a.reps,
             "threads": torch.get_num_threads(), "per_step_s": per_step, "host_s": host,

@@ -21,7 +21,8 @@ def test_the_breakdown_times_each_decode_step_once_per_layer(tmp_path, capsys):
     assert decode_sites.main(args) == 0
     res = json.loads(out.read_text())
     from engine import load_model
-    n = load_model(res["model"], source="zoo").n_layers
+    m = load_model(res["model"], source="zoo")
+    n = m.n_layers
     assert res["layers"] == n and res["device"] == "cpu"
     # prefill forwards are left out: per decode step, each layer's forward and its steered site once, one guard
     # and one layout; per call, the plans and the ledger's read once
@@ -37,6 +38,8 @@ def test_the_breakdown_times_each_decode_step_once_per_layer(tmp_path, capsys):
                   "engine: plans", "engine: ledger read"):
         assert re.search(rf"^\| {re.escape(stage)}.*\| [\d.]+ \[[\d.]+–[\d.]+\] \|", text, re.M), stage
     assert (eager.EagerModel._at_site, eager.EagerModel._guard, grid.decode_layout) == plain  # the timers left
+    from engine.backends.hf import sites
+    assert not any("forward" in vars(layer) for layer in sites.get_path(m.hf, m.family.layers))
 
 
 @pytest.mark.parametrize("args", [["--rounds", "5"], ["--new-tokens", "1"], ["--prompt", "1"], ["--batch", "0"],
