@@ -7,6 +7,9 @@ run     compute the missing or stale cells (resume by default, --force recompute
         (.validator/logs/), named in the summary.
 report  re-render the reports from the cells on disk; --check exits 1 when they drift.
 show    print one model's details (from its cells).
+selftest  seed realistic engine bugs one at a time (validator/mutations.py) and check the validator
+        fails on each, naming the point it breaks: the score says what a pass is worth; in full it
+        is published to reports/validator/selftest.json (--quick: a subset, written nowhere).
 
 Heavy modules (torch, transformers, the reference engines) are imported only once a command runs,
 so --help and bad arguments answer at once.
@@ -80,13 +83,20 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("show", help="print one model's details", epilog=exits.epilog())
     s.add_argument("model")
     s.add_argument("--out", default=str(cells.DEFAULT_OUT))
+    t = sub.add_parser("selftest", help="seed engine bugs one at a time; each must fail the validator",
+                       epilog="example: python -m validator selftest --quick\n" + exits.epilog(),
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    t.add_argument("--quick", action="store_true", help="a subset of the bugs (what the default tests run)")
+    t.add_argument("--mutations", action="append", help="comma-separated bug names (default: all)")
+    t.add_argument("--list", action="store_true", help="list the seeded bugs and exit")
+    t.add_argument("--no-write", action="store_true", help="do not publish the result (a full run writes it)")
     return p
 
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        return {"run": cmd_run, "report": cmd_report, "show": cmd_show}[args.cmd](args)
+        return {"run": cmd_run, "report": cmd_report, "show": cmd_show, "selftest": cmd_selftest}[args.cmd](args)
     except UsageError as e:
         print(f"error: {e}", file=sys.stderr)
         return exits.USAGE
@@ -308,6 +318,37 @@ def cmd_show(args) -> int:
                          f"`{show_hint(args.model, args.out)}`.")
     print(report.render_details(args.model, all_cells))
     return exits.OK
+
+
+def cmd_selftest(args) -> int:
+    """Seed each bug; exit 0 when every one is caught (and the clean run passes), 1 otherwise."""
+    from validator import selftest
+    from validator.mutations import catalogue
+    if args.list:
+        for m in catalogue():
+            print(f"{m.name:34s} {m.category:10s} {m.column:5s} {m.what}")
+        return exits.OK
+    try:
+        muts = selftest.select(_split(args.mutations, "--mutations"), args.quick)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    import torch
+
+    from validator import outputs, quiet
+    torch.set_num_threads(1)
+    log = outputs.log_path()
+    t0 = time.time()
+    with quiet.to_log(log) as con:
+        con.say(f"validator selftest: {len(muts)} seeded bugs; log: {_rel(log)}")
+        outcomes, problems = selftest.run(muts, progress=con.say)
+        s = selftest.summary(outcomes)
+        for p in problems:
+            con.say(f"problem: {p}")
+        con.say(f"validator selftest: caught {s['caught']} of {s['total']} seeded bugs"
+                f"{' (missed: ' + ', '.join(s['missed']) + ')' if s['missed'] else ''}; {time.time() - t0:.0f} s")
+        if not args.quick and not args.mutations and not args.no_write:
+            con.say(f"written: {_rel(selftest.write(outcomes, problems))}")
+    return exits.OK if not s["missed"] and not problems else exits.FAILED
 
 
 def show_hint(model: str, out) -> str:

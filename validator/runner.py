@@ -8,8 +8,6 @@ replaces no passing cell; the previous cell stays and the run reports the error 
 """
 from __future__ import annotations
 
-import dataclasses
-import shutil
 import time
 import traceback
 from dataclasses import dataclass, field
@@ -18,9 +16,9 @@ from typing import Callable
 
 import torch
 
-from validator import cells, known_gaps, matrix, prompts, rows
-from validator.engines import ENGINES, adapter_class, adapter_source_files, availability, model_skip_reason, side_digest
-from validator.engines.base import EngineUnavailable, Missing, ModelContext, split_address
+from validator import cells, known_gaps, matrix, rows
+from validator.engines import ENGINES, adapter_source_files, availability, model_skip_reason, side_digest
+from validator.engines.base import ModelContext
 from validator.variant import DEFAULT_LAYERS, Variant
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -134,33 +132,30 @@ def run_model(spec: ModelSpec, opts: Options) -> list[Path]:
         return written + _fail_all(spec, todo, opts, f"model failed to load: {type(e).__name__}: {e}",
                                    traceback.format_exc()[-2000:])
     ctx = ModelContext(spec.name, hf_ref, tok, spec.source, DTYPES[opts.dtype])
+    from validator import columns
     try:
-        common = _subject_side(spec, m, ctx, opts, todo)
-        common["dtype"] = opts.dtype
+        model = columns.prepare(spec.name, m, ctx, spec.load_engine, opts, todo)
     except matrix.SelectionError as e:  # --points / --layers that select nothing valid on this model
         return written + _fail_all(spec, todo, opts, f"bad selection for {spec.name}: {e}")
     except Exception as e:  # noqa: BLE001  (an engine-side crash fails this model's cells, not the run)
         return written + _fail_all(spec, todo, opts, f"engine side failed: {type(e).__name__}: {e}",
                                    traceback.format_exc()[-2000:])
-    common["engine_seconds"] = round(time.time() - t_model, 2)
+    model.engine_seconds = round(time.time() - t_model, 2)
     for engine in todo:
         if opts.progress is not None:
             opts.progress(spec.name, engine)
         path = path_of(spec, engine, opts)
         t0 = time.time()
         try:
-            cell = _run_engine(engine, spec, ctx, common, opts)
+            cell = _run_engine(engine, spec, model, opts)
         except Exception as e:  # noqa: BLE001  (a crash in one adapter fails that cell only)
             cell = _base_cell(spec, engine, opts, "error", error=f"{type(e).__name__}: {e}",
                               trace=traceback.format_exc()[-2000:], rows=[])
-        cell["provenance"] = _provenance(spec, engine, opts, common, time.time() - t0,
+        cell["provenance"] = _provenance(spec, engine, opts, model, time.time() - t0,
                                          cell.get("reference_versions", {}))
         if _write(path, cell, opts):
             written.append(path)
-    shutil.rmtree(common["workdir"], ignore_errors=True)
-    for config, subj in common["subjects"].items():
-        if config != "auto":
-            subj.m.close()
+    model.close()
     return written
 
 
@@ -179,142 +174,31 @@ def native_attention(model) -> str:
     return "eager" if impl == "interp" else impl.removeprefix("interp_")
 
 
-def _configs(engines) -> set[str]:
-    """The engine configurations the selected columns compare with (vLLM columns: the default one)."""
-    out = {ENGINES[e].config for e in engines if e in ENGINES}
-    if "hf" in engines:
-        out.add("eager")  # its second configuration: patterns from HF's own eager attention
-    return out
-
-
-def _subject_side(spec, m, ctx, opts, todo) -> dict:
-    """Everything computed once per model that every column is compared with: the plan, the tested
-    engine's side in each configuration the columns need, and the hf reference's expectations (its own
-    generate, steering, lens) where the hf or a vLLM column needs them."""
-    import tempfile
-
-    from validator import plan as plans
-    from validator import sides
-    from validator.engines.hf_ref import HFReference
-    from validator.subject import Subject
-    cases = prompts.build_cases(ctx.tokenizer, m.config)
-    addresses = matrix.select(m, opts.points, opts.layers)
-    workdir = Path(tempfile.mkdtemp(prefix="validator-"))
-    hfa = HFReference(ctx)
-    ref_acts = hfa.capture(cases[0], plans.steer_addresses(m)) if opts.steer else {}
-    plan = plans.build(m, cases, addresses, ref_acts, workdir, steer=opts.steer, decode=opts.decode)
-    if opts.decode:
-        plan.reference = sides.hf_generation(hfa, plan)
-    out = {"plan": plan, "family": m.family.name, "model_type": m.config.model_type, "n_layers": m.n_layers,
-           "workdir": workdir, "tested": {}, "hfa": hfa, "subjects": {"auto": Subject(m, "auto")}}
-    for config in sorted(_configs(todo)):
-        if config not in out["subjects"]:
-            out["subjects"][config] = Subject(spec.load_engine(config), config)
-        out["tested"][config] = sides.tested(out["subjects"][config], plan)
-    if any(e == "hf" or e.startswith("vllm") for e in todo):
-        out["hf_expected"] = sides.expected(hfa, plan, with_generation=True)
-    out["prompt_digest"] = prompts.digest(cases + ([prompts.decode_case(plan.reference.tokens)]
-                                                   if hasattr(plan.reference, "tokens") else []))
-    return out
-
-
-def _reference_side(engine, ctx, common):
-    """(expected Side, adapter notes, TENSORS, versions, unavailable) of one reference column."""
-    from validator import sides
-    plan = common["plan"]
-    spec = ENGINES[engine]
-    rctx = ctx if spec.config == "auto" else ctx.with_attention("eager")
-    try:
-        ref = common["hfa"] if engine == "hf" else adapter_class(engine)(rctx)
-    except EngineUnavailable as e:
-        missing = Missing(str(e))
-        side = sides.Side(captures={c.name: {a: missing for a in plan.addresses} for c in plan.cases},
-                          decode={a: missing for a in plan.addresses},
-                          steers={sc.name: missing for sc in plan.steers}, lens={k: missing for k in plan.lens_layers},
-                          readouts={r.name: missing for r in plan.readouts})
-        return side, [], {}, e.versions, str(e)
-    try:
-        if engine == "hf":
-            side = common["hf_expected"]
-        else:
-            side = sides.expected(ref, plan)
-        return side, list(getattr(ref, "notes", None) or []), getattr(ref, "TENSORS", {}), ref.versions(), None
-    finally:
-        if engine != "hf":
-            ref.close()
-
-
-def _eager_patterns(ctx, common) -> list:
-    """The hf column's second configuration: attention patterns from HF's own eager attention against the
-    engine loaded with attention='eager' (exact), short and padded."""
-    from validator import checks, sides
-    from validator.engines.hf_ref import HFReference
-    plan = common["plan"]
-    pats = [a for a in plan.addresses if split_address(a)[0] in ("attn_probs", "attn_scores", "z")]
-    if not pats or "eager" not in common["tested"]:
-        return []
-    sub = dataclasses.replace(plan, addresses=pats)
-    ref = HFReference(ctx.with_attention("eager"))
-    try:
-        exp = sides.Side(captures={c.name: ref.capture(c, pats) for c in plan.cases})
-    finally:
-        ref.close()
-    return checks.capture_pairs("hf", common["dtype"], sub, common["tested"]["eager"], exp, "eager", "eager")
-
-
-def _run_engine(engine, spec, ctx, common, opts) -> dict:
-    from validator import checks, sides
-    plan = common["plan"]
-    cfg = ENGINES[engine].config
-    notes_extra: list[str] = []
+def _run_engine(engine, spec, model, opts) -> dict:
+    from validator import columns
     if engine.startswith("vllm"):
-        vref = adapter_class(engine)(ctx)
-        try:
-            ours = vref.side(plan) if vref.loaded else None
-            versions, tensors, unavailable = vref.versions(), getattr(vref, "TENSORS", {}), vref.unavailable
-            notes_extra = list(vref.notes)
-        finally:
-            vref.close()
-        base = common["tested"]["auto"]
-        hf = common["hf_expected"]
-        exp = sides.Side(captures=base.captures, decode=sides.recompute(common["subjects"]["auto"], plan),
-                         base=hf.base, steers=hf.steers, lens=hf.lens,
-                         readouts=sides.readouts_from(plan, base.captures[plan.short.name], hf.lens),
-                         generation=hf.generation, gen_steers=hf.gen_steers)
-        if ours is None:
-            missing = Missing(unavailable)
-            ours = sides.Side(captures={c.name: {a: missing for a in plan.addresses} for c in plan.cases},
-                              decode={a: missing for a in plan.addresses}, forms={f.text: missing for f in plan.forms},
-                              steers={sc.name: missing for sc in plan.steers},
-                              lens={k: missing for k in plan.lens_layers},
-                              readouts={r.name: missing for r in plan.readouts}, generation=missing,
-                              gen_steers={sc.name: missing for sc in plan.gen_steers})
-        # the vLLM side is the tested one; what it is compared with stands on the reference side
-        pairs = checks.all_pairs(engine, opts.dtype, plan, ours, exp, cfg)
-        for p in pairs:  # a missing vLLM value is the backend's refusal: on the reference's side of the row
-            p.ours, p.ref = (p.ref, p.ours) if isinstance(p.ours, Missing) and not isinstance(p.ref, Missing) \
-                else (p.ours, p.ref)
+        tested, exp = columns.vllm_run(engine, model)
     else:
-        exp, adapter_notes, tensors, versions, unavailable = _reference_side(engine, ctx, common)
-        notes_extra = adapter_notes
-        pairs = checks.all_pairs(engine, opts.dtype, plan, common["tested"][cfg], exp, cfg)
-        if engine == "hf":
-            pairs += _eager_patterns(ctx, common)
-    scored = checks.score(engine, common["model_type"], spec.name, pairs)
+        tested, exp = columns.tested_for(engine, model), columns.expected(engine, model)
+    return _cell(engine, spec, model, opts, columns.score(engine, model, tested, exp), exp)
+
+
+def _cell(engine, spec, model, opts, scored: list, exp) -> dict:
     known = {}
     for r in scored:  # each declared entry once per cell; rows keep its id
         if isinstance(r.get("known"), dict):
             known[r["known"]["id"]] = r["known"]
             r["known"] = r["known"]["id"]
     points = {r["point"] for r in scored}
+    plan = model.plan
     cell = _base_cell(spec, engine, opts, "ok", rows=scored, summary=rows.summarize(scored), known=known,
-                      family=common["family"], model_type=common["model_type"], n_layers=common["n_layers"],
-                      addresses=plan.addresses, configuration=cfg,
-                      tensors={k: v for k, v in tensors.items() if v and k in points},
-                      cases={c.name: list(c.input_ids.shape) for c in plan.cases}, reference_versions=versions)
-    if unavailable:
-        cell["unavailable"] = unavailable
-    notes = list(plan.notes) + notes_extra
+                      family=model.family, model_type=model.model_type, n_layers=model.n_layers,
+                      addresses=plan.addresses, configuration=ENGINES[engine].config,
+                      tensors={k: v for k, v in exp.tensors.items() if v and k in points},
+                      cases={c.name: list(c.input_ids.shape) for c in plan.cases}, reference_versions=exp.versions)
+    if exp.unavailable:
+        cell["unavailable"] = exp.unavailable
+    notes = list(plan.notes) + list(exp.notes)
     if notes:
         cell["notes"] = notes
     return cell
@@ -326,15 +210,15 @@ def _last_line(e: Exception) -> str:
     return (lines[-1] if lines else "")[:300]
 
 
-def _provenance(spec, engine, opts, common, seconds, reference_versions: dict) -> dict:
+def _provenance(spec, engine, opts, model, seconds, reference_versions: dict) -> dict:
     files = adapter_source_files(engine) if engine in ENGINES else []
     side = side_digest(engine) if engine in ENGINES else []
     versions = cells.versions()
     if side:  # the reference ran in a child on its own versions of what its side install shadows (nnsight)
         versions = {**versions, **reference_versions}
     return {"versions": versions, "dtype": opts.dtype, "device": opts.device,
-            "torch_threads": torch.get_num_threads(), "prompt_digest": common.get("prompt_digest"),
+            "torch_threads": torch.get_num_threads(), "prompt_digest": model.prompt_digest,
             "reference_digest": cells.sha(engine, spec.fingerprint, cells.files_digest(files) if files else "",
                                           cells.versions(), *side),
             "weights": spec.fingerprint, "code_digest": cells.code_digest(), **cells.git_commit(),
-            "seconds": round(seconds, 2), "engine_seconds": common.get("engine_seconds")}
+            "seconds": round(seconds, 2), "engine_seconds": model.engine_seconds}

@@ -186,7 +186,8 @@ class Subject:
             ok.append("lm_head")
 
         def run(addrs):
-            res = self.m.generate(self._enc(case), max_new_tokens=n, points=list(addrs), steer=steers)
+            points = [a for a in addrs if a != "lm_head" or self._head_capturable]
+            res = self.m.generate(self._enc(case), max_new_tokens=n, points=points, steer=steers)
             if not torch.equal(res.tokens.cpu(), plain.tokens.cpu()):
                 raise RuntimeError("capturing changed the generated tokens")
             return {a: (res.logits if a == "lm_head" and not self._head_capturable else res.cache[a]) for a in addrs}
