@@ -74,7 +74,7 @@ def validator_lines(out: Path) -> list[str]:
             why = c.get("reason") or c.get("error") or c.get("unavailable") or ""
             lines.append(f"| {c['engine']} | {c['model']} | {dev} | {c['status']}: {why[:100]} | | | | | |")
             continue
-        s, ex = c.get("summary", {}), exactness(c["engine"], c.get("rows", []))
+        s, ex = c.get("summary", {}), exactness(c["engine"], c.get("rows", []), c.get("configuration", "auto"))
         bad = ", ".join(f"{r['case']}/{r['point']}.{r['layer']}" for r in ex["inexact"][:4])
         lines.append(f"| {c['engine']} | {c['model']} | {dev} | {s.get('pass', 0)} | {s.get('warn', 0)} | "
                      f"{s.get('fail', 0)} | {s.get('gap', 0)} | {ex['exact']} of {ex['compared']} "

@@ -119,8 +119,9 @@ def test_a_cell_through_the_runner_records_the_childs_versions(tmp_path):
     assert cell["provenance"]["versions"]["nnsight"] == PINS["nnsight"] and "nnterp" not in cells["hf"]["provenance"][
         "versions"]
     assert cells["hf"]["provenance"]["versions"]["nnsight"] == metadata.version("nnsight")  # the parent's own
-    verdicts = {(r["case"], r["point"]): r["verdict"] for r in cell["rows"]}
-    assert verdicts[("short", "resid_post")] == "pass" and verdicts[("steer", "steer")] == "pass"
+    verdicts = {(r["case"], r.get("steer") or r["point"]): r["verdict"] for r in cell["rows"]}
+    assert verdicts[("short", "resid_post")] == "pass" and verdicts[("steer", "add@'all'")] == "pass"
+    assert verdicts[("steer", "project_out")] == "gap"  # nnterp's API only adds: declared, with its reason
     assert verdicts[("short", "q")] == "gap" and cell["summary"].get("fail", 0) == 0
     # an architecture nnterp cannot standardize: unavailable in the child, still recorded with the child's versions
     refused = json.loads(runner.run_model(zoo_spec("microsoft/phi-1_5"), runner_opts(tmp_path))[0].read_text())

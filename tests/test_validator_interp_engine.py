@@ -94,7 +94,9 @@ def test_steering_parity_on_llama():
     from engine.core.steering import Steer
     from validator.subject import Subject
     s = Subject(m)
-    v = s.steer_vector(cases[0], 1)
+    _, cache = m.run_with_cache(cases[0].input_ids, ["resid_post.1"])
+    v = torch.randn(m.d_model, generator=torch.Generator().manual_seed(0))
+    v = v / v.norm() * cache["resid_post.1"].norm(dim=-1).mean() * 2  # twice a token's norm
     ours = s.logits(cases[0], [Steer("resid_post.1", "add", v)])
     assert rel(ie.steer_logits(cases[0], 1, v), ours) < 1e-5
     assert rel(ours, s.logits(cases[0])) > 1e-3  # the steer moved the logits

@@ -98,7 +98,7 @@ def test_an_error_never_replaces_a_passing_cell(tmp_path, monkeypatch, capsys):
     def broken(name, dtype="float32", device="cpu"):
         spec = real(name, dtype, device)
 
-        def fail():
+        def fail(config="auto"):
             raise MemoryError("simulated: out of memory while loading")
         spec.load_engine = fail
         return spec

@@ -37,8 +37,9 @@ def planted(monkeypatch):
     monkeypatch.setitem(ENGINES, "planted", EngineSpec("planted", "hf_ref", "HFReference", False, ("torch",),
                                                        "test engine with a planted wrong layer"))
     monkeypatch.setitem(TIERS, ("planted", "float32"), TIERS[("hf", "float32")])
-    real = runner.adapter_class
-    monkeypatch.setattr(runner, "adapter_class", lambda e: PlantedWrongLayer if e == "planted" else real(e))
+    from validator import columns
+    real = columns.adapter_class
+    monkeypatch.setattr(columns, "adapter_class", lambda e: PlantedWrongLayer if e == "planted" else real(e))
 
 
 def _opts(out, engines=("hf",), **kw):

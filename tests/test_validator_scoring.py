@@ -8,7 +8,7 @@ import torch
 
 from validator import known_gaps, rows, scoring
 from validator.engines.base import Missing
-from validator.tolerances import TIERS, Tier, tier_for
+from validator.tolerances import EXACT, MARGIN, NOISE_F32, TIERS, Tier, expectation, tier_for
 
 TIER = tier_for("hf", "float32")
 
@@ -129,19 +129,54 @@ def test_integer_points_compare_exactly():
     assert s.verdict == "fail" and s.rel_err == pytest.approx(1 / 6)
 
 
+def _off_by(ref, rel):
+    direction = torch.ones_like(ref)
+    return ref + rel * ref.norm(dim=-1, keepdim=True) * direction / direction.norm(dim=-1, keepdim=True)
+
+
 def test_tiers_pass_warn_fail_boundaries():
     ref = _resid_stream()[0]
-    direction = torch.ones_like(ref)
-    for rel, want in ((TIER.pass_rel / 10, "pass"), (TIER.pass_rel * 10, "warn"), (TIER.warn_rel * 10, "fail")):
-        ours = ref + rel * ref.norm(dim=-1, keepdim=True) * direction / direction.norm(dim=-1, keepdim=True)
-        assert scoring.compare(ours, ref, TIER, "resid_post").verdict == want, rel
+    kernels = tier_for("vllm", "float32")  # other kernels: a warn band between pass and fail
+    for rel, want in ((kernels.pass_rel / 10, "pass"), (kernels.pass_rel * 10, "warn"), (kernels.warn_rel * 10, "fail")):
+        assert scoring.compare(_off_by(ref, rel), ref, kernels, "resid_post").verdict == want, rel
+    # float32 rows computed differently: pass within the measured band, fail beyond it (no warn band)
+    for rel, want in ((TIER.pass_rel / 10, "pass"), (TIER.pass_rel * 10, "fail")):
+        assert scoring.compare(_off_by(ref, rel), ref, TIER, "resid_post").verdict == want, rel
+
+
+def test_an_exact_row_passes_only_bit_exact():
+    """The issue-48 planted bug: an mlp_out off by 1 + 5e-4 was a warning; where both sides run the same
+    kernels any difference fails, and the smallest float32 step is enough."""
+    ref = _resid_stream()[0]
+    assert scoring.compare(ref.clone(), ref, EXACT, "mlp_out").verdict == "pass"
+    assert scoring.compare(ref * (1 + 5e-4), ref, EXACT, "mlp_out").verdict == "fail"
+    nudged = ref.clone()
+    nudged[0, 0, 0] = torch.nextafter(nudged[0, 0, 0], torch.tensor(1e9))
+    s = scoring.compare(nudged, ref, EXACT, "mlp_out")
+    assert s.verdict == "fail" and s.max_abs > 0
+    row = rows.resolve({"case": "short", "point": "mlp_out", "layer": 0}, "hf", "llama", "m", nudged, ref, s, EXACT)
+    assert row["mismatch"] == "inexact" and "inexact where bit-exact is expected" in row["reason"]
+    assert "short mlp_out.0" in row["reason"] and "[0, 0]" in row["reason"]
+
+
+def test_which_rows_must_be_exact():
+    assert expectation("hf", "float32", "short", "resid_post") is EXACT
+    assert expectation("hf", "bfloat16", "padded", "mlp_out") is EXACT  # the same kernels at any dtype
+    assert not expectation("hf", "float32", "decode", "resid_post").exact
+    assert not expectation("hf", "float32", "short", "attn_probs", "auto").exact  # sdpa: recomputed by the validator
+    assert expectation("hf", "float32", "short", "attn_probs", "eager") is EXACT  # HF's own eager probabilities
+    assert not expectation("interp-engine", "float32", "short", "resid_post").exact
+    assert not expectation("vllm", "float32", "short", "resid_post").exact
 
 
 def test_tier_lookup_errors_name_the_fix():
     with pytest.raises(ValueError, match="validator/tolerances.py"):
         tier_for("hf", "float64")
     assert tier_for("nnsight", "bfloat16") is TIERS[("*", "bfloat16")]
-    assert tier_for("hf", "float32", "decode").pass_rel == pytest.approx(TIERS[("hf", "float32")].pass_rel * 10)
+    # float32 columns: MARGIN x each case's measured noise floor; other kernels: the base band x the case factor
+    floor, _ = NOISE_F32["decode"]
+    assert tier_for("hf", "float32", "decode").pass_rel == pytest.approx(floor * MARGIN)
+    assert tier_for("vllm", "float32", "decode").pass_rel == pytest.approx(TIERS[("vllm", "float32")].pass_rel * 10)
 
 
 def test_shape_mismatch_names_both_shapes():
@@ -189,12 +224,21 @@ def test_engine_error_is_a_failure_even_with_a_gap_declared():
 
 
 def test_steer_no_op_is_a_structural_failure():
+    from validator.checks import Pair, score
     base = torch.randn(1, 4, 10, generator=torch.Generator().manual_seed(7))
-    row = rows.steer_row("hf", "float32", "llama", "m", 1, base.clone(), base, base.clone())
-    assert row["verdict"] == "fail" and "no-op" in row["structural"][0]
+    tier = tier_for("hf", "float32", "steer")
+
+    def row(ours, ref):
+        p = Pair({"case": "steer", "point": "steer", "layer": 1, "steer": "add"}, ours, ref, tier,
+                 compare_point="lm_head", effect=(base, base))
+        return score("hf", "llama", "m", [p])[0]
+    r = row(base.clone(), base.clone())
+    assert r["verdict"] == "fail" and r["mismatch"] == "no-effect" and "no-op" in r["structural"][0]
     moved = base + 1.0
-    row = rows.steer_row("hf", "float32", "llama", "m", 1, moved, base, moved.clone())
-    assert row["verdict"] == "pass" and row["effect"] > 0.1
+    r = row(moved, moved.clone())
+    assert r["verdict"] == "pass" and r["effect"] > 0.1
+    r = row(moved, base.clone())  # ours moved, the reference's did not: a no-op there is a failure too
+    assert r["verdict"] == "fail" and "the reference's logits" in r["reason"]
 
 
 def test_custom_tier_is_used():

@@ -249,6 +249,8 @@ def _run(args, engines, variant, out, names, specs, con) -> int:
                 if c["model"] in names and c["engine"] in engines and c.get("variant_tag", "") == tag]
     print(summary_table(selected, engines, tag), file=con.out, flush=True)
     bad = sorted({c["model"] for c in selected if report.cell_failed(c)})
+    for line in failing_points(selected)[:12]:
+        con.say(line)
     for path, err in kept:
         con.say(f"error (kept the previous passing cell {_rel(path)}): {err[:300]}")
     if bad:
@@ -260,6 +262,23 @@ def _run(args, engines, variant, out, names, specs, con) -> int:
     con.say(f"validator: {time.time() - t0:.0f} s; reports in {_rel(out)}; third-party output in {_rel(con.log)}; "
             f"exit {code} ({exits.MEANING[code]})")
     return code
+
+
+def failing_points(selected) -> list[str]:
+    """One line per undeclared failing row, grouped where columns agree: model, case, address, columns and
+    the kind of mismatch (the console names the failing points, not only the models)."""
+    from collections import defaultdict
+
+    from validator.rows import where
+    groups: dict = defaultdict(list)
+    for c in selected:
+        if c.get("status") == "error":
+            groups[(c["model"], "ERROR", (c.get("error") or "")[:120], "")].append(c["engine"])
+        for r in c.get("rows", []):
+            if r["verdict"] == "fail" and not r.get("known"):
+                groups[(c["model"], r["case"], where(r), r.get("mismatch", ""))].append(c["engine"])
+    return [f"  fail: {m} / {case} {w} ({', '.join(e)}){': ' + kind if kind else ''}"
+            for (m, case, w, kind), e in sorted(groups.items())]
 
 
 def summary_table(selected, engines, tag: str = "") -> str:

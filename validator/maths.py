@@ -53,9 +53,11 @@ def _unit(v: Tensor) -> Tensor:
 
 def apply_op(op: str, x: Tensor, value=None, coeff: float | None = None, bounds=None, sae: "SAEWeights | None" = None,
              feature: int | None = None, positions: Tensor | None = None) -> Tensor:
-    """The op applied to rows x [m, *shape] (each row one touched token). `positions` [m] are the rows'
-    absolute positions, for `swap`, whose value [P, *shape] holds one activation per position."""
+    """The op applied to rows x [m, *shape] (each row one touched token), on the host in float64; the value is
+    first cast to x's dtype, as the engine casts a steer's value where it applies it. `positions` [m] are
+    the rows' absolute positions, for `swap`, whose value [P, *shape] holds one activation per position."""
     m = x.shape[0]
+    value = None if value is None else value.detach().to("cpu").to(x.dtype)
     shape = x.shape[1:]
     xd = x.double()
     flat = xd.reshape(m, -1)
@@ -102,14 +104,19 @@ def steer_rows(t: Tensor, op: str, mask: Tensor, pos0: int = 0, **params) -> Ten
     """A canonical [b, q, *shape] tensor whose positions pos0..pos0+q-1 are steered where `mask` (over
     absolute positions) is True; the same positions in every row of the batch."""
     q = t.shape[1]
-    sel = mask[pos0:pos0 + q].to(t.device)
+    sel = mask[pos0:pos0 + q]
     if not bool(sel.any()):
         return t
-    out = t.clone()
+    host = t.detach().to("cpu")  # the maths runs on the host; the result goes back where t lives, in one move
     idx = torch.nonzero(sel).flatten()
-    for b in range(t.shape[0]):
-        out[b, idx] = apply_op(op, t[b, idx], positions=(idx + pos0).cpu(), **params).to(t.device)
-    return out
+    for b in range(host.shape[0]):
+        host[b, idx] = apply_op(op, host[b, idx], positions=idx + pos0, **params).to(host.dtype)
+    return to_device(host, t)
+
+
+def to_device(host: Tensor, like: Tensor) -> Tensor:
+    """`host` on `like`'s device (the one move from the validator's host maths back into a forward)."""
+    return host.to(like.device)
 
 
 # -- readouts --------------------------------------------------------------------------------------

@@ -115,19 +115,24 @@ def expectation(engine: str, dtype: str, case: str, point: str, config: str | No
     return EXACT if exact_expected(engine, case, point, config) else tier_for(engine, dtype, case)
 
 
-def inexact(engine: str, rows: list[dict]) -> list[dict]:
+def _must_be_exact(engine: str, row: dict, config: str) -> bool:
+    """A row of a cell in `config` (the row's own `config` when it records one) that must be bit-exact; a
+    declared measured reason (known_gaps kind "inexact") excuses it."""
+    return not row.get("inexact_known") and exact_expected(engine, row["case"], row["point"], row.get("config") or config)
+
+
+def inexact(engine: str, rows: list[dict], config: str = "auto") -> list[dict]:
     """The compared rows of one cell that should be bit-exact and are not (max-abs difference above 0)."""
-    return [r for r in rows if r.get("max_abs") is not None and r["max_abs"] != 0
-            and exact_expected(engine, r["case"], r["point"], r.get("config"))]
+    return [r for r in rows if r.get("max_abs") is not None and r["max_abs"] != 0 and _must_be_exact(engine, r, config)]
 
 
-def exactness(engine: str, rows: list[dict]) -> dict:
+def exactness(engine: str, rows: list[dict], config: str = "auto") -> dict:
     """Of one cell's compared rows: how many, how many are bit-exact, how many must be, and the rows
-    that must be and are not (`inexact`)."""
+    that must be and are not (`inexact`). `config`: the cell's configuration (cell["configuration"])."""
     compared = [r for r in rows if r.get("max_abs") is not None]
     return {"compared": len(compared), "exact": sum(r["max_abs"] == 0 for r in compared),
-            "expected": sum(exact_expected(engine, r["case"], r["point"], r.get("config")) for r in compared),
-            "inexact": inexact(engine, rows)}
+            "expected": sum(_must_be_exact(engine, r, config) for r in compared),
+            "inexact": inexact(engine, rows, config)}
 
 
 def tier_for(engine: str, dtype: str, case: str = "") -> Tier:
