@@ -51,6 +51,7 @@ class _Prepared:
 
     def __init__(self, name: str, columns_wanted: set[str]):
         from validator import columns
+        self.columns = set(columns_wanted)
         from validator.engines.base import ModelContext
         from validator.models import zoo_spec
         from validator.runner import DTYPES, Options, native_attention
@@ -90,24 +91,57 @@ class _Prepared:
         self.model.close()
 
 
-def run(mutations: list[Mutation], progress: Callable[[str], None] | None = None) -> tuple[list[Outcome], list[str]]:
-    """(an outcome per mutation and model, problems: a model whose clean run already fails)."""
+class Models:
+    """Models prepared once and kept (a test module shares them across its self-test runs); closed on exit.
+    A model is prepared with the columns first asked of it."""
+
+    def __init__(self) -> None:
+        self.prepared: dict[str, _Prepared] = {}
+        self.problems: dict[str, list[str]] = {}
+
+    def get(self, name: str, wanted: set[str], say: Callable[[str], None]) -> "_Prepared":
+        have = self.prepared.get(name)
+        if have is not None and wanted <= have.columns:
+            return have
+        if have is not None:
+            have.close()
+        say(f"{name}: preparing ({', '.join(sorted(wanted))})")
+        prep = self.prepared[name] = _Prepared(name, wanted)
+        self.problems[name] = []
+        for column in sorted(wanted):  # the clean run must pass: a self-test on a failing baseline proves nothing
+            clean = _failing(prep.rows(column, fresh=False))
+            if clean:
+                self.problems[name].append(f"{name} / {column} fails before any bug is seeded: "
+                                           f"{clean[0].get('reason', '')[:200]}")
+        return prep
+
+    def close(self) -> None:
+        while self.prepared:
+            self.prepared.popitem()[1].close()
+
+    def __enter__(self) -> "Models":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def run(mutations: list[Mutation], progress: Callable[[str], None] | None = None,
+        models: Models | None = None) -> tuple[list[Outcome], list[str]]:
+    """(an outcome per mutation and model, problems: a model whose clean run already fails). `models`: kept
+    prepared models to reuse (else prepared here and closed at the end)."""
     say = progress or (lambda s: None)
     by_model: dict[str, list[Mutation]] = {}
     for mut in mutations:
         for name in mut.models:
             by_model.setdefault(name, []).append(mut)
     outcomes, problems = [], []
-    for name, muts in by_model.items():
-        wanted = {"hf"} | {m.column for m in muts}
-        say(f"{name}: preparing ({', '.join(sorted(wanted))})")
-        prep = _Prepared(name, wanted)
-        try:
-            for column in sorted(wanted):
-                clean = _failing(prep.rows(column, fresh=False))
-                if clean:
-                    problems.append(f"{name} / {column} fails before any bug is seeded: "
-                                    f"{clean[0].get('reason', '')[:200]}")
+    own = models is None
+    keep = Models() if models is None else models
+    try:
+        for name, muts in by_model.items():
+            prep = keep.get(name, {"hf"} | {m.column for m in muts}, say)
+            problems += keep.problems[name]
             for mut in muts:
                 t0 = time.time()
                 try:
@@ -124,8 +158,9 @@ def run(mutations: list[Mutation], progress: Callable[[str], None] | None = None
                 outcomes.append(o)
                 say(f"{'caught' if o.caught else 'MISSED'} {mut.name} on {name} ({time.time() - t0:.1f} s)"
                     f"{': ' + (o.rows[0] if o.rows else o.error) if o.rows or o.error else ''}")
-        finally:
-            prep.close()
+    finally:
+        if own:
+            keep.close()
     return outcomes, problems
 
 
