@@ -1,21 +1,32 @@
-"""The validator: proof that every point the engine serves is the tensor its definition names.
+"""The validator: proof that every point the engine serves is the tensor its definition names, in every
+form users use it, and proof of the proof (seeded bugs it must catch).
 
-`python -m validator run` loads each model once, captures every point the family has with the
-engine (one forward per prompt), runs each reference engine (HF itself, TransformerLens, nnsight,
-nnterp, the published interp-engine package; the engine's own vLLM backends on request) on the
-same token ids, scores the pairs and writes one JSON cell per model x engine x variant under
-reports/validator/cells/ (ad-hoc runs: .validator/runs/). `python -m validator report` renders
-the tables from the cells; `show MODEL` prints one model's details.
+`python -m validator run` loads each model once, as `load_model` gives it (attention "auto"), builds a
+plan of what to check (prompt cases, addresses and their other forms, steering cases, lens layers,
+readouts, generations), runs it on the engine, runs each reference engine (HF itself, TransformerLens,
+nnsight, nnterp, the published interp-engine package; the engine's own vLLM backends on request) on
+the same token ids with the same attention kernels, scores every pair and writes one JSON cell per
+model x engine x variant under reports/validator/cells/ (ad-hoc runs: .validator/runs/). `report`
+renders the tables from the cells; `show MODEL` prints one model's details; `selftest` seeds engine
+bugs one at a time and checks each fails the run, naming the point.
 
 Modules, one job each:
-    prompts      the prompt cases (short, longer than the sliding window, padded batch, decode)
+    prompts      the prompt cases (short, longer than the sliding window, padded batch)
     matrix       which points and layers each model is checked at
-    subject      the engine side: capture every case in one forward each, decode, steering
+    plan         what one model is checked on beyond capture: address forms, steering cases,
+                 readouts, lens layers, generations (values drawn from the HF reference)
+    maths        the validator's own maths: positions, every steering op, readouts, its SAE
+    subject      the engine under test through its public API (any backend)
+    sides        the tested side and each reference's expected side of every check
+    checks       every comparison of a cell as a pair, and their scoring
+    columns      one model prepared once; each column's expected side, tested side and rows
     engines/     the reference adapters and their registry (one table entry per engine);
                  interp_align: how interp-engine's layouts line up with ours (one rule per point)
     scoring      metrics, structural checks, verdicts
-    tolerances   the tolerance tiers (the one place they are stated)
-    known_gaps   declared gaps, known upstream bugs and definitional differences, with evidence
+    rows         a row's verdict with the declared gaps applied, and its message
+    tolerances   exactness and the tolerance tiers (the one place they are stated)
+    known_gaps   declared gaps, known bugs, definitional differences and measured inexactness
+    mutations    seeded engine bugs; selftest runs them (the validator's own score)
     variant      what changes a cell's meaning besides model and engine (its file key)
     cells        cell files: strict reading, provenance, digests, atomic writes, resume
     outputs      where a run writes (published vs ad hoc), --out checks, log files

@@ -3,7 +3,8 @@ compare them), then one scoring loop for all of them.
 
 Row cases, by kind of check:
     short, long, padded   captures against the reference's (padded: the real tokens of the short row)
-    leak                  the tested backend's padded short row against its own short prompt alone
+    leak                  the tested backend's padded short row against its own short prompt alone (once per
+                          backend: in the hf cell for the eager engine, in each vLLM cell for its backend)
     decode                the tested backend's captures during greedy generation, every position
                           (prompt, then each fed-back token), against the reference recomputing the
                           reference's own token sequence; compared up to the first token that differs

@@ -23,8 +23,8 @@ from engine.core.points import ALIASES, get_point
 from validator import matrix
 from validator.engines.base import Case, Missing, split_address
 from validator.maths import SAEWeights
+from validator.prompts import DECODE_TOKENS
 
-DECODE_TOKENS = 4  # new tokens of every checked generation (3 fed back)
 GEN_POSITIONS = ("all", "last", "generated", -3)  # steered generation: each spec once
 SEED = 1234
 

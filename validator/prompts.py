@@ -5,8 +5,9 @@ padded   a batch of two, left-padded: row 0 the short prompt (compared on its re
          must equal the short prompt run alone: padding must not leak), row 1 a prompt longer than
          the family's sliding window (a 13-token prompt never exercises it), unpadded; the rows are
          reported as cases `padded` and `long`
-decode   built later from the engine's own greedy generation: the reference recomputes the whole
-         sequence and the last position is compared with the engine's decode-time capture
+decode   built later from HF's own greedy generation of the short prompt (validator/plan.py): the
+         reference recomputes that sequence in one forward, and every position of the engine's
+         capture during its own generation is compared with it
 """
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ LONG = ("Interpretability research studies the internal activations of neural ne
         "attention layers and multilayer perceptron layers, with a residual stream. The sliding window "
         "attention only looks at the most recent tokens of the context. ")
 MIN_LONG = 48  # tokens, also when the family has no sliding window
-DECODE_TOKENS = 3
+DECODE_TOKENS = 4  # new tokens of every checked generation (3 fed back)
 
 
 def sliding_window(cfg) -> int:
@@ -72,11 +73,9 @@ def build_cases(tokenizer, cfg) -> list[Case]:
 
 def decode_case(sequence: torch.Tensor) -> Case:
     """The reference side of decode-time capture: the whole generated sequence minus its last token
-    (which was never fed back), compared at the last position only."""
+    (which was never fed back), compared at every position."""
     ids = sequence[:, :-1].cpu()
-    valid = torch.zeros_like(ids, dtype=torch.bool)
-    valid[:, -1] = True
-    return Case("decode", ids, torch.ones_like(ids), valid, last_only=True)
+    return Case("decode", ids, torch.ones_like(ids), torch.ones_like(ids, dtype=torch.bool))
 
 
 def digest(cases: list[Case]) -> str:

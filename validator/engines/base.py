@@ -58,13 +58,11 @@ def on_device(x, device, dtype: torch.dtype | None = None):
 class Case:
     """One prompt case, identical token ids for every engine.
 
-    `valid` marks the positions compared ([b, pos] bool; padding excluded); `last_only` compares
-    only the last position (decode-time capture)."""
+    `valid` marks the positions compared ([b, pos] bool; padding excluded)."""
     name: str
     input_ids: torch.Tensor
     attention_mask: torch.Tensor
     valid: torch.Tensor
-    last_only: bool = False
     meta: dict = field(default_factory=dict)
 
     @property
