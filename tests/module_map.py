@@ -345,6 +345,8 @@ TESTS: dict[str, tuple[str, ...]] = {
         "test_sources.py", "test_validator_faults.py", "test_validator_report_views.py", "test_validator_results.py",
         "test_validator_run.py", "test_validator_workers.py",
     ),
+    "validator/checks.py": ("test_validator_maths.py", "test_validator_scoring.py", "test_validator_selftest.py"),
+    "validator/columns.py": ("test_validator_run.py", "test_validator_selftest.py"),
     "validator/dropin.py": ("test_validator_report_views.py",),
     "validator/engines/__init__.py": (
         "test_families_extra.py", "test_validator_child.py", "test_validator_devices.py", "test_validator_engines.py",
@@ -369,15 +371,18 @@ TESTS: dict[str, tuple[str, ...]] = {
         "test_validator_engines.py", "test_validator_faults.py", "test_validator_interp_engine.py",
         "test_validator_results.py", "test_validator_scoring.py", "test_visualizer_data.py",
     ),
+    "validator/maths.py": ("test_validator_devices.py", "test_validator_maths.py"),
     "validator/matrix.py": ("test_validator_faults.py", "test_validator_run.py"),
     "validator/models.py": (
         "test_sources.py", "test_validator_decode_keys.py", "test_validator_devices.py",
         "test_validator_interp_engine.py", "test_validator_results.py", "test_validator_run.py",
     ),
+    "validator/mutations.py": ("test_validator_selftest.py",),
     "validator/order.py": ("test_validator_report_views.py", "test_validator_run.py"),
     "validator/outputs.py": ("test_validator_faults.py", "test_validator_results.py"),
     "validator/pipes.py": ("test_validator_faults.py",),
     "validator/progress.py": ("test_validator_run.py",),
+    "validator/plan.py": ("test_validator_devices.py", "test_validator_selftest.py"),
     "validator/prompts.py": (
         "test_families_extra.py", "test_validator_decode_keys.py", "test_validator_devices.py",
         "test_validator_engines.py", "test_validator_interp_engine.py",
@@ -393,6 +398,8 @@ TESTS: dict[str, tuple[str, ...]] = {
         "test_validator_run.py", "test_validator_vllm_sample.py",
     ),
     "validator/scoring.py": ("test_validator_scoring.py", "test_vllm_tp.py"),
+    "validator/selftest.py": ("test_validator_selftest.py",),
+    "validator/sides.py": ("test_validator_devices.py", "test_validator_selftest.py"),
     "validator/subject.py": ("test_validator_devices.py", "test_validator_interp_engine.py"),
     "validator/tolerances.py": (
         "test_validator_devices.py", "test_validator_run.py", "test_validator_scoring.py", "test_visualizer_data.py",
