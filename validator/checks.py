@@ -138,8 +138,8 @@ def form_pairs(engine, dtype, plan: Plan, ours: Side, ref: Side, config: str | N
         o = ours.forms.get(f.text, Missing("not captured"))
         r = ref.captures[plan.short.name].get(f.address)
         point = split_address(f.address)[0]
-        if isinstance(r, torch.Tensor) and f.head is not None:
-            r = r[:, :, f.head]  # one head's slice [b, pos, ...]
+        if isinstance(r, torch.Tensor) and f.index is not None:
+            r = r[:, :, f.index]  # one head's (or stream's) slice [b, pos, ...]
         out.append(Pair(_addr_row("address", f.address, form=f.text, kind=f.kind, config=label), o, r,
                         expectation(engine, dtype, "address", split_address(f.address)[0], config),
                         compare_point=point))

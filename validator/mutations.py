@@ -231,6 +231,20 @@ def _catalogue() -> list[Mutation]:
         _op(p, "norm_scaled_add", lambda x, v, prm: (lambda f, u, d: (f + prm.coeff * f.pow(2).sum(-1, keepdim=True) * u)
                                                   .reshape(x.shape))(*_along(x, v)))
 
+    @add("add-twice", "op", "add adds its value twice", [("steer", "add@* at *"), ("steer", "z*:add at *")])
+    def _(p):
+        _op(p, "add", lambda x, v, prm: x + 2 * v)
+
+    @add("mean_ablate-zero", "op", "mean_ablate writes zero instead of the mean", [("steer", "mean_ablate at *")])
+    def _(p):
+        _op(p, "mean_ablate", lambda x, v, prm: torch.zeros_like(x))
+
+    @add("feature_scale-ignores-coeff", "op", "feature_scale leaves the feature as it was",
+         [("steer", "feature_scale at *")])
+    def _(p):
+        from engine.core import features
+        p.set(features, "scale_feature", lambda sae, x, index, factor, source=None: x.clone())
+
     @add("set-adds", "op", "set adds the value instead of replacing", [("steer", "set at *")])
     def _(p):
         _op(p, "set", lambda x, v, prm: x + v)
@@ -268,6 +282,13 @@ def _catalogue() -> list[Mutation]:
          [("steer", "add@3 at *"), ("steer", "add@-2 at *"), ("steer_generate", "gen:add@-3 at *")])
     def _(p):
         _offsets(p, lambda s, pos0, n, pl, o: _keep(o + 1, n) if isinstance(s, int) and not isinstance(s, bool) else o)
+
+    @add("last-takes-every-row", "position", "the every-row fast path also takes 'last' (the whole prompt steered)",
+         [("steer", "add@'last' at *"), ("steer", "set at *"), ("steer", "z:add at *")])
+    def _(p):
+        from engine.core import step
+        orig = step.touches_every_row
+        p.set(step, "touches_every_row", lambda st: orig(st) or st.positions == "last")
 
     @add("last-one-early", "position", "'last' starts one token before the last prompt token",
          [("steer", "add@'last' at *"), ("steer", "set at *")])
@@ -314,6 +335,19 @@ def _catalogue() -> list[Mutation]:
         from engine.core.step import Step
         for cls in (Step, GridStep):  # the vLLM worker's step and the eager backend's
             p.set(cls, "capture", _next_head(cls.capture))
+
+    @add("bare-name-skips-last-layer", "address", "a bare layer point name leaves out the last layer",
+         [("address", "* (= *)")])
+    def _(p):
+        from engine.model.catalogue import PointCatalogue
+        orig = PointCatalogue.expand
+
+        def expand(self, points):
+            items = [points] if isinstance(points, str) else list(points)
+            bare = {q for q in items if isinstance(q, str) and "." not in q}
+            return [a for a in orig(self, points)
+                    if not (a.point in bare and a.layer is not None and a.layer == self.n_layers - 1)]
+        p.set(PointCatalogue, "expand", expand)
 
     @add("alias-logits-raw", "address", "the alias 'logits' names lm_head_raw", [("address", "logits *")],
          models=(GEMMA2,))
@@ -413,6 +447,20 @@ def _catalogue() -> list[Mutation]:
         from engine.backends.vllm import replies
         orig = replies.gather
         p.set(replies, "gather", lambda catalogue, key, ranks: orig(catalogue, key, ranks).roll(1, 0))
+
+    @add("vllm-readouts-rolled", "vllm", "the vLLM client hands back per-position readouts one position late",
+         [("readout", "*")], column="vllm")
+    def _(p):
+        from engine.backends.vllm import replies
+        orig = replies.readout_value
+
+        def rolled(r, ranks):
+            v = orig(r, ranks)
+            if not r.kind.per_position:
+                return v
+            return type(v)(*(t.roll(1, 0) for t in (v.indices, v.values))) if hasattr(v, "indices") and \
+                not isinstance(v, torch.Tensor) else v.roll(1, 0)
+        p.set(replies, "readout_value", rolled)
 
     return out
 

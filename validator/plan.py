@@ -31,12 +31,18 @@ SEED = 1234
 
 @dataclass(frozen=True)
 class Form:
-    """Another way to write a compared address: `text` (what a user types) names `address` (absolute),
-    restricted to `coord` (axis 2 index) where it has one."""
+    """Another way to write a compared address: `text` (what a user asks for) names `address` (absolute),
+    restricted to `index` on the coordinate axis (axis 2) when it has a coordinate; the result is read
+    from the cache under `read` (the text itself, except for a bare point name, which fills every layer)."""
     text: str
     address: str
-    kind: str  # "negative layer" | "head" | "alias"
-    head: int | None = None
+    kind: str  # "negative layer" | "head" | "stream" | "alias" | "bare name"
+    index: int | None = None
+    read: str = ""
+
+    @property
+    def key(self) -> str:
+        return self.read or self.text
 
 
 @dataclass(eq=False)
@@ -128,25 +134,29 @@ class Plan:
 
 
 # -- building one ----------------------------------------------------------------------------------
-def address_forms(addresses: list[str], n_layers: int, heads: dict[str, int]) -> list[Form]:
-    """Negative-layer forms of every layered address, one head coordinate (the last head, written both
-    ways) of every per-head address, and every alias of a compared trunk point."""
+def address_forms(addresses: list[str], n_layers: int, coords: dict[str, tuple[str, int]]) -> list[Form]:
+    """Every other way users write a compared address: its negative layer; one coordinate (the last head or
+    stream, written from the front and from the back) of every point that takes one; every alias of a
+    compared point; and a bare layer point name, which means every layer (read at the compared ones)."""
     out: list[Form] = []
+    deepest: dict[str, str] = {}  # a bare name's capture is read at the last compared layer of its point
     for a in addresses:
         point, layer = split_address(a)
         if layer is not None:
             out.append(Form(f"{point}.{layer - n_layers}", a, "negative layer"))
-        n = heads.get(point)
+            deepest[point] = a
+        name, n = coords.get(point, ("", 0))
         if n and layer is not None:
-            out.append(Form(f"{a}.head-{n - 1}", a, "head", n - 1))
+            out.append(Form(f"{a}.{name}-{n - 1}", a, name, n - 1))
             if n > 1:
-                out.append(Form(f"{point}.{layer - n_layers}.head--{n}", a, "head", 0))
+                out.append(Form(f"{point}.{layer - n_layers}.{name}--{n}", a, name, 0))
         out += [Form(alias, a, "alias") for alias, canon in ALIASES.items() if canon == point]
-    return out
+    return out + [Form(point, a, "bare name", read=a) for point, a in deepest.items()]
 
 
-def _heads(model) -> dict[str, int]:
-    """Head counts of the per-head points (the last axis before head_dim)."""
+def _coords(model) -> dict[str, tuple[str, int]]:
+    """{point: (coordinate name, count)} of the points that take a coordinate: heads (query or key/value
+    heads) and hyper-connection streams."""
     cfg = model.config
     h = getattr(cfg, "num_attention_heads", 0) or 0
     kv = 1 if getattr(cfg, "multi_query", False) else (getattr(cfg, "num_key_value_heads", None) or h)
@@ -154,7 +164,9 @@ def _heads(model) -> dict[str, int]:
     for p in model.points():
         spec = get_point(p)
         if "head" in spec.coords:
-            out[p] = kv if spec.shape.split(",")[2].strip() == "kvh" else h
+            out[p] = ("head", kv if spec.shape.split(",")[2].strip() == "kvh" else h)
+        elif "stream" in spec.coords:
+            out[p] = ("stream", int(getattr(cfg, "hc_mult", 0) or 0))
     return out
 
 
@@ -275,7 +287,7 @@ def build(model, cases: list[Case], addresses: list[str], ref_acts: dict, workdi
           decode: bool = True) -> Plan:
     """The plan of one model: `model` is the engine under test (its catalogue only), `ref_acts` the HF
     reference's short-prompt activations at the steered addresses (validator.plan.steer_addresses)."""
-    plan = Plan(cases, addresses, model.n_layers, forms=address_forms(addresses, model.n_layers, _heads(model)),
+    plan = Plan(cases, addresses, model.n_layers, forms=address_forms(addresses, model.n_layers, _coords(model)),
                 decode_tokens=DECODE_TOKENS if decode else 0)
     plan.lens_layers = [split_address(a)[1] for a in addresses if split_address(a)[0] == "resid_post"]
     sae = None

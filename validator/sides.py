@@ -46,7 +46,7 @@ def tested(subj: Subject, plan: Plan) -> Side:
     side = Side()
     short = plan.short
     side.captures = {c.name: subj.capture(c, plan.addresses) for c in plan.cases}
-    side.forms = subj.forms(short, [f.text for f in plan.forms]) if plan.forms else {}
+    side.forms = subj.forms(short, plan.forms) if plan.forms else {}
     if plan.steers or plan.readouts or plan.lens_layers:
         try:
             side.base = subj.logits(short)

@@ -108,9 +108,22 @@ class Subject:
         out.update(self._collect(run, ok))
         return out
 
-    def forms(self, case: Case, texts: list[str]) -> dict:
-        """{form text: tensor | Missing}: captures asked for by other ways of writing an address."""
-        return self.capture(case, texts)
+    def forms(self, case: Case, forms) -> dict:
+        """{form text: tensor | Missing}: each form (validator.plan.Form) asked for as users write it, in one
+        forward (form by form on failure), read back under its key."""
+        by_text = {f.text: f for f in forms}
+        # a refusal is asked of the address a form names (a bare point name is every layer of one)
+        _, out = self._refused([f.address if f.kind == "bare name" else f.text for f in by_text.values()])
+        refused = {f.text: out[a] for f in by_text.values()
+                   for a in [f.address if f.kind == "bare name" else f.text] if a in out}
+
+        def run(texts):
+            picked = [by_text[t] for t in texts]
+            logits, cache = self._forward(case, texts)
+            return {f.text: logits if (f.key == "lm_head" and not self._head_capturable) else cache[f.key]
+                    for f in picked}
+        got = self._collect(run, [t for t in by_text if t not in refused])
+        return {**got, **refused}
 
     # -- steering, lens, readouts -------------------------------------------------------------------
     def logits(self, case: Case, steer=()) -> torch.Tensor:
