@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Regenerate the committed validator matrix at the commit that publishes it, in one command:
-# the main job (default engines), the vLLM columns, the site data, then the checks that a clean
+# the main job (default engines), the vLLM columns, the mutation self-test (its score is published
+# beside the matrix), the site data, then the checks that a clean
 # rerun on this commit computes and rewrites nothing. Only stale cells are recomputed (a cell's
 # inputs digest covers the code, package versions and declarations that decide it), so after an
 # engine change expect the whole matrix. Commit what it leaves in reports/validator and
@@ -20,6 +21,8 @@ $py -m validator run --jobs "${JOBS:-2}"
 if [ -z "${SKIP_VLLM:-}" ]; then
   $py -m validator run --engines vllm,vllm-static --jobs "${JOBS:-2}"
 fi
+$py -m validator selftest  # every seeded bug must be caught: publishes reports/validator/selftest.json
+$py -m validator report  # the README's "what a pass is worth" reads it
 $py -m visualizer_data build --only validation
 $py -m validator run --check
 [ -n "${SKIP_VLLM:-}" ] || $py -m validator run --engines vllm,vllm-static --check

@@ -6,7 +6,8 @@ from validator import cells, cli, exits
 
 
 def failing(cell) -> set:
-    return {(r["case"], r["point"], r["layer"]) for r in cell.get("rows", []) if r["verdict"] in ("fail", "warn")}
+    from validator.rows import where
+    return {(r["case"], where(r)) for r in cell.get("rows", []) if r["verdict"] in ("fail", "warn")}
 
 
 def assert_sample_reproduces(models, engines, out) -> None:
