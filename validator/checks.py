@@ -54,7 +54,7 @@ def _addr_row(case: str, address: str, **extra) -> dict:
 
 # -- pairs of each kind ----------------------------------------------------------------------------
 def capture_pairs(engine, dtype, plan: Plan, ours: Side, ref: Side, config: str | None,
-                 label: str | None = None) -> list[Pair]:
+                  label: str | None = None) -> list[Pair]:
     out = []
     for view, name, batch, valid in views(plan.cases):
         for a in plan.addresses:
@@ -68,7 +68,7 @@ def capture_pairs(engine, dtype, plan: Plan, ours: Side, ref: Side, config: str 
 
 
 def leak_pairs(engine, dtype, plan: Plan, side: Side, config: str | None,
-                 label: str | None = None) -> list[Pair]:
+                  label: str | None = None) -> list[Pair]:
     """The tested backend's padded short row against its own short prompt alone."""
     by = {c.name: c for c in plan.cases}
     padded, short = by.get("padded"), by.get("short")
@@ -100,7 +100,7 @@ def _diverged(gen, reference) -> int | None:
 
 
 def decode_pairs(engine, dtype, plan: Plan, ours: Side, ref: Side, config: str | None,
-                 label: str | None = None) -> list[Pair]:
+                  label: str | None = None) -> list[Pair]:
     """Every position of the tested generation's captures against the recompute of the reference tokens
     (the logits, [1, N, vocab], against the recompute at the last prompt token and each fed-back one)."""
     if not plan.decode_tokens:
@@ -130,7 +130,7 @@ def decode_pairs(engine, dtype, plan: Plan, ours: Side, ref: Side, config: str |
 
 
 def form_pairs(engine, dtype, plan: Plan, ours: Side, ref: Side, config: str | None,
-                 label: str | None = None) -> list[Pair]:
+                  label: str | None = None) -> list[Pair]:
     """Each other form of an address, captured by the tested side, against the expected side's capture
     of its absolute form (one head's slice for a head coordinate)."""
     out = []
@@ -147,7 +147,7 @@ def form_pairs(engine, dtype, plan: Plan, ours: Side, ref: Side, config: str | N
 
 
 def steer_pairs(engine, dtype, plan: Plan, ours: Side, ref: Side, config: str | None,
-                 label: str | None = None) -> list[Pair]:
+                  label: str | None = None) -> list[Pair]:
     out = []
     for sc in plan.steers:
         o = ours.steers.get(sc.name, Missing("not run"))
@@ -160,7 +160,7 @@ def steer_pairs(engine, dtype, plan: Plan, ours: Side, ref: Side, config: str | 
 
 
 def lens_pairs(engine, dtype, plan: Plan, ours: Side, ref: Side, config: str | None,
-                 label: str | None = None) -> list[Pair]:
+                  label: str | None = None) -> list[Pair]:
     out = []
     for layer in plan.lens_layers:
         o = ours.lens.get(layer, Missing("not run"))
@@ -171,7 +171,7 @@ def lens_pairs(engine, dtype, plan: Plan, ours: Side, ref: Side, config: str | N
 
 
 def readout_pairs(engine, dtype, plan: Plan, ours: Side, ref: Side, config: str | None,
-                 label: str | None = None) -> list[Pair]:
+                  label: str | None = None) -> list[Pair]:
     out = []
     for rc in plan.readouts:
         o = ours.readouts.get(rc.name, Missing("not run"))
@@ -188,7 +188,7 @@ def readout_pairs(engine, dtype, plan: Plan, ours: Side, ref: Side, config: str 
 
 
 def generation_pairs(engine, dtype, plan: Plan, ours: Side, ref: Side, config: str | None,
-                 label: str | None = None) -> list[Pair]:
+                  label: str | None = None) -> list[Pair]:
     """Greedy tokens and their step scores against HF's own generate, plain and steered at each spec."""
     out = []
     if not plan.decode_tokens or ref.generation is None:
