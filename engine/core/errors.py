@@ -173,3 +173,49 @@ class ServerFailed(RemoteError):
 
 class Disconnected(RemoteError, ConnectionError):
     """No answer: the server could not be reached, dropped the connection, or took longer than the timeout."""
+
+
+# -- an error that crossed a process boundary (a vLLM worker's reply, a server's error body) --------
+def error_classes() -> dict[str, type[BaseException]]:
+    """The classes a failure is named by when it crosses a process boundary, by name: every class of
+    engine/core under EngineError (but a remote client's own failures, which no other side raises) and
+    the builtins an input check raises."""
+    import engine.core.readouts  # noqa: F401  (these define the rest of the hierarchy: ReadoutError's
+    import engine.core.results  # noqa: F401  kinds, StrictSteerError, NonFiniteSteer; deferred, as they
+    import engine.core.steering  # noqa: F401  import this module)
+    out: dict[str, type[BaseException]] = {"ValueError": ValueError, "TypeError": TypeError}
+    todo: list[type[BaseException]] = [EngineError]
+    while todo:
+        cls = todo.pop()
+        if issubclass(cls, RemoteError):
+            continue
+        if cls.__module__.startswith("engine.core."):
+            out.setdefault(cls.__name__, cls)
+        todo += cls.__subclasses__()
+    return out
+
+
+def nearest(cls: type[BaseException], message: str, *args: object) -> BaseException:
+    """cls(message, *args), or its nearest base class that takes that (StrictSteerError also wants its
+    receipt, which a message across a boundary does not carry)."""
+    for base in cls.__mro__:
+        if issubclass(base, BaseException):
+            try:
+                return base(message, *args)
+            except TypeError:
+                continue
+    return EngineError(message)
+
+
+def library_class(e: BaseException) -> type[BaseException]:
+    """The class of the engine's hierarchy (or the builtin) an exception stands for: itself, or the
+    nearest class of engine/core in its MRO. A class made to stand for another (engine/remote/errors.py:
+    a server's refusal raised as ReadoutError and ServerRefused) names it in `__library__`."""
+    made = getattr(type(e), "__library__", None)
+    if made is not None:
+        return made
+    classes = error_classes()
+    for c in type(e).__mro__:
+        if classes.get(c.__name__) is c:
+            return c
+    return type(e)
