@@ -185,8 +185,9 @@ RUNS = [n for n in _own(AsyncModel) if n not in ("stream", "aclose")]  # sync on
 STREAMS = ["stream"]  # an iterator on m, an async iterator on m.aio
 FACTS = ["name", "backend", "n_layers", "d_model", "device"]  # attributes of both sides
 
-# earlier names, kept only as aliases that warn: {old name: the one name}
-DEPRECATED = {"capture": "run_with_cache"}
+# earlier names, kept only as aliases that warn: {old name: (the one name, the old name's parameters in
+# their order: its positional arguments are passed on by name)}
+DEPRECATED = {"capture": ("run_with_cache", ("inputs", "points", "steer", "strict", "readouts"))}
 
 
 def declared(name: str, side: type = Model) -> inspect.Signature:
@@ -196,16 +197,24 @@ def declared(name: str, side: type = Model) -> inspect.Signature:
 
 
 def deprecated(old: str) -> Callable[..., Any]:
-    """A method `old` that warns and calls its one name (DEPRECATED), with that name's parameters."""
-    new = DEPRECATED[old]
+    """A method `old` that warns and calls its one name (DEPRECATED) with the same arguments."""
+    new, params = DEPRECATED[old]
 
     def method(self: Any, *args: Any, **kw: Any) -> Any:
-        warnings.warn(f"{old}() is a deprecated name of {new}(); call {new}() (the same parameters, the same "
-                      f"result).", DeprecationWarning, stacklevel=2)
-        return getattr(self, new)(*args, **kw)
+        warnings.warn(f"{old}() is a deprecated name of {new}(); call {new}() (the same result; pass arguments "
+                      f"after the first by name).", DeprecationWarning, stacklevel=2)
+        if len(args) > len(params):
+            raise TypeError(f"{old}() takes at most {len(params)} positional arguments ({', '.join(params)}), "
+                            f"got {len(args)}.")
+        return getattr(self, new)(**dict(zip(params, args)), **kw)
     method.__name__ = method.__qualname__ = old
-    method.__doc__ = f"Deprecated: {new}() under its earlier name."
+    method.__doc__ = f"Deprecated: {new}() under its earlier name ({', '.join(params)}, ...)."
     return method
+
+
+class Aliases:
+    """The deprecated names (DEPRECATED) of both sides of every model: each warns and calls its one name."""
+    capture = deprecated("capture")
 
 
 def unserved(backend: str, what: str, instead: str) -> OptionError:

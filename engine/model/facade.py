@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import functools
 import weakref
 from collections.abc import AsyncGenerator, Callable, Iterator
 from typing import TYPE_CHECKING, Any
@@ -24,7 +25,7 @@ from engine.model import api
 if TYPE_CHECKING:  # a type checker reads each facade as the protocol it fills in (its methods are generated)
     _Sync, _Async = api.Model, api.AsyncModel
 else:
-    _Sync = _Async = object
+    _Sync = _Async = api.Aliases
 
 
 def _as_declared(fn: Callable[..., Any], name: str, side: type) -> Callable[..., Any]:
@@ -107,6 +108,15 @@ class OnLoop(_Sync):
     del _n
 
 
+def awaited(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """A synchronous method `fn` (CPU work only: tokens, text) as a coroutine method of an async model
+    that runs on its own loop, with fn's signature."""
+    @functools.wraps(fn)
+    async def method(self: Any, *args: Any, **kw: Any) -> Any:
+        return fn(self, *args, **kw)
+    return method
+
+
 # -- the async model over a synchronous one ------------------------------------------------------------
 def _in_thread(name: str) -> Callable[..., Any]:
     async def method(self: InThread, *args: Any, **kw: Any) -> Any:
@@ -143,8 +153,6 @@ def _stream_in_thread(name: str) -> Callable[..., Any]:
 class InThread(_Async):
     """The async model API over `model` (a synchronous Model): each call runs on a worker thread, in the
     caller's context, and is awaited from whichever loop calls it."""
-
-    capture = api.deprecated("capture")
 
     def __init__(self, model: Any) -> None:
         self.model = model

@@ -230,7 +230,7 @@ class VLLMRunner(Runner):
 
     async def capture(self, prompt: list[int], points: list[str], steers: list[Steer], logits: bool,
                       strict: bool = True, readouts: Sequence[Readout] = ()) -> Capture:
-        lg, cache = await self.model.aio.capture([prompt], points, steers, strict, readouts)
+        lg, cache = await self.model.aio.run_with_cache([prompt], points, steers, strict=strict, readouts=readouts)
         return {k: v[0] for k, v in cache.items()}, (lg[0] if logits else None), cache.receipts, first(cache.readouts)
 
     async def lens(self, x: torch.Tensor, point: str) -> torch.Tensor:
