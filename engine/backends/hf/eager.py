@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import math
 import threading
 from collections.abc import Generator
 from dataclasses import dataclass
@@ -29,7 +30,7 @@ from engine.core.inputs import host_batch, limits_of, row_label
 from engine.core.ledger import GUARD
 from engine.core.plan import Plan, SiteWork, site_work
 from engine.core.points import INTEGER_POINTS, backend_status, get_point
-from engine.core.readouts import Env, Readout, ReadoutError, bind, validate_readouts
+from engine.core.readouts import Env, Facts, Readout, ReadoutError, bind, validate_readouts
 from engine.core.results import (
     PATTERNS,
     ActivationCache,
@@ -41,6 +42,7 @@ from engine.core.results import (
     combine,
     scatter,
 )
+from engine.core.sae_files import sae_header
 from engine.core.site import guard, run_site
 from engine.core.steer_checks import check_steers
 from engine.core.steering import Steer, check_feature_steer, failure
@@ -89,6 +91,7 @@ class EagerModel(ModelBase, WeightsMixin, TokensMixin):
         attention.select(attention.configs(hf), self._attention)
         self._layout: Layout | None = None
         self._sites: dict = {}
+        self._shapes: dict[str, tuple] = {}  # per-position shape of each point and layer (point_shape)
         self._lock = threading.RLock()
         self._init_base()
         self.aio = InThread(self)  # the async API (engine/model/api.py): each call on a worker thread
@@ -190,25 +193,49 @@ class EagerModel(ModelBase, WeightsMixin, TokensMixin):
         return Batch({k: v.to(self.device, non_blocking=True) for k, v in enc.items()}, ids, mask)
 
     # -- plans ----------------------------------------------------------------------------------
+    def point_shape(self, addr: Address | str) -> tuple | None:
+        """Per-position shape of a capture at addr (what a steering value must have; coordinates taken
+        off), read once per point and layer from a one-token forward; None for a point whose key axis
+        grows with the sequence (attention scores and probabilities)."""
+        addr = self.address(addr)
+        if get_point(addr.point).key_axis:
+            return None
+        key = str(addr.base)
+        if key not in self._shapes:
+            bare = self._steers.set(())  # the probe runs without the caller's steering() blocks
+            try:
+                _, cache = self.run_with_cache([[0]], [addr.base], return_logits=False)
+            finally:
+                self._steers.reset(bare)
+            self._shapes[key] = tuple(cache[key].shape[2:])
+        return self._shapes[key][len(addr.coords):]
+
     def _steer(self, st: Steer) -> Steer:
-        """A steer checked against this model, at its absolute address, its value on the model's device
-        (moved once per call; called by engine.core.steer_checks.check_steers, after the steer's own
-        checks)."""
+        """A steer checked against this model, at its absolute address, its value's shape the point's,
+        its value on the model's device (moved once per call; called by
+        engine.core.steer_checks.check_steers, after the steer's own checks)."""
         addr = self.address(st.address)
         if addr.point in INTEGER_POINTS:
             raise UnsupportedPointError(f"{addr} is capture-only.")
         why = self._capture_only(addr.point, self._site(addr.base))
         if why:
             raise SteeringError(f"{addr} can be captured but not steered on this model: {why}.")
+        shape = self.point_shape(addr) if isinstance(st.value, torch.Tensor) or st.sae is not None else None
         if st.sae is not None:
-            check_feature_steer(st, self._load_sae(st.sae) if isinstance(st.sae, str) else st.sae)
+            check_feature_steer(st, sae_header(st.sae, f"{st.op} at {addr}"), None if shape is None else math.prod(shape))
         v = st.value
+        if isinstance(v, torch.Tensor) and shape is not None:
+            st.at(addr).check_shape(shape)
         moved = v.to(self.device, non_blocking=True) if isinstance(v, torch.Tensor) and v.device != self.device else None
         return st.at(addr, moved).bound()
 
     def _readout(self, r: Readout) -> Readout:
-        """A readout checked against this model, at its absolute address."""
-        return r.at(self.address(r.address))
+        """A readout checked against this model, at its absolute address, before anything runs."""
+        r = r.at(self.address(r.address))
+        shape = self.point_shape(r.address)
+        r.kind.check_model(Facts(vocab=self.config.vocab_size, width=None if shape is None else math.prod(shape)),
+                           r.address)
+        return r
 
     def _env(self) -> Env:
         return Env(lens=self._lens_rows, sae=self._load_sae)

@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import dataclasses
+import math
 import uuid
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass
@@ -41,7 +42,7 @@ from engine.core.loop import on_home_loop
 from engine.core.ops import OPS
 from engine.core.plan import Plan
 from engine.core.points import INTEGER_POINTS
-from engine.core.readouts import Readout, ReadoutError, validate_readouts
+from engine.core.readouts import Facts, Readout, ReadoutError, validate_readouts
 from engine.core.results import (
     ActivationCache,
     GenerationResult,
@@ -55,8 +56,9 @@ from engine.core.results import (
     combine,
     pad_rows,
 )
+from engine.core.sae_files import sae_header
 from engine.core.steer_checks import check_steers
-from engine.core.steering import Steer
+from engine.core.steering import Steer, check_feature_steer
 from engine.core.tokens import TokensMixin, pad_id, special_ids
 from engine.interop.mappers import check_sae_sites
 from engine.model.api import unserved
@@ -206,6 +208,8 @@ class AsyncVLLMModel(ModelBase, TokensMixin):
         if st.sae is not None and not isinstance(st.sae, str):
             raise SteeringError(f"{st.op} at {addr}: the vLLM workers load an SAE from its directory (once, then "
                                 f"cached); pass sae=<directory> instead of a loaded SAE.")
+        if st.sae is not None:  # its facts from cfg.json here; the workers load the SAE itself
+            check_feature_steer(st, sae_header(st.sae, f"{st.op} at {addr}"), math.prod(self.point_shape(addr)))
         st = st.at(addr).bound()
         v = st.value
         if isinstance(v, torch.Tensor):  # (a value on the meta device was refused by check_steers)
@@ -248,6 +252,8 @@ class AsyncVLLMModel(ModelBase, TokensMixin):
         if isinstance(r.kind, SAEFeatures) and not isinstance(r.kind.sae, str):
             raise ReadoutError(f"readout {r.name!r}: the vLLM workers load an SAE from its directory (once, then "
                                f"cached); pass SAEFeatures(path, ...) instead of a loaded SAE.")
+        shape = None if addr.point in vllm_attn.ATTN_POINTS else self.point_shape(addr)
+        r.kind.check_model(Facts(vocab=self.config.vocab_size, width=None if shape is None else math.prod(shape)), addr)
         return r.at(addr)
 
     def _plan(self, req: Request, prefill: bool, logits: bool, row: int = 0, n_rows: int = 1,
