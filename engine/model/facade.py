@@ -22,10 +22,6 @@ from typing import TYPE_CHECKING, Any
 from engine.core.loop import Loop
 from engine.model import api
 
-if TYPE_CHECKING:  # a type checker reads each facade as the protocol it fills in (its methods are generated)
-    _Sync, _Async = api.Model, api.AsyncModel
-else:
-    _Sync = _Async = api.Aliases
 
 
 def _as_declared(fn: Callable[..., Any], name: str, side: type) -> Callable[..., Any]:
@@ -70,7 +66,7 @@ def _shutdown(aio: Any, loop: Loop) -> None:
         loop.stop()
 
 
-class OnLoop(_Sync):
+class OnLoop(api.Aliases):
     """The synchronous model API over `aio` (an AsyncModel whose coroutines run on `loop`): every call
     runs there and waits, so it is safe from any thread; `m.aio` is the async model itself. close()
     (or dropping the model) closes the async model on its loop, then stops the loop."""
@@ -78,6 +74,9 @@ class OnLoop(_Sync):
     def __init__(self, aio: Any, loop: Loop) -> None:
         self.aio, self._loop = aio, loop
         self._finalizer = weakref.finalize(self, _shutdown, aio, loop)  # dropped without close(): freed
+
+    if TYPE_CHECKING:  # the generated members (below): typed by the declarations, checked by the tests
+        def __getattr__(self, name: str) -> Any: ...
 
     def _run(self, coro: Any) -> Any:
         try:
@@ -150,7 +149,7 @@ def _stream_in_thread(name: str) -> Callable[..., Any]:
     return _as_declared(method, name, api.AsyncModel)
 
 
-class InThread(_Async):
+class InThread(api.Aliases):
     """The async model API over `model` (a synchronous Model): each call runs on a worker thread, in the
     caller's context, and is awaited from whichever loop calls it."""
 
@@ -159,6 +158,9 @@ class InThread(_Async):
 
     def __repr__(self) -> str:
         return f"<async {self.model!r}>"
+
+    if TYPE_CHECKING:  # the generated members (below): typed by the declarations, checked by the tests
+        def __getattr__(self, name: str) -> Any: ...
 
     async def aclose(self) -> None:
         """Release the model (idempotent); every later call says it was closed."""

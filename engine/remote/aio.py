@@ -170,11 +170,11 @@ class AsyncRemoteModel(CapabilityMixin, Aliases):
     def _readout(self, r: Readout) -> Readout:
         """A readout checked against the server's table and facts (its address served; a lens's k against
         the vocabulary); the server checks an SAE's width itself (it names the SAE)."""
-        r = r.at(self.served.address(r.address))
-        shape = self.served.points[r.address.point].get("per_token_shape")
-        width = math.prod(shape[len(r.address.coords):]) if shape is not None else None
-        r.kind.check_model(Facts(vocab=self.served.vocab_size, width=width, local_saes=False), r.address)
-        return r
+        addr = self.served.address(r.address)
+        shape = self.served.points[addr.point].get("per_token_shape")
+        width = math.prod(shape[len(addr.coords):]) if shape is not None else None
+        r.kind.check_model(Facts(vocab=self.served.vocab_size, width=width, local_saes=False), addr)
+        return r.at(addr)
 
     def _sampling(self, kw: dict, n_new: int) -> dict:
         """The request's sampling fields: the knobs checked as the library checks them, then the extras

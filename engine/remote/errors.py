@@ -6,7 +6,6 @@ failures only a remote call has (the network, the server's own limits and health
 """
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 from engine.core.errors import (  # noqa: F401  (the remote failures, defined with every other error)
@@ -23,19 +22,23 @@ from engine.core.errors import (  # noqa: F401  (the remote failures, defined wi
 from engine.serve.wire import ERROR_CLASS
 
 
-@functools.cache
+_REFUSED: dict[type[BaseException], type[BaseException]] = {}
+
+
 def refused_as(cls: type[BaseException]) -> type[BaseException]:
     """`cls` as a server's refusal: a subclass of cls (so `except engine.ReadoutError` catches it) and of
     ServerRefused (so `except ServerRefused` catches everything a server says no to; status, param), under
     cls's name; library_class() of it is cls."""
     def init(self: Any, message: str, status: int | None = None, param: str | None = None) -> None:
         ServerRefused.__init__(self, message, status, param)
-    ns = {"__module__": __name__, "__library__": cls, "__init__": init,
-          "__doc__": f"{cls.__name__}, as a model server refused it (also a ServerRefused)."}
-    try:
-        return type(cls.__name__, (cls, ServerRefused), ns)
-    except TypeError:  # no consistent order with cls first (a builtin that ServerRefused derives from)
-        return type(cls.__name__, (ServerRefused, cls), ns)
+    if cls not in _REFUSED:  # one class per library class (made once: `except` and isinstance see the same one)
+        ns = {"__module__": __name__, "__library__": cls, "__init__": init,
+              "__doc__": f"{cls.__name__}, as a model server refused it (also a ServerRefused)."}
+        try:
+            _REFUSED[cls] = type(cls.__name__, (cls, ServerRefused), ns)
+        except TypeError:  # no consistent order with cls first (a builtin that ServerRefused derives from)
+            _REFUSED[cls] = type(cls.__name__, (ServerRefused, cls), ns)
+    return _REFUSED[cls]
 
 
 def _refusal(cls: type[BaseException], message: str, status: int, param: str | None) -> BaseException:

@@ -34,6 +34,8 @@ class RemoteModel(OnLoop):
     declarations (engine/model/facade.OnLoop; see the module docstring). Attributes beyond the API's:
     url, served (what the server runs and serves), aio (the async model)."""
 
+    aio: AsyncRemoteModel
+
     def __init__(self, aio: AsyncRemoteModel, loop: Loop) -> None:
         super().__init__(aio, loop)
         self.url, self.served = aio.url, aio.served

@@ -231,11 +231,10 @@ class EagerModel(ModelBase, WeightsMixin, TokensMixin):
 
     def _readout(self, r: Readout) -> Readout:
         """A readout checked against this model, at its absolute address, before anything runs."""
-        r = r.at(self.address(r.address))
-        shape = self.point_shape(r.address)
-        r.kind.check_model(Facts(vocab=self.config.vocab_size, width=None if shape is None else math.prod(shape)),
-                           r.address)
-        return r
+        addr = self.address(r.address)
+        shape = self.point_shape(addr)
+        r.kind.check_model(Facts(vocab=self.config.vocab_size, width=None if shape is None else math.prod(shape)), addr)
+        return r.at(addr)
 
     def _env(self) -> Env:
         return Env(lens=self._lens_rows, sae=self._load_sae)
@@ -444,7 +443,9 @@ class EagerModel(ModelBase, WeightsMixin, TokensMixin):
             return (logits if return_logits else None), cache
 
     def forward(self, inputs: Any, steer: Any = (), strict: bool = False) -> torch.Tensor:
-        return self.run_with_cache(inputs, (), steer, strict=strict)[0]
+        logits, _ = self.run_with_cache(inputs, (), steer, strict=strict)
+        assert logits is not None  # return_logits=True
+        return logits
 
     def _readouts(self, plan: Plan) -> ActivationCache:
         cache = ActivationCache(self.n_layers)

@@ -45,6 +45,8 @@ class VLLMModel(OnLoop):
     declarations (engine/model/facade.OnLoop); `aio` is the async model itself, for use from an event
     loop. The async model's other attributes (its catalogue, config, tokenizer) read through."""
 
+    aio: AsyncVLLMModel
+
     def __init__(self, aio: AsyncVLLMModel, loop: rt.Loop, report: rt.LoadReport) -> None:
         super().__init__(aio, loop)
         self.load_report = report

@@ -374,7 +374,7 @@ class AsyncVLLMModel(ModelBase, TokensMixin):
                     [want_logits and Address("final_norm") in p.internal for _, p in active],
                     *(() if sink is None else (sink,))))
                 for i, (k, _) in enumerate(active):
-                    collected[k] = [rank[i] for rank in per_rank]
+                    collected[k] = [vllm_wire.CollectReply.read(rank[i]) for rank in per_rank]
         return [replies.request_result(s.plan, s.prompt, s.derived, out, collected.get(k), want_logits, prefill,
                                        catalogue=self.catalogue, n_layers=self.n_layers, tokenizer=self.tokenizer)
                 for k, s, out in zip(keys, built, outs)]
@@ -486,15 +486,16 @@ class AsyncVLLMModel(ModelBase, TokensMixin):
     async def _peek(self, key: str, since: dict, since_r: dict) -> tuple[dict, dict]:
         """Capture rows ({address: rows}) and per-position readout parts ({name: parts}) of a running
         request from `since` / `since_r` ({address or name: position}, advanced here)."""
-        ranks = [r[0] for r in await self._rpc("interp_peek", [key], [dict(since)], [dict(since_r)])]
+        ranks = [vllm_wire.PeekReply.read(r[0]) for r in await self._rpc("interp_peek", [key], [dict(since)],
+                                                                          [dict(since_r)])]
         reads = {}
         for r in ranks:
-            for name, (start, parts) in r.get("readouts", {}).items():
+            for name, (start, parts) in r.readouts.items():
                 reads[name] = tuple(vllm_wire.decode(parts))
                 since_r[name] = start + reads[name][0].shape[0]
         out = {}
         for k in since:
-            starts = [r["captures"][k][0] for r in ranks if k in r["captures"]]
+            starts = [r.captures[k][0] for r in ranks if k in r.captures]
             if starts:
                 t = replies.gather(self.catalogue, k, ranks)
                 out[k] = t
