@@ -23,7 +23,6 @@ from engine.core.loop import Loop
 from engine.model import api
 
 
-
 def _as_declared(fn: Callable[..., Any], name: str, side: type) -> Callable[..., Any]:
     """`fn` named, documented and signed as the declaration of `name` on `side`."""
     decl = getattr(side, name)

@@ -21,7 +21,6 @@ from engine.core.errors import (  # noqa: F401  (the remote failures, defined wi
 )
 from engine.serve.wire import ERROR_CLASS
 
-
 _REFUSED: dict[type[BaseException], type[BaseException]] = {}
 
 
