@@ -21,14 +21,14 @@ import contextvars
 import math
 from collections.abc import AsyncGenerator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 
 from engine.core.address import Address, known_point, parse
 from engine.core.backends import backend_for
 from engine.core.errors import EngineError, InputError, OptionError
-from engine.core.inputs import new_tokens, prompts_of, top_logprobs
+from engine.core.inputs import Limits, check_ids, new_tokens, prompts_of, top_logprobs
 from engine.core.loop import Loop, on_home_loop
 from engine.core.points import ALIASES, BY_NAME, KEY_AXIS_POINTS
 from engine.core.readouts import Facts, Readout, TopK, validate_readouts
@@ -36,7 +36,7 @@ from engine.core.results import Request, RequestResult, StreamStep, check_strict
 from engine.core.steer_checks import check_steers
 from engine.core.steering import Steer
 from engine.core.tokens import id_rows, padded, texts_of
-from engine.model.api import Aliases, unserved
+from engine.model.api import Aliases, AsyncModel, unserved
 from engine.model.batch import Progress, requests_of
 from engine.model.capabilities import CapabilityMixin, Verdict
 from engine.model.sampling import KNOBS, Sampling
@@ -326,6 +326,9 @@ class AsyncRemoteModel(CapabilityMixin, Aliases):
         prompts = prompts_of(prompt)
         if len(prompts) != 1:
             raise InputError(f"stream takes one prompt, got {len(prompts)}; stream each, or use generate for a batch.")
+        if not isinstance(prompts[0], str):  # token ids: their room checked when the stream is made, as in-process
+            check_ids(list(prompts[0]), Limits(self.name, self.served.vocab_size, self.served.max_model_len,
+                                               f"max_model_len of the server at {self.url}"), new=n)
         call = self._call(points, steer, readouts, return_logits)
         split = _split(call.steers, 1)
         if split is not None:
@@ -487,3 +490,8 @@ class Rows:
             out[r.name] = TopK(v.indices[span.start:span.stop], v.values[span.start:span.stop]) \
                 if isinstance(v, TopK) else v[span.start:span.stop]
         return out or None
+
+
+if TYPE_CHECKING:
+    def _implements(m: AsyncRemoteModel) -> AsyncModel:  # mypy holds it to the declared API (engine/model/api.py)
+        return m

@@ -24,7 +24,7 @@ from engine.backends.hf import attention, generation, sites
 from engine.backends.hf.generation import _HEADS
 from engine.backends.hf.grid import Call, Layout, padded, pattern_rows, prefill_layout
 from engine.backends.hf.stop import Stop, stopped_at
-from engine.core.address import Address, closest, parse
+from engine.core.address import Address, closest, known_point, parse
 from engine.core.errors import AddressError, SteeringError, UnsupportedPointError
 from engine.core.inputs import host_batch, limits_of, row_label
 from engine.core.ledger import GUARD
@@ -59,6 +59,7 @@ if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
     from engine.core.results import StreamStep
+    from engine.model.api import Model
 
 
 @dataclass(frozen=True)
@@ -498,7 +499,7 @@ class EagerModel(ModelBase, WeightsMixin, TokensMixin):
                 raise AddressError(f"logit lens of {addr} needs the whole point; drop the coordinate.")
             point, x = addr.point, cast(torch.Tensor, cache[a])
         else:
-            lens.check_lensable(get_point(point).name)
+            lens.check_lensable(known_point(point).name)
         if x.shape[-1] != self.d_model:
             raise ValueError(f"logit lens needs a [..., {self.d_model}] residual, got shape {tuple(x.shape)}.")
         n_streams = getattr(self.config, "hc_mult", None)
@@ -508,3 +509,8 @@ class EagerModel(ModelBase, WeightsMixin, TokensMixin):
         with self._lock, torch.no_grad():
             return lens.unembed(self.hf, self.family, x.to(self.dtype), apply_norm=(point != "final_norm"),
                                 streams=(point == "resid_streams"))
+
+
+if TYPE_CHECKING:
+    def _implements(m: EagerModel) -> Model:  # mypy holds EagerModel to the declared API (engine/model/api.py)
+        return m

@@ -35,7 +35,7 @@ from engine.backends.vllm.modes import NO_CAPTURE, Mode, mode_for
 from engine.backends.vllm.worker import attn as vllm_attn
 from engine.backends.vllm.worker import wire as vllm_wire
 from engine.backends.vllm.worker.rows import EXTRA_KEY, PLAN_ARG
-from engine.core.address import Address, parse
+from engine.core.address import Address, known_point, parse
 from engine.core.errors import AddressError, SteeringError, UnsupportedPointError
 from engine.core.inputs import limits_of, new_tokens, row_label, token_rows, top_logprobs
 from engine.core.loop import on_home_loop
@@ -74,6 +74,7 @@ if TYPE_CHECKING:
     from vllm.v1.engine.async_llm import AsyncLLM
 
     from engine.core.loop import Loop
+    from engine.model.api import AsyncModel
     from engine.model.weights import BlockLayout
 
 __all__ = ["AsyncVLLMModel", "Submission", "StreamEvent", "NO_CAPTURE"]
@@ -506,14 +507,13 @@ class AsyncVLLMModel(ModelBase, TokensMixin):
     async def logit_lens(self, x: torch.Tensor | tuple[ActivationCache, Address | str],
                          point: str = "resid_post") -> torch.Tensor:
         """Logits from a residual tensor through vLLM's own final norm and head (softcap, scaling)."""
-        from engine.core.points import get_point
         from engine.model import lens
         self._live()
         self._refuse_if_generate("capture")
         if isinstance(x, tuple):
             cache, a = x
             point, x = parse(a).point, cache[a]
-        point = get_point(point).name
+        point = known_point(point).name
         lens.check_lensable(point)
         if x.shape[-1] != self.d_model:
             raise ValueError(f"logit lens needs a [..., {self.d_model}] residual, got shape {tuple(x.shape)}.")
@@ -533,3 +533,8 @@ class AsyncVLLMModel(ModelBase, TokensMixin):
             engine, self.engine = self.engine, None  # type: ignore[assignment]  # released: _live() refuses later calls
             from engine.backends.vllm.runtime import stop_engine
             stop_engine(engine)
+
+
+if TYPE_CHECKING:
+    def _implements(m: AsyncVLLMModel) -> AsyncModel:  # mypy holds it to the declared API (engine/model/api.py)
+        return m
