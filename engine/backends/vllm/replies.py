@@ -117,10 +117,10 @@ def batch_result(res: list[RequestResult], pad: int, n_layers: int) -> Generatio
     """A call's requests as one generation: tokens, masks and captures padded on the left (as eager's),
     new tokens and logits on the right, with `pad` where a row is shorter."""
     seqs = Sequences.of(res, pad)
-    cache = batch_cache([r.cache for r in res], seqs.seen, seqs.width - 1, n_layers)
+    receipts = combine([r.receipts for r in res])
+    cache = batch_cache([r.cache for r in res], seqs.seen, seqs.width - 1, n_layers, receipts)  # as eager's
     got = [r.logits for r in res if r.logits is not None]
     logits = None
     if len(got) == len(res):  # every request kept its logits
         logits = pad_rows(got, columns([t.shape[0] for t in got], seqs.n_new, "right"), seqs.n_new)
-    return GenerationResult(seqs.tokens, seqs.new, [r.text for r in res], cache, logits, seqs.mask, res,
-                            combine([r.receipts for r in res]))
+    return GenerationResult(seqs.tokens, seqs.new, [r.text for r in res], cache, logits, seqs.mask, res, receipts)
