@@ -19,7 +19,8 @@ import pytest
 import torch
 
 from engine import LensTopK, Readout, Request, SAEFeatures, Steer
-from engine.core.errors import AddressError, InputError, OptionError, ReadoutError, SAEError, SteeringError, library_class
+from engine.core.crossing import library_class
+from engine.core.errors import AddressError, InputError, OptionError, ReadoutError, SAEError, SteeringError
 from test_inputs import CALLS
 
 FALLBACK = {"eager": ["eager"], "vllm": ["vllm"], "vllm-static": ["vllm-static", "vllm"],

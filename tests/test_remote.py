@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from engine import LensTopK, Mean, Norm, Project, Readout, Request, Steer, StrictSteerError, connect
-from engine.core.errors import ModelNotFoundError, OptionError, library_class
+from engine.core.crossing import library_class
+from engine.core.errors import ModelNotFoundError, OptionError
 from engine.core.readouts import TopK
 from serve_common import LLAMA, eager_server
 from test_vllm_common import eager_model

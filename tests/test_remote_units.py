@@ -12,14 +12,13 @@ import time
 import pytest
 import torch
 
+from engine.core.crossing import error_classes, library_class
 from engine.core.errors import (
     AddressError,
     EngineError,
     InputError,
     SteeringError,
     UnsupportedPointError,
-    error_classes,
-    library_class,
 )
 from engine.core.readouts import LensTopK, Mean, Project, Readout, ReadoutError
 from engine.core.results import StrictSteerError

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from engine.core.crossing import error_classes, nearest
 from engine.core.errors import (  # noqa: F401  (the remote failures, defined with every other error)
     AuthenticationError,
     Disconnected,
@@ -16,8 +17,6 @@ from engine.core.errors import (  # noqa: F401  (the remote failures, defined wi
     ServerBusy,
     ServerFailed,
     ServerRefused,
-    error_classes,
-    nearest,
 )
 from engine.serve.wire import ERROR_CLASS
 

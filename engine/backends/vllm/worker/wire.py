@@ -18,7 +18,8 @@ import torch
 
 from engine.backends.vllm.worker.sink import FILE, from_file
 from engine.core.address import parse
-from engine.core.errors import EngineFailure, error_classes, library_class, nearest
+from engine.core.crossing import error_classes, library_class, nearest
+from engine.core.errors import EngineFailure
 from engine.core.plan import Plan
 from engine.core.readouts import Readout, kind_fields, kind_from
 from engine.core.results import Receipt
