@@ -135,3 +135,13 @@ def test_a_deprecated_name_warns_and_gives_the_one_names_result():
     assert [x.category for x in w] == [DeprecationWarning] and "call run_with_cache()" in str(w[0].message)
     for cls in (*SYNC.values(), *ASYNC.values()):
         assert hasattr(cls, "capture"), cls
+
+
+def test_the_readme_shows_the_declared_api_once():
+    """README's "The model API" block is the declarations' outline (api.outline), not a list per backend."""
+    from pathlib import Path
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    section = readme.split("## The model API", 1)[1].split("\n## ", 1)[0]
+    block = section.split("```\n", 1)[1].split("```", 1)[0]
+    assert block == api.outline(), "README's API block drifted from engine/model/api.py: paste api.outline() there"
+    assert readme.count("  generate_batch(requests, return_logits=True") == 1

@@ -196,6 +196,22 @@ def declared(name: str, side: type = Model) -> inspect.Signature:
     return inspect.signature(getattr(fn, "__declared__", fn))
 
 
+def _line(name: str) -> str:
+    sig = declared(name)
+    params = [str(p.replace(annotation=inspect.Parameter.empty)) for p in sig.parameters.values() if p.name != "self"]
+    ret = sig.return_annotation
+    return f"  {name}({', '.join(params)})" + (f" -> {ret}" if ret is not inspect.Signature.empty else "")
+
+
+def outline() -> str:
+    """The declared API as text (the README's "The model API" block, checked by tests/test_api_signatures.py)."""
+    return "\n".join([
+        "m.<call>(...) and await m.aio.<call>(...):", *(_line(n) for n in RUNS),
+        "for step in m.stream(...) and async for step in m.aio.stream(...):", *(_line(n) for n in STREAMS),
+        "the same on m and m.aio:", *(_line(n) for n in SHARED), f"  {', '.join(FACTS)}",
+        "m.close() / await m.aio.aclose(); with load_model(...) as m: closes it", ""])
+
+
 def deprecated(old: str) -> Callable[..., Any]:
     """A method `old` that warns and calls its one name (DEPRECATED) with the same arguments."""
     new, params = DEPRECATED[old]
