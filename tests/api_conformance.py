@@ -107,6 +107,9 @@ SERVER_WORDS = {
     "prompt + max_new_tokens past the positions": "max_tokens: 3 new tokens after a",
     "max_new_tokens 10**9": "max_tokens: 1000000000 new tokens",
     "a position past one row of a batch": "position 4 matches no token",
+    # the server checks a capture's room as a generation's (engine/serve/context.tokenize): the class and the
+    # limit are the library's, its advice on a vLLM server one token off
+    "one token past the positions (capture)": "tokens, longer than the",
 }
 
 
