@@ -11,7 +11,9 @@ and the phrase in its message.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,6 +25,8 @@ from engine.core.crossing import library_class
 from engine.core.errors import AddressError, InputError, OptionError, ReadoutError, SAEError, SteeringError
 from test_inputs import CALLS
 
+LLAMA = "meta-llama/Llama-3.2-1B"
+DECLARED = ["resid_post", "mlp_out.1", "z.1"]  # the shared vllm-static engine of test_vllm_interventions
 FALLBACK = {"eager": ["eager"], "vllm": ["vllm"], "vllm-static": ["vllm-static", "vllm"],
             "remote-eager": ["remote-eager", "remote", "eager"], "remote-vllm": ["remote-vllm", "remote", "vllm"],
             "remote-vllm-static": ["remote-vllm-static", "remote", "vllm-static", "vllm"]}
@@ -142,3 +146,42 @@ def check(name: str, call: Any, exp: Any, env: Env, target: str) -> None:
 def write_sae(folder: Any, d_model: int = 256) -> str:
     from engine.core.sae_files import write_random_sae
     return str(write_random_sae(folder, "topk", d_in=d_model, d_sae=SAE_LATENTS, k=4, seed=0))
+
+
+@contextlib.contextmanager
+def targets(sae_dir: str | None = None) -> Iterator[Callable[[str], Any]]:
+    """get(target) -> the model of a target, made once: the session's shared engines (eager, vllm,
+    vllm-static), or engine.connect to an eager server in this process around the session's eager model
+    (remote-eager; SAEs named inside `sae_dir`). The servers stop, and the clients close, on exit."""
+    from engine import connect
+    from engine.serve.app import build_app
+    from engine.serve.runner import EagerRunner
+    from engine.serve.settings import ServeSettings
+    from remote_common import InProcess
+    from test_vllm_common import eager_model, vllm_model
+    made: dict = {}
+    servers = []
+
+    def get(target: str) -> Any:
+        if target not in made:
+            if target == "eager":
+                made[target] = eager_model(LLAMA)
+            elif target == "vllm":
+                made[target] = vllm_model(LLAMA)
+            elif target == "vllm-static":
+                made[target] = vllm_model(LLAMA, "vllm-static", static_points=DECLARED)
+            else:  # not runner.close() afterwards: the model is the session's shared one
+                runner = EagerRunner(eager_model(LLAMA))
+                srv = InProcess(build_app(runner, ServeSettings(sae_dir=sae_dir)))
+                servers.append((srv, runner))
+                made[target] = connect(srv.url, timeout=300)
+        return made[target]
+    try:
+        yield get
+    finally:
+        for target, m in made.items():
+            if target.startswith("remote"):
+                m.close()
+        for srv, runner in servers:
+            srv.stop()
+            runner.pool.shutdown(wait=True)

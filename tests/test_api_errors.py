@@ -10,17 +10,12 @@ cases' SAE, which local backends name by its path and the server's clients by it
 from __future__ import annotations
 
 import pytest
+import torch
 
 from api_conformance import CASES, Awaited, Env, check, write_sae
-from engine import connect
-from engine.serve.app import build_app
-from engine.serve.runner import EagerRunner
-from engine.serve.settings import ServeSettings
-from remote_common import InProcess
-from test_vllm_common import MAX_LEN, eager_model, vllm_model
+from api_conformance import targets as conformance_targets
+from test_vllm_common import MAX_LEN
 
-LLAMA = "meta-llama/Llama-3.2-1B"
-DECLARED = ["resid_post", "mlp_out.1", "z.1"]  # the shared vllm-static engine of test_vllm_interventions
 POSITIONS = {"eager": 512, "vllm": MAX_LEN, "vllm-static": MAX_LEN, "remote-eager": 512}
 
 
@@ -33,30 +28,8 @@ def saes(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def targets(saes):
-    made: dict = {}
-    servers = []
-
-    def get(target: str):
-        if target not in made:
-            if target == "eager":
-                made[target] = eager_model(LLAMA)
-            elif target == "vllm":
-                made[target] = vllm_model(LLAMA)
-            elif target == "vllm-static":
-                made[target] = vllm_model(LLAMA, "vllm-static", static_points=DECLARED)
-            else:  # not runner.close() afterwards: the model is the session's shared one
-                runner = EagerRunner(eager_model(LLAMA))
-                srv = InProcess(build_app(runner, ServeSettings(sae_dir=str(saes))))
-                servers.append((srv, runner))
-                made[target] = connect(srv.url, timeout=300)
-        return made[target]
-    yield get
-    for target, m in made.items():
-        if target.startswith("remote"):
-            m.close()
-    for srv, runner in servers:
-        srv.stop()
-        runner.pool.shutdown(wait=True)
+    with conformance_targets(str(saes)) as get:
+        yield get
 
 
 def _params():
@@ -72,3 +45,42 @@ def test_the_same_bad_input_raises_the_same_class_everywhere(targets, saes, targ
     m = targets(target)
     sae = "sae" if target.startswith("remote") else str(saes / "sae")
     check(name, call, exp, Env(m if side == "sync" else Awaited(m.aio), POSITIONS[target], sae), target)
+
+
+def test_a_closed_remote_model_refuses_every_call(targets):
+    """After close() every declared method of a connect()ed model, on both sides, says it was closed, as a
+    local model's does (its catalogue answered from the table it read at connect)."""
+    import asyncio
+
+    from engine import connect
+    from engine.core.errors import EngineError
+    from engine.model import api
+    url = targets("remote-eager").url
+    m = connect(url)
+    m.close()
+    for side, obj in (("sync", m), ("async", m.aio)):
+        for name in api.SHARED + api.RUNS + api.STREAMS:
+            fn = getattr(obj, name)
+            args = ["resid_post.0"] * sum(p.default is p.empty and p.kind == p.POSITIONAL_OR_KEYWORD
+                                          for p in api.declared(name).parameters.values() if p.name != "self")
+            with pytest.raises(EngineError, match="was closed; connect again"):
+                out = fn(*args)
+                if asyncio.iscoroutine(out):
+                    asyncio.run(out)
+                elif hasattr(out, "__enter__"):
+                    out.__enter__()
+
+
+def test_an_sae_is_named_by_its_folder_on_the_server(targets, saes):
+    """A readout or a feature steer names the server's SAE by its folder inside --sae-dir (it was refused on
+    the client unless the same path existed there) and gives what the library gives with the path."""
+    from engine import Readout, SAEFeatures, Steer
+    remote, local = targets("remote-eager"), targets("eager")
+    path = str(saes / "sae")
+    got = remote.run_with_cache("The quick brown fox", readouts=[Readout("resid_post.1", SAEFeatures("sae", k=4), "f")],
+                                steer=[Steer("resid_post.0", "feature_add", sae="sae", feature=3, coeff=2.0)])[1]
+    ref = local.run_with_cache("The quick brown fox", readouts=[Readout("resid_post.1", SAEFeatures(path, k=4), "f")],
+                               steer=[Steer("resid_post.0", "feature_add", sae=path, feature=3, coeff=2.0)])[1]
+    assert torch.equal(got.readouts["f"].indices, ref.readouts["f"].indices)
+    torch.testing.assert_close(got.readouts["f"].values, ref.readouts["f"].values, rtol=1e-5, atol=1e-5)
+    assert got.receipts[0].rows == ref.receipts[0].rows > 0

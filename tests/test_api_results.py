@@ -16,18 +16,13 @@ import pytest
 import torch
 
 from api_conformance import Awaited
-from engine import LensTopK, Mean, Norm, Readout, Request, Steer, connect
+from api_conformance import targets as conformance_targets
+from engine import LensTopK, Mean, Norm, Readout, Request, Steer
 from engine.core.readouts import TopK
-from engine.serve.app import build_app
-from engine.serve.runner import EagerRunner
-from engine.serve.settings import ServeSettings
-from remote_common import InProcess
-from test_vllm_common import eager_model, random_vector, vllm_model
+from test_vllm_common import random_vector
 from validator.scoring import compare as score
 from validator.tolerances import EXACT_ENGINES, tier_for
 
-LLAMA = "meta-llama/Llama-3.2-1B"
-DECLARED = ["resid_post", "mlp_out.1", "z.1"]  # the shared vllm-static engine of test_vllm_interventions
 P = "The quick brown fox jumps over the lazy dog"
 V = random_vector((256,), seed=5, scale=2.0)
 MASK = torch.tensor([False, True, False, True, True] + [False] * 6)  # 11 positions: the prompt's
@@ -91,30 +86,8 @@ DECODE = ("generate greedy", "stream", "batch")  # decode steps: the validator's
 
 @pytest.fixture(scope="module")
 def targets():
-    made: dict = {}
-    servers = []
-
-    def get(target: str):
-        if target not in made:
-            if target == "eager":
-                made[target] = eager_model(LLAMA)
-            elif target == "vllm":
-                made[target] = vllm_model(LLAMA)
-            elif target == "vllm-static":
-                made[target] = vllm_model(LLAMA, "vllm-static", static_points=DECLARED)
-            else:  # not runner.close() afterwards: the model is the session's shared one
-                runner = EagerRunner(eager_model(LLAMA))
-                srv = InProcess(build_app(runner, ServeSettings()))
-                servers.append((srv, runner))
-                made[target] = connect(srv.url, timeout=300)
-        return made[target]
-    yield get
-    for target, m in made.items():
-        if target.startswith("remote"):
-            m.close()
-    for srv, runner in servers:
-        srv.stop()
-        runner.pool.shutdown(wait=True)
+    with conformance_targets() as get:
+        yield get
 
 
 @pytest.fixture(scope="module")
@@ -165,3 +138,25 @@ def test_the_same_call_gives_the_same_result_everywhere(targets, reference, targ
         assert got == reference(name, "vllm")  # the same seed draws the same tokens again
         return
     compare(got, reference(name, runtime), "hf" if target.endswith("eager") else "vllm", f"{name} @ {target} {side}")
+
+
+@pytest.mark.parametrize("target", ["eager", "remote-eager"])
+def test_generate_batch_shows_its_progress_when_asked(targets, capsys, target):
+    """progress=True ticks a bar per request (vLLM's was taken and silently ignored); without it, nothing."""
+    m = targets(target)
+    m.generate_batch([Request(P, 1), Request("Hello", 1)])
+    assert "2/2" not in capsys.readouterr().err
+    m.generate_batch([Request(P, 1), Request("Hello", 1)], progress=True)
+    assert "2/2" in capsys.readouterr().err
+
+
+def test_a_remote_model_describes_what_its_server_serves(targets):
+    """describe / serves / refuses answer remotely, from the server's own table: the same verdict on every
+    point and layer as the library's model behind it (served, and steerable or capture-only)."""
+    remote, local = targets("remote-eager"), targets("eager")
+    got, ref = remote.describe(), local.describe()
+    assert [(v.address, v.served, v.capture_only is None) for v in got] == \
+        [(v.address, v.served, v.capture_only is None) for v in ref]
+    assert got.readouts.keys() == ref.readouts.keys()
+    assert remote.serves("resid_post.1") and remote.refuses("q_norm_in.0") and not remote.serves("q_norm_in.0")
+    assert remote.verdict("z.0.head-1").served and not remote.verdict("z.0.head-99").served

@@ -225,6 +225,8 @@ def deprecated(old: str) -> Callable[..., Any]:
         return getattr(self, new)(**dict(zip(params, args)), **kw)
     method.__name__ = method.__qualname__ = old
     method.__doc__ = f"Deprecated: {new}() under its earlier name ({', '.join(params)}, ...)."
+    now = declared(new).parameters
+    method.__signature__ = inspect.Signature([now["self"], *(now[p] for p in params)])  # type: ignore[attr-defined]
     return method
 
 

@@ -44,6 +44,16 @@ def _fact(name: str, to: str) -> property:
     return property(lambda self: getattr(getattr(self, to), name), doc=f"The model's {name}.")
 
 
+def _members(to: str, side: type, run: Callable[[str], Any], stream: Callable[[str], Any]) -> dict[str, Any]:
+    """Every declared member of a generated side: the model's facts and the shared catalogue read through
+    `to` (the other side), each call made by `run`, each stream by `stream`."""
+    out: dict[str, Any] = {n: _fact(n, to) for n in api.FACTS}
+    out.update({n: _delegate(n, to, side) for n in api.SHARED})
+    out.update({n: run(n) for n in api.RUNS})
+    out.update({n: stream(n) for n in api.STREAMS})
+    return out
+
+
 def _on_loop(name: str) -> Callable[..., Any]:
     def method(self: OnLoop, *args: Any, **kw: Any) -> Any:
         return self._run(getattr(self.aio, name)(*args, **kw))
@@ -95,15 +105,7 @@ class OnLoop(api.Aliases):
     def __exit__(self, *exc: Any) -> None:
         self.close()
 
-    for _n in api.FACTS:
-        vars()[_n] = _fact(_n, "aio")
-    for _n in api.SHARED:
-        vars()[_n] = _delegate(_n, "aio", api.Model)
-    for _n in api.RUNS:
-        vars()[_n] = _on_loop(_n)
-    for _n in api.STREAMS:
-        vars()[_n] = _iterated(_n)
-    del _n
+    vars().update(_members("aio", api.Model, _on_loop, _iterated))
 
 
 def awaited(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -168,12 +170,4 @@ class InThread(api.Aliases):
     def _live(self) -> None:
         self.model._live()
 
-    for _n in api.FACTS:
-        vars()[_n] = _fact(_n, "model")
-    for _n in api.SHARED:
-        vars()[_n] = _delegate(_n, "model", api.AsyncModel)
-    for _n in api.RUNS:
-        vars()[_n] = _in_thread(_n)
-    for _n in api.STREAMS:
-        vars()[_n] = _stream_in_thread(_n)
-    del _n
+    vars().update(_members("model", api.AsyncModel, _in_thread, _stream_in_thread))

@@ -19,7 +19,6 @@ from engine.core.results import (
     PATTERNS,
     ActivationCache,
     GenerationResult,
-    Request,
     RequestResult,
     batch_readouts,
     check_strict,
@@ -148,9 +147,8 @@ def generate_batch(m: Any, requests: Any, return_logits: bool, progress: bool, s
     if sink is not None:
         raise unserved(m.backend, "sink= (the vLLM workers' shared-memory hand-off of captured rows)",
                        "leave it unset: the results come back in memory")
-    reqs: list[Request] = requests_of(requests)
     prepared = [prepare(m, r.prompt, r.max_new_tokens, r.points, r.steer, r.sampling, r.readouts, strict)
-                for r in reqs]
+                for r in requests_of(requests)]
     out = []
     with Progress(len(prepared), progress) as bar:
         for prep in prepared:
