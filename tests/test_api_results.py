@@ -140,7 +140,7 @@ def test_the_same_call_gives_the_same_result_everywhere(targets, reference, targ
     compare(got, reference(name, runtime), "hf" if target.endswith("eager") else "vllm", f"{name} @ {target} {side}")
 
 
-@pytest.mark.parametrize("target", ["eager", "remote-eager"])
+@pytest.mark.parametrize("target", ["eager", "remote-eager", pytest.param("vllm", marks=pytest.mark.vllm)])
 def test_generate_batch_shows_its_progress_when_asked(targets, capsys, target):
     """progress=True ticks a bar per request (vLLM's was taken and silently ignored); without it, nothing."""
     m = targets(target)
