@@ -114,6 +114,7 @@ SERVER_WORDS = {
     # the server checks a capture's room as a generation's (engine/serve/context.tokenize): the class and the
     # limit are the library's, its advice on a vLLM server one token off
     "one token past the positions (capture)": "tokens, longer than the",
+    "a prompt of exactly the positions (capture)": "tokens fill all 256 positions",
 }
 
 
