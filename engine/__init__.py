@@ -6,6 +6,7 @@ on eager HF or vLLM, checked against TransformerLens, nnsight/nnterp and HF itse
     logits, cache = m.run_with_cache("Hello world", ["resid_post.-1", "z.0.head-1"])
     m = connect("http://gpu-box:8000")                   # the same API on a `python -m engine.serve` server
 """
+import inspect
 from typing import Any
 
 from engine.core.address import Address, parse
@@ -53,14 +54,23 @@ from engine.core.results import (
 )
 from engine.core.steering import NonFiniteSteer, Steer
 from engine.loading import load_model
+from engine.model.api import declared
 from engine.remote import connect
 from engine.workflows.attention_capture import AttentionCapture, capture_attention
 from engine.workflows.patching import PatchResult, logit_diff, patch_sweep
 
 
-def run_with_cache(model: Any, inputs: Any, points: Any = (), steer: Any = (), strict: bool = False, readouts: Any = ()) -> tuple:
-    """Module-level form of `model.run_with_cache`."""
-    return model.run_with_cache(inputs, points, steer, strict=strict, readouts=readouts)
+def _with_model(sig: inspect.Signature) -> inspect.Signature:
+    model = inspect.Parameter("model", inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    return sig.replace(parameters=[model, *(p for p in sig.parameters.values() if p.name != "self")])
+
+
+def run_with_cache(model: Any, *args: Any, **kw: Any) -> tuple:
+    """Module-level form of `model.run_with_cache`, with its declared parameters (engine/model/api.py)."""
+    return model.run_with_cache(*args, **kw)
+
+
+run_with_cache.__signature__ = _with_model(declared("run_with_cache"))  # type: ignore[attr-defined]
 
 
 __all__ = ["Address", "parse", "load_model", "connect", "run_with_cache", "Steer", "POINTS", "get_point", "BACKENDS",

@@ -77,6 +77,7 @@ TESTS: dict[str, tuple[str, ...]] = {
         "test_benchmarks_eager_breakdown.py", "test_eager.py", "test_families_dense.py", "test_families_extra.py",
         "test_families_moe.py", "test_inputs.py",
     ),
+    "engine/backends/hf/generation.py": ("test_api_errors.py", "test_api_results.py", "test_generation.py"),
     "engine/backends/hf/grid.py": ("test_validator_decode_keys.py",),
     "engine/backends/hf/site_kinds.py": (
         "test_eager.py", "test_families_dense.py", "test_families_extra.py", "test_families_moe.py",
@@ -125,6 +126,7 @@ TESTS: dict[str, tuple[str, ...]] = {
         "test_address.py", "test_mappers.py", "test_pipeline_units.py", "test_seams.py", "test_vllm_static.py",
     ),
     "engine/core/backends.py": ("test_backends.py", "test_seams.py", "test_visualizer_data.py"),
+    "engine/core/crossing.py": ("test_remote_units.py", "test_vllm_replies.py"),
     "engine/core/errors.py": (
         "test_address.py", "test_backends.py", "test_capabilities.py", "test_eager.py", "test_errors.py",
         "test_families_dense.py", "test_families_extra.py", "test_families_moe.py", "test_feature_steering.py",
@@ -275,9 +277,12 @@ TESTS: dict[str, tuple[str, ...]] = {
         "test_stop_at_layer.py", "test_syncs.py", "test_tokens.py", "test_validator_decode_keys.py",
         "test_validator_interp_engine.py", "test_visualizer_data.py",
     ),
+    "engine/model/api.py": ("test_api_errors.py", "test_api_results.py", "test_api_signatures.py"),
     "engine/model/base.py": ("test_capabilities.py", "test_eager.py"),
+    "engine/model/batch.py": ("test_api_errors.py", "test_api_results.py"),
     "engine/model/capabilities.py": ("test_capabilities.py",),
     "engine/model/catalogue.py": ("test_capabilities.py",),
+    "engine/model/facade.py": ("test_api_errors.py", "test_api_results.py", "test_api_signatures.py"),
     "engine/model/lens.py": ("test_eager.py", "test_readouts.py"),
     "engine/model/options.py": ("test_backends.py", "test_inputs.py"),
     "engine/model/paths.py": ("test_families_dense.py",),
@@ -443,6 +448,7 @@ BEYOND_MODULES: dict[str, str] = {
 
 # the other files of tests/ (imported by the tests) -> what they hold
 HELPERS: dict[str, str] = {
+    "api_conformance.py": "the API conformance table of bad calls, and how a case runs on a model's either side",
     "bench_fakes.py": "hand-made benchmark cells for the harness tests",
     "conftest.py": "session fixtures: the shared vLLM engines closed at the end, Ctrl-C handling",
     "mapper_checks.py": "the mapper tests' models and comparison, and nnterp's side of them (run with .nnterp-ref)",

@@ -229,7 +229,7 @@ HOSTILE = [
     ("300 steers", "/v1/completions", {"prompt": "hi", "interp": {"steer": [
         {"address": "resid_post.0", "op": "scale", "value": 1.0}] * 300}}, 400, "at most 256", "interp.steer"),
     ("LensTopK k=10**9", "/v1/completions", {"prompt": "hi", "interp": {"capture": {"readouts": [
-        {"address": "resid_post.0", "kind": "LensTopK", "k": 10 ** 9}]}}}, 400, "tokens of the vocabulary",
+        {"address": "resid_post.0", "kind": "LensTopK", "k": 10 ** 9}]}}}, 400, "exceeds the vocabulary",
      "interp.capture.readouts[0]"),
     ("3000-row steer on a 256- or 512-position model", "/v1/completions", {"prompt": "hi", "max_tokens": 2,
      "interp": {"steer": [{"address": "resid_post.0", "op": "add", "value": {"dtype": "float32", "shape": [

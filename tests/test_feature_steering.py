@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from engine import Readout, SAEFeatures, Steer
-from engine.core.errors import SteeringError
+from engine.core.errors import SAEError, SteeringError
 from engine.core.ops import OPS
 from engine.core.sae_files import load_sae, random_sae, save_sae, write_random_sae
 from test_vllm_common import check, eager_model, vllm_model
@@ -84,7 +84,7 @@ def test_feature_add_adds_the_decoder_direction_at_the_steered_positions_only(em
 
 @pytest.mark.parametrize("kw, match", [
     (dict(op="feature_clamp", coeff=1.0, feature=1), "needs sae="),
-    (dict(op="feature_clamp", coeff=1.0, sae="/nonexistent"), "is not a directory"),
+    (dict(op="feature_clamp", coeff=1.0, sae=""), "sae is empty"),
     (dict(op="feature_clamp", sae="SAE", feature=1), "needs coeff="),
     (dict(op="feature_clamp", sae="SAE", coeff=1.0), "needs feature="),
     (dict(op="feature_clamp", sae="SAE", coeff=1.0, feature=True), "needs feature=.*got bool True, not an integer"),
@@ -119,6 +119,11 @@ def test_integer_scalars_are_feature_indices(em, saes, feature):
 
 
 def test_feature_steers_checked_against_the_sae_before_running(em, saes, tmp_path):
+    # an SAE named by a path that is not a folder here is refused by the call, not when the Steer is made
+    # (on a model server the same string names a folder inside its --sae-dir)
+    st = Steer("resid_post.1", "feature_clamp", sae="/nonexistent", feature=1, coeff=1.0)
+    with pytest.raises(SAEError, match="feature_clamp at resid_post.1: '/nonexistent' is not a directory"):
+        em.run_with_cache("hi", steer=[st])
     with pytest.raises(SteeringError, match="feature 512 is out of range; .* has 512 features"):
         em.run_with_cache("hi", steer=[Steer("resid_post.1", "feature_clamp", sae=saes["random"], feature=512,
                                              coeff=1.0)])

@@ -110,7 +110,7 @@ _CUDA = torch.cuda.is_available()
 
 # (case, call(env), expected: (error, phrase) for both backends, or {backend: (error, phrase) | None, meaning
 # the call succeeds there | NOT_APPLICABLE, meaning the case does not exist there and is not run})
-TABLE = [
+LOADS = [
     # -- names and directories -----------------------------------------------------------------------
     ("unknown name", lambda e: e.load("Qwen/Qwen3-0.6"), (ModelNotFoundError, "did you mean: Qwen/Qwen3-0.6B")),
     ("missing directory", lambda e: e.load("/nonexistent/saved/model"),
@@ -137,6 +137,11 @@ TABLE = [
     ("device tpu", lambda e: e.load(device="tpu"), (OptionError, "unknown device 'tpu'")),
     ("device cuda without CUDA", lambda e: e.load(device="cuda"),
      None if _CUDA else (OptionError, "needs CUDA, but")),
+]
+
+# the calls of a loaded model (e.m): tests/test_api_errors.py runs these on every backend and through a server,
+# sync and async
+CALLS = [
     # -- token input -------------------------------------------------------------------------------------
     ("to_tokens(None)", lambda e: e.m.to_tokens(None),
      (InputTypeError, "to_tokens takes a text or a non-empty list of texts, got NoneType None; token ids go to")),
@@ -234,10 +239,13 @@ TABLE = [
     ("project_out of a ~0 vector",
      lambda e: e.m.generate("hi", 2, steer=[Steer("resid_post.0", "project_out", torch.full((e.m.d_model,), 1e-12))]),
      (SteeringError, "needs a direction")),
-    # -- family limitations -----------------------------------------------------------------------------------
+]
+
+FAMILIES = [
     ("Falcon-H1 batched generate", _falcon_generate,
      {"eager": (FamilyLimitationError, "generate one prompt at a time"), "vllm": NOT_APPLICABLE}),
 ]
+TABLE = LOADS + CALLS + FAMILIES
 
 
 def _cases():

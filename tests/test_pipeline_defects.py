@@ -148,7 +148,7 @@ def test_sixteen_concurrent_async_captures_equal_their_solo_results(vm):
     points = [["resid_post.1", "z.0.head-1"], ["attn_probs.1"], ["mlp_act.0", "resid_mid.1"], ["final_norm"]]
 
     async def all_at_once():
-        return await asyncio.gather(*(vm.aio.capture(t, points[i % 4], steers[i]) for i, t in enumerate(texts)))
+        return await asyncio.gather(*(vm.aio.run_with_cache(t, points[i % 4], steers[i]) for i, t in enumerate(texts)))
     together = vm._loop.run(all_at_once())
     for i, (logits, cache) in enumerate(together):
         solo_logits, solo = vm.run_with_cache(texts[i], points[i % 4], steers[i])
@@ -264,7 +264,7 @@ def test_vllm_close_frees_the_engine_and_use_after_close_says_so():
     with pytest.raises(EngineError, match=r"openai-community/gpt2 \(vllm\) was closed; load it again"):
         m.stream(PROMPT, 2)
     with pytest.raises(EngineError, match="was closed; load it again"):
-        _within(60, lambda: asyncio.run(m.aio.capture(PROMPT)))
+        _within(60, lambda: asyncio.run(m.aio.run_with_cache(PROMPT)))
     # the sync model's catalogue calls are the async model's; its coroutines awaited from another loop
     raised = _calls_after_close(m.aio, lambda c: _within(60, lambda: asyncio.run(c)))
     wrong = {n: repr(e) for n, e in raised.items() if not (isinstance(e, EngineError) and "was closed" in str(e))}
@@ -310,10 +310,16 @@ def test_stream_yields_each_token_then_the_full_result(vm):
     assert torch.equal(vm.generate(PROMPT, 5, steer=steer).new_tokens, ref.new_tokens)  # ...and the engine serves on
 
 
-def test_sync_vllm_model_refuses_async_only_methods_by_name(vm):
-    """`model.capture` exists only on the async model: the sync facade must not hand out a coroutine."""
-    with pytest.raises(AttributeError, match=r"await model\.aio\.capture"):
-        vm.capture("hello")
+def test_sync_vllm_model_hands_out_no_coroutine(vm):
+    """The sync facade never hands out a coroutine: `capture` (the async side's earlier name of
+    run_with_cache) is a deprecated alias on both sides that warns and gives run_with_cache's result, and an
+    async-only method of the async model is refused by name."""
+    with pytest.warns(DeprecationWarning, match=r"call run_with_cache\(\)"):
+        logits, cache = vm.capture("hello", ["resid_post.0"])
+    ref_logits, ref = vm.run_with_cache("hello", ["resid_post.0"])
+    assert torch.equal(logits, ref_logits) and torch.equal(cache["resid_post.0"], ref["resid_post.0"])
+    with pytest.raises(AttributeError, match=r"is async only: call `await model\.aio\._rpc"):
+        vm.__getattr__("_rpc")
 
 
 @pytest.mark.parametrize("backend", ["eager", "vllm"])

@@ -88,14 +88,16 @@ def _run_script(tmp_path: Path, block: str, name: str, timeout: int = 900) -> su
                           timeout=timeout, env=env)
 
 
-@pytest.mark.slow
-@pytest.mark.vllm
-def test_readme_async_script_runs_as_a_file(tmp_path):
-    """The async block saved as a file and run: `asyncio.run(...)` starts the reader's own event loop,
-    not the model's, and m.aio hands each call to the engine's loop; its stream prints the tokens eager
-    generates, each with a log-probability, and the captures have the eager capture's shape."""
+@pytest.mark.parametrize("backend", [pytest.param("vllm", marks=[pytest.mark.slow, pytest.mark.vllm]), "eager"])
+def test_readme_async_script_runs_as_a_file(tmp_path, backend):
+    """The async block saved as a file and run on each backend it names: `asyncio.run(...)` starts the
+    reader's own event loop, not the model's, and m.aio hands each call to the engine's loop (vLLM) or a
+    worker thread (eager); its stream prints the tokens eager generates, each with a log-probability, and
+    the captures have the eager capture's shape."""
     from test_vllm_common import eager_model
-    proc = _run_script(tmp_path, _vllm_blocks()["async"], "many.py")
+    block = _vllm_blocks()["async"]
+    assert 'backend="vllm"' in block and 'backend="eager"' in _section("The vLLM backends")
+    proc = _run_script(tmp_path, block.replace('backend="vllm"', f'backend="{backend}"'), "many.py")
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = _printed(proc.stdout)
     steps, shapes = lines[:-1], ast.literal_eval(lines[-1])

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from engine import Readout, Steer
+from engine.core.errors import SAEError
 from engine.core.readouts import Last, LensTopK, Max, Mean, Norm, Project, ReadoutError, SAEFeatures, TopK
 from engine.core.results import Request
 from engine.core.sae_files import load_sae, write_random_sae
@@ -236,7 +237,7 @@ def test_a_readout_that_fails_on_deferred_rows_fails_when_read_naming_it():
     (lambda: Readout("attn_probs.1", Mean()), "per-position activation vectors"),
     (lambda: Readout("lm_head", Norm()), "per-position activation vectors"),
     (lambda: Readout("resid_post.1", Mean(), name=""), "non-empty string"),
-    (lambda: Readout("resid_post.1", SAEFeatures("/nonexistent/sae")), "is not a directory"),
+    (lambda: Readout("resid_post.1", SAEFeatures("")), "sae is empty"),
     (lambda: Readout("resid_post.1", SAEFeatures(torch.ones(3))), "a directory path or a loaded SAE"),
     (lambda: Readout("resid_post.1", SAEFeatures("/tmp", k=2, threshold=float("inf"))), "finite number"),
 ])
@@ -255,6 +256,8 @@ def test_bad_readouts_are_refused_by_the_call(em):
         em.run_with_cache("hi", readouts="resid_post.1")
     with pytest.raises(ReadoutError, match="without gradients"):
         em.run_with_cache("hi", readouts=[r], grad=True)
+    with pytest.raises(SAEError, match="SAEFeatures: '/nonexistent/sae' is not a directory"):
+        em.run_with_cache("hi", readouts=[Readout("resid_post.1", SAEFeatures("/nonexistent/sae"))])
     with pytest.raises(ReadoutError, match=rf"Project W reads 7 dims but resid_post.1 has {em.d_model}"):
         em.run_with_cache("hi", readouts=[Readout("resid_post.1", Project(torch.ones(2, 7)))])
     with pytest.raises(Exception, match="out of range"):

@@ -12,7 +12,14 @@ import time
 import pytest
 import torch
 
-from engine.core.errors import AddressError, EngineError, InputError, SteeringError, UnsupportedPointError
+from engine.core.crossing import error_classes, library_class
+from engine.core.errors import (
+    AddressError,
+    EngineError,
+    InputError,
+    SteeringError,
+    UnsupportedPointError,
+)
 from engine.core.readouts import LensTopK, Mean, Project, Readout, ReadoutError
 from engine.core.results import StrictSteerError
 from engine.core.steering import Steer
@@ -22,7 +29,6 @@ from engine.remote.errors import (
     ServerBusy,
     ServerFailed,
     ServerRefused,
-    engine_classes,
     error_from,
 )
 from engine.remote.transport import Retry, parse_retry_after
@@ -103,17 +109,21 @@ def test_an_error_answer_becomes_the_librarys_exception():
     def body(kind, msg="m", code=400, param=None):
         return {"error": {"message": msg, "type": "x", "param": param, "code": code, "engine_error": kind}}
     for name, cls in [("AddressError", AddressError), ("UnsupportedPointError", UnsupportedPointError),
-                      ("SteeringError", SteeringError), ("ReadoutError", ReadoutError), ("ValueError", ValueError)]:
-        e = error_from(400, body(name, "the message"))
-        assert type(e) is cls and str(e) == "the message"
-    assert type(error_from(400, body("StrictSteerError"))) is SteeringError  # needs its receipt: its base class
+                      ("SteeringError", SteeringError), ("ReadoutError", ReadoutError), ("ValueError", ValueError),
+                      ("TypeError", TypeError)]:
+        e = error_from(400, body(name, "the message", param="interp.x"))
+        # the library's class (`except ReadoutError` works remotely) and a ServerRefused (the server said no)
+        assert isinstance(e, cls) and isinstance(e, ServerRefused) and type(e).__name__ == name, type(e).__mro__
+        assert library_class(e) is cls and str(e) == "the message" and (e.status, e.param) == (400, "interp.x")
+    strict = error_from(400, body("StrictSteerError"))  # needs its receipt: raised as its base class
+    assert library_class(strict) is SteeringError and isinstance(strict, ServerRefused)
     assert type(error_from(400, body("NoSuchClass"))) is ServerRefused
     assert type(error_from(413, body(None))) is ServerRefused and error_from(400, body(None, param="x")).param == "x"
     assert type(error_from(401, body(None))) is AuthenticationError
     assert type(error_from(503, body(None))) is ServerBusy and type(error_from(429, body(None))) is ServerBusy
     assert type(error_from(500, body("AddressError"))) is ServerFailed  # a 5xx is never the input's fault
     assert type(error_from(502, "<html>bad gateway</html>")) is ServerFailed
-    names = engine_classes()
+    names = error_classes()
     assert names["StrictSteerError"] is StrictSteerError and "RemoteError" not in names
 
 

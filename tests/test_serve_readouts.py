@@ -79,7 +79,7 @@ def test_readouts_and_feature_steers_equal_the_library(client):
      "interp.steer[0]", "feature 9999 is out of range"),
     # issue 34: each of these was a 500 (the SAE is loaded only inside the forward)
     ({"capture": {"readouts": [{"address": "resid_post.1", "kind": "SAEFeatures", "sae": "res1", "k": 513}]}},
-     "interp.capture.readouts[0]", "k=513 is more than the 512 latents of its SAE"),
+     "interp.capture.readouts[0]", "k=513 exceeds the SAE's 512 latents"),  # the engine's own check, up front
     ({"steer": [{"address": "resid_post.1", "op": "feature_scale", "sae": "res1", "feature": [3, 512],
                  "coeff": 2.0}]}, "interp.steer[0].feature", "feature 512 is out of range; its SAE has 512"),
     ({"capture": {"readouts": [{"address": "resid_post.1", "kind": "SAEFeatures", "sae": "res1", "k": 4,

@@ -118,5 +118,5 @@ def test_a_harvest_stops_after_the_last_block_it_reads(m):
 def test_vllm_refuses_stop_at_layer_by_name():
     from test_vllm_common import vllm_model
     vm = vllm_model("meta-llama/Llama-3.2-1B")  # the session's shared engine
-    with pytest.raises(OptionError, match=r"stop_at_layer=1: vllm runs the whole forward; use backend='eager'"):
+    with pytest.raises(OptionError, match=r"stop_at_layer=1 \(vLLM runs its whole forward\) is not served by backend 'vllm'; use backend='eager'"):
         vm.run_with_cache("Hi", ["resid_post.0"], stop_at_layer=1)

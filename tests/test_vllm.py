@@ -294,6 +294,7 @@ def test_a_failing_request_fails_alone(engines):
     import asyncio
 
     from engine.backends.vllm.client import Submission
+    from engine.backends.vllm.worker import wire
     from engine.core.plan import Plan
     vm, em = engines(LLAMA), eager_model(LLAMA)
     aio = vm.aio
@@ -307,7 +308,8 @@ def test_a_failing_request_fails_alone(engines):
         (rank0,) = await aio._rpc("interp_collect", ["bad-plan"], [False])
         return rank0[0], await good
     res, good = vm._loop.run(scenario())
-    assert "shape (7,)" in res["failed"]
+    failed = wire.CollectReply.read(res).failed  # the declared reply: its failure's class and message
+    assert failed is not None and failed.kind == "SteeringError" and "shape (7,)" in failed.message
     ref = em.generate(PROMPTS[1], 3, points=["resid_post.0"])
     assert torch.equal(good.new_tokens, ref.new_tokens)
     check(good.cache["resid_post.0"], ref.cache["resid_post.0"], "resid_post", case="decode")
@@ -406,7 +408,9 @@ def test_a_plan_the_workers_cannot_register_fails_its_request_alone(engines):
         (rank0,) = await aio._rpc("interp_collect", ["broken"], [False])
         return rank0[0], await good
     res, good = vm._loop.run(scenario())
-    assert "failed" in res and "address" in res["failed"], res
+    from engine.backends.vllm.worker.wire import CollectReply
+    failed = CollectReply.read(res).failed  # the declared reply: the class the worker raised, its message
+    assert failed is not None and failed.kind == "TypeError" and "address" in failed.message, res
     ref = em.generate(PROMPTS[1], 3, points=["resid_post.0"])
     assert torch.equal(good.new_tokens, ref.new_tokens)
     assert vm.generate(PROMPT, 2, points=["resid_post.0"]).requests[0].new_tokens.shape == (2,)

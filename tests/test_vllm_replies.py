@@ -5,6 +5,7 @@ in test_vllm.py and test_vllm_interventions.py."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import types
 
 import pytest
@@ -13,9 +14,10 @@ import torch
 from engine.backends.vllm import replies, streaming
 from engine.backends.vllm.worker import wire
 from engine.core.address import Address
-from engine.core.errors import EngineError, SteeringError
+from engine.core.errors import EngineError, EngineFailure, SAEError, SteeringError
 from engine.core.plan import Plan
-from engine.core.results import ActivationCache, RequestResult, StreamStep
+from engine.core.readouts import ReadoutError
+from engine.core.results import ActivationCache, Receipt, RequestResult, StreamStep
 from engine.core.steering import NonFiniteSteer, Steer
 
 
@@ -29,8 +31,10 @@ class Catalogue:
         return {"sharded": self.sharded, "shape": self.shape}
 
 
-def _rank(key: str, rows: torch.Tensor, held: list[int] | None = None, **more) -> dict:
-    return {"captures": {key: (0, wire.tensor_out(rows))}, "held": {key: held or []}, **more}
+def _rank(key: str, rows: torch.Tensor, held: list[int] | None = None, **more) -> wire.CollectReply:
+    """A rank's reply as the client reads it: encoded by the worker (out), read back (read)."""
+    reply = wire.CollectReply("req", captures={key: [0, wire.tensor_out(rows)]}, held={key: held or []}, **more)
+    return wire.CollectReply.read(reply.out())
 
 
 def _out(tokens: list[int], cached: int = 0):
@@ -55,9 +59,9 @@ def test_gather_puts_each_ranks_heads_of_a_sharded_point_in_place():
 
 def test_gather_says_which_capture_is_missing_or_failed():
     with pytest.raises(RuntimeError, match=r"^resid_post\.0 was never computed for this request\.$"):
-        replies.gather(Catalogue(False, (8,)), "resid_post.0", [{"captures": {}}])
-    failed = {"captures": {}, "errors": {"resid_post.0": "resid_post.0: out of memory"}}
-    with pytest.raises(RuntimeError, match=r"^resid_post\.0: out of memory$"):
+        replies.gather(Catalogue(False, (8,)), "resid_post.0", [wire.CollectReply("req")])
+    failed = wire.CollectReply("req", errors={"resid_post.0": wire.Failure("RuntimeError", "resid_post.0: out of memory")})
+    with pytest.raises(EngineFailure, match=r"^RuntimeError: resid_post\.0: out of memory$"):
         replies.gather(Catalogue(False, (8,)), "resid_post.0", [failed])
 
 
@@ -81,23 +85,48 @@ def test_a_request_result_holds_its_tokens_captures_text_and_logits_from_the_las
     assert _result([rank]).logits is None
 
 
-@pytest.mark.parametrize("failed, cls, match", [
-    ("NonFiniteSteer: add at resid_post.0 made 2 rows non-finite", NonFiniteSteer,
-     r"^add at resid_post\.0 made 2 rows non-finite \(this request alone failed; others are unaffected\)$"),
-    ("SteeringError: no row selected", SteeringError, r"^no row selected \(this request alone failed"),
-    ("RuntimeError: CUDA error", EngineError,
-     r"^this request failed inside the vLLM worker \(RuntimeError: CUDA error\); other requests and the engine "
-     r"are unaffected\.$"),
+ALONE = r" \(this request alone failed inside the vLLM worker; other requests and the engine are unaffected\)$"
+
+
+@pytest.mark.parametrize("raised, cls, match", [
+    (NonFiniteSteer("add at resid_post.0 made 2 rows non-finite"), NonFiniteSteer,
+     r"^add at resid_post\.0 made 2 rows non-finite" + ALONE),
+    (SteeringError("no row selected"), SteeringError, r"^no row selected" + ALONE),
+    (ReadoutError("LensTopK k=9 exceeds the vocabulary's 8 tokens"), ReadoutError, r"^LensTopK k=9 exceeds the vocabulary.s 8 tokens" + ALONE),
+    (SAEError("sae: '/x' is not a directory"), SAEError, r"^sae: '/x' is not a directory" + ALONE),
+    (RuntimeError("CUDA error"), EngineFailure, r"^RuntimeError: CUDA error" + ALONE),
 ])
-def test_a_request_failed_in_a_worker_raises_its_own_class_when_its_input_was_at_fault(failed, cls, match):
+def test_a_request_failed_in_a_worker_raises_the_class_the_worker_raised(raised, cls, match):
+    """The failure crosses as a declared type (wire.Failure: class and message) and is raised again as that
+    class; it crossed as a "Class: message" string, and anything but two named classes came back as a bare
+    EngineError (an SAE feature out of range: SteeringError on eager, EngineError on vLLM)."""
+    reply = wire.CollectReply("req", failed=wire.Failure.of(raised))
     with pytest.raises(cls, match=match) as e:
-        _result([{"captures": {}, "failed": failed}])
+        _result([wire.CollectReply.read(reply.out())])
     assert type(e.value) is cls
+
+
+def test_a_collect_reply_crosses_as_plain_data_and_reads_back_whole():
+    """What collective_rpc carries (msgpack: dicts, lists, str, int, bytes; nothing else) holds every field."""
+    import msgspec
+    rows, logits = torch.randn(3, 2), torch.randn(2, 5)
+    reply = wire.CollectReply("req", captures={"z.1": [4, wire.tensor_out(rows)]}, held={"z.1": [0, 2]},
+                              readouts={"n": wire.encode([rows[:, 0]])},
+                              errors={"q.0": wire.Failure.of(ReadoutError("bad"))}, logits=wire.tensor_out(logits),
+                              logits_from=2, recomputed=1,
+                              receipts=[Receipt(0, "z.1", "add", 3, 1.5)], failed=wire.Failure.of(SteeringError("x")))
+    back = wire.CollectReply.read(msgspec.msgpack.decode(msgspec.msgpack.encode(reply.out())))
+    assert back.key == "req" and back.held == {"z.1": [0, 2]} and back.logits_from == 2 and back.recomputed == 1
+    assert back.captures["z.1"][0] == 4 and torch.equal(wire.tensor_in(back.captures["z.1"][1]), rows)
+    assert torch.equal(wire.tensor_in(back.logits), logits) and back.receipts == reply.receipts
+    assert back.errors == {"q.0": wire.Failure("ReadoutError", "bad")} and back.failed == wire.Failure("SteeringError", "x")
+    assert torch.equal(wire.decode(back.readouts["n"])[0], rows[:, 0])
+    assert {f.name for f in dataclasses.fields(wire.CollectReply)} == set(reply.out())  # one field list
 
 
 def test_a_lost_plan_and_a_missing_output_are_the_engines_errors():
     with pytest.raises(EngineError, match=r"^a worker lost this request's plan: unknown key abc$"):
-        _result([{"captures": {}, "error": "unknown key abc"}])
+        _result([wire.CollectReply("req", lost="unknown key abc")])
     with pytest.raises(EngineError, match=r"aborted\?"):
         replies.request_result(Plan(3), [1, 2, 3], (), None, None, False, False, catalogue=Catalogue(False, (2,)),
                                n_layers=2, tokenizer=Tok())
@@ -105,8 +134,8 @@ def test_a_lost_plan_and_a_missing_output_are_the_engines_errors():
 
 def test_receipts_come_back_one_per_steer_with_sharded_changes_added_in_quadrature():
     plan = Plan(3, [], [Steer("z.0", "add", torch.ones(3))])
-    ranks = [{"captures": {}, "receipts": [{"index": 0, "address": "z.0", "op": "add", "rows": 3, "change_norm": 3.0}]},
-             {"captures": {}, "receipts": [{"index": 0, "address": "z.0", "op": "add", "rows": 3, "change_norm": 4.0}]}]
+    ranks = [wire.CollectReply("req", receipts=[Receipt(0, "z.0", "add", 3, 3.0)]),
+             wire.CollectReply("req", receipts=[Receipt(0, "z.0", "add", 3, 4.0)])]
     (r,) = _result(ranks, plan).receipts
     assert (r.rows, r.change_norm, r.op) == (3, 5.0, "add")
 

@@ -173,3 +173,4 @@ class ServerFailed(RemoteError):
 
 class Disconnected(RemoteError, ConnectionError):
     """No answer: the server could not be reached, dropped the connection, or took longer than the timeout."""
+

@@ -51,7 +51,7 @@ class Plan:
     key: int = field(default_factory=lambda: next(_keys))
     recomputed: int = 0  # chunks that restarted below what was held (preemption + recompute)
     store: dict = field(default_factory=dict)  # capture key -> list[(pos0, rows)]
-    error: str | None = None  # set when this plan failed inside a forward (vLLM workers)
+    error: object | None = None  # what failed when this plan failed inside a forward (vLLM workers: a wire Failure)
     readouts: list = field(default_factory=list)  # engine.core.readouts.Readout, resolved addresses
     accumulators: dict = field(default_factory=dict)  # readout name -> Accumulator, bound where it runs
 

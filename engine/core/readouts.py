@@ -33,7 +33,7 @@ from typing import Any, Callable, ClassVar
 import torch
 
 from engine.core.address import Address, parse
-from engine.core.errors import ReadoutError  # noqa: F401  (defined with every other error; importable here too)
+from engine.core.errors import ReadoutError, SAEError  # (defined with every other error; importable here too)
 from engine.core.points import INTEGER_POINTS, KEY_AXIS_POINTS, RESIDUAL_POINTS
 
 
@@ -67,6 +67,17 @@ class Env:
     sae: "Callable[[Any], Any] | None" = None
 
 
+@dataclass(frozen=True)
+class Facts:
+    """What a model tells its readouts before anything runs (Kind.check_model): its vocabulary (a lens's
+    top k), the flattened per-position width at the readout's address (None: not known there), and
+    whether an SAE named by a path is read where the call is checked (False on a remote client: the
+    server names its own SAEs and checks them)."""
+    vocab: int | None = None
+    width: int | None = None
+    local_saes: bool = True
+
+
 class Kind:
     """A readout kind. `per_position`: one result row per position (else one result per call)."""
     per_position: ClassVar[bool] = True
@@ -75,6 +86,10 @@ class Kind:
 
     def check(self, address: Address) -> None:
         """Refuse an address this kind cannot read (model-independent)."""
+
+    def check_model(self, facts: Facts, address: Address) -> None:
+        """Refuse what the model's facts rule out (a k above the vocabulary or the SAE's latents, a width
+        that is not the point's), before anything runs, on every backend alike."""
 
     def bind(self, env: Env, address: Address) -> Callable[[torch.Tensor], tuple]:
         """rows [n, *shape] at `address` -> parts: per-position kinds a tuple of [n, ...] tensors (dense: one;
@@ -210,6 +225,10 @@ class Project(Kind):
             raise ReadoutError(f"Project W reads {self.width} dims but {where} has {width} per position"
                                f"{f' (shape {shape})' if shape else ''}; give W of shape [out, {width}].")
 
+    def check_model(self, facts: Facts, address: Address) -> None:
+        if facts.width is not None:
+            self.check_width(facts.width, address)
+
     def bind(self, env: Env, address: Address) -> Callable[[torch.Tensor], tuple]:
         placed: dict = {}
 
@@ -252,6 +271,11 @@ class LensTopK(Kind):
             raise ReadoutError(f"LensTopK reads a whole residual point; {address} is not one (use one of: "
                                f"{', '.join(RESIDUAL_POINTS)}).")
 
+    def check_model(self, facts: Facts, address: Address) -> None:
+        if facts.vocab is not None and self.k > facts.vocab:
+            raise ReadoutError(f"LensTopK k={self.k} exceeds the vocabulary's {facts.vocab} tokens; ask for at most "
+                               f"{facts.vocab}.")
+
     def bind(self, env: Env, address: Address) -> Callable[[torch.Tensor], tuple]:
         lens = env.lens
         if lens is None:
@@ -286,15 +310,26 @@ class SAEFeatures(Kind):
         object.__setattr__(self, "k", _positive_int(self.k, "SAEFeatures k"))
         if isinstance(self.sae, Path):
             object.__setattr__(self, "sae", str(self.sae))
-        if isinstance(self.sae, str) and not Path(self.sae).is_dir():
-            raise ReadoutError(f"SAEFeatures: {self.sae!r} is not a directory (an SAE in SAELens's format: "
-                               f"cfg.json + sae_weights.safetensors).")
+        if isinstance(self.sae, str) and not self.sae:
+            raise ReadoutError("SAEFeatures sae is empty; give an SAE directory (or, on a model server, the name of "
+                               "an SAE folder inside its --sae-dir).")
         if not isinstance(self.sae, str) and not callable(getattr(self.sae, "encode", None)):
             raise ReadoutError(f"SAEFeatures sae must be a directory path or a loaded SAE (with encode), "
                                f"got {type(self.sae).__name__}.")
         t = self.threshold
         if t is not None and (isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t)):
             raise ReadoutError(f"SAEFeatures threshold must be a finite number or None, got {t!r}.")
+
+    def check_model(self, facts: Facts, address: Address) -> None:
+        if isinstance(self.sae, str) and not facts.local_saes:
+            return
+        from engine.core.sae_files import sae_header
+        sae = sae_header(self.sae, "SAEFeatures")
+        if self.k > int(sae.d_sae):
+            raise ReadoutError(f"SAEFeatures k={self.k} exceeds the SAE's {sae.d_sae} latents.")
+        if facts.width is not None and facts.width != sae.d_in:
+            raise SAEError(f"{sae.where()}: d_in is {sae.d_in} (cfg.json field 'd_in') but {address} is "
+                           f"{facts.width} wide; attach an SAE trained on this model's {address}.")
 
     def bind(self, env: Env, address: Address) -> Callable[[torch.Tensor], tuple]:
         from engine.core.features import topk

@@ -155,12 +155,44 @@ def _check_tensors(tensors: dict[str, torch.Tensor], shapes: dict[str, tuple[int
             raise SAEError(f"{path}: tensor {name!r} contains NaN or inf.")
 
 
+@dataclass(frozen=True)
+class SAEHeader:
+    """An SAE's facts from its cfg.json alone (no weights read): what a call's feature steers and SAE
+    readouts are checked against before anything runs, where the SAE itself is loaded later (a vLLM
+    worker)."""
+    d_in: int
+    d_sae: int
+    arch: Any  # engine.core.sae.Arch
+    source: str
+
+    def where(self) -> str:
+        return self.source
+
+
+def sae_header(spec: Any, where: str = "sae") -> Any:
+    """The facts of the SAE `spec` names: a loaded SAE (itself), or a folder in SAELens's format (an
+    SAEHeader from its cfg.json); an SAEError naming `where` when there is no such folder."""
+    if not isinstance(spec, (str, Path)):
+        return spec
+    folder = Path(spec)
+    if not folder.is_dir():
+        raise SAEError(f"{where}: {str(spec)!r} is not a directory (an SAE in SAELens's format: {CFG_FILE} + "
+                       f"{WEIGHTS_FILE}).")
+    cfg_path = folder / CFG_FILE
+    f = _Fields(_modern(_read_cfg(cfg_path)), cfg_path)
+    name = f.need("architecture")
+    if name not in ARCHITECTURES:
+        raise SAEError(f"{cfg_path}: field 'architecture' is {name!r}, which this loader does not implement; "
+                       f"implemented: {', '.join(ARCHITECTURES)}.")
+    return SAEHeader(f.int("d_in", "the width of the activation the SAE reads"),
+                     f.int("d_sae", "the number of features"), ARCHITECTURES[name], str(folder))
+
+
 def sae_widths(directory: "str | Path") -> tuple[int, int]:
     """(d_in, d_sae) of an SAELens-format folder from its cfg.json alone (no weights read): what a
     caller checks feature indices and top-k sizes against before anything runs."""
-    cfg_path = Path(directory) / CFG_FILE
-    f = _Fields(_modern(_read_cfg(cfg_path)), cfg_path)
-    return f.int("d_in", "the width of the activation the SAE reads"), f.int("d_sae", "the number of features")
+    h = sae_header(directory)
+    return h.d_in, h.d_sae
 
 
 def load_sae(directory: "str | Path", *, device: "torch.device | str" = "cpu",

@@ -106,10 +106,10 @@ class Steer:
         from engine.core.integers import as_int, described  # the one integer rule (np.int64, 0-d tensors)
         if isinstance(self.sae, Path):
             self.sae = str(self.sae)
-        if isinstance(self.sae, str):
-            if not Path(self.sae).is_dir():
-                raise SteeringError(f"{self.op} at {self.address}: sae {self.sae!r} is not a directory (an SAE in "
-                                    f"SAELens's format: cfg.json + sae_weights.safetensors).")
+        if isinstance(self.sae, str):  # a directory, or a model server's name for one: read where the call is checked
+            if not self.sae:
+                raise SteeringError(f"{self.op} at {self.address}: sae is empty; give an SAE directory (or, on a "
+                                    f"model server, the name of an SAE folder inside its --sae-dir).")
         elif not callable(getattr(self.sae, "encode", None)):
             raise SteeringError(f"{self.op} at {self.address} needs sae= (an SAE directory, or a loaded SAE on "
                                 f"eager), got {type(self.sae).__name__}.")
@@ -252,10 +252,11 @@ class Steer:
         return m
 
 
-def check_feature_steer(st: Steer, sae: Any) -> None:
-    """A feature steer against its loaded SAE: feature indices in range, and an SAE (a transcoder
-    reads one point and writes another: its feature edit needs both, which a steer at one address
-    does not have)."""
+def check_feature_steer(st: Steer, sae: Any, width: int | None = None) -> None:
+    """A feature steer against its SAE (loaded, or its cfg.json's facts: engine.core.sae_files.sae_header):
+    feature indices in range, an SAE (a transcoder reads one point and writes another: its feature edit
+    needs both, which a steer at one address does not have), and its d_in the point's per-position
+    `width` when that is known."""
     if sae.arch.transcoder and OPS[st.op].encodes:
         raise SteeringError(f"{st.op} at {st.address}: {sae.where()} is a {sae.arch.name} (it encodes one point and "
                             f"decodes into another); clamp or scale features of an SAE, or use feature_add.")
@@ -263,6 +264,10 @@ def check_feature_steer(st: Steer, sae: Any) -> None:
         if not 0 <= i < sae.d_sae:
             raise SteeringError(f"{st.op} at {st.address}: feature {i} is out of range; {sae.where()} has "
                                 f"{sae.d_sae} features (0..{sae.d_sae - 1}).")
+    if width is not None and width != sae.d_in:
+        from engine.core.errors import SAEError
+        raise SAEError(f"{sae.where()}: d_in is {sae.d_in} (cfg.json field 'd_in') but {st.address} is {width} wide; "
+                       f"attach an SAE trained on this model's {st.address}.")
 
 
 def finite_number(x: object, what: str, where: str = "", fix: str = "give a finite number") -> float:

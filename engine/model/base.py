@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any, Iterator, Self
 
 from engine.core.backends import backend_for
 from engine.core.errors import EngineError
+from engine.model.api import Aliases
 from engine.model.capabilities import CapabilityMixin
 from engine.model.catalogue import PointCatalogue
 
@@ -16,7 +17,7 @@ if TYPE_CHECKING:
     from engine.core.steering import Steer
 
 
-class ModelBase(PointCatalogue, CapabilityMixin):
+class ModelBase(PointCatalogue, CapabilityMixin, Aliases):
     """Subclasses set `name`, `backend`, implement `_steer(steer) -> Steer` (validation) and
     `close()`, and call `_init_base()` in their constructor."""
 

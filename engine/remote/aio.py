@@ -18,23 +18,27 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
-from collections.abc import AsyncGenerator, Awaitable, Iterator
+import math
+from collections.abc import AsyncGenerator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 
-from engine.core.address import parse
+from engine.core.address import Address, known_point, parse
 from engine.core.backends import backend_for
 from engine.core.errors import EngineError, InputError, OptionError
-from engine.core.inputs import new_tokens, prompts_of, top_logprobs
+from engine.core.inputs import Limits, check_ids, new_tokens, prompts_of, top_logprobs
 from engine.core.loop import Loop, on_home_loop
 from engine.core.points import ALIASES, BY_NAME, KEY_AXIS_POINTS
-from engine.core.readouts import Readout, TopK, validate_readouts
+from engine.core.readouts import Facts, Readout, TopK, validate_readouts
 from engine.core.results import Request, RequestResult, StreamStep, check_strict, columns_of, one_run_per_row
-from engine.core.steer_checks import check_steers, validate_steers
+from engine.core.steer_checks import check_steers
 from engine.core.steering import Steer
 from engine.core.tokens import id_rows, padded, texts_of
+from engine.model.api import Aliases, AsyncModel, unserved
+from engine.model.batch import Progress, requests_of
+from engine.model.capabilities import CapabilityMixin, Verdict
 from engine.model.sampling import KNOBS, Sampling
 from engine.remote import bodies, results
 from engine.remote.served import Served
@@ -88,9 +92,16 @@ async def _all(coros: list[Awaitable[_T]]) -> list[_T]:
             t.cancel()
 
 
-class AsyncRemoteModel:
-    """A model served by `python -m engine.serve`, with the library's async API (see the module docstring).
-    Made by engine.connect(); `served` says what the server runs and serves."""
+async def _ticked(coro: Awaitable[_T], tick: Callable[[], None]) -> _T:
+    out = await coro
+    tick()
+    return out
+
+
+class AsyncRemoteModel(CapabilityMixin, Aliases):
+    """A model served by `python -m engine.serve`, with the library's async API (engine/model/api.py's
+    AsyncModel; see the module docstring). Made by engine.connect(); `served` says what the server runs
+    and serves, and answers the catalogue calls (points, describe, serves, refuses) without a request."""
 
     def __init__(self, served: Served, transport: Transport, device: torch.device | str = "cpu",
                  home: Loop | None = None) -> None:
@@ -113,17 +124,35 @@ class AsyncRemoteModel:
     # -- the catalogue (from the server's table) ------------------------------------------------------
     def points(self) -> list[str]:
         """Names of every point the server serves at one layer or more, in catalogue order."""
+        self._live()
         return self.served.point_names()
 
     def point_layers(self, point: str) -> list[int]:
         """Layers at which the server serves `point` ([-1] stands for a trunk point)."""
+        self._live()
         return self.served.point_layers(point)
+
+    def address(self, a: Address | str) -> Address:
+        """Parse and check an address against the server's table (absolute layer)."""
+        self._live()
+        return self.served.address(a)
+
+    def _verdict(self, point: str, layer: int | None) -> Verdict:
+        return self.served.verdict(point, layer)
+
+    def _readout_kinds(self) -> dict:
+        return dict(self.served.readouts)
+
+    def _steer(self, st: Steer) -> Steer:
+        return self.served.check_steer(st)
 
     @contextlib.contextmanager
     def steering(self, *steers: Steer) -> Iterator[AsyncRemoteModel]:
         """Apply steers to every call made in this block, in this thread or asyncio task (nested blocks
-        add up). Their form is checked here; the server checks them against the model at each call."""
-        validate_steers(list(steers))
+        add up). Each is checked against the server's table when the block opens, as locally; the server
+        checks them against the model at each call."""
+        self._live()
+        check_steers(list(steers), (), self._steer)
         token = self._steers.set((*self._steers.get(), *steers))
         try:
             yield self
@@ -135,7 +164,17 @@ class AsyncRemoteModel:
         if isinstance(points, (str, bytes)) or not hasattr(points, "__iter__"):
             points = [points]
         caps = [_point(p) for p in points]
-        return Call(caps, check_steers(steer, self._steers.get()), validate_readouts(readouts), bool(logits))
+        steers = check_steers(steer, self._steers.get(), self._steer)
+        return Call(caps, steers, [self._readout(r) for r in validate_readouts(readouts)], bool(logits))
+
+    def _readout(self, r: Readout) -> Readout:
+        """A readout checked against the server's table and facts (its address served; a lens's k against
+        the vocabulary); the server checks an SAE's width itself (it names the SAE)."""
+        addr = self.served.address(r.address)
+        shape = self.served.points[addr.point].get("per_token_shape")
+        width = math.prod(shape[len(addr.coords):]) if shape is not None else None
+        r.kind.check_model(Facts(vocab=self.served.vocab_size, width=width, local_saes=False), addr)
+        return r.at(addr)
 
     def _sampling(self, kw: dict, n_new: int) -> dict:
         """The request's sampling fields: the knobs checked as the library checks them, then the extras
@@ -246,11 +285,10 @@ class AsyncRemoteModel:
         """Run requests concurrently (each its own prompt, captures, steers, sampling and readouts; its
         steer values take no batch axis), each its own RequestResult with its receipts."""
         self._live()
-        if progress or sink is not None:
-            raise OptionError(f"{'progress' if progress else 'sink'}= is not served over HTTP (the harvester's "
-                              f"shared-memory sink and its progress bar run beside a local engine); leave it unset.")
-        if not isinstance(requests, (list, tuple)) or not all(isinstance(r, Request) for r in requests):
-            raise InputError("generate_batch takes a list of engine.Request objects, e.g. [Request('Hello', 8)].")
+        if sink is not None:
+            raise unserved(self.backend, "sink= over HTTP (the vLLM workers' shared-memory hand-off of captured rows)",
+                           "leave it unset: the results come back in the answers")
+        requests = requests_of(requests)
         jobs: list[Awaitable[list[RequestResult]]] = []
         for r in requests:
             n = new_tokens(r.max_new_tokens)
@@ -260,7 +298,8 @@ class AsyncRemoteModel:
             if split is not None:
                 call.steers = split[0]
             jobs.append(self._generate([prompt], n, call, self._sampling(r.sampling, n)))
-        res = [one for group in await _all(jobs) for one in group]
+        with Progress(len(jobs), progress) as bar:
+            res = [one for group in await _all([_ticked(j, bar.tick) for j in jobs]) for one in group]
         if strict:
             for one in res:
                 check_strict(one.receipts, "request")
@@ -287,6 +326,9 @@ class AsyncRemoteModel:
         prompts = prompts_of(prompt)
         if len(prompts) != 1:
             raise InputError(f"stream takes one prompt, got {len(prompts)}; stream each, or use generate for a batch.")
+        if not isinstance(prompts[0], str):  # token ids: their room checked when the stream is made, as in-process
+            check_ids(list(prompts[0]), Limits(self.name, self.served.vocab_size, self.served.max_model_len,
+                                               f"max_model_len of the server at {self.url}"), new=n)
         call = self._call(points, steer, readouts, return_logits)
         split = _split(call.steers, 1)
         if split is not None:
@@ -345,7 +387,6 @@ class AsyncRemoteModel:
         if self.served.lens is not None:
             raise OptionError(f"the {self.backend} server at {self.url} does not serve the logit lens: "
                               f"{self.served.lens}.")
-        from engine.core.points import get_point
         from engine.model.lens import check_lensable
         if isinstance(x, tuple):
             cache, a = x
@@ -353,7 +394,7 @@ class AsyncRemoteModel:
             check_lensable(addr.point)
             point, x = addr.point, cache[a]
         else:
-            check_lensable(get_point(point).name)
+            check_lensable(known_point(point).name)
         if not isinstance(x, torch.Tensor) or not torch.is_floating_point(x):
             raise ValueError(f"logit lens needs a floating [..., {self.d_model}] residual tensor, got "
                              f"{type(x).__name__}.")
@@ -449,3 +490,8 @@ class Rows:
             out[r.name] = TopK(v.indices[span.start:span.stop], v.values[span.start:span.stop]) \
                 if isinstance(v, TopK) else v[span.start:span.stop]
         return out or None
+
+
+if TYPE_CHECKING:
+    def _implements(m: AsyncRemoteModel) -> AsyncModel:  # mypy holds it to the declared API (engine/model/api.py)
+        return m

@@ -1,6 +1,6 @@
 """Errors of a model served over HTTP: the server's refusal of an input raised as the class the library
-raises in-process (its error body names it, engine/serve/errors.py), and the few failures only a remote
-call has (the network, the server's own limits and health), each a RemoteError.
+raises in-process (its error body names it, engine/serve/errors.py), also a ServerRefused, and the few
+failures only a remote call has (the network, the server's own limits and health), each a RemoteError.
 
     raise error_from(status, body)     # the exception an error answer stands for
 """
@@ -8,9 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-import engine.core.readouts  # noqa: F401  (defines ReadoutError: every engine class is registered below)
-import engine.core.results  # noqa: F401  (StrictSteerError)
-import engine.core.steering  # noqa: F401  (NonFiniteSteer)
+from engine.core.crossing import error_classes, nearest
 from engine.core.errors import (  # noqa: F401  (the remote failures, defined with every other error)
     AuthenticationError,
     Disconnected,
@@ -22,32 +20,29 @@ from engine.core.errors import (  # noqa: F401  (the remote failures, defined wi
 )
 from engine.serve.wire import ERROR_CLASS
 
-
-def engine_classes() -> dict[str, type[BaseException]]:
-    """The exception classes an error body can name (engine/serve/errors.kind_of): those of engine/core
-    by name, and the builtins an input check raises."""
-    out: dict[str, type[BaseException]] = {"ValueError": ValueError, "TypeError": TypeError}
-    todo: list[type[BaseException]] = [EngineError]
-    while todo:
-        cls = todo.pop()
-        if issubclass(cls, RemoteError):  # the client's own failures: never named by a server's body
-            continue
-        if cls.__module__.startswith("engine.core."):
-            out.setdefault(cls.__name__, cls)
-        todo += cls.__subclasses__()
-    return out
+_REFUSED: dict[type[BaseException], type[BaseException]] = {}
 
 
-def _build(cls: type[BaseException], message: str) -> BaseException:
-    """cls(message), or the nearest base class that takes a message alone (StrictSteerError wants its
-    receipt: the server's message names the steer)."""
-    for base in cls.__mro__:
-        if issubclass(base, BaseException):
-            try:
-                return base(message)
-            except TypeError:
-                continue
-    return EngineError(message)
+def refused_as(cls: type[BaseException]) -> type[BaseException]:
+    """`cls` as a server's refusal: a subclass of cls (so `except engine.ReadoutError` catches it) and of
+    ServerRefused (so `except ServerRefused` catches everything a server says no to; status, param), under
+    cls's name; library_class() of it is cls."""
+    def init(self: Any, message: str, status: int | None = None, param: str | None = None) -> None:
+        ServerRefused.__init__(self, message, status, param)
+    if cls not in _REFUSED:  # one class per library class (made once: `except` and isinstance see the same one)
+        ns = {"__module__": __name__, "__library__": cls, "__init__": init,
+              "__doc__": f"{cls.__name__}, as a model server refused it (also a ServerRefused)."}
+        try:
+            _REFUSED[cls] = type(cls.__name__, (cls, ServerRefused), ns)
+        except TypeError:  # no consistent order with cls first (a builtin that ServerRefused derives from)
+            _REFUSED[cls] = type(cls.__name__, (ServerRefused, cls), ns)
+    return _REFUSED[cls]
+
+
+def _refusal(cls: type[BaseException], message: str, status: int, param: str | None) -> BaseException:
+    """A refusal of class cls (or its nearest base that takes a message alone: StrictSteerError's receipt
+    does not cross), raised as a ServerRefused too."""
+    return refused_as(type(nearest(cls, message)))(message, status, param)
 
 
 def error_from(status: int, body: Any, what: str = "the server") -> BaseException:
@@ -63,9 +58,9 @@ def error_from(status: int, body: Any, what: str = "the server") -> BaseExceptio
                                    status)
     kind = err.get(ERROR_CLASS)
     if 400 <= status < 500 and isinstance(kind, str):
-        cls = engine_classes().get(kind)
+        cls = error_classes().get(kind)
         if cls is not None:
-            return _build(cls, message)
+            return _refusal(cls, message, status, err.get("param"))
     if status in (429, 503):
         return ServerBusy(f"{what} is busy ({status}): {message}", status)
     if status >= 500:

@@ -7,8 +7,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from engine.core.errors import OptionError
-from engine.core.points import POINTS, get_point
+from engine.core.address import Address, known_point, parse
+from engine.core.errors import AddressError, OptionError, SteeringError, UnsupportedPointError
+from engine.core.points import POINTS
+from engine.core.steering import Steer
+from engine.model.capabilities import Verdict, refused
 from engine.serve.wire import PROTOCOL
 
 
@@ -47,7 +50,7 @@ class Served:
     def point_layers(self, point: str) -> list[int]:
         """Layers at which the server serves `point` ([-1] stands for a trunk point), as the local
         PointCatalogue.point_layers says it."""
-        p = get_point(point)  # AddressError for an unknown name, as locally
+        p = known_point(point)  # AddressError for an unknown name, as locally
         row = self.points.get(p.name)
         if row is None or not row["served"]:
             return []
@@ -59,8 +62,48 @@ class Served:
 
     def why_not(self, point: str) -> str:
         """Why the server does not serve `point` (its own words), for a refusal."""
-        row = self.points.get(get_point(point).name) or {}
+        row = self.points.get(known_point(point).name) or {}
         return row.get("refused") or row.get("steer_refused") or "not in its point table"
+
+    def verdict(self, point: str, layer: int | None) -> Verdict:
+        """The server's verdict on one point at one layer, from its table (engine/serve/capabilities.py)."""
+        row = self.points.get(point) or {}
+        if layer is not None and layer not in (row.get("layers") or ()):
+            why = row.get("refused") or f"{point} is not served at layer {layer} by the {self.backend} server at {self.url}"
+            return refused(point, layer, self.backend, why)
+        if layer is None and not row.get("served"):
+            return refused(point, layer, self.backend, row.get("refused") or "not served by this server")
+        only = None if row.get("steerable", True) else row.get("steer_refused") or "capture only"
+        return Verdict(str(Address(point, layer)), True, row.get("how") or "hook", only)
+
+    def address(self, a: "Address | str") -> Address:
+        """Parse and check an address against the server's table: an absolute layer it serves the point
+        at, coordinates in range; the library's own classes when not (AddressError, UnsupportedPointError)."""
+        addr = parse(a)
+        if known_point(addr.point).scope == "layer":
+            addr = addr.resolved(self.n_layers)
+        v = self.verdict(addr.point, addr.layer)
+        if not v.served:
+            raise UnsupportedPointError(f"{addr} is not served by the {self.backend} server at {self.url}: {v.reason}")
+        shape = self.points[addr.point].get("per_token_shape")
+        for name, value in addr.coords:
+            n = shape[0] if shape else None
+            if n is not None and not -n <= value < n:
+                raise AddressError(f"{name} {value} is out of range for {addr.point!r} ({n} {name}s).")
+        return addr
+
+    def check_steer(self, st: Steer) -> Steer:
+        """A steer checked against the server's table, before it is sent: its address served and steerable,
+        its value's per-position shape the point's (the server checks it against the model again)."""
+        addr = self.address(st.address)
+        row = self.points[addr.point]
+        if not row.get("steerable", True):
+            raise SteeringError(f"{addr} can be captured but not steered on the {self.backend} server at {self.url}: "
+                                f"{row.get('steer_refused')}")
+        shape = row.get("per_token_shape")
+        if shape is not None:
+            st.at(addr).check_shape(tuple(shape[len(addr.coords):]))
+        return st
 
     def check_extras(self, extras: dict) -> None:
         """Refuse sampling fields this server's backend does not honour, by name."""

@@ -134,7 +134,8 @@ def outputs(runner: Runner, kind: object, where: str) -> int:
     k = getattr(kind, "k", None)
     if n is not None and k is not None and k > n:
         of = "latents of its SAE" if isinstance(kind, SAEFeatures) else "tokens of the vocabulary"
-        raise ServeError(400, f"{where}: k={k} is more than the {n} {of}; give k of at most {n}", where)
+        raise ServeError(400, f"{where}: k={k} is more than the {n} {of}; give k of at most {n}", where,
+                         kind="ReadoutError")  # the library's class for it (engine/core/readouts.py)
     return n if n is not None else 1
 
 
@@ -150,7 +151,7 @@ def check_features(st: object, where: str) -> None:
         bad = [f for f in feats if not 0 <= f < n]
         if bad:
             raise ServeError(400, f"{where}.feature: feature {bad[0]} is out of range; its SAE has {n} features "
-                                  f"(0..{n - 1})", f"{where}.feature")
+                                  f"(0..{n - 1})", f"{where}.feature", kind="SteeringError")
 
 
 def check_rows(st: object, most: int | None, where: str) -> None:

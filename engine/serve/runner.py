@@ -151,7 +151,8 @@ class Runner:
 
     def point_shape(self, addr: Address) -> tuple | None:
         """Per-token shape of a capture at a resolved address (None: not known before a forward)."""
-        return tuple(self.catalogue.point_shape(addr))
+        shape = self.catalogue.point_shape(addr)
+        return None if shape is None else tuple(shape)
 
     def sampling(self, req: Sampling) -> dict:
         raise NotImplementedError
@@ -230,8 +231,10 @@ class VLLMRunner(Runner):
 
     async def capture(self, prompt: list[int], points: list[str], steers: list[Steer], logits: bool,
                       strict: bool = True, readouts: Sequence[Readout] = ()) -> Capture:
-        lg, cache = await self.model.aio.capture([prompt], points, steers, strict, readouts)
-        return {k: v[0] for k, v in cache.items()}, (lg[0] if logits else None), cache.receipts, first(cache.readouts)
+        lg, cache = await self.model.aio.run_with_cache([prompt], points, steers, strict=strict, readouts=readouts,
+                                                         return_logits=logits)
+        return {k: v[0] for k, v in cache.items()}, (lg[0] if lg is not None else None), cache.receipts, \
+            first(cache.readouts)
 
     async def lens(self, x: torch.Tensor, point: str) -> torch.Tensor:
         return await self.model.aio.logit_lens(x, point)
@@ -375,7 +378,8 @@ class EagerRunner(Runner):
 
     def _capture(self, prompt, points, steers, logits: bool, strict: bool, readouts):
         lg, cache = self.model.run_with_cache([prompt], points, steers, strict=strict, readouts=readouts)
-        return {k: v[0] for k, v in cache.items()}, (lg[0] if logits else None), cache.receipts, first(cache.readouts)
+        return {k: v[0] for k, v in cache.items()}, (lg[0] if logits and lg is not None else None), cache.receipts, \
+            first(cache.readouts)
 
     async def capture(self, prompt: list[int], points: list[str], steers: list[Steer], logits: bool,
                       strict: bool = True, readouts: Sequence[Readout] = ()) -> Capture:

@@ -30,6 +30,7 @@ from pydantic import (
 
 from engine.core import positions as engine_positions
 from engine.core.address import parse
+from engine.core.errors import SAEError
 from engine.core.points import ALIASES, BY_NAME
 from engine.core.readouts import KINDS, Readout
 from engine.core.steering import Steer
@@ -95,14 +96,15 @@ def sae_in(v: Any, info: ValidationInfo) -> str | None:
     if v is None:
         return None
     root = (info.context or {}).get("sae_dir")
+    # SAEError: the library's class for an SAE it cannot find, which the remote client raises again
     if root is None:
-        raise ValueError("this server serves no SAEs; start it with --sae-dir DIR and name an SAE folder inside it")
+        raise SAEError("this server serves no SAEs; start it with --sae-dir DIR and name an SAE folder inside it")
     if not isinstance(v, str) or not v:
-        raise ValueError("an SAE is named by its folder inside the server's --sae-dir (a string)")
+        raise SAEError("an SAE is named by its folder inside the server's --sae-dir (a string)")
     base = Path(root).resolve()
     path = (base / v).resolve()
     if base not in path.parents or not path.is_dir():
-        raise ValueError(f"no SAE folder {v!r} inside this server's --sae-dir")
+        raise SAEError(f"no SAE folder {v!r} inside this server's --sae-dir")
     return str(path)
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import itertools
+import math
 import threading
 from collections.abc import Generator
 from dataclasses import dataclass
@@ -20,45 +20,46 @@ from typing import TYPE_CHECKING, Any, cast
 import numpy as np
 import torch
 
-from engine.backends.hf import attention, sites
-from engine.backends.hf.grid import Call, Layout, decode_layouts, padded, pattern_rows, prefill_layout
+from engine.backends.hf import attention, generation, sites
+from engine.backends.hf.generation import _HEADS
+from engine.backends.hf.grid import Call, Layout, padded, pattern_rows, prefill_layout
 from engine.backends.hf.stop import Stop, stopped_at
-from engine.core.address import Address, closest, parse
+from engine.core.address import Address, closest, known_point, parse
 from engine.core.errors import AddressError, SteeringError, UnsupportedPointError
-from engine.core.inputs import host_batch, limits_of, new_tokens, row_label
+from engine.core.inputs import host_batch, limits_of, row_label
 from engine.core.ledger import GUARD
 from engine.core.plan import Plan, SiteWork, site_work
 from engine.core.points import INTEGER_POINTS, backend_status, get_point
-from engine.core.readouts import Env, Readout, ReadoutError, bind, validate_readouts
+from engine.core.readouts import Env, Facts, Readout, ReadoutError, bind, validate_readouts
 from engine.core.results import (
     PATTERNS,
     ActivationCache,
     GenerationResult,
+    Request,
     RequestResult,
     batch_readouts,
     check_strict,
     combine,
     scatter,
 )
+from engine.core.sae_files import sae_header
 from engine.core.site import guard, run_site
 from engine.core.steer_checks import check_steers
 from engine.core.steering import Steer, check_feature_steer, failure
 from engine.core.tokens import TokensMixin, special_ids
-from engine.families import limits as family_limits
 from engine.families.base import Family
 from engine.interop.mappers import check_sae_sites
 from engine.model import lens
 from engine.model.base import ModelBase
 from engine.model.capabilities import Verdict, refused
-from engine.model.sampling import Sampling
+from engine.model.facade import InThread
 from engine.model.weights import WeightsMixin
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
     from engine.core.results import StreamStep
-
-_HEADS = ("lm_head", "lm_head_raw")  # read at the last prompt token and each new one while generating
+    from engine.model.api import Model
 
 
 @dataclass(frozen=True)
@@ -91,8 +92,10 @@ class EagerModel(ModelBase, WeightsMixin, TokensMixin):
         attention.select(attention.configs(hf), self._attention)
         self._layout: Layout | None = None
         self._sites: dict = {}
+        self._shapes: dict[str, tuple] = {}  # per-position shape of each point and layer (point_shape)
         self._lock = threading.RLock()
         self._init_base()
+        self.aio = InThread(self)  # the async API (engine/model/api.py): each call on a worker thread
 
     def __repr__(self):
         return (f"<{type(self).__name__} {self.name} ({self.source}, family={self.family.name}, "
@@ -191,25 +194,48 @@ class EagerModel(ModelBase, WeightsMixin, TokensMixin):
         return Batch({k: v.to(self.device, non_blocking=True) for k, v in enc.items()}, ids, mask)
 
     # -- plans ----------------------------------------------------------------------------------
+    def point_shape(self, addr: Address | str) -> tuple | None:
+        """Per-position shape of a capture at addr (what a steering value must have; coordinates taken
+        off), read once per point and layer from a one-token forward; None for a point whose key axis
+        grows with the sequence (attention scores and probabilities)."""
+        addr = self.address(addr)
+        if get_point(addr.point).key_axis:
+            return None
+        key = str(addr.base)
+        if key not in self._shapes:
+            bare = self._steers.set(())  # the probe runs without the caller's steering() blocks
+            try:
+                _, cache = self.run_with_cache([[0]], [addr.base], return_logits=False)
+            finally:
+                self._steers.reset(bare)
+            self._shapes[key] = tuple(cache[key].shape[2:])
+        return self._shapes[key][len(addr.coords):]
+
     def _steer(self, st: Steer) -> Steer:
-        """A steer checked against this model, at its absolute address, its value on the model's device
-        (moved once per call; called by engine.core.steer_checks.check_steers, after the steer's own
-        checks)."""
+        """A steer checked against this model, at its absolute address, its value's shape the point's,
+        its value on the model's device (moved once per call; called by
+        engine.core.steer_checks.check_steers, after the steer's own checks)."""
         addr = self.address(st.address)
         if addr.point in INTEGER_POINTS:
             raise UnsupportedPointError(f"{addr} is capture-only.")
         why = self._capture_only(addr.point, self._site(addr.base))
         if why:
             raise SteeringError(f"{addr} can be captured but not steered on this model: {why}.")
+        shape = self.point_shape(addr) if isinstance(st.value, torch.Tensor) or st.sae is not None else None
         if st.sae is not None:
-            check_feature_steer(st, self._load_sae(st.sae) if isinstance(st.sae, str) else st.sae)
+            check_feature_steer(st, sae_header(st.sae, f"{st.op} at {addr}"), None if shape is None else math.prod(shape))
         v = st.value
+        if isinstance(v, torch.Tensor) and shape is not None:
+            st.at(addr).check_shape(shape)
         moved = v.to(self.device, non_blocking=True) if isinstance(v, torch.Tensor) and v.device != self.device else None
         return st.at(addr, moved).bound()
 
     def _readout(self, r: Readout) -> Readout:
-        """A readout checked against this model, at its absolute address."""
-        return r.at(self.address(r.address))
+        """A readout checked against this model, at its absolute address, before anything runs."""
+        addr = self.address(r.address)
+        shape = self.point_shape(addr)
+        r.kind.check_model(Facts(vocab=self.config.vocab_size, width=None if shape is None else math.prod(shape)), addr)
+        return r.at(addr)
 
     def _env(self) -> Env:
         return Env(lens=self._lens_rows, sae=self._load_sae)
@@ -362,7 +388,8 @@ class EagerModel(ModelBase, WeightsMixin, TokensMixin):
 
     # -- public API -------------------------------------------------------------------------------
     def run_with_cache(self, inputs: Any, points: Any = (), steer: Any = (), grad: bool = False, strict: bool = False,
-                       readouts: Any = (), stop_at_layer: int | None = None) -> tuple[torch.Tensor, ActivationCache]:
+                       readouts: Any = (), stop_at_layer: int | None = None,
+                       return_logits: bool = True) -> tuple[torch.Tensor | None, ActivationCache]:
         """One forward. Returns (logits [b, pos, vocab], ActivationCache of [b, pos, ...] tensors);
         padded positions hold 0 in both. With grad=True the captures stay in the autograd graph (they
         are the model's own tensors, padded positions as the model computed them); a capture-only
@@ -372,7 +399,8 @@ class EagerModel(ModelBase, WeightsMixin, TokensMixin):
         are computed in the hooks; their results are in `cache.readouts`. stop_at_layer=L runs blocks
         0..L-1 only (TransformerLens's stop_at_layer; L = n_layers stops before the final norm): the first
         value is then the hidden state block L would receive instead of logits, and reading or steering
-        anything past the stop is refused. Captures stay on the model's device."""
+        anything past the stop is refused. return_logits=False returns None in their place. Captures stay
+        on the model's device."""
         self._live()
         batch = self._inputs(inputs)
         if grad and readouts:
@@ -402,7 +430,7 @@ class EagerModel(ModelBase, WeightsMixin, TokensMixin):
             if grad:
                 for addr in plans[0].captures:
                     cache[str(addr)] = held[str(addr)]
-                return logits, cache
+                return (logits if return_logits else None), cache
             width = batch.mask.shape[1]
             for addr in plans[0].captures:
                 key = str(addr)
@@ -413,10 +441,12 @@ class EagerModel(ModelBase, WeightsMixin, TokensMixin):
                     cache[key] = padded(call.grid(key), real)
             if plans[0].accumulators:
                 batch_readouts(cache, [self._readouts(p) for p in plans], cols, width)
-            return logits, cache
+            return (logits if return_logits else None), cache
 
     def forward(self, inputs: Any, steer: Any = (), strict: bool = False) -> torch.Tensor:
-        return self.run_with_cache(inputs, (), steer, strict=strict)[0]
+        logits, _ = self.run_with_cache(inputs, (), steer, strict=strict)
+        assert logits is not None  # return_logits=True
+        return logits
 
     def _readouts(self, plan: Plan) -> ActivationCache:
         cache = ActivationCache(self.n_layers)
@@ -424,88 +454,26 @@ class EagerModel(ModelBase, WeightsMixin, TokensMixin):
             cache.put_readout(name, acc.result(), acc.readout.kind.per_position)
         return cache
 
-    def generate(self, inputs: Any, max_new_tokens: int = 8, points: Any = (), steer: Any = (), strict: bool = False,
-                 readouts: Any = (), **sampling: Any) -> GenerationResult:
+    def generate(self, inputs: Any, max_new_tokens: int = 8, points: Any = (), steer: Any = (),
+                 return_logits: bool = True, strict: bool = False, readouts: Any = (),
+                 **sampling: Any) -> GenerationResult:
         """Generation (greedy by default; sampling knobs of engine/model/sampling.py: temperature, top_p,
         top_k, seed) with capture and steering in prefill and every step. `receipts` (per sequence
         and for the call) say what each steer did; strict=True fails a steer that touched no row."""
-        return self._generate(inputs, max_new_tokens, points, steer, sampling, strict=strict, readouts=readouts)
+        out = self._generate(inputs, max_new_tokens, points, steer, sampling, strict=strict, readouts=readouts)
+        return out if return_logits else generation.without_logits(out)
 
     def _generate(self, inputs, max_new_tokens, points, steer, sampling, streamer=None, internal=(),
                   stopping=None, on_plans=None, strict: bool = False, readouts=()) -> GenerationResult:
-        self._live()
-        max_new_tokens = new_tokens(max_new_tokens)
-        knobs = Sampling.parse(sampling, "eager")
-        batch = self._inputs(inputs, max_new_tokens)
-        mask = batch.mask
-        family_limits.check(self.config.model_type, "eager", "generate", batch=mask.shape[0])
-        if not mask[:, -1].all():
-            raise ValueError("generate needs left padding (pad on the left so every row ends in a real "
-                             "token); use model.to_tokens(texts, padding_side='left').")
-        lengths = mask.sum(1).tolist()
-        plans = self._plans(batch, points, steer, max_new_tokens, readouts, strict)
-        for p in plans:
-            for a in internal:  # read for the engine itself (a stream's logprobs), from the last prompt token
-                p.internal.append(a)
-                p.start_at.setdefault(str(a), p.prompt_len - 1)
-        with contextlib.closing(Call(self.device)) as call:  # its chunks and steps go when the result is built
-            if on_plans is not None:
-                on_plans(plans, call)
-            layouts = itertools.chain([prefill_layout(plans, mask, call)], decode_layouts(plans, mask, max_new_tokens, call))
-            # a seed is the call's own: torch's global generator gets its state back afterwards
-            forked = contextlib.nullcontext() if knobs.seed is None else torch.random.fork_rng(
-                devices=range(torch.cuda.device_count()) if torch.cuda.is_available() else [])
-            with self._lock, torch.no_grad(), self._attached(plans, layouts), forked:
-                if knobs.seed is not None:
-                    torch.manual_seed(knobs.seed)
-                # PreTrainedModel declares no generate: the CausalLM classes mix GenerationMixin in
-                out = self.hf.generate(**batch.enc, max_new_tokens=max_new_tokens,  # type: ignore[operator]
-                                       **knobs.hf(), min_new_tokens=max_new_tokens, output_logits=True,
-                                       return_dict_in_generate=True, streamer=streamer, stopping_criteria=stopping,
-                                       pad_token_id=self.tokenizer.pad_token_id)
-            outcomes = self._outcomes(plans, call)
-            seq = out.sequences
-            seq_host = seq.cpu()  # the tokens' one copy to the host: the text and each request's tokens
-            n_new = seq.shape[1] - mask.shape[1]
-            new, new_host = seq[:, mask.shape[1]:], seq_host[:, mask.shape[1]:]
-            logits = torch.stack(out.logits, dim=1) if out.logits else None
-            text = self.tokenizer.batch_decode(new_host, skip_special_tokens=True)
-            width = seq.shape[1] - 1
-            full = np.concatenate([mask, np.ones((mask.shape[0], n_new), dtype=bool)], axis=1)
-            real = torch.from_numpy(full[:, :width]).to(self.device)
-            cols = [torch.from_numpy(np.flatnonzero(row)) for row in full[:, :width]]
-            cache = ActivationCache(self.n_layers, cols)
-            own: list[dict] = [{} for _ in plans]  # each sequence's own [len + new - 1, ...] rows
-            for addr in plans[0].captures:
-                key = str(addr)
-                if key in _HEADS:  # [b, new, vocab], like the logits: the last prompt column, then each step's
-                    chunks = [c for _, c in call.store[key]]
-                    cache[key] = torch.cat([chunks[0][:, -1:], *chunks[1:]], dim=1)
-                    for r, o in enumerate(own):
-                        o[key] = cache[key][r]
-                elif key.split(".")[0] in PATTERNS:
-                    pattern_rows(call, key, self._compress_rate(key))
-                    for o, p in zip(own, plans):
-                        o[key] = p.tensor(key)
-                    cache[key] = scatter(key, [o[key] for o in own], cols, width)
-                else:
-                    cache[key] = padded(call.grid(key), real)
-                    for r, (o, n) in enumerate(zip(own, lengths)):
-                        o[key] = cache[key][r, width - (n + n_new - 1):]
-            caches = []
-            for o, p in zip(own, plans):
-                c = self._readouts(p)
-                c.update(o)
-                caches.append(c)
-            batch_readouts(cache, caches, cols, width)
-            reqs = [RequestResult(seq_host[r, -(n + n_new):-n_new], new_host[r], text[r], caches[r],
-                                  None if logits is None else logits[r], receipts=p.receipts(outcomes.get(p.key)))
-                    for r, (n, p) in enumerate(zip(lengths, plans))]
-            receipts = combine([r.receipts for r in reqs])
-            cache.receipts = receipts
-            if strict:
-                check_strict(receipts, "generation")
-            return GenerationResult(seq, new, text, cache, logits, torch.from_numpy(full).long(), reqs, receipts)
+        prep = generation.prepare(self, inputs, max_new_tokens, points, steer, sampling, readouts, strict, internal)
+        return generation.run(self, prep, streamer, stopping, on_plans, strict)
+
+    def generate_batch(self, requests: list[Request], return_logits: bool = True, progress: bool = False,
+                       strict: bool = False, sink: str | None = None) -> list[RequestResult]:
+        """Each request (its own prompt, captures, steers, sampling and readouts) as its own generation, one
+        after another, every one checked before the first runs; strict=True fails a request whose steer
+        touched no row."""
+        return generation.generate_batch(self, requests, return_logits, progress, strict, sink)
 
     def stream(self, prompt: Any, max_new_tokens: int = 8, points: Any = (), steer: Any = (), logprobs: int = 0,
                return_logits: bool = True, rows: bool = True, strict: bool = False, readouts: Any = (),
@@ -531,7 +499,7 @@ class EagerModel(ModelBase, WeightsMixin, TokensMixin):
                 raise AddressError(f"logit lens of {addr} needs the whole point; drop the coordinate.")
             point, x = addr.point, cast(torch.Tensor, cache[a])
         else:
-            lens.check_lensable(get_point(point).name)
+            lens.check_lensable(known_point(point).name)
         if x.shape[-1] != self.d_model:
             raise ValueError(f"logit lens needs a [..., {self.d_model}] residual, got shape {tuple(x.shape)}.")
         n_streams = getattr(self.config, "hc_mult", None)
@@ -541,3 +509,8 @@ class EagerModel(ModelBase, WeightsMixin, TokensMixin):
         with self._lock, torch.no_grad():
             return lens.unembed(self.hf, self.family, x.to(self.dtype), apply_norm=(point != "final_norm"),
                                 streams=(point == "resid_streams"))
+
+
+if TYPE_CHECKING:
+    def _implements(m: EagerModel) -> Model:  # mypy holds EagerModel to the declared API (engine/model/api.py)
+        return m

@@ -13,9 +13,10 @@ import torch
 from transformers.generation.stopping_criteria import StoppingCriteria, StoppingCriteriaList
 from transformers.generation.streamers import BaseStreamer
 
+from engine.backends.hf import generation
 from engine.core.address import Address
 from engine.core.errors import InputError
-from engine.core.inputs import limits_of, new_tokens, top_logprobs
+from engine.core.inputs import limits_of, top_logprobs
 from engine.core.plan import Plan
 from engine.core.results import StreamStep
 
@@ -103,10 +104,12 @@ def stream(model: Any, prompt: Any, max_new_tokens: int, points: Any, steer: Any
            readouts: Any = ()) -> Generator[StreamStep, None, None]:
     logprobs = top_logprobs(logprobs, limits_of(model).vocab_size)
     model._live()
-    max_new_tokens = new_tokens(max_new_tokens)
-    enc = model._inputs(prompt, max_new_tokens)
-    if enc.mask.shape[0] != 1:
-        raise InputError(f"stream takes one prompt, got {enc.mask.shape[0]}; stream each, or use generate "
+    # everything a bad call fails on is checked here, before the thread starts (errors raise here), and the
+    # steering() blocks around the call are bound here
+    prep = generation.prepare(model, prompt, max_new_tokens, points, steer, sampling, readouts, strict,
+                              internal=(_LOGITS,))
+    if prep.batch.mask.shape[0] != 1:
+        raise InputError(f"stream takes one prompt, got {prep.batch.mask.shape[0]}; stream each, or use generate "
                          f"for a batch.")
     out: queue.Queue = queue.Queue()
     streamer, stop = _Streamer(model, logprobs, out, rows), _Stop()
@@ -116,27 +119,21 @@ def stream(model: Any, prompt: Any, max_new_tokens: int, points: Any, steer: Any
 
     def run():
         try:
-            res = model._generate(enc, max_new_tokens, points, steer, sampling, streamer=streamer, internal=(_LOGITS,),
-                                  stopping=StoppingCriteriaList([stop]), on_plans=on_plans, strict=strict,
-                                  readouts=readouts)
+            res = generation.run(model, prep, streamer, StoppingCriteriaList([stop]), on_plans, strict)
             req = res.requests[0]
             if not return_logits:
                 req.logits = None
             out.put(("done", req))
         except BaseException as e:  # noqa: BLE001  (handed to the caller's thread)
             out.put(("error", e))
-    # validate everything a bad call would fail on before the thread starts (errors raise here)
-    from engine.model.sampling import Sampling
-    Sampling.parse(sampling, "eager")
-    # the caller's context goes with the thread: a `with model.steering(...)` block around the
-    # stream's creation applies to it (a bare thread would start from an empty context)
+    # the caller's context goes with the thread as well (what it reads at run time)
     thread = threading.Thread(target=contextvars.copy_context().run, args=(run,), name="interp-eager-stream",
                               daemon=True)
     thread.start()
-    return _iterate(out, stop, thread, max_new_tokens)
+    return _iterate(out, stop, thread)
 
 
-def _iterate(out, stop, thread, max_new_tokens):
+def _iterate(out, stop, thread):
     held = None
     try:
         while True:

@@ -4,7 +4,7 @@
     logits, cache = m.run_with_cache("Hello world", ["resid_post", "z.1.head-2"])
     out = m.generate(["a", "b"], 8, points=["resid_post.-1"], steer=[Steer("resid_post.1", "add", v)])
     res = m.generate_batch([Request("a", 8, points=["mlp_out.0"]), Request("b", 8, steer=[...])])
-    logits, cache = await m.aio.capture("Hello world", ["resid_post.-1"])      # the async API
+    logits, cache = await m.aio.run_with_cache("Hello world", ["resid_post.-1"])   # the async API
 
 `vllm` attaches hooks in the workers per registered request, `vllm-static` serves the taps declared
 at load from buffers inside the compiled forward, `vllm-generate` is stock vLLM and refuses capture
@@ -16,9 +16,6 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import os
-import weakref
-from collections.abc import Iterator
-from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -35,38 +32,34 @@ from engine.core.errors import AddressError, FamilyLimitationError, OptionError,
 from engine.core.points import ALIASES, BY_NAME, backend_status, get_point
 from engine.core.results import GenerationResult, Request, RequestResult
 from engine.model import options as model_options
+from engine.model.facade import OnLoop
 
 if TYPE_CHECKING:
-    from engine.core.results import ActivationCache
+    pass
 
 __all__ = ["load", "LoadOptions", "VLLMModel", "AsyncVLLMModel", "Request", "RequestResult", "GenerationResult", "StreamEvent"]
 
 
-def _shutdown(aio: AsyncVLLMModel, loop: rt.Loop) -> None:
-    try:
-        loop.run(aio.aclose())
-    finally:
-        loop.stop()
+class VLLMModel(OnLoop):
+    """The synchronous model API (engine/model/api.py) over AsyncVLLMModel, generated from the
+    declarations (engine/model/facade.OnLoop); `aio` is the async model itself, for use from an event
+    loop. The async model's other attributes (its catalogue, config, tokenizer) read through."""
 
-
-class VLLMModel:
-    """The synchronous API over AsyncVLLMModel (same names as EagerModel's). `aio` is the async
-    model itself, for use from an event loop."""
+    aio: AsyncVLLMModel
 
     def __init__(self, aio: AsyncVLLMModel, loop: rt.Loop, report: rt.LoadReport) -> None:
-        self.aio, self._loop, self.load_report = aio, loop, report
+        super().__init__(aio, loop)
+        self.load_report = report
         self.startup_s, self.kv_cache_bytes = report.startup_s, report.kv_cache_bytes
         self.tap_buffer_bytes = report.tap_buffer_bytes
-        self._finalizer = weakref.finalize(self, _shutdown, aio, loop)  # dropped without close(): freed
 
-    def __getattr__(self, name):  # catalogue and attributes: name, backend, n_layers, points(), address() ...
-        if name.startswith("__") or name in ("aio", "_loop"):
+    def __getattr__(self, name):  # the async model's own attributes: address(), point_shape(), config, tokenizer ...
+        if name.startswith("__") or name in ("aio", "_loop", "_finalizer"):
             raise AttributeError(name)
         value = getattr(self.aio, name)
         if inspect.iscoroutinefunction(value) or inspect.isasyncgenfunction(value):
             raise AttributeError(f"VLLMModel.{name} is async only: call `await model.aio.{name}(...)` from "
-                                 f"an event loop (the sync API is run_with_cache / forward / generate / "
-                                 f"generate_batch / logit_lens).")
+                                 f"an event loop.")
         return value
 
     def __repr__(self):
@@ -81,78 +74,9 @@ class VLLMModel:
     def prepend_bos(self, value: bool | None) -> None:
         self.aio.prepend_bos = value
 
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-        return False
-
     def worker_syncs(self, on: bool) -> list[dict]:
         """Count the engine's host reads inside the workers' steps (AsyncVLLMModel.worker_syncs)."""
         return self._run(self.aio.worker_syncs(on))
-
-    def _run(self, coro):
-        try:
-            self.aio._live()
-        except BaseException:
-            coro.close()  # never started: no "was never awaited" warning on top of the clear error
-            raise
-        return self._loop.run(coro)
-
-    def run_with_cache(self, inputs: Any, points: Any = (), steer: Any = (), strict: bool = False,
-                       readouts: Any = (), stop_at_layer: int | None = None) -> tuple:
-        """One forward per prompt. Returns (logits [b, pos, vocab], cache of [b, pos, ...]), padded
-        like eager's (left, or the layout of a given attention_mask); padded positions hold 0. The
-        cache's receipts say what each steer did; strict=True fails a steer that touched no row.
-        stop_at_layer is refused: vLLM runs its whole forward (the eager backend stops early)."""
-        if stop_at_layer is not None:
-            raise OptionError(f"stop_at_layer={stop_at_layer!r}: {self.backend} runs the whole forward; use "
-                              f"backend='eager' to stop after a block.")
-        return self._run(self.aio.capture(inputs, points, steer, strict, readouts))
-
-    def forward(self, inputs: Any, steer: Any = (), strict: bool = False) -> torch.Tensor:
-        return self.run_with_cache(inputs, (), steer, strict)[0]
-
-    def generate(self, inputs: Any, max_new_tokens: int = 8, points: Any = (), steer: Any = (),
-                 return_logits: bool = True, strict: bool = False, readouts: Any = (),
-                 **sampling: Any) -> GenerationResult:
-        """Greedy (by default) generation of every prompt in one continuous batch, with the same
-        captures, steers and readouts for each; see generate_batch for per-request ones."""
-        return self._run(self.aio.generate(inputs, max_new_tokens, points, steer, return_logits, strict, readouts,
-                                           **sampling))
-
-    def generate_batch(self, requests: list[Request], return_logits: bool = True, progress: bool = False,
-                       strict: bool = False, sink: str | None = None) -> list[RequestResult]:
-        """Run requests concurrently (one continuous batch); each keeps its own captures, steers and
-        receipts (strict=True: a steer that touched no row of its request fails the call; sink: see
-        AsyncVLLMModel.generate_batch)."""
-        return self._run(self.aio.generate_batch(requests, return_logits, strict, sink))
-
-    def stream(self, prompt: Any, max_new_tokens: int = 8, points: Any = (), steer: Any = (), logprobs: int = 0,
-               return_logits: bool = True, rows: bool = True, strict: bool = False, readouts: Any = (),
-               **sampling: Any) -> Iterator:
-        """Iterate StreamSteps of one prompt (see AsyncVLLMModel.stream: checked, and the steering
-        blocks around this call bound, here); closing the iterator aborts the request."""
-        self.aio._live()
-        return self._steps(self.aio.stream(prompt, max_new_tokens, points, steer, logprobs, return_logits, rows,
-                                           strict, readouts, **sampling))
-
-    def _steps(self, agen):
-        """The async stream stepped from this thread (Loop.iterate: Ctrl-C is a KeyboardInterrupt, and
-        closing the stream aborts the request after any interrupted step has unwound)."""
-        return self._loop.iterate(agen)
-
-    def logit_lens(self, x: torch.Tensor | tuple[ActivationCache, Address | str],
-                   point: str = "resid_post") -> torch.Tensor:
-        return self._run(self.aio.logit_lens(x, point))
-
-    def steering(self, *steers: Any) -> AbstractContextManager:
-        return self.aio.steering(*steers)
-
-    def close(self) -> None:
-        """Shut the engine down and free its processes (idempotent)."""
-        self._finalizer()
 
 
 # -- loading ----------------------------------------------------------------------------------------

@@ -2,7 +2,7 @@
 loop, against a vLLM engine whose core runs in its own process.
 
     m = await AsyncVLLMModel.start(name, backend="vllm", ...)      (or load_model(..., backend="vllm").aio)
-    logits, cache = await m.capture(["a prompt", "another"], ["resid_post.-1"])
+    logits, cache = await m.run_with_cache(["a prompt", "another"], ["resid_post.-1"])
     out = await m.generate("a prompt", 8, points=["z.1"], steer=[Steer("resid_post.2", "add", v)])
     async for step in m.stream("a prompt", 8, logprobs=5): ...      (StreamStep: token, text, logprobs, rows)
 
@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import dataclasses
+import math
 import uuid
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass
@@ -34,14 +35,14 @@ from engine.backends.vllm.modes import NO_CAPTURE, Mode, mode_for
 from engine.backends.vllm.worker import attn as vllm_attn
 from engine.backends.vllm.worker import wire as vllm_wire
 from engine.backends.vllm.worker.rows import EXTRA_KEY, PLAN_ARG
-from engine.core.address import Address, parse
+from engine.core.address import Address, known_point, parse
 from engine.core.errors import AddressError, SteeringError, UnsupportedPointError
 from engine.core.inputs import limits_of, new_tokens, row_label, token_rows, top_logprobs
 from engine.core.loop import on_home_loop
 from engine.core.ops import OPS
 from engine.core.plan import Plan
 from engine.core.points import INTEGER_POINTS
-from engine.core.readouts import Readout, ReadoutError, validate_readouts
+from engine.core.readouts import Facts, Readout, ReadoutError, validate_readouts
 from engine.core.results import (
     ActivationCache,
     GenerationResult,
@@ -55,12 +56,16 @@ from engine.core.results import (
     combine,
     pad_rows,
 )
+from engine.core.sae_files import sae_header
 from engine.core.steer_checks import check_steers
-from engine.core.steering import Steer
+from engine.core.steering import Steer, check_feature_steer
 from engine.core.tokens import TokensMixin, pad_id, special_ids
 from engine.interop.mappers import check_sae_sites
+from engine.model.api import unserved
 from engine.model.base import ModelBase
+from engine.model.batch import Progress, requests_of
 from engine.model.capabilities import Verdict, refused
+from engine.model.facade import awaited
 from engine.model.sampling import Sampling
 
 if TYPE_CHECKING:
@@ -69,6 +74,7 @@ if TYPE_CHECKING:
     from vllm.v1.engine.async_llm import AsyncLLM
 
     from engine.core.loop import Loop
+    from engine.model.api import AsyncModel
     from engine.model.weights import BlockLayout
 
 __all__ = ["AsyncVLLMModel", "Submission", "StreamEvent", "NO_CAPTURE"]
@@ -203,6 +209,8 @@ class AsyncVLLMModel(ModelBase, TokensMixin):
         if st.sae is not None and not isinstance(st.sae, str):
             raise SteeringError(f"{st.op} at {addr}: the vLLM workers load an SAE from its directory (once, then "
                                 f"cached); pass sae=<directory> instead of a loaded SAE.")
+        if st.sae is not None:  # its facts from cfg.json here; the workers load the SAE itself
+            check_feature_steer(st, sae_header(st.sae, f"{st.op} at {addr}"), math.prod(self.point_shape(addr)))
         st = st.at(addr).bound()
         v = st.value
         if isinstance(v, torch.Tensor):  # (a value on the meta device was refused by check_steers)
@@ -245,6 +253,8 @@ class AsyncVLLMModel(ModelBase, TokensMixin):
         if isinstance(r.kind, SAEFeatures) and not isinstance(r.kind.sae, str):
             raise ReadoutError(f"readout {r.name!r}: the vLLM workers load an SAE from its directory (once, then "
                                f"cached); pass SAEFeatures(path, ...) instead of a loaded SAE.")
+        shape = None if addr.point in vllm_attn.ATTN_POINTS else self.point_shape(addr)
+        r.kind.check_model(Facts(vocab=self.config.vocab_size, width=None if shape is None else math.prod(shape)), addr)
         return r.at(addr)
 
     def _plan(self, req: Request, prefill: bool, logits: bool, row: int = 0, n_rows: int = 1,
@@ -312,7 +322,7 @@ class AsyncVLLMModel(ModelBase, TokensMixin):
         self._live()
         return await self._rpc("interp_syncs", on)
 
-    async def _submit(self, sub: Submission, key: str, on_output=None):
+    async def _submit(self, sub: Submission, key: str, on_output=None, on_done=None):
         """Run one request in the continuous batch; returns vLLM's final RequestOutput."""
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
@@ -334,6 +344,8 @@ class AsyncVLLMModel(ModelBase, TokensMixin):
         except BaseException:
             await self.engine.abort(key)
             raise
+        if on_done is not None:
+            on_done()
         if final is not None and sp.output_kind == RequestOutputKind.DELTA:
             # each DELTA output holds only its new tokens: the result is built from all of them (a
             # copy: the last output may still be queued for a stream)
@@ -344,7 +356,7 @@ class AsyncVLLMModel(ModelBase, TokensMixin):
 
     async def _run_many(self, built: list[Submission], want_logits: bool, prefill: bool = False,
                         on_output=None, keys=None, hold: asyncio.Event | None = None,
-                        sink: str | None = None) -> list[RequestResult]:
+                        sink: str | None = None, on_done=None) -> list[RequestResult]:
         """Run the requests concurrently, each carrying its plan (registered by the workers when it is
         first scheduled), and collect every plan in one RPC (after `hold` is set, when given: a stream
         reads the plans' rows step by step until then; with `sink`, a shared-memory directory, the rows
@@ -352,7 +364,7 @@ class AsyncVLLMModel(ModelBase, TokensMixin):
         keys = keys or [uuid.uuid4().hex for _ in built]
         active = [(k, s.plan) for k, s in zip(keys, built) if self._needs_worker(s.plan)]
         try:  # collected in `finally`: a request cancelled once scheduled has a plan to forget
-            outs = await asyncio.gather(*(self._submit(s, k, on_output) for k, s in zip(keys, built)))
+            outs = await asyncio.gather(*(self._submit(s, k, on_output, on_done) for k, s in zip(keys, built)))
             if hold is not None:
                 await hold.wait()
         finally:
@@ -363,22 +375,25 @@ class AsyncVLLMModel(ModelBase, TokensMixin):
                     [want_logits and Address("final_norm") in p.internal for _, p in active],
                     *(() if sink is None else (sink,))))
                 for i, (k, _) in enumerate(active):
-                    collected[k] = [rank[i] for rank in per_rank]
+                    collected[k] = [vllm_wire.CollectReply.read(rank[i]) for rank in per_rank]
         return [replies.request_result(s.plan, s.prompt, s.derived, out, collected.get(k), want_logits, prefill,
                                        catalogue=self.catalogue, n_layers=self.n_layers, tokenizer=self.tokenizer)
                 for k, s, out in zip(keys, built, outs)]
 
     # -- public async API ----------------------------------------------------------------------------
     @on_home_loop
-    async def generate_batch(self, requests: list[Request], return_logits: bool = True,
+    async def generate_batch(self, requests: list[Request], return_logits: bool = True, progress: bool = False,
                              strict: bool = False, sink: str | None = None) -> list[RequestResult]:
         """Run requests concurrently (one continuous batch); each keeps its own captures and steers
         (each Request is one sequence: its steer values take no batch axis) and its receipts;
-        strict=True fails when a steer touched no row of its request. sink: a directory in shared
-        memory the workers hand the captured rows through (the harvester's; worker/sink.py)."""
+        strict=True fails when a steer touched no row of its request; progress=True ticks a bar as each
+        request finishes. sink: a directory in shared memory the workers hand the captured rows through
+        (the harvester's; worker/sink.py)."""
         self._live()
         want = return_logits and self.mode.worker
-        res = await self._run_many([self._plan(r, False, want, strict=strict) for r in requests], want, sink=sink)
+        built = [self._plan(r, False, want, strict=strict) for r in requests_of(requests)]
+        with Progress(len(built), progress) as bar:
+            res = await self._run_many(built, want, sink=sink, on_done=bar.tick)
         if strict:
             for r in res:
                 check_strict(r.receipts, "request")
@@ -405,25 +420,43 @@ class AsyncVLLMModel(ModelBase, TokensMixin):
         return out
 
     @on_home_loop
-    async def capture(self, inputs: Any, points: Any = (), steer: Any = (), strict: bool = False,
-                      readouts: Any = ()) -> tuple:
-        """One forward over each prompt. Returns (logits [b, pos, vocab], cache of [b, pos, ...]),
+    async def run_with_cache(self, inputs: Any, points: Any = (), steer: Any = (), grad: bool = False,
+                             strict: bool = False, readouts: Any = (), stop_at_layer: int | None = None,
+                             return_logits: bool = True) -> tuple[torch.Tensor | None, ActivationCache]:
+        """One forward over each prompt. Returns (logits [b, pos, vocab] or None, cache of [b, pos, ...]),
         padded on the left (or in the layout of a given attention_mask); padded positions hold 0.
-        The cache's receipts say what each steer did; strict=True fails a steer that touched no row."""
+        The cache's receipts say what each steer did; strict=True fails a steer that touched no row.
+        grad and stop_at_layer are the eager backend's (vLLM runs its whole forward, without autograd)."""
         self._live()
+        if grad:
+            raise unserved(self.backend, "grad=True (vLLM's forward keeps no autograd graph)",
+                           "load the model with backend='eager' for gradients")
+        if stop_at_layer is not None:
+            raise unserved(self.backend, f"stop_at_layer={stop_at_layer!r} (vLLM runs its whole forward)",
+                           "use backend='eager' to stop after a block")
         self._refuse_if_generate("capture")
         prompts, mask = self._prompts(inputs, None)
-        built = [self._plan(Request(p, 1, points, steer, readouts=readouts), True, True, i, len(prompts), strict)
+        want = bool(return_logits)
+        built = [self._plan(Request(p, 1, points, steer, readouts=readouts), True, want, i, len(prompts), strict)
                  for i, p in enumerate(prompts)]
-        res = await self._run_many(built, True, prefill=True)
+        res = await self._run_many(built, want, prefill=True)
         lengths = [len(p) for p in prompts]
         width = max(lengths) if mask is None else mask.shape[1]
         cols = columns(lengths, width, "left") if mask is None else columns_of(mask)
-        logits = pad_rows([r.logits for r in res], cols, width)
+        logits = pad_rows([r.logits for r in res], cols, width) if want else None
         receipts = combine([r.receipts for r in res])
         if strict:
             check_strict(receipts, "forward")
         return logits, batch_cache([r.cache for r in res], cols, width, self.n_layers, receipts)
+
+    @on_home_loop
+    async def forward(self, inputs: Any, steer: Any = (), strict: bool = False) -> torch.Tensor:
+        logits, _ = await self.run_with_cache(inputs, (), steer, strict=strict)
+        assert logits is not None
+        return logits
+
+    to_tokens = awaited(ModelBase.to_tokens)
+    to_string = awaited(ModelBase.to_string)
 
     def stream(self, prompt: Any, max_new_tokens: int = 8, points: Any = (), steer: Any = (), logprobs: int = 0,
                return_logits: bool = True, rows: bool = True, strict: bool = False, readouts: Any = (),
@@ -454,15 +487,16 @@ class AsyncVLLMModel(ModelBase, TokensMixin):
     async def _peek(self, key: str, since: dict, since_r: dict) -> tuple[dict, dict]:
         """Capture rows ({address: rows}) and per-position readout parts ({name: parts}) of a running
         request from `since` / `since_r` ({address or name: position}, advanced here)."""
-        ranks = [r[0] for r in await self._rpc("interp_peek", [key], [dict(since)], [dict(since_r)])]
+        ranks = [vllm_wire.PeekReply.read(r[0]) for r in await self._rpc("interp_peek", [key], [dict(since)],
+                                                                          [dict(since_r)])]
         reads = {}
         for r in ranks:
-            for name, (start, parts) in r.get("readouts", {}).items():
+            for name, (start, parts) in r.readouts.items():
                 reads[name] = tuple(vllm_wire.decode(parts))
                 since_r[name] = start + reads[name][0].shape[0]
         out = {}
         for k in since:
-            starts = [r["captures"][k][0] for r in ranks if k in r["captures"]]
+            starts = [r.captures[k][0] for r in ranks if k in r.captures]
             if starts:
                 t = replies.gather(self.catalogue, k, ranks)
                 out[k] = t
@@ -473,14 +507,13 @@ class AsyncVLLMModel(ModelBase, TokensMixin):
     async def logit_lens(self, x: torch.Tensor | tuple[ActivationCache, Address | str],
                          point: str = "resid_post") -> torch.Tensor:
         """Logits from a residual tensor through vLLM's own final norm and head (softcap, scaling)."""
-        from engine.core.points import get_point
         from engine.model import lens
         self._live()
         self._refuse_if_generate("capture")
         if isinstance(x, tuple):
             cache, a = x
             point, x = parse(a).point, cache[a]
-        point = get_point(point).name
+        point = known_point(point).name
         lens.check_lensable(point)
         if x.shape[-1] != self.d_model:
             raise ValueError(f"logit lens needs a [..., {self.d_model}] residual, got shape {tuple(x.shape)}.")
@@ -500,3 +533,8 @@ class AsyncVLLMModel(ModelBase, TokensMixin):
             engine, self.engine = self.engine, None  # type: ignore[assignment]  # released: _live() refuses later calls
             from engine.backends.vllm.runtime import stop_engine
             stop_engine(engine)
+
+
+if TYPE_CHECKING:
+    def _implements(m: AsyncVLLMModel) -> AsyncModel:  # mypy holds it to the declared API (engine/model/api.py)
+        return m

@@ -53,7 +53,7 @@ if TYPE_CHECKING:
 def _failed(plan: Plan, exc: BaseException) -> None:
     """A request's own failure inside the forward: kept for its collect, never raised into vLLM
     (an exception there kills the engine core and every other request with it)."""
-    plan.error = f"{type(exc).__name__}: {exc}"
+    plan.error = vllm_wire.Failure.of(exc)
 
 
 def _rows_from(chunks: list, start: int):
@@ -375,8 +375,9 @@ class WorkerState:
 
     def collect(self, keys: list[str], logits: list[bool],
                 encode: Callable[[torch.Tensor], dict] = vllm_wire.tensor_out) -> list[dict]:
-        """Each plan's captures ({key: [first position, rows]}) and logits, and forget the plan
-        (tensors go out through `encode`: inline bytes, or vllm_sink's shared-memory files)."""
+        """Each plan's CollectReply (its captures, logits, readouts, receipts, or its failure), as plain
+        data, and forget the plan (tensors go out through `encode`: inline bytes, or vllm_sink's
+        shared-memory files)."""
         out = []
         mine = [self.plans[k] for k in keys if k in self.plans]
         outcomes = self.ledger.read([p.key for p in mine]) if self.ledger else {}  # the one read
@@ -385,67 +386,66 @@ class WorkerState:
         for key, want_logits in zip(keys, logits):
             plan = self.plans.pop(key, None)
             if plan is None:
-                out.append({"key": key, "error": f"plan {key} is not registered on rank {self.rank}"})
+                out.append(vllm_wire.CollectReply(key, lost=f"plan {key} is not registered on rank {self.rank}").out())
                 continue
-            res = {"key": key, "recomputed": plan.recomputed, "captures": {}, "errors": {}, "held": {}}
+            res = vllm_wire.CollectReply(key, recomputed=plan.recomputed)
             outcome = outcomes.get(plan.key)
             if plan.error is None and outcome is not None and outcome.failed is not None:
                 st = None if outcome.failed == GUARD else plan.steers[outcome.failed]
-                plan.error = f"NonFiniteSteer: {failure(st, dtype, plan.steers)}"
-            if plan.error is not None:
-                res["failed"] = plan.error
+                plan.error = vllm_wire.Failure.of(failure(st, dtype, plan.steers))
+            if isinstance(plan.error, vllm_wire.Failure):
+                res.failed = plan.error
             else:
-                res["receipts"] = [vllm_wire.receipt_out(r) for r in plan.receipts(outcome)
-                                   if self._reports(plan.steers[r.index])]
+                res.receipts = [r for r in plan.receipts(outcome) if self._reports(plan.steers[r.index])]
             if plan.accumulators and plan.error is None and self._local_readout(None):
-                res["readouts"] = {}
+                res.readouts = {}
                 for name, acc in plan.accumulators.items():
                     try:
-                        res["readouts"][name] = vllm_wire.encode(list(parts_of(acc.result())))
+                        res.readouts[name] = vllm_wire.encode(list(parts_of(acc.result())))
                     except RuntimeError as e:
-                        res["errors"][name] = str(e)
+                        res.errors[name] = vllm_wire.Failure.of(e)
             for k in plan.store:
                 try:
                     first = plan.first(k)
-                    res["captures"][k] = [first, encode(plan.tensor(k, first))]
+                    res.captures[k] = [first, encode(plan.tensor(k, first))]
                 except RuntimeError as e:
-                    res["errors"][k] = str(e)
+                    res.errors[k] = vllm_wire.Failure.of(e)
                 held = self.site(parse(k).base).held
                 if held is not None:
-                    res["held"][k] = held
-            if want_logits and plan.error is None and "final_norm" in plan.store and "final_norm" not in res["errors"]:
+                    res.held[k] = held
+            if want_logits and plan.error is None and "final_norm" in plan.store and "final_norm" not in res.errors:
                 logits_rows = self.logits(plan.tensor("final_norm", plan.first("final_norm")), apply_norm=False)
                 if self.rank == 0:
-                    res["logits"] = vllm_wire.tensor_out(logits_rows)
-                    res["logits_from"] = plan.first("final_norm")
+                    res.logits = vllm_wire.tensor_out(logits_rows)
+                    res.logits_from = plan.first("final_norm")
                 if Address("final_norm") not in plan.captures:
-                    res["captures"].pop("final_norm", None)
-            out.append(res)
+                    res.captures.pop("final_norm", None)
+            out.append(res.out())
         self._rebuild()
         return out
 
     def peek(self, keys: list[str], since: list[dict], readouts: list[dict] | None = None) -> list[dict]:
-        """Each plan's capture rows from the given absolute positions on ({capture key: position}) and
-        its per-position readouts' rows likewise ({readout name: position}), keeping the plan: what a
-        streaming client reads while its request runs."""
+        """Each plan's PeekReply: its capture rows from the given absolute positions on ({capture key:
+        position}) and its per-position readouts' rows likewise ({readout name: position}), keeping the
+        plan: what a streaming client reads while its request runs."""
         out = []
         for i, (key, starts) in enumerate(zip(keys, since)):
             plan = self.plans.get(key)
-            res = {"key": key, "captures": {}, "held": {}, "readouts": {}}
+            res = vllm_wire.PeekReply(key)
             ok = plan is not None and plan.error is None
             for name, start in ((readouts[i] if readouts else {}).items() if ok else ()):
                 acc = plan.accumulators.get(name)
                 parts = acc.rows_from(start) if acc is not None and self._local_readout(None) else None
                 if parts is not None:
-                    res["readouts"][name] = [start, vllm_wire.encode(list(parts))]
-            for k, start in (starts.items() if plan is not None and plan.error is None else ()):
+                    res.readouts[name] = [start, vllm_wire.encode(list(parts))]
+            for k, start in (starts.items() if ok else ()):
                 rows = _rows_from(plan.store.get(k) or [], start)
                 if rows is not None:
-                    res["captures"][k] = [start, vllm_wire.tensor_out(rows)]
+                    res.captures[k] = [start, vllm_wire.tensor_out(rows)]
                     held = self.site(parse(k).base).held
                     if held is not None:
-                        res["held"][k] = held
-            out.append(res)
+                        res.held[k] = held
+            out.append(res.out())
         return out
 
     def logits(self, x: torch.Tensor, apply_norm: bool) -> torch.Tensor:

@@ -1,18 +1,25 @@
-"""Plain-data messages between the engine's client and vLLM's workers (another process).
+"""The messages between the engine's client and vLLM's workers (another process), each declared once
+here with its encoding: the plan a request carries (plan_out / plan_in), a rank's reply to a collect
+(CollectReply) and to a peek (PeekReply), and a failure (Failure: re-raised on the client as the
+class the worker raised).
 
 collective_rpc carries msgpack-able data: tensors travel as {dtype, shape, raw bytes}, plans as
-dicts of address strings, ops and position specs. Nothing callable ever crosses the boundary.
+dicts of address strings, ops and position specs, replies as dicts of their declared fields. Nothing
+callable ever crosses the boundary.
 """
 from __future__ import annotations
 
 import dataclasses
 import math
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
 
 from engine.backends.vllm.worker.sink import FILE, from_file
 from engine.core.address import parse
+from engine.core.crossing import error_classes, library_class, nearest
+from engine.core.errors import EngineFailure
 from engine.core.plan import Plan
 from engine.core.readouts import Readout, kind_fields, kind_from
 from engine.core.results import Receipt
@@ -141,14 +148,101 @@ def receipt_out(r: Receipt) -> dict:
     return dataclasses.asdict(r)
 
 
-def receipts_in(plan: Plan, ranks: list[dict] | None) -> list[Receipt]:
+def receipts_in(plan: Plan, ranks: "list[CollectReply] | None") -> list[Receipt]:
     """One Receipt per steer of the plan from the ranks that report it (the worker's `_reports`):
     the rows it touched (the same on each) and its change, whose parts on a sharded point add in
     quadrature."""
     got: dict = {}
     for r in ranks or []:
-        for d in r.get("receipts", ()):
-            got.setdefault(d["index"], []).append(Receipt(**d))
+        for rec in r.receipts or ():
+            got.setdefault(rec.index, []).append(rec)
     return [Receipt(i, str(st.address), st.op, max((p.rows for p in got.get(i, ())), default=0),
                     math.sqrt(sum(p.change_norm ** 2 for p in got.get(i, ()))))
             for i, st in enumerate(plan.steers)]
+
+
+# -- what the workers send back ------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Failure:
+    """A failure inside a worker, as it crosses back: the class the worker raised (a class of the engine's
+    hierarchy or a builtin input check, by name: engine.core.errors.error_classes) and its message."""
+    kind: str
+    message: str
+
+    @classmethod
+    def of(cls, e: BaseException) -> Failure:
+        return cls(library_class(e).__name__, str(e))
+
+    def exception(self, suffix: str = "") -> BaseException:
+        """The same class on this side (message + suffix); a class the engine does not declare (a CUDA
+        RuntimeError) is the engine's failure, never the input's: EngineFailure naming it."""
+        cls = error_classes().get(self.kind)
+        if cls is None:
+            return EngineFailure(f"{self.kind}: {self.message}{suffix}")
+        return nearest(cls, f"{self.message}{suffix}")
+
+    def out(self) -> list:
+        return [self.kind, self.message]
+
+    @classmethod
+    def read(cls, d: list) -> Failure:
+        return cls(*d)
+
+
+def _failures_in(d: dict) -> dict[str, Failure]:
+    return {k: Failure.read(v) for k, v in d.items()}
+
+
+@dataclass
+class PeekReply:
+    """One rank's rows of a running request from given positions on (interp_peek): captures
+    {address: (first position, encoded rows)}, `held` {address: the indices this rank holds of a sharded
+    point}, readouts {name: (first position, encoded parts)}."""
+    key: str
+    captures: dict[str, list] = field(default_factory=dict)
+    held: dict[str, list[int]] = field(default_factory=dict)
+    readouts: dict[str, list] = field(default_factory=dict)
+    errors: dict[str, Failure] = field(default_factory=dict)  # (none while running; gather reads both replies)
+
+    def out(self) -> dict:
+        return {"key": self.key, "captures": self.captures, "held": self.held, "readouts": self.readouts}
+
+    @classmethod
+    def read(cls, d: dict) -> PeekReply:
+        return cls(d["key"], d["captures"], d["held"], d["readouts"])
+
+
+@dataclass
+class CollectReply:
+    """One rank's answer to the collect of one finished request (interp_collect): captures {address:
+    (first position, encoded rows)}, `held` as PeekReply's, readouts {name: encoded parts} (the rank that
+    computes them), `errors` {capture or readout: what failed assembling it}, logits (rank 0: encoded
+    rows from position `logits_from`), how often the request was recomputed, receipts (the steers this
+    rank reports), `failed` (the request failed here: nothing else holds) and `lost` (the plan was not
+    registered on this rank)."""
+    key: str
+    captures: dict[str, list] = field(default_factory=dict)
+    held: dict[str, list[int]] = field(default_factory=dict)
+    readouts: dict[str, Any] | None = None
+    errors: dict[str, Failure] = field(default_factory=dict)
+    logits: dict | None = None
+    logits_from: int | None = None
+    recomputed: int = 0
+    receipts: list[Receipt] | None = None
+    failed: Failure | None = None
+    lost: str | None = None
+
+    def out(self) -> dict:
+        d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        d["errors"] = {k: v.out() for k, v in self.errors.items()}
+        d["receipts"] = None if self.receipts is None else [receipt_out(r) for r in self.receipts]
+        d["failed"] = None if self.failed is None else self.failed.out()
+        return d
+
+    @classmethod
+    def read(cls, d: dict) -> CollectReply:
+        kw = {f.name: d[f.name] for f in dataclasses.fields(cls) if f.name in d}
+        kw["errors"] = _failures_in(d.get("errors") or {})
+        kw["receipts"] = None if d.get("receipts") is None else [Receipt(**r) for r in d["receipts"]]
+        kw["failed"] = None if d.get("failed") is None else Failure.read(d["failed"])
+        return cls(**kw)
