@@ -222,6 +222,25 @@ def test_logit_lens_and_steering_context_match_eager(engines):
     assert vm._context_steers() == ()
 
 
+def test_a_coordinate_counted_from_the_end_is_read_as_asked(engines):
+    """Issue 48's validator found it: 'q.0.head--4' on vLLM was captured as head 0 and stored as 'q.0.head-0',
+    so the cache raised KeyError for the key asked; eager kept the asked key. Every call keys it as asked."""
+    vm, em = engines(LLAMA), eager_model(LLAMA)
+    n = vm.config.num_attention_heads
+    asked = [f"q.-2.head--{n}", "z.0.head--1", f"z.0.head-{n - 1}"]
+    _, cv = vm.run_with_cache(PROMPT, asked)
+    _, ce = em.run_with_cache(PROMPT, asked)
+    assert sorted(cv) == sorted(ce) == sorted(["q.0.head--4", "z.0.head--1", "z.0.head-3"])
+    for a in asked:
+        check(cv[a], ce[a], a.split(".")[0])
+    torch.testing.assert_close(cv["z.0.head--1"], cv[f"z.0.head-{n - 1}"], rtol=0, atol=0)
+    gv, ge = vm.generate(PROMPT, 3, points=asked[:2]), em.generate(PROMPT, 3, points=asked[:2])
+    for a in asked[:2]:
+        check(gv.cache[a], ge.cache[a], a.split(".")[0], case="decode")
+    steps = list(vm.stream(PROMPT, 3, points=["z.0.head--1"]))
+    assert all("z.0.head--1" in s.rows for s in steps) and "z.0.head--1" in steps[-1].result.cache
+
+
 def test_load_report(engines):
     vm = engines(LLAMA)
     r = vm.load_report

@@ -88,6 +88,7 @@ class Submission:
     prompt: list[int]  # the prompt's token ids
     derived: tuple[Address, ...] = ()  # attention patterns recomputed from the captured q and k afterwards
     salted: bool = False  # its own prefix-cache key (see AsyncVLLMModel._salted)
+    keys: dict = dataclasses.field(default_factory=dict)  # capture key -> the keys it was asked under (replies.rekey)
 
 
 StreamEvent = StreamStep  # the earlier name of one streamed step
@@ -285,7 +286,26 @@ class AsyncVLLMModel(ModelBase, TokensMixin):
         n_new = n_new or 1  # a capture generates one token (vLLM always does)
         params = dict(max_tokens=n_new, min_tokens=n_new)
         params.update(Sampling.parse(req.sampling, self.backend).vllm())
-        return Submission(plan, params, prompt, derived, self._salted(plan, derived, prefill))
+        return Submission(plan, params, prompt, derived, self._salted(plan, derived, prefill),
+                          self._asked_as(req.points, caps))
+
+    def _asked_as(self, points: Any, caps: list[Address]) -> dict:
+        """{capture key: the keys it was asked under}, where they differ: the workers need a coordinate
+        counted from 0 (`address`), the caller reads the key it asked for (layer resolved, the coordinate as
+        written, as on eager: 'z.0.head--1' of a 4-head model is captured as 'z.0.head-3' and read as asked)."""
+        if not caps or not points:
+            return {}
+        items = [points] if isinstance(points, (str, Address)) else list(points)
+        keys: dict = {}
+        for p in items:
+            a = parse(p)
+            if not a.coords:
+                continue
+            asked, captured = str(a.resolved(self.n_layers)), str(self.address(a))
+            keys.setdefault(captured, [])
+            if asked not in keys[captured]:
+                keys[captured].append(asked)
+        return {k: tuple(v) for k, v in keys.items() if v != [k]}
 
     @staticmethod
     def _needs_worker(plan: Plan) -> bool:
@@ -377,7 +397,8 @@ class AsyncVLLMModel(ModelBase, TokensMixin):
                 for i, (k, _) in enumerate(active):
                     collected[k] = [vllm_wire.CollectReply.read(rank[i]) for rank in per_rank]
         return [replies.request_result(s.plan, s.prompt, s.derived, out, collected.get(k), want_logits, prefill,
-                                       catalogue=self.catalogue, n_layers=self.n_layers, tokenizer=self.tokenizer)
+                                       catalogue=self.catalogue, n_layers=self.n_layers, tokenizer=self.tokenizer,
+                                       keys=s.keys)
                 for k, s, out in zip(keys, built, outs)]
 
     # -- public async API ----------------------------------------------------------------------------
@@ -481,7 +502,8 @@ class AsyncVLLMModel(ModelBase, TokensMixin):
                                                "logprobs": logprobs})
         steps = streaming.stream_steps(
             sub.plan, lambda on_output, key, hold: self._run_many([sub], want, on_output=on_output, keys=[key], hold=hold),
-            self._peek, lambda tok: self.tokenizer.decode([tok], skip_special_tokens=True), logprobs, rows, strict)
+            self._peek, lambda tok: self.tokenizer.decode([tok], skip_special_tokens=True), logprobs, rows, strict,
+            sub.keys)
         return steps if self._home is None else self._home.relay(steps)
 
     async def _peek(self, key: str, since: dict, since_r: dict) -> tuple[dict, dict]:

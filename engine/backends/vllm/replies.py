@@ -77,9 +77,20 @@ def _raise_failure(ranks: list[vllm_wire.CollectReply]) -> None:
                                   "engine are unaffected)")
 
 
+def rekey(captures: dict, keys: dict) -> dict:
+    """`captures` ({capture key: tensor}) under the keys they were asked for (keys: {capture key: the keys
+    asked}, where they differ), in place; returned."""
+    for k, asked in keys.items():
+        if dict.__contains__(captures, k):
+            t = dict.pop(captures, k)
+            for a in asked:
+                dict.__setitem__(captures, a, t)
+    return captures
+
+
 def request_result(plan: Plan, prompt: list[int], derived: tuple[Address, ...], out: Any,
                    ranks: list[vllm_wire.CollectReply] | None, want_logits: bool, prefill: bool, *, catalogue: VLLMCatalogue,
-                   n_layers: int, tokenizer: Any) -> RequestResult:
+                   n_layers: int, tokenizer: Any, keys: dict | None = None) -> RequestResult:
     """One request's result from vLLM's final output `out` and its ranks' collect replies (None: it
     ran no plan). derived: attention patterns recomputed here from the captured q and k; prefill: logits
     at every prompt position, else those each new token was chosen from."""
@@ -98,6 +109,7 @@ def request_result(plan: Plan, prompt: list[int], derived: tuple[Address, ...], 
         t = vllm_attn.scores(q, k, catalogue.attn[layer])
         t = vllm_attn.probs(t) if addr.point == "attn_probs" else t
         cache[str(addr)] = t[:, addr.coords[0][1]] if addr.coords else t
+    rekey(cache, keys or {})
     for r in plan.readouts:
         cache.put_readout(r.name, readout_value(r, ranks), r.kind.per_position)
     logits = None

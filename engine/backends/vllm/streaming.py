@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from engine.backends.vllm.replies import rekey
 from engine.backends.vllm.worker import attn as vllm_attn
 from engine.core.plan import Plan
 from engine.core.readouts import as_value, parts_of
@@ -61,7 +62,7 @@ def step_rows(rows: dict, prompt_len: int, index: int) -> dict:
 
 
 async def stream_steps(plan: Plan, start: Start, peek: Peek, decode: Callable[[int], str], logprobs: int,
-                       rows: bool, strict: bool) -> AsyncGenerator[StreamStep, None]:
+                       rows: bool, strict: bool, keys: dict | None = None) -> AsyncGenerator[StreamStep, None]:
     """The request's StreamSteps (token, text, logprob and the top `logprobs`; with rows=True its
     captured rows; its per-position readouts), the last carrying the RequestResult; strict=True raises
     instead of yielding the last when a steer touched no row. Closing the generator cancels the request."""
@@ -105,12 +106,12 @@ async def stream_steps(plan: Plan, start: Start, peek: Peek, decode: Callable[[i
                     got_r[k] = tuple(torch.cat(z) for z in zip(got_r[k], parts)) if k in got_r else parts
             while len(pending) > 1:
                 step = pending.pop(0)
-                step.rows = step_rows(got, plan.prompt_len, step.index) if live else None
+                step.rows = rekey(step_rows(got, plan.prompt_len, step.index), keys or {}) if live else None
                 step.readouts = step_readouts(got_r, live_r, plan.prompt_len, step.index)
                 yield step
         hold.set()
         (result,) = await task  # built from every DELTA output's tokens (the client's _submit)
-        cache = {k: result.cache[k] for k in live}
+        cache = {a: result.cache[a] for k in live for a in (keys or {}).get(k, (k,))}  # its keys as asked
         final_r = {n: parts_of(result.cache.readouts[n]) for n in live_r}
         for step in pending:
             step.rows = step_rows(cache, plan.prompt_len, step.index) if live else None
