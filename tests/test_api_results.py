@@ -111,11 +111,11 @@ def compare(got: dict, ref: dict, engine: str, what: str) -> None:
             continue
         point = next((p for p in ("resid_post", "mlp_out", "lm_head") if p in k), "lm_head")
         t = g.to(r.dtype) if isinstance(g, torch.Tensor) else g
-        t, rr = (t, r) if r.dim() >= 2 else (t[None], r[None])
-        if rr.dim() < 2:
+        t, rr = t, r
+        while rr.dim() < 3:  # [batch, pos, ...]: a token is a vector (its rows' error), never one scalar
             t, rr = t[None], rr[None]
         s = score(t, rr, tier_for(engine, "float32", "decode" if what.split(" @ ")[0] in DECODE else ""), point)
-        # the validator's verdicts: an engine that runs the same kernels must pass; vLLM's kernels may warn
+        # the validator's verdicts: within the tier (half precision alone has a warn band)
         assert s.verdict == "pass" or (s.verdict == "warn" and engine not in EXACT_ENGINES), \
             f"{what} {k}: {s.verdict} {s.to_dict()}"
 

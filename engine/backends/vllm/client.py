@@ -298,6 +298,8 @@ class AsyncVLLMModel(ModelBase, TokensMixin):
         items = [points] if isinstance(points, (str, Address)) else list(points)
         keys: dict = {}
         for p in items:
+            if isinstance(p, str) and "." not in p:  # a bare point name (every layer) takes no coordinate
+                continue
             a = parse(p)
             if not a.coords:
                 continue
