@@ -294,7 +294,7 @@ def render_details(model: str, all_cells) -> str:
             key = (r["point"], -1 if r.get("layer") is None else r["layer"])
             cur = table[key].get(col(c))
             err = r.get("rel_err") if r.get("rel_err") is not None else None
-            kind = _structural_kind(r) if r["verdict"] == "fail" else ""
+            kind = (r.get("mismatch") or _structural_kind(r)) if r["verdict"] == "fail" else ""
             if cur is None:
                 table[key][col(c)] = [r["verdict"], err, kind]
             else:

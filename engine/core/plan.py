@@ -104,14 +104,15 @@ class Plan:
         patterns (a key axis that grows per step) are right-padded on that axis to the longest chunk."""
         chunks = self.store.get(key)
         if not chunks:
-            raise RuntimeError(f"{key} was never computed for this request: vLLM served all of it "
-                               f"from a cache or the request was aborted.")
+            raise RuntimeError(f"{key} was never computed for this request (no forward of it reached its site: "
+                               f"the request was aborted, or a cache served every position).")
         at = start
         for p, c in chunks:
             if p != at:
-                raise RuntimeError(f"{key}: positions {at}..{p - 1} were never computed in this request "
-                                   f"(served from vLLM's prefix cache); capturing requests need their own "
-                                   f"cache salt, which the engine sets: report this as a bug.")
+                raise RuntimeError(f"{key}: positions {at}..{p - 1} were never computed in this request (no "
+                                   f"forward ran its site at those positions: a step that skipped it, or positions "
+                                   f"a cache served, which the engine's per-request cache salt should prevent); "
+                                   f"report this as a bug.")
             at += c.shape[0]
         return torch.cat(pad_key_axis(key, [c for _, c in chunks], [p + c.shape[0] for p, c in chunks]), dim=0)
 

@@ -486,7 +486,7 @@ class Accumulator:
         for p, n, _ in self.chunks:
             if p != at:
                 raise RuntimeError(f"readout {self.readout.name}: positions {at}..{p - 1} were never computed in "
-                                   f"this request (served from a prefix cache); report this as a bug.")
+                                   f"this request (no forward ran its site there); report this as a bug.")
             at += n
         return self.chunks
 
