@@ -190,3 +190,21 @@ def test_cli_real_without_cached_checkpoint(capsys, tmp_path):
         pytest.skip("the real checkpoint is cached here")
     assert cli.main(["run", "--real", "--models", MODELS[0], "--out", str(tmp_path)]) == 2
     assert "not in the local HF model cache" in capsys.readouterr().err
+
+
+def test_cells_record_the_configuration_users_run_and_the_eager_one(tmp_path):
+    """Issue 48: the engine is validated as load_model gives it (sdpa here), the reference on the same
+    kernels (rows exact); TransformerLens, which computes attention itself, against attention='eager'; the hf
+    column's patterns also in the eager configuration, rows marked so."""
+    opts = runner.Options(engines=("hf", "transformer_lens"), out=tmp_path, points=["resid_post", "attn_probs", "z"],
+                          steer=False, decode=False)
+    got = {cells.read(p)["engine"]: cells.read(p) for p in runner.run_model(zoo_spec(MODELS[1]), opts)}
+    assert got["hf"]["configuration"] == "auto" and got["transformer_lens"]["configuration"] == "eager"
+    eager = [r for r in got["hf"]["rows"] if r.get("config") == "eager"]
+    assert {r["point"] for r in eager} == {"attn_probs", "z"} and all(r["max_abs"] == 0 for r in eager)
+    auto = [r for r in got["hf"]["rows"] if r["case"] == "short" and "config" not in r]
+    assert all(r["max_abs"] == 0 for r in auto if r["point"] != "attn_probs")  # the same sdpa kernels: exact
+    assert all(r["verdict"] == "pass" for c in got.values() for r in c["rows"])
+    from validator.runner import native_attention
+    assert native_attention(zoo_spec(MODELS[1]).load_engine("auto")) == "sdpa"
+    assert native_attention(zoo_spec(MODELS[1]).load_engine("eager")) == "eager"
