@@ -96,6 +96,16 @@ def _write(path: Path, data: dict, opts: Options) -> bool:
     return True
 
 
+def write_cell(path: Path, data: dict, opts: Options) -> bool:
+    """Write a cell computed elsewhere (a cluster task) as run_model writes its own (validator/cluster.py)."""
+    return _write(path, data, opts)
+
+
+def bare_cell(spec: ModelSpec, engine: str, opts: Options, status: str, **extra) -> dict:
+    """A cell without rows made outside run_model: a cluster task's error, a declared does-not-fit gap."""
+    return _base_cell(spec, engine, opts, status, rows=[], **extra)
+
+
 def _fail_all(spec, todo, opts, error: str, trace: str = "") -> list[Path]:
     written = []
     for engine in todo:
