@@ -89,20 +89,24 @@ def run(tasks: list[Task], specs: dict[str, runner.ModelSpec], real: bool, opts:
             t.model, real, task_kw, t.placement, announce)
         running[ref] = t
     written: list[Path] = []
-    while running:
-        done, _ = ray.wait(list(running), num_returns=1, timeout=1.0)
-        for ref in done:
-            t = running.pop(ref)
-            try:
-                got = ray.get(ref)
-            except RayError as e:  # retries spent, or an exception in the task: its cells say so
-                got = _error_cells(t, specs[t.model], opts, e)
-            for c in got:
-                path = cells.cell_path(opts.out, c["model"], c["engine"], c.get("variant_tag", ""))
-                if runner.write_cell(path, c, opts):
-                    written.append(path)
-            if on_done is not None:
-                on_done(t.model, len(got))
+    try:
+        while running:
+            done, _ = ray.wait(list(running), num_returns=1, timeout=1.0)
+            for ref in done:
+                t = running.pop(ref)
+                try:
+                    got = ray.get(ref)
+                except RayError as e:  # retries spent, or an exception in the task: its cells say so
+                    got = _error_cells(t, specs[t.model], opts, e)
+                for c in got:
+                    path = cells.cell_path(opts.out, c["model"], c["engine"], c.get("variant_tag", ""))
+                    if runner.write_cell(path, c, opts):
+                        written.append(path)
+                if on_done is not None:
+                    on_done(t.model, len(got))
+    finally:  # interrupted: what still runs is not ours to write any more
+        for ref in running:
+            ray.cancel(ref, force=True)
     return written
 
 
