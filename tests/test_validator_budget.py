@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from validator import budget
-from validator.budget import GiB, Devices
+from validator.budget import Devices, GiB
 
 H100 = Devices(1, 80 * GiB, "stated")
 LLAMA8 = "meta-llama/Llama-3.1-8B"
@@ -181,3 +181,20 @@ def test_bad_placements_are_refused_by_name():
         parse_placement({"model": 0})
     with pytest.raises(OptionError, match="not a module name"):
         parse_placement({3: "cpu"})
+
+
+def test_a_model_specified_auto_gives_the_cells_of_a_single_device(tmp_path):
+    """What a run does for a model its plan spreads over several GPUs (the engine and reference copies loaded
+    with device "auto", accelerate's device map), on the CPU, where the map is the host alone: the same cells as
+    a plain run (timings aside). What it shows on several GPUs is not tested here (docs/validator-scale.md)."""
+    from validator import cells, runner
+    from validator.models import zoo_spec
+    from validator.shards import comparable
+    name, got = "meta-llama/Llama-3.2-1B", {}
+    for device in ("cpu", "auto"):
+        opts = runner.Options(engines=("hf",), out=tmp_path / device, points=["resid_post"], steer=False,
+                              decode=False)
+        runner.run_model(zoo_spec(name, "float32", device), opts)
+        got[device] = [comparable(c) for c in cells.load_all(tmp_path / device)]
+    assert len(got["cpu"]) == 1 and got["cpu"][0]["status"] == "ok"
+    assert got["auto"] == got["cpu"]
