@@ -141,6 +141,14 @@ def earlier_cells(out: Path, history: str | None) -> list[dict]:
     found = {(c["model"], c["engine"], c.get("variant_tag", "")): c for c in
              (cells.load_all(out) if cells.cell_dir(out).is_dir() else [])}
     if history:
-        for c in hist.load(history, out):
+        try:
+            earlier = hist.load(history, out)
+        except hist.HistoryError as e:
+            if Path(history).exists():
+                raise
+            import sys  # a reference run that does not exist yet (the first night): estimates from `out` alone
+            print(f"validator: --history {history}: {e} The time estimates use {out}'s cells only.", file=sys.stderr)
+            earlier = []
+        for c in earlier:
             found.setdefault((c["model"], c["engine"], c.get("variant_tag", "")), c)
     return list(found.values())
