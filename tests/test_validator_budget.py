@@ -198,3 +198,22 @@ def test_a_model_specified_auto_gives_the_cells_of_a_single_device(tmp_path):
         got[device] = [comparable(c) for c in cells.load_all(tmp_path / device)]
     assert len(got["cpu"]) == 1 and got["cpu"][0]["status"] == "ok"
     assert got["auto"] == got["cpu"]
+
+
+def test_a_cell_that_does_not_fit_is_written_as_a_declared_gap_and_computed_once_it_fits(tmp_path):
+    """The run's gap cells (cli_scale.declare_gaps): skipped, saying what they need, never an error cell; up to
+    date while nothing changes; removed (so computed) once the devices at hand hold them."""
+    from validator import cells, cli_scale, runner, schedule
+    from validator.models import zoo_spec
+    name = "openai-community/gpt2"
+    opts = runner.Options(engines=("hf",), out=tmp_path, points=["resid_post"], steer=False, decode=False)
+    specs = {name: zoo_spec(name)}
+    none_here = schedule.build([name], ("hf",), "float32", "", Devices(0, 80 * GiB, "stated"), False, True, [])
+    assert cli_scale.declare_gaps(none_here, specs, opts) == 1
+    cell = cells.read(runner.path_of(specs[name], "hf", opts))
+    assert cell["status"] == "skipped" and cell["reason"].startswith("needs 1 x 80 GiB GPUs (5 x 0.0 GiB")
+    assert cell[schedule.UNPLACED]["gpus"] == 1 and runner.pending(specs[name], opts) == []
+    assert cli_scale.declare_gaps(none_here, specs, opts) == 0  # the same gap is not written again
+    one_here = schedule.build([name], ("hf",), "float32", "", Devices(1, 80 * GiB, "stated"), False, True, [])
+    assert one_here.gaps() == [] and cli_scale.declare_gaps(one_here, specs, opts) == 0
+    assert runner.pending(specs[name], opts) == ["hf"]  # it fits now: computed by the next run

@@ -166,3 +166,21 @@ def test_plan_prints_gpus_and_time_per_model_and_the_shards(runs, capsys):
     assert line.split()[1:3] == ["1.24B", "2.3"] and line.split()[3:5] == ["1", "1"]  # bf16: 2.3 GiB a copy
     assert "shard 2/2: " in out and "<- this shard" in out
     assert cli.main(["plan", "--models", MODELS[0], "--gpus", "-1"]) == 2
+
+
+def test_time_estimates_come_from_earlier_cells_of_the_same_variant():
+    from validator.costs import GUESS_CELL, GUESS_READ, Durations
+    earlier = [{"model": "A", "engine": "hf", "variant_tag": "", "status": "ok",
+                "provenance": {"seconds": 10.0, "engine_seconds": 4.0}},
+               {"model": "A", "engine": "hf", "variant_tag": "bfloat16", "status": "ok",
+                "provenance": {"seconds": 99.0, "engine_seconds": 99.0}},
+               {"model": "C", "engine": "hf", "variant_tag": "", "status": "error", "provenance": {"engine_seconds": 6.0}}]
+    cells_, loads = Durations(earlier).estimates({"A": int(1e9), "B": int(2e9)}, ("hf", "nnsight"), "",
+                                                 {"A": 3 * 2 ** 30, "B": 6 * 2 ** 30})
+    assert (cells_[("A", "hf")].seconds, cells_[("A", "hf")].how) == (10.0, "measured")
+    assert (cells_[("B", "hf")].seconds, cells_[("B", "hf")].how) == (20.0, "scaled")  # 10 s per billion parameters
+    assert (cells_[("A", "nnsight")].seconds, cells_[("A", "nnsight")].how) == (GUESS_CELL, "guess")
+    assert (loads["A"].seconds, loads["A"].how) == (4.0, "measured")
+    assert (loads["B"].seconds, loads["B"].how) == (8.0, "scaled")  # an error cell's seconds are not a rate
+    _, other = Durations(earlier).estimates({"B": int(2e9)}, ("hf",), "float16", {"B": 6 * 2 ** 30})
+    assert (other["B"].seconds, other["B"].how) == (6 * 2 ** 30 / GUESS_READ, "guess")

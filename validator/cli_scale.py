@@ -85,11 +85,13 @@ def matrix_plan(args, engines, variant, out: Path, names: list[str], on_ray: boo
     from validator.cli import UsageError
     on_gpu = variant.device == "cuda"
     try:
-        earlier = schedule.earlier_cells(out, args.history)
+        earlier, notes = schedule.earlier_cells(out, args.history)
     except ValueError as e:
         raise UsageError(str(e)) from None
-    return schedule.build(names, engines, variant.dtype, variant.tag(), devices(args, on_ray), variant.source == "real",
+    plan = schedule.build(names, engines, variant.dtype, variant.tag(), devices(args, on_ray), variant.source == "real",
                           on_gpu, earlier)
+    plan.notes += notes
+    return plan
 
 
 def _shard(text: str | None):

@@ -47,6 +47,7 @@ class MatrixPlan:
     cells: list[CellPlan] = field(default_factory=list)
     loads: dict[str, Estimate] = field(default_factory=dict)
     shapes: dict[str, Shape] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)  # printed after the header (a --history that could not be read)
 
     def of(self, model: str) -> list[CellPlan]:
         return [c for c in self.cells if c.model == model]
@@ -79,6 +80,7 @@ class MatrixPlan:
         sources = sorted({s.config_from for s in self.shapes.values()})
         head.append(f"plan: sizes from {', '.join(sources)}; times from earlier cells of this variant "
                     f"(measured: the same cell; scaled: per parameter from other models; guess: none recorded)")
+        head += self.notes
         if not detail:
             return head + self._summary()
         cols = "  ".join(f"{SHORT.get(e, e)[:5]:>5s}" for e in engines)
@@ -133,9 +135,10 @@ def build(names: list[str], engines: tuple[str, ...], dtype: str, tag: str, devi
     return plan
 
 
-def earlier_cells(out: Path, history: str | None) -> list[dict]:
-    """The cells durations are read from: those in `out`, then `history`'s (a cells directory or a git ref)
-    where `out` has none of that key."""
+def earlier_cells(out: Path, history: str | None) -> tuple[list[dict], list[str]]:
+    """(the cells durations are read from, notes): those in `out`, then `history`'s (a cells directory or a git
+    ref) where `out` has none of that key; a git ref that does not exist is a note, not an error."""
+    notes: list[str] = []
     from validator import cells
     from validator import history as hist
     found = {(c["model"], c["engine"], c.get("variant_tag", "")): c for c in
@@ -146,9 +149,9 @@ def earlier_cells(out: Path, history: str | None) -> list[dict]:
         except hist.HistoryError as e:
             if Path(history).exists():
                 raise
-            import sys  # a reference run that does not exist yet (the first night): estimates from `out` alone
-            print(f"validator: --history {history}: {e} The time estimates use {out}'s cells only.", file=sys.stderr)
+            # a reference run that does not exist yet (the first night): estimates from `out` alone
+            notes.append(f"plan: --history {history}: {e} The time estimates use {out}'s cells only.")
             earlier = []
         for c in earlier:
             found.setdefault((c["model"], c["engine"], c.get("variant_tag", "")), c)
-    return list(found.values())
+    return list(found.values()), notes
