@@ -178,11 +178,12 @@ def samples(t: Table) -> list[str]:
     return lines + [""]
 
 
-def render(tables: list[Table]) -> str:
+def render(tables: list[Table], since: list[str] = ()) -> str:
+    """The report; `since`: its comparison with the previous publication (benchmarks/history.py)."""
     lines = [HEADER, "", "# Benchmark results", ""]
     if not tables:
         return "\n".join(lines + ["No sweeps.", ""])
-    lines += method(tables) + headline(tables)
+    lines += method(tables) + headline(tables) + list(since)
     for t in tables:
         lines += [f"## Sweep `{t.name}`", ""]
         for part in (environment, all_ratios, throughput, measured, deviations, samples):
