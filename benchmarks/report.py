@@ -37,7 +37,8 @@ def sweep_line(t: Table) -> str:
         f"d_model {mi['d_model']}" if mi.get("d_model") else "") if x)
     loads, wall = t.loads(), t.wall_s()
     return (f"`{t.name}`: {p.model_label()}" + (f" ({shape})" if shape else "")
-            + f", {p.dtype} on {e.get('hardware', 'unmeasured hardware')}, {p.threads or 'default'} thread(s) per "
+            + f", {p.dtype} on {e.get('hardware', 'unmeasured hardware')}"
+            + (f" (node `{e['node']}`)" if e.get("node") else "") + f", {p.threads or 'default'} thread(s) per "
               f"worker, {CLOCK_TEXT[p.clock]}; prompt {p.prompt_tokens} (long {p.long_prompt_tokens}) tokens, {p.new_tokens} new; "
               f"{p.rounds} rounds" + (f" in {wall / 60:.0f} min" if wall else "")
             + (f"; 1-minute machine load {loads[0]:g}–{loads[-1]:g}" if loads else "") + ".")
