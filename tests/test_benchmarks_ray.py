@@ -13,6 +13,7 @@ from benchmarks.__main__ import main as cli
 from benchmarks.spec import DEFAULT_MODEL, Params
 from benchmarks.table import MixedCellsError, Table
 
+
 @pytest.mark.slow
 def test_a_sweep_on_ray_runs_on_one_node_and_the_report_says_which(tmp_path):
     ray = pytest.importorskip("ray")
