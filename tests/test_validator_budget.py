@@ -82,7 +82,7 @@ def test_a_cell_that_does_not_fit_is_a_gap_saying_what_it_needs(llama8):
     from validator.schedule import gap_reason
     _, needs = llama8
     why = gap_reason(needs["hf"], H100)
-    assert why.startswith("needs 2 x 80 GiB GPUs (5 x 15.0 GiB") and "run it with a cluster" in why
+    assert why.startswith("needs 2 x 80 GiB GPUs on one node (5 x 15.0 GiB") and "run it with a cluster" in why
     assert gap_reason(needs["hf"], Devices(2, 80 * GiB, "stated")) == ""
 
 
@@ -211,7 +211,7 @@ def test_a_cell_that_does_not_fit_is_written_as_a_declared_gap_and_computed_once
     none_here = schedule.build([name], ("hf",), "float32", "", Devices(0, 80 * GiB, "stated"), False, True, [])
     assert cli_scale.declare_gaps(none_here, specs, opts) == 1
     cell = cells.read(runner.path_of(specs[name], "hf", opts))
-    assert cell["status"] == "skipped" and cell["reason"].startswith("needs 1 x 80 GiB GPUs (5 x 0.0 GiB")
+    assert cell["status"] == "skipped" and cell["reason"].startswith("needs 1 x 80 GiB GPUs on one node (5 x 0.0 GiB")
     assert cell[schedule.UNPLACED]["gpus"] == 1 and runner.pending(specs[name], opts) == []
     assert cli_scale.declare_gaps(none_here, specs, opts) == 0  # the same gap is not written again
     one_here = schedule.build([name], ("hf",), "float32", "", Devices(1, 80 * GiB, "stated"), False, True, [])

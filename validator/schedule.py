@@ -2,7 +2,7 @@
 GPUs (validator/budget.py), its expected time (validator/costs.py), and whether it runs here at all.
 
 A cell whose GPUs exceed what one node at hand has is a declared gap: `run` writes it as a skipped cell
-whose reason says what it needs ("needs 4 x 80 GiB GPUs ...; run it with a cluster") and marks it
+whose reason says what it needs ("needs 4 x 80 GiB GPUs on one node ...; run it with a cluster") and marks it
 `unplaced`, so it never ends as an out-of-memory error, and a later run on bigger nodes computes it
 (an unplaced cell is not up to date once it fits). The cells of one model run as one task (they
 share its loads: the engine, the reference and the expected sides): a task needs the most GPUs of
@@ -113,8 +113,8 @@ def gap_reason(need: Need, devices: Devices) -> str:
         return ""
     n = need.all_gpus
     more = f"more than {budget.MAX_GPUS}" if need.gpus > budget.MAX_GPUS else str(n)
-    return (f"needs {more} x {devices.bytes_each / GiB:.0f} GiB GPUs ({need.what()}), {devices.count} at hand on "
-            f"one node; run it with a cluster (python -m validator run --ray ADDRESS) or on a node with {more} GPUs")
+    return (f"needs {more} x {devices.bytes_each / GiB:.0f} GiB GPUs on one node ({need.what()}), {devices.count} at "
+            f"hand; run it with a cluster that has such a node (python -m validator run --ray ADDRESS)")
 
 
 def build(names: list[str], engines: tuple[str, ...], dtype: str, tag: str, devices: Devices, real: bool,
