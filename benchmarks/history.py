@@ -34,8 +34,8 @@ def record(tables: list[Table]) -> dict:
         for spec in R.all_specs(t.variants, t.workloads):
             res = R.compute(t, spec)
             if res is not None:
-                ratios[spec.key] = {"title": spec.title, "headline": spec in R.HEADLINE, "resolved": res.resolved,
-                                    **_iv(res.interval)}
+                ratios[spec.key] = {"title": spec.title, "group": spec.group, "headline": spec in R.HEADLINE,
+                                    "resolved": res.resolved, **_iv(res.interval)}
         tput = {f"{v}:{w}": _iv(iv) for v in t.variants for w in t.workloads if (iv := t.tok_s(v, w)) is not None}
         env = t.env()
         out[t.name] = {"model": t.params().model_label(), "hardware": env.get("hardware"), "node": env.get("node"),

@@ -267,11 +267,11 @@ def _check_dropin(b):
 
 
 def _check_history(b):
-    """One chart per sweep of the benchmark records, each with a line per headline ratio; the validator's
-    charts (or the sentence saying no run is recorded yet)."""
+    """One chart per sweep and ratio group of the benchmark records, each with a line per headline ratio; the
+    validator's charts (or the sentence saying no run is recorded yet)."""
     nights = _export("ratioNights", "history")
-    sweeps = {r["sweep"] for r in nights}
-    assert b.js("document.querySelectorAll('#ratio-history .ratio-group svg.chart').length") == len(sweeps)
+    groups = {(r["sweep"], r["group"]) for r in nights}
+    assert b.js("document.querySelectorAll('#ratio-history .ratio-group svg.chart').length") == len(groups)
     runs = _export("validatorNights", "history")
     charts = b.js("document.querySelectorAll('#validator-history svg.chart').length")
     assert charts == (2 if runs else 0)

@@ -40,6 +40,8 @@ export interface RatioNight {
   sweep: string;
   key: string;
   title: string;
+  /** The ratio's group (benchmarks/ratios.py GROUPS: hf, peers, stock, steer, own, readout, gpu). */
+  group: string;
   /** null when the ratio was unresolved that night (its interval too wide to call). */
   median: number | null;
   lo: number;
@@ -66,6 +68,7 @@ def ratio_nights(d: Path = BENCHMARKS) -> list[dict]:
             for key, r in sorted(s.get("ratios", {}).items()):
                 if r.get("headline"):
                     out.append({"date": date, "sweep": sweep, "key": key, "title": r["title"],
+                                "group": r.get("group", ""),
                                 "median": r["median"] if r["resolved"] else None, "lo": r["lo"], "hi": r["hi"],
                                 "node": s.get("node")})
     return out

@@ -49,8 +49,9 @@ export function nightChart(dates: readonly string[], series: readonly NightSerie
     if (path) g.append(s("path", { d: path.trim(), fill: "none", stroke: color, "stroke-width": 1.5 }));
     const ly = TOP + 6 + k * 16;
     g.append(s("rect", { x: LEFT + W + 14, y: ly - 8, width: 10, height: 10, fill: color }));
-    g.append(s("text", { x: LEFT + W + 30, y: ly + 1, class: "rlabel" }, sr.label.length > 32 ? sr.label.slice(0, 31) + "…" : sr.label));
+    g.append(s("text", { x: LEFT + W + 30, y: ly + 1, class: "rlabel" }, sr.label.length > 34 ? sr.label.slice(0, 33) + "…" : sr.label));
   });
-  return s("svg", { viewBox: `0 0 ${LEFT + W + RIGHT} ${TOP + H + BOTTOM}`, role: "img", "aria-label": title, class: "chart" },
+  const height = Math.max(TOP + H + BOTTOM, TOP + 16 * series.length + 10);  // room for every legend entry
+  return s("svg", { viewBox: `0 0 ${LEFT + W + RIGHT} ${height}`, role: "img", "aria-label": title, class: "chart" },
     s("title", {}, title), g);
 }

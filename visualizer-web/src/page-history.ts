@@ -37,12 +37,16 @@ const bDates = unique(ratioNights.map((r) => r.date)).sort();
 const sweeps = unique(ratioNights.map((r) => r.sweep)).sort();
 if (!sweeps.length) bench.append(h("p", { class: "muted" }, "No benchmark publication is recorded yet (reports/benchmarks/history/)."));
 for (const sw of sweeps) {
-  const rs = ratioNights.filter((r) => r.sweep === sw);
-  const series: NightSeries[] = unique(rs.map((r) => r.key)).map((key) => {
-    const mine = rs.filter((r) => r.key === key);
-    return { label: mine[0].title, points: mine.map((r) => ({ date: r.date, value: r.median, lo: r.lo, hi: r.hi })) };
-  });
-  bench.append(h("div", { class: "ratio-group", "data-sweep": sw }, h("h3", {}, sw),
-    h("figure", {}, nightChart(bDates, series, `${sw}: headline ratios, night by night`, "ratio (log scale); above 1× is faster", true))));
+  const sec = h("div", { class: "ratio-group", "data-sweep": sw }, h("h3", {}, sw));
+  for (const g of unique(ratioNights.filter((r) => r.sweep === sw).map((r) => r.group))) {
+    const rs = ratioNights.filter((r) => r.sweep === sw && r.group === g);
+    const series: NightSeries[] = unique(rs.map((r) => r.key)).map((key) => {
+      const mine = rs.filter((r) => r.key === key);
+      return { label: mine[0].title, points: mine.map((r) => ({ date: r.date, value: r.median, lo: r.lo, hi: r.hi })) };
+    });
+    sec.append(h("figure", { "data-group": g }, nightChart(bDates, series, `${sw}, ${g}: headline ratios, night by night`,
+      `${g}: ratio (log scale); above 1× is faster`, true)));
+  }
+  bench.append(sec);
 }
 main.append(validator, bench);
