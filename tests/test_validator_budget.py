@@ -217,3 +217,29 @@ def test_a_cell_that_does_not_fit_is_written_as_a_declared_gap_and_computed_once
     one_here = schedule.build([name], ("hf",), "float32", "", Devices(1, 80 * GiB, "stated"), False, True, [])
     assert one_here.gaps() == [] and cli_scale.declare_gaps(one_here, specs, opts) == 0
     assert runner.pending(specs[name], opts) == ["hf"]  # it fits now: computed by the next run
+
+
+def test_a_gpu_plan_places_the_specs_and_the_vllm_columns_load_with_its_parallel_sizes(monkeypatch):
+    """What `run` does with a GPU plan (cli_scale.place_specs): a model needing several GPUs is specified "auto",
+    and its vLLM columns load with the plan's tensor and pipeline sizes (validator/engines/vllm_ref.py)."""
+    from types import SimpleNamespace
+
+    import engine.loading
+    from validator import cli_scale, schedule
+    from validator.engines.base import ModelContext
+    from validator.engines.vllm_ref import VllmEngine
+    name = "mistralai/Mixtral-8x7B-v0.1"  # 87 GiB a copy in bf16
+    monkeypatch.setattr("validator.cli._spec", lambda n, real, dtype, device: SimpleNamespace(device=device))
+    nodes = Devices(16, 80 * GiB, "stated")
+    plan = schedule.build([name], ("hf", "vllm"), "bfloat16", "", nodes, True, True, [])
+    assert plan.placement(name) == "auto" and plan.vllm_parallel(name) == (2, 1)
+    specs = cli_scale.place_specs(plan, {name: SimpleNamespace(device="cuda")}, True, "bfloat16")
+    assert specs[name].device == "auto" and specs[name].vllm_parallel == (2, 1)
+    cpu = schedule.build([name], ("hf",), "bfloat16", "", nodes, True, False, [])
+    assert cli_scale.place_specs(cpu, {name: "unchanged"}, True, "bfloat16") == {name: "unchanged"}
+    seen = []
+    monkeypatch.setattr(engine.loading, "load_model", lambda *a, **kw: seen.append(kw))
+    for parallel, want in (((1, 1), {}), ((4, 2), {"tensor_parallel_size": 4, "pipeline_parallel_size": 2})):
+        ctx = ModelContext(name, torch.nn.Linear(1, 1), None, "zoo", vllm_parallel=parallel)
+        VllmEngine(ctx)._load()
+        assert {k: v for k, v in seen[-1].items() if "parallel" in k} == want

@@ -152,12 +152,21 @@ def before_run(args, engines, variant, out: Path, names: list[str], specs: dict)
               f"{' ...' if len(names) > 6 else ''})", file=sys.stderr)
     for line in plan.lines(engines, detail=False):
         print(line, file=sys.stderr)
-    if plan.on_gpu:
-        from validator.cli import _spec
-        for n in names:
-            if plan.placement(n) == "auto":
-                specs[n] = _spec(n, args.real, variant.dtype, "auto")
-    return names, specs, plan
+    return names, place_specs(plan, specs, args.real, variant.dtype), plan
+
+
+def place_specs(plan, specs: dict, real: bool, dtype: str) -> dict:
+    """The specs as the plan places them (a GPU run): a model whose cells need more than one GPU in the
+    validator's process loads with device "auto"; a vLLM column's engine with the plan's parallel sizes."""
+    if not plan.on_gpu:
+        return specs
+    from validator.cli import _spec
+    out = dict(specs)
+    for n in specs:
+        if plan.placement(n) == "auto":
+            out[n] = _spec(n, real, dtype, "auto")
+        out[n].vllm_parallel = plan.vllm_parallel(n)
+    return out
 
 
 def _connect(args) -> bool:
@@ -197,7 +206,8 @@ def run_ray(args, opts, todo: dict, specs: dict, plan, bar) -> list:
     """The models of `todo` ({model: pending engines}) as Ray tasks; returns the kept errors, as the loop does."""
     from validator import cluster
     tasks = [cluster.Task(m, tuple(e), plan.model_gpus(m) if plan else 0, 0,
-                          plan.placement(m) if plan and plan.on_gpu else "single") for m, e in todo.items()]
+                          plan.placement(m) if plan and plan.on_gpu else "single", specs[m].vllm_parallel)
+             for m, e in todo.items()]
     cluster.run(tasks, specs, args.real, opts, address=args.ray or None,
                 on_done=lambda m, k: bar.finish(m, len(todo[m])))
     return opts.kept

@@ -32,9 +32,11 @@ class Task:
     gpus: int = 0  # what it asks for (the plan's; 0 on a CPU run)
     memory: int = 0  # bytes of host memory it asks for (a CPU run; 0: no request)
     placement: str = "single"  # "auto": its copies are spread over its GPUs (device_map="auto")
+    vllm_parallel: tuple[int, int] = (1, 1)  # its vLLM columns' (tensor, pipeline) sizes
 
 
-def compute(model: str, real: bool, opts_kw: dict, placement: str = "single", announce: str | None = None) -> list[dict]:
+def compute(model: str, real: bool, opts_kw: dict, placement: str = "single", announce: str | None = None,
+            vllm_parallel: tuple[int, int] = (1, 1)) -> list[dict]:
     """A task's body on a worker: its model's cells, computed into a scratch directory and returned (never
     written where the driver writes). `announce`: a directory where it leaves a file named by its pid as it
     starts (tests kill that process)."""
@@ -47,7 +49,9 @@ def compute(model: str, real: bool, opts_kw: dict, placement: str = "single", an
     with tempfile.TemporaryDirectory(prefix="validator-task-") as tmp:
         opts = runner.Options(**{**opts_kw, "out": Path(tmp), "force": True})
         device = "auto" if placement == "auto" else opts.device
-        runner.run_model((real_spec if real else zoo_spec)(model, opts.dtype, device), opts)
+        spec = (real_spec if real else zoo_spec)(model, opts.dtype, device)
+        spec.vllm_parallel = tuple(vllm_parallel)  # type: ignore[assignment]
+        runner.run_model(spec, opts)
         return [c for p in sorted(cells.cell_dir(Path(tmp)).glob("*.json")) if (c := cells.read(p)) is not None]
 
 
@@ -86,7 +90,7 @@ def run(tasks: list[Task], specs: dict[str, runner.ModelSpec], real: bool, opts:
     for t in tasks:
         task_kw = {**kw, "engines": t.engines}
         ref = remote.options(**_options(t, gpu_resource), name=f"validator:{t.model}").remote(
-            t.model, real, task_kw, t.placement, announce)
+            t.model, real, task_kw, t.placement, announce, t.vllm_parallel)
         running[ref] = t
     written: list[Path] = []
     try:

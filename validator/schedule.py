@@ -70,6 +70,11 @@ class MatrixPlan:
         cells need more than one GPU in the validator's process, else "single"."""
         return "auto" if max([c.need.gpus for c in self.of(model) if not c.gap] or [0]) > 1 else "single"
 
+    def vllm_parallel(self, model: str) -> tuple[int, int]:
+        """(tensor, pipeline) sizes its vLLM columns load with ((1, 1) when it has none, or on a CPU run)."""
+        own = [(c.need.tp, c.need.pp) for c in self.of(model) if c.need.vllm and c.need.gpus]
+        return max(own) if own else (1, 1)
+
     def gaps(self) -> list[CellPlan]:
         return [c for c in self.cells if c.gap]
 

@@ -83,6 +83,7 @@ class ModelContext:
     source: str  # "zoo" | "real" | "config" (built in memory, tests)
     dtype: torch.dtype = torch.float32
     attention: str | None = None  # the attention implementation adapters run (None: the one `hf` was loaded with)
+    vllm_parallel: tuple[int, int] = (1, 1)  # (tensor, pipeline) parallel sizes a vLLM column loads with (the plan's)
 
     @property
     def config(self):
