@@ -171,7 +171,11 @@ def place_specs(plan, specs: dict, real: bool, dtype: str) -> dict:
 
 def _connect(args) -> bool:
     from engine.harvest.cluster import connect
-    connect(args.ray or None, None)
+    from validator.cli import UsageError
+    try:
+        connect(args.ray or None, None)
+    except RuntimeError as e:  # Ray is not installed
+        raise UsageError(str(e)) from None
     return True
 
 
