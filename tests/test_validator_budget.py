@@ -229,7 +229,7 @@ def test_a_gpu_plan_places_the_specs_and_the_vllm_columns_load_with_its_parallel
     from validator.engines.base import ModelContext
     from validator.engines.vllm_ref import VllmEngine
     name = "mistralai/Mixtral-8x7B-v0.1"  # 87 GiB a copy in bf16
-    monkeypatch.setattr("validator.cli._spec", lambda n, real, dtype, device: SimpleNamespace(device=device))
+    monkeypatch.setattr(cli_scale, "spec_of", lambda n, real, dtype, device: SimpleNamespace(device=device))
     nodes = Devices(16, 80 * GiB, "stated")
     plan = schedule.build([name], ("hf", "vllm"), "bfloat16", "", nodes, True, True, [])
     assert plan.placement(name) == "auto" and plan.vllm_parallel(name) == (2, 1)

@@ -39,8 +39,8 @@ BASE_COPIES = (("engine", "the engine under test as load_model gives it (runner.
 EAGER_COPY = "the engine loaded again with attention='eager' (columns.tested_sides), while hf or transformer_lens runs"
 OWN_COPY = {"hf": "HF's eager-attention adapter for the pattern rows (columns.eager_pairs)",
             "transformer_lens": "the bridge's copy (ctx.fresh_hf)", "nnsight": "nnsight's copy (ctx.fresh_hf)",
-            "nnterp": "the copy nnterp's child process loads", "interp-engine": "interp-engine's copy (ctx.fresh_hf)",
-            "vllm": "the vLLM engine, on GPUs of its own", "vllm-static": "the vLLM engine, on GPUs of its own"}
+            "nnterp": "the copy nnterp's child process loads", "interp-engine": "interp-engine's copy (ctx.fresh_hf)"}
+VLLM_COPY = "a vLLM column's engine, on GPUs of its own (vllm_gpus)"
 EAGER_USERS = ("hf", "transformer_lens")
 
 

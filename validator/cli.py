@@ -23,34 +23,10 @@ from pathlib import Path
 
 from validator import cells, cli_scale, exits
 from validator.engines import DEFAULT_ENGINES, ENGINES
+from validator.usage import UsageError, parse_engines
+from validator.usage import rel as _rel
+from validator.usage import split_values as _split
 from validator.variant import Variant, label
-
-
-class UsageError(ValueError):
-    """Bad command-line input; the message names it and the fix."""
-
-
-def _split(values, flag: str) -> list[str] | None:
-    """Comma-separated values of a repeatable option; None when the option was not given, UsageError
-    when it was given but names nothing (`--models ''` is a mistake, not "everything")."""
-    if values is None:
-        return None
-    names = [v.strip() for item in values for v in item.split(",") if v.strip()]
-    if not names:
-        raise UsageError(f"{flag} names nothing (got {' '.join(repr(v) for v in values)}); give at least one "
-                         f"name, or omit {flag} for the default.")
-    return names
-
-
-def parse_engines(values) -> tuple[str, ...]:
-    from difflib import get_close_matches
-    names = _split(values, "--engines") or list(DEFAULT_ENGINES)
-    for n in names:
-        if n not in ENGINES:
-            near = get_close_matches(n, list(ENGINES), n=1, cutoff=0.5)
-            hint = f" Did you mean {near[0]!r}?" if near else ""
-            raise UsageError(f"unknown engine {n!r}.{hint} Engines: {', '.join(ENGINES)}.")
-    return tuple(dict.fromkeys(names))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -111,13 +87,6 @@ def main(argv=None) -> int:
         print("Move them out of cells/ (or re-run `python -m validator run` to recompute a damaged cell).",
               file=sys.stderr)
         return exits.CELLS
-
-
-def _rel(p: Path) -> str:
-    try:
-        return str(Path(p).resolve().relative_to(Path.cwd()))
-    except ValueError:
-        return str(p)
 
 
 # -- run ----------------------------------------------------------------------------------------------

@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 from validator import cells, exits
+from validator.usage import UsageError, parse_engines, rel, split_values
 
 
 def add_run_options(r) -> None:
@@ -75,14 +76,12 @@ def devices(args, on_ray: bool = False):
     try:
         return devices_at_hand(gpus, args.gpu_memory)
     except ValueError as e:
-        from validator.cli import UsageError
         raise UsageError(str(e)) from None
 
 
 def matrix_plan(args, engines, variant, out: Path, names: list[str], on_ray: bool = False):
     """The plan of `names` x `engines` for this run's variant (GPUs counted on cuda)."""
     from validator import schedule
-    from validator.cli import UsageError
     on_gpu = variant.device == "cuda"
     try:
         earlier, notes = schedule.earlier_cells(out, args.history)
@@ -98,7 +97,6 @@ def _shard(text: str | None):
     if text is None:
         return None
     from validator import shards
-    from validator.cli import UsageError
     try:
         return shards.parse(text)
     except shards.ShardError as e:
@@ -107,12 +105,11 @@ def _shard(text: str | None):
 
 def cmd_plan(args) -> int:
     from validator import outputs
-    from validator.cli import UsageError, _split, parse_engines
     from validator.models import default_device, resolve_names
     from validator.variant import Variant
     shard = _shard(args.shard)
     engines = parse_engines(args.engines)
-    wanted = _split(args.models, "--models")
+    wanted = split_values(args.models, "--models")
     try:
         names = resolve_names(wanted)
     except ValueError as e:
@@ -160,18 +157,22 @@ def place_specs(plan, specs: dict, real: bool, dtype: str) -> dict:
     validator's process loads with device "auto"; a vLLM column's engine with the plan's parallel sizes."""
     if not plan.on_gpu:
         return specs
-    from validator.cli import _spec
     out = dict(specs)
     for n in specs:
         if plan.placement(n) == "auto":
-            out[n] = _spec(n, real, dtype, "auto")
+            out[n] = spec_of(n, real, dtype, "auto")
         out[n].vllm_parallel = plan.vllm_parallel(n)
     return out
 
 
+def spec_of(name: str, real: bool, dtype: str, device: str):
+    """The ModelSpec of a zoo name (the real checkpoint with `real`) loaded on `device` ("auto": placed)."""
+    from validator.models import real_spec, zoo_spec
+    return (real_spec if real else zoo_spec)(name, dtype, device)
+
+
 def _connect(args) -> bool:
     from engine.harvest.cluster import connect
-    from validator.cli import UsageError
     try:
         connect(args.ray or None, None)
     except RuntimeError as e:  # Ray is not installed
@@ -228,7 +229,6 @@ def after_render(out: Path) -> Path | None:
 # -- merge and --since ----------------------------------------------------------------------------------
 def cmd_merge(args) -> int:
     from validator import history, report, shards
-    from validator.cli import UsageError, _rel
     out = Path(args.out)
     try:
         written = shards.merge([Path(d) for d in args.dirs], out)
@@ -236,15 +236,14 @@ def cmd_merge(args) -> int:
         raise UsageError(str(e)) from None
     report.render(out)
     rec = history.record(out, args.date)
-    print(f"validator merge: {len(written)} cells from {len(args.dirs)} directories -> {_rel(out)}; reports "
-          f"rendered; record {_rel(rec)}", file=sys.stderr)
+    print(f"validator merge: {len(written)} cells from {len(args.dirs)} directories -> {rel(out)}; reports "
+          f"rendered; record {rel(rec)}", file=sys.stderr)
     bad = [c for c in cells.load_all(out) if report.cell_failed(c)]
     return exits.FAILED if bad else exits.OK
 
 
 def cmd_since(args) -> int:
     from validator import history
-    from validator.cli import UsageError
     out = Path(args.out)
     try:
         old = history.load(args.since, out)

@@ -18,8 +18,7 @@ from validator.budget import Devices, GiB, Need, Shape
 from validator.costs import Durations, Estimate, fmt
 
 UNPLACED = "unplaced"  # the cell field that marks a declared does-not-fit gap (holds what the cell needs)
-SHORT = {"hf": "hf", "transformer_lens": "tl", "nnsight": "nns", "nnterp": "nnt", "interp-engine": "ie",
-         "vllm": "vllm", "vllm-static": "vstat"}
+SHORT = {"hf": "hf", "transformer_lens": "tl", "nnsight": "nns", "nnterp": "nnt", "interp-engine": "ie"}  # headers
 
 
 @dataclass(frozen=True)
@@ -88,7 +87,7 @@ class MatrixPlan:
         head += self.notes
         if not detail:
             return head + self._summary()
-        cols = "  ".join(f"{SHORT.get(e, e)[:5]:>5s}" for e in engines)
+        cols = "  ".join(f"{SHORT.get(e, e.replace('vllm-', 'v-'))[:5]:>5s}" for e in engines)
         rows = [f"{'model':44s} {'params':>8s} {'GiB/copy':>8s}  {cols}  {'time':>8s}  how"]
         for m in self.models():
             s = self.shapes[m]

@@ -20,6 +20,7 @@ import contextlib
 import os
 import time
 from pathlib import Path
+from types import ModuleType
 from typing import TYPE_CHECKING
 
 from engine.core.environ import scoped_environ
@@ -74,7 +75,7 @@ class Harvester:
             self.model.close()
 
 
-def connect(address: str | None, num_cpus: int | None, resources: dict[str, float] | None = None):
+def connect(address: str | None, num_cpus: int | None, resources: dict[str, float] | None = None) -> ModuleType:
     """Ray, connected to the cluster at `address` or, with none, to a local cluster started here with
     `num_cpus` and custom `resources` (what stands in for GPUs in CPU tests); the cluster already
     connected to when there is one. The validator's --ray uses it too."""

@@ -100,7 +100,7 @@ def parse_device(value: str | None, backend: str = "eager") -> str:
 PLACED = ("cpu", "disk")  # device-map values besides GPUs: weights kept in host memory or on disk, run on the main device
 
 
-def parse_placement(value, backend: str = "eager") -> str | dict[str, str]:
+def parse_placement(value: str | dict, backend: str = "eager") -> str | dict[str, str]:
     """A model placed across devices: "auto" (accelerate's device map over the visible GPUs, then the host
     and disk) or a device map {module name: "cuda:N" | N | "cpu" | "disk"}, each device checked against this
     machine. Only the eager backend places layers; vLLM splits a model with tensor_parallel_size."""
