@@ -51,6 +51,9 @@ def build_parser() -> argparse.ArgumentParser:
                           "checks and cells are written either way; fewer than 6 rounds give no intervals)")
     run.add_argument("--sweep", default=None, help="sweep name (default: <device>-<model>-<size>)")
     run.add_argument("--sweeps", type=Path, default=cells.CELLS_DIR, help="folder of sweep folders")
+    run.add_argument("--ray", nargs="?", const="", default=None, metavar="ADDRESS",
+                     help="run the sweep as one Ray task on the cluster at ADDRESS (none: a local cluster); all "
+                          "its cells on one node")
     rep = sub.add_parser("report", help="write reports/benchmarks/results-latest.md from the sweeps")
     rep.add_argument("--sweeps", type=Path, nargs="+", default=None,
                      help="sweep folders (default: every folder under reports/benchmarks/sweeps)")
@@ -77,7 +80,11 @@ def main(argv=None) -> int:
                             new_tokens=args.new_tokens, rounds=args.rounds, warmups=args.warmups,
                             min_sample_s=args.min_sample, dtype=args.dtype, device=args.device,
                             threads=args.threads, clock=args.clock, ci_bound=args.ci_bound, timeout_s=args.timeout)
-            run_sweep(params, args.variants, args.workloads, args.sweeps, args.sweep, max_s=args.max_seconds)
+            if args.ray is not None:
+                from benchmarks.cluster import run_on_ray
+                run_on_ray(params, args.variants, args.workloads, args.sweeps, args.sweep, args.ray, args.max_seconds)
+            else:
+                run_sweep(params, args.variants, args.workloads, args.sweeps, args.sweep, max_s=args.max_seconds)
             return 0
         from benchmarks import publish
         if args.cmd == "report":

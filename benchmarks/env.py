@@ -75,6 +75,7 @@ def capture(dtype: str, device: str) -> dict:
         "torch_threads": torch.get_num_threads(),
         "dtype": dtype,
         "platform": platform.platform(),
+        "node": platform.node(),  # the machine itself: a sweep's ratios pair samples of one node (a Ray run too)
         "load_avg_1m": load1(),
         "versions": versions(),
     }
@@ -89,8 +90,9 @@ def hardware_key(env: dict) -> str:
     return f"CPU {env.get('cpu')} x{env.get('cpu_count')}"
 
 
-# What must agree between the cells of one table (a ratio across two of these would measure them).
-MACHINE_FIELDS = ("hardware", "device", "dtype", "torch_threads", "versions")
+# What must agree between the cells of one table (a ratio across two of these would measure them); node: cells
+# made before it was recorded have none, and agree.
+MACHINE_FIELDS = ("hardware", "node", "device", "dtype", "torch_threads", "versions")
 
 
 def machine_key(env: dict) -> tuple:

@@ -4,15 +4,18 @@ every output is rendered in memory first, so a refusal or an error while renderi
 plot that fails) leaves every committed file as it was. `--check` renders the same and fails on
 any drift (plots by the digest of the figures they draw). The site's data file of the same cells is
 visualizer_data's (`python -m visualizer_data build --only benchmarks`): benchmarks never imports it.
+Each publication leaves a dated record under <out>/history/ and the report compares every ratio with the
+previous publication's, marking a regression where the intervals do not overlap (benchmarks/history.py).
 
 README.md belongs to its owner: only the text between the markers is ever rewritten."""
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
 from benchmarks import cells as cellio
-from benchmarks import plots, report
+from benchmarks import history, plots, report
 from benchmarks.table import Table
 from engine.core.files import write_atomic
 
@@ -66,18 +69,29 @@ def readme_block(tables: list[Table]) -> str:
     return "\n".join(lines)
 
 
-def outputs(tables: list[Table], readme: Path, out_dir: Path) -> dict[Path, str]:
-    """The text files publish writes (README: only its block changed), rendered in memory."""
+def dated(tables: list[Table], out_dir: Path, check: bool) -> tuple[Path, str, list[str]]:
+    """(this publication's record file, its text, the report's section comparing it with the previous one).
+    Publishing: today's record; checking: the newest record on disk (its date), which must hold the same."""
+    rec = history.record(tables)
+    found = history.records(out_dir)
+    date = found[-1][0] if check and found else history.today()
+    return (Path(out_dir) / history.HISTORY / f"{date}.json", json.dumps(rec, indent=1, sort_keys=True) + "\n",
+            history.section(history.previous(out_dir, date), rec))
+
+
+def outputs(tables: list[Table], readme: Path, out_dir: Path, check: bool = False) -> dict[Path, str]:
+    """The text files publish writes (README: only its block changed; the dated record), rendered in memory."""
     if not readme.exists():
         raise MarkerError(f"{readme} does not exist; create it with a {START} / {END} pair where the "
                           f"throughput table belongs.")
-    return {Path(out_dir) / REPORT_MD: report.render(tables),
-            readme: replace_block(readme.read_text(), readme_block(tables), readme.name)}
+    path, rec, since = dated(tables, out_dir, check)
+    return {Path(out_dir) / REPORT_MD: report.render(tables, since),
+            readme: replace_block(readme.read_text(), readme_block(tables), readme.name), path: rec}
 
 
 def main(sweeps, readme: Path, out_dir: Path, check: bool, log=print) -> int:
     tables = load_tables(sweeps)
-    texts = outputs(tables, readme, out_dir)
+    texts = outputs(tables, readme, out_dir, check)
     pngs = {Path(out_dir) / name: spec for name, spec in plots.expected(tables).items()}
     if check:
         drift = [p for p, text in texts.items() if (p.read_text() if p.exists() else None) != text]
@@ -100,10 +114,11 @@ def main(sweeps, readme: Path, out_dir: Path, check: bool, log=print) -> int:
 
 
 def report_main(sweeps, out_dir: Path, check: bool) -> int:
-    """The report alone (quicker to iterate on than a full publish)."""
-    text = report.render(load_tables(sweeps))
+    """The report alone (quicker to iterate on than a full publish; compared with the newest two records)."""
     path = Path(out_dir)
     path = path / REPORT_MD if path.suffix != ".md" else path
+    tables = load_tables(sweeps)
+    text = report.render(tables, dated(tables, path.parent, True)[2])
     if check:
         if (path.read_text() if path.exists() else None) != text:
             print(f"{path} drifted from the cells: regenerate it with `python -m benchmarks publish`.",

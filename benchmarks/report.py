@@ -37,7 +37,8 @@ def sweep_line(t: Table) -> str:
         f"d_model {mi['d_model']}" if mi.get("d_model") else "") if x)
     loads, wall = t.loads(), t.wall_s()
     return (f"`{t.name}`: {p.model_label()}" + (f" ({shape})" if shape else "")
-            + f", {p.dtype} on {e.get('hardware', 'unmeasured hardware')}, {p.threads or 'default'} thread(s) per "
+            + f", {p.dtype} on {e.get('hardware', 'unmeasured hardware')}"
+            + (f" (node `{e['node']}`)" if e.get("node") else "") + f", {p.threads or 'default'} thread(s) per "
               f"worker, {CLOCK_TEXT[p.clock]}; prompt {p.prompt_tokens} (long {p.long_prompt_tokens}) tokens, {p.new_tokens} new; "
               f"{p.rounds} rounds" + (f" in {wall / 60:.0f} min" if wall else "")
             + (f"; 1-minute machine load {loads[0]:g}–{loads[-1]:g}" if loads else "") + ".")
@@ -178,11 +179,12 @@ def samples(t: Table) -> list[str]:
     return lines + [""]
 
 
-def render(tables: list[Table]) -> str:
+def render(tables: list[Table], since: list[str] = ()) -> str:
+    """The report; `since`: its comparison with the previous publication (benchmarks/history.py)."""
     lines = [HEADER, "", "# Benchmark results", ""]
     if not tables:
         return "\n".join(lines + ["No sweeps.", ""])
-    lines += method(tables) + headline(tables)
+    lines += method(tables) + headline(tables) + list(since)
     for t in tables:
         lines += [f"## Sweep `{t.name}`", ""]
         for part in (environment, all_ratios, throughput, measured, deviations, samples):

@@ -33,33 +33,55 @@ ATTENTION = ("auto", "eager", "sdpa", "flash_attention_2")
 
 def _load_hf(src: sources.ModelSource, dtype, device, attention: str = "auto"):
     """HF's model and tokenizer. attention="auto": the implementation HF picks for the model (sdpa, or
-    eager where it has no other); the eager backend runs its calls that read a pattern eager anyway."""
+    eager where it has no other); the eager backend runs its calls that read a pattern eager anyway.
+    `device` a dict or "auto": the layers placed by accelerate's dispatch (what was offloaded to disk
+    goes to a folder of its own, removed with the model)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
     if attention not in ATTENTION:
         raise ValueError(f"attention={attention!r} is not one of {', '.join(ATTENTION)}.")
+    placed = {}
+    if isinstance(device, dict) or device == "auto":
+        import tempfile
+        placed = {"device_map": device, "offload_folder": tempfile.mkdtemp(prefix="interp-offload-")}
     hf = AutoModelForCausalLM.from_pretrained(src.path, dtype=dtype, local_files_only=True,
-                                              attn_implementation=None if attention == "auto" else attention)
+                                              attn_implementation=None if attention == "auto" else attention, **placed)
     tok = AutoTokenizer.from_pretrained(src.path, local_files_only=True)
-    hf.eval().to(device)
+    if placed:
+        import shutil
+        import weakref
+        weakref.finalize(hf, shutil.rmtree, placed["offload_folder"], True)
+        hf.eval()
+    else:
+        hf.eval().to(device)
     log.info("loaded %s from %s", src.name, _FROM[src.source])
     return hf, tok
 
 
-def load_hf(name: str, source: str = "auto", dtype: torch.dtype | str | None = torch.float32, device: str = "cpu",
-            attention: str = "auto") -> tuple[PreTrainedModel, PreTrainedTokenizerBase, str]:
+def _device(device, backend: str):
+    """A device string, or a placement across devices ("auto", a device map) for the eager backend."""
+    if isinstance(device, dict) or device == "auto":
+        return options.parse_placement(device, backend)
+    return options.parse_device(device, backend)
+
+
+def load_hf(name: str, source: str = "auto", dtype: torch.dtype | str | None = torch.float32,
+            device: str | dict = "cpu", attention: str = "auto") -> tuple[PreTrainedModel, PreTrainedTokenizerBase, str]:
     """(hf_model, tokenizer, source_used) for a name or a model directory; never downloads."""
     src = sources.resolve(name, source)
-    hf, tok = _load_hf(src, options.parse_dtype(dtype, "eager"), options.parse_device(device, "eager"), attention)
+    hf, tok = _load_hf(src, options.parse_dtype(dtype, "eager"), _device(device, "eager"), attention)
     return hf, tok, src.source
 
 
 def load_model(name: str, backend: str = "eager", source: str = "auto", dtype: torch.dtype | str | None = None,
-               device: str | None = None, attention: str = "auto", **backend_kw: Any) -> Any:
+               device: str | dict | None = None, attention: str = "auto", **backend_kw: Any) -> Any:
     """Load `name` (a repo id in any case, or a model directory) on `backend`. `source`: "auto"
     (the directory, else real if cached, else the zoo twin), "zoo", "real" or "local". `dtype`: a
     torch dtype or a name ("bf16", "float16", ...); unset (or "auto" on vLLM), the backend's own (eager:
     float32; vLLM: float32 on CPU, the checkpoint's dtype on CUDA). `device`: "cpu", "cuda", "cuda:N"; unset, the
-    backend's own (eager: cpu; vLLM: the device the installed vLLM runs on, the only one it takes).
+    backend's own (eager: cpu; vLLM: the device the installed vLLM runs on, the only one it takes). Eager
+    also takes a model larger than one GPU: "auto" (layers spread over the visible GPUs, then host memory
+    and disk, by accelerate) or a device map {module: "cuda:N" | "cpu" | "disk"}; each site's work runs on
+    the main device (the input embedding's) and results are gathered there.
     `attention` (eager): "auto" (HF's choice for the model, usually sdpa; calls reading attn_scores /
     attn_probs run eager), or one implementation for every call that reads no pattern.
     `backend_kw`: the vLLM backends' load options and engine arguments
@@ -83,11 +105,12 @@ def load_model(name: str, backend: str = "eager", source: str = "auto", dtype: t
         dtype = runtime.default_dtype
     if not (platform_dtype and dtype in (None, "auto")):
         dtype = options.parse_dtype(dtype, backend)
-    device = options.parse_device(device, backend)
+    device = _device(device, backend)
     src = sources.resolve(name, source)
     if runtime is HF:
         from engine.backends.hf.eager import EagerModel
         hf, tok = _load_hf(src, dtype, device, attention)
         return EagerModel(src.name, hf, tok, family_for(hf.config.model_type), src.source)
     from engine.backends.vllm import backend as vllm_backend
+    assert isinstance(device, str)  # a placement across devices is refused for vLLM by options.parse_placement
     return vllm_backend.load(src.name, backend, src.source, dtype, device, opts)

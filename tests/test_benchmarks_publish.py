@@ -54,7 +54,8 @@ def ts_export(root, name):
 
 
 def snapshot(site) -> dict:
-    files = [site["readme"], *site["out"].glob("*")] if site["out"].exists() else [site["readme"]]
+    files = [site["readme"], *(p for p in site["out"].rglob("*") if p.is_file())] if site["out"].exists() \
+        else [site["readme"]]
     return {p: p.read_bytes() for p in files if p.exists()}
 
 
@@ -222,3 +223,36 @@ def test_committed_outputs_match_committed_cells():
     msgs = []
     rc = publish.main(None, cellio.ROOT / "README.md", cellio.REPORT_DIR, True, msgs.append)
     assert rc == 0, msgs
+
+
+# -- the dated record and the comparison with the previous publication ------------------------------------
+def test_publish_records_each_night_and_marks_a_regression_where_intervals_do_not_overlap(site, monkeypatch):
+    from benchmarks import history
+    monkeypatch.setattr(history, "today", lambda: "2026-12-01")
+    assert run_publish(site) == 0
+    first = json.loads((site["out"] / "history" / "2026-12-01.json").read_text())
+    tiny = first["sweeps"]["cpu-test-tiny"]
+    steer = tiny["ratios"]["eager:steer_all/eager:decode"]
+    assert steer["median"] == pytest.approx(1 / 1.1) and steer["lo"] == steer["hi"]  # every round alike
+    assert tiny["tok_s"]["eager:decode"]["median"] > 0 and tiny["hardware"]
+    report = (site["out"] / publish.REPORT_MD).read_text()
+    assert "## Since the previous publication" in report and "No earlier publication is recorded" in report
+    # the next night: steering got twice as slow on one sweep, decode twice as fast on the other
+    shutil.rmtree(site["root"])
+    base = sweep_cells()
+    slow = [s["seconds"] * 2 for s in base[1]["samples"]]
+    worse = [fake_cell("eager", "steer_all", slow, sweep="cpu-test-tiny") if c is base[1] else c for c in base]
+    for c in worse + sweep_cells("cpu-test-real", 3.0, size="real"):
+        cellio.write_cell(c, site["root"])
+    monkeypatch.setattr(history, "today", lambda: "2026-12-02")
+    assert run_publish(site) == 0
+    report = (site["out"] / publish.REPORT_MD).read_text()
+    assert "Compared with the publication of 2026-12-01" in report
+    line = next(ln for ln in report.splitlines() if ln.startswith("- **regression**"))
+    assert "`cpu-test-tiny`" in line and "0.909x [0.909–0.909] -> 0.455x [0.455–0.455]" in line
+    assert not any("cpu-test-real" in ln for ln in report.splitlines() if ln.startswith("- **regression**"))
+    assert run_publish(site, check=True) == 0  # the newest record is the one checked, compared with the one before
+    rec = site["out"] / "history" / "2026-12-02.json"
+    rec.write_text(rec.read_text().replace("0.45", "0.46", 1))
+    msgs = []
+    assert run_publish(site, check=True, log=msgs.append) == 1 and any("2026-12-02.json" in m for m in msgs)

@@ -28,7 +28,7 @@ def shards(out) -> dict[str, bytes]:
 
 def test_two_actors_one_killed_mid_part_equals_one_process(tmp_path, monkeypatch):
     ray = pytest.importorskip("ray")
-    from engine.harvest.cluster import CLUSTER_ENV, _connect, run_on_ray, wait_dead
+    from engine.harvest.cluster import CLUSTER_ENV, connect, run_on_ray, wait_dead
     from engine.harvest.runner import load_for, run_part
     monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
     data = tmp_path / "docs.txt"
@@ -36,7 +36,7 @@ def test_two_actors_one_killed_mid_part_equals_one_process(tmp_path, monkeypatch
     kw = dict(model=LLAMA, points="resid_post.1,mlp_out.0", data=str(data), backend="vllm", shard_tokens=64,
               context=32, batch_tokens=128, progress=False)
     out = tmp_path / "ray"
-    _connect(None, 2)  # the local cluster as run_on_ray starts it (killed actors' process groups are killed)
+    connect(None, 2)  # the local cluster as run_on_ray starts it (killed actors' process groups are killed)
     try:
         res, err = [], []
 

@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parent.parent
 WEB = ROOT / "visualizer-web"
 DATA = ROOT / "visualizer-data"
 SHOTS = ROOT / "reports" / "site"
-PAGES = ("index", "points", "validation", "speed", "dropin")
+PAGES = ("index", "points", "validation", "speed", "dropin", "history")
 
 
 def _export(name: str, file: str):
@@ -266,6 +266,19 @@ def _check_dropin(b):
     assert b.js("document.querySelectorAll('.cause').length") == len(cited)
 
 
+def _check_history(b):
+    """One chart per sweep and ratio group of the benchmark records, each with a line per headline ratio; the
+    validator's charts (or the sentence saying no run is recorded yet)."""
+    nights = _export("ratioNights", "history")
+    groups = {(r["sweep"], r["group"]) for r in nights}
+    assert b.js("document.querySelectorAll('#ratio-history .ratio-group svg.chart').length") == len(groups)
+    runs = _export("validatorNights", "history")
+    charts = b.js("document.querySelectorAll('#validator-history svg.chart').length")
+    assert charts == (2 if runs else 0)
+    if not runs:
+        assert "No published validator run is recorded yet" in b.js("document.querySelector('#validator-history').textContent")
+
+
 @pytest.mark.slow
 def test_site_in_headless_chromium(node_modules):
     pytest.importorskip("websockets", reason="the browser driver needs the websockets package")
@@ -293,6 +306,9 @@ def test_site_in_headless_chromium(node_modules):
             elif page == "dropin":
                 b.screenshot(SHOTS / "dropin.png")
                 _check_dropin(b)
+            elif page == "history":
+                b.screenshot(SHOTS / "history.png")
+                _check_history(b)
             else:
                 assert b.js("document.querySelectorAll('.card').length") == len(PAGES) - 1
                 b.screenshot(SHOTS / "index.png")

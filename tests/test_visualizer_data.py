@@ -157,7 +157,7 @@ def test_literal_is_json_and_wraps_long_values():
 
 
 def _fast_outputs(out_dir, bench_cells):
-    files = outputs(out_dir, ["points", "validation", "benchmarks"], validator_cells=out_dir / "none",
+    files = outputs(out_dir, ["points", "validation", "benchmarks", "history"], validator_cells=out_dir / "none",
                     benchmark_cells=bench_cells)
     files.update(outputs(out_dir, ["architectures"], families=["gpt2"]))
     return files
@@ -195,7 +195,7 @@ def test_committed_fast_site_data_matches_sources():
     """points (engine/core/points.py) and benchmarks (the committed cells); validation and architectures
     change with other people's files (validator cells, family tables), so they are checked in the
     slow run above."""
-    assert main(["build", "--check", "--only", "points,benchmarks"]) == 0
+    assert main(["build", "--check", "--only", "points,benchmarks,history"]) == 0
 
 
 def _tsc(cwd: Path):

@@ -30,7 +30,7 @@ def _env_values(doc: dict, job: dict, step: dict) -> dict[str, str]:
     for scope in (doc, job, step):
         for k, v in (scope.get("env") or {}).items():
             m = re.search(r"\|\|\s*'([^']*)'", str(v))
-            out[k] = m.group(1) if m else str(v)
+            out[k] = m.group(1) if m else "1" if "${{" in str(v) else str(v)  # ${{ matrix.shard }}: a sample value
     return out
 
 
@@ -88,10 +88,52 @@ def test_the_workflows_call_our_commands():
     called = {m.split(".")[0] for p in WORKFLOWS for m, _ in workflow_commands(p)}
     assert {"validator", "benchmarks"} <= called, called  # the extraction finds the nightly's commands
     nightly = yaml.safe_load((ROOT / ".github" / "workflows" / "nightly-gpu.yml").read_text())
-    runs = [s.get("run", "") for s in nightly["jobs"]["gpu"]["steps"]]
-    assert any("scripts/setup.sh --cuda" in r for r in runs)  # installs the pinned CUDA set, nothing by hand
-    assert any(r.strip() == "bash benchmarks/gpu.sh" for r in runs)  # the script tests/test_benchmarks_gpu_script.py runs
+    jobs = nightly["jobs"]
+    for name in ("validator", "benchmarks"):  # the GPU runners install the pinned CUDA set, nothing by hand
+        assert any("scripts/setup.sh --cuda" in s.get("run", "") for s in jobs[name]["steps"]), name
+    runs = [s.get("run", "") for job in jobs.values() for s in job["steps"]]
+    assert any(s.get("run", "").strip() == "bash benchmarks/gpu.sh" for s in jobs["benchmarks"]["steps"])
     assert not any("pip install" in r for r in runs)
+
+
+def _nightly() -> dict:
+    return yaml.safe_load((ROOT / ".github" / "workflows" / "nightly-gpu.yml").read_text())
+
+
+def test_the_nightly_is_a_matrix_of_gpu_runners_plus_one_publishing_job():
+    """The runner count is an input; the shards job turns it into 1..N; each validator runner computes shard
+    i/N of the matrix; one publishing job merges every shard and compares with last night."""
+    import os
+    import subprocess
+    doc = _nightly()
+    on = doc.get("on") or doc.get(True)  # YAML 1.1 reads the key `on` as true
+    assert on["workflow_dispatch"]["inputs"]["runners"]["default"] == "2"
+    assert doc["env"]["RUNNERS"] == "${{ github.event.inputs.runners || '2' }}"
+    jobs = doc["jobs"]
+    split = jobs["shards"]["steps"][0]["run"]
+    cmd = split.split(">>")[0].strip()
+    got = subprocess.run(cmd, shell=True, capture_output=True, text=True, env={**os.environ, "RUNNERS": "3"})
+    assert got.stdout.strip() == "list=[1, 2, 3]"
+    bad = subprocess.run(cmd, shell=True, capture_output=True, text=True, env={**os.environ, "RUNNERS": "0"})
+    assert bad.returncode != 0  # no runners: refused, not an empty matrix
+    v = jobs["validator"]
+    assert v["needs"] == "shards" and "gpu" in v["runs-on"]
+    assert v["strategy"]["matrix"]["shard"] == "${{ fromJSON(needs.shards.outputs.list) }}"
+    assert v["env"]["SHARD"] == "${{ matrix.shard }}"
+    shard_cmds = [(m, a) for s in v["steps"] if "run" in s for m, a in commands(s["run"], {})
+                  if m == "validator"]
+    assert {a[0] for _, a in shard_cmds} == {"plan", "run"}
+    for _, argv in shard_cmds:
+        assert argv[argv.index("--shard") + 1] == "$SHARD/$RUNNERS".replace("$SHARD", "1").replace("$RUNNERS", "1")
+    upload = next(s for s in v["steps"] if "upload-artifact" in s.get("uses", ""))
+    assert upload["with"]["name"] == "validator-shard-${{ matrix.shard }}" and upload["if"] == "always()"
+    p = jobs["publish"]
+    assert p["needs"] == ["validator", "benchmarks"] and "gpu" not in p["runs-on"]
+    pub = [a for s in p["steps"] if "run" in s for m, a in commands(s["run"], {}) if m == "validator"]
+    assert ["merge", "shards/validator-shard-*", "--out", "reports/validator"] in pub
+    assert any(a[:2] == ["report", "--since"] for a in pub)
+    last = p["steps"][-1]
+    assert last["if"] == "steps.since.outcome == 'failure'" and "exit 1" in last["run"]  # published, then red
 
 
 @pytest.mark.parametrize("module, argv", _our_commands())

@@ -36,5 +36,11 @@ Modules, one job each:
     report       README matrix, per-model details, summary CSV, heatmap, drift check
     dropin       the interp-engine drop-in table (point by point)
     exits        exit codes; pipes: quiet exit on a closed stdout
-    cli          argument parsing
+    cli          argument parsing; cli_scale: plan, merge, report --since, run's --shard / --ray
+    budget       each cell's memory from the checkpoint's config, and the GPUs it needs (accelerate)
+    costs        each cell's expected time from the durations earlier cells recorded
+    schedule     the plan of a run: per cell GPUs, time, and the declared gaps that do not fit
+    shards       --shard i/N (balanced by expected time) and merging the shards' cells
+    cluster      run --ray: each model's cells as a Ray task; the driver writes the cells
+    history      what changed since a reference run, and each published run's dated record
 """

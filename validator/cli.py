@@ -21,36 +21,12 @@ import sys
 import time
 from pathlib import Path
 
-from validator import cells, exits
+from validator import cells, cli_scale, exits
 from validator.engines import DEFAULT_ENGINES, ENGINES
+from validator.usage import UsageError, parse_engines
+from validator.usage import rel as _rel
+from validator.usage import split_values as _split
 from validator.variant import Variant, label
-
-
-class UsageError(ValueError):
-    """Bad command-line input; the message names it and the fix."""
-
-
-def _split(values, flag: str) -> list[str] | None:
-    """Comma-separated values of a repeatable option; None when the option was not given, UsageError
-    when it was given but names nothing (`--models ''` is a mistake, not "everything")."""
-    if values is None:
-        return None
-    names = [v.strip() for item in values for v in item.split(",") if v.strip()]
-    if not names:
-        raise UsageError(f"{flag} names nothing (got {' '.join(repr(v) for v in values)}); give at least one "
-                         f"name, or omit {flag} for the default.")
-    return names
-
-
-def parse_engines(values) -> tuple[str, ...]:
-    from difflib import get_close_matches
-    names = _split(values, "--engines") or list(DEFAULT_ENGINES)
-    for n in names:
-        if n not in ENGINES:
-            near = get_close_matches(n, list(ENGINES), n=1, cutoff=0.5)
-            hint = f" Did you mean {near[0]!r}?" if near else ""
-            raise UsageError(f"unknown engine {n!r}.{hint} Engines: {', '.join(ENGINES)}.")
-    return tuple(dict.fromkeys(names))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -77,9 +53,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "recompute and rewrite nothing)")
     r.add_argument("--no-decode", action="store_true", help="skip decode-time capture")
     r.add_argument("--no-steer", action="store_true", help="skip steering parity")
+    cli_scale.add_run_options(r)
     rp = sub.add_parser("report", help="re-render the reports from the cells", epilog=exits.epilog())
     rp.add_argument("--out", default=str(cells.DEFAULT_OUT))
     rp.add_argument("--check", action="store_true", help="exit 1 when the reports drift from the cells")
+    cli_scale.add_report_options(rp)
     s = sub.add_parser("show", help="print one model's details", epilog=exits.epilog())
     s.add_argument("model")
     s.add_argument("--out", default=str(cells.DEFAULT_OUT))
@@ -90,13 +68,15 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--mutations", action="append", help="comma-separated bug names (default: all)")
     t.add_argument("--list", action="store_true", help="list the seeded bugs and exit")
     t.add_argument("--no-write", action="store_true", help="do not publish the result (a full run writes it)")
+    cli_scale.add_commands(sub)
     return p
 
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        return {"run": cmd_run, "report": cmd_report, "show": cmd_show, "selftest": cmd_selftest}[args.cmd](args)
+        return {"run": cmd_run, "report": cmd_report, "show": cmd_show, "selftest": cmd_selftest,
+                "plan": cli_scale.cmd_plan, "merge": cli_scale.cmd_merge}[args.cmd](args)
     except UsageError as e:
         print(f"error: {e}", file=sys.stderr)
         return exits.USAGE
@@ -107,13 +87,6 @@ def main(argv=None) -> int:
         print("Move them out of cells/ (or re-run `python -m validator run` to recompute a damaged cell).",
               file=sys.stderr)
         return exits.CELLS
-
-
-def _rel(p: Path) -> str:
-    try:
-        return str(Path(p).resolve().relative_to(Path.cwd()))
-    except ValueError:
-        return str(p)
 
 
 # -- run ----------------------------------------------------------------------------------------------
@@ -175,13 +148,14 @@ def cmd_run(args) -> int:
         specs = {n: _spec(n, args.real, variant.dtype, args.device or variant.device) for n in names}
     except FileNotFoundError as e:
         raise UsageError(str(e)) from None
+    names, specs, plan = cli_scale.before_run(args, engines, variant, out, names, specs)  # the plan, --shard
     if args.check:
         return _check(args, engines, variant, out, names, specs)
     from validator import quiet
     log = outputs.log_path()
     with quiet.to_log(log) as con:
         try:
-            return _run(args, engines, variant, out, names, specs, con)
+            return _run(args, engines, variant, out, names, specs, con, plan)
         except KeyboardInterrupt:
             con.say(f"validator: interrupted; the cells finished so far are kept in {_rel(out)} and the next run "
                     f"resumes there. Log: {_rel(log)}")
@@ -200,7 +174,7 @@ def _check(args, engines, variant, out, names, specs) -> int:
     return exits.FAILED if todo else exits.OK
 
 
-def _run(args, engines, variant, out, names, specs, con) -> int:
+def _run(args, engines, variant, out, names, specs, con, plan=None) -> int:
     import os
 
     import torch
@@ -211,6 +185,8 @@ def _run(args, engines, variant, out, names, specs, con) -> int:
     torch.set_num_threads(threads)
     t0 = time.time()
     opts = _options(args, engines, variant, out)
+    if plan is not None:
+        cli_scale.declare_gaps(plan, specs, opts)  # cells that do not fit: skipped, saying what they need
     todo = {n: runner.pending(specs[n], opts) for n in names}
     todo = {n: e for n, e in todo.items() if e}
     n_cells = sum(len(e) for e in todo.values())
@@ -221,7 +197,9 @@ def _run(args, engines, variant, out, names, specs, con) -> int:
     bar = Progress(n_cells, con.err)
     kept = []
     try:
-        if args.jobs == 1:
+        if args.ray is not None:
+            kept = cli_scale.run_ray(args, opts, todo, specs, plan, bar)
+        elif args.jobs == 1:
             opts.progress = bar.start
             for n, eng in todo.items():
                 runner.run_model(specs[n], opts)
@@ -244,6 +222,7 @@ def _run(args, engines, variant, out, names, specs, con) -> int:
         from validator.engines.child import stop_all
         stop_all()  # the reference children this process started (a side-install column's): not left to exit
     report.render(out)
+    cli_scale.after_render(out)  # a published run's dated record
     tag = variant.tag()
     selected = [c for c in cells.load_all(out)
                 if c["model"] in names and c["engine"] in engines and c.get("variant_tag", "") == tag]
@@ -311,6 +290,8 @@ def cmd_report(args) -> int:
     out = Path(args.out)
     if not cells.cell_dir(out).is_dir():
         raise UsageError(f"no cells under {cells.cell_dir(out)}; run `python -m validator run` first.")
+    if args.since is not None:
+        return cli_scale.cmd_since(args)
     if args.check:
         problems = report.check(out)
         for p in problems:

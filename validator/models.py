@@ -32,7 +32,10 @@ def _from_pretrained(name: str, dtype: str, device: str, cache_dir=None, attenti
     kw = dict(local_files_only=True, dtype=DTYPES[dtype], attn_implementation=attention)
     if cache_dir is not None:
         kw["cache_dir"] = str(cache_dir)
-    hf = AutoModelForCausalLM.from_pretrained(name, **kw).eval().to(device)
+    if device == "auto":  # a model larger than one GPU: accelerate places it as the engine's copy is placed
+        hf = AutoModelForCausalLM.from_pretrained(name, device_map="auto", **kw).eval()
+    else:
+        hf = AutoModelForCausalLM.from_pretrained(name, **kw).eval().to(device)
     tok = AutoTokenizer.from_pretrained(name, **{k: v for k, v in kw.items() if k == "cache_dir"},
                                         local_files_only=True)
     if tok.pad_token is None:

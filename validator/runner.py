@@ -36,6 +36,7 @@ class ModelSpec:
     load_reference: Callable
     n_layers: int | None = None  # known before loading (zoo entries): --layers is checked against it
     model_type: str = "?"  # known before loading: the declared gaps a cell depends on are chosen by it
+    vllm_parallel: tuple[int, int] = (1, 1)  # (tensor, pipeline) sizes of a vLLM column's engine (the run's plan)
 
 
 @dataclass
@@ -96,6 +97,16 @@ def _write(path: Path, data: dict, opts: Options) -> bool:
     return True
 
 
+def write_cell(path: Path, data: dict, opts: Options) -> bool:
+    """Write a cell computed elsewhere (a cluster task) as run_model writes its own (validator/cluster.py)."""
+    return _write(path, data, opts)
+
+
+def bare_cell(spec: ModelSpec, engine: str, opts: Options, status: str, **extra) -> dict:
+    """A cell without rows made outside run_model: a cluster task's error, a declared does-not-fit gap."""
+    return _base_cell(spec, engine, opts, status, rows=[], **extra)
+
+
 def _fail_all(spec, todo, opts, error: str, trace: str = "") -> list[Path]:
     written = []
     for engine in todo:
@@ -131,7 +142,7 @@ def run_model(spec: ModelSpec, opts: Options) -> list[Path]:
     except Exception as e:  # noqa: BLE001  (a model that does not load fails all its cells)
         return written + _fail_all(spec, todo, opts, f"model failed to load: {type(e).__name__}: {e}",
                                    traceback.format_exc()[-2000:])
-    ctx = ModelContext(spec.name, hf_ref, tok, spec.source, DTYPES[opts.dtype])
+    ctx = ModelContext(spec.name, hf_ref, tok, spec.source, DTYPES[opts.dtype], vllm_parallel=spec.vllm_parallel)
     from validator import columns
     try:
         model = columns.prepare(spec.name, m, ctx, spec.load_engine, opts, todo)

@@ -4,6 +4,7 @@ export * from "./points.generated";
 export * from "./architectures.generated";
 export * from "./validation.generated";
 export * from "./benchmarks.generated";
+export * from "./history.generated";
 
 import { points, type PointInfo } from "./points.generated";
 import { architectures } from "./architectures.generated";

@@ -14,7 +14,7 @@ if (outAt >= 0 && !args[outAt + 1]) throw new Error("--out needs a directory, e.
 const dist = outAt >= 0 ? resolve(args[outAt + 1]) : join(root, "dist");
 const shown = outAt >= 0 ? dist : "visualizer-web/dist";
 const check = args.includes("--check");
-const PAGES = ["index", "points", "validation", "speed", "dropin"];
+const PAGES = ["index", "points", "validation", "speed", "dropin", "history"];
 
 const result = await esbuild.build({
   entryPoints: Object.fromEntries(PAGES.map((p) => [p, join(root, "src", `page-${p}.ts`)])),

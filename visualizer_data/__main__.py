@@ -7,7 +7,7 @@ from pathlib import Path
 
 from visualizer_data.ts import OUT_DIR, check_or_write
 
-FILES = ("points", "architectures", "validation", "benchmarks")
+FILES = ("points", "architectures", "validation", "benchmarks", "history")
 
 
 def outputs(out_dir: Path = OUT_DIR, only=FILES, validator_cells: Path | None = None,
@@ -24,6 +24,9 @@ def outputs(out_dir: Path = OUT_DIR, only=FILES, validator_cells: Path | None = 
             text = architectures_ts.render(families, progress=sys.stderr.isatty())
         elif name == "validation":
             text = validation_ts.render(validator_cells or validation_ts.CELLS_DIR)
+        elif name == "history":
+            from visualizer_data import history_ts
+            text = history_ts.render()
         else:
             from benchmarks import cells
             text = benchmarks_ts.render(cells.load_cells(benchmark_cells or cells.CELLS_DIR))

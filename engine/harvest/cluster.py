@@ -20,6 +20,7 @@ import contextlib
 import os
 import time
 from pathlib import Path
+from types import ModuleType
 from typing import TYPE_CHECKING
 
 from engine.core.environ import scoped_environ
@@ -74,7 +75,10 @@ class Harvester:
             self.model.close()
 
 
-def _connect(address: str | None, num_cpus: int | None):
+def connect(address: str | None, num_cpus: int | None, resources: dict[str, float] | None = None) -> ModuleType:
+    """Ray, connected to the cluster at `address` or, with none, to a local cluster started here with
+    `num_cpus` and custom `resources` (what stands in for GPUs in CPU tests); the cluster already
+    connected to when there is one. The validator's --ray uses it too."""
     try:
         import ray
     except ImportError:
@@ -82,7 +86,7 @@ def _connect(address: str | None, num_cpus: int | None):
     if not ray.is_initialized():
         with _local_cluster_env():
             ray.init(address=address or None, num_cpus=num_cpus if not address else None,
-                     include_dashboard=False, log_to_driver=False)
+                     resources=resources if not address else None, include_dashboard=False, log_to_driver=False)
     return ray
 
 
@@ -101,7 +105,8 @@ def _local_cluster_env() -> contextlib.AbstractContextManager[None]:
     return scoped_environ({k: os.environ.get(k, v) for k, v in CLUSTER_ENV.items()})
 
 
-def _runtime_env() -> dict:
+def runtime_env() -> dict:
+    """Environment of every Ray worker: the repository first on its path, the zoo's and HF's variables."""
     env = {"VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")}
     env.update({k: v for k, v in os.environ.items() if k.startswith(("INTERP_", "HF_", "TRANSFORMERS_"))})
     # the engine as this driver imports it (a checkout is on no path a Ray worker starts with); on
@@ -118,7 +123,7 @@ def _actor_options(kwargs: dict) -> dict:
         gpus = torch.cuda.device_count()
     except Exception:  # noqa: BLE001
         gpus = 0
-    return {"num_cpus": 1, "num_gpus": tp if gpus else 0, "max_concurrency": 2, "runtime_env": _runtime_env()}
+    return {"num_cpus": 1, "num_gpus": tp if gpus else 0, "max_concurrency": 2, "runtime_env": runtime_env()}
 
 
 def run_on_ray(kwargs: dict, actors: int, parts: int | None = None, address: str | None = None,
@@ -145,10 +150,10 @@ def run_on_ray(kwargs: dict, actors: int, parts: int | None = None, address: str
     if not todo:
         mf.merge(out)
         return results
-    ray = _connect(address, num_cpus)
+    ray = connect(address, num_cpus)
     from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError, RayTaskError
     died = (RayActorError, ActorDiedError, ActorUnavailableError)
-    tally = ray.remote(Tally).options(num_cpus=0, runtime_env=_runtime_env()).remote()
+    tally = ray.remote(Tally).options(num_cpus=0, runtime_env=runtime_env()).remote()
     made = 0
 
     def start():

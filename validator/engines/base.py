@@ -83,6 +83,7 @@ class ModelContext:
     source: str  # "zoo" | "real" | "config" (built in memory, tests)
     dtype: torch.dtype = torch.float32
     attention: str | None = None  # the attention implementation adapters run (None: the one `hf` was loaded with)
+    vllm_parallel: tuple[int, int] = (1, 1)  # (tensor, pipeline) parallel sizes a vLLM column loads with (the plan's)
 
     @property
     def config(self):
@@ -148,7 +149,11 @@ class Reference:
 
 
 def model_device(module: torch.nn.Module) -> torch.device:
-    """The device of a module's first parameter (CPU for a module without any)."""
+    """Where a module's inputs go: the main device of a model placed across devices (its first GPU), else
+    the device of its first parameter (CPU for a module without any)."""
+    if getattr(module, "hf_device_map", None):
+        from engine.backends.hf.eager import main_device
+        return main_device(module)  # type: ignore[arg-type]
     p = next(module.parameters(), None)
     return p.device if p is not None else torch.device("cpu")
 

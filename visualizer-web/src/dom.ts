@@ -39,6 +39,7 @@ export const PAGES: readonly { file: string; title: string }[] = [
   { file: "validation.html", title: "Validation" },
   { file: "speed.html", title: "Speed" },
   { file: "dropin.html", title: "Drop-in" },
+  { file: "history.html", title: "History" },
 ];
 
 /** The page frame: header with navigation, a title, an intro paragraph; returns the main element. */

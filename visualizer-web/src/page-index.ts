@@ -3,6 +3,7 @@ import { points } from "../../visualizer-data/points.generated";
 import { architectures } from "../../visualizer-data/architectures.generated";
 import { validation, validationEngines, interpEngineDropIn } from "../../visualizer-data/validation.generated";
 import { benchmarkRatios, benchmarkSweeps } from "../../visualizer-data/benchmarks.generated";
+import { ratioNights, validatorNights } from "../../visualizer-data/history.generated";
 import { badge, frame, h, table, unique } from "./dom";
 import { VERDICTS, shown } from "./verdict";
 
@@ -20,6 +21,8 @@ const cards: [string, string, string][] = [
     `${byVerdict("gap")} have declared gaps, ${byVerdict("declared")} declared failures, ${byVerdict("fail")} undeclared failures.`],
   ["speed.html", "Speed", `${benchmarkRatios.length} ratios from ${benchmarkSweeps.length} sweeps (${resolved} resolved, ${benchmarkRatios.length - resolved} unresolved), with their intervals.`],
   ["dropin.html", "Drop-in", `${interpEngineDropIn.length} points compared with the published interp-engine package: same, defined differently, or not served.`],
+  ["history.html", "History", `${validatorNights.length} published validator run(s) and ${unique(ratioNights.map((r) => r.date)).length} benchmark ` +
+    "publication(s), night by night: pass counts per column and the headline ratios."],
 ];
 main.append(h("div", { class: "cards" }, ...cards.map(([href, title, text]) =>
   h("a", { class: "card", href }, h("h2", {}, title), h("p", {}, text)))));

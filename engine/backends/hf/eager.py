@@ -74,6 +74,17 @@ class Batch:
         return self.enc[key]
 
 
+def main_device(hf: PreTrainedModel) -> torch.device:
+    """Where a call's inputs, steps and results live: the first GPU of a model placed across devices
+    (accelerate's hf_device_map; host memory and disk hold weights that run there, or on the CPU when the
+    map names no GPU), else the device of its parameters."""
+    placed = getattr(hf, "hf_device_map", None)
+    if placed:
+        gpus = [d for d in placed.values() if d not in ("cpu", "disk")]
+        return torch.device(f"cuda:{gpus[0]}" if isinstance(gpus[0], int) else gpus[0]) if gpus else torch.device("cpu")
+    return next(hf.parameters()).device
+
+
 class EagerModel(ModelBase, WeightsMixin, TokensMixin):
     backend = "eager"
 
@@ -83,7 +94,7 @@ class EagerModel(ModelBase, WeightsMixin, TokensMixin):
         self.config = sites.text_config(hf)
         self.n_layers = len(sites.get_path(hf, family.layers))
         self.d_model = self.config.hidden_size
-        self.device = next(hf.parameters()).device
+        self.device = main_device(hf)
         self.dtype = next(hf.parameters()).dtype
         # attention: the implementation HF loaded (sdpa, flash) with the engine's points around it, a read
         # pattern computed beside it (engine/backends/hf/attention.py); a family whose attention runs
@@ -245,7 +256,7 @@ class EagerModel(ModelBase, WeightsMixin, TokensMixin):
         norm and head run, so captures there never see these rows."""
         layout, self._layout = self._layout, None
         try:
-            return lens.unembed(self.hf, self.family, x.to(self.dtype), apply_norm=(point != "final_norm"))
+            return lens.unembed(self.hf, self.family, x.to(self.dtype), apply_norm=(point != "final_norm")).to(x.device)
         finally:
             self._layout = layout
 
@@ -291,8 +302,15 @@ class EagerModel(ModelBase, WeightsMixin, TokensMixin):
     def _at_site(self, work: SiteWork, t: torch.Tensor) -> torch.Tensor | None:
         if self._layout is None:  # a readout's own lens call inside the forward
             return None
-        new = run_site(t.reshape(-1, *t.shape[2:]), self._layout.step(t.shape[1]), work)
-        return None if new is None else new.reshape(t.shape)
+        x = self._home(t)
+        new = run_site(x.reshape(-1, *x.shape[2:]), self._layout.step(x.shape[1]), work)
+        return None if new is None else new.reshape(t.shape).to(t.device)
+
+    def _home(self, t: torch.Tensor) -> torch.Tensor:
+        """`t` on the main device, where a call's steps, ledger and captures live: a model placed across
+        devices (load_model(device="auto")) reaches a site of a layer on another GPU, and its work is done
+        here and the result handed back to that layer's device."""
+        return t if t.device == self.device else t.to(self.device)
 
     def _at_site_grad(self, work: SiteWork, held: dict, writable: bool, t: torch.Tensor) -> torch.Tensor | None:
         """With gradients a capture must be the tensor the rest of the forward is computed from: the
@@ -306,8 +324,9 @@ class EagerModel(ModelBase, WeightsMixin, TokensMixin):
                 held[g.key] = t.clone() if g.coord is None else t[:, :, g.coord].clone()
             return None
         assert self._layout is not None
-        new = run_site(t.reshape(-1, *t.shape[2:]), self._layout.step(t.shape[1]), SiteWork(steers=work.steers))
-        cur = t if new is None else new.reshape(t.shape)
+        x = self._home(t)
+        new = run_site(x.reshape(-1, *x.shape[2:]), self._layout.step(x.shape[1]), SiteWork(steers=work.steers))
+        cur = t if new is None else new.reshape(t.shape).to(t.device)
         for g in work.reads:
             held[g.key] = cur if g.coord is None else cur[:, :, g.coord]
         return cur.clone()
@@ -316,7 +335,7 @@ class EagerModel(ModelBase, WeightsMixin, TokensMixin):
         """The call's guard on the hidden state entering the head (engine.core.site.guard): a row of a
         steering plan that is not finite there fails its call when the ledger is read."""
         if self._layout is not None:
-            guard(t.reshape(-1, t.shape[-1]), self._layout.step(t.shape[1]))
+            guard(self._home(t).reshape(-1, t.shape[-1]), self._layout.step(t.shape[1]))
 
     def _guard_site(self):
         """Where the guard reads: the last block's output (what the final norm and the head read: a row too
@@ -415,7 +434,7 @@ class EagerModel(ModelBase, WeightsMixin, TokensMixin):
             with self._lock, ctx, self._attached(plans, [layout], held):
                 with stopped_at(stop):
                     out = self.hf(**batch.enc, position_ids=self._position_ids(batch.enc["attention_mask"], bool(batch.mask[:, 0].all())), use_cache=False)
-            first = out.logits if stop is None else stop.reached()
+            first = out.logits if stop is None else self._home(stop.reached())
             if stop is not None and not grad and any(p.steers for p in plans):
                 guard(first.reshape(-1, first.shape[-1]), layout.step(first.shape[1]))
             real = batch.enc["attention_mask"].bool()
