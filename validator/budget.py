@@ -34,8 +34,8 @@ VLLM_SHARE = 0.92  # of each of its GPUs vLLM claims (its default gpu_memory_uti
 # What stays loaded while one column runs (validator/runner.py, validator/columns.py, the adapters): the base copies
 # every column shares, the eager-attention engine when a column compares with it, and the column's own copy.
 BASE_COPIES = (("engine", "the engine under test as load_model gives it (runner.run_model)"),
-               ("reference", "the pristine HF reference the adapters copy (ModelContext.hf)"),
-               ("hf adapter", "the hf reference adapter's copy, kept for the whole model (columns.prepare)"))
+               ("reference", "the pristine HF reference the adapters copy (ModelContext.hf); the hf adapter reads it "
+                             "itself (validator/engines/hf_ref.py)"))
 EAGER_COPY = "the engine loaded again with attention='eager' (columns.tested_sides), while hf or transformer_lens runs"
 OWN_COPY = {"hf": "HF's eager-attention adapter for the pattern rows (columns.eager_pairs)",
             "transformer_lens": "the bridge's copy (ctx.fresh_hf)", "nnsight": "nnsight's copy (ctx.fresh_hf)",

@@ -106,7 +106,10 @@ class HFReference(Reference):
 
     def __init__(self, ctx):
         super().__init__(ctx)
-        self.hf = ctx.fresh_hf()
+        # read-only (hooks and the attention wrapper are removed after each forward): the pristine model itself,
+        # unless this adapter runs another attention implementation, which needs a copy of its own
+        same = ctx.attention is None or ctx.attention == ctx.hf.config._attn_implementation
+        self.hf = ctx.hf.eval() if same else ctx.fresh_hf()
         self.cfg = ctx.config
         self.layout = layout_for(ctx.model_type, self.cfg)
         self.layers = get_path(self.hf, self.layout.layers) if self.layout else _find_layers(self.hf, ctx.n_layers)
