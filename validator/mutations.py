@@ -161,6 +161,13 @@ def _catalogue() -> list[Mutation]:
     def _(p):
         _resolver(p, "mlp_act", lambda orig: lambda c: sites.RESOLVERS["mlp_pre"](dataclasses.replace(c, point="mlp_pre")))
 
+    @add("padded-positions-by-column", "capture", "a left-padded row's positions counted from the batch's first column, "
+         "not its own first token", [("leak", "*"), ("padded", "*")])
+    def _(p):
+        from engine.backends.hf.eager import EagerModel
+        p.set(EagerModel, "_position_ids", staticmethod(
+            lambda mask, from_zero=None: torch.arange(mask.shape[1], device=mask.device)[None]))
+
     # family quirks
     @add("attn_out_post-before-norm", "family", "attn_out_post read before Gemma-2's post-attention sandwich norm",
          [("short", "attn_out_post.*")], models=(GEMMA2,))
@@ -388,6 +395,16 @@ def _catalogue() -> list[Mutation]:
         from engine.core.readouts import Last, Max
         p.set(Max, "segments", Last.segments)
 
+    @add("last-is-first", "readout", "Last keeps the first position", [("readout", "*:last")])
+    def _(p):
+        from engine.core.readouts import Last
+
+        def first(self, x, counts, device):
+            import numpy as np
+            at = torch.from_numpy(np.cumsum([0, *counts[:-1]]))
+            return (x.index_select(0, at.to(x.device)),)
+        p.set(Last, "segments", first)
+
     @add("norm-squared", "readout", "Norm returns the squared norm", [("readout", "*:norm")])
     def _(p):
         from engine.core.readouts import Norm
@@ -431,6 +448,17 @@ def _catalogue() -> list[Mutation]:
                 if k.split(".")[0] not in ("lm_head", "lm_head_raw", "attn_probs", "attn_scores") and t.shape[1] > P + 1:
                     dict.__setitem__(res.cache, k, torch.cat([t[:, :P], t[:, P + 1:], t[:, -1:]], dim=1))
             return res
+        p.set(EagerModel, "generate", generate)
+
+    @add("generate-scores-one-step-late", "decode", "generation returns each step's scores one step late",
+         [("generate", "generate"), ("steer_generate", "*")])
+    def _(p):
+        from engine.backends.hf.eager import EagerModel
+        orig = EagerModel.generate
+
+        def generate(self, inputs, max_new_tokens=8, points=(), steer=(), strict=False, readouts=(), **kw):
+            res = orig(self, inputs, max_new_tokens, points, steer, strict, readouts, **kw)
+            return dataclasses.replace(res, logits=None if res.logits is None else res.logits.roll(1, 1))
         p.set(EagerModel, "generate", generate)
 
     @add("greedy-repetition-penalty", "decode", "greedy generation applies a repetition penalty",
