@@ -36,6 +36,19 @@ def test_a_patch_is_undone_whatever_happens_inside():
     p.undo()  # idempotent
     assert Box.x == 1
 
+    class Base:
+        @staticmethod
+        def f(a):
+            return a
+
+    class Child(Base):
+        pass
+    p.set(Base, "f", staticmethod(lambda a: -a))
+    p.set(Child, "f", staticmethod(lambda a: 2 * a))  # inherited: removed again, not pinned on the child
+    assert (Base.f(3), Child().f(3)) == (-3, 6)
+    p.undo()
+    assert Base().f(3) == 3 and "f" not in vars(Child)  # a staticmethod restored as one (not a plain function)
+
 
 def test_a_row_names_a_bug_by_case_and_address():
     mut = next(m for m in catalogue() if m.name == "project_out-sign")

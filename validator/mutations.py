@@ -34,7 +34,15 @@ class Patcher:
         self._undo: list[Callable[[], None]] = []
 
     def set(self, obj: Any, name: str, value: Any) -> None:
-        old = getattr(obj, name)
+        """obj.name = value; undone by putting back exactly what obj itself held (a staticmethod stays one), or
+        by removing the attribute where obj only inherited it."""
+        own = vars(obj) if isinstance(obj, type) else None
+        if own is not None and name not in own:
+            getattr(obj, name)  # an AttributeError for a name obj does not have at all
+            setattr(obj, name, value)
+            self._undo.append(lambda: delattr(obj, name))
+            return
+        old = own[name] if own is not None else getattr(obj, name)
         setattr(obj, name, value)
         self._undo.append(lambda: setattr(obj, name, old))
 
