@@ -157,6 +157,41 @@ def test_code_digest_covers_what_decides_a_cell_and_nothing_else():
                                                    for p in adapter_source_files("interp-engine")}
 
 
+# validator modules a run imports that decide no cell's content, each with why (the rest must be digested)
+NOT_DECIDING = {"cells": "the file format itself", "known_gaps": "digested per cell (known_gaps.digest)",
+                "engines": "each adapter's files are digested per column (adapter_source_files)",
+                "outputs": "where a run writes", "quiet": "where third-party output goes", "progress": "the console bar",
+                "workers": "process pools", "order": "the reports' point order", "report": "rendering",
+                "dropin": "rendering", "exits": "exit codes", "usage": "argument errors", "budget": "the GPU plan",
+                "schedule": "the GPU plan", "costs": "time estimates", "cluster": "where a cell runs",
+                "shards": "which runner computes a cell", "history": "dated summaries", "pipes": "closed stdout"}
+
+
+def test_every_validator_module_a_cell_is_computed_with_is_digested():
+    """Issue 48's new modules (plan, maths, sides, checks, columns) decide every row: a change to one must stale
+    the cells. Every validator module the runner reaches (its imports, transitively, lazy ones included) is
+    in the digest or says why it decides nothing."""
+    import ast
+    root = cells.REPO / "validator"
+    seen, todo = set(), ["runner"]
+    while todo:
+        mod = todo.pop()
+        if mod in seen:
+            continue
+        seen.add(mod)
+        path = root / f"{mod}.py" if (root / f"{mod}.py").exists() else root / mod / "__init__.py"
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            if isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+            for n in names:
+                if n.startswith("validator.") and n.count(".") == 1:
+                    todo.append(n.split(".")[1])
+    digested = {p.stem for p in cells.code_files() if p.parent == root}
+    assert seen - digested - set(NOT_DECIDING) == set(), "add them to validator/cells.py CELL_MODULES"
+    assert {"plan", "maths", "sides", "checks", "columns"} <= digested
+
+
 MODULE = '''"""A module that decides results."""
 SCALE = 0.5  # the factor
 

@@ -201,7 +201,8 @@ def files_digest(paths) -> str:
 # validator modules whose code decides a cell's rows; the reports, the CLI and the run plumbing do not.
 # known_gaps is not a file dependency: each cell depends on the entries that can apply to it
 # (known_gaps.digest, in runner.inputs_digest)
-CELL_MODULES = ("runner", "subject", "prompts", "matrix", "scoring", "tolerances", "rows", "models", "variant")
+CELL_MODULES = ("runner", "columns", "plan", "subject", "sides", "maths", "checks", "prompts", "matrix", "scoring",
+                "tolerances", "rows", "models", "variant")
 # engine/ subtrees that never touch a capture (by layout: a file added there is excluded with them; remote/ is
 # the HTTP client of a server);
 # the vLLM backends (engine/backends/vllm/, client and worker) only decide the vllm columns, whose
