@@ -154,6 +154,27 @@ def test_a_script_without_a_main_guard_is_told_so(tmp_path):
     assert (f"EngineError: a vLLM backend was loaded while vLLM's engine process was importing {tmp_path / 'noguard.py'}"
             f' again (vLLM spawns its engine core, which imports the script that started it): put the load under '
             f'`if __name__ == "__main__":`.') in proc.stderr
+    # the hint was buried mid-traceback, under vLLM's "Engine core initialization failed": it is now the last line
+    assert proc.stderr.rstrip().splitlines()[-1] == (
+        f"engine.core.errors.EngineError: the vLLM engine did not start because {tmp_path / 'noguard.py'} loads it at "
+        f"its top level: vLLM spawns its engine core, which imports that script again and runs the load a second "
+        f'time; put the load under `if __name__ == "__main__":`.')
+
+
+def test_an_unguarded_load_is_told_from_a_guarded_one(tmp_path):
+    """What the failed start's last line rests on: a call from the main script's top level (directly or through a
+    function called there) outside `if __name__ == "__main__":` is found; one under the guard is not."""
+    script = tmp_path / "where.py"
+    script.write_text("from engine.backends.vllm.runtime import unguarded_main_load as u\n"
+                      "def load():\n    return u()\n"
+                      "print('top', load() is not None)\n"
+                      "if __name__ == '__main__':\n    print('guarded', load() is not None)\n"
+                      "    def inner():\n        return load()\n    print('nested', inner() is not None)\n")
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                          env=env)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.split() == ["top", "True", "guarded", "False", "nested", "False"]
 
 
 # -- the harvest section's commands ----------------------------------------------------------------
