@@ -27,7 +27,6 @@ from serve_common import (
     CHAT_TEMPLATE,
     KEY,
     LLAMA,
-    ROOT,
     ServerProcess,
     assert_receipts,
     close,
