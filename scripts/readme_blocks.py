@@ -35,7 +35,7 @@ import sys
 import tempfile
 import time
 import urllib.request
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent  # the checkout whose README and docs are checked
@@ -61,7 +61,6 @@ class Block:
     repo: bool = False
     skip: str = ""  # why it is never run
     by: str = ""  # the test that runs it (tests/FILE.py::TEST)
-    tags: tuple[str, ...] = field(default=(), compare=False)
 
     def code(self) -> str:
         """The block's text, as the file has it."""
