@@ -1,13 +1,31 @@
-"""CLI: `python -m benchmarks run | report | publish` (see benchmarks/__init__.py)."""
+"""Throughput of the engine's backends and of the peers, in interleaved rounds: ratios with 95% intervals.
+
+    python -m benchmarks run        one sweep -> reports/benchmarks/sweeps/<sweep>/
+    python -m benchmarks report     reports/benchmarks/results-latest.md from the sweeps
+    python -m benchmarks publish    the report, the README's THROUGHPUT block and the plots (all or nothing)
+"""
 from __future__ import annotations
 
 import argparse
 import sys
 from pathlib import Path
 
-from benchmarks import cells
+from benchmarks import cells, variants, workloads
 from benchmarks.spec import CLOCKS, DEFAULT_MODEL, DTYPES, MIN_ROUNDS, SIZES, Params
 from engine.model import sources
+
+EXAMPLE = ("example (a quick sweep: two variants, two workloads, six rounds, a few minutes on a CPU):\n"
+           "  python -m benchmarks run --variants eager,hf-generate --workloads decode,capture_all --rounds 6 \\\n"
+           "      --sweeps /tmp/sweeps\n"
+           "  python -m benchmarks report --sweeps /tmp/sweeps/* --out /tmp/results.md")
+
+
+def _choices() -> str:
+    """Every variant and workload from their registries (benchmarks/variants, benchmarks/workloads)."""
+    return ("variants (--variants):\n" + "\n".join(f"  {v.name:16s} {v.title}" for v in variants.VARIANTS)
+            + "\n\nworkloads (--workloads; * not in the default set):\n"
+            + "\n".join(f"  {w.name:18s}{' ' if w.name in workloads.DEFAULT else '*'} {w.title}"
+                         for w in workloads.WORKLOADS))
 
 
 def _csv(text):
@@ -15,9 +33,14 @@ def _csv(text):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__)
+    raw = argparse.RawDescriptionHelpFormatter
+    ap = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__, formatter_class=raw,
+                                 epilog=_choices() + "\n\n" + EXAMPLE)
     sub = ap.add_subparsers(dest="cmd", required=True)
-    run = sub.add_parser("run", help="run one sweep: every variant in a long-lived worker, interleaved rounds")
+    run = sub.add_parser("run", help="run one sweep: every variant in a long-lived worker, interleaved rounds",
+                         description="One sweep: every variant in a long-lived worker, every workload timed in "
+                                     "interleaved rounds, ratios paired per round.", formatter_class=raw,
+                         epilog=_choices() + "\n\n" + EXAMPLE)
     run.add_argument("--model", default=DEFAULT_MODEL,
                      help=f"checkpoint name or a model directory (default {DEFAULT_MODEL})")
     run.add_argument("--size", default="tiny", choices=SIZES,
@@ -42,9 +65,10 @@ def build_parser() -> argparse.ArgumentParser:
                           "runs on a GPU, else cpu")
     run.add_argument("--ci-bound", type=float, default=Params.ci_bound,
                      help="a ratio whose 95%% interval spans more than this fraction of it is unresolved")
-    run.add_argument("--variants", type=_csv, default=None, help="comma list (default: all)")
+    run.add_argument("--variants", type=_csv, default=None, help="comma list of the variants below (default: all)")
     run.add_argument("--workloads", type=_csv, default=None,
-                     help="comma list (default: all but the batch_* GPU workloads, which benchmarks/device.sh names)")
+                     help="comma list of the workloads below (default: all but the batch_* GPU workloads, which "
+                          "benchmarks/device.sh names)")
     run.add_argument("--timeout", type=int, default=Params.timeout_s, help="seconds per worker request")
     run.add_argument("--max-seconds", type=float, default=None,
                      help="start no round that would end after this many seconds from the sweep's start (the "

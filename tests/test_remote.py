@@ -367,13 +367,13 @@ def test_frames_hold_what_base64_holds(url):
 
 
 def test_readme_example_runs_as_written(url, monkeypatch, capsys):
-    """The README's "Sharing one model server" example, its URL pointed at the test server."""
-    from serve_common import ROOT
-    section = (ROOT / "README.md").read_text().split("## Sharing one model server", 1)[1].split("\n## ", 1)[0]
-    block = section.split("```python\n", 1)[1].split("```", 1)[0]
-    assert 'engine.connect("http://gpu-box:8000")' in block
-    monkeypatch.delenv("INTERP_API_KEY", raising=False)  # the test server takes no key
-    exec(compile(block.replace("http://gpu-box:8000", url), "README.md", "exec"), {})
+    """The `engine.connect` example (docs/serving.md, block serve-connect), pointed at the test server by the
+    variable a reader sets (its default, 127.0.0.1:8000, is the README's server command)."""
+    from scripts import readme_blocks
+    block = readme_blocks.get("serve-connect").code()
+    assert 'os.environ.get("INTERP_URL", "http://127.0.0.1:8000")' in block
+    monkeypatch.setenv("INTERP_URL", url)
+    exec(compile(block, "docs/serving.md", "exec"), {})
     out = capsys.readouterr().out
     assert "backend 'eager'" in out and "layer 99 is out of range" in out
     assert "torch.Size([2, " in out and "Receipt(index=0, address='resid_post.0', op='add', rows=2" in out

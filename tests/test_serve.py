@@ -27,7 +27,6 @@ from serve_common import (
     CHAT_TEMPLATE,
     KEY,
     LLAMA,
-    ROOT,
     ServerProcess,
     assert_receipts,
     close,
@@ -472,13 +471,13 @@ def test_points_table_and_metrics(client, lib):
     assert served >= 1 and client.get("/health").json()["queue_depth"] == 0
 
 
-def test_readme_openai_example_runs(url, capsys):
-    """The README's `openai` example, as written, against this server."""
-    readme = (ROOT / "README.md").read_text()
-    section = readme[readme.index("## Serving"):]
-    code = section[section.index("```python") + len("```python"):]
-    code = code[:code.index("```")]
-    code = code.replace("http://127.0.0.1:8000/v1", f"{url}/v1").replace('api_key="sk-local"', f'api_key="{KEY}"')
+def test_readme_openai_example_runs(url, capsys, monkeypatch):
+    """The README's `openai` example (block serve-openai), as written, against this server: the reader's variables
+    point it there."""
+    from scripts import readme_blocks
+    code = readme_blocks.get("serve-openai").code()
+    monkeypatch.setenv("INTERP_URL", url)
+    monkeypatch.setenv("INTERP_API_KEY", KEY)
     exec(compile(code, "README.md", "exec"), {})
     out = capsys.readouterr().out
     # positions "last": the last prompt token, then the 7 generated tokens fed back

@@ -1,6 +1,6 @@
 """The install sets of both worlds (scripts/pins.py, scripts/setup.sh): generated from one list in
 pyproject.toml, consistent with what vLLM itself requires, and (slow, registry) the CUDA set resolves
-to CUDA builds."""
+to CUDA builds; the set-up installs this checkout into its .venv."""
 from __future__ import annotations
 
 import importlib.util
@@ -107,3 +107,20 @@ def test_the_cuda_set_resolves_against_the_registry(tmp_path):
     for r in theirs:
         if r.name in ("torch", "transformers") and (r.marker is None or r.marker.evaluate({"extra": ""})):
             assert r.specifier.contains(Version(next(iter(ours[r.name].specifier)).version)), r
+
+
+def test_setup_installs_this_checkout_into_its_venv(tmp_path):
+    """From a directory outside the checkout, .venv's python imports this checkout's packages and runs its
+    commands (issue 51: a script saved anywhere but the repository root failed with No module named 'engine')."""
+    venv = ROOT / ".venv"
+    if venv.is_symlink():
+        pytest.skip(f".venv is another checkout's ({venv.resolve()}): scripts/setup.sh installs into a checkout's own")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    python = str(venv / "bin" / "python")
+    proc = subprocess.run([python, "-c", "import engine, validator, benchmarks, visualizer_data; print(engine.__file__)"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert Path(proc.stdout.strip()) == ROOT / "engine" / "__init__.py"
+    proc = subprocess.run([python, "-m", "validator", "--help"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0 and "python -m validator" in proc.stdout, proc.stderr[-2000:]

@@ -125,6 +125,32 @@ def test_real_checkpoints_match_the_hf_cache_in_any_case(hf_cache, twin, no_netw
         sources.resolve("someorg/tiny-model", source="zoo")
 
 
+def test_short_names_resolve_as_the_hub_redirects_them(saved, tmp_path, monkeypatch, no_network):
+    """`gpt2` was refused everywhere ("unknown zoo model 'gpt2'; did you mean: openai-community/gpt2"); the hub
+    redirects its old org-less ids, so every place that takes a model name resolves it the same way: the zoo, the
+    validator's --models, the benchmarks' --model, load_model, and a real checkpoint cached under the new id."""
+    from huggingface_hub import constants
+
+    from validator.models import resolve_names
+    gpt2 = "openai-community/gpt2"
+    assert sources.resolve("gpt2", build=False).name == sources.resolve("GPT2", build=False).name == gpt2
+    assert sources.resolve("distilgpt2", build=False).name == "distilbert/distilgpt2"
+    assert resolve_names(["gpt2", "gpt2-medium"]) == [gpt2, "openai-community/gpt2-medium"]
+    assert sources.for_cli("gpt2").name == gpt2  # the benchmarks' --model
+    assert load_model("gpt2").name == gpt2
+    with pytest.raises(ModelNotFoundError, match="did you mean: openai-community/gpt2"):
+        sources.resolve("gpt3")  # only the hub's own redirects, not a guess
+    with pytest.raises(ModelNotFoundError):
+        sources.resolve("Llama-3.2-1B")  # the hub does not redirect a bare name of an org's model
+    repo = tmp_path / "hub" / "models--openai-community--gpt2"
+    shutil.copytree(saved, repo / "snapshots" / ("b" * 40))
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("b" * 40)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    src = sources.resolve("gpt2", source="real")
+    assert (src.name, src.source) == (gpt2, "real")
+
+
 def test_unknown_names_fail_offline_without_touching_the_network(no_network):
     with pytest.raises(OSError, match="network attempt"):  # the guard is live
         socket.create_connection(("huggingface.co", 443), timeout=1)

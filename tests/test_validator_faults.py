@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from validator import cells, cli, exits, known_gaps, report
+from validator import cells, cli, exits, known_gaps, outputs, report
 
 REPO = Path(__file__).resolve().parents[1]
 PY = sys.executable
@@ -192,6 +192,18 @@ def test_show_hint_computes_and_shows_the_model(tmp_path, capsys):
     assert cli.main(run + ["--engines", "hf", "--points", "resid_post,lm_head", "--no-decode", "--no-steer"]) == 0
     assert cli.main(show) == 0
     assert f"# {model}" in capsys.readouterr().out
+
+
+def test_show_takes_a_short_name_and_never_suggests_writing_into_the_published_results(capsys):
+    """`validator show gpt2` found no cells and suggested `run --models 'gpt2' --out reports/validator`, a run into
+    the folder only the published job writes: the name resolves as --models resolves it, and a model with no
+    published cell is computed into its own run folder."""
+    assert cli.main(["show", "gpt2"]) == exits.OK
+    assert "# openai-community/gpt2" in capsys.readouterr().out
+    run, show = _commands(cli.show_hint("openai-community/gpt2", cells.DEFAULT_OUT))
+    out = Path(run[run.index("--out") + 1]).resolve()
+    assert out != cells.DEFAULT_OUT.resolve() and out.parent == outputs.RUNS.resolve()
+    assert show[show.index("--out") + 1] == run[run.index("--out") + 1]
 
 
 def test_declared_entries_reproduce_with_commands_that_parse():

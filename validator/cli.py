@@ -28,13 +28,24 @@ from validator.usage import rel as _rel
 from validator.usage import split_values as _split
 from validator.variant import Variant, label
 
+RUN_EXAMPLES = """examples:
+  python -m validator run                                   # the main job: the whole zoo, the published columns
+  python -m validator run --models gpt2 --engines hf        # one model, one column (an ad-hoc run directory)
+  python -m validator run --models 'Qwen/Qwen3*' --jobs 2   # a glob of zoo names, two processes
+  python -m validator run --check                           # exit 1 when a committed cell is stale
+
+"""
+
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m validator", description=__doc__, epilog=exits.epilog(),
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True)
-    r = sub.add_parser("run", help="compute cells and render the reports", epilog=exits.epilog())
-    r.add_argument("--models", action="append", help="zoo names or globs, comma-separated (default: the whole zoo)")
+    r = sub.add_parser("run", help="compute cells and render the reports", epilog=RUN_EXAMPLES + exits.epilog(),
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    r.add_argument("--models", action="append",
+                   help="zoo names (any case; `gpt2` as the hub redirects it), globs or model directories, "
+                        "comma-separated (default: the whole zoo; `python -m engine.zoo list` prints it)")
     r.add_argument("--engines", action="append",
                    help=f"comma-separated, from {', '.join(ENGINES)} (default: {','.join(DEFAULT_ENGINES)})")
     r.add_argument("--points", help="comma-separated point names (default: every point the family has)")
@@ -180,7 +191,7 @@ def _run(args, engines, variant, out, names, specs, con, plan=None) -> int:
     import torch
 
     from validator import report, runner
-    from validator.progress import Progress
+    from validator.progress import Progress, expected_seconds
     threads = int(os.environ.get("VALIDATOR_THREADS", 1))  # tiny models gain nothing from more; shared cores stall
     torch.set_num_threads(threads)
     t0 = time.time()
@@ -194,7 +205,7 @@ def _run(args, engines, variant, out, names, specs, con, plan=None) -> int:
     con.say(f"validator: {len(names)} models x {len(engines)} engines ({variant.describe()}) -> {_rel(out)} "
             f"({where}); {n_cells} cells to compute, {len(names) * len(engines) - n_cells} up to date "
             f"(jobs {args.jobs}, {threads} torch thread(s) each); log: {_rel(con.log)}")
-    bar = Progress(n_cells, con.err)
+    bar = Progress(n_cells, con.err, expected=expected_seconds(todo, _recorded(out)))
     kept = []
     try:
         if args.ray is not None:
@@ -241,6 +252,17 @@ def _run(args, engines, variant, out, names, specs, con, plan=None) -> int:
     con.say(f"validator: {time.time() - t0:.0f} s; reports in {_rel(out)}; third-party output in {_rel(con.log)}; "
             f"exit {code} ({exits.MEANING[code]})")
     return code
+
+
+def _recorded(out: Path) -> list[dict]:
+    """The cells whose durations estimate a run's time left: this output's, then the published ones."""
+    found = []
+    for d in dict.fromkeys([Path(out).resolve(), cells.DEFAULT_OUT.resolve()]):
+        try:
+            found += cells.load_all(d)
+        except cells.CellError:
+            continue
+    return found
 
 
 def failing_points(selected) -> list[str]:
@@ -311,6 +333,12 @@ def cmd_show(args) -> int:
     from validator import report
     all_cells = cells.load_all(Path(args.out))
     models = sorted({c["model"] for c in all_cells})
+    if args.model not in models:  # a name as --models takes it: any case, `gpt2` as the hub redirects it
+        from validator.models import resolve_names
+        try:
+            args.model = resolve_names([args.model])[0]
+        except ValueError:
+            pass
     if args.model not in models:
         near = difflib.get_close_matches(args.model, models, n=3, cutoff=0.3)
         hint = f" Did you mean {', '.join(near)}?" if near else ""
@@ -352,7 +380,11 @@ def cmd_selftest(args) -> int:
 
 
 def show_hint(model: str, out) -> str:
-    """A command that computes `model`'s cells into `out` and shows them (works as printed)."""
+    """A command that computes `model`'s cells into `out` and shows them (works as printed); for the published
+    results' folder, into the run's own folder instead (only the published job writes there)."""
+    from validator import outputs
+    if Path(out).resolve() == cells.DEFAULT_OUT.resolve():
+        out = outputs.default_out(Variant.of(), [model], False)
     o = _rel(Path(out))
     return (f"python -m validator run --models '{model}' --out {o} && "
             f"python -m validator show '{model}' --out {o}")

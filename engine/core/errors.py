@@ -13,6 +13,7 @@ asked (the server answers it with a 4xx naming the field), except EngineFailure 
       FamilyLimitationError (NotImplementedError)   RunnerError
       SAEError (ValueError)             SAESiteError
       SAESiteWarning (UserWarning: warned, not raised, unless a warnings filter says "error")
+      ZooTwinWarning (UserWarning: a name loaded as its zoo twin, random weights; once per name)
       ReadoutError (ValueError)
       MixingError (ValueError)          PartBusyError
       EngineFailure (RuntimeError)      TapProofError
@@ -94,6 +95,12 @@ class SAESiteWarning(EngineError, UserWarning):
     (engine/interop/mappers.py check_sae_sites); strict=True on the call refuses it instead
     (SAESiteError). An EngineError too, so a warnings filter that turns it into an error keeps it
     in the one hierarchy."""
+
+
+class ZooTwinWarning(EngineError, UserWarning):
+    """A model name loaded as its zoo twin (no real checkpoint in the local HF cache): the architecture is
+    the checkpoint's, the weights seeded random, so what it generates is noise. Said once per name and
+    process, where a reader sees the gibberish (engine/loading.py)."""
 
 
 class SAESiteError(SAEError):

@@ -5,7 +5,8 @@
     src.source    # "local" (a directory the user gave), "real" (the user's HF cache), "zoo" (tiny twin)
     src.name      # canonical name: the repo id as the zoo / HF cache spells it, or the directory
 
-A name is, in this order: a local model directory (it must hold config.json, weights and a tokenizer;
+A bare legacy id resolves as the hub redirects it (`gpt2` -> `openai-community/gpt2`). A name is, in
+this order: a local model directory (it must hold config.json, weights and a tokenizer;
 whatever is missing is named), a repo id of a real checkpoint in the user's HF cache (source "auto"
 or "real"), or a zoo entry (source "auto" or "zoo"). Resolution only looks at the local file system:
 it never reaches the network, and loaders are handed the directory with local_files_only=True.
@@ -83,7 +84,8 @@ def resolve(name: str | os.PathLike, source: str = "auto", build: bool = True) -
         raise ModelNotFoundError(f"{name!r} is a pattern; load_model takes one model name (`python -m engine.zoo "
                                  f"list {name!r}` prints the zoo names it matches).")
     from engine import zoo
-    real = real_repo_id(name) if source in ("auto", "real") else None
+    # a bare legacy id (`gpt2`) is also looked up as the hub redirects it (`openai-community/gpt2`)
+    real = (real_repo_id(name) or real_repo_id(zoo.hub_id(name))) if source in ("auto", "real") else None
     if source == "real" and real is None:
         raise ModelNotFoundError(f"{name!r} is not in the local HF model cache ({zoo._user_hub_cache()}); "
                                  f"download it first (huggingface-cli download {name}) or use source='zoo' "

@@ -20,10 +20,19 @@ def _size(s: str) -> int:
     return int(float(s[:-1]) * units[s[-1]]) if s and s[-1] in units else int(s)
 
 
+def _epilog() -> str:
+    """The backends it serves (from the registry, engine/core/backends.py) and an example."""
+    return ("backends (--backend):\n" + "\n".join(f"  {b:12s} {backend_for(b).summary}" for b in CAPTURE_BACKENDS)
+            + "\n\nexample (then ask it with curl, the openai client or engine.connect('http://127.0.0.1:8000')):\n"
+              "  python -m engine.serve meta-llama/Llama-3.2-1B --backend eager --port 8000")
+
+
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m engine.serve", description=__doc__.split("\n\n")[0])
-    p.add_argument("model", help="a repo id (real if cached, else the zoo twin) or a model directory")
-    p.add_argument("--backend", default="vllm", choices=CAPTURE_BACKENDS)
+    p = argparse.ArgumentParser(prog="python -m engine.serve", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=_epilog())
+    p.add_argument("model", help="a repo id (real if cached, else the zoo twin; `python -m engine.zoo list`) or a "
+                                 "model directory")
+    p.add_argument("--backend", default="vllm", choices=CAPTURE_BACKENDS, help="one of the backends below")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000, help="0: any free port (printed on startup)")
     p.add_argument("--api-key", default=os.environ.get("INTERP_API_KEY"),

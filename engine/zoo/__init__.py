@@ -47,7 +47,7 @@ from .build import (
     zoo_home,
 )
 from .entries import DROPPED, ZOO, ZooEntry
-from .names import canonical_name, resolve
+from .names import canonical_name, hub_id, resolve
 from .real import REAL
 from .sizes import SIZE_ENV, SIZES, current_size
 from .tokenizer import build_tokenizer
@@ -64,6 +64,7 @@ __all__ = [
     "zoo_hub_cache",
     "ensure_twin",
     "canonical_name",
+    "hub_id",
     "load_twin",
     "resolve",
     "offline_env",

@@ -1,5 +1,9 @@
 """Zoo names: one exact name, case-insensitively, or a glob; unknown names raise naming the closest
-entries. Below build.py (which resolves names) and the package (which re-exports these)."""
+entries. Below build.py (which resolves names) and the package (which re-exports these).
+
+Short names: the hub moved its first, org-less models into organisations (`gpt2` is now
+`openai-community/gpt2`, `distilgpt2` `distilbert/distilgpt2`) and redirects the old ids; a bare name
+that is such a model's name resolves here as the hub's redirect does (:func:`hub_id`)."""
 from __future__ import annotations
 
 import difflib
@@ -8,6 +12,18 @@ import fnmatch
 from .entries import ZOO
 
 _GLOB_CHARS = set("*?[")
+# the organisations the hub moved its org-less models into (2024), whose old bare ids it redirects
+LEGACY_ORGS = ("openai-community", "distilbert", "google-bert", "FacebookAI", "google-t5", "openai-gpt")
+
+
+def hub_id(name: str) -> str:
+    """The repo id the hub redirects a bare legacy id to (`gpt2` -> `openai-community/gpt2`) when the zoo
+    has it; any other name unchanged."""
+    if not isinstance(name, str) or "/" in name:
+        return name
+    bare = name.strip().lower()
+    hits = [n for n in ZOO if n.split("/", 1)[0] in LEGACY_ORGS and n.split("/", 1)[1].lower() == bare]
+    return hits[0] if len(hits) == 1 else name
 
 
 def canonical_name(name: str) -> str:
@@ -58,9 +74,10 @@ def resolve(pattern: str) -> list[str]:
             f"zoo pattern {pattern!r} matches no entry; closest names: {', '.join(_closest(pattern))}. "
             f"`python -m engine.zoo list` prints all {len(ZOO)}."
         )
-    # case-insensitive exact match is accepted (hub repo ids are case-insensitive)
+    # case-insensitive exact match is accepted (hub repo ids are case-insensitive), and a bare legacy id
+    # as the hub redirects it
     for n in ZOO:
-        if n.lower() == pattern.lower():
+        if n.lower() == pattern.lower() or n == hub_id(pattern):
             return [n]
     raise ValueError(
         f"unknown zoo model {pattern!r}; did you mean: {', '.join(_closest(pattern))}? "

@@ -28,7 +28,7 @@ from engine.backends.vllm.load_options import LoadOptions
 from engine.backends.vllm.modes import mode_for
 from engine.backends.vllm.worker import runner as vllm_runner
 from engine.core.address import Address, parse
-from engine.core.errors import AddressError, FamilyLimitationError, OptionError, UnsupportedPointError
+from engine.core.errors import AddressError, EngineError, FamilyLimitationError, OptionError, UnsupportedPointError
 from engine.core.points import ALIASES, BY_NAME, backend_status, get_point
 from engine.core.results import GenerationResult, Request, RequestResult
 from engine.model import options as model_options
@@ -153,8 +153,13 @@ def load(name: str, backend: str = "vllm", source: str = "auto", dtype: Any = No
     loop = rt.Loop(f"{name} ({backend})")
     try:
         engine, startup = loop.run(_start(path, env, kw))
-    except BaseException:
+    except BaseException as e:
         loop.stop()
+        script = rt.unguarded_main_load() if isinstance(e, Exception) else None
+        if script:  # the cause is printed above; the fix is the last line a reader sees
+            raise EngineError(f"the vLLM engine did not start because {script} loads it at its top level: vLLM "
+                              f"spawns its engine core, which imports that script again and runs the load a second "
+                              f"time; put the load under `{rt.GUARD}`.") from e
         raise
     aio = None
     try:

@@ -96,6 +96,39 @@ def check_main_module() -> None:
                           f"to a file, with the load under `{GUARD}`, and run that file.")
 
 
+def unguarded_main_load() -> str | None:
+    """The main script's path when this call runs from its top level outside `if __name__ == "__main__":`
+    (directly or through functions it calls there), else None. vLLM's spawned engine process imports that
+    script again and runs the load a second time, so the engine's start fails with vLLM's own error; the
+    load then ends with the fix instead (backend.load)."""
+    import ast
+    import inspect
+    main = sys.modules.get("__main__")
+    path = getattr(main, "__file__", None)
+    if not path or not str(path).endswith(".py"):
+        return None
+    lines = [f.f_lineno for f in (fi.frame for fi in inspect.stack(0))
+             if f.f_code.co_name == "<module>" and f.f_globals is vars(main)]
+    if not lines:
+        return None
+    try:
+        tree = ast.parse(open(path, encoding="utf-8").read())
+    except (OSError, SyntaxError, ValueError):
+        return None
+
+    def is_guard(node: ast.AST) -> bool:
+        t = node.test if isinstance(node, ast.If) else None
+        if not isinstance(t, ast.Compare) or len(t.comparators) != 1 or not isinstance(t.ops[0], ast.Eq):
+            return False
+        sides = {ast.unparse(t.left), ast.unparse(t.comparators[0])}
+        return sides in ({"__name__", "'__main__'"}, {"__name__", '"__main__"'})
+
+    guarded = [(n.lineno, n.end_lineno or n.lineno) for n in tree.body if is_guard(n)]
+    if any(not any(a <= line <= b for a, b in guarded) for line in lines):
+        return path
+    return None
+
+
 def prepare_env() -> None:
     """Environment vLLM must see before it is imported."""
     for k, v in ENV_DEFAULTS.items():
