@@ -1,5 +1,6 @@
 """python -m engine.serve MODEL [--backend vllm|vllm-static|eager] [--host 127.0.0.1] [--port 8000]
-[--api-key KEY] ...: load the model, then serve it (uvicorn) until SIGINT / SIGTERM."""
+[--api-key KEY] ...: load the model, then serve it (uvicorn) until SIGINT / SIGTERM. Exit status 0
+after a graceful stop, 1 when the engine died or hung and could not be brought back."""
 from __future__ import annotations
 
 import argparse
@@ -11,13 +12,32 @@ import socket
 import sys
 
 from engine.core.backends import CAPTURE_BACKENDS, backend_for
-from engine.serve.settings import ServeSettings, size_for_machine
+from engine.serve.settings import FLAGS, ServeSettings, default, size_for_machine
 
 
 def _size(s: str) -> int:
     units = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
     s = s.strip().lower().removesuffix("ib").removesuffix("b")
     return int(float(s[:-1]) * units[s[-1]]) if s and s[-1] in units else int(s)
+
+
+# the settings that keep the server up (engine/serve/settings.py: flag names and defaults): field, type, help
+STAYING_UP = (
+    ("header_timeout_s", float, "seconds a request's headers may take to arrive (408 and closed past it)"),
+    ("body_timeout_s", float, "seconds a request's body may take to arrive once its headers did (408)"),
+    ("keep_alive_timeout_s", float, "seconds an idle keep-alive connection is kept open"),
+    ("max_connections", int, "open connections; one more is answered 503 and closed"),
+    ("max_connections_per_client", int, "open connections of one client address; one more: 503, closed (behind a "
+                                        "proxy, every client has the proxy's address)"),
+    ("open_files", int, "raise the soft open-file limit toward this at start (at most the hard limit)"),
+    ("stream_stall_timeout_s", float, "a response whose client reads none of it for this many seconds is aborted "
+                                      "(its engine request cancelled)"),
+    ("stream_buffer_bytes", _size, "a response leaving more bytes than this unsent is aborted, e.g. 4MiB"),
+    ("engine_restarts", int, "restarts of a dead or hung engine within 10 minutes before the process exits 1 "
+                             "(0: exit at once)"),
+    ("engine_hang_timeout_s", float, "seconds without an engine step while requests wait: the engine is hung "
+                                     "(restarted as if dead)"),
+    ("shutdown_grace_s", float, "seconds in-flight requests may run after SIGTERM; then each gets a 503"))
 
 
 def parser() -> argparse.ArgumentParser:
@@ -52,6 +72,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--sae-dir", default=None,
                    help="a folder of SAEs (SAELens format, one folder each) that requests may name in readouts and "
                         "feature steers; without it, requests naming an SAE are refused")
+    g = p.add_argument_group("staying up (docs/serving.md)")
+    for name, kind, what in STAYING_UP:
+        g.add_argument(FLAGS[name], dest=name, type=kind, default=default(name),
+                       help=f"{what} (default: {default(name)})")
     p.add_argument("--log-level", default="warning")
     p.add_argument("--access-log", action="store_true")
     return p
@@ -70,7 +94,6 @@ def main(argv: list[str] | None = None) -> int:
     # force-kill them (leaking their shared memory)
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     logging.getLogger("engine.vllm").propagate = False  # it has its own handler: its load report once, not twice
-    import uvicorn
     try:  # the event loop vLLM's own server runs on; the vLLM backends' private loop is made under this policy
         import uvloop
         asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
@@ -91,23 +114,32 @@ def main(argv: list[str] | None = None) -> int:
             max_capture_bytes=machine if args.max_capture_bytes is None else args.max_capture_bytes,
             max_response_bytes=machine if args.max_response_bytes is None else args.max_response_bytes,
             max_tokens_limit=args.max_tokens_limit, chat_template=template, cpu_workers=args.cpu_workers,
-            sae_dir=args.sae_dir)
+            sae_dir=args.sae_dir, **{k: getattr(args, k) for k, _, _ in STAYING_UP})
     except ValueError as e:
         cli.error(str(e))
+    from engine.serve import connections, lifecycle
+    connections.raise_open_files(settings.open_files)
     sock = socket.socket(socket.AF_INET6 if ":" in args.host else socket.AF_INET)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((args.host, args.port))  # before loading: a taken port fails in a second, not after a minute
-    model = load_model(args.model, backend=args.backend, source=args.source, dtype=args.dtype, **kw)
-    runner = runner_for(model)
+    def load():  # the first load, and each restart of a dead engine (engine/serve/supervisor.py)
+        return load_model(args.model, backend=args.backend, source=args.source, dtype=args.dtype, **kw)
+    model = load()
+    runner = runner_for(model, load)
     try:
         app = build_app(runner, settings)
-        server = uvicorn.Server(uvicorn.Config(app, log_level=args.log_level, access_log=args.access_log,
-                                               timeout_graceful_shutdown=5))
+        server = lifecycle.server(app, settings, log_level=args.log_level, access_log=args.access_log)
         host, port = sock.getsockname()[:2]
         print(f"engine.serve: {model.name} ({args.backend}) listening on http://{host}:{port}", flush=True)
-        runner.serve(server.serve(sockets=[sock]), server)
+        with server.signals():
+            runner.serve(server.serve(sockets=[sock]))
     finally:
         runner.close()
+    if server.exit_code:  # the engine was given up on: exit now, not after joining threads it may still hold
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(server.exit_code)
     return 0
 
 
