@@ -66,6 +66,8 @@ def build_app(runner: Runner, settings: ServeSettings | None = None) -> FastAPI:
     settings = settings or ServeSettings()
     metrics = Metrics()
     supervisor = Supervisor(runner, settings, metrics)
+    admission = Admission(settings.max_pending)
+    supervisor.work = lambda: admission.depth > 0
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
@@ -76,7 +78,7 @@ def build_app(runner: Runner, settings: ServeSettings | None = None) -> FastAPI:
             await supervisor.close()
 
     app = FastAPI(title="interp-engine", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan)
-    app.state.ctx = context.Context(runner, settings, settings.names(runner.name), Admission(settings.max_pending),
+    app.state.ctx = context.Context(runner, settings, settings.names(runner.name), admission,
                                    metrics, capabilities.table(runner), Offload(settings.cpu_workers), supervisor,
                                    Connections.of(settings, metrics))
     routes.register(app)

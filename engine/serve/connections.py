@@ -189,6 +189,11 @@ def protocol_class(settings: ServeSettings, metrics: Metrics, cap: int) -> type[
     return Guarded
 
 
+class Abandoned(OSError):
+    """Raised by a send on a connection SlowReaders aborted (ASGI: a send on a closed connection raises
+    an OSError), so the app stops producing for it."""
+
+
 class SlowReaders:
     """A response whose client takes none of it for `stall_s` (a send waits that long for the
     connection to drain), or that leaves more than `max_unsent` bytes unsent, is aborted: the
@@ -208,16 +213,24 @@ class SlowReaders:
         async def bounded(msg):
             nonlocal aborted
             if aborted:
-                return
+                raise Abandoned
             try:
                 async with asyncio.timeout(self.stall_s):
                     await send(msg)
             except TimeoutError:
                 aborted = self._abort(transport, "stalled")
-                return
+                raise Abandoned from None
             if transport.get_write_buffer_size() > self.max_unsent:
                 aborted = self._abort(transport, "unsent")
-        await self.app(scope, receive, bounded)
+                raise Abandoned
+        try:
+            await self.app(scope, receive, bounded)
+        except Abandoned:  # the app was stopped by it (or an exception group holding only it): nothing to say
+            if not aborted:
+                raise
+        except BaseExceptionGroup as group:
+            if not aborted or group.split(Abandoned)[1] is not None:
+                raise
 
     def _abort(self, transport: asyncio.Transport, reason: str) -> bool:
         self.metrics.responses_aborted[reason] += 1

@@ -42,6 +42,7 @@ WATCH_S = 0.25  # how often the watchdog looks
 RESTART_WINDOW_S = 600.0  # --engine-restarts counts the restarts within this window
 BACKOFF_S = (1.0, 2.0, 4.0, 8.0, 16.0, 30.0)  # before the 1st, 2nd, ... restart of a window
 HEALTH_WAIT_S = 1.0  # /health waits this long for a probe running now, else says the latest verdict
+IDLE_TRIM_S = 2.0  # idle this long after work: the freed heap is handed back to the OS (release_memory)
 UNWIND_S = 2.0  # a cancelled engine call gets this long to abort its request before its caller moves on
 
 
@@ -58,6 +59,8 @@ class Supervisor:
         self._tasks: set[asyncio.Task] = set()
         self._probe: asyncio.Task | None = None
         self._verdict: str | None = None
+        self._idle_since: float | None = None  # None: busy since the last trim
+        self.work = lambda: False  # whether requests are in flight in the server (the app sets it: its queue)
 
     # -- requests ------------------------------------------------------------------------------------------
     def admit(self) -> None:
@@ -155,6 +158,16 @@ class Supervisor:
                 continue
             if why:
                 self.fail(why)
+            self._trim_when_idle()
+
+    def _trim_when_idle(self) -> None:
+        """After a burst, once nothing has run for IDLE_TRIM_S, return the heap it freed to the OS: glibc
+        keeps freed memory in its arenas (one per thread that allocated), so RSS stayed at its peak."""
+        if self.work() or self.runner.busy():
+            self._idle_since = time.monotonic()
+        elif self._idle_since is not None and time.monotonic() - self._idle_since > IDLE_TRIM_S:
+            self._idle_since = None
+            release_memory()
 
     def _hung(self) -> str | None:
         now = time.monotonic()
@@ -265,6 +278,14 @@ class Supervisor:
             self._verdict = probe.result()  # a probe that broke is the server's own error (a 500)
         why = self._verdict
         return (200, {"status": "ok"}, {}) if why is None else (503, {"status": "unhealthy", "reason": why}, {})
+
+
+def release_memory() -> None:
+    """Hand the heap's free pages back to the OS (glibc's malloc_trim; elsewhere nothing)."""
+    import ctypes
+    import ctypes.util
+    with contextlib.suppress(OSError, AttributeError, TypeError):
+        ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim(0)
 
 
 def _close(call: Awaitable) -> None:
