@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import signal
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
 import uvicorn
 
@@ -61,12 +61,12 @@ class Server(uvicorn.Server):
             for s, h in old.items():
                 signal.signal(s, h)
 
-    async def shutdown(self, sockets=None) -> None:
+    async def shutdown(self, sockets: list[Any] | None = None) -> None:
         self.supervisor.drain(self.grace)
         await super().shutdown(sockets)
 
 
-def config(app: FastAPI, settings: ServeSettings, **kw) -> uvicorn.Config:
+def config(app: FastAPI, settings: ServeSettings, **kw: Any) -> uvicorn.Config:
     """uvicorn's Config for the app: the guarded protocol (engine/serve/connections.py), the keep-alive
     timer, and the shutdown wait (grace plus the margin)."""
     # uvicorn's hints say int; both are seconds handed to call_later / asyncio.timeout, fractions included
@@ -76,6 +76,6 @@ def config(app: FastAPI, settings: ServeSettings, **kw) -> uvicorn.Config:
                           **kw)
 
 
-def server(app: FastAPI, settings: ServeSettings, **kw) -> Server:
+def server(app: FastAPI, settings: ServeSettings, **kw: Any) -> Server:
     """The app's uvicorn server, its supervisor told how to stop it."""
     return Server(config(app, settings, **kw), app.state.ctx.supervisor, settings.shutdown_grace_s)

@@ -12,6 +12,7 @@ import math
 import os
 from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
+from typing import Any
 
 MIB = 1 << 20
 
@@ -103,7 +104,7 @@ class ServeSettings:
         return list(self.served) or [model_name]
 
 
-def default(name: str):
+def default(name: str) -> Any:
     """A field's default: the one place the command line's defaults come from."""
     f = next(f for f in fields(ServeSettings) if f.name == name)
     return f.default if f.default is not MISSING else f.default_factory()  # type: ignore[misc,operator]
