@@ -40,6 +40,7 @@ TESTS: dict[str, tuple[str, ...]] = {
     "benchmarks/report.py": ("test_benchmarks_batched.py",),
     "benchmarks/rounds.py": ("test_benchmarks.py",),
     "benchmarks/serve_load.py": ("test_serve_load.py",),
+    "benchmarks/serve_hostile.py": ("test_serve_load.py",),
     "benchmarks/serve_stats.py": ("test_benchmarks_remote_cost.py", "test_serve_load.py"),
     "benchmarks/spec.py": ("test_benchmarks.py", "test_benchmarks_batched.py", "test_benchmarks_workers.py"),
     "benchmarks/stats.py": ("test_benchmarks.py", "test_serve_load.py"),

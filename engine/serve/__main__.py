@@ -10,6 +10,7 @@ import os
 import signal
 import socket
 import sys
+import time
 
 from engine.core.backends import CAPTURE_BACKENDS, backend_for
 from engine.serve.settings import FLAGS, ServeSettings, default, size_for_machine
@@ -133,8 +134,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"engine.serve: {model.name} ({args.backend}) listening on http://{host}:{port}", flush=True)
         with server.signals():
             runner.serve(server.serve(sockets=[sock]))
+        served = time.monotonic()
     finally:
         runner.close()
+    if server.signalled_at:  # how the exit spent its time (docs/serving.md quotes it)
+        print(f"engine.serve: stopped serving {served - server.signalled_at:.1f} s after the signal (--shutdown-grace "
+              f"{settings.shutdown_grace_s:g} s); the engine shut down in {time.monotonic() - served:.1f} s", flush=True)
     if server.exit_code:  # the engine was given up on: exit now, not after joining threads it may still hold
         logging.shutdown()
         sys.stdout.flush()

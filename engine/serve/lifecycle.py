@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import signal
+import time
 from typing import TYPE_CHECKING, Any, Iterator
 
 import uvicorn
@@ -35,6 +36,7 @@ class Server(uvicorn.Server):
         super().__init__(config)
         self.supervisor, self.grace = supervisor, grace
         self.exit_code = 0
+        self.signalled_at = 0.0  # monotonic time of the SIGTERM / SIGINT that began the exit (0: none)
         supervisor.stop_server = self.stop
 
     def stop(self, code: int = 0) -> None:
@@ -53,6 +55,7 @@ class Server(uvicorn.Server):
             if self.should_exit and sig == signal.SIGINT:
                 self.force_exit = True
             else:
+                self.signalled_at = self.signalled_at or time.monotonic()
                 self.should_exit = True
         old = {s: signal.signal(s, handle) for s in (signal.SIGINT, signal.SIGTERM)}
         try:
