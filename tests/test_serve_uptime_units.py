@@ -186,6 +186,22 @@ def test_health_answers_from_kept_state_while_a_probe_hangs():
     asyncio.run(run())
 
 
+def test_a_probe_stuck_on_the_dead_engine_does_not_speak_for_the_restarted_one():
+    async def run():
+        r = FakeRunner()
+        s, _ = _supervisor(r)
+        stuck = r.probe = asyncio.get_running_loop().create_future()
+        assert (await s.health())[0] == 200  # its probe hangs: the latest verdict (none: ok) stands
+        r.why = KILLED
+        await _until(lambda: s.state == sup.RESTARTING)
+        await _until(lambda: s.state == sup.UP)
+        r.probe = None
+        asyncio.get_running_loop().call_later(0.1, stuck.set_result, "a probe request failed (EngineDeadError)")
+        assert (await s.health())[0] == 200
+        await s.close()
+    asyncio.run(run())
+
+
 def test_sigterm_lets_calls_finish_within_the_grace_then_answers_503():
     async def run():
         r = FakeRunner()

@@ -75,8 +75,8 @@ def parser() -> argparse.ArgumentParser:
                         "feature steers; without it, requests naming an SAE are refused")
     g = p.add_argument_group("staying up (docs/serving.md)")
     for name, kind, what in STAYING_UP:
-        g.add_argument(FLAGS[name], dest=name, type=kind, default=default(name),
-                       help=f"{what} (default: {default(name)})")
+        g.add_argument(FLAGS[name], dest=name, type=kind, default=default(name), help=f"{what} (default: "
+                       f"{default(name)})", metavar={float: "SECONDS", int: "N"}.get(kind, "BYTES"))
     p.add_argument("--log-level", default="warning")
     p.add_argument("--access-log", action="store_true")
     return p

@@ -240,6 +240,7 @@ class Supervisor:
                         time.monotonic() - t0, len(self.restarts), self.settings.engine_restarts,
                         RESTART_WINDOW_S / 60)
             self.state, self.cause, self._busy_since, self._verdict = UP, None, None, None
+            self._probe = None  # one still waiting on the old engine says nothing of the new one
             self._doom = None
             self._epoch()
             self.metrics.engine_up = 1
