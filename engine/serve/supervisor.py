@@ -161,8 +161,8 @@ class Supervisor:
             self._trim_when_idle()
 
     def _trim_when_idle(self) -> None:
-        """After a burst, once nothing has run for IDLE_TRIM_S, return the heap it freed to the OS: glibc
-        keeps freed memory in its arenas (one per thread that allocated), so RSS stayed at its peak."""
+        """After a burst, once nothing has run for IDLE_TRIM_S, return the memory it freed to the OS:
+        RSS otherwise stayed at its peak (release_memory)."""
         if self.work() or self.runner.busy():
             self._idle_since = time.monotonic()
         elif self._idle_since is not None and time.monotonic() - self._idle_since > IDLE_TRIM_S:
@@ -282,9 +282,13 @@ class Supervisor:
 
 
 def release_memory() -> None:
-    """Hand the heap's free pages back to the OS (glibc's malloc_trim; elsewhere nothing)."""
+    """Free what aborted requests left in reference cycles (an exception's traceback holds the frames
+    that held their buffers, freed only by a full collection, which may not come for many bursts), then
+    hand the heap's free pages back to the OS (glibc's malloc_trim; elsewhere nothing)."""
     import ctypes
     import ctypes.util
+    import gc
+    gc.collect()
     with contextlib.suppress(OSError, AttributeError, TypeError):
         ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim(0)
 
