@@ -9,7 +9,9 @@ runs two cells in an order rotated per round (benchmarks/rounds.py): `undisturbe
 clients sending N non-streaming /v1/completions (a unique prompt each, 16 tokens), and `disturbed`, the
 same while hostile clients are kept up from other loopback addresses, each re-opened as the server
 closes it: connections that never send a byte, slow-loris connections that send a header one byte a
-second, and streams (list captures, ~12 MB each) whose clients never read. The normal clients' p99
+second, and streams (list captures, ~12 MB each) whose clients never read, all started --attack-lead
+seconds before the cell (the streams' generations are then done: what is measured is clients holding
+connections and streams, not the cost of their captures). The normal clients' p99
 latency is compared per round (disturbed / undisturbed), then the median over rounds with its 95%
 interval, unresolved when that spans more than 25% (benchmarks/serve_stats.py, as the load benchmark).
 Memory: the RSS of the server's processes (API server, vLLM's engine core and worker) each second; after
@@ -23,6 +25,7 @@ import argparse
 import asyncio
 import json
 import os
+import random
 import signal
 import socket
 import statistics
@@ -130,6 +133,9 @@ class Attack:
     async def _reader(self, addr: str) -> None:
         head = (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: "
                 + str(len(self.big)).encode() + b"\r\n\r\n")
+        # spread over the first half of the lead, so their generations are done (and they are stalled) when
+        # the cell starts: what is measured is clients that hold a stream, not the cost of their captures
+        await asyncio.sleep(random.uniform(0, self.args.attack_lead / 2))
         while True:
             try:
                 _, w = await self._open(addr, rcvbuf=4096)
@@ -343,7 +349,9 @@ def report(args, res: dict, stop: dict, env: dict) -> str:
              f"never send a byte, {args.loris} slow-loris connections (a header, then one byte a second) and "
              f"{args.slow_readers} streams of ~12 MB of list captures whose clients never read, from other loopback "
              f"addresses (100 per address), each re-opened as the server closes it ({opened.get('idle', 0)}, "
-             f"{opened.get('loris', 0)} and {opened.get('reader', 0)} opened over the run). {args.rounds} rounds, the "
+             f"{opened.get('loris', 0)} and {opened.get('reader', 0)} opened over the run), started {args.attack_lead:g} "
+             f"s before the cell (the streams within its first half: their generations are done, and they are "
+             f"stalled, when it starts). {args.rounds} rounds, the "
              f"two cells in an order rotated per round; a ratio is computed per round, then the median over rounds "
              f"with its {serve_stats.LEVEL:.0%} interval (benchmarks/ci.py); one whose interval spans more than "
              f"{serve_stats.BOUND:.0%} of its median is shown as unresolved with its interval. Other work: cores "
@@ -407,7 +415,7 @@ def main(argv=None) -> int:
     p.add_argument("--grace", type=float, default=5.0, help="the server's --shutdown-grace (its default)")
     p.add_argument("--max-model-len", type=int, default=256)
     p.add_argument("--long-tokens", type=int, default=200, help="tokens of each request in flight at SIGTERM")
-    p.add_argument("--attack-lead", type=float, default=3.0, help="seconds the hostile clients run before a cell")
+    p.add_argument("--attack-lead", type=float, default=8.0, help="seconds the hostile clients run before a cell")
     p.add_argument("--gap", type=float, default=2.0, help="seconds between cells")
     p.add_argument("--settle", type=float, default=8.0, help="seconds after a burst before its RSS is read")
     p.add_argument("--bursts", type=int, default=3)
