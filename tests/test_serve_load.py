@@ -172,7 +172,7 @@ def _hostile(rng: random.Random, rounds: int, other: float) -> dict:
 
 _HOSTILE_ARGS = Namespace(model="meta-llama/Llama-3.2-1B", size="tiny", backend="vllm", max_model_len=256, stall=30.0,
                           concurrency=8, requests=40, held=400, loris=600, slow_readers=8, rounds=6, settle=8.0,
-                          long_tokens=200)
+                          long_tokens=200, attack_lead=8.0)
 
 
 def test_hostile_report_rows_are_the_per_round_p99_ratios_and_memory_is_shown_against_the_baseline():
