@@ -146,8 +146,9 @@ def register(app: FastAPI) -> None:
     @app.post(wire.LENS)
     async def post_lens(request: Request) -> Response:
         ctx: context.Context = request.app.state.ctx
+        raw = await request.body()
         ctx.supervisor.admit()
-        req = await ctx.offload(prepare_lens, ctx, await request.body())
+        req = await ctx.offload(prepare_lens, ctx, raw)
         ticket = ctx.admission.enter(1)
         try:
             logits = await unless_gone(request, context.guarded(ctx.supervisor.run(ctx.runner.lens(req.x, req.point))))

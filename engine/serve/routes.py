@@ -213,8 +213,9 @@ def prepare(ctx: Context, raw: bytes, cls: type[Sampling], chat: bool, binary: b
 
 async def generation(request: Request, cls: type[Sampling], chat: bool) -> Response:
     ctx: Context = request.app.state.ctx
+    raw = await request.body()  # read first: a refusal leaves no body behind on the keep-alive connection
     ctx.supervisor.admit()
-    g = await ctx.offload(prepare, ctx, await request.body(), cls, chat, framed(request))
+    g = await ctx.offload(prepare, ctx, raw, cls, chat, framed(request))
     ticket = ctx.admission.enter(len(g.jobs))
     if g.req.stream:
         return Stream(stream_events(g), ticket)
@@ -394,8 +395,9 @@ def capture_response(ctx: Context, req: CaptureRequest, prompts: list[list[int]]
 
 async def capture(request: Request) -> Response:
     ctx: Context = request.app.state.ctx
+    raw = await request.body()
     ctx.supervisor.admit()
-    req, prompts, asked = await ctx.offload(prepare_capture, ctx, await request.body(), framed(request))
+    req, prompts, asked = await ctx.offload(prepare_capture, ctx, raw, framed(request))
     ticket = ctx.admission.enter(len(prompts))
     try:
         results = await unless_gone(request, gather_all(
