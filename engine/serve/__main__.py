@@ -76,7 +76,7 @@ def parser() -> argparse.ArgumentParser:
     g = p.add_argument_group("staying up (docs/serving.md)")
     for name, kind, what in STAYING_UP:
         g.add_argument(FLAGS[name], dest=name, type=kind, default=default(name), help=f"{what} (default: "
-                       f"{default(name)})", metavar={float: "SECONDS", int: "N"}.get(kind, "BYTES"))
+                       f"{default(name)})", metavar="SECONDS" if kind is float else "N" if kind is int else "BYTES")
     p.add_argument("--log-level", default="warning")
     p.add_argument("--access-log", action="store_true")
     return p
