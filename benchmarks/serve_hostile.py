@@ -2,7 +2,7 @@
 memory, and its shutdown.
 
     python -m benchmarks.serve_hostile [--model meta-llama/Llama-3.2-1B] [--size tiny] [--backend vllm]
-                                       [--rounds 8] [--concurrency 8] [--requests 96]
+                                       [--rounds 12] [--concurrency 8] [--requests 400]
 
 One server (`python -m engine.serve` with its default connection, stream and engine bounds). Each round
 runs two cells in an order rotated per round (benchmarks/rounds.py): `undisturbed`, a closed loop of C
@@ -268,16 +268,19 @@ async def shutdown(server: Proc, args) -> dict:
             if not lines or lines[-1] != "data: [DONE]":
                 return "stream cut off"
             return "stream 503 event + [DONE]" if '"code":503' in lines[-2] else "stream finished"
-        tasks = [asyncio.ensure_future(plain(i)) for i in range(16)] + [asyncio.ensure_future(streamed(i))
-                                                                       for i in range(2)]
+        tasks = [asyncio.ensure_future(plain(i)) for i in range(args.queued)]
+        tasks += [asyncio.ensure_future(streamed(i)) for i in range(2)]
         await asyncio.sleep(2.0)
         t0 = time.monotonic()
         server.proc.send_signal(signal.SIGTERM)
         got = Counter(await asyncio.gather(*tasks, return_exceptions=False))
         while server.proc.poll() is None and time.monotonic() - t0 < 300:
             await asyncio.sleep(0.05)
-        return {"exit_s": time.monotonic() - t0, "exit_status": server.proc.returncode, "answers": dict(got),
-                "grace_s": args.grace}
+        exit_s = time.monotonic() - t0
+        await asyncio.sleep(0.5)  # the server's last line read
+        said = next((ln.strip() for ln in server.lines if "stopped serving" in ln), "")
+        return {"exit_s": exit_s, "exit_status": server.proc.returncode, "answers": dict(got), "grace_s": args.grace,
+                "server_said": said}
 
 
 async def measure(args, server: Proc) -> dict:
@@ -385,10 +388,12 @@ def report(args, res: dict, stop: dict, env: dict) -> str:
                   for k in ("server", "VLLM::EngineCor", "VLLM::Worker")]
         lines.append(f"| {b['burst']} | " + " | ".join(cells) + " |")
     if stop:
-        lines += ["", f"Shutdown: SIGTERM with 16 queued requests of {args.long_tokens} tokens and 2 streams in "
+        said = stop.get("server_said", "").removeprefix("engine.serve: ")
+        lines += ["", f"Shutdown: SIGTERM with {args.queued} requests of {args.long_tokens} tokens and 2 streams in "
                   f"flight, grace {stop['grace_s']:g} s (--shutdown-grace): the process exited "
                   f"{stop['exit_s']:.1f} s later with status {stop['exit_status']}; the requests got "
-                  + ", ".join(f"{k}: {v}" for k, v in sorted(stop["answers"].items())) + "."]
+                  + ", ".join(f"{k}: {v}" for k, v in sorted(stop["answers"].items())) + "."
+                  + (f" The server's last line: \"{said}\"." if said else "")]
     return "\n".join(lines) + "\n"
 
 
@@ -405,9 +410,9 @@ def main(argv=None) -> int:
     p.add_argument("--model", default="meta-llama/Llama-3.2-1B")
     p.add_argument("--size", choices=("tiny", "real"), default="tiny")
     p.add_argument("--backend", default="vllm", choices=("vllm", "vllm-static", "eager"))
-    p.add_argument("--rounds", type=int, default=8, help=f"interleaved rounds (>= {serve_stats.MIN_ROUNDS})")
+    p.add_argument("--rounds", type=int, default=12, help=f"interleaved rounds (>= {serve_stats.MIN_ROUNDS})")
     p.add_argument("--concurrency", type=int, default=8)
-    p.add_argument("--requests", type=int, default=96, help="normal requests per cell")
+    p.add_argument("--requests", type=int, default=400, help="normal requests per cell")
     p.add_argument("--held", type=int, default=400, help="connections that never send a byte")
     p.add_argument("--loris", type=int, default=600, help="slow-loris connections")
     p.add_argument("--slow-readers", type=int, default=8, help="streams whose clients never read")
@@ -415,6 +420,7 @@ def main(argv=None) -> int:
     p.add_argument("--grace", type=float, default=5.0, help="the server's --shutdown-grace (its default)")
     p.add_argument("--max-model-len", type=int, default=256)
     p.add_argument("--long-tokens", type=int, default=200, help="tokens of each request in flight at SIGTERM")
+    p.add_argument("--queued", type=int, default=96, help="requests in flight at SIGTERM (three batches of 32)")
     p.add_argument("--attack-lead", type=float, default=8.0, help="seconds the hostile clients run before a cell")
     p.add_argument("--gap", type=float, default=2.0, help="seconds between cells")
     p.add_argument("--settle", type=float, default=8.0, help="seconds after a burst before its RSS is read")

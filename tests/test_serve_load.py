@@ -172,7 +172,7 @@ def _hostile(rng: random.Random, rounds: int, other: float) -> dict:
 
 _HOSTILE_ARGS = Namespace(model="meta-llama/Llama-3.2-1B", size="tiny", backend="vllm", max_model_len=256, stall=30.0,
                           concurrency=8, requests=40, held=400, loris=600, slow_readers=8, rounds=6, settle=8.0,
-                          long_tokens=200, attack_lead=8.0)
+                          long_tokens=200, attack_lead=8.0, queued=16)
 
 
 def test_hostile_report_rows_are_the_per_round_p99_ratios_and_memory_is_shown_against_the_baseline():
@@ -190,6 +190,7 @@ def test_hostile_report_rows_are_the_per_round_p99_ratios_and_memory_is_shown_ag
         assert f"| {sig(med)}x [{sig(per[0])}–{sig(per[-1])}] |" in row
     assert "| 0 | 2195 (+15) | 2320 (+140) | 700 (+0) | 720 (+0) | 900 (+140) |" in text
     assert "the process exited 7.5 s later with status 0; the requests got 200: 10, 503: 6." in text
+    assert "SIGTERM with 16 requests of 200 tokens" in text
     assert "| disturbed |" in text and "| 0 / 18 / 0 |" in text  # 6 rounds of 3 header timeouts each
 
 

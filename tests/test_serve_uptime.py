@@ -189,3 +189,4 @@ def test_sigterm_answers_what_it_cannot_finish_with_json_503s_and_exits_within_t
         last = json.loads(events[-2])
         assert status == 200 and ("error" not in last or last["error"]["code"] == 503), last
     assert refused >= 1  # 12 queued requests of 480 tokens cannot all finish in 2 s on one eager thread
+    print(f"SIGTERM to exit: {exit_s:.1f} s (grace {grace:g} s)")
