@@ -284,62 +284,61 @@ async def stream_events(g: Gen) -> AsyncGenerator[str | bytes, None]:
     results: list = [None] * len(g.jobs)
     seen: list[list[int]] = [[] for _ in g.jobs]
     stop, budget = g.asked.stop, ctx.budget()
+    # each engine step through the supervisor (a dead or hung engine, or the shutdown grace, ends it with a 503)
+    events = merged([guarded_stream(ctx.supervisor.stream(ctx.runner.stream(j)), g.asked) for j in g.jobs])
     try:
         if g.chat:
             yield sse(g.chunk([g.choice_delta(i, "", role=True) for i in range(len(g.jobs))]))
-        events = merged([guarded_stream(ctx.supervisor.stream(ctx.runner.stream(j)), g.asked) for j in g.jobs])
-        async with contextlib.aclosing(events):
-            async for i, ev in events:
-                if results[i] is not None:  # stopped by its readout: the rest of its generation is dropped
-                    continue
-                delta = detoks[i].push(ev.token)
-                seen[i].append(ev.token)
-                block = None
-                # each token as the engine made it, for a client that keeps tokens (engine/remote/)
-                tok = {} if req.interp is None else {"token_id": ev.token, "token_text": ctx.runner.tokenizer.decode(
-                    [ev.token], skip_special_tokens=True)}
-                if tok and len(seen[i]) == 1:  # the positions of the rows that follow are counted from the prompt
-                    tok["prompt_token_ids"] = g.prompts[i]
-                sent = rows[i]
-                if sent is not None and ev.rows:
-                    part, n = sent.add(ev.rows) if ev.result is None else (None, 0)
-                    ctx.metrics.capture_bytes += n
-                    block = part
-                if ev.readouts:  # this token's readouts, as computed
-                    live, n = interp.readouts_payload(ev.readouts, g.asked.encoding, budget)
-                    ctx.metrics.capture_bytes += n
-                    block = {**(block or {}), "readouts": live}
-                if stop is not None and ev.readouts and stop.readout in ev.readouts:
-                    score = interp.stop_score(stop, ev.readouts[stop.readout])
-                    if interp.crossed(stop, score):
-                        results[i] = ev.result or False
-                        block = {**(block or {}), **tok, "token_ids": list(seen[i]), "stopped": {
-                            "readout": stop.readout, "token": len(seen[i]) - 1, "score": score}}
-                        delta += detoks[i].final(ctx.runner.tokenizer.decode(seen[i], skip_special_tokens=True))
-                        chunk = g.chunk([g.choice_delta(i, delta, "interp.stop", None, block)])
-                        async for b in event(ctx.offload, chunk):
-                            yield b
-                        if all(r is not None for r in results):
-                            break
-                        continue
-                if ev.result is None:  # a chunk per token, as vLLM's server sends (its text may be empty)
-                    if tok:
-                        block = {**(block or {}), **tok}
-                    async for b in event(ctx.offload, g.chunk([g.choice_delta(i, delta, block=block)])):
+        async for i, ev in events:
+            if results[i] is not None:  # stopped by its readout: the rest of its generation is dropped
+                continue
+            delta = detoks[i].push(ev.token)
+            seen[i].append(ev.token)
+            block = None
+            # each token as the engine made it, for a client that keeps tokens (engine/remote/)
+            tok = {} if req.interp is None else {
+                "token_id": ev.token, "token_text": ctx.runner.tokenizer.decode([ev.token], skip_special_tokens=True)}
+            if tok and len(seen[i]) == 1:  # the positions of the rows that follow are counted from the prompt
+                tok["prompt_token_ids"] = g.prompts[i]
+            sent = rows[i]
+            if sent is not None and ev.rows:
+                part, n = sent.add(ev.rows) if ev.result is None else (None, 0)
+                ctx.metrics.capture_bytes += n
+                block = part
+            if ev.readouts:  # this token's readouts, as computed
+                live, n = interp.readouts_payload(ev.readouts, g.asked.encoding, budget)
+                ctx.metrics.capture_bytes += n
+                block = {**(block or {}), "readouts": live}
+            if stop is not None and ev.readouts and stop.readout in ev.readouts:
+                score = interp.stop_score(stop, ev.readouts[stop.readout])
+                if interp.crossed(stop, score):
+                    results[i] = ev.result or False
+                    block = {**(block or {}), **tok, "token_ids": list(seen[i]), "stopped": {
+                        "readout": stop.readout, "token": len(seen[i]) - 1, "score": score}}
+                    delta += detoks[i].final(ctx.runner.tokenizer.decode(seen[i], skip_special_tokens=True))
+                    async for b in event(ctx.offload, g.chunk([g.choice_delta(i, delta, "interp.stop", None, block)])):
                         yield b
+                    if all(r is not None for r in results):
+                        break
                     continue
-                res = results[i] = ev.result
-                out, reason, stop_reason = g.finish(i, res)
-                delta += detoks[i].final(res.text)
-                final_rows = None
-                if sent is not None:
-                    final_rows, n = await ctx.offload(sent.final, res.cache, fed(res))
-                    ctx.metrics.capture_bytes += n
-                block = await ctx.offload(g.interp_block, i, res, final_rows)
-                if block is not None:
-                    block.update(tok)
-                async for b in event(ctx.offload, g.chunk([g.choice_delta(i, delta, reason, stop_reason, block)])):
+            if ev.result is None:  # a chunk per token, as vLLM's server sends (its text may be empty)
+                if tok:
+                    block = {**(block or {}), **tok}
+                async for b in event(ctx.offload, g.chunk([g.choice_delta(i, delta, block=block)])):
                     yield b
+                continue
+            res = results[i] = ev.result
+            out, reason, stop_reason = g.finish(i, res)
+            delta += detoks[i].final(res.text)
+            final_rows = None
+            if sent is not None:
+                final_rows, n = await ctx.offload(sent.final, res.cache, fed(res))
+                ctx.metrics.capture_bytes += n
+            block = await ctx.offload(g.interp_block, i, res, final_rows)
+            if block is not None:
+                block.update(tok)
+            async for b in event(ctx.offload, g.chunk([g.choice_delta(i, delta, reason, stop_reason, block)])):
+                yield b
         ctx.metrics.prompt_tokens += sum(map(len, g.prompts))
         ctx.metrics.generation_tokens += sum(map(len, seen))
         if req.stream_options is not None and req.stream_options.include_usage:
@@ -347,6 +346,8 @@ async def stream_events(g: Gen) -> AsyncGenerator[str | bytes, None]:
     except Exception as e:  # the response has begun: an error is the stream's last event
         err = refusal(e, g.asked) or ServeError(500, f"{type(e).__name__}: {e}")
         yield sse(payload(err.status, err.message, err.param, err.kind))
+    finally:  # also when the stream itself is closed early: its engine requests are cancelled now
+        await events.aclose()
     yield "data: [DONE]\n\n"
 
 
