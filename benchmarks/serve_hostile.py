@@ -147,6 +147,48 @@ class Attack:
                 await asyncio.sleep(0.5)
 
 
+ATTACK_NICE = 10  # the hostile clients' niceness: on another machine they would take none of this one's cores
+
+
+def _attack(port: int, args, big: bytes, stop, out) -> None:
+    """The hostile clients in a process of their own (spawned), until `stop` is set; their opened counts
+    go to `out`. Apart from the normal clients' process, so its event loop times only their requests."""
+    import resource
+    os.nice(ATTACK_NICE)
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard if hard != resource.RLIM_INFINITY else max(soft, 65536), hard))
+
+    async def run():
+        attack = Attack(port, args, big)
+        attack.start()
+        while not stop.is_set():
+            await asyncio.sleep(0.1)
+        await attack.stop()
+        out.put(dict(attack.opened))
+    asyncio.run(run())
+
+
+class Attacker:
+    """Attack in its own process: start() before a cell, stop() after it."""
+
+    def __init__(self, port: int, args, big: bytes) -> None:
+        import multiprocessing
+        self.ctx = multiprocessing.get_context("spawn")
+        self.port, self.args, self.big = port, args, big
+        self.opened: Counter = Counter()
+
+    def start(self) -> None:
+        self.stop_event, self.out = self.ctx.Event(), self.ctx.Queue()
+        self.proc = self.ctx.Process(target=_attack, args=(self.port, self.args, self.big, self.stop_event, self.out),
+                                     daemon=True)
+        self.proc.start()
+
+    async def stop(self) -> None:
+        self.stop_event.set()
+        self.opened.update(await asyncio.to_thread(self.out.get, True, 120))
+        await asyncio.to_thread(self.proc.join, 60)
+
+
 def body(args, i: int) -> dict:
     return {"model": args.model, "prompt": f"{i}: The capital of France is Paris. Interpretability studies",
             "max_tokens": 16, "min_tokens": 16, "ignore_eos": True, "temperature": 0}
@@ -297,7 +339,7 @@ async def measure(args, server: Proc) -> dict:
         samp = asyncio.ensure_future(sampler(pids, samples, phase))
         await cell(client, args, 10**6, server.proc.pid)  # warm-up
         res["baseline_rss"] = await settle(pids, args.settle)
-        attack = Attack(port, args, big)
+        attack = Attacker(port, args, big)
         offset = 0
         for r in range(args.rounds):
             for name in rounds.rotated(list(CELLS), r):
@@ -350,7 +392,8 @@ def report(args, res: dict, stop: dict, env: dict) -> str:
              f"{args.concurrency} sending {args.requests} non-streaming /v1/completions per cell (16 tokens, a "
              f"unique prompt each), /health polled every 0.5 s. `disturbed`: meanwhile {args.held} connections that "
              f"never send a byte, {args.loris} slow-loris connections (a header, then one byte a second) and "
-             f"{args.slow_readers} streams of ~12 MB of list captures whose clients never read, from other loopback "
+             f"{args.slow_readers} streams of ~12 MB of list captures whose clients never read, sent by a process "
+             f"of their own at nice {ATTACK_NICE} from other loopback "
              f"addresses (100 per address), each re-opened as the server closes it ({opened.get('idle', 0)}, "
              f"{opened.get('loris', 0)} and {opened.get('reader', 0)} opened over the run), started {args.attack_lead:g} "
              f"s before the cell (the streams within its first half: their generations are done, and they are "
@@ -447,7 +490,11 @@ def main(argv=None) -> int:
         server.stop()
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "hostile-latest.md").write_text(report(args, res, stop, env))
+    said = [ln.rstrip() for ln in server.lines if ln.startswith("engine.serve:") and "aborted a response" not in ln]
+    if any("the engine" in ln for ln in said):  # a death or hang: what the server printed about it, for the record
+        said.append(server.tail())
     raw = {"env": env, "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+           "server_said": said,
            "ratios": {k: r.to_dict() for k, r in ratios(res).items()}, "shutdown": stop,
            **{k: v for k, v in res.items() if k != "rss_samples"}, "rss_samples": res["rss_samples"]}
     (args.out / "hostile-latest.json").write_text(json.dumps(raw, indent=1))

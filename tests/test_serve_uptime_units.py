@@ -200,6 +200,35 @@ def test_a_probe_stuck_on_the_dead_engine_does_not_speak_for_the_restarted_one()
     asyncio.run(run())
 
 
+def test_a_stream_whose_client_leaves_mid_step_is_closed_after_its_step_unwinds():
+    """The client leaves while a step runs: the step is cancelled and unwinds before the stream is
+    closed, so the engine's stream sees its close (its request aborted), not "aclose(): asynchronous
+    generator is already running" (what closing it under a running step raised)."""
+    async def run():
+        s, _ = _supervisor(FakeRunner())
+        closed = []
+
+        async def steps():
+            try:
+                yield 0
+                await asyncio.sleep(3600)  # a step the engine is working on
+                yield 1
+            finally:
+                closed.append(True)
+
+        async def consume():
+            async for _ in s.stream(steps()):
+                pass
+        c = asyncio.ensure_future(consume())
+        await asyncio.sleep(0.05)
+        c.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await c
+        assert closed == [True]
+        await s.close()
+    asyncio.run(run())
+
+
 def test_sigterm_lets_calls_finish_within_the_grace_then_answers_503():
     async def run():
         r = FakeRunner()

@@ -8,7 +8,7 @@ closes a connection, so idle ones still hold their descriptors). `protocol_class
 HTTP protocol (httptools, else h11) to add both:
 - a header timer, from a connection's start (or the first byte of a later request on a keep-alive
   connection) to the end of the request's headers, and a body timer, from the headers to the body's
-  end: past either the client gets a JSON 408 and the connection is closed;
+  end: past either (and up to TIMER_SPREAD more) the client gets a JSON 408 and the connection is closed;
 - caps on open connections, in all and per client address, checked as a connection is accepted: one
   over gets a JSON 503 and is closed;
 - every refusal and timeout counted for /metrics (engine/serve/metrics.py).
@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import random
 from collections import Counter
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -40,6 +41,9 @@ log = logging.getLogger("engine.serve")
 TRANSPORT = "interp.transport"  # the scope's extension that carries the connection's transport to SlowReaders
 SPARE_FILES = 256  # descriptors kept for everything but client connections (the engine's sockets, files, pipes)
 REASONS = {408: "Request Timeout", 503: "Service Unavailable"}
+# a timer fires between its timeout and this much past it: 1,000 connections opened at once (a slow-loris
+# attack) then expire over a quarter of the timeout, not all in one turn of the event loop
+TIMER_SPREAD = 0.25
 
 
 @dataclass(frozen=True)
@@ -163,8 +167,9 @@ def protocol_class(settings: ServeSettings, metrics: Metrics, cap: int) -> type[
                 self._timer.cancel()
                 self._timer = None
             self._phase = phase
-            if phase is not None:
-                self._timer = self.loop.call_later(timeouts[phase], self._expired, phase)
+            if phase is not None:  # spread: connections opened together must not all expire in one loop turn
+                delay = timeouts[phase] * (1 + TIMER_SPREAD * random.random())
+                self._timer = self.loop.call_later(delay, self._expired, phase)
 
         def _expired(self, phase: str) -> None:
             self._timer, self._phase = None, None

@@ -97,8 +97,9 @@ class Supervisor:
         task = asyncio.ensure_future(call)
         try:
             await asyncio.wait((task, doom), return_when=asyncio.FIRST_COMPLETED)
-        except BaseException:
-            task.cancel()
+        except BaseException:  # the caller was cancelled (its client left): the call unwinds before it goes on,
+            task.cancel()  # so a stream step is over before its stream is closed (engine/core/loop._Cursor)
+            await asyncio.wait((task,), timeout=UNWIND_S)
             raise
         if task.done():
             exc = None if task.cancelled() else task.exception()
