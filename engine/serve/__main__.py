@@ -125,8 +125,20 @@ def main(argv: list[str] | None = None) -> int:
     sock.bind((args.host, args.port))  # before loading: a taken port fails in a second, not after a minute
     def load():  # the first load, and each restart of a dead engine (engine/serve/supervisor.py)
         return load_model(args.model, backend=args.backend, source=args.source, dtype=args.dtype, **kw)
-    model = load()
+    # SIGTERM while the model loads: noted, and acted on once the load is done (killed mid-load, the server
+    # left vLLM's engine core and worker running with no parent, for good)
+    stop = []
+    old = signal.signal(signal.SIGTERM, lambda sig, frame: stop.append(sig))
+    print(f"engine.serve: loading {args.model} ({args.backend})", flush=True)
+    try:
+        model = load()
+    finally:
+        signal.signal(signal.SIGTERM, old)
     runner = runner_for(model, load)
+    if stop:
+        print("engine.serve: SIGTERM while loading: the model was closed without serving", flush=True)
+        runner.close()
+        return 128 + signal.SIGTERM
     try:
         app = build_app(runner, settings)
         server = lifecycle.server(app, settings, log_level=args.log_level, access_log=args.access_log)
