@@ -43,7 +43,7 @@ def servers():
     b = ServerProcess(LLAMA, "--backend", "vllm", "--source", "zoo", "--max-model-len", str(MAX_LEN),
                       "--max-num-seqs", "1", "--shutdown-grace", str(GRACE))
     try:
-        yield a.wait(), b.wait()
+        yield a.wait(900), b.wait(900)  # two engines loading at once on a shared 2-core machine: generous
     finally:
         a.close()
         b.close()
