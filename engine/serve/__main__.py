@@ -73,7 +73,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--sae-dir", default=None,
                    help="a folder of SAEs (SAELens format, one folder each) that requests may name in readouts and "
                         "feature steers; without it, requests naming an SAE are refused")
-    g = p.add_argument_group("staying up (docs/serving.md)")
+    g = p.add_argument_group("staying up (docs/uptime.md)")
     for name, kind, what in STAYING_UP:
         g.add_argument(FLAGS[name], dest=name, type=kind, default=default(name), help=f"{what} (default: "
                        f"{default(name)})", metavar="SECONDS" if kind is float else "N" if kind is int else "BYTES")
@@ -149,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
         served = time.monotonic()
     finally:
         runner.close()
-    if server.signalled_at:  # how the exit spent its time (docs/serving.md quotes it)
+    if server.signalled_at:  # how the exit spent its time (docs/uptime.md quotes it)
         print(f"engine.serve: stopped serving {served - server.signalled_at:.1f} s after the signal (--shutdown-grace "
               f"{settings.shutdown_grace_s:g} s); the engine shut down in {time.monotonic() - served:.1f} s", flush=True)
     if server.exit_code:  # the engine was given up on: exit now, not after joining threads it may still hold

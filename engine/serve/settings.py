@@ -4,7 +4,7 @@ made (`python -m engine.serve`'s flags, or a caller of `build_app`), then truste
 The size limits default to the machine: a request's captures may hold at most 1/64 of its memory
 (between 16 MiB and 256 MiB), raw and encoded alike, so 64 maximal answers in flight fit in it.
 The connection, stream, engine and shutdown bounds keep the server up under slow or idle clients and
-a dead or hung engine (docs/serving.md says what each one does and why its default).
+a dead or hung engine (docs/uptime.md says what each one does and why its default).
 """
 from __future__ import annotations
 
