@@ -148,3 +148,56 @@ def test_too_few_rounds_are_refused_at_the_command_line(capsys):
     with pytest.raises(SystemExit):
         serve_load.main(["--rounds", "3"])
     assert "needs at least 6 rounds" in capsys.readouterr().err
+
+
+# -- benchmarks/serve_hostile.py: the report of normal clients beside hostile ones (issue 50) --------------
+def _hostile(rng: random.Random, rounds: int, other: float) -> dict:
+    from benchmarks import serve_hostile
+    res: dict = {}
+    for c in serve_hostile.CELLS:
+        res[c] = []
+        for r in range(rounds):
+            lat = [rng.uniform(0.05, 0.2) for _ in range(40)]
+            res[c].append({"round": r, "latency_s": lat, "p50": statistics.median(lat), "p99": max(lat),
+                           "rps": rng.uniform(50, 90), "errors": 0, "health_max_s": 0.05, "other_cores": other,
+                           "metrics": {'interp_connections_timed_out_total{phase="headers"}': 3.0}})
+    base = {"server": 700.0, "VLLM::EngineCor": 720.0, "VLLM::Worker": 760.0}
+    res["baseline_rss"] = base
+    res["rss_samples"] = [{"t": 0.0, "phase": c, **{k: v + 10 for k, v in base.items()}} for c in serve_hostile.CELLS]
+    res["bursts"] = [{"burst": 0, "after_storm": {k: v + 5 for k, v in base.items()},
+                      "after_stalled": {**base, "VLLM::Worker": 900.0}}]
+    res["attack_opened"] = {"idle": 400, "loris": 600, "reader": 8}
+    return res
+
+
+_HOSTILE_ARGS = Namespace(model="meta-llama/Llama-3.2-1B", size="tiny", backend="vllm", max_model_len=256, stall=30.0,
+                          concurrency=8, requests=40, held=400, loris=600, slow_readers=8, rounds=6, settle=8.0,
+                          long_tokens=200, attack_lead=8.0, queued=16)
+
+
+def test_hostile_report_rows_are_the_per_round_p99_ratios_and_memory_is_shown_against_the_baseline():
+    from benchmarks import serve_hostile
+    res = _hostile(random.Random(5), 6, other=0.0)
+    stop = {"exit_s": 7.5, "exit_status": 0, "answers": {"200": 10, "503": 6}, "grace_s": 5.0}
+    text = serve_hostile.report(_HOSTILE_ARGS, res, stop, {**_ENV, "command": "python -m benchmarks.serve_hostile"})
+    assert "Warning" not in text
+    per = sorted(d["p99"] / u["p99"] for d, u in zip(res["disturbed"], res["undisturbed"]))
+    med = statistics.median(per)
+    row = next(ln for ln in text.splitlines() if ln.startswith("| p99 disturbed / undisturbed |"))
+    if (per[-1] - per[0]) / med > 0.25:
+        assert f"| unresolved [{sig(per[0])}–{sig(per[-1])}] |" in row
+    else:
+        assert f"| {sig(med)}x [{sig(per[0])}–{sig(per[-1])}] |" in row
+    assert "| 0 | 2195 (+15) | 2320 (+140) | 700 (+0) | 720 (+0) | 900 (+140) |" in text
+    assert "the process exited 7.5 s later with status 0; the requests got 200: 10, 503: 6." in text
+    assert "SIGTERM with 16 requests of 200 tokens" in text
+    assert "| disturbed |" in text and "| 0 / 18 / 0 |" in text  # 6 rounds of 3 header timeouts each
+
+
+def test_hostile_report_warns_when_other_work_ran_and_refuses_too_few_rounds(capsys):
+    from benchmarks import serve_hostile
+    text = serve_hostile.report(_HOSTILE_ARGS, _hostile(random.Random(6), 6, other=1.2), {}, _ENV)
+    assert text.splitlines()[2].startswith("**Warning: other work ran") and "the server and the client" in text
+    with pytest.raises(SystemExit):
+        serve_hostile.main(["--rounds", "3"])
+    assert "needs at least 6 rounds" in capsys.readouterr().err

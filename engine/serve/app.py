@@ -1,22 +1,27 @@
 """The ASGI app: routes (engine/serve/routes.py), error shapes for everything that can go wrong
 (engine/serve/errors.py), and the middleware: metrics outermost (it counts 401s and 413s too), then
-auth and the body limit (engine/serve/guard.py)."""
+the slow-reader bound (engine/serve/connections.py), then auth and the body limit
+(engine/serve/guard.py). Its lifespan runs the engine's watchdog (engine/serve/supervisor.py)."""
 from __future__ import annotations
 
+import contextlib
 import logging
 from typing import TYPE_CHECKING
 
 from fastapi import FastAPI
 from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect
 from starlette.responses import JSONResponse
 
 from engine.core.errors import BodyTooLarge
 from engine.serve import capabilities, context, native, routes
+from engine.serve.connections import Connections, SlowReaders
 from engine.serve.errors import ServeError, payload, response
 from engine.serve.guard import Admission, Guard, auth_error, send_json
 from engine.serve.metrics import Metrics, Recorder
 from engine.serve.offload import Offload
 from engine.serve.settings import ServeSettings
+from engine.serve.supervisor import Supervisor
 
 if TYPE_CHECKING:
     from starlette.types import ASGIApp
@@ -46,6 +51,8 @@ class Internal:
             await send(msg)
         try:
             await self.app(scope, receive, watched)
+        except ClientDisconnect:  # it left while its body came in (or its body timed out): nobody to answer
+            return
         except Exception as exc:
             if started:
                 raise
@@ -57,10 +64,23 @@ def build_app(runner: Runner, settings: ServeSettings | None = None) -> FastAPI:
     """The server for a loaded model (engine/serve/runner.py) with its settings (engine/serve/settings.py;
     see `python -m engine.serve --help`)."""
     settings = settings or ServeSettings()
-    app = FastAPI(title="interp-engine", docs_url=None, redoc_url=None, openapi_url=None)
     metrics = Metrics()
-    app.state.ctx = context.Context(runner, settings, settings.names(runner.name), Admission(settings.max_pending),
-                                   metrics, capabilities.table(runner), Offload(settings.cpu_workers))
+    supervisor = Supervisor(runner, settings, metrics)
+    admission = Admission(settings.max_pending)
+    supervisor.work = lambda: admission.depth > 0
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app):
+        supervisor.start()
+        try:
+            yield
+        finally:
+            await supervisor.close()
+
+    app = FastAPI(title="interp-engine", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan)
+    app.state.ctx = context.Context(runner, settings, settings.names(runner.name), admission,
+                                   metrics, capabilities.table(runner), Offload(settings.cpu_workers), supervisor,
+                                   Connections.of(settings, metrics))
     routes.register(app)
     native.register(app)  # the library's client's routes (engine/remote/)
 
@@ -84,5 +104,7 @@ def build_app(runner: Runner, settings: ServeSettings | None = None) -> FastAPI:
 
     app.add_middleware(Internal)  # innermost: a 500 answered here is still counted and guarded
     app.add_middleware(Guard, api_key=settings.api_key, max_body_bytes=settings.max_body_bytes)
+    app.add_middleware(SlowReaders, stall_s=settings.stream_stall_timeout_s, max_unsent=settings.stream_buffer_bytes,
+                       metrics=metrics)
     app.add_middleware(Recorder, metrics=metrics)
     return app

@@ -14,12 +14,14 @@ from fastapi import Request
 from engine.core.errors import SteeringError
 from engine.core.results import StrictSteerError
 from engine.serve import interp, wire
+from engine.serve.connections import Connections
 from engine.serve.errors import ServeError, from_engine, is_client_error, kind_of
 from engine.serve.guard import Admission
 from engine.serve.metrics import Metrics
 from engine.serve.offload import Offload
 from engine.serve.runner import Runner
 from engine.serve.settings import ServeSettings
+from engine.serve.supervisor import Supervisor
 
 if TYPE_CHECKING:
     from engine.serve.schemas import Sampling
@@ -30,7 +32,8 @@ _T = TypeVar("_T")
 @dataclass
 class Context:
     """What the handlers share: the model, its settings, the names it answers to, the queue, the
-    counters, the capability table and the worker threads."""
+    counters, the capability table, the worker threads, the engine's supervisor (every engine call
+    runs through it) and the connections' guard."""
     runner: Runner
     settings: ServeSettings
     served: list[str]
@@ -38,6 +41,12 @@ class Context:
     metrics: Metrics
     points: dict
     offload: Offload = field(default_factory=lambda: Offload(2))
+    supervisor: Supervisor = None  # type: ignore[assignment]  # made from the fields above when not given
+    connections: Connections = None  # type: ignore[assignment]
+
+    def __post_init__(self) -> None:
+        self.supervisor = self.supervisor or Supervisor(self.runner, self.settings, self.metrics)
+        self.connections = self.connections or Connections.of(self.settings, self.metrics)
 
     def budget(self) -> interp.Budget:
         return interp.Budget(self.settings.max_capture_bytes, self.settings.max_response_bytes)

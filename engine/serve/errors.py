@@ -18,7 +18,7 @@ from engine.core.errors import EngineError, EngineFailure, ServeError
 from engine.serve.wire import ERROR_CLASS
 
 TYPES = {400: "BadRequestError", 401: "AuthenticationError", 404: "NotFoundError", 405: "MethodNotAllowedError",
-         413: "RequestTooLargeError", 429: "RateLimitError", 500: "InternalServerError",
+         408: "RequestTimeoutError", 413: "RequestTooLargeError", 429: "RateLimitError", 500: "InternalServerError",
          503: "ServiceUnavailableError"}
 
 

@@ -1,5 +1,7 @@
 """Counters for /metrics in Prometheus' text format: requests by route and status, tokens in and
-out, capture bytes sent, requests refused for a full queue, the queue depth and request latency.
+out, capture bytes sent, requests refused for a full queue, the queue depth and request latency;
+connections open, refused and timed out (engine/serve/connections.py), responses aborted for a
+client that does not read, and the engine's deaths and restarts (engine/serve/supervisor.py).
 
 `Recorder` is ASGI middleware that sees every response's status (errors included, streams once they
 end); the handlers add tokens and bytes.
@@ -23,6 +25,13 @@ class Metrics:
         self.latency_sum: Counter = Counter()  # route -> seconds
         self.prompt_tokens = self.generation_tokens = self.capture_bytes = 0
         self.started = time.time()
+        self.connections_open = 0
+        self.connections_refused: Counter = Counter()  # reason -> n
+        self.connections_timed_out: Counter = Counter()  # phase (headers, body, idle) -> n
+        self.responses_aborted: Counter = Counter()  # reason (stalled, unsent) -> n
+        self.engine_failures: Counter = Counter()  # kind (died, hung) -> n
+        self.engine_restarts = 0
+        self.engine_up = 1
 
     def render(self, queue_depth: int, queue_limit: int, rejected: int, model: str, backend: str,
                abandoned_tokens: int = 0) -> str:
@@ -47,6 +56,26 @@ class Metrics:
                  "gauge"),
                 ("interp_queue_limit", "Most sequences admitted at once (--max-pending).", queue_limit, "gauge"),
                 ("interp_uptime_seconds", "Seconds since the server started.", round(time.time() - self.started, 3),
+                 "gauge")):
+            lines += [f"# HELP {name} {help_}", f"# TYPE {name} {kind}", f"{name} {value}"]
+        for name, help_, kind, label, counts in (
+                ("interp_connections_refused_total", "Connections refused at accept (503, closed): over "
+                 "--max-connections, or over --max-connections-per-client from one address.", "counter", "reason",
+                 self.connections_refused),
+                ("interp_connections_timed_out_total", "Connections closed by a timeout: headers (--header-timeout), "
+                 "body (--body-timeout), idle keep-alive (--keep-alive-timeout).", "counter", "phase",
+                 self.connections_timed_out),
+                ("interp_responses_aborted_total", "Responses aborted because their client did not read: stalled "
+                 "(--stream-stall-timeout) or too many unsent bytes (--stream-buffer-bytes).", "counter", "reason",
+                 self.responses_aborted),
+                ("interp_engine_failures_total", "Times the engine was found dead or hung.", "counter", "kind",
+                 self.engine_failures)):
+            lines += [f"# HELP {name} {help_}", f"# TYPE {name} {kind}"]
+            lines += [f'{name}{{{label}="{k}"}} {n}' for k, n in sorted(counts.items())]
+        for name, help_, value, kind in (
+                ("interp_connections_open", "HTTP connections open now.", self.connections_open, "gauge"),
+                ("interp_engine_restarts_total", "Restarts of the engine in place.", self.engine_restarts, "counter"),
+                ("interp_engine_up", "1 while the engine serves, 0 while it is restarting or down.", self.engine_up,
                  "gauge")):
             lines += [f"# HELP {name} {help_}", f"# TYPE {name} {kind}", f"{name} {value}"]
         lines += ["# HELP interp_model_info The model served.", "# TYPE interp_model_info gauge",

@@ -146,10 +146,12 @@ def register(app: FastAPI) -> None:
     @app.post(wire.LENS)
     async def post_lens(request: Request) -> Response:
         ctx: context.Context = request.app.state.ctx
-        req = await ctx.offload(prepare_lens, ctx, await request.body())
+        raw = await request.body()
+        ctx.supervisor.admit()
+        req = await ctx.offload(prepare_lens, ctx, raw)
         ticket = ctx.admission.enter(1)
         try:
-            logits = await unless_gone(request, context.guarded(ctx.runner.lens(req.x, req.point)))
+            logits = await unless_gone(request, context.guarded(ctx.supervisor.run(ctx.runner.lens(req.x, req.point))))
         finally:
             ticket.release()
         return await respond(ctx.offload, await ctx.offload(lens_answer, ctx, logits, context.framed(request)))

@@ -11,7 +11,9 @@ salt, engine/backends/vllm/client.py).
 Nothing CPU-heavy runs on the event loop (on vLLM it is also the engine's output loop): parsing,
 validation, tokenization and encoding go to `Offload`, a few threads with bounded concurrency. A
 non-streaming request whose client disconnects is cancelled (vLLM aborts it; eager drops it if it has
-not started).
+not started). Every engine call runs through the supervisor (engine/serve/supervisor.py): a new
+request is refused with a 503 while the engine restarts or the server stops, and a call is failed
+with one when its engine dies or hangs, or the shutdown grace ends.
 """
 from __future__ import annotations
 
@@ -54,18 +56,22 @@ _T = TypeVar("_T")
 
 
 class Stream(StreamingResponse):
-    """Server-sent events whose queue slot is given back however the stream ends (also when the
-    client leaves before the first byte)."""
+    """Server-sent events whose queue slot is given back, and whose engine requests are cancelled,
+    however the stream ends (also when the client leaves before the first byte, or is cut off for not
+    reading: engine/serve/connections.SlowReaders)."""
 
-    def __init__(self, body: AsyncGenerator[str, None], ticket: Ticket) -> None:
+    def __init__(self, body: AsyncGenerator[str | bytes, None], ticket: Ticket) -> None:
         super().__init__(body, media_type="text/event-stream", headers={"cache-control": "no-cache"})
-        self.ticket = ticket
+        self.ticket, self.events = ticket, body
 
     async def __call__(self, scope, receive, send):
         try:
             await super().__call__(scope, receive, send)
         finally:
-            self.ticket.release()
+            try:
+                await self.events.aclose()  # a stream cut off while it waited to send is closed now, not when collected
+            finally:
+                self.ticket.release()
 
 
 def sse(obj: dict) -> str:
@@ -207,12 +213,15 @@ def prepare(ctx: Context, raw: bytes, cls: type[Sampling], chat: bool, binary: b
 
 async def generation(request: Request, cls: type[Sampling], chat: bool) -> Response:
     ctx: Context = request.app.state.ctx
-    g = await ctx.offload(prepare, ctx, await request.body(), cls, chat, framed(request))
+    raw = await request.body()  # read first: a refusal leaves no body behind on the keep-alive connection
+    ctx.supervisor.admit()
+    g = await ctx.offload(prepare, ctx, raw, cls, chat, framed(request))
     ticket = ctx.admission.enter(len(g.jobs))
     if g.req.stream:
         return Stream(stream_events(g), ticket)
     try:
-        results = await unless_gone(request, gather_all(guarded(ctx.runner.generate(j), g.asked) for j in g.jobs))
+        results = await unless_gone(request, gather_all(guarded(ctx.supervisor.run(ctx.runner.generate(j)), g.asked)
+                                                        for j in g.jobs))
     finally:
         ticket.release()
     ctx.metrics.prompt_tokens += sum(map(len, g.prompts))
@@ -227,7 +236,7 @@ async def merged(gens: list[AsyncGenerator[_T, None]]) -> AsyncGenerator[tuple[i
             async for x in it:
                 yield 0, x
         return
-    q: asyncio.Queue = asyncio.Queue()
+    q: asyncio.Queue = asyncio.Queue(2 * len(gens))  # bounded: a client that does not read stops the pumps
     end = object()
 
     async def pump(i, g):
@@ -275,10 +284,12 @@ async def stream_events(g: Gen) -> AsyncGenerator[str | bytes, None]:
     results: list = [None] * len(g.jobs)
     seen: list[list[int]] = [[] for _ in g.jobs]
     stop, budget = g.asked.stop, ctx.budget()
+    # each engine step through the supervisor (a dead or hung engine, or the shutdown grace, ends it with a 503)
+    events = merged([guarded_stream(ctx.supervisor.stream(ctx.runner.stream(j)), g.asked) for j in g.jobs])
     try:
         if g.chat:
             yield sse(g.chunk([g.choice_delta(i, "", role=True) for i in range(len(g.jobs))]))
-        async for i, ev in merged([guarded_stream(ctx.runner.stream(j), g.asked) for j in g.jobs]):
+        async for i, ev in events:
             if results[i] is not None:  # stopped by its readout: the rest of its generation is dropped
                 continue
             delta = detoks[i].push(ev.token)
@@ -335,6 +346,8 @@ async def stream_events(g: Gen) -> AsyncGenerator[str | bytes, None]:
     except Exception as e:  # the response has begun: an error is the stream's last event
         err = refusal(e, g.asked) or ServeError(500, f"{type(e).__name__}: {e}")
         yield sse(payload(err.status, err.message, err.param, err.kind))
+    finally:  # also when the stream itself is closed early: its engine requests are cancelled now
+        await events.aclose()
     yield "data: [DONE]\n\n"
 
 
@@ -383,12 +396,14 @@ def capture_response(ctx: Context, req: CaptureRequest, prompts: list[list[int]]
 
 async def capture(request: Request) -> Response:
     ctx: Context = request.app.state.ctx
-    req, prompts, asked = await ctx.offload(prepare_capture, ctx, await request.body(), framed(request))
+    raw = await request.body()
+    ctx.supervisor.admit()
+    req, prompts, asked = await ctx.offload(prepare_capture, ctx, raw, framed(request))
     ticket = ctx.admission.enter(len(prompts))
     try:
         results = await unless_gone(request, gather_all(
-            guarded(ctx.runner.capture(p, asked.points, asked.steers, req.return_logits, asked.strict, asked.readouts),
-                    asked)
+            guarded(ctx.supervisor.run(ctx.runner.capture(p, asked.points, asked.steers, req.return_logits,
+                                                          asked.strict, asked.readouts)), asked)
             for p in prompts))
     finally:
         ticket.release()
@@ -424,12 +439,10 @@ def register(app: FastAPI) -> None:
     @app.api_route("/health", methods=["GET", "HEAD"])
     async def health(request: Request):
         ctx: Context = request.app.state.ctx
-        why = await ctx.runner.problem()
-        body = {"status": "ok" if why is None else "unhealthy", "model": ctx.runner.name,
-                "backend": ctx.runner.backend, "queue_depth": ctx.admission.depth}
-        if why:
-            body["reason"] = why
-        return JSONResponse(body, status_code=200 if why is None else 503)
+        status, state, headers = await ctx.supervisor.health()  # from the state it keeps: answers within ~1 s
+        body = {"status": state.pop("status"), "model": ctx.runner.name, "backend": ctx.runner.backend,
+                "queue_depth": ctx.admission.depth, **state}
+        return JSONResponse(body, status_code=status, headers=headers)
 
     @app.get("/metrics")
     async def metrics(request: Request):

@@ -10,17 +10,20 @@ and turns SIGINT / SIGTERM into a graceful shutdown.
 
 eager: EagerModel is synchronous and serialises calls with a lock, so its calls go to one worker
 thread and the server's own loop stays free to answer health checks, 4xx and 429s meanwhile.
+
+For engine/serve/supervisor.py each runner says, without blocking, whether its engine is busy, when
+it last completed a step, and whether it died; a vLLM engine can be restarted in place (its
+processes killed and the model loaded again, engine/serve/vllm_engine.py); an eager one cannot.
 """
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
 import math
-import signal
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, AsyncGenerator, Coroutine, Sequence, cast
+from typing import TYPE_CHECKING, Any, AsyncGenerator, Callable, Coroutine, Sequence, cast
 
 import torch
 from transformers import StoppingCriteria
@@ -30,11 +33,11 @@ from engine.core.inputs import limits_of, token_rows
 from engine.core.points import KEY_AXIS_POINTS
 from engine.core.results import Receipt, Request, RequestResult
 from engine.core.steering import Steer
+from engine.serve import vllm_engine
 from engine.serve.errors import ServeError
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
-    from uvicorn import Server
 
     from engine.backends.hf.eager import EagerModel
     from engine.backends.vllm.backend import VLLMModel
@@ -98,9 +101,13 @@ class Runner:
     forward_room = 0  # positions a forward over a prompt needs beyond it (vLLM: one, for the next token)
     abandoned_tokens = 0  # tokens generated for requests whose client left (eager; vLLM aborts without a count)
     SAMPLING_EXTRAS: tuple[str, ...] = ()  # request fields beyond the engine's knobs that this backend honours
+    restartable = False  # whether restart() can replace a dead engine in place
+    load_seconds = 30.0  # how long a restart is expected to take (Retry-After)
 
-    def __init__(self, model: EagerModel | VLLMModel) -> None:
+    def __init__(self, model: EagerModel | VLLMModel, reload: Callable[[], Any] | None = None) -> None:
         self.model = model
+        self.reload = reload  # loads the model again, as the server first loaded it (a restart)
+        self.last_step = time.monotonic()  # when the engine last completed a step
         self.backend = model.backend
         self.name = model.name
         self.tokenizer = model.tokenizer
@@ -177,8 +184,31 @@ class Runner:
         """None when healthy, else why not."""
         return "closed" if self.catalogue._closed else None
 
-    def serve(self, coro: Coroutine[Any, Any, None], server: Server) -> None:
-        """Run uvicorn's serve() coroutine until it returns (SIGINT / SIGTERM end it gracefully)."""
+    # -- the engine's state, without blocking (engine/serve/supervisor.py) ------------------------------
+    def busy(self) -> bool:
+        """Whether the engine holds work it has not finished."""
+        return False
+
+    def dead(self) -> str | None:
+        """Why the engine is dead ("died: ..."), None while it lives."""
+        return None
+
+    def death_of(self, exc: BaseException) -> str | None:
+        """Why the engine is dead, when `exc` (an engine call's error) says it died under the call."""
+        return self.dead()
+
+    async def restart(self) -> None:
+        """Replace a dead or hung engine with a new one, loaded as the first."""
+        raise NotImplementedError
+
+    def kill(self) -> None:
+        """Put down an engine that will not be restarted (dead or hung), so the exit does not wait on it."""
+
+    def _stepped(self) -> None:
+        self.last_step = time.monotonic()
+
+    def serve(self, coro: Coroutine[Any, Any, None]) -> None:
+        """Run uvicorn's serve() coroutine until it returns (engine/serve/lifecycle.py ends it)."""
         raise NotImplementedError
 
     def close(self) -> None:
@@ -192,11 +222,15 @@ class VLLMRunner(Runner):
     PROBE_EVERY_S = 5.0  # /health runs at most one probe request per interval and reuses its verdict
     model: VLLMModel
 
-    def __init__(self, model: VLLMModel) -> None:
-        super().__init__(model)
+    def __init__(self, model: VLLMModel, reload: Callable[[], VLLMModel] | None = None) -> None:
+        super().__init__(model, reload)
+        self.home = model._loop  # the loop the server runs on: the first engine's, kept across restarts
+        self.restartable = reload is not None
+        self.load_seconds = float(getattr(model, "startup_s", 0.0) or 30.0)
         self._probed: tuple[float, str | None] = (-math.inf, None)  # (when, verdict of the latest probe)
         self._probes = 0  # probes run: each one's prompt differs (engine/serve/runner.probe_prompt)
         self._probe_lock: asyncio.Lock | None = None
+        vllm_engine.watch_steps(model, self._stepped)
         # the model runs in vLLM's own processes; here torch only cuts and copies small captures, and a
         # thread pool for that (waiting on busy cores) made each response's slicing ~20x slower
         torch.set_num_threads(1)
@@ -273,25 +307,48 @@ class VLLMRunner(Runner):
             self._probed = (time.monotonic(), verdict)
             return verdict
 
-    def serve(self, coro: Coroutine[Any, Any, None], server: Server) -> None:
-        """On the model's own loop (see the module docstring); uvicorn leaves signals alone off the
-        main thread, so the main thread turns them into its graceful exit."""
-        stop = lambda *_: setattr(server, "should_exit", True)  # noqa: E731  (polled by uvicorn's main loop)
-        old = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)}
-        try:
-            self.model._loop.run(coro)
-        finally:
-            for s, h in old.items():
-                signal.signal(s, h)
+    def busy(self) -> bool:
+        return vllm_engine.unfinished(self.model)
+
+    def dead(self) -> str | None:
+        return vllm_engine.dead(self.model)
+
+    def death_of(self, exc: BaseException) -> str | None:
+        return self.dead() or vllm_engine.death_of(exc)
+
+    async def restart(self) -> None:
+        """Kill the engine's processes, then load the model again in a thread (the server's loop keeps
+        answering meanwhile); calls to the new engine hop to its own loop (engine/core/loop.py)."""
+        assert self.reload is not None
+        old = self.model
+        await vllm_engine.retire(old, self.home)
+        t0 = time.monotonic()
+        new = await asyncio.to_thread(self.reload)
+        self.load_seconds = time.monotonic() - t0
+        self.model, self.last_step = new, time.monotonic()
+        self._probed, self._probe_lock = (-math.inf, None), None
+        vllm_engine.watch_steps(new, self._stepped)
+
+    def kill(self) -> None:
+        vllm_engine.kill(self.model)
+
+    def serve(self, coro: Coroutine[Any, Any, None]) -> None:
+        """On the model's own loop (see the module docstring)."""
+        self.home.run(coro)
+
+    def close(self) -> None:
+        vllm_engine.close(self.model, self.home)
 
 
 class _Gone(StoppingCriteria):
-    """A stopping criterion for HF generate: stop every row once `gone` is set."""
+    """A stopping criterion for HF generate: stop every row once `gone` is set; each call (one per
+    step) tells `stepped`."""
 
-    def __init__(self, gone: threading.Event) -> None:
-        self.gone = gone
+    def __init__(self, gone: threading.Event, stepped: Callable[[], None]) -> None:
+        self.gone, self.stepped = gone, stepped
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor, **kw: Any) -> torch.Tensor:
+        self.stepped()
         return torch.full((input_ids.shape[0],), self.gone.is_set(), dtype=torch.bool, device=input_ids.device)
 
 
@@ -299,9 +356,10 @@ class EagerRunner(Runner):
     REFUSED = ("stop", "stop_token_ids", "presence_penalty", "frequency_penalty", "min_p", "repetition_penalty")
     model: EagerModel
 
-    def __init__(self, model: EagerModel) -> None:
-        super().__init__(model)
+    def __init__(self, model: EagerModel, reload: Callable[[], EagerModel] | None = None) -> None:
+        super().__init__(model, reload)
         self.pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="interp-eager")
+        self.running = 0  # calls running on the model's thread now (not those waiting for it)
         self.abandoned_tokens = 0  # tokens generated for requests whose client left, before they stopped
         self.shapes = self._probe_shapes()  # also resolves every site: checks on the event loop only read caches
 
@@ -338,16 +396,28 @@ class EagerRunner(Runner):
         from transformers import StoppingCriteriaList
         # the model's own generate, told to stop between steps once the client is gone (HF's stopping
         # criteria run after every token)
+        stop = StoppingCriteriaList([_Gone(gone, self._stepped)])
         out = self.model._generate([job.prompt], job.max_tokens, job.points, job.steers, job.sampling,
-                                   stopping=StoppingCriteriaList([_Gone(gone)]), strict=job.strict,
-                                   readouts=job.readouts)
+                                   stopping=stop, strict=job.strict, readouts=job.readouts)
         res = out.requests[0]
         if gone.is_set():
             self.abandoned_tokens += res.new_tokens.shape[0]
         return res
 
+    def _job(self, fn, *args):
+        """One call on the model's thread: counted while it runs, a step when it ends."""
+        self.running += 1
+        try:
+            return fn(*args)
+        finally:
+            self.running -= 1
+            self._stepped()
+
     async def _call(self, fn, *args):
-        return await asyncio.get_running_loop().run_in_executor(self.pool, fn, *args)
+        return await asyncio.get_running_loop().run_in_executor(self.pool, self._job, fn, *args)
+
+    def busy(self) -> bool:
+        return self.running > 0
 
     async def generate(self, job: Job) -> RequestResult:
         """The generation on the model's thread; cancelled (its client left), it stops at the next step."""
@@ -388,10 +458,16 @@ class EagerRunner(Runner):
     async def lens(self, x: torch.Tensor, point: str) -> torch.Tensor:
         return await self._call(self.model.logit_lens, x, point)
 
-    def serve(self, coro: Coroutine[Any, Any, None], server: Server) -> None:
+    def kill(self) -> None:
+        self.killed = True  # its thread may never return: close() does not wait for it
+
+    def serve(self, coro: Coroutine[Any, Any, None]) -> None:
         asyncio.run(coro)
 
     def close(self) -> None:
+        if getattr(self, "killed", False):
+            self.pool.shutdown(wait=False, cancel_futures=True)
+            return
         self.pool.shutdown(wait=True)
         self.model.close()
 
@@ -410,8 +486,9 @@ def probe_prompt(k: int, vocab: int, n: int = 8) -> list[int]:
 RUNNERS: dict[Runtime, type[Runner]] = {HF: EagerRunner, VLLM: VLLMRunner}  # the server's runner per engine
 
 
-def make(model: EagerModel | VLLMModel) -> Runner:
-    """The runner for a loaded model: the one of its backend's runtime (engine/core/backends.py)."""
-    return RUNNERS[backend_for(model.backend).runtime](cast(Any, model))
+def make(model: EagerModel | VLLMModel, reload: Callable[[], Any] | None = None) -> Runner:
+    """The runner for a loaded model: the one of its backend's runtime (engine/core/backends.py);
+    `reload` loads the model again (a restart of a dead engine; without it a dead engine stops the server)."""
+    return RUNNERS[backend_for(model.backend).runtime](cast(Any, model), reload)
 
 
