@@ -37,6 +37,7 @@ from pathlib import Path
 
 from benchmarks import rounds, serve_stats
 from benchmarks.serve_load import OUT, Proc, cpu_seconds, environment, pct
+from engine.core.backends import CAPTURE_BACKENDS
 
 CELLS = ("undisturbed", "disturbed")
 STORM = 200  # clients of a disconnect storm
@@ -460,7 +461,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.serve_hostile", description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default="meta-llama/Llama-3.2-1B")
     p.add_argument("--size", choices=("tiny", "real"), default="tiny")
-    p.add_argument("--backend", default="vllm", choices=("vllm", "vllm-static", "eager"))
+    p.add_argument("--backend", default="vllm", choices=CAPTURE_BACKENDS, help="a backend the server serves")
     p.add_argument("--rounds", type=int, default=12, help=f"interleaved rounds (>= {serve_stats.MIN_ROUNDS})")
     p.add_argument("--concurrency", type=int, default=8)
     p.add_argument("--requests", type=int, default=400, help="normal requests per cell")
