@@ -18,6 +18,8 @@ ELSEWHERE = {
     "core/steering.py:NonFiniteSteer": "the hot-path rewrite of core/steering.py is under way; move it when it lands",
     "core/results.py:StrictSteerError": "the hot-path rewrite of core/results.py is under way; move it when it lands",
     "backends/hf/stop.py:_Stopped": "private control flow that ends HF generate early, never seen by a caller",
+    "serve/connections.py:_Abandoned": "private control flow: a send on a connection the server aborted stops the "
+                                        "app producing for it; never reaches a client",
 }
 BUILTIN_ERRORS = {n for n, v in vars(builtins).items() if isinstance(v, type) and issubclass(v, BaseException)}
 

@@ -194,7 +194,7 @@ def protocol_class(settings: ServeSettings, metrics: Metrics, cap: int) -> type[
     return Guarded
 
 
-class Abandoned(OSError):
+class _Abandoned(OSError):
     """Raised by a send on a connection SlowReaders aborted (ASGI: a send on a closed connection raises
     an OSError), so the app stops producing for it."""
 
@@ -218,23 +218,23 @@ class SlowReaders:
         async def bounded(msg):
             nonlocal aborted
             if aborted:
-                raise Abandoned
+                raise _Abandoned
             try:
                 async with asyncio.timeout(self.stall_s):
                     await send(msg)
             except TimeoutError:
                 aborted = self._abort(transport, "stalled")
-                raise Abandoned from None
+                raise _Abandoned from None
             if transport.get_write_buffer_size() > self.max_unsent:
                 aborted = self._abort(transport, "unsent")
-                raise Abandoned
+                raise _Abandoned
         try:
             await self.app(scope, receive, bounded)
-        except Abandoned:  # the app was stopped by it (or an exception group holding only it): nothing to say
+        except _Abandoned:  # the app was stopped by it (or an exception group holding only it): nothing to say
             if not aborted:
                 raise
         except BaseExceptionGroup as group:
-            if not aborted or group.split(Abandoned)[1] is not None:
+            if not aborted or group.split(_Abandoned)[1] is not None:
                 raise
 
     def _abort(self, transport: asyncio.Transport, reason: str) -> bool:

@@ -222,6 +222,25 @@ def stop_all() -> None:
         _CHILDREN.popitem()[1].stop()
 
 
+_RECORDER = "install_output_capuring_hook."  # transformers' name (sic) for the closures it hooks on
+
+
+def unrecorded(ctx: ModelContext) -> ModelContext:
+    """`ctx` with its HF model picklable: the first call asking a transformers model for hidden states or
+    attentions hooks closures onto its modules (transformers/utils/output_capturing.py), which pickle cannot
+    carry to the child. They are removed and the model marked unhooked, so transformers installs them again,
+    lazily, the next time they are needed, here or in the child."""
+    for module in ctx.hf.modules():
+        for key, fn in list(module._forward_hooks.items()):
+            if getattr(fn, "__qualname__", "").startswith(_RECORDER):
+                del module._forward_hooks[key]
+                module._forward_hooks_with_kwargs.pop(key, None)
+                module._forward_hooks_always_called.pop(key, None)
+        if getattr(module, "_output_capturing_hooks_installed", False):
+            module._output_capturing_hooks_installed = False
+    return ctx
+
+
 class ChildReference(Reference):
     """The adapter of engine `engine` (module `module`, class `cls` under validator.engines) for one model,
     running in the engine's child process with `side` first on its path."""
@@ -234,7 +253,7 @@ class ChildReference(Reference):
             raise EngineUnavailable(f"{engine}: {why}")
         self._child: Child | None = child_for(engine, side)
         try:
-            info = self._child.call("open", 0, module, cls, ctx)
+            info = self._child.call("open", 0, module, cls, unrecorded(ctx))
         except BaseException:
             self._child = None
             raise
