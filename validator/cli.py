@@ -284,25 +284,13 @@ def failing_points(selected) -> list[str]:
 
 def summary_table(selected, engines, tag: str = "") -> str:
     """Rows per engine: cells, pass, warn, fail (undeclared), declared (failing rows with a declared
-    upstream cause), gap, errors, skipped."""
-    from collections import defaultdict
-
-    from validator.report import declared_failures
-    tot = defaultdict(lambda: defaultdict(int))
-    for c in selected:
-        t = tot[c["engine"]]
-        for v, n in c.get("summary", {}).items():
-            t[v] += n
-        known = declared_failures(c)
-        t["fail"] -= known
-        t["declared"] += known
-        t["cells"] += 1
-        t["errors"] += c.get("status") == "error"
-        t["skipped"] += c.get("status") == "skipped"
-    cols = ("cells", "pass", "warn", "fail", "declared", "gap", "errors", "skipped")
-    lines = [f"{'engine':24s}" + "".join(f"{c:>9s}" for c in cols)]
+    upstream cause), gap, errors, skipped (validator.history.column_counts, keyed by engine)."""
+    from validator.history import COUNTS, column_counts
+    tot = column_counts(selected, key=lambda c: c["engine"])
+    lines = [f"{'engine':24s}" + "".join(f"{c:>9s}" for c in COUNTS)]
     for e in engines:
-        lines.append(f"{label(e, tag):24s}" + "".join(f"{tot[e][c]:9d}" for c in cols))
+        t = tot.get(e, {})
+        lines.append(f"{label(e, tag):24s}" + "".join(f"{t.get(c, 0):9d}" for c in COUNTS))
     return "\n".join(lines)
 
 

@@ -16,6 +16,7 @@ import json
 import math
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -151,13 +152,13 @@ def render(chs: list[Change], ref: str) -> list[str]:
 COUNTS = ("cells", "pass", "warn", "fail", "declared", "gap", "errors", "skipped")
 
 
-def column_counts(all_cells: list[dict]) -> dict[str, dict[str, int]]:
-    """Per column: cells, row verdicts (fail: undeclared only; declared: failing rows a declared cause
-    explains), error and skipped cells (the console's summary table counts the same)."""
+def column_counts(all_cells: list[dict], key: Callable[[dict], str] | None = None) -> dict[str, dict[str, int]]:
+    """Per column (or per `key` of a cell: the console's summary table keys by engine): cells, row verdicts
+    (fail: undeclared only; declared: failing rows a declared cause explains), error and skipped cells."""
     from validator.report import col, declared_failures
     out: dict[str, dict[str, int]] = {}
     for c in all_cells:
-        t = out.setdefault(col(c), dict.fromkeys(COUNTS, 0))
+        t = out.setdefault((key or col)(c), dict.fromkeys(COUNTS, 0))
         for v, n in c.get("summary", {}).items():
             t[v] = t.get(v, 0) + n
         known = declared_failures(c)
