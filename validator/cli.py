@@ -1,4 +1,4 @@
-"""`python -m validator run | report | show`.
+"""`python -m validator run | report | show | selftest | plan | merge`.
 
 run     compute the missing or stale cells (resume by default, --force recomputes), render the
         reports, print a summary table per engine. The published job (no --models, the published
@@ -10,6 +10,9 @@ show    print one model's details (from its cells).
 selftest  seed realistic engine bugs one at a time (validator/mutations.py) and check the validator
         fails on each, naming the point it breaks: the score says what a pass is worth; in full it
         is published to reports/validator/selftest.json (--quick: a subset, written nowhere).
+plan    each cell's memory, GPUs and expected time before a run (--real: the real-size zoo;
+        docs/validator-scale.md).
+merge   combine the cells of `run --shard i/N` runs into one publication.
 
 Heavy modules (torch, transformers, the reference engines) are imported only once a command runs,
 so --help and bad arguments answer at once.
