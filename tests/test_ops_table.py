@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from engine.backends.vllm.modes import MODES
-from engine.backends.vllm.worker.static import Tap
+from engine.backends.vllm.worker.static import Tap, lone_tap
 from engine.backends.vllm.worker.tree import VSite
 from engine.core.errors import SteeringError
 from engine.core.ops import OPS, AffineRows, Op
@@ -32,7 +32,7 @@ class _Id(torch.nn.Module):
 
 def _tap() -> Tap:
     site = VSite(_Id(), "post", "out", lambda o: o, lambda o, n: n)
-    return Tap("resid_post.0", site, WIDTH, rows=ROWS, writable=True, device="cpu", dtype=torch.float32, index=0)
+    return lone_tap("resid_post.0", site, WIDTH, rows=ROWS, writable=True, device="cpu", dtype=torch.float32)
 
 
 def _value(op: Op, g: torch.Generator, per_row: bool):

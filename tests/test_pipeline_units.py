@@ -11,7 +11,7 @@ from engine.backends.vllm.catalogue import VLLMCatalogue
 from engine.backends.vllm.modes import MODES
 from engine.backends.vllm.worker.attn import params, probs, scores
 from engine.backends.vllm.worker.rows import apply_update
-from engine.backends.vllm.worker.static import Tap
+from engine.backends.vllm.worker.static import lone_tap
 from engine.backends.vllm.worker.tree import VSite
 from engine.backends.vllm.worker.wire import decode, encode, plan_in, plan_out
 from engine.core import positions
@@ -216,7 +216,7 @@ class _Lin(torch.nn.Module):
 
 def _tap(width=8):
     site = VSite(_Lin(), "post", "out", lambda o: o, lambda o, n: n)
-    return Tap("x.0", site, width, rows=6, writable=True, device="cpu", dtype=torch.float32, index=0)
+    return lone_tap("x.0", site, width, rows=6, writable=True, device="cpu", dtype=torch.float32)
 
 
 @pytest.mark.parametrize("steers", [

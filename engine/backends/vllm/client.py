@@ -298,6 +298,8 @@ class AsyncVLLMModel(ModelBase, TokensMixin):
         items = [points] if isinstance(points, (str, Address)) else list(points)
         keys: dict = {}
         for p in items:
+            if isinstance(p, str) and "." not in p:  # a bare name (every layer): no coordinate to key
+                continue
             a = parse(p)
             if not a.coords:
                 continue
@@ -341,6 +343,13 @@ class AsyncVLLMModel(ModelBase, TokensMixin):
         (engine/core/syncs.py); stopping returns each rank's {"syncs", "steps", "sites"}."""
         self._live()
         return await self._rpc("interp_syncs", on)
+
+    async def worker_ops(self, on: bool) -> list[dict]:
+        """Start (on=True) or stop counting the ops the workers dispatch around their steps, outside the
+        forward (engine/core/opcount.py); stopping returns each rank's {"steps", "labels", "ops", "sites"}:
+        labels "step" (before and after each forward) and "hooks" (inside the hooked backend's hooks)."""
+        self._live()
+        return await self._rpc("interp_ops", on)
 
     async def _submit(self, sub: Submission, key: str, on_output=None, on_done=None):
         """Run one request in the continuous batch; returns vLLM's final RequestOutput."""

@@ -1,19 +1,19 @@
-"""vllm-static's in-graph layer guard: no steering request's hidden state leaves a decoder layer
-inf or NaN.
+"""vllm-static's in-graph layer guard, and the one buffer where the graph leaves a step's tallies.
 
 A steer whose own result is finite can still overflow later (two adds of 3e38 at attn_out.0 and
 mlp_out.0 make resid_post.0 inf, and layer 1 then writes NaN keys and values into the KV cache).
 The hooked backends check every layer's output with Python hooks; vllm-static's forward is compiled
 (torch.compile on CPU, CUDA graphs on GPU), where hooks never run, so the loader wraps every decoder
 layer with this guard before compilation, whatever taps were declared. Inside the graph, with tensor
-ops only: the rows marked in `rows` (those of requests that steer, marked per step by
+ops only: the rows marked in the tally's MARK row (those of requests that steer, marked per step by
 StaticTaps.before; 0 elsewhere, so a plain request is never altered) whose stream left the layer
 non-finite, or so large that its squared norm overflows (`bounded`), become 0 (both halves of a
-(hidden, residual) pair), and `flag` keeps, per row, whether any layer did that in this step (layer
-0 writes it, later layers take the maximum). After the step, StaticTaps.after records the flagged
-rows in the worker's ledger (the request fails with NonFiniteSteer naming its steers when its ledger
-is read at collect; nothing is read back per step); the KV blocks such rows wrote are zeroed before
-they are handed to another request (engine/backends/vllm/worker/kv.py).
+(hidden, residual) pair), and the FLAG row keeps, per row, NaN where any layer or write tap did that in
+this step (each takes the maximum, which keeps NaN). After the step, StaticTaps.after records the
+flagged rows in the worker's ledger with the step's receipts, in one gather (the request fails with
+NonFiniteSteer naming its steers when its ledger is read at collect; nothing is read back per step),
+and clears both rows; the KV blocks such rows wrote are zeroed before they are handed to another
+request (engine/backends/vllm/worker/kv.py).
 """
 from __future__ import annotations
 
@@ -34,45 +34,77 @@ def bounded(x: torch.Tensor) -> torch.Tensor:
     return torch.isfinite(row_bounds(x)).unsqueeze(-1)
 
 
-class LayerGuard:
-    """The guard of every decoder layer of one model: two [rows, 1] buffers on the first layer."""
+class Tally:
+    """One float64 buffer [writes + 2, rows] on `holder`: row w, write tap w's change norm at each row
+    (the graph writes it every forward: the step's receipts); row MARK, the rows of steering requests
+    the guard watches this step; row FLAG, NaN at each such row that a write tap kept unsteered or a
+    layer zeroed (0 elsewhere). Between steps MARK and FLAG are 0."""
 
-    ROWS, FLAG = "_interp_guard_rows", "_interp_guard_flag"
+    NAME = "_interp_tally"
 
-    def __init__(self, layers: list[torch.nn.Module], tree: Tree, rows: int, device: torch.device,
-                 dtype: torch.dtype) -> None:
-        self.holder = layers[0]
-        for name in (self.ROWS, self.FLAG):
-            self.holder.register_buffer(name, torch.zeros((rows, 1), device=device, dtype=dtype), persistent=False)
-        self.dirty: tuple[int, int] | None = None  # rows [lo, hi) marked this step
-        for i, layer in enumerate(layers):
-            self._wrap(layer, i == 0, tree.pair, tree.batched)
-
-    @property
-    def rows(self) -> torch.Tensor:
-        return getattr(self.holder, self.ROWS)
+    def __init__(self, holder: torch.nn.Module, writes: int, rows: int, device: torch.device) -> None:
+        self.holder, self.writes, self.rows = holder, writes, rows
+        self.MARK, self.FLAG = writes, writes + 1
+        holder.register_buffer(self.NAME, torch.zeros((writes + 2, rows), device=device, dtype=torch.float64),
+                               persistent=False)
+        self.dirty: tuple[int, int] | None = None  # columns [lo, hi) marked this step
 
     @property
-    def flag(self) -> torch.Tensor:
-        return getattr(self.holder, self.FLAG)
+    def buf(self) -> torch.Tensor:
+        return getattr(self.holder, self.NAME)
 
     @property
     def nbytes(self) -> int:
-        return self.rows.nbytes + self.flag.nbytes
+        return self.buf.nbytes
 
-    def _wrap(self, layer: torch.nn.Module, first: bool, pair: bool, batched: bool) -> None:
-        holder, rows_name, flag_name = self.holder, self.ROWS, self.FLAG
+    # -- between steps (Python, outside the graph) -------------------------------------------------
+    def mark(self, rows: Rows, n_tokens: int) -> None:
+        """Mark these rows of the step (engine.core.step.Step.guard_rows: every row of each request
+        that steers) for this step: one fill."""
+        if not rows.spans:
+            return
+        if rows.index is None:
+            self.buf[self.MARK, :n_tokens].fill_(1.0)
+            self.dirty = (0, n_tokens)
+        else:
+            self.buf[self.MARK].index_fill_(0, rows.index.to(self.buf.device), 1.0)
+            self.dirty = (int(rows.flat.min()), int(rows.flat.max()) + 1)
+
+    def clear(self) -> None:
+        """No row marked or flagged (the state between steps): one fill of both rows' marked columns."""
+        if self.dirty is not None:
+            self.buf[self.MARK:, self.dirty[0]:self.dirty[1]].zero_()
+            self.dirty = None
+
+
+def flag(tally: torch.Tensor, row: int, n: int, bad: torch.Tensor) -> None:
+    """In the graph: NaN into the FLAG row at each of the first n rows where bad ([n] or [n, 1] bool)."""
+    f = tally[row, :n]
+    f.copy_(torch.maximum(f, torch.where(bad.reshape(n), _NAN, 0.0)))
+
+
+_NAN = float("nan")
+
+
+class LayerGuard:
+    """The guard of every decoder layer of one model, on the tally's MARK and FLAG rows."""
+
+    def __init__(self, layers: list[torch.nn.Module], tree: Tree, tally: Tally) -> None:
+        self.tally = tally
+        for layer in layers:
+            self._wrap(layer, tree.pair, tree.batched)
+
+    def _wrap(self, layer: torch.nn.Module, pair: bool, batched: bool) -> None:
+        holder, name, mark, flag_row = self.tally.holder, Tally.NAME, self.tally.MARK, self.tally.FLAG
         orig = layer.forward
 
         def guard(parts: list[torch.Tensor]) -> list[torch.Tensor]:  # tensor ops only: traced into the graph
             flat = [p.reshape(-1, p.shape[-1]) if batched else p for p in parts]
             n = flat[0].shape[0]
             stream = flat[0] if len(flat) == 1 else flat[0] + flat[1]
-            marked = getattr(holder, rows_name)[:n] > 0
-            bad = marked & ~bounded(stream)
-            flag = getattr(holder, flag_name)[:n]
-            hit = bad.to(flag.dtype)
-            flag.copy_(hit if first else torch.maximum(flag, hit))
+            tally = getattr(holder, name)
+            bad = (tally[mark, :n] > 0).unsqueeze(-1) & ~bounded(stream)
+            flag(tally, flag_row, n, bad)
             return [torch.where(bad, torch.zeros_like(p), p).reshape(q.shape) for p, q in zip(flat, parts)]
 
         def forward(*args, **kwargs):
@@ -84,22 +116,3 @@ class LayerGuard:
                 return (guard([out[0]])[0], *out[1:])
             return guard([out])[0]
         layer.forward = forward
-
-    # -- between steps (Python, outside the graph) -------------------------------------------------
-    def mark(self, rows: Rows, n_tokens: int) -> None:
-        """Mark these rows of the step (engine.core.step.Step.guard_rows: every row of each request
-        that steers) for this step."""
-        if not rows.spans:
-            return
-        if rows.index is None:
-            self.rows[:n_tokens] = 1.0
-            self.dirty = (0, n_tokens)
-        else:
-            self.rows.index_fill_(0, rows.index.to(self.rows.device), 1.0)
-            self.dirty = (int(rows.flat.min()), int(rows.flat.max()) + 1)
-
-    def clear(self) -> None:
-        """No row marked (the state between steps: a plain step's rows are never touched)."""
-        if self.dirty is not None:
-            self.rows[self.dirty[0]:self.dirty[1]].zero_()
-            self.dirty = None

@@ -1,152 +1,187 @@
-"""`vllm-static`: a tap set declared at load, baked into the forward as fixed buffers.
+"""`vllm-static`: a tap set declared at load, baked into the forward as fixed, stacked buffers.
 
-Each tap owns preallocated `[max_tokens, width]` buffers registered on the module it wraps: `cap`
-(the forward copies the point into it) and, for write taps, `pre` (the point before the write),
-`u`, `mul`, `add` (the forward applies y = (x - (x.u) u) * mul + add) and `bad` ([max_tokens, 1]:
-a row whose y is not finite keeps x, flagged there, and its request fails after the step; nothing
-non-finite reaches the KV cache). The wrapper is installed between weight loading and compilation,
-so torch.compile (CPU) and CUDA graphs (GPU) capture plain tensor ops on buffers with fixed
-addresses and no Python, no data-dependent control flow. Between steps, Python fills the write
-buffers for each steering request's rows (identity elsewhere) and copies each capturing request's
-rows out of `cap`. That per-row affine form composes add / set / scale / ablate / mean_ablate / swap
-in any order (values per position too: each row gets its own), and project_out (rescale with coeff
-0) when it comes first at a tap. Each op's form on these buffers is its row's `affine` in
-engine/core/ops.py (`Tap.fill` only gathers the rows and writes the result back); ops it cannot
-express (their row's `static` says why) are refused by name before a request runs, by the client's
-mode object (engine/backends/vllm/modes.py: StaticTapsMode.check_steer / check_steers).
+The taps of one per-position width share a `Bank` of buffers, each indexed by tap: `cap [taps, rows,
+width]` (the forward copies the point into it) and, for the write taps, `pre` (the point before the
+write) and `coef [writes, rows, 3, width]`, the per-row coefficients (u, mul, add) of y = (x - (x.u) u)
+* mul + add. Every write tap also leaves in the engine's one `Tally` (engine/backends/vllm/worker/
+guard.py) the norm of each row's change (float64: the step's receipts) and NaN in its FLAG row where y
+is not finite, or so large that its squared norm overflows (`bounded`): such a row keeps x, and its
+request fails after the step; nothing non-finite reaches the KV cache. The wrappers are installed between
+weight loading and compilation, so torch.compile (CPU) and CUDA graphs (GPU) capture plain tensor ops on
+buffers with fixed addresses and no Python, no data-dependent control flow.
 
-Receipts and the guard: after each step, the steering requests' rows of `pre` go through the same
-steer routine as the hooked backends (engine.core.site.steer), outside the graph, which records each
-steer's rows and change in the worker's ledger exactly as `vllm` and `eager` define them (the graph's
-affine arithmetic may round differently in the last bits), and NaN for a row the op makes non-finite:
-the same rows the graph's `bad` flag marks. The graph's own flags (a tap's `bad`, the layer guard's
-`flag`, engine/backends/vllm/worker/guard.py) go to the ledger too, on the device: nothing is read
-back per step, and the request fails when its ledger is read at collect. Between steps every write
-tap is the identity (`identity`), and the KV blocks a steering request's rows wrote are zeroed before
-they are handed to another request (engine/backends/vllm/worker/kv.py).
+Around each forward (the worker's step anchor), a step of ours does, whatever its layers, taps,
+steers, captures and requests:
+  before  one fill per bank: the step's coefficient rows, composed on the host from each steer's affine
+          form (engine/backends/vllm/worker/table.py, from the op's own row in engine/core/ops.py) and
+          written with one index_copy from a host-built index and table; and one fill of the guard's
+          MARK row;
+  after   one read: every steering row's receipt and flag, one gather from the tally into the ledger
+          (nothing read back: the request fails when its ledger is read at collect); one reset per bank
+          (the same rows back to the identity) and one of the MARK and FLAG rows; one gather per bank of
+          every capturing row; then the readouts.
+A decode step whose plans, rows and steers are the step before's, one position on, reuses that step's
+index and table (nothing depends on positions there). Ops the taps cannot express (their row's `static`
+says why) are refused by name before a request runs, by the client's mode object
+(engine/backends/vllm/modes.py: StaticTapsMode.check_steer / check_steers). The one exception to the
+constant: a request that composes several steers at one tap gets each steer's receipt by replaying its
+steers on that tap's `pre` rows (engine.core.site.steer), as every tap did before.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
+import numpy as np
 import torch
 
-from engine.backends.vllm.worker.guard import LayerGuard, bounded
+from engine.backends.vllm.worker.guard import LayerGuard, Tally, bounded, flag
+from engine.backends.vllm.worker.table import Form, compose, form_of, stacked
 from engine.backends.vllm.worker.tree import Tree, VSite
 from engine.core.address import Address
-from engine.core.errors import SteeringError
-from engine.core.ops import OPS, AffineRows
 from engine.core.site import readout, steer
-from engine.core.step import Step
+from engine.core.step import Step, upload
 
 if TYPE_CHECKING:
     from engine.core.steering import Steer
 
+HOST_GATHER = 1 << 20  # table rows gathered on the host up to this many elements, on the device above
+
+
+class Bank:
+    """The stacked buffers of the taps of one per-position width, registered on `holder`."""
+
+    def __init__(self, holder: torch.nn.Module, key: int, width: int, rows: int, taps: int, writes: int,
+                 device: torch.device, dtype: torch.dtype) -> None:
+        self.holder, self.width, self.rows, self.writes = holder, width, rows, writes
+        self.names = {k: f"_interp_bank{key}_{k}" for k in ("cap", "pre", "coef")}
+        holder.register_buffer(self.names["cap"], torch.zeros((taps, rows, width), device=device, dtype=dtype),
+                               persistent=False)
+        if writes:
+            holder.register_buffer(self.names["pre"], torch.zeros((writes, rows, width), device=device, dtype=dtype),
+                                   persistent=False)
+            coef = torch.zeros((writes, rows, 3, width), device=device, dtype=dtype)
+            coef[:, :, 1] = 1.0
+            holder.register_buffer(self.names["coef"], coef, persistent=False)
+            self.identity = torch.tensor([0.0, 1.0, 0.0], device=device, dtype=dtype)[:, None].expand(3, width)
+        self.dirty: torch.Tensor | None = None  # flat (write, row) index the last fill wrote
+
+    def buf(self, k: str) -> torch.Tensor:
+        return getattr(self.holder, self.names[k])
+
+    @property
+    def nbytes(self) -> int:
+        return sum(self.buf(k).nbytes for k in (("cap", "pre", "coef") if self.writes else ("cap",)))
+
+    def fill(self, index: torch.Tensor, values: torch.Tensor) -> None:
+        """Write coefficient rows [k, 3, width] at flat (write * rows + row) `index`: one index_copy."""
+        self.dirty = index
+        self.buf("coef").view(-1, 3, self.width).index_copy_(0, index, values)
+
+    def reset(self) -> None:
+        """The rows the last fill wrote back to the identity: one index_copy."""
+        if self.dirty is not None:
+            index, self.dirty = self.dirty, None
+            self.buf("coef").view(-1, 3, self.width).index_copy_(0, index, self.identity.expand(len(index), 3,
+                                                                                                 self.width))
+
 
 class Tap:
-    """Buffers and wrapper of one declared (point, layer)."""
+    """One declared (point, layer): its slot in its bank's `cap`, and for a write tap its slot in the
+    bank's `pre` and `coef` (`write`) and its receipt row in the tally (`row`); the wrapper on the module."""
 
-    def __init__(self, name: str, site: VSite, width: int, rows: int, writable: bool, device: torch.device,
-                 dtype: torch.dtype, index: int) -> None:
-        self.name, self.site, self.width, self.rows, self.writable = name, site, width, rows, writable
-        self.dirty: tuple | None = None  # rows [lo, hi) the last step filled (None: identity everywhere)
-        mod, p = site.module, f"_interp_tap{index}"
-        self.orig = mod.forward  # the module's own forward, before the tap wraps it (a lens readout's norm)
-        self.attrs = {k: f"{p}_{k}" for k in ("cap", "pre", "u", "mul", "add", "bad")}
-        def buffer(k, fill):
-            mod.register_buffer(self.attrs[k], torch.full((rows, width), fill, device=device, dtype=dtype),
-                                persistent=False)
-        buffer("cap", 0.0)
-        if writable:
-            buffer("pre", 0.0)
-            buffer("u", 0.0)
-            buffer("mul", 1.0)
-            buffer("add", 0.0)
-            mod.register_buffer(self.attrs["bad"], torch.zeros((rows, 1), device=device, dtype=dtype),
-                                persistent=False)
+    def __init__(self, name: str, site: VSite, bank: Bank, slot: int, write: int | None, tally: Tally,
+                 row: int | None) -> None:
+        self.name, self.site, self.bank, self.slot, self.write, self.tally = name, site, bank, slot, write, tally
+        self.row = row
+        self.width = bank.width
+        self.writable = write is not None
+        self.orig = site.module.forward  # the module's own forward, before the tap wraps it (a lens readout's norm)
         self._wrap()
 
     def buf(self, k: str) -> torch.Tensor:
-        return getattr(self.site.module, self.attrs[k])
+        """This tap's [rows, width] view of a bank buffer ("cap", "pre", "u", "mul", "add"), or its
+        receipt row of the tally ("change")."""
+        if k == "cap":
+            return self.bank.buf("cap")[self.slot]
+        if k == "change":
+            return self.tally.buf[self.row]
+        if k == "pre":
+            return self.bank.buf("pre")[self.write]
+        return self.bank.buf("coef")[self.write, :, ("u", "mul", "add").index(k)]
 
     def shape(self, head_dim: int | None, head: bool = False) -> tuple:
         """The per-position shape of the point (one head's, with a head coordinate)."""
         full = (self.width // head_dim, head_dim) if head_dim else (self.width,)
         return full[1:] if head else full
 
-    @property
-    def nbytes(self) -> int:
-        names = ("cap", "pre", "u", "mul", "add", "bad") if self.writable else ("cap",)
-        return sum(self.buf(k).nbytes for k in names)
-
     def _wrap(self) -> None:
-        site, mod, names, writable = self.site, self.site.module, self.attrs, self.writable
+        site, mod, holder, names = self.site, self.site.module, self.bank.holder, self.bank.names
+        slot, w, row, tholder, flag_row = self.slot, self.write, self.row, self.tally.holder, self.tally.FLAG
         orig = mod.forward
 
         def tap(t):  # tensor ops only: traced into the compiled graph
             n = t.shape[0]
             x = t.reshape(n, -1)
-            if writable:
-                getattr(mod, names["pre"])[:n].copy_(x)
-                u = getattr(mod, names["u"])[:n]
+            if w is not None:
+                getattr(holder, names["pre"])[w, :n].copy_(x)
+                co = getattr(holder, names["coef"])[w, :n]
+                u = co[:, 0]
                 y = x - (x * u).sum(-1, keepdim=True) * u
-                y = y * getattr(mod, names["mul"])[:n] + getattr(mod, names["add"])[:n]
+                y = y * co[:, 1] + co[:, 2]
+                tally = getattr(tholder, Tally.NAME)
+                tally[row, :n].copy_(torch.linalg.vector_norm(y - x, dim=-1, dtype=torch.float64))  # the receipt
                 # a row the steer made non-finite (or so large that its squared norm overflows: every
                 # norm after it would divide by inf) keeps its unsteered value (it must never reach the
                 # KV cache) and is flagged for after() to fail its request
                 ok = bounded(y) | ~bounded(x)
-                getattr(mod, names["bad"])[:n].copy_((~ok).to(y.dtype))
+                flag(tally, flag_row, n, ~ok)
                 x = torch.where(ok, y, x)
-            getattr(mod, names["cap"])[:n].copy_(x)
+            getattr(holder, names["cap"])[slot, :n].copy_(x)
             return x.reshape(t.shape)
 
         if site.phase == "pre":
             def forward(*args, **kwargs):
                 new = tap(site.get((args, kwargs)))
-                if writable:
+                if w is not None:
                     args, kwargs = site.put((args, kwargs), new)
                 return orig(*args, **kwargs)
         else:
             def forward(*args, **kwargs):
                 out = orig(*args, **kwargs)
                 new = tap(site.get(out))
-                return site.put(out, new) if writable else out
+                return site.put(out, new) if w is not None else out
         mod.forward = forward
 
-    # -- between steps (Python, outside the graph) -------------------------------------------------
-    def reset(self, lo: int = 0, hi: int | None = None) -> None:
-        """Back to identity on rows [lo, hi) (all rows by default): only the rows a step filled, not the
-        whole [max_tokens, width] buffers (three of them per tap, every step)."""
-        self.buf("u")[lo:hi].zero_()
-        self.buf("mul")[lo:hi].fill_(1.0)
-        self.buf("add")[lo:hi].zero_()
-
+    # -- a tool for tests: one steer composed into this tap's rows on the device --------------------------
     def fill(self, rows: "torch.Tensor | slice", steer: Steer, head_dim: int | None,
              value: torch.Tensor | None = None) -> None:
-        """Compose one steer into the write buffers at the given flat rows (an index tensor, or a slice
-        for a contiguous run); `value` is its value for those rows (engine.core.step.Step.steer_rows:
-        [n, *shape] one per row, or one [*shape] / scalar for every row)."""
+        """Compose one steer into the coefficients at the given flat rows with its op's affine form (the
+        steps compose on the host instead: table.compose); `value` its value for those rows."""
         u, mul, add = self.buf("u"), self.buf("mul"), self.buf("add")
-        cols = slice(None)
-        # a bound steer (engine.core.steering.Steer.bound): its address is an Address, its value a tensor or None
-        if steer.address.coords:  # type: ignore[union-attr]
-            (_, h), = steer.address.coords  # type: ignore[union-attr]
-            h = h % (self.width // head_dim)
-            cols = slice(h * head_dim, (h + 1) * head_dim)
-        v = steer.value if value is None else value
-        if v is not None:
-            v = v.to(mul.device, mul.dtype)  # type: ignore[union-attr]
-            n = rows.stop - rows.start if isinstance(rows, slice) else rows.numel()
-            per_row = v.dim() > len(self.shape(head_dim, bool(steer.address.coords)))  # type: ignore[union-attr]
-            v = v.reshape(n, -1) if per_row else (v if v.dim() == 0 else v.reshape(-1))
-        op = OPS[steer.op]
-        why = op.static_refusal(steer)
-        if why or op.affine is None:
-            raise SteeringError(f"vllm-static cannot apply {steer.op!r}: {why}.")
-        # the op's own affine form (engine/core/ops.py), composed onto these rows' coefficients
-        new = op.affine(AffineRows(u[rows, cols], mul[rows, cols], add[rows, cols]), v, steer)
-        u[rows, cols], mul[rows, cols], add[rows, cols] = new.u, new.mul, new.add
+        form = form_of(steer if value is None else steer.at(steer.address, value), self.width, head_dim, u.device)
+        a, b = (torch.from_numpy(f).to(u.device, u.dtype) for f in (form.a, form.b))
+        c = form.cols
+        if form.u is not None:
+            u[rows, c] = torch.from_numpy(form.u).to(u.device, u.dtype)
+        mul[rows, c], add[rows, c] = mul[rows, c] * a, add[rows, c] * a + b
+
+    def reset(self) -> None:
+        """Every row of this tap the identity again."""
+        self.buf("u").zero_()
+        self.buf("mul").fill_(1.0)
+        self.buf("add").zero_()
+
+
+def lone_tap(name: str, site: VSite, width: int, rows: int, writable: bool, device: "torch.device | str",
+             dtype: torch.dtype) -> Tap:
+    """A tap with a bank and tally of its own on its module (tests and tools)."""
+    device = torch.device(device)
+    tally = Tally(site.module, int(writable), rows, device)
+    return Tap(name, site, Bank(site.module, 0, width, rows, 1, int(writable), device, dtype), 0,
+               0 if writable else None, tally, 0 if writable else None)
 
 
 def width_of(site: VSite, point: str, d_model: int) -> int:
@@ -164,29 +199,49 @@ def width_of(site: VSite, point: str, d_model: int) -> int:
 
 
 class StaticTaps:
-    """All taps of one engine, plus the per-step fill and harvest."""
+    """All taps of one engine, plus the per-step fill, read and reset (the module docstring)."""
 
     def __init__(self) -> None:
         self.taps: dict[str, Tap] = {}  # address str (no coords) -> Tap
         self.head_dim: dict[str, int | None] = {}  # None: the point has no head axis
-        self.guard: LayerGuard | None = None  # every decoder layer's (engine/backends/vllm/worker/guard.py)
+        self.banks: list[Bank] = []
+        self.tally: Tally | None = None
+        self.forms: dict[int, tuple[Any, Form]] = {}  # id(steer) -> (steer, its form), for the registered plans
+        self._carry: tuple | None = None  # (step, what its before/after built), for the next step one position on
 
     def install(self, declared: list[tuple[Address, bool]], site_of: Callable[[Address], VSite], d_model: int,
-                rows: int, device: torch.device, dtype: torch.dtype, head_dims: dict[str, int]) -> None:
-        for i, (addr, writable) in enumerate(declared):
-            site = site_of(addr)
-            self.taps[str(addr)] = Tap(str(addr), site, width_of(site, addr.point, d_model), rows,
-                                       writable and site.write_refused is None, device, dtype, i)
-            self.head_dim[str(addr)] = head_dims.get(addr.point)
+                rows: int, device: torch.device, dtype: torch.dtype, head_dims: dict[str, int],
+                holder: torch.nn.Module) -> None:
+        """Taps at the declared sites (writable where asked and the site allows), their buffers stacked
+        per width on `holder` (a module inside the compiled forward), and the tally."""
+        sites = [(a, site_of(a)) for a, _ in declared]
+        writable = [w and s.write_refused is None for (_, w), (_, s) in zip(declared, sites)]
+        widths = [width_of(s, a.point, d_model) for a, s in sites]
+        self.tally = Tally(holder, sum(writable), rows, device)
+        banks: dict[int, Bank] = {}
+        for width in dict.fromkeys(widths):
+            n = widths.count(width)
+            k = sum(w for w, x in zip(writable, widths) if x == width)
+            banks[width] = Bank(holder, len(banks), width, rows, n, k, device, dtype)
+        self.banks = list(banks.values())
+        used = {w: [0, 0] for w in banks}
+        write = 0
+        for (a, s), width, wr in zip(sites, widths, writable):
+            slot, wslot = used[width]
+            used[width] = [slot + 1, wslot + int(wr)]
+            self.taps[str(a)] = Tap(str(a), s, banks[width], slot, wslot if wr else None, self.tally,
+                                    write if wr else None)
+            self.head_dim[str(a)] = head_dims.get(a.point)
+            write += int(wr)
 
-    def install_guard(self, layers: list[torch.nn.Module], tree: Tree, rows: int, device: torch.device,
-                      dtype: torch.dtype) -> None:
+    def install_guard(self, layers: list[torch.nn.Module], tree: Tree) -> None:
         """The layer guard on every decoder layer, outside any tap there (after install)."""
-        self.guard = LayerGuard(layers, tree, rows, device, dtype)
+        assert self.tally is not None, "install the taps first"
+        LayerGuard(layers, tree, self.tally)
 
     @property
     def nbytes(self) -> int:
-        return sum(t.nbytes for t in self.taps.values()) + (self.guard.nbytes if self.guard is not None else 0)
+        return sum(b.nbytes for b in self.banks) + (self.tally.nbytes if self.tally is not None else 0)
 
     # -- the worker's mode (engine/backends/vllm/worker/extension.py: HookSites is the hooked one) --------
     def site_key(self, addr: Address) -> str:
@@ -194,7 +249,22 @@ class StaticTaps:
         return str(addr)
 
     def attach(self, work: dict) -> list:
-        """Nothing to attach: the taps are part of the compiled forward."""
+        """Nothing to attach (the taps are part of the compiled forward): each registered steer's affine
+        form, once per change of the plans (table.form_of: device work and a copy to the host, here and
+        not in a step). A steer whose form fails keeps its error, raised by the step that fills it."""
+        forms: dict = {}
+        for name, w in work.items():
+            tap = self.taps.get(name)
+            if tap is None or not tap.writable:
+                continue
+            for g in w.steers:
+                for _, _, st in g.members:
+                    if id(st) not in forms:
+                        try:
+                            forms[id(st)] = (st, form_of(st, tap.width, self.head_dim[name], tap.bank.buf("coef").device))
+                        except Exception as e:  # noqa: BLE001  (raised where it is filled: the step's plans fail)
+                            forms[id(st)] = (st, e)
+        self.forms, self._carry = forms, None
         return []
 
     def original_forward(self, name: str) -> Callable[..., Any] | None:
@@ -209,91 +279,196 @@ class StaticTaps:
         info["tap"] = tap is not None
         info["writable"] = bool(tap is not None and tap.writable)
 
+    def shape_of(self, name: str) -> tuple:
+        tap, hd = self.taps[name], self.head_dim[name]
+        return (tap.width // hd, hd) if hd else (tap.width,)
+
+    # -- a step -----------------------------------------------------------------------------------------
     def before(self, step: Step, work: dict) -> None:
-        """Fill each write tap's buffers for the steering rows of this step (identity elsewhere) and
-        mark the rows of every steering request for the layer guard; work: tap name -> SiteWork of the
-        registered plans (steers already local to this rank). A fill that fails leaves every buffer
-        the identity again before the error goes on (the step's plans fail; nothing stays applied)."""
-        if step.n_tokens > max((t.rows for t in self.taps.values()), default=math.inf):
+        """Mark the steering requests' rows for the layer guard and write this step's coefficient rows
+        (identity elsewhere): one fill each. work: tap name -> SiteWork of the registered plans (steers
+        already local to this rank). A fill that fails leaves every buffer the identity again before the
+        error goes on (the step's plans fail; nothing stays applied)."""
+        if step.n_tokens > max((b.rows for b in self.banks), default=math.inf):
             raise RuntimeError(f"step of {step.n_tokens} tokens exceeds the tap buffers; raise max_num_batched_tokens")
         self.identity()  # normally already (after() ends every step so); a step whose end never ran left rows
         try:
-            if self.guard is not None:
-                self.guard.mark(step.guard_rows(), step.n_tokens)
-            for name, tap in self.taps.items():
-                if tap.writable:
-                    self._fill(step, name, tap, work[name].steers if name in work else [])
+            assert self.tally is not None
+            self.tally.mark(step.guard_rows(), step.n_tokens)
+            fill = self._fill_of(step, work)
+            for bank, index, values in fill.writes:
+                bank.fill(index, values)
         except BaseException:
             self.identity()
             raise
 
-    def _fill(self, step: Step, name: str, tap: Tap, groups: list) -> None:
-        filled = [(g, *step.steer_rows(g, tap.shape(self.head_dim[name], bool(g.steer.address.coords))))
-                  for g in groups]
-        filled = [(g, rows, v) for g, rows, v in filled if rows.spans]
-        if not filled:
-            return
-        # marked before filling, so a fill that fails midway is undone too
-        tap.dirty = (min(int(r.flat.min()) for _, r, _ in filled), max(int(r.flat.max()) for _, r, _ in filled) + 1)
-        for g, rows, v in filled:
-            at = slice(0, step.n_tokens) if rows.index is None else rows.index.to(tap.buf("mul").device)
-            tap.fill(at, g.steer, self.head_dim[name], v)
-
     def identity(self) -> None:
-        """Every write tap the identity on every row again and no row marked for the guard: the state
+        """Every write tap the identity on every row again and no row marked or flagged: the state
         outside a step, so a step the engine runs without starting one of ours (no registered plan has
         rows in it) applies nothing a finished request left behind (old code reset the rows a step
         filled only when it started the next step of its own: a benign steer stayed applied to every
         plain request after it)."""
-        for tap in self.taps.values():
-            if tap.dirty is not None:
-                tap.reset(*tap.dirty)
-                tap.dirty = None
-        if self.guard is not None:
-            self.guard.clear()
+        for bank in self.banks:
+            bank.reset()
+        if self.tally is not None:
+            self.tally.clear()
 
     def after(self, step: Step, work: dict) -> None:
-        """Back to the identity (before anything else); then record in the ledger, for every row of a
-        steering request, whether a tap kept it unsteered (its steer made it non-finite or unbounded)
-        or the layer guard zeroed it (its request fails when the ledger is read at collect); nothing is
-        read back. Then replay this step's steers on the `pre` rows through the shared routine
-        (receipts), copy each capturing plan's rows out of the capture buffers and feed the readouts."""
-        self.identity()
-        self._guarded(step, work)
-        for name, w in work.items():
-            tap = self.taps[name]
-            if w.steers and tap.writable:  # the graph already applied them: tallies only
-                cur = tap.buf("pre")[:step.n_tokens].reshape(step.n_tokens, *self.shape_of(name))
-                for g in w.steers:
-                    cur = steer(cur, step, g)
-            if w.reads:
-                cap = tap.buf("cap")[:step.n_tokens].reshape(step.n_tokens, *self.shape_of(name))
-                for r in w.reads:
-                    step.capture(r, cap)
-        # readouts last: a lens readout runs the final norm and head, whose taps' buffers it may write
-        for name, w in work.items():
+        """Back to the identity (first); the step's receipts and flags into the ledger, one gather, then
+        the MARK and FLAG rows cleared; each capturing plan's rows, one gather per bank; the readouts.
+        Nothing is read back (a request the flags fail fails when its ledger is read at collect)."""
+        assert self.tally is not None
+        for bank in self.banks:
+            bank.reset()
+        try:
+            fill = self._fill_of(step, work)
+            if fill.read is not None:
+                index, plan, steer_index, at, codes = fill.read
+                norms = self.tally.buf.view(-1).index_select(0, index)
+                step.ledger.record(plan, steer_index, at, norms, codes, fill.shift)
+        finally:
+            self.tally.clear()
+        for name in fill.replay:  # a tap where a request composes several steers: each one's receipt
+            w = work[name]
+            cur = self.taps[name].buf("pre")[:step.n_tokens].reshape(step.n_tokens, *self.shape_of(name))
+            for g in w.steers:
+                cur = steer(cur, step, g)
+        self._capture(step, work)
+        for name, w in work.items():  # readouts last (a lens readout runs the final norm, bypassing its tap)
             if w.readouts:
-                cap = self.taps[name].buf("cap")[:step.n_tokens].reshape(step.n_tokens, *self.shape_of(name)).clone()
+                cap = self.taps[name].buf("cap")[:step.n_tokens].reshape(step.n_tokens, *self.shape_of(name))
                 for o in w.readouts:
                     readout(cap, step, o)
 
-    def _guarded(self, step: Step, work: dict) -> None:
-        """The graph's flags of this step, on the device: a row of a steering request is bad where a
-        write tap kept it unsteered or the layer guard zeroed it; recorded under GUARD (the request
-        fails at collect, naming its steers)."""
-        rows = step.guard_rows()
-        if not rows.spans:
-            return
-        n = step.n_tokens
-        flags = [self.guard.flag[:n]] if self.guard is not None else []
-        flags += [self.taps[name].buf("bad")[:n] for name, w in work.items()
-                  if w.steers and self.taps[name].writable]
-        if not flags:
-            return
-        bad = torch.stack([f.reshape(n) for f in flags]).amax(0) > 0  # [n] bool
-        mine = bad if rows.index is None else bad.index_select(0, rows.index)
-        step.ledger.record(rows.plan, rows.steer, rows.at, torch.where(mine, torch.nan, 0.0), rows.codes, rows.shift)
+    # -- what a step writes and reads, built on the host once (or carried from the step before) ----------
+    def _fill_of(self, step: Step, work: dict) -> Fill:
+        """This step's Fill: built in before(), reused in after(); a step one position on from the one
+        before (engine.core.step.one_on), whose steers do not depend on positions, takes that one's."""
+        c = self._carry
+        if c is not None and c.step is step:
+            return c
+        if c is not None and c.free and step.prev is not None and c.step is step.prev:
+            new = dataclasses.replace(c, step=step, shift=c.shift + 1, capture=None)
+            new.capture = None if c.capture is None or not c.capture.free else \
+                dataclasses.replace(c.capture, shift=c.capture.shift + 1)
+        else:
+            new = self._build(step, work)
+        self._carry = new
+        return new
 
-    def shape_of(self, name: str) -> tuple:
-        tap, hd = self.taps[name], self.head_dim[name]
-        return (tap.width // hd, hd) if hd else (tap.width,)
+    def _form(self, st: Any, tap: Tap, name: str) -> Form:
+        got = self.forms.get(id(st))
+        if got is None:  # not attached (a step run by hand): made now
+            got = self.forms[id(st)] = (st, form_of(st, tap.width, self.head_dim[name], tap.bank.buf("coef").device))
+        if isinstance(got[1], Exception):
+            raise got[1]
+        return got[1]
+
+    def _build(self, step: Step, work: dict) -> Fill:
+        """The step's coefficient rows per bank (index and values on the device), and the index of every
+        steering row's receipt and flag in the tally with their ledger labels (host)."""
+        assert self.tally is not None
+        per_bank: dict[int, tuple[Bank, list, list, list]] = {}
+        labels = []
+        guarded = step.guard_rows()
+        if guarded.spans:
+            labels.append((self.tally.FLAG * self.tally.rows + guarded.flat, guarded))
+        free, replay = True, []
+        for name, w in work.items():
+            tap = self.taps.get(name)
+            if not w.steers or tap is None or tap.write is None:
+                continue
+            parts, sets = [], []
+            for g in w.steers:
+                rows, carried = step.steer_geometry(g, tap.shape(self.head_dim[name], bool(g.steer.address.coords)))
+                if not rows.spans:
+                    continue
+                free = free and carried
+                form, starts = stacked([self._form(m[2], tap, name) for m, _, _ in rows.spans])
+                code = np.repeat(starts, rows.counts)
+                parts.append((form, rows.flat, code + rows.pos if form.lead else code))
+                sets.append(rows)
+            if not parts:
+                continue
+            flat, table, which = compose(parts, tap.width)
+            bank, idx, tables, whiches = per_bank.setdefault(id(tap.bank), (tap.bank, [], [], []))
+            idx.append(tap.write * bank.rows + flat)
+            whiches.append(which + sum(len(t) for t in tables))
+            tables.append(table)
+            if len(flat) < sum(r.m for r in sets):  # a row takes several steers here: replayed for receipts
+                replay.append(name)
+            else:
+                labels += [(tap.row * self.tally.rows + r.flat, r) for r in sets]  # type: ignore[operator]
+        writes = []
+        for bank, idx, tables, whiches in per_bank.values():
+            coef = bank.buf("coef")
+            table, which = np.concatenate(tables), np.concatenate(whiches)
+            if len(which) * table[0].size <= HOST_GATHER:  # the step's rows gathered on the host: one upload
+                values = torch.from_numpy(table[which]).to(coef.device, coef.dtype, non_blocking=True)
+            else:  # many rows: the distinct ones uploaded, gathered on the device
+                values = torch.from_numpy(table).to(coef.device, coef.dtype, non_blocking=True).index_select(
+                    0, upload(which, coef.device))
+            writes.append((bank, upload(np.concatenate(idx), coef.device), values))
+        read = None
+        if labels:
+            read = (upload(np.concatenate([i for i, _ in labels]), self.tally.buf.device),
+                    np.concatenate([r.plan for _, r in labels]), np.concatenate([r.steer for _, r in labels]),
+                    np.concatenate([r.pos for _, r in labels]), frozenset().union(*(r.codes for _, r in labels)))
+        return Fill(step, writes, read, replay, free)
+
+    def _capture(self, step: Step, work: dict) -> None:
+        """Every capturing plan's rows of every tap: one gather per bank, split into each plan's views."""
+        fill = self._carry
+        assert fill is not None and fill.step is step
+        if fill.capture is None:
+            fill.capture = self._captures_of(step, work)
+        cap, shift = fill.capture, fill.capture.shift
+        for bank, index, dist in cap.gathers:
+            block = bank.buf("cap").view(-1, bank.width).index_select(0, index)
+            for (key, coord, shape, members, counts), piece in zip(dist, block.split([sum(d[4]) for d in dist])):
+                t = piece.reshape(piece.shape[0], *shape)
+                t = t if coord is None else t[:, coord]
+                for (plan, p0, _), part in zip(members, t.split(counts)):
+                    plan.add(key, p0 + shift, part)
+
+    def _captures_of(self, step: Step, work: dict) -> Captures:
+        per_bank: dict[int, tuple[Bank, list, list]] = {}
+        free = True
+        for name, w in work.items():
+            tap = self.taps.get(name)
+            if not w.reads or tap is None:
+                continue
+            for r in w.reads:
+                rows = step.read_rows(r)
+                if not rows.members:
+                    continue
+                free = free and rows.m == sum(sp.n for p, _, _ in rows.members if (sp := step.span(p)) is not None)
+                bank, idx, dist = per_bank.setdefault(id(tap.bank), (tap.bank, [], []))
+                idx.append(tap.slot * bank.rows + rows.flat)
+                dist.append((r.key, r.coord, self.shape_of(name), rows.members, rows.counts))
+        gathers = [(bank, upload(np.concatenate(idx), bank.buf("cap").device), dist)
+                   for bank, idx, dist in per_bank.values()]
+        return Captures(gathers, free)
+
+
+@dataclass(eq=False)
+class Captures:
+    """One step's capture gathers: per bank the flat (tap, row) index and, in its order, (capture key,
+    coordinate, per-position shape, members (plan, first position, rows), rows per member)."""
+    gathers: list
+    free: bool  # every plan's every row: a step one position on reads the same rows
+    shift: int = 0
+
+
+@dataclass(eq=False)
+class Fill:
+    """What one step writes and reads (StaticTaps._build): per bank (bank, flat index, coefficient rows);
+    the tally gather with its ledger labels (index, plan codes, steer indices, positions less `shift`,
+    distinct codes); taps whose receipts are replayed; whether nothing depends on positions."""
+    step: Step
+    writes: list
+    read: tuple | None
+    replay: list
+    free: bool
+    shift: int = 0
+    capture: Captures | None = None
