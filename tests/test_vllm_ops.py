@@ -10,13 +10,13 @@ taps express and every value form. Hooked `vllm`: nothing outside its hooks; the
 the sites they run at, within the bounds below (docs/performance.md states them).
 
 On the base of issue 52 (c1870ac0) a vllm-static step filled, reset, flagged and replayed every tap in
-turn: 33 ops a step for four requests steering every write tap here, 10 for capture alone."""
+turn, and copied each capture key's rows alone: 59 to 95 ops a step for four requests steering every write
+tap of the d_model bank here (17 for one steer), 7 for capture of every point, 22 to 39 with two readouts."""
 from __future__ import annotations
 
 import tempfile
 
 import pytest
-import torch
 
 from engine.core.readouts import Mean, Norm, Readout
 from engine.core.results import Request
@@ -96,18 +96,18 @@ def test_a_static_prefill_step_is_the_same_constant(engines):
     steer = [Steer(a, "add", random_vector((d,), i)) for i, a in enumerate(d_model_write_taps(m))]
     one = counted(m, lambda: m.run_with_cache(PROMPTS[0], ["resid_post.1"], steer=steer[:1]))["per_step"]
     every = counted(m, lambda: m.run_with_cache(PROMPTS, ["resid_post", "attn_out"], steer=steer))["per_step"]
-    assert one == every == [6], (one, every)
+    assert set(one) == set(every) == {6}, (one, every)  # the scheduler may take the four prompts in two steps
 
 
 def _every_op(m) -> list[list[Steer]]:
-    d, n = m.d_model, 12
-    v, pos_v = random_vector((d,), 3), random_vector((n + 8, d), 4, 1.0)
+    d, n = m.d_model, 48
+    v, pos_v = random_vector((d,), 3), random_vector((n, d), 4, 1.0)
     sae = str(write_random_sae(tempfile.mkdtemp(prefix="ops-sae-"), "standard", d, 16, seed=0))
     return [[Steer("resid_post.1", "add", v)], [Steer("resid_post.1", "set", v, "last")],
             [Steer("resid_post.1", "scale", 0.5, "generated")], [Steer("resid_post.1", "ablate", positions=slice(2, 5))],
             [Steer("resid_post.1", "mean_ablate", v, positions=[1, 3])], [Steer("resid_post.1", "project_out", v)],
             [Steer("resid_post.1", "rescale", v, coeff=0.0)], [Steer("resid_post.1", "swap", pos_v)],
-            [Steer("resid_post.1", "add", pos_v, positions=(0, 20), exclude=[0])],
+            [Steer("resid_post.1", "add", pos_v, positions=(0, n), exclude=[0])],
             [Steer("resid_post.1", "scale", pos_v.abs())], [Steer("z.1.head-2", "set", random_vector((64,), 5))],
             [Steer("resid_post.1", "feature_add", sae=sae, feature=[1, 3], coeff=2.0)]]
 
@@ -115,7 +115,8 @@ def _every_op(m) -> list[list[Steer]]:
 def test_every_op_and_value_form_the_taps_express_costs_the_same(engines):
     m = engines("vllm-static")
     counts = {f"{s[0].op} {s[0].address} {s[0].positions}": steps(m, reqs(m, 2, ["resid_post.1"], s)) for s in _every_op(m)}
-    assert {c for per in counts.values() for c in per} == {6}, counts
+    seen = {c for per in counts.values() for c in per}
+    assert max(seen) == 6 and seen <= {4, 6}, counts  # 4: a step where the steer touches no row (no fill, no reset)
 
 
 def test_readouts_cost_their_own_ops_not_the_requests(engines):
@@ -126,7 +127,9 @@ def test_readouts_cost_their_own_ops_not_the_requests(engines):
     st = [Steer("resid_post.0", "add", random_vector((m.d_model,), 6))]
     one = steps(m, reqs(m, 1, steer=st, readouts=ro))
     four = steps(m, reqs(m, 4, steer=st, readouts=ro))
-    assert max(one) == max(four) <= STEERING, (one, four)
+    # decode steps alike; a step where one request prefills while others decode computes the per-position
+    # readout's rows at once rather than deferring them (engine.core.site.readout): one op more
+    assert min(one) == min(four) and max(one) <= max(four) <= max(one) + 1 <= STEERING, (one, four)
 
 
 def test_a_worker_counts_nothing_unless_asked(engines):

@@ -1,6 +1,6 @@
-"""Count the tensor operations the engine dispatches around a forward: on a GPU each one is a kernel
-launch (or an allocation), paid on the host every step whether the forward itself is a replayed CUDA
-graph or not.
+"""Count the tensor operations the engine dispatches around a forward, and time the host work: on a GPU
+each op is a kernel launch (or an allocation), paid on the host every step whether the forward itself is a
+replayed CUDA graph or not.
 
     c = OpCounter()
     with c.window("step"):       # any number of windows, each adds to its label
@@ -12,12 +12,14 @@ reshape, expand, split: metadata only, no kernel on any device) are not counted;
 (factories, copies, reductions, index_put / index_select, fills). The forward itself runs outside
 the windows: under CUDA graphs it is one replay, and on a CPU the compiled graph's own ops are what a
 graph would replay, so they are left out the same way. Host arrays (numpy) are host work, not ops.
-The sync counter (engine/core/syncs.py) counts the host reads among them.
+The sync counter (engine/core/syncs.py) counts the host reads among them. `StepTimer` times the same
+windows on the host clock (without the counter, whose own dispatch would be timed too).
 """
 from __future__ import annotations
 
 import contextlib
 import sys
+import time
 from collections import Counter
 from pathlib import Path
 from typing import Any, Iterator
@@ -70,3 +72,18 @@ class OpCounter(TorchDispatchMode):
     def report(self) -> dict:
         """{"labels", "ops", "sites"} as plain dicts (for an RPC reply)."""
         return {"labels": dict(self.labels), "ops": dict(self.ops), "sites": dict(self.sites)}
+
+
+class StepTimer:
+    """Host seconds spent inside its windows, per label (the worker's before / after a forward, its hooks)."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+
+    @contextlib.contextmanager
+    def window(self, label: str) -> Iterator[None]:
+        t = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[label] = self.seconds.get(label, 0.0) + time.perf_counter() - t

@@ -82,6 +82,10 @@ class VLLMModel(OnLoop):
         """Count the ops the workers dispatch around their steps (AsyncVLLMModel.worker_ops)."""
         return self._run(self.aio.worker_ops(on))
 
+    def worker_timing(self, on: bool) -> list[dict]:
+        """Time the host work of the workers around their steps (AsyncVLLMModel.worker_timing)."""
+        return self._run(self.aio.worker_timing(on))
+
 
 # -- loading ----------------------------------------------------------------------------------------
 def _declared(spec, n_layers: int) -> list[Address]:

@@ -37,7 +37,7 @@ from engine.backends.vllm.worker.tree import resolve, tree_for
 from engine.core.address import Address, parse
 from engine.core.errors import UnsupportedPointError
 from engine.core.ledger import GUARD, Ledger
-from engine.core.opcount import OpCounter
+from engine.core.opcount import OpCounter, StepTimer
 from engine.core.plan import Plan, Span, site_work
 from engine.core.points import POINTS
 from engine.core.readouts import Env, bind, parts_of
@@ -126,6 +126,7 @@ class WorkerState:
         self.last: Step | None = None  # the step before, while the registered plans stay: rows carry from it
         self.syncs: SyncCounter | None = None  # counting host reads inside steps (interp_syncs)
         self.ops: OpCounter | None = None  # counting the ops dispatched around each forward (interp_ops)
+        self.timer: StepTimer | None = None  # timing the host work around each forward (interp_timing)
         self.op_steps: list[int] = []  # while counting ops: each step's count ("step" windows)
         self._op_start: int | None = None  # the count when this step began
         self.steps = 0  # steps that ran a registered plan since counting began
@@ -237,8 +238,15 @@ class WorkerState:
             self.end_handle = self.end_module.register_forward_hook(self._end)
 
     def _counted(self, label: str):
-        """A window of the op counter (engine/core/opcount.py) while one counts, else nothing."""
-        return self.ops.window(label) if self.ops is not None else contextlib.nullcontext()
+        """A window of the op counter (engine/core/opcount.py) and of the step timer, while either runs."""
+        if self.ops is None and self.timer is None:
+            return contextlib.nullcontext()
+        stack = contextlib.ExitStack()
+        if self.timer is not None:
+            stack.enter_context(self.timer.window(label))
+        if self.ops is not None:
+            stack.enter_context(self.ops.window(label))
+        return stack
 
     def _at_site(self, work, t):
         step = self.step
@@ -287,7 +295,7 @@ class WorkerState:
             return
         if self.syncs is not None:  # counted from here to the end of the step (_end)
             self.syncs.__enter__()
-        if self.syncs is not None or self.ops is not None:
+        if self.syncs is not None or self.ops is not None or self.timer is not None:
             self.steps += 1
         if self.ops is not None:
             self._op_start = self.ops.count("step")  # this step's count is taken at _end
@@ -360,6 +368,16 @@ class WorkerState:
         per_step, self.op_steps = self.op_steps, []
         return {"steps": steps, "per_step": per_step,
                 **(c.report() if c is not None else {"labels": {}, "ops": {}, "sites": {}})}
+
+    def time_steps(self, on: bool) -> dict:
+        """Start (on) or stop timing the host work around this rank's steps ("step": before and after each
+        forward; "hooks": inside the hooked backend's hooks); stopping returns {"steps", "seconds"}."""
+        if on:
+            self.timer, self.steps = StepTimer(), 0
+            return {}
+        t, self.timer = self.timer, None
+        steps, self.steps = self.steps, 0
+        return {"steps": steps, "seconds": dict(t.seconds) if t is not None else {}}
 
     # -- requests ---------------------------------------------------------------------------------
     def scheduled(self, scheduler_output: Any) -> None:
@@ -440,10 +458,17 @@ class WorkerState:
                         res.readouts[name] = vllm_wire.encode(list(parts_of(acc.result())))
                     except RuntimeError as e:
                         res.errors[name] = vllm_wire.Failure.of(e)
+            sent = set()
+            for index, first, rows in plan.stacked():  # vllm-static: a request's every layer as one tensor
+                res.stacks.append(encode(rows))
+                for k, j in index.items():
+                    res.captures[k] = [first, {vllm_wire.STACK: len(res.stacks) - 1, "index": j}]
+                    sent.add(k)
             for k in plan.store:
                 try:
-                    first = plan.first(k)
-                    res.captures[k] = [first, encode(plan.tensor(k, first))]
+                    if k not in sent:
+                        first = plan.first(k)
+                        res.captures[k] = [first, encode(plan.tensor(k, first))]
                 except RuntimeError as e:
                     res.errors[k] = vllm_wire.Failure.of(e)
                 held = self.site(parse(k).base).held
@@ -467,6 +492,8 @@ class WorkerState:
         out = []
         for i, (key, starts) in enumerate(zip(keys, since)):
             plan = self.plans.get(key)
+            if plan is not None:
+                plan.settle()  # vllm-static's blocks filed under their keys
             res = vllm_wire.PeekReply(key)
             ok = plan is not None and plan.error is None
             for name, start in ((readouts[i] if readouts else {}).items() if ok else ()):
@@ -547,6 +574,10 @@ class InterpWorker:
     def interp_ops(self, on: bool) -> dict:
         """Count the ops this rank dispatches around its steps (tests: a small constant per step)."""
         return self._interp.count_ops(on)
+
+    def interp_timing(self, on: bool) -> dict:
+        """Time the host work this rank does around its steps (benchmarks/step_cost.py)."""
+        return self._interp.time_steps(on)
 
     def interp_plans(self) -> list:
         """Keys of the plans this rank holds (registered, not collected yet)."""

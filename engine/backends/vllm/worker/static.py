@@ -161,7 +161,8 @@ class Tap:
         """Compose one steer into the coefficients at the given flat rows with its op's affine form (the
         steps compose on the host instead: table.compose); `value` its value for those rows."""
         u, mul, add = self.buf("u"), self.buf("mul"), self.buf("add")
-        form = form_of(steer if value is None else steer.at(steer.address, value), self.width, head_dim, u.device)
+        form = form_of(steer if value is None else steer.at(steer.address, value),  # type: ignore[arg-type]
+                       self.width, head_dim, u.device)
         a, b = (torch.from_numpy(f).to(u.device, u.dtype) for f in (form.a, form.b))
         c = form.cols
         if form.u is not None:
@@ -207,7 +208,7 @@ class StaticTaps:
         self.banks: list[Bank] = []
         self.tally: Tally | None = None
         self.forms: dict[int, tuple[Any, Form]] = {}  # id(steer) -> (steer, its form), for the registered plans
-        self._carry: tuple | None = None  # (step, what its before/after built), for the next step one position on
+        self._carry: Fill | None = None  # what the last step built, for the next step one position on
 
     def install(self, declared: list[tuple[Address, bool]], site_of: Callable[[Address], VSite], d_model: int,
                 rows: int, device: torch.device, dtype: torch.dtype, head_dims: dict[str, int],
@@ -381,9 +382,9 @@ class StaticTaps:
             parts, sets = [], []
             for g in w.steers:
                 rows, carried = step.steer_geometry(g, tap.shape(self.head_dim[name], bool(g.steer.address.coords)))
+                free = free and carried  # a group with no rows here may have some one position on
                 if not rows.spans:
                     continue
-                free = free and carried
                 form, starts = stacked([self._form(m[2], tap, name) for m, _, _ in rows.spans])
                 code = np.repeat(starts, rows.counts)
                 parts.append((form, rows.flat, code + rows.pos if form.lead else code))
@@ -417,22 +418,28 @@ class StaticTaps:
         return Fill(step, writes, read, replay, free)
 
     def _capture(self, step: Step, work: dict) -> None:
-        """Every capturing plan's rows of every tap: one gather per bank, split into each plan's views."""
+        """Every capturing plan's rows of every tap: one gather per bank; a plan's every row of the keys
+        with no coordinate kept as one block ([keys, rows, width]: Plan.add_block), the others key by key."""
         fill = self._carry
         assert fill is not None and fill.step is step
         if fill.capture is None:
             fill.capture = self._captures_of(step, work)
-        cap, shift = fill.capture, fill.capture.shift
-        for bank, index, dist in cap.gathers:
-            block = bank.buf("cap").view(-1, bank.width).index_select(0, index)
-            for (key, coord, shape, members, counts), piece in zip(dist, block.split([sum(d[4]) for d in dist])):
-                t = piece.reshape(piece.shape[0], *shape)
-                t = t if coord is None else t[:, coord]
-                for (plan, p0, _), part in zip(members, t.split(counts)):
-                    plan.add(key, p0 + shift, part)
+        shift = fill.capture.shift
+        for bank, index, dist in fill.capture.gathers:
+            rows = bank.buf("cap").view(-1, bank.width).index_select(0, index)
+            for plan, keys, coord, p0, n, shape, at in dist:
+                part = rows[at:at + len(keys) * n]
+                if coord is None and len(keys) > 1:
+                    plan.add_block(keys, p0 + shift, part.view(len(keys), n, *shape))
+                else:
+                    t = part.view(n, *shape)
+                    plan.add(keys[0], p0 + shift, t if coord is None else t[:, coord])
 
     def _captures_of(self, step: Step, work: dict) -> Captures:
-        per_bank: dict[int, tuple[Bank, list, list]] = {}
+        """Per bank the flat (tap, row) index of every capturing row, and in its order (plan, keys, coord,
+        first position, rows, per-position shape, offset): per plan first its every-row keys without a
+        coordinate, one block, then each other key."""
+        per_bank: dict[int, tuple[Bank, dict]] = {}
         free = True
         for name, w in work.items():
             tap = self.taps.get(name)
@@ -441,13 +448,34 @@ class StaticTaps:
             for r in w.reads:
                 rows = step.read_rows(r)
                 if not rows.members:
+                    free = False  # rows a step one position on may have
                     continue
-                free = free and rows.m == sum(sp.n for p, _, _ in rows.members if (sp := step.span(p)) is not None)
-                bank, idx, dist = per_bank.setdefault(id(tap.bank), (tap.bank, [], []))
-                idx.append(tap.slot * bank.rows + rows.flat)
-                dist.append((r.key, r.coord, self.shape_of(name), rows.members, rows.counts))
-        gathers = [(bank, upload(np.concatenate(idx), bank.buf("cap").device), dist)
-                   for bank, idx, dist in per_bank.values()]
+                bank, plans = per_bank.setdefault(id(tap.bank), (tap.bank, {}))
+                at = 0
+                for plan, p0, n in rows.members:
+                    sp = step.span(plan)
+                    whole = sp is not None and n == sp.n
+                    free = free and whole
+                    flat = tap.slot * bank.rows + rows.flat[at:at + n]
+                    at += n
+                    blocks, singles = plans.setdefault(id(plan), (plan, [], []))[1:]
+                    (blocks if whole and r.coord is None else singles).append((r.key, r.coord, p0, n, self.shape_of(name), flat))
+        gathers = []
+        for bank, plans in per_bank.values():
+            idx, dist, at = [], [], 0
+            for plan, blocks, singles in plans.values():
+                if blocks:  # one (plan, first position, rows) for all of them: the plan's span
+                    _, _, p0, n, shape, _ = blocks[0]
+                    same = [b for b in blocks if b[4] == shape]
+                    singles = [b for b in blocks if b[4] != shape] + singles
+                    dist.append((plan, tuple(b[0] for b in same), None, p0, n, shape, at))
+                    idx += [b[5] for b in same]
+                    at += len(same) * n
+                for key, coord, p0, n, shape, flat in singles:
+                    dist.append((plan, (key,), coord, p0, n, shape, at))
+                    idx.append(flat)
+                    at += n
+            gathers.append((bank, upload(np.concatenate(idx), bank.buf("cap").device), dist))
         return Captures(gathers, free)
 
 

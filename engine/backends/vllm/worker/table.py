@@ -45,6 +45,7 @@ def form_of(steer, width: int, head_dim: int | None, device: torch.device) -> Fo
     cols = slice(0, width)
     if steer.address.coords:
         (_, h), = steer.address.coords
+        assert head_dim, "a head coordinate is on a headed point"
         h = h % (width // head_dim)
         cols = slice(h * head_dim, (h + 1) * head_dim)
     c = cols.stop - cols.start
