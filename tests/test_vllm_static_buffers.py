@@ -135,11 +135,11 @@ def test_a_fill_that_fails_midway_leaves_the_identity():
     calls = []
     real = first.fill
 
-    def fill(index, values):
+    def fill(index, values, part=None):
         calls.append(index)
-        return real(index, values)
+        return real(index, values, part)
 
-    def fails(index, values):
+    def fails(index, values, part=None):
         calls.append(index)
         raise RuntimeError("fill failed")
     first.fill, second.fill = fill, fails

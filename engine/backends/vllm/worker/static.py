@@ -66,7 +66,7 @@ class Bank:
             coef[:, :, 1] = 1.0
             holder.register_buffer(self.names["coef"], coef, persistent=False)
             self.identity = torch.tensor([0.0, 1.0, 0.0], device=device, dtype=dtype)[:, None].expand(3, width)
-        self.dirty: torch.Tensor | None = None  # flat (write, row) index the last fill wrote
+        self.dirty: tuple | None = None  # (flat (write, row) index, part) the last fill wrote
 
     def buf(self, k: str) -> torch.Tensor:
         return getattr(self.holder, self.names[k])
@@ -75,17 +75,23 @@ class Bank:
     def nbytes(self) -> int:
         return sum(self.buf(k).nbytes for k in (("cap", "pre", "coef") if self.writes else ("cap",)))
 
-    def fill(self, index: torch.Tensor, values: torch.Tensor) -> None:
-        """Write coefficient rows [k, 3, width] at flat (write * rows + row) `index`: one index_copy."""
-        self.dirty = index
-        self.buf("coef").view(-1, 3, self.width).index_copy_(0, index, values)
+    def fill(self, index: torch.Tensor, values: torch.Tensor, part: int | None = None) -> None:
+        """Write coefficient rows at flat (write * rows + row) `index`: values [k, 3, width], or [k, width] of
+        one part (0: u, 1: mul, 2: add) where the step's steers change only that one (an add: a third of
+        the bytes); one index_copy."""
+        self.dirty = (index, part)
+        coef = self.buf("coef").view(-1, 3, self.width)
+        (coef if part is None else coef[:, part]).index_copy_(0, index, values)
 
     def reset(self) -> None:
-        """The rows the last fill wrote back to the identity: one index_copy."""
+        """The rows the last fill wrote back to the identity: one index_copy (one index_fill for one part)."""
         if self.dirty is not None:
-            index, self.dirty = self.dirty, None
-            self.buf("coef").view(-1, 3, self.width).index_copy_(0, index, self.identity.expand(len(index), 3,
-                                                                                                 self.width))
+            (index, part), self.dirty = self.dirty, None
+            coef = self.buf("coef").view(-1, 3, self.width)
+            if part is None:
+                coef.index_copy_(0, index, self.identity.expand(len(index), 3, self.width))
+            else:
+                coef[:, part].index_fill_(0, index, 1.0 if part == 1 else 0.0)
 
 
 class Tap:
@@ -297,8 +303,8 @@ class StaticTaps:
             assert self.tally is not None
             self.tally.mark(step.guard_rows(), step.n_tokens)
             fill = self._fill_of(step, work)
-            for bank, index, values in fill.writes:
-                bank.fill(index, values)
+            for bank, index, values, part in fill.writes:
+                bank.fill(index, values, part)
         except BaseException:
             self.identity()
             raise
@@ -404,12 +410,16 @@ class StaticTaps:
         for bank, idx, tables, whiches in per_bank.values():
             coef = bank.buf("coef")
             table, which = np.concatenate(tables), np.concatenate(whiches)
+            changed = [j for j, same in enumerate((table[:, 0] == 0, table[:, 1] == 1, table[:, 2] == 0))
+                       if not same.all()]
+            part = changed[0] if len(changed) == 1 else None  # an add changes `add` alone: write that part
+            table = table if part is None else np.ascontiguousarray(table[:, part])
             if len(which) * table[0].size <= HOST_GATHER:  # the step's rows gathered on the host: one upload
                 values = torch.from_numpy(table[which]).to(coef.device, coef.dtype, non_blocking=True)
             else:  # many rows: the distinct ones uploaded, gathered on the device
                 values = torch.from_numpy(table).to(coef.device, coef.dtype, non_blocking=True).index_select(
                     0, upload(which, coef.device))
-            writes.append((bank, upload(np.concatenate(idx), coef.device), values))
+            writes.append((bank, upload(np.concatenate(idx), coef.device), values, part))
         read = None
         if labels:
             read = (upload(np.concatenate([i for i, _ in labels]), self.tally.buf.device),
@@ -490,7 +500,8 @@ class Captures:
 
 @dataclass(eq=False)
 class Fill:
-    """What one step writes and reads (StaticTaps._build): per bank (bank, flat index, coefficient rows);
+    """What one step writes and reads (StaticTaps._build): per bank (bank, flat index, coefficient rows, the
+    one part written or None);
     the tally gather with its ledger labels (index, plan codes, steer indices, positions less `shift`,
     distinct codes); taps whose receipts are replayed; whether nothing depends on positions."""
     step: Step
