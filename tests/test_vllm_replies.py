@@ -124,6 +124,25 @@ def test_a_collect_reply_crosses_as_plain_data_and_reads_back_whole():
     assert {f.name for f in dataclasses.fields(wire.CollectReply)} == set(reply.out())  # one field list
 
 
+def test_captures_sent_in_one_stack_read_back_each_as_its_row():
+    """vllm-static sends a request's every layer as one tensor (CollectReply.stacks); each capture refers to
+    its row and reads back as that tensor, through msgpack and through a shared-memory file alike."""
+    import tempfile
+
+    import msgspec
+
+    from engine.backends.vllm.worker import sink
+    stack = torch.randn(3, 5, 4)
+    for encode in (wire.tensor_out, lambda t: sink.to_file(t, tempfile.mkdtemp(dir="/dev/shm"))):
+        reply = wire.CollectReply("req", stacks=[encode(stack)],
+                                  captures={f"resid_post.{j}": [2, {wire.STACK: 0, "index": j}] for j in range(3)})
+        back = wire.CollectReply.read(msgspec.msgpack.decode(msgspec.msgpack.encode(reply.out())))
+        assert back.stacks == [] and set(back.captures) == {"resid_post.0", "resid_post.1", "resid_post.2"}
+        for j in range(3):
+            first, rows = back.captures[f"resid_post.{j}"]
+            assert first == 2 and torch.equal(wire.tensor_in(rows), stack[j])
+
+
 def test_a_lost_plan_and_a_missing_output_are_the_engines_errors():
     with pytest.raises(EngineError, match=r"^a worker lost this request's plan: unknown key abc$"):
         _result([wire.CollectReply("req", lost="unknown key abc")])
