@@ -119,7 +119,7 @@ def test_a_finished_steer_never_reaches_a_step_the_engine_runs_without_ours():
     torch.testing.assert_close(lin(x), plain, rtol=0, atol=0)  # the next forward, no step of ours around it
     for k, want in (("u", 0.0), ("mul", 1.0), ("add", 0.0)):
         assert bool((tap.buf(k) == want).all()), k
-    assert bool((taps.tally.buf[taps.tally.MARK:] == 0).all())  # no row marked or flagged
+    assert bool((taps.marks.buf == 0).all()) and taps.marks.dirty is None  # no row marked
 
 
 def test_a_fill_that_fails_midway_leaves_the_identity():
@@ -153,8 +153,8 @@ def test_a_fill_that_fails_midway_leaves_the_identity():
 def test_tap_check_fails_a_steer_whose_squared_norm_overflows():
     """3.4e38 is finite in float32, but a row of it has an infinite sum of squares, so every norm
     after it divides by inf and outputs 0 (the issue's single-steer attack): the tap keeps the row
-    unsteered and flags it (NaN in the tally's FLAG row), as it does a row the steer made inf; its
-    receipt row holds the change it asked for."""
+    unsteered and flags it (NaN in its flags), as it does a row the steer made inf; its receipts hold
+    the change it asked for."""
     from engine.backends.vllm.worker.guard import bounded
     assert bounded(torch.tensor([[1.0, 2.0], [3.4e38, 0.0], [float("nan"), 0.0], [1e18, 1e18]])).flatten().tolist() \
         == [True, False, False, True]
@@ -164,7 +164,7 @@ def test_tap_check_fails_a_steer_whose_squared_norm_overflows():
     tap.fill(torch.tensor([1]), Steer("resid_post.0", "add", torch.full((WIDTH,), 3.4e38)), None)
     out = lin(x)
     torch.testing.assert_close(out, plain)  # row 1 kept its unsteered value
-    assert torch.isnan(tap.tally.buf[tap.tally.FLAG, :2]).tolist() == [False, True]
+    assert torch.isnan(tap.buf("flag")[:2]).tolist() == [False, True]
     assert tap.buf("change")[0] == 0 and tap.buf("change")[1] == pytest.approx(3.4e38 * WIDTH ** 0.5, rel=1e-6)
 
 
@@ -197,7 +197,6 @@ def test_layer_guard_zeroes_only_the_marked_rows_that_went_non_finite():
     layers = [_Layer(add0), _Layer(add1)]
     _, taps = _installed(WIDTH)
     taps.install_guard(layers, Tree())
-    tally = taps.tally
     steering = Plan(4, steers=[Steer("mlp_out.0", "add", torch.ones(WIDTH))])
     plain = Plan(1)
     step = Step([Span(steering, 0, 3, 0), Span(plain, 3, 4, 0)], n)
@@ -208,9 +207,10 @@ def test_layer_guard_zeroes_only_the_marked_rows_that_went_non_finite():
     for row in (1, 2):
         assert bool((out[0][row] == 0).all() and (out[1][row] == 0).all()), row
     torch.testing.assert_close(out[0][0] + out[1][0], h[0] + r[0])
-    assert torch.isnan(tally.buf[tally.FLAG, :n]).tolist() == [False, True, True, False]
+    flags = [f[:n] for f in taps.guard.flags]  # each layer's own: layer 0 flagged row 1, layer 1 row 2
+    assert [torch.isnan(f).tolist() for f in flags] == [[False, True, False, False], [False, False, True, False]]
     taps.after(step, {})
-    assert bool((tally.buf[tally.MARK:] == 0).all()) and tally.dirty is None
+    assert bool((taps.marks.buf == 0).all()) and taps.marks.dirty is None
     assert step.ledger.read([steering.key])[steering.key].failed == GUARD
     out = layers[1](*layers[0](h, r))  # nothing marked: nothing guarded
-    assert out[0][1].isinf().all() and tally.buf[tally.FLAG, :n].sum() == 0
+    assert out[0][1].isinf().all() and all(f[:n].sum() == 0 for f in taps.guard.flags)

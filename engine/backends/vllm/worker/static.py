@@ -1,93 +1,87 @@
-"""`vllm-static`: a tap set declared at load, baked into the forward as fixed, stacked buffers.
+"""`vllm-static`: a tap set declared at load, baked into the forward as fixed buffers.
 
-The taps of one per-position width share a `Bank` of buffers, each indexed by tap: `cap [taps, rows,
-width]` (the forward copies the point into it) and, for the write taps, `pre` (the point before the
-write) and `coef [writes, rows, 3, width]`, the per-row coefficients (u, mul, add) of y = (x - (x.u) u)
-* mul + add. Every write tap also leaves in the engine's one `Tally` (engine/backends/vllm/worker/
-guard.py) the norm of each row's change (float64: the step's receipts) and NaN in its FLAG row where y
-is not finite, or so large that its squared norm overflows (`bounded`): such a row keeps x, and its
-request fails after the step; nothing non-finite reaches the KV cache. The wrappers are installed between
-weight loading and compilation, so torch.compile (CPU) and CUDA graphs (GPU) capture plain tensor ops on
-buffers with fixed addresses and no Python, no data-dependent control flow.
+Each tap owns buffers registered on the module it wraps: `cap [rows, width]` (the forward copies the point
+into it) and, for a write tap, `pre` (the point before the write), `change` (float64 [rows]: the norm of
+each row's change, the step's receipts) and `flag` (float64 [rows]: NaN where y is not finite, or so large
+that its squared norm overflows (`bounded`): such a row keeps x and its request fails after the step;
+nothing non-finite reaches the KV cache). The write taps of one per-position width read their per-row
+coefficients (u, mul, add of y = (x - (x.u) u) * mul + add) from one stacked buffer, their `Bank`'s
+`coef [writes, rows, 3, width]`, which only the host writes. The wrappers are installed between weight
+loading and compilation, so torch.compile (CPU) and CUDA graphs (GPU) capture plain tensor ops on buffers
+with fixed addresses and no Python, no data-dependent control flow. Every buffer the graph writes is its
+own tap's (or layer's): a compiled piece that wrote a slice of a buffer shared with other pieces copies the
+whole buffer back after it (engine/backends/vllm/worker/guard.py).
 
-Around each forward (the worker's step anchor), a step of ours does, whatever its layers, taps,
-steers, captures and requests:
+Around each forward (the worker's step anchor), a step of ours does, whatever its layers, taps, steers,
+captures and requests (engine/backends/vllm/worker/stepio.py builds what it writes and reads):
   before  one fill per bank: the step's coefficient rows, composed on the host from each steer's affine
           form (engine/backends/vllm/worker/table.py, from the op's own row in engine/core/ops.py) and
-          written with one index_copy from a host-built index and table; and one fill of the guard's
-          MARK row;
-  after   one read: every steering row's receipt and flag, one gather from the tally into the ledger
-          (nothing read back: the request fails when its ledger is read at collect); one reset per bank
-          (the same rows back to the identity) and one of the MARK and FLAG rows; one gather per bank of
-          every capturing row; then the readouts.
-A decode step whose plans, rows and steers are the step before's, one position on, reuses that step's
-index and table (nothing depends on positions there). Ops the taps cannot express (their row's `static`
-says why) are refused by name before a request runs, by the client's mode object
-(engine/backends/vllm/modes.py: StaticTapsMode.check_steer / check_steers). The one exception to the
+          written with one index_copy from a host-built index and table; one fill of the guard's marks;
+  after   one reset per bank (the same rows back to the identity) and one of the marks; one read: every
+          write tap's receipts and flags and every layer's flags stacked, and one gather of the steered and
+          steering rows into the ledger (nothing read back: a request fails when its ledger is read at
+          collect); one stack a bank of every captured tap's rows (and one gather of them at a step that
+          keeps some rows only); then the readouts.
+A decode step whose plans, rows and steers are the step before's, one position on, reuses what that step
+built. Ops the taps cannot express (their row's `static` says why) are refused by name before a request
+runs (engine/backends/vllm/modes.py: StaticTapsMode.check_steer / check_steers). The one exception to the
 constant: a request that composes several steers at one tap gets each steer's receipt by replaying its
 steers on that tap's `pre` rows (engine.core.site.steer), as every tap did before.
 """
 from __future__ import annotations
 
-import dataclasses
 import math
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
-import numpy as np
 import torch
 
-from engine.backends.vllm.worker.guard import LayerGuard, Tally, bounded, flag
-from engine.backends.vllm.worker.table import Form, compose, form_of, stacked
+from engine.backends.vllm.worker import stepio
+from engine.backends.vllm.worker.guard import FLAG, LayerGuard, Marks, bounded, nan_where
+from engine.backends.vllm.worker.table import form_of
 from engine.backends.vllm.worker.tree import Tree, VSite
 from engine.core.address import Address
+from engine.core.ledger import GUARD
 from engine.core.site import readout, steer
-from engine.core.step import Step, upload
+from engine.core.step import Step
 
 if TYPE_CHECKING:
     from engine.core.steering import Steer
 
-HOST_GATHER = 1 << 20  # table rows gathered on the host up to this many elements, on the device above
-
 
 class Bank:
-    """The stacked buffers of the taps of one per-position width, registered on `holder`."""
+    """The coefficients of the write taps of one per-position width, stacked on `holder`."""
 
-    def __init__(self, holder: torch.nn.Module, key: int, width: int, rows: int, taps: int, writes: int,
+    def __init__(self, holder: torch.nn.Module, key: int, width: int, rows: int, writes: int,
                  device: torch.device, dtype: torch.dtype) -> None:
         self.holder, self.width, self.rows, self.writes = holder, width, rows, writes
-        self.names = {k: f"_interp_bank{key}_{k}" for k in ("cap", "pre", "coef")}
-        holder.register_buffer(self.names["cap"], torch.zeros((taps, rows, width), device=device, dtype=dtype),
-                               persistent=False)
-        if writes:
-            holder.register_buffer(self.names["pre"], torch.zeros((writes, rows, width), device=device, dtype=dtype),
-                                   persistent=False)
-            coef = torch.zeros((writes, rows, 3, width), device=device, dtype=dtype)
-            coef[:, :, 1] = 1.0
-            holder.register_buffer(self.names["coef"], coef, persistent=False)
-            self.identity = torch.tensor([0.0, 1.0, 0.0], device=device, dtype=dtype)[:, None].expand(3, width)
+        self.name = f"_interp_bank{key}_coef"
+        coef = torch.zeros((max(writes, 1), rows, 3, width), device=device, dtype=dtype)
+        coef[:, :, 1] = 1.0
+        holder.register_buffer(self.name, coef, persistent=False)
+        self.identity = torch.tensor([0.0, 1.0, 0.0], device=device, dtype=dtype)[:, None].expand(3, width)
         self.dirty: tuple | None = None  # (flat (write, row) index, part) the last fill wrote
 
-    def buf(self, k: str) -> torch.Tensor:
-        return getattr(self.holder, self.names[k])
+    @property
+    def coef(self) -> torch.Tensor:
+        return getattr(self.holder, self.name)
 
     @property
     def nbytes(self) -> int:
-        return sum(self.buf(k).nbytes for k in (("cap", "pre", "coef") if self.writes else ("cap",)))
+        return self.coef.nbytes if self.writes else 0
 
     def fill(self, index: torch.Tensor, values: torch.Tensor, part: int | None = None) -> None:
         """Write coefficient rows at flat (write * rows + row) `index`: values [k, 3, width], or [k, width] of
         one part (0: u, 1: mul, 2: add) where the step's steers change only that one (an add: a third of
         the bytes); one index_copy."""
         self.dirty = (index, part)
-        coef = self.buf("coef").view(-1, 3, self.width)
+        coef = self.coef.view(-1, 3, self.width)
         (coef if part is None else coef[:, part]).index_copy_(0, index, values)
 
     def reset(self) -> None:
         """The rows the last fill wrote back to the identity: one index_copy (one index_fill for one part)."""
         if self.dirty is not None:
             (index, part), self.dirty = self.dirty, None
-            coef = self.buf("coef").view(-1, 3, self.width)
+            coef = self.coef.view(-1, 3, self.width)
             if part is None:
                 coef.index_copy_(0, index, self.identity.expand(len(index), 3, self.width))
             else:
@@ -95,28 +89,34 @@ class Bank:
 
 
 class Tap:
-    """One declared (point, layer): its slot in its bank's `cap`, and for a write tap its slot in the
-    bank's `pre` and `coef` (`write`) and its receipt row in the tally (`row`); the wrapper on the module."""
+    """One declared (point, layer): its own buffers on the module it wraps, and for a write tap its slot in
+    its bank's `coef` (`write`) and its row among the write taps' receipts (`row`)."""
 
-    def __init__(self, name: str, site: VSite, bank: Bank, slot: int, write: int | None, tally: Tally,
-                 row: int | None) -> None:
-        self.name, self.site, self.bank, self.slot, self.write, self.tally = name, site, bank, slot, write, tally
-        self.row = row
-        self.width = bank.width
-        self.writable = write is not None
-        self.orig = site.module.forward  # the module's own forward, before the tap wraps it (a lens readout's norm)
+    def __init__(self, name: str, site: VSite, bank: Bank, write: int | None, row: int | None, index: int) -> None:
+        self.name, self.site, self.bank, self.write, self.row = name, site, bank, write, row
+        self.width, self.rows, self.writable = bank.width, bank.rows, write is not None
+        mod, p = site.module, f"_interp_tap{index}"
+        self.orig = mod.forward  # the module's own forward, before the tap wraps it (a lens readout's norm)
+        self.attrs = {k: f"{p}_{k}" for k in ("cap", "pre", "change", "flag")}
+        dev, dtype = bank.coef.device, bank.coef.dtype
+        shapes: dict[str, tuple[tuple, torch.dtype]] = {"cap": ((self.rows, self.width), dtype)}
+        if self.writable:
+            shapes.update(pre=((self.rows, self.width), dtype), change=((self.rows,), torch.float64),
+                          flag=((self.rows,), torch.float64))
+        for k, (shape, dt) in shapes.items():
+            mod.register_buffer(self.attrs[k], torch.zeros(shape, device=dev, dtype=dt), persistent=False)
         self._wrap()
 
     def buf(self, k: str) -> torch.Tensor:
-        """This tap's [rows, width] view of a bank buffer ("cap", "pre", "u", "mul", "add"), or its
-        receipt row of the tally ("change")."""
-        if k == "cap":
-            return self.bank.buf("cap")[self.slot]
-        if k == "change":
-            return self.tally.buf[self.row]
-        if k == "pre":
-            return self.bank.buf("pre")[self.write]
-        return self.bank.buf("coef")[self.write, :, ("u", "mul", "add").index(k)]
+        """This tap's buffer ("cap", "pre", "change", "flag"), or its [rows, width] view of its bank's
+        coefficients ("u", "mul", "add")."""
+        if k in self.attrs:
+            return getattr(self.site.module, self.attrs[k])
+        return self.bank.coef[self.write, :, ("u", "mul", "add").index(k)]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(self.buf(k).nbytes for k in (("cap", "pre", "change", "flag") if self.writable else ("cap",)))
 
     def shape(self, head_dim: int | None, head: bool = False) -> tuple:
         """The per-position shape of the point (one head's, with a head coordinate)."""
@@ -124,28 +124,27 @@ class Tap:
         return full[1:] if head else full
 
     def _wrap(self) -> None:
-        site, mod, holder, names = self.site, self.site.module, self.bank.holder, self.bank.names
-        slot, w, row, tholder, flag_row = self.slot, self.write, self.row, self.tally.holder, self.tally.FLAG
+        site, mod, names, holder, coef, w = self.site, self.site.module, self.attrs, self.bank.holder, \
+            self.bank.name, self.write
         orig = mod.forward
 
         def tap(t):  # tensor ops only: traced into the compiled graph
             n = t.shape[0]
             x = t.reshape(n, -1)
             if w is not None:
-                getattr(holder, names["pre"])[w, :n].copy_(x)
-                co = getattr(holder, names["coef"])[w, :n]
+                getattr(mod, names["pre"])[:n].copy_(x)
+                co = getattr(holder, coef)[w, :n]
                 u = co[:, 0]
                 y = x - (x * u).sum(-1, keepdim=True) * u
                 y = y * co[:, 1] + co[:, 2]
-                tally = getattr(tholder, Tally.NAME)
-                tally[row, :n].copy_(torch.linalg.vector_norm(y - x, dim=-1, dtype=torch.float64))  # the receipt
+                getattr(mod, names["change"])[:n].copy_(torch.linalg.vector_norm(y - x, dim=-1, dtype=torch.float64))
                 # a row the steer made non-finite (or so large that its squared norm overflows: every
                 # norm after it would divide by inf) keeps its unsteered value (it must never reach the
                 # KV cache) and is flagged for after() to fail its request
                 ok = bounded(y) | ~bounded(x)
-                flag(tally, flag_row, n, ~ok)
+                getattr(mod, names["flag"])[:n].copy_(nan_where(~ok, n))
                 x = torch.where(ok, y, x)
-            getattr(holder, names["cap"])[slot, :n].copy_(x)
+            getattr(mod, names["cap"])[:n].copy_(x)
             return x.reshape(t.shape)
 
         if site.phase == "pre":
@@ -184,11 +183,9 @@ class Tap:
 
 def lone_tap(name: str, site: VSite, width: int, rows: int, writable: bool, device: "torch.device | str",
              dtype: torch.dtype) -> Tap:
-    """A tap with a bank and tally of its own on its module (tests and tools)."""
-    device = torch.device(device)
-    tally = Tally(site.module, int(writable), rows, device)
-    return Tap(name, site, Bank(site.module, 0, width, rows, 1, int(writable), device, dtype), 0,
-               0 if writable else None, tally, 0 if writable else None)
+    """A tap with a bank of its own on its module (tests and tools)."""
+    bank = Bank(site.module, 0, width, rows, int(writable), torch.device(device), dtype)
+    return Tap(name, site, bank, 0 if writable else None, 0 if writable else None, 0)
 
 
 def width_of(site: VSite, point: str, d_model: int) -> int:
@@ -212,43 +209,52 @@ class StaticTaps:
         self.taps: dict[str, Tap] = {}  # address str (no coords) -> Tap
         self.head_dim: dict[str, int | None] = {}  # None: the point has no head axis
         self.banks: list[Bank] = []
-        self.tally: Tally | None = None
-        self.forms: dict[int, tuple[Any, Form]] = {}  # id(steer) -> (steer, its form), for the registered plans
-        self._carry: Fill | None = None  # what the last step built, for the next step one position on
+        self.marks: Marks | None = None
+        self.guard: LayerGuard | None = None
+        self.forms: dict[int, tuple[Any, Any]] = {}  # id(steer) -> (steer, its form or the error making it)
+        self.carry: stepio.Fill | None = None  # what the last step built, for the next step one position on
 
     def install(self, declared: list[tuple[Address, bool]], site_of: Callable[[Address], VSite], d_model: int,
                 rows: int, device: torch.device, dtype: torch.dtype, head_dims: dict[str, int],
                 holder: torch.nn.Module) -> None:
-        """Taps at the declared sites (writable where asked and the site allows), their buffers stacked
-        per width on `holder` (a module inside the compiled forward), and the tally."""
+        """Taps at the declared sites (writable where asked and the site allows), their coefficients stacked
+        per width on `holder` (a module inside the compiled forward, which also holds the guard's marks)."""
         sites = [(a, site_of(a)) for a, _ in declared]
         writable = [w and s.write_refused is None for (_, w), (_, s) in zip(declared, sites)]
         widths = [width_of(s, a.point, d_model) for a, s in sites]
-        self.tally = Tally(holder, sum(writable), rows, device)
         banks: dict[int, Bank] = {}
         for width in dict.fromkeys(widths):
-            n = widths.count(width)
             k = sum(w for w, x in zip(writable, widths) if x == width)
-            banks[width] = Bank(holder, len(banks), width, rows, n, k, device, dtype)
-        self.banks = list(banks.values())
-        used = {w: [0, 0] for w in banks}
-        write = 0
-        for (a, s), width, wr in zip(sites, widths, writable):
-            slot, wslot = used[width]
-            used[width] = [slot + 1, wslot + int(wr)]
-            self.taps[str(a)] = Tap(str(a), s, banks[width], slot, wslot if wr else None, self.tally,
-                                    write if wr else None)
+            banks[width] = Bank(holder, len(banks), width, rows, k, device, dtype)
+        self.banks, self.marks = list(banks.values()), Marks(holder, rows, device, dtype)
+        used = dict.fromkeys(banks, 0)
+        row = 0
+        for i, ((a, s), width, wr) in enumerate(zip(sites, widths, writable)):
+            self.taps[str(a)] = Tap(str(a), s, banks[width], used[width] if wr else None, row if wr else None, i)
             self.head_dim[str(a)] = head_dims.get(a.point)
-            write += int(wr)
+            used[width] += int(wr)
+            row += int(wr)
 
     def install_guard(self, layers: list[torch.nn.Module], tree: Tree) -> None:
         """The layer guard on every decoder layer, outside any tap there (after install)."""
-        assert self.tally is not None, "install the taps first"
-        LayerGuard(layers, tree, self.tally)
+        assert self.marks is not None, "install the taps first"
+        self.guard = LayerGuard(layers, tree, self.marks)
+
+    @property
+    def writes(self) -> list[Tap]:
+        return [t for t in self.taps.values() if t.writable]
+
+    def sources(self, n: int) -> list[torch.Tensor]:
+        """What the read stacks, first n rows each: every write tap's receipts (in `row` order), then every
+        write tap's flags and every layer's."""
+        taps = sorted(self.writes, key=lambda t: t.row or 0)
+        flags = [t.buf("flag") for t in taps] + (self.guard.flags if self.guard is not None else [])
+        return [t.buf("change")[:n] for t in taps] + [f[:n] for f in flags]
 
     @property
     def nbytes(self) -> int:
-        return sum(b.nbytes for b in self.banks) + (self.tally.nbytes if self.tally is not None else 0)
+        return sum(b.nbytes for b in self.banks) + sum(t.nbytes for t in self.taps.values()) + \
+            (self.guard.nbytes if self.guard is not None else self.marks.buf.nbytes if self.marks else 0)
 
     # -- the worker's mode (engine/backends/vllm/worker/extension.py: HookSites is the hooked one) --------
     def site_key(self, addr: Address) -> str:
@@ -268,11 +274,20 @@ class StaticTaps:
                 for _, _, st in g.members:
                     if id(st) not in forms:
                         try:
-                            forms[id(st)] = (st, form_of(st, tap.width, self.head_dim[name], tap.bank.buf("coef").device))
+                            forms[id(st)] = (st, form_of(st, tap.width, self.head_dim[name], tap.bank.coef.device))
                         except Exception as e:  # noqa: BLE001  (raised where it is filled: the step's plans fail)
                             forms[id(st)] = (st, e)
-        self.forms, self._carry = forms, None
+        self.forms, self.carry = forms, None
         return []
+
+    def form(self, st: Any, tap: Tap, name: str) -> Any:
+        """A registered steer's form (made now for a step run by hand, unattached)."""
+        got = self.forms.get(id(st))
+        if got is None:
+            got = self.forms[id(st)] = (st, form_of(st, tap.width, self.head_dim[name], tap.bank.coef.device))
+        if isinstance(got[1], Exception):
+            raise got[1]
+        return got[1]
 
     def original_forward(self, name: str) -> Callable[..., Any] | None:
         """The forward of the module a tap named `name` wraps, before the tap (None: no such tap), so
@@ -300,214 +315,51 @@ class StaticTaps:
             raise RuntimeError(f"step of {step.n_tokens} tokens exceeds the tap buffers; raise max_num_batched_tokens")
         self.identity()  # normally already (after() ends every step so); a step whose end never ran left rows
         try:
-            assert self.tally is not None
-            self.tally.mark(step.guard_rows(), step.n_tokens)
-            fill = self._fill_of(step, work)
-            for bank, index, values, part in fill.writes:
+            assert self.marks is not None
+            self.marks.mark(step.guard_rows(), step.n_tokens)
+            for bank, index, values, part in stepio.fill_of(self, step, work).writes:
                 bank.fill(index, values, part)
         except BaseException:
             self.identity()
             raise
 
     def identity(self) -> None:
-        """Every write tap the identity on every row again and no row marked or flagged: the state
-        outside a step, so a step the engine runs without starting one of ours (no registered plan has
-        rows in it) applies nothing a finished request left behind (old code reset the rows a step
-        filled only when it started the next step of its own: a benign steer stayed applied to every
-        plain request after it)."""
+        """Every write tap the identity on every row again and no row marked: the state outside a step, so
+        a step the engine runs without starting one of ours (no registered plan has rows in it) applies
+        nothing a finished request left behind (old code reset the rows a step filled only when it started
+        the next step of its own: a benign steer stayed applied to every plain request after it)."""
         for bank in self.banks:
             bank.reset()
-        if self.tally is not None:
-            self.tally.clear()
+        if self.marks is not None:
+            self.marks.clear()
 
     def after(self, step: Step, work: dict) -> None:
-        """Back to the identity (first); the step's receipts and flags into the ledger, one gather, then
-        the MARK and FLAG rows cleared; each capturing plan's rows, one gather per bank; the readouts.
-        Nothing is read back (a request the flags fail fails when its ledger is read at collect)."""
-        assert self.tally is not None
-        for bank in self.banks:
-            bank.reset()
-        try:
-            fill = self._fill_of(step, work)
-            if fill.read is not None:
-                index, plan, steer_index, at, codes = fill.read
-                norms = self.tally.buf.view(-1).index_select(0, index)
-                step.ledger.record(plan, steer_index, at, norms, codes, fill.shift)
-        finally:
-            self.tally.clear()
+        """Back to the identity (first); the step's receipts and flags into the ledger in one read; each
+        capturing plan's rows, one stack a bank; the readouts. Nothing is read back (a request the flags
+        fail fails when its ledger is read at collect)."""
+        self.identity()
+        fill = stepio.fill_of(self, step, work)
+        self._read(step, fill)
         for name in fill.replay:  # a tap where a request composes several steers: each one's receipt
-            w = work[name]
             cur = self.taps[name].buf("pre")[:step.n_tokens].reshape(step.n_tokens, *self.shape_of(name))
-            for g in w.steers:
+            for g in work[name].steers:
                 cur = steer(cur, step, g)
-        self._capture(step, work)
+        stepio.capture(self, step, work, fill)
         for name, w in work.items():  # readouts last (a lens readout runs the final norm, bypassing its tap)
             if w.readouts:
                 cap = self.taps[name].buf("cap")[:step.n_tokens].reshape(step.n_tokens, *self.shape_of(name))
                 for o in w.readouts:
                     readout(cap, step, o)
 
-    # -- what a step writes and reads, built on the host once (or carried from the step before) ----------
-    def _fill_of(self, step: Step, work: dict) -> Fill:
-        """This step's Fill: built in before(), reused in after(); a step one position on from the one
-        before (engine.core.step.one_on), whose steers do not depend on positions, takes that one's."""
-        c = self._carry
-        if c is not None and c.step is step:
-            return c
-        if c is not None and c.free and step.prev is not None and c.step is step.prev:
-            new = dataclasses.replace(c, step=step, shift=c.shift + 1, capture=None)
-            new.capture = None if c.capture is None or not c.capture.free else \
-                dataclasses.replace(c.capture, shift=c.capture.shift + 1)
-        else:
-            new = self._build(step, work)
-        self._carry = new
-        return new
+    def _read(self, step: Step, fill: stepio.Fill) -> None:
+        """The step's flags (every write tap's and layer's, at every steering row, under GUARD) and receipts
+        (each steered row of a write tap) into the ledger: one stack and one gather (stepio._read_of); the
+        ledger keeps views of it (read at collect)."""
+        if fill.read is None:
+            return
+        index, records = fill.read
+        got = torch.stack(self.sources(step.n_tokens)).view(-1).index_select(0, index)
+        for lo, hi, plan, steer_index, at, codes in records:
+            step.ledger.record(plan, steer_index, at, got[lo:hi], codes, fill.shift)
 
-    def _form(self, st: Any, tap: Tap, name: str) -> Form:
-        got = self.forms.get(id(st))
-        if got is None:  # not attached (a step run by hand): made now
-            got = self.forms[id(st)] = (st, form_of(st, tap.width, self.head_dim[name], tap.bank.buf("coef").device))
-        if isinstance(got[1], Exception):
-            raise got[1]
-        return got[1]
-
-    def _build(self, step: Step, work: dict) -> Fill:
-        """The step's coefficient rows per bank (index and values on the device), and the index of every
-        steering row's receipt and flag in the tally with their ledger labels (host)."""
-        assert self.tally is not None
-        per_bank: dict[int, tuple[Bank, list, list, list]] = {}
-        labels = []
-        guarded = step.guard_rows()
-        if guarded.spans:
-            labels.append((self.tally.FLAG * self.tally.rows + guarded.flat, guarded))
-        free, replay = True, []
-        for name, w in work.items():
-            tap = self.taps.get(name)
-            if not w.steers or tap is None or tap.write is None:
-                continue
-            parts, sets = [], []
-            for g in w.steers:
-                rows, carried = step.steer_geometry(g, tap.shape(self.head_dim[name], bool(g.steer.address.coords)))
-                free = free and carried  # a group with no rows here may have some one position on
-                if not rows.spans:
-                    continue
-                form, starts = stacked([self._form(m[2], tap, name) for m, _, _ in rows.spans])
-                code = np.repeat(starts, rows.counts)
-                parts.append((form, rows.flat, code + rows.pos if form.lead else code))
-                sets.append(rows)
-            if not parts:
-                continue
-            flat, table, which = compose(parts, tap.width)
-            bank, idx, tables, whiches = per_bank.setdefault(id(tap.bank), (tap.bank, [], [], []))
-            idx.append(tap.write * bank.rows + flat)
-            whiches.append(which + sum(len(t) for t in tables))
-            tables.append(table)
-            if len(flat) < sum(r.m for r in sets):  # a row takes several steers here: replayed for receipts
-                replay.append(name)
-            else:
-                labels += [(tap.row * self.tally.rows + r.flat, r) for r in sets]  # type: ignore[operator]
-        writes = []
-        for bank, idx, tables, whiches in per_bank.values():
-            coef = bank.buf("coef")
-            table, which = np.concatenate(tables), np.concatenate(whiches)
-            changed = [j for j, same in enumerate((table[:, 0] == 0, table[:, 1] == 1, table[:, 2] == 0))
-                       if not same.all()]
-            part = changed[0] if len(changed) == 1 else None  # an add changes `add` alone: write that part
-            table = table if part is None else np.ascontiguousarray(table[:, part])
-            if len(which) * table[0].size <= HOST_GATHER:  # the step's rows gathered on the host: one upload
-                values = torch.from_numpy(table[which]).to(coef.device, coef.dtype, non_blocking=True)
-            else:  # many rows: the distinct ones uploaded, gathered on the device
-                values = torch.from_numpy(table).to(coef.device, coef.dtype, non_blocking=True).index_select(
-                    0, upload(which, coef.device))
-            writes.append((bank, upload(np.concatenate(idx), coef.device), values, part))
-        read = None
-        if labels:
-            read = (upload(np.concatenate([i for i, _ in labels]), self.tally.buf.device),
-                    np.concatenate([r.plan for _, r in labels]), np.concatenate([r.steer for _, r in labels]),
-                    np.concatenate([r.pos for _, r in labels]), frozenset().union(*(r.codes for _, r in labels)))
-        return Fill(step, writes, read, replay, free)
-
-    def _capture(self, step: Step, work: dict) -> None:
-        """Every capturing plan's rows of every tap: one gather per bank; a plan's every row of the keys
-        with no coordinate kept as one block ([keys, rows, width]: Plan.add_block), the others key by key."""
-        fill = self._carry
-        assert fill is not None and fill.step is step
-        if fill.capture is None:
-            fill.capture = self._captures_of(step, work)
-        shift = fill.capture.shift
-        for bank, index, dist in fill.capture.gathers:
-            rows = bank.buf("cap").view(-1, bank.width).index_select(0, index)
-            for plan, keys, coord, p0, n, shape, at in dist:
-                part = rows[at:at + len(keys) * n]
-                if coord is None and len(keys) > 1:
-                    plan.add_block(keys, p0 + shift, part.view(len(keys), n, *shape))
-                else:
-                    t = part.view(n, *shape)
-                    plan.add(keys[0], p0 + shift, t if coord is None else t[:, coord])
-
-    def _captures_of(self, step: Step, work: dict) -> Captures:
-        """Per bank the flat (tap, row) index of every capturing row, and in its order (plan, keys, coord,
-        first position, rows, per-position shape, offset): per plan first its every-row keys without a
-        coordinate, one block, then each other key."""
-        per_bank: dict[int, tuple[Bank, dict]] = {}
-        free = True
-        for name, w in work.items():
-            tap = self.taps.get(name)
-            if not w.reads or tap is None:
-                continue
-            for r in w.reads:
-                rows = step.read_rows(r)
-                if not rows.members:
-                    free = False  # rows a step one position on may have
-                    continue
-                bank, plans = per_bank.setdefault(id(tap.bank), (tap.bank, {}))
-                at = 0
-                for plan, p0, n in rows.members:
-                    sp = step.span(plan)
-                    whole = sp is not None and n == sp.n
-                    free = free and whole
-                    flat = tap.slot * bank.rows + rows.flat[at:at + n]
-                    at += n
-                    blocks, singles = plans.setdefault(id(plan), (plan, [], []))[1:]
-                    (blocks if whole and r.coord is None else singles).append((r.key, r.coord, p0, n, self.shape_of(name), flat))
-        gathers = []
-        for bank, plans in per_bank.values():
-            idx, dist, at = [], [], 0
-            for plan, blocks, singles in plans.values():
-                if blocks:  # one (plan, first position, rows) for all of them: the plan's span
-                    _, _, p0, n, shape, _ = blocks[0]
-                    same = [b for b in blocks if b[4] == shape]
-                    singles = [b for b in blocks if b[4] != shape] + singles
-                    dist.append((plan, tuple(b[0] for b in same), None, p0, n, shape, at))
-                    idx += [b[5] for b in same]
-                    at += len(same) * n
-                for key, coord, p0, n, shape, flat in singles:
-                    dist.append((plan, (key,), coord, p0, n, shape, at))
-                    idx.append(flat)
-                    at += n
-            gathers.append((bank, upload(np.concatenate(idx), bank.buf("cap").device), dist))
-        return Captures(gathers, free)
-
-
-@dataclass(eq=False)
-class Captures:
-    """One step's capture gathers: per bank the flat (tap, row) index and, in its order, (capture key,
-    coordinate, per-position shape, members (plan, first position, rows), rows per member)."""
-    gathers: list
-    free: bool  # every plan's every row: a step one position on reads the same rows
-    shift: int = 0
-
-
-@dataclass(eq=False)
-class Fill:
-    """What one step writes and reads (StaticTaps._build): per bank (bank, flat index, coefficient rows, the
-    one part written or None);
-    the tally gather with its ledger labels (index, plan codes, steer indices, positions less `shift`,
-    distinct codes); taps whose receipts are replayed; whether nothing depends on positions."""
-    step: Step
-    writes: list
-    read: tuple | None
-    replay: list
-    free: bool
-    shift: int = 0
-    capture: Captures | None = None
+__all__ = ["Bank", "Tap", "StaticTaps", "lone_tap", "width_of", "FLAG", "GUARD"]
