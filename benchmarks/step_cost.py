@@ -80,17 +80,22 @@ def child(a: argparse.Namespace) -> int:
             break
         arm, streams = cmd["arm"], cmd["streams"]
         batch = reqs(arm, streams)
+        timed = hasattr(m, "worker_timing")  # a base from before issue 52 has neither timer nor counter: wall only
         if cmd.get("ops"):
+            if not timed:
+                say({"steps": 0, "per_step": [], "labels": {}})
+                continue
             m.worker_ops(True)
             m.generate_batch(batch, return_logits=False)
             ranks = m.worker_ops(False)
             say({"steps": ranks[0]["steps"], "per_step": ranks[0]["per_step"], "labels": ranks[0]["labels"]})
             continue
-        m.worker_timing(True)
+        if timed:
+            m.worker_timing(True)
         t = time.perf_counter()
         out = m.generate_batch(batch, return_logits=False)
         wall = time.perf_counter() - t
-        (rank,) = m.worker_timing(False)
+        (rank,) = m.worker_timing(False) if timed else ({"steps": 0, "seconds": {}},)
         tokens = [r.new_tokens.tolist() for r in out]
         if arm == "capture" and any(r.cache[f"resid_post.{n - 1}"].shape[0] < a.prompt + a.new_tokens - 1 for r in out):
             raise RuntimeError("a capture came back short")
@@ -173,6 +178,7 @@ def figures(out: dict) -> list[dict]:
         for k, by_arm in by_k.items():
             plain = by_arm["plain"]
             per_tok = [s["wall"] / out["new_tokens"] * 1e3 for s in plain]
+            timed = any(s["steps"] for ss in by_arm.values() for s in ss)  # False: a base without the worker's timer
             for arm in ARMS:
                 ss = by_arm[arm]
                 ms = [s["wall"] / out["new_tokens"] * 1e3 for s in ss]
@@ -183,7 +189,7 @@ def figures(out: dict) -> list[dict]:
                              "added_ms": None if arm == "plain" else median_ci(added),
                              "ops": max(op["per_step"], default=0), "ops_step": op["labels"].get("step", 0) / max(op["steps"], 1),
                              "ops_hooks": op["labels"].get("hooks", 0) / max(op["steps"], 1),
-                             "plain_ms": median_ci(per_tok).median})
+                             "plain_ms": median_ci(per_tok).median, "timed": timed})
     return rows
 
 
@@ -209,9 +215,11 @@ def table(out: dict) -> str:
              "|---|---:|---|---:|---:|---:|---:|"]
     for row in figures(out):
         ops = f"{sig(row['ops_step'], 3)}" + (f" (+{sig(row['ops_hooks'], 3)} in hooks)" if row["ops_hooks"] else "")
+        host = fmt_interval(row["host_us"].median, row["host_us"].lo, row["host_us"].hi)
+        if not row["timed"]:
+            host, ops = "n/a", "n/a"  # a base without the worker's timer and counter (before issue 52)
         lines.append(f"| {row['side']} | {row['streams']} | {row['arm']} | "
-                     f"{fmt_interval(row['ms'].median, row['ms'].lo, row['ms'].hi)} | {shown(row)} | "
-                     f"{fmt_interval(row['host_us'].median, row['host_us'].lo, row['host_us'].hi)} | {ops} |")
+                     f"{fmt_interval(row['ms'].median, row['ms'].lo, row['ms'].hi)} | {shown(row)} | {host} | {ops} |")
     return "\n".join(lines)
 
 
