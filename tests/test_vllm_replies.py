@@ -143,6 +143,24 @@ def test_captures_sent_in_one_stack_read_back_each_as_its_row():
             assert first == 2 and torch.equal(wire.tensor_in(rows), stack[j])
 
 
+def test_a_capture_handed_through_a_file_reads_back_as_often_as_it_is_gathered():
+    """A capture the worker wrote to shared memory (worker/sink.py) is mapped once, when its reply is read:
+    the file is unlinked as it is mapped, and a request gathers some captures more than once (attention
+    patterns are recomputed from q and k, and q is asked too). Mapped at each gather, the second raised
+    'unable to open file' (test_vllm.py's prefill comparison on the hooked backend)."""
+    import tempfile
+
+    import msgspec
+
+    from engine.backends.vllm.worker import sink
+    rows = torch.randn(5, 4)
+    for make, read in ((wire.CollectReply, wire.CollectReply.read), (wire.PeekReply, wire.PeekReply.read)):
+        reply = make("req", captures={"resid_post.0": [0, sink.to_file(rows, tempfile.mkdtemp(dir="/dev/shm"))]})
+        back = read(msgspec.msgpack.decode(msgspec.msgpack.encode(reply.out())))
+        for _ in range(2):
+            assert torch.equal(replies.gather(Catalogue(False, (4,)), "resid_post.0", [back]), rows)
+
+
 def test_a_lost_plan_and_a_missing_output_are_the_engines_errors():
     with pytest.raises(EngineError, match=r"^a worker lost this request's plan: unknown key abc$"):
         _result([wire.CollectReply("req", lost="unknown key abc")])

@@ -1,7 +1,7 @@
 """vllm-static's taps as a CUDA graph needs them (engine/backends/vllm/worker/static.py): every buffer keeps
 its storage for the engine's life (a captured graph reads and writes fixed addresses), the per-row
 steer coefficients are written into it in place before a forward, and the forward applies them and
-leaves its rows in `cap`, its receipts and flags in the tally. The replay itself needs a GPU; everything
+leaves its rows in `cap`, its receipts and flags in its own buffers (and each layer guard its flags). The replay itself needs a GPU; everything
 around it runs here on a Linear."""
 from __future__ import annotations
 

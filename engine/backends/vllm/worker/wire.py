@@ -213,7 +213,8 @@ class PeekReply:
 
     @classmethod
     def read(cls, d: dict) -> PeekReply:
-        return cls(d["key"], d["captures"], d["held"], d["readouts"])
+        return cls(d["key"], {k: [first, _once(rows)] for k, (first, rows) in d["captures"].items()}, d["held"],
+                   d["readouts"])
 
 
 @dataclass
@@ -252,6 +253,13 @@ class CollectReply:
         kw["failed"] = None if d.get("failed") is None else Failure.read(d["failed"])
         stacks = [tensor_in(t) for t in d.get("stacks") or []]  # each decoded (or mapped) once
         kw["captures"] = {k: [first, stacks[rows[STACK]][rows["index"]] if isinstance(rows, dict) and STACK in rows
-                              else rows] for k, (first, rows) in (d.get("captures") or {}).items()}
+                              else _once(rows)] for k, (first, rows) in (d.get("captures") or {}).items()}
         kw["stacks"] = []
         return cls(**kw)
+
+
+def _once(rows: Any) -> Any:
+    """A capture's rows handed through a file (worker/sink.py) mapped now, once: reading it unlinks the file,
+    so a reply whose capture is read twice (attention patterns recomputed from q and k, and q itself) must
+    not map it again. Other forms are decoded where they are read."""
+    return tensor_in(rows) if isinstance(rows, dict) and FILE in rows else rows
