@@ -213,6 +213,7 @@ class StaticTaps:
         self.guard: LayerGuard | None = None
         self.forms: dict[int, tuple[Any, Any]] = {}  # id(steer) -> (steer, its form or the error making it)
         self.carry: stepio.Fill | None = None  # what the last step built, for the next step one position on
+        self._sources: dict[int, list[torch.Tensor]] = {}  # row count -> the read's views (sources)
 
     def install(self, declared: list[tuple[Address, bool]], site_of: Callable[[Address], VSite], d_model: int,
                 rows: int, device: torch.device, dtype: torch.dtype, head_dims: dict[str, int],
@@ -239,6 +240,7 @@ class StaticTaps:
         """The layer guard on every decoder layer, outside any tap there (after install)."""
         assert self.marks is not None, "install the taps first"
         self.guard = LayerGuard(layers, tree, self.marks)
+        self._sources = {}
 
     @property
     def writes(self) -> list[Tap]:
@@ -246,10 +248,14 @@ class StaticTaps:
 
     def sources(self, n: int) -> list[torch.Tensor]:
         """What the read stacks, first n rows each: every write tap's receipts (in `row` order), then every
-        write tap's flags and every layer's."""
-        taps = sorted(self.writes, key=lambda t: t.row or 0)
-        flags = [t.buf("flag") for t in taps] + (self.guard.flags if self.guard is not None else [])
-        return [t.buf("change")[:n] for t in taps] + [f[:n] for f in flags]
+        write tap's flags and every layer's. Views of buffers that keep their storage for the engine's life,
+        so made once per row count (a decode step's is the step before's)."""
+        got = self._sources.get(n)
+        if got is None:
+            taps = sorted(self.writes, key=lambda t: t.row or 0)
+            flags = [t.buf("flag") for t in taps] + (self.guard.flags if self.guard is not None else [])
+            got = self._sources[n] = [t.buf("change")[:n] for t in taps] + [f[:n] for f in flags]
+        return got
 
     @property
     def nbytes(self) -> int:

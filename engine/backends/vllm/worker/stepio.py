@@ -32,6 +32,7 @@ class Captures:
     banks: list
     free: bool  # every plan's every row: a step one position on reads the same rows
     shift: int = 0
+    views: list | None = None  # per bank, its taps' first n rows of `cap` (capture)
 
 
 @dataclass(eq=False)
@@ -151,8 +152,10 @@ def capture(taps: StaticTaps, step: Step, work: dict, fill: Fill) -> None:
     if fill.capture is None:
         fill.capture = _captures_of(taps, step, work)
     n, shift = step.n_tokens, fill.capture.shift
-    for stack_taps, index, dist in fill.capture.banks:
-        rows = torch.stack([t.buf("cap")[:n] for t in stack_taps])  # [taps, n, width]
+    if fill.capture.views is None:  # views of buffers that keep their storage: made once, carried with the Fill
+        fill.capture.views = [[t.buf("cap")[:n] for t in stack_taps] for stack_taps, _, _ in fill.capture.banks]
+    for (stack_taps, index, dist), views in zip(fill.capture.banks, fill.capture.views):
+        rows = torch.stack(views)  # [taps, n, width]
         if index is not None:
             rows = rows.view(-1, rows.shape[-1]).index_select(0, index)
         for plan, keys, coord, p0, m, shape, at in dist:
