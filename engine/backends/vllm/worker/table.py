@@ -15,12 +15,17 @@ tests/test_ops_table.py holds every static op to that form.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
+from engine.core.address import parse
 from engine.core.errors import SteeringError
 from engine.core.ops import OPS, AffineRows
+
+if TYPE_CHECKING:
+    from engine.core.steering import Steer
 
 
 @dataclass(frozen=True)
@@ -36,15 +41,16 @@ class Form:
     lead: bool
 
 
-def form_of(steer, width: int, head_dim: int | None, device: torch.device) -> Form:
+def form_of(steer: Steer, width: int, head_dim: int | None, device: torch.device) -> Form:
     """The steer's (a, b, u) from its op's affine form on identity rows (a bound, local steer)."""
     op = OPS[steer.op]
     why = op.static_refusal(steer)
     if why or op.affine is None:
         raise SteeringError(f"vllm-static cannot apply {steer.op!r}: {why}.")
     cols = slice(0, width)
-    if steer.address.coords:
-        (_, h), = steer.address.coords
+    address = parse(steer.address) if isinstance(steer.address, str) else steer.address
+    if address.coords:
+        (_, h), = address.coords
         assert head_dim, "a head coordinate is on a headed point"
         h = h % (width // head_dim)
         cols = slice(h * head_dim, (h + 1) * head_dim)
@@ -55,7 +61,7 @@ def form_of(steer, width: int, head_dim: int | None, device: torch.device) -> Fo
         v = v.to(device, torch.float32)
         v = v.reshape(v.shape[0], -1) if lead else (v if v.dim() == 0 else v.reshape(-1))
     n = v.shape[0] if lead and isinstance(v, torch.Tensor) else 1
-    new = op.affine(AffineRows.identity(n, c, torch.float32, device), v, steer)
+    new = op.affine(AffineRows.identity(n, c, torch.float32, device), v, steer)  # type: ignore[arg-type]
 
     def host(t: torch.Tensor) -> np.ndarray:
         return np.ascontiguousarray(t.expand(n, c).detach().to("cpu").numpy(), dtype=np.float32)
