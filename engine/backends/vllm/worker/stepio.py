@@ -11,16 +11,13 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Any
 
 import numpy as np
 import torch
 
 from engine.backends.vllm.worker.table import compose, stacked
 from engine.core.step import Step, upload
-
-if TYPE_CHECKING:
-    from engine.backends.vllm.worker.static import StaticTaps
 
 HOST_GATHER = 1 << 20  # table rows gathered on the host up to this many elements, on the device above
 
@@ -50,7 +47,7 @@ class Fill:
     capture: Captures | None = None
 
 
-def fill_of(taps: StaticTaps, step: Step, work: dict) -> Fill:
+def fill_of(taps: Any, step: Step, work: dict) -> Fill:
     """This step's Fill: built in before(), reused in after(); a step one position on from the one before
     (engine.core.step.one_on) whose steers do not depend on positions takes that one's."""
     c = taps.carry
@@ -66,7 +63,7 @@ def fill_of(taps: StaticTaps, step: Step, work: dict) -> Fill:
     return new
 
 
-def _build(taps: StaticTaps, step: Step, work: dict) -> Fill:
+def _build(taps: Any, step: Step, work: dict) -> Fill:
     """The step's coefficient rows per bank (index and values on the device), the guard's rows and every
     steered row's receipt index with their ledger labels (host)."""
     n = step.n_tokens
@@ -102,7 +99,7 @@ def _build(taps: StaticTaps, step: Step, work: dict) -> Fill:
     return Fill(step, writes, _read_of(taps, step, labels), replay, free)
 
 
-def _read_of(taps: StaticTaps, step: Step, labels: list) -> tuple | None:
+def _read_of(taps: Any, step: Step, labels: list) -> tuple | None:
     """The read's one gather from the stacked sources (StaticTaps.sources: every write tap's receipts, then
     every write tap's and layer's flags, n rows each) and the ledger records it makes: (device index,
     [(first, end, plan codes, steer indices, positions less the Fill's shift, distinct codes)]). The guard
@@ -145,7 +142,7 @@ def _write(bank, idx: list, tables: list, whiches: list) -> tuple:
 
 
 # -- captures -------------------------------------------------------------------------------------------
-def capture(taps: StaticTaps, step: Step, work: dict, fill: Fill) -> None:
+def capture(taps: Any, step: Step, work: dict, fill: Fill) -> None:
     """Every capturing plan's rows of every tap: the bank's captured taps stacked (one op), a plan's every
     row of its keys without a coordinate kept as one block ([keys, rows, ...]: Plan.add_block), the others
     key by key; views of the stack where it holds only rows some plan keeps, else of one gather of those."""
@@ -172,7 +169,7 @@ def capture(taps: StaticTaps, step: Step, work: dict, fill: Fill) -> None:
                 plan.add(keys[0], p0 + shift, t if coord is None else t[:, coord])
 
 
-def _captures_of(taps: StaticTaps, step: Step, work: dict) -> Captures:
+def _captures_of(taps: Any, step: Step, work: dict) -> Captures:
     """Per bank the captured taps and, per plan, its reads there: (key, coord, first position, rows, shape,
     tap position, first flat row, whole span)."""
     per_bank: dict[int, tuple[list, dict]] = {}
