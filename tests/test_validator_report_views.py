@@ -80,3 +80,18 @@ def test_failures_section_separates_undeclared_from_declared():
     assert "- acme/tiny: 1 rows in hf (lm_head): `hf-deepseek-v4-padding-leak`" in section
     both = report.render_readme([_cell([leak, SHAPE])], zoo=["acme/tiny"])
     assert "- acme/tiny / decode / attn_probs.1 (hf): shape mismatch: ours (1, 1, 4, 21)" in both
+
+
+def test_a_column_computed_by_two_versions_of_the_code_is_called_partial_with_its_counts():
+    def prov(digest, commit):
+        return {"provenance": {"code_digest": digest, "commit": commit}}
+    zoo = ["acme/a", "acme/b", "acme/c"]
+    ok = [_cell([_row("resid_post", "pass")], model=m, engine="hf", **prov("d1", "c" * 40)) for m in zoo]
+    mixed = [_cell([_row("resid_post", "pass")], model=m, engine="vllm", **prov(d, k * 40))
+             for m, d, k in (("acme/a", "new", "b"), ("acme/b", "new", "b"), ("acme/c", "old", "a"))]
+    lines = report.coverage(ok + mixed, zoo)
+    assert lines == ["- `vllm`: cells from 2 versions of the code: 2 computed by code new (at bbbbbbbb); 1 computed by "
+                     "code old (at aaaaaaaa). A run on the current code recomputes the stale ones (`python -m validator "
+                     "run --engines vllm`; `--check` lists them)."]
+    assert report.coverage(ok, zoo) == []  # one version, every model: complete
+    assert "partial matrix:" in report.render_readme(ok + mixed, zoo)

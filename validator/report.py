@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import io
 import math
-from collections import defaultdict
+from collections import Counter, defaultdict
 from pathlib import Path
 
 from validator import cells, known_gaps
@@ -85,8 +85,16 @@ def zoo_names() -> list[str]:
     return list(ZOO)
 
 
+def _commit_of(all_cells, engine: str, digest: str) -> str:
+    """The commit most of `engine`'s cells computed by code `digest` record (short)."""
+    commits = Counter(c.get("provenance", {}).get("commit", "?") for c in all_cells
+                      if col(c) == engine and c.get("provenance", {}).get("code_digest", "?") == digest)
+    return commits.most_common(1)[0][0][:8]
+
+
 def coverage(all_cells, zoo: list[str]) -> list[str]:
-    """Lines saying where the matrix is partial (empty when every column covers the zoo)."""
+    """Lines saying where the matrix is partial (empty when every column covers the zoo with cells of one
+    version of the code): missing models, ad-hoc variants, and columns whose cells different code computed."""
     out = []
     for e in _engines(all_cells):
         have = {c["model"] for c in all_cells if col(c) == e}
@@ -98,6 +106,12 @@ def coverage(all_cells, zoo: list[str]) -> list[str]:
         if missing:
             out.append(f"- `{e}`: {len(have & set(zoo))} of {len(zoo)} zoo models; missing "
                        f"{', '.join(missing[:6])}{' ...' if len(missing) > 6 else ''}.")
+        versions = Counter(c.get("provenance", {}).get("code_digest", "?") for c in all_cells if col(c) == e)
+        if len(versions) > 1:
+            out.append(f"- `{e}`: cells from {len(versions)} versions of the code: " + "; ".join(
+                f"{n} computed by code {d} (at {_commit_of(all_cells, e, d)})" for d, n in versions.most_common())
+                + f". A run on the current code recomputes the stale ones (`python -m validator run --engines "
+                  f"{e.split('@')[0]}`; `--check` lists them).")
     gone = sorted({c["model"] for c in all_cells} - set(zoo))
     if gone:
         out.append(f"- cells of models no longer in the zoo: {', '.join(gone[:6])}{' ...' if len(gone) > 6 else ''}.")
