@@ -89,6 +89,8 @@ def test_a_column_computed_by_two_versions_of_the_code_is_called_partial_with_it
     ok = [_cell([_row("resid_post", "pass")], model=m, engine="hf", **prov("d1", "c" * 40)) for m in zoo]
     mixed = [_cell([_row("resid_post", "pass")], model=m, engine="vllm", **prov(d, k * 40))
              for m, d, k in (("acme/a", "new", "b"), ("acme/b", "new", "b"), ("acme/c", "old", "a"))]
+    skipped = _cell([], model="acme/c", engine="vllm", status="skipped")  # no provenance: it ran no code
+    assert report.coverage(ok + mixed[:2] + [skipped], zoo) == []
     lines = report.coverage(ok + mixed, zoo)
     assert lines == ["- `vllm`: cells from 2 versions of the code: 2 computed by code new (at bbbbbbbb); 1 computed by "
                      "code old (at aaaaaaaa). A run on the current code recomputes the stale ones (`python -m validator "

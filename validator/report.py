@@ -106,7 +106,8 @@ def coverage(all_cells, zoo: list[str]) -> list[str]:
         if missing:
             out.append(f"- `{e}`: {len(have & set(zoo))} of {len(zoo)} zoo models; missing "
                        f"{', '.join(missing[:6])}{' ...' if len(missing) > 6 else ''}.")
-        versions = Counter(c.get("provenance", {}).get("code_digest", "?") for c in all_cells if col(c) == e)
+        versions = Counter(c["provenance"]["code_digest"] for c in all_cells  # skipped cells ran no code
+                           if col(c) == e and c.get("provenance", {}).get("code_digest"))
         if len(versions) > 1:
             out.append(f"- `{e}`: cells from {len(versions)} versions of the code: " + "; ".join(
                 f"{n} computed by code {d} (at {_commit_of(all_cells, e, d)})" for d, n in versions.most_common())
