@@ -155,6 +155,15 @@ KNOWN: tuple[Known, ...] = (
           "the vLLM backend refuses this point by name (fused kernels never materialize it, or vllm-static "
           "did not declare it as a tap)", "engine/core/points.py backend status for vllm / vllm-static; the "
           "refusal text is on the row", match=r"refused by backend"),
+    Known("vllm-static-auto-taps", "gap", "vllm-static", "steer",
+          "vLLM serves these architectures through its Transformers backend or fused kernels, where q / k / v never "
+          "reach a tap, so declaring the compared addresses as taps fails and the column falls back to "
+          "static_points='auto' (resid_post taps, said in the cell's notes); a steer at an attention-internal point "
+          "(z, attn_out) is then refused by name",
+          "the cell's note 'vllm-static fell back to static_points=auto' and the row's refusal text ('serves only "
+          "the taps declared at load'); engine/backends/vllm/backend.py tap_errors",
+          match=r"serves only the taps declared at load",
+          model_types="glm|gpt_bigcode|gpt_neox|hunyuan_v1_dense|olmo|olmo2|olmo3|opt|phi|seed_oss|smollm3|starcoder2"),
     Known("vllm-static-op", "gap", "vllm-static", "steer",
           "vllm-static's taps apply one affine map per row, y = (x - (x.u) u) * mul + add; an op they cannot express "
           "(a rescale other than 0, a projection cap, a norm-scaled add, an SAE encode) is refused by name",
