@@ -596,8 +596,8 @@ export const validation: readonly ValidationCell[] = [
     "family": "llama",
     "modelType": "seed_oss",
     "status": "ok",
-    "verdict": "fail",
-    "counts": {"fail": 6, "gap": 231, "pass": 58},
+    "verdict": "gap",
+    "counts": {"gap": 237, "pass": 58},
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
@@ -615,56 +615,56 @@ export const validation: readonly ValidationCell[] = [
         "point": "steer",
         "layer": 0,
         "case": "steer",
-        "verdict": "fail",
-        "relErr": null,
-        "cosine": null,
-        "maxAbs": null,
+        "verdict": "pass",
+        "relErr": 8.113e-07,
+        "cosine": 1.0,
+        "maxAbs": 2.861e-06,
         "known": "",
-        "reason": "undeclared gap: refused or failed: UnsupportedPointError: z.0 cannot be served by backend 'vllm-static': vllm-static serves only the taps declared at load (sta…"
+        "reason": ""
       },
       {
         "point": "steer",
         "layer": 0,
         "case": "steer",
-        "verdict": "fail",
-        "relErr": null,
-        "cosine": null,
-        "maxAbs": null,
+        "verdict": "pass",
+        "relErr": 6.868e-07,
+        "cosine": 1.0,
+        "maxAbs": 2.861e-06,
         "known": "",
-        "reason": "undeclared gap: refused or failed: UnsupportedPointError: z.0 cannot be served by backend 'vllm-static': vllm-static serves only the taps declared at load (sta…"
+        "reason": ""
+      },
+      {
+        "point": "lm_head",
+        "layer": null,
+        "case": "long",
+        "verdict": "pass",
+        "relErr": 6.709e-07,
+        "cosine": 1.0,
+        "maxAbs": 2.325e-06,
+        "known": "",
+        "reason": ""
       },
       {
         "point": "steer",
         "layer": 0,
         "case": "steer",
-        "verdict": "fail",
-        "relErr": null,
-        "cosine": null,
-        "maxAbs": null,
+        "verdict": "pass",
+        "relErr": 6.529e-07,
+        "cosine": 1.0,
+        "maxAbs": 2.384e-06,
         "known": "",
-        "reason": "undeclared gap: refused or failed: UnsupportedPointError: z.0 cannot be served by backend 'vllm-static': vllm-static serves only the taps declared at load (sta…"
+        "reason": ""
       },
       {
-        "point": "steer",
-        "layer": 0,
-        "case": "steer",
-        "verdict": "fail",
-        "relErr": null,
-        "cosine": null,
-        "maxAbs": null,
+        "point": "final_norm",
+        "layer": null,
+        "case": "long",
+        "verdict": "pass",
+        "relErr": 6.084e-07,
+        "cosine": 1.0,
+        "maxAbs": 2.503e-06,
         "known": "",
-        "reason": "undeclared gap: refused or failed: UnsupportedPointError: z.0 cannot be served by backend 'vllm-static': vllm-static serves only the taps declared at load (sta…"
-      },
-      {
-        "point": "steer",
-        "layer": 0,
-        "case": "steer",
-        "verdict": "fail",
-        "relErr": null,
-        "cosine": null,
-        "maxAbs": null,
-        "known": "",
-        "reason": "undeclared gap: refused or failed: UnsupportedPointError: z.0 cannot be served by backend 'vllm-static': vllm-static serves only the taps declared at load (sta…"
+        "reason": ""
       }
     ],
     "causes": [
@@ -692,6 +692,7 @@ export const validation: readonly ValidationCell[] = [
           "z"
         ]
       },
+      {"id": "vllm-static-auto-taps", "rows": 6, "points": ["steer"]},
       {"id": "vllm-static-op", "rows": 5, "points": ["steer"]}
     ]
   },
@@ -4012,8 +4013,8 @@ export const validation: readonly ValidationCell[] = [
     "family": "gpt_neox",
     "modelType": "gpt_neox",
     "status": "ok",
-    "verdict": "fail",
-    "counts": {"fail": 6, "gap": 209, "pass": 58},
+    "verdict": "gap",
+    "counts": {"gap": 215, "pass": 58},
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
@@ -4031,56 +4032,56 @@ export const validation: readonly ValidationCell[] = [
         "point": "steer",
         "layer": 0,
         "case": "steer",
-        "verdict": "fail",
-        "relErr": null,
-        "cosine": null,
-        "maxAbs": null,
+        "verdict": "pass",
+        "relErr": 9.524e-07,
+        "cosine": 1.0,
+        "maxAbs": 3.457e-06,
         "known": "",
-        "reason": "undeclared gap: refused or failed: UnsupportedPointError: z.0 cannot be served by backend 'vllm-static': vllm-static serves only the taps declared at load (sta…"
+        "reason": ""
       },
       {
         "point": "steer",
         "layer": 0,
         "case": "steer",
-        "verdict": "fail",
-        "relErr": null,
-        "cosine": null,
-        "maxAbs": null,
+        "verdict": "pass",
+        "relErr": 9.337e-07,
+        "cosine": 1.0,
+        "maxAbs": 3.099e-06,
         "known": "",
-        "reason": "undeclared gap: refused or failed: UnsupportedPointError: z.0 cannot be served by backend 'vllm-static': vllm-static serves only the taps declared at load (sta…"
+        "reason": ""
       },
       {
         "point": "steer",
         "layer": 0,
         "case": "steer",
-        "verdict": "fail",
-        "relErr": null,
-        "cosine": null,
-        "maxAbs": null,
+        "verdict": "pass",
+        "relErr": 8.137e-07,
+        "cosine": 1.0,
+        "maxAbs": 2.265e-06,
         "known": "",
-        "reason": "undeclared gap: refused or failed: UnsupportedPointError: z.0 cannot be served by backend 'vllm-static': vllm-static serves only the taps declared at load (sta…"
+        "reason": ""
       },
       {
-        "point": "steer",
-        "layer": 0,
-        "case": "steer",
-        "verdict": "fail",
-        "relErr": null,
-        "cosine": null,
-        "maxAbs": null,
+        "point": "lm_head",
+        "layer": null,
+        "case": "short",
+        "verdict": "pass",
+        "relErr": 8.12e-07,
+        "cosine": 1.0,
+        "maxAbs": 2.623e-06,
         "known": "",
-        "reason": "undeclared gap: refused or failed: UnsupportedPointError: z.0 cannot be served by backend 'vllm-static': vllm-static serves only the taps declared at load (sta…"
+        "reason": ""
       },
       {
-        "point": "steer",
-        "layer": 0,
-        "case": "steer",
-        "verdict": "fail",
-        "relErr": null,
-        "cosine": null,
-        "maxAbs": null,
+        "point": "lm_head",
+        "layer": null,
+        "case": "padded",
+        "verdict": "pass",
+        "relErr": 8.12e-07,
+        "cosine": 1.0,
+        "maxAbs": 2.623e-06,
         "known": "",
-        "reason": "undeclared gap: refused or failed: UnsupportedPointError: z.0 cannot be served by backend 'vllm-static': vllm-static serves only the taps declared at load (sta…"
+        "reason": ""
       }
     ],
     "causes": [
@@ -4106,6 +4107,7 @@ export const validation: readonly ValidationCell[] = [
           "z"
         ]
       },
+      {"id": "vllm-static-auto-taps", "rows": 6, "points": ["steer"]},
       {"id": "vllm-static-op", "rows": 5, "points": ["steer"]}
     ]
   },
@@ -4609,8 +4611,8 @@ export const validation: readonly ValidationCell[] = [
     "family": "gpt_neox",
     "modelType": "gpt_neox",
     "status": "ok",
-    "verdict": "fail",
-    "counts": {"fail": 6, "gap": 209, "pass": 58},
+    "verdict": "gap",
+    "counts": {"gap": 215, "pass": 58},
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
@@ -4628,56 +4630,56 @@ export const validation: readonly ValidationCell[] = [
         "point": "steer",
         "layer": 0,
         "case": "steer",
-        "verdict": "fail",
-        "relErr": null,
-        "cosine": null,
-        "maxAbs": null,
+        "verdict": "pass",
+        "relErr": 7.039e-07,
+        "cosine": 1.0,
+        "maxAbs": 3.099e-06,
         "known": "",
-        "reason": "undeclared gap: refused or failed: UnsupportedPointError: z.0 cannot be served by backend 'vllm-static': vllm-static serves only the taps declared at load (sta…"
+        "reason": ""
       },
       {
         "point": "steer",
         "layer": 0,
         "case": "steer",
-        "verdict": "fail",
-        "relErr": null,
-        "cosine": null,
-        "maxAbs": null,
+        "verdict": "pass",
+        "relErr": 6.688e-07,
+        "cosine": 1.0,
+        "maxAbs": 2.384e-06,
         "known": "",
-        "reason": "undeclared gap: refused or failed: UnsupportedPointError: z.0 cannot be served by backend 'vllm-static': vllm-static serves only the taps declared at load (sta…"
+        "reason": ""
+      },
+      {
+        "point": "lm_head",
+        "layer": null,
+        "case": "short",
+        "verdict": "pass",
+        "relErr": 6.01e-07,
+        "cosine": 1.0,
+        "maxAbs": 2.623e-06,
+        "known": "",
+        "reason": ""
+      },
+      {
+        "point": "lm_head",
+        "layer": null,
+        "case": "padded",
+        "verdict": "pass",
+        "relErr": 6.01e-07,
+        "cosine": 1.0,
+        "maxAbs": 2.623e-06,
+        "known": "",
+        "reason": ""
       },
       {
         "point": "steer",
         "layer": 0,
         "case": "steer",
-        "verdict": "fail",
-        "relErr": null,
-        "cosine": null,
-        "maxAbs": null,
+        "verdict": "pass",
+        "relErr": 6.01e-07,
+        "cosine": 1.0,
+        "maxAbs": 2.623e-06,
         "known": "",
-        "reason": "undeclared gap: refused or failed: UnsupportedPointError: z.0 cannot be served by backend 'vllm-static': vllm-static serves only the taps declared at load (sta…"
-      },
-      {
-        "point": "steer",
-        "layer": 0,
-        "case": "steer",
-        "verdict": "fail",
-        "relErr": null,
-        "cosine": null,
-        "maxAbs": null,
-        "known": "",
-        "reason": "undeclared gap: refused or failed: UnsupportedPointError: z.0 cannot be served by backend 'vllm-static': vllm-static serves only the taps declared at load (sta…"
-      },
-      {
-        "point": "steer",
-        "layer": 0,
-        "case": "steer",
-        "verdict": "fail",
-        "relErr": null,
-        "cosine": null,
-        "maxAbs": null,
-        "known": "",
-        "reason": "undeclared gap: refused or failed: UnsupportedPointError: z.0 cannot be served by backend 'vllm-static': vllm-static serves only the taps declared at load (sta…"
+        "reason": ""
       }
     ],
     "causes": [
@@ -4703,6 +4705,7 @@ export const validation: readonly ValidationCell[] = [
           "z"
         ]
       },
+      {"id": "vllm-static-auto-taps", "rows": 6, "points": ["steer"]},
       {"id": "vllm-static-op", "rows": 5, "points": ["steer"]}
     ]
   },
@@ -5206,8 +5209,8 @@ export const validation: readonly ValidationCell[] = [
     "family": "gpt_neox",
     "modelType": "gpt_neox",
     "status": "ok",
-    "verdict": "fail",
-    "counts": {"fail": 6, "gap": 209, "pass": 58},
+    "verdict": "gap",
+    "counts": {"gap": 215, "pass": 58},
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
@@ -5225,56 +5228,56 @@ export const validation: readonly ValidationCell[] = [
         "point": "steer",
         "layer": 0,
         "case": "steer",
-        "verdict": "fail",
-        "relErr": null,
-        "cosine": null,
-        "maxAbs": null,
+        "verdict": "pass",
+        "relErr": 6.323e-07,
+        "cosine": 1.0,
+        "maxAbs": 2.384e-06,
         "known": "",
-        "reason": "undeclared gap: refused or failed: UnsupportedPointError: z.0 cannot be served by backend 'vllm-static': vllm-static serves only the taps declared at load (sta…"
+        "reason": ""
       },
       {
         "point": "steer",
         "layer": 0,
         "case": "steer",
-        "verdict": "fail",
-        "relErr": null,
-        "cosine": null,
-        "maxAbs": null,
+        "verdict": "pass",
+        "relErr": 6.261e-07,
+        "cosine": 1.0,
+        "maxAbs": 2.384e-06,
         "known": "",
-        "reason": "undeclared gap: refused or failed: UnsupportedPointError: z.0 cannot be served by backend 'vllm-static': vllm-static serves only the taps declared at load (sta…"
+        "reason": ""
+      },
+      {
+        "point": "lm_head",
+        "layer": null,
+        "case": "long",
+        "verdict": "pass",
+        "relErr": 5.857e-07,
+        "cosine": 1.0,
+        "maxAbs": 2.384e-06,
+        "known": "",
+        "reason": ""
       },
       {
         "point": "steer",
         "layer": 0,
         "case": "steer",
-        "verdict": "fail",
-        "relErr": null,
-        "cosine": null,
-        "maxAbs": null,
+        "verdict": "pass",
+        "relErr": 5.351e-07,
+        "cosine": 1.0,
+        "maxAbs": 2.027e-06,
         "known": "",
-        "reason": "undeclared gap: refused or failed: UnsupportedPointError: z.0 cannot be served by backend 'vllm-static': vllm-static serves only the taps declared at load (sta…"
+        "reason": ""
       },
       {
-        "point": "steer",
-        "layer": 0,
-        "case": "steer",
-        "verdict": "fail",
-        "relErr": null,
-        "cosine": null,
-        "maxAbs": null,
+        "point": "resid_post",
+        "layer": 1,
+        "case": "lens",
+        "verdict": "pass",
+        "relErr": 5.338e-07,
+        "cosine": 1.0,
+        "maxAbs": 1.907e-06,
         "known": "",
-        "reason": "undeclared gap: refused or failed: UnsupportedPointError: z.0 cannot be served by backend 'vllm-static': vllm-static serves only the taps declared at load (sta…"
-      },
-      {
-        "point": "steer",
-        "layer": 0,
-        "case": "steer",
-        "verdict": "fail",
-        "relErr": null,
-        "cosine": null,
-        "maxAbs": null,
-        "known": "",
-        "reason": "undeclared gap: refused or failed: UnsupportedPointError: z.0 cannot be served by backend 'vllm-static': vllm-static serves only the taps declared at load (sta…"
+        "reason": ""
       }
     ],
     "causes": [
@@ -5300,6 +5303,7 @@ export const validation: readonly ValidationCell[] = [
           "z"
         ]
       },
+      {"id": "vllm-static-auto-taps", "rows": 6, "points": ["steer"]},
       {"id": "vllm-static-op", "rows": 5, "points": ["steer"]}
     ]
   },
@@ -7525,8 +7529,8 @@ export const validation: readonly ValidationCell[] = [
     "family": "llama",
     "modelType": "smollm3",
     "status": "ok",
-    "verdict": "fail",
-    "counts": {"fail": 6, "gap": 331, "pass": 65},
+    "verdict": "gap",
+    "counts": {"gap": 337, "pass": 65},
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
@@ -7544,56 +7548,56 @@ export const validation: readonly ValidationCell[] = [
         "point": "steer",
         "layer": 1,
         "case": "steer",
-        "verdict": "fail",
-        "relErr": null,
-        "cosine": null,
-        "maxAbs": null,
+        "verdict": "pass",
+        "relErr": 2.095e-06,
+        "cosine": 1.0,
+        "maxAbs": 1.392e-05,
         "known": "",
-        "reason": "undeclared gap: refused or failed: UnsupportedPointError: z.1 cannot be served by backend 'vllm-static': vllm-static serves only the taps declared at load (sta…"
+        "reason": ""
       },
       {
         "point": "steer",
         "layer": 1,
         "case": "steer",
-        "verdict": "fail",
-        "relErr": null,
-        "cosine": null,
-        "maxAbs": null,
+        "verdict": "pass",
+        "relErr": 1.637e-06,
+        "cosine": 1.0,
+        "maxAbs": 9.298e-06,
         "known": "",
-        "reason": "undeclared gap: refused or failed: UnsupportedPointError: z.1 cannot be served by backend 'vllm-static': vllm-static serves only the taps declared at load (sta…"
+        "reason": ""
+      },
+      {
+        "point": "steer",
+        "layer": 1,
+        "case": "steer_generate",
+        "verdict": "pass",
+        "relErr": 1.525e-06,
+        "cosine": 1.0,
+        "maxAbs": 9.656e-06,
+        "known": "",
+        "reason": ""
       },
       {
         "point": "steer",
         "layer": 1,
         "case": "steer",
-        "verdict": "fail",
-        "relErr": null,
-        "cosine": null,
-        "maxAbs": null,
+        "verdict": "pass",
+        "relErr": 1.497e-06,
+        "cosine": 1.0,
+        "maxAbs": 9.06e-06,
         "known": "",
-        "reason": "undeclared gap: refused or failed: UnsupportedPointError: z.1 cannot be served by backend 'vllm-static': vllm-static serves only the taps declared at load (sta…"
+        "reason": ""
       },
       {
         "point": "steer",
         "layer": 1,
         "case": "steer",
-        "verdict": "fail",
-        "relErr": null,
-        "cosine": null,
-        "maxAbs": null,
+        "verdict": "pass",
+        "relErr": 1.488e-06,
+        "cosine": 1.0,
+        "maxAbs": 8.583e-06,
         "known": "",
-        "reason": "undeclared gap: refused or failed: UnsupportedPointError: z.1 cannot be served by backend 'vllm-static': vllm-static serves only the taps declared at load (sta…"
-      },
-      {
-        "point": "steer",
-        "layer": 1,
-        "case": "steer",
-        "verdict": "fail",
-        "relErr": null,
-        "cosine": null,
-        "maxAbs": null,
-        "known": "",
-        "reason": "undeclared gap: refused or failed: UnsupportedPointError: z.1 cannot be served by backend 'vllm-static': vllm-static serves only the taps declared at load (sta…"
+        "reason": ""
       }
     ],
     "causes": [
@@ -7621,6 +7625,7 @@ export const validation: readonly ValidationCell[] = [
           "z"
         ]
       },
+      {"id": "vllm-static-auto-taps", "rows": 6, "points": ["steer"]},
       {"id": "vllm-static-op", "rows": 5, "points": ["steer"]}
     ]
   },
@@ -15382,8 +15387,8 @@ export const validation: readonly ValidationCell[] = [
     "family": "glm",
     "modelType": "glm",
     "status": "ok",
-    "verdict": "fail",
-    "counts": {"fail": 6, "gap": 231, "pass": 58},
+    "verdict": "gap",
+    "counts": {"gap": 237, "pass": 58},
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
@@ -15401,56 +15406,56 @@ export const validation: readonly ValidationCell[] = [
         "point": "steer",
         "layer": 0,
         "case": "steer",
-        "verdict": "fail",
-        "relErr": null,
-        "cosine": null,
-        "maxAbs": null,
+        "verdict": "pass",
+        "relErr": 1.265e-06,
+        "cosine": 1.0,
+        "maxAbs": 3.673e-06,
         "known": "",
-        "reason": "undeclared gap: refused or failed: UnsupportedPointError: z.0 cannot be served by backend 'vllm-static': vllm-static serves only the taps declared at load (sta…"
+        "reason": ""
       },
       {
         "point": "steer",
         "layer": 0,
         "case": "steer",
-        "verdict": "fail",
-        "relErr": null,
-        "cosine": null,
-        "maxAbs": null,
+        "verdict": "pass",
+        "relErr": 1.261e-06,
+        "cosine": 1.0,
+        "maxAbs": 4.023e-06,
         "known": "",
-        "reason": "undeclared gap: refused or failed: UnsupportedPointError: z.0 cannot be served by backend 'vllm-static': vllm-static serves only the taps declared at load (sta…"
+        "reason": ""
       },
       {
         "point": "steer",
         "layer": 0,
         "case": "steer",
-        "verdict": "fail",
-        "relErr": null,
-        "cosine": null,
-        "maxAbs": null,
+        "verdict": "pass",
+        "relErr": 1.167e-06,
+        "cosine": 1.0,
+        "maxAbs": 3.844e-06,
         "known": "",
-        "reason": "undeclared gap: refused or failed: UnsupportedPointError: z.0 cannot be served by backend 'vllm-static': vllm-static serves only the taps declared at load (sta…"
+        "reason": ""
       },
       {
-        "point": "steer",
-        "layer": 0,
-        "case": "steer",
-        "verdict": "fail",
-        "relErr": null,
-        "cosine": null,
-        "maxAbs": null,
+        "point": "lm_head",
+        "layer": null,
+        "case": "long",
+        "verdict": "pass",
+        "relErr": 1.001e-06,
+        "cosine": 1.0,
+        "maxAbs": 4.053e-06,
         "known": "",
-        "reason": "undeclared gap: refused or failed: UnsupportedPointError: z.0 cannot be served by backend 'vllm-static': vllm-static serves only the taps declared at load (sta…"
+        "reason": ""
       },
       {
-        "point": "steer",
-        "layer": 0,
-        "case": "steer",
-        "verdict": "fail",
-        "relErr": null,
-        "cosine": null,
-        "maxAbs": null,
+        "point": "generate",
+        "layer": null,
+        "case": "generate",
+        "verdict": "pass",
+        "relErr": 9.938e-07,
+        "cosine": 1.0,
+        "maxAbs": 3.338e-06,
         "known": "",
-        "reason": "undeclared gap: refused or failed: UnsupportedPointError: z.0 cannot be served by backend 'vllm-static': vllm-static serves only the taps declared at load (sta…"
+        "reason": ""
       }
     ],
     "causes": [
@@ -15478,6 +15483,7 @@ export const validation: readonly ValidationCell[] = [
           "z"
         ]
       },
+      {"id": "vllm-static-auto-taps", "rows": 6, "points": ["steer"]},
       {"id": "vllm-static-op", "rows": 5, "points": ["steer"]}
     ]
   },
@@ -17398,8 +17404,8 @@ export const validation: readonly ValidationCell[] = [
     "family": "olmo",
     "modelType": "olmo",
     "status": "ok",
-    "verdict": "fail",
-    "counts": {"fail": 6, "gap": 235, "pass": 58},
+    "verdict": "gap",
+    "counts": {"gap": 241, "pass": 58},
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
@@ -17417,56 +17423,56 @@ export const validation: readonly ValidationCell[] = [
         "point": "steer",
         "layer": 0,
         "case": "steer",
-        "verdict": "fail",
-        "relErr": null,
-        "cosine": null,
-        "maxAbs": null,
+        "verdict": "pass",
+        "relErr": 1.339e-06,
+        "cosine": 1.0,
+        "maxAbs": 9.06e-06,
         "known": "",
-        "reason": "undeclared gap: refused or failed: UnsupportedPointError: z.0 cannot be served by backend 'vllm-static': vllm-static serves only the taps declared at load (sta…"
+        "reason": ""
+      },
+      {
+        "point": "lm_head",
+        "layer": null,
+        "case": "long",
+        "verdict": "pass",
+        "relErr": 1.094e-06,
+        "cosine": 1.0,
+        "maxAbs": 7.391e-06,
+        "known": "",
+        "reason": ""
+      },
+      {
+        "point": "resid_post",
+        "layer": 1,
+        "case": "long",
+        "verdict": "pass",
+        "relErr": 1.043e-06,
+        "cosine": 1.0,
+        "maxAbs": 3.457e-06,
+        "known": "",
+        "reason": ""
+      },
+      {
+        "point": "final_norm",
+        "layer": null,
+        "case": "long",
+        "verdict": "pass",
+        "relErr": 1.04e-06,
+        "cosine": 1.0,
+        "maxAbs": 3.099e-06,
+        "known": "",
+        "reason": ""
       },
       {
         "point": "steer",
         "layer": 0,
         "case": "steer",
-        "verdict": "fail",
-        "relErr": null,
-        "cosine": null,
-        "maxAbs": null,
+        "verdict": "pass",
+        "relErr": 9.931e-07,
+        "cosine": 1.0,
+        "maxAbs": 7.689e-06,
         "known": "",
-        "reason": "undeclared gap: refused or failed: UnsupportedPointError: z.0 cannot be served by backend 'vllm-static': vllm-static serves only the taps declared at load (sta…"
-      },
-      {
-        "point": "steer",
-        "layer": 0,
-        "case": "steer",
-        "verdict": "fail",
-        "relErr": null,
-        "cosine": null,
-        "maxAbs": null,
-        "known": "",
-        "reason": "undeclared gap: refused or failed: UnsupportedPointError: z.0 cannot be served by backend 'vllm-static': vllm-static serves only the taps declared at load (sta…"
-      },
-      {
-        "point": "steer",
-        "layer": 0,
-        "case": "steer",
-        "verdict": "fail",
-        "relErr": null,
-        "cosine": null,
-        "maxAbs": null,
-        "known": "",
-        "reason": "undeclared gap: refused or failed: UnsupportedPointError: z.0 cannot be served by backend 'vllm-static': vllm-static serves only the taps declared at load (sta…"
-      },
-      {
-        "point": "steer",
-        "layer": 0,
-        "case": "steer",
-        "verdict": "fail",
-        "relErr": null,
-        "cosine": null,
-        "maxAbs": null,
-        "known": "",
-        "reason": "undeclared gap: refused or failed: UnsupportedPointError: z.0 cannot be served by backend 'vllm-static': vllm-static serves only the taps declared at load (sta…"
+        "reason": ""
       }
     ],
     "causes": [
@@ -17494,6 +17500,7 @@ export const validation: readonly ValidationCell[] = [
           "z"
         ]
       },
+      {"id": "vllm-static-auto-taps", "rows": 6, "points": ["steer"]},
       {"id": "vllm-static-op", "rows": 5, "points": ["steer"]}
     ]
   },
@@ -18028,8 +18035,8 @@ export const validation: readonly ValidationCell[] = [
     "family": "olmo2",
     "modelType": "olmo2",
     "status": "ok",
-    "verdict": "fail",
-    "counts": {"fail": 6, "gap": 329, "pass": 58},
+    "verdict": "gap",
+    "counts": {"gap": 335, "pass": 58},
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
@@ -18047,56 +18054,56 @@ export const validation: readonly ValidationCell[] = [
         "point": "steer",
         "layer": 0,
         "case": "steer",
-        "verdict": "fail",
-        "relErr": null,
-        "cosine": null,
-        "maxAbs": null,
+        "verdict": "pass",
+        "relErr": 1.063e-06,
+        "cosine": 1.0,
+        "maxAbs": 2.982e-06,
         "known": "",
-        "reason": "undeclared gap: refused or failed: UnsupportedPointError: z.0 cannot be served by backend 'vllm-static': vllm-static serves only the taps declared at load (sta…"
+        "reason": ""
+      },
+      {
+        "point": "lm_head",
+        "layer": null,
+        "case": "long",
+        "verdict": "pass",
+        "relErr": 7.793e-07,
+        "cosine": 1.0,
+        "maxAbs": 2.384e-06,
+        "known": "",
+        "reason": ""
+      },
+      {
+        "point": "steer",
+        "layer": 0,
+        "case": "steer_generate",
+        "verdict": "pass",
+        "relErr": 7.36e-07,
+        "cosine": 1.0,
+        "maxAbs": 2.265e-06,
+        "known": "",
+        "reason": ""
       },
       {
         "point": "steer",
         "layer": 0,
         "case": "steer",
-        "verdict": "fail",
-        "relErr": null,
-        "cosine": null,
-        "maxAbs": null,
+        "verdict": "pass",
+        "relErr": 7.197e-07,
+        "cosine": 1.0,
+        "maxAbs": 2.831e-06,
         "known": "",
-        "reason": "undeclared gap: refused or failed: UnsupportedPointError: z.0 cannot be served by backend 'vllm-static': vllm-static serves only the taps declared at load (sta…"
+        "reason": ""
       },
       {
-        "point": "steer",
-        "layer": 0,
-        "case": "steer",
-        "verdict": "fail",
-        "relErr": null,
-        "cosine": null,
-        "maxAbs": null,
+        "point": "resid_post",
+        "layer": 1,
+        "case": "long",
+        "verdict": "pass",
+        "relErr": 6.56e-07,
+        "cosine": 1.0,
+        "maxAbs": 4.292e-06,
         "known": "",
-        "reason": "undeclared gap: refused or failed: UnsupportedPointError: z.0 cannot be served by backend 'vllm-static': vllm-static serves only the taps declared at load (sta…"
-      },
-      {
-        "point": "steer",
-        "layer": 0,
-        "case": "steer",
-        "verdict": "fail",
-        "relErr": null,
-        "cosine": null,
-        "maxAbs": null,
-        "known": "",
-        "reason": "undeclared gap: refused or failed: UnsupportedPointError: z.0 cannot be served by backend 'vllm-static': vllm-static serves only the taps declared at load (sta…"
-      },
-      {
-        "point": "steer",
-        "layer": 0,
-        "case": "steer",
-        "verdict": "fail",
-        "relErr": null,
-        "cosine": null,
-        "maxAbs": null,
-        "known": "",
-        "reason": "undeclared gap: refused or failed: UnsupportedPointError: z.0 cannot be served by backend 'vllm-static': vllm-static serves only the taps declared at load (sta…"
+        "reason": ""
       }
     ],
     "causes": [
@@ -18130,6 +18137,7 @@ export const validation: readonly ValidationCell[] = [
           "z"
         ]
       },
+      {"id": "vllm-static-auto-taps", "rows": 6, "points": ["steer"]},
       {"id": "vllm-static-op", "rows": 5, "points": ["steer"]}
     ]
   },
@@ -18664,8 +18672,8 @@ export const validation: readonly ValidationCell[] = [
     "family": "olmo2",
     "modelType": "olmo2",
     "status": "ok",
-    "verdict": "fail",
-    "counts": {"fail": 6, "gap": 329, "pass": 58},
+    "verdict": "gap",
+    "counts": {"gap": 335, "pass": 58},
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
@@ -18683,56 +18691,56 @@ export const validation: readonly ValidationCell[] = [
         "point": "steer",
         "layer": 0,
         "case": "steer",
-        "verdict": "fail",
-        "relErr": null,
-        "cosine": null,
-        "maxAbs": null,
+        "verdict": "pass",
+        "relErr": 8.184e-07,
+        "cosine": 1.0,
+        "maxAbs": 2.708e-06,
         "known": "",
-        "reason": "undeclared gap: refused or failed: UnsupportedPointError: z.0 cannot be served by backend 'vllm-static': vllm-static serves only the taps declared at load (sta…"
+        "reason": ""
       },
       {
         "point": "steer",
         "layer": 0,
         "case": "steer",
-        "verdict": "fail",
-        "relErr": null,
-        "cosine": null,
-        "maxAbs": null,
+        "verdict": "pass",
+        "relErr": 7.505e-07,
+        "cosine": 1.0,
+        "maxAbs": 2.742e-06,
         "known": "",
-        "reason": "undeclared gap: refused or failed: UnsupportedPointError: z.0 cannot be served by backend 'vllm-static': vllm-static serves only the taps declared at load (sta…"
+        "reason": ""
       },
       {
         "point": "steer",
         "layer": 0,
-        "case": "steer",
-        "verdict": "fail",
-        "relErr": null,
-        "cosine": null,
-        "maxAbs": null,
+        "case": "steer_generate",
+        "verdict": "pass",
+        "relErr": 6.625e-07,
+        "cosine": 1.0,
+        "maxAbs": 2.146e-06,
         "known": "",
-        "reason": "undeclared gap: refused or failed: UnsupportedPointError: z.0 cannot be served by backend 'vllm-static': vllm-static serves only the taps declared at load (sta…"
+        "reason": ""
+      },
+      {
+        "point": "lm_head",
+        "layer": null,
+        "case": "long",
+        "verdict": "pass",
+        "relErr": 6.608e-07,
+        "cosine": 1.0,
+        "maxAbs": 2.503e-06,
+        "known": "",
+        "reason": ""
       },
       {
         "point": "steer",
         "layer": 0,
-        "case": "steer",
-        "verdict": "fail",
-        "relErr": null,
-        "cosine": null,
-        "maxAbs": null,
+        "case": "steer_generate",
+        "verdict": "pass",
+        "relErr": 6.316e-07,
+        "cosine": 1.0,
+        "maxAbs": 2.146e-06,
         "known": "",
-        "reason": "undeclared gap: refused or failed: UnsupportedPointError: z.0 cannot be served by backend 'vllm-static': vllm-static serves only the taps declared at load (sta…"
-      },
-      {
-        "point": "steer",
-        "layer": 0,
-        "case": "steer",
-        "verdict": "fail",
-        "relErr": null,
-        "cosine": null,
-        "maxAbs": null,
-        "known": "",
-        "reason": "undeclared gap: refused or failed: UnsupportedPointError: z.0 cannot be served by backend 'vllm-static': vllm-static serves only the taps declared at load (sta…"
+        "reason": ""
       }
     ],
     "causes": [
@@ -18766,6 +18774,7 @@ export const validation: readonly ValidationCell[] = [
           "z"
         ]
       },
+      {"id": "vllm-static-auto-taps", "rows": 6, "points": ["steer"]},
       {"id": "vllm-static-op", "rows": 5, "points": ["steer"]}
     ]
   },
@@ -19269,8 +19278,8 @@ export const validation: readonly ValidationCell[] = [
     "family": "olmo",
     "modelType": "olmo",
     "status": "ok",
-    "verdict": "fail",
-    "counts": {"fail": 6, "gap": 235, "pass": 58},
+    "verdict": "gap",
+    "counts": {"gap": 241, "pass": 58},
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
@@ -19288,56 +19297,56 @@ export const validation: readonly ValidationCell[] = [
         "point": "steer",
         "layer": 0,
         "case": "steer",
-        "verdict": "fail",
-        "relErr": null,
-        "cosine": null,
-        "maxAbs": null,
+        "verdict": "pass",
+        "relErr": 7.617e-07,
+        "cosine": 1.0,
+        "maxAbs": 2.801e-06,
         "known": "",
-        "reason": "undeclared gap: refused or failed: UnsupportedPointError: z.0 cannot be served by backend 'vllm-static': vllm-static serves only the taps declared at load (sta…"
+        "reason": ""
       },
       {
         "point": "steer",
         "layer": 0,
         "case": "steer",
-        "verdict": "fail",
-        "relErr": null,
-        "cosine": null,
-        "maxAbs": null,
+        "verdict": "pass",
+        "relErr": 6.968e-07,
+        "cosine": 1.0,
+        "maxAbs": 2.146e-06,
         "known": "",
-        "reason": "undeclared gap: refused or failed: UnsupportedPointError: z.0 cannot be served by backend 'vllm-static': vllm-static serves only the taps declared at load (sta…"
+        "reason": ""
       },
       {
         "point": "steer",
         "layer": 0,
         "case": "steer",
-        "verdict": "fail",
-        "relErr": null,
-        "cosine": null,
-        "maxAbs": null,
+        "verdict": "pass",
+        "relErr": 6.095e-07,
+        "cosine": 1.0,
+        "maxAbs": 2.176e-06,
         "known": "",
-        "reason": "undeclared gap: refused or failed: UnsupportedPointError: z.0 cannot be served by backend 'vllm-static': vllm-static serves only the taps declared at load (sta…"
+        "reason": ""
       },
       {
         "point": "steer",
         "layer": 0,
         "case": "steer",
-        "verdict": "fail",
-        "relErr": null,
-        "cosine": null,
-        "maxAbs": null,
+        "verdict": "pass",
+        "relErr": 6.064e-07,
+        "cosine": 1.0,
+        "maxAbs": 2.146e-06,
         "known": "",
-        "reason": "undeclared gap: refused or failed: UnsupportedPointError: z.0 cannot be served by backend 'vllm-static': vllm-static serves only the taps declared at load (sta…"
+        "reason": ""
       },
       {
         "point": "steer",
         "layer": 0,
         "case": "steer",
-        "verdict": "fail",
-        "relErr": null,
-        "cosine": null,
-        "maxAbs": null,
+        "verdict": "pass",
+        "relErr": 5.83e-07,
+        "cosine": 1.0,
+        "maxAbs": 1.907e-06,
         "known": "",
-        "reason": "undeclared gap: refused or failed: UnsupportedPointError: z.0 cannot be served by backend 'vllm-static': vllm-static serves only the taps declared at load (sta…"
+        "reason": ""
       }
     ],
     "causes": [
@@ -19365,6 +19374,7 @@ export const validation: readonly ValidationCell[] = [
           "z"
         ]
       },
+      {"id": "vllm-static-auto-taps", "rows": 6, "points": ["steer"]},
       {"id": "vllm-static-op", "rows": 5, "points": ["steer"]}
     ]
   },
@@ -20516,8 +20526,8 @@ export const validation: readonly ValidationCell[] = [
     "family": "olmo3",
     "modelType": "olmo3",
     "status": "ok",
-    "verdict": "fail",
-    "counts": {"fail": 6, "gap": 475, "pass": 65},
+    "verdict": "gap",
+    "counts": {"gap": 481, "pass": 65},
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
@@ -20535,56 +20545,56 @@ export const validation: readonly ValidationCell[] = [
         "point": "steer",
         "layer": 1,
         "case": "steer",
-        "verdict": "fail",
-        "relErr": null,
-        "cosine": null,
-        "maxAbs": null,
+        "verdict": "pass",
+        "relErr": 1.404e-06,
+        "cosine": 1.0,
+        "maxAbs": 4.411e-06,
         "known": "",
-        "reason": "undeclared gap: refused or failed: UnsupportedPointError: z.1 cannot be served by backend 'vllm-static': vllm-static serves only the taps declared at load (sta…"
+        "reason": ""
       },
       {
         "point": "steer",
         "layer": 1,
         "case": "steer",
-        "verdict": "fail",
-        "relErr": null,
-        "cosine": null,
-        "maxAbs": null,
+        "verdict": "pass",
+        "relErr": 1.22e-06,
+        "cosine": 1.0,
+        "maxAbs": 4.411e-06,
         "known": "",
-        "reason": "undeclared gap: refused or failed: UnsupportedPointError: z.1 cannot be served by backend 'vllm-static': vllm-static serves only the taps declared at load (sta…"
+        "reason": ""
       },
       {
         "point": "steer",
         "layer": 1,
         "case": "steer",
-        "verdict": "fail",
-        "relErr": null,
-        "cosine": null,
-        "maxAbs": null,
+        "verdict": "pass",
+        "relErr": 9.127e-07,
+        "cosine": 1.0,
+        "maxAbs": 2.921e-06,
         "known": "",
-        "reason": "undeclared gap: refused or failed: UnsupportedPointError: z.1 cannot be served by backend 'vllm-static': vllm-static serves only the taps declared at load (sta…"
+        "reason": ""
       },
       {
         "point": "steer",
         "layer": 1,
         "case": "steer",
-        "verdict": "fail",
-        "relErr": null,
-        "cosine": null,
-        "maxAbs": null,
+        "verdict": "pass",
+        "relErr": 9.114e-07,
+        "cosine": 1.0,
+        "maxAbs": 3.338e-06,
         "known": "",
-        "reason": "undeclared gap: refused or failed: UnsupportedPointError: z.1 cannot be served by backend 'vllm-static': vllm-static serves only the taps declared at load (sta…"
+        "reason": ""
       },
       {
-        "point": "steer",
-        "layer": 1,
-        "case": "steer",
-        "verdict": "fail",
-        "relErr": null,
-        "cosine": null,
-        "maxAbs": null,
+        "point": "lm_head",
+        "layer": null,
+        "case": "long",
+        "verdict": "pass",
+        "relErr": 9.086e-07,
+        "cosine": 1.0,
+        "maxAbs": 3.04e-06,
         "known": "",
-        "reason": "undeclared gap: refused or failed: UnsupportedPointError: z.1 cannot be served by backend 'vllm-static': vllm-static serves only the taps declared at load (sta…"
+        "reason": ""
       }
     ],
     "causes": [
@@ -20618,6 +20628,7 @@ export const validation: readonly ValidationCell[] = [
           "z"
         ]
       },
+      {"id": "vllm-static-auto-taps", "rows": 6, "points": ["steer"]},
       {"id": "vllm-static-op", "rows": 5, "points": ["steer"]}
     ]
   },
@@ -22823,8 +22834,8 @@ export const validation: readonly ValidationCell[] = [
     "family": "gpt_bigcode",
     "modelType": "gpt_bigcode",
     "status": "ok",
-    "verdict": "fail",
-    "counts": {"fail": 6, "gap": 218, "pass": 58},
+    "verdict": "gap",
+    "counts": {"gap": 224, "pass": 58},
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
@@ -22842,56 +22853,56 @@ export const validation: readonly ValidationCell[] = [
         "point": "steer",
         "layer": 0,
         "case": "steer",
-        "verdict": "fail",
-        "relErr": null,
-        "cosine": null,
-        "maxAbs": null,
+        "verdict": "pass",
+        "relErr": 6.852e-07,
+        "cosine": 1.0,
+        "maxAbs": 4.768e-06,
         "known": "",
-        "reason": "undeclared gap: refused or failed: UnsupportedPointError: z.0 cannot be served by backend 'vllm-static': vllm-static serves only the taps declared at load (sta…"
+        "reason": ""
       },
       {
         "point": "steer",
         "layer": 0,
         "case": "steer",
-        "verdict": "fail",
-        "relErr": null,
-        "cosine": null,
-        "maxAbs": null,
+        "verdict": "pass",
+        "relErr": 6.746e-07,
+        "cosine": 1.0,
+        "maxAbs": 4.292e-06,
         "known": "",
-        "reason": "undeclared gap: refused or failed: UnsupportedPointError: z.0 cannot be served by backend 'vllm-static': vllm-static serves only the taps declared at load (sta…"
+        "reason": ""
       },
       {
         "point": "steer",
         "layer": 0,
         "case": "steer",
-        "verdict": "fail",
-        "relErr": null,
-        "cosine": null,
-        "maxAbs": null,
+        "verdict": "pass",
+        "relErr": 6.56e-07,
+        "cosine": 1.0,
+        "maxAbs": 4.739e-06,
         "known": "",
-        "reason": "undeclared gap: refused or failed: UnsupportedPointError: z.0 cannot be served by backend 'vllm-static': vllm-static serves only the taps declared at load (sta…"
+        "reason": ""
       },
       {
         "point": "steer",
         "layer": 0,
         "case": "steer",
-        "verdict": "fail",
-        "relErr": null,
-        "cosine": null,
-        "maxAbs": null,
+        "verdict": "pass",
+        "relErr": 6.365e-07,
+        "cosine": 1.0,
+        "maxAbs": 4.292e-06,
         "known": "",
-        "reason": "undeclared gap: refused or failed: UnsupportedPointError: z.0 cannot be served by backend 'vllm-static': vllm-static serves only the taps declared at load (sta…"
+        "reason": ""
       },
       {
-        "point": "steer",
-        "layer": 0,
-        "case": "steer",
-        "verdict": "fail",
-        "relErr": null,
-        "cosine": null,
-        "maxAbs": null,
+        "point": "lm_head",
+        "layer": null,
+        "case": "long",
+        "verdict": "pass",
+        "relErr": 6.235e-07,
+        "cosine": 1.0,
+        "maxAbs": 4.292e-06,
         "known": "",
-        "reason": "undeclared gap: refused or failed: UnsupportedPointError: z.0 cannot be served by backend 'vllm-static': vllm-static serves only the taps declared at load (sta…"
+        "reason": ""
       }
     ],
     "causes": [
@@ -22918,6 +22929,7 @@ export const validation: readonly ValidationCell[] = [
           "z"
         ]
       },
+      {"id": "vllm-static-auto-taps", "rows": 6, "points": ["steer"]},
       {"id": "vllm-static-op", "rows": 5, "points": ["steer"]}
     ]
   },
@@ -23421,8 +23433,8 @@ export const validation: readonly ValidationCell[] = [
     "family": "starcoder2",
     "modelType": "starcoder2",
     "status": "ok",
-    "verdict": "fail",
-    "counts": {"fail": 6, "gap": 218, "pass": 58},
+    "verdict": "gap",
+    "counts": {"gap": 224, "pass": 58},
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
@@ -23440,56 +23452,56 @@ export const validation: readonly ValidationCell[] = [
         "point": "steer",
         "layer": 0,
         "case": "steer",
-        "verdict": "fail",
-        "relErr": null,
-        "cosine": null,
-        "maxAbs": null,
+        "verdict": "pass",
+        "relErr": 1.687e-06,
+        "cosine": 1.0,
+        "maxAbs": 1.109e-05,
         "known": "",
-        "reason": "undeclared gap: refused or failed: UnsupportedPointError: z.0 cannot be served by backend 'vllm-static': vllm-static serves only the taps declared at load (sta…"
+        "reason": ""
+      },
+      {
+        "point": "steer",
+        "layer": 0,
+        "case": "steer_generate",
+        "verdict": "pass",
+        "relErr": 1.006e-06,
+        "cosine": 1.0,
+        "maxAbs": 9.537e-06,
+        "known": "",
+        "reason": ""
+      },
+      {
+        "point": "lm_head",
+        "layer": null,
+        "case": "long",
+        "verdict": "pass",
+        "relErr": 9.718e-07,
+        "cosine": 1.0,
+        "maxAbs": 7.629e-06,
+        "known": "",
+        "reason": ""
       },
       {
         "point": "steer",
         "layer": 0,
         "case": "steer",
-        "verdict": "fail",
-        "relErr": null,
-        "cosine": null,
-        "maxAbs": null,
+        "verdict": "pass",
+        "relErr": 9.366e-07,
+        "cosine": 1.0,
+        "maxAbs": 6.676e-06,
         "known": "",
-        "reason": "undeclared gap: refused or failed: UnsupportedPointError: z.0 cannot be served by backend 'vllm-static': vllm-static serves only the taps declared at load (sta…"
+        "reason": ""
       },
       {
-        "point": "steer",
+        "point": "resid_post",
         "layer": 0,
-        "case": "steer",
-        "verdict": "fail",
-        "relErr": null,
-        "cosine": null,
-        "maxAbs": null,
+        "case": "readout",
+        "verdict": "pass",
+        "relErr": 9.265e-07,
+        "cosine": 1.0,
+        "maxAbs": 4.53e-06,
         "known": "",
-        "reason": "undeclared gap: refused or failed: UnsupportedPointError: z.0 cannot be served by backend 'vllm-static': vllm-static serves only the taps declared at load (sta…"
-      },
-      {
-        "point": "steer",
-        "layer": 0,
-        "case": "steer",
-        "verdict": "fail",
-        "relErr": null,
-        "cosine": null,
-        "maxAbs": null,
-        "known": "",
-        "reason": "undeclared gap: refused or failed: UnsupportedPointError: z.0 cannot be served by backend 'vllm-static': vllm-static serves only the taps declared at load (sta…"
-      },
-      {
-        "point": "steer",
-        "layer": 0,
-        "case": "steer",
-        "verdict": "fail",
-        "relErr": null,
-        "cosine": null,
-        "maxAbs": null,
-        "known": "",
-        "reason": "undeclared gap: refused or failed: UnsupportedPointError: z.0 cannot be served by backend 'vllm-static': vllm-static serves only the taps declared at load (sta…"
+        "reason": ""
       }
     ],
     "causes": [
@@ -23516,6 +23528,7 @@ export const validation: readonly ValidationCell[] = [
           "z"
         ]
       },
+      {"id": "vllm-static-auto-taps", "rows": 6, "points": ["steer"]},
       {"id": "vllm-static-op", "rows": 5, "points": ["steer"]}
     ]
   },
@@ -24020,8 +24033,8 @@ export const validation: readonly ValidationCell[] = [
     "family": "gpt_bigcode",
     "modelType": "gpt_bigcode",
     "status": "ok",
-    "verdict": "fail",
-    "counts": {"fail": 6, "gap": 218, "pass": 58},
+    "verdict": "gap",
+    "counts": {"gap": 224, "pass": 58},
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
@@ -24039,56 +24052,56 @@ export const validation: readonly ValidationCell[] = [
         "point": "steer",
         "layer": 0,
         "case": "steer",
-        "verdict": "fail",
-        "relErr": null,
-        "cosine": null,
-        "maxAbs": null,
+        "verdict": "pass",
+        "relErr": 6.98e-07,
+        "cosine": 1.0,
+        "maxAbs": 5.245e-06,
         "known": "",
-        "reason": "undeclared gap: refused or failed: UnsupportedPointError: z.0 cannot be served by backend 'vllm-static': vllm-static serves only the taps declared at load (sta…"
+        "reason": ""
+      },
+      {
+        "point": "resid_post",
+        "layer": 0,
+        "case": "readout",
+        "verdict": "pass",
+        "relErr": 6.598e-07,
+        "cosine": 1.0,
+        "maxAbs": 3.099e-06,
+        "known": "",
+        "reason": ""
       },
       {
         "point": "steer",
         "layer": 0,
         "case": "steer",
-        "verdict": "fail",
-        "relErr": null,
-        "cosine": null,
-        "maxAbs": null,
+        "verdict": "pass",
+        "relErr": 6.36e-07,
+        "cosine": 1.0,
+        "maxAbs": 6.199e-06,
         "known": "",
-        "reason": "undeclared gap: refused or failed: UnsupportedPointError: z.0 cannot be served by backend 'vllm-static': vllm-static serves only the taps declared at load (sta…"
+        "reason": ""
       },
       {
         "point": "steer",
         "layer": 0,
         "case": "steer",
-        "verdict": "fail",
-        "relErr": null,
-        "cosine": null,
-        "maxAbs": null,
+        "verdict": "pass",
+        "relErr": 6.169e-07,
+        "cosine": 1.0,
+        "maxAbs": 4.768e-06,
         "known": "",
-        "reason": "undeclared gap: refused or failed: UnsupportedPointError: z.0 cannot be served by backend 'vllm-static': vllm-static serves only the taps declared at load (sta…"
+        "reason": ""
       },
       {
         "point": "steer",
         "layer": 0,
         "case": "steer",
-        "verdict": "fail",
-        "relErr": null,
-        "cosine": null,
-        "maxAbs": null,
+        "verdict": "pass",
+        "relErr": 5.608e-07,
+        "cosine": 1.0,
+        "maxAbs": 3.576e-06,
         "known": "",
-        "reason": "undeclared gap: refused or failed: UnsupportedPointError: z.0 cannot be served by backend 'vllm-static': vllm-static serves only the taps declared at load (sta…"
-      },
-      {
-        "point": "steer",
-        "layer": 0,
-        "case": "steer",
-        "verdict": "fail",
-        "relErr": null,
-        "cosine": null,
-        "maxAbs": null,
-        "known": "",
-        "reason": "undeclared gap: refused or failed: UnsupportedPointError: z.0 cannot be served by backend 'vllm-static': vllm-static serves only the taps declared at load (sta…"
+        "reason": ""
       }
     ],
     "causes": [
@@ -24115,6 +24128,7 @@ export const validation: readonly ValidationCell[] = [
           "z"
         ]
       },
+      {"id": "vllm-static-auto-taps", "rows": 6, "points": ["steer"]},
       {"id": "vllm-static-op", "rows": 5, "points": ["steer"]}
     ]
   },
@@ -27317,8 +27331,8 @@ export const validation: readonly ValidationCell[] = [
     "family": "opt",
     "modelType": "opt",
     "status": "ok",
-    "verdict": "fail",
-    "counts": {"fail": 6, "gap": 222, "pass": 58},
+    "verdict": "gap",
+    "counts": {"gap": 228, "pass": 58},
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
@@ -27336,56 +27350,56 @@ export const validation: readonly ValidationCell[] = [
         "point": "steer",
         "layer": 0,
         "case": "steer",
-        "verdict": "fail",
-        "relErr": null,
-        "cosine": null,
-        "maxAbs": null,
+        "verdict": "pass",
+        "relErr": 6.551e-07,
+        "cosine": 1.0,
+        "maxAbs": 4.768e-06,
         "known": "",
-        "reason": "undeclared gap: refused or failed: UnsupportedPointError: z.0 cannot be served by backend 'vllm-static': vllm-static serves only the taps declared at load (sta…"
+        "reason": ""
       },
       {
         "point": "steer",
         "layer": 0,
         "case": "steer",
-        "verdict": "fail",
-        "relErr": null,
-        "cosine": null,
-        "maxAbs": null,
+        "verdict": "pass",
+        "relErr": 6.086e-07,
+        "cosine": 1.0,
+        "maxAbs": 4.47e-06,
         "known": "",
-        "reason": "undeclared gap: refused or failed: UnsupportedPointError: z.0 cannot be served by backend 'vllm-static': vllm-static serves only the taps declared at load (sta…"
+        "reason": ""
       },
       {
-        "point": "steer",
+        "point": "resid_post",
         "layer": 0,
-        "case": "steer",
-        "verdict": "fail",
-        "relErr": null,
-        "cosine": null,
-        "maxAbs": null,
+        "case": "readout",
+        "verdict": "pass",
+        "relErr": 5.271e-07,
+        "cosine": 1.0,
+        "maxAbs": 3.099e-06,
         "known": "",
-        "reason": "undeclared gap: refused or failed: UnsupportedPointError: z.0 cannot be served by backend 'vllm-static': vllm-static serves only the taps declared at load (sta…"
+        "reason": ""
       },
       {
-        "point": "steer",
-        "layer": 0,
-        "case": "steer",
-        "verdict": "fail",
-        "relErr": null,
-        "cosine": null,
-        "maxAbs": null,
+        "point": "lm_head",
+        "layer": null,
+        "case": "long",
+        "verdict": "pass",
+        "relErr": 5.266e-07,
+        "cosine": 1.0,
+        "maxAbs": 4.292e-06,
         "known": "",
-        "reason": "undeclared gap: refused or failed: UnsupportedPointError: z.0 cannot be served by backend 'vllm-static': vllm-static serves only the taps declared at load (sta…"
+        "reason": ""
       },
       {
-        "point": "steer",
-        "layer": 0,
-        "case": "steer",
-        "verdict": "fail",
-        "relErr": null,
-        "cosine": null,
-        "maxAbs": null,
+        "point": "lm_head",
+        "layer": null,
+        "case": "decode",
+        "verdict": "pass",
+        "relErr": 5.168e-07,
+        "cosine": 1.0,
+        "maxAbs": 3.338e-06,
         "known": "",
-        "reason": "undeclared gap: refused or failed: UnsupportedPointError: z.0 cannot be served by backend 'vllm-static': vllm-static serves only the taps declared at load (sta…"
+        "reason": ""
       }
     ],
     "causes": [
@@ -27412,6 +27426,7 @@ export const validation: readonly ValidationCell[] = [
           "z"
         ]
       },
+      {"id": "vllm-static-auto-taps", "rows": 6, "points": ["steer"]},
       {"id": "vllm-static-op", "rows": 5, "points": ["steer"]}
     ]
   },
@@ -40781,8 +40796,8 @@ export const validation: readonly ValidationCell[] = [
     "family": "phi",
     "modelType": "phi",
     "status": "ok",
-    "verdict": "fail",
-    "counts": {"fail": 6, "gap": 209, "pass": 58},
+    "verdict": "gap",
+    "counts": {"gap": 215, "pass": 58},
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
@@ -40800,56 +40815,56 @@ export const validation: readonly ValidationCell[] = [
         "point": "steer",
         "layer": 0,
         "case": "steer",
-        "verdict": "fail",
-        "relErr": null,
-        "cosine": null,
-        "maxAbs": null,
+        "verdict": "pass",
+        "relErr": 7.923e-07,
+        "cosine": 1.0,
+        "maxAbs": 2.384e-06,
         "known": "",
-        "reason": "undeclared gap: refused or failed: UnsupportedPointError: z.0 cannot be served by backend 'vllm-static': vllm-static serves only the taps declared at load (sta…"
+        "reason": ""
       },
       {
         "point": "steer",
         "layer": 0,
         "case": "steer",
-        "verdict": "fail",
-        "relErr": null,
-        "cosine": null,
-        "maxAbs": null,
+        "verdict": "pass",
+        "relErr": 6.312e-07,
+        "cosine": 1.0,
+        "maxAbs": 2.623e-06,
         "known": "",
-        "reason": "undeclared gap: refused or failed: UnsupportedPointError: z.0 cannot be served by backend 'vllm-static': vllm-static serves only the taps declared at load (sta…"
+        "reason": ""
+      },
+      {
+        "point": "steer",
+        "layer": 0,
+        "case": "steer_generate",
+        "verdict": "pass",
+        "relErr": 5.538e-07,
+        "cosine": 1.0,
+        "maxAbs": 2.146e-06,
+        "known": "",
+        "reason": ""
       },
       {
         "point": "steer",
         "layer": 0,
         "case": "steer",
-        "verdict": "fail",
-        "relErr": null,
-        "cosine": null,
-        "maxAbs": null,
+        "verdict": "pass",
+        "relErr": 5.486e-07,
+        "cosine": 1.0,
+        "maxAbs": 1.907e-06,
         "known": "",
-        "reason": "undeclared gap: refused or failed: UnsupportedPointError: z.0 cannot be served by backend 'vllm-static': vllm-static serves only the taps declared at load (sta…"
+        "reason": ""
       },
       {
-        "point": "steer",
-        "layer": 0,
-        "case": "steer",
-        "verdict": "fail",
-        "relErr": null,
-        "cosine": null,
-        "maxAbs": null,
+        "point": "lm_head",
+        "layer": null,
+        "case": "padded",
+        "verdict": "pass",
+        "relErr": 5.437e-07,
+        "cosine": 1.0,
+        "maxAbs": 2.027e-06,
         "known": "",
-        "reason": "undeclared gap: refused or failed: UnsupportedPointError: z.0 cannot be served by backend 'vllm-static': vllm-static serves only the taps declared at load (sta…"
-      },
-      {
-        "point": "steer",
-        "layer": 0,
-        "case": "steer",
-        "verdict": "fail",
-        "relErr": null,
-        "cosine": null,
-        "maxAbs": null,
-        "known": "",
-        "reason": "undeclared gap: refused or failed: UnsupportedPointError: z.0 cannot be served by backend 'vllm-static': vllm-static serves only the taps declared at load (sta…"
+        "reason": ""
       }
     ],
     "causes": [
@@ -40875,6 +40890,7 @@ export const validation: readonly ValidationCell[] = [
           "z"
         ]
       },
+      {"id": "vllm-static-auto-taps", "rows": 6, "points": ["steer"]},
       {"id": "vllm-static-op", "rows": 5, "points": ["steer"]}
     ]
   },
@@ -41340,8 +41356,8 @@ export const validation: readonly ValidationCell[] = [
     "family": "phi",
     "modelType": "phi",
     "status": "ok",
-    "verdict": "fail",
-    "counts": {"fail": 6, "gap": 209, "pass": 58},
+    "verdict": "gap",
+    "counts": {"gap": 215, "pass": 58},
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
@@ -41359,56 +41375,56 @@ export const validation: readonly ValidationCell[] = [
         "point": "steer",
         "layer": 0,
         "case": "steer",
-        "verdict": "fail",
-        "relErr": null,
-        "cosine": null,
-        "maxAbs": null,
+        "verdict": "pass",
+        "relErr": 5.8e-07,
+        "cosine": 1.0,
+        "maxAbs": 2.146e-06,
         "known": "",
-        "reason": "undeclared gap: refused or failed: UnsupportedPointError: z.0 cannot be served by backend 'vllm-static': vllm-static serves only the taps declared at load (sta…"
+        "reason": ""
       },
       {
         "point": "steer",
         "layer": 0,
         "case": "steer",
-        "verdict": "fail",
-        "relErr": null,
-        "cosine": null,
-        "maxAbs": null,
+        "verdict": "pass",
+        "relErr": 5.61e-07,
+        "cosine": 1.0,
+        "maxAbs": 2.265e-06,
         "known": "",
-        "reason": "undeclared gap: refused or failed: UnsupportedPointError: z.0 cannot be served by backend 'vllm-static': vllm-static serves only the taps declared at load (sta…"
+        "reason": ""
+      },
+      {
+        "point": "lm_head",
+        "layer": null,
+        "case": "long",
+        "verdict": "pass",
+        "relErr": 5.203e-07,
+        "cosine": 1.0,
+        "maxAbs": 2.146e-06,
+        "known": "",
+        "reason": ""
       },
       {
         "point": "steer",
         "layer": 0,
         "case": "steer",
-        "verdict": "fail",
-        "relErr": null,
-        "cosine": null,
-        "maxAbs": null,
+        "verdict": "pass",
+        "relErr": 5.079e-07,
+        "cosine": 1.0,
+        "maxAbs": 1.907e-06,
         "known": "",
-        "reason": "undeclared gap: refused or failed: UnsupportedPointError: z.0 cannot be served by backend 'vllm-static': vllm-static serves only the taps declared at load (sta…"
+        "reason": ""
       },
       {
         "point": "steer",
         "layer": 0,
-        "case": "steer",
-        "verdict": "fail",
-        "relErr": null,
-        "cosine": null,
-        "maxAbs": null,
+        "case": "steer_generate",
+        "verdict": "pass",
+        "relErr": 5.035e-07,
+        "cosine": 1.0,
+        "maxAbs": 1.669e-06,
         "known": "",
-        "reason": "undeclared gap: refused or failed: UnsupportedPointError: z.0 cannot be served by backend 'vllm-static': vllm-static serves only the taps declared at load (sta…"
-      },
-      {
-        "point": "steer",
-        "layer": 0,
-        "case": "steer",
-        "verdict": "fail",
-        "relErr": null,
-        "cosine": null,
-        "maxAbs": null,
-        "known": "",
-        "reason": "undeclared gap: refused or failed: UnsupportedPointError: z.0 cannot be served by backend 'vllm-static': vllm-static serves only the taps declared at load (sta…"
+        "reason": ""
       }
     ],
     "causes": [
@@ -41434,6 +41450,7 @@ export const validation: readonly ValidationCell[] = [
           "z"
         ]
       },
+      {"id": "vllm-static-auto-taps", "rows": 6, "points": ["steer"]},
       {"id": "vllm-static-op", "rows": 5, "points": ["steer"]}
     ]
   },
@@ -50011,8 +50028,8 @@ export const validation: readonly ValidationCell[] = [
     "family": "hunyuan_v1_dense",
     "modelType": "hunyuan_v1_dense",
     "status": "ok",
-    "verdict": "fail",
-    "counts": {"fail": 6, "gap": 295, "pass": 58},
+    "verdict": "gap",
+    "counts": {"gap": 301, "pass": 58},
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
@@ -50030,56 +50047,56 @@ export const validation: readonly ValidationCell[] = [
         "point": "steer",
         "layer": 0,
         "case": "steer",
-        "verdict": "fail",
-        "relErr": null,
-        "cosine": null,
-        "maxAbs": null,
+        "verdict": "pass",
+        "relErr": 1.272e-06,
+        "cosine": 1.0,
+        "maxAbs": 8.583e-06,
         "known": "",
-        "reason": "undeclared gap: refused or failed: UnsupportedPointError: z.0 cannot be served by backend 'vllm-static': vllm-static serves only the taps declared at load (sta…"
+        "reason": ""
       },
       {
         "point": "steer",
         "layer": 0,
         "case": "steer",
-        "verdict": "fail",
-        "relErr": null,
-        "cosine": null,
-        "maxAbs": null,
+        "verdict": "pass",
+        "relErr": 9.871e-07,
+        "cosine": 1.0,
+        "maxAbs": 8.821e-06,
         "known": "",
-        "reason": "undeclared gap: refused or failed: UnsupportedPointError: z.0 cannot be served by backend 'vllm-static': vllm-static serves only the taps declared at load (sta…"
+        "reason": ""
       },
       {
         "point": "steer",
         "layer": 0,
         "case": "steer",
-        "verdict": "fail",
-        "relErr": null,
-        "cosine": null,
-        "maxAbs": null,
+        "verdict": "pass",
+        "relErr": 9.511e-07,
+        "cosine": 1.0,
+        "maxAbs": 5.633e-06,
         "known": "",
-        "reason": "undeclared gap: refused or failed: UnsupportedPointError: z.0 cannot be served by backend 'vllm-static': vllm-static serves only the taps declared at load (sta…"
+        "reason": ""
+      },
+      {
+        "point": "lm_head",
+        "layer": null,
+        "case": "long",
+        "verdict": "pass",
+        "relErr": 9.462e-07,
+        "cosine": 1.0,
+        "maxAbs": 6.676e-06,
+        "known": "",
+        "reason": ""
       },
       {
         "point": "steer",
         "layer": 0,
         "case": "steer",
-        "verdict": "fail",
-        "relErr": null,
-        "cosine": null,
-        "maxAbs": null,
+        "verdict": "pass",
+        "relErr": 9.088e-07,
+        "cosine": 1.0,
+        "maxAbs": 5.484e-06,
         "known": "",
-        "reason": "undeclared gap: refused or failed: UnsupportedPointError: z.0 cannot be served by backend 'vllm-static': vllm-static serves only the taps declared at load (sta…"
-      },
-      {
-        "point": "steer",
-        "layer": 0,
-        "case": "steer",
-        "verdict": "fail",
-        "relErr": null,
-        "cosine": null,
-        "maxAbs": null,
-        "known": "",
-        "reason": "undeclared gap: refused or failed: UnsupportedPointError: z.0 cannot be served by backend 'vllm-static': vllm-static serves only the taps declared at load (sta…"
+        "reason": ""
       }
     ],
     "causes": [
@@ -50111,6 +50128,7 @@ export const validation: readonly ValidationCell[] = [
           "z"
         ]
       },
+      {"id": "vllm-static-auto-taps", "rows": 6, "points": ["steer"]},
       {"id": "vllm-static-op", "rows": 5, "points": ["steer"]}
     ]
   },
@@ -53841,9 +53859,9 @@ export const validationEngines: readonly ValidationEngine[] = [
     "engine": "vllm-static",
     "compares": "the engine's vllm-static backend (taps declared at load), compared with the eager engine",
     "cells": 96,
-    "counts": {"fail": 111, "gap": 13254, "pass": 12983},
+    "counts": {"fail": 3, "gap": 13362, "pass": 12983},
     "declared": 3,
-    "failing": 18,
+    "failing": 0,
     "skipped": 14
   }
 ];
@@ -53967,6 +53985,13 @@ export const validationCauses: readonly ValidationCause[] = [
     "engine": "vllm|vllm-static",
     "reason": "the vLLM backend refuses this point by name (fused kernels never materialize it, or vllm-static did not declare it as a tap)",
     "evidence": "engine/core/points.py backend status for vllm / vllm-static; the refusal text is on the row"
+  },
+  {
+    "id": "vllm-static-auto-taps",
+    "kind": "gap",
+    "engine": "vllm-static",
+    "reason": "vLLM serves these architectures through its Transformers backend or fused kernels, where q / k / v never reach a tap, so declaring the compared addresses as taps fails and the column falls back to static_points='auto' (resid_post taps, said in the cell's notes); a steer at an attention-internal point (z, attn_out) is then refused by name",
+    "evidence": "the cell's note 'vllm-static fell back to static_points=auto' and the row's refusal text ('serves only the taps declared at load'); engine/backends/vllm/backend.py tap_errors"
   },
   {
     "id": "vllm-static-op",
