@@ -17,9 +17,9 @@ if [ -n "$(git status --porcelain -- engine validator)" ]; then
   exit 2
 fi
 start=$(date +%s)
-$py -m validator run --jobs "${JOBS:-2}"
+$py -m validator run --jobs "${JOBS:-2}" --record  # --record: the dated record (reports/validator/history)
 if [ -z "${SKIP_VLLM:-}" ]; then
-  $py -m validator run --engines vllm,vllm-static --jobs "${JOBS:-2}"
+  $py -m validator run --engines vllm,vllm-static --jobs "${JOBS:-2}" --record
 fi
 $py -m validator selftest  # every seeded bug must be caught: publishes reports/validator/selftest.json
 $py -m validator report  # the README's "what a pass is worth" reads it

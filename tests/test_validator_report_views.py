@@ -97,3 +97,14 @@ def test_a_column_computed_by_two_versions_of_the_code_is_called_partial_with_it
                      "run --engines vllm`; `--check` lists them)."]
     assert report.coverage(ok, zoo) == []  # one version, every model: complete
     assert "partial matrix:" in report.render_readme(ok + mixed, zoo)
+
+
+def test_only_the_publishing_script_writes_the_dated_record():
+    """A plain `validator run` rewrote reports/validator/history/<date>.json (its commit changes every time), so the
+    main job on a fresh clone left the checkout modified; now only `--record` writes it, and the publishing script
+    passes it."""
+    from pathlib import Path
+    assert cli.build_parser().parse_args(["run"]).record is False
+    assert cli.build_parser().parse_args(["run", "--record"]).record is True
+    script = (Path(__file__).resolve().parents[1] / "scripts" / "publish_validator.sh").read_text()
+    assert script.count("--record") >= 2

@@ -236,7 +236,8 @@ def _run(args, engines, variant, out, names, specs, con, plan=None) -> int:
         from validator.engines.child import stop_all
         stop_all()  # the reference children this process started (a side-install column's): not left to exit
     report.render(out)
-    cli_scale.after_render(out)  # a published run's dated record
+    if args.record:
+        cli_scale.after_render(out)  # the published matrix's dated record (the publishing script asks)
     tag = variant.tag()
     selected = [c for c in cells.load_all(out)
                 if c["model"] in names and c["engine"] in engines and c.get("variant_tag", "") == tag]

@@ -23,6 +23,9 @@ def add_run_options(r) -> None:
                    help="compute shard i of N (counted from 1): whole models, balanced by expected time")
     r.add_argument("--ray", nargs="?", const="", default=None, metavar="ADDRESS",
                    help="run each model's cells as a Ray task on the cluster at ADDRESS (none: a local cluster)")
+    r.add_argument("--record", action="store_true",
+                   help="write the published matrix's dated record, reports/validator/history/<date>.json "
+                        "(scripts/publish_validator.sh does; a plain run leaves the checkout as it found it)")
     _devices(r)
 
 
