@@ -120,9 +120,12 @@ def changes(old: list[dict], new: list[dict]) -> list[Change]:
             out.append(Change("status", k, f"{o.get('status')} -> {c['status']}"
                               + (f" ({(c.get('error') or c.get('reason') or '')[:160]})" if c["status"] != "ok" else ""),
                               c["status"] == "error"))
-        old_rows = {_row_key(r): r for r in o.get("rows", [])}
+        old_rows: dict[tuple, list[dict]] = {}  # rows sharing a key (a case's rows of one address) pair in order
+        for r in o.get("rows", []):
+            old_rows.setdefault(_row_key(r), []).append(r)
         for r in c.get("rows", []):
-            prev = old_rows.get(_row_key(r))
+            same = old_rows.get(_row_key(r))
+            prev = same.pop(0) if same else None
             where = " ".join(x for x in _row_key(r) if x)
             if r.get("verdict") == "fail" and (prev is None or prev.get("verdict") != "fail"):
                 was = "absent" if prev is None else prev.get("verdict")
