@@ -39,7 +39,7 @@ export interface RatioNight {
 export const validatorNights: ValidatorNight[] = [
   {
     "date": "2026-12-06",
-    "commit": "021014fa64d339aeb9ba1c5010bd609791cdd6e9",
+    "commit": "117d736aea5006b0f183a116312564bb13e919cb",
     "columns": {
       "hf": {"cells": 96, "pass": 33887, "warn": 0, "fail": 0, "declared": 51, "gap": 181, "errors": 0, "skipped": 0},
       "interp-engine": {"cells": 96, "pass": 17947, "warn": 0, "fail": 0, "declared": 0, "gap": 9227, "errors": 0, "skipped": 0},
