@@ -178,10 +178,13 @@ def test_vllm_column_matches_direct_hf(name, loaded):
     if not ok:
         pytest.skip(why)
     ctx, ref, cases = loaded[name]
+    from validator.subject import Subject
     adapter = adapter_class("vllm")(ctx)
     try:
+        adapter._load_for(None)  # the column's tested side: load_model(backend="vllm"), read through Subject
+        subject = Subject(adapter.m)
         for case in cases:
-            got = adapter.capture(case, ["resid_post.0", "attn_probs.0", "lm_head", "mlp_pre.0"])
+            got = subject.capture(case, ["resid_post.0", "attn_probs.0", "lm_head", "mlp_pre.0"])
             t = _truth(ref, case)
             _close(got["resid_post.0"], t.hidden_states[1], tol=1e-4, valid=case.valid)
             _close(got["attn_probs.0"], t.attentions[0].transpose(1, 2), tol=1e-4, valid=case.valid)

@@ -61,8 +61,9 @@ def test_a_killed_worker_is_retried_and_its_cells_are_the_same(ray_cluster, plai
         found = cluster.wait_for(f"{victim}.*", str(announce), timeout=300)
         if found:
             pid = int(found[0].suffix[1:])
-            os.kill(pid, signal.SIGKILL)
+            os.kill(pid, signal.SIGKILL)  # held before computing (cluster.compute waits for `go`)
             killed.append(pid)
+        (announce / "go").touch()  # the retry and the other task compute
     t = threading.Thread(target=kill_first_attempt)
     t.start()
     out = tmp_path / "out"

@@ -39,12 +39,14 @@ def compute(model: str, real: bool, opts_kw: dict, placement: str = "single", an
             vllm_parallel: tuple[int, int] = (1, 1)) -> list[dict]:
     """A task's body on a worker: its model's cells, computed into a scratch directory and returned (never
     written where the driver writes). `announce`: a directory where it leaves a file named by its pid as it
-    starts (tests kill that process)."""
+    starts, then waits for a file `go` there before computing (so a test can kill it mid-task, however loaded
+    the machine)."""
     import torch
 
     from validator.models import real_spec, zoo_spec
     if announce:
         Path(announce, f"{model.replace('/', '__')}.{os.getpid()}").touch()
+        wait_for("go", announce, timeout=600)
     torch.set_num_threads(int(os.environ.get("VALIDATOR_THREADS", 1)))
     with tempfile.TemporaryDirectory(prefix="validator-task-") as tmp:
         opts = runner.Options(**{**opts_kw, "out": Path(tmp), "force": True})
