@@ -91,6 +91,16 @@ class ServerProcess:
         assert not bad, bad
 
 
+async def read_body(receive) -> bytes:
+    """An ASGI request's whole body, read message by message (the test apps that stand in for a server)."""
+    body = b""
+    while True:
+        msg = await receive()
+        body += msg.get("body", b"")
+        if not msg.get("more_body"):
+            return body
+
+
 def healthy(url: str) -> None:
     r = httpx.get(f"{url}/health", timeout=30)
     assert r.status_code == 200 and r.json()["status"] == "ok", r.text

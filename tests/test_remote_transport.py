@@ -16,7 +16,7 @@ from engine.core.errors import AddressError
 from engine.remote import AuthenticationError, Disconnected, Retry, ServerBusy, ServerRefused
 from engine.serve import ServeSettings, build_app, wire
 from remote_common import InProcess, Script, SpyRunner
-from serve_common import LLAMA
+from serve_common import LLAMA, read_body
 from test_vllm_common import eager_model
 
 KEY = "remote-test-key"
@@ -132,13 +132,8 @@ def test_one_connection_pool_and_json_bodies(m, script):
     app = script.app
 
     async def record(scope, receive, send):  # the client's address of each request, and its body
-        body = b""
         if scope["type"] == "http":
-            while True:
-                msg = await receive()
-                body += msg.get("body", b"")
-                if not msg.get("more_body"):
-                    break
+            body = await read_body(receive)
             seen.append((scope["client"], dict(scope["headers"]).get(b"content-type"), body))
             done = False
 

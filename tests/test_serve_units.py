@@ -16,6 +16,7 @@ from engine.serve import encoding, interp, text
 from engine.serve.errors import ServeError, from_validation
 from engine.serve.guard import Admission, Guard
 from engine.serve.schemas import CaptureSpec, ChatRequest, CompletionRequest
+from serve_common import read_body
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.int64])
@@ -204,12 +205,7 @@ def test_admission_is_bounded():
 
 def test_guard_auth_and_body_limit():
     async def app(scope, receive, send):
-        body = b""
-        while True:
-            msg = await receive()
-            body += msg.get("body", b"")
-            if not msg.get("more_body"):
-                break
+        body = await read_body(receive)
         await send({"type": "http.response.start", "status": 200, "headers": []})
         await send({"type": "http.response.body", "body": str(len(body)).encode()})
 

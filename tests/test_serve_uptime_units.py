@@ -19,6 +19,7 @@ from engine.serve import supervisor as sup
 from engine.serve.errors import ServeError
 from engine.serve.metrics import Metrics
 from engine.serve.settings import ServeSettings
+from serve_common import read_body
 
 KILLED = "died: its engine core process (pid 1) was killed by signal 9 (SIGKILL)"
 
@@ -279,13 +280,7 @@ class Served:
         async def app(scope, receive, send):
             if scope["type"] != "http":
                 return
-            body = b""
-            if scope["path"] == "/echo":
-                while True:
-                    msg = await receive()
-                    body += msg.get("body", b"")
-                    if not msg.get("more_body"):
-                        break
+            body = await read_body(receive) if scope["path"] == "/echo" else b""
             await send({"type": "http.response.start", "status": 200, "headers": []})
             if scope["path"] == "/big":
                 try:

@@ -62,3 +62,37 @@ def test_parallel_run_writes_the_same_cells_as_a_serial_one(tmp_path, jobs):
     assert cli.main(argv + ["--jobs", str(jobs), "--out", str(parallel)]) == 0
     a, b = cells.load_all(serial), cells.load_all(parallel)
     assert [(c["model"], c["summary"]) for c in a] == [(c["model"], c["summary"]) for c in b]
+
+
+def test_each_job_gets_its_own_cores_for_its_vllm_workers(monkeypatch):
+    """vLLM's "auto" binding put every job's vLLM worker on core 0 of this 2-core machine (the other core
+    reserved), so --jobs 2 ran the vLLM columns no faster than one job; each job now binds its own."""
+    from validator import workers
+    assert [workers.job_cores(i, 2, [0, 1]) for i in range(2)] == [[0], [1]]
+    assert [workers.job_cores(i, 2, [0, 1, 2, 3, 4]) for i in range(2)] == [[0, 1], [2, 3]]
+    assert [workers.job_cores(i, 3, [4, 5]) for i in range(3)] == [[4], [5], [4]]  # more jobs than cores
+    monkeypatch.delenv("VLLM_CPU_OMP_THREADS_BIND", raising=False)
+    monkeypatch.setattr(workers.os, "sched_getaffinity", lambda pid: {0, 1})
+    workers.bind_vllm(1, 2)
+    assert os.environ["VLLM_CPU_OMP_THREADS_BIND"] == "1"
+    monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "nobind")  # the caller's own choice stands
+    workers.bind_vllm(0, 2)
+    assert os.environ["VLLM_CPU_OMP_THREADS_BIND"] == "nobind"
+
+
+def test_each_worker_of_the_pool_takes_the_next_slot(monkeypatch):
+    """The pool's initializer takes slots from a shared counter: two workers bind two different cores, and a
+    worker the pool starts again (one died) takes a slot again."""
+    import multiprocessing as mp
+
+    from validator import workers
+    import torch
+    monkeypatch.setattr(workers, "die_with", lambda parent: None)
+    monkeypatch.setattr(torch, "set_num_threads", lambda n: None)  # this test process keeps its threads
+    monkeypatch.setattr(workers.os, "sched_getaffinity", lambda pid: {0, 1})
+    slots, got = mp.get_context("spawn").Value("i", 0), []
+    for _ in range(3):
+        monkeypatch.delenv("VLLM_CPU_OMP_THREADS_BIND", raising=False)
+        workers.init_worker(0, 1, slots, 2)
+        got.append(os.environ["VLLM_CPU_OMP_THREADS_BIND"])
+    assert got == ["0", "1", "0"]

@@ -33,9 +33,33 @@ def die_with(parent: int) -> None:
     threading.Thread(target=watch, name="parent-watchdog", daemon=True).start()
 
 
-def init_worker(parent: int, threads: int) -> None:
-    """Pool initializer: tie the worker to `parent`, set its torch thread count."""
+def job_cores(slot: int, jobs: int, cores: list[int]) -> list[int]:
+    """The cores of job `slot` of `jobs`: the allowed cores split evenly (jobs beyond the cores share them
+    round robin)."""
+    if jobs >= len(cores):
+        return [cores[slot % len(cores)]]
+    per = len(cores) // jobs
+    return cores[slot * per:(slot + 1) * per]
+
+
+def bind_vllm(slot: int, jobs: int) -> None:
+    """Give this job's vLLM CPU workers their own cores (VLLM_CPU_OMP_THREADS_BIND), unless the caller set
+    it. vLLM's "auto" binds every engine's worker to the same cores of the first NUMA node (on 2 cores:
+    core 0, the other reserved), so two jobs' vLLM forwards queued on one core and --jobs 2 ran the vLLM
+    columns no faster than --jobs 1. GPU workers ignore it."""
+    if "VLLM_CPU_OMP_THREADS_BIND" not in os.environ:
+        os.environ["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(
+            str(c) for c in job_cores(slot, jobs, sorted(os.sched_getaffinity(0))))
+
+
+def init_worker(parent: int, threads: int, slots, jobs: int) -> None:
+    """Pool initializer: tie the worker to `parent`, set its torch thread count, take the next job slot
+    (`slots`: a shared counter) and bind its vLLM workers to that slot's cores."""
     die_with(parent)
+    with slots.get_lock():
+        slot = slots.value % jobs  # a worker the pool replaces takes a slot again
+        slots.value += 1
+    bind_vllm(slot, jobs)
     import torch
     torch.set_num_threads(threads)
 
@@ -44,5 +68,6 @@ def pool(jobs: int, threads: int):
     """A spawn-context process pool whose workers die with this process."""
     import multiprocessing as mp
     from concurrent.futures import ProcessPoolExecutor
-    return ProcessPoolExecutor(jobs, mp_context=mp.get_context("spawn"), initializer=init_worker,
-                               initargs=(os.getpid(), threads))
+    ctx = mp.get_context("spawn")
+    return ProcessPoolExecutor(jobs, mp_context=ctx, initializer=init_worker,
+                               initargs=(os.getpid(), threads, ctx.Value("i", 0), jobs))
