@@ -163,7 +163,7 @@ KNOWN: tuple[Known, ...] = (
           "the cell's note 'vllm-static fell back to static_points=auto' and the row's refusal text ('serves only "
           "the taps declared at load'); engine/backends/vllm/backend.py tap_errors",
           match=r"serves only the taps declared at load",
-          model_types="glm|gpt_bigcode|gpt_neox|hunyuan_v1_dense|olmo|olmo2|olmo3|opt|phi|seed_oss|smollm3|starcoder2"),
+          model_types="arcee|glm|gpt_bigcode|gpt_neox|hunyuan_v1_dense|hunyuan_v1_moe|olmo|olmo2|olmo3|opt|phi|seed_oss|smollm3|starcoder2"),
     Known("vllm-static-op", "gap", "vllm-static", "steer",
           "vllm-static's taps apply one affine map per row, y = (x - (x.u) u) * mul + add; an op they cannot express "
           "(a rescale other than 0, a projection cap, a norm-scaled add, an SAE encode) is refused by name",
