@@ -21133,7 +21133,7 @@ export const validation: readonly ValidationCell[] = [
     "modelType": "arcee",
     "status": "ok",
     "verdict": "gap",
-    "counts": {"gap": 150, "pass": 21},
+    "counts": {"gap": 224, "pass": 58},
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
@@ -21148,11 +21148,22 @@ export const validation: readonly ValidationCell[] = [
     },
     "worst": [
       {
-        "point": "lm_head",
-        "layer": null,
-        "case": "long",
+        "point": "steer",
+        "layer": 0,
+        "case": "steer",
         "verdict": "pass",
-        "relErr": 7.507e-07,
+        "relErr": 9.027e-07,
+        "cosine": 1.0,
+        "maxAbs": 3.099e-06,
+        "known": "",
+        "reason": ""
+      },
+      {
+        "point": "steer",
+        "layer": 0,
+        "case": "steer",
+        "verdict": "pass",
+        "relErr": 8.427e-07,
         "cosine": 1.0,
         "maxAbs": 2.623e-06,
         "known": "",
@@ -21161,11 +21172,22 @@ export const validation: readonly ValidationCell[] = [
       {
         "point": "lm_head",
         "layer": null,
+        "case": "long",
+        "verdict": "pass",
+        "relErr": 7.778e-07,
+        "cosine": 1.0,
+        "maxAbs": 2.861e-06,
+        "known": "",
+        "reason": ""
+      },
+      {
+        "point": "lm_head",
+        "layer": null,
         "case": "short",
         "verdict": "pass",
-        "relErr": 7.155e-07,
+        "relErr": 7.409e-07,
         "cosine": 1.0,
-        "maxAbs": 3.099e-06,
+        "maxAbs": 2.384e-06,
         "known": "",
         "reason": ""
       },
@@ -21174,31 +21196,9 @@ export const validation: readonly ValidationCell[] = [
         "layer": null,
         "case": "padded",
         "verdict": "pass",
-        "relErr": 7.155e-07,
+        "relErr": 7.409e-07,
         "cosine": 1.0,
-        "maxAbs": 3.099e-06,
-        "known": "",
-        "reason": ""
-      },
-      {
-        "point": "lm_head",
-        "layer": null,
-        "case": "leak",
-        "verdict": "pass",
-        "relErr": 7.155e-07,
-        "cosine": 1.0,
-        "maxAbs": 3.099e-06,
-        "known": "",
-        "reason": ""
-      },
-      {
-        "point": "final_norm",
-        "layer": null,
-        "case": "long",
-        "verdict": "pass",
-        "relErr": 6.939e-07,
-        "cosine": 1.0,
-        "maxAbs": 2.503e-06,
+        "maxAbs": 2.384e-06,
         "known": "",
         "reason": ""
       }
@@ -21206,7 +21206,7 @@ export const validation: readonly ValidationCell[] = [
     "causes": [
       {
         "id": "vllm-refused",
-        "rows": 150,
+        "rows": 213,
         "points": [
           "attn_in",
           "attn_out",
@@ -21214,6 +21214,7 @@ export const validation: readonly ValidationCell[] = [
           "attn_scores",
           "embeddings",
           "k",
+          "lm_head",
           "lm_head_raw",
           "mlp_act",
           "mlp_in",
@@ -21225,7 +21226,9 @@ export const validation: readonly ValidationCell[] = [
           "value",
           "z"
         ]
-      }
+      },
+      {"id": "vllm-static-auto-taps", "rows": 6, "points": ["steer"]},
+      {"id": "vllm-static-op", "rows": 5, "points": ["steer"]}
     ]
   },
   {
@@ -22232,7 +22235,7 @@ export const validation: readonly ValidationCell[] = [
     "modelType": "ernie4_5_moe",
     "status": "ok",
     "verdict": "gap",
-    "counts": {"gap": 261},
+    "counts": {"gap": 405},
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
@@ -22249,7 +22252,7 @@ export const validation: readonly ValidationCell[] = [
     "causes": [
       {
         "id": "vllm-unsupported-arch",
-        "rows": 261,
+        "rows": 405,
         "points": [
           "attn_in",
           "attn_out",
@@ -22259,6 +22262,7 @@ export const validation: readonly ValidationCell[] = [
           "expert_indices",
           "expert_weights",
           "final_norm",
+          "generate",
           "k",
           "lm_head",
           "lm_head_raw",
@@ -22286,7 +22290,7 @@ export const validation: readonly ValidationCell[] = [
     "modelType": "ernie4_5_moe",
     "status": "ok",
     "verdict": "gap",
-    "counts": {"gap": 261},
+    "counts": {"gap": 405},
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
@@ -22303,7 +22307,7 @@ export const validation: readonly ValidationCell[] = [
     "causes": [
       {
         "id": "vllm-unsupported-arch",
-        "rows": 261,
+        "rows": 405,
         "points": [
           "attn_in",
           "attn_out",
@@ -22313,6 +22317,7 @@ export const validation: readonly ValidationCell[] = [
           "expert_indices",
           "expert_weights",
           "final_norm",
+          "generate",
           "k",
           "lm_head",
           "lm_head_raw",
@@ -31300,7 +31305,7 @@ export const validation: readonly ValidationCell[] = [
     "modelType": "gemma3_text",
     "status": "ok",
     "verdict": "gap",
-    "counts": {"gap": 95, "pass": 256},
+    "counts": {"gap": 138, "pass": 396},
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
@@ -31315,57 +31320,57 @@ export const validation: readonly ValidationCell[] = [
     },
     "worst": [
       {
-        "point": "mlp_out_post",
-        "layer": 5,
-        "case": "long",
+        "point": "steer",
+        "layer": 2,
+        "case": "steer",
         "verdict": "pass",
-        "relErr": 1.551e-06,
+        "relErr": 3.624e-06,
         "cosine": 1.0,
-        "maxAbs": 4.649e-06,
+        "maxAbs": 2.098e-05,
         "known": "",
         "reason": ""
       },
       {
-        "point": "mlp_out",
+        "point": "attn_scores",
         "layer": 5,
-        "case": "long",
+        "case": "address",
         "verdict": "pass",
-        "relErr": 1.522e-06,
+        "relErr": 2.455e-06,
         "cosine": 1.0,
-        "maxAbs": 2.623e-06,
+        "maxAbs": 2.801e-06,
         "known": "",
         "reason": ""
       },
       {
-        "point": "mlp_act",
-        "layer": 5,
-        "case": "long",
+        "point": "attn_scores",
+        "layer": 2,
+        "case": "address",
         "verdict": "pass",
-        "relErr": 1.483e-06,
+        "relErr": 2.371e-06,
         "cosine": 1.0,
-        "maxAbs": 7.153e-06,
+        "maxAbs": 1.967e-06,
         "known": "",
         "reason": ""
       },
       {
-        "point": "attn_probs",
-        "layer": 5,
-        "case": "long",
+        "point": "attn_scores",
+        "layer": 2,
+        "case": "address",
         "verdict": "pass",
-        "relErr": 1.461e-06,
+        "relErr": 2.144e-06,
         "cosine": 1.0,
-        "maxAbs": 6.407e-07,
+        "maxAbs": 1.907e-06,
         "known": "",
         "reason": ""
       },
       {
-        "point": "mlp_out",
+        "point": "attn_scores",
         "layer": 5,
-        "case": "short",
+        "case": "address",
         "verdict": "pass",
-        "relErr": 1.376e-06,
+        "relErr": 1.778e-06,
         "cosine": 1.0,
-        "maxAbs": 2.98e-06,
+        "maxAbs": 3.576e-06,
         "known": "",
         "reason": ""
       }
@@ -31373,8 +31378,8 @@ export const validation: readonly ValidationCell[] = [
     "causes": [
       {
         "id": "vllm-refused",
-        "rows": 95,
-        "points": ["k_norm_in", "k_norm_out", "lm_head_raw", "mlp_pre", "mlp_pre_linear", "q_norm_in", "q_norm_out"]
+        "rows": 138,
+        "points": ["k_norm_in", "k_norm_out", "lm_head", "lm_head_raw", "mlp_pre", "mlp_pre_linear", "q_norm_in", "q_norm_out"]
       }
     ]
   },
@@ -31385,7 +31390,7 @@ export const validation: readonly ValidationCell[] = [
     "modelType": "gemma3_text",
     "status": "ok",
     "verdict": "gap",
-    "counts": {"gap": 125, "pass": 226},
+    "counts": {"gap": 193, "pass": 341},
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
@@ -31400,35 +31405,13 @@ export const validation: readonly ValidationCell[] = [
     },
     "worst": [
       {
-        "point": "mlp_act",
-        "layer": 5,
-        "case": "long",
+        "point": "steer",
+        "layer": 2,
+        "case": "steer",
         "verdict": "pass",
-        "relErr": 1.61e-06,
+        "relErr": 1.511e-06,
         "cosine": 1.0,
-        "maxAbs": 7.629e-06,
-        "known": "",
-        "reason": ""
-      },
-      {
-        "point": "mlp_out",
-        "layer": 5,
-        "case": "long",
-        "verdict": "pass",
-        "relErr": 1.48e-06,
-        "cosine": 1.0,
-        "maxAbs": 3.338e-06,
-        "known": "",
-        "reason": ""
-      },
-      {
-        "point": "mlp_out_post",
-        "layer": 5,
-        "case": "long",
-        "verdict": "pass",
-        "relErr": 1.474e-06,
-        "cosine": 1.0,
-        "maxAbs": 5.841e-06,
+        "maxAbs": 8.583e-06,
         "known": "",
         "reason": ""
       },
@@ -31437,9 +31420,9 @@ export const validation: readonly ValidationCell[] = [
         "layer": 5,
         "case": "short",
         "verdict": "pass",
-        "relErr": 1.382e-06,
+        "relErr": 1.486e-06,
         "cosine": 1.0,
-        "maxAbs": 3.032e-06,
+        "maxAbs": 2.727e-06,
         "known": "",
         "reason": ""
       },
@@ -31448,9 +31431,31 @@ export const validation: readonly ValidationCell[] = [
         "layer": 5,
         "case": "padded",
         "verdict": "pass",
-        "relErr": 1.382e-06,
+        "relErr": 1.486e-06,
         "cosine": 1.0,
-        "maxAbs": 3.032e-06,
+        "maxAbs": 2.727e-06,
+        "known": "",
+        "reason": ""
+      },
+      {
+        "point": "mlp_out",
+        "layer": 5,
+        "case": "decode",
+        "verdict": "pass",
+        "relErr": 1.486e-06,
+        "cosine": 1.0,
+        "maxAbs": 2.727e-06,
+        "known": "",
+        "reason": ""
+      },
+      {
+        "point": "mlp_out",
+        "layer": 5,
+        "case": "address",
+        "verdict": "pass",
+        "relErr": 1.486e-06,
+        "cosine": 1.0,
+        "maxAbs": 2.727e-06,
         "known": "",
         "reason": ""
       }
@@ -31458,19 +31463,21 @@ export const validation: readonly ValidationCell[] = [
     "causes": [
       {
         "id": "vllm-refused",
-        "rows": 125,
+        "rows": 188,
         "points": [
           "attn_probs",
           "attn_scores",
           "k_norm_in",
           "k_norm_out",
+          "lm_head",
           "lm_head_raw",
           "mlp_pre",
           "mlp_pre_linear",
           "q_norm_in",
           "q_norm_out"
         ]
-      }
+      },
+      {"id": "vllm-static-op", "rows": 5, "points": ["steer"]}
     ]
   },
   {
@@ -37369,7 +37376,7 @@ export const validation: readonly ValidationCell[] = [
     "modelType": "llama",
     "status": "ok",
     "verdict": "gap",
-    "counts": {"gap": 25, "pass": 156},
+    "counts": {"gap": 32, "pass": 263},
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
@@ -37384,62 +37391,62 @@ export const validation: readonly ValidationCell[] = [
     },
     "worst": [
       {
+        "point": "attn_scores",
+        "layer": 1,
+        "case": "address",
+        "verdict": "pass",
+        "relErr": 2.185e-06,
+        "cosine": 1.0,
+        "maxAbs": 2.444e-06,
+        "known": "",
+        "reason": ""
+      },
+      {
         "point": "mlp_out",
         "layer": 1,
         "case": "long",
         "verdict": "pass",
-        "relErr": 1.66e-06,
+        "relErr": 1.484e-06,
         "cosine": 1.0,
-        "maxAbs": 3.338e-06,
+        "maxAbs": 3.099e-06,
+        "known": "",
+        "reason": ""
+      },
+      {
+        "point": "steer",
+        "layer": 0,
+        "case": "steer",
+        "verdict": "pass",
+        "relErr": 1.461e-06,
+        "cosine": 1.0,
+        "maxAbs": 9.611e-06,
         "known": "",
         "reason": ""
       },
       {
         "point": "attn_scores",
         "layer": 1,
-        "case": "long",
+        "case": "address",
         "verdict": "pass",
-        "relErr": 1.417e-06,
+        "relErr": 1.438e-06,
         "cosine": 1.0,
-        "maxAbs": 3.934e-06,
+        "maxAbs": 2.623e-06,
         "known": "",
         "reason": ""
       },
       {
-        "point": "mlp_out",
-        "layer": 1,
-        "case": "decode",
+        "point": "steer",
+        "layer": 0,
+        "case": "steer",
         "verdict": "pass",
-        "relErr": 1.407e-06,
+        "relErr": 1.39e-06,
         "cosine": 1.0,
-        "maxAbs": 2.369e-06,
-        "known": "",
-        "reason": ""
-      },
-      {
-        "point": "mlp_act",
-        "layer": 1,
-        "case": "long",
-        "verdict": "pass",
-        "relErr": 1.359e-06,
-        "cosine": 1.0,
-        "maxAbs": 7.391e-06,
-        "known": "",
-        "reason": ""
-      },
-      {
-        "point": "mlp_act",
-        "layer": 1,
-        "case": "decode",
-        "verdict": "pass",
-        "relErr": 1.302e-06,
-        "cosine": 1.0,
-        "maxAbs": 4.888e-06,
+        "maxAbs": 7.868e-06,
         "known": "",
         "reason": ""
       }
     ],
-    "causes": [{"id": "vllm-refused", "rows": 25, "points": ["lm_head_raw", "mlp_pre", "mlp_pre_linear"]}]
+    "causes": [{"id": "vllm-refused", "rows": 32, "points": ["lm_head", "lm_head_raw", "mlp_pre", "mlp_pre_linear"]}]
   },
   {
     "model": "meta-llama/Llama-3.2-3B",
@@ -37448,7 +37455,7 @@ export const validation: readonly ValidationCell[] = [
     "modelType": "llama",
     "status": "ok",
     "verdict": "gap",
-    "counts": {"gap": 45, "pass": 136},
+    "counts": {"gap": 71, "pass": 224},
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
@@ -37463,13 +37470,13 @@ export const validation: readonly ValidationCell[] = [
     },
     "worst": [
       {
-        "point": "mlp_out",
-        "layer": 1,
-        "case": "decode",
+        "point": "steer",
+        "layer": 0,
+        "case": "steer",
         "verdict": "pass",
-        "relErr": 1.536e-06,
+        "relErr": 1.458e-06,
         "cosine": 1.0,
-        "maxAbs": 2.384e-06,
+        "maxAbs": 9.298e-06,
         "known": "",
         "reason": ""
       },
@@ -37478,31 +37485,20 @@ export const validation: readonly ValidationCell[] = [
         "layer": 1,
         "case": "long",
         "verdict": "pass",
-        "relErr": 1.535e-06,
+        "relErr": 1.443e-06,
         "cosine": 1.0,
-        "maxAbs": 3.576e-06,
+        "maxAbs": 3.099e-06,
         "known": "",
         "reason": ""
       },
       {
-        "point": "mlp_act",
-        "layer": 1,
-        "case": "decode",
+        "point": "steer",
+        "layer": 0,
+        "case": "steer",
         "verdict": "pass",
-        "relErr": 1.463e-06,
+        "relErr": 1.361e-06,
         "cosine": 1.0,
-        "maxAbs": 6.199e-06,
-        "known": "",
-        "reason": ""
-      },
-      {
-        "point": "mlp_act",
-        "layer": 1,
-        "case": "long",
-        "verdict": "pass",
-        "relErr": 1.317e-06,
-        "cosine": 1.0,
-        "maxAbs": 7.272e-06,
+        "maxAbs": 9.269e-06,
         "known": "",
         "reason": ""
       },
@@ -37511,9 +37507,20 @@ export const validation: readonly ValidationCell[] = [
         "layer": 1,
         "case": "short",
         "verdict": "pass",
-        "relErr": 1.305e-06,
+        "relErr": 1.322e-06,
         "cosine": 1.0,
-        "maxAbs": 3.934e-06,
+        "maxAbs": 2.877e-06,
+        "known": "",
+        "reason": ""
+      },
+      {
+        "point": "mlp_out",
+        "layer": 1,
+        "case": "padded",
+        "verdict": "pass",
+        "relErr": 1.322e-06,
+        "cosine": 1.0,
+        "maxAbs": 2.877e-06,
         "known": "",
         "reason": ""
       }
@@ -37521,9 +37528,10 @@ export const validation: readonly ValidationCell[] = [
     "causes": [
       {
         "id": "vllm-refused",
-        "rows": 45,
-        "points": ["attn_probs", "attn_scores", "lm_head_raw", "mlp_pre", "mlp_pre_linear"]
-      }
+        "rows": 66,
+        "points": ["attn_probs", "attn_scores", "lm_head", "lm_head_raw", "mlp_pre", "mlp_pre_linear"]
+      },
+      {"id": "vllm-static-op", "rows": 5, "points": ["steer"]}
     ]
   },
   {
@@ -37942,7 +37950,7 @@ export const validation: readonly ValidationCell[] = [
     "modelType": "llama",
     "status": "ok",
     "verdict": "gap",
-    "counts": {"gap": 25, "pass": 156},
+    "counts": {"gap": 32, "pass": 263},
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
@@ -37957,44 +37965,11 @@ export const validation: readonly ValidationCell[] = [
     },
     "worst": [
       {
-        "point": "mlp_out",
+        "point": "attn_scores",
         "layer": 1,
-        "case": "short",
+        "case": "address",
         "verdict": "pass",
-        "relErr": 1.002e-06,
-        "cosine": 1.0,
-        "maxAbs": 2.205e-06,
-        "known": "",
-        "reason": ""
-      },
-      {
-        "point": "mlp_out",
-        "layer": 1,
-        "case": "padded",
-        "verdict": "pass",
-        "relErr": 1.002e-06,
-        "cosine": 1.0,
-        "maxAbs": 2.205e-06,
-        "known": "",
-        "reason": ""
-      },
-      {
-        "point": "mlp_out",
-        "layer": 1,
-        "case": "leak",
-        "verdict": "pass",
-        "relErr": 1.002e-06,
-        "cosine": 1.0,
-        "maxAbs": 2.205e-06,
-        "known": "",
-        "reason": ""
-      },
-      {
-        "point": "mlp_out",
-        "layer": 1,
-        "case": "decode",
-        "verdict": "pass",
-        "relErr": 8.849e-07,
+        "relErr": 1.65e-06,
         "cosine": 1.0,
         "maxAbs": 1.431e-06,
         "known": "",
@@ -38003,16 +37978,49 @@ export const validation: readonly ValidationCell[] = [
       {
         "point": "attn_out",
         "layer": 1,
-        "case": "short",
+        "case": "long",
         "verdict": "pass",
-        "relErr": 8.212e-07,
+        "relErr": 9.215e-07,
+        "cosine": 1.0,
+        "maxAbs": 9.686e-07,
+        "known": "",
+        "reason": ""
+      },
+      {
+        "point": "z",
+        "layer": 1,
+        "case": "long",
+        "verdict": "pass",
+        "relErr": 8.512e-07,
         "cosine": 1.0,
         "maxAbs": 1.192e-06,
         "known": "",
         "reason": ""
+      },
+      {
+        "point": "steer",
+        "layer": 0,
+        "case": "steer",
+        "verdict": "pass",
+        "relErr": 8.479e-07,
+        "cosine": 1.0,
+        "maxAbs": 3.338e-06,
+        "known": "",
+        "reason": ""
+      },
+      {
+        "point": "mlp_out",
+        "layer": 1,
+        "case": "long",
+        "verdict": "pass",
+        "relErr": 8.268e-07,
+        "cosine": 1.0,
+        "maxAbs": 1.669e-06,
+        "known": "",
+        "reason": ""
       }
     ],
-    "causes": [{"id": "vllm-refused", "rows": 25, "points": ["lm_head_raw", "mlp_pre", "mlp_pre_linear"]}]
+    "causes": [{"id": "vllm-refused", "rows": 32, "points": ["lm_head", "lm_head_raw", "mlp_pre", "mlp_pre_linear"]}]
   },
   {
     "model": "meta-llama/Meta-Llama-3-8B",
@@ -38021,7 +38029,7 @@ export const validation: readonly ValidationCell[] = [
     "modelType": "llama",
     "status": "ok",
     "verdict": "gap",
-    "counts": {"gap": 45, "pass": 136},
+    "counts": {"gap": 71, "pass": 224},
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
@@ -38038,22 +38046,11 @@ export const validation: readonly ValidationCell[] = [
       {
         "point": "mlp_out",
         "layer": 1,
-        "case": "decode",
-        "verdict": "pass",
-        "relErr": 9.668e-07,
-        "cosine": 1.0,
-        "maxAbs": 1.311e-06,
-        "known": "",
-        "reason": ""
-      },
-      {
-        "point": "mlp_out",
-        "layer": 1,
         "case": "short",
         "verdict": "pass",
-        "relErr": 9.351e-07,
+        "relErr": 9.805e-07,
         "cosine": 1.0,
-        "maxAbs": 2.444e-06,
+        "maxAbs": 1.553e-06,
         "known": "",
         "reason": ""
       },
@@ -38062,31 +38059,42 @@ export const validation: readonly ValidationCell[] = [
         "layer": 1,
         "case": "padded",
         "verdict": "pass",
-        "relErr": 9.351e-07,
+        "relErr": 9.805e-07,
         "cosine": 1.0,
-        "maxAbs": 2.444e-06,
+        "maxAbs": 1.553e-06,
         "known": "",
         "reason": ""
       },
       {
         "point": "mlp_out",
         "layer": 1,
-        "case": "leak",
+        "case": "decode",
         "verdict": "pass",
-        "relErr": 9.351e-07,
+        "relErr": 9.805e-07,
         "cosine": 1.0,
-        "maxAbs": 2.444e-06,
+        "maxAbs": 1.553e-06,
         "known": "",
         "reason": ""
       },
       {
         "point": "mlp_out",
         "layer": 1,
-        "case": "long",
+        "case": "address",
         "verdict": "pass",
-        "relErr": 9.231e-07,
+        "relErr": 9.805e-07,
         "cosine": 1.0,
-        "maxAbs": 1.669e-06,
+        "maxAbs": 1.553e-06,
+        "known": "",
+        "reason": ""
+      },
+      {
+        "point": "mlp_out",
+        "layer": 1,
+        "case": "address",
+        "verdict": "pass",
+        "relErr": 9.805e-07,
+        "cosine": 1.0,
+        "maxAbs": 1.553e-06,
         "known": "",
         "reason": ""
       }
@@ -38094,9 +38102,10 @@ export const validation: readonly ValidationCell[] = [
     "causes": [
       {
         "id": "vllm-refused",
-        "rows": 45,
-        "points": ["attn_probs", "attn_scores", "lm_head_raw", "mlp_pre", "mlp_pre_linear"]
-      }
+        "rows": 66,
+        "points": ["attn_probs", "attn_scores", "lm_head", "lm_head_raw", "mlp_pre", "mlp_pre_linear"]
+      },
+      {"id": "vllm-static-op", "rows": 5, "points": ["steer"]}
     ]
   },
   {
@@ -50544,7 +50553,7 @@ export const validation: readonly ValidationCell[] = [
     "modelType": "hunyuan_v1_moe",
     "status": "ok",
     "verdict": "gap",
-    "counts": {"gap": 125, "pass": 96},
+    "counts": {"gap": 190, "pass": 169},
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
@@ -50561,33 +50570,44 @@ export const validation: readonly ValidationCell[] = [
       {
         "point": "mlp_out",
         "layer": 1,
-        "case": "decode",
+        "case": "long",
         "verdict": "pass",
-        "relErr": 9.083e-07,
+        "relErr": 9.184e-07,
         "cosine": 1.0,
-        "maxAbs": 1.55e-06,
+        "maxAbs": 1.818e-06,
         "known": "",
         "reason": ""
       },
       {
         "point": "mlp_out",
         "layer": 1,
-        "case": "long",
+        "case": "short",
         "verdict": "pass",
-        "relErr": 8.298e-07,
+        "relErr": 7.492e-07,
         "cosine": 1.0,
         "maxAbs": 1.669e-06,
         "known": "",
         "reason": ""
       },
       {
-        "point": "attn_out",
+        "point": "mlp_out",
         "layer": 1,
-        "case": "long",
+        "case": "address",
         "verdict": "pass",
-        "relErr": 7.848e-07,
+        "relErr": 7.492e-07,
         "cosine": 1.0,
-        "maxAbs": 1.192e-06,
+        "maxAbs": 1.669e-06,
+        "known": "",
+        "reason": ""
+      },
+      {
+        "point": "mlp_out",
+        "layer": 1,
+        "case": "address",
+        "verdict": "pass",
+        "relErr": 7.492e-07,
+        "cosine": 1.0,
+        "maxAbs": 1.669e-06,
         "known": "",
         "reason": ""
       },
@@ -50596,20 +50616,9 @@ export const validation: readonly ValidationCell[] = [
         "layer": 1,
         "case": "padded",
         "verdict": "pass",
-        "relErr": 7.482e-07,
+        "relErr": 7.487e-07,
         "cosine": 1.0,
-        "maxAbs": 1.669e-06,
-        "known": "",
-        "reason": ""
-      },
-      {
-        "point": "mlp_out",
-        "layer": 1,
-        "case": "leak",
-        "verdict": "pass",
-        "relErr": 7.482e-07,
-        "cosine": 1.0,
-        "maxAbs": 1.669e-06,
+        "maxAbs": 1.729e-06,
         "known": "",
         "reason": ""
       }
@@ -50617,7 +50626,7 @@ export const validation: readonly ValidationCell[] = [
     "causes": [
       {
         "id": "vllm-refused",
-        "rows": 125,
+        "rows": 190,
         "points": [
           "attn_probs",
           "attn_scores",
@@ -50626,6 +50635,7 @@ export const validation: readonly ValidationCell[] = [
           "k",
           "k_norm_in",
           "k_norm_out",
+          "lm_head",
           "lm_head_raw",
           "q",
           "q_norm_in",
@@ -50643,7 +50653,7 @@ export const validation: readonly ValidationCell[] = [
     "modelType": "hunyuan_v1_moe",
     "status": "ok",
     "verdict": "gap",
-    "counts": {"gap": 200, "pass": 21},
+    "counts": {"gap": 301, "pass": 58},
     "dtype": "float32",
     "device": "cpu",
     "source": "zoo",
@@ -50658,57 +50668,57 @@ export const validation: readonly ValidationCell[] = [
     },
     "worst": [
       {
-        "point": "lm_head",
-        "layer": null,
-        "case": "long",
+        "point": "steer",
+        "layer": 0,
+        "case": "steer",
         "verdict": "pass",
-        "relErr": 5.963e-07,
+        "relErr": 6.999e-07,
         "cosine": 1.0,
-        "maxAbs": 2.384e-06,
+        "maxAbs": 2.325e-06,
         "known": "",
         "reason": ""
       },
       {
-        "point": "resid_post",
-        "layer": 1,
-        "case": "long",
+        "point": "steer",
+        "layer": 0,
+        "case": "steer",
         "verdict": "pass",
-        "relErr": 5.022e-07,
+        "relErr": 6.338e-07,
         "cosine": 1.0,
-        "maxAbs": 2.623e-06,
+        "maxAbs": 2.265e-06,
         "known": "",
         "reason": ""
       },
       {
-        "point": "lm_head",
-        "layer": null,
-        "case": "short",
+        "point": "steer",
+        "layer": 0,
+        "case": "steer_generate",
         "verdict": "pass",
-        "relErr": 4.954e-07,
+        "relErr": 6.075e-07,
         "cosine": 1.0,
-        "maxAbs": 1.907e-06,
-        "known": "",
-        "reason": ""
-      },
-      {
-        "point": "final_norm",
-        "layer": null,
-        "case": "long",
-        "verdict": "pass",
-        "relErr": 4.863e-07,
-        "cosine": 1.0,
-        "maxAbs": 1.55e-06,
+        "maxAbs": 2.146e-06,
         "known": "",
         "reason": ""
       },
       {
         "point": "lm_head",
         "layer": null,
-        "case": "padded",
+        "case": "long",
         "verdict": "pass",
-        "relErr": 4.766e-07,
+        "relErr": 5.853e-07,
         "cosine": 1.0,
-        "maxAbs": 2.019e-06,
+        "maxAbs": 2.146e-06,
+        "known": "",
+        "reason": ""
+      },
+      {
+        "point": "steer",
+        "layer": 0,
+        "case": "steer",
+        "verdict": "pass",
+        "relErr": 5.715e-07,
+        "cosine": 1.0,
+        "maxAbs": 2.146e-06,
         "known": "",
         "reason": ""
       }
@@ -50716,7 +50726,7 @@ export const validation: readonly ValidationCell[] = [
     "causes": [
       {
         "id": "vllm-refused",
-        "rows": 200,
+        "rows": 290,
         "points": [
           "attn_in",
           "attn_out",
@@ -50728,6 +50738,7 @@ export const validation: readonly ValidationCell[] = [
           "k",
           "k_norm_in",
           "k_norm_out",
+          "lm_head",
           "lm_head_raw",
           "mlp_in",
           "mlp_out",
@@ -50740,7 +50751,9 @@ export const validation: readonly ValidationCell[] = [
           "value",
           "z"
         ]
-      }
+      },
+      {"id": "vllm-static-auto-taps", "rows": 6, "points": ["steer"]},
+      {"id": "vllm-static-op", "rows": 5, "points": ["steer"]}
     ]
   },
   {
@@ -53849,7 +53862,7 @@ export const validationEngines: readonly ValidationEngine[] = [
     "engine": "vllm",
     "compares": "the engine's own vLLM backend (hooks in the worker), compared with the eager engine",
     "cells": 96,
-    "counts": {"fail": 17, "gap": 8887, "pass": 17555},
+    "counts": {"fail": 17, "gap": 9153, "pass": 17982},
     "declared": 17,
     "failing": 0,
     "skipped": 14
@@ -53859,7 +53872,7 @@ export const validationEngines: readonly ValidationEngine[] = [
     "engine": "vllm-static",
     "compares": "the engine's vllm-static backend (taps declared at load), compared with the eager engine",
     "cells": 96,
-    "counts": {"fail": 3, "gap": 13362, "pass": 12983},
+    "counts": {"fail": 3, "gap": 13801, "pass": 13348},
     "declared": 3,
     "failing": 0,
     "skipped": 14
