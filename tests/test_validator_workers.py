@@ -85,8 +85,9 @@ def test_each_worker_of_the_pool_takes_the_next_slot(monkeypatch):
     worker the pool starts again (one died) takes a slot again."""
     import multiprocessing as mp
 
-    from validator import workers
     import torch
+
+    from validator import workers
     monkeypatch.setattr(workers, "die_with", lambda parent: None)
     monkeypatch.setattr(torch, "set_num_threads", lambda n: None)  # this test process keeps its threads
     monkeypatch.setattr(workers.os, "sched_getaffinity", lambda pid: {0, 1})
