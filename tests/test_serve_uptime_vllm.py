@@ -23,7 +23,7 @@ import time
 import httpx
 import pytest
 
-from serve_common import LLAMA, ServerProcess
+from serve_common import AUTH, LLAMA, ServerProcess
 from test_serve_uptime import BIG_STREAM, _connect, metric
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
@@ -85,6 +85,12 @@ async def _stream(c: httpx.AsyncClient, i: int, started: asyncio.Event) -> list[
                 events.append(line[len("data: "):])
                 started.set()
     return events
+
+
+async def _queue_depth(c: httpx.AsyncClient) -> float:
+    """The server's sequences admitted and not finished (its interp_queue_depth metric)."""
+    text = (await c.get("/metrics", headers=AUTH)).text
+    return sum(float(ln.rsplit(" ", 1)[1]) for ln in text.splitlines() if ln.split(" ")[0] == "interp_queue_depth")
 
 
 async def _fault(url: str, act, n: int = 6) -> tuple[list[httpx.Response], list[str], list[tuple[float, int, str]]]:
@@ -217,9 +223,12 @@ def test_vllm_sigterm_answers_what_it_cannot_finish_and_exits_within_the_grace(s
     async def run():
         async with httpx.AsyncClient(base_url=b.url, timeout=300) as c:
             started = asyncio.Event()
-            plain = [asyncio.ensure_future(_plain(c, i)) for i in range(16)]
             streams = [asyncio.ensure_future(_stream(c, 90 + i, started)) for i in range(2)]
-            await asyncio.wait_for(started.wait(), 120)
+            await asyncio.wait_for(started.wait(), 120)  # the engine runs a stream, one sequence at a time
+            plain = [asyncio.ensure_future(_plain(c, i)) for i in range(16)]
+            deadline = time.monotonic() + 60
+            while await _queue_depth(c) < 16 and time.monotonic() < deadline:  # all sixteen admitted and waiting
+                await asyncio.sleep(0.05)
             t0 = time.monotonic()
             b.proc.send_signal(signal.SIGTERM)
             out = await asyncio.gather(*plain, *streams)
