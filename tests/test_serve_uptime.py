@@ -55,7 +55,11 @@ def rss_mib(pid: int) -> float:
 
 
 def metric(url: str, name: str) -> float:
-    text = httpx.get(f"{url}/metrics", headers=AUTH, timeout=30).text
+    return metric_in(httpx.get(f"{url}/metrics", headers=AUTH, timeout=30).text, name)
+
+
+def metric_in(text: str, name: str) -> float:
+    """The sum of a /metrics page's series whose line starts with `name` (every label set of it)."""
     return sum(float(ln.rsplit(" ", 1)[1]) for ln in text.splitlines() if ln.startswith(name))
 
 

@@ -24,7 +24,7 @@ import httpx
 import pytest
 
 from serve_common import AUTH, LLAMA, ServerProcess
-from test_serve_uptime import BIG_STREAM, _connect, metric
+from test_serve_uptime import BIG_STREAM, _connect, metric, metric_in
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
@@ -89,8 +89,7 @@ async def _stream(c: httpx.AsyncClient, i: int, started: asyncio.Event) -> list[
 
 async def _queue_depth(c: httpx.AsyncClient) -> float:
     """The server's sequences admitted and not finished (its interp_queue_depth metric)."""
-    text = (await c.get("/metrics", headers=AUTH)).text
-    return sum(float(ln.rsplit(" ", 1)[1]) for ln in text.splitlines() if ln.split(" ")[0] == "interp_queue_depth")
+    return metric_in((await c.get("/metrics", headers=AUTH)).text, "interp_queue_depth")
 
 
 async def _fault(url: str, act, n: int = 6) -> tuple[list[httpx.Response], list[str], list[tuple[float, int, str]]]:
