@@ -22,6 +22,9 @@ import asyncio
 import copy
 import dataclasses
 import math
+import os
+import shutil
+import tempfile
 import uuid
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass
@@ -77,6 +80,7 @@ if TYPE_CHECKING:
     from engine.model.api import AsyncModel
     from engine.model.weights import BlockLayout
 
+SHM = "/dev/shm"
 __all__ = ["AsyncVLLMModel", "Submission", "StreamEvent", "NO_CAPTURE"]
 
 
@@ -109,6 +113,7 @@ class AsyncVLLMModel(ModelBase, TokensMixin):
         self.dtype = engine.model_config.dtype  # what vLLM computes in
         from vllm.platforms import current_platform
         self.device = torch.device(current_platform.device_type)  # where vLLM runs (results come back on the CPU)
+        self._shm: str | None = None  # the directory captured rows come back through (_capture_dir)
         self._init_base()
 
     def __repr__(self):
@@ -309,6 +314,14 @@ class AsyncVLLMModel(ModelBase, TokensMixin):
                 keys[captured].append(asked)
         return {k: tuple(v) for k, v in keys.items() if v != [k]}
 
+    def _capture_dir(self) -> str | None:
+        """A directory in shared memory the workers hand captured rows through as files (worker/sink.py, as
+        the harvest does: a few MB of rows a request no longer pickled through collective_rpc), made on
+        first use and removed at close; None without /dev/shm. Workers that cannot see it answer inline."""
+        if self._shm is None and os.path.isdir(SHM):
+            self._shm = tempfile.mkdtemp(prefix=f"interp-harvest-{os.getpid()}-", dir=SHM)  # swept like a harvest's
+        return self._shm
+
     @staticmethod
     def _needs_worker(plan: Plan) -> bool:
         return bool(plan.captures or plan.steers or plan.internal or plan.readouts)
@@ -343,6 +356,19 @@ class AsyncVLLMModel(ModelBase, TokensMixin):
         (engine/core/syncs.py); stopping returns each rank's {"syncs", "steps", "sites"}."""
         self._live()
         return await self._rpc("interp_syncs", on)
+
+    async def worker_ops(self, on: bool) -> list[dict]:
+        """Start (on=True) or stop counting the ops the workers dispatch around their steps, outside the
+        forward (engine/core/opcount.py); stopping returns each rank's {"steps", "labels", "ops", "sites"}:
+        labels "step" (before and after each forward) and "hooks" (inside the hooked backend's hooks)."""
+        self._live()
+        return await self._rpc("interp_ops", on)
+
+    async def worker_timing(self, on: bool) -> list[dict]:
+        """Start (on=True) or stop timing the host work the workers do around their steps; stopping returns
+        each rank's {"steps", "seconds": {"step": ..., "hooks": ...}}."""
+        self._live()
+        return await self._rpc("interp_timing", on)
 
     async def _submit(self, sub: Submission, key: str, on_output=None, on_done=None):
         """Run one request in the continuous batch; returns vLLM's final RequestOutput."""
@@ -385,6 +411,8 @@ class AsyncVLLMModel(ModelBase, TokensMixin):
         come back as files there: worker/sink.py)."""
         keys = keys or [uuid.uuid4().hex for _ in built]
         active = [(k, s.plan) for k, s in zip(keys, built) if self._needs_worker(s.plan)]
+        if sink is None and any(p.captures for _, p in active):
+            sink = self._capture_dir()
         try:  # collected in `finally`: a request cancelled once scheduled has a plan to forget
             outs = await asyncio.gather(*(self._submit(s, k, on_output, on_done) for k, s in zip(keys, built)))
             if hold is not None:
@@ -557,6 +585,8 @@ class AsyncVLLMModel(ModelBase, TokensMixin):
             engine, self.engine = self.engine, None  # type: ignore[assignment]  # released: _live() refuses later calls
             from engine.backends.vllm.runtime import stop_engine
             stop_engine(engine)
+            if self._shm is not None:
+                shutil.rmtree(self._shm, ignore_errors=True)
 
 
 if TYPE_CHECKING:

@@ -21,6 +21,7 @@ and steered per rank on the indices it holds, replicated ones on rank 0 only; th
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -36,6 +37,7 @@ from engine.backends.vllm.worker.tree import resolve, tree_for
 from engine.core.address import Address, parse
 from engine.core.errors import UnsupportedPointError
 from engine.core.ledger import GUARD, Ledger
+from engine.core.opcount import OpCounter, StepTimer
 from engine.core.plan import Plan, Span, site_work
 from engine.core.points import POINTS
 from engine.core.readouts import Env, bind, parts_of
@@ -123,6 +125,10 @@ class WorkerState:
         self.step: Step | None = None
         self.last: Step | None = None  # the step before, while the registered plans stay: rows carry from it
         self.syncs: SyncCounter | None = None  # counting host reads inside steps (interp_syncs)
+        self.ops: OpCounter | None = None  # counting the ops dispatched around each forward (interp_ops)
+        self.timer: StepTimer | None = None  # timing the host work around each forward (interp_timing)
+        self.op_steps: list[int] = []  # while counting ops: each step's count ("step" windows)
+        self._op_start: int | None = None  # the count when this step began
         self.steps = 0  # steps that ran a registered plan since counting began
         self.end_module = self.end_handle = None
         # the KV blocks steering requests wrote, zeroed before a schedule hands one to another request
@@ -231,11 +237,23 @@ class WorkerState:
             self.end_handle.remove()
             self.end_handle = self.end_module.register_forward_hook(self._end)
 
+    def _counted(self, label: str):
+        """A window of the op counter (engine/core/opcount.py) and of the step timer, while either runs."""
+        if self.ops is None and self.timer is None:
+            return contextlib.nullcontext()
+        stack = contextlib.ExitStack()
+        if self.timer is not None:
+            stack.enter_context(self.timer.window(label))
+        if self.ops is not None:
+            stack.enter_context(self.ops.window(label))
+        return stack
+
     def _at_site(self, work, t):
         step = self.step
         if step is None or not step.spans:
             return None
-        return run_site(t, step, work)
+        with self._counted("hooks"):
+            return run_site(t, step, work)
 
     def _guard_layer(self, module, args, output):
         """The layer guard (engine.core.site.guard) on a decoder layer's output: a steering request's row
@@ -244,6 +262,10 @@ class WorkerState:
         step = self.step
         if step is None or not step.spans:
             return None
+        with self._counted("hooks"):
+            return self._guard_output(step, output)
+
+    def _guard_output(self, step: Step, output):
         parts = list(output) if isinstance(output, tuple) else [output]
         n, flat = step.n_tokens, self.tree.batched  # the Transformers backend's tensors are [1, tokens, d]
         tensors = [i for i, p in enumerate(parts) if isinstance(p, torch.Tensor) and p.dim() >= 2
@@ -272,10 +294,14 @@ class WorkerState:
         if not mine:
             return
         if self.syncs is not None:  # counted from here to the end of the step (_end)
-            self.steps += 1
             self.syncs.__enter__()
+        if self.syncs is not None or self.ops is not None or self.timer is not None:
+            self.steps += 1
+        if self.ops is not None:
+            self._op_start = self.ops.count("step")  # this step's count is taken at _end
         try:
-            self._start_step(mine, args, kwargs)
+            with self._counted("step"):  # the forward itself runs outside the window
+                self._start_step(mine, args, kwargs)
         except Exception as e:  # the step's plans fail; the engine serves on
             for _, plan in mine:
                 _failed(plan, e)
@@ -301,14 +327,18 @@ class WorkerState:
     def _end(self, module, args, output):
         try:
             if self.step is not None:
-                self.blocks.guarded_mark(self.step)  # first: the KV isolation never waits on the rest
-                self.mode.after(self.step, self.work)
+                with self._counted("step"):
+                    self.blocks.guarded_mark(self.step)  # first: the KV isolation never waits on the rest
+                    self.mode.after(self.step, self.work)
         except Exception as e:
             for sp in self.step.spans:
                 _failed(sp.plan, e)
         finally:
             if self.syncs is not None and self.syncs.active:
                 self.syncs.__exit__(None, None, None)
+            if self.ops is not None and self._op_start is not None:
+                self.op_steps.append(self.ops.count("step") - self._op_start)
+            self._op_start = None
         if self.step is not None:  # done building: it no longer needs the step before (kept, each step
             self.step.prev = None  # would hold every earlier one, its rows and values, until a rebuild)
         self.last, self.step = self.step, None
@@ -324,6 +354,30 @@ class WorkerState:
         if c is None:
             return {"syncs": 0, "steps": 0, "sites": {}}
         return {"syncs": c.count, "steps": steps, "sites": dict(c.sites)}
+
+    def count_ops(self, on: bool) -> dict:
+        """Start (on) or stop counting the ops dispatched around this rank's steps (engine/core/opcount.py):
+        "step", those before and after each forward, and "hooks", inside the hooked backend's hooks;
+        stopping returns {"steps", "per_step" (each step's "step" count, in order), "labels", "ops", "sites"}
+        since the start."""
+        if on:
+            self.ops, self.steps, self.op_steps = OpCounter(), 0, []
+            return {}
+        c, self.ops = self.ops, None
+        steps, self.steps = self.steps, 0
+        per_step, self.op_steps = self.op_steps, []
+        return {"steps": steps, "per_step": per_step,
+                **(c.report() if c is not None else {"labels": {}, "ops": {}, "sites": {}})}
+
+    def time_steps(self, on: bool) -> dict:
+        """Start (on) or stop timing the host work around this rank's steps ("step": before and after each
+        forward; "hooks": inside the hooked backend's hooks); stopping returns {"steps", "seconds"}."""
+        if on:
+            self.timer, self.steps = StepTimer(), 0
+            return {}
+        t, self.timer = self.timer, None
+        steps, self.steps = self.steps, 0
+        return {"steps": steps, "seconds": dict(t.seconds) if t is not None else {}}
 
     # -- requests ---------------------------------------------------------------------------------
     def scheduled(self, scheduler_output: Any) -> None:
@@ -404,10 +458,17 @@ class WorkerState:
                         res.readouts[name] = vllm_wire.encode(list(parts_of(acc.result())))
                     except RuntimeError as e:
                         res.errors[name] = vllm_wire.Failure.of(e)
+            sent = set()
+            for index, first, rows in plan.stacked():  # vllm-static: a request's every layer as one tensor
+                res.stacks.append(encode(rows))
+                for k, j in index.items():
+                    res.captures[k] = [first, {vllm_wire.STACK: len(res.stacks) - 1, "index": j}]
+                    sent.add(k)
             for k in plan.store:
                 try:
-                    first = plan.first(k)
-                    res.captures[k] = [first, encode(plan.tensor(k, first))]
+                    if k not in sent:
+                        first = plan.first(k)
+                        res.captures[k] = [first, encode(plan.tensor(k, first))]
                 except RuntimeError as e:
                     res.errors[k] = vllm_wire.Failure.of(e)
                 held = self.site(parse(k).base).held
@@ -431,6 +492,8 @@ class WorkerState:
         out = []
         for i, (key, starts) in enumerate(zip(keys, since)):
             plan = self.plans.get(key)
+            if plan is not None:
+                plan.settle()  # vllm-static's blocks filed under their keys
             res = vllm_wire.PeekReply(key)
             ok = plan is not None and plan.error is None
             for name, start in ((readouts[i] if readouts else {}).items() if ok else ()):
@@ -507,6 +570,14 @@ class InterpWorker:
     def interp_syncs(self, on: bool) -> dict:
         """Count the engine's host reads inside this rank's steps (tests: at most 2 per step)."""
         return self._interp.count_syncs(on)
+
+    def interp_ops(self, on: bool) -> dict:
+        """Count the ops this rank dispatches around its steps (tests: a small constant per step)."""
+        return self._interp.count_ops(on)
+
+    def interp_timing(self, on: bool) -> dict:
+        """Time the host work this rank does around its steps (benchmarks/step_cost.py)."""
+        return self._interp.time_steps(on)
 
     def interp_plans(self) -> list:
         """Keys of the plans this rank holds (registered, not collected yet)."""

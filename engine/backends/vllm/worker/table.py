@@ -1,0 +1,106 @@
+"""vllm-static's coefficient table: a step's steers as per-row affine coefficients, built on the host.
+
+A write tap applies y = (x - (x.u) u) * mul + add per row (engine/backends/vllm/worker/static.py).
+Every op the taps express maps the coefficients already at a row the same way,
+
+    mul' = mul * a        add' = add * a + b        u' = u, or the op's own u (a `first` op)
+
+with (a, b, u) the op's own affine form (engine/core/ops.py) applied to the identity: `form_of` computes
+them once per steer, when the worker's plans change, on the device and copied to the host (numpy), so a
+step composes its steers with numpy alone. `compose` gives, for one tap, the distinct coefficient rows
+of the step (a table) and which of them each touched row takes; the worker uploads the table and writes
+every tap's rows with one index_copy (StaticTaps.before).
+tests/test_ops_table.py holds every static op to that form.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+
+from engine.core.address import parse
+from engine.core.errors import SteeringError
+from engine.core.ops import OPS, AffineRows
+
+if TYPE_CHECKING:
+    from engine.core.steering import Steer
+
+
+@dataclass(frozen=True)
+class Form:
+    """One steer's affine form on its tap, host float32. a, b (and u for a `first` op): [P, c], one row
+    per position of a value by position (`lead`), else one row; `cols` the tap columns it writes (a head
+    coordinate's slice), c wide."""
+    first: bool
+    cols: slice
+    a: np.ndarray
+    b: np.ndarray
+    u: np.ndarray | None
+    lead: bool
+
+
+def form_of(steer: Steer, width: int, head_dim: int | None, device: torch.device) -> Form:
+    """The steer's (a, b, u) from its op's affine form on identity rows (a bound, local steer)."""
+    op = OPS[steer.op]
+    why = op.static_refusal(steer)
+    if why or op.affine is None:
+        raise SteeringError(f"vllm-static cannot apply {steer.op!r}: {why}.")
+    cols = slice(0, width)
+    address = parse(steer.address) if isinstance(steer.address, str) else steer.address
+    if address.coords:
+        (_, h), = address.coords
+        assert head_dim, "a head coordinate is on a headed point"
+        h = h % (width // head_dim)
+        cols = slice(h * head_dim, (h + 1) * head_dim)
+    c = cols.stop - cols.start
+    lead = bool(steer.bound().lead)
+    v = steer.value
+    if isinstance(v, torch.Tensor):
+        v = v.to(device, torch.float32)
+        v = v.reshape(v.shape[0], -1) if lead else (v if v.dim() == 0 else v.reshape(-1))
+    n = v.shape[0] if lead and isinstance(v, torch.Tensor) else 1
+    new = op.affine(AffineRows.identity(n, c, torch.float32, device), v, steer)  # type: ignore[arg-type]
+
+    def host(t: torch.Tensor) -> np.ndarray:
+        return np.ascontiguousarray(t.expand(n, c).detach().to("cpu").numpy(), dtype=np.float32)
+    return Form(op.first, cols, host(new.mul), host(new.add), host(new.u) if op.first else None, lead)
+
+
+def stacked(forms: list[Form]) -> tuple[Form, np.ndarray]:
+    """The forms of one steer group's members (one op, one address: the same cols, `first` and `lead`)
+    as one Form whose rows are theirs one after another, and where each member's rows start."""
+    sizes = np.array([f.a.shape[0] for f in forms], dtype=np.int64)
+    starts = np.cumsum(sizes) - sizes
+    if len(forms) == 1:
+        return forms[0], starts
+    f0 = forms[0]
+    u = None if f0.u is None else np.concatenate([f.u for f in forms])  # type: ignore[misc]
+    return Form(f0.first, f0.cols, np.concatenate([f.a for f in forms]), np.concatenate([f.b for f in forms]), u,
+                f0.lead), starts
+
+
+def compose(parts: list[tuple[Form, np.ndarray, np.ndarray]], width: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(rows, table, which): for one tap's (form, flat rows, each row's row of the form) of the step, one
+    per steer group in order, the flat rows they touch, the distinct coefficient rows [D, 3, width]
+    (u, mul, add) and each touched row's index in the table. Host only (numpy)."""
+    one = len(parts) == 1
+    rows = parts[0][1] if one else np.unique(np.concatenate([f for _, f, _ in parts]))
+    codes = np.full((len(rows), len(parts)), -1, dtype=np.int64)  # per row, its row of each group's form
+    for j, (_, flat, code) in enumerate(parts):
+        codes[slice(None) if one else np.searchsorted(rows, flat), j] = code
+    combos, which = np.unique(codes, axis=0, return_inverse=True)
+    d = len(combos)
+    u = np.zeros((d, width), dtype=np.float32)
+    mul = np.ones((d, width), dtype=np.float32)
+    add = np.zeros((d, width), dtype=np.float32)
+    for j, (form, _, _) in enumerate(parts):
+        hit = combos[:, j] >= 0
+        k = combos[hit, j]
+        cols, a = form.cols, form.a[k]
+        mul[hit, cols] = mul[hit, cols] * a
+        add[hit, cols] = add[hit, cols] * a + form.b[k]
+        if form.u is not None:
+            u[hit, cols] = form.u[k]
+    return rows, np.stack([u, mul, add], axis=1), which.reshape(-1)
