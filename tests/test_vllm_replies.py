@@ -124,6 +124,21 @@ def test_a_collect_reply_crosses_as_plain_data_and_reads_back_whole():
     assert {f.name for f in dataclasses.fields(wire.CollectReply)} == set(reply.out())  # one field list
 
 
+def test_a_peek_reply_crosses_as_plain_data_and_reads_back_whole():
+    """A running request's rows and per-position readouts (interp_peek) read back under their own fields: a
+    field added to PeekReply once shifted the positional read, and a stream's readouts came back None."""
+    import msgspec
+    rows = torch.randn(3, 4)
+    reply = wire.PeekReply("req", captures={"resid_post.1": [2, wire.tensor_out(rows)]}, held={"z.1": [0, 1]},
+                           readouts={"p": [2, wire.encode([rows[:, 0]])]})
+    back = wire.PeekReply.read(msgspec.msgpack.decode(msgspec.msgpack.encode(reply.out())))
+    assert back.key == "req" and back.held == {"z.1": [0, 1]} and back.errors == {}
+    assert back.captures["resid_post.1"][0] == 2 and torch.equal(wire.tensor_in(back.captures["resid_post.1"][1]), rows)
+    first, parts = back.readouts["p"]
+    assert first == 2 and torch.equal(wire.decode(parts)[0], rows[:, 0])
+    assert {f.name for f in dataclasses.fields(wire.PeekReply)} - {"errors"} == set(reply.out())  # one field list
+
+
 def test_captures_sent_in_one_stack_read_back_each_as_its_row():
     """vllm-static sends a request's every layer as one tensor (CollectReply.stacks); each capture refers to
     its row and reads back as that tensor, through msgpack and through a shared-memory file alike."""

@@ -203,7 +203,6 @@ class PeekReply:
     point}, readouts {name: (first position, encoded parts)}."""
     key: str
     captures: dict[str, list] = field(default_factory=dict)
-    stacks: list = field(default_factory=list)  # encoded [keys, positions, ...] tensors captures refer to (STACK)
     held: dict[str, list[int]] = field(default_factory=dict)
     readouts: dict[str, list] = field(default_factory=dict)
     errors: dict[str, Failure] = field(default_factory=dict)  # (none while running; gather reads both replies)
@@ -213,8 +212,8 @@ class PeekReply:
 
     @classmethod
     def read(cls, d: dict) -> PeekReply:
-        return cls(d["key"], {k: [first, _once(rows)] for k, (first, rows) in d["captures"].items()}, d["held"],
-                   d["readouts"])
+        return cls(d["key"], captures={k: [first, _once(rows)] for k, (first, rows) in d["captures"].items()},
+                   held=d["held"], readouts=d["readouts"])
 
 
 @dataclass
