@@ -314,10 +314,14 @@ class AsyncVLLMModel(ModelBase, TokensMixin):
                 keys[captured].append(asked)
         return {k: tuple(v) for k, v in keys.items() if v != [k]}
 
-    def _capture_dir(self) -> str | None:
-        """A directory in shared memory the workers hand captured rows through as files (worker/sink.py, as
-        the harvest does: a few MB of rows a request no longer pickled through collective_rpc), made on
-        first use and removed at close; None without /dev/shm. Workers that cannot see it answer inline."""
+    def _capture_dir(self, built: list[Submission]) -> str | None:
+        """Where generate, run_with_cache and stream have the workers hand captured rows back: a directory in
+        shared memory, as files (worker/sink.py, as the harvest does: a few MB of rows a request no longer
+        pickled through collective_rpc), made on first use and removed at close; None (inline in the RPC
+        reply) when no request captures or there is no /dev/shm. generate_batch takes its caller's `sink`
+        (the harvest's, None for its inline hand-off). Workers that cannot see the directory answer inline."""
+        if not any(s.plan.captures for s in built):
+            return None
         if self._shm is None and os.path.isdir(SHM):
             self._shm = tempfile.mkdtemp(prefix=f"interp-harvest-{os.getpid()}-", dir=SHM)  # swept like a harvest's
         return self._shm
@@ -411,8 +415,6 @@ class AsyncVLLMModel(ModelBase, TokensMixin):
         come back as files there: worker/sink.py)."""
         keys = keys or [uuid.uuid4().hex for _ in built]
         active = [(k, s.plan) for k, s in zip(keys, built) if self._needs_worker(s.plan)]
-        if sink is None and any(p.captures for _, p in active):
-            sink = self._capture_dir()
         try:  # collected in `finally`: a request cancelled once scheduled has a plan to forget
             outs = await asyncio.gather(*(self._submit(s, k, on_output, on_done) for k, s in zip(keys, built)))
             if hold is not None:
@@ -465,7 +467,8 @@ class AsyncVLLMModel(ModelBase, TokensMixin):
                             strict)
                  for i, p in enumerate(prompts)]
         # the pad every backend fills with (the remote client is handed the same id by its server)
-        out = replies.batch_result(await self._run_many(built, want), pad_id(self.tokenizer), self.n_layers)
+        out = replies.batch_result(await self._run_many(built, want, sink=self._capture_dir(built)),
+                                   pad_id(self.tokenizer), self.n_layers)
         if strict:
             check_strict(out.receipts, "generation")
         return out
@@ -490,7 +493,7 @@ class AsyncVLLMModel(ModelBase, TokensMixin):
         want = bool(return_logits)
         built = [self._plan(Request(p, 1, points, steer, readouts=readouts), True, want, i, len(prompts), strict)
                  for i, p in enumerate(prompts)]
-        res = await self._run_many(built, want, prefill=True)
+        res = await self._run_many(built, want, prefill=True, sink=self._capture_dir(built))
         lengths = [len(p) for p in prompts]
         width = max(lengths) if mask is None else mask.shape[1]
         cols = columns(lengths, width, "left") if mask is None else columns_of(mask)
@@ -531,7 +534,8 @@ class AsyncVLLMModel(ModelBase, TokensMixin):
         sub = dataclasses.replace(sub, params={**sub.params, "output_kind": RequestOutputKind.DELTA,
                                                "logprobs": logprobs})
         steps = streaming.stream_steps(
-            sub.plan, lambda on_output, key, hold: self._run_many([sub], want, on_output=on_output, keys=[key], hold=hold),
+            sub.plan, lambda on_output, key, hold: self._run_many([sub], want, on_output=on_output, keys=[key], hold=hold,
+                                                                  sink=self._capture_dir([sub])),
             self._peek, lambda tok: self.tokenizer.decode([tok], skip_special_tokens=True), logprobs, rows, strict,
             sub.keys)
         return steps if self._home is None else self._home.relay(steps)
