@@ -35,14 +35,14 @@ from engine.backends.vllm.worker.loader import ERRORS_ATTR, TAPS_ATTR
 from engine.backends.vllm.worker.rows import PLAN_ARG, ROWS
 from engine.backends.vllm.worker.tree import resolve, tree_for
 from engine.core.address import Address, parse
-from engine.core.errors import UnsupportedPointError
+from engine.core.errors import SteeringError, UnsupportedPointError
 from engine.core.ledger import GUARD, Ledger
 from engine.core.opcount import OpCounter, StepTimer
 from engine.core.plan import Plan, Span, site_work
 from engine.core.points import POINTS
 from engine.core.readouts import Env, bind, parts_of
 from engine.core.site import guard, run_site, zero_rows
-from engine.core.steering import failure
+from engine.core.steering import Steer, failure
 from engine.core.step import Step, one_on
 from engine.core.syncs import SyncCounter
 
@@ -417,15 +417,25 @@ class WorkerState:
     def _admit(self, d: dict) -> Plan:
         """One plan from its wire form, its steer values on the model's device, its readouts bound."""
         plan = vllm_wire.plan_in(d)
-        # values arrive on the CPU; steered rows (and vllm-static's receipt replay) are on the model's device
-        plan.steers = [st.at(st.address, st.value.to(self.device)) if isinstance(st.value, torch.Tensor) else st
-                       for st in plan.steers]
+        plan.steers = [self._local_steer_of(st) for st in plan.steers]
         if plan.readouts:
             try:
                 plan.accumulators = bind(plan.readouts, self._env())
             except Exception as e:  # the request's own failure (an SAE that does not load): kept for collect
                 _failed(plan, e)
         return plan
+
+    def _local_steer_of(self, st: Steer) -> Steer:
+        """A wire steer as the steps use it: its value on the model's device (values arrive on the CPU; the
+        steered rows, and vllm-static's receipt replay, are there), its leading axes known once (Steer.bound:
+        each step's checks would otherwise copy the steer again, at every site). A value bound refuses stays
+        unbound: its first step fails its plan, naming it, as before."""
+        if isinstance(st.value, torch.Tensor):
+            st = st.at(st.address, st.value.to(self.device))
+        try:
+            return st.bound()
+        except SteeringError:
+            return st
 
     def collect(self, keys: list[str], logits: list[bool],
                 encode: Callable[[torch.Tensor], dict] = vllm_wire.tensor_out) -> list[dict]:

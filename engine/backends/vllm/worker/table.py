@@ -86,21 +86,30 @@ def compose(parts: list[tuple[Form, np.ndarray, np.ndarray]], width: int) -> tup
     per steer group in order, the flat rows they touch, the distinct coefficient rows [D, 3, width]
     (u, mul, add) and each touched row's index in the table. Host only (numpy)."""
     one = len(parts) == 1
-    rows = parts[0][1] if one else np.unique(np.concatenate([f for _, f, _ in parts]))
+    if one:  # one group (the common case): the table is its form's rows, each row takes its own
+        form, rows, code = parts[0]
+        return rows, _table([(form, np.arange(form.a.shape[0]))], form.a.shape[0], width), code
+    rows = np.unique(np.concatenate([f for _, f, _ in parts]))
     codes = np.full((len(rows), len(parts)), -1, dtype=np.int64)  # per row, its row of each group's form
     for j, (_, flat, code) in enumerate(parts):
         codes[slice(None) if one else np.searchsorted(rows, flat), j] = code
     combos, which = np.unique(codes, axis=0, return_inverse=True)
-    d = len(combos)
-    u = np.zeros((d, width), dtype=np.float32)
-    mul = np.ones((d, width), dtype=np.float32)
-    add = np.zeros((d, width), dtype=np.float32)
-    for j, (form, _, _) in enumerate(parts):
-        hit = combos[:, j] >= 0
-        k = combos[hit, j]
+    return rows, _table([(form, combos[:, j]) for j, (form, _, _) in enumerate(parts)], len(combos), width), \
+        which.reshape(-1)
+
+
+def _table(steps: list[tuple[Form, np.ndarray]], d: int, width: int) -> np.ndarray:
+    """[d, 3, width] coefficient rows (u, mul, add): from the identity, each (form, its row per table row,
+    -1: none) applied in order."""
+    table = np.zeros((d, 3, width), dtype=np.float32)
+    table[:, 1] = 1.0
+    u, mul, add = table[:, 0], table[:, 1], table[:, 2]
+    for form, k in steps:
+        hit = k >= 0
+        k = k[hit]
         cols, a = form.cols, form.a[k]
         mul[hit, cols] = mul[hit, cols] * a
         add[hit, cols] = add[hit, cols] * a + form.b[k]
         if form.u is not None:
             u[hit, cols] = form.u[k]
-    return rows, np.stack([u, mul, add], axis=1), which.reshape(-1)
+    return table
