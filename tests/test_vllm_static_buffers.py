@@ -99,10 +99,11 @@ def test_a_step_fills_only_its_rows_and_the_next_step_undoes_them():
 
 
 def test_a_finished_steer_never_reaches_a_step_the_engine_runs_without_ours():
-    """The worker starts no step of ours when no registered plan has rows in it (plain requests
-    only), so the buffers must be the identity once a step ends: old code reset them only at the next
-    step it started, and a steer stayed applied to whatever plain request came next (measured on
-    vllm-static: a benign add at resid_post.0 changed 5 of 5 later plain prompts)."""
+    """A step's rows stay written after it (the next step keeps them when it is the same one a position
+    on), so the worker calls `idle` before every forward without a step of ours (plain requests only):
+    old code reset the rows only at the next step it started, and a steer stayed applied to whatever
+    plain request came next (measured on vllm-static: a benign add at resid_post.0 changed 5 of 5 later
+    plain prompts). The worker side: WorkerState._begin; end to end: tests/test_serve_poison.py."""
     from engine.core.plan import Plan, Span, site_work
     from engine.core.step import Step
     (lin,), taps = _installed(WIDTH)
@@ -116,10 +117,52 @@ def test_a_finished_steer_never_reaches_a_step_the_engine_runs_without_ours():
     taps.before(step, work)
     torch.testing.assert_close(lin(x), plain + v)
     taps.after(step, work)
-    torch.testing.assert_close(lin(x), plain, rtol=0, atol=0)  # the next forward, no step of ours around it
+    taps.idle()  # the next forward, no step of ours around it
+    torch.testing.assert_close(lin(x), plain, rtol=0, atol=0)
     for k, want in (("u", 0.0), ("mul", 1.0), ("add", 0.0)):
         assert bool((tap.buf(k) == want).all()), k
     assert bool((taps.marks.buf == 0).all()) and taps.marks.dirty is None  # no row marked
+
+
+def test_a_carried_decode_step_keeps_the_rows_without_writing_them():
+    """A decode step one position on from the last, with the same plans and steers (stepio.fill_of carries
+    its Fill), holds the same rows with the same values: no fill, no reset, no mark; a step of other rows
+    resets the old ones and writes its own."""
+    from engine.core.plan import Plan, Span, site_work
+    from engine.core.step import Step, one_on
+    (lin,), taps = _installed(WIDTH)
+    v, w = torch.tensor([1.0, -2.0, 3.0, 0.5]), torch.tensor([0.0, 5.0, 0.0, 1.0])
+    a, b = Plan(8, steers=[Steer("mlp_act.0", "add", v)]), Plan(8, steers=[Steer("mlp_act.0", "add", w)])
+    work = site_work([a, b], str)
+    taps.attach(work)
+    (bank,) = taps.banks
+    writes, marks = [], []
+    real_fill = bank.fill
+
+    def fill(index, values, part=None):
+        writes.append(index.tolist())
+        return real_fill(index, values, part)
+    bank.fill = fill
+    x = torch.randn(2, WIDTH)
+    plain = torch.nn.functional.linear(x, lin.weight, lin.bias)
+    last = None
+    for t in range(3):  # a and b decode side by side (rows 0 and 1), positions 4, 5, 6
+        spans = [Span(a, 0, 1, 4 + t, 0), Span(b, 1, 2, 4 + t, 1)]
+        step = Step(spans, 2, prev=one_on(last, spans, 2))
+        taps.before(step, work)
+        marks.append(taps.marks.dirty)
+        torch.testing.assert_close(lin(x), plain + torch.stack([v, w]))
+        taps.after(step, work)
+        step.prev, last = None, step
+    assert len(writes) == 1 and marks == [(0, 2)] * 3, (writes, marks)  # written by the first step only
+    step = Step([Span(b, 0, 1, 7, 0)], 1)  # a finished: b alone, now in row 0
+    taps.before(step, work)
+    assert len(writes) == 2
+    torch.testing.assert_close(lin(x[:1]), plain[:1] + w)
+    taps.after(step, work)
+    taps.idle()
+    torch.testing.assert_close(lin(x), plain, rtol=0, atol=0)
+    assert bank.dirty is None and bank.held is None and taps.marks.dirty is None
 
 
 def test_a_fill_that_fails_midway_leaves_the_identity():
@@ -183,7 +226,7 @@ def test_layer_guard_zeroes_only_the_marked_rows_that_went_non_finite():
     """In the graph: a steering request's row whose stream left a layer inf, or too large to norm, is
     zeroed in both halves of the (hidden, residual) pair and flagged; a plain request's row is never
     touched. After the step the flags reach the ledger (the request fails at collect, named by its
-    steers) with nothing read back, and no row stays marked or flagged."""
+    steers) with nothing read back, and the next forward without a step of ours (idle) has no row marked."""
     from engine.backends.vllm.worker.tree import Tree
     from engine.core.ledger import GUARD
     from engine.core.plan import Plan, Span
@@ -210,7 +253,8 @@ def test_layer_guard_zeroes_only_the_marked_rows_that_went_non_finite():
     flags = [f[:n] for f in taps.guard.flags]  # each layer's own: layer 0 flagged row 1, layer 1 row 2
     assert [torch.isnan(f).tolist() for f in flags] == [[False, True, False, False], [False, False, True, False]]
     taps.after(step, {})
-    assert bool((taps.marks.buf == 0).all()) and taps.marks.dirty is None
     assert step.ledger.read([steering.key])[steering.key].failed == GUARD
+    taps.idle()  # the next forward without a step of ours
+    assert bool((taps.marks.buf == 0).all()) and taps.marks.dirty is None
     out = layers[1](*layers[0](h, r))  # nothing marked: nothing guarded
     assert out[0][1].isinf().all() and all(f[:n].sum() == 0 for f in taps.guard.flags)

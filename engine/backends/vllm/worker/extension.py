@@ -75,7 +75,7 @@ class HookSites:
     """The hooked mode (`vllm`) in a worker: Python hooks on the sites the registered plans use,
     reattached when the plans change; nothing runs around a step. Its counterpart for `vllm-static`
     is engine/backends/vllm/worker/static.StaticTaps (the taps the loader installed); both answer
-    site_key / attach / before / after / describe / original_forward / nbytes, so WorkerState never
+    site_key / attach / before / after / idle / describe / original_forward / nbytes, so WorkerState never
     asks which it has."""
 
     nbytes = 0
@@ -94,6 +94,9 @@ class HookSites:
 
     def after(self, step: Step, work: dict) -> None:
         pass
+
+    def idle(self) -> None:
+        """Hooks run nothing when no step of ours runs: nothing to undo."""
 
     def describe(self, addr: Address, info: dict) -> None:
         pass
@@ -288,10 +291,9 @@ class WorkerState:
     # -- steps ------------------------------------------------------------------------------------
     def _begin(self, module, args, kwargs):
         self.step = None
-        if not self.plans or not ROWS:
-            return
-        mine = [(i, self.plans[k]) for i, k in ROWS.items() if k in self.plans]
-        if not mine:
+        mine = [(i, self.plans[k]) for i, k in ROWS.items() if k in self.plans] if self.plans and ROWS else []
+        if not mine:  # a forward without a step of ours: nothing a finished step wrote may apply to it
+            self.mode.idle()
             return
         if self.syncs is not None:  # counted from here to the end of the step (_end)
             self.syncs.__enter__()

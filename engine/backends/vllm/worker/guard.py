@@ -20,7 +20,7 @@ would copy the whole buffer back after it (measured: 11x slower decode with stac
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -56,28 +56,37 @@ class Marks:
         self.holder, self.rows = holder, rows
         holder.register_buffer(self.NAME, torch.zeros((rows, 1), device=device, dtype=dtype), persistent=False)
         self.dirty: tuple[int, int] | None = None  # rows [lo, hi) marked this step
+        self.flat: Any = None  # the host rows of the last mark by index (None: a range, or nothing marked)
 
     @property
     def buf(self) -> torch.Tensor:
         return getattr(self.holder, self.NAME)
 
     def mark(self, rows: Rows, n_tokens: int) -> None:
-        """Mark these rows of the step (engine.core.step.Step.guard_rows: every row of each request
-        that steers): one fill."""
+        """Mark exactly these rows of the step (engine.core.step.Step.guard_rows: every row of each request
+        that steers): one fill, none when they are the rows marked already (a carried decode step's)."""
         if not rows.spans:
+            self.clear()
             return
         if rows.index is None:
+            if self.dirty == (0, n_tokens) and self.flat is None:
+                return
+            self.clear()
             self.buf[:n_tokens].fill_(1.0)
             self.dirty = (0, n_tokens)
         else:
+            if self.flat is rows.flat:
+                return
+            self.clear()
             self.buf.index_fill_(0, rows.index.to(self.buf.device), 1.0)
-            self.dirty = (int(rows.flat.min()), int(rows.flat.max()) + 1)
+            self.dirty, self.flat = (int(rows.flat.min()), int(rows.flat.max()) + 1), rows.flat
 
     def clear(self) -> None:
-        """No row marked (the state between steps: a plain step's rows are never touched): one fill."""
+        """No row marked (the state for a forward without a step of ours: a plain step's rows are never
+        touched): one fill."""
         if self.dirty is not None:
             self.buf[self.dirty[0]:self.dirty[1]].zero_()
-            self.dirty = None
+            self.dirty, self.flat = None, None
 
 
 class LayerGuard:

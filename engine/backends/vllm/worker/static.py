@@ -60,6 +60,7 @@ class Bank:
         holder.register_buffer(self.name, coef, persistent=False)
         self.identity = torch.tensor([0.0, 1.0, 0.0], device=device, dtype=dtype)[:, None].expand(3, width)
         self.dirty: tuple | None = None  # (flat (write, row) index, part) the last fill wrote
+        self.held: tuple | None = None  # (index, values, part) of that fill: the rows the bank holds now
 
     @property
     def coef(self) -> torch.Tensor:
@@ -73,14 +74,24 @@ class Bank:
         """Write coefficient rows at flat (write * rows + row) `index`: values [k, 3, width], or [k, width] of
         one part (0: u, 1: mul, 2: add) where the step's steers change only that one (an add: a third of
         the bytes); one index_copy."""
-        self.dirty = (index, part)
+        self.dirty, self.held = (index, part), (index, values, part)
         coef = self.coef.view(-1, 3, self.width)
         (coef if part is None else coef[:, part]).index_copy_(0, index, values)
+
+    def hold(self, index: torch.Tensor, values: torch.Tensor, part: int | None = None) -> None:
+        """Hold exactly these rows: nothing to write when the bank holds them already (a decode step carried
+        from the one before writes the same rows with the same values: stepio.fill_of), else back to the
+        identity and one fill."""
+        h = self.held
+        if h is not None and h[0] is index and h[1] is values and h[2] == part:
+            return
+        self.reset()
+        self.fill(index, values, part)
 
     def reset(self) -> None:
         """The rows the last fill wrote back to the identity: one index_copy (one index_fill for one part)."""
         if self.dirty is not None:
-            (index, part), self.dirty = self.dirty, None
+            (index, part), self.dirty, self.held = self.dirty, None, None
             coef = self.coef.view(-1, 3, self.width)
             if part is None:
                 coef.index_copy_(0, index, self.identity.expand(len(index), 3, self.width))
@@ -314,36 +325,48 @@ class StaticTaps:
     # -- a step -----------------------------------------------------------------------------------------
     def before(self, step: Step, work: dict) -> None:
         """Mark the steering requests' rows for the layer guard and write this step's coefficient rows
-        (identity elsewhere): one fill each. work: tap name -> SiteWork of the registered plans (steers
-        already local to this rank). A fill that fails leaves every buffer the identity again before the
-        error goes on (the step's plans fail; nothing stays applied)."""
+        (identity elsewhere): one fill each, and none where the buffers hold them already (a decode step
+        carried from the one before: the same rows, the same values). work: tap name -> SiteWork of the
+        registered plans (steers already local to this rank). A fill that fails leaves every buffer the
+        identity again before the error goes on (the step's plans fail; nothing stays applied)."""
         if step.n_tokens > max((b.rows for b in self.banks), default=math.inf):
             raise RuntimeError(f"step of {step.n_tokens} tokens exceeds the tap buffers; raise max_num_batched_tokens")
-        self.identity()  # normally already (after() ends every step so); a step whose end never ran left rows
         try:
+            fill = stepio.fill_of(self, step, work)
             assert self.marks is not None
             self.marks.mark(step.guard_rows(), step.n_tokens)
-            for bank, index, values, part in stepio.fill_of(self, step, work).writes:
-                bank.fill(index, values, part)
+            writes = {id(bank): (index, values, part) for bank, index, values, part in fill.writes}
+            for bank in self.banks:
+                w = writes.get(id(bank))
+                if w is None:
+                    bank.reset()
+                else:
+                    bank.hold(*w)
         except BaseException:
             self.identity()
             raise
 
     def identity(self) -> None:
-        """Every write tap the identity on every row again and no row marked: the state outside a step, so
-        a step the engine runs without starting one of ours (no registered plan has rows in it) applies
-        nothing a finished request left behind (old code reset the rows a step filled only when it started
-        the next step of its own: a benign steer stayed applied to every plain request after it)."""
+        """Every write tap the identity on every row again and no row marked: the state for a forward the
+        engine runs without a step of ours (no registered plan has rows in it: the worker calls `idle`
+        before it), so it applies nothing a finished request left behind (old code reset the rows a step
+        filled only when it started the next step of its own: a benign steer stayed applied to every
+        plain request after it). One index_copy a bank that holds rows, one fill of the marks."""
         for bank in self.banks:
             bank.reset()
         if self.marks is not None:
             self.marks.clear()
 
-    def after(self, step: Step, work: dict) -> None:
-        """Back to the identity (first); the step's receipts and flags into the ledger in one read; each
-        capturing plan's rows, one stack a bank; the readouts. Nothing is read back (a request the flags
-        fail fails when its ledger is read at collect)."""
+    def idle(self) -> None:
+        """Before a forward with no step of ours: the identity (a step's rows stay written after it, for the
+        next step to keep when it is the same one a position on)."""
         self.identity()
+
+    def after(self, step: Step, work: dict) -> None:
+        """The step's receipts and flags into the ledger in one read; each capturing plan's rows, one stack
+        a bank; the readouts. Nothing is read back (a request the flags fail fails when its ledger is read
+        at collect). The coefficient rows and marks stay: the next step keeps them (carried) or replaces
+        them (before), and a forward without a step of ours starts at the identity (idle)."""
         fill = stepio.fill_of(self, step, work)
         self._read(step, fill)
         for name in fill.replay:  # a tap where a request composes several steers: each one's receipt

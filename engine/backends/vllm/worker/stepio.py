@@ -87,10 +87,11 @@ def _build(taps: Any, step: Step, work: dict) -> Fill:
         if not parts:
             continue
         flat, table, which = compose(parts, tap.width)
-        bank, idx, tables, whiches = per_bank.setdefault(id(tap.bank), (tap.bank, [], [], []))
+        bank, idx, tables, whiches, at = per_bank.setdefault(id(tap.bank), (tap.bank, [], [], [], [0]))
         idx.append(tap.write * bank.rows + flat)
-        whiches.append(which + sum(len(t) for t in tables))
+        whiches.append(which + at[0])  # this tap's table rows follow the bank's earlier taps'
         tables.append(table)
+        at[0] += len(table)
         if len(flat) < sum(r.m for r in sets):  # a row takes several steers here: replayed for receipts
             replay.append(name)
         else:
@@ -126,7 +127,7 @@ def _read_of(taps: Any, step: Step, labels: list) -> tuple | None:
     return upload(np.concatenate([i.reshape(-1) for i in idx]), step.device), records
 
 
-def _write(bank, idx: list, tables: list, whiches: list) -> tuple:
+def _write(bank, idx: list, tables: list, whiches: list, _at: list) -> tuple:
     """(bank, device index, coefficient rows, part): the one part the rows change (an add: `add`), or all."""
     coef = bank.coef
     table, which = np.concatenate(tables), np.concatenate(whiches)

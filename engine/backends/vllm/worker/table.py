@@ -14,7 +14,7 @@ tests/test_ops_table.py holds every static op to that form.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -39,6 +39,17 @@ class Form:
     b: np.ndarray
     u: np.ndarray | None
     lead: bool
+
+    alone: dict = field(default_factory=dict, compare=False, repr=False)  # width -> table_alone's table
+
+    def table_alone(self, width: int) -> np.ndarray:
+        """[P, 3, width]: this form applied alone to identity rows: a step's table at a tap whose one steer
+        group it is, made once per registered steer (and tap width), not every step."""
+        got = self.alone.get(width)
+        if got is None:
+            got = self.alone[width] = _table([(self, np.arange(self.a.shape[0]))], self.a.shape[0], width)
+            got.flags.writeable = False  # shared by every step that takes it
+        return got
 
 
 def form_of(steer: Steer, width: int, head_dim: int | None, device: torch.device) -> Form:
@@ -68,13 +79,17 @@ def form_of(steer: Steer, width: int, head_dim: int | None, device: torch.device
     return Form(op.first, cols, host(new.mul), host(new.add), host(new.u) if op.first else None, lead)
 
 
+_FIRST = np.zeros(1, dtype=np.int64)  # one form's rows start at 0 (read only: never written)
+_FIRST.flags.writeable = False
+
+
 def stacked(forms: list[Form]) -> tuple[Form, np.ndarray]:
     """The forms of one steer group's members (one op, one address: the same cols, `first` and `lead`)
     as one Form whose rows are theirs one after another, and where each member's rows start."""
+    if len(forms) == 1:
+        return forms[0], _FIRST
     sizes = np.array([f.a.shape[0] for f in forms], dtype=np.int64)
     starts = np.cumsum(sizes) - sizes
-    if len(forms) == 1:
-        return forms[0], starts
     f0 = forms[0]
     u = None if f0.u is None else np.concatenate([f.u for f in forms])  # type: ignore[misc]
     return Form(f0.first, f0.cols, np.concatenate([f.a for f in forms]), np.concatenate([f.b for f in forms]), u,
@@ -88,7 +103,7 @@ def compose(parts: list[tuple[Form, np.ndarray, np.ndarray]], width: int) -> tup
     one = len(parts) == 1
     if one:  # one group (the common case): the table is its form's rows, each row takes its own
         form, rows, code = parts[0]
-        return rows, _table([(form, np.arange(form.a.shape[0]))], form.a.shape[0], width), code
+        return rows, form.table_alone(width), code
     rows = np.unique(np.concatenate([f for _, f, _ in parts]))
     codes = np.full((len(rows), len(parts)), -1, dtype=np.int64)  # per row, its row of each group's form
     for j, (_, flat, code) in enumerate(parts):
