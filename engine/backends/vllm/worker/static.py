@@ -16,14 +16,17 @@ Around each forward (the worker's step anchor), a step of ours does, whatever it
 captures and requests (engine/backends/vllm/worker/stepio.py builds what it writes and reads):
   before  one fill per bank: the step's coefficient rows, composed on the host from each steer's affine
           form (engine/backends/vllm/worker/table.py, from the op's own row in engine/core/ops.py) and
-          written with one index_copy from a host-built index and table; one fill of the guard's marks;
-  after   one reset per bank (the same rows back to the identity) and one of the marks; one read: every
-          write tap's receipts and flags and every layer's flags stacked, and one gather of the steered and
-          steering rows into the ledger (nothing read back: a request fails when its ledger is read at
-          collect); one stack a bank of every captured tap's rows (and one gather of them at a step that
-          keeps some rows only); then the readouts.
-A decode step whose plans, rows and steers are the step before's, one position on, reuses what that step
-built. Ops the taps cannot express (their row's `static` says why) are refused by name before a request
+          written with one index_copy from a host-built index and table, after one reset of the rows the
+          bank held; one fill of the guard's marks. A decode step whose plans, rows and steers are the
+          step before's, one position on, reuses what that step built and holds the same rows with the
+          same values: it writes nothing;
+  after   one read: every write tap's receipts and flags and every layer's flags stacked, and one gather
+          of the steered and steering rows into the ledger (nothing read back: a request fails when its
+          ledger is read at collect); one stack a bank of every captured tap's rows (and one gather of
+          them at a step that keeps some rows only); then the readouts. The rows stay written;
+  idle    before a forward with no step of ours (plain requests only): one reset per bank that holds
+          rows and one clear of the marks, so nothing a finished step wrote applies to it.
+Ops the taps cannot express (their row's `static` says why) are refused by name before a request
 runs (engine/backends/vllm/modes.py: StaticTapsMode.check_steer / check_steers). The one exception to the
 constant: a request that composes several steers at one tap gets each steer's receipt by replaying its
 steers on that tap's `pre` rows (engine.core.site.steer), as every tap did before.
