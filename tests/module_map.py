@@ -107,10 +107,12 @@ TESTS: dict[str, tuple[str, ...]] = {
     "engine/backends/vllm/worker/attn.py": ("test_address.py", "test_pipeline_units.py"),
     "engine/backends/vllm/worker/extension.py": ("test_pipeline_units.py", "test_vllm_runner.py"),
     "engine/backends/vllm/worker/guard.py": ("test_serve_poison.py", "test_vllm_static_buffers.py"),
+    "engine/backends/vllm/worker/hooks.py": ("test_serve_poison.py", "test_vllm.py", "test_vllm_ops.py"),
     "engine/backends/vllm/worker/kv.py": (
         "test_serve_abuse_vllm.py", "test_serve_poison.py", "test_vllm_static_buffers.py", "test_vllm_static_kv.py",
     ),
     "engine/backends/vllm/worker/loader.py": ("test_vllm_static.py", "test_vllm_static_buffers.py"),
+    "engine/backends/vllm/worker/meters.py": ("test_vllm_ops.py", "test_vllm_syncs.py"),
     "engine/backends/vllm/worker/rows.py": ("test_pipeline_units.py", "test_vllm_runner.py"),
     "engine/backends/vllm/worker/runner.py": ("test_errors.py", "test_vllm_runner.py"),
     "engine/backends/vllm/worker/seams.py": ("test_pipeline_units.py", "test_vllm_runner.py", "test_vllm_static_kv.py"),
