@@ -8,6 +8,7 @@
 #   SKIP_REAL=1 bash benchmarks/cpu.sh # the tiny sweep only (about 10 minutes)
 #   SKIP_SERVE=1 bash benchmarks/cpu.sh # the sweeps without the server benchmark
 #   SKIP_READOUT=1 ...                   # without the SAE readout against raw capture sweep (about 5 minutes)
+#   SKIP_STEP_COST=1 ...                 # without benchmarks/step_cost.py (vLLM's step cost, issue 52)
 #
 # Each sweep replaces its folder under reports/benchmarks/sweeps/; commit first (a sweep records the
 # commit it ran at, '+dirty' when the tree had changes). Knobs: TINY_ROUNDS, REAL_ROUNDS,
@@ -45,6 +46,19 @@ if [ -z "${SKIP_READOUT:-}" ]; then
 fi
 "$PY" -m benchmarks run --rounds "$TINY_ROUNDS"
 stamp "tiny sweep"
+if [ -z "${SKIP_STEP_COST:-}" ]; then
+  # what a vLLM worker's step costs around its forward (capture, a steer at every layer, a readout against
+  # plain decode; ms a token, host us and ops a step), at 30 and 2 layers, 1 and 8 streams (issue 52)
+  mkdir -p reports/benchmarks/step-cost
+  for spec in "vllm-static $REAL_MODEL real smollm2-135m-real" "vllm $REAL_MODEL real smollm2-135m-real" \
+              "vllm-static meta-llama/Llama-3.2-1B tiny llama-3.2-1b-tiny"; do
+    read -r backend model size tag <<< "$spec"
+    "$PY" -m benchmarks.step_cost --backend "$backend" --model "$model" --size "$size" --streams 1,8 \
+      --rounds "$REAL_ROUNDS" --json "reports/benchmarks/step-cost/$backend-$tag.json" \
+      --md "reports/benchmarks/step-cost/$backend-$tag.md"
+  done
+  stamp "step cost"
+fi
 "$PY" -m benchmarks publish
 "$PY" -m benchmarks publish --check
 "$PY" -m visualizer_data build --only benchmarks   # the site's data file of the same cells

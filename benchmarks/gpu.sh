@@ -27,7 +27,8 @@ SIZE=${SIZE:-real}
 MODELS=${MODELS:-"google/gemma-2-2b Qwen/Qwen3-4B meta-llama/Llama-3.1-8B"}
 SWEEP_MODELS=${SWEEP_MODELS:-$MODELS}
 VARIANTS=${VARIANTS:-eager,vllm,vllm-static,vllm-generate}
-WORKLOADS=${WORKLOADS:-decode,concurrency8,capture_gen,capture_gen8,steer_all,readout_gen}
+# stock-relative vLLM ratios at 1, 8 and 32 streams (capture and steering), and the readout at 1
+WORKLOADS=${WORKLOADS:-decode,concurrency8,concurrency32,capture_gen,capture_gen8,capture_gen32,steer_all,steer_all8,steer_all32,readout_gen}
 PROMPT=${PROMPT:-512}
 NEW=${NEW:-128}
 ROUNDS=${ROUNDS:-6}

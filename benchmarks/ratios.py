@@ -78,7 +78,8 @@ HEADLINE: tuple[RatioSpec, ...] = (
       for p in PEERS for w in ("capture_all", "capture_gen", "steer_all")),
     *(_s("stock", v, w, STOCK, WORKLOADS[w].baseline,
          f"{v}, {WORKLOADS[w].title} / stock {WORKLOADS[WORKLOADS[w].baseline].title}")
-      for v in VLLM_OURS for w in ("capture_gen", "capture_gen8", "steer_all", "readout_gen")),
+      for v in VLLM_OURS for w in ("capture_gen", "capture_gen8", "capture_gen32", "steer_all", "steer_all8",
+                                   "steer_all32", "readout_gen")),
     _s("stock", EAGER, "capture_gen", STOCK, "decode", "eager, capture during generation / stock decode (1 stream)"),
     *(_s("steer", v, "steer_all", v, "decode", f"{v}, steer every layer / no steer")
       for v in (EAGER, *VLLM_OURS)),

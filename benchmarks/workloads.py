@@ -88,6 +88,18 @@ WORKLOADS: tuple[Workload, ...] = (
     Workload("steer_all", "steer every layer",
              f"{_GEN} with a vector added to resid_post at every layer at every position", 1, True, "decode",
              runs="steer", steers=-1),
+    Workload("concurrency32", "concurrency 32 (aggregate)",
+             f"{_GEN} for 32 different prompts together; tok/s is the aggregate over the 32 streams", 32, True,
+             "concurrency32", runs="generate"),
+    Workload("capture_gen32", "capture during generation, 32 streams",
+             f"{_GEN} for 32 prompts together, each capturing resid_post at every layer", 32, True,
+             "concurrency32", runs="capture_gen", captures=-1),
+    Workload("steer_all8", "steer every layer, 8 streams",
+             f"{_GEN} for 8 prompts together with a vector added to resid_post at every layer at every position",
+             8, True, "concurrency8", runs="steer", steers=-1),
+    Workload("steer_all32", "steer every layer, 32 streams",
+             f"{_GEN} for 32 prompts together with a vector added to resid_post at every layer at every position",
+             32, True, "concurrency32", runs="steer", steers=-1),
     Workload("long_prefill", "long prompt prefill", "one forward pass over the long prompt, no capture", 1,
              False, "long_prefill", runs="forward", long=True),
     Workload("long_capture", "long prompt, capture at every layer",
@@ -122,11 +134,14 @@ WORKLOADS: tuple[Workload, ...] = (
 )
 GPU_PREFILL = ("batch_prefill", "batch_capture", "batch_steer", "batch_readout")
 GPU_GENERATION = ("batch_generate", "batch_capture_gen", "batch_steer_gen", "batch_readout_gen")
+# the stock-relative vLLM ratios at 8 and 32 streams (issue 52: benchmarks/gpu.sh), for a GPU's batch sizes
+GPU_STREAMS = ("concurrency32", "capture_gen32", "steer_all8", "steer_all32")
 
 BY_NAME = {w.name: w for w in WORKLOADS}
 NAMES = tuple(BY_NAME)
-# what a sweep runs when no workloads are named: the batch_* ones are for a GPU, named by benchmarks/device.sh
-DEFAULT = tuple(n for n in NAMES if n not in GPU_PREFILL + GPU_GENERATION)
+# what a sweep runs when no workloads are named: the batch_* ones are for a GPU, named by benchmarks/device.sh,
+# and so are the 32-stream ones (and steer_all8), named by benchmarks/gpu.sh
+DEFAULT = tuple(n for n in NAMES if n not in GPU_PREFILL + GPU_GENERATION + GPU_STREAMS)
 
 
 def get(name: str) -> Workload:

@@ -107,14 +107,18 @@ TESTS: dict[str, tuple[str, ...]] = {
     "engine/backends/vllm/worker/attn.py": ("test_address.py", "test_pipeline_units.py"),
     "engine/backends/vllm/worker/extension.py": ("test_pipeline_units.py", "test_vllm_runner.py"),
     "engine/backends/vllm/worker/guard.py": ("test_serve_poison.py", "test_vllm_static_buffers.py"),
+    "engine/backends/vllm/worker/hooks.py": ("test_serve_poison.py", "test_vllm.py", "test_vllm_ops.py"),
     "engine/backends/vllm/worker/kv.py": (
         "test_serve_abuse_vllm.py", "test_serve_poison.py", "test_vllm_static_buffers.py", "test_vllm_static_kv.py",
     ),
     "engine/backends/vllm/worker/loader.py": ("test_vllm_static.py", "test_vllm_static_buffers.py"),
+    "engine/backends/vllm/worker/meters.py": ("test_vllm_ops.py", "test_vllm_syncs.py"),
     "engine/backends/vllm/worker/rows.py": ("test_pipeline_units.py", "test_vllm_runner.py"),
     "engine/backends/vllm/worker/runner.py": ("test_errors.py", "test_vllm_runner.py"),
     "engine/backends/vllm/worker/seams.py": ("test_pipeline_units.py", "test_vllm_runner.py", "test_vllm_static_kv.py"),
-    "engine/backends/vllm/worker/sink.py": ("test_harvest_sink.py",),
+    "engine/backends/vllm/worker/sink.py": ("test_harvest_sink.py", "test_vllm_replies.py"),
+    "engine/backends/vllm/worker/stepio.py": ("test_vllm_static_buffers.py", "test_vllm_ops.py", "test_vllm_static.py"),
+    "engine/backends/vllm/worker/table.py": ("test_ops_table.py", "test_vllm_static_buffers.py"),
     "engine/backends/vllm/worker/static.py": (
         "test_ops_table.py", "test_pipeline_units.py", "test_receipts.py", "test_vllm_static_buffers.py",
     ),
@@ -205,6 +209,7 @@ TESTS: dict[str, tuple[str, ...]] = {
         "test_pipeline_units.py", "test_receipts.py", "test_seams.py", "test_steer_hot_path.py",
         "test_vllm_static_buffers.py",
     ),
+    "engine/core/opcount.py": ("test_vllm_ops.py",),
     "engine/core/syncs.py": ("test_syncs.py",),
     "engine/core/tokens.py": ("test_tokens.py",),
     "engine/families/__init__.py": (
@@ -440,6 +445,8 @@ TESTS: dict[str, tuple[str, ...]] = {
 
 # module -> why no test file claims it
 UNTESTED: dict[str, str] = {
+    "benchmarks/step_cost.py": "a timing benchmark of running vLLM engines (minutes a run); its op counts are the "
+                               "worker's, tested in test_vllm_ops.py",
     "benchmarks/__init__.py": "docstring only (a package's description)",
     "engine/backends/__init__.py": "docstring only (a package's description)",
     "engine/backends/hf/__init__.py": "docstring only (a package's description)",

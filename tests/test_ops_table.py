@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from engine.backends.vllm.modes import MODES
-from engine.backends.vllm.worker.static import Tap
+from engine.backends.vllm.worker.static import Tap, lone_tap
 from engine.backends.vllm.worker.tree import VSite
 from engine.core.errors import SteeringError
 from engine.core.ops import OPS, AffineRows, Op
@@ -32,7 +32,7 @@ class _Id(torch.nn.Module):
 
 def _tap() -> Tap:
     site = VSite(_Id(), "post", "out", lambda o: o, lambda o, n: n)
-    return Tap("resid_post.0", site, WIDTH, rows=ROWS, writable=True, device="cpu", dtype=torch.float32, index=0)
+    return lone_tap("resid_post.0", site, WIDTH, rows=ROWS, writable=True, device="cpu", dtype=torch.float32)
 
 
 def _value(op: Op, g: torch.Generator, per_row: bool):
@@ -100,6 +100,26 @@ def test_each_rows_affine_form_composes_with_another_steer_on_the_worker(name):
         tap.fill(rows, st, None, values_at(st, rows, (WIDTH,)))
         want = apply_steer(st, want, mask)
     torch.testing.assert_close(tap.site.module(x), want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", _static_ops())
+def test_each_rows_affine_form_is_a_scale_and_a_shift_of_the_coefficients(name):
+    """What vllm-static's host table rests on (engine/backends/vllm/worker/table.py): every static row maps
+    the coefficients already at a row as mul * a, add * a + b (u kept, or its own for a `first` row), with
+    (a, b, u) its affine form of the identity; composing by that rule equals its affine form on any prior."""
+    import numpy as np
+
+    from engine.backends.vllm.worker.table import form_of
+    op, g = OPS[name], torch.Generator().manual_seed(11)
+    steer = Steer("resid_post.0", name, _value(op, g, False), **PARAMS.get(name, {}))
+    form = form_of(steer, WIDTH, None, torch.device("cpu"))
+    n = form.a.shape[0] if form.lead else 3  # a value by position: one row of its form per position
+    prior = AffineRows(torch.zeros(n, WIDTH), torch.randn(n, WIDTH, generator=g), torch.randn(n, WIDTH, generator=g))
+    v = steer.value
+    want = op.affine(prior, None if v is None else v.float(), steer)
+    a, b = torch.from_numpy(form.a), torch.from_numpy(form.b)
+    assert torch.equal(prior.mul * a, want.mul) and torch.equal(prior.add * a + b, want.add)
+    assert torch.equal(want.u, prior.u if form.u is None else torch.from_numpy(np.broadcast_to(form.u, (n, WIDTH))))
 
 
 @pytest.mark.parametrize("name", [n for n, o in OPS.items() if o.affine is None])

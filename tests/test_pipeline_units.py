@@ -11,7 +11,7 @@ from engine.backends.vllm.catalogue import VLLMCatalogue
 from engine.backends.vllm.modes import MODES
 from engine.backends.vllm.worker.attn import params, probs, scores
 from engine.backends.vllm.worker.rows import apply_update
-from engine.backends.vllm.worker.static import Tap
+from engine.backends.vllm.worker.static import lone_tap
 from engine.backends.vllm.worker.tree import VSite
 from engine.backends.vllm.worker.wire import decode, encode, plan_in, plan_out
 from engine.core import positions
@@ -44,6 +44,35 @@ def test_preemption_recompute_truncates_then_continues():
     plan.add("k", 7, _rows(7, 1))
     assert torch.equal(plan.tensor("k")[:, 0], torch.arange(8, dtype=torch.float32))
     assert plan.recomputed == 1
+
+
+def test_blocks_of_many_keys_go_out_as_one_tensor_and_read_back_key_by_key():
+    """vllm-static keeps a step's rows of every layer as one block (Plan.add_block); at collect the blocks of
+    one keys tuple that follow each other become one tensor (Plan.stacked), each key a row of it, the same
+    rows `add` would have kept key by key; a key also held alone (a logits tail) or recomputed is filed
+    as `add` files it."""
+    keys = ("resid_post.0", "resid_post.1", "final_norm")
+    plan, ref = Plan(4), Plan(4)
+    ref.add("final_norm", 3, _rows(3, 1) * 7)  # the prompt's last row, a tail of its own
+    plan.add("final_norm", 3, _rows(3, 1) * 7)
+    for p0, n in ((0, 4), (4, 1), (5, 1)):
+        block = torch.stack([_rows(p0, n) * (j + 1) for j in range(3)])
+        plan.add_block(keys, p0, block)
+        for j, k in enumerate(keys):
+            ref.add(k, p0, block[j])
+    (index, first, rows), = plan.stacked()
+    assert index == {"resid_post.0": 0, "resid_post.1": 1} and first == 0 and rows.shape == (3, 6, 3)
+    for k in keys:
+        assert torch.equal(plan.tensor(k, plan.first(k)), ref.tensor(k, ref.first(k))), k
+    assert torch.equal(rows[1], ref.tensor("resid_post.1"))
+    again, ref = Plan(4), Plan(4)  # recomputed from position 2 after a preemption: filed (truncated) as add files it
+    for p0, n in ((0, 4), (4, 1), (2, 3)):
+        rows = _rows(p0, n) + 10 * (p0 == 2)
+        again.add_block(keys[:2], p0, torch.stack([rows] * 2))
+        for k in keys[:2]:
+            ref.add(k, p0, rows)
+    assert again.stacked() == [] and again.recomputed == ref.recomputed == 2
+    assert again.tensor("resid_post.0")[:, 0].tolist() == [0.0, 1.0, 12.0, 13.0, 14.0]
 
 
 def test_positions_never_computed_are_an_error_not_a_short_tensor():
@@ -220,7 +249,7 @@ class _Lin(torch.nn.Module):
 
 def _tap(width=8):
     site = VSite(_Lin(), "post", "out", lambda o: o, lambda o, n: n)
-    return Tap("x.0", site, width, rows=6, writable=True, device="cpu", dtype=torch.float32, index=0)
+    return lone_tap("x.0", site, width, rows=6, writable=True, device="cpu", dtype=torch.float32)
 
 
 @pytest.mark.parametrize("steers", [

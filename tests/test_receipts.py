@@ -110,31 +110,57 @@ def test_a_worker_ledger_collects_each_request_alone_and_forgets_it():
     assert not led
 
 
-def test_static_taps_tally_from_the_pre_write_buffer():
-    """vllm-static applies steers as one affine map inside the graph; its receipts replay the step's
-    steers on the tap's pre-write rows through the shared routine: the same receipts as the hooked
-    path (run_site) on the same rows, the composed steers each measured from what it received."""
-    from engine.backends.vllm.worker.static import StaticTaps, Tap
+def _static_and_hooked(steers, plans: int = 1):
+    """The same steers through vllm-static's taps (one tap at resid_post.0 on an identity module) and
+    through the hooked backends' routine (run_site) on the same rows; returns both plans' receipts per
+    plan (each plan 5 rows at positions 0..4, after 2 rows of no plan)."""
+    from engine.backends.vllm.worker.static import StaticTaps
     from engine.backends.vllm.worker.tree import VSite
-    steers = [Steer("resid_post.0", "project_out", torch.randn(8)),
-              Steer("resid_post.0", "add", torch.ones(8), [1, 3]), Steer("resid_post.0", "scale", 3.0, [3, 4])]
-    taps = StaticTaps()
+    from engine.core.address import Address
     site = VSite(torch.nn.Identity(), "post", "out", lambda o: o, lambda o, n: n)
-    taps.taps["resid_post.0"] = Tap("resid_post.0", site, 8, rows=8, writable=True, device="cpu",
-                                    dtype=torch.float32, index=0)
-    taps.head_dim["resid_post.0"] = None
-    static, hooked = Plan(5, [], steers), Plan(5, [], steers)
-    x = torch.randn(7, 8)  # rows 2..6 are the plan's positions 0..4
-    step = Step([Span(static, 2, 7, 0)], 7)
-    work = site_work([static], lambda a: str(a))
+    taps = StaticTaps()
+    taps.install([(Address("resid_post", 0), True)], lambda a: site, 8, 32, torch.device("cpu"), torch.float32, {},
+                 site.module)
+    static, hooked = [Plan(5, [], steers) for _ in range(plans)], [Plan(5, [], steers) for _ in range(plans)]
+    n = 2 + 5 * plans
+    x = torch.randn(n, 8)
+    step = Step([Span(p, 2 + 5 * i, 7 + 5 * i, 0) for i, p in enumerate(static)], n)
+    work = site_work(static, lambda a: str(a))
+    taps.attach(work)
     taps.before(step, work)
     got = site.module(x)
     taps.after(step, work)
-    other = Step([Span(hooked, 2, 7, 0)], 7)
-    want = run_site(x, other, site_work([hooked], lambda a: "s")["s"])
+    other = Step([Span(p, 2 + 5 * i, 7 + 5 * i, 0) for i, p in enumerate(hooked)], n)
+    want = run_site(x, other, site_work(hooked, lambda a: "s")["s"])
     torch.testing.assert_close(got, want)
-    a = static.receipts(step.ledger.read()[static.key])
-    b = hooked.receipts(other.ledger.read()[hooked.key])
+    a = [p.receipts(step.ledger.read()[p.key]) for p in static]
+    b = [p.receipts(other.ledger.read()[p.key]) for p in hooked]
+    return a, b
+
+
+def test_static_taps_tally_in_the_graph():
+    """vllm-static applies each tap's steers as one affine map inside the graph, and the graph leaves each
+    row's change norm in the tally; one gather after the step records them: the same receipts as the
+    hooked path (run_site) on the same rows, up to the rounding of the graph's affine arithmetic
+    (the norm of y - x there, of the op's own result on the hooked path)."""
+    v = torch.randn(8)
+    for steers in ([Steer("resid_post.0", "add", v, [1, 3])], [Steer("resid_post.0", "project_out", v)],
+                   [Steer("resid_post.0", "scale", 3.0, [3, 4])], [Steer("resid_post.0", "set", v)]):
+        (a,), (b,) = _static_and_hooked(steers)
+        assert [r.rows for r in a] == [r.rows for r in b] and a[0].rows > 0
+        assert a[0].change_norm == pytest.approx(b[0].change_norm, rel=1e-6) and a[0].change_norm > 0
+    a, b = _static_and_hooked([Steer("resid_post.0", "add", v, [1, 3])], plans=3)  # three requests, one gather
+    assert [[(r.rows, pytest.approx(r.change_norm)) for r in x] for x in a] == \
+        [[(r.rows, r.change_norm) for r in x] for x in b]
+
+
+def test_static_taps_replay_composed_steers_from_the_pre_write_buffer():
+    """Several steers of one request at one tap: the graph applies their composition, and each steer's
+    own receipt is replayed on the tap's pre-write rows through the shared routine, each measured from
+    what it received."""
+    steers = [Steer("resid_post.0", "project_out", torch.randn(8)),
+              Steer("resid_post.0", "add", torch.ones(8), [1, 3]), Steer("resid_post.0", "scale", 3.0, [3, 4])]
+    (a,), (b,) = _static_and_hooked(steers)
     assert [r.rows for r in a] == [r.rows for r in b] == [5, 2, 2]
     for r, s in zip(a, b):
         assert r.change_norm == pytest.approx(s.change_norm, rel=1e-6) and r.change_norm > 0

@@ -124,6 +124,58 @@ def test_a_collect_reply_crosses_as_plain_data_and_reads_back_whole():
     assert {f.name for f in dataclasses.fields(wire.CollectReply)} == set(reply.out())  # one field list
 
 
+def test_a_peek_reply_crosses_as_plain_data_and_reads_back_whole():
+    """A running request's rows and per-position readouts (interp_peek) read back under their own fields: a
+    field added to PeekReply once shifted the positional read, and a stream's readouts came back None."""
+    import msgspec
+    rows = torch.randn(3, 4)
+    reply = wire.PeekReply("req", captures={"resid_post.1": [2, wire.tensor_out(rows)]}, held={"z.1": [0, 1]},
+                           readouts={"p": [2, wire.encode([rows[:, 0]])]})
+    back = wire.PeekReply.read(msgspec.msgpack.decode(msgspec.msgpack.encode(reply.out())))
+    assert back.key == "req" and back.held == {"z.1": [0, 1]} and back.errors == {}
+    assert back.captures["resid_post.1"][0] == 2 and torch.equal(wire.tensor_in(back.captures["resid_post.1"][1]), rows)
+    first, parts = back.readouts["p"]
+    assert first == 2 and torch.equal(wire.decode(parts)[0], rows[:, 0])
+    assert {f.name for f in dataclasses.fields(wire.PeekReply)} - {"errors"} == set(reply.out())  # one field list
+
+
+def test_captures_sent_in_one_stack_read_back_each_as_its_row():
+    """vllm-static sends a request's every layer as one tensor (CollectReply.stacks); each capture refers to
+    its row and reads back as that tensor, through msgpack and through a shared-memory file alike."""
+    import tempfile
+
+    import msgspec
+
+    from engine.backends.vllm.worker import sink
+    stack = torch.randn(3, 5, 4)
+    for encode in (wire.tensor_out, lambda t: sink.to_file(t, tempfile.mkdtemp(dir="/dev/shm"))):
+        reply = wire.CollectReply("req", stacks=[encode(stack)],
+                                  captures={f"resid_post.{j}": [2, {wire.STACK: 0, "index": j}] for j in range(3)})
+        back = wire.CollectReply.read(msgspec.msgpack.decode(msgspec.msgpack.encode(reply.out())))
+        assert back.stacks == [] and set(back.captures) == {"resid_post.0", "resid_post.1", "resid_post.2"}
+        for j in range(3):
+            first, rows = back.captures[f"resid_post.{j}"]
+            assert first == 2 and torch.equal(wire.tensor_in(rows), stack[j])
+
+
+def test_a_capture_handed_through_a_file_reads_back_as_often_as_it_is_gathered():
+    """A capture the worker wrote to shared memory (worker/sink.py) is mapped once, when its reply is read:
+    the file is unlinked as it is mapped, and a request gathers some captures more than once (attention
+    patterns are recomputed from q and k, and q is asked too). Mapped at each gather, the second raised
+    'unable to open file' (test_vllm.py's prefill comparison on the hooked backend)."""
+    import tempfile
+
+    import msgspec
+
+    from engine.backends.vllm.worker import sink
+    rows = torch.randn(5, 4)
+    for make, read in ((wire.CollectReply, wire.CollectReply.read), (wire.PeekReply, wire.PeekReply.read)):
+        reply = make("req", captures={"resid_post.0": [0, sink.to_file(rows, tempfile.mkdtemp(dir="/dev/shm"))]})
+        back = read(msgspec.msgpack.decode(msgspec.msgpack.encode(reply.out())))
+        for _ in range(2):
+            assert torch.equal(replies.gather(Catalogue(False, (4,)), "resid_post.0", [back]), rows)
+
+
 def test_a_lost_plan_and_a_missing_output_are_the_engines_errors():
     with pytest.raises(EngineError, match=r"^a worker lost this request's plan: unknown key abc$"):
         _result([wire.CollectReply("req", lost="unknown key abc")])

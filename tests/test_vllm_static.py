@@ -66,11 +66,12 @@ def test_startup_proof_and_report(static):
     assert len(static.declared) == len(_declared(DECLARED, static.n_layers)) + 1  # + internal final_norm
     rows = static.aio.engine.vllm_config.scheduler_config.max_num_batched_tokens  # one row per step token
     want = 0
-    for a in static.declared:  # float32 buffers: cap, and pre / u / mul / add (+ one non-finite flag a row) on write taps
-        info = static.catalogue.info(a)
+    for a in static.declared:  # float32 buffers: cap, and pre / u / mul / add on write taps (+ float64 receipts
+        info = static.catalogue.info(a)  # and flags, one a row)
         want += rows * int(torch.tensor(info["shape"]).prod()) * 4 * (5 if info["writable"] else 1)
-        want += rows * 4 if info["writable"] else 0
-    want += 2 * rows * 4  # the layer guard's row marks and flags (engine/backends/vllm/worker/guard.py)
+        want += 2 * rows * 8 if info["writable"] else 0
+    # the layer guard's row marks (float32) and each layer's flags (float64): engine/backends/vllm/worker/guard.py
+    want += rows * 4 + static.n_layers * rows * 8
     assert static.tap_buffer_bytes == want > 0
     assert static.points() == ["embeddings", "attn_in", "z", "attn_out", "resid_mid", "mlp_act", "mlp_out",
                                "resid_post", "final_norm"]

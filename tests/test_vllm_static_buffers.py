@@ -1,14 +1,16 @@
 """vllm-static's taps as a CUDA graph needs them (engine/backends/vllm/worker/static.py): every buffer keeps
 its storage for the engine's life (a captured graph reads and writes fixed addresses), the per-row
 steer coefficients are written into it in place before a forward, and the forward applies them and
-leaves its rows in `cap`. The replay itself needs a GPU; everything around it runs here on a Linear."""
+leaves its rows in `cap`, its receipts and flags in its own buffers (and each layer guard its flags). The replay itself needs a GPU; everything
+around it runs here on a Linear."""
 from __future__ import annotations
 
 import pytest
 import torch
 
-from engine.backends.vllm.worker.static import Tap
+from engine.backends.vllm.worker.static import StaticTaps, lone_tap
 from engine.backends.vllm.worker.tree import VSite
+from engine.core.address import Address
 from engine.core.steering import Steer
 
 ROWS, WIDTH = 8, 4
@@ -18,11 +20,24 @@ def _tap():
     torch.manual_seed(0)
     lin = torch.nn.Linear(WIDTH, WIDTH).requires_grad_(False)  # as vLLM runs it: inference only
     site = VSite(lin, "post", "out", get=lambda out: out, put=lambda out, new: new)
-    return lin, Tap("resid_post.0", site, WIDTH, ROWS, True, "cpu", torch.float32, 0)
+    return lin, lone_tap("resid_post.0", site, WIDTH, ROWS, True, "cpu", torch.float32)
+
+
+def _installed(*widths: int):
+    """StaticTaps with a write tap mlp_act.i on a Linear of each width (a bank per width), as the loader
+    installs them (the Linears stand in for the modules; mlp_act's width is its module's input size)."""
+    torch.manual_seed(0)
+    lins = [torch.nn.Linear(w, w).requires_grad_(False) for w in widths]
+    sites = {f"mlp_act.{i}": VSite(lin, "post", "out", get=lambda out: out, put=lambda out, new: new)
+             for i, lin in enumerate(lins)}
+    taps = StaticTaps()
+    taps.install([(Address("mlp_act", i), True) for i in range(len(widths))], lambda a: sites[str(a)], 0, ROWS,
+                 torch.device("cpu"), torch.float32, {}, lins[0])
+    return lins, taps
 
 
 def _ptrs(tap):
-    return {k: tap.buf(k).data_ptr() for k in ("cap", "u", "mul", "add")}
+    return {k: tap.buf(k).data_ptr() for k in ("cap", "u", "mul", "add", "change")}
 
 
 def test_steer_coefficients_are_written_in_place_and_applied_per_row():
@@ -61,17 +76,14 @@ def test_project_out_and_set_rows_keep_the_storage():
 
 
 def test_a_step_fills_only_its_rows_and_the_next_step_undoes_them():
-    """StaticTaps.before: a steer at every position fills its span's rows (a slice), one at some
-    positions only those rows; the next step without steers leaves every row the identity again."""
-    from engine.backends.vllm.worker.static import StaticTaps
+    """StaticTaps.before: a steer at every position fills its span's rows, one at some positions only
+    those rows; the next step without steers leaves every row the identity again."""
     from engine.core.plan import Plan, Span, site_work
     from engine.core.step import Step
-    lin, tap = _tap()
-    taps = StaticTaps()
-    taps.taps["resid_post.0"], taps.head_dim["resid_post.0"] = tap, None
+    (lin,), taps = _installed(WIDTH)
     v, w = torch.tensor([1.0, -2.0, 3.0, 0.5]), torch.tensor([0.0, 5.0, 0.0, 1.0])
-    a = Plan(4, steers=[Steer("resid_post.0", "add", v)])
-    b = Plan(4, steers=[Steer("resid_post.0", "add", w, positions=slice(5, 6))])
+    a = Plan(4, steers=[Steer("mlp_act.0", "add", v)])
+    b = Plan(4, steers=[Steer("mlp_act.0", "add", w, positions=slice(5, 6))])
     x = torch.randn(5, WIDTH)
     plain = torch.nn.functional.linear(x, lin.weight, lin.bias)
     # rows 0-1: plan a at positions 3, 4; rows 2-4: plan b at positions 4, 5, 6 (only position 5 touched)
@@ -83,27 +95,21 @@ def test_a_step_fills_only_its_rows_and_the_next_step_undoes_them():
     torch.testing.assert_close(out, want)
     taps.before(Step([Span(a, 0, 1, 5)], 1), site_work([], str))  # plan a finished steering: nothing registered
     torch.testing.assert_close(lin(x), plain, rtol=0, atol=0)
-    assert tap.dirty is None
-
-
-def _taps_with(tap):
-    from engine.backends.vllm.worker.static import StaticTaps
-    taps = StaticTaps()
-    taps.taps[tap.name], taps.head_dim[tap.name] = tap, None
-    return taps
+    assert all(bank.dirty is None for bank in taps.banks)
 
 
 def test_a_finished_steer_never_reaches_a_step_the_engine_runs_without_ours():
-    """The worker starts no step of ours when no registered plan has rows in it (plain requests
-    only), so the buffers must be the identity once a step ends: old code reset them only at the next
-    step it started, and a steer stayed applied to whatever plain request came next (measured on
-    vllm-static: a benign add at resid_post.0 changed 5 of 5 later plain prompts)."""
+    """A step's rows stay written after it (the next step keeps them when it is the same one a position
+    on), so the worker calls `idle` before every forward without a step of ours (plain requests only):
+    old code reset the rows only at the next step it started, and a steer stayed applied to whatever
+    plain request came next (measured on vllm-static: a benign add at resid_post.0 changed 5 of 5 later
+    plain prompts). The worker side: WorkerState._begin; end to end: tests/test_serve_poison.py."""
     from engine.core.plan import Plan, Span, site_work
     from engine.core.step import Step
-    lin, tap = _tap()
-    taps = _taps_with(tap)
+    (lin,), taps = _installed(WIDTH)
+    tap = taps.taps["mlp_act.0"]
     v = torch.tensor([1.0, -2.0, 3.0, 0.5])
-    a = Plan(4, steers=[Steer("resid_post.0", "add", v)])
+    a = Plan(4, steers=[Steer("mlp_act.0", "add", v)])
     x = torch.randn(3, WIDTH)
     plain = torch.nn.functional.linear(x, lin.weight, lin.bias)
     work = site_work([a], str)
@@ -111,39 +117,87 @@ def test_a_finished_steer_never_reaches_a_step_the_engine_runs_without_ours():
     taps.before(step, work)
     torch.testing.assert_close(lin(x), plain + v)
     taps.after(step, work)
-    torch.testing.assert_close(lin(x), plain, rtol=0, atol=0)  # the next forward, no step of ours around it
+    taps.idle()  # the next forward, no step of ours around it
+    torch.testing.assert_close(lin(x), plain, rtol=0, atol=0)
     for k, want in (("u", 0.0), ("mul", 1.0), ("add", 0.0)):
         assert bool((tap.buf(k) == want).all()), k
+    assert bool((taps.marks.buf == 0).all()) and taps.marks.dirty is None  # no row marked
+
+
+def test_a_carried_decode_step_keeps_the_rows_without_writing_them():
+    """A decode step one position on from the last, with the same plans and steers (stepio.fill_of carries
+    its Fill), holds the same rows with the same values: no fill, no reset, no mark; a step of other rows
+    resets the old ones and writes its own."""
+    from engine.core.plan import Plan, Span, site_work
+    from engine.core.step import Step, one_on
+    (lin,), taps = _installed(WIDTH)
+    v, w = torch.tensor([1.0, -2.0, 3.0, 0.5]), torch.tensor([0.0, 5.0, 0.0, 1.0])
+    a, b = Plan(8, steers=[Steer("mlp_act.0", "add", v)]), Plan(8, steers=[Steer("mlp_act.0", "add", w)])
+    work = site_work([a, b], str)
+    taps.attach(work)
+    (bank,) = taps.banks
+    writes, marks = [], []
+    real_fill = bank.fill
+
+    def fill(index, values, part=None):
+        writes.append(index.tolist())
+        return real_fill(index, values, part)
+    bank.fill = fill
+    x = torch.randn(2, WIDTH)
+    plain = torch.nn.functional.linear(x, lin.weight, lin.bias)
+    last = None
+    for t in range(3):  # a and b decode side by side (rows 0 and 1), positions 4, 5, 6
+        spans = [Span(a, 0, 1, 4 + t, 0), Span(b, 1, 2, 4 + t, 1)]
+        step = Step(spans, 2, prev=one_on(last, spans, 2))
+        taps.before(step, work)
+        marks.append(taps.marks.dirty)
+        torch.testing.assert_close(lin(x), plain + torch.stack([v, w]))
+        taps.after(step, work)
+        step.prev, last = None, step
+    assert len(writes) == 1 and marks == [(0, 2)] * 3, (writes, marks)  # written by the first step only
+    step = Step([Span(b, 0, 1, 7, 0)], 1)  # a finished: b alone, now in row 0
+    taps.before(step, work)
+    assert len(writes) == 2
+    torch.testing.assert_close(lin(x[:1]), plain[:1] + w)
+    taps.after(step, work)
+    taps.idle()
+    torch.testing.assert_close(lin(x), plain, rtol=0, atol=0)
+    assert bank.dirty is None and bank.held is None and taps.marks.dirty is None
 
 
 def test_a_fill_that_fails_midway_leaves_the_identity():
+    """Two banks (two widths): the first is written, the second's fill fails; every row is the
+    identity again before the error goes on."""
     from engine.core.plan import Plan, Span, site_work
     from engine.core.step import Step
-    lin, tap = _tap()
-    taps = _taps_with(tap)
-    good = Steer("resid_post.0", "add", torch.ones(WIDTH))
-    a = Plan(4, steers=[good, Steer("resid_post.0", "add", torch.ones(WIDTH))])
-    x = torch.randn(2, WIDTH)
-    plain = torch.nn.functional.linear(x, lin.weight, lin.bias)
+    lins, taps = _installed(WIDTH, WIDTH + 2)
+    a = Plan(4, steers=[Steer("mlp_act.0", "add", torch.ones(WIDTH)), Steer("mlp_act.1", "add", torch.ones(WIDTH + 2))])
+    xs = [torch.randn(2, lin.in_features) for lin in lins]
+    plain = [torch.nn.functional.linear(x, lin.weight, lin.bias) for x, lin in zip(xs, lins)]
+    first, second = taps.banks
     calls = []
-    real = tap.fill
+    real = first.fill
 
-    def fill(rows, st, head_dim, value=None):
-        calls.append(st)
-        if len(calls) == 2:
-            raise RuntimeError("fill failed")
-        return real(rows, st, head_dim, value)
-    tap.fill = fill
+    def fill(index, values, part=None):
+        calls.append(index)
+        return real(index, values, part)
+
+    def fails(index, values, part=None):
+        calls.append(index)
+        raise RuntimeError("fill failed")
+    first.fill, second.fill = fill, fails
     with pytest.raises(RuntimeError, match="fill failed"):
         taps.before(Step([Span(a, 0, 2, 0)], 2), site_work([a], str))
-    assert len(calls) == 2  # the first steer was written, then the second failed
-    torch.testing.assert_close(lin(x), plain, rtol=0, atol=0)
+    assert len(calls) == 2  # the first bank was written, then the second failed
+    for x, lin, want in zip(xs, lins, plain):
+        torch.testing.assert_close(lin(x), want, rtol=0, atol=0)
 
 
 def test_tap_check_fails_a_steer_whose_squared_norm_overflows():
     """3.4e38 is finite in float32, but a row of it has an infinite sum of squares, so every norm
     after it divides by inf and outputs 0 (the issue's single-steer attack): the tap keeps the row
-    unsteered and flags it, as it does a row the steer made inf."""
+    unsteered and flags it (NaN in its flags), as it does a row the steer made inf; its receipts hold
+    the change it asked for."""
     from engine.backends.vllm.worker.guard import bounded
     assert bounded(torch.tensor([[1.0, 2.0], [3.4e38, 0.0], [float("nan"), 0.0], [1e18, 1e18]])).flatten().tolist() \
         == [True, False, False, True]
@@ -153,7 +207,8 @@ def test_tap_check_fails_a_steer_whose_squared_norm_overflows():
     tap.fill(torch.tensor([1]), Steer("resid_post.0", "add", torch.full((WIDTH,), 3.4e38)), None)
     out = lin(x)
     torch.testing.assert_close(out, plain)  # row 1 kept its unsteered value
-    assert tap.buf("bad")[:2].flatten().tolist() == [0.0, 1.0]
+    assert torch.isnan(tap.buf("flag")[:2]).tolist() == [False, True]
+    assert tap.buf("change")[0] == 0 and tap.buf("change")[1] == pytest.approx(3.4e38 * WIDTH ** 0.5, rel=1e-6)
 
 
 class _Layer(torch.nn.Module):
@@ -171,8 +226,7 @@ def test_layer_guard_zeroes_only_the_marked_rows_that_went_non_finite():
     """In the graph: a steering request's row whose stream left a layer inf, or too large to norm, is
     zeroed in both halves of the (hidden, residual) pair and flagged; a plain request's row is never
     touched. After the step the flags reach the ledger (the request fails at collect, named by its
-    steers) with nothing read back, and no row stays marked."""
-    from engine.backends.vllm.worker.guard import LayerGuard
+    steers) with nothing read back, and the next forward without a step of ours (idle) has no row marked."""
     from engine.backends.vllm.worker.tree import Tree
     from engine.core.ledger import GUARD
     from engine.core.plan import Plan, Span
@@ -184,10 +238,8 @@ def test_layer_guard_zeroes_only_the_marked_rows_that_went_non_finite():
     add1 = torch.zeros(ROWS, WIDTH)
     add1[2] = 3e38
     layers = [_Layer(add0), _Layer(add1)]
-    lin, tap = _tap()
-    taps = _taps_with(tap)
-    taps.guard = guard = LayerGuard(layers, Tree(), ROWS, torch.device("cpu"), torch.float32)
-    guard.flag.fill_(1.0)  # a previous step's flags: layer 0 overwrites them
+    _, taps = _installed(WIDTH)
+    taps.install_guard(layers, Tree())
     steering = Plan(4, steers=[Steer("mlp_out.0", "add", torch.ones(WIDTH))])
     plain = Plan(1)
     step = Step([Span(steering, 0, 3, 0), Span(plain, 3, 4, 0)], n)
@@ -198,9 +250,11 @@ def test_layer_guard_zeroes_only_the_marked_rows_that_went_non_finite():
     for row in (1, 2):
         assert bool((out[0][row] == 0).all() and (out[1][row] == 0).all()), row
     torch.testing.assert_close(out[0][0] + out[1][0], h[0] + r[0])
-    assert guard.flag[:n].flatten().tolist() == [0.0, 1.0, 1.0, 0.0]
+    flags = [f[:n] for f in taps.guard.flags]  # each layer's own: layer 0 flagged row 1, layer 1 row 2
+    assert [torch.isnan(f).tolist() for f in flags] == [[False, True, False, False], [False, False, True, False]]
     taps.after(step, {})
-    assert bool((guard.rows == 0).all()) and guard.dirty is None
     assert step.ledger.read([steering.key])[steering.key].failed == GUARD
+    taps.idle()  # the next forward without a step of ours
+    assert bool((taps.marks.buf == 0).all()) and taps.marks.dirty is None
     out = layers[1](*layers[0](h, r))  # nothing marked: nothing guarded
-    assert out[0][1].isinf().all() and guard.flag[:n].sum() == 0
+    assert out[0][1].isinf().all() and all(f[:n].sum() == 0 for f in taps.guard.flags)

@@ -11,6 +11,7 @@ from engine.core.readouts import LensTopK, Mean, Norm, Readout
 from engine.core.results import Request
 from engine.core.steering import Steer
 from test_vllm_common import drop, random_vector, vllm_model
+from test_vllm_ops import STATIC
 
 pytestmark = pytest.mark.vllm
 LLAMA = "meta-llama/Llama-3.2-1B"
@@ -23,7 +24,7 @@ def engines():
 
     def get(backend):
         if backend not in made:
-            kw = {"static_points": ["resid_post", "mlp_out.1"]} if backend == "vllm-static" else {}
+            kw = {"static_points": STATIC} if backend == "vllm-static" else {}  # test_vllm_ops.py's engine
             made[backend] = vllm_model(LLAMA, backend, **kw)
         return made[backend]
     yield get

@@ -22,13 +22,14 @@ _NO_PROBE = ("it has no readout computed inside the forward: a user captures the
 _BATCH_READOUTS = ("batch_readout", "batch_readout_gen")
 _NO_BATCH_GEN = {w: "interp-engine's eager backend generates one prompt per call (no batched generation)"
                  for w in ("concurrency8", "capture_gen8", "batch_generate", "batch_capture_gen", "batch_steer_gen",
-                           "batch_readout_gen")}
+                           "batch_readout_gen", "concurrency32", "capture_gen32", "steer_all8", "steer_all32")}
 
 
 def _hf_na() -> dict:
     return {"capture_one": "plain HF has no per-layer capture: output_hidden_states returns every "
                            "layer (timed under capture at every layer)",
             "steer": _HF_STEER, "steer_all": _HF_STEER, "batch_steer": _HF_STEER, "batch_steer_gen": _HF_STEER,
+            "steer_all8": _HF_STEER, "steer_all32": _HF_STEER,
             "lens": "plain HF has no logit-lens API", "readout_gen": f"plain HF: {_NO_READOUT}",
             **{w: f"plain HF: {_NO_PROBE}" for w in _BATCH_READOUTS}}
 
@@ -77,8 +78,8 @@ VARIANTS: tuple[Variant, ...] = (
             requires=_VLLM_REQ, backend="vllm-static", busy_waits=True),
     Variant("vllm-generate", "ours", "stock vLLM (generate only)", "benchmarks.variants.ours:VllmRunner",
             requires=_VLLM_REQ, backend="vllm-generate", busy_waits=True,
-            na={w: _STOCK for w in ("capture_one", "capture_all", "capture_gen", "capture_gen8", "steer",
-                                    "steer_all", "lens", "long_capture", "readout_gen", "batch_capture", "batch_steer",
+            na={w: _STOCK for w in ("capture_one", "capture_all", "capture_gen", "capture_gen8", "capture_gen32", "steer",
+                                    "steer_all", "steer_all8", "steer_all32", "lens", "long_capture", "readout_gen", "batch_capture", "batch_steer",
                                     "batch_readout", "batch_capture_gen", "batch_steer_gen", "batch_readout_gen")}),
     Variant("hf-generate", "peer", "peer: plain HF transformers", "benchmarks.variants.hf:HFRunner",
             requires=("transformers",), na=_hf_na()),
@@ -86,7 +87,7 @@ VARIANTS: tuple[Variant, ...] = (
             "benchmarks.variants.tl:TLRunner", requires=("transformer_lens",),
             na={**{w: "TransformerLens 4.3 refuses generate(return_cache=True) for more than one prompt "
                       "(NotImplementedError: not supported for batched generation yet)"
-                   for w in ("capture_gen8", "batch_capture_gen")},
+                   for w in ("capture_gen8", "capture_gen32", "batch_capture_gen")},
                 "readout_gen": f"TransformerLens: {_NO_READOUT}",
                 **{w: f"TransformerLens: {_NO_PROBE}" for w in _BATCH_READOUTS}}),
     Variant("nnsight", "peer", "peer: nnsight trace", "benchmarks.variants.nn:NNsightRunner",

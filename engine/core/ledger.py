@@ -101,8 +101,8 @@ class Ledger:
             sq, plan, steer = sq[selected], plan[selected], steer[selected]
         if not self.unique:  # the last record of each (plan, steer, position) counts; guard records all do
             pos = np.concatenate([e.pos + e.shift for e in entries])  # positions matter here alone
-            table = np.stack([plan, steer, pos if selected is None else pos[selected]], axis=1)[::-1]
-            _, first = np.unique(table, axis=0, return_index=True)
+            _, first = np.unique(_one_key(plan, steer, pos if selected is None else pos[selected])[::-1],
+                                 return_index=True)
             last = np.zeros(len(sq), dtype=bool)
             last[len(sq) - 1 - first] = True
             keep = last | (steer < 0)
@@ -139,3 +139,14 @@ class Ledger:
                 e.codes = live
                 kept.append(e)
         self._entries = kept
+
+
+def _one_key(*cols: np.ndarray) -> np.ndarray:
+    """Integer columns of equal length as one int64 key per row, equal exactly where every column is:
+    each column as its rank among its distinct values, mixed radix (a 1-d unique: np.unique over rows,
+    axis=0, sorts them as structured records, 50x slower at a request's few thousand records)."""
+    key = np.zeros(len(cols[0]), dtype=np.int64)
+    for c in cols:
+        values, rank = np.unique(c, return_inverse=True)
+        key = key * len(values) + rank.reshape(-1)
+    return key

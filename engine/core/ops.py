@@ -7,14 +7,17 @@ Each `Op` row says everything the engine knows about one op, and every check rea
             tensor-parallel shard
   apply     its eager maths on touched rows: apply(x [m, *shape], v, params) -> new rows
   affine    its form on vllm-static's per-row affine taps, y = (x - (x.u) u) * mul + add:
-            affine(AffineRows, v, params) -> AffineRows composed with this op; None when the
-            taps cannot express it, and `static` then says why
+            affine(AffineRows, v, params) -> AffineRows composed with this op (mul -> mul * a,
+            add -> add * a + b, u kept or, for a `first` op, its own: the worker composes a step's
+            steers on the host from that form); None when the taps cannot express it, and `static`
+            then says why
   static_if for an op the taps express only for some parameters (rescale: coeff 0), the test
   first     the affine form sets the projection direction u, so it must come first at a tap and
             once per tap and request
 
 To add an op: one `Op(...)` row below (plus its fields in steering.Steer if it takes new
-parameters). The hooked backends call `apply`; vllm-static's `Tap.fill` calls `affine`.
+parameters). The hooked backends call `apply`; vllm-static composes each steer's `affine` form of the identity
+(engine/backends/vllm/worker/table.py), which its tests hold to `affine` on any prior.
 """
 from __future__ import annotations
 

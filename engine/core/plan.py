@@ -51,6 +51,7 @@ class Plan:
     key: int = field(default_factory=lambda: next(_keys))
     recomputed: int = 0  # chunks that restarted below what was held (preemption + recompute)
     store: dict = field(default_factory=dict)  # capture key -> list[(pos0, rows)]
+    blocks: list = field(default_factory=list)  # (keys, pos0, rows [len(keys), n, ...]): a step's rows of several keys
     error: object | None = None  # what failed when this plan failed inside a forward (vLLM workers: a wire Failure)
     readouts: list = field(default_factory=list)  # engine.core.readouts.Readout, resolved addresses
     accumulators: dict = field(default_factory=dict)  # readout name -> Accumulator, bound where it runs
@@ -92,8 +93,54 @@ class Plan:
             chunks[:] = [(p, c[: pos0 - p]) for p, c in chunks if p < pos0]
         chunks.append((pos0, rows))
 
+    def add_block(self, keys: tuple, pos0: int, rows: torch.Tensor) -> None:
+        """One step's rows of several capture keys at once (rows[j]: keys[j]'s, from absolute position pos0),
+        kept whole: `settle` files them under their keys, `stacked` hands them on as one tensor."""
+        self.blocks.append((keys, pos0, rows))
+
+    def settle(self) -> None:
+        """Every block's rows filed under their keys (`add`, in order): what `store` readers see."""
+        blocks, self.blocks = self.blocks, []
+        for keys, pos0, rows in blocks:
+            for j, k in enumerate(keys):
+                self.add(k, pos0, rows[j])
+
+    def stacked(self) -> list[tuple[dict, int, torch.Tensor]]:
+        """The blocks as runs ({key: index}, first position, rows [keys, positions, ...]): blocks of one keys
+        tuple that follow each other position by position, concatenated once, so that a collect sends a
+        request's every layer as one tensor. A key is in a run's index when the run holds all of it (no
+        other run, no chunk of its own in `store`); every key also gets its rows in `store` (views)."""
+        runs: list = []  # [keys, first, end, [(pos0, rows)]]
+        for keys, pos0, rows in self.blocks:
+            run = runs[-1] if runs else None
+            if run is not None and run[0] == keys and run[2] == pos0:
+                run[3].append((pos0, rows))
+                run[2] += rows.shape[1]
+            else:
+                runs.append([keys, pos0, pos0 + rows.shape[1], [(pos0, rows)]])
+        self.blocks = []
+        seen: dict = {}
+        for run in runs:
+            for k in run[0]:
+                seen[k] = seen.get(k, 0) + 1
+        out = []
+        for keys, first, _, parts in runs:
+            t = parts[0][1] if len(parts) == 1 else torch.cat([r for _, r in parts], dim=1)
+            index = {}
+            for j, k in enumerate(keys):
+                if seen[k] == 1 and k not in self.store:
+                    index[k] = j
+                    self.store[k] = [(first, t[j])]
+                else:
+                    for pos0, rows in parts:
+                        self.add(k, pos0, rows[j])
+            if index:
+                out.append((index, first, t))
+        return out
+
     def first(self, key: str) -> int:
         """Absolute position of the first captured row of `key`."""
+        self.settle()
         chunks = self.store.get(key) or []
         if not chunks:
             raise RuntimeError(f"{key} was never computed for this request.")
@@ -102,6 +149,7 @@ class Plan:
     def tensor(self, key: str, start: int = 0) -> torch.Tensor:
         """The [pos, ...] capture of `key` from absolute position `start`, checked contiguous; attention
         patterns (a key axis that grows per step) are right-padded on that axis to the longest chunk."""
+        self.settle()
         chunks = self.store.get(key)
         if not chunks:
             raise RuntimeError(f"{key} was never computed for this request (no forward of it reached its site: "
@@ -244,14 +292,25 @@ def site_work(plans: list[Plan], site_key: Callable[[Address], object], local_re
                 w = work.setdefault(site, SiteWork())
                 coord = addr.coords[0][1] if addr.coords else None
                 kind = acc.readout.kind
-                o = outs.get((site, coord, id(kind)))
+                key = (site, coord, _kind_key(kind))
+                o = outs.get(key)
                 if o is None:
-                    o = outs[(site, coord, id(kind))] = ReadoutGroup(coord, kind)
+                    o = outs[key] = ReadoutGroup(coord, kind)
                     w.readouts.append(o)
                 o.members.append((plan, acc))
     for w in work.values():  # the k-th steers of every plan after the (k-1)-th (a stable sort)
         w.steers.sort(key=lambda g: g.order)
     return work
+
+
+def _kind_key(kind: object) -> object:
+    """What readouts must share to run as one group: an equal kind (each vLLM request brings its own
+    Mean(), equal to the others'), or the kind itself where it compares by identity (a probe's weights)."""
+    try:
+        hash(kind)
+    except TypeError:
+        return id(kind)
+    return kind
 
 
 def touches_every_row(st: Steer) -> bool:

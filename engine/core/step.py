@@ -174,11 +174,22 @@ class Step:
         key = ("steer", id(g))
         got = self._carried(key)
         if got is None:
+            rows, free = self.steer_geometry(g, shape)
+            got = self._built[key] = (rows, self._values(rows, shape), free)
+        return got[0], got[1]
+
+    def steer_geometry(self, g: SteerGroup, shape: tuple) -> tuple[Rows, bool]:
+        """The rows the group's steers touch in this step, without their values (host work only: a
+        backend that builds the values itself, vllm-static's coefficient table), and whether they do not
+        depend on positions (then a step one position on carries them)."""
+        key = ("steer-rows", id(g))
+        got = self._carried(key)
+        if got is None:
             got = self._built[key] = self._steer_rows(g, shape)
         return got[0], got[1]
 
     def _steer_rows(self, g: SteerGroup, shape: tuple) -> tuple:
-        """(rows, value per row, whether neither depends on positions) of a steer group in this step."""
+        """(rows, whether they do not depend on positions, that again: the carry flag) of a steer group."""
         parts = []
         for plan, i, st in g.members:
             sp = self.span(plan)
@@ -196,7 +207,7 @@ class Step:
             parts.append(((plan, i, st), plan.key, i, sp, off))
         rows = self._rows(parts)
         free = all(off is None for *_, off in parts) and (g.steer.value is None or not g.steer.bound().lead)
-        return rows, self._values(rows, shape), free
+        return rows, free, free
 
     def _offsets(self, st: Steer, sp: Span) -> np.ndarray:
         """st.offsets on the span, computed once per step for steers whose positions and exclusions agree."""

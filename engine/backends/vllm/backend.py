@@ -78,6 +78,14 @@ class VLLMModel(OnLoop):
         """Count the engine's host reads inside the workers' steps (AsyncVLLMModel.worker_syncs)."""
         return self._run(self.aio.worker_syncs(on))
 
+    def worker_ops(self, on: bool) -> list[dict]:
+        """Count the ops the workers dispatch around their steps (AsyncVLLMModel.worker_ops)."""
+        return self._run(self.aio.worker_ops(on))
+
+    def worker_timing(self, on: bool) -> list[dict]:
+        """Time the host work of the workers around their steps (AsyncVLLMModel.worker_timing)."""
+        return self._run(self.aio.worker_timing(on))
+
 
 # -- loading ----------------------------------------------------------------------------------------
 def _declared(spec, n_layers: int) -> list[Address]:

@@ -22,6 +22,9 @@ import asyncio
 import copy
 import dataclasses
 import math
+import os
+import shutil
+import tempfile
 import uuid
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass
@@ -77,6 +80,7 @@ if TYPE_CHECKING:
     from engine.model.api import AsyncModel
     from engine.model.weights import BlockLayout
 
+SHM = "/dev/shm"
 __all__ = ["AsyncVLLMModel", "Submission", "StreamEvent", "NO_CAPTURE"]
 
 
@@ -109,6 +113,7 @@ class AsyncVLLMModel(ModelBase, TokensMixin):
         self.dtype = engine.model_config.dtype  # what vLLM computes in
         from vllm.platforms import current_platform
         self.device = torch.device(current_platform.device_type)  # where vLLM runs (results come back on the CPU)
+        self._shm: str | None = None  # the directory captured rows come back through (_capture_dir)
         self._init_base()
 
     def __repr__(self):
@@ -309,6 +314,18 @@ class AsyncVLLMModel(ModelBase, TokensMixin):
                 keys[captured].append(asked)
         return {k: tuple(v) for k, v in keys.items() if v != [k]}
 
+    def _capture_dir(self, built: list[Submission]) -> str | None:
+        """Where generate, run_with_cache and stream have the workers hand captured rows back: a directory in
+        shared memory, as files (worker/sink.py, as the harvest does: a few MB of rows a request no longer
+        pickled through collective_rpc), made on first use and removed at close; None (inline in the RPC
+        reply) when no request captures or there is no /dev/shm. generate_batch takes its caller's `sink`
+        (the harvest's, None for its inline hand-off). Workers that cannot see the directory answer inline."""
+        if not any(s.plan.captures for s in built):
+            return None
+        if self._shm is None and os.path.isdir(SHM):
+            self._shm = tempfile.mkdtemp(prefix=f"interp-harvest-{os.getpid()}-", dir=SHM)  # swept like a harvest's
+        return self._shm
+
     @staticmethod
     def _needs_worker(plan: Plan) -> bool:
         return bool(plan.captures or plan.steers or plan.internal or plan.readouts)
@@ -343,6 +360,19 @@ class AsyncVLLMModel(ModelBase, TokensMixin):
         (engine/core/syncs.py); stopping returns each rank's {"syncs", "steps", "sites"}."""
         self._live()
         return await self._rpc("interp_syncs", on)
+
+    async def worker_ops(self, on: bool) -> list[dict]:
+        """Start (on=True) or stop counting the ops the workers dispatch around their steps, outside the
+        forward (engine/core/opcount.py); stopping returns each rank's {"steps", "labels", "ops", "sites"}:
+        labels "step" (before and after each forward) and "hooks" (inside the hooked backend's hooks)."""
+        self._live()
+        return await self._rpc("interp_ops", on)
+
+    async def worker_timing(self, on: bool) -> list[dict]:
+        """Start (on=True) or stop timing the host work the workers do around their steps; stopping returns
+        each rank's {"steps", "seconds": {"step": ..., "hooks": ...}}."""
+        self._live()
+        return await self._rpc("interp_timing", on)
 
     async def _submit(self, sub: Submission, key: str, on_output=None, on_done=None):
         """Run one request in the continuous batch; returns vLLM's final RequestOutput."""
@@ -437,7 +467,8 @@ class AsyncVLLMModel(ModelBase, TokensMixin):
                             strict)
                  for i, p in enumerate(prompts)]
         # the pad every backend fills with (the remote client is handed the same id by its server)
-        out = replies.batch_result(await self._run_many(built, want), pad_id(self.tokenizer), self.n_layers)
+        out = replies.batch_result(await self._run_many(built, want, sink=self._capture_dir(built)),
+                                   pad_id(self.tokenizer), self.n_layers)
         if strict:
             check_strict(out.receipts, "generation")
         return out
@@ -462,7 +493,7 @@ class AsyncVLLMModel(ModelBase, TokensMixin):
         want = bool(return_logits)
         built = [self._plan(Request(p, 1, points, steer, readouts=readouts), True, want, i, len(prompts), strict)
                  for i, p in enumerate(prompts)]
-        res = await self._run_many(built, want, prefill=True)
+        res = await self._run_many(built, want, prefill=True, sink=self._capture_dir(built))
         lengths = [len(p) for p in prompts]
         width = max(lengths) if mask is None else mask.shape[1]
         cols = columns(lengths, width, "left") if mask is None else columns_of(mask)
@@ -503,7 +534,8 @@ class AsyncVLLMModel(ModelBase, TokensMixin):
         sub = dataclasses.replace(sub, params={**sub.params, "output_kind": RequestOutputKind.DELTA,
                                                "logprobs": logprobs})
         steps = streaming.stream_steps(
-            sub.plan, lambda on_output, key, hold: self._run_many([sub], want, on_output=on_output, keys=[key], hold=hold),
+            sub.plan, lambda on_output, key, hold: self._run_many([sub], want, on_output=on_output, keys=[key], hold=hold,
+                                                                  sink=self._capture_dir([sub])),
             self._peek, lambda tok: self.tokenizer.decode([tok], skip_special_tokens=True), logprobs, rows, strict,
             sub.keys)
         return steps if self._home is None else self._home.relay(steps)
@@ -557,6 +589,8 @@ class AsyncVLLMModel(ModelBase, TokensMixin):
             engine, self.engine = self.engine, None  # type: ignore[assignment]  # released: _live() refuses later calls
             from engine.backends.vllm.runtime import stop_engine
             stop_engine(engine)
+            if self._shm is not None:
+                shutil.rmtree(self._shm, ignore_errors=True)
 
 
 if TYPE_CHECKING:

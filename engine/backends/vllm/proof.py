@@ -9,7 +9,7 @@ Checks, on a short probe prompt, greedy:
   2. the logits recomputed from the `final_norm` tap pick exactly the tokens vLLM sampled, and
      (when the last layer's resid_post is declared) the lens of that tap gives the same logits;
   3. an `add` steer at the first write tap moves that tap's capture by the vector and changes the
-     logits, and its receipt counts every row and the vector's norm at each (the pre-write buffer);
+     logits, and its receipt counts every row and the vector's norm at each (the tally the graph writes);
   4. a steer at generated positions only moves the decode row (the step a FULL graph replays) by
      the vector, the prompt rows not at all; 5. the next unsteered run reproduces step 1 (write
      buffers were reset).
@@ -80,7 +80,7 @@ def prove_taps(model: Any) -> dict:
         if receipt.rows != rows or abs(receipt.change_norm - norm) > rel * norm:
             raise TapProofError(refuse.format(model.name, f"the add steer's receipt at {tap} says {receipt.rows} rows "
                                                           f"and a change of {receipt.change_norm:.4g}, not {rows} "
-                                                          f"rows and {norm:.4g} (the pre-write tap buffer)"))
+                                                          f"rows and {norm:.4g} (the receipts the graph leaves in the tally)"))
         decode = model.generate_batch([Request(ids, 2, points=[tap], sampling=raw,
                                                steer=[Steer(tap, "add", v, positions="generated")])])[0]
         n = len(ids)  # same prompt rows, so the same first token and the same decode input

@@ -21,7 +21,6 @@ and steered per rank on the indices it holds, replicated ones on rank 0 only; th
 """
 from __future__ import annotations
 
-import functools
 from typing import TYPE_CHECKING, Any, Callable
 
 import torch
@@ -30,19 +29,19 @@ from engine.backends.vllm.worker import attn as vllm_attn
 from engine.backends.vllm.worker import kv, seams
 from engine.backends.vllm.worker import runner as vllm_runner
 from engine.backends.vllm.worker import wire as vllm_wire
+from engine.backends.vllm.worker.hooks import HookSites
 from engine.backends.vllm.worker.loader import ERRORS_ATTR, TAPS_ATTR
+from engine.backends.vllm.worker.meters import Meters
 from engine.backends.vllm.worker.rows import PLAN_ARG, ROWS
 from engine.backends.vllm.worker.tree import resolve, tree_for
 from engine.core.address import Address, parse
-from engine.core.errors import UnsupportedPointError
+from engine.core.errors import SteeringError, UnsupportedPointError
 from engine.core.ledger import GUARD, Ledger
 from engine.core.plan import Plan, Span, site_work
 from engine.core.points import POINTS
 from engine.core.readouts import Env, bind, parts_of
-from engine.core.site import guard, run_site, zero_rows
-from engine.core.steering import failure
+from engine.core.steering import Steer, failure
 from engine.core.step import Step, one_on
-from engine.core.syncs import SyncCounter
 
 if TYPE_CHECKING:
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
@@ -69,38 +68,6 @@ def _rows_from(chunks: list, start: int):
     return torch.cat(parts) if parts else None
 
 
-class HookSites:
-    """The hooked mode (`vllm`) in a worker: Python hooks on the sites the registered plans use,
-    reattached when the plans change; nothing runs around a step. Its counterpart for `vllm-static`
-    is engine/backends/vllm/worker/static.StaticTaps (the taps the loader installed); both answer
-    site_key / attach / before / after / describe / original_forward / nbytes, so WorkerState never
-    asks which it has."""
-
-    nbytes = 0
-
-    def __init__(self, state: "WorkerState") -> None:
-        self.state = state
-
-    def site_key(self, addr: Address) -> object:
-        return self.state.site(addr)
-
-    def attach(self, work: dict) -> list:
-        return [h for site, w in work.items() for h in site.install(functools.partial(self.state._at_site, w))]
-
-    def before(self, step: Step, work: dict) -> None:
-        pass
-
-    def after(self, step: Step, work: dict) -> None:
-        pass
-
-    def describe(self, addr: Address, info: dict) -> None:
-        pass
-
-    def original_forward(self, name: str) -> None:
-        """Hooks never wrap a module's forward: nothing to bypass."""
-        return None
-
-
 class WorkerState:
     """What one rank holds: the registered plans, the sites they need and the current step."""
 
@@ -122,8 +89,7 @@ class WorkerState:
         self.handles: list = []
         self.step: Step | None = None
         self.last: Step | None = None  # the step before, while the registered plans stay: rows carry from it
-        self.syncs: SyncCounter | None = None  # counting host reads inside steps (interp_syncs)
-        self.steps = 0  # steps that ran a registered plan since counting began
+        self.meters = Meters()  # host reads, ops and host time of the steps, while the client asks
         self.end_module = self.end_handle = None
         # the KV blocks steering requests wrote, zeroed before a schedule hands one to another request
         self.blocks = kv.Blocks(runner)
@@ -217,65 +183,24 @@ class WorkerState:
         plans = list(self.plans.values())
         self.last = None  # its rows are keyed by the groups being replaced
         self.work = site_work(plans, self._site_key, self._local_read, self._local_steer, self._local_readout)
-        steering = [p for p in plans if p.steers]
-        # the layer guard, from the first layer a steer can change (hooked mode; vllm-static's is in its graph)
-        guarded = self._layers()[kv.first_layer(steering):] if steering and isinstance(self.mode, HookSites) else []
-        checked = {id(layer) for layer in guarded}
-        for site, w in self.work.items():  # a layer's output hooks run before its guard's (registered after)
-            w.guarded = bool(checked) and site.phase == "post" and id(site.module) in checked
         for h in self.handles:
             h.remove()
         self.handles = self.mode.attach(self.work)
-        self.handles += [layer.register_forward_hook(self._guard_layer) for layer in guarded]
         if self.end_handle is not None:  # after every site's hook, where the end module is also a site
             self.end_handle.remove()
             self.end_handle = self.end_module.register_forward_hook(self._end)
 
-    def _at_site(self, work, t):
-        step = self.step
-        if step is None or not step.spans:
-            return None
-        return run_site(t, step, work)
-
-    def _guard_layer(self, module, args, output):
-        """The layer guard (engine.core.site.guard) on a decoder layer's output: a steering request's row
-        that is not finite there is zeroed in every part of the stream (vLLM's (hidden, residual) pair),
-        so nothing non-finite reaches a later layer or the KV cache; its request fails at collect."""
-        step = self.step
-        if step is None or not step.spans:
-            return None
-        parts = list(output) if isinstance(output, tuple) else [output]
-        n, flat = step.n_tokens, self.tree.batched  # the Transformers backend's tensors are [1, tokens, d]
-        tensors = [i for i, p in enumerate(parts) if isinstance(p, torch.Tensor) and p.dim() >= 2
-                   and (p.shape[:2] == (1, n) if flat else p.shape[0] == n)]
-        if not tensors:
-            return None
-        rows = [p if p.dim() == 2 else p.reshape(n, -1) for p in (parts[i] for i in tensors)]
-        stream = rows[0]
-        for r in rows[1:]:  # (hidden, residual): their sum is the stream (no 0 + hidden first, as sum() does)
-            stream = stream + r
-        ok = guard(stream, step, keep=True)
-        if ok is None:
-            return None
-        ok = ok.reshape(n, 1)  # once for every part
-        for i, r in zip(tensors, rows):
-            z = zero_rows(r, ok)
-            parts[i] = z if z.dim() == parts[i].dim() else z.reshape(parts[i].shape)
-        return tuple(parts) if isinstance(output, tuple) else parts[0]
-
     # -- steps ------------------------------------------------------------------------------------
     def _begin(self, module, args, kwargs):
         self.step = None
-        if not self.plans or not ROWS:
+        mine = [(i, self.plans[k]) for i, k in ROWS.items() if k in self.plans] if self.plans and ROWS else []
+        if not mine:  # a forward without a step of ours: nothing a finished step wrote may apply to it
+            self.mode.idle()
             return
-        mine = [(i, self.plans[k]) for i, k in ROWS.items() if k in self.plans]
-        if not mine:
-            return
-        if self.syncs is not None:  # counted from here to the end of the step (_end)
-            self.steps += 1
-            self.syncs.__enter__()
+        self.meters.begin()  # counted from here to the end of the step (_end)
         try:
-            self._start_step(mine, args, kwargs)
+            with self.meters.window("step"):  # the forward itself runs outside the window
+                self._start_step(mine, args, kwargs)
         except Exception as e:  # the step's plans fail; the engine serves on
             for _, plan in mine:
                 _failed(plan, e)
@@ -301,29 +226,17 @@ class WorkerState:
     def _end(self, module, args, output):
         try:
             if self.step is not None:
-                self.blocks.guarded_mark(self.step)  # first: the KV isolation never waits on the rest
-                self.mode.after(self.step, self.work)
+                with self.meters.window("step"):
+                    self.blocks.guarded_mark(self.step)  # first: the KV isolation never waits on the rest
+                    self.mode.after(self.step, self.work)
         except Exception as e:
             for sp in self.step.spans:
                 _failed(sp.plan, e)
         finally:
-            if self.syncs is not None and self.syncs.active:
-                self.syncs.__exit__(None, None, None)
+            self.meters.end()
         if self.step is not None:  # done building: it no longer needs the step before (kept, each step
             self.step.prev = None  # would hold every earlier one, its rows and values, until a rebuild)
         self.last, self.step = self.step, None
-
-    def count_syncs(self, on: bool) -> dict:
-        """Start (on) or stop counting the engine's host reads inside steps (engine/core/syncs.py);
-        stopping returns {"syncs", "steps", "sites"} since the start."""
-        if on:
-            self.syncs, self.steps = SyncCounter(), 0
-            return {}
-        c, self.syncs = self.syncs, None
-        steps, self.steps = self.steps, 0
-        if c is None:
-            return {"syncs": 0, "steps": 0, "sites": {}}
-        return {"syncs": c.count, "steps": steps, "sites": dict(c.sites)}
 
     # -- requests ---------------------------------------------------------------------------------
     def scheduled(self, scheduler_output: Any) -> None:
@@ -363,15 +276,25 @@ class WorkerState:
     def _admit(self, d: dict) -> Plan:
         """One plan from its wire form, its steer values on the model's device, its readouts bound."""
         plan = vllm_wire.plan_in(d)
-        # values arrive on the CPU; steered rows (and vllm-static's receipt replay) are on the model's device
-        plan.steers = [st.at(st.address, st.value.to(self.device)) if isinstance(st.value, torch.Tensor) else st
-                       for st in plan.steers]
+        plan.steers = [self._local_steer_of(st) for st in plan.steers]
         if plan.readouts:
             try:
                 plan.accumulators = bind(plan.readouts, self._env())
             except Exception as e:  # the request's own failure (an SAE that does not load): kept for collect
                 _failed(plan, e)
         return plan
+
+    def _local_steer_of(self, st: Steer) -> Steer:
+        """A wire steer as the steps use it: its value on the model's device (values arrive on the CPU; the
+        steered rows, and vllm-static's receipt replay, are there), its leading axes known once (Steer.bound:
+        each step's checks would otherwise copy the steer again, at every site). A value bound refuses stays
+        unbound: its first step fails its plan, naming it, as before."""
+        if isinstance(st.value, torch.Tensor):
+            st = st.at(st.address, st.value.to(self.device))
+        try:
+            return st.bound()
+        except SteeringError:
+            return st
 
     def collect(self, keys: list[str], logits: list[bool],
                 encode: Callable[[torch.Tensor], dict] = vllm_wire.tensor_out) -> list[dict]:
@@ -404,10 +327,17 @@ class WorkerState:
                         res.readouts[name] = vllm_wire.encode(list(parts_of(acc.result())))
                     except RuntimeError as e:
                         res.errors[name] = vllm_wire.Failure.of(e)
+            sent = set()
+            for index, first, rows in plan.stacked():  # vllm-static: a request's every layer as one tensor
+                res.stacks.append(encode(rows))
+                for k, j in index.items():
+                    res.captures[k] = [first, {vllm_wire.STACK: len(res.stacks) - 1, "index": j}]
+                    sent.add(k)
             for k in plan.store:
                 try:
-                    first = plan.first(k)
-                    res.captures[k] = [first, encode(plan.tensor(k, first))]
+                    if k not in sent:
+                        first = plan.first(k)
+                        res.captures[k] = [first, encode(plan.tensor(k, first))]
                 except RuntimeError as e:
                     res.errors[k] = vllm_wire.Failure.of(e)
                 held = self.site(parse(k).base).held
@@ -431,6 +361,8 @@ class WorkerState:
         out = []
         for i, (key, starts) in enumerate(zip(keys, since)):
             plan = self.plans.get(key)
+            if plan is not None:
+                plan.settle()  # vllm-static's blocks filed under their keys
             res = vllm_wire.PeekReply(key)
             ok = plan is not None and plan.error is None
             for name, start in ((readouts[i] if readouts else {}).items() if ok else ()):
@@ -467,7 +399,7 @@ class WorkerState:
         hd = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
         points, attn = {}, {}
         for p in POINTS:
-            layers = [None] if p.scope == "trunk" else range(len(self._layers()))
+            layers = [None] if p.scope == "trunk" else range(len(self.layers()))
             entry = points.setdefault(p.name, {})
             for layer in layers:
                 addr = Address(p.name, layer)
@@ -484,12 +416,13 @@ class WorkerState:
                 if p.name == "q":
                     attn[str(layer)] = vllm_attn.params(site.module)
         import os
-        return {"rank": self.rank, "tp": self.tp, "pid": os.getpid(), "n_layers": len(self._layers()),
+        return {"rank": self.rank, "tp": self.tp, "pid": os.getpid(), "n_layers": len(self.layers()),
                 "model_class": type(self.model).__name__, "points": points, "attn": attn,
                 "tap_bytes": self.mode.nbytes,
                 "tap_errors": getattr(self.model, ERRORS_ATTR, {}), "anchor_error": self.anchor_error}
 
-    def _layers(self):
+    def layers(self) -> list:
+        """The decoder layers, in order (the layer guard's, and describe's count)."""
         from engine.model.paths import get_path
         return get_path(self.model, self.tree.layers)
 
@@ -506,7 +439,15 @@ class InterpWorker:
 
     def interp_syncs(self, on: bool) -> dict:
         """Count the engine's host reads inside this rank's steps (tests: at most 2 per step)."""
-        return self._interp.count_syncs(on)
+        return self._interp.meters.count_syncs(on)
+
+    def interp_ops(self, on: bool) -> dict:
+        """Count the ops this rank dispatches around its steps (tests: a small constant per step)."""
+        return self._interp.meters.count_ops(on)
+
+    def interp_timing(self, on: bool) -> dict:
+        """Time the host work this rank does around its steps (benchmarks/step_cost.py)."""
+        return self._interp.meters.time_steps(on)
 
     def interp_plans(self) -> list:
         """Keys of the plans this rank holds (registered, not collected yet)."""

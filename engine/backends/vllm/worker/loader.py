@@ -63,10 +63,12 @@ class StaticTapLoader(DefaultModelLoader):
         rows, device = vllm_config.scheduler_config.max_num_batched_tokens, next(model.parameters()).device
         # ModelConfig.dtype is declared `ModelDType | torch.dtype` but holds the torch.dtype once the config is built
         dtype: torch.dtype = model_config.dtype  # type: ignore[assignment]
-        taps.install(good, site_of, cfg.hidden_size, rows, device, dtype, {p: hd for p in HEADED_POINTS})
-        # every decoder layer guarded, after the taps (so outside a resid_post tap): worker/guard.py
         from engine.model.paths import get_path
-        taps.install_guard(list(get_path(model, tree.layers)), tree, rows, device, dtype)
+        layers = list(get_path(model, tree.layers))
+        # the stacked buffers and the tally live on the first decoder layer (inside the compiled forward)
+        taps.install(good, site_of, cfg.hidden_size, rows, device, dtype, {p: hd for p in HEADED_POINTS}, layers[0])
+        # every decoder layer guarded, after the taps (so outside a resid_post tap): worker/guard.py
+        taps.install_guard(layers, tree)
         setattr(model, TAPS_ATTR, taps)
         setattr(model, ERRORS_ATTR, errors)
         return model

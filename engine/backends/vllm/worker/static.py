@@ -1,29 +1,35 @@
 """`vllm-static`: a tap set declared at load, baked into the forward as fixed buffers.
 
-Each tap owns preallocated `[max_tokens, width]` buffers registered on the module it wraps: `cap`
-(the forward copies the point into it) and, for write taps, `pre` (the point before the write),
-`u`, `mul`, `add` (the forward applies y = (x - (x.u) u) * mul + add) and `bad` ([max_tokens, 1]:
-a row whose y is not finite keeps x, flagged there, and its request fails after the step; nothing
-non-finite reaches the KV cache). The wrapper is installed between weight loading and compilation,
-so torch.compile (CPU) and CUDA graphs (GPU) capture plain tensor ops on buffers with fixed
-addresses and no Python, no data-dependent control flow. Between steps, Python fills the write
-buffers for each steering request's rows (identity elsewhere) and copies each capturing request's
-rows out of `cap`. That per-row affine form composes add / set / scale / ablate / mean_ablate / swap
-in any order (values per position too: each row gets its own), and project_out (rescale with coeff
-0) when it comes first at a tap. Each op's form on these buffers is its row's `affine` in
-engine/core/ops.py (`Tap.fill` only gathers the rows and writes the result back); ops it cannot
-express (their row's `static` says why) are refused by name before a request runs, by the client's
-mode object (engine/backends/vllm/modes.py: StaticTapsMode.check_steer / check_steers).
+Each tap owns buffers registered on the module it wraps: `cap [rows, width]` (the forward copies the point
+into it) and, for a write tap, `pre` (the point before the write), `change` (float64 [rows]: the norm of
+each row's change, the step's receipts) and `flag` (float64 [rows]: NaN where y is not finite, or so large
+that its squared norm overflows (`bounded`): such a row keeps x and its request fails after the step;
+nothing non-finite reaches the KV cache). The write taps of one per-position width read their per-row
+coefficients (u, mul, add of y = (x - (x.u) u) * mul + add) from one stacked buffer, their `Bank`'s
+`coef [writes, rows, 3, width]`, which only the host writes. The wrappers are installed between weight
+loading and compilation, so torch.compile (CPU) and CUDA graphs (GPU) capture plain tensor ops on buffers
+with fixed addresses and no Python, no data-dependent control flow. Every buffer the graph writes is its
+own tap's (or layer's): a compiled piece that wrote a slice of a buffer shared with other pieces copies the
+whole buffer back after it (engine/backends/vllm/worker/guard.py).
 
-Receipts and the guard: after each step, the steering requests' rows of `pre` go through the same
-steer routine as the hooked backends (engine.core.site.steer), outside the graph, which records each
-steer's rows and change in the worker's ledger exactly as `vllm` and `eager` define them (the graph's
-affine arithmetic may round differently in the last bits), and NaN for a row the op makes non-finite:
-the same rows the graph's `bad` flag marks. The graph's own flags (a tap's `bad`, the layer guard's
-`flag`, engine/backends/vllm/worker/guard.py) go to the ledger too, on the device: nothing is read
-back per step, and the request fails when its ledger is read at collect. Between steps every write
-tap is the identity (`identity`), and the KV blocks a steering request's rows wrote are zeroed before
-they are handed to another request (engine/backends/vllm/worker/kv.py).
+Around each forward (the worker's step anchor), a step of ours does, whatever its layers, taps, steers,
+captures and requests (engine/backends/vllm/worker/stepio.py builds what it writes and reads):
+  before  one fill per bank: the step's coefficient rows, composed on the host from each steer's affine
+          form (engine/backends/vllm/worker/table.py, from the op's own row in engine/core/ops.py) and
+          written with one index_copy from a host-built index and table, after one reset of the rows the
+          bank held; one fill of the guard's marks. A decode step whose plans, rows and steers are the
+          step before's, one position on, reuses what that step built and holds the same rows with the
+          same values: it writes nothing;
+  after   one read: every write tap's receipts and flags and every layer's flags stacked, and one gather
+          of the steered and steering rows into the ledger (nothing read back: a request fails when its
+          ledger is read at collect); one stack a bank of every captured tap's rows (and one gather of
+          them at a step that keeps some rows only); then the readouts. The rows stay written;
+  idle    before a forward with no step of ours (plain requests only): one reset per bank that holds
+          rows and one clear of the marks, so nothing a finished step wrote applies to it.
+Ops the taps cannot express (their row's `static` says why) are refused by name before a request
+runs (engine/backends/vllm/modes.py: StaticTapsMode.check_steer / check_steers). The one exception to the
+constant: a request that composes several steers at one tap gets each steer's receipt by replaying its
+steers on that tap's `pre` rows (engine.core.site.steer), as every tap did before.
 """
 from __future__ import annotations
 
@@ -32,11 +38,12 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
-from engine.backends.vllm.worker.guard import LayerGuard, bounded
+from engine.backends.vllm.worker import stepio
+from engine.backends.vllm.worker.guard import FLAG, LayerGuard, Marks, bounded, nan_where
+from engine.backends.vllm.worker.table import form_of
 from engine.backends.vllm.worker.tree import Tree, VSite
 from engine.core.address import Address
-from engine.core.errors import SteeringError
-from engine.core.ops import OPS, AffineRows
+from engine.core.ledger import GUARD
 from engine.core.site import readout, steer
 from engine.core.step import Step
 
@@ -44,59 +51,112 @@ if TYPE_CHECKING:
     from engine.core.steering import Steer
 
 
-class Tap:
-    """Buffers and wrapper of one declared (point, layer)."""
+class Bank:
+    """The coefficients of the write taps of one per-position width, stacked on `holder`."""
 
-    def __init__(self, name: str, site: VSite, width: int, rows: int, writable: bool, device: torch.device,
-                 dtype: torch.dtype, index: int) -> None:
-        self.name, self.site, self.width, self.rows, self.writable = name, site, width, rows, writable
-        self.dirty: tuple | None = None  # rows [lo, hi) the last step filled (None: identity everywhere)
+    def __init__(self, holder: torch.nn.Module, key: int, width: int, rows: int, writes: int,
+                 device: torch.device, dtype: torch.dtype) -> None:
+        self.holder, self.width, self.rows, self.writes = holder, width, rows, writes
+        self.name = f"_interp_bank{key}_coef"
+        coef = torch.zeros((max(writes, 1), rows, 3, width), device=device, dtype=dtype)
+        coef[:, :, 1] = 1.0
+        holder.register_buffer(self.name, coef, persistent=False)
+        self.identity = torch.tensor([0.0, 1.0, 0.0], device=device, dtype=dtype)[:, None].expand(3, width)
+        self.dirty: tuple | None = None  # (flat (write, row) index, part) the last fill wrote
+        self.held: tuple | None = None  # (index, values, part) of that fill: the rows the bank holds now
+
+    @property
+    def coef(self) -> torch.Tensor:
+        return getattr(self.holder, self.name)
+
+    @property
+    def nbytes(self) -> int:
+        return self.coef.nbytes if self.writes else 0
+
+    def fill(self, index: torch.Tensor, values: torch.Tensor, part: int | None = None) -> None:
+        """Write coefficient rows at flat (write * rows + row) `index`: values [k, 3, width], or [k, width] of
+        one part (0: u, 1: mul, 2: add) where the step's steers change only that one (an add: a third of
+        the bytes); one index_copy."""
+        self.dirty, self.held = (index, part), (index, values, part)
+        coef = self.coef.view(-1, 3, self.width)
+        (coef if part is None else coef[:, part]).index_copy_(0, index, values)
+
+    def hold(self, index: torch.Tensor, values: torch.Tensor, part: int | None = None) -> None:
+        """Hold exactly these rows: nothing to write when the bank holds them already (a decode step carried
+        from the one before writes the same rows with the same values: stepio.fill_of), else back to the
+        identity and one fill."""
+        h = self.held
+        if h is not None and h[0] is index and h[1] is values and h[2] == part:
+            return
+        self.reset()
+        self.fill(index, values, part)
+
+    def reset(self) -> None:
+        """The rows the last fill wrote back to the identity: one index_copy (one index_fill for one part)."""
+        if self.dirty is not None:
+            (index, part), self.dirty, self.held = self.dirty, None, None
+            coef = self.coef.view(-1, 3, self.width)
+            if part is None:
+                coef.index_copy_(0, index, self.identity.expand(len(index), 3, self.width))
+            else:
+                coef[:, part].index_fill_(0, index, 1.0 if part == 1 else 0.0)
+
+
+class Tap:
+    """One declared (point, layer): its own buffers on the module it wraps, and for a write tap its slot in
+    its bank's `coef` (`write`) and its row among the write taps' receipts (`row`)."""
+
+    def __init__(self, name: str, site: VSite, bank: Bank, write: int | None, row: int | None, index: int) -> None:
+        self.name, self.site, self.bank, self.write, self.row = name, site, bank, write, row
+        self.width, self.rows, self.writable = bank.width, bank.rows, write is not None
         mod, p = site.module, f"_interp_tap{index}"
         self.orig = mod.forward  # the module's own forward, before the tap wraps it (a lens readout's norm)
-        self.attrs = {k: f"{p}_{k}" for k in ("cap", "pre", "u", "mul", "add", "bad")}
-        def buffer(k, fill):
-            mod.register_buffer(self.attrs[k], torch.full((rows, width), fill, device=device, dtype=dtype),
-                                persistent=False)
-        buffer("cap", 0.0)
-        if writable:
-            buffer("pre", 0.0)
-            buffer("u", 0.0)
-            buffer("mul", 1.0)
-            buffer("add", 0.0)
-            mod.register_buffer(self.attrs["bad"], torch.zeros((rows, 1), device=device, dtype=dtype),
-                                persistent=False)
+        self.attrs = {k: f"{p}_{k}" for k in ("cap", "pre", "change", "flag")}
+        dev, dtype = bank.coef.device, bank.coef.dtype
+        shapes: dict[str, tuple[tuple, torch.dtype]] = {"cap": ((self.rows, self.width), dtype)}
+        if self.writable:
+            shapes.update(pre=((self.rows, self.width), dtype), change=((self.rows,), torch.float64),
+                          flag=((self.rows,), torch.float64))
+        for k, (shape, dt) in shapes.items():
+            mod.register_buffer(self.attrs[k], torch.zeros(shape, device=dev, dtype=dt), persistent=False)
         self._wrap()
 
     def buf(self, k: str) -> torch.Tensor:
-        return getattr(self.site.module, self.attrs[k])
+        """This tap's buffer ("cap", "pre", "change", "flag"), or its [rows, width] view of its bank's
+        coefficients ("u", "mul", "add")."""
+        if k in self.attrs:
+            return getattr(self.site.module, self.attrs[k])
+        return self.bank.coef[self.write, :, ("u", "mul", "add").index(k)]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(self.buf(k).nbytes for k in (("cap", "pre", "change", "flag") if self.writable else ("cap",)))
 
     def shape(self, head_dim: int | None, head: bool = False) -> tuple:
         """The per-position shape of the point (one head's, with a head coordinate)."""
         full = (self.width // head_dim, head_dim) if head_dim else (self.width,)
         return full[1:] if head else full
 
-    @property
-    def nbytes(self) -> int:
-        names = ("cap", "pre", "u", "mul", "add", "bad") if self.writable else ("cap",)
-        return sum(self.buf(k).nbytes for k in names)
-
     def _wrap(self) -> None:
-        site, mod, names, writable = self.site, self.site.module, self.attrs, self.writable
+        site, mod, names, holder, coef, w = self.site, self.site.module, self.attrs, self.bank.holder, \
+            self.bank.name, self.write
         orig = mod.forward
 
         def tap(t):  # tensor ops only: traced into the compiled graph
             n = t.shape[0]
             x = t.reshape(n, -1)
-            if writable:
+            if w is not None:
                 getattr(mod, names["pre"])[:n].copy_(x)
-                u = getattr(mod, names["u"])[:n]
+                co = getattr(holder, coef)[w, :n]
+                u = co[:, 0]
                 y = x - (x * u).sum(-1, keepdim=True) * u
-                y = y * getattr(mod, names["mul"])[:n] + getattr(mod, names["add"])[:n]
+                y = y * co[:, 1] + co[:, 2]
+                getattr(mod, names["change"])[:n].copy_(torch.linalg.vector_norm(y - x, dim=-1, dtype=torch.float64))
                 # a row the steer made non-finite (or so large that its squared norm overflows: every
                 # norm after it would divide by inf) keeps its unsteered value (it must never reach the
                 # KV cache) and is flagged for after() to fail its request
                 ok = bounded(y) | ~bounded(x)
-                getattr(mod, names["bad"])[:n].copy_((~ok).to(y.dtype))
+                getattr(mod, names["flag"])[:n].copy_(nan_where(~ok, n))
                 x = torch.where(ok, y, x)
             getattr(mod, names["cap"])[:n].copy_(x)
             return x.reshape(t.shape)
@@ -104,49 +164,42 @@ class Tap:
         if site.phase == "pre":
             def forward(*args, **kwargs):
                 new = tap(site.get((args, kwargs)))
-                if writable:
+                if w is not None:
                     args, kwargs = site.put((args, kwargs), new)
                 return orig(*args, **kwargs)
         else:
             def forward(*args, **kwargs):
                 out = orig(*args, **kwargs)
                 new = tap(site.get(out))
-                return site.put(out, new) if writable else out
+                return site.put(out, new) if w is not None else out
         mod.forward = forward
 
-    # -- between steps (Python, outside the graph) -------------------------------------------------
-    def reset(self, lo: int = 0, hi: int | None = None) -> None:
-        """Back to identity on rows [lo, hi) (all rows by default): only the rows a step filled, not the
-        whole [max_tokens, width] buffers (three of them per tap, every step)."""
-        self.buf("u")[lo:hi].zero_()
-        self.buf("mul")[lo:hi].fill_(1.0)
-        self.buf("add")[lo:hi].zero_()
-
+    # -- a tool for tests: one steer composed into this tap's rows on the device --------------------------
     def fill(self, rows: "torch.Tensor | slice", steer: Steer, head_dim: int | None,
              value: torch.Tensor | None = None) -> None:
-        """Compose one steer into the write buffers at the given flat rows (an index tensor, or a slice
-        for a contiguous run); `value` is its value for those rows (engine.core.step.Step.steer_rows:
-        [n, *shape] one per row, or one [*shape] / scalar for every row)."""
+        """Compose one steer into the coefficients at the given flat rows with its op's affine form (the
+        steps compose on the host instead: table.compose); `value` its value for those rows."""
         u, mul, add = self.buf("u"), self.buf("mul"), self.buf("add")
-        cols = slice(None)
-        # a bound steer (engine.core.steering.Steer.bound): its address is an Address, its value a tensor or None
-        if steer.address.coords:  # type: ignore[union-attr]
-            (_, h), = steer.address.coords  # type: ignore[union-attr]
-            h = h % (self.width // head_dim)
-            cols = slice(h * head_dim, (h + 1) * head_dim)
-        v = steer.value if value is None else value
-        if v is not None:
-            v = v.to(mul.device, mul.dtype)  # type: ignore[union-attr]
-            n = rows.stop - rows.start if isinstance(rows, slice) else rows.numel()
-            per_row = v.dim() > len(self.shape(head_dim, bool(steer.address.coords)))  # type: ignore[union-attr]
-            v = v.reshape(n, -1) if per_row else (v if v.dim() == 0 else v.reshape(-1))
-        op = OPS[steer.op]
-        why = op.static_refusal(steer)
-        if why or op.affine is None:
-            raise SteeringError(f"vllm-static cannot apply {steer.op!r}: {why}.")
-        # the op's own affine form (engine/core/ops.py), composed onto these rows' coefficients
-        new = op.affine(AffineRows(u[rows, cols], mul[rows, cols], add[rows, cols]), v, steer)
-        u[rows, cols], mul[rows, cols], add[rows, cols] = new.u, new.mul, new.add
+        form = form_of(steer if value is None else steer.at(steer.address, value),  # type: ignore[arg-type]
+                       self.width, head_dim, u.device)
+        a, b = (torch.from_numpy(f).to(u.device, u.dtype) for f in (form.a, form.b))
+        c = form.cols
+        if form.u is not None:
+            u[rows, c] = torch.from_numpy(form.u).to(u.device, u.dtype)
+        mul[rows, c], add[rows, c] = mul[rows, c] * a, add[rows, c] * a + b
+
+    def reset(self) -> None:
+        """Every row of this tap the identity again."""
+        self.buf("u").zero_()
+        self.buf("mul").fill_(1.0)
+        self.buf("add").zero_()
+
+
+def lone_tap(name: str, site: VSite, width: int, rows: int, writable: bool, device: "torch.device | str",
+             dtype: torch.dtype) -> Tap:
+    """A tap with a bank of its own on its module (tests and tools)."""
+    bank = Bank(site.module, 0, width, rows, int(writable), torch.device(device), dtype)
+    return Tap(name, site, bank, 0 if writable else None, 0 if writable else None, 0)
 
 
 def width_of(site: VSite, point: str, d_model: int) -> int:
@@ -164,29 +217,64 @@ def width_of(site: VSite, point: str, d_model: int) -> int:
 
 
 class StaticTaps:
-    """All taps of one engine, plus the per-step fill and harvest."""
+    """All taps of one engine, plus the per-step fill, read and reset (the module docstring)."""
 
     def __init__(self) -> None:
         self.taps: dict[str, Tap] = {}  # address str (no coords) -> Tap
         self.head_dim: dict[str, int | None] = {}  # None: the point has no head axis
-        self.guard: LayerGuard | None = None  # every decoder layer's (engine/backends/vllm/worker/guard.py)
+        self.banks: list[Bank] = []
+        self.marks: Marks | None = None
+        self.guard: LayerGuard | None = None
+        self.forms: dict[int, tuple[Any, Any]] = {}  # id(steer) -> (steer, its form or the error making it)
+        self.carry: stepio.Fill | None = None  # what the last step built, for the next step one position on
+        self._sources: dict[int, list[torch.Tensor]] = {}  # row count -> the read's views (sources)
 
     def install(self, declared: list[tuple[Address, bool]], site_of: Callable[[Address], VSite], d_model: int,
-                rows: int, device: torch.device, dtype: torch.dtype, head_dims: dict[str, int]) -> None:
-        for i, (addr, writable) in enumerate(declared):
-            site = site_of(addr)
-            self.taps[str(addr)] = Tap(str(addr), site, width_of(site, addr.point, d_model), rows,
-                                       writable and site.write_refused is None, device, dtype, i)
-            self.head_dim[str(addr)] = head_dims.get(addr.point)
+                rows: int, device: torch.device, dtype: torch.dtype, head_dims: dict[str, int],
+                holder: torch.nn.Module) -> None:
+        """Taps at the declared sites (writable where asked and the site allows), their coefficients stacked
+        per width on `holder` (a module inside the compiled forward, which also holds the guard's marks)."""
+        sites = [(a, site_of(a)) for a, _ in declared]
+        writable = [w and s.write_refused is None for (_, w), (_, s) in zip(declared, sites)]
+        widths = [width_of(s, a.point, d_model) for a, s in sites]
+        banks: dict[int, Bank] = {}
+        for width in dict.fromkeys(widths):
+            k = sum(w for w, x in zip(writable, widths) if x == width)
+            banks[width] = Bank(holder, len(banks), width, rows, k, device, dtype)
+        self.banks, self.marks = list(banks.values()), Marks(holder, rows, device, dtype)
+        used = dict.fromkeys(banks, 0)
+        row = 0
+        for i, ((a, s), width, wr) in enumerate(zip(sites, widths, writable)):
+            self.taps[str(a)] = Tap(str(a), s, banks[width], used[width] if wr else None, row if wr else None, i)
+            self.head_dim[str(a)] = head_dims.get(a.point)
+            used[width] += int(wr)
+            row += int(wr)
 
-    def install_guard(self, layers: list[torch.nn.Module], tree: Tree, rows: int, device: torch.device,
-                      dtype: torch.dtype) -> None:
+    def install_guard(self, layers: list[torch.nn.Module], tree: Tree) -> None:
         """The layer guard on every decoder layer, outside any tap there (after install)."""
-        self.guard = LayerGuard(layers, tree, rows, device, dtype)
+        assert self.marks is not None, "install the taps first"
+        self.guard = LayerGuard(layers, tree, self.marks)
+        self._sources = {}
+
+    @property
+    def writes(self) -> list[Tap]:
+        return [t for t in self.taps.values() if t.writable]
+
+    def sources(self, n: int) -> list[torch.Tensor]:
+        """What the read stacks, first n rows each: every write tap's receipts (in `row` order), then every
+        write tap's flags and every layer's. Views of buffers that keep their storage for the engine's life,
+        so made once per row count (a decode step's is the step before's)."""
+        got = self._sources.get(n)
+        if got is None:
+            taps = sorted(self.writes, key=lambda t: t.row or 0)
+            flags = [t.buf("flag") for t in taps] + (self.guard.flags if self.guard is not None else [])
+            got = self._sources[n] = [t.buf("change")[:n] for t in taps] + [f[:n] for f in flags]
+        return got
 
     @property
     def nbytes(self) -> int:
-        return sum(t.nbytes for t in self.taps.values()) + (self.guard.nbytes if self.guard is not None else 0)
+        return sum(b.nbytes for b in self.banks) + sum(t.nbytes for t in self.taps.values()) + \
+            (self.guard.nbytes if self.guard is not None else self.marks.buf.nbytes if self.marks else 0)
 
     # -- the worker's mode (engine/backends/vllm/worker/extension.py: HookSites is the hooked one) --------
     def site_key(self, addr: Address) -> str:
@@ -194,8 +282,32 @@ class StaticTaps:
         return str(addr)
 
     def attach(self, work: dict) -> list:
-        """Nothing to attach: the taps are part of the compiled forward."""
+        """Nothing to attach (the taps are part of the compiled forward): each registered steer's affine
+        form, once per change of the plans (table.form_of: device work and a copy to the host, here and
+        not in a step). A steer whose form fails keeps its error, raised by the step that fills it."""
+        forms: dict = {}
+        for name, w in work.items():
+            tap = self.taps.get(name)
+            if tap is None or not tap.writable:
+                continue
+            for g in w.steers:
+                for _, _, st in g.members:
+                    if id(st) not in forms:
+                        try:
+                            forms[id(st)] = (st, form_of(st, tap.width, self.head_dim[name], tap.bank.coef.device))
+                        except Exception as e:  # noqa: BLE001  (raised where it is filled: the step's plans fail)
+                            forms[id(st)] = (st, e)
+        self.forms, self.carry = forms, None
         return []
+
+    def form(self, st: Any, tap: Tap, name: str) -> Any:
+        """A registered steer's form (made now for a step run by hand, unattached)."""
+        got = self.forms.get(id(st))
+        if got is None:
+            got = self.forms[id(st)] = (st, form_of(st, tap.width, self.head_dim[name], tap.bank.coef.device))
+        if isinstance(got[1], Exception):
+            raise got[1]
+        return got[1]
 
     def original_forward(self, name: str) -> Callable[..., Any] | None:
         """The forward of the module a tap named `name` wraps, before the tap (None: no such tap), so
@@ -209,91 +321,77 @@ class StaticTaps:
         info["tap"] = tap is not None
         info["writable"] = bool(tap is not None and tap.writable)
 
+    def shape_of(self, name: str) -> tuple:
+        tap, hd = self.taps[name], self.head_dim[name]
+        return (tap.width // hd, hd) if hd else (tap.width,)
+
+    # -- a step -----------------------------------------------------------------------------------------
     def before(self, step: Step, work: dict) -> None:
-        """Fill each write tap's buffers for the steering rows of this step (identity elsewhere) and
-        mark the rows of every steering request for the layer guard; work: tap name -> SiteWork of the
-        registered plans (steers already local to this rank). A fill that fails leaves every buffer
-        the identity again before the error goes on (the step's plans fail; nothing stays applied)."""
-        if step.n_tokens > max((t.rows for t in self.taps.values()), default=math.inf):
+        """Mark the steering requests' rows for the layer guard and write this step's coefficient rows
+        (identity elsewhere): one fill each, and none where the buffers hold them already (a decode step
+        carried from the one before: the same rows, the same values). work: tap name -> SiteWork of the
+        registered plans (steers already local to this rank). A fill that fails leaves every buffer the
+        identity again before the error goes on (the step's plans fail; nothing stays applied)."""
+        if step.n_tokens > max((b.rows for b in self.banks), default=math.inf):
             raise RuntimeError(f"step of {step.n_tokens} tokens exceeds the tap buffers; raise max_num_batched_tokens")
-        self.identity()  # normally already (after() ends every step so); a step whose end never ran left rows
         try:
-            if self.guard is not None:
-                self.guard.mark(step.guard_rows(), step.n_tokens)
-            for name, tap in self.taps.items():
-                if tap.writable:
-                    self._fill(step, name, tap, work[name].steers if name in work else [])
+            fill = stepio.fill_of(self, step, work)
+            assert self.marks is not None
+            self.marks.mark(step.guard_rows(), step.n_tokens)
+            writes = {id(bank): (index, values, part) for bank, index, values, part in fill.writes}
+            for bank in self.banks:
+                w = writes.get(id(bank))
+                if w is None:
+                    bank.reset()
+                else:
+                    bank.hold(*w)
         except BaseException:
             self.identity()
             raise
 
-    def _fill(self, step: Step, name: str, tap: Tap, groups: list) -> None:
-        filled = [(g, *step.steer_rows(g, tap.shape(self.head_dim[name], bool(g.steer.address.coords))))
-                  for g in groups]
-        filled = [(g, rows, v) for g, rows, v in filled if rows.spans]
-        if not filled:
-            return
-        # marked before filling, so a fill that fails midway is undone too
-        tap.dirty = (min(int(r.flat.min()) for _, r, _ in filled), max(int(r.flat.max()) for _, r, _ in filled) + 1)
-        for g, rows, v in filled:
-            at = slice(0, step.n_tokens) if rows.index is None else rows.index.to(tap.buf("mul").device)
-            tap.fill(at, g.steer, self.head_dim[name], v)
-
     def identity(self) -> None:
-        """Every write tap the identity on every row again and no row marked for the guard: the state
-        outside a step, so a step the engine runs without starting one of ours (no registered plan has
-        rows in it) applies nothing a finished request left behind (old code reset the rows a step
+        """Every write tap the identity on every row again and no row marked: the state for a forward the
+        engine runs without a step of ours (no registered plan has rows in it: the worker calls `idle`
+        before it), so it applies nothing a finished request left behind (old code reset the rows a step
         filled only when it started the next step of its own: a benign steer stayed applied to every
-        plain request after it)."""
-        for tap in self.taps.values():
-            if tap.dirty is not None:
-                tap.reset(*tap.dirty)
-                tap.dirty = None
-        if self.guard is not None:
-            self.guard.clear()
+        plain request after it). One index_copy a bank that holds rows, one fill of the marks."""
+        for bank in self.banks:
+            bank.reset()
+        if self.marks is not None:
+            self.marks.clear()
+
+    def idle(self) -> None:
+        """Before a forward with no step of ours: the identity (a step's rows stay written after it, for the
+        next step to keep when it is the same one a position on)."""
+        self.identity()
 
     def after(self, step: Step, work: dict) -> None:
-        """Back to the identity (before anything else); then record in the ledger, for every row of a
-        steering request, whether a tap kept it unsteered (its steer made it non-finite or unbounded)
-        or the layer guard zeroed it (its request fails when the ledger is read at collect); nothing is
-        read back. Then replay this step's steers on the `pre` rows through the shared routine
-        (receipts), copy each capturing plan's rows out of the capture buffers and feed the readouts."""
-        self.identity()
-        self._guarded(step, work)
-        for name, w in work.items():
-            tap = self.taps[name]
-            if w.steers and tap.writable:  # the graph already applied them: tallies only
-                cur = tap.buf("pre")[:step.n_tokens].reshape(step.n_tokens, *self.shape_of(name))
-                for g in w.steers:
-                    cur = steer(cur, step, g)
-            if w.reads:
-                cap = tap.buf("cap")[:step.n_tokens].reshape(step.n_tokens, *self.shape_of(name))
-                for r in w.reads:
-                    step.capture(r, cap)
-        # readouts last: a lens readout runs the final norm and head, whose taps' buffers it may write
-        for name, w in work.items():
+        """The step's receipts and flags into the ledger in one read; each capturing plan's rows, one stack
+        a bank; the readouts. Nothing is read back (a request the flags fail fails when its ledger is read
+        at collect). The coefficient rows and marks stay: the next step keeps them (carried) or replaces
+        them (before), and a forward without a step of ours starts at the identity (idle)."""
+        fill = stepio.fill_of(self, step, work)
+        self._read(step, fill)
+        for name in fill.replay:  # a tap where a request composes several steers: each one's receipt
+            cur = self.taps[name].buf("pre")[:step.n_tokens].reshape(step.n_tokens, *self.shape_of(name))
+            for g in work[name].steers:
+                cur = steer(cur, step, g)
+        stepio.capture(self, step, work, fill)
+        for name, w in work.items():  # readouts last (a lens readout runs the final norm, bypassing its tap)
             if w.readouts:
-                cap = self.taps[name].buf("cap")[:step.n_tokens].reshape(step.n_tokens, *self.shape_of(name)).clone()
+                cap = self.taps[name].buf("cap")[:step.n_tokens].reshape(step.n_tokens, *self.shape_of(name))
                 for o in w.readouts:
                     readout(cap, step, o)
 
-    def _guarded(self, step: Step, work: dict) -> None:
-        """The graph's flags of this step, on the device: a row of a steering request is bad where a
-        write tap kept it unsteered or the layer guard zeroed it; recorded under GUARD (the request
-        fails at collect, naming its steers)."""
-        rows = step.guard_rows()
-        if not rows.spans:
+    def _read(self, step: Step, fill: stepio.Fill) -> None:
+        """The step's flags (every write tap's and layer's, at every steering row, under GUARD) and receipts
+        (each steered row of a write tap) into the ledger: one stack and one gather (stepio._read_of); the
+        ledger keeps views of it (read at collect)."""
+        if fill.read is None:
             return
-        n = step.n_tokens
-        flags = [self.guard.flag[:n]] if self.guard is not None else []
-        flags += [self.taps[name].buf("bad")[:n] for name, w in work.items()
-                  if w.steers and self.taps[name].writable]
-        if not flags:
-            return
-        bad = torch.stack([f.reshape(n) for f in flags]).amax(0) > 0  # [n] bool
-        mine = bad if rows.index is None else bad.index_select(0, rows.index)
-        step.ledger.record(rows.plan, rows.steer, rows.at, torch.where(mine, torch.nan, 0.0), rows.codes, rows.shift)
+        index, records = fill.read
+        got = torch.stack(self.sources(step.n_tokens)).view(-1).index_select(0, index)
+        for lo, hi, plan, steer_index, at, codes in records:
+            step.ledger.record(plan, steer_index, at, got[lo:hi], codes, fill.shift)
 
-    def shape_of(self, name: str) -> tuple:
-        tap, hd = self.taps[name], self.head_dim[name]
-        return (tap.width // hd, hd) if hd else (tap.width,)
+__all__ = ["Bank", "Tap", "StaticTaps", "lone_tap", "width_of", "FLAG", "GUARD"]

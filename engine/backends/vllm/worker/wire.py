@@ -26,6 +26,7 @@ from engine.core.results import Receipt
 from engine.core.steering import Steer
 
 _TENSOR = "__tensor__"
+STACK = "__stack__"  # a capture sent inside one of its reply's stacks: {STACK: which, "index": its row}
 
 
 def tensor_out(t: torch.Tensor) -> dict:
@@ -35,7 +36,9 @@ def tensor_out(t: torch.Tensor) -> dict:
             "data": raw.numpy().tobytes()}
 
 
-def tensor_in(d: dict) -> torch.Tensor:
+def tensor_in(d: "dict | torch.Tensor") -> torch.Tensor:
+    if isinstance(d, torch.Tensor):  # already decoded (a capture taken from its reply's stack)
+        return d
     if FILE in d:  # written to shared memory by the worker (vllm_sink)
         return from_file(d)
     dtype = getattr(torch, d["dtype"])
@@ -209,19 +212,21 @@ class PeekReply:
 
     @classmethod
     def read(cls, d: dict) -> PeekReply:
-        return cls(d["key"], d["captures"], d["held"], d["readouts"])
+        return cls(d["key"], captures={k: [first, _once(rows)] for k, (first, rows) in d["captures"].items()},
+                   held=d["held"], readouts=d["readouts"])
 
 
 @dataclass
 class CollectReply:
     """One rank's answer to the collect of one finished request (interp_collect): captures {address:
-    (first position, encoded rows)}, `held` as PeekReply's, readouts {name: encoded parts} (the rank that
+    (first position, encoded rows, or a reference into `stacks`: several keys' rows sent as one tensor)}, `held` as PeekReply's, readouts {name: encoded parts} (the rank that
     computes them), `errors` {capture or readout: what failed assembling it}, logits (rank 0: encoded
     rows from position `logits_from`), how often the request was recomputed, receipts (the steers this
     rank reports), `failed` (the request failed here: nothing else holds) and `lost` (the plan was not
     registered on this rank)."""
     key: str
     captures: dict[str, list] = field(default_factory=dict)
+    stacks: list = field(default_factory=list)  # encoded [keys, positions, ...] tensors captures refer to (STACK)
     held: dict[str, list[int]] = field(default_factory=dict)
     readouts: dict[str, Any] | None = None
     errors: dict[str, Failure] = field(default_factory=dict)
@@ -245,4 +250,15 @@ class CollectReply:
         kw["errors"] = _failures_in(d.get("errors") or {})
         kw["receipts"] = None if d.get("receipts") is None else [Receipt(**r) for r in d["receipts"]]
         kw["failed"] = None if d.get("failed") is None else Failure.read(d["failed"])
+        stacks = [tensor_in(t) for t in d.get("stacks") or []]  # each decoded (or mapped) once
+        kw["captures"] = {k: [first, stacks[rows[STACK]][rows["index"]] if isinstance(rows, dict) and STACK in rows
+                              else _once(rows)] for k, (first, rows) in (d.get("captures") or {}).items()}
+        kw["stacks"] = []
         return cls(**kw)
+
+
+def _once(rows: Any) -> Any:
+    """A capture's rows handed through a file (worker/sink.py) mapped now, once: reading it unlinks the file,
+    so a reply whose capture is read twice (attention patterns recomputed from q and k, and q itself) must
+    not map it again. Other forms are decoded where they are read."""
+    return tensor_in(rows) if isinstance(rows, dict) and FILE in rows else rows

@@ -1,0 +1,255 @@
+"""What a vLLM worker's step costs around its forward: capture, a steer at every layer and a readout,
+each against plain decode, through the library (issue 52).
+
+    PYTHONPATH=. .venv/bin/python -m benchmarks.step_cost [--backend vllm-static|vllm] [--model NAME]
+        [--size tiny|real] [--streams 1,8] [--new-tokens 32] [--prompt 32] [--rounds 9] [--base DIR]
+        [--json PATH] [--md PATH]
+
+Each side (this tree, and with --base the engine in another checkout, e.g. `git archive` of an older commit
+with the worker's counter and timer: `interp_ops`, `interp_timing`) runs in a process of its own with the
+model loaded once. Every round runs, on each side in turn (the order alternates by round) and for each stream
+count, every arm once, the arms rotated by one place a round:
+
+  plain     generation, nothing asked (no plan: the worker does nothing around the forward)
+  capture   resid_post of every layer captured, its rows returned to the caller
+  steer     a vector added to resid_post at every layer
+  readout   the mean of the last layer's resid_post
+
+For each arm and round: milliseconds a token through the library (wall time of `generate_batch` of 32 new
+tokens per stream, divided by them: each step makes one token of every stream) and the worker's host
+microseconds a step inside its windows around the forward (`interp_timing`: before and after it; on the
+hooked backend also inside its hooks). "Added" is the arm less plain within the round; each figure is the
+median over rounds with its 95% distribution-free interval (benchmarks/ci.py). An added figure is
+"unresolved" when its interval spans more than the goal it is held to (0.3 ms a token for the steer, 0.15
+ms for capture, issue 52) or, without a goal, more than a tenth of the plain step. Op counts a step are
+counted once per arm at the end (`interp_ops`: deterministic). Prefix caching is off, so every run computes
+its prompt; the steered tokens are checked to differ from plain ones (a steer that changes nothing times a
+no-op).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from benchmarks.ci import median_ci
+from benchmarks.stats import fmt_interval, sig
+
+ROOT = Path(__file__).resolve().parents[1]
+MARK = "STEPCOST "
+ARMS = ("plain", "capture", "steer", "readout")
+GOALS_MS = {"steer": 0.3, "capture": 0.15}  # added per token at 30 layers, 32 new tokens (issue 52)
+
+
+# -- the measuring process ----------------------------------------------------------------------------
+def child(a: argparse.Namespace) -> int:
+    """Load the model, answer commands (JSON lines on stdin) with MARK + JSON lines on stdout."""
+    import torch
+
+    from benchmarks.spec import prompt_ids, steer_vector
+    from engine import load_model
+    from engine.core.readouts import Mean, Readout
+    from engine.core.results import Request
+    from engine.core.steering import Steer
+
+    torch.set_num_threads(1)
+    room = -(-(a.prompt + a.new_tokens) // 16) * 16
+    kw = {"static_points": "auto"} if a.backend == "vllm-static" else {}
+    m = load_model(a.model, backend=a.backend, source="zoo", enable_prefix_caching=False, max_model_len=room, **kw)
+    n, d = m.n_layers, m.d_model
+    v = steer_vector(d, 4.0)
+    what = {"plain": {}, "capture": {"points": [f"resid_post.{i}" for i in range(n)]},
+            "steer": {"steer": [Steer(f"resid_post.{i}", "add", v) for i in range(n)]},
+            "readout": {"readouts": [Readout(f"resid_post.{n - 1}", Mean())]}}
+
+    def reqs(arm: str, streams: int) -> list:
+        ids = prompt_ids(m.tokenizer, a.prompt, streams).tolist()
+        return [Request(ids[i], a.new_tokens, **what[arm]) for i in range(streams)]
+
+    def say(obj: dict) -> None:
+        print(MARK + json.dumps(obj), flush=True)
+
+    say({"ready": True, "layers": n, "d_model": d})
+    for line in sys.stdin:
+        cmd = json.loads(line)
+        if cmd.get("quit"):
+            break
+        arm, streams = cmd["arm"], cmd["streams"]
+        batch = reqs(arm, streams)
+        timed = hasattr(m, "worker_timing")  # a base from before issue 52 has neither timer nor counter: wall only
+        if cmd.get("ops"):
+            if not timed:
+                say({"steps": 0, "per_step": [], "labels": {}})
+                continue
+            m.worker_ops(True)
+            m.generate_batch(batch, return_logits=False)
+            ranks = m.worker_ops(False)
+            say({"steps": ranks[0]["steps"], "per_step": ranks[0]["per_step"], "labels": ranks[0]["labels"]})
+            continue
+        if timed:
+            m.worker_timing(True)
+        t = time.perf_counter()
+        out = m.generate_batch(batch, return_logits=False)
+        wall = time.perf_counter() - t
+        (rank,) = m.worker_timing(False) if timed else ({"steps": 0, "seconds": {}},)
+        tokens = [r.new_tokens.tolist() for r in out]
+        if arm == "capture" and any(r.cache[f"resid_post.{n - 1}"].shape[0] < a.prompt + a.new_tokens - 1 for r in out):
+            raise RuntimeError("a capture came back short")
+        say({"wall": wall, "steps": rank["steps"], "seconds": rank["seconds"], "tokens": tokens})
+    m.close()
+    return 0
+
+
+# -- the parent ---------------------------------------------------------------------------------------
+class Side:
+    """One measuring process: the engine of `tree`."""
+
+    def __init__(self, name: str, tree: Path, a: argparse.Namespace) -> None:
+        self.name = name
+        # this file runs in the side's tree (its engine, and its benchmarks.spec for the prompts)
+        env = {**os.environ, "PYTHONPATH": str(tree), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+               "INTERP_ZOO_SIZE": a.size, "INTERP_ZOO_HOME": str((ROOT / ".zoo-cache").resolve())}
+        args = [sys.executable, str(Path(__file__).resolve()), "--child", "--backend", a.backend, "--model", a.model,
+                "--size", a.size, "--new-tokens", str(a.new_tokens), "--prompt", str(a.prompt)]
+        self.p = subprocess.Popen(args, cwd=tree, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self.info = self._answer()
+
+    def _answer(self) -> dict:
+        assert self.p.stdout is not None
+        for line in self.p.stdout:
+            if line.startswith(MARK):
+                return json.loads(line[len(MARK):])
+        raise RuntimeError(f"side {self.name} ended without answering (exit {self.p.wait()})")
+
+    def ask(self, **cmd) -> dict:
+        assert self.p.stdin is not None
+        self.p.stdin.write(json.dumps(cmd) + "\n")
+        self.p.stdin.flush()
+        return self._answer()
+
+    def close(self) -> None:
+        try:
+            self.ask(quit=True)
+        except (RuntimeError, BrokenPipeError):
+            pass
+        self.p.wait(timeout=120)
+
+
+def load() -> float:
+    return os.getloadavg()[0]
+
+
+def measure(a: argparse.Namespace) -> dict:
+    streams = [int(s) for s in a.streams.split(",")]
+    sides = [Side("after", ROOT, a)] + ([Side("before", Path(a.base).resolve(), a)] if a.base else [])
+    try:
+        samples: dict = {s.name: {k: {arm: [] for arm in ARMS} for k in streams} for s in sides}
+        moved = {}
+        for s in sides:  # warm every arm; the steer must change the tokens
+            for k in streams:
+                got = {arm: s.ask(arm=arm, streams=k)["tokens"] for arm in ARMS}
+                moved[f"{s.name} {k}"] = got["steer"] != got["plain"]
+        loads = [load()]
+        for r in range(a.rounds):
+            for s in (sides if r % 2 == 0 else sides[::-1]):
+                for k in streams:
+                    for arm in ARMS[r % len(ARMS):] + ARMS[:r % len(ARMS)]:
+                        samples[s.name][k][arm].append(s.ask(arm=arm, streams=k))
+            loads.append(load())
+            print(f"round {r + 1}/{a.rounds} done, load {loads[-1]:.1f}", file=sys.stderr, flush=True)
+        ops = {s.name: {k: {arm: s.ask(arm=arm, streams=k, ops=True) for arm in ARMS} for k in streams} for s in sides}
+        layers = sides[0].info["layers"]
+    finally:
+        for s in sides:
+            s.close()
+    return {"backend": a.backend, "model": a.model, "size": a.size, "layers": layers, "streams": streams,
+            "new_tokens": a.new_tokens, "prompt": a.prompt, "rounds": a.rounds, "load": [min(loads), max(loads)],
+            "steer_moved_tokens": moved, "samples": samples, "ops": ops}
+
+
+def figures(out: dict) -> list[dict]:
+    """Per side, streams and arm: ms a token, added ms a token, worker host us a step (and added), ops a step."""
+    rows = []
+    for side, by_k in out["samples"].items():
+        for k, by_arm in by_k.items():
+            plain = by_arm["plain"]
+            per_tok = [s["wall"] / out["new_tokens"] * 1e3 for s in plain]
+            timed = any(s["steps"] for ss in by_arm.values() for s in ss)  # False: a base without the worker's timer
+            for arm in ARMS:
+                ss = by_arm[arm]
+                ms = [s["wall"] / out["new_tokens"] * 1e3 for s in ss]
+                host = [1e6 * sum(s["seconds"].values()) / max(s["steps"], 1) for s in ss]
+                added = [x - p for x, p in zip(ms, per_tok)]
+                op = out["ops"][side][k][arm]
+                rows.append({"side": side, "streams": int(k), "arm": arm, "ms": median_ci(ms), "host_us": median_ci(host),
+                             "added_ms": None if arm == "plain" else median_ci(added),
+                             "ops": max(op["per_step"], default=0), "ops_step": op["labels"].get("step", 0) / max(op["steps"], 1),
+                             "ops_hooks": op["labels"].get("hooks", 0) / max(op["steps"], 1),
+                             "plain_ms": median_ci(per_tok).median, "timed": timed})
+    return rows
+
+
+def shown(row: dict) -> str:
+    iv = row["added_ms"]
+    if iv is None:
+        return ""
+    goal = GOALS_MS.get(row["arm"])
+    bound = goal if goal is not None else 0.1 * row["plain_ms"]
+    text = f"{fmt_interval(iv.median, iv.lo, iv.hi)}"
+    if iv.hi - iv.lo > bound:
+        return f"unresolved ({text})"
+    if goal is not None:
+        text += " (goal met)" if iv.hi <= goal else " (goal missed)" if iv.lo > goal else ""
+    return text
+
+
+def table(out: dict) -> str:
+    lines = [f"\n`{out['backend']}`, {out['model']} ({out['size']} twin, {out['layers']} layers), {out['new_tokens']} new "
+             f"tokens after a {out['prompt']}-token prompt, {out['rounds']} interleaved rounds, 1-minute load "
+             f"{out['load'][0]:.1f}-{out['load'][1]:.1f}; median [95% interval] over rounds\n",
+             "| side | streams | arm | ms / token | added ms / token | worker host us / step | ops / step |",
+             "|---|---:|---|---:|---:|---:|---:|"]
+    for row in figures(out):
+        ops = f"{sig(row['ops_step'], 3)}" + (f" (+{sig(row['ops_hooks'], 3)} in hooks)" if row["ops_hooks"] else "")
+        host = fmt_interval(row["host_us"].median, row["host_us"].lo, row["host_us"].hi)
+        if not row["timed"]:
+            host, ops = "n/a", "n/a"  # a base without the worker's timer and counter (before issue 52)
+        lines.append(f"| {row['side']} | {row['streams']} | {row['arm']} | "
+                     f"{fmt_interval(row['ms'].median, row['ms'].lo, row['ms'].hi)} | {shown(row)} | {host} | {ops} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--backend", default="vllm-static", choices=["vllm-static", "vllm"])
+    ap.add_argument("--model", default="meta-llama/Llama-3.2-1B")
+    ap.add_argument("--size", default="tiny", choices=["tiny", "real"])
+    ap.add_argument("--streams", default="1,8")
+    ap.add_argument("--new-tokens", type=int, default=32)
+    ap.add_argument("--prompt", type=int, default=32)
+    ap.add_argument("--rounds", type=int, default=9)
+    ap.add_argument("--base", help="another checkout whose engine runs as the 'before' side")
+    ap.add_argument("--json")
+    ap.add_argument("--md")
+    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    a = ap.parse_args(argv)
+    if a.child:
+        return child(a)
+    if a.rounds < 6:
+        ap.error("--rounds must be at least 6 (a 95% interval for a median needs them)")
+    out = measure(a)
+    text = table(out)
+    print(text)
+    if a.json:
+        Path(a.json).write_text(json.dumps(out, indent=1))
+    if a.md:
+        Path(a.md).write_text(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,224 @@
+"""What a vllm-static step writes into its taps and reads out of them, built on the host once per step
+(or taken from the step before, one position on), for StaticTaps (engine/backends/vllm/worker/static.py).
+
+    fill = fill_of(taps, step, work)   # the coefficient writes per bank, the ledger's labels of the read
+    capture(taps, step, work, fill)    # every capturing plan's rows, one stack a bank
+
+Everything here is numpy and index arithmetic on the host, then one upload per index or table; the ops on
+the device are the ones StaticTaps and `capture` issue: a constant number a step.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from engine.backends.vllm.worker.table import compose, stacked
+from engine.core.step import Step, upload
+
+HOST_GATHER = 1 << 20  # table rows gathered on the host up to this many elements, on the device above
+
+
+@dataclass(eq=False)
+class Captures:
+    """One step's captures, per bank: (taps stacked, flat index into the stack or None when every stacked
+    row is kept, what goes to which plan)."""
+    banks: list
+    free: bool  # every plan's every row: a step one position on reads the same rows
+    shift: int = 0
+    views: list | None = None  # per bank, its taps' first n rows of `cap` (capture)
+
+
+@dataclass(eq=False)
+class Fill:
+    """What one step writes and reads: per bank (bank, flat index, coefficient rows, the one part written or
+    None); the read's one gather and its ledger records (`_read_of`; None: nothing to read); taps whose
+    receipts are replayed; whether nothing depends on positions (a step one position on takes it, `shift`
+    one more)."""
+    step: Step
+    writes: list
+    read: tuple | None
+    replay: list
+    free: bool
+    shift: int = 0
+    capture: Captures | None = None
+
+
+def fill_of(taps: Any, step: Step, work: dict) -> Fill:
+    """This step's Fill: built in before(), reused in after(); a step one position on from the one before
+    (engine.core.step.one_on) whose steers do not depend on positions takes that one's."""
+    c = taps.carry
+    if c is not None and c.step is step:
+        return c
+    if c is not None and c.free and step.prev is not None and c.step is step.prev:
+        cap = None if c.capture is None or not c.capture.free else \
+            dataclasses.replace(c.capture, shift=c.capture.shift + 1)
+        new = dataclasses.replace(c, step=step, shift=c.shift + 1, capture=cap)
+    else:
+        new = _build(taps, step, work)
+    taps.carry = new
+    return new
+
+
+def _build(taps: Any, step: Step, work: dict) -> Fill:
+    """The step's coefficient rows per bank (index and values on the device), the guard's rows and every
+    steered row's receipt index with their ledger labels (host)."""
+    n = step.n_tokens
+    per_bank: dict[int, tuple] = {}
+    labels = []
+    free, replay = True, []
+    for name, w in work.items():
+        tap = taps.taps.get(name)
+        if not w.steers or tap is None or tap.write is None:
+            continue
+        parts, sets = [], []
+        for g in w.steers:
+            rows, carried = step.steer_geometry(g, tap.shape(taps.head_dim[name], bool(g.steer.address.coords)))
+            free = free and carried  # a group with no rows here may have some one position on
+            if not rows.spans:
+                continue
+            form, starts = stacked([taps.form(m[2], tap, name) for m, _, _ in rows.spans])
+            code = np.repeat(starts, rows.counts)
+            parts.append((form, rows.flat, code + rows.pos if form.lead else code))
+            sets.append(rows)
+        if not parts:
+            continue
+        flat, table, which = compose(parts, tap.width)
+        bank, idx, tables, whiches, at = per_bank.setdefault(id(tap.bank), (tap.bank, [], [], [], [0]))
+        idx.append(tap.write * bank.rows + flat)
+        whiches.append(which + at[0])  # this tap's table rows follow the bank's earlier taps'
+        tables.append(table)
+        at[0] += len(table)
+        if len(flat) < sum(r.m for r in sets):  # a row takes several steers here: replayed for receipts
+            replay.append(name)
+        else:
+            labels += [((tap.row or 0) * n + r.flat, r) for r in sets]
+    writes = [_write(*entry) for entry in per_bank.values()]
+    return Fill(step, writes, _read_of(taps, step, labels), replay, free)
+
+
+def _read_of(taps: Any, step: Step, labels: list) -> tuple | None:
+    """The read's one gather from the stacked sources (StaticTaps.sources: every write tap's receipts, then
+    every write tap's and layer's flags, n rows each) and the ledger records it makes: (device index,
+    [(first, end, plan codes, steer indices, positions less the Fill's shift, distinct codes)]). The guard
+    records every flag source's value at every steering row (NaN where it failed the row: the ledger fails
+    the request under GUARD), then the receipts each steered row's change."""
+    n, k = step.n_tokens, len(taps.writes)
+    sources = 2 * k + (len(taps.guard.layers) if taps.guard is not None else 0)
+    guarded = step.guard_rows()
+    idx, records, at = [], [], 0
+    if guarded.spans and sources > k:
+        f = sources - k
+        idx.append((k + np.arange(f)[:, None]) * n + guarded.flat[None, :])
+        records.append((at, at + f * guarded.m, np.tile(guarded.plan, f), np.tile(guarded.steer, f),
+                        np.tile(guarded.pos, f), guarded.codes))
+        at += f * guarded.m
+    if labels:
+        idx += [i for i, _ in labels]
+        m = sum(r.m for _, r in labels)
+        records.append((at, at + m, np.concatenate([r.plan for _, r in labels]),
+                        np.concatenate([r.steer for _, r in labels]), np.concatenate([r.pos for _, r in labels]),
+                        frozenset().union(*(r.codes for _, r in labels))))
+    if not records:
+        return None
+    return upload(np.concatenate([i.reshape(-1) for i in idx]), step.device), records
+
+
+def _write(bank, idx: list, tables: list, whiches: list, _at: list) -> tuple:
+    """(bank, device index, coefficient rows, part): the one part the rows change (an add: `add`), or all."""
+    coef = bank.coef
+    table, which = np.concatenate(tables), np.concatenate(whiches)
+    changed = [j for j, same in enumerate((table[:, 0] == 0, table[:, 1] == 1, table[:, 2] == 0)) if not same.all()]
+    part = changed[0] if len(changed) == 1 else None
+    table = table if part is None else np.ascontiguousarray(table[:, part])
+    if len(which) * table[0].size <= HOST_GATHER:  # the step's rows gathered on the host: one upload
+        values = torch.from_numpy(table[which]).to(coef.device, coef.dtype, non_blocking=True)
+    else:  # many rows: the distinct ones uploaded, gathered on the device
+        values = torch.from_numpy(table).to(coef.device, coef.dtype, non_blocking=True).index_select(
+            0, upload(which, coef.device))
+    return bank, upload(np.concatenate(idx), coef.device), values, part
+
+
+# -- captures -------------------------------------------------------------------------------------------
+def capture(taps: Any, step: Step, work: dict, fill: Fill) -> None:
+    """Every capturing plan's rows of every tap: the bank's captured taps stacked (one op), a plan's every
+    row of its keys without a coordinate kept as one block ([keys, rows, ...]: Plan.add_block), the others
+    key by key; views of the stack where it holds only rows some plan keeps, else of one gather of those."""
+    if fill.capture is None:
+        fill.capture = _captures_of(taps, step, work)
+    n, shift = step.n_tokens, fill.capture.shift
+    if fill.capture.views is None:  # views of buffers that keep their storage: made once, carried with the Fill
+        fill.capture.views = [[t.buf("cap")[:n] for t in stack_taps] for stack_taps, _, _ in fill.capture.banks]
+    for (stack_taps, index, dist), views in zip(fill.capture.banks, fill.capture.views):
+        rows = torch.stack(views)  # [taps, n, width]
+        if index is not None:
+            rows = rows.view(-1, rows.shape[-1]).index_select(0, index)
+        for plan, keys, coord, p0, m, shape, at in dist:
+            if index is None:  # `at`: (tap position or None for all of them, first flat row)
+                t, a = at
+                part = rows[:, a:a + m] if t is None else rows[t, a:a + m]
+            else:  # `at`: the first row in the gathered rows
+                part = rows[at:at + len(keys) * m].view(len(keys), m, -1)
+                part = part if len(keys) > 1 else part[0]
+            if len(keys) > 1:
+                plan.add_block(keys, p0 + shift, part.view(len(keys), m, *shape))
+            else:
+                t = part.view(m, *shape)
+                plan.add(keys[0], p0 + shift, t if coord is None else t[:, coord])
+
+
+def _captures_of(taps: Any, step: Step, work: dict) -> Captures:
+    """Per bank the captured taps and, per plan, its reads there: (key, coord, first position, rows, shape,
+    tap position, first flat row, whole span)."""
+    per_bank: dict[int, tuple[list, dict]] = {}
+    free = True
+    for name, w in work.items():
+        tap = taps.taps.get(name)
+        if not w.reads or tap is None:
+            continue
+        for r in w.reads:
+            rows = step.read_rows(r)
+            if not rows.members:
+                free = False  # rows a step one position on may have
+                continue
+            stack, plans = per_bank.setdefault(id(tap.bank), ([], {}))
+            if tap not in stack:
+                stack.append(tap)
+            at = 0
+            for plan, p0, m in rows.members:
+                sp = step.span(plan)
+                whole = sp is not None and m == sp.n
+                free = free and whole
+                f0 = int(rows.flat[at])
+                at += m
+                plans.setdefault(id(plan), (plan, []))[1].append(
+                    (r.key, r.coord, p0, m, taps.shape_of(name), stack.index(tap), f0, whole))
+    return Captures([_dist(stack, plans, step.n_tokens) for stack, plans in per_bank.values()], free)
+
+
+def _dist(stack: list, plans: dict, n: int) -> tuple:
+    """(taps, index, dist) of one bank: views of the stack when its every row is kept, else one gather."""
+    kept = {(t, f0 + i) for _, reads in plans.values() for _, _, _, m, _, t, f0, _ in reads for i in range(m)}
+    every = len(kept) == len(stack) * n
+    dist: list = []
+    idx: list = []
+    at = 0
+    for plan, reads in plans.values():
+        shape = next((x[4] for x in reads if x[1] is None and x[7]), None)
+        block = [x for x in reads if x[1] is None and x[7] and x[4] == shape]
+        if len(block) < 2 or len({x[3] for x in block}) != 1 or (every and [x[5] for x in block] != list(range(len(stack)))):
+            block = []
+        for x in ([tuple(block)] if block else []) + [(x,) for x in reads if x not in block]:
+            key, coord, p0, m, shape, t, f0, _ = x[0]
+            keys = tuple(y[0] for y in x)
+            if every:
+                dist.append((plan, keys, coord, p0, m, shape, (None if len(x) > 1 else t, f0)))
+            else:
+                dist.append((plan, keys, coord, p0, m, shape, at))
+                idx += [y[5] * n + np.arange(y[6], y[6] + m) for y in x]
+                at += len(x) * m
+    device = stack[0].buf("cap").device
+    return stack, None if every else upload(np.concatenate(idx), device), dist
