@@ -296,8 +296,9 @@ def test_the_vllm_worker_keeps_no_chain_of_finished_steps():
     ws = object.__new__(WorkerState)  # the state _end reads, without a vLLM runner
     ws.blocks = types.SimpleNamespace(guarded_mark=lambda step: None)
     ws.mode = types.SimpleNamespace(after=lambda step, work: None)
-    ws.work, ws.syncs, ws.step, ws.last = {}, None, None, None
-    ws.ops = ws.timer = ws._op_start = None  # neither the op counter nor the step timer runs
+    from engine.backends.vllm.worker.meters import Meters
+    ws.work, ws.step, ws.last = {}, None, None
+    ws.meters = Meters()  # none of them switched on
     steps = []
     for i in range(4):
         spans = [Span(plan, 0, 1, 4 + i)]

@@ -6,17 +6,28 @@ answer site_key / attach / before / after / idle / describe / original_forward /
 from __future__ import annotations
 
 import functools
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 import torch
 
 from engine.backends.vllm.worker import kv
+from engine.backends.vllm.worker.meters import Meters
 from engine.core.address import Address
 from engine.core.site import guard, run_site, zero_rows
 from engine.core.step import Step
 
-if TYPE_CHECKING:
-    from engine.backends.vllm.worker.extension import WorkerState
+
+class State(Protocol):
+    """What the hooks read of the worker's state (extension.WorkerState): its registered plans, its step,
+    its meters, the model's tree and layers, and its sites."""
+    plans: dict
+    step: Step | None
+    meters: Meters
+    tree: Any
+
+    def site(self, addr: Address) -> Any: ...
+
+    def layers(self) -> list: ...
 
 
 class HookSites:
@@ -25,7 +36,7 @@ class HookSites:
 
     nbytes = 0
 
-    def __init__(self, state: WorkerState) -> None:
+    def __init__(self, state: State) -> None:
         self.state = state
 
     def site_key(self, addr: Address) -> object:
