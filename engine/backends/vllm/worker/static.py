@@ -276,7 +276,7 @@ class StaticTaps:
         return sum(b.nbytes for b in self.banks) + sum(t.nbytes for t in self.taps.values()) + \
             (self.guard.nbytes if self.guard is not None else self.marks.buf.nbytes if self.marks else 0)
 
-    # -- the worker's mode (engine/backends/vllm/worker/extension.py: HookSites is the hooked one) --------
+    # -- the worker's mode (engine/backends/vllm/worker/hooks.py: HookSites is the hooked one) --------
     def site_key(self, addr: Address) -> str:
         """A plan's work is grouped by tap name (the address without coordinates)."""
         return str(addr)
