@@ -39,7 +39,20 @@ export interface RatioNight {
 export const validatorNights: ValidatorNight[] = [
   {
     "date": "2026-12-06",
-    "commit": "430b44f8abf39c4d724160f84717004e2b9d39f6",
+    "commit": "e94e279a21146ca88a952ca983512d1900d69ddd",
+    "columns": {
+      "hf": {"cells": 96, "pass": 33887, "warn": 0, "fail": 0, "declared": 51, "gap": 181, "errors": 0, "skipped": 0},
+      "interp-engine": {"cells": 96, "pass": 17947, "warn": 0, "fail": 0, "declared": 0, "gap": 9227, "errors": 0, "skipped": 0},
+      "nnsight": {"cells": 96, "pass": 26918, "warn": 0, "fail": 0, "declared": 0, "gap": 256, "errors": 0, "skipped": 0},
+      "nnterp": {"cells": 96, "pass": 7719, "warn": 0, "fail": 0, "declared": 0, "gap": 19601, "errors": 0, "skipped": 0},
+      "transformer_lens": {"cells": 96, "pass": 24456, "warn": 0, "fail": 0, "declared": 0, "gap": 2754, "errors": 0, "skipped": 0},
+      "vllm": {"cells": 96, "pass": 17982, "warn": 0, "fail": 0, "declared": 17, "gap": 9153, "errors": 0, "skipped": 14},
+      "vllm-static": {"cells": 96, "pass": 13348, "warn": 0, "fail": 0, "declared": 3, "gap": 13801, "errors": 0, "skipped": 14}
+    }
+  },
+  {
+    "date": "2026-12-07",
+    "commit": "e94e279a21146ca88a952ca983512d1900d69ddd",
     "columns": {
       "hf": {"cells": 96, "pass": 33887, "warn": 0, "fail": 0, "declared": 51, "gap": 181, "errors": 0, "skipped": 0},
       "interp-engine": {"cells": 96, "pass": 17947, "warn": 0, "fail": 0, "declared": 0, "gap": 9227, "errors": 0, "skipped": 0},
