@@ -37,6 +37,7 @@ import time
 from pathlib import Path
 
 from benchmarks.ci import median_ci
+from benchmarks.env import load1
 from benchmarks.stats import fmt_interval, sig
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -139,10 +140,6 @@ class Side:
         self.p.wait(timeout=120)
 
 
-def load() -> float:
-    return os.getloadavg()[0]
-
-
 def measure(a: argparse.Namespace) -> dict:
     streams = [int(s) for s in a.streams.split(",")]
     sides = [Side("after", ROOT, a)] + ([Side("before", Path(a.base).resolve(), a)] if a.base else [])
@@ -153,13 +150,13 @@ def measure(a: argparse.Namespace) -> dict:
             for k in streams:
                 got = {arm: s.ask(arm=arm, streams=k)["tokens"] for arm in ARMS}
                 moved[f"{s.name} {k}"] = got["steer"] != got["plain"]
-        loads = [load()]
+        loads = [load1()]
         for r in range(a.rounds):
             for s in (sides if r % 2 == 0 else sides[::-1]):
                 for k in streams:
                     for arm in ARMS[r % len(ARMS):] + ARMS[:r % len(ARMS)]:
                         samples[s.name][k][arm].append(s.ask(arm=arm, streams=k))
-            loads.append(load())
+            loads.append(load1())
             print(f"round {r + 1}/{a.rounds} done, load {loads[-1]:.1f}", file=sys.stderr, flush=True)
         ops = {s.name: {k: {arm: s.ask(arm=arm, streams=k, ops=True) for arm in ARMS} for k in streams} for s in sides}
         layers = sides[0].info["layers"]
