@@ -4,7 +4,7 @@ paired per round and reported as a median with a 95% interval (unresolved when i
 
     python -m benchmarks run [--model M --size real]   # one sweep -> reports/benchmarks/sweeps/<sweep>/
     python -m benchmarks publish                       # report, README block, plots (all or nothing)
-    python -m visualizer_data build --only benchmarks  # the site's data file of the same cells
+    python -m visualizer_data build --only benchmarks,history  # the site data of the same cells (and its history)
     python -m benchmarks publish --check               # fail when a committed output drifted from its cells
     bash benchmarks/gpu.sh                             # the headline run on a CUDA machine (see the script)
     bash benchmarks/device.sh                          # a lent GPU without vLLM: the batched GPU goals (batch_*
@@ -33,7 +33,7 @@ which runs, in turn:
                                                                           # cpu-smollm2-135m-real
     python -m benchmarks run                                              # cpu-llama-3.2-1b-tiny
     python -m benchmarks publish   # results-latest.md, plots, README THROUGHPUT block
-    python -m visualizer_data build --only benchmarks              # visualizer-data/benchmarks.generated.ts
+    python -m visualizer_data build --only benchmarks,history      # visualizer-data/benchmarks.generated.ts, history.generated.ts
 
 The SAE readout against raw capture alone (tok/s and bytes per token; about 5 minutes here):
 

@@ -84,7 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("--out", type=Path, default=cells.REPORT_DIR / "results-latest.md")
     rep.add_argument("--check", action="store_true", help="fail if the committed report drifts from the cells")
     pub = sub.add_parser("publish", help="report, README THROUGHPUT block and plots, all or nothing (the site's "
-                                         "data: python -m visualizer_data build --only benchmarks)")
+                                         "data: python -m visualizer_data build --only benchmarks,history)")
     pub.add_argument("--sweeps", type=Path, nargs="+", default=None,
                      help="sweep folders (default: every folder under reports/benchmarks/sweeps)")
     pub.add_argument("--readme", type=Path, default=cells.ROOT / "README.md")

@@ -61,8 +61,8 @@ if [ -z "${SKIP_STEP_COST:-}" ]; then
 fi
 "$PY" -m benchmarks publish
 "$PY" -m benchmarks publish --check
-"$PY" -m visualizer_data build --only benchmarks   # the site's data file of the same cells
-"$PY" -m visualizer_data build --only benchmarks --check
+"$PY" -m visualizer_data build --only benchmarks,history   # the site data of the same cells, and the dated record publish just left
+"$PY" -m visualizer_data build --only benchmarks,history --check
 stamp "published"
 if [ -z "${SKIP_SERVE:-}" ]; then
   "$PY" -m benchmarks.serve_load --model "$REAL_MODEL" --size real --rounds "$SERVE_ROUNDS" --requests 16

@@ -3,7 +3,7 @@ all from the sweeps' cells, all or nothing:
 every output is rendered in memory first, so a refusal or an error while rendering (a bad cell, a
 plot that fails) leaves every committed file as it was. `--check` renders the same and fails on
 any drift (plots by the digest of the figures they draw). The site's data file of the same cells is
-visualizer_data's (`python -m visualizer_data build --only benchmarks`): benchmarks never imports it.
+visualizer_data's (`python -m visualizer_data build --only benchmarks,history`): benchmarks never imports it.
 Each publication leaves a dated record under <out>/history/ and the report compares every ratio with the
 previous publication's, marking a regression where the intervals do not overlap (benchmarks/history.py).
 

@@ -13,7 +13,7 @@ D = 3  # significant figures of every figure in the tables
 CLOCK_TEXT = {"cpu": "timed in CPU seconds", "wall": "timed in wall seconds"}
 REPRODUCE = ("python -m benchmarks run --model M [--size real]   # one sweep (see the Regenerate section of "
              "benchmarks/__init__.py)\npython -m benchmarks publish                     # this report, the "
-             "README block, the plots\npython -m visualizer_data build --only benchmarks # the site data")
+             "README block, the plots\npython -m visualizer_data build --only benchmarks,history # the site data")
 
 
 def ratio_cell(res: R.RatioResult | None, show_unresolved_interval: bool = False) -> str:

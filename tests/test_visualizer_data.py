@@ -214,3 +214,23 @@ def test_typescript_compiles_and_tsc_catches_a_type_error(tmp_path):
                                  'export const n: number = points[0].name;\n')
     bad = _tsc(copy)
     assert bad.returncode != 0 and "bad.ts" in bad.stdout
+
+
+def test_the_cpu_sweep_rebuilds_every_site_file_its_publish_feeds():
+    """benchmarks/cpu.sh publishes into cells.REPORT_DIR, which leaves a dated record under history/ that
+    history.generated.ts reads; a build of `--only benchmarks` alone left that file stale (CI went red on the
+    first fast check after a sweep). Every visualizer build in the script must name both files."""
+    import shlex
+
+    from benchmarks import cells, history
+    from visualizer_data import history_ts
+
+    assert history_ts.BENCHMARKS == cells.REPORT_DIR / history.HISTORY  # the records publish writes feed history
+    script = (ts.ROOT / "benchmarks" / "cpu.sh").read_text()
+    assert re.search(r"-m benchmarks publish\s*$", script, re.M), "cpu.sh publishes into the default folder"
+    builds = [shlex.split(line.split("#")[0]) for line in script.splitlines()
+              if "-m visualizer_data build" in line and not line.lstrip().startswith("#")]
+    assert builds, "cpu.sh builds the site data"
+    for argv in builds:
+        only = set(argv[argv.index("--only") + 1].split(","))
+        assert {"benchmarks", "history"} <= only, argv
