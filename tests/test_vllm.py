@@ -35,6 +35,9 @@ LLAMA, GPT2, GEMMA2 = "meta-llama/Llama-3.2-1B", "openai-community/gpt2", "googl
 # 128-token blocks (requests that outgrow one block get preempted and recomputed).
 GPT2_KW = dict(max_num_batched_tokens=48, kv_cache_memory_bytes=3 * 128 * 2048)
 KW = {LLAMA: {}, GPT2: GPT2_KW, GEMMA2: {}}
+# Gemma-2 (sliding windows, soft-capped scores) starts a third engine: the slow step (CI) runs it, and the
+# default run keeps under 10 minutes; the published vllm column covers every zoo family's prefill and decode
+TWIN_GEMMA2 = pytest.param(GEMMA2, marks=pytest.mark.slow, id=GEMMA2)
 LONG = " ".join(["the quick brown fox jumps over the lazy dog and"] * 8)  # ~136 tokens: > one KV block
 
 
@@ -52,7 +55,7 @@ def engines():
             drop(m)
 
 
-@pytest.mark.parametrize("name", [LLAMA, GPT2, GEMMA2])
+@pytest.mark.parametrize("name", [LLAMA, GPT2, TWIN_GEMMA2])
 def test_prefill_every_point_matches_eager(engines, name):
     vm, em = engines(name), eager_model(name)
     points = shared_points(vm, em)
@@ -64,7 +67,7 @@ def test_prefill_every_point_matches_eager(engines, name):
     assert prefill_failures(vm, em, prompt=LONG, points=["resid_post", "attn_scores", "attn_probs", "z"]) == {}
 
 
-@pytest.mark.parametrize("name", [LLAMA, GPT2, GEMMA2])
+@pytest.mark.parametrize("name", [LLAMA, GPT2, TWIN_GEMMA2])
 def test_decode_capture_and_steer_match_eager(engines, name):
     vm, em = engines(name), eager_model(name)
     points = shared_points(vm, em)

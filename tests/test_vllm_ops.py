@@ -28,13 +28,11 @@ from engine.core.readouts import Mean, Norm, Readout
 from engine.core.results import Request
 from engine.core.sae_files import write_random_sae
 from engine.core.steering import Steer
-from test_vllm_common import random_vector, vllm_model
+from test_vllm_common import STATIC_TAPS, random_vector, vllm_model
 
 pytestmark = pytest.mark.vllm
 LLAMA = "meta-llama/Llama-3.2-1B"
-# two banks on the tiny Llama: d_model 256 (resid_post, mlp_out, attn_out, z's 4 x 64 heads, final_norm)
-# and mlp_act's 512; test_vllm_syncs.py declares the same set and shares (then closes) the engine
-STATIC = ["resid_post", "mlp_out.1", "attn_out", "z.1", "mlp_act.0"]
+STATIC = STATIC_TAPS  # two banks: d_model 256 (z's 4 x 64 heads among them, final_norm) and mlp_act's 512
 STEERING, CAPTURE = 12, 6
 PROMPTS = [f"Prompt number {i} says hello to the world" for i in range(4)]
 
@@ -66,8 +64,10 @@ def reqs(m, n: int = 1, points=(), steer=(), readouts=(), new: int = 4) -> list:
 
 
 def d_model_write_taps(m) -> list[str]:
-    """Every write tap of the d_model bank (every layer's resid_post and attn_out, mlp_out.1)."""
-    return [f"resid_post.{i}" for i in range(m.n_layers)] + [f"attn_out.{i}" for i in range(m.n_layers)] + ["mlp_out.1"]
+    """Every write tap of the d_model bank (every layer's resid_post and attn_out; the embeddings, attn_in.1,
+    resid_mid.1 and mlp_out.1)."""
+    every = [f"{kind}.{i}" for kind in ("resid_post", "attn_out") for i in range(m.n_layers)]
+    return every + ["embeddings", "attn_in.1", "resid_mid.1", "mlp_out.1"]
 
 
 # -- vllm-static ----------------------------------------------------------------------------------

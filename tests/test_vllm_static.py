@@ -15,10 +15,10 @@ from engine.core.steering import Steer
 from test_vllm_common import (
     MAX_LEN,
     PROMPT,
+    STATIC_TAPS,
     assert_steer_acts,
     check,
     decode_failures,
-    drop,
     eager_model,
     prefill_failures,
     random_vector,
@@ -26,16 +26,12 @@ from test_vllm_common import (
 )
 
 LLAMA, GPT2 = "meta-llama/Llama-3.2-1B", "openai-community/gpt2"
-# "auto" (resid_post everywhere) plus one tap of every other site kind: block input, module input,
-# per-head input, module output, mid residual pair, MLP hidden.
-DECLARED = ["resid_post", "embeddings", "attn_in.1", "z.1", "attn_out", "resid_mid.1", "mlp_act.0", "mlp_out.1"]
+DECLARED = STATIC_TAPS  # "auto" (resid_post everywhere) plus one tap of every other site kind
 
 
 @pytest.fixture(scope="module")
 def static():
-    m = vllm_model(LLAMA, "vllm-static", static_points=DECLARED)  # compiled (torch.compile, inductor)
-    yield m
-    drop(m)
+    return vllm_model(LLAMA, "vllm-static", static_points=DECLARED)  # compiled (torch.compile, inductor); shared
 
 
 def test_declared_sets():

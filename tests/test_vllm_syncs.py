@@ -10,8 +10,7 @@ import torch
 from engine.core.readouts import LensTopK, Mean, Norm, Readout
 from engine.core.results import Request
 from engine.core.steering import Steer
-from test_vllm_common import drop, random_vector, vllm_model
-from test_vllm_ops import STATIC
+from test_vllm_common import STATIC_TAPS, drop, random_vector, vllm_model
 
 pytestmark = pytest.mark.vllm
 LLAMA = "meta-llama/Llama-3.2-1B"
@@ -24,12 +23,12 @@ def engines():
 
     def get(backend):
         if backend not in made:
-            kw = {"static_points": STATIC} if backend == "vllm-static" else {}  # test_vllm_ops.py's engine
+            kw = {"static_points": STATIC_TAPS} if backend == "vllm-static" else {}  # the shared engine
             made[backend] = vllm_model(LLAMA, backend, **kw)
         return made[backend]
     yield get
     for backend, m in made.items():
-        if backend != "vllm":
+        if backend != "vllm":  # the last module of the static engine's three (test_vllm_common.STATIC_TAPS)
             drop(m)
 
 
