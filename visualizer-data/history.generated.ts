@@ -930,10 +930,10 @@ export const ratioNights: RatioNight[] = [
     "key": "eager:capture_all/hf-generate:prefill",
     "title": "eager, capture at every layer / HF forward",
     "group": "hf",
-    "median": 1.0085665071818977,
-    "lo": 1.0002400601462043,
-    "hi": 1.0306833860775793,
-    "node": null
+    "median": 1.0271621835178137,
+    "lo": 0.9940488369361827,
+    "hi": 1.0487462441152684,
+    "node": "vm"
   },
   {
     "date": "2026-12-07",
@@ -941,10 +941,10 @@ export const ratioNights: RatioNight[] = [
     "key": "eager:capture_all/interp-engine:capture_all",
     "title": "eager / interp-engine, capture at every layer",
     "group": "peers",
-    "median": 0.9990890742200819,
-    "lo": 0.9787501657858539,
-    "hi": 1.022345971752187,
-    "node": null
+    "median": 0.9917425287459399,
+    "lo": 0.982791751907851,
+    "hi": 1.0133561007462644,
+    "node": "vm"
   },
   {
     "date": "2026-12-07",
@@ -952,10 +952,10 @@ export const ratioNights: RatioNight[] = [
     "key": "eager:capture_all/nnsight:capture_all",
     "title": "eager / nnsight, capture at every layer",
     "group": "peers",
-    "median": 1.0299015327899288,
-    "lo": 1.023236347141468,
-    "hi": 1.045274558644178,
-    "node": null
+    "median": 1.0264164145853565,
+    "lo": 1.0160803249485741,
+    "hi": 1.0417777757210378,
+    "node": "vm"
   },
   {
     "date": "2026-12-07",
@@ -963,10 +963,10 @@ export const ratioNights: RatioNight[] = [
     "key": "eager:capture_all/transformerlens:capture_all",
     "title": "eager / transformerlens, capture at every layer",
     "group": "peers",
-    "median": 1.1901357738090859,
-    "lo": 1.1668623115652983,
-    "hi": 1.2068428666803341,
-    "node": null
+    "median": 1.191265713333954,
+    "lo": 1.174106076281254,
+    "hi": 1.2380763035514137,
+    "node": "vm"
   },
   {
     "date": "2026-12-07",
@@ -974,10 +974,10 @@ export const ratioNights: RatioNight[] = [
     "key": "eager:capture_gen/interp-engine:capture_gen",
     "title": "eager / interp-engine, capture during generation",
     "group": "peers",
-    "median": 1.1478846335739723,
-    "lo": 1.1197412116857,
-    "hi": 1.1603315977333375,
-    "node": null
+    "median": 1.1557602288459685,
+    "lo": 1.1160158067750159,
+    "hi": 1.1743810857958643,
+    "node": "vm"
   },
   {
     "date": "2026-12-07",
@@ -985,10 +985,10 @@ export const ratioNights: RatioNight[] = [
     "key": "eager:capture_gen/nnsight:capture_gen",
     "title": "eager / nnsight, capture during generation",
     "group": "peers",
-    "median": 1.0486327734595526,
-    "lo": 1.0197333280633243,
-    "hi": 1.0705462031503028,
-    "node": null
+    "median": 1.019126401059777,
+    "lo": 0.9974100226509234,
+    "hi": 1.0926567701305614,
+    "node": "vm"
   },
   {
     "date": "2026-12-07",
@@ -996,10 +996,10 @@ export const ratioNights: RatioNight[] = [
     "key": "eager:capture_gen/transformerlens:capture_gen",
     "title": "eager / transformerlens, capture during generation",
     "group": "peers",
-    "median": 1.4535360076643966,
-    "lo": 1.4483716142939738,
-    "hi": 1.486605115592116,
-    "node": null
+    "median": 1.4522115527338313,
+    "lo": 1.4303598515157776,
+    "hi": 1.5766227151309273,
+    "node": "vm"
   },
   {
     "date": "2026-12-07",
@@ -1007,10 +1007,10 @@ export const ratioNights: RatioNight[] = [
     "key": "eager:capture_gen/vllm-generate:decode",
     "title": "eager, capture during generation / stock decode (1 stream)",
     "group": "stock",
-    "median": 0.9048738859727931,
-    "lo": 0.877307474682917,
-    "hi": 0.9177719686247746,
-    "node": null
+    "median": 0.8832258391188624,
+    "lo": 0.8418054455124833,
+    "hi": 0.9214725389274813,
+    "node": "vm"
   },
   {
     "date": "2026-12-07",
@@ -1018,10 +1018,10 @@ export const ratioNights: RatioNight[] = [
     "key": "eager:long_capture/hf-generate:long_prefill",
     "title": "eager, capture at every layer / HF forward, 512-token prompt",
     "group": "hf",
-    "median": 0.9987211240109702,
-    "lo": 0.9845808612004777,
-    "hi": 1.050587713734856,
-    "node": null
+    "median": 1.0090143005211505,
+    "lo": 0.969483067622595,
+    "hi": 1.022399832680737,
+    "node": "vm"
   },
   {
     "date": "2026-12-07",
@@ -1029,10 +1029,10 @@ export const ratioNights: RatioNight[] = [
     "key": "eager:steer_all/eager:decode",
     "title": "eager, steer every layer / no steer",
     "group": "steer",
-    "median": 0.954212509246262,
-    "lo": 0.9455668112388456,
-    "hi": 0.9630219812713289,
-    "node": null
+    "median": 0.9536169980166037,
+    "lo": 0.9424310586615813,
+    "hi": 0.992073623142578,
+    "node": "vm"
   },
   {
     "date": "2026-12-07",
@@ -1040,10 +1040,10 @@ export const ratioNights: RatioNight[] = [
     "key": "eager:steer_all/interp-engine:steer_all",
     "title": "eager / interp-engine, steer every layer",
     "group": "peers",
-    "median": 1.018966869393076,
-    "lo": 1.0010958067192532,
-    "hi": 1.0454036093353047,
-    "node": null
+    "median": 1.0073614150821693,
+    "lo": 0.9575092852713492,
+    "hi": 1.041143160124398,
+    "node": "vm"
   },
   {
     "date": "2026-12-07",
@@ -1051,10 +1051,10 @@ export const ratioNights: RatioNight[] = [
     "key": "eager:steer_all/nnsight:steer_all",
     "title": "eager / nnsight, steer every layer",
     "group": "peers",
-    "median": 1.0330922794858768,
-    "lo": 1.0027953943231447,
-    "hi": 1.0391118691558723,
-    "node": null
+    "median": 1.0013023209271097,
+    "lo": 0.9769724940902671,
+    "hi": 1.0593355524807708,
+    "node": "vm"
   },
   {
     "date": "2026-12-07",
@@ -1062,10 +1062,10 @@ export const ratioNights: RatioNight[] = [
     "key": "eager:steer_all/transformerlens:steer_all",
     "title": "eager / transformerlens, steer every layer",
     "group": "peers",
-    "median": 1.243187109704053,
-    "lo": 1.236908134336679,
-    "hi": 1.2865058837092986,
-    "node": null
+    "median": 1.2501777809537227,
+    "lo": 1.200206487424427,
+    "hi": 1.2998179537016812,
+    "node": "vm"
   },
   {
     "date": "2026-12-07",
@@ -1073,10 +1073,10 @@ export const ratioNights: RatioNight[] = [
     "key": "vllm-static:capture_gen/vllm-generate:decode",
     "title": "vllm-static, capture during generation / stock decode (1 stream)",
     "group": "stock",
-    "median": 0.980991036565948,
-    "lo": 0.957349927778403,
-    "hi": 1.0298534631058598,
-    "node": null
+    "median": 1.0018840811175929,
+    "lo": 0.9554509863688393,
+    "hi": 1.051147991631632,
+    "node": "vm"
   },
   {
     "date": "2026-12-07",
@@ -1084,10 +1084,10 @@ export const ratioNights: RatioNight[] = [
     "key": "vllm-static:capture_gen8/vllm-generate:concurrency8",
     "title": "vllm-static, capture during generation, 8 streams / stock concurrency 8 (aggregate)",
     "group": "stock",
-    "median": 0.9625693724941877,
-    "lo": 0.9224333842720797,
-    "hi": 1.0096453832547072,
-    "node": null
+    "median": 0.9391840533896209,
+    "lo": 0.9288172091319077,
+    "hi": 0.9830873916664906,
+    "node": "vm"
   },
   {
     "date": "2026-12-07",
@@ -1095,10 +1095,10 @@ export const ratioNights: RatioNight[] = [
     "key": "vllm-static:steer_all/vllm-generate:decode",
     "title": "vllm-static, steer every layer / stock decode (1 stream)",
     "group": "stock",
-    "median": 0.9644324504677062,
-    "lo": 0.9552871100049518,
-    "hi": 0.9929919208981188,
-    "node": null
+    "median": 0.9948022206711423,
+    "lo": 0.9666973895621468,
+    "hi": 1.0298355851003516,
+    "node": "vm"
   },
   {
     "date": "2026-12-07",
@@ -1106,10 +1106,10 @@ export const ratioNights: RatioNight[] = [
     "key": "vllm-static:steer_all/vllm-static:decode",
     "title": "vllm-static, steer every layer / no steer",
     "group": "steer",
-    "median": 0.9487101776233795,
-    "lo": 0.9356509009035551,
-    "hi": 0.9919001288073425,
-    "node": null
+    "median": 0.9912941556588855,
+    "lo": 0.9480935329973936,
+    "hi": 1.0173063343458217,
+    "node": "vm"
   },
   {
     "date": "2026-12-07",
@@ -1117,10 +1117,10 @@ export const ratioNights: RatioNight[] = [
     "key": "vllm:capture_gen/vllm-generate:decode",
     "title": "vllm, capture during generation / stock decode (1 stream)",
     "group": "stock",
-    "median": 0.8407301753894073,
-    "lo": 0.7931506799244215,
-    "hi": 0.8601801620407117,
-    "node": null
+    "median": 0.8409089542318626,
+    "lo": 0.8068509412272671,
+    "hi": 0.8750316892235779,
+    "node": "vm"
   },
   {
     "date": "2026-12-07",
@@ -1128,10 +1128,10 @@ export const ratioNights: RatioNight[] = [
     "key": "vllm:capture_gen8/vllm-generate:concurrency8",
     "title": "vllm, capture during generation, 8 streams / stock concurrency 8 (aggregate)",
     "group": "stock",
-    "median": 0.843195179708919,
-    "lo": 0.8133612247780653,
-    "hi": 0.8746815427687694,
-    "node": null
+    "median": 0.8298801508450189,
+    "lo": 0.824570210558039,
+    "hi": 0.8602018360715048,
+    "node": "vm"
   },
   {
     "date": "2026-12-07",
@@ -1139,10 +1139,10 @@ export const ratioNights: RatioNight[] = [
     "key": "vllm:steer_all/vllm-generate:decode",
     "title": "vllm, steer every layer / stock decode (1 stream)",
     "group": "stock",
-    "median": 0.8260346766353146,
-    "lo": 0.7910759329135952,
-    "hi": 0.8336441116261207,
-    "node": null
+    "median": 0.8179265524952124,
+    "lo": 0.8091014021471212,
+    "hi": 0.8417005414992939,
+    "node": "vm"
   },
   {
     "date": "2026-12-07",
@@ -1150,10 +1150,10 @@ export const ratioNights: RatioNight[] = [
     "key": "vllm:steer_all/vllm:decode",
     "title": "vllm, steer every layer / no steer",
     "group": "steer",
-    "median": 0.9278906773968307,
-    "lo": 0.9216863077275693,
-    "hi": 0.9445817705055122,
-    "node": null
+    "median": 0.9319985468936665,
+    "lo": 0.9012610197170834,
+    "hi": 0.9571761038943519,
+    "node": "vm"
   },
   {
     "date": "2026-12-07",
@@ -1161,10 +1161,10 @@ export const ratioNights: RatioNight[] = [
     "key": "eager:capture_gen/vllm-generate:decode",
     "title": "eager, capture during generation / stock decode (1 stream)",
     "group": "stock",
-    "median": 0.8893495439768704,
-    "lo": 0.8665025844669494,
-    "hi": 0.9219329122511214,
-    "node": null
+    "median": 0.8912320323075443,
+    "lo": 0.8232533735206462,
+    "hi": 0.9187588257278246,
+    "node": "vm"
   },
   {
     "date": "2026-12-07",
@@ -1172,10 +1172,10 @@ export const ratioNights: RatioNight[] = [
     "key": "eager:readout_gen/eager:capture_gen",
     "title": "eager, SAE top-k readout / raw capture",
     "group": "readout",
-    "median": 0.8962134030680329,
-    "lo": 0.8492272159814498,
-    "hi": 0.9172907438952778,
-    "node": null
+    "median": 0.8805311492766305,
+    "lo": 0.8398806370955432,
+    "hi": 0.9171795232359012,
+    "node": "vm"
   },
   {
     "date": "2026-12-07",
@@ -1183,10 +1183,10 @@ export const ratioNights: RatioNight[] = [
     "key": "vllm:capture_gen/vllm-generate:decode",
     "title": "vllm, capture during generation / stock decode (1 stream)",
     "group": "stock",
-    "median": 0.8333340815790995,
-    "lo": 0.7791909785346287,
-    "hi": 0.8585653039772989,
-    "node": null
+    "median": 0.8173912824941831,
+    "lo": 0.8048233889461366,
+    "hi": 0.8549263167021373,
+    "node": "vm"
   },
   {
     "date": "2026-12-07",
@@ -1194,10 +1194,10 @@ export const ratioNights: RatioNight[] = [
     "key": "vllm:readout_gen/vllm-generate:decode",
     "title": "vllm, SAE top-k readout during generation / stock decode (1 stream)",
     "group": "stock",
-    "median": 0.7712861505075338,
-    "lo": 0.731379629977847,
-    "hi": 0.785051547878188,
-    "node": null
+    "median": 0.7776795392237709,
+    "lo": 0.7465179756488095,
+    "hi": 0.788550939911611,
+    "node": "vm"
   },
   {
     "date": "2026-12-07",
@@ -1205,9 +1205,9 @@ export const ratioNights: RatioNight[] = [
     "key": "vllm:readout_gen/vllm:capture_gen",
     "title": "vllm, SAE top-k readout / raw capture",
     "group": "readout",
-    "median": 0.9287039592864219,
-    "lo": 0.914376045993754,
-    "hi": 0.947758961810187,
-    "node": null
+    "median": 0.9275550212653808,
+    "lo": 0.9091171708694105,
+    "hi": 0.9541819773063192,
+    "node": "vm"
   }
 ];
