@@ -382,6 +382,25 @@ def test_cancelled_requests_leave_no_plan_in_the_workers(engines):
     assert vm.generate(PROMPT, 2, points=["resid_post.0"]).requests[0].new_tokens.shape == (2,)
 
 
+def test_captures_with_logits_leave_no_file_in_shared_memory(engines):
+    """A call's captured rows come back as files in the client's /dev/shm directory, each unlinked when the
+    client maps it. final_norm, read for the logits the worker makes, was written too and never mapped: one
+    file left per call until the model closed (a server's /dev/shm filled)."""
+    if not os.path.isdir("/dev/shm"):
+        pytest.skip("no /dev/shm: every hand-off is inline")
+    vm = engines(LLAMA)
+    aio = vm.aio
+    calls = [lambda: vm.generate(PROMPT, 3, points=["resid_post.0"]).logits,
+             lambda: vm.generate(PROMPT, 3, points=["resid_post", "final_norm"]).logits,
+             lambda: vm.run_with_cache(PROMPT, ["resid_post.1"])[0]]
+    for call in calls:
+        assert call() is not None and aio._shm is not None
+        assert os.listdir(aio._shm) == [], call
+    # final_norm asked for itself still comes back: every row the generation computed (prompt, 2 fed back)
+    rows = vm.generate(PROMPT, 3, points=["final_norm"]).cache["final_norm"]
+    assert rows.shape[-2:] == (len(vm._prompt_ids(PROMPT)) + 2, vm.d_model) and os.listdir(aio._shm) == []
+
+
 def test_a_request_makes_one_call_to_the_workers_and_its_plan_rides_with_it(engines):
     """A capturing or steering call makes one RPC to the workers (its collect): each plan is registered
     by the workers from the request itself when it is first scheduled (older code made a register RPC

@@ -327,15 +327,17 @@ class WorkerState:
                         res.readouts[name] = vllm_wire.encode(list(parts_of(acc.result())))
                     except RuntimeError as e:
                         res.errors[name] = vllm_wire.Failure.of(e)
-            sent = set()
+            # keys not encoded one by one: final_norm read only for the logits made here (sent, its file was
+            # left in /dev/shm: the client never maps it), and the keys a stack below carries
+            skip = {"final_norm"} if want_logits and Address("final_norm") not in plan.captures else set()
             for index, first, rows in plan.stacked():  # vllm-static: a request's every layer as one tensor
                 res.stacks.append(encode(rows))
                 for k, j in index.items():
                     res.captures[k] = [first, {vllm_wire.STACK: len(res.stacks) - 1, "index": j}]
-                    sent.add(k)
+                    skip.add(k)
             for k in plan.store:
                 try:
-                    if k not in sent:
+                    if k not in skip:
                         first = plan.first(k)
                         res.captures[k] = [first, encode(plan.tensor(k, first))]
                 except RuntimeError as e:
@@ -344,10 +346,14 @@ class WorkerState:
                 if held is not None:
                     res.held[k] = held
             if want_logits and plan.error is None and "final_norm" in plan.store and "final_norm" not in res.errors:
-                logits_rows = self.logits(plan.tensor("final_norm", plan.first("final_norm")), apply_norm=False)
-                if self.rank == 0:
-                    res.logits = vllm_wire.tensor_out(logits_rows)
-                    res.logits_from = plan.first("final_norm")
+                try:
+                    logits_rows = self.logits(plan.tensor("final_norm", plan.first("final_norm")), apply_norm=False)
+                except RuntimeError as e:
+                    res.errors["final_norm"] = vllm_wire.Failure.of(e)
+                else:
+                    if self.rank == 0:
+                        res.logits = vllm_wire.tensor_out(logits_rows)
+                        res.logits_from = plan.first("final_norm")
                 if Address("final_norm") not in plan.captures:
                     res.captures.pop("final_norm", None)
             out.append(res.out())
