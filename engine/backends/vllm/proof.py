@@ -9,7 +9,8 @@ Checks, on a short probe prompt, greedy:
   2. the logits recomputed from the `final_norm` tap pick exactly the tokens vLLM sampled, and
      (when the last layer's resid_post is declared) the lens of that tap gives the same logits;
   3. an `add` steer at the first write tap moves that tap's capture by the vector and changes the
-     logits, and its receipt counts every row and the vector's norm at each (the tally the graph writes);
+     logits, and its receipt counts every row and the vector's norm at each (the tap's `change` buffer,
+     which the graph writes);
   4. a steer at generated positions only moves the decode row (the step a FULL graph replays) by
      the vector, the prompt rows not at all; 5. the next unsteered run reproduces step 1 (write
      buffers were reset).

@@ -65,7 +65,8 @@ class StaticTapLoader(DefaultModelLoader):
         dtype: torch.dtype = model_config.dtype  # type: ignore[assignment]
         from engine.model.paths import get_path
         layers = list(get_path(model, tree.layers))
-        # the stacked buffers and the tally live on the first decoder layer (inside the compiled forward)
+        # the banks (stacked coefficients) and the guard's marks live on the first decoder layer (inside the compiled
+        # forward); each tap keeps its own cap, pre, change and flag buffers
         taps.install(good, site_of, cfg.hidden_size, rows, device, dtype, {p: hd for p in HEADED_POINTS}, layers[0])
         # every decoder layer guarded, after the taps (so outside a resid_post tap): worker/guard.py
         taps.install_guard(layers, tree)
