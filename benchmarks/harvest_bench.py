@@ -46,11 +46,12 @@ import os
 import platform
 import random
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from benchmarks.child import Child
 
 MARK = "HARVEST_BENCH "  # vLLM logs to stdout too: answers carry this prefix
 # cell -> (engine process, points ("one" / "all" / None), Flow kwargs)
@@ -271,21 +272,14 @@ def main(argv=None) -> int:
     total = corpus(data, tok, a.tokens)
     args = [sys.executable, __file__, "--data", str(data), "--n-layers", str(n_layers)] + [
         f"--{k.replace('_', '-')}={getattr(a, k)}" for k in ("model", "context", "shard_tokens", "dtype", "device")]
-    procs: dict = {}
-
-    def answer(p: str) -> dict:
-        for line in procs[p].stdout:
-            if line.startswith(MARK):
-                return json.loads(line[len(MARK):])
-        raise RuntimeError(f"engine process {p} died (its stderr is above)")
+    procs: dict[str, Child] = {}
 
     def launch() -> str:
         """Start every engine process (one at a time: startups would fight); the model's source."""
         t0, source = time.perf_counter(), ""
         for p in dict.fromkeys(CELLS[c][0] for c in cells):
-            procs[p] = subprocess.Popen(args + ["--serve", p], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                        text=True, env={**os.environ, **PROCESS_ENV.get(p, {})})
-            source = answer(p)["source"] or source
+            procs[p] = Child(f"engine process {p}", args + ["--serve", p], MARK, PROCESS_ENV.get(p, {}))
+            source = procs[p].ready["source"] or source
         print(f"loaded {len(procs)} engines in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
         for c in cells:  # warmup (first-call allocations, compiled graphs)
             run(c)
@@ -293,16 +287,12 @@ def main(argv=None) -> int:
 
     def stop() -> None:
         for proc in procs.values():
-            proc.stdin.close()
-            proc.wait()
+            proc.close()
         procs.clear()
 
     def run(c: str) -> dict:
         time.sleep(a.settle)  # the last cell's after-effects (freed memory, deleted files) settle first
-        p = procs[CELLS[c][0]]
-        p.stdin.write(c + "\n")
-        p.stdin.flush()
-        fig = answer(CELLS[c][0])
+        fig = procs[CELLS[c][0]].ask_line(c)
         assert "tok_s" in fig, fig
         return fig
 

@@ -2,13 +2,14 @@
 each against plain decode, through the library (issue 52).
 
     PYTHONPATH=. .venv/bin/python -m benchmarks.step_cost [--backend vllm-static|vllm] [--model NAME]
-        [--size tiny|real] [--streams 1,8] [--new-tokens 32] [--prompt 32] [--rounds 9] [--base DIR]
+        [--size tiny|real] [--streams 1,8] [--new-tokens 32] [--prompt 32] [--rounds 9] [--base DIR] [--relaunch N]
         [--json PATH] [--md PATH]
 
 Each side (this tree, and with --base the engine in another checkout, e.g. `git archive` of an older commit
 with the worker's counter and timer: `interp_ops`, `interp_timing`) runs in a process of its own with the
 model loaded once. Every round runs, on each side in turn (the order alternates by round) and for each stream
-count, every arm once, the arms rotated by one place a round:
+count, every arm once, the arms rotated by one place a round (`--relaunch N`: both sides started afresh every N
+rounds, each time the other first: on this machine the side started first reads slower, docs/performance.md):
 
   plain     generation, nothing asked (no plan: the worker does nothing around the forward)
   capture   resid_post of every layer captured, its rows returned to the caller
@@ -30,12 +31,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import sys
 import time
 from pathlib import Path
 
+from benchmarks.child import Child
 from benchmarks.ci import median_ci
 from benchmarks.env import load1
 from benchmarks.stats import fmt_interval, sig
@@ -106,52 +106,45 @@ def child(a: argparse.Namespace) -> int:
 
 
 # -- the parent ---------------------------------------------------------------------------------------
-class Side:
-    """One measuring process: the engine of `tree`."""
+def start_side(name: str, tree: Path, a: argparse.Namespace) -> Child:
+    """One measuring process: the engine of `tree` (this file runs in the side's tree: its engine, and its
+    benchmarks.spec for the prompts); its `ready` answer is {"ready", "layers", "d_model"}."""
+    env = {"PYTHONPATH": str(tree), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+           "INTERP_ZOO_SIZE": a.size, "INTERP_ZOO_HOME": str((ROOT / ".zoo-cache").resolve())}
+    args = [sys.executable, str(Path(__file__).resolve()), "--child", "--backend", a.backend, "--model", a.model,
+            "--size", a.size, "--new-tokens", str(a.new_tokens), "--prompt", str(a.prompt)]
+    return Child(name, args, MARK, env, cwd=tree)
 
-    def __init__(self, name: str, tree: Path, a: argparse.Namespace) -> None:
-        self.name = name
-        # this file runs in the side's tree (its engine, and its benchmarks.spec for the prompts)
-        env = {**os.environ, "PYTHONPATH": str(tree), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
-               "INTERP_ZOO_SIZE": a.size, "INTERP_ZOO_HOME": str((ROOT / ".zoo-cache").resolve())}
-        args = [sys.executable, str(Path(__file__).resolve()), "--child", "--backend", a.backend, "--model", a.model,
-                "--size", a.size, "--new-tokens", str(a.new_tokens), "--prompt", str(a.prompt)]
-        self.p = subprocess.Popen(args, cwd=tree, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-        self.info = self._answer()
 
-    def _answer(self) -> dict:
-        assert self.p.stdout is not None
-        for line in self.p.stdout:
-            if line.startswith(MARK):
-                return json.loads(line[len(MARK):])
-        raise RuntimeError(f"side {self.name} ended without answering (exit {self.p.wait()})")
-
-    def ask(self, **cmd) -> dict:
-        assert self.p.stdin is not None
-        self.p.stdin.write(json.dumps(cmd) + "\n")
-        self.p.stdin.flush()
-        return self._answer()
-
-    def close(self) -> None:
-        try:
-            self.ask(quit=True)
-        except (RuntimeError, BrokenPipeError):
-            pass
-        self.p.wait(timeout=120)
+def start_order(names: list[str], r: int, relaunch: int) -> list[str]:
+    """Which side starts first when the sides start afresh before round `r` (every `relaunch` rounds): each
+    relaunch the other order, so no side is always the first started."""
+    return names[::-1] if relaunch and (r // relaunch) % 2 else names
 
 
 def measure(a: argparse.Namespace) -> dict:
     streams = [int(s) for s in a.streams.split(",")]
-    sides = [Side("after", ROOT, a)] + ([Side("before", Path(a.base).resolve(), a)] if a.base else [])
+    trees = {"after": ROOT, **({"before": Path(a.base).resolve()} if a.base else {})}
+    sides = [start_side(n, t, a) for n, t in trees.items()]
+    samples: dict = {n: {k: {arm: [] for arm in ARMS} for k in streams} for n in trees}
+    moved: dict = {}
+
+    def warm(s: Child) -> None:  # every arm once (first calls allocate, compile); the steer must change the tokens
+        for k in streams:
+            got = {arm: s.ask(arm=arm, streams=k)["tokens"] for arm in ARMS}
+            moved[f"{s.name} {k}"] = moved.get(f"{s.name} {k}", True) and got["steer"] != got["plain"]
     try:
-        samples: dict = {s.name: {k: {arm: [] for arm in ARMS} for k in streams} for s in sides}
-        moved = {}
-        for s in sides:  # warm every arm; the steer must change the tokens
-            for k in streams:
-                got = {arm: s.ask(arm=arm, streams=k)["tokens"] for arm in ARMS}
-                moved[f"{s.name} {k}"] = got["steer"] != got["plain"]
+        for s in sides:
+            warm(s)
         loads = [load1()]
         for r in range(a.rounds):
+            if a.relaunch and r and r % a.relaunch == 0:  # fresh processes, started in the other order
+                for s in sides:
+                    s.close()
+                started = {n: start_side(n, trees[n], a) for n in start_order(list(trees), r, a.relaunch)}
+                sides = [started[n] for n in trees]
+                for s in sides:
+                    warm(s)
             for s in (sides if r % 2 == 0 else sides[::-1]):
                 for k in streams:
                     for arm in ARMS[r % len(ARMS):] + ARMS[:r % len(ARMS)]:
@@ -159,12 +152,13 @@ def measure(a: argparse.Namespace) -> dict:
             loads.append(load1())
             print(f"round {r + 1}/{a.rounds} done, load {loads[-1]:.1f}", file=sys.stderr, flush=True)
         ops = {s.name: {k: {arm: s.ask(arm=arm, streams=k, ops=True) for arm in ARMS} for k in streams} for s in sides}
-        layers = sides[0].info["layers"]
+        layers = sides[0].ready["layers"]
     finally:
         for s in sides:
             s.close()
     return {"backend": a.backend, "model": a.model, "size": a.size, "layers": layers, "streams": streams,
-            "new_tokens": a.new_tokens, "prompt": a.prompt, "rounds": a.rounds, "load": [min(loads), max(loads)],
+            "new_tokens": a.new_tokens, "prompt": a.prompt, "rounds": a.rounds, "relaunch": a.relaunch,
+            "load": [min(loads), max(loads)],
             "steer_moved_tokens": moved, "samples": samples, "ops": ops}
 
 
@@ -206,7 +200,9 @@ def shown(row: dict) -> str:
 
 def table(out: dict) -> str:
     lines = [f"\n`{out['backend']}`, {out['model']} ({out['size']} twin, {out['layers']} layers), {out['new_tokens']} new "
-             f"tokens after a {out['prompt']}-token prompt, {out['rounds']} interleaved rounds, 1-minute load "
+             f"tokens after a {out['prompt']}-token prompt, {out['rounds']} interleaved rounds"
+             + (f" (both sides started afresh every {out['relaunch']}, in turn first)" if out.get("relaunch") else "")
+             + ", 1-minute load "
              f"{out['load'][0]:.1f}-{out['load'][1]:.1f}; median [95% interval] over rounds\n",
              "| side | streams | arm | ms / token | added ms / token | worker host us / step | ops / step |",
              "|---|---:|---|---:|---:|---:|---:|"]
@@ -230,6 +226,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prompt", type=int, default=32)
     ap.add_argument("--rounds", type=int, default=9)
     ap.add_argument("--base", help="another checkout whose engine runs as the 'before' side")
+    ap.add_argument("--relaunch", type=int, default=0,
+                    help="start both sides afresh every N rounds, in the other order (0: never); on this machine "
+                         "the side started first reads slower (docs/performance.md)")
     ap.add_argument("--json")
     ap.add_argument("--md")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)

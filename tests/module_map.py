@@ -18,6 +18,7 @@ TESTS: dict[str, tuple[str, ...]] = {
         "test_benchmarks.py", "test_benchmarks_device_script.py", "test_benchmarks_gpu_script.py",
         "test_benchmarks_publish.py", "test_benchmarks_workers.py",
     ),
+    "benchmarks/child.py": ("test_benchmarks_child.py",),
     "benchmarks/ci.py": ("test_benchmarks.py", "test_benchmarks_device_script.py"),
     "benchmarks/cluster.py": ("test_benchmarks_ray.py",),
     "benchmarks/decode_overhead.py": ("test_benchmarks_decode_overhead.py",),
@@ -46,6 +47,7 @@ TESTS: dict[str, tuple[str, ...]] = {
     "benchmarks/serve_stats.py": ("test_benchmarks_remote_cost.py", "test_serve_load.py"),
     "benchmarks/spec.py": ("test_benchmarks.py", "test_benchmarks_batched.py", "test_benchmarks_workers.py"),
     "benchmarks/stats.py": ("test_benchmarks.py", "test_serve_load.py"),
+    "benchmarks/step_cost.py": ("test_benchmarks_child.py",),
     "benchmarks/sweep.py": (
         "test_benchmarks.py", "test_benchmarks_batched.py", "test_benchmarks_workers.py", "test_sources.py",
     ),
@@ -445,8 +447,6 @@ TESTS: dict[str, tuple[str, ...]] = {
 
 # module -> why no test file claims it
 UNTESTED: dict[str, str] = {
-    "benchmarks/step_cost.py": "a timing benchmark of running vLLM engines (minutes a run); its op counts are the "
-                               "worker's, tested in test_vllm_ops.py",
     "benchmarks/__init__.py": "docstring only (a package's description)",
     "engine/backends/__init__.py": "docstring only (a package's description)",
     "engine/backends/hf/__init__.py": "docstring only (a package's description)",
