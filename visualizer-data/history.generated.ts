@@ -52,7 +52,7 @@ export const validatorNights: ValidatorNight[] = [
   },
   {
     "date": "2026-12-07",
-    "commit": "e94e279a21146ca88a952ca983512d1900d69ddd",
+    "commit": "dd49ea29a66a60f7c5c36915c3c7ed73477b3baa",
     "columns": {
       "hf": {"cells": 96, "pass": 33887, "warn": 0, "fail": 0, "declared": 51, "gap": 181, "errors": 0, "skipped": 0},
       "interp-engine": {"cells": 96, "pass": 17947, "warn": 0, "fail": 0, "declared": 0, "gap": 9227, "errors": 0, "skipped": 0},
