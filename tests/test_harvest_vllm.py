@@ -14,12 +14,12 @@ from engine.core.errors import UnsupportedPointError
 from engine.harvest import SAMPLE, HarvestDataset, harvest, read_manifest, runner, shards, verify
 from engine.harvest import manifest as mf
 from engine.harvest.runner import Flow
-from test_vllm_common import drop, eager_model, vllm_model
+from test_vllm_common import STATIC_TAPS, eager_model, vllm_model
 
 pytestmark = pytest.mark.vllm
 
 LLAMA = "meta-llama/Llama-3.2-1B"
-POINTS = {"vllm": ["resid_post.1", "mlp_out.0", "z.0.head-1"], "vllm-static": ["resid_post.1", "mlp_out.0"]}
+POINTS = {"vllm": ["resid_post.1", "mlp_out.0", "z.0.head-1"], "vllm-static": ["resid_post.1", "mlp_out.1"]}
 LINES = SAMPLE.read_text().splitlines()
 DOCS = LINES[:10] + [" ".join(LINES[10:16])] + LINES[16:22]  # one ~120-token document: several windows
 KW = dict(shard_tokens=96, context=32, batch_tokens=160, progress=False)
@@ -27,10 +27,9 @@ KW = dict(shard_tokens=96, context=32, batch_tokens=160, progress=False)
 
 @pytest.fixture(scope="module")
 def engines():
-    made = {"vllm": vllm_model(LLAMA), "vllm-static": vllm_model(LLAMA, "vllm-static", compile=False,
-                                                                  static_points=POINTS["vllm-static"])}
-    yield made
-    drop(made["vllm-static"])  # the default Llama engine is shared for the session (tests/conftest.py)
+    # both shared: the default Llama engine for the session (tests/conftest.py), the vllm-static one with the
+    # modules of test_vllm_common.STATIC_TAPS (its tap set holds POINTS["vllm-static"])
+    return {"vllm": vllm_model(LLAMA), "vllm-static": vllm_model(LLAMA, "vllm-static", static_points=STATIC_TAPS)}
 
 
 @pytest.fixture(scope="module")
@@ -109,8 +108,8 @@ def test_crash_then_resume_writes_the_bytes_of_an_uninterrupted_run(engines, dat
 
 
 def test_static_refuses_points_it_did_not_declare(engines, data, tmp_path):
-    with pytest.raises(UnsupportedPointError, match="mlp_out.1 cannot be served by backend 'vllm-static'.*declared"):
-        harvest(engines["vllm-static"], ["mlp_out.1"], data, tmp_path / "o", **KW)
+    with pytest.raises(UnsupportedPointError, match="mlp_out.0 cannot be served by backend 'vllm-static'.*declared"):
+        harvest(engines["vllm-static"], ["mlp_out.0"], data, tmp_path / "o", **KW)
     assert not (tmp_path / "o").exists()
 
 
