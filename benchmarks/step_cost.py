@@ -75,10 +75,8 @@ def child(a: argparse.Namespace) -> int:
         print(MARK + json.dumps(obj), flush=True)
 
     say({"ready": True, "layers": n, "d_model": d})
-    for line in sys.stdin:
+    for line in sys.stdin:  # until the parent closes it (benchmarks/child.py)
         cmd = json.loads(line)
-        if cmd.get("quit"):
-            break
         arm, streams = cmd["arm"], cmd["streams"]
         batch = reqs(arm, streams)
         timed = hasattr(m, "worker_timing")  # a base from before issue 52 has neither timer nor counter: wall only

@@ -327,8 +327,8 @@ class WorkerState:
                         res.readouts[name] = vllm_wire.encode(list(parts_of(acc.result())))
                     except RuntimeError as e:
                         res.errors[name] = vllm_wire.Failure.of(e)
-            # keys not encoded one by one: final_norm read only for the logits made here (sent, its file was
-            # left in /dev/shm: the client never maps it), and the keys a stack below carries
+            # keys not encoded one by one below: the keys a stack carries, and final_norm when it was read only for
+            # the logits made here (the client never reads it: sent as a file, it was left in /dev/shm)
             skip = {"final_norm"} if want_logits and Address("final_norm") not in plan.captures else set()
             for index, first, rows in plan.stacked():  # vllm-static: a request's every layer as one tensor
                 res.stacks.append(encode(rows))
