@@ -19,7 +19,9 @@ rounds, each time the other first: on this machine the side started first reads 
 For each arm and round: milliseconds a token through the library (wall time of `generate_batch` of 32 new
 tokens per stream, divided by them: each step makes one token of every stream) and the worker's host
 microseconds a step inside its windows around the forward (`interp_timing`: before and after it; on the
-hooked backend also inside its hooks). "Added" is the arm less plain within the round; each figure is the
+hooked backend also inside its hooks), and the same call cut short at 1 and at 2 new tokens, so the host time
+splits by step: the prefill step, the first decode step (the two that build what later steps carry) and each
+decode step after them (`phases`). "Added" is the arm less plain within the round; each figure is the
 median over rounds with its 95% distribution-free interval (benchmarks/ci.py). An added figure is
 "unresolved" when its interval spans more than the goal it is held to (0.3 ms a token for the steer, 0.15
 ms for capture, issue 52) or, without a goal, more than a tenth of the plain step. Op counts a step are
@@ -44,6 +46,7 @@ ROOT = Path(__file__).resolve().parents[1]
 MARK = "STEPCOST "
 ARMS = ("plain", "capture", "steer", "readout")
 GOALS_MS = {"steer": 0.3, "capture": 0.15}  # added per token at 30 layers, 32 new tokens (issue 52)
+SHORT = (1, 2)  # new tokens of the short calls: the prefill step alone, then with the first decode step
 
 
 # -- the measuring process ----------------------------------------------------------------------------
@@ -67,9 +70,9 @@ def child(a: argparse.Namespace) -> int:
             "steer": {"steer": [Steer(f"resid_post.{i}", "add", v) for i in range(n)]},
             "readout": {"readouts": [Readout(f"resid_post.{n - 1}", Mean())]}}
 
-    def reqs(arm: str, streams: int) -> list:
+    def reqs(arm: str, streams: int, new: int) -> list:
         ids = prompt_ids(m.tokenizer, a.prompt, streams).tolist()
-        return [Request(ids[i], a.new_tokens, **what[arm]) for i in range(streams)]
+        return [Request(ids[i], new, **what[arm]) for i in range(streams)]
 
     def say(obj: dict) -> None:
         print(MARK + json.dumps(obj), flush=True)
@@ -78,7 +81,7 @@ def child(a: argparse.Namespace) -> int:
     for line in sys.stdin:  # until the parent closes it (benchmarks/child.py)
         cmd = json.loads(line)
         arm, streams = cmd["arm"], cmd["streams"]
-        batch = reqs(arm, streams)
+        batch = reqs(arm, streams, cmd.get("new", a.new_tokens))
         timed = hasattr(m, "worker_timing")  # a base from before issue 52 has neither timer nor counter: wall only
         if cmd.get("ops"):
             if not timed:
@@ -96,7 +99,7 @@ def child(a: argparse.Namespace) -> int:
         wall = time.perf_counter() - t
         (rank,) = m.worker_timing(False) if timed else ({"steps": 0, "seconds": {}},)
         tokens = [r.new_tokens.tolist() for r in out]
-        if arm == "capture" and any(r.cache[f"resid_post.{n - 1}"].shape[0] < a.prompt + a.new_tokens - 1 for r in out):
+        if arm == "capture" and "new" not in cmd and any(r.cache[f"resid_post.{n - 1}"].shape[0] < a.prompt + a.new_tokens - 1 for r in out):
             raise RuntimeError("a capture came back short")
         say({"wall": wall, "steps": rank["steps"], "seconds": rank["seconds"], "tokens": tokens})
     m.close()
@@ -146,7 +149,12 @@ def measure(a: argparse.Namespace) -> dict:
             for s in (sides if r % 2 == 0 else sides[::-1]):
                 for k in streams:
                     for arm in ARMS[r % len(ARMS):] + ARMS[:r % len(ARMS)]:
-                        samples[s.name][k][arm].append(s.ask(arm=arm, streams=k))
+                        got = s.ask(arm=arm, streams=k)
+                        # the same call cut short after its prefill step, and after the first decode step:
+                        # what the steps that build cost, apart from the decode steps carried after them
+                        got["short"] = {str(t): {key: v for key, v in s.ask(arm=arm, streams=k, new=t).items()
+                                                 if key != "tokens"} for t in SHORT}
+                        samples[s.name][k][arm].append(got)
             loads.append(load1())
             print(f"round {r + 1}/{a.rounds} done, load {loads[-1]:.1f}", file=sys.stderr, flush=True)
         ops = {s.name: {k: {arm: s.ask(arm=arm, streams=k, ops=True) for arm in ARMS} for k in streams} for s in sides}
@@ -175,11 +183,28 @@ def figures(out: dict) -> list[dict]:
                 added = [x - p for x, p in zip(ms, per_tok)]
                 op = out["ops"][side][k][arm]
                 rows.append({"side": side, "streams": int(k), "arm": arm, "ms": median_ci(ms), "host_us": median_ci(host),
+                             **phases(ss),
                              "added_ms": None if arm == "plain" else median_ci(added),
                              "ops": max(op["per_step"], default=0), "ops_step": op["labels"].get("step", 0) / max(op["steps"], 1),
                              "ops_hooks": op["labels"].get("hooks", 0) / max(op["steps"], 1),
                              "plain_ms": median_ci(per_tok).median, "timed": timed})
     return rows
+
+
+def phases(ss: list[dict]) -> dict:
+    """The worker's host us of an arm's call split by step, each the median over rounds with its interval:
+    "prefill_us" the prefill step (the call cut short at 1 new token), "first_us" the first decode step
+    (cut at 2, less the one at 1), "later_us" each decode step after them (the whole call less the one cut
+    at 2, over its extra steps). The first two steps build what later ones carry (engine/backends/vllm/
+    worker/stepio.py: fill_of), so "later_us" is what a long generation pays a token."""
+    def total(s: dict) -> float:
+        return 1e6 * sum(s["seconds"].values())
+    if not ss or "short" not in ss[0]:
+        return {}
+    one, two = ([x["short"][str(t)] for x in ss] for t in SHORT)
+    later = [(total(x) - total(b)) / max(x["steps"] - b["steps"], 1) for x, b in zip(ss, two)]
+    return {"prefill_us": median_ci([total(x) for x in one]),
+            "first_us": median_ci([total(b) - total(x) for x, b in zip(one, two)]), "later_us": median_ci(later)}
 
 
 def shown(row: dict) -> str:
@@ -211,6 +236,17 @@ def table(out: dict) -> str:
             host, ops = "n/a", "n/a"  # a base without the worker's timer and counter (before issue 52)
         lines.append(f"| {row['side']} | {row['streams']} | {row['arm']} | "
                      f"{fmt_interval(row['ms'].median, row['ms'].lo, row['ms'].hi)} | {shown(row)} | {host} | {ops} |")
+    split = [row for row in figures(out) if row["timed"] and row["arm"] != "plain" and "later_us" in row]
+    if split:
+        lines += [f"\nWhere the worker's host us go, by step: the prefill step, the first decode step (the two "
+                  f"that build), each decode step after them (carried: what a long generation pays a token), and "
+                  f"the mean a step over the {out['new_tokens']}-token call; median [95% interval] over rounds\n",
+                  "| side | streams | arm | prefill step | first decode step | each later step | mean a step |",
+                  "|---|---:|---|---:|---:|---:|---:|"]
+        for row in split:
+            cells = [fmt_interval(iv.median, iv.lo, iv.hi) for iv in
+                     (row["prefill_us"], row["first_us"], row["later_us"], row["host_us"])]
+            lines.append(f"| {row['side']} | {row['streams']} | {row['arm']} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 

@@ -193,13 +193,15 @@ class Sweep:
                          f"(--max-seconds); {r} rounds ran")
                 break
             t0, load0 = time.perf_counter(), env.load1()
-            for pos, (v, w) in enumerate(rounds.schedule(ready, r, lambda w: get_workload(w).baseline)):
+            order = rounds.schedule(ready, r, lambda w: get_workload(w).baseline)
+            for pos, (v, w) in enumerate(order):
                 if (v, w) in self.cells:  # failed earlier in this sweep
                     continue
-                reply = self._ask(v, w, {"op": "sample", "workload": w})
+                lead_in = rounds.switches_in(order, pos)
+                reply = self._ask(v, w, {"op": "sample", "workload": w, "lead_in": lead_in})
                 if reply:
                     self.prepared[(v, w)]["samples"].append(
-                        {"round": r, "position": pos, **{k: reply[k] for k in SAMPLE_FIELDS}})
+                        {"round": r, "position": pos, "lead_in": lead_in, **{k: reply[k] for k in SAMPLE_FIELDS}})
             last = time.perf_counter() - t0
             self.log(f"round {r + 1}/{self.p.rounds}: {last:.0f} s, machine load {load0} -> {env.load1()}")
 

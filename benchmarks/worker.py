@@ -11,8 +11,9 @@ mistaken for a reply. Requests:
     {"op": "load", "variant": ..., "params": {...}}  -> {"ok", "env", "load_s", "model_info"}
     {"op": "prepare", "workload": w}                  -> {"ok", "k", "est_s", "notes"} (warmups, on the
                                                          sweep's clock, size the sample here)
-    {"op": "sample", "workload": w}                   -> {"ok", "seconds", "cpu_s", "min_seconds", "min_cpu_s",
-                                                          "k", "load1", "t"} (per run: mean and fastest of k)
+    {"op": "sample", "workload": w, "lead_in": bool}  -> {"ok", "seconds", "cpu_s", "min_seconds", "min_cpu_s",
+                                                          "k", "load1", "t"} (per run: mean and fastest of k;
+                                                          lead_in: one untimed run first, benchmarks/rounds.py)
     {"op": "check", "workload": w}                    -> {"ok", "check", "generated"}
     {"op": "close"}                                   -> {"ok"} and exit
 A failure answers {"ok": false, "status": "n/a" | "error", "reason": ..., "traceback": ...}."""
@@ -106,6 +107,9 @@ class Worker:
         disturbed one)."""
         w, p = req["workload"], self.params
         job, k = self.jobs[w], self.k[w]
+        if req.get("lead_in"):  # the process's first run after other variants' cells: untimed (benchmarks/rounds.py)
+            job.run()
+            _sync(p.device)
         t = time.time()
         walls, cpus = [], []
         for _ in range(k):

@@ -47,7 +47,7 @@ TESTS: dict[str, tuple[str, ...]] = {
     "benchmarks/serve_stats.py": ("test_benchmarks_remote_cost.py", "test_serve_load.py"),
     "benchmarks/spec.py": ("test_benchmarks.py", "test_benchmarks_batched.py", "test_benchmarks_workers.py"),
     "benchmarks/stats.py": ("test_benchmarks.py", "test_serve_load.py"),
-    "benchmarks/step_cost.py": ("test_benchmarks_child.py",),
+    "benchmarks/step_cost.py": ("test_benchmarks_child.py", "test_benchmarks_step_cost.py"),
     "benchmarks/sweep.py": (
         "test_benchmarks.py", "test_benchmarks_batched.py", "test_benchmarks_workers.py", "test_sources.py",
     ),

@@ -60,6 +60,37 @@ def test_each_round_rotates_variants_and_their_workloads():
         assert Counter(rounds.schedule(CELLS, r, _baseline)) == Counter(CELLS)
 
 
+def test_a_cell_switches_in_where_its_variant_takes_over_from_another():
+    for r in range(4):
+        order = rounds.schedule(CELLS, r, _baseline)
+        got = [pos for pos in range(len(order)) if rounds.switches_in(order, pos)]
+        expected = [0] + [i for i in range(1, len(order)) if order[i][0] != order[i - 1][0]]
+        assert got == expected
+    assert [p for p in range(len(CELLS)) if rounds.switches_in(rounds.schedule(CELLS, 0, _baseline), p)] == \
+        [0, 3, 6, 9, 11, 13, 15]  # round 0 (listed above): eager, vllm, hf-generate; then the prefill group's four
+
+
+def test_the_sweep_asks_a_lead_in_for_each_cell_that_switches_in_and_records_it(tmp_path):
+    from benchmarks.sweep import Sweep
+    cells = [("eager", "prefill"), ("eager", "capture_all"), ("vllm", "prefill"), ("vllm", "capture_all")]
+    s = Sweep(Params(rounds=6), "t", ["eager", "vllm"], ["prefill", "capture_all"], tmp_path, log=lambda *_: None)
+    s.prepared = {c: {"samples": []} for c in cells}
+    s.workers = {"eager": object(), "vllm": object()}
+    asked = []
+
+    def ask(v, w, req):
+        asked.append((v, w, req["lead_in"]))
+        return {"seconds": 0.1, "cpu_s": 0.1, "min_seconds": 0.1, "min_cpu_s": 0.1, "k": 1, "load1": 0.0, "t": 0.0}
+    s._ask = ask
+    s.run_rounds(cells)
+    assert asked[:4] == [("eager", "prefill", True), ("eager", "capture_all", False),
+                         ("vllm", "prefill", True), ("vllm", "capture_all", False)]
+    assert len(asked) == 6 * 4
+    assert asked[4:8] == [("vllm", "capture_all", True), ("vllm", "prefill", False),
+                         ("eager", "capture_all", True), ("eager", "prefill", False)]  # round 1: rotated
+    assert [x["lead_in"] for x in s.prepared[("eager", "prefill")]["samples"]] == [True, False] * 3
+
+
 def test_the_two_sides_of_every_reported_ratio_share_a_group():
     from benchmarks.workloads import NAMES
     variants = ["eager", "vllm", "vllm-static", "vllm-generate", "hf-generate", "transformerlens", "nnsight",

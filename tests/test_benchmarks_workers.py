@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 
 import pytest
 import torch
@@ -68,6 +69,24 @@ def test_sample_times_k_runs_on_both_clocks(eager_worker):
     assert s["ok"] and s["k"] == 4
     assert 0 < s["min_seconds"] <= s["seconds"] and 0 < s["min_cpu_s"] <= s["cpu_s"]
     assert runs_per_sample(0.01, 0.25) == 25 and runs_per_sample(2.0, 0.25) == 1 and runs_per_sample(1e-9, 1) == 500
+
+
+def test_a_lead_in_runs_the_job_once_untimed_before_the_sample(eager_worker):
+    w, _ = eager_worker
+    assert w.handle({"op": "prepare", "workload": "prefill"})["ok"]
+    job, runs = w.jobs["prefill"], []
+    real = job.run
+    try:
+        job.run = lambda: runs.append(time.time()) or real()
+        w.k["prefill"] = 2
+        plain = w.handle({"op": "sample", "workload": "prefill"})
+        assert plain["ok"] and len(runs) == 2  # no lead-in: the k timed runs alone
+        runs.clear()
+        led = w.handle({"op": "sample", "workload": "prefill", "lead_in": True})
+        assert led["ok"] and led["k"] == 2 and len(runs) == 3  # one more, before the timed ones
+        assert runs[0] <= led["t"] <= runs[1]  # the sample's clock starts after the lead-in
+    finally:
+        job.run = real
 
 
 @pytest.mark.parametrize("workload, layers, rows", [("capture_one", 1, 8), ("capture_all", 2, 8),
