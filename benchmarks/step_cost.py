@@ -7,9 +7,10 @@ each against plain decode, through the library (issue 52).
 
 Each side (this tree, and with --base the engine in another checkout, e.g. `git archive` of an older commit
 with the worker's counter and timer: `interp_ops`, `interp_timing`) runs in a process of its own with the
-model loaded once. Every round runs, on each side in turn (the order alternates by round) and for each stream
-count, every arm once, the arms rotated by one place a round (`--relaunch N`: both sides started afresh every N
-rounds, each time the other first: on this machine the side started first reads slower, docs/performance.md):
+model loaded once. Every round runs, on each side in turn (the order alternates by round), one untimed plain
+call (the lead-in), then for each stream count every arm once, the arms rotated by one place a round
+(`--relaunch N`: both sides started afresh every N rounds, each time the other first: on this machine the side
+started first reads slower, docs/performance.md):
 
   plain     generation, nothing asked (no plan: the worker does nothing around the forward)
   capture   resid_post of every layer captured, its rows returned to the caller
@@ -123,6 +124,21 @@ def start_order(names: list[str], r: int, relaunch: int) -> list[str]:
     return names[::-1] if relaunch and (r // relaunch) % 2 else names
 
 
+def one_round(sides: list, r: int, streams: list[int], samples: dict) -> None:
+    """Round `r` on each side in turn: one untimed plain call first (the side's process takes over from the
+    other's: benchmarks/rounds.py says why its first call reads slower), then for each stream count every arm,
+    rotated by `r` places, and each arm's call cut short after its prefill step and after the first decode
+    step (what the steps that build cost, apart from the decode steps carried after them: `phases`)."""
+    for s in sides:
+        s.ask(arm="plain", streams=streams[0])  # the lead-in, untimed
+        for k in streams:
+            for arm in ARMS[r % len(ARMS):] + ARMS[:r % len(ARMS)]:
+                got = s.ask(arm=arm, streams=k)
+                got["short"] = {str(t): {key: v for key, v in s.ask(arm=arm, streams=k, new=t).items()
+                                         if key != "tokens"} for t in SHORT}
+                samples[s.name][k][arm].append(got)
+
+
 def measure(a: argparse.Namespace) -> dict:
     streams = [int(s) for s in a.streams.split(",")]
     trees = {"after": ROOT, **({"before": Path(a.base).resolve()} if a.base else {})}
@@ -146,15 +162,7 @@ def measure(a: argparse.Namespace) -> dict:
                 sides = [started[n] for n in trees]
                 for s in sides:
                     warm(s)
-            for s in (sides if r % 2 == 0 else sides[::-1]):
-                for k in streams:
-                    for arm in ARMS[r % len(ARMS):] + ARMS[:r % len(ARMS)]:
-                        got = s.ask(arm=arm, streams=k)
-                        # the same call cut short after its prefill step, and after the first decode step:
-                        # what the steps that build cost, apart from the decode steps carried after them
-                        got["short"] = {str(t): {key: v for key, v in s.ask(arm=arm, streams=k, new=t).items()
-                                                 if key != "tokens"} for t in SHORT}
-                        samples[s.name][k][arm].append(got)
+            one_round(sides if r % 2 == 0 else sides[::-1], r, streams, samples)
             loads.append(load1())
             print(f"round {r + 1}/{a.rounds} done, load {loads[-1]:.1f}", file=sys.stderr, flush=True)
         ops = {s.name: {k: {arm: s.ask(arm=arm, streams=k, ops=True) for arm in ARMS} for k in streams} for s in sides}

@@ -80,3 +80,31 @@ def test_samples_from_before_the_split_still_make_a_report():
             del s["short"]
     assert "Where the worker's host us go" not in table(out)
     assert all("later_us" not in r for r in figures(out))
+
+
+class FakeSide:
+    """A measuring process that records what it is asked and answers like step_cost's child."""
+
+    def __init__(self, name: str, log: list) -> None:
+        self.name, self.log = name, log
+
+    def ask(self, **cmd) -> dict:
+        self.log.append((self.name, cmd.get("arm"), cmd.get("streams"), cmd.get("new")))
+        return {"wall": 1.0, "steps": cmd.get("new", 32), "seconds": {"step": 0.001}, "tokens": [[1]]}
+
+
+def test_a_round_leads_each_side_in_with_an_untimed_call_then_rotates_the_arms():
+    from benchmarks.step_cost import one_round
+    log: list = []
+    sides = [FakeSide("after", log), FakeSide("before", log)]
+    samples = {s.name: {k: {arm: [] for arm in ARMS} for k in (1, 8)} for s in sides}
+    one_round(sides, 1, [1, 8], samples)
+    per_side = 1 + 2 * len(ARMS) * 3  # the lead-in, then each stream count's arms, each with its two short cuts
+    assert len(log) == 2 * per_side
+    assert log[0] == ("after", "plain", 1, None) and log[per_side] == ("before", "plain", 1, None)
+    timed = [x for x in log[1:per_side] if x[3] is None]
+    assert [x[1] for x in timed] == list(ARMS[1:] + ARMS[:1]) * 2  # round 1: rotated one place
+    assert log[2:4] == [("after", "capture", 1, 1), ("after", "capture", 1, 2)]  # each call's short cuts follow it
+    for side in samples.values():  # the lead-in is not a sample
+        assert all(len(v) == 1 for by_arm in side.values() for v in by_arm.values())
+    assert samples["after"][8]["steer"][0]["short"]["2"]["steps"] == 2
