@@ -930,9 +930,9 @@ export const ratioNights: RatioNight[] = [
     "key": "eager:capture_all/hf-generate:prefill",
     "title": "eager, capture at every layer / HF forward",
     "group": "hf",
-    "median": 1.0271621835178137,
-    "lo": 0.9940488369361827,
-    "hi": 1.0487462441152684,
+    "median": 1.0132256850145749,
+    "lo": 0.988738696645298,
+    "hi": 1.2008875416999267,
     "node": "vm"
   },
   {
@@ -941,9 +941,9 @@ export const ratioNights: RatioNight[] = [
     "key": "eager:capture_all/interp-engine:capture_all",
     "title": "eager / interp-engine, capture at every layer",
     "group": "peers",
-    "median": 0.9917425287459399,
-    "lo": 0.982791751907851,
-    "hi": 1.0133561007462644,
+    "median": 1.0021657738498668,
+    "lo": 0.9752594855304554,
+    "hi": 1.093831794400711,
     "node": "vm"
   },
   {
@@ -952,9 +952,9 @@ export const ratioNights: RatioNight[] = [
     "key": "eager:capture_all/nnsight:capture_all",
     "title": "eager / nnsight, capture at every layer",
     "group": "peers",
-    "median": 1.0264164145853565,
-    "lo": 1.0160803249485741,
-    "hi": 1.0417777757210378,
+    "median": 1.070804688506647,
+    "lo": 1.0246413750570125,
+    "hi": 1.156771156294174,
     "node": "vm"
   },
   {
@@ -963,9 +963,9 @@ export const ratioNights: RatioNight[] = [
     "key": "eager:capture_all/transformerlens:capture_all",
     "title": "eager / transformerlens, capture at every layer",
     "group": "peers",
-    "median": 1.191265713333954,
-    "lo": 1.174106076281254,
-    "hi": 1.2380763035514137,
+    "median": 1.2014613060933879,
+    "lo": 1.1611537160935734,
+    "hi": 1.3500076089465904,
     "node": "vm"
   },
   {
@@ -974,9 +974,9 @@ export const ratioNights: RatioNight[] = [
     "key": "eager:capture_gen/interp-engine:capture_gen",
     "title": "eager / interp-engine, capture during generation",
     "group": "peers",
-    "median": 1.1557602288459685,
-    "lo": 1.1160158067750159,
-    "hi": 1.1743810857958643,
+    "median": 1.1535593023824058,
+    "lo": 1.111035939873363,
+    "hi": 1.1997986138056116,
     "node": "vm"
   },
   {
@@ -985,9 +985,9 @@ export const ratioNights: RatioNight[] = [
     "key": "eager:capture_gen/nnsight:capture_gen",
     "title": "eager / nnsight, capture during generation",
     "group": "peers",
-    "median": 1.019126401059777,
-    "lo": 0.9974100226509234,
-    "hi": 1.0926567701305614,
+    "median": 1.0417594480744314,
+    "lo": 0.960752636448715,
+    "hi": 1.0688164886009266,
     "node": "vm"
   },
   {
@@ -996,9 +996,9 @@ export const ratioNights: RatioNight[] = [
     "key": "eager:capture_gen/transformerlens:capture_gen",
     "title": "eager / transformerlens, capture during generation",
     "group": "peers",
-    "median": 1.4522115527338313,
-    "lo": 1.4303598515157776,
-    "hi": 1.5766227151309273,
+    "median": 1.4537016518083772,
+    "lo": 1.347395125823133,
+    "hi": 1.534605093135983,
     "node": "vm"
   },
   {
@@ -1007,9 +1007,9 @@ export const ratioNights: RatioNight[] = [
     "key": "eager:capture_gen/vllm-generate:decode",
     "title": "eager, capture during generation / stock decode (1 stream)",
     "group": "stock",
-    "median": 0.8832258391188624,
-    "lo": 0.8418054455124833,
-    "hi": 0.9214725389274813,
+    "median": 0.8261420823500771,
+    "lo": 0.7740534691384469,
+    "hi": 0.8704178448094848,
     "node": "vm"
   },
   {
@@ -1018,9 +1018,9 @@ export const ratioNights: RatioNight[] = [
     "key": "eager:long_capture/hf-generate:long_prefill",
     "title": "eager, capture at every layer / HF forward, 512-token prompt",
     "group": "hf",
-    "median": 1.0090143005211505,
-    "lo": 0.969483067622595,
-    "hi": 1.022399832680737,
+    "median": 0.9690760005904678,
+    "lo": 0.9236749444445768,
+    "hi": 1.024287451808985,
     "node": "vm"
   },
   {
@@ -1029,9 +1029,9 @@ export const ratioNights: RatioNight[] = [
     "key": "eager:steer_all/eager:decode",
     "title": "eager, steer every layer / no steer",
     "group": "steer",
-    "median": 0.9536169980166037,
-    "lo": 0.9424310586615813,
-    "hi": 0.992073623142578,
+    "median": 0.9730776740911968,
+    "lo": 0.9538047367845242,
+    "hi": 0.9915828319381571,
     "node": "vm"
   },
   {
@@ -1040,9 +1040,9 @@ export const ratioNights: RatioNight[] = [
     "key": "eager:steer_all/interp-engine:steer_all",
     "title": "eager / interp-engine, steer every layer",
     "group": "peers",
-    "median": 1.0073614150821693,
-    "lo": 0.9575092852713492,
-    "hi": 1.041143160124398,
+    "median": 1.0197140080220746,
+    "lo": 0.9846545930080857,
+    "hi": 1.0713832891830812,
     "node": "vm"
   },
   {
@@ -1051,9 +1051,9 @@ export const ratioNights: RatioNight[] = [
     "key": "eager:steer_all/nnsight:steer_all",
     "title": "eager / nnsight, steer every layer",
     "group": "peers",
-    "median": 1.0013023209271097,
-    "lo": 0.9769724940902671,
-    "hi": 1.0593355524807708,
+    "median": 0.9847726325738526,
+    "lo": 0.9176560671717571,
+    "hi": 1.0995510873758536,
     "node": "vm"
   },
   {
@@ -1062,9 +1062,9 @@ export const ratioNights: RatioNight[] = [
     "key": "eager:steer_all/transformerlens:steer_all",
     "title": "eager / transformerlens, steer every layer",
     "group": "peers",
-    "median": 1.2501777809537227,
-    "lo": 1.200206487424427,
-    "hi": 1.2998179537016812,
+    "median": 1.2498500630248421,
+    "lo": 1.2169072651780242,
+    "hi": 1.3060931375308662,
     "node": "vm"
   },
   {
@@ -1073,9 +1073,9 @@ export const ratioNights: RatioNight[] = [
     "key": "vllm-static:capture_gen/vllm-generate:decode",
     "title": "vllm-static, capture during generation / stock decode (1 stream)",
     "group": "stock",
-    "median": 1.0018840811175929,
-    "lo": 0.9554509863688393,
-    "hi": 1.051147991631632,
+    "median": 0.9366399211229013,
+    "lo": 0.9305038541125201,
+    "hi": 0.9635322064975311,
     "node": "vm"
   },
   {
@@ -1084,9 +1084,9 @@ export const ratioNights: RatioNight[] = [
     "key": "vllm-static:capture_gen8/vllm-generate:concurrency8",
     "title": "vllm-static, capture during generation, 8 streams / stock concurrency 8 (aggregate)",
     "group": "stock",
-    "median": 0.9391840533896209,
-    "lo": 0.9288172091319077,
-    "hi": 0.9830873916664906,
+    "median": 0.9337665081126452,
+    "lo": 0.8827094549446788,
+    "hi": 0.9430817514673541,
     "node": "vm"
   },
   {
@@ -1095,9 +1095,9 @@ export const ratioNights: RatioNight[] = [
     "key": "vllm-static:steer_all/vllm-generate:decode",
     "title": "vllm-static, steer every layer / stock decode (1 stream)",
     "group": "stock",
-    "median": 0.9948022206711423,
-    "lo": 0.9666973895621468,
-    "hi": 1.0298355851003516,
+    "median": 0.9588698138992658,
+    "lo": 0.9425628819499897,
+    "hi": 1.0242310249230144,
     "node": "vm"
   },
   {
@@ -1106,9 +1106,9 @@ export const ratioNights: RatioNight[] = [
     "key": "vllm-static:steer_all/vllm-static:decode",
     "title": "vllm-static, steer every layer / no steer",
     "group": "steer",
-    "median": 0.9912941556588855,
-    "lo": 0.9480935329973936,
-    "hi": 1.0173063343458217,
+    "median": 0.9785240597538534,
+    "lo": 0.9702071842725942,
+    "hi": 1.0080934060813922,
     "node": "vm"
   },
   {
@@ -1117,9 +1117,9 @@ export const ratioNights: RatioNight[] = [
     "key": "vllm:capture_gen/vllm-generate:decode",
     "title": "vllm, capture during generation / stock decode (1 stream)",
     "group": "stock",
-    "median": 0.8409089542318626,
-    "lo": 0.8068509412272671,
-    "hi": 0.8750316892235779,
+    "median": 0.7766520141993695,
+    "lo": 0.7321419338194657,
+    "hi": 0.8017530281490123,
     "node": "vm"
   },
   {
@@ -1128,9 +1128,9 @@ export const ratioNights: RatioNight[] = [
     "key": "vllm:capture_gen8/vllm-generate:concurrency8",
     "title": "vllm, capture during generation, 8 streams / stock concurrency 8 (aggregate)",
     "group": "stock",
-    "median": 0.8298801508450189,
-    "lo": 0.824570210558039,
-    "hi": 0.8602018360715048,
+    "median": 0.8126066414683002,
+    "lo": 0.7805103455792355,
+    "hi": 0.8385116664929675,
     "node": "vm"
   },
   {
@@ -1139,9 +1139,9 @@ export const ratioNights: RatioNight[] = [
     "key": "vllm:steer_all/vllm-generate:decode",
     "title": "vllm, steer every layer / stock decode (1 stream)",
     "group": "stock",
-    "median": 0.8179265524952124,
-    "lo": 0.8091014021471212,
-    "hi": 0.8417005414992939,
+    "median": 0.7592066931653066,
+    "lo": 0.7349383533590146,
+    "hi": 0.790941663736246,
     "node": "vm"
   },
   {
@@ -1150,9 +1150,9 @@ export const ratioNights: RatioNight[] = [
     "key": "vllm:steer_all/vllm:decode",
     "title": "vllm, steer every layer / no steer",
     "group": "steer",
-    "median": 0.9319985468936665,
-    "lo": 0.9012610197170834,
-    "hi": 0.9571761038943519,
+    "median": 0.9246209709847917,
+    "lo": 0.8878936708598933,
+    "hi": 0.9433564880241816,
     "node": "vm"
   },
   {
