@@ -4,7 +4,8 @@
 # and the --check that the committed outputs match the new cells, then the server against stock
 # `vllm serve` on the real-size twin (reports/serve/load-latest.md), so both land at one commit.
 #
-#   bash benchmarks/cpu.sh             # about 55 minutes on the idle 2-core dev machine (20 of them the server)
+#   bash benchmarks/cpu.sh             # over an hour on the idle 2-core dev machine (the real-size sweep 24 min
+#                                      # with its lead-ins, 2026-12-07; the server 20)
 #   SKIP_REAL=1 bash benchmarks/cpu.sh # the tiny sweep only (about 10 minutes)
 #   SKIP_SERVE=1 bash benchmarks/cpu.sh # the sweeps without the server benchmark
 #   SKIP_READOUT=1 ...                   # without the SAE readout against raw capture sweep (about 5 minutes)

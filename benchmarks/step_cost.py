@@ -201,9 +201,9 @@ def figures(out: dict) -> list[dict]:
 
 def phases(ss: list[dict]) -> dict:
     """The worker's host us of an arm's call split by step, each the median over rounds with its interval:
-    "prefill_us" the prefill step (the call cut short at 1 new token), "first_us" the first decode step
-    (cut at 2, less the one at 1), "later_us" each decode step after them (the whole call less the one cut
-    at 2, over its extra steps). The first two steps build what later ones carry (engine/backends/vllm/
+    "prefill_us" the prefill (the call cut short at 1 new token: one step, or more where vLLM chunks a long
+    batch of prompts), "first_us" the first decode step (cut at 2, less the one at 1), "later_us" each
+    decode step after them (the whole call less the one cut at 2, over its extra steps). The first two steps build what later ones carry (engine/backends/vllm/
     worker/stepio.py: fill_of), so "later_us" is what a long generation pays a token."""
     def total(s: dict) -> float:
         return 1e6 * sum(s["seconds"].values())
@@ -246,10 +246,11 @@ def table(out: dict) -> str:
                      f"{fmt_interval(row['ms'].median, row['ms'].lo, row['ms'].hi)} | {shown(row)} | {host} | {ops} |")
     split = [row for row in figures(out) if row["timed"] and row["arm"] != "plain" and "later_us" in row]
     if split:
-        lines += [f"\nWhere the worker's host us go, by step: the prefill step, the first decode step (the two "
-                  f"that build), each decode step after them (carried: what a long generation pays a token), and "
-                  f"the mean a step over the {out['new_tokens']}-token call; median [95% interval] over rounds\n",
-                  "| side | streams | arm | prefill step | first decode step | each later step | mean a step |",
+        lines += [f"\nWhere the worker's host us go, by step: the prefill (all its steps: vLLM may chunk a batch of "
+                  f"prompts), the first decode step (these build), each decode step after them (carried: what a long "
+                  f"generation pays a token), and the mean a step over the {out['new_tokens']}-token call; median "
+                  f"[95% interval] over rounds\n",
+                  "| side | streams | arm | prefill | first decode step | each later step | mean a step |",
                   "|---|---:|---|---:|---:|---:|---:|"]
         for row in split:
             cells = [fmt_interval(iv.median, iv.lo, iv.hi) for iv in
