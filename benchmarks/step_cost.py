@@ -187,7 +187,7 @@ def figures(out: dict) -> list[dict]:
             for arm in ARMS:
                 ss = by_arm[arm]
                 ms = [s["wall"] / out["new_tokens"] * 1e3 for s in ss]
-                host = [1e6 * sum(s["seconds"].values()) / max(s["steps"], 1) for s in ss]
+                host = [host_us(s) / max(s["steps"], 1) for s in ss]
                 added = [x - p for x, p in zip(ms, per_tok)]
                 op = out["ops"][side][k][arm]
                 rows.append({"side": side, "streams": int(k), "arm": arm, "ms": median_ci(ms), "host_us": median_ci(host),
@@ -199,20 +199,24 @@ def figures(out: dict) -> list[dict]:
     return rows
 
 
+def host_us(answer: dict) -> float:
+    """The worker's host microseconds over a call's steps, every window ("step", and on `vllm` "hooks")."""
+    return 1e6 * sum(answer["seconds"].values())
+
+
 def phases(ss: list[dict]) -> dict:
     """The worker's host us of an arm's call split by step, each the median over rounds with its interval:
     "prefill_us" the prefill (the call cut short at 1 new token: one step, or more where vLLM chunks a long
     batch of prompts), "first_us" the first decode step (cut at 2, less the one at 1), "later_us" each
-    decode step after them (the whole call less the one cut at 2, over its extra steps). The first two steps build what later ones carry (engine/backends/vllm/
-    worker/stepio.py: fill_of), so "later_us" is what a long generation pays a token."""
-    def total(s: dict) -> float:
-        return 1e6 * sum(s["seconds"].values())
+    decode step after them (the whole call less the one cut at 2, over its extra steps). The first two steps
+    build what later ones carry (engine/backends/vllm/worker/stepio.py: fill_of), so "later_us" is what a
+    long generation pays a token."""
     if not ss or "short" not in ss[0]:
         return {}
     one, two = ([x["short"][str(t)] for x in ss] for t in SHORT)
-    later = [(total(x) - total(b)) / max(x["steps"] - b["steps"], 1) for x, b in zip(ss, two)]
-    return {"prefill_us": median_ci([total(x) for x in one]),
-            "first_us": median_ci([total(b) - total(x) for x, b in zip(one, two)]), "later_us": median_ci(later)}
+    later = [(host_us(x) - host_us(b)) / max(x["steps"] - b["steps"], 1) for x, b in zip(ss, two)]
+    return {"prefill_us": median_ci([host_us(x) for x in one]),
+            "first_us": median_ci([host_us(b) - host_us(x) for x, b in zip(one, two)]), "later_us": median_ci(later)}
 
 
 def shown(row: dict) -> str:
@@ -237,14 +241,15 @@ def table(out: dict) -> str:
              f"{out['load'][0]:.1f}-{out['load'][1]:.1f}; median [95% interval] over rounds\n",
              "| side | streams | arm | ms / token | added ms / token | worker host us / step | ops / step |",
              "|---|---:|---|---:|---:|---:|---:|"]
-    for row in figures(out):
+    rows = figures(out)
+    for row in rows:
         ops = f"{sig(row['ops_step'], 3)}" + (f" (+{sig(row['ops_hooks'], 3)} in hooks)" if row["ops_hooks"] else "")
         host = fmt_interval(row["host_us"].median, row["host_us"].lo, row["host_us"].hi)
         if not row["timed"]:
             host, ops = "n/a", "n/a"  # a base without the worker's timer and counter (before issue 52)
         lines.append(f"| {row['side']} | {row['streams']} | {row['arm']} | "
                      f"{fmt_interval(row['ms'].median, row['ms'].lo, row['ms'].hi)} | {shown(row)} | {host} | {ops} |")
-    split = [row for row in figures(out) if row["timed"] and row["arm"] != "plain" and "later_us" in row]
+    split = [row for row in rows if row["timed"] and row["arm"] != "plain" and "later_us" in row]
     if split:
         lines += [f"\nWhere the worker's host us go, by step: the prefill (all its steps: vLLM may chunk a batch of "
                   f"prompts), the first decode step (these build), each decode step after them (carried: what a long "
