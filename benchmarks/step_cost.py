@@ -285,6 +285,9 @@ def main(argv: list[str] | None = None) -> int:
         return child(a)
     if a.rounds < 6:
         ap.error("--rounds must be at least 6 (a 95% interval for a median needs them)")
+    if a.new_tokens <= max(SHORT):
+        ap.error(f"--new-tokens must be more than {max(SHORT)}, got {a.new_tokens} (each call is also timed cut short "
+                 f"at {' and '.join(map(str, SHORT))} new tokens: the steps after those are what it splits off)")
     out = measure(a)
     text = table(out)
     print(text)

@@ -108,3 +108,12 @@ def test_a_round_leads_each_side_in_with_an_untimed_call_then_rotates_the_arms()
     for side in samples.values():  # the lead-in is not a sample
         assert all(len(v) == 1 for by_arm in side.values() for v in by_arm.values())
     assert samples["after"][8]["steer"][0]["short"]["2"]["steps"] == 2
+
+
+@pytest.mark.parametrize("new", ["1", "2"])
+def test_too_few_new_tokens_to_split_are_refused_before_anything_starts(new, capsys):
+    from benchmarks.step_cost import main
+    with pytest.raises(SystemExit) as e:
+        main(["--new-tokens", new, "--rounds", "6"])
+    assert e.value.code == 2
+    assert f"--new-tokens must be more than 2, got {new}" in capsys.readouterr().err
