@@ -9,7 +9,9 @@ the bundled sample), cut into the same `--context`-token windows. Each engine is
 own process (vLLM engines of different compile modes cannot share one; the eager cells each have
 their own, so no harvest runs in a heap another cell has just churned) and the cells run in
 interleaved rounds whose order rotates every round (benchmarks/rounds.py), so a noisy neighbour
-slows every cell alike; `--relaunch K` restarts the processes every K rounds, so that the spread
+slows every cell alike; a cell whose engine process has just sat idle through other processes' cells runs
+once untimed first (the sweeps' lead-in, benchmarks/rounds.py: on this VM such a first run reads 10-50%
+slower, which the rotation would turn into a bias by round parity); `--relaunch K` restarts the processes every K rounds, so that the spread
 between two processes of the same engine (on a small VM, several percent) is sampled as well.
 Ratios are taken within each round; the tables give their median with the 95% distribution-free
 interval (benchmarks/ci.py), "unresolved" when it spans more than 25%. `--device` places the eager and
@@ -200,6 +202,21 @@ def _load_avg() -> list[float]:
         return []
 
 
+def one_round(cells: list[str], round_index: int, run) -> dict:
+    """One round's samples, cell -> run(cell) with "lead_in" added: every cell once in the round's rotated
+    order, and a cell that switches its engine process in (the round's first, or after another process's
+    cell: benchmarks.rounds.switches_in) run once untimed before its sample."""
+    from benchmarks.rounds import rotated, switches_in
+    order = [(CELLS[c][0], c) for c in rotated(cells, round_index)]
+    out = {}
+    for pos, (_, c) in enumerate(order):
+        lead = switches_in(order, pos)
+        if lead:
+            run(c)  # untimed: the process touches its memory again
+        out[c] = {**run(c), "lead_in": lead}
+    return out
+
+
 def summarize(rounds: list[dict], cells: list[str]) -> dict:
     """Per cell the median tok/s; per ratio the median over rounds with its interval."""
     import statistics
@@ -262,7 +279,6 @@ def main(argv=None) -> int:
     bad = [c for c in cells if c not in CELLS]
     if bad:
         raise SystemExit(f"unknown cell(s) {bad}; choose from {', '.join(CELLS)}.")
-    from benchmarks.rounds import rotated
     from engine.loading import load_hf
     tmp = Path(tempfile.mkdtemp(prefix="harvest-bench-"))
     data = tmp / "corpus.txt"
@@ -303,7 +319,7 @@ def main(argv=None) -> int:
         if a.relaunch and r and r % a.relaunch == 0:  # fresh processes: their spread enters the interval
             stop()
             launch()
-        rounds.append({c: run(c) for c in rotated(cells, r)})
+        rounds.append(one_round(cells, r, run))
         loads.append(_load_avg())
         print(f"round {r + 1} (load {loads[-1]}): " + ", ".join(f"{c} {rounds[-1][c]['tok_s']:.0f}" for c in cells),
               file=sys.stderr)
@@ -318,7 +334,8 @@ def main(argv=None) -> int:
     relaunched = f" (fresh engine processes every {a.relaunch} rounds)" if a.relaunch else ""
     head = (f"Harvest of {total} tokens, {a.model} ({source}, zoo size {size}, {n_layers} layers), context "
             f"{a.context}, shards of {a.shard_tokens} rows ({a.dtype}), {platform.machine()} CPU x{os.cpu_count()}{gpu}, "
-            f"{a.rounds} interleaved rounds{relaunched}; load average before {load_before}, after each round "
+            f"{a.rounds} interleaved rounds{relaunched}, each process's first cell after another's led in by an "
+            f"untimed run; load average before {load_before}, after each round "
             f"{[x[0] for x in loads]}.")
     text = table(res, cells, head)
     print("\n" + text)

@@ -1,6 +1,6 @@
-"""benchmarks/harvest_costs.py and harvest_threads.py: each variant changes what it says and the change
-is undone after it, the ratios are the rounds' own, threads are compared by digest, bad arguments
-are refused by name."""
+"""benchmarks/harvest_costs.py, harvest_threads.py and harvest_bench.py: each variant changes what it says and
+the change is undone after it, the ratios are the rounds' own, threads are compared by digest, bad arguments
+are refused by name, a process's first cell after another process's is led in by an untimed run."""
 from __future__ import annotations
 
 import json
@@ -10,7 +10,7 @@ import threading
 import pytest
 import torch
 
-from benchmarks import harvest_costs, harvest_threads
+from benchmarks import harvest_bench, harvest_costs, harvest_threads
 
 
 @pytest.fixture
@@ -128,3 +128,26 @@ def test_device_script_asks_only_for_variants_harvest_costs_has():
     asked = re.findall(r"harvest_costs\.py[^;]*?--variants ([\w,-]+)", script, re.S)
     assert len(asked) == 4
     assert [v for names in asked for v in names.split(",") if v not in harvest_costs.VARIANTS] == []
+
+
+def test_harvest_bench_leads_in_each_process_that_switches_in_and_keeps_the_timed_run():
+    calls: list[str] = []
+
+    def run(cell: str) -> dict:  # each call's own number: the sample must be the second of a led-in pair
+        calls.append(cell)
+        return {"tok_s": float(len(calls))}
+
+    cells = ["prefill", "vllm-one", "vllm-all", "eager-one"]  # vllm-one and vllm-all share the "vllm" process
+    first = harvest_bench.one_round(cells, 0, run)
+    assert calls == ["prefill", "prefill", "vllm-one", "vllm-one", "vllm-all", "eager-one", "eager-one"]
+    assert list(first) == cells
+    assert {c: (r["tok_s"], r["lead_in"]) for c, r in first.items()} == {
+        "prefill": (2.0, True), "vllm-one": (4.0, True), "vllm-all": (5.0, False), "eager-one": (7.0, True)}
+    calls.clear()
+    second = harvest_bench.one_round(cells, 1, run)  # rotated a place: vllm-all now follows vllm-one still
+    assert calls == ["vllm-one", "vllm-one", "vllm-all", "eager-one", "eager-one", "prefill", "prefill"]
+    assert [c for c, r in second.items() if r["lead_in"]] == ["vllm-one", "eager-one", "prefill"]
+    calls.clear()
+    third = harvest_bench.one_round(cells, 2, run)  # the two vllm cells apart: each leads its process in
+    assert calls == ["vllm-all", "vllm-all", "eager-one", "eager-one", "prefill", "prefill", "vllm-one", "vllm-one"]
+    assert all(r["lead_in"] for r in third.values())
