@@ -197,3 +197,25 @@ def test_every_number_field_of_a_steer_goes_through_the_one_check():
         Steer("resid_post.0", "scale", 10 ** 400)
     with pytest.raises(SteeringError, match="coeff of 'rescale' is a number, got bool"):
         Steer("resid_post.0", "rescale", d, coeff=True)
+
+
+@pytest.mark.parametrize("first,lead,cols", [(f, ld, c) for f in (False, True) for ld in (False, True)
+                                              for c in (slice(0, 2 * WIDTH), slice(WIDTH, 2 * WIDTH))])
+def test_a_lone_forms_table_is_the_composed_tables_bit_for_bit(first, lead, cols):
+    """Form.table_alone builds a step's table at a tap with one steer group directly (a prefill at 30 taps
+    made 30 of them through the general composition's masks). The same bits as that composition from
+    identity rows, signed zeros and non-finite values included (0 * inf: NaN either way)."""
+    import numpy as np
+
+    from engine.backends.vllm.worker.table import Form, _table
+    rng = np.random.default_rng(0)
+    p, c = (4 if lead else 1), cols.stop - cols.start
+    a, b = (rng.standard_normal((p, c)).astype(np.float32) for _ in range(2))
+    a[0, :3], b[0, :3] = [-2.0, np.inf, 0.0], [-0.0, 1.0, -0.0]  # -2 * 0 + -0.0 and 0 * inf: the edge bits
+    u = rng.standard_normal((p, c)).astype(np.float32) if first else None
+    form = Form(first, cols, a, b, u, lead)
+    with np.errstate(invalid="ignore"):
+        want = _table([(form, np.arange(p))], p, 2 * WIDTH)
+        got = form.table_alone(2 * WIDTH)
+    assert got.shape == want.shape == (p, 3, 2 * WIDTH) and got.tobytes() == want.tobytes()
+    assert not got.flags.writeable and form.table_alone(2 * WIDTH) is got  # made once, shared read-only

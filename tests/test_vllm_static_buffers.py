@@ -139,9 +139,9 @@ def test_a_carried_decode_step_keeps_the_rows_without_writing_them():
     writes, marks = [], []
     real_fill = bank.fill
 
-    def fill(index, values, part=None):
+    def fill(index, values, part=None, grid=None):
         writes.append(index.tolist())
-        return real_fill(index, values, part)
+        return real_fill(index, values, part, grid)
     bank.fill = fill
     x = torch.randn(2, WIDTH)
     plain = torch.nn.functional.linear(x, lin.weight, lin.bias)
@@ -178,11 +178,11 @@ def test_a_fill_that_fails_midway_leaves_the_identity():
     calls = []
     real = first.fill
 
-    def fill(index, values, part=None):
+    def fill(index, values, part=None, grid=None):
         calls.append(index)
-        return real(index, values, part)
+        return real(index, values, part, grid)
 
-    def fails(index, values, part=None):
+    def fails(index, values, part=None, grid=None):
         calls.append(index)
         raise RuntimeError("fill failed")
     first.fill, second.fill = fill, fails
@@ -258,3 +258,81 @@ def test_layer_guard_zeroes_only_the_marked_rows_that_went_non_finite():
     assert bool((taps.marks.buf == 0).all()) and taps.marks.dirty is None
     out = layers[1](*layers[0](h, r))  # nothing marked: nothing guarded
     assert out[0][1].isinf().all() and all(f[:n].sum() == 0 for f in taps.guard.flags)
+
+
+def test_a_read_of_every_stacked_value_in_order_is_the_stack_alone():
+    """The read stacks every flag and receipt buffer, then gathers the steering and steered rows. Where those
+    are every stacked value in order (every row steers every write tap: a decode step of requests that all
+    steer each layer), the stack is the read and no gather runs (one op less each such step: the index was
+    the identity before); a step with a row that does not steer still gathers. The tallies are the changes."""
+    from engine.core.plan import Plan, Span, site_work
+    from engine.core.step import Step
+    (lin,), taps = _installed(WIDTH)
+    v, w = torch.tensor([1.0, -2.0, 3.0, 0.5]), torch.tensor([0.0, 5.0, 0.0, 1.0])
+    a, b = Plan(8, steers=[Steer("mlp_act.0", "add", v)]), Plan(8, steers=[Steer("mlp_act.0", "add", w)])
+    plain = Plan(8)
+    work = site_work([a, b, plain], str)
+    taps.attach(work)
+    for spans, gathers in (([Span(a, 0, 1, 4, 0), Span(b, 1, 2, 4, 1)], False),
+                           ([Span(a, 0, 1, 5, 0), Span(plain, 1, 2, 4, 1), Span(b, 2, 3, 5, 2)], True)):
+        n = len(spans)
+        step = Step(spans, n)
+        taps.before(step, work)
+        x = torch.randn(n, WIDTH)
+        lin(x)
+        taps.after(step, work)
+        assert (taps.carry.read[0] is not None) == gathers
+        got = step.ledger.read([a.key, b.key])
+        for plan, value in ((a, v), (b, w)):
+            rows, squares = got[plan.key].of(0)
+            assert rows == 1 and squares == pytest.approx(float(value.double().square().sum()), rel=1e-5)
+            assert got[plan.key].failed is None
+        step.ledger.drop([a.key, b.key])
+
+
+def test_a_steer_of_every_row_at_each_tap_is_broadcast_from_one_row_a_tap():
+    """Where every write tap of a bank steers the same rows, each with one coefficient row on all of them (one
+    request steering each layer: a prefill of 32 tokens at 30 layers wrote 960 gathered rows), the fill
+    broadcasts one row a tap (stepio._write's grid): the same coefficients as a fill row by row, and the
+    next step's reset leaves the identity. Two requests with their own vectors take the rows one by one."""
+    from engine.core.plan import Plan, Span, site_work
+    from engine.core.step import Step
+    lins, taps = _installed(WIDTH, WIDTH)  # one bank, two write taps
+    (bank,) = taps.banks
+    v, w = torch.tensor([1.0, -2.0, 3.0, 0.5]), torch.tensor([0.0, 5.0, 0.0, 1.0])
+    x = torch.randn(3, WIDTH)
+    plain = [torch.nn.functional.linear(x, lin.weight, lin.bias) for lin in lins]
+    grids = []
+    real_fill = bank.fill
+
+    def fill(index, values, part=None, grid=None):
+        grids.append(grid is not None)
+        return real_fill(index, values, part, grid)
+    bank.fill = fill
+    a = Plan(8, steers=[Steer("mlp_act.0", "add", v), Steer("mlp_act.1", "scale", torch.tensor(3.0))])
+    b = Plan(8, steers=[Steer("mlp_act.0", "add", w)])
+    for plans, spans, broadcast in (([a], [Span(a, 0, 3, 0)], True),
+                                    ([a, b], [Span(a, 0, 2, 0), Span(b, 2, 3, 5, 1)], False)):
+        work = site_work(plans, str)
+        taps.attach(work)
+        step = Step(spans, 3)
+        taps.before(step, work)
+        assert grids[-1] == broadcast
+        want0, want1 = plain[0].clone(), plain[1].clone()
+        want0[0:2] += v
+        want1[0:2] *= 3.0
+        if b in plans:
+            want0[2] += w
+        else:
+            want0[2] += v
+            want1[2] *= 3.0
+        torch.testing.assert_close(lins[0](x), want0, rtol=0, atol=0)
+        torch.testing.assert_close(lins[1](x), want1, rtol=0, atol=0)
+        coef = bank.coef
+        rows = 2 if b in plans else 3
+        assert bool((coef[0, :rows, 2] == v).all()) and bool((coef[1, :2, 1] == 3.0).all())  # the values, by row
+        assert bool((coef[:, 3:, 1] == 1).all()) and bool((coef[:, 3:, 0] == 0).all()) and bool((coef[:, 3:, 2] == 0).all())
+        taps.after(step, work)
+        taps.idle()
+        for lin, p in zip(lins, plain):
+            torch.testing.assert_close(lin(x), p, rtol=0, atol=0)

@@ -174,3 +174,35 @@ def test_the_worker_reclaims_before_the_runner_takes_each_schedule():
     assert r.execute_model("s1") == "out" and r.execute_model("s2", None) == "out"
     assert order == [("reclaim", "s1"), ("runner", "s1"), ("reclaim", "s2"), ("runner", "s2")]
     assert not wrap_execute_model(types.SimpleNamespace(), print)
+
+
+def test_a_carried_decode_step_marks_only_where_it_crosses_into_a_new_block():
+    """A decode step one position on from the last (engine.core.step.one_on) marks nothing while its rows
+    stay in the blocks the steps before marked, without reading the runner's tables (a step's first host work
+    after the forward, every step); the step whose row starts a new block marks it. The owners are those of
+    marking every step afresh."""
+    from engine.core.step import one_on
+    tables = {"a": ([10, 11, 12, 13],), "b": ([20, 21, 22, 23],)}
+    runner = _runner({"l": _poisoned()}, tables, ["a", "b"], num_blocks=24)
+    reads = []
+    states = runner.requests
+
+    class Watched(dict):
+        def get(self, rid, default=None):
+            reads.append(rid)
+            return states.get(rid, default)
+    runner.requests = Watched(states)
+    blocks, fresh = kv.Blocks(runner), {}
+    a, b = Plan(20, steers=STEER), Plan(20, steers=STEER)
+    last = None
+    for pos in range(2, 10):  # a at positions 2..9 (its blocks 10-12: BS 4), b at 5..12 (21-23), crossing apart
+        spans = [Span(a, 0, 1, pos, 0), Span(b, 1, 2, pos + 3, 1)]
+        step = Step(spans, 2, prev=one_on(last, spans, 2))
+        reads.clear()
+        got = blocks.mark(step)
+        crossing = last is None or pos % BS == 0 or (pos + 3) % BS == 0
+        assert (got > 0) == crossing and bool(reads) == crossing, (pos, got, reads)
+        for rid, p0 in (("a", pos), ("b", pos + 3)):
+            fresh[tables[rid][0][p0 // BS]] = rid
+        assert blocks.owner == fresh, pos
+        step.prev, last = None, step

@@ -92,10 +92,14 @@ class Blocks:
     def mark(self, step: Step) -> int:
         """Record the blocks the rows of this step's steering requests wrote (every plan with a steer,
         failed or not: one that failed during the step may have steered layers before it failed). Host
-        state only; returns how many were recorded."""
+        state only; returns how many were recorded. A step carried from the one before whose rows all
+        stay in the blocks of that step's rows records nothing: those are marked (a decode step reads none
+        of the runner's tables until its sequences cross into a new block, once every block_size steps)."""
         spans = [sp for sp in step.spans if sp.plan.steers and sp.n > 0]
         if not spans:
             return 0
+        if step.prev is not None and all((sp.pos0 + sp.n - 1) % bs for sp in spans for bs in self.sizes):
+            return 0  # one position on from the step before (engine.core.step.one_on), inside the blocks it marked
         batch, states, sizes = self.runner.input_batch, self.runner.requests, self.sizes
         done = 0
         for sp in spans:

@@ -73,15 +73,23 @@ class Bank:
     def nbytes(self) -> int:
         return self.coef.nbytes if self.writes else 0
 
-    def fill(self, index: torch.Tensor, values: torch.Tensor, part: int | None = None) -> None:
+    def fill(self, index: torch.Tensor, values: torch.Tensor, part: int | None = None,
+             grid: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
         """Write coefficient rows at flat (write * rows + row) `index`: values [k, 3, width], or [k, width] of
         one part (0: u, 1: mul, 2: add) where the step's steers change only that one (an add: a third of
-        the bytes); one index_copy."""
+        the bytes); one index_copy. With `grid` (writes [T, 1], rows [1, M]: the same rows of each write,
+        `index` flattened), values [T, 1, ...] are broadcast over the rows: one index_put
+        (engine/backends/vllm/worker/stepio.py: _write)."""
         self.dirty, self.held = (index, part), (index, values, part)
+        if grid is not None:
+            coef4 = self.coef  # [writes, rows, 3, width]
+            (coef4 if part is None else coef4[:, :, part]).index_put_(grid, values)
+            return
         coef = self.coef.view(-1, 3, self.width)
         (coef if part is None else coef[:, part]).index_copy_(0, index, values)
 
-    def hold(self, index: torch.Tensor, values: torch.Tensor, part: int | None = None) -> None:
+    def hold(self, index: torch.Tensor, values: torch.Tensor, part: int | None = None,
+             grid: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
         """Hold exactly these rows: nothing to write when the bank holds them already (a decode step carried
         from the one before writes the same rows with the same values: stepio.fill_of), else back to the
         identity and one fill."""
@@ -89,7 +97,7 @@ class Bank:
         if h is not None and h[0] is index and h[1] is values and h[2] == part:
             return
         self.reset()
-        self.fill(index, values, part)
+        self.fill(index, values, part, grid)
 
     def reset(self) -> None:
         """The rows the last fill wrote back to the identity: one index_copy (one index_fill for one part)."""
@@ -261,14 +269,14 @@ class StaticTaps:
         return [t for t in self.taps.values() if t.writable]
 
     def sources(self, n: int) -> list[torch.Tensor]:
-        """What the read stacks, first n rows each: every write tap's receipts (in `row` order), then every
-        write tap's flags and every layer's. Views of buffers that keep their storage for the engine's life,
-        so made once per row count (a decode step's is the step before's)."""
+        """What the read stacks, first n rows each: every write tap's flags (in `row` order) and every layer's,
+        then every write tap's receipts (in `row` order). Views of buffers that keep their storage for the
+        engine's life, so made once per row count (a decode step's is the step before's)."""
         got = self._sources.get(n)
         if got is None:
             taps = sorted(self.writes, key=lambda t: t.row or 0)
             flags = [t.buf("flag") for t in taps] + (self.guard.flags if self.guard is not None else [])
-            got = self._sources[n] = [t.buf("change")[:n] for t in taps] + [f[:n] for f in flags]
+            got = self._sources[n] = [f[:n] for f in flags] + [t.buf("change")[:n] for t in taps]
         return got
 
     @property
@@ -338,7 +346,7 @@ class StaticTaps:
             fill = stepio.fill_of(self, step, work)
             assert self.marks is not None
             self.marks.mark(step.guard_rows(), step.n_tokens)
-            writes = {id(bank): (index, values, part) for bank, index, values, part in fill.writes}
+            writes = {id(w[0]): w[1:] for w in fill.writes}  # bank -> (index, values, part, grid)
             for bank in self.banks:
                 w = writes.get(id(bank))
                 if w is None:
@@ -385,12 +393,14 @@ class StaticTaps:
 
     def _read(self, step: Step, fill: stepio.Fill) -> None:
         """The step's flags (every write tap's and layer's, at every steering row, under GUARD) and receipts
-        (each steered row of a write tap) into the ledger: one stack and one gather (stepio._read_of); the
-        ledger keeps views of it (read at collect)."""
+        (each steered row of a write tap) into the ledger: one stack and one gather, none where the records
+        take every stacked value in order (stepio._read_of: a decode step of requests that all steer every
+        write tap); the ledger keeps views of it (read at collect)."""
         if fill.read is None:
             return
         index, records = fill.read
-        got = torch.stack(self.sources(step.n_tokens)).view(-1).index_select(0, index)
+        got = torch.stack(self.sources(step.n_tokens)).view(-1)
+        got = got if index is None else got.index_select(0, index)
         for lo, hi, plan, steer_index, at, codes in records:
             step.ledger.record(plan, steer_index, at, got[lo:hi], codes, fill.shift)
 

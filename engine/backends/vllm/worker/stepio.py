@@ -9,7 +9,6 @@ the device are the ones StaticTaps and `capture` issue: a constant number a step
 """
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,6 +30,11 @@ class Captures:
     shift: int = 0
     views: list | None = None  # per bank, its taps' first n rows of `cap` (capture)
 
+    def one_on(self) -> Captures:
+        """These captures for a step one position on (every decode step copies them: built directly, as
+        dataclasses.replace walks the fields each time)."""
+        return Captures(self.banks, self.free, self.shift + 1, self.views)
+
 
 @dataclass(eq=False)
 class Fill:
@@ -46,6 +50,12 @@ class Fill:
     shift: int = 0
     capture: Captures | None = None
 
+    def one_on(self, step: Step) -> Fill:
+        """This Fill for `step`, one position on from its own (free: nothing in it depends on positions);
+        captures that keep every row come along, others are gathered again."""
+        cap = None if self.capture is None or not self.capture.free else self.capture.one_on()
+        return Fill(step, self.writes, self.read, self.replay, self.free, self.shift + 1, cap)
+
 
 def fill_of(taps: Any, step: Step, work: dict) -> Fill:
     """This step's Fill: built in before(), reused in after(); a step one position on from the one before
@@ -54,9 +64,7 @@ def fill_of(taps: Any, step: Step, work: dict) -> Fill:
     if c is not None and c.step is step:
         return c
     if c is not None and c.free and step.prev is not None and c.step is step.prev:
-        cap = None if c.capture is None or not c.capture.free else \
-            dataclasses.replace(c.capture, shift=c.capture.shift + 1)
-        new = dataclasses.replace(c, step=step, shift=c.shift + 1, capture=cap)
+        new = c.one_on(step)
     else:
         new = _build(taps, step, work)
     taps.carry = new
@@ -66,7 +74,6 @@ def fill_of(taps: Any, step: Step, work: dict) -> Fill:
 def _build(taps: Any, step: Step, work: dict) -> Fill:
     """The step's coefficient rows per bank (index and values on the device), the guard's rows and every
     steered row's receipt index with their ledger labels (host)."""
-    n = step.n_tokens
     per_bank: dict[int, tuple] = {}
     labels = []
     free, replay = True, []
@@ -87,59 +94,79 @@ def _build(taps: Any, step: Step, work: dict) -> Fill:
         if not parts:
             continue
         flat, table, which = compose(parts, tap.width)
-        bank, idx, tables, whiches, at = per_bank.setdefault(id(tap.bank), (tap.bank, [], [], [], [0]))
-        idx.append(tap.write * bank.rows + flat)
-        whiches.append(which + at[0])  # this tap's table rows follow the bank's earlier taps'
+        _, slots, flats, tables, whiches = per_bank.setdefault(id(tap.bank), (tap.bank, [], [], [], []))
+        slots.append(tap.write)
+        flats.append(flat)
         tables.append(table)
-        at[0] += len(table)
+        whiches.append(which)
         if len(flat) < sum(r.m for r in sets):  # a row takes several steers here: replayed for receipts
             replay.append(name)
         else:
-            labels += [((tap.row or 0) * n + r.flat, r) for r in sets]
+            labels += [(tap.row or 0, r) for r in sets]
     writes = [_write(*entry) for entry in per_bank.values()]
     return Fill(step, writes, _read_of(taps, step, labels), replay, free)
 
 
 def _read_of(taps: Any, step: Step, labels: list) -> tuple | None:
-    """The read's one gather from the stacked sources (StaticTaps.sources: every write tap's receipts, then
-    every write tap's and layer's flags, n rows each) and the ledger records it makes: (device index,
-    [(first, end, plan codes, steer indices, positions less the Fill's shift, distinct codes)]). The guard
-    records every flag source's value at every steering row (NaN where it failed the row: the ledger fails
-    the request under GUARD), then the receipts each steered row's change."""
+    """The read's one gather from the stacked sources (StaticTaps.sources: every write tap's and layer's
+    flags, then every write tap's receipts, n rows each) and the ledger records it makes: (device index, or
+    None where the records take every stacked value in order, [(first, end, plan codes, steer indices,
+    positions less the Fill's shift, distinct codes)]). The guard records every flag source's value at
+    every steering row (NaN where it failed the row: the ledger fails the request under GUARD), then the
+    receipts each steered row's change (`labels`: (the write tap's row, its steered Rows))."""
     n, k = step.n_tokens, len(taps.writes)
-    sources = 2 * k + (len(taps.guard.layers) if taps.guard is not None else 0)
+    f = k + (len(taps.guard.layers) if taps.guard is not None else 0)
     guarded = step.guard_rows()
     idx, records, at = [], [], 0
-    if guarded.spans and sources > k:
-        f = sources - k
-        idx.append((k + np.arange(f)[:, None]) * n + guarded.flat[None, :])
+    if guarded.spans and f:
+        idx.append((np.arange(f)[:, None] * n + guarded.flat[None, :]).reshape(-1))
         records.append((at, at + f * guarded.m, np.tile(guarded.plan, f), np.tile(guarded.steer, f),
                         np.tile(guarded.pos, f), guarded.codes))
         at += f * guarded.m
     if labels:
-        idx += [i for i, _ in labels]
+        idx += [(f + row) * n + r.flat for row, r in labels]
         m = sum(r.m for _, r in labels)
         records.append((at, at + m, np.concatenate([r.plan for _, r in labels]),
                         np.concatenate([r.steer for _, r in labels]), np.concatenate([r.pos for _, r in labels]),
                         frozenset().union(*(r.codes for _, r in labels))))
     if not records:
         return None
-    return upload(np.concatenate([i.reshape(-1) for i in idx]), step.device), records
+    index = np.concatenate(idx)
+    every = len(index) == (f + k) * n and bool((index == np.arange(len(index))).all())
+    return None if every else upload(index, step.device), records
 
 
-def _write(bank, idx: list, tables: list, whiches: list, _at: list) -> tuple:
-    """(bank, device index, coefficient rows, part): the one part the rows change (an add: `add`), or all."""
+def _write(bank, slots: list, flats: list, tables: list, whiches: list) -> tuple:
+    """(bank, device index, coefficient rows, part, grid) from each filled tap's slot in the bank, flat rows,
+    table and each row's row of that table: the one part the rows change (an add: `add`), or all. Each tap's
+    rows sit at slot * rows + row, its table rows after the earlier taps' (whole-bank numpy, not per tap).
+    Where every tap writes the same rows, each of them its one table row (a steer of every row of the step's
+    requests at each layer), `grid` is (slots [T, 1], rows [1, M]) and the values [T, 1, ...]: one index_put
+    broadcasts them, without the T * M rows gathered first (at a 32-token prefill of 30 layers, 2.2 MB);
+    else grid is None and the values one per row (Bank.fill)."""
     coef = bank.coef
-    table, which = np.concatenate(tables), np.concatenate(whiches)
+    lens = np.array([len(f) for f in flats], dtype=np.int64)
+    firsts = np.cumsum([0] + [len(t) for t in tables[:-1]])
+    rows, index = np.concatenate(flats), np.repeat(np.array(slots, dtype=np.int64) * bank.rows, lens)
+    index += rows
+    table, which = np.concatenate(tables), np.repeat(firsts, lens) + np.concatenate(whiches)
     changed = [j for j, same in enumerate((table[:, 0] == 0, table[:, 1] == 1, table[:, 2] == 0)) if not same.all()]
     part = changed[0] if len(changed) == 1 else None
     table = table if part is None else np.ascontiguousarray(table[:, part])
+    m = int(lens[0])
+    if m > 1 and (lens == m).all():
+        per_tap = which[::m]  # each tap's first row's table row
+        if (rows.reshape(-1, m) == flats[0]).all() and (which.reshape(-1, m) == per_tap[:, None]).all():
+            values = torch.from_numpy(np.ascontiguousarray(table[per_tap][:, None])).to(
+                coef.device, coef.dtype, non_blocking=True)
+            grid = (upload(np.array(slots, dtype=np.int64)[:, None], coef.device), upload(flats[0][None, :], coef.device))
+            return bank, upload(index, coef.device), values, part, grid
     if len(which) * table[0].size <= HOST_GATHER:  # the step's rows gathered on the host: one upload
         values = torch.from_numpy(table[which]).to(coef.device, coef.dtype, non_blocking=True)
     else:  # many rows: the distinct ones uploaded, gathered on the device
         values = torch.from_numpy(table).to(coef.device, coef.dtype, non_blocking=True).index_select(
             0, upload(which, coef.device))
-    return bank, upload(np.concatenate(idx), coef.device), values, part
+    return bank, upload(index, coef.device), values, part, None
 
 
 # -- captures -------------------------------------------------------------------------------------------
@@ -201,8 +228,11 @@ def _captures_of(taps: Any, step: Step, work: dict) -> Captures:
 
 def _dist(stack: list, plans: dict, n: int) -> tuple:
     """(taps, index, dist) of one bank: views of the stack when its every row is kept, else one gather."""
-    kept = {(t, f0 + i) for _, reads in plans.values() for _, _, _, m, _, t, f0, _ in reads for i in range(m)}
-    every = len(kept) == len(stack) * n
+    kept = np.zeros((len(stack), n), dtype=bool)  # [tap, row]: some plan keeps it
+    for _, reads in plans.values():
+        for _, _, _, m, _, t, f0, _ in reads:
+            kept[t, f0:f0 + m] = True
+    every = bool(kept.all())
     dist: list = []
     idx: list = []
     at = 0

@@ -46,8 +46,15 @@ class Form:
         """[P, 3, width]: this form applied alone to identity rows: a step's table at a tap whose one steer
         group it is, made once per registered steer (and tap width), not every step."""
         got = self.alone.get(width)
-        if got is None:
-            got = self.alone[width] = _table([(self, np.arange(self.a.shape[0]))], self.a.shape[0], width)
+        if got is None:  # _table's arithmetic on identity rows (mul = 1 * a, add = 0 * a + b), without its masks
+            got = self.alone[width] = np.zeros((self.a.shape[0], 3, width), dtype=np.float32)
+            got[:, 1] = 1.0
+            c = self.cols
+            got[:, 1, c] *= self.a
+            with np.errstate(invalid="ignore"):  # 0 * inf: NaN, as _table makes it
+                got[:, 2, c] = got[:, 2, c] * self.a + self.b
+            if self.u is not None:
+                got[:, 0, c] = self.u
             got.flags.writeable = False  # shared by every step that takes it
         return got
 
