@@ -81,7 +81,7 @@ def prove_taps(model: Any) -> dict:
         if receipt.rows != rows or abs(receipt.change_norm - norm) > rel * norm:
             raise TapProofError(refuse.format(model.name, f"the add steer's receipt at {tap} says {receipt.rows} rows "
                                                           f"and a change of {receipt.change_norm:.4g}, not {rows} "
-                                                          f"rows and {norm:.4g} (the receipts the graph leaves in the tally)"))
+                                                          f"rows and {norm:.4g} (the receipts the graph leaves in the ledger)"))
         decode = model.generate_batch([Request(ids, 2, points=[tap], sampling=raw,
                                                steer=[Steer(tap, "add", v, positions="generated")])])[0]
         n = len(ids)  # same prompt rows, so the same first token and the same decode input

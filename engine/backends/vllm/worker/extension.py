@@ -327,21 +327,22 @@ class WorkerState:
                         res.readouts[name] = vllm_wire.encode(list(parts_of(acc.result())))
                     except RuntimeError as e:
                         res.errors[name] = vllm_wire.Failure.of(e)
-            # keys not encoded one by one below: the keys a stack carries, and final_norm when it was read only for
-            # the logits made here (the client never reads it: sent as a file, it was left in /dev/shm)
-            skip = {"final_norm"} if want_logits and Address("final_norm") not in plan.captures else set()
+            # final_norm read only for the logits made here: the client never reads it (sent as a file, it was
+            # left in /dev/shm), so it is not encoded below, nor are the keys a stack carries
+            for_logits = want_logits and Address("final_norm") not in plan.captures
+            skip = {"final_norm"} if for_logits else set()
             for index, first, rows in plan.stacked():  # vllm-static: a request's every layer as one tensor
                 res.stacks.append(encode(rows))
                 for k, j in index.items():
                     res.captures[k] = [first, {vllm_wire.STACK: len(res.stacks) - 1, "index": j}]
                     skip.add(k)
             for k in plan.store:
-                try:
-                    if k not in skip:
+                if k not in skip:
+                    try:
                         first = plan.first(k)
                         res.captures[k] = [first, encode(plan.tensor(k, first))]
-                except RuntimeError as e:
-                    res.errors[k] = vllm_wire.Failure.of(e)
+                    except RuntimeError as e:
+                        res.errors[k] = vllm_wire.Failure.of(e)
                 held = self.site(parse(k).base).held
                 if held is not None:
                     res.held[k] = held
@@ -354,7 +355,7 @@ class WorkerState:
                     if self.rank == 0:
                         res.logits = vllm_wire.tensor_out(logits_rows)
                         res.logits_from = plan.first("final_norm")
-                if Address("final_norm") not in plan.captures:
+                if for_logits:
                     res.captures.pop("final_norm", None)
             out.append(res.out())
         self._rebuild()
