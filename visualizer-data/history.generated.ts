@@ -52,7 +52,7 @@ export const validatorNights: ValidatorNight[] = [
   },
   {
     "date": "2026-12-07",
-    "commit": "dd49ea29a66a60f7c5c36915c3c7ed73477b3baa",
+    "commit": "22da8e564bd9c2e589fe0fce1576c412893d62e4",
     "columns": {
       "hf": {"cells": 96, "pass": 33887, "warn": 0, "fail": 0, "declared": 51, "gap": 181, "errors": 0, "skipped": 0},
       "interp-engine": {"cells": 96, "pass": 17947, "warn": 0, "fail": 0, "declared": 0, "gap": 9227, "errors": 0, "skipped": 0},
