@@ -930,9 +930,9 @@ export const ratioNights: RatioNight[] = [
     "key": "eager:capture_all/hf-generate:prefill",
     "title": "eager, capture at every layer / HF forward",
     "group": "hf",
-    "median": 1.0132256850145749,
-    "lo": 0.988738696645298,
-    "hi": 1.2008875416999267,
+    "median": 0.9934379186771292,
+    "lo": 0.9550901895671645,
+    "hi": 1.0218279449252332,
     "node": "vm"
   },
   {
@@ -941,9 +941,9 @@ export const ratioNights: RatioNight[] = [
     "key": "eager:capture_all/interp-engine:capture_all",
     "title": "eager / interp-engine, capture at every layer",
     "group": "peers",
-    "median": 1.0021657738498668,
-    "lo": 0.9752594855304554,
-    "hi": 1.093831794400711,
+    "median": 0.9910908328993244,
+    "lo": 0.9529435743254355,
+    "hi": 1.0113543061316879,
     "node": "vm"
   },
   {
@@ -952,9 +952,9 @@ export const ratioNights: RatioNight[] = [
     "key": "eager:capture_all/nnsight:capture_all",
     "title": "eager / nnsight, capture at every layer",
     "group": "peers",
-    "median": 1.070804688506647,
-    "lo": 1.0246413750570125,
-    "hi": 1.156771156294174,
+    "median": 1.0132470378421117,
+    "lo": 0.9857787302040891,
+    "hi": 1.0327278455595696,
     "node": "vm"
   },
   {
@@ -963,9 +963,9 @@ export const ratioNights: RatioNight[] = [
     "key": "eager:capture_all/transformerlens:capture_all",
     "title": "eager / transformerlens, capture at every layer",
     "group": "peers",
-    "median": 1.2014613060933879,
-    "lo": 1.1611537160935734,
-    "hi": 1.3500076089465904,
+    "median": 1.1553322108918354,
+    "lo": 1.1128146138216268,
+    "hi": 1.2018486674897284,
     "node": "vm"
   },
   {
@@ -974,9 +974,9 @@ export const ratioNights: RatioNight[] = [
     "key": "eager:capture_gen/interp-engine:capture_gen",
     "title": "eager / interp-engine, capture during generation",
     "group": "peers",
-    "median": 1.1535593023824058,
-    "lo": 1.111035939873363,
-    "hi": 1.1997986138056116,
+    "median": 1.159651732323211,
+    "lo": 1.1099833266975252,
+    "hi": 1.2183409018260394,
     "node": "vm"
   },
   {
@@ -985,9 +985,9 @@ export const ratioNights: RatioNight[] = [
     "key": "eager:capture_gen/nnsight:capture_gen",
     "title": "eager / nnsight, capture during generation",
     "group": "peers",
-    "median": 1.0417594480744314,
-    "lo": 0.960752636448715,
-    "hi": 1.0688164886009266,
+    "median": 1.0435604491999386,
+    "lo": 1.022636145799469,
+    "hi": 1.0631407518458245,
     "node": "vm"
   },
   {
@@ -996,9 +996,9 @@ export const ratioNights: RatioNight[] = [
     "key": "eager:capture_gen/transformerlens:capture_gen",
     "title": "eager / transformerlens, capture during generation",
     "group": "peers",
-    "median": 1.4537016518083772,
-    "lo": 1.347395125823133,
-    "hi": 1.534605093135983,
+    "median": 1.477348133468747,
+    "lo": 1.4459607661883,
+    "hi": 1.526925904226632,
     "node": "vm"
   },
   {
@@ -1007,9 +1007,9 @@ export const ratioNights: RatioNight[] = [
     "key": "eager:capture_gen/vllm-generate:decode",
     "title": "eager, capture during generation / stock decode (1 stream)",
     "group": "stock",
-    "median": 0.8261420823500771,
-    "lo": 0.7740534691384469,
-    "hi": 0.8704178448094848,
+    "median": 0.8712305069013841,
+    "lo": 0.866151804171556,
+    "hi": 0.9272147947395398,
     "node": "vm"
   },
   {
@@ -1018,9 +1018,9 @@ export const ratioNights: RatioNight[] = [
     "key": "eager:long_capture/hf-generate:long_prefill",
     "title": "eager, capture at every layer / HF forward, 512-token prompt",
     "group": "hf",
-    "median": 0.9690760005904678,
-    "lo": 0.9236749444445768,
-    "hi": 1.024287451808985,
+    "median": 0.9869103742064256,
+    "lo": 0.9477445590599658,
+    "hi": 1.083537556938984,
     "node": "vm"
   },
   {
@@ -1029,9 +1029,9 @@ export const ratioNights: RatioNight[] = [
     "key": "eager:steer_all/eager:decode",
     "title": "eager, steer every layer / no steer",
     "group": "steer",
-    "median": 0.9730776740911968,
-    "lo": 0.9538047367845242,
-    "hi": 0.9915828319381571,
+    "median": 0.9604317620877924,
+    "lo": 0.9447386073717459,
+    "hi": 0.9758628017847072,
     "node": "vm"
   },
   {
@@ -1040,9 +1040,9 @@ export const ratioNights: RatioNight[] = [
     "key": "eager:steer_all/interp-engine:steer_all",
     "title": "eager / interp-engine, steer every layer",
     "group": "peers",
-    "median": 1.0197140080220746,
-    "lo": 0.9846545930080857,
-    "hi": 1.0713832891830812,
+    "median": 1.021332483895533,
+    "lo": 0.9954783808294099,
+    "hi": 1.0354405769129755,
     "node": "vm"
   },
   {
@@ -1051,9 +1051,9 @@ export const ratioNights: RatioNight[] = [
     "key": "eager:steer_all/nnsight:steer_all",
     "title": "eager / nnsight, steer every layer",
     "group": "peers",
-    "median": 0.9847726325738526,
-    "lo": 0.9176560671717571,
-    "hi": 1.0995510873758536,
+    "median": 1.0301388636786162,
+    "lo": 1.0050628749849762,
+    "hi": 1.0435126346571169,
     "node": "vm"
   },
   {
@@ -1062,9 +1062,9 @@ export const ratioNights: RatioNight[] = [
     "key": "eager:steer_all/transformerlens:steer_all",
     "title": "eager / transformerlens, steer every layer",
     "group": "peers",
-    "median": 1.2498500630248421,
-    "lo": 1.2169072651780242,
-    "hi": 1.3060931375308662,
+    "median": 1.2388541605240682,
+    "lo": 1.2229561002353657,
+    "hi": 1.3127223932132717,
     "node": "vm"
   },
   {
@@ -1073,9 +1073,9 @@ export const ratioNights: RatioNight[] = [
     "key": "vllm-static:capture_gen/vllm-generate:decode",
     "title": "vllm-static, capture during generation / stock decode (1 stream)",
     "group": "stock",
-    "median": 0.9366399211229013,
-    "lo": 0.9305038541125201,
-    "hi": 0.9635322064975311,
+    "median": 0.9972597569980076,
+    "lo": 0.9874829831022189,
+    "hi": 1.0546448904081513,
     "node": "vm"
   },
   {
@@ -1084,9 +1084,9 @@ export const ratioNights: RatioNight[] = [
     "key": "vllm-static:capture_gen8/vllm-generate:concurrency8",
     "title": "vllm-static, capture during generation, 8 streams / stock concurrency 8 (aggregate)",
     "group": "stock",
-    "median": 0.9337665081126452,
-    "lo": 0.8827094549446788,
-    "hi": 0.9430817514673541,
+    "median": 0.9526757695686552,
+    "lo": 0.9135673784520212,
+    "hi": 0.9716491710450059,
     "node": "vm"
   },
   {
@@ -1095,9 +1095,9 @@ export const ratioNights: RatioNight[] = [
     "key": "vllm-static:steer_all/vllm-generate:decode",
     "title": "vllm-static, steer every layer / stock decode (1 stream)",
     "group": "stock",
-    "median": 0.9588698138992658,
-    "lo": 0.9425628819499897,
-    "hi": 1.0242310249230144,
+    "median": 0.9869822947603917,
+    "lo": 0.9663497883495051,
+    "hi": 1.0066117548696325,
     "node": "vm"
   },
   {
@@ -1106,9 +1106,9 @@ export const ratioNights: RatioNight[] = [
     "key": "vllm-static:steer_all/vllm-static:decode",
     "title": "vllm-static, steer every layer / no steer",
     "group": "steer",
-    "median": 0.9785240597538534,
-    "lo": 0.9702071842725942,
-    "hi": 1.0080934060813922,
+    "median": 0.9689300770578562,
+    "lo": 0.9284298134666413,
+    "hi": 0.9954104425187399,
     "node": "vm"
   },
   {
@@ -1117,9 +1117,9 @@ export const ratioNights: RatioNight[] = [
     "key": "vllm:capture_gen/vllm-generate:decode",
     "title": "vllm, capture during generation / stock decode (1 stream)",
     "group": "stock",
-    "median": 0.7766520141993695,
-    "lo": 0.7321419338194657,
-    "hi": 0.8017530281490123,
+    "median": 0.8172636345243486,
+    "lo": 0.8037703703414067,
+    "hi": 0.8539379240853578,
     "node": "vm"
   },
   {
@@ -1128,9 +1128,9 @@ export const ratioNights: RatioNight[] = [
     "key": "vllm:capture_gen8/vllm-generate:concurrency8",
     "title": "vllm, capture during generation, 8 streams / stock concurrency 8 (aggregate)",
     "group": "stock",
-    "median": 0.8126066414683002,
-    "lo": 0.7805103455792355,
-    "hi": 0.8385116664929675,
+    "median": 0.8205035124622799,
+    "lo": 0.8013994712075948,
+    "hi": 0.8360308751846893,
     "node": "vm"
   },
   {
@@ -1139,9 +1139,9 @@ export const ratioNights: RatioNight[] = [
     "key": "vllm:steer_all/vllm-generate:decode",
     "title": "vllm, steer every layer / stock decode (1 stream)",
     "group": "stock",
-    "median": 0.7592066931653066,
-    "lo": 0.7349383533590146,
-    "hi": 0.790941663736246,
+    "median": 0.8136557093310162,
+    "lo": 0.7939502681145117,
+    "hi": 0.847748828031523,
     "node": "vm"
   },
   {
@@ -1150,9 +1150,9 @@ export const ratioNights: RatioNight[] = [
     "key": "vllm:steer_all/vllm:decode",
     "title": "vllm, steer every layer / no steer",
     "group": "steer",
-    "median": 0.9246209709847917,
-    "lo": 0.8878936708598933,
-    "hi": 0.9433564880241816,
+    "median": 0.927873299902652,
+    "lo": 0.921311129222574,
+    "hi": 0.940059010159713,
     "node": "vm"
   },
   {
