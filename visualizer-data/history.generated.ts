@@ -644,9 +644,9 @@ export const ratioNights: RatioNight[] = [
     "key": "eager:capture_all/hf-generate:prefill",
     "title": "eager, capture at every layer / HF forward",
     "group": "hf",
-    "median": 0.8232207840325035,
-    "lo": 0.775168223915499,
-    "hi": 0.8733607788122598,
+    "median": 0.796794450470655,
+    "lo": 0.7883084942177062,
+    "hi": 0.8379408830056481,
     "node": "vm"
   },
   {
@@ -655,9 +655,9 @@ export const ratioNights: RatioNight[] = [
     "key": "eager:capture_all/interp-engine:capture_all",
     "title": "eager / interp-engine, capture at every layer",
     "group": "peers",
-    "median": 1.0063900668643653,
-    "lo": 0.9626148458023509,
-    "hi": 1.012237635116995,
+    "median": 1.002580231400387,
+    "lo": 0.9709115629498157,
+    "hi": 1.0210747925236205,
     "node": "vm"
   },
   {
@@ -666,9 +666,9 @@ export const ratioNights: RatioNight[] = [
     "key": "eager:capture_all/nnsight:capture_all",
     "title": "eager / nnsight, capture at every layer",
     "group": "peers",
-    "median": 1.0670594798652229,
-    "lo": 1.0013649914021439,
-    "hi": 1.0920542588274365,
+    "median": 1.0318445919313175,
+    "lo": 1.0117729549629906,
+    "hi": 1.0719462439426106,
     "node": "vm"
   },
   {
@@ -677,9 +677,9 @@ export const ratioNights: RatioNight[] = [
     "key": "eager:capture_all/transformerlens:capture_all",
     "title": "eager / transformerlens, capture at every layer",
     "group": "peers",
-    "median": 1.6429759693816557,
-    "lo": 1.5591174580901874,
-    "hi": 1.7102069381393332,
+    "median": 1.5752777407682679,
+    "lo": 1.537881850662622,
+    "hi": 1.661558308318347,
     "node": "vm"
   },
   {
@@ -688,9 +688,9 @@ export const ratioNights: RatioNight[] = [
     "key": "eager:capture_gen/interp-engine:capture_gen",
     "title": "eager / interp-engine, capture during generation",
     "group": "peers",
-    "median": 0.925413986842136,
-    "lo": 0.9031118753980328,
-    "hi": 0.9590184142436864,
+    "median": 0.9257628172043075,
+    "lo": 0.898242940522692,
+    "hi": 0.9648596767633245,
     "node": "vm"
   },
   {
@@ -699,9 +699,9 @@ export const ratioNights: RatioNight[] = [
     "key": "eager:capture_gen/nnsight:capture_gen",
     "title": "eager / nnsight, capture during generation",
     "group": "peers",
-    "median": 1.0344698808872117,
-    "lo": 1.0045749261033285,
-    "hi": 1.07542333028375,
+    "median": 1.0303044547864797,
+    "lo": 0.996793745964842,
+    "hi": 1.0425116711905373,
     "node": "vm"
   },
   {
@@ -710,9 +710,9 @@ export const ratioNights: RatioNight[] = [
     "key": "eager:capture_gen/transformerlens:capture_gen",
     "title": "eager / transformerlens, capture during generation",
     "group": "peers",
-    "median": 1.6628854322782924,
-    "lo": 1.5665132421294443,
-    "hi": 1.7043259896799492,
+    "median": 1.660734327165067,
+    "lo": 1.627042739173303,
+    "hi": 1.6783839888591028,
     "node": "vm"
   },
   {
@@ -721,9 +721,9 @@ export const ratioNights: RatioNight[] = [
     "key": "eager:capture_gen/vllm-generate:decode",
     "title": "eager, capture during generation / stock decode (1 stream)",
     "group": "stock",
-    "median": 1.4118817834892499,
-    "lo": 1.226582411882627,
-    "hi": 1.4506290586430555,
+    "median": 1.2821327324588356,
+    "lo": 1.145335958770002,
+    "hi": 1.4061623398500762,
     "node": "vm"
   },
   {
@@ -732,9 +732,9 @@ export const ratioNights: RatioNight[] = [
     "key": "eager:long_capture/hf-generate:long_prefill",
     "title": "eager, capture at every layer / HF forward, 512-token prompt",
     "group": "hf",
-    "median": 0.9530442485439982,
-    "lo": 0.9249417615886718,
-    "hi": 0.9622113522268643,
+    "median": 0.9631989568869436,
+    "lo": 0.9382659271805572,
+    "hi": 1.0082546708834472,
     "node": "vm"
   },
   {
@@ -743,9 +743,9 @@ export const ratioNights: RatioNight[] = [
     "key": "eager:readout_gen/eager:capture_gen",
     "title": "eager, SAE top-k readout / raw capture",
     "group": "readout",
-    "median": 0.8464070500235723,
-    "lo": 0.8195737805878347,
-    "hi": 0.8595076515811816,
+    "median": 0.8522874860658468,
+    "lo": 0.8387179494895114,
+    "hi": 0.8598840191658742,
     "node": "vm"
   },
   {
@@ -754,9 +754,9 @@ export const ratioNights: RatioNight[] = [
     "key": "eager:steer_all/eager:decode",
     "title": "eager, steer every layer / no steer",
     "group": "steer",
-    "median": 0.8940627053432043,
-    "lo": 0.8685023475482938,
-    "hi": 0.9074505871201551,
+    "median": 0.8833003161603097,
+    "lo": 0.8718333408369912,
+    "hi": 0.8916701005999353,
     "node": "vm"
   },
   {
@@ -765,9 +765,9 @@ export const ratioNights: RatioNight[] = [
     "key": "eager:steer_all/interp-engine:steer_all",
     "title": "eager / interp-engine, steer every layer",
     "group": "peers",
-    "median": 0.8077394248666064,
-    "lo": 0.7842504717078561,
-    "hi": 0.8277667060994703,
+    "median": 0.8094074971080834,
+    "lo": 0.7949314976043956,
+    "hi": 0.8202058664007457,
     "node": "vm"
   },
   {
@@ -776,9 +776,9 @@ export const ratioNights: RatioNight[] = [
     "key": "eager:steer_all/nnsight:steer_all",
     "title": "eager / nnsight, steer every layer",
     "group": "peers",
-    "median": 0.9978219490316094,
-    "lo": 0.9543738128720476,
-    "hi": 1.0149060068676363,
+    "median": 0.9712014035251924,
+    "lo": 0.9537556163301257,
+    "hi": 0.9786357564608635,
     "node": "vm"
   },
   {
@@ -787,9 +787,9 @@ export const ratioNights: RatioNight[] = [
     "key": "eager:steer_all/transformerlens:steer_all",
     "title": "eager / transformerlens, steer every layer",
     "group": "peers",
-    "median": 1.4250282118458615,
-    "lo": 1.3976220250574984,
-    "hi": 1.4609588009284153,
+    "median": 1.3969358794472526,
+    "lo": 1.363733469065423,
+    "hi": 1.4255889739902952,
     "node": "vm"
   },
   {
@@ -798,9 +798,9 @@ export const ratioNights: RatioNight[] = [
     "key": "vllm-static:capture_gen/vllm-generate:decode",
     "title": "vllm-static, capture during generation / stock decode (1 stream)",
     "group": "stock",
-    "median": 0.9877944987598712,
-    "lo": 0.9048983371970104,
-    "hi": 1.1104921809288621,
+    "median": 0.9380806534652172,
+    "lo": 0.9072183929398676,
+    "hi": 1.0263309289399676,
     "node": "vm"
   },
   {
@@ -809,9 +809,9 @@ export const ratioNights: RatioNight[] = [
     "key": "vllm-static:capture_gen8/vllm-generate:concurrency8",
     "title": "vllm-static, capture during generation, 8 streams / stock concurrency 8 (aggregate)",
     "group": "stock",
-    "median": 0.952607195563757,
-    "lo": 0.8694657374630195,
-    "hi": 0.9978018133190281,
+    "median": null,
+    "lo": 0.754179267104746,
+    "hi": 0.962287836538686,
     "node": "vm"
   },
   {
@@ -820,9 +820,9 @@ export const ratioNights: RatioNight[] = [
     "key": "vllm-static:readout_gen/vllm-generate:decode",
     "title": "vllm-static, SAE top-k readout during generation / stock decode (1 stream)",
     "group": "stock",
-    "median": 0.9029157300255191,
-    "lo": 0.8125445624720957,
-    "hi": 1.0169853219160323,
+    "median": 0.8512816769313417,
+    "lo": 0.7928427092167596,
+    "hi": 0.9249203056570838,
     "node": "vm"
   },
   {
@@ -831,9 +831,9 @@ export const ratioNights: RatioNight[] = [
     "key": "vllm-static:readout_gen/vllm-static:capture_gen",
     "title": "vllm-static, SAE top-k readout / raw capture",
     "group": "readout",
-    "median": 0.8979401652886363,
-    "lo": 0.8648647052407181,
-    "hi": 0.9283325075615778,
+    "median": 0.9063512938950998,
+    "lo": 0.8832282176409313,
+    "hi": 0.9421632622475852,
     "node": "vm"
   },
   {
@@ -842,9 +842,9 @@ export const ratioNights: RatioNight[] = [
     "key": "vllm-static:steer_all/vllm-generate:decode",
     "title": "vllm-static, steer every layer / stock decode (1 stream)",
     "group": "stock",
-    "median": 1.0181845982563913,
-    "lo": 0.9172812486077405,
-    "hi": 1.09797143478742,
+    "median": 0.9310281481383299,
+    "lo": 0.7816099555437269,
+    "hi": 0.9920262300853481,
     "node": "vm"
   },
   {
@@ -853,9 +853,9 @@ export const ratioNights: RatioNight[] = [
     "key": "vllm-static:steer_all/vllm-static:decode",
     "title": "vllm-static, steer every layer / no steer",
     "group": "steer",
-    "median": 0.8937527476105042,
-    "lo": 0.87566316527302,
-    "hi": 0.924409456882107,
+    "median": 0.9044136750836094,
+    "lo": 0.8924903478223907,
+    "hi": 0.9165996654241355,
     "node": "vm"
   },
   {
@@ -864,9 +864,9 @@ export const ratioNights: RatioNight[] = [
     "key": "vllm:capture_gen/vllm-generate:decode",
     "title": "vllm, capture during generation / stock decode (1 stream)",
     "group": "stock",
-    "median": 0.8409047559979188,
-    "lo": 0.715750424896363,
-    "hi": 0.8839919119447177,
+    "median": 0.7677103726812821,
+    "lo": 0.7164225267915493,
+    "hi": 0.8558115994003331,
     "node": "vm"
   },
   {
@@ -875,9 +875,9 @@ export const ratioNights: RatioNight[] = [
     "key": "vllm:capture_gen8/vllm-generate:concurrency8",
     "title": "vllm, capture during generation, 8 streams / stock concurrency 8 (aggregate)",
     "group": "stock",
-    "median": 0.7985874049100885,
-    "lo": 0.7161478357055474,
-    "hi": 0.8560760070366521,
+    "median": 0.6786994283100382,
+    "lo": 0.641325598367565,
+    "hi": 0.8045320689028851,
     "node": "vm"
   },
   {
@@ -886,9 +886,9 @@ export const ratioNights: RatioNight[] = [
     "key": "vllm:readout_gen/vllm-generate:decode",
     "title": "vllm, SAE top-k readout during generation / stock decode (1 stream)",
     "group": "stock",
-    "median": 0.771719147932933,
-    "lo": 0.6721568307962655,
-    "hi": 0.8261008006033668,
+    "median": 0.7234008589612536,
+    "lo": 0.7018661372644891,
+    "hi": 0.8069557768438351,
     "node": "vm"
   },
   {
@@ -897,9 +897,9 @@ export const ratioNights: RatioNight[] = [
     "key": "vllm:readout_gen/vllm:capture_gen",
     "title": "vllm, SAE top-k readout / raw capture",
     "group": "readout",
-    "median": 0.9310930475884852,
-    "lo": 0.9132884706216612,
-    "hi": 0.9458846416554672,
+    "median": 0.9460724973374907,
+    "lo": 0.921821318555662,
+    "hi": 0.9583060146420244,
     "node": "vm"
   },
   {
@@ -908,9 +908,9 @@ export const ratioNights: RatioNight[] = [
     "key": "vllm:steer_all/vllm-generate:decode",
     "title": "vllm, steer every layer / stock decode (1 stream)",
     "group": "stock",
-    "median": 0.7920161873694076,
-    "lo": 0.7027222343030538,
-    "hi": 0.8306668997873192,
+    "median": 0.7423592385562743,
+    "lo": 0.6678901782330005,
+    "hi": 0.7950487562724833,
     "node": "vm"
   },
   {
@@ -919,9 +919,9 @@ export const ratioNights: RatioNight[] = [
     "key": "vllm:steer_all/vllm:decode",
     "title": "vllm, steer every layer / no steer",
     "group": "steer",
-    "median": 0.8531168137833364,
-    "lo": 0.8297256263460603,
-    "hi": 0.8705337355232748,
+    "median": 0.8410782291533376,
+    "lo": 0.8253053784664153,
+    "hi": 0.8605345373877435,
     "node": "vm"
   },
   {
@@ -1161,9 +1161,9 @@ export const ratioNights: RatioNight[] = [
     "key": "eager:capture_gen/vllm-generate:decode",
     "title": "eager, capture during generation / stock decode (1 stream)",
     "group": "stock",
-    "median": 0.8912320323075443,
-    "lo": 0.8232533735206462,
-    "hi": 0.9187588257278246,
+    "median": 0.8654731943305546,
+    "lo": 0.847180084552803,
+    "hi": 0.8879897888712437,
     "node": "vm"
   },
   {
@@ -1172,9 +1172,9 @@ export const ratioNights: RatioNight[] = [
     "key": "eager:readout_gen/eager:capture_gen",
     "title": "eager, SAE top-k readout / raw capture",
     "group": "readout",
-    "median": 0.8805311492766305,
-    "lo": 0.8398806370955432,
-    "hi": 0.9171795232359012,
+    "median": 0.8897498591063061,
+    "lo": 0.8780250833787728,
+    "hi": 0.8965617883679502,
     "node": "vm"
   },
   {
@@ -1183,9 +1183,9 @@ export const ratioNights: RatioNight[] = [
     "key": "vllm:capture_gen/vllm-generate:decode",
     "title": "vllm, capture during generation / stock decode (1 stream)",
     "group": "stock",
-    "median": 0.8173912824941831,
-    "lo": 0.8048233889461366,
-    "hi": 0.8549263167021373,
+    "median": 0.8299941594186845,
+    "lo": 0.8059310917332776,
+    "hi": 0.84326666845355,
     "node": "vm"
   },
   {
@@ -1194,9 +1194,9 @@ export const ratioNights: RatioNight[] = [
     "key": "vllm:readout_gen/vllm-generate:decode",
     "title": "vllm, SAE top-k readout during generation / stock decode (1 stream)",
     "group": "stock",
-    "median": 0.7776795392237709,
-    "lo": 0.7465179756488095,
-    "hi": 0.788550939911611,
+    "median": 0.7626209269202104,
+    "lo": 0.7415974845825827,
+    "hi": 0.7883965824650951,
     "node": "vm"
   },
   {
@@ -1205,9 +1205,9 @@ export const ratioNights: RatioNight[] = [
     "key": "vllm:readout_gen/vllm:capture_gen",
     "title": "vllm, SAE top-k readout / raw capture",
     "group": "readout",
-    "median": 0.9275550212653808,
-    "lo": 0.9091171708694105,
-    "hi": 0.9541819773063192,
+    "median": 0.9300775439895717,
+    "lo": 0.9124243020050722,
+    "hi": 0.9431340415542916,
     "node": "vm"
   }
 ];
