@@ -11,8 +11,9 @@ their own, so no harvest runs in a heap another cell has just churned) and the c
 interleaved rounds whose order rotates every round (benchmarks/rounds.py), so a noisy neighbour
 slows every cell alike; a cell whose engine process has just sat idle through other processes' cells runs
 once untimed first (the sweeps' lead-in, benchmarks/rounds.py: on this VM such a first run reads 10-50%
-slower, which the rotation would turn into a bias by round parity); `--relaunch K` restarts the processes every K rounds, so that the spread
-between two processes of the same engine (on a small VM, several percent) is sampled as well.
+slower, which the rotation would turn into a bias by round parity); `--relaunch K` restarts the processes
+every K rounds, so that the spread between two processes of the same engine (on a small VM, several
+percent) is sampled as well.
 Ratios are taken within each round; the tables give their median with the 95% distribution-free
 interval (benchmarks/ci.py), "unresolved" when it spans more than 25%. `--device` places the eager and
 hf cells' model (float32 both); the vLLM cells run where the installed vLLM runs.
