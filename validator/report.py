@@ -339,7 +339,9 @@ def render_details(model: str, all_cells) -> str:
                      f"{', '.join(f'{k} {v}' for k, v in sorted(c.get('reference_versions', {}).items())) or '-'}; "
                      f"dtype {prov.get('dtype')}, device {prov.get('device')}.")
         if c.get("unavailable"):
-            lines.append(f"\nThe reference could not run this model: {c['unavailable']}")
+            who = "The tested backend did not load" if str(c.get("engine", "")).startswith("vllm") else \
+                "The reference could not run this model"
+            lines.append(f"\n{who}: {c['unavailable']}")
         for note in c.get("notes", []):
             lines.append(f"\nNote: {note}")
         odd = [r for r in c.get("rows", []) if r["verdict"] in ("fail", "warn")]

@@ -78,6 +78,9 @@ class _Prepared:
         if column == "vllm":
             tested = sides.tested(Subject(self.vllm.m), model.plan)
             return columns.score(column, model, tested, self.expected[column])
+        if column == "vllm-static":  # loaded each time, as a run loads it: its startup proof runs under the bug
+            tested, exp = columns.vllm_run(column, model)
+            return columns.score(column, model, tested, exp)
         wanted = columns.configs([column])
         tested = columns.tested_sides(model, wanted, fresh=fresh) if fresh else model.tested
         eager = None
