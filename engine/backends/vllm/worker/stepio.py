@@ -37,14 +37,57 @@ class Captures:
 
 
 @dataclass(eq=False)
+class Write:
+    """One bank's fill (Bank.hold): on the device the flat (write * rows + row) index, the coefficient rows
+    (all three parts, or the one `part` the steers change), and `grid` where one row a write tap is
+    broadcast (_write); on the host what they were made from, one entry per written row in tap order
+    (`flat` the index, `rows` the step's row, `which` its row of `table`), and each tap's slot and entry
+    count, so a step whose rows are some of these takes them by selection (`at`)."""
+    bank: Any
+    index: torch.Tensor
+    values: torch.Tensor
+    part: int | None
+    grid: tuple | None
+    flat: np.ndarray
+    rows: np.ndarray
+    table: np.ndarray
+    which: np.ndarray
+    slots: np.ndarray
+    lens: np.ndarray
+
+    def at(self, to: np.ndarray) -> Write | None:
+        """The fill of a step whose row to[r] holds what row r held here (-1: none): the kept rows' table rows,
+        per tap in the same order (None: it keeps none)."""
+        new = to[self.rows]
+        keep = new >= 0
+        ends = np.cumsum(self.lens)
+        lens = np.diff(np.concatenate(([0], np.cumsum(keep)[ends - 1])))
+        has = lens > 0
+        if not has.any():
+            return None
+        return _write(self.bank, self.slots[has], lens[has], new[keep], self.table, self.which[keep], self.part)
+
+
+@dataclass(eq=False)
+class Read:
+    """The read after a step (StaticTaps._read): `flat` the host index into the `sources` stacked (n rows each),
+    `index` its upload (None where it takes every stacked value in order), and the ledger records: (first,
+    end, plan codes, steer indices, positions less the Fill's shift, distinct codes)."""
+    index: torch.Tensor | None
+    flat: np.ndarray
+    records: list
+    sources: int  # how many sources are stacked
+
+
+@dataclass(eq=False)
 class Fill:
-    """What one step writes and reads: per bank (bank, flat index, coefficient rows, the one part written or
-    None); the read's one gather and its ledger records (`_read_of`; None: nothing to read); taps whose
-    receipts are replayed; whether nothing depends on positions (a step one position on takes it, `shift`
-    one more)."""
+    """What one step writes and reads: a Write per bank; the read's one gather and its ledger records
+    (`_read_of`; None: nothing to read); taps whose receipts are replayed; whether nothing depends on
+    positions (a step one position on takes it, `shift` one more; the first decode step after a prefill
+    selects its rows from it: `first_decode`)."""
     step: Step
     writes: list
-    read: tuple | None
+    read: Read | None
     replay: list
     free: bool
     shift: int = 0
@@ -56,15 +99,42 @@ class Fill:
         cap = None if self.capture is None or not self.capture.free else self.capture.one_on()
         return Fill(step, self.writes, self.read, self.replay, self.free, self.shift + 1, cap)
 
+    def first_decode(self, step: Step, to: np.ndarray) -> Fill:
+        """This Fill (free) for `step`, whose row to[r] is the next position of row r here, the last row of
+        each request (`last_rows`): each write and the read take those rows' entries, in numpy, instead of
+        composing every tap again (at 30 layers that was 0.9 ms a first decode step); captures are gathered
+        again."""
+        writes = [w for w in (old.at(to) for old in self.writes) if w is not None]
+        read = None if self.read is None else _read_at(self.read, self.step.n_tokens, step, to)
+        return Fill(step, writes, read, self.replay, self.free, self.shift + 1)
+
+
+def last_rows(before: Step, step: Step) -> np.ndarray | None:
+    """Where `step` is the first decode step after `before` (the same requests in the same order, each one
+    row at the position after its last row there): for each row of `before`, the row of `step` that takes
+    it (each request's last row; -1 elsewhere); else None."""
+    if len(before.spans) != len(step.spans) or not step.spans:
+        return None
+    to = np.full(before.n_tokens, -1, dtype=np.int64)
+    for old, sp in zip(before.spans, step.spans):
+        if sp.plan is not old.plan or sp.n != 1 or old.n < 1 or sp.pos0 != old.pos0 + old.n or sp.plan.error:
+            return None
+        to[old.b - 1] = sp.a
+    return to
+
 
 def fill_of(taps: Any, step: Step, work: dict) -> Fill:
     """This step's Fill: built in before(), reused in after(); a step one position on from the one before
-    (engine.core.step.one_on) whose steers do not depend on positions takes that one's."""
+    (engine.core.step.one_on) whose steers do not depend on positions takes that one's, and the first
+    decode step after a prefill selects its rows from the prefill's (Fill.first_decode)."""
     c = taps.carry
     if c is not None and c.step is step:
         return c
+    to = None
     if c is not None and c.free and step.prev is not None and c.step is step.prev:
         new = c.one_on(step)
+    elif c is not None and c.free and (to := last_rows(c.step, step)) is not None:
+        new = c.first_decode(step, to)
     else:
         new = _build(taps, step, work)
     taps.carry = new
@@ -103,11 +173,11 @@ def _build(taps: Any, step: Step, work: dict) -> Fill:
             replay.append(name)
         else:
             labels += [(tap.row or 0, r) for r in sets]
-    writes = [_write(*entry) for entry in per_bank.values()]
+    writes = [_bank_write(*entry) for entry in per_bank.values()]
     return Fill(step, writes, _read_of(taps, step, labels), replay, free)
 
 
-def _read_of(taps: Any, step: Step, labels: list) -> tuple | None:
+def _read_of(taps: Any, step: Step, labels: list) -> Read | None:
     """The read's one gather from the stacked sources (StaticTaps.sources: every write tap's and layer's
     flags, then every write tap's receipts, n rows each) and the ledger records it makes: (device index, or
     None where the records take every stacked value in order, [(first, end, plan codes, steer indices,
@@ -131,42 +201,69 @@ def _read_of(taps: Any, step: Step, labels: list) -> tuple | None:
                         frozenset().union(*(r.codes for _, r in labels))))
     if not records:
         return None
-    index = np.concatenate(idx)
-    every = len(index) == (f + k) * n and bool((index == np.arange(len(index))).all())
-    return None if every else upload(index, step.device), records
+    return _read(np.concatenate(idx), records, f + k, step)
 
 
-def _write(bank, slots: list, flats: list, tables: list, whiches: list) -> tuple:
-    """(bank, device index, coefficient rows, part, grid) from each filled tap's slot in the bank, flat rows,
-    table and each row's row of that table: the one part the rows change (an add: `add`), or all. Each tap's
-    rows sit at slot * rows + row, its table rows after the earlier taps' (whole-bank numpy, not per tap).
-    Where every tap writes the same rows, each of them its one table row (a steer of every row of the step's
-    requests at each layer), `grid` is (slots [T, 1], rows [1, M]) and the values [T, 1, ...]: one index_put
-    broadcasts them, without the T * M rows gathered first (at a 32-token prefill of 30 layers, 2.2 MB);
-    else grid is None and the values one per row (Bank.fill)."""
-    coef = bank.coef
+def _read(flat: np.ndarray, records: list, sources: int, step: Step) -> Read:
+    """The Read of these records at host index `flat` into `sources` stacked sources of the step's rows
+    (uploaded unless it is every stacked value in order)."""
+    every = len(flat) == sources * step.n_tokens and bool((flat == np.arange(len(flat))).all())
+    return Read(None if every else upload(flat, step.device), flat, records, sources)
+
+
+def _read_at(read: Read, n: int, step: Step, to: np.ndarray) -> Read:
+    """The read of a step whose row to[r] takes row r of a step of n rows (Fill.first_decode): the records'
+    entries at rows it keeps, each now at its row there (the sources' rows are per step: n, then
+    step.n_tokens)."""
+    src, row = np.divmod(read.flat, n)
+    new = to[row]
+    keep = new >= 0
+    records, at = [], 0
+    for lo, hi, plan, steer_index, pos, codes in read.records:
+        k = keep[lo:hi]
+        m = int(k.sum())
+        records.append((at, at + m, plan[k], steer_index[k], pos[k], codes))
+        at += m
+    return _read(src[keep] * step.n_tokens + new[keep], records, read.sources, step)
+
+
+def _bank_write(bank: Any, slots: list, flats: list, tables: list, whiches: list) -> Write:
+    """One bank's Write from each filled tap's slot, flat rows, table and each row's row of that table: the
+    tables stacked, each tap's table rows after the earlier taps' (whole-bank numpy, not per tap)."""
     lens = np.array([len(f) for f in flats], dtype=np.int64)
     firsts = np.cumsum([0] + [len(t) for t in tables[:-1]])
-    rows, index = np.concatenate(flats), np.repeat(np.array(slots, dtype=np.int64) * bank.rows, lens)
-    index += rows
     table, which = np.concatenate(tables), np.repeat(firsts, lens) + np.concatenate(whiches)
     changed = [j for j, same in enumerate((table[:, 0] == 0, table[:, 1] == 1, table[:, 2] == 0)) if not same.all()]
     part = changed[0] if len(changed) == 1 else None
     table = table if part is None else np.ascontiguousarray(table[:, part])
+    return _write(bank, np.array(slots, dtype=np.int64), lens, np.concatenate(flats), table, which, part)
+
+
+def _write(bank: Any, slots: np.ndarray, lens: np.ndarray, rows: np.ndarray, table: np.ndarray, which: np.ndarray,
+           part: int | None) -> Write:
+    """The Write of `lens[i]` rows of each tap (at slot slots[i]), in tap order: the step's `rows`, each taking
+    `table` row `which` (the one part the rows change (an add: `add`), or all). Each tap's rows sit at
+    slot * rows + row. Where every tap writes the same rows, each of them its one table row (a steer of
+    every row of the step's requests at each layer), `grid` is (slots [T, 1], rows [1, M]) and the values
+    [T, 1, ...]: one index_put broadcasts them, without the T * M rows gathered first (at a 32-token
+    prefill of 30 layers, 2.2 MB); else grid is None and the values one per row (Bank.fill)."""
+    coef = bank.coef
+    flat = np.repeat(slots * bank.rows, lens) + rows
+    index = upload(flat, coef.device)
     m = int(lens[0])
     if m > 1 and (lens == m).all():
         per_tap = which[::m]  # each tap's first row's table row
-        if (rows.reshape(-1, m) == flats[0]).all() and (which.reshape(-1, m) == per_tap[:, None]).all():
+        if (rows.reshape(-1, m) == rows[:m]).all() and (which.reshape(-1, m) == per_tap[:, None]).all():
             values = torch.from_numpy(np.ascontiguousarray(table[per_tap][:, None])).to(
                 coef.device, coef.dtype, non_blocking=True)
-            grid = (upload(np.array(slots, dtype=np.int64)[:, None], coef.device), upload(flats[0][None, :], coef.device))
-            return bank, upload(index, coef.device), values, part, grid
+            grid = (upload(slots[:, None], coef.device), upload(rows[None, :m], coef.device))
+            return Write(bank, index, values, part, grid, flat, rows, table, which, slots, lens)
     if len(which) * table[0].size <= HOST_GATHER:  # the step's rows gathered on the host: one upload
         values = torch.from_numpy(table[which]).to(coef.device, coef.dtype, non_blocking=True)
     else:  # many rows: the distinct ones uploaded, gathered on the device
         values = torch.from_numpy(table).to(coef.device, coef.dtype, non_blocking=True).index_select(
             0, upload(which, coef.device))
-    return bank, upload(index, coef.device), values, part, None
+    return Write(bank, index, values, part, None, flat, rows, table, which, slots, lens)
 
 
 # -- captures -------------------------------------------------------------------------------------------

@@ -46,15 +46,8 @@ class Form:
         """[P, 3, width]: this form applied alone to identity rows: a step's table at a tap whose one steer
         group it is, made once per registered steer (and tap width), not every step."""
         got = self.alone.get(width)
-        if got is None:  # _table's arithmetic on identity rows (mul = 1 * a, add = 0 * a + b), without its masks
-            got = self.alone[width] = np.zeros((self.a.shape[0], 3, width), dtype=np.float32)
-            got[:, 1] = 1.0
-            c = self.cols
-            got[:, 1, c] *= self.a
-            with np.errstate(invalid="ignore"):  # 0 * inf: NaN, as _table makes it
-                got[:, 2, c] = got[:, 2, c] * self.a + self.b
-            if self.u is not None:
-                got[:, 0, c] = self.u
+        if got is None:
+            got = self.alone[width] = _table([(self, None)], self.a.shape[0], width)
             got.flags.writeable = False  # shared by every step that takes it
         return got
 
@@ -107,31 +100,35 @@ def compose(parts: list[tuple[Form, np.ndarray, np.ndarray]], width: int) -> tup
     """(rows, table, which): for one tap's (form, flat rows, each row's row of the form) of the step, one
     per steer group in order, the flat rows they touch, the distinct coefficient rows [D, 3, width]
     (u, mul, add) and each touched row's index in the table. Host only (numpy)."""
-    one = len(parts) == 1
-    if one:  # one group (the common case): the table is its form's rows, each row takes its own
+    if len(parts) == 1:  # one group (the common case): the table is its form's rows, each row takes its own
         form, rows, code = parts[0]
         return rows, form.table_alone(width), code
     rows = np.unique(np.concatenate([f for _, f, _ in parts]))
     codes = np.full((len(rows), len(parts)), -1, dtype=np.int64)  # per row, its row of each group's form
     for j, (_, flat, code) in enumerate(parts):
-        codes[slice(None) if one else np.searchsorted(rows, flat), j] = code
+        codes[np.searchsorted(rows, flat), j] = code
     combos, which = np.unique(codes, axis=0, return_inverse=True)
     return rows, _table([(form, combos[:, j]) for j, (form, _, _) in enumerate(parts)], len(combos), width), \
         which.reshape(-1)
 
 
-def _table(steps: list[tuple[Form, np.ndarray]], d: int, width: int) -> np.ndarray:
+def _table(steps: list[tuple[Form, np.ndarray | None]], d: int, width: int) -> np.ndarray:
     """[d, 3, width] coefficient rows (u, mul, add): from the identity, each (form, its row per table row,
-    -1: none) applied in order."""
+    -1: none; None: table row i is the form's row i, every one) applied in order."""
     table = np.zeros((d, 3, width), dtype=np.float32)
     table[:, 1] = 1.0
     u, mul, add = table[:, 0], table[:, 1], table[:, 2]
     for form, k in steps:
-        hit = k >= 0
-        k = k[hit]
-        cols, a = form.cols, form.a[k]
+        hit: np.ndarray | slice
+        if k is None:  # a form alone (Form.table_alone): its own rows, no mask and no gather
+            hit, a, b, fu = slice(None), form.a, form.b, form.u
+        else:
+            hit = k >= 0
+            k = k[hit]
+            a, b, fu = form.a[k], form.b[k], None if form.u is None else form.u[k]
+        cols = form.cols
         mul[hit, cols] = mul[hit, cols] * a
-        add[hit, cols] = add[hit, cols] * a + form.b[k]
-        if form.u is not None:
-            u[hit, cols] = form.u[k]
+        add[hit, cols] = add[hit, cols] * a + b
+        if fu is not None:
+            u[hit, cols] = fu
     return table
