@@ -109,10 +109,14 @@ class Bank:
         d = self.dirty
         if d is not None and d[1] == w.part and d[2] is not None:
             old = d[2]
-            read = old % self.rows < n
-            stale = old[read & ~np.isin(old, w.flat)]
-            if len(stale):
-                self._identity(upload(stale, self.coef.device), w.part)
+            slot, row = np.divmod(old, self.rows)
+            read = row < n
+            stale = np.zeros((self.writes, n), dtype=bool)  # [write, row]: held, read, not rewritten
+            stale[slot[read], row[read]] = True
+            stale.reshape(-1)[np.repeat(w.slots * n, w.lens) + w.rows] = False
+            s, r = np.nonzero(stale)
+            if len(s):
+                self._identity(upload(s * self.rows + r, self.coef.device), w.part)
             left = old[~read]  # held past n: untouched by this forward
             self.dirty = (None, w.part, np.concatenate([left, w.flat])) if len(left) else (w.index, w.part, w.flat)
             self.held = None
