@@ -226,3 +226,35 @@ def test_backend_load_errors_name_their_root_cause():
         text = _root_cause(e)
     assert text.startswith("ValueError: too many values to unpack (expected 3) (surfacing as RuntimeError: Observed")
     assert "\n" not in text
+
+
+def test_vllm_static_falls_back_to_auto_taps_only_when_its_taps_do_not_install():
+    """Declaring the compared addresses as taps may fail to install (an architecture whose q / k never reach a
+    tap): the column falls back to "auto" and says so. When the taps installed and the engine's own startup
+    proof refused them (TapProofError: a fill, read or table bug), the load fails: fewer taps would hide it."""
+    from types import SimpleNamespace
+
+    from validator.engines.base import EngineUnavailable
+    from validator.engines.vllm_ref import VllmStaticEngine
+    plan = SimpleNamespace(addresses=["resid_post.0", "q.0"], steers=[], gen_steers=[])
+    for why, falls_back in (("UnsupportedPointError: q.0 cannot be a tap of OlmoForCausalLM", True),
+                            ("TapProofError: vllm-static refuses to serve m under cudagraph_mode=NONE: an add steer at "
+                             "embeddings moved the tap by the vector up to 4.52", False)):
+        loads = []
+
+        def load(**kw):
+            loads.append(kw)
+            if "static_points" in kw or not falls_back:
+                raise EngineUnavailable(f"load_model(backend='vllm-static') failed: {why}")
+            return "auto-taps model"
+        ref = VllmStaticEngine.__new__(VllmStaticEngine)
+        ref.notes, ref.m = [], None
+        ref._load = load
+        if falls_back:
+            ref._load_for(plan)
+            assert ref.m == "auto-taps model" and "fell back to static_points='auto'" in ref.notes[0]
+            assert [sorted(kw) for kw in loads] == [["static_points"], []]
+        else:
+            with pytest.raises(EngineUnavailable, match="TapProofError"):
+                ref._load_for(plan)
+            assert len(loads) == 1 and ref.m is None

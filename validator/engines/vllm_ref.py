@@ -85,7 +85,8 @@ class VllmEngine(Reference):
 class VllmStaticEngine(VllmEngine):
     """vllm-static, loaded declaring as taps every compared address a tap can hold and the steered ones (so
     the column measures the taps rather than the refusals of the default "auto" set); when that set does
-    not install it falls back to "auto" and says so in the cell's notes."""
+    not install it falls back to "auto" and says so in the cell's notes (not when the startup proof refused
+    the taps it installed: the cell fails)."""
     name = "vllm-static"
     backend = "vllm-static"
 
@@ -102,6 +103,8 @@ class VllmStaticEngine(VllmEngine):
             self.notes.append(f"vllm-static declared {len(taps)} taps: the compared and steered addresses a tap can "
                               f"hold")
         except EngineUnavailable as e:
+            if "TapProofError" in str(e):  # the taps loaded and the engine's own proof refused them: a failure,
+                raise  # never a reason to validate fewer taps
             self.m = self._load()
             self.notes.append(f"vllm-static fell back to static_points='auto' (resid_post taps): declaring the "
                               f"{len(taps)} compared addresses failed: {str(e)[:300]}")
