@@ -130,7 +130,6 @@ def fill_of(taps: Any, step: Step, work: dict) -> Fill:
     c = taps.carry
     if c is not None and c.step is step:
         return c
-    to = None
     if c is not None and c.free and step.prev is not None and c.step is step.prev:
         new = c.one_on(step)
     elif c is not None and c.free and (to := last_rows(c.step, step)) is not None:
@@ -179,11 +178,10 @@ def _build(taps: Any, step: Step, work: dict) -> Fill:
 
 def _read_of(taps: Any, step: Step, labels: list) -> Read | None:
     """The read's one gather from the stacked sources (StaticTaps.sources: every write tap's and layer's
-    flags, then every write tap's receipts, n rows each) and the ledger records it makes: (device index, or
-    None where the records take every stacked value in order, [(first, end, plan codes, steer indices,
-    positions less the Fill's shift, distinct codes)]). The guard records every flag source's value at
-    every steering row (NaN where it failed the row: the ledger fails the request under GUARD), then the
-    receipts each steered row's change (`labels`: (the write tap's row, its steered Rows))."""
+    flags, then every write tap's receipts, n rows each) and the ledger records it makes (Read). The guard
+    records every flag source's value at every steering row (NaN where it failed the row: the ledger fails
+    the request under GUARD), then the receipts each steered row's change (`labels`: (the write tap's row,
+    its steered Rows))."""
     n, k = step.n_tokens, len(taps.writes)
     f = k + (len(taps.guard.layers) if taps.guard is not None else 0)
     guarded = step.guard_rows()
