@@ -52,7 +52,7 @@ export const validatorNights: ValidatorNight[] = [
   },
   {
     "date": "2026-12-07",
-    "commit": "22da8e564bd9c2e589fe0fce1576c412893d62e4",
+    "commit": "79019a2aa482dafafa296b7ffd6e0441ba904cb6",
     "columns": {
       "hf": {"cells": 96, "pass": 33887, "warn": 0, "fail": 0, "declared": 51, "gap": 181, "errors": 0, "skipped": 0},
       "interp-engine": {"cells": 96, "pass": 17947, "warn": 0, "fail": 0, "declared": 0, "gap": 9227, "errors": 0, "skipped": 0},
