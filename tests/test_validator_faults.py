@@ -231,21 +231,28 @@ def test_backend_load_errors_name_their_root_cause():
 def test_vllm_static_falls_back_to_auto_taps_only_when_its_taps_do_not_install():
     """Declaring the compared addresses as taps may fail to install (an architecture whose q / k never reach a
     tap): the column falls back to "auto" and says so. When the taps installed and the engine's own startup
-    proof refused them (TapProofError: a fill, read or table bug), the load fails: fewer taps would hide it."""
+    proof refused them (a TapProofError anywhere in the chain the load's error was raised from: a fill, read or
+    table bug), the load fails: fewer taps would hide it. The class decides, not the words of the message."""
     from types import SimpleNamespace
 
+    from engine.core.errors import TapProofError, UnsupportedPointError
     from validator.engines.base import EngineUnavailable
     from validator.engines.vllm_ref import VllmStaticEngine
     plan = SimpleNamespace(addresses=["resid_post.0", "q.0"], steers=[], gen_steers=[])
-    for why, falls_back in (("UnsupportedPointError: q.0 cannot be a tap of OlmoForCausalLM", True),
-                            ("TapProofError: vllm-static refuses to serve m under cudagraph_mode=NONE: an add steer at "
-                             "embeddings moved the tap by the vector up to 4.52", False)):
+    refused = TapProofError("vllm-static refuses to serve m under cudagraph_mode=NONE: an add steer at embeddings "
+                            "moved the tap by the vector up to 4.52")
+    wrapped = RuntimeError("Engine core initialization failed")
+    wrapped.__cause__ = refused
+    cases = ((UnsupportedPointError("q.0 cannot be a tap of OlmoForCausalLM"), True),
+             (ValueError("a TapProofError-like message that is not one"), True),
+             (refused, False), (wrapped, False))
+    for cause, falls_back in cases:
         loads = []
 
         def load(**kw):
             loads.append(kw)
             if "static_points" in kw or not falls_back:
-                raise EngineUnavailable(f"load_model(backend='vllm-static') failed: {why}")
+                raise EngineUnavailable(f"load_model(backend='vllm-static') failed: {cause}") from cause
             return "auto-taps model"
         ref = VllmStaticEngine.__new__(VllmStaticEngine)
         ref.notes, ref.m = [], None
@@ -255,6 +262,6 @@ def test_vllm_static_falls_back_to_auto_taps_only_when_its_taps_do_not_install()
             assert ref.m == "auto-taps model" and "fell back to static_points='auto'" in ref.notes[0]
             assert [sorted(kw) for kw in loads] == [["static_points"], []]
         else:
-            with pytest.raises(EngineUnavailable, match="TapProofError"):
+            with pytest.raises(EngineUnavailable, match="refuses to serve m|Engine core initialization failed"):
                 ref._load_for(plan)
             assert len(loads) == 1 and ref.m is None

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import torch
 
+from engine.core.errors import TapProofError
 from validator.engines.base import EngineUnavailable, Reference, split_address
 
 TENSORS = {"*": "the eager engine's point definition, captured by hooks inside vLLM's worker (engine/backends)",
@@ -103,11 +104,24 @@ class VllmStaticEngine(VllmEngine):
             self.notes.append(f"vllm-static declared {len(taps)} taps: the compared and steered addresses a tap can "
                               f"hold")
         except EngineUnavailable as e:
-            if "TapProofError" in str(e):  # the taps loaded and the engine's own proof refused them: a failure,
-                raise  # never a reason to validate fewer taps
+            if _caused_by(e, TapProofError):  # the taps loaded and the engine's own proof refused them: a
+                raise  # failure, never a reason to validate fewer taps
             self.m = self._load()
             self.notes.append(f"vllm-static fell back to static_points='auto' (resid_post taps): declaring the "
                               f"{len(taps)} compared addresses failed: {str(e)[:300]}")
+
+
+def _caused_by(e: BaseException, kind: type) -> bool:
+    """Whether `kind` is `e` or anywhere in the chain it was raised from (load_model's own error is wrapped in
+    EngineUnavailable, maybe in more)."""
+    seen: set[int] = set()
+    at: BaseException | None = e
+    while at is not None and id(at) not in seen:
+        if isinstance(at, kind):
+            return True
+        seen.add(id(at))
+        at = at.__cause__ or at.__context__
+    return False
 
 
 def _root_cause(e: BaseException) -> str:

@@ -113,13 +113,12 @@ class Bank:
             read = row < n
             stale = np.zeros((self.writes, n), dtype=bool)  # [write, row]: held, read, not rewritten
             stale[slot[read], row[read]] = True
-            stale.reshape(-1)[np.repeat(w.slots * n, w.lens) + w.rows] = False
+            stale.reshape(-1)[stepio.flat_rows(w.slots, w.lens, w.rows, n)] = False
             s, r = np.nonzero(stale)
             if len(s):
                 self._identity(upload(s * self.rows + r, self.coef.device), w.part)
             left = old[~read]  # held past n: untouched by this forward
             self.dirty = (None, w.part, np.concatenate([left, w.flat])) if len(left) else (w.index, w.part, w.flat)
-            self.held = None
         else:
             self.reset()
             self.dirty = (w.index, w.part, w.flat)

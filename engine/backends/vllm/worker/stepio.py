@@ -237,6 +237,13 @@ def _bank_write(bank: Any, slots: list, flats: list, tables: list, whiches: list
     return _write(bank, np.array(slots, dtype=np.int64), lens, np.concatenate(flats), table, which, part)
 
 
+def flat_rows(slots: np.ndarray, lens: np.ndarray, rows: np.ndarray, per_tap: int) -> np.ndarray:
+    """The flat (slot * per_tap + row) index of `lens[i]` rows of each tap at slot slots[i], in tap order: into
+    a bank's coefficients (per_tap: Bank.rows) or into the [write, row] rows a forward of per_tap rows reads
+    (Bank.hold)."""
+    return np.repeat(slots * per_tap, lens) + rows
+
+
 def _write(bank: Any, slots: np.ndarray, lens: np.ndarray, rows: np.ndarray, table: np.ndarray, which: np.ndarray,
            part: int | None) -> Write:
     """The Write of `lens[i]` rows of each tap (at slot slots[i]), in tap order: the step's `rows`, each taking
@@ -246,7 +253,7 @@ def _write(bank: Any, slots: np.ndarray, lens: np.ndarray, rows: np.ndarray, tab
     [T, 1, ...]: one index_put broadcasts them, without the T * M rows gathered first (at a 32-token
     prefill of 30 layers, 2.2 MB); else grid is None and the values one per row (Bank.fill)."""
     coef = bank.coef
-    flat = np.repeat(slots * bank.rows, lens) + rows
+    flat = flat_rows(slots, lens, rows, bank.rows)
     index = upload(flat, coef.device)
     m = int(lens[0])
     if m > 1 and (lens == m).all():
