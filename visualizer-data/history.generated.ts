@@ -644,9 +644,9 @@ export const ratioNights: RatioNight[] = [
     "key": "eager:capture_all/hf-generate:prefill",
     "title": "eager, capture at every layer / HF forward",
     "group": "hf",
-    "median": 0.796794450470655,
-    "lo": 0.7883084942177062,
-    "hi": 0.8379408830056481,
+    "median": 0.8497331914897298,
+    "lo": 0.7746099812724353,
+    "hi": 0.8907599939741928,
     "node": "vm"
   },
   {
@@ -655,9 +655,9 @@ export const ratioNights: RatioNight[] = [
     "key": "eager:capture_all/interp-engine:capture_all",
     "title": "eager / interp-engine, capture at every layer",
     "group": "peers",
-    "median": 1.002580231400387,
-    "lo": 0.9709115629498157,
-    "hi": 1.0210747925236205,
+    "median": 1.0569975814942936,
+    "lo": 0.9643206154335427,
+    "hi": 1.1498205984682006,
     "node": "vm"
   },
   {
@@ -666,9 +666,9 @@ export const ratioNights: RatioNight[] = [
     "key": "eager:capture_all/nnsight:capture_all",
     "title": "eager / nnsight, capture at every layer",
     "group": "peers",
-    "median": 1.0318445919313175,
-    "lo": 1.0117729549629906,
-    "hi": 1.0719462439426106,
+    "median": 1.0663105628489893,
+    "lo": 1.0405721911240338,
+    "hi": 1.2353319266840426,
     "node": "vm"
   },
   {
@@ -677,9 +677,9 @@ export const ratioNights: RatioNight[] = [
     "key": "eager:capture_all/transformerlens:capture_all",
     "title": "eager / transformerlens, capture at every layer",
     "group": "peers",
-    "median": 1.5752777407682679,
-    "lo": 1.537881850662622,
-    "hi": 1.661558308318347,
+    "median": 1.6614857178804112,
+    "lo": 1.5589055023775706,
+    "hi": 1.9105038784067254,
     "node": "vm"
   },
   {
@@ -688,9 +688,9 @@ export const ratioNights: RatioNight[] = [
     "key": "eager:capture_gen/interp-engine:capture_gen",
     "title": "eager / interp-engine, capture during generation",
     "group": "peers",
-    "median": 0.9257628172043075,
-    "lo": 0.898242940522692,
-    "hi": 0.9648596767633245,
+    "median": 1.0991242221892557,
+    "lo": 0.942445978415495,
+    "hi": 1.2128937844401526,
     "node": "vm"
   },
   {
@@ -699,9 +699,9 @@ export const ratioNights: RatioNight[] = [
     "key": "eager:capture_gen/nnsight:capture_gen",
     "title": "eager / nnsight, capture during generation",
     "group": "peers",
-    "median": 1.0303044547864797,
-    "lo": 0.996793745964842,
-    "hi": 1.0425116711905373,
+    "median": null,
+    "lo": 0.9775947111120937,
+    "hi": 1.2573347936113286,
     "node": "vm"
   },
   {
@@ -710,9 +710,9 @@ export const ratioNights: RatioNight[] = [
     "key": "eager:capture_gen/transformerlens:capture_gen",
     "title": "eager / transformerlens, capture during generation",
     "group": "peers",
-    "median": 1.660734327165067,
-    "lo": 1.627042739173303,
-    "hi": 1.6783839888591028,
+    "median": null,
+    "lo": 1.6514387696482797,
+    "hi": 2.1241857379499964,
     "node": "vm"
   },
   {
@@ -721,9 +721,9 @@ export const ratioNights: RatioNight[] = [
     "key": "eager:capture_gen/vllm-generate:decode",
     "title": "eager, capture during generation / stock decode (1 stream)",
     "group": "stock",
-    "median": 1.2821327324588356,
-    "lo": 1.145335958770002,
-    "hi": 1.4061623398500762,
+    "median": null,
+    "lo": 1.0630069783270104,
+    "hi": 1.3946877862564537,
     "node": "vm"
   },
   {
@@ -732,9 +732,9 @@ export const ratioNights: RatioNight[] = [
     "key": "eager:long_capture/hf-generate:long_prefill",
     "title": "eager, capture at every layer / HF forward, 512-token prompt",
     "group": "hf",
-    "median": 0.9631989568869436,
-    "lo": 0.9382659271805572,
-    "hi": 1.0082546708834472,
+    "median": 0.9608078241972419,
+    "lo": 0.9195351531296657,
+    "hi": 0.9931674702056469,
     "node": "vm"
   },
   {
@@ -743,9 +743,9 @@ export const ratioNights: RatioNight[] = [
     "key": "eager:readout_gen/eager:capture_gen",
     "title": "eager, SAE top-k readout / raw capture",
     "group": "readout",
-    "median": 0.8522874860658468,
-    "lo": 0.8387179494895114,
-    "hi": 0.8598840191658742,
+    "median": 0.808296865056244,
+    "lo": 0.75960292662842,
+    "hi": 0.8511735144586347,
     "node": "vm"
   },
   {
@@ -754,9 +754,9 @@ export const ratioNights: RatioNight[] = [
     "key": "eager:steer_all/eager:decode",
     "title": "eager, steer every layer / no steer",
     "group": "steer",
-    "median": 0.8833003161603097,
-    "lo": 0.8718333408369912,
-    "hi": 0.8916701005999353,
+    "median": 0.8758937601770974,
+    "lo": 0.7932616146553783,
+    "hi": 0.895811004401204,
     "node": "vm"
   },
   {
@@ -765,9 +765,9 @@ export const ratioNights: RatioNight[] = [
     "key": "eager:steer_all/interp-engine:steer_all",
     "title": "eager / interp-engine, steer every layer",
     "group": "peers",
-    "median": 0.8094074971080834,
-    "lo": 0.7949314976043956,
-    "hi": 0.8202058664007457,
+    "median": 0.7882799196281463,
+    "lo": 0.7216233354253409,
+    "hi": 0.806093476128464,
     "node": "vm"
   },
   {
@@ -776,9 +776,9 @@ export const ratioNights: RatioNight[] = [
     "key": "eager:steer_all/nnsight:steer_all",
     "title": "eager / nnsight, steer every layer",
     "group": "peers",
-    "median": 0.9712014035251924,
-    "lo": 0.9537556163301257,
-    "hi": 0.9786357564608635,
+    "median": 0.9853595961916081,
+    "lo": 0.9192699947947028,
+    "hi": 1.0244740011957025,
     "node": "vm"
   },
   {
@@ -787,9 +787,9 @@ export const ratioNights: RatioNight[] = [
     "key": "eager:steer_all/transformerlens:steer_all",
     "title": "eager / transformerlens, steer every layer",
     "group": "peers",
-    "median": 1.3969358794472526,
-    "lo": 1.363733469065423,
-    "hi": 1.4255889739902952,
+    "median": null,
+    "lo": 1.3318760969697439,
+    "hi": 1.7702720201507323,
     "node": "vm"
   },
   {
@@ -798,9 +798,9 @@ export const ratioNights: RatioNight[] = [
     "key": "vllm-static:capture_gen/vllm-generate:decode",
     "title": "vllm-static, capture during generation / stock decode (1 stream)",
     "group": "stock",
-    "median": 0.9380806534652172,
-    "lo": 0.9072183929398676,
-    "hi": 1.0263309289399676,
+    "median": null,
+    "lo": 0.7124432674243396,
+    "hi": 0.9763588739309732,
     "node": "vm"
   },
   {
@@ -810,8 +810,8 @@ export const ratioNights: RatioNight[] = [
     "title": "vllm-static, capture during generation, 8 streams / stock concurrency 8 (aggregate)",
     "group": "stock",
     "median": null,
-    "lo": 0.754179267104746,
-    "hi": 0.962287836538686,
+    "lo": 0.6753302682357853,
+    "hi": 0.953849763811605,
     "node": "vm"
   },
   {
@@ -820,9 +820,9 @@ export const ratioNights: RatioNight[] = [
     "key": "vllm-static:readout_gen/vllm-generate:decode",
     "title": "vllm-static, SAE top-k readout during generation / stock decode (1 stream)",
     "group": "stock",
-    "median": 0.8512816769313417,
-    "lo": 0.7928427092167596,
-    "hi": 0.9249203056570838,
+    "median": 0.6789203841897664,
+    "lo": 0.6584820023293779,
+    "hi": 0.8197277328575633,
     "node": "vm"
   },
   {
@@ -831,9 +831,9 @@ export const ratioNights: RatioNight[] = [
     "key": "vllm-static:readout_gen/vllm-static:capture_gen",
     "title": "vllm-static, SAE top-k readout / raw capture",
     "group": "readout",
-    "median": 0.9063512938950998,
-    "lo": 0.8832282176409313,
-    "hi": 0.9421632622475852,
+    "median": 0.8659188807653678,
+    "lo": 0.7924532390259247,
+    "hi": 0.9314737719666561,
     "node": "vm"
   },
   {
@@ -842,9 +842,9 @@ export const ratioNights: RatioNight[] = [
     "key": "vllm-static:steer_all/vllm-generate:decode",
     "title": "vllm-static, steer every layer / stock decode (1 stream)",
     "group": "stock",
-    "median": 0.9310281481383299,
-    "lo": 0.7816099555437269,
-    "hi": 0.9920262300853481,
+    "median": 0.7967947399309488,
+    "lo": 0.691855291213749,
+    "hi": 0.8457467788471722,
     "node": "vm"
   },
   {
@@ -853,9 +853,9 @@ export const ratioNights: RatioNight[] = [
     "key": "vllm-static:steer_all/vllm-static:decode",
     "title": "vllm-static, steer every layer / no steer",
     "group": "steer",
-    "median": 0.9044136750836094,
-    "lo": 0.8924903478223907,
-    "hi": 0.9165996654241355,
+    "median": 0.8259092493124478,
+    "lo": 0.7299574959240152,
+    "hi": 0.8830766367734362,
     "node": "vm"
   },
   {
@@ -864,9 +864,9 @@ export const ratioNights: RatioNight[] = [
     "key": "vllm:capture_gen/vllm-generate:decode",
     "title": "vllm, capture during generation / stock decode (1 stream)",
     "group": "stock",
-    "median": 0.7677103726812821,
-    "lo": 0.7164225267915493,
-    "hi": 0.8558115994003331,
+    "median": null,
+    "lo": 0.5543150783778498,
+    "hi": 0.8956189219516036,
     "node": "vm"
   },
   {
@@ -875,9 +875,9 @@ export const ratioNights: RatioNight[] = [
     "key": "vllm:capture_gen8/vllm-generate:concurrency8",
     "title": "vllm, capture during generation, 8 streams / stock concurrency 8 (aggregate)",
     "group": "stock",
-    "median": 0.6786994283100382,
-    "lo": 0.641325598367565,
-    "hi": 0.8045320689028851,
+    "median": null,
+    "lo": 0.5500503643980215,
+    "hi": 0.7505397500015533,
     "node": "vm"
   },
   {
@@ -886,9 +886,9 @@ export const ratioNights: RatioNight[] = [
     "key": "vllm:readout_gen/vllm-generate:decode",
     "title": "vllm, SAE top-k readout during generation / stock decode (1 stream)",
     "group": "stock",
-    "median": 0.7234008589612536,
-    "lo": 0.7018661372644891,
-    "hi": 0.8069557768438351,
+    "median": null,
+    "lo": 0.5797819738397536,
+    "hi": 0.8112011941249643,
     "node": "vm"
   },
   {
@@ -897,9 +897,9 @@ export const ratioNights: RatioNight[] = [
     "key": "vllm:readout_gen/vllm:capture_gen",
     "title": "vllm, SAE top-k readout / raw capture",
     "group": "readout",
-    "median": 0.9460724973374907,
-    "lo": 0.921821318555662,
-    "hi": 0.9583060146420244,
+    "median": 0.9075087668039281,
+    "lo": 0.8876333568916885,
+    "hi": 0.9628622165934073,
     "node": "vm"
   },
   {
@@ -908,9 +908,9 @@ export const ratioNights: RatioNight[] = [
     "key": "vllm:steer_all/vllm-generate:decode",
     "title": "vllm, steer every layer / stock decode (1 stream)",
     "group": "stock",
-    "median": 0.7423592385562743,
-    "lo": 0.6678901782330005,
-    "hi": 0.7950487562724833,
+    "median": null,
+    "lo": 0.5859005084347841,
+    "hi": 0.7678338499650498,
     "node": "vm"
   },
   {
@@ -919,9 +919,9 @@ export const ratioNights: RatioNight[] = [
     "key": "vllm:steer_all/vllm:decode",
     "title": "vllm, steer every layer / no steer",
     "group": "steer",
-    "median": 0.8410782291533376,
-    "lo": 0.8253053784664153,
-    "hi": 0.8605345373877435,
+    "median": 0.8181684825178633,
+    "lo": 0.7453908439591427,
+    "hi": 0.921091612793913,
     "node": "vm"
   },
   {
@@ -930,9 +930,9 @@ export const ratioNights: RatioNight[] = [
     "key": "eager:capture_all/hf-generate:prefill",
     "title": "eager, capture at every layer / HF forward",
     "group": "hf",
-    "median": 0.9934379186771292,
-    "lo": 0.9550901895671645,
-    "hi": 1.0218279449252332,
+    "median": 1.0587354967257194,
+    "lo": 1.0298077900081177,
+    "hi": 1.0912353773364454,
     "node": "vm"
   },
   {
@@ -941,9 +941,9 @@ export const ratioNights: RatioNight[] = [
     "key": "eager:capture_all/interp-engine:capture_all",
     "title": "eager / interp-engine, capture at every layer",
     "group": "peers",
-    "median": 0.9910908328993244,
-    "lo": 0.9529435743254355,
-    "hi": 1.0113543061316879,
+    "median": 1.0168627623965762,
+    "lo": 0.9886971963687132,
+    "hi": 1.03532234588182,
     "node": "vm"
   },
   {
@@ -952,9 +952,9 @@ export const ratioNights: RatioNight[] = [
     "key": "eager:capture_all/nnsight:capture_all",
     "title": "eager / nnsight, capture at every layer",
     "group": "peers",
-    "median": 1.0132470378421117,
-    "lo": 0.9857787302040891,
-    "hi": 1.0327278455595696,
+    "median": 1.064593965067814,
+    "lo": 1.0121915954839535,
+    "hi": 1.093625313023112,
     "node": "vm"
   },
   {
@@ -963,9 +963,9 @@ export const ratioNights: RatioNight[] = [
     "key": "eager:capture_all/transformerlens:capture_all",
     "title": "eager / transformerlens, capture at every layer",
     "group": "peers",
-    "median": 1.1553322108918354,
-    "lo": 1.1128146138216268,
-    "hi": 1.2018486674897284,
+    "median": 1.129564006026106,
+    "lo": 1.1092119905914553,
+    "hi": 1.2308008305297284,
     "node": "vm"
   },
   {
@@ -974,9 +974,9 @@ export const ratioNights: RatioNight[] = [
     "key": "eager:capture_gen/interp-engine:capture_gen",
     "title": "eager / interp-engine, capture during generation",
     "group": "peers",
-    "median": 1.159651732323211,
-    "lo": 1.1099833266975252,
-    "hi": 1.2183409018260394,
+    "median": 1.1861606905595605,
+    "lo": 1.1275610976616173,
+    "hi": 1.222461390289448,
     "node": "vm"
   },
   {
@@ -985,9 +985,9 @@ export const ratioNights: RatioNight[] = [
     "key": "eager:capture_gen/nnsight:capture_gen",
     "title": "eager / nnsight, capture during generation",
     "group": "peers",
-    "median": 1.0435604491999386,
-    "lo": 1.022636145799469,
-    "hi": 1.0631407518458245,
+    "median": 0.9814386737470406,
+    "lo": 0.9746624177203101,
+    "hi": 1.0662430158213838,
     "node": "vm"
   },
   {
@@ -996,9 +996,9 @@ export const ratioNights: RatioNight[] = [
     "key": "eager:capture_gen/transformerlens:capture_gen",
     "title": "eager / transformerlens, capture during generation",
     "group": "peers",
-    "median": 1.477348133468747,
-    "lo": 1.4459607661883,
-    "hi": 1.526925904226632,
+    "median": 1.4419659257002202,
+    "lo": 1.3871877804036101,
+    "hi": 1.559952499414768,
     "node": "vm"
   },
   {
@@ -1007,9 +1007,9 @@ export const ratioNights: RatioNight[] = [
     "key": "eager:capture_gen/vllm-generate:decode",
     "title": "eager, capture during generation / stock decode (1 stream)",
     "group": "stock",
-    "median": 0.8712305069013841,
-    "lo": 0.866151804171556,
-    "hi": 0.9272147947395398,
+    "median": 0.7459409862538715,
+    "lo": 0.6918743660782246,
+    "hi": 0.7546036715083816,
     "node": "vm"
   },
   {
@@ -1018,9 +1018,9 @@ export const ratioNights: RatioNight[] = [
     "key": "eager:long_capture/hf-generate:long_prefill",
     "title": "eager, capture at every layer / HF forward, 512-token prompt",
     "group": "hf",
-    "median": 0.9869103742064256,
-    "lo": 0.9477445590599658,
-    "hi": 1.083537556938984,
+    "median": 0.9727102991437628,
+    "lo": 0.9565598158128662,
+    "hi": 0.9916450031352112,
     "node": "vm"
   },
   {
@@ -1029,9 +1029,9 @@ export const ratioNights: RatioNight[] = [
     "key": "eager:steer_all/eager:decode",
     "title": "eager, steer every layer / no steer",
     "group": "steer",
-    "median": 0.9604317620877924,
-    "lo": 0.9447386073717459,
-    "hi": 0.9758628017847072,
+    "median": 0.9544679485553692,
+    "lo": 0.9257826405523678,
+    "hi": 0.9797045835750143,
     "node": "vm"
   },
   {
@@ -1040,9 +1040,9 @@ export const ratioNights: RatioNight[] = [
     "key": "eager:steer_all/interp-engine:steer_all",
     "title": "eager / interp-engine, steer every layer",
     "group": "peers",
-    "median": 1.021332483895533,
-    "lo": 0.9954783808294099,
-    "hi": 1.0354405769129755,
+    "median": 1.0046386635032185,
+    "lo": 0.9527104327756366,
+    "hi": 1.0300387669762516,
     "node": "vm"
   },
   {
@@ -1051,9 +1051,9 @@ export const ratioNights: RatioNight[] = [
     "key": "eager:steer_all/nnsight:steer_all",
     "title": "eager / nnsight, steer every layer",
     "group": "peers",
-    "median": 1.0301388636786162,
-    "lo": 1.0050628749849762,
-    "hi": 1.0435126346571169,
+    "median": 0.9948165384452878,
+    "lo": 0.9378322599462745,
+    "hi": 1.0774647573713008,
     "node": "vm"
   },
   {
@@ -1062,9 +1062,9 @@ export const ratioNights: RatioNight[] = [
     "key": "eager:steer_all/transformerlens:steer_all",
     "title": "eager / transformerlens, steer every layer",
     "group": "peers",
-    "median": 1.2388541605240682,
-    "lo": 1.2229561002353657,
-    "hi": 1.3127223932132717,
+    "median": 1.167919387986961,
+    "lo": 1.1377248180858954,
+    "hi": 1.2630357086738615,
     "node": "vm"
   },
   {
@@ -1073,9 +1073,9 @@ export const ratioNights: RatioNight[] = [
     "key": "vllm-static:capture_gen/vllm-generate:decode",
     "title": "vllm-static, capture during generation / stock decode (1 stream)",
     "group": "stock",
-    "median": 0.9972597569980076,
-    "lo": 0.9874829831022189,
-    "hi": 1.0546448904081513,
+    "median": 0.9339356544041448,
+    "lo": 0.9154270699121123,
+    "hi": 1.0056063516222973,
     "node": "vm"
   },
   {
@@ -1084,9 +1084,9 @@ export const ratioNights: RatioNight[] = [
     "key": "vllm-static:capture_gen8/vllm-generate:concurrency8",
     "title": "vllm-static, capture during generation, 8 streams / stock concurrency 8 (aggregate)",
     "group": "stock",
-    "median": 0.9526757695686552,
-    "lo": 0.9135673784520212,
-    "hi": 0.9716491710450059,
+    "median": 0.9578891798668006,
+    "lo": 0.932854741949968,
+    "hi": 1.0223406322064719,
     "node": "vm"
   },
   {
@@ -1095,9 +1095,9 @@ export const ratioNights: RatioNight[] = [
     "key": "vllm-static:steer_all/vllm-generate:decode",
     "title": "vllm-static, steer every layer / stock decode (1 stream)",
     "group": "stock",
-    "median": 0.9869822947603917,
-    "lo": 0.9663497883495051,
-    "hi": 1.0066117548696325,
+    "median": 0.9857885687037988,
+    "lo": 0.9188665999177718,
+    "hi": 1.0215394270802634,
     "node": "vm"
   },
   {
@@ -1106,9 +1106,9 @@ export const ratioNights: RatioNight[] = [
     "key": "vllm-static:steer_all/vllm-static:decode",
     "title": "vllm-static, steer every layer / no steer",
     "group": "steer",
-    "median": 0.9689300770578562,
-    "lo": 0.9284298134666413,
-    "hi": 0.9954104425187399,
+    "median": 0.9655097402774535,
+    "lo": 0.9344605364188722,
+    "hi": 1.02036559771463,
     "node": "vm"
   },
   {
@@ -1117,9 +1117,9 @@ export const ratioNights: RatioNight[] = [
     "key": "vllm:capture_gen/vllm-generate:decode",
     "title": "vllm, capture during generation / stock decode (1 stream)",
     "group": "stock",
-    "median": 0.8172636345243486,
-    "lo": 0.8037703703414067,
-    "hi": 0.8539379240853578,
+    "median": 0.8418164534975359,
+    "lo": 0.7663430670023768,
+    "hi": 0.8990602389587663,
     "node": "vm"
   },
   {
@@ -1128,9 +1128,9 @@ export const ratioNights: RatioNight[] = [
     "key": "vllm:capture_gen8/vllm-generate:concurrency8",
     "title": "vllm, capture during generation, 8 streams / stock concurrency 8 (aggregate)",
     "group": "stock",
-    "median": 0.8205035124622799,
-    "lo": 0.8013994712075948,
-    "hi": 0.8360308751846893,
+    "median": 0.8538758241625842,
+    "lo": 0.8451370307796257,
+    "hi": 0.9604433916428061,
     "node": "vm"
   },
   {
@@ -1139,9 +1139,9 @@ export const ratioNights: RatioNight[] = [
     "key": "vllm:steer_all/vllm-generate:decode",
     "title": "vllm, steer every layer / stock decode (1 stream)",
     "group": "stock",
-    "median": 0.8136557093310162,
-    "lo": 0.7939502681145117,
-    "hi": 0.847748828031523,
+    "median": 0.8231625627402855,
+    "lo": 0.7597526410388483,
+    "hi": 0.8599806795361153,
     "node": "vm"
   },
   {
@@ -1150,9 +1150,9 @@ export const ratioNights: RatioNight[] = [
     "key": "vllm:steer_all/vllm:decode",
     "title": "vllm, steer every layer / no steer",
     "group": "steer",
-    "median": 0.927873299902652,
-    "lo": 0.921311129222574,
-    "hi": 0.940059010159713,
+    "median": 0.9166621063750697,
+    "lo": 0.8908046195690899,
+    "hi": 0.9551296612920486,
     "node": "vm"
   },
   {
@@ -1161,9 +1161,9 @@ export const ratioNights: RatioNight[] = [
     "key": "eager:capture_gen/vllm-generate:decode",
     "title": "eager, capture during generation / stock decode (1 stream)",
     "group": "stock",
-    "median": 0.8654731943305546,
-    "lo": 0.847180084552803,
-    "hi": 0.8879897888712437,
+    "median": 0.7297002045695777,
+    "lo": 0.6966439103663098,
+    "hi": 0.7367376421849265,
     "node": "vm"
   },
   {
@@ -1172,9 +1172,9 @@ export const ratioNights: RatioNight[] = [
     "key": "eager:readout_gen/eager:capture_gen",
     "title": "eager, SAE top-k readout / raw capture",
     "group": "readout",
-    "median": 0.8897498591063061,
-    "lo": 0.8780250833787728,
-    "hi": 0.8965617883679502,
+    "median": 0.8399578565107818,
+    "lo": 0.8174633098829378,
+    "hi": 0.8820400904949849,
     "node": "vm"
   },
   {
@@ -1183,9 +1183,9 @@ export const ratioNights: RatioNight[] = [
     "key": "vllm:capture_gen/vllm-generate:decode",
     "title": "vllm, capture during generation / stock decode (1 stream)",
     "group": "stock",
-    "median": 0.8299941594186845,
-    "lo": 0.8059310917332776,
-    "hi": 0.84326666845355,
+    "median": 0.825523015686321,
+    "lo": 0.8221370694133121,
+    "hi": 0.8724894125982173,
     "node": "vm"
   },
   {
@@ -1194,9 +1194,9 @@ export const ratioNights: RatioNight[] = [
     "key": "vllm:readout_gen/vllm-generate:decode",
     "title": "vllm, SAE top-k readout during generation / stock decode (1 stream)",
     "group": "stock",
-    "median": 0.7626209269202104,
-    "lo": 0.7415974845825827,
-    "hi": 0.7883965824650951,
+    "median": 0.6964134472489212,
+    "lo": 0.6749132454907448,
+    "hi": 0.7134324524318298,
     "node": "vm"
   },
   {
@@ -1205,9 +1205,9 @@ export const ratioNights: RatioNight[] = [
     "key": "vllm:readout_gen/vllm:capture_gen",
     "title": "vllm, SAE top-k readout / raw capture",
     "group": "readout",
-    "median": 0.9300775439895717,
-    "lo": 0.9124243020050722,
-    "hi": 0.9431340415542916,
+    "median": 0.8328768629069082,
+    "lo": 0.7973332194795693,
+    "hi": 0.8642187302781599,
     "node": "vm"
   }
 ];
