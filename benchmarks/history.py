@@ -4,7 +4,10 @@ and what changed since the previous publication.
 `python -m benchmarks publish` writes <out>/history/<UTC date>.json (a second publish the same day replaces
 it) and the report's "Since the previous publication" section compares each ratio with the newest record
 dated before it: a ratio whose new interval lies wholly below the old one is a regression, wholly above an
-improvement; overlapping intervals are no change (the noise of one machine on one night says no more).
+improvement; overlapping intervals are no change (the noise of one machine on one night says no more). A
+sweep that ran on other hardware than its previous record is not compared: every ratio moves with the CPU
+(an Intel Xeon night against an AMD EPYC one flagged 20 "regressions" in code nobody changed), and only a
+same-machine run (benchmarks/versus.py) says whether the code moved it.
 `--check` finds the record drifted when the newest one does not hold what the cells give. The site plots the
 records night by night (visualizer_data).
 """
@@ -70,12 +73,21 @@ class Change:
         return f"- {mark}: `{self.sweep}` {self.title}: {f(self.before)} -> {f(self.after)}"
 
 
+def moved(before: dict, after: dict) -> dict[str, tuple]:
+    """Sweeps in both records that ran on other hardware: sweep -> (its hardware then, now)."""
+    then = before.get("sweeps", {})
+    return {sweep: (then[sweep].get("hardware"), now.get("hardware")) for sweep, now in after.get("sweeps", {}).items()
+            if sweep in then and then[sweep].get("hardware") != now.get("hardware")}
+
+
 def compare(before: dict, after: dict) -> list[Change]:
-    """Ratios whose intervals do not overlap between two records (sweeps and ratios present in both)."""
+    """Ratios whose intervals do not overlap between two records (sweeps and ratios present in both, on the same
+    hardware: `moved`)."""
     out = []
+    elsewhere = moved(before, after)
     for sweep, now in after.get("sweeps", {}).items():
         then = before.get("sweeps", {}).get(sweep)
-        if not then:
+        if not then or sweep in elsewhere:
             continue
         for key, b in now["ratios"].items():
             a = then["ratios"].get(key)
@@ -94,12 +106,17 @@ def section(prev: tuple[str, dict] | None, current: dict) -> list[str]:
     if prev is None:
         return lines + ["No earlier publication is recorded (reports/benchmarks/history/).", ""]
     changes = compare(prev[1], current)
-    common = sorted(set(prev[1].get("sweeps", {})) & set(current.get("sweeps", {})))
-    head = (f"Compared with the publication of {prev[0]} (sweeps in both: "
+    elsewhere = moved(prev[1], current)
+    common = sorted(set(prev[1].get("sweeps", {})) & set(current.get("sweeps", {})) - set(elsewhere))
+    head = (f"Compared with the publication of {prev[0]} (sweeps in both, on the same hardware: "
             f"{', '.join(f'`{s}`' for s in common) or 'none'}): a ratio whose 95% interval lies wholly below the "
             f"previous one is a regression, wholly above an improvement; overlapping intervals are no change.")
+    if elsewhere:
+        head += (" Not compared, because the hardware changed (a ratio moves with the CPU; a same-machine run, "
+                 "benchmarks/versus.py, says whether the code moved it): " +
+                 "; ".join(f"`{s}` ran on {a} then, on {b} now" for s, (a, b) in sorted(elsewhere.items())) + ".")
     if not changes:
-        return lines + [head, "", "No ratio moved beyond its interval.", ""]
+        return lines + [head, "", "No ratio moved beyond its interval." if common else "No ratio was compared.", ""]
     return lines + [head, ""] + [c.line() for c in changes] + [""]
 
 

@@ -256,3 +256,31 @@ def test_publish_records_each_night_and_marks_a_regression_where_intervals_do_no
     rec.write_text(rec.read_text().replace("0.45", "0.46", 1))
     msgs = []
     assert run_publish(site, check=True, log=msgs.append) == 1 and any("2026-12-02.json" in m for m in msgs)
+
+
+def test_a_sweep_that_ran_on_other_hardware_is_not_compared_with_its_previous_record():
+    """A ratio moves with the CPU: a night on another machine is named, never flagged as a regression (on the
+    2026-12-07 publication, an AMD EPYC night against an Intel Xeon one flagged 20 ratios of code that did not
+    change)."""
+    from benchmarks import history
+
+    def rec(hardware: dict, median: float) -> dict:
+        iv = {"median": median, "lo": median * 0.98, "hi": median * 1.02}
+        return {"sweeps": {s: {"hardware": hw, "node": "vm", "model": "m", "tok_s": {},
+                               "ratios": {"eager:steer_all/eager:decode": {"title": "eager steer_all / eager decode",
+                                                                          "group": "own", "headline": False,
+                                                                          "resolved": True, **iv}}}
+                           for s, hw in hardware.items()}}
+    before = rec({"cpu-a": "CPU Intel x2", "cpu-b": "CPU Intel x2"}, 0.9)
+    after = rec({"cpu-a": "CPU AMD x2", "cpu-b": "CPU Intel x2"}, 0.6)  # both far below their old interval
+    assert history.moved(before, after) == {"cpu-a": ("CPU Intel x2", "CPU AMD x2")}
+    changes = history.compare(before, after)
+    assert [(c.sweep, c.kind) for c in changes] == [("cpu-b", "regression")]
+    text = "\n".join(history.section(("2026-12-06", before), after))
+    assert "sweeps in both, on the same hardware: `cpu-b`)" in text
+    assert "Not compared, because the hardware changed" in text
+    assert "`cpu-a` ran on CPU Intel x2 then, on CPU AMD x2 now" in text
+    assert "- **regression**: `cpu-b` eager steer_all / eager decode: 0.9x [0.882–0.918] -> 0.6x [0.588–0.612]" in text
+    assert not any(ln.startswith("- ") and "cpu-a" in ln for ln in text.splitlines())
+    alone = "\n".join(history.section(("2026-12-06", before), rec({"cpu-a": "CPU AMD x2"}, 0.6)))
+    assert "on the same hardware: none)" in alone and "No ratio was compared." in alone
