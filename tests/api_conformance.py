@@ -24,9 +24,10 @@ from engine import LensTopK, Readout, Request, SAEFeatures, Steer
 from engine.core.crossing import library_class
 from engine.core.errors import AddressError, InputError, OptionError, ReadoutError, SAEError, SteeringError
 from test_inputs import CALLS
+from test_vllm_common import STATIC_TAPS
 
 LLAMA = "meta-llama/Llama-3.2-1B"
-DECLARED = ["resid_post", "mlp_out.1", "z.1"]  # the shared vllm-static engine of test_vllm_interventions
+DECLARED = STATIC_TAPS  # the session's one shared vllm-static engine (tests/test_vllm_common.py): one start, not two
 FALLBACK = {"eager": ["eager"], "vllm": ["vllm"], "vllm-static": ["vllm-static", "vllm"],
             "remote-eager": ["remote-eager", "remote", "eager"], "remote-vllm": ["remote-vllm", "remote", "vllm"],
             "remote-vllm-static": ["remote-vllm-static", "remote", "vllm-static", "vllm"]}

@@ -16,10 +16,10 @@ from engine import Readout, SAEFeatures, Steer
 from engine.core.errors import SAEError, SteeringError
 from engine.core.ops import OPS
 from engine.core.sae_files import load_sae, random_sae, save_sae, write_random_sae
-from test_vllm_common import check, eager_model, vllm_model
+from test_vllm_common import STATIC_TAPS, check, eager_model, vllm_model
 
 LLAMA = "meta-llama/Llama-3.2-1B"
-DECLARED = ["resid_post", "mlp_out.1", "z.1"]  # the shared vllm-static engine of test_vllm_interventions
+DECLARED = STATIC_TAPS  # the session's one shared vllm-static engine (tests/test_vllm_common.py): one start, not two
 PROMPTS = ["The quick brown fox jumps over the lazy dog", "Hello world"]
 D = 256  # the zoo Llama's width
 

@@ -14,10 +14,10 @@ from engine.core.errors import SAEError
 from engine.core.readouts import Last, LensTopK, Max, Mean, Norm, Project, ReadoutError, SAEFeatures, TopK
 from engine.core.results import Request
 from engine.core.sae_files import load_sae, write_random_sae
-from test_vllm_common import check, eager_model, random_vector, vllm_model
+from test_vllm_common import STATIC_TAPS, check, eager_model, random_vector, vllm_model
 
 LLAMA = "meta-llama/Llama-3.2-1B"
-DECLARED = ["resid_post", "mlp_out.1", "z.1"]  # the shared vllm-static engine of test_vllm_interventions
+DECLARED = STATIC_TAPS  # the session's one shared vllm-static engine (tests/test_vllm_common.py): one start, not two
 PROMPTS = ["The quick brown fox jumps over the lazy dog", "Hello world"]
 
 

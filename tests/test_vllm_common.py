@@ -19,8 +19,9 @@ from validator.tolerances import STEER_MIN_EFFECT, tier_for
 PROMPT = "The quick brown fox jumps over the lazy dog"
 PROMPTS = [PROMPT, "Hello world, this is a test of the tiny models"]
 MAX_LEN = 256
-# The session's vllm-static tap set on the tiny Llama (test_harvest_vllm.py, test_vllm_ops.py, test_vllm_static.py
-# and test_vllm_syncs.py share its engine; the last of them closes it): every tap kind, the residual stream and the embeddings, an
+# The session's vllm-static tap set on the tiny Llama (test_api_errors.py, test_feature_steering.py,
+# test_harvest_vllm.py, test_readouts.py, test_vllm_interventions.py, test_vllm_ops.py, test_vllm_static.py and
+# test_vllm_syncs.py share its engine; the last of them closes it): every tap kind, the residual stream and the embeddings, an
 # attention input, per-head z, module outputs, a mid residual, the MLP hidden. Two banks: d_model 256 (all but
 # mlp_act) and mlp_act's 512.
 STATIC_TAPS = ["resid_post", "embeddings", "attn_in.1", "z.1", "attn_out", "resid_mid.1", "mlp_act.0", "mlp_out.1"]

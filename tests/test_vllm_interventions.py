@@ -15,9 +15,9 @@ from test_receipts import CASES, check_receipt, steered_cases
 from test_vllm_common import (
     PROMPT,
     PROMPTS,
+    STATIC_TAPS,
     check,
     decode_failures,
-    drop,
     eager_model,
     random_vector,
     stream_under_steering,
@@ -26,7 +26,7 @@ from test_vllm_common import (
 
 pytestmark = pytest.mark.vllm
 LLAMA = "meta-llama/Llama-3.2-1B"
-DECLARED = ["resid_post", "mlp_out.1", "z.1"]
+DECLARED = STATIC_TAPS  # the session's one shared vllm-static engine (tests/test_vllm_common.py): one start, not two
 CLEAN = "When Mary and John went to the store, John gave a drink to"
 CORRUPT = "When Mary and John went to the store, Mary gave a drink to"
 
@@ -40,10 +40,8 @@ def engines():
             kw = {"static_points": DECLARED} if backend == "vllm-static" else {}
             made[backend] = vllm_model(LLAMA, backend, **kw)
         return made[backend]
-    yield get
-    for backend, m in made.items():
-        if backend != "vllm":  # the default Llama engine is shared with other modules for the session
-            drop(m)
+    return get  # both are the session's shared engines (tests/test_vllm_syncs.py, the last module of the static
+    # one, drops it)
 
 
 def _steers(d, n_prompt):

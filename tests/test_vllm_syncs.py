@@ -28,7 +28,7 @@ def engines():
         return made[backend]
     yield get
     for backend, m in made.items():
-        if backend != "vllm":  # the last module of the static engine's three (test_vllm_common.STATIC_TAPS)
+        if backend != "vllm":  # the last module of the shared static engine (test_vllm_common.STATIC_TAPS)
             drop(m)
 
 
