@@ -7,7 +7,10 @@ import base64
 import contextlib
 import itertools
 import json
+import os
 import re
+import shutil
+import signal
 import subprocess
 import tempfile
 import time
@@ -18,18 +21,48 @@ KEYS = {"Tab": ("Tab", 9, ""), "ArrowDown": ("ArrowDown", 40, ""), "ArrowUp": ("
         "Enter": ("Enter", 13, "\r"), " ": ("Space", 32, " ")}
 
 
+def end_group(proc: subprocess.Popen, profile: Path, grace: float = 10.0) -> None:
+    """End a browser started with start_new_session=True and remove its profile directory.
+
+    Chromium's renderer, GPU and crashpad helpers can outlive the browser process and go on writing into
+    the profile (CI once failed removing it: "Directory not empty: 'Default'"), so the whole process
+    group is killed once the browser has exited, and the removal is retried while the last writes land."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)  # the group is named by the leader's pid, even after it exits
+    if proc.stderr:
+        proc.stderr.close()
+    for attempt in range(20):
+        try:
+            shutil.rmtree(profile)
+            return
+        except FileNotFoundError:
+            return
+        except OSError:
+            if attempt == 19:
+                raise
+            time.sleep(0.1)
+
+
 class Browser:
     """One headless Chromium with one page. Use as a context manager."""
 
     def __init__(self, binary: str, width: int = 1440, height: int = 1000, timeout: float = 60.0):
         from websockets.sync.client import connect
         self.timeout, self.width, self.height = timeout, width, height
-        self._profile = tempfile.TemporaryDirectory(prefix="site-chromium-")
+        self._profile = Path(tempfile.mkdtemp(prefix="site-chromium-"))
         self.proc = subprocess.Popen(
             [binary, "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
              "--no-first-run", "--no-default-browser-check", "--disable-extensions", "--hide-scrollbars",
-             "--remote-debugging-port=0", f"--user-data-dir={self._profile.name}", f"--window-size={width},{height}",
-             "about:blank"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+             "--remote-debugging-port=0", f"--user-data-dir={self._profile}", f"--window-size={width},{height}",
+             "about:blank"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+            start_new_session=True)  # its own process group: close() ends the helpers with it
         url, seen, deadline = None, [], time.monotonic() + timeout
         while url is None and time.monotonic() < deadline:
             line = self.proc.stderr.readline()
@@ -172,16 +205,7 @@ class Browser:
         if stack is not None:
             with contextlib.suppress(Exception):
                 stack.close()
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        if self.proc.stderr:
-            self.proc.stderr.close()
-        self._profile.cleanup()
+        end_group(self.proc, self._profile)
 
     def __enter__(self) -> "Browser":
         return self

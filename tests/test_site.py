@@ -5,10 +5,14 @@ work from the keyboard, the console stays clean, nothing is loaded from the netw
 to reports/site/."""
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import re
 import shutil
+import signal
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -89,6 +93,55 @@ def node_modules():
     if shutil.which("node") is None:
         pytest.skip("node not found: install Node.js 20+ to build the site")
     return _deps("npm")
+
+
+def _live_in_group(pgid: int) -> list[int]:
+    """Pids of the processes of group pgid that are not zombies (from /proc: an orphan's zombie may wait on
+    an init that never reaps it, and still answers kill(pid, 0))."""
+    live = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            live.append(int(stat.parent.name))
+    return live
+
+
+def test_closing_the_browser_ends_its_helpers_and_removes_the_profile(tmp_path):
+    """CI failed once removing the Chromium profile ("Directory not empty: 'Default'"): a helper outlived the
+    browser and went on writing. Here a stand-in browser leaves such a writer behind when it is terminated;
+    closing must end the writer too and remove the profile."""
+    sh = shutil.which("sh")
+    if sh is None or not Path("/proc/self/stat").exists():
+        pytest.skip("needs sh and /proc")
+    from site_browser import end_group
+    profile = tmp_path / "profile"
+    profile.mkdir()
+    writer = 'while :; do mkdir -p "$1/Default"; : > "$1/Default/f$$$(date +%N)"; sleep 0.005; done'
+    proc = subprocess.Popen([sh, "-c", f"({writer}) & echo up; wait", "sh", str(profile)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        assert proc.stdout.readline() == "up\n"
+        for _ in range(200):  # the writer has started writing
+            if any((profile / "Default").glob("f*")):
+                break
+            time.sleep(0.01)
+        assert any((profile / "Default").glob("f*"))
+        end_group(proc, profile)
+        left = _live_in_group(proc.pid)
+        for _ in range(100):  # SIGKILL lands at the next schedule of each member
+            if not left:
+                break
+            time.sleep(0.05)
+            left = _live_in_group(proc.pid)
+        assert left == [], f"helpers of the closed browser still run: {left}"
+        assert not profile.exists()
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.stdout.close()
 
 
 def test_site_sources_read_data_only_from_visualizer_data():
