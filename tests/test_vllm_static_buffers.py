@@ -448,3 +448,55 @@ def test_a_first_decode_step_of_position_dependent_steers_is_composed_again(monk
         torch.testing.assert_close(lin(x[:n]), plain[:n] + (v if n == 1 else 0), rtol=0, atol=0)
         taps.after(step, work)
     assert builds == [3, 1]
+
+
+@pytest.mark.parametrize("case", ["one request", "two requests", "a plain row", "one tap each"])
+def test_the_first_decode_step_takes_its_captures_from_the_prefills(monkeypatch, case):
+    """The first decode step after a prefill whose plans kept every row of every captured tap takes the
+    prefill's captures with each plan's one row (stepio.Captures.first_decode) instead of gathering them
+    again; where the prefill kept only some rows (each plan its own tap), or the step has a row of no plan
+    of ours, they are gathered again. Either way each plan holds the taps' outputs at its rows, position by
+    position, against the Linears run without the taps."""
+    from engine.backends.vllm.worker import stepio
+    from engine.core.plan import Plan, Span, site_work
+    from engine.core.step import Step, one_on
+    lins, taps = _installed(WIDTH, WIDTH)
+    gathers = []
+    real = stepio._captures_of
+
+    def counted(taps, step, work):
+        gathers.append(step.n_tokens)
+        return real(taps, step, work)
+    monkeypatch.setattr(stepio, "_captures_of", counted)
+    both = [Address("mlp_act", 0), Address("mlp_act", 1)]
+    a = Plan(3, both if case != "one tap each" else both[:1])
+    b = Plan(2, both if case != "one tap each" else both[1:])
+    plans = [a] if case == "one request" else [a, b]
+    work = site_work(plans, str)
+    taps.attach(work)
+    spans = [[Span(a, 0, 3, 0, 0)] + ([Span(b, 3, 5, 0, 1)] if len(plans) > 1 else [])]
+    for k in range(1, 3):  # the first decode step, then one carried
+        spans.append([Span(a, 0, 1, 2 + k, 0)] + ([Span(b, 1, 2, 1 + k, 1)] if len(plans) > 1 else []))
+    x = torch.randn(ROWS, WIDTH)
+    extra = int(case == "a plain row")  # a request without a plan of ours, in the decode steps' last row
+    last, want = None, {id(p): {str(k): [] for k in p.captures} for p in plans}
+    for i, sp in enumerate(spans):
+        n = sp[-1].b + (extra if i else 0)
+        step = Step(sp, n, prev=one_on(last, sp, n))
+        taps.before(step, work)
+        for lin in lins:
+            lin(x[i:i + n])
+        plain = [torch.nn.functional.linear(x[i:i + n], lin.weight, lin.bias) for lin in lins]  # the same shapes
+        for s in sp:
+            for key in want[id(s.plan)]:
+                want[id(s.plan)][key].append(plain[int(key[-1])][s.a:s.b])
+        taps.after(step, work)
+        step.prev, last = None, step
+    derived = case in ("one request", "two requests")
+    assert gathers == ([5 if len(plans) > 1 else 3] if derived else [5, 2 + extra]), gathers
+    for p in plans:
+        p.settle()
+        for key, rows in want[id(p)].items():
+            got = torch.cat([c for _, c in p.store[key]])
+            assert [pos for pos, _ in p.store[key]] == [0, p.prompt_len, p.prompt_len + 1]
+            torch.testing.assert_close(got, torch.cat(rows), rtol=0, atol=0)

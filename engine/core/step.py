@@ -246,8 +246,9 @@ class Step:
     def read_rows(self, g: ReadGroup) -> Rows:
         """The rows each plan of the group keeps for its capture key (its wanted tail)."""
         key = ("read", id(g))
-        if key not in self._built:
-            parts = []
+        got = self._built.get(key)
+        if got is None:
+            parts, kept = [], []
             for plan in g.plans:
                 sp = self.span(plan)
                 if sp is None:
@@ -255,8 +256,13 @@ class Step:
                 skip = plan.wanted(g.key, sp.pos0, sp.n)
                 if skip is not None:
                     parts.append((plan, plan.key, 0, sp, None if skip == 0 else np.arange(skip, sp.n, dtype=np.int64)))
-            self._built[key] = self._rows(parts)
-        return self._built[key]
+                    kept.append((id(plan), skip))
+            same = ("read-rows", *kept)  # groups whose plans keep the same rows share them (every layer's
+            got = self._built.get(same)  # capture of a call: 30 groups, one Rows)
+            if got is None:
+                got = self._built[same] = self._rows(parts)
+            self._built[key] = got
+        return got
 
     def readout_rows(self, g: ReadoutGroup) -> Rows:
         """Every row of each member's span (a member: (plan, Accumulator))."""

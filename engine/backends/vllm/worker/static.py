@@ -155,6 +155,7 @@ class Tap:
                           flag=((self.rows,), torch.float64))
         for k, (shape, dt) in shapes.items():
             mod.register_buffer(self.attrs[k], torch.zeros(shape, device=dev, dtype=dt), persistent=False)
+        self._caps: dict[int, torch.Tensor] = {}  # n -> the first n rows of `cap` (StaticTaps.sources' reasoning)
         self._wrap()
 
     def buf(self, k: str) -> torch.Tensor:
@@ -163,6 +164,14 @@ class Tap:
         if k in self.attrs:
             return getattr(self.site.module, self.attrs[k])
         return self.bank.coef[self.write, :, ("u", "mul", "add").index(k)]
+
+    def cap_rows(self, n: int) -> torch.Tensor:
+        """The first n rows of `cap`: a view made once per row count (the buffer keeps its storage for the
+        engine's life; a module attribute lookup and a slice cost microseconds, 30 taps a step)."""
+        got = self._caps.get(n)
+        if got is None:
+            got = self._caps[n] = self.buf("cap")[:n]
+        return got
 
     @property
     def nbytes(self) -> int:
@@ -264,6 +273,8 @@ class StaticTaps:
         self.forms: dict[int, tuple[Any, Any]] = {}  # id(steer) -> (steer, its form or the error making it)
         self.carry: stepio.Fill | None = None  # what the last step built, for the next step one position on
         self._sources: dict[int, list[torch.Tensor]] = {}  # row count -> the read's views (sources)
+        self.max_rows: float = math.inf  # the most rows a step may have (the banks' rows)
+        self._readers: tuple[Any, list[str]] = (None, [])  # (work, its taps with readouts): once per work
 
     def install(self, declared: list[tuple[Address, bool]], site_of: Callable[[Address], VSite], d_model: int,
                 rows: int, device: torch.device, dtype: torch.dtype, head_dims: dict[str, int],
@@ -278,6 +289,7 @@ class StaticTaps:
             k = sum(w for w, x in zip(writable, widths) if x == width)
             banks[width] = Bank(holder, len(banks), width, rows, k, device, dtype)
         self.banks, self.marks = list(banks.values()), Marks(holder, rows, device, dtype)
+        self.max_rows = rows
         used = dict.fromkeys(banks, 0)
         row = 0
         for i, ((a, s), width, wr) in enumerate(zip(sites, widths, writable)):
@@ -368,7 +380,7 @@ class StaticTaps:
         carried from the one before: the same rows, the same values). work: tap name -> SiteWork of the
         registered plans (steers already local to this rank). A fill that fails leaves every buffer the
         identity again before the error goes on (the step's plans fail; nothing stays applied)."""
-        if step.n_tokens > max((b.rows for b in self.banks), default=math.inf):
+        if step.n_tokens > self.max_rows:
             raise RuntimeError(f"step of {step.n_tokens} tokens exceeds the tap buffers; raise max_num_batched_tokens")
         try:
             fill = stepio.fill_of(self, step, work)
@@ -413,11 +425,12 @@ class StaticTaps:
             for g in work[name].steers:
                 cur = steer(cur, step, g)
         stepio.capture(self, step, work, fill)
-        for name, w in work.items():  # readouts last (a lens readout runs the final norm, bypassing its tap)
-            if w.readouts:
-                cap = self.taps[name].buf("cap")[:step.n_tokens].reshape(step.n_tokens, *self.shape_of(name))
-                for o in w.readouts:
-                    readout(cap, step, o)
+        if self._readers[0] is not work:
+            self._readers = (work, [name for name, w in work.items() if w.readouts])
+        for name in self._readers[1]:  # readouts last (a lens readout runs the final norm, bypassing its tap)
+            cap = self.taps[name].buf("cap")[:step.n_tokens].reshape(step.n_tokens, *self.shape_of(name))
+            for o in work[name].readouts:
+                readout(cap, step, o)
 
     def _read(self, step: Step, fill: stepio.Fill) -> None:
         """The step's flags (every write tap's and layer's, at every steering row, under GUARD) and receipts
