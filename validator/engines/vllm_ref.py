@@ -13,6 +13,8 @@ that set does not install on a model it falls back to "auto" and says so in the 
 """
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import torch
 
 from engine.core.errors import TapProofError
@@ -111,25 +113,27 @@ class VllmStaticEngine(VllmEngine):
                               f"{len(taps)} compared addresses failed: {str(e)[:300]}")
 
 
+def _chain(e: BaseException, hops: int | None = None) -> Iterator[BaseException]:
+    """`e`, then each exception it was raised from or during (cause before context), each once, at most
+    `hops` links on."""
+    seen: set[int] = set()
+    at: BaseException | None = e
+    while at is not None and id(at) not in seen and (hops is None or len(seen) <= hops):
+        yield at
+        seen.add(id(at))
+        at = at.__cause__ or at.__context__
+
+
 def _caused_by(e: BaseException, kind: type) -> bool:
     """Whether `kind` is `e` or anywhere in the chain it was raised from (load_model's own error is wrapped in
     EngineUnavailable, maybe in more)."""
-    seen: set[int] = set()
-    at: BaseException | None = e
-    while at is not None and id(at) not in seen:
-        if isinstance(at, kind):
-            return True
-        seen.add(id(at))
-        at = at.__cause__ or at.__context__
-    return False
+    return any(isinstance(at, kind) for at in _chain(e))
 
 
 def _root_cause(e: BaseException) -> str:
     """One line naming the innermost exception first (torch.compile wraps the real error in an
     'Unsupported: Observed exception' with hints), then what it surfaced as."""
-    root, seen = e, 0
-    while (root.__cause__ or root.__context__) is not None and seen < 12:
-        root, seen = root.__cause__ or root.__context__, seen + 1
+    *_, root = _chain(e, hops=12)
     def flat(x):
         return " ".join(str(x).split())
     if root is e:
