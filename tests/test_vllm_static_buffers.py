@@ -500,3 +500,24 @@ def test_the_first_decode_step_takes_its_captures_from_the_prefills(monkeypatch,
             got = torch.cat([c for _, c in p.store[key]])
             assert [pos for pos, _ in p.store[key]] == [0, p.prompt_len, p.prompt_len + 1]
             torch.testing.assert_close(got, torch.cat(rows), rtol=0, atol=0)
+
+
+def test_read_groups_of_the_same_plans_and_rows_share_their_rows():
+    """Every layer's capture of a call is a read group of the same plans keeping the same rows: one Rows for
+    all of them (a step built 30, one per layer); a group of other plans, or one whose plan keeps fewer rows
+    (a key starting later), gets rows of its own. Each is checked against the spans it came from."""
+    from engine.core.plan import Plan, ReadGroup, Span
+    from engine.core.step import Step
+    a, b = Plan(3), Plan(2)
+    a.start_at["late"] = 2  # key "late" keeps a's rows from position 2 on
+    step = Step([Span(a, 0, 3, 0, 0), Span(b, 3, 5, 0, 1)], 5)
+    groups = [ReadGroup(f"resid_post.{i}", None, [a, b]) for i in range(4)]  # alive: the step keys by id, as
+    groups += [ReadGroup("resid_post.0", None, [a]), ReadGroup("late", None, [a, b])]  # the worker's work does
+    layers = [step.read_rows(g) for g in groups[:4]]
+    assert all(r is layers[0] for r in layers)
+    assert layers[0].flat.tolist() == [0, 1, 2, 3, 4] and layers[0].pos.tolist() == [0, 1, 2, 0, 1]
+    assert [(p, f, n) for p, f, n in layers[0].members] == [(a, 0, 3), (b, 0, 2)]
+    only_a, late = step.read_rows(groups[4]), step.read_rows(groups[5])
+    assert only_a is not layers[0] and late is not layers[0]
+    assert only_a.flat.tolist() == [0, 1, 2]
+    assert late.flat.tolist() == [2, 3, 4] and late.pos.tolist() == [2, 0, 1]
