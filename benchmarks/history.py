@@ -73,8 +73,12 @@ class Change:
         return f"- {mark}: `{self.sweep}` {self.title}: {f(self.before)} -> {f(self.after)}"
 
 
+UNRECORDED = "hardware it did not record"  # a record from before sweeps named their machine
+
+
 def moved(before: dict, after: dict) -> dict[str, tuple]:
-    """Sweeps in both records that ran on other hardware: sweep -> (its hardware then, now)."""
+    """Sweeps in both records that ran on other hardware: sweep -> (its hardware then, now; None where a record
+    does not say, which is never taken for the same machine)."""
     then = before.get("sweeps", {})
     return {sweep: (then[sweep].get("hardware"), now.get("hardware")) for sweep, now in after.get("sweeps", {}).items()
             if sweep in then and then[sweep].get("hardware") != now.get("hardware")}
@@ -114,7 +118,8 @@ def section(prev: tuple[str, dict] | None, current: dict) -> list[str]:
     if elsewhere:
         head += (" Not compared, because the hardware changed (a ratio moves with the CPU; a same-machine run, "
                  "benchmarks/versus.py, says whether the code moved it): " +
-                 "; ".join(f"`{s}` ran on {a} then, on {b} now" for s, (a, b) in sorted(elsewhere.items())) + ".")
+                 "; ".join(f"`{s}` ran on {a or UNRECORDED} then, on {b or UNRECORDED} now"
+                           for s, (a, b) in sorted(elsewhere.items())) + ".")
     if not changes:
         return lines + [head, "", "No ratio moved beyond its interval." if common else "No ratio was compared.", ""]
     return lines + [head, ""] + [c.line() for c in changes] + [""]

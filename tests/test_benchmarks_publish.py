@@ -284,3 +284,7 @@ def test_a_sweep_that_ran_on_other_hardware_is_not_compared_with_its_previous_re
     assert not any(ln.startswith("- ") and "cpu-a" in ln for ln in text.splitlines())
     alone = "\n".join(history.section(("2026-12-06", before), rec({"cpu-a": "CPU AMD x2"}, 0.6)))
     assert "on the same hardware: none)" in alone and "No ratio was compared." in alone
+    unnamed = rec({"cpu-a": None}, 0.9)  # a record from before sweeps named their machine
+    assert history.moved(unnamed, after) == {"cpu-a": (None, "CPU AMD x2")} and history.compare(unnamed, after) == []
+    text = "\n".join(history.section(("2026-12-01", unnamed), after))
+    assert "`cpu-a` ran on hardware it did not record then, on CPU AMD x2 now" in text and "None" not in text
