@@ -52,7 +52,7 @@ export const validatorNights: ValidatorNight[] = [
   },
   {
     "date": "2026-12-07",
-    "commit": "45c8eb3004acc9d6b8865758c5abb04081907732",
+    "commit": "c171d29108ab5f0f75b4d7a6d3b94d9da6a01bec",
     "columns": {
       "hf": {"cells": 96, "pass": 33887, "warn": 0, "fail": 0, "declared": 51, "gap": 181, "errors": 0, "skipped": 0},
       "interp-engine": {"cells": 96, "pass": 17947, "warn": 0, "fail": 0, "declared": 0, "gap": 9227, "errors": 0, "skipped": 0},
