@@ -26,6 +26,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 LIMIT = 64 * 2 ** 20  # what one device call carries: the working tree and its carried paths
+# what the carried wheels take, --transformers included (25.0 MiB downloaded on 2026-12-07): the checkout
+# must leave this much of LIMIT, or the prepared device run cannot start (tests/test_benchmarks_device_wheels.py)
+WHEELS_ROOM = 26 * 2 ** 20
 
 # distributions on the machine's image (/work/.library/device/KINDS.md, nvidia-h200, read 2026-11-17)
 DEVICE_HAS = frozenset("""

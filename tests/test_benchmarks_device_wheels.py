@@ -96,6 +96,16 @@ def test_size_weighs_the_checkout_and_the_wheels_against_the_limit(tmp_path, mon
     assert not ok and "OVER, carry fewer wheels" in text
 
 
+def test_the_checkout_leaves_room_for_the_wheels_a_device_call_carries():
+    """The prepared device run carries the checkout and .whl/ within 64 MiB: a checkout that grows past
+    LIMIT - WHEELS_ROOM (as when the validator's cells were plain JSON, 43 MiB of a 64 MiB checkout) fails
+    here, in the default run, before a lent machine is wasted on it."""
+    tree = dw.tree_bytes()
+    assert tree + dw.WHEELS_ROOM <= dw.LIMIT, (
+        f"the checkout is {tree / 2 ** 20:.1f} MiB: with the wheels ({dw.WHEELS_ROOM / 2 ** 20:.0f} MiB) it is over "
+        f"the {dw.LIMIT / 2 ** 20:.0f} MiB a device call carries; shrink what reports/ commits")
+
+
 def test_the_carry_set_pins_one_version_of_each():
     names = [dw.norm(w.split("==")[0]) for w in dw.CARRY]
     assert len(names) == len(set(names)) and all("==" in w for w in dw.CARRY)

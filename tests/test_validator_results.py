@@ -1,7 +1,6 @@
 """Results are never clobbered: the main job run twice writes nothing the second time; ad-hoc runs go to
 their own directory; cells of other variants sit beside the published ones; an error never replaces a
 passing cell; --layers that do not fit one model fail that model only, and the reports still render."""
-import json
 from pathlib import Path
 
 import pytest
@@ -23,7 +22,7 @@ def test_main_job_twice_writes_nothing_the_second_time(tmp_path, capsys):
     argv = ["run", "--models", GPT2, "--engines", "hf", "--out", str(tmp_path)]  # the published variant
     assert cli.main(argv) == exits.OK
     first = _snapshot(tmp_path)
-    assert f"cells/{cells.slug(GPT2)}__hf.json" in first and "README.md" in first and "heatmap.png" in first
+    assert f"cells/{cells.slug(GPT2)}__hf.json.gz" in first and "README.md" in first and "heatmap.png" in first
     capsys.readouterr()
     assert cli.main(argv) == exits.OK
     assert _snapshot(tmp_path) == first  # nothing recomputed, nothing rewritten, nothing added
@@ -32,9 +31,9 @@ def test_main_job_twice_writes_nothing_the_second_time(tmp_path, capsys):
     assert cli.main(argv + ["--check"]) == exits.OK
     assert "validator: 0 of 1 cells" in capsys.readouterr().err
     path = cells.cell_path(tmp_path, GPT2, "hf")
-    stale = json.loads(path.read_text())
+    stale = cells.read(path)
     stale["inputs_digest"] = "0" * 16  # as if the code that computed it had changed
-    path.write_text(json.dumps(stale))
+    path.write_bytes(cells.encode(stale))
     assert cli.main(argv + ["--check"]) == exits.FAILED
     assert f"stale or missing: {GPT2} / hf" in capsys.readouterr().err
 
@@ -45,9 +44,9 @@ def test_adhoc_run_never_touches_the_published_directory(tmp_path, monkeypatch, 
     monkeypatch.setattr(outputs, "RUNS", runs)
     assert cli.main(["run", "--models", GPT2, *QUICK, "--no-decode", "--no-steer"]) == exits.OK
     assert not published.exists()
-    made = sorted(p.relative_to(runs).as_posix() for p in runs.rglob("*.json"))
+    made = sorted(p.relative_to(runs).as_posix() for p in runs.rglob("*.json.gz"))
     assert made == ["gpt2+points-lm_head.resid_post+no-decode+no-steer/cells/"
-                    "openai-community__gpt2__hf@points-lm_head.resid_post+no-decode+no-steer.json"]
+                    "openai-community__gpt2__hf@points-lm_head.resid_post+no-decode+no-steer.json.gz"]
     assert "(ad-hoc run)" in capsys.readouterr().err
 
 
@@ -74,7 +73,7 @@ def test_every_meaning_changing_option_changes_the_cell_file(tmp_path):
                    dict(decode=False), dict(steer=False)):
         paths.add(runner.path_of(spec, "hf", runner.Options(engines=("hf",), out=tmp_path, **change)))
     assert len(paths) == 7
-    assert runner.path_of(spec, "hf", base).name == "openai-community__gpt2__hf.json"
+    assert runner.path_of(spec, "hf", base).name == "openai-community__gpt2__hf.json.gz"
 
 
 def test_variant_cells_sit_beside_published_ones(tmp_path):
@@ -91,7 +90,7 @@ def test_variant_cells_sit_beside_published_ones(tmp_path):
 def test_an_error_never_replaces_a_passing_cell(tmp_path, monkeypatch, capsys):
     argv = ["run", "--models", GPT2, *QUICK, "--no-decode", "--no-steer", "--out", str(tmp_path)]
     assert cli.main(argv) == exits.OK
-    path = next(cells.cell_dir(tmp_path).glob("*.json"))
+    path = cells.files(tmp_path)[0]
     before = path.read_bytes()
     real = zoo_spec
 
@@ -104,7 +103,7 @@ def test_an_error_never_replaces_a_passing_cell(tmp_path, monkeypatch, capsys):
         return spec
     monkeypatch.setattr("validator.models.zoo_spec", broken)
     assert cli.main(argv + ["--force"]) == exits.FAILED
-    assert path.read_bytes() == before and json.loads(before)["status"] == "ok"
+    assert path.read_bytes() == before and cells.decode(before)["status"] == "ok"
     err = capsys.readouterr().err
     assert f"error (kept the previous passing cell {path}): model failed to load: MemoryError: simulated" in err
 

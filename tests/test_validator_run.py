@@ -1,6 +1,8 @@
 """The runner, cells, reports and CLI: a planted wrong-layer reference fails the run, an interrupted
 run resumes without losing or recomputing a cell, the drift check, and bad command-line input."""
+import gzip
 import json
+import re
 
 import pytest
 import torch
@@ -102,7 +104,7 @@ def test_stale_cell_is_recomputed_when_inputs_change(tmp_path):
 
 
 def test_atomic_write_leaves_no_partial_cell(tmp_path, monkeypatch):
-    path = tmp_path / "cells" / "x__hf.json"
+    path = tmp_path / "cells" / "x__hf.json.gz"
     cells.write(path, {"a": 1})
 
     def boom(*a):
@@ -110,8 +112,54 @@ def test_atomic_write_leaves_no_partial_cell(tmp_path, monkeypatch):
     monkeypatch.setattr(cells.os, "replace", boom)
     with pytest.raises(OSError):
         cells.write(path, {"a": 2})
-    assert json.loads(path.read_text()) == {"a": 1}
-    assert [p.name for p in path.parent.iterdir()] == ["x__hf.json"]
+    assert cells.read(path) == {"a": 1}
+    assert [p.name for p in path.parent.iterdir()] == ["x__hf.json.gz"]
+
+
+def test_a_cell_is_stored_gzipped_the_same_bytes_at_each_write(tmp_path):
+    """The stored bytes are the cell's compact sorted JSON, gzipped without a name or time: the same cell
+    writes the same bytes (a republication that changes nothing leaves git nothing to commit)."""
+    cell = {"schema": cells.SCHEMA, "model": "acme/tiny", "engine": "hf", "status": "ok",
+            "rows": [{"point": "embeddings", "case": "short", "verdict": "pass", "rel_err": 1.5, "reason": "é"}]}
+    path = cells.cell_path(tmp_path, "acme/tiny", "hf")
+    assert path.name == "acme__tiny__hf.json.gz"
+    cells.write(path, cell)
+    raw = path.read_bytes()
+    assert raw[:2] == b"\x1f\x8b" and raw[4:8] == b"\0\0\0\0"  # gzip, modification time 0
+    assert gzip.decompress(raw).decode() == json.dumps(cell, sort_keys=True, separators=(",", ":")) + "\n"
+    path.unlink()
+    cells.write(path, dict(reversed(list(cell.items()))))
+    assert path.read_bytes() == raw
+    assert cells.load_all(tmp_path) == [cell]
+
+
+def test_a_plain_cell_from_before_is_read_counted_up_to_date_and_replaced_at_its_next_write(tmp_path):
+    """A run directory written before cells were gzipped resumes: its plain <key>.json cells are read where
+    the .json.gz is looked for, a run computes nothing for them, and a write replaces the plain file."""
+    opts = _opts(tmp_path, decode=False)
+    spec = zoo_spec(MODELS[0])
+    runner.run_model(spec, opts)
+    path = _path(tmp_path, MODELS[0], "hf", decode=False)
+    cell = cells.read(path)
+    plain = path.with_name(path.name.removesuffix(".gz"))
+    plain.write_text(json.dumps(cell))
+    path.unlink()
+    assert cells.read(path) == cell and cells.load_all(tmp_path) == [cell]
+    assert runner.pending(spec, opts) == []
+    path.write_bytes(cells.encode(cell))  # both files: named, never read twice
+    with pytest.raises(cells.CellError, match=re.escape(f"{path.name}: the cell of {MODELS[0]} / hf is also in {plain.name}")):
+        cells.load_all(tmp_path)
+    cells.write(path, cell)
+    assert [p.name for p in cells.cell_dir(tmp_path).iterdir()] == [path.name]
+
+
+def test_a_damaged_gzipped_cell_is_named(tmp_path):
+    path = cells.cell_path(tmp_path, "acme/tiny", "hf")
+    cells.write(path, {"schema": cells.SCHEMA, "model": "acme/tiny", "engine": "hf", "status": "ok", "rows": []})
+    path.write_bytes(path.read_bytes()[:-9])  # cut short, as by a full disk outside write_atomic
+    assert cells.read(path) is None
+    with pytest.raises(cells.CellError, match=f"{path}: unreadable \\(OSError: truncated gzip stream"):
+        cells.load_all(tmp_path)
 
 
 def test_drift_check_passes_fresh_and_fails_after_a_cell_changes(tmp_path):

@@ -76,7 +76,7 @@ def _copy(src, dst):
 
 def _edit(out, fn):
     """Apply fn to the first cell of `out` and write it back."""
-    path = sorted(cells.cell_dir(out).glob("*.json"))[0]
+    path = cells.files(out)[0]
     c = cells.read(path)
     fn(c)
     cells.write(path, c)
@@ -129,7 +129,7 @@ def test_report_since_lists_a_seeded_regression_and_exits_1(runs, tmp_path, caps
     path = _regress(now)
     assert cli.main(["report", "--since", str(runs / "whole" / "cells"), "--out", str(now)]) == 1
     out = capsys.readouterr().out
-    name = path.stem
+    name = cells.key_of_file(path)
     assert f"NEW FAILURE newly failing: {name}: " in out and "(was pass; undeclared; tolerance)" in out
     grew = re.search(rf"error grew: {re.escape(name)}: .*relative error \S+ -> \S+ \((\d+)x\)", out)
     assert grew and int(grew.group(1)) >= 1000
@@ -150,7 +150,7 @@ def test_report_since_reads_a_git_ref(capsys):
     touched = subprocess.run(["git", "status", "--porcelain", "--", "reports/validator/cells"], cwd=cells.REPO,
                              capture_output=True, text=True).stdout
     at_head = {history.key(c): c for c in history.load("HEAD", cells.DEFAULT_OUT)}
-    on_disk = {k: c for k, c in _by_key(cells.DEFAULT_OUT).items() if f"{k}.json" not in touched}
+    on_disk = {k: c for k, c in _by_key(cells.DEFAULT_OUT).items() if f"{k}{cells.SUFFIX}" not in touched}
     assert len(at_head) >= 600 and len(on_disk) >= 600 and on_disk.keys() <= at_head.keys()
     assert history.changes([at_head[k] for k in on_disk], list(on_disk.values())) == []
     assert cli.main(["report", "--since", "no-such-ref-anywhere"]) == 2

@@ -1,4 +1,4 @@
-"""Cell files: one JSON per model x engine, with provenance, written atomically.
+"""Cell files: one gzipped JSON per model x engine, with provenance, written atomically.
 
 A cell is complete or absent: it is written to a temporary file in the same directory and moved
 into place with os.replace, so a killed run never leaves half a cell. Its file name is its key:
@@ -7,10 +7,15 @@ file. Its `inputs_digest` covers everything else that decides its content (weigh
 code that computes and scores it, package versions); a run skips a cell whose digest matches
 (resume) unless --force. Reading is strict: a file in cells/ that is not a cell of this schema, or
 sits under another cell's name, is an error that names it (never silently dropped).
+
+Cells are stored gzipped (`<key>.json.gz`): as plain JSON the published 672 came to 43 MiB, two thirds of
+a checkout that a GPU device call must carry whole within 64 MiB. Read one with `zcat FILE | jq`. A plain
+`<key>.json` written up to 2026-12-07 is still read (also from git history), and writing a cell removes it.
 """
 from __future__ import annotations
 
 import ast
+import gzip
 import hashlib
 import json
 import os
@@ -36,9 +41,63 @@ def slug(name: str) -> str:
     return name.replace("/", "__")
 
 
+SUFFIX = ".json.gz"  # a cell's file: its key and this
+LEGACY = ".json"  # the plain JSON of cells written up to 2026-12-07 (read, never written)
+_GZIP = b"\x1f\x8b"  # the first bytes of a gzip stream
+
+
+def key(model: str, engine: str, tag: str = "") -> str:
+    """The name of (model, engine, variant tag) in file names, records and changes; the published variant has
+    no tag."""
+    return f"{slug(model)}__{engine}{'@' + tag if tag else ''}"
+
+
+def key_of(c: dict) -> str:
+    return key(c["model"], c["engine"], c.get("variant_tag", ""))
+
+
 def cell_path(out: Path, model: str, engine: str, tag: str = "") -> Path:
-    """The one file of (model, engine, variant tag); the published variant has no tag."""
-    return cell_dir(out) / f"{slug(model)}__{engine}{'@' + tag if tag else ''}.json"
+    """The one file of (model, engine, variant tag)."""
+    return cell_dir(out) / (key(model, engine, tag) + SUFFIX)
+
+
+def key_of_file(path: Path) -> str | None:
+    """The key a cell file's name gives, or None for a file that is no cell's by its name."""
+    name = Path(path).name
+    for suffix in (SUFFIX, LEGACY):
+        if name.endswith(suffix) and not name.startswith("."):
+            return name[:-len(suffix)]
+    return None
+
+
+def files(out: Path) -> list[Path]:
+    """The cell files under `out`'s cells/ (files_in)."""
+    return files_in(cell_dir(out))
+
+
+def files_in(d: Path) -> list[Path]:
+    """The cell files in folder `d`, gzipped and legacy plain ones, sorted by name ([] where it is none)."""
+    d = Path(d)
+    return sorted((p for p in d.iterdir() if p.is_file() and key_of_file(p) is not None), key=lambda p: p.name) \
+        if d.is_dir() else []
+
+
+def encode(data: dict) -> bytes:
+    """A cell's stored bytes: compact sorted JSON, gzipped without a name or time, so the same cell is the same
+    bytes at every write."""
+    text = json.dumps(data, sort_keys=True, separators=(",", ":")) + "\n"
+    return gzip.compress(text.encode(), compresslevel=9, mtime=0)
+
+
+def decode(raw: bytes):
+    """The JSON value of a cell file's bytes, gzipped or (written up to 2026-12-07) plain. Raises OSError
+    (gzip.BadGzipFile, EOFError as OSError) for a damaged stream, json.JSONDecodeError or UnicodeDecodeError."""
+    if raw[:2] == _GZIP:
+        try:
+            raw = gzip.decompress(raw)
+        except EOFError as e:
+            raise OSError(f"truncated gzip stream ({e})") from None
+    return json.loads(raw.decode())
 
 
 class CellError(ValueError):
@@ -49,25 +108,41 @@ class CellError(ValueError):
         super().__init__("; ".join(problems))
 
 
+def _legacy(path: Path) -> Path:
+    """The plain-JSON file a cell at `path` (a .json.gz) had up to 2026-12-07."""
+    path = Path(path)
+    return path.with_name(path.name[:-len(SUFFIX)] + LEGACY) if path.name.endswith(SUFFIX) else path
+
+
 def write(path: Path, data: dict) -> None:
-    """One cell as compact sorted JSON, written atomically (cells are committed files: mode 0644)."""
+    """One cell, written atomically (cells are committed files: mode 0644); its legacy plain file goes."""
     from engine.core.files import write_atomic  # deferred: `validator --help` imports neither engine nor torch
-    write_atomic(path, json.dumps(data, sort_keys=True, separators=(",", ":")) + "\n", mode=0o644)
+    write_atomic(path, encode(data), mode=0o644)
+    old = _legacy(path)
+    if old != Path(path):
+        old.unlink(missing_ok=True)
 
 
 def read(path: Path) -> dict | None:
-    """The cell at `path`, or None when it is absent or unreadable (resume treats both as missing)."""
-    try:
-        return json.loads(Path(path).read_text())
-    except (OSError, json.JSONDecodeError, UnicodeDecodeError):
-        return None
+    """The cell at `path` (or its legacy plain file), or None when it is absent or unreadable (resume treats
+    both as missing)."""
+    path = Path(path)
+    for p in (path, _legacy(path)):
+        try:
+            c = decode(p.read_bytes())
+        except FileNotFoundError:
+            continue
+        except (OSError, json.JSONDecodeError, UnicodeDecodeError):
+            return None
+        return c if isinstance(c, dict) else None
+    return None
 
 
 def problem(path: Path) -> tuple[dict | None, str]:
     """(cell, "") or (None, why this file is not a cell of this schema under its own name)."""
     path = Path(path)
     try:
-        c = json.loads(path.read_text())
+        c = decode(path.read_bytes())
     except (OSError, UnicodeDecodeError) as e:
         return None, f"{path}: unreadable ({type(e).__name__}: {e})"
     except json.JSONDecodeError as e:
@@ -82,9 +157,9 @@ def problem(path: Path) -> tuple[dict | None, str]:
         return None, f"{path}: not a validator cell of this schema ({mistyped})"
     if c["schema"] != SCHEMA:
         return None, f"{path}: cell schema {c['schema']!r}, this validator reads schema {SCHEMA}"
-    want = cell_path(path.parent.parent, c["model"], c["engine"], c.get("variant_tag", "")).name
-    if path.name != want:
-        return None, f"{path}: holds the cell of {c['model']} / {c['engine']}, whose file is {want}"
+    want = key_of(c)
+    if key_of_file(path) != want:
+        return None, f"{path}: holds the cell of {c['model']} / {c['engine']}, whose file is {want}{SUFFIX}"
     return c, ""
 
 
@@ -122,12 +197,18 @@ def _mistyped(c: dict) -> str:
 def load_all(out: Path) -> list[dict]:
     """Every cell under `out`, sorted by (model, engine, variant tag); CellError names any file in
     cells/ that is not one."""
-    cells, problems = [], []
-    for p in sorted(cell_dir(out).glob("*.json")):
+    cells: list[dict] = []
+    problems: list[str] = []
+    seen: dict[str, Path] = {}
+    for p in files(out):
         c, why = problem(p)
-        if why:
+        if c is None:
             problems.append(why)
+        elif (k := key_of(c)) in seen:
+            problems.append(f"{p}: the cell of {c['model']} / {c['engine']} is also in {seen[k].name}; "
+                            f"remove the older of the two")
         else:
+            seen[k] = p
             cells.append(c)
     if problems:
         raise CellError(problems)

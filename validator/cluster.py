@@ -54,7 +54,7 @@ def compute(model: str, real: bool, opts_kw: dict, placement: str = "single", an
         spec = (real_spec if real else zoo_spec)(model, opts.dtype, device)
         spec.vllm_parallel = tuple(vllm_parallel)  # type: ignore[assignment]
         runner.run_model(spec, opts)
-        return [c for p in sorted(cells.cell_dir(Path(tmp)).glob("*.json")) if (c := cells.read(p)) is not None]
+        return [c for p in cells.files(Path(tmp)) if (c := cells.read(p)) is not None]
 
 
 def _options(task: Task, gpu_resource: str) -> dict:

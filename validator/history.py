@@ -32,8 +32,8 @@ class HistoryError(ValueError):
 
 
 def key(c: dict) -> str:
-    """A cell's name in a record and in the changes: its file name without .json."""
-    return cells.cell_path(Path("."), c["model"], c["engine"], c.get("variant_tag", "")).stem
+    """A cell's name in a record and in the changes: its file name without its suffix."""
+    return cells.key_of(c)
 
 
 def _git(*args: str, stdin: bytes | None = None) -> bytes:
@@ -62,7 +62,7 @@ def load(ref: str, out: Path) -> list[dict]:
     except HistoryError:
         raise HistoryError(f"{ref!r} is neither a directory nor a git ref of this repository.") from None
     names = [n for n in _git("ls-tree", "-r", "--name-only", commit, "--", f"{rel}/cells").decode().splitlines()
-             if n.endswith(".json")]
+             if cells.key_of_file(Path(n)) is not None]
     if not names:
         raise HistoryError(f"git ref {ref!r} ({commit[:10]}) holds no cells under {rel}/cells.")
     raw = _git("cat-file", "--batch", stdin="".join(f"{commit}:{n}\n" for n in names).encode())
@@ -73,8 +73,8 @@ def load(ref: str, out: Path) -> list[dict]:
         body = raw[header_end + 1: header_end + 1 + size]
         i = header_end + 2 + size
         try:
-            c = json.loads(body)
-        except json.JSONDecodeError as e:
+            c = cells.decode(body)
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
             raise HistoryError(f"{ref}:{n} is not valid JSON ({e}).") from None
         if not isinstance(c, dict) or not all(isinstance(c.get(k), str) for k in ("model", "engine", "status")):
             raise HistoryError(f"{ref}:{n} is not a validator cell.")

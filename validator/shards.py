@@ -92,7 +92,7 @@ def check(dirs: list[Path]) -> dict[str, tuple[dict, Path]]:
         if not found:
             raise ShardError(f"{d}/cells holds no cells.")
         for c in found:
-            name = cells.cell_path(Path("."), c["model"], c["engine"], c.get("variant_tag", "")).stem
+            name = cells.key_of(c)
             prov = c.get("provenance") or {}
             where = f"{d} ({name})"
             for pkg, ver in sorted((prov.get("versions") or {}).items()):

@@ -1,5 +1,5 @@
 """visualizer-data/validation.generated.ts: per model x engine verdicts from the validator's cells
-(reports/validator/cells/*.json), the totals of each engine column (the vLLM backends and the
+(reports/validator/cells/*.json.gz), the totals of each engine column (the vLLM backends and the
 interp-engine reference included), and the interp-engine drop-in table by point. Whatever cells
 exist are read; none is a valid, empty list.
 
@@ -11,6 +11,7 @@ import json
 from collections import Counter
 from pathlib import Path
 
+from validator import cells
 from visualizer_data.ts import ROOT, module
 
 CELLS_DIR = ROOT / "reports" / "validator" / "cells"
@@ -266,10 +267,10 @@ def data(cells_dir: Path = CELLS_DIR) -> list[dict]:
 def _read(cells_dir: Path) -> list[tuple[dict, dict]]:
     """(raw cell, summarized cell) for every cell file, sorted by model, engine, file."""
     out = []
-    for p in sorted(Path(cells_dir).glob("*.json")):
+    for p in cells.files_in(Path(cells_dir)):
         try:
-            cell = json.loads(p.read_text())
-        except json.JSONDecodeError as e:
+            cell = cells.decode(p.read_bytes())
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
             raise ValueError(f"validator cell {p} is not valid JSON ({e}); re-run `python -m validator run`.") \
                 from None
         rel = str(p.relative_to(ROOT)) if p.is_relative_to(ROOT) else p.name
@@ -279,7 +280,7 @@ def _read(cells_dir: Path) -> list[tuple[dict, dict]]:
 
 def render(cells_dir: Path = CELLS_DIR) -> str:
     read = _read(cells_dir)
-    return module("python -m visualizer_data build", "reports/validator/cells/*.json", INTERFACES,
+    return module("python -m visualizer_data build", "reports/validator/cells/*.json.gz", INTERFACES,
                   [("validation", "readonly ValidationCell[]", [c for _, c in read]),
                    ("validationEngines", "readonly ValidationEngine[]", engines(read)),
                    ("validationCauses", "readonly ValidationCause[]", causes([c for _, c in read])),
