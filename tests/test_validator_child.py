@@ -6,7 +6,6 @@ child dies with its parent; and a child whose nnsight was imported before the si
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import signal
 import subprocess
@@ -20,6 +19,7 @@ import psutil
 import pytest
 import torch
 
+from validator import cells as vcells
 from validator import prompts, runner
 from validator.engines import ENGINES, NNTERP_SIDE, adapter_class, availability
 from validator.engines.base import EngineUnavailable, Missing, ModelContext
@@ -112,7 +112,7 @@ def test_a_cell_through_the_runner_records_the_childs_versions(tmp_path):
     _need_side()
     opts = runner.Options(engines=("hf", "nnterp"), out=tmp_path, points=["resid_post", "attn_out", "lm_head", "q"])
     written = runner.run_model(zoo_spec(LLAMA), opts)
-    cells = {json.loads(p.read_text())["engine"]: json.loads(p.read_text()) for p in written}
+    cells = {vcells.read(p)["engine"]: vcells.read(p) for p in written}
     cell = cells["nnterp"]
     assert cell["status"] == "ok", cell.get("error")
     assert cell["reference_versions"] == PINS
@@ -124,7 +124,7 @@ def test_a_cell_through_the_runner_records_the_childs_versions(tmp_path):
     assert verdicts[("steer", "project_out")] == "gap"  # nnterp's API only adds: declared, with its reason
     assert verdicts[("short", "q")] == "gap" and cell["summary"].get("fail", 0) == 0
     # an architecture nnterp cannot standardize: unavailable in the child, still recorded with the child's versions
-    refused = json.loads(runner.run_model(zoo_spec("microsoft/phi-1_5"), runner_opts(tmp_path))[0].read_text())
+    refused = vcells.read(runner.run_model(zoo_spec("microsoft/phi-1_5"), runner_opts(tmp_path))[0])
     assert refused["unavailable"].startswith("StandardizedTransformer failed: RenamingError")
     assert refused["reference_versions"] == PINS and refused["provenance"]["versions"]["nnsight"] == PINS["nnsight"]
     assert {r["verdict"] for r in refused["rows"]} == {"gap"} and {r["known"] for r in refused["rows"]} == {
@@ -143,7 +143,7 @@ def test_a_missing_or_stale_side_directory_is_a_skip_that_names_the_script(tmp_p
     with pytest.raises(EngineUnavailable, match=r"bash scripts/nnterp_reference\.sh"):
         adapter_class("nnterp")(None)
     written = runner.run_model(zoo_spec(LLAMA), runner.Options(engines=("nnterp",), out=tmp_path / "out"))
-    cell = json.loads(written[0].read_text())  # written before any model loads
+    cell = vcells.read(written[0])  # written before any model loads
     assert cell["status"] == "skipped" and "scripts/nnterp_reference.sh" in cell["reason"]
     stale = tmp_path / "stale"
     stale.mkdir()

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from other_device import DEVICE, Elsewhere, elsewhere
-from validator import prompts, runner
+from validator import cells, prompts, runner
 from validator.engines import adapter_class, availability
 from validator.engines.base import Case, Missing, ModelContext, on_device
 from validator.models import zoo_spec
@@ -108,9 +108,8 @@ def test_a_run_whose_cases_are_elsewhere_passes_every_row(engines, tmp_path, mon
     opts = runner.Options(engines=engines, out=tmp_path, points=["resid_post", "attn_out", "lm_head"])
     written = runner.run_model(zoo_spec(NAME), opts)
     assert len(written) == len(engines)
-    import json
     for path in written:
-        cell = json.loads(path.read_text())
+        cell = cells.read(path)
         assert cell["status"] == "ok", cell.get("error")
         bad = [r for r in cell["rows"] if r["verdict"] == "fail"]
         assert not bad, bad[:3]
@@ -127,8 +126,7 @@ def test_references_on_the_same_kernels_are_bit_exact(engine, dtype, tmp_path):
     tier only bounds what is computed differently (decode, leak, recomputed scores)."""
     from validator.tolerances import exactness
     opts = runner.Options(engines=(engine,), out=tmp_path, dtype=dtype)
-    import json
-    cell = json.loads(runner.run_model(zoo_spec(NAME), opts)[0].read_text())
+    cell = cells.read(runner.run_model(zoo_spec(NAME), opts)[0])
     ex = exactness(engine, cell["rows"], cell["configuration"])
     assert ex["inexact"] == [], ex["inexact"][:3]
     assert ex["expected"] >= 0.5 * ex["compared"] and ex["exact"] >= ex["expected"]
