@@ -644,9 +644,9 @@ export const ratioNights: RatioNight[] = [
     "key": "eager:capture_all/hf-generate:prefill",
     "title": "eager, capture at every layer / HF forward",
     "group": "hf",
-    "median": 0.8497331914897298,
-    "lo": 0.7746099812724353,
-    "hi": 0.8907599939741928,
+    "median": 0.837208101119159,
+    "lo": 0.8073557767916033,
+    "hi": 0.8738290492051964,
     "node": "vm"
   },
   {
@@ -655,9 +655,9 @@ export const ratioNights: RatioNight[] = [
     "key": "eager:capture_all/interp-engine:capture_all",
     "title": "eager / interp-engine, capture at every layer",
     "group": "peers",
-    "median": 1.0569975814942936,
-    "lo": 0.9643206154335427,
-    "hi": 1.1498205984682006,
+    "median": 1.0579084644382482,
+    "lo": 1.0203979983880653,
+    "hi": 1.0906044396061632,
     "node": "vm"
   },
   {
@@ -666,9 +666,9 @@ export const ratioNights: RatioNight[] = [
     "key": "eager:capture_all/nnsight:capture_all",
     "title": "eager / nnsight, capture at every layer",
     "group": "peers",
-    "median": 1.0663105628489893,
-    "lo": 1.0405721911240338,
-    "hi": 1.2353319266840426,
+    "median": 1.047949338182965,
+    "lo": 0.9722096064779414,
+    "hi": 1.1150161014048583,
     "node": "vm"
   },
   {
@@ -677,9 +677,9 @@ export const ratioNights: RatioNight[] = [
     "key": "eager:capture_all/transformerlens:capture_all",
     "title": "eager / transformerlens, capture at every layer",
     "group": "peers",
-    "median": 1.6614857178804112,
-    "lo": 1.5589055023775706,
-    "hi": 1.9105038784067254,
+    "median": 1.5906424094488192,
+    "lo": 1.5234710552409625,
+    "hi": 1.6528552126392495,
     "node": "vm"
   },
   {
@@ -688,9 +688,9 @@ export const ratioNights: RatioNight[] = [
     "key": "eager:capture_gen/interp-engine:capture_gen",
     "title": "eager / interp-engine, capture during generation",
     "group": "peers",
-    "median": 1.0991242221892557,
-    "lo": 0.942445978415495,
-    "hi": 1.2128937844401526,
+    "median": 0.9760376285663812,
+    "lo": 0.9148435010277298,
+    "hi": 1.1085091397616207,
     "node": "vm"
   },
   {
@@ -699,9 +699,9 @@ export const ratioNights: RatioNight[] = [
     "key": "eager:capture_gen/nnsight:capture_gen",
     "title": "eager / nnsight, capture during generation",
     "group": "peers",
-    "median": null,
-    "lo": 0.9775947111120937,
-    "hi": 1.2573347936113286,
+    "median": 0.9866544922953472,
+    "lo": 0.9191353187431182,
+    "hi": 1.0174785342678216,
     "node": "vm"
   },
   {
@@ -710,9 +710,9 @@ export const ratioNights: RatioNight[] = [
     "key": "eager:capture_gen/transformerlens:capture_gen",
     "title": "eager / transformerlens, capture during generation",
     "group": "peers",
-    "median": null,
-    "lo": 1.6514387696482797,
-    "hi": 2.1241857379499964,
+    "median": 1.640249016077576,
+    "lo": 1.4132946151877637,
+    "hi": 1.7716396748010947,
     "node": "vm"
   },
   {
@@ -722,8 +722,8 @@ export const ratioNights: RatioNight[] = [
     "title": "eager, capture during generation / stock decode (1 stream)",
     "group": "stock",
     "median": null,
-    "lo": 1.0630069783270104,
-    "hi": 1.3946877862564537,
+    "lo": 1.0960474350500657,
+    "hi": 1.672116188222079,
     "node": "vm"
   },
   {
@@ -732,9 +732,9 @@ export const ratioNights: RatioNight[] = [
     "key": "eager:long_capture/hf-generate:long_prefill",
     "title": "eager, capture at every layer / HF forward, 512-token prompt",
     "group": "hf",
-    "median": 0.9608078241972419,
-    "lo": 0.9195351531296657,
-    "hi": 0.9931674702056469,
+    "median": 0.9494961250895184,
+    "lo": 0.8982055044161289,
+    "hi": 0.9705703854264828,
     "node": "vm"
   },
   {
@@ -743,9 +743,9 @@ export const ratioNights: RatioNight[] = [
     "key": "eager:readout_gen/eager:capture_gen",
     "title": "eager, SAE top-k readout / raw capture",
     "group": "readout",
-    "median": 0.808296865056244,
-    "lo": 0.75960292662842,
-    "hi": 0.8511735144586347,
+    "median": 0.8270578655943577,
+    "lo": 0.7569496493142867,
+    "hi": 0.8835029199244486,
     "node": "vm"
   },
   {
@@ -754,9 +754,9 @@ export const ratioNights: RatioNight[] = [
     "key": "eager:steer_all/eager:decode",
     "title": "eager, steer every layer / no steer",
     "group": "steer",
-    "median": 0.8758937601770974,
-    "lo": 0.7932616146553783,
-    "hi": 0.895811004401204,
+    "median": 0.939083448353726,
+    "lo": 0.8807584992951618,
+    "hi": 1.0313997514795503,
     "node": "vm"
   },
   {
@@ -765,9 +765,9 @@ export const ratioNights: RatioNight[] = [
     "key": "eager:steer_all/interp-engine:steer_all",
     "title": "eager / interp-engine, steer every layer",
     "group": "peers",
-    "median": 0.7882799196281463,
-    "lo": 0.7216233354253409,
-    "hi": 0.806093476128464,
+    "median": 0.8490858462734938,
+    "lo": 0.799878810013952,
+    "hi": 0.8607419184742995,
     "node": "vm"
   },
   {
@@ -776,9 +776,9 @@ export const ratioNights: RatioNight[] = [
     "key": "eager:steer_all/nnsight:steer_all",
     "title": "eager / nnsight, steer every layer",
     "group": "peers",
-    "median": 0.9853595961916081,
-    "lo": 0.9192699947947028,
-    "hi": 1.0244740011957025,
+    "median": 0.9525428590792695,
+    "lo": 0.89859403697071,
+    "hi": 1.0160867746295452,
     "node": "vm"
   },
   {
@@ -787,9 +787,9 @@ export const ratioNights: RatioNight[] = [
     "key": "eager:steer_all/transformerlens:steer_all",
     "title": "eager / transformerlens, steer every layer",
     "group": "peers",
-    "median": null,
-    "lo": 1.3318760969697439,
-    "hi": 1.7702720201507323,
+    "median": 1.4066083034944599,
+    "lo": 1.3172817537318011,
+    "hi": 1.4712412293295727,
     "node": "vm"
   },
   {
@@ -799,8 +799,8 @@ export const ratioNights: RatioNight[] = [
     "title": "vllm-static, capture during generation / stock decode (1 stream)",
     "group": "stock",
     "median": null,
-    "lo": 0.7124432674243396,
-    "hi": 0.9763588739309732,
+    "lo": 0.8714518392945593,
+    "hi": 1.3030051292172842,
     "node": "vm"
   },
   {
@@ -810,8 +810,8 @@ export const ratioNights: RatioNight[] = [
     "title": "vllm-static, capture during generation, 8 streams / stock concurrency 8 (aggregate)",
     "group": "stock",
     "median": null,
-    "lo": 0.6753302682357853,
-    "hi": 0.953849763811605,
+    "lo": 0.6579577501571939,
+    "hi": 0.9465865435030273,
     "node": "vm"
   },
   {
@@ -820,9 +820,9 @@ export const ratioNights: RatioNight[] = [
     "key": "vllm-static:readout_gen/vllm-generate:decode",
     "title": "vllm-static, SAE top-k readout during generation / stock decode (1 stream)",
     "group": "stock",
-    "median": 0.6789203841897664,
-    "lo": 0.6584820023293779,
-    "hi": 0.8197277328575633,
+    "median": null,
+    "lo": 0.803197587356349,
+    "hi": 1.0803687073679318,
     "node": "vm"
   },
   {
@@ -831,9 +831,9 @@ export const ratioNights: RatioNight[] = [
     "key": "vllm-static:readout_gen/vllm-static:capture_gen",
     "title": "vllm-static, SAE top-k readout / raw capture",
     "group": "readout",
-    "median": 0.8659188807653678,
-    "lo": 0.7924532390259247,
-    "hi": 0.9314737719666561,
+    "median": null,
+    "lo": 0.745616645350832,
+    "hi": 0.982548392359168,
     "node": "vm"
   },
   {
@@ -842,9 +842,9 @@ export const ratioNights: RatioNight[] = [
     "key": "vllm-static:steer_all/vllm-generate:decode",
     "title": "vllm-static, steer every layer / stock decode (1 stream)",
     "group": "stock",
-    "median": 0.7967947399309488,
-    "lo": 0.691855291213749,
-    "hi": 0.8457467788471722,
+    "median": null,
+    "lo": 0.7844815040998365,
+    "hi": 1.2178144935964337,
     "node": "vm"
   },
   {
@@ -853,9 +853,9 @@ export const ratioNights: RatioNight[] = [
     "key": "vllm-static:steer_all/vllm-static:decode",
     "title": "vllm-static, steer every layer / no steer",
     "group": "steer",
-    "median": 0.8259092493124478,
-    "lo": 0.7299574959240152,
-    "hi": 0.8830766367734362,
+    "median": 0.8696365226225133,
+    "lo": 0.7027838003636019,
+    "hi": 0.9053396856226235,
     "node": "vm"
   },
   {
@@ -864,9 +864,9 @@ export const ratioNights: RatioNight[] = [
     "key": "vllm:capture_gen/vllm-generate:decode",
     "title": "vllm, capture during generation / stock decode (1 stream)",
     "group": "stock",
-    "median": null,
-    "lo": 0.5543150783778498,
-    "hi": 0.8956189219516036,
+    "median": 0.8450426235900126,
+    "lo": 0.7873776419256105,
+    "hi": 0.9613222735457626,
     "node": "vm"
   },
   {
@@ -875,9 +875,9 @@ export const ratioNights: RatioNight[] = [
     "key": "vllm:capture_gen8/vllm-generate:concurrency8",
     "title": "vllm, capture during generation, 8 streams / stock concurrency 8 (aggregate)",
     "group": "stock",
-    "median": null,
-    "lo": 0.5500503643980215,
-    "hi": 0.7505397500015533,
+    "median": 0.6844255917091839,
+    "lo": 0.6308384376761218,
+    "hi": 0.7367860166552519,
     "node": "vm"
   },
   {
@@ -887,8 +887,8 @@ export const ratioNights: RatioNight[] = [
     "title": "vllm, SAE top-k readout during generation / stock decode (1 stream)",
     "group": "stock",
     "median": null,
-    "lo": 0.5797819738397536,
-    "hi": 0.8112011941249643,
+    "lo": 0.6413504073562383,
+    "hi": 0.8799038634855472,
     "node": "vm"
   },
   {
@@ -897,9 +897,9 @@ export const ratioNights: RatioNight[] = [
     "key": "vllm:readout_gen/vllm:capture_gen",
     "title": "vllm, SAE top-k readout / raw capture",
     "group": "readout",
-    "median": 0.9075087668039281,
-    "lo": 0.8876333568916885,
-    "hi": 0.9628622165934073,
+    "median": 0.9304643130675087,
+    "lo": 0.8050615297945194,
+    "hi": 0.9844927319575061,
     "node": "vm"
   },
   {
@@ -909,8 +909,8 @@ export const ratioNights: RatioNight[] = [
     "title": "vllm, steer every layer / stock decode (1 stream)",
     "group": "stock",
     "median": null,
-    "lo": 0.5859005084347841,
-    "hi": 0.7678338499650498,
+    "lo": 0.7098627038045155,
+    "hi": 0.9738034019914361,
     "node": "vm"
   },
   {
@@ -919,9 +919,9 @@ export const ratioNights: RatioNight[] = [
     "key": "vllm:steer_all/vllm:decode",
     "title": "vllm, steer every layer / no steer",
     "group": "steer",
-    "median": 0.8181684825178633,
-    "lo": 0.7453908439591427,
-    "hi": 0.921091612793913,
+    "median": 0.8473590768984983,
+    "lo": 0.7841224085869853,
+    "hi": 0.9105255840013814,
     "node": "vm"
   },
   {
@@ -930,9 +930,9 @@ export const ratioNights: RatioNight[] = [
     "key": "eager:capture_all/hf-generate:prefill",
     "title": "eager, capture at every layer / HF forward",
     "group": "hf",
-    "median": 1.0587354967257194,
-    "lo": 1.0298077900081177,
-    "hi": 1.0912353773364454,
+    "median": 1.0245064416663643,
+    "lo": 0.9690914135586404,
+    "hi": 1.096504326165597,
     "node": "vm"
   },
   {
@@ -941,9 +941,9 @@ export const ratioNights: RatioNight[] = [
     "key": "eager:capture_all/interp-engine:capture_all",
     "title": "eager / interp-engine, capture at every layer",
     "group": "peers",
-    "median": 1.0168627623965762,
-    "lo": 0.9886971963687132,
-    "hi": 1.03532234588182,
+    "median": 0.981204958530205,
+    "lo": 0.9391791302796187,
+    "hi": 1.031028245780413,
     "node": "vm"
   },
   {
@@ -952,9 +952,9 @@ export const ratioNights: RatioNight[] = [
     "key": "eager:capture_all/nnsight:capture_all",
     "title": "eager / nnsight, capture at every layer",
     "group": "peers",
-    "median": 1.064593965067814,
-    "lo": 1.0121915954839535,
-    "hi": 1.093625313023112,
+    "median": 0.9866481644630586,
+    "lo": 0.954865989194048,
+    "hi": 1.0240632329244008,
     "node": "vm"
   },
   {
@@ -963,9 +963,9 @@ export const ratioNights: RatioNight[] = [
     "key": "eager:capture_all/transformerlens:capture_all",
     "title": "eager / transformerlens, capture at every layer",
     "group": "peers",
-    "median": 1.129564006026106,
-    "lo": 1.1092119905914553,
-    "hi": 1.2308008305297284,
+    "median": 1.1690137563255427,
+    "lo": 1.0781382662293557,
+    "hi": 1.244428624980451,
     "node": "vm"
   },
   {
@@ -974,9 +974,9 @@ export const ratioNights: RatioNight[] = [
     "key": "eager:capture_gen/interp-engine:capture_gen",
     "title": "eager / interp-engine, capture during generation",
     "group": "peers",
-    "median": 1.1861606905595605,
-    "lo": 1.1275610976616173,
-    "hi": 1.222461390289448,
+    "median": 1.2169556003461046,
+    "lo": 1.1739127407972307,
+    "hi": 1.293304615669286,
     "node": "vm"
   },
   {
@@ -985,9 +985,9 @@ export const ratioNights: RatioNight[] = [
     "key": "eager:capture_gen/nnsight:capture_gen",
     "title": "eager / nnsight, capture during generation",
     "group": "peers",
-    "median": 0.9814386737470406,
-    "lo": 0.9746624177203101,
-    "hi": 1.0662430158213838,
+    "median": 1.0551930707143236,
+    "lo": 0.9682469603790932,
+    "hi": 1.1304677914980754,
     "node": "vm"
   },
   {
@@ -996,9 +996,9 @@ export const ratioNights: RatioNight[] = [
     "key": "eager:capture_gen/transformerlens:capture_gen",
     "title": "eager / transformerlens, capture during generation",
     "group": "peers",
-    "median": 1.4419659257002202,
-    "lo": 1.3871877804036101,
-    "hi": 1.559952499414768,
+    "median": 1.5015902155739544,
+    "lo": 1.4014995072636232,
+    "hi": 1.5513100006819809,
     "node": "vm"
   },
   {
@@ -1007,9 +1007,9 @@ export const ratioNights: RatioNight[] = [
     "key": "eager:capture_gen/vllm-generate:decode",
     "title": "eager, capture during generation / stock decode (1 stream)",
     "group": "stock",
-    "median": 0.7459409862538715,
-    "lo": 0.6918743660782246,
-    "hi": 0.7546036715083816,
+    "median": 0.7215306030660664,
+    "lo": 0.6794238569941617,
+    "hi": 0.7989025196381137,
     "node": "vm"
   },
   {
@@ -1018,9 +1018,9 @@ export const ratioNights: RatioNight[] = [
     "key": "eager:long_capture/hf-generate:long_prefill",
     "title": "eager, capture at every layer / HF forward, 512-token prompt",
     "group": "hf",
-    "median": 0.9727102991437628,
-    "lo": 0.9565598158128662,
-    "hi": 0.9916450031352112,
+    "median": 0.9765977641210115,
+    "lo": 0.9478656632519105,
+    "hi": 1.0072680193136014,
     "node": "vm"
   },
   {
@@ -1029,9 +1029,9 @@ export const ratioNights: RatioNight[] = [
     "key": "eager:steer_all/eager:decode",
     "title": "eager, steer every layer / no steer",
     "group": "steer",
-    "median": 0.9544679485553692,
-    "lo": 0.9257826405523678,
-    "hi": 0.9797045835750143,
+    "median": 0.9735470219203808,
+    "lo": 0.8972650646340732,
+    "hi": 0.9786081616239917,
     "node": "vm"
   },
   {
@@ -1040,9 +1040,9 @@ export const ratioNights: RatioNight[] = [
     "key": "eager:steer_all/interp-engine:steer_all",
     "title": "eager / interp-engine, steer every layer",
     "group": "peers",
-    "median": 1.0046386635032185,
-    "lo": 0.9527104327756366,
-    "hi": 1.0300387669762516,
+    "median": 1.022994124673729,
+    "lo": 0.9158888726729932,
+    "hi": 1.078571143100277,
     "node": "vm"
   },
   {
@@ -1051,9 +1051,9 @@ export const ratioNights: RatioNight[] = [
     "key": "eager:steer_all/nnsight:steer_all",
     "title": "eager / nnsight, steer every layer",
     "group": "peers",
-    "median": 0.9948165384452878,
-    "lo": 0.9378322599462745,
-    "hi": 1.0774647573713008,
+    "median": 1.0278619932101978,
+    "lo": 0.9975108219526824,
+    "hi": 1.079627125672006,
     "node": "vm"
   },
   {
@@ -1062,9 +1062,9 @@ export const ratioNights: RatioNight[] = [
     "key": "eager:steer_all/transformerlens:steer_all",
     "title": "eager / transformerlens, steer every layer",
     "group": "peers",
-    "median": 1.167919387986961,
-    "lo": 1.1377248180858954,
-    "hi": 1.2630357086738615,
+    "median": 1.2638053617030014,
+    "lo": 1.2014376940766542,
+    "hi": 1.3128746135207388,
     "node": "vm"
   },
   {
@@ -1073,9 +1073,9 @@ export const ratioNights: RatioNight[] = [
     "key": "vllm-static:capture_gen/vllm-generate:decode",
     "title": "vllm-static, capture during generation / stock decode (1 stream)",
     "group": "stock",
-    "median": 0.9339356544041448,
-    "lo": 0.9154270699121123,
-    "hi": 1.0056063516222973,
+    "median": 1.022958013291107,
+    "lo": 0.9599184978741238,
+    "hi": 1.0742419293284122,
     "node": "vm"
   },
   {
@@ -1084,9 +1084,9 @@ export const ratioNights: RatioNight[] = [
     "key": "vllm-static:capture_gen8/vllm-generate:concurrency8",
     "title": "vllm-static, capture during generation, 8 streams / stock concurrency 8 (aggregate)",
     "group": "stock",
-    "median": 0.9578891798668006,
-    "lo": 0.932854741949968,
-    "hi": 1.0223406322064719,
+    "median": 0.9908767889578823,
+    "lo": 0.8926773533288042,
+    "hi": 1.0040856935492333,
     "node": "vm"
   },
   {
@@ -1095,9 +1095,9 @@ export const ratioNights: RatioNight[] = [
     "key": "vllm-static:steer_all/vllm-generate:decode",
     "title": "vllm-static, steer every layer / stock decode (1 stream)",
     "group": "stock",
-    "median": 0.9857885687037988,
-    "lo": 0.9188665999177718,
-    "hi": 1.0215394270802634,
+    "median": 1.0027746151507884,
+    "lo": 0.9800329023849639,
+    "hi": 1.0373342500407519,
     "node": "vm"
   },
   {
@@ -1106,9 +1106,9 @@ export const ratioNights: RatioNight[] = [
     "key": "vllm-static:steer_all/vllm-static:decode",
     "title": "vllm-static, steer every layer / no steer",
     "group": "steer",
-    "median": 0.9655097402774535,
-    "lo": 0.9344605364188722,
-    "hi": 1.02036559771463,
+    "median": 1.0273527334647627,
+    "lo": 0.9195436869711919,
+    "hi": 1.0487296325814621,
     "node": "vm"
   },
   {
@@ -1117,9 +1117,9 @@ export const ratioNights: RatioNight[] = [
     "key": "vllm:capture_gen/vllm-generate:decode",
     "title": "vllm, capture during generation / stock decode (1 stream)",
     "group": "stock",
-    "median": 0.8418164534975359,
-    "lo": 0.7663430670023768,
-    "hi": 0.8990602389587663,
+    "median": 0.8602187330438077,
+    "lo": 0.7966632705246873,
+    "hi": 0.9160158670511521,
     "node": "vm"
   },
   {
@@ -1128,9 +1128,9 @@ export const ratioNights: RatioNight[] = [
     "key": "vllm:capture_gen8/vllm-generate:concurrency8",
     "title": "vllm, capture during generation, 8 streams / stock concurrency 8 (aggregate)",
     "group": "stock",
-    "median": 0.8538758241625842,
-    "lo": 0.8451370307796257,
-    "hi": 0.9604433916428061,
+    "median": 0.8481205605873405,
+    "lo": 0.8058130183107816,
+    "hi": 0.8751671855452374,
     "node": "vm"
   },
   {
@@ -1139,9 +1139,9 @@ export const ratioNights: RatioNight[] = [
     "key": "vllm:steer_all/vllm-generate:decode",
     "title": "vllm, steer every layer / stock decode (1 stream)",
     "group": "stock",
-    "median": 0.8231625627402855,
-    "lo": 0.7597526410388483,
-    "hi": 0.8599806795361153,
+    "median": 0.8365431770770921,
+    "lo": 0.7825022049081524,
+    "hi": 0.9232402531538979,
     "node": "vm"
   },
   {
@@ -1150,9 +1150,9 @@ export const ratioNights: RatioNight[] = [
     "key": "vllm:steer_all/vllm:decode",
     "title": "vllm, steer every layer / no steer",
     "group": "steer",
-    "median": 0.9166621063750697,
-    "lo": 0.8908046195690899,
-    "hi": 0.9551296612920486,
+    "median": 0.9325870738813435,
+    "lo": 0.8921394781736367,
+    "hi": 0.9614167215854189,
     "node": "vm"
   },
   {
@@ -1161,9 +1161,9 @@ export const ratioNights: RatioNight[] = [
     "key": "eager:capture_gen/vllm-generate:decode",
     "title": "eager, capture during generation / stock decode (1 stream)",
     "group": "stock",
-    "median": 0.7297002045695777,
-    "lo": 0.6966439103663098,
-    "hi": 0.7367376421849265,
+    "median": 0.7113320046396974,
+    "lo": 0.682085376844073,
+    "hi": 0.7440387082072983,
     "node": "vm"
   },
   {
@@ -1172,9 +1172,9 @@ export const ratioNights: RatioNight[] = [
     "key": "eager:readout_gen/eager:capture_gen",
     "title": "eager, SAE top-k readout / raw capture",
     "group": "readout",
-    "median": 0.8399578565107818,
-    "lo": 0.8174633098829378,
-    "hi": 0.8820400904949849,
+    "median": 0.8433173167379562,
+    "lo": 0.8121410985731575,
+    "hi": 0.8958661976681102,
     "node": "vm"
   },
   {
@@ -1183,9 +1183,9 @@ export const ratioNights: RatioNight[] = [
     "key": "vllm:capture_gen/vllm-generate:decode",
     "title": "vllm, capture during generation / stock decode (1 stream)",
     "group": "stock",
-    "median": 0.825523015686321,
-    "lo": 0.8221370694133121,
-    "hi": 0.8724894125982173,
+    "median": 0.8623934160150426,
+    "lo": 0.742231368821952,
+    "hi": 0.9310491460424708,
     "node": "vm"
   },
   {
@@ -1194,9 +1194,9 @@ export const ratioNights: RatioNight[] = [
     "key": "vllm:readout_gen/vllm-generate:decode",
     "title": "vllm, SAE top-k readout during generation / stock decode (1 stream)",
     "group": "stock",
-    "median": 0.6964134472489212,
-    "lo": 0.6749132454907448,
-    "hi": 0.7134324524318298,
+    "median": 0.7070094751271897,
+    "lo": 0.5962565923091727,
+    "hi": 0.7690894850327126,
     "node": "vm"
   },
   {
@@ -1205,9 +1205,9 @@ export const ratioNights: RatioNight[] = [
     "key": "vllm:readout_gen/vllm:capture_gen",
     "title": "vllm, SAE top-k readout / raw capture",
     "group": "readout",
-    "median": 0.8328768629069082,
-    "lo": 0.7973332194795693,
-    "hi": 0.8642187302781599,
+    "median": 0.8193597621286832,
+    "lo": 0.7807687167273184,
+    "hi": 0.8406024944607365,
     "node": "vm"
   }
 ];
