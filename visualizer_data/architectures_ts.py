@@ -133,9 +133,9 @@ def _layout(m) -> dict:
 
 def _equivalents(m, point: str, layer: int | None) -> list[dict]:
     """The mappers' names for `point` at `layer`, with the layer written back as `{L}`."""
-    from engine.interop import mappers
     from engine.core.address import Address
     from engine.core.errors import AddressError
+    from engine.interop import mappers
     addr = Address(point, layer)
     out = []
     for engine, fn in (("transformerLens", mappers.to_tl), ("nnsight", mappers.to_nnsight),
@@ -168,9 +168,9 @@ def inspect_model(name: str) -> dict:
         from transformers import AutoModelForCausalLM
 
         from engine.backends.hf import sites
-        from engine.families import family_for
         from engine.backends.hf.eager import EagerModel
         from engine.core.points import POINTS
+        from engine.families import family_for
         torch.manual_seed(0)
         hf = AutoModelForCausalLM.from_config(zoo.build_config(entry), attn_implementation="eager").eval()
         fam = family_for(hf.config.get_text_config().model_type)
