@@ -28,7 +28,10 @@ median over rounds with its 95% distribution-free interval (benchmarks/ci.py). A
 ms for capture, issue 52) or, without a goal, more than a tenth of the plain step. Op counts a step are
 counted once per arm at the end (`interp_ops`: deterministic). Prefix caching is off, so every run computes
 its prompt; the steered tokens are checked to differ from plain ones (a steer that changes nothing times a
-no-op).
+no-op). The worker's host figures leave out what a call costs it outside its steps: registering the
+request (the scheduler hook) and collecting its results. Timed apart over 32 tokens, and over plain (whose
+scheduler hook costs 35-40 us a token), these add about 115 us a token to a steer at every layer and 25 to
+capture (docs/performance.md, "What the step windows leave out"); the wall-time figures include them.
 """
 from __future__ import annotations
 
