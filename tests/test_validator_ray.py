@@ -8,7 +8,7 @@ import threading
 
 import pytest
 
-from validator import cells, cli, cluster, history, runner
+from validator import cells, cli, cluster, runner
 from validator.models import zoo_spec
 from validator.shards import comparable
 
@@ -33,11 +33,11 @@ def ray_cluster():
 def plain(tmp_path_factory):
     out = tmp_path_factory.mktemp("plain")
     assert cli.main(["run", "--models", ",".join(MODELS), *RUN, "--out", str(out)]) == 0
-    return {history.key(c): comparable(c) for c in cells.load_all(out)}
+    return {cells.key_of(c): comparable(c) for c in cells.load_all(out)}
 
 
 def _cells(out):
-    return {history.key(c): comparable(c) for c in cells.load_all(out)}
+    return {cells.key_of(c): comparable(c) for c in cells.load_all(out)}
 
 
 def _opts(out):

@@ -32,7 +32,7 @@ def runs(tmp_path_factory):
 
 
 def _by_key(out):
-    return {history.key(c): c for c in cells.load_all(out)}
+    return {cells.key_of(c): c for c in cells.load_all(out)}
 
 
 def test_two_shards_merged_equal_one_shard(runs):
@@ -149,7 +149,7 @@ def test_report_since_reads_a_git_ref(capsys):
     import subprocess
     touched = subprocess.run(["git", "status", "--porcelain", "--", "reports/validator/cells"], cwd=cells.REPO,
                              capture_output=True, text=True).stdout
-    at_head = {history.key(c): c for c in history.load("HEAD", cells.DEFAULT_OUT)}
+    at_head = {cells.key_of(c): c for c in history.load("HEAD", cells.DEFAULT_OUT)}
     on_disk = {k: c for k, c in _by_key(cells.DEFAULT_OUT).items() if f"{k}{cells.SUFFIX}" not in touched}
     assert len(at_head) >= 600 and len(on_disk) >= 600 and on_disk.keys() <= at_head.keys()
     assert history.changes([at_head[k] for k in on_disk], list(on_disk.values())) == []

@@ -78,8 +78,7 @@ def files(out: Path) -> list[Path]:
 def files_in(d: Path) -> list[Path]:
     """The cell files in folder `d`, gzipped and legacy plain ones, sorted by name ([] where it is none)."""
     d = Path(d)
-    return sorted((p for p in d.iterdir() if p.is_file() and key_of_file(p) is not None), key=lambda p: p.name) \
-        if d.is_dir() else []
+    return sorted(p for p in d.iterdir() if p.is_file() and key_of_file(p) is not None) if d.is_dir() else []
 
 
 def encode(data: dict) -> bytes:
@@ -98,6 +97,9 @@ def decode(raw: bytes):
         except EOFError as e:
             raise OSError(f"truncated gzip stream ({e})") from None
     return json.loads(raw.decode())
+
+
+DECODE_ERRORS = (OSError, UnicodeDecodeError, json.JSONDecodeError)  # what `decode` of damaged bytes raises
 
 
 class CellError(ValueError):
@@ -127,12 +129,12 @@ def read(path: Path) -> dict | None:
     """The cell at `path` (or its legacy plain file), or None when it is absent or unreadable (resume treats
     both as missing)."""
     path = Path(path)
-    for p in (path, _legacy(path)):
+    for p in dict.fromkeys((path, _legacy(path))):  # one read where `path` is itself a plain file
         try:
             c = decode(p.read_bytes())
         except FileNotFoundError:
             continue
-        except (OSError, json.JSONDecodeError, UnicodeDecodeError):
+        except DECODE_ERRORS:
             return None
         return c if isinstance(c, dict) else None
     return None

@@ -31,11 +31,6 @@ class HistoryError(ValueError):
     """A reference run that cannot be read; the message names it and why."""
 
 
-def key(c: dict) -> str:
-    """A cell's name in a record and in the changes: its file name without its suffix."""
-    return cells.key_of(c)
-
-
 def _git(*args: str, stdin: bytes | None = None) -> bytes:
     r = subprocess.run(["git", *args], cwd=cells.REPO, input=stdin, capture_output=True, timeout=300)
     if r.returncode:
@@ -74,7 +69,7 @@ def load(ref: str, out: Path) -> list[dict]:
         i = header_end + 2 + size
         try:
             c = cells.decode(body)
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        except cells.DECODE_ERRORS as e:
             raise HistoryError(f"{ref}:{n} is not valid JSON ({e}).") from None
         if not isinstance(c, dict) or not all(isinstance(c.get(k), str) for k in ("model", "engine", "status")):
             raise HistoryError(f"{ref}:{n} is not a validator cell.")
@@ -107,10 +102,11 @@ def changes(old: list[dict], new: list[dict]) -> list[Change]:
     """What differs from `old` to `new`, cell by cell and row by row (rows keyed by case, address and
     configuration)."""
     from validator.report import cell_failed
-    before = {key(c): c for c in old}
+    before = {cells.key_of(c): c for c in old}
     out: list[Change] = []
-    for c in sorted(new, key=key):
-        k, o = key(c), before.get(key(c))
+    for c in sorted(new, key=cells.key_of):
+        k = cells.key_of(c)
+        o = before.get(k)
         if o is None:
             failed = cell_failed(c)
             out.append(Change("new cell", k, f"status {c['status']}" + (" with undeclared failures" if failed else ""),
@@ -136,7 +132,7 @@ def changes(old: list[dict], new: list[dict]) -> list[Change]:
             if now is not None and then is not None and math.isfinite(now) and now > GROWTH * max(then, FLOOR):
                 out.append(Change("error grew", k, f"{where}: relative error {then:.2g} -> {now:.2g} "
                                                    f"({now / max(then, FLOOR):.0f}x)"))
-    now_keys = {key(c) for c in new}
+    now_keys = {cells.key_of(c) for c in new}
     out += [Change("gone", k, f"was {o.get('status')}") for k, o in sorted(before.items()) if k not in now_keys]
     return out
 
@@ -180,7 +176,7 @@ def summary(all_cells: list[dict]) -> dict:
     for c in all_cells:
         errs = [e for r in c.get("rows", []) if (e := _err(r)) is not None and math.isfinite(e)]
         fails = c.get("summary", {}).get("fail", 0)
-        per_cell[key(c)] = {"status": c["status"], "column": col(c), "fail": fails,
+        per_cell[cells.key_of(c)] = {"status": c["status"], "column": col(c), "fail": fails,
                             "undeclared": fails - declared_failures(c), "worst_rel_err": max(errs) if errs else None}
     return {"columns": column_counts(all_cells), "cells": per_cell}
 

@@ -7,7 +7,6 @@ The reader needs only `model`, `engine` and the `verdict` fields found anywhere 
 (every scored pair carries one), so it keeps working as the cell format grows."""
 from __future__ import annotations
 
-import json
 from collections import Counter
 from pathlib import Path
 
@@ -270,7 +269,7 @@ def _read(cells_dir: Path) -> list[tuple[dict, dict]]:
     for p in cells.files_in(Path(cells_dir)):
         try:
             cell = cells.decode(p.read_bytes())
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        except cells.DECODE_ERRORS as e:
             raise ValueError(f"validator cell {p} is not valid JSON ({e}); re-run `python -m validator run`.") \
                 from None
         rel = str(p.relative_to(ROOT)) if p.is_relative_to(ROOT) else p.name
