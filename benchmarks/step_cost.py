@@ -28,10 +28,11 @@ median over rounds with its 95% distribution-free interval (benchmarks/ci.py). A
 ms for capture, issue 52) or, without a goal, more than a tenth of the plain step. Op counts a step are
 counted once per arm at the end (`interp_ops`: deterministic). Prefix caching is off, so every run computes
 its prompt; the steered tokens are checked to differ from plain ones (a steer that changes nothing times a
-no-op). The worker's host figures leave out what a call costs it outside its steps: registering the
-request (the scheduler hook) and collecting its results. Timed apart over 32 tokens, and over plain (whose
-scheduler hook costs 35-40 us a token), these add about 115 us a token to a steer at every layer and 25 to
-capture (docs/performance.md, "What the step windows leave out"); the wall-time figures include them.
+no-op). The worker's host us a step are its step windows; what a call costs it outside them, registering the
+request (the scheduler hook, which runs for plain calls too) and collecting its results, is timed in two more
+windows, and "host us / token, whole call" adds them up over the call's tokens: the figure the goals count,
+free of the forward's own noise (the wall-time figures include it all, the forward too). A base from before
+those windows has no whole-call figure.
 """
 from __future__ import annotations
 
@@ -186,25 +187,46 @@ def figures(out: dict) -> list[dict]:
         for k, by_arm in by_k.items():
             plain = by_arm["plain"]
             per_tok = [s["wall"] / out["new_tokens"] * 1e3 for s in plain]
+            plain_call = [call_us(s) / out["new_tokens"] for s in plain]
             timed = any(s["steps"] for ss in by_arm.values() for s in ss)  # False: a base without the worker's timer
+            whole = timed and windowed([s for ss in by_arm.values() for s in ss])
             for arm in ARMS:
                 ss = by_arm[arm]
                 ms = [s["wall"] / out["new_tokens"] * 1e3 for s in ss]
                 host = [host_us(s) / max(s["steps"], 1) for s in ss]
                 added = [x - p for x, p in zip(ms, per_tok)]
+                call = [call_us(s) / out["new_tokens"] for s in ss]
                 op = out["ops"][side][k][arm]
                 rows.append({"side": side, "streams": int(k), "arm": arm, "ms": median_ci(ms), "host_us": median_ci(host),
                              **phases(ss),
                              "added_ms": None if arm == "plain" else median_ci(added),
+                             "call_us": median_ci(call) if whole else None,
+                             "added_call_us": median_ci([x - p for x, p in zip(call, plain_call)])
+                             if whole and arm != "plain" else None,
                              "ops": max(op["per_step"], default=0), "ops_step": op["labels"].get("step", 0) / max(op["steps"], 1),
                              "ops_hooks": op["labels"].get("hooks", 0) / max(op["steps"], 1),
                              "plain_ms": median_ci(per_tok).median, "timed": timed})
     return rows
 
 
+STEP_WINDOWS = ("step", "hooks")  # a step's windows (engine/backends/vllm/worker/meters.py)
+CALL_WINDOWS = ("register", "collect")  # a call's, outside its steps
+
+
 def host_us(answer: dict) -> float:
-    """The worker's host microseconds over a call's steps, every window ("step", and on `vllm` "hooks")."""
-    return 1e6 * sum(answer["seconds"].values())
+    """The worker's host microseconds over a call's steps: its step windows ("step", and on `vllm` "hooks")."""
+    return 1e6 * sum(v for k, v in answer["seconds"].items() if k in STEP_WINDOWS)
+
+
+def call_us(answer: dict) -> float:
+    """The worker's host microseconds over the whole call: its steps and its call windows (registering the
+    request in the scheduler hook, collecting its results)."""
+    return 1e6 * sum(v for k, v in answer["seconds"].items() if k in STEP_WINDOWS + CALL_WINDOWS)
+
+
+def windowed(ss: list[dict]) -> bool:
+    """Whether the samples carry the call windows (a base from before them times its steps only)."""
+    return any(k in s["seconds"] for s in ss for k in CALL_WINDOWS)
 
 
 def phases(ss: list[dict]) -> dict:
@@ -222,12 +244,14 @@ def phases(ss: list[dict]) -> dict:
             "first_us": median_ci([host_us(b) - host_us(x) for x, b in zip(one, two)]), "later_us": median_ci(later)}
 
 
-def shown(row: dict) -> str:
-    iv = row["added_ms"]
+def shown(row: dict, key: str = "added_ms") -> str:
+    """An added figure with its interval, against the arm's goal (in its unit: ms, or us for "added_call_us")."""
+    iv = row[key]
     if iv is None:
         return ""
-    goal = GOALS_MS.get(row["arm"])
-    bound = goal if goal is not None else 0.1 * row["plain_ms"]
+    scale = 1e3 if key == "added_call_us" else 1.0
+    goal = GOALS_MS[row["arm"]] * scale if row["arm"] in GOALS_MS else None
+    bound = goal if goal is not None else 0.1 * row["plain_ms"] * scale
     text = f"{fmt_interval(iv.median, iv.lo, iv.hi)}"
     if iv.hi - iv.lo > bound:
         return f"unresolved ({text})"
@@ -252,6 +276,18 @@ def table(out: dict) -> str:
             host, ops = "n/a", "n/a"  # a base without the worker's timer and counter (before issue 52)
         lines.append(f"| {row['side']} | {row['streams']} | {row['arm']} | "
                      f"{fmt_interval(row['ms'].median, row['ms'].lo, row['ms'].hi)} | {shown(row)} | {host} | {ops} |")
+    whole = [row for row in rows if row["call_us"] is not None]
+    if whole:
+        lines += [f"\nThe worker's host us a token over the whole call: its steps, and what the call costs outside "
+                  f"them (registering the request, collecting its results), divided by the {out['new_tokens']} new "
+                  f"tokens; added over plain within the round, against the goal (issue 52: "
+                  + ", ".join(f"{arm} {1e3 * g:g} us" for arm, g in GOALS_MS.items())
+                  + "); median [95% interval] over rounds\n",
+                  "| side | streams | arm | host us / token, whole call | added us / token |", "|---|---:|---|---:|---:|"]
+        for row in whole:
+            iv = row["call_us"]
+            lines.append(f"| {row['side']} | {row['streams']} | {row['arm']} | {fmt_interval(iv.median, iv.lo, iv.hi)} | "
+                         f"{shown(row, 'added_call_us')} |")
     split = [row for row in rows if row["timed"] and row["arm"] != "plain" and "later_us" in row]
     if split:
         lines += [f"\nWhere the worker's host us go, by step: the prefill (all its steps: vLLM may chunk a batch of "

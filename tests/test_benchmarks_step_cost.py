@@ -117,3 +117,42 @@ def test_too_few_new_tokens_to_split_are_refused_before_anything_starts(new, cap
         main(["--new-tokens", new, "--rounds", "6"])
     assert e.value.code == 2
     assert f"--new-tokens must be more than 2, got {new}" in capsys.readouterr().err
+
+
+def with_call_windows(out: dict, register: float, collect: float, arm_extra: dict) -> dict:
+    """Give every timed sample call windows: `register` and `collect` seconds, plus arm_extra[arm] on collect."""
+    for by_k in out["samples"].values():
+        for by_arm in by_k.values():
+            for arm, ss in by_arm.items():
+                for s in ss:
+                    if s["steps"]:
+                        s["seconds"].update(register=register, collect=collect + arm_extra.get(arm, 0.0))
+    return out
+
+
+def test_the_whole_call_figure_adds_registration_and_collect_to_the_steps_per_token():
+    out = with_call_windows(out_of({"after": True}), 0.001, 0.002, {"steer": 0.0032})
+    rows = {r["arm"]: r for r in figures(out)}
+    # per round: (steps + register + collect) us over 32 tokens; plain and steer share the step samples here,
+    # so the steer adds exactly its extra collect: 3200 us / 32 tokens = 100 us a token
+    want = statistics.median((full + 0.001 + 0.002) * 1e6 / 32 for full, _, _ in ROUNDS)
+    assert rows["plain"]["call_us"].median == pytest.approx(want)
+    assert rows["steer"]["added_call_us"].median == pytest.approx(100.0)
+    assert rows["capture"]["added_call_us"].median == pytest.approx(0.0)
+    assert rows["plain"]["added_call_us"] is None
+    # the step figures stay the steps' alone
+    assert rows["steer"]["host_us"].median == pytest.approx(statistics.median(f * 1e6 / 32 for f, _, _ in ROUNDS))
+    text = table(out).split("whole call |")[1].split("Where")[0]
+    assert rows["steer"]["call_us"].median == pytest.approx(want + 100.0)
+    (line,) = [x for x in text.splitlines() if x.startswith("| after | 1 | steer |")]
+    assert line.endswith("| 100 [100–100] (goal met) |"), line
+
+
+def test_a_base_without_the_call_windows_shows_no_whole_call_figure():
+    out = with_call_windows(out_of({"after": True, "before": True}), 0.001, 0.002, {})
+    for s in (s for ss in out["samples"]["before"][1].values() for s in ss):
+        s["seconds"] = {"step": s["seconds"]["step"]}
+    rows = {(r["side"], r["arm"]): r for r in figures(out)}
+    assert rows[("before", "steer")]["call_us"] is None and rows[("after", "steer")]["call_us"] is not None
+    text = table(out).split("whole call |")[1].split("Where")[0]
+    assert "| after | 1 | steer |" in text and "| before |" not in text

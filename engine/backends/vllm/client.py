@@ -364,13 +364,14 @@ class AsyncVLLMModel(ModelBase, TokensMixin):
     async def worker_ops(self, on: bool) -> list[dict]:
         """Start (on=True) or stop counting the ops the workers dispatch around their steps, outside the
         forward (engine/core/opcount.py); stopping returns each rank's {"steps", "labels", "ops", "sites"}:
-        labels "step" (before and after each forward) and "hooks" (inside the hooked backend's hooks)."""
+        labels as in engine/backends/vllm/worker/meters.py (a step's "step" and "hooks", a call's "register" and
+        "collect")."""
         self._live()
         return await self._rpc("interp_ops", on)
 
     async def worker_timing(self, on: bool) -> list[dict]:
         """Start (on=True) or stop timing the host work the workers do around their steps; stopping returns
-        each rank's {"steps", "seconds": {"step": ..., "hooks": ...}}."""
+        each rank's {"steps", "seconds": {window label: seconds}} (labels as worker_ops')."""
         self._live()
         return await self._rpc("interp_timing", on)
 

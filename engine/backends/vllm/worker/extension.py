@@ -31,7 +31,7 @@ from engine.backends.vllm.worker import runner as vllm_runner
 from engine.backends.vllm.worker import wire as vllm_wire
 from engine.backends.vllm.worker.hooks import HookSites
 from engine.backends.vllm.worker.loader import ERRORS_ATTR, TAPS_ATTR
-from engine.backends.vllm.worker.meters import Meters
+from engine.backends.vllm.worker.meters import COLLECT, REGISTER, STEP, Meters
 from engine.backends.vllm.worker.rows import PLAN_ARG, ROWS
 from engine.backends.vllm.worker.tree import resolve, tree_for
 from engine.core.address import Address, parse
@@ -199,7 +199,7 @@ class WorkerState:
             return
         self.meters.begin()  # counted from here to the end of the step (_end)
         try:
-            with self.meters.window("step"):  # the forward itself runs outside the window
+            with self.meters.window(STEP):  # the forward itself runs outside the window
                 self._start_step(mine, args, kwargs)
         except Exception as e:  # the step's plans fail; the engine serves on
             for _, plan in mine:
@@ -226,7 +226,7 @@ class WorkerState:
     def _end(self, module, args, output):
         try:
             if self.step is not None:
-                with self.meters.window("step"):
+                with self.meters.window(STEP):
                     self.blocks.guarded_mark(self.step)  # first: the KV isolation never waits on the rest
                     self.mode.after(self.step, self.work)
         except Exception as e:
@@ -242,10 +242,11 @@ class WorkerState:
     def scheduled(self, scheduler_output: Any) -> None:
         """Before the runner takes a schedule: register the plans its new requests carry (PLAN_ARG in
         their SamplingParams' extra_args), then hand KV blocks on (kv.Blocks.reclaim)."""
-        try:
-            self._register_carried(scheduler_output)
-        finally:
-            self.blocks.reclaim(scheduler_output)
+        with self.meters.window(REGISTER):
+            try:
+                self._register_carried(scheduler_output)
+            finally:
+                self.blocks.reclaim(scheduler_output)
 
     def _register_carried(self, scheduler_output: Any) -> None:
         wires = []
@@ -301,6 +302,10 @@ class WorkerState:
         """Each plan's CollectReply (its captures, logits, readouts, receipts, or its failure), as plain
         data, and forget the plan (tensors go out through `encode`: inline bytes, or vllm_sink's
         shared-memory files)."""
+        with self.meters.window(COLLECT):
+            return self._collect(keys, logits, encode)
+
+    def _collect(self, keys: list[str], logits: list[bool], encode: Callable[[torch.Tensor], dict]) -> list[dict]:
         out = []
         mine = [self.plans[k] for k in keys if k in self.plans]
         outcomes = self.ledger.read([p.key for p in mine]) if self.ledger else {}  # the one read

@@ -11,7 +11,7 @@ from typing import Any, Protocol
 import torch
 
 from engine.backends.vllm.worker import kv
-from engine.backends.vllm.worker.meters import Meters
+from engine.backends.vllm.worker.meters import HOOKS, Meters
 from engine.core.address import Address
 from engine.core.site import guard, run_site, zero_rows
 from engine.core.step import Step
@@ -74,7 +74,7 @@ class HookSites:
         step = self.state.step
         if step is None or not step.spans:
             return None
-        with self.state.meters.window("hooks"):
+        with self.state.meters.window(HOOKS):
             return run_site(t, step, work)
 
     def _guard_layer(self, module, args, output):
@@ -84,7 +84,7 @@ class HookSites:
         step = self.state.step
         if step is None or not step.spans:
             return None
-        with self.state.meters.window("hooks"):
+        with self.state.meters.window(HOOKS):
             return self._guard_output(step, output)
 
     def _guard_output(self, step: Step, output):

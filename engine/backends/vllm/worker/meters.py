@@ -1,7 +1,12 @@
 """The worker's three meters of its steps, each on only while the client asks: the host reads inside a
 step (engine/core/syncs.py, `interp_syncs`), the ops dispatched around each forward and inside the hooked
 backend's hooks (engine/core/opcount.py, `interp_ops`) and the host time spent there (`interp_timing`).
-Off, a step pays one attribute test per window."""
+Off, a step pays one attribute test per window.
+
+The windows, by label: STEP (before and after each forward of ours) and HOOKS (inside the hooked backend's
+hooks) are a step's; REGISTER (the scheduler hook: new requests' plans admitted, the sites rebuilt) and
+COLLECT (a finished request's results read and encoded) are a call's, paid once per request or per batch of
+them, whatever its length (benchmarks/step_cost.py reports both)."""
 from __future__ import annotations
 
 import contextlib
@@ -11,9 +16,13 @@ from engine.core.opcount import OpCounter, StepTimer
 from engine.core.syncs import SyncCounter
 
 
+STEP, HOOKS = "step", "hooks"  # a step's windows
+REGISTER, COLLECT = "register", "collect"  # a call's windows, outside its steps
+
+
 class Meters:
-    """What WorkerState measures of its steps: `window(label)` around the host work ("step": before and
-    after each forward; "hooks": inside hooks), `begin` / `end` around each step of ours."""
+    """What WorkerState measures of its steps and calls: `window(label)` around the host work (STEP, HOOKS,
+    REGISTER, COLLECT), `begin` / `end` around each step of ours."""
 
     def __init__(self) -> None:
         self.syncs: SyncCounter | None = None
@@ -41,14 +50,14 @@ class Meters:
         if self.syncs is not None or self.ops is not None or self.timer is not None:
             self.steps += 1
         if self.ops is not None:
-            self.op_start = self.ops.count("step")
+            self.op_start = self.ops.count(STEP)
 
     def end(self) -> None:
         """The step ends (whether or not it failed): its host reads and its op count closed."""
         if self.syncs is not None and self.syncs.active:
             self.syncs.__exit__(None, None, None)
         if self.ops is not None and self.op_start is not None:
-            self.op_steps.append(self.ops.count("step") - self.op_start)
+            self.op_steps.append(self.ops.count(STEP) - self.op_start)
         self.op_start = None
 
     def count_syncs(self, on: bool) -> dict:
@@ -64,9 +73,9 @@ class Meters:
         return {"syncs": c.count, "steps": steps, "sites": dict(c.sites)}
 
     def count_ops(self, on: bool) -> dict:
-        """Start (on) or stop counting the ops dispatched around this rank's steps: "step", those before and
-        after each forward, and "hooks", inside the hooked backend's hooks; stopping returns {"steps",
-        "per_step" (each step's "step" count, in order), "labels", "ops", "sites"} since the start."""
+        """Start (on) or stop counting the ops dispatched around this rank's steps and calls, by window label;
+        stopping returns {"steps", "per_step" (each step's STEP count, in order), "labels", "ops", "sites"}
+        since the start."""
         if on:
             self.ops, self.steps, self.op_steps = OpCounter(), 0, []
             return {}
@@ -77,8 +86,8 @@ class Meters:
                 **(c.report() if c is not None else {"labels": {}, "ops": {}, "sites": {}})}
 
     def time_steps(self, on: bool) -> dict:
-        """Start (on) or stop timing the host work around this rank's steps ("step": before and after each
-        forward; "hooks": inside the hooked backend's hooks); stopping returns {"steps", "seconds"}."""
+        """Start (on) or stop timing the host work around this rank's steps and calls; stopping returns
+        {"steps", "seconds": {window label: seconds}}."""
         if on:
             self.timer, self.steps = StepTimer(), 0
             return {}
