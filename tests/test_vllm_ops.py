@@ -180,3 +180,20 @@ def test_the_hooked_backend_dispatches_nothing_outside_its_hooks(engines):
     per_step = every["labels"]["hooks"] / every["steps"]
     assert per_step <= HOOK_STEER * layers + HOOK_LAYER * layers + HOOK_CAPTURE * (2 * layers + 1), every["ops"]
     assert one["labels"]["hooks"] / one["steps"] <= HOOK_STEER + HOOK_LAYER + HOOK_CAPTURE, one["ops"]
+
+
+def test_a_call_is_timed_in_its_steps_and_in_its_registration_and_collect(engines):
+    """The worker's timer (benchmarks/step_cost.py) keeps a call's own host work apart from its steps': the
+    scheduler hook runs at every step, collect once per batch of finished requests; the timer stopped, nothing
+    more is timed."""
+    m = engines("vllm-static")
+    st = [Steer(f"resid_post.{i}", "add", random_vector((m.d_model,), i)) for i in range(m.n_layers)]
+    m.generate_batch(reqs(m, 2, steer=st))  # warm
+    m.worker_timing(True)
+    m.generate_batch(reqs(m, 2, steer=st))
+    (rank,) = m.worker_timing(False)
+    assert set(rank["seconds"]) == {"register", "step", "collect"} and min(rank["seconds"].values()) > 0, rank
+    assert rank["steps"] >= 4, rank  # 4 new tokens: a prefill step and three decode steps at least
+    m.generate_batch(reqs(m, 2, steer=st))
+    (rank,) = m.worker_timing(False)
+    assert rank == {"steps": 0, "seconds": {}}, rank
