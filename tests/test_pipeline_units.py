@@ -235,7 +235,10 @@ def test_every_steer_field_of_every_op_survives_the_wire():
     for st in _head_steers(8):
         st.lead, st.lengths = 0, [5]  # set by the engine when it binds a steer to a sequence
         back = steer_in(msgspec.msgpack.decode(msgspec.msgpack.encode(steer_out(st))))
+        assert back.checked  # validated once, by the client that made it
         for f in dataclasses.fields(Steer):
+            if f.name == "checked":
+                continue
             a, b = getattr(back, f.name), getattr(st, f.name)
             same = torch.equal(a, b) if isinstance(b, torch.Tensor) else a == b
             assert same, (st.op, f.name, a, b)

@@ -110,6 +110,26 @@ def test_a_worker_ledger_collects_each_request_alone_and_forgets_it():
     assert not led
 
 
+@pytest.mark.parametrize("huge", [False, True])
+def test_one_key_is_equal_exactly_where_every_column_is(huge):
+    """The ledger's dedupe key (a recomputed position counts once): the same key for the same (plan,
+    steer, position) and a different one otherwise, by the spans of the columns' values, or by their ranks
+    where the spans' product would overflow int64 (plan codes are never reused, so they may be far apart)."""
+    import numpy as np
+
+    from engine.core.ledger import _one_key
+    rng = np.random.default_rng(0)
+    cols = [rng.integers(0, 5, 400), rng.integers(-1, 4, 400), rng.integers(0, 30, 400)]
+    if huge:
+        cols[0] = cols[0] * (1 << 40)  # spans 4 * 2^40 * 5 * 30: past 2^62
+    key = _one_key(*cols)
+    rows = list(zip(*(c.tolist() for c in cols)))
+    for i in range(0, 400, 7):
+        for j in range(400):
+            assert (key[i] == key[j]) == (rows[i] == rows[j]), (i, j)
+    assert len(_one_key(np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64))) == 0
+
+
 def _static_and_hooked(steers, plans: int = 1):
     """The same steers through vllm-static's taps (one tap at resid_post.0 on an identity module) and
     through the hooked backends' routine (run_site) on the same rows; returns both plans' receipts per

@@ -33,6 +33,7 @@ from engine.core.errors import SteeringError
 from engine.core.ops import OPS, Op
 from engine.core.points import INTEGER_POINTS, get_point
 
+_TAKES = ("coeff", "bounds", "sae", "feature")  # the optional parameters an op's row may list
 DIRECTION_MIN_NORM = 1e-6  # below this a direction (project_out, rescale, ...) is treated as zero
 __all__ = ["OPS", "Op", "Steer", "CacheEntry", "NonFiniteSteer", "failure", "overflowed"]
 
@@ -80,9 +81,9 @@ class Steer:
     def _check_params(self, op: Op) -> None:
         """coeff / bounds / sae / feature: given only to an op whose row lists them, and then required
         and valid."""
-        takes = {k: [o.name for o in OPS.values() if k in o.params] for k in ("coeff", "bounds", "sae", "feature")}
-        for k in takes:
+        for k in _TAKES:
             if getattr(self, k) is not None and k not in op.params:
+                takes = {k: [o.name for o in OPS.values() if k in o.params] for k in _TAKES}
                 raise SteeringError(f"op {self.op!r} takes no {k} ({' and '.join(takes[k]) or 'no op'} "
                                     f"{'does' if len(takes[k]) == 1 else 'do'}).")
         if "coeff" in op.params:

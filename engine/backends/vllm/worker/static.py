@@ -331,16 +331,23 @@ class StaticTaps:
 
     def attach(self, work: dict) -> list:
         """Nothing to attach (the taps are part of the compiled forward): each registered steer's affine
-        form, once per change of the plans (table.form_of: device work and a copy to the host, here and
-        not in a step). A steer whose form fails keeps its error, raised by the step that fills it."""
-        forms: dict = {}
+        form (table.form_of: device work and a copy to the host, here and not in a step), made once per
+        steer: a steer registered before keeps its form (a request registering, or one collected, no longer
+        makes every other request's forms again). A steer whose form fails keeps its error, raised by the
+        step that fills it."""
+        old, forms = self.forms, {}
         for name, w in work.items():
             tap = self.taps.get(name)
             if tap is None or not tap.writable:
                 continue
             for g in w.steers:
                 for _, _, st in g.members:
-                    if id(st) not in forms:
+                    if id(st) in forms:
+                        continue
+                    kept = old.get(id(st))
+                    if kept is not None and kept[0] is st:  # the same steer (an id alone may be reused)
+                        forms[id(st)] = kept
+                    else:
                         try:
                             forms[id(st)] = (st, form_of(st, tap.width, self.head_dim[name], tap.bank.coef.device))
                         except Exception as e:  # noqa: BLE001  (raised where it is filled: the step's plans fail)
