@@ -148,9 +148,12 @@ def plan_in(d: dict) -> Plan:
                 readouts=[readout_in(r) for r in d.get("readouts", ())])
 
 
+_RECEIPT_FIELDS = tuple(f.name for f in dataclasses.fields(Receipt))  # plain values each: no deep copy
+
+
 def receipt_out(r: Receipt) -> dict:
     """A steer's receipt as plain data (non-finite norms travel as they are)."""
-    return dataclasses.asdict(r)
+    return {name: getattr(r, name) for name in _RECEIPT_FIELDS}
 
 
 def receipts_in(plan: Plan, ranks: "list[CollectReply] | None") -> list[Receipt]:
