@@ -279,3 +279,25 @@ def test_positions_offsets_are_ascending_and_once_each():
     from engine.core.positions import normalize, offsets
     assert offsets(normalize([-1, 0, 5, 2]), 0, 6, 6).tolist() == [0, 2, 5]
     assert offsets(normalize([-1, 0]), 3, 3, 6).tolist() == [2]  # positions 3..5 of the call: 5 alone
+
+
+def test_a_registered_steer_keeps_its_form_while_other_requests_come_and_go():
+    """vllm-static makes each registered steer's affine form once (StaticTaps.attach, at every rebuild of
+    the sites): a request registering or collected beside it does not make it again (at eight streams each
+    registration used to make the seven others' forms again); a steer no longer registered is forgotten."""
+    from engine.backends.vllm.worker.static import StaticTaps
+    from engine.backends.vllm.worker.tree import VSite
+    from engine.core.address import Address
+    site = VSite(torch.nn.Identity(), "post", "out", lambda o: o, lambda o, n: n)
+    taps = StaticTaps()
+    taps.install([(Address("resid_post", 0), True)], lambda a: site, 8, 32, torch.device("cpu"), torch.float32, {},
+                 site.module)
+    a = Plan(5, [], [Steer("resid_post.0", "add", torch.arange(8.0))])
+    b = Plan(5, [], [Steer("resid_post.0", "scale", 2.0)])
+    taps.attach(site_work([a], lambda x: str(x)))
+    form_a = taps.forms[id(a.steers[0])]
+    taps.attach(site_work([a, b], lambda x: str(x)))  # b registers
+    assert taps.forms[id(a.steers[0])] is form_a and taps.forms[id(b.steers[0])][0] is b.steers[0]
+    assert form_a[1].b[0].tolist() == list(range(8))  # the add's form: y = x * 1 + value
+    taps.attach(site_work([b], lambda x: str(x)))  # a is collected
+    assert set(taps.forms) == {id(b.steers[0])}
