@@ -15,7 +15,6 @@ from typing import ContextManager
 from engine.core.opcount import OpCounter, StepTimer
 from engine.core.syncs import SyncCounter
 
-
 STEP, HOOKS = "step", "hooks"  # a step's windows
 REGISTER, COLLECT = "register", "collect"  # a call's windows, outside its steps
 
