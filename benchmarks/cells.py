@@ -23,6 +23,7 @@ STATUSES = ("ok", "invalid", "n/a", "skipped", "error")
 ROOT = Path(__file__).resolve().parent.parent
 REPORT_DIR = ROOT / "reports" / "benchmarks"
 CELLS_DIR = REPORT_DIR / "sweeps"  # one folder per sweep
+RERUNS = "reruns"  # beside the sweeps folder: a sweep run again on the same machine, one folder per sweep
 SWEEP_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
 
 
@@ -93,6 +94,19 @@ def load_sweep(sweep_dir: Path) -> list[dict]:
     if not sweep_dir.is_dir():
         raise FileNotFoundError(f"no such benchmark sweep folder: {sweep_dir}.")
     return [read_cell(p) for p in sorted(sweep_dir.glob("*.json"))]
+
+
+def rerun_dir(sweep_dir: Path) -> Path:
+    """Where a sweep's rerun lives: <sweeps root>/../reruns/<sweep> (reports/benchmarks/reruns/<sweep>: made by
+    `python -m benchmarks run ... --sweeps reports/benchmarks/reruns --sweep <sweep>`)."""
+    sweep_dir = Path(sweep_dir)
+    return sweep_dir.parent.parent / RERUNS / sweep_dir.name
+
+
+def load_rerun(sweep_dir: Path) -> list[dict]:
+    """The cells of a sweep's rerun ([] when it has none)."""
+    d = rerun_dir(sweep_dir)
+    return load_sweep(d) if d.is_dir() else []
 
 
 def load_cells(root: Path = CELLS_DIR) -> list[dict]:

@@ -49,7 +49,7 @@ def load_tables(sweeps: list[Path] | None) -> list[Table]:
         found = cellio.load_sweep(d)  # FileNotFoundError names a missing folder
         if not found:
             raise ValueError(f"benchmark sweep folder {d} holds no cells; run `python -m benchmarks run` or drop it.")
-        tables.append(Table(found))
+        tables.append(Table(found, cellio.load_rerun(d)))
     if not tables:
         raise ValueError(f"no benchmark sweeps under {cellio.CELLS_DIR}: nothing to publish. Run "
                          f"`python -m benchmarks run` first.")

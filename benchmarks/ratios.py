@@ -117,22 +117,39 @@ def all_specs(variants: list[str], workloads: list[str]) -> list[RatioSpec]:
 
 @dataclass(frozen=True)
 class RatioResult:
+    """A ratio's interval over rounds; `rerun` the same ratio from the sweep run again (None: no rerun, or
+    the rerun lacks it). Resolved only when its interval is narrow enough and, where it was rerun, the
+    rerun's median falls inside it: a figure a rerun on the same machine does not reproduce is never
+    published as a figure."""
     spec: RatioSpec
     interval: Interval
     per_round: dict[int, float]
     bound: float
+    rerun: Interval | None = None
+
+    @property
+    def reproduced(self) -> bool:
+        return self.rerun is None or self.interval.lo <= self.rerun.median <= self.interval.hi
 
     @property
     def resolved(self) -> bool:
-        return self.interval.resolved(self.bound)
+        return self.interval.resolved(self.bound) and self.reproduced
 
 
-def compute(table, spec: RatioSpec) -> RatioResult | None:
-    """The ratio over the rounds both cells have, or None when either cell has no published figure."""
+def _over_rounds(table, spec: RatioSpec) -> tuple[dict[int, float], Interval] | None:
     a, b = table.per_round(*spec.num), table.per_round(*spec.den)
     common = sorted(a.keys() & b.keys())
     if len(common) < MIN_ROUNDS:
         return None
     per = {r: a[r] / b[r] for r in common}
-    p = table.params()
-    return RatioResult(spec, median_ci(list(per.values()), p.ci_level), per, p.ci_bound)
+    return per, median_ci(list(per.values()), table.params().ci_level)
+
+
+def compute(table, spec: RatioSpec) -> RatioResult | None:
+    """The ratio over the rounds both cells have, or None when either cell has no published figure; with
+    the sweep's rerun's figure where it has one."""
+    got = _over_rounds(table, spec)
+    if got is None:
+        return None
+    again = _over_rounds(table.again, spec) if table.again is not None else None
+    return RatioResult(spec, got[1], got[0], table.params().ci_bound, again[1] if again else None)

@@ -23,6 +23,10 @@ def ratio_cell(res: R.RatioResult | None, show_unresolved_interval: bool = False
     iv = res.interval
     if res.resolved:
         return fmt_interval(iv.median, iv.lo, iv.hi, D, "x")
+    if show_unresolved_interval and not res.reproduced:
+        assert res.rerun is not None
+        return (f"unresolved (not reproduced: {fmt_interval(iv.median, iv.lo, iv.hi, D, 'x')}, its rerun "
+                f"{fmt_interval(res.rerun.median, res.rerun.lo, res.rerun.hi, D, 'x')})")
     if show_unresolved_interval:
         return f"unresolved ([{sig(iv.lo, D)}–{sig(iv.hi, D)}] spans {iv.width:.0%})"
     return "unresolved"
@@ -103,6 +107,8 @@ def environment(t: Table) -> list[str]:
             f"- run {t.run_id()} at commit {t.commit()}; {p.warmups} warmup runs per cell; a sample repeats a run "
             f"back to back for at least {p.min_sample_s} s and lasts its fastest run; "
             f"{p.rounds} rounds; interval level {p.ci_level:.0%}, unresolved above {p.ci_bound:.0%}",
+            *([f"- rerun {t.again.run_id()} at commit {t.again.commit()} (reports/benchmarks/reruns/{t.name}/): a ratio "
+               f"whose rerun median falls outside its interval is unresolved (not reproduced)"] if t.again else []),
             "- CPU time per wall second of a sample (median over cells): "
             + (f"{sorted(cpu)[len(cpu) // 2]:.2f}" if cpu else "—")
             + " (below the thread count: the worker waited for a core other work held)", ""]

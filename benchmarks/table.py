@@ -2,7 +2,7 @@
 the checks that the cells can share a table, and the per-round figures ratios are paired from."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from benchmarks import env as envmod
 from benchmarks.ci import Interval, median_ci
@@ -50,23 +50,55 @@ def check_comparable(cells: list[dict]) -> None:
     if len(runs) > 1:
         _refuse_split("run ids", sweep, runs, "Ratios pair the rounds of one run. " + rerun)
     measured = [c for c in cells if c.get("env")]
-    for field in envmod.MACHINE_FIELDS:
-        groups = _groups(measured, lambda c: repr(c["env"].get(field)))
+    for name in envmod.MACHINE_FIELDS:
+        groups = _groups(measured, lambda c: repr(c["env"].get(name)))
         if len(groups) > 1:
-            what = "library versions" if field == "versions" else repr(field)
+            what = "library versions" if name == "versions" else repr(name)
             _refuse_split(what, sweep, groups, rerun)
-    for field in COMPARABLE:
-        groups = _groups(cells, lambda c: repr(c.get("params", {}).get(field)))
+    for name in COMPARABLE:
+        groups = _groups(cells, lambda c: repr(c.get("params", {}).get(name)))
         if len(groups) > 1:
-            _refuse_split(repr(field), sweep, groups, rerun)
+            _refuse_split(repr(name), sweep, groups, rerun)
+
+
+def check_rerun(first: list[dict], rerun: list[dict]) -> None:
+    """Refuse (MixedCellsError) a rerun that is not the same sweep run again: its own run, on the same
+    machine, threads and library versions, with the same settings (what a rerun reproduces or not)."""
+    if not rerun:
+        return
+    check_comparable(rerun)
+    name, again = first[0].get("sweep"), rerun[0].get("sweep")
+    fix = (f"Rerun with the same machine and settings: `python -m benchmarks run ... --sweeps reports/benchmarks/reruns "
+           f"--sweep {name}`.")
+    if again != name:
+        raise MixedCellsError(f"the rerun of sweep {name!r} holds cells of sweep {again!r}. {fix}")
+    if first[0].get("run_id") == rerun[0].get("run_id"):
+        raise MixedCellsError(f"the rerun of sweep {name!r} is the same run ({first[0].get('run_id')}), not a "
+                              f"second one. {fix}")
+    envs = [c["env"] for c in first if c.get("env")][:1] + [c["env"] for c in rerun if c.get("env")][:1]
+    if len(envs) == 2:
+        for key in envmod.MACHINE_FIELDS:
+            if repr(envs[0].get(key)) != repr(envs[1].get(key)):
+                raise MixedCellsError(f"the rerun of sweep {name!r} ran with {key} {envs[1].get(key)!r:.120}, the "
+                                      f"sweep with {envs[0].get(key)!r:.120}: a rerun must run where the sweep ran. {fix}")
+    for key in COMPARABLE:
+        a, b = first[0].get("params", {}).get(key), rerun[0].get("params", {}).get(key)
+        if repr(a) != repr(b):
+            raise MixedCellsError(f"the rerun of sweep {name!r} has {key} {b!r}, the sweep {a!r}. {fix}")
 
 
 @dataclass
 class Table:
+    """One sweep's cells; `rerun` the same sweep run again on the same machine, when there is one: a
+    ratio whose rerun median falls outside the sweep's interval is not reproduced (benchmarks/ratios.py)."""
     cells: list[dict]
+    rerun: list[dict] = field(default_factory=list)
+    again: Table | None = field(init=False, default=None, repr=False)  # the rerun's own Table
 
     def __post_init__(self):
         check_comparable(self.cells)
+        check_rerun(self.cells, self.rerun)
+        self.again = Table(self.rerun) if self.rerun else None
         self.by = {(c["variant"], c["workload"]): c for c in self.cells}
         known = set(VARIANT_ORDER)
         self.variants = [v for v in VARIANT_ORDER if any(k[0] == v for k in self.by)] + sorted(

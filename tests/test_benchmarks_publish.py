@@ -99,6 +99,56 @@ def test_unresolved_ratio_is_never_a_figure(site, tmp_path):
     assert row["median"] is None and row["resolved"] is False and row["lo"] < row["hi"]
 
 
+def write_rerun(site, steer_scale: float, sweep="cpu-test-tiny", **edits) -> None:
+    """The sweep run again (another run id) into <tmp>/reruns/<sweep>, its steer_all cell `steer_scale`
+    times as slow as the sweep's; `edits` replace env fields of every rerun cell."""
+    s = [0.10, 0.11, 0.10, 0.12, 0.10, 0.11, 0.10, 0.13, 0.10, 0.11, 0.10, 0.12]
+    for c in sweep_cells(sweep):
+        if c["workload"] == "steer_all" and c["variant"] == "eager":
+            c = fake_cell("eager", "steer_all", [x * 1.1 * steer_scale for x in s], sweep=sweep)
+        c["run_id"] = "20260102T000000Z"
+        if c.get("env"):
+            c["env"].update(edits)
+        cellio.write_cell(c, site["root"].parent / cellio.RERUNS)
+
+
+def test_a_ratio_its_rerun_does_not_reproduce_is_unresolved_everywhere(site):
+    """A figure a rerun on the same machine does not reproduce is never published as one: the rerun's
+    median outside the sweep's interval makes the ratio unresolved in the README, the report (which says
+    both figures), the site data and the plot; ratios the rerun reproduces, and the sweep without a rerun,
+    keep their figures."""
+    write_rerun(site, 1.2)  # steer / no steer: 0.909 in the sweep, 0.758 in the rerun
+    assert run_publish(site) == 0
+    block = site["readme"].read_text().split(publish.START)[1]
+    assert "| eager, steer every layer / no steer | 0.909x [0.909–0.909] | unresolved |" in block  # real | tiny
+    assert "| eager, capture at every layer / HF forward | 0.905x [0.905–0.905] | 0.905x [0.905–0.905] |" in block
+    report = (site["out"] / publish.REPORT_MD).read_text()
+    tiny = report.split("`cpu-test-tiny`:")[-1]
+    assert "unresolved (not reproduced: 0.909x [0.909–0.909], its rerun 0.758x [0.758–0.758])" in tiny
+    assert "- rerun 20260102T000000Z at commit abc (reports/benchmarks/reruns/cpu-test-tiny/)" in tiny
+    d = benchmarks_ts.data(cellio.load_cells(site["root"]), cellio.load_cells(site["root"].parent / cellio.RERUNS))
+    rows = {(r["sweep"], r["key"]): r for r in d["benchmarkRatios"]}
+    assert rows[("cpu-test-tiny", "eager:steer_all/eager:decode")]["median"] is None
+    assert rows[("cpu-test-real", "eager:steer_all/eager:decode")]["median"] == pytest.approx(1 / 1.1)
+    assert rows[("cpu-test-tiny", "eager:capture_all/hf-generate:prefill")]["resolved"]
+    assert {x[0]: x[4] for x in plots.ratios_data(publish.load_tables(site["sweeps"]))["cpu-test-tiny"]}[
+        "eager, steer every layer / no steer"] is False
+    assert run_publish(site, check=True) == 0
+
+
+def test_a_rerun_that_reproduces_changes_no_figure(site):
+    assert run_publish(site) == 0
+    before = site["readme"].read_text()
+    write_rerun(site, 1.0)
+    assert run_publish(site) == 0
+    assert site["readme"].read_text() == before
+
+
+def test_refuses_a_rerun_from_another_machine_naming_the_field(site, capsys):
+    write_rerun(site, 1.0, hardware="CPU Other CPU x2")
+    refuses(site, capsys, site["sweeps"], "the rerun of sweep 'cpu-test-tiny' ran with hardware 'CPU Other CPU x2'")
+
+
 # -- refusals, by message, and nothing written ----------------------------------------------------------
 def refuses(site, capsys, argv_sweeps, message):
     before = snapshot(site)

@@ -29,7 +29,9 @@ def outputs(out_dir: Path = OUT_DIR, only=FILES, validator_cells: Path | None = 
             text = history_ts.render()
         else:
             from benchmarks import cells
-            text = benchmarks_ts.render(cells.load_cells(benchmark_cells or cells.CELLS_DIR))
+            root = Path(benchmark_cells or cells.CELLS_DIR)
+            reruns = root.parent / cells.RERUNS
+            text = benchmarks_ts.render(cells.load_cells(root), cells.load_cells(reruns) if reruns.is_dir() else [])
         out[Path(out_dir) / f"{name}.generated.ts"] = text
     return out
 

@@ -135,14 +135,21 @@ def _ratios(t) -> list[dict]:
     return out
 
 
-def data(cells: list[dict]) -> dict:
+def _by_sweep(cells: list[dict]) -> dict[str, list[dict]]:
+    out: dict = {}
+    for c in cells:
+        out.setdefault(c["sweep"], []).append(c)
+    return out
+
+
+def data(cells: list[dict], reruns: list[dict] = ()) -> dict:
+    """The site's benchmark data; `reruns` the cells of sweeps run again (reports/benchmarks/reruns): a ratio
+    a rerun does not reproduce is unresolved here as in the README (benchmarks/ratios.py)."""
     from benchmarks.table import Table
     from benchmarks.variants import BY_NAME as VARIANTS
     from benchmarks.workloads import WORKLOADS
-    by_sweep: dict = {}
-    for c in cells:
-        by_sweep.setdefault(c["sweep"], []).append(c)
-    tables = [Table(cs) for _, cs in sorted(by_sweep.items())]
+    again = _by_sweep(list(reruns))
+    tables = [Table(cs, again.get(name, [])) for name, cs in sorted(_by_sweep(cells).items())]
     variants = [v for v in VARIANTS if any(v in t.variants for t in tables)]
     workloads = {w for t in tables for w in t.workloads}
     return {
@@ -155,8 +162,8 @@ def data(cells: list[dict]) -> dict:
     }
 
 
-def render(cells: list[dict]) -> str:
-    d = data(cells)
+def render(cells: list[dict], reruns: list[dict] = ()) -> str:
+    d = data(cells, reruns)
     return module("python -m visualizer_data build", "reports/benchmarks/sweeps/*/*.json", INTERFACES, [
         ("benchmarkSweeps", "readonly BenchmarkSweep[]", d["benchmarkSweeps"]),
         ("benchmarkWorkloads", "readonly BenchmarkWorkload[]", d["benchmarkWorkloads"]),
