@@ -10,6 +10,10 @@
 #   SKIP_SERVE=1 bash benchmarks/cpu.sh # the sweeps without the server benchmark
 #   SKIP_READOUT=1 ...                   # without the SAE readout against raw capture sweep (about 5 minutes)
 #   SKIP_STEP_COST=1 ...                 # without benchmarks/step_cost.py (vLLM's step cost, issue 52)
+#   RERUN=1 ...                          # each sweep run twice, the second into reports/benchmarks/reruns/: a
+#                                        # ratio the rerun does not reproduce is published as unresolved
+#                                        # (benchmarks/ratios.py); without it, the reruns of the sweeps run here
+#                                        # are deleted (a rerun of an older sweep reproduces nothing of this one)
 #
 # Each sweep replaces its folder under reports/benchmarks/sweeps/; commit first (a sweep records the
 # commit it ran at, '+dirty' when the tree had changes). Knobs: TINY_ROUNDS, REAL_ROUNDS,
@@ -31,9 +35,20 @@ REAL_WORKLOADS=${REAL_WORKLOADS:-decode,concurrency8,prefill,capture_all,capture
 START=$(date +%s)
 stamp() { echo "== $1 after $(( $(date +%s) - START )) s"; }
 
+RERUNS=reports/benchmarks/reruns
+# one sweep ($1: its name; the rest: benchmarks run's arguments), then with RERUN=1 the same again as its rerun
+sweep() {
+  local name=$1
+  shift
+  rm -rf "${RERUNS:?}/$name"
+  "$PY" -m benchmarks run "$@" --sweep "$name"
+  if [ -n "${RERUN:-}" ]; then
+    "$PY" -m benchmarks run "$@" --sweep "$name" --sweeps "$RERUNS"
+  fi
+}
 if [ -z "${SKIP_REAL:-}" ]; then
   "$PY" -m engine.zoo build --size real "$REAL_MODEL"
-  "$PY" -m benchmarks run --model "$REAL_MODEL" --size real --rounds "$REAL_ROUNDS" --warmups 1 \
+  sweep cpu-smollm2-135m-real --model "$REAL_MODEL" --size real --rounds "$REAL_ROUNDS" --warmups 1 \
     --workloads "$REAL_WORKLOADS"
   stamp "real-size sweep"
 fi
@@ -41,11 +56,11 @@ if [ -z "${SKIP_READOUT:-}" ]; then
   # raw capture of resid_post at every layer against an SAE top-k readout at the same points, during
   # generation, with bytes per token (its own sweep: the real-size sweep above keeps its folder)
   "$PY" -m engine.zoo build --size real "$REAL_MODEL"
-  "$PY" -m benchmarks run --model "$REAL_MODEL" --size real --rounds "${READOUT_ROUNDS:-$REAL_ROUNDS}" --warmups 1 \
-    --variants eager,vllm,vllm-generate --workloads decode,capture_gen,readout_gen --sweep cpu-smollm2-135m-real-readout
+  sweep cpu-smollm2-135m-real-readout --model "$REAL_MODEL" --size real --rounds "${READOUT_ROUNDS:-$REAL_ROUNDS}" \
+    --warmups 1 --variants eager,vllm,vllm-generate --workloads decode,capture_gen,readout_gen
   stamp "readout sweep"
 fi
-"$PY" -m benchmarks run --rounds "$TINY_ROUNDS"
+sweep cpu-llama-3.2-1b-tiny --rounds "$TINY_ROUNDS"
 stamp "tiny sweep"
 if [ -z "${SKIP_STEP_COST:-}" ]; then
   # what a vLLM worker's step costs around its forward (capture, a steer at every layer, a readout against

@@ -72,9 +72,12 @@ def check_rerun(first: list[dict], rerun: list[dict]) -> None:
            f"--sweep {name}`.")
     if again != name:
         raise MixedCellsError(f"the rerun of sweep {name!r} holds cells of sweep {again!r}. {fix}")
-    if first[0].get("run_id") == rerun[0].get("run_id"):
-        raise MixedCellsError(f"the rerun of sweep {name!r} is the same run ({first[0].get('run_id')}), not a "
-                              f"second one. {fix}")
+    ran, again_ran = str(first[0].get("run_id")), str(rerun[0].get("run_id"))
+    if again_ran == ran:
+        raise MixedCellsError(f"the rerun of sweep {name!r} is the same run ({ran}), not a second one. {fix}")
+    if again_ran < ran:  # run ids are UTC timestamps: a rerun left from an older sweep reproduces nothing of this one
+        raise MixedCellsError(f"the rerun of sweep {name!r} ({again_ran}) ran before the sweep ({ran}): it reran an "
+                              f"older sweep. Delete reports/benchmarks/reruns/{name} or rerun the sweep into it. {fix}")
     envs = [c["env"] for c in first if c.get("env")][:1] + [c["env"] for c in rerun if c.get("env")][:1]
     if len(envs) == 2:
         for key in envmod.MACHINE_FIELDS:

@@ -144,6 +144,15 @@ def test_a_rerun_that_reproduces_changes_no_figure(site):
     assert site["readme"].read_text() == before
 
 
+def test_refuses_a_rerun_older_than_its_sweep(site, capsys):
+    write_rerun(site, 1.0)
+    for p in (site["root"].parent / cellio.RERUNS / "cpu-test-tiny").glob("*.json"):
+        c = json.loads(p.read_text())
+        c["run_id"] = "20251231T000000Z"  # before the sweep's 20260101T000000Z: a rerun of an older sweep
+        p.write_text(json.dumps(c))
+    refuses(site, capsys, site["sweeps"], "the rerun of sweep 'cpu-test-tiny' (20251231T000000Z) ran before the sweep")
+
+
 def test_refuses_a_rerun_from_another_machine_naming_the_field(site, capsys):
     write_rerun(site, 1.0, hardware="CPU Other CPU x2")
     refuses(site, capsys, site["sweeps"], "the rerun of sweep 'cpu-test-tiny' ran with hardware 'CPU Other CPU x2'")
