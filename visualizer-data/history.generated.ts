@@ -62,6 +62,19 @@ export const validatorNights: ValidatorNight[] = [
       "vllm": {"cells": 96, "pass": 17982, "warn": 0, "fail": 0, "declared": 17, "gap": 9153, "errors": 0, "skipped": 14},
       "vllm-static": {"cells": 96, "pass": 13348, "warn": 0, "fail": 0, "declared": 3, "gap": 13801, "errors": 0, "skipped": 14}
     }
+  },
+  {
+    "date": "2026-12-08",
+    "commit": "14e39857d9b9fbe34fc193d1ce62eaf36a902842",
+    "columns": {
+      "hf": {"cells": 96, "pass": 33887, "warn": 0, "fail": 0, "declared": 51, "gap": 181, "errors": 0, "skipped": 0},
+      "interp-engine": {"cells": 96, "pass": 17947, "warn": 0, "fail": 0, "declared": 0, "gap": 9227, "errors": 0, "skipped": 0},
+      "nnsight": {"cells": 96, "pass": 26918, "warn": 0, "fail": 0, "declared": 0, "gap": 256, "errors": 0, "skipped": 0},
+      "nnterp": {"cells": 96, "pass": 7719, "warn": 0, "fail": 0, "declared": 0, "gap": 19601, "errors": 0, "skipped": 0},
+      "transformer_lens": {"cells": 96, "pass": 24456, "warn": 0, "fail": 0, "declared": 0, "gap": 2754, "errors": 0, "skipped": 0},
+      "vllm": {"cells": 96, "pass": 17982, "warn": 0, "fail": 0, "declared": 17, "gap": 9153, "errors": 0, "skipped": 14},
+      "vllm-static": {"cells": 96, "pass": 13348, "warn": 0, "fail": 0, "declared": 3, "gap": 13801, "errors": 0, "skipped": 14}
+    }
   }
 ];
 
