@@ -68,7 +68,9 @@ def method(tables: list[Table]) -> list[str]:
             "is computed inside each round from its two samples, so load on the machine that changes between rounds "
             "shifts both of its sides alike; the figure is the median over rounds with its distribution-free 95% "
             "interval (order statistics, no assumption about the noise). A ratio whose interval spans more than "
-            f"{bound} of its median is **unresolved** and never shown as a figure. Every cell's last output is "
+            f"{bound} of its median is **unresolved** and never shown as a figure; so is one whose sweep was run "
+            "again on the same machine (reports/benchmarks/reruns/, `RERUN=1 bash benchmarks/cpu.sh`) and whose "
+            "rerun median falls outside its interval: a figure a rerun does not reproduce. Every cell's last output is "
             "checked: the tokens a generation produced, that a steer changed the output, that a capture returned "
             "every layer and every row; a cell that fails its check is invalid and has no figure.", "",
             "Reproduce:", "", "```", REPRODUCE, "```", ""]

@@ -4818,11 +4818,11 @@ export const benchmarkRatios: readonly BenchmarkRatio[] = [
     "label": "eager / interp-engine, capture at every layer",
     "num": {"variant": "eager", "workload": "capture_all"},
     "den": {"variant": "interp-engine", "workload": "capture_all"},
-    "median": 1.0579084644382482,
+    "median": null,
     "lo": 1.0203979983880653,
     "hi": 1.0906044396061632,
     "rounds": 15,
-    "resolved": true,
+    "resolved": false,
     "headline": true
   },
   {
@@ -4846,11 +4846,11 @@ export const benchmarkRatios: readonly BenchmarkRatio[] = [
     "label": "eager / interp-engine, steer every layer",
     "num": {"variant": "eager", "workload": "steer_all"},
     "den": {"variant": "interp-engine", "workload": "steer_all"},
-    "median": 0.8490858462734938,
+    "median": null,
     "lo": 0.799878810013952,
     "hi": 0.8607419184742995,
     "rounds": 15,
-    "resolved": true,
+    "resolved": false,
     "headline": true
   },
   {
@@ -4860,11 +4860,11 @@ export const benchmarkRatios: readonly BenchmarkRatio[] = [
     "label": "vllm, capture during generation / stock decode (1 stream)",
     "num": {"variant": "vllm", "workload": "capture_gen"},
     "den": {"variant": "vllm-generate", "workload": "decode"},
-    "median": 0.8450426235900126,
+    "median": null,
     "lo": 0.7873776419256105,
     "hi": 0.9613222735457626,
     "rounds": 15,
-    "resolved": true,
+    "resolved": false,
     "headline": true
   },
   {
@@ -5238,11 +5238,11 @@ export const benchmarkRatios: readonly BenchmarkRatio[] = [
     "label": "vllm capture_gen8 / vllm concurrency8",
     "num": {"variant": "vllm", "workload": "capture_gen8"},
     "den": {"variant": "vllm", "workload": "concurrency8"},
-    "median": 0.9164045587822749,
+    "median": null,
     "lo": 0.8330412331354502,
     "hi": 0.9879112960030202,
     "rounds": 15,
-    "resolved": true,
+    "resolved": false,
     "headline": false
   },
   {
@@ -5336,11 +5336,11 @@ export const benchmarkRatios: readonly BenchmarkRatio[] = [
     "label": "vllm-static capture_gen8 / vllm-static concurrency8",
     "num": {"variant": "vllm-static", "workload": "capture_gen8"},
     "den": {"variant": "vllm-static", "workload": "concurrency8"},
-    "median": 0.9504814730188477,
+    "median": null,
     "lo": 0.8510696453323446,
     "hi": 1.069305816648335,
     "rounds": 15,
-    "resolved": true,
+    "resolved": false,
     "headline": false
   },
   {
@@ -5532,11 +5532,11 @@ export const benchmarkRatios: readonly BenchmarkRatio[] = [
     "label": "nnsight capture_one / nnsight prefill",
     "num": {"variant": "nnsight", "workload": "capture_one"},
     "den": {"variant": "nnsight", "workload": "prefill"},
-    "median": 0.9857114657495915,
+    "median": null,
     "lo": 0.9378516542424633,
     "hi": 1.0116175645820031,
     "rounds": 15,
-    "resolved": true,
+    "resolved": false,
     "headline": false
   },
   {
@@ -5560,11 +5560,11 @@ export const benchmarkRatios: readonly BenchmarkRatio[] = [
     "label": "nnsight lens / nnsight prefill",
     "num": {"variant": "nnsight", "workload": "lens"},
     "den": {"variant": "nnsight", "workload": "prefill"},
-    "median": 0.8382676592474495,
+    "median": null,
     "lo": 0.814179353462147,
     "hi": 0.8862582281780943,
     "rounds": 15,
-    "resolved": true,
+    "resolved": false,
     "headline": false
   },
   {
@@ -5644,11 +5644,11 @@ export const benchmarkRatios: readonly BenchmarkRatio[] = [
     "label": "interp-engine capture_one / interp-engine prefill",
     "num": {"variant": "interp-engine", "workload": "capture_one"},
     "den": {"variant": "interp-engine", "workload": "prefill"},
-    "median": 0.9479717562848271,
+    "median": null,
     "lo": 0.9259835261410487,
     "hi": 0.9677178284306172,
     "rounds": 15,
-    "resolved": true,
+    "resolved": false,
     "headline": false
   },
   {
@@ -5770,11 +5770,11 @@ export const benchmarkRatios: readonly BenchmarkRatio[] = [
     "label": "eager decode / nnsight decode",
     "num": {"variant": "eager", "workload": "decode"},
     "den": {"variant": "nnsight", "workload": "decode"},
-    "median": 0.9326191525456121,
+    "median": null,
     "lo": 0.826753566865823,
     "hi": 0.9595673375429294,
     "rounds": 15,
-    "resolved": true,
+    "resolved": false,
     "headline": false
   },
   {
@@ -5840,11 +5840,11 @@ export const benchmarkRatios: readonly BenchmarkRatio[] = [
     "label": "eager concurrency8 / hf-generate concurrency8",
     "num": {"variant": "eager", "workload": "concurrency8"},
     "den": {"variant": "hf-generate", "workload": "concurrency8"},
-    "median": 1.0519059553997974,
+    "median": null,
     "lo": 0.9541247764066544,
     "hi": 1.1918277932259396,
     "rounds": 15,
-    "resolved": true,
+    "resolved": false,
     "headline": false
   },
   {
@@ -5966,11 +5966,11 @@ export const benchmarkRatios: readonly BenchmarkRatio[] = [
     "label": "eager prefill / interp-engine prefill",
     "num": {"variant": "eager", "workload": "prefill"},
     "den": {"variant": "interp-engine", "workload": "prefill"},
-    "median": 1.0699155924915655,
+    "median": null,
     "lo": 1.0275605789439077,
     "hi": 1.1191119142011159,
     "rounds": 15,
-    "resolved": true,
+    "resolved": false,
     "headline": false
   },
   {
@@ -6008,11 +6008,11 @@ export const benchmarkRatios: readonly BenchmarkRatio[] = [
     "label": "vllm-static prefill / vllm-generate prefill",
     "num": {"variant": "vllm-static", "workload": "prefill"},
     "den": {"variant": "vllm-generate", "workload": "prefill"},
-    "median": 1.0150779752351355,
+    "median": null,
     "lo": 0.8836929996779866,
     "hi": 1.0513891358819496,
     "rounds": 15,
-    "resolved": true,
+    "resolved": false,
     "headline": false
   },
   {
@@ -6078,11 +6078,11 @@ export const benchmarkRatios: readonly BenchmarkRatio[] = [
     "label": "vllm capture_one / vllm-generate prefill",
     "num": {"variant": "vllm", "workload": "capture_one"},
     "den": {"variant": "vllm-generate", "workload": "prefill"},
-    "median": 0.6283680087213913,
+    "median": null,
     "lo": 0.5691113226222152,
     "hi": 0.6540328143146543,
     "rounds": 15,
-    "resolved": true,
+    "resolved": false,
     "headline": false
   },
   {
@@ -6092,11 +6092,11 @@ export const benchmarkRatios: readonly BenchmarkRatio[] = [
     "label": "vllm-static capture_one / vllm-generate prefill",
     "num": {"variant": "vllm-static", "workload": "capture_one"},
     "den": {"variant": "vllm-generate", "workload": "prefill"},
-    "median": 0.6559763729426424,
+    "median": null,
     "lo": 0.6257954105654748,
     "hi": 0.6891434502005283,
     "rounds": 15,
-    "resolved": true,
+    "resolved": false,
     "headline": false
   },
   {
@@ -6428,11 +6428,11 @@ export const benchmarkRatios: readonly BenchmarkRatio[] = [
     "label": "eager long_prefill / transformerlens long_prefill",
     "num": {"variant": "eager", "workload": "long_prefill"},
     "den": {"variant": "transformerlens", "workload": "long_prefill"},
-    "median": 1.5377730035737833,
+    "median": null,
     "lo": 1.4893372930580049,
     "hi": 1.596192754218056,
     "rounds": 15,
-    "resolved": true,
+    "resolved": false,
     "headline": false
   },
   {
@@ -6484,11 +6484,11 @@ export const benchmarkRatios: readonly BenchmarkRatio[] = [
     "label": "eager long_capture / transformerlens long_capture",
     "num": {"variant": "eager", "workload": "long_capture"},
     "den": {"variant": "transformerlens", "workload": "long_capture"},
-    "median": 1.4643363583180968,
+    "median": null,
     "lo": 1.4193482559068835,
     "hi": 1.5999511733218823,
     "rounds": 15,
-    "resolved": true,
+    "resolved": false,
     "headline": false
   },
   {
@@ -6582,11 +6582,11 @@ export const benchmarkRatios: readonly BenchmarkRatio[] = [
     "label": "eager / transformerlens, steer every layer",
     "num": {"variant": "eager", "workload": "steer_all"},
     "den": {"variant": "transformerlens", "workload": "steer_all"},
-    "median": 1.2638053617030014,
+    "median": null,
     "lo": 1.2014376940766542,
     "hi": 1.3128746135207388,
     "rounds": 9,
-    "resolved": true,
+    "resolved": false,
     "headline": true
   },
   {
@@ -6596,11 +6596,11 @@ export const benchmarkRatios: readonly BenchmarkRatio[] = [
     "label": "eager / nnsight, capture at every layer",
     "num": {"variant": "eager", "workload": "capture_all"},
     "den": {"variant": "nnsight", "workload": "capture_all"},
-    "median": 0.9866481644630586,
+    "median": null,
     "lo": 0.954865989194048,
     "hi": 1.0240632329244008,
     "rounds": 9,
-    "resolved": true,
+    "resolved": false,
     "headline": true
   },
   {
@@ -6722,11 +6722,11 @@ export const benchmarkRatios: readonly BenchmarkRatio[] = [
     "label": "vllm-static, capture during generation / stock decode (1 stream)",
     "num": {"variant": "vllm-static", "workload": "capture_gen"},
     "den": {"variant": "vllm-generate", "workload": "decode"},
-    "median": 1.022958013291107,
+    "median": null,
     "lo": 0.9599184978741238,
     "hi": 1.0742419293284122,
     "rounds": 9,
-    "resolved": true,
+    "resolved": false,
     "headline": true
   },
   {
@@ -6890,11 +6890,11 @@ export const benchmarkRatios: readonly BenchmarkRatio[] = [
     "label": "vllm capture_gen / vllm decode",
     "num": {"variant": "vllm", "workload": "capture_gen"},
     "den": {"variant": "vllm", "workload": "decode"},
-    "median": 0.9460714240814045,
+    "median": null,
     "lo": 0.8970559950937451,
     "hi": 0.9720473935853617,
     "rounds": 9,
-    "resolved": true,
+    "resolved": false,
     "headline": false
   },
   {
@@ -7016,11 +7016,11 @@ export const benchmarkRatios: readonly BenchmarkRatio[] = [
     "label": "hf-generate capture_gen8 / hf-generate concurrency8",
     "num": {"variant": "hf-generate", "workload": "capture_gen8"},
     "den": {"variant": "hf-generate", "workload": "concurrency8"},
-    "median": 0.9966777233891285,
+    "median": null,
     "lo": 0.965372103448495,
     "hi": 1.0037221335534647,
     "rounds": 9,
-    "resolved": true,
+    "resolved": false,
     "headline": false
   },
   {
@@ -7044,11 +7044,11 @@ export const benchmarkRatios: readonly BenchmarkRatio[] = [
     "label": "transformerlens capture_all / transformerlens prefill",
     "num": {"variant": "transformerlens", "workload": "capture_all"},
     "den": {"variant": "transformerlens", "workload": "prefill"},
-    "median": 0.9693065184165707,
+    "median": null,
     "lo": 0.9223982688316487,
     "hi": 0.9773788858660847,
     "rounds": 9,
-    "resolved": true,
+    "resolved": false,
     "headline": false
   },
   {
@@ -7072,11 +7072,11 @@ export const benchmarkRatios: readonly BenchmarkRatio[] = [
     "label": "transformerlens steer_all / transformerlens decode",
     "num": {"variant": "transformerlens", "workload": "steer_all"},
     "den": {"variant": "transformerlens", "workload": "decode"},
-    "median": 1.002661425849882,
+    "median": null,
     "lo": 0.9298033348803392,
     "hi": 1.0141825109270293,
     "rounds": 9,
-    "resolved": true,
+    "resolved": false,
     "headline": false
   },
   {
@@ -7086,11 +7086,11 @@ export const benchmarkRatios: readonly BenchmarkRatio[] = [
     "label": "transformerlens long_capture / transformerlens long_prefill",
     "num": {"variant": "transformerlens", "workload": "long_capture"},
     "den": {"variant": "transformerlens", "workload": "long_prefill"},
-    "median": 0.9679639776193328,
+    "median": null,
     "lo": 0.9336358713702353,
     "hi": 0.9958200433774683,
     "rounds": 9,
-    "resolved": true,
+    "resolved": false,
     "headline": false
   },
   {
@@ -7170,11 +7170,11 @@ export const benchmarkRatios: readonly BenchmarkRatio[] = [
     "label": "interp-engine capture_all / interp-engine prefill",
     "num": {"variant": "interp-engine", "workload": "capture_all"},
     "den": {"variant": "interp-engine", "workload": "prefill"},
-    "median": 0.9856340847194986,
+    "median": null,
     "lo": 0.9722045918642264,
     "hi": 1.0578403397973388,
     "rounds": 9,
-    "resolved": true,
+    "resolved": false,
     "headline": false
   },
   {
@@ -7184,11 +7184,11 @@ export const benchmarkRatios: readonly BenchmarkRatio[] = [
     "label": "interp-engine capture_gen / interp-engine decode",
     "num": {"variant": "interp-engine", "workload": "capture_gen"},
     "den": {"variant": "interp-engine", "workload": "decode"},
-    "median": 0.8048369625936709,
+    "median": null,
     "lo": 0.7893577730656586,
     "hi": 0.8329439738077035,
     "rounds": 9,
-    "resolved": true,
+    "resolved": false,
     "headline": false
   },
   {
@@ -7324,11 +7324,11 @@ export const benchmarkRatios: readonly BenchmarkRatio[] = [
     "label": "eager concurrency8 / hf-generate concurrency8",
     "num": {"variant": "eager", "workload": "concurrency8"},
     "den": {"variant": "hf-generate", "workload": "concurrency8"},
-    "median": 1.0190127631553119,
+    "median": null,
     "lo": 1.0120263616046565,
     "hi": 1.0634089645163542,
     "rounds": 9,
-    "resolved": true,
+    "resolved": false,
     "headline": false
   },
   {
@@ -7338,11 +7338,11 @@ export const benchmarkRatios: readonly BenchmarkRatio[] = [
     "label": "eager concurrency8 / transformerlens concurrency8",
     "num": {"variant": "eager", "workload": "concurrency8"},
     "den": {"variant": "transformerlens", "workload": "concurrency8"},
-    "median": 1.2940120771907915,
+    "median": null,
     "lo": 1.2228571260193521,
     "hi": 1.3020287959481138,
     "rounds": 9,
-    "resolved": true,
+    "resolved": false,
     "headline": false
   },
   {
@@ -7366,11 +7366,11 @@ export const benchmarkRatios: readonly BenchmarkRatio[] = [
     "label": "eager concurrency8 / vllm-generate concurrency8",
     "num": {"variant": "eager", "workload": "concurrency8"},
     "den": {"variant": "vllm-generate", "workload": "concurrency8"},
-    "median": 0.6493591578032837,
+    "median": null,
     "lo": 0.6269287603639822,
     "hi": 0.6534960847374647,
     "rounds": 9,
-    "resolved": true,
+    "resolved": false,
     "headline": false
   },
   {
@@ -7478,11 +7478,11 @@ export const benchmarkRatios: readonly BenchmarkRatio[] = [
     "label": "vllm prefill / vllm-generate prefill",
     "num": {"variant": "vllm", "workload": "prefill"},
     "den": {"variant": "vllm-generate", "workload": "prefill"},
-    "median": 0.9845508244099249,
+    "median": null,
     "lo": 0.9508574467174037,
     "hi": 1.0906410766831525,
     "rounds": 9,
-    "resolved": true,
+    "resolved": false,
     "headline": false
   },
   {
@@ -7534,11 +7534,11 @@ export const benchmarkRatios: readonly BenchmarkRatio[] = [
     "label": "vllm capture_all / vllm-generate prefill",
     "num": {"variant": "vllm", "workload": "capture_all"},
     "den": {"variant": "vllm-generate", "workload": "prefill"},
-    "median": 0.6715670059663779,
+    "median": null,
     "lo": 0.6299707512960145,
     "hi": 0.763694480994651,
     "rounds": 9,
-    "resolved": true,
+    "resolved": false,
     "headline": false
   },
   {
@@ -7576,11 +7576,11 @@ export const benchmarkRatios: readonly BenchmarkRatio[] = [
     "label": "eager capture_gen8 / hf-generate capture_gen8",
     "num": {"variant": "eager", "workload": "capture_gen8"},
     "den": {"variant": "hf-generate", "workload": "capture_gen8"},
-    "median": 1.0039938233737302,
+    "median": null,
     "lo": 0.9875103662198753,
     "hi": 1.0243492543143717,
     "rounds": 9,
-    "resolved": true,
+    "resolved": false,
     "headline": false
   },
   {
@@ -7590,11 +7590,11 @@ export const benchmarkRatios: readonly BenchmarkRatio[] = [
     "label": "eager capture_gen8 / nnsight capture_gen8",
     "num": {"variant": "eager", "workload": "capture_gen8"},
     "den": {"variant": "nnsight", "workload": "capture_gen8"},
-    "median": 1.0190300213396213,
+    "median": null,
     "lo": 1.013041856520406,
     "hi": 1.0637912968341958,
     "rounds": 9,
-    "resolved": true,
+    "resolved": false,
     "headline": false
   },
   {
@@ -7604,11 +7604,11 @@ export const benchmarkRatios: readonly BenchmarkRatio[] = [
     "label": "eager capture_gen8 / vllm-generate concurrency8",
     "num": {"variant": "eager", "workload": "capture_gen8"},
     "den": {"variant": "vllm-generate", "workload": "concurrency8"},
-    "median": 0.6302755936062019,
+    "median": null,
     "lo": 0.619706891731315,
     "hi": 0.638066490062844,
     "rounds": 9,
-    "resolved": true,
+    "resolved": false,
     "headline": false
   },
   {
@@ -7660,11 +7660,11 @@ export const benchmarkRatios: readonly BenchmarkRatio[] = [
     "label": "eager long_prefill / nnsight long_prefill",
     "num": {"variant": "eager", "workload": "long_prefill"},
     "den": {"variant": "nnsight", "workload": "long_prefill"},
-    "median": 0.9999038424333624,
+    "median": null,
     "lo": 0.9728278278078893,
     "hi": 1.0264924214114797,
     "rounds": 9,
-    "resolved": true,
+    "resolved": false,
     "headline": false
   },
   {
@@ -7688,11 +7688,11 @@ export const benchmarkRatios: readonly BenchmarkRatio[] = [
     "label": "eager long_prefill / vllm-generate long_prefill",
     "num": {"variant": "eager", "workload": "long_prefill"},
     "den": {"variant": "vllm-generate", "workload": "long_prefill"},
-    "median": 0.6418030581952524,
+    "median": null,
     "lo": 0.6343027431788714,
     "hi": 0.6519775888348637,
     "rounds": 9,
-    "resolved": true,
+    "resolved": false,
     "headline": false
   },
   {
@@ -7786,11 +7786,11 @@ export const benchmarkRatios: readonly BenchmarkRatio[] = [
     "label": "eager long_capture / vllm-generate long_prefill",
     "num": {"variant": "eager", "workload": "long_capture"},
     "den": {"variant": "vllm-generate", "workload": "long_prefill"},
-    "median": 0.630078272022034,
+    "median": null,
     "lo": 0.6257544872721708,
     "hi": 0.6480748874992004,
     "rounds": 9,
-    "resolved": true,
+    "resolved": false,
     "headline": false
   },
   {
