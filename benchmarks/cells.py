@@ -96,11 +96,16 @@ def load_sweep(sweep_dir: Path) -> list[dict]:
     return [read_cell(p) for p in sorted(sweep_dir.glob("*.json"))]
 
 
-def rerun_dir(sweep_dir: Path) -> Path:
-    """Where a sweep's rerun lives: <sweeps root>/../reruns/<sweep> (reports/benchmarks/reruns/<sweep>: made by
+def reruns_root(sweeps_root: Path) -> Path:
+    """Where the reruns of the sweeps under `sweeps_root` live: beside it (reports/benchmarks/reruns, made by
     `python -m benchmarks run ... --sweeps reports/benchmarks/reruns --sweep <sweep>`)."""
+    return Path(sweeps_root).parent / RERUNS
+
+
+def rerun_dir(sweep_dir: Path) -> Path:
+    """Where a sweep's rerun lives: <reruns root>/<sweep>."""
     sweep_dir = Path(sweep_dir)
-    return sweep_dir.parent.parent / RERUNS / sweep_dir.name
+    return reruns_root(sweep_dir.parent) / sweep_dir.name
 
 
 def load_rerun(sweep_dir: Path) -> list[dict]:

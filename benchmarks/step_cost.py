@@ -46,6 +46,7 @@ from benchmarks.child import Child
 from benchmarks.ci import median_ci
 from benchmarks.env import load1
 from benchmarks.stats import fmt_interval, sig
+from engine.backends.vllm.worker import meters
 
 ROOT = Path(__file__).resolve().parents[1]
 MARK = "STEPCOST "
@@ -209,8 +210,8 @@ def figures(out: dict) -> list[dict]:
     return rows
 
 
-STEP_WINDOWS = ("step", "hooks")  # a step's windows (engine/backends/vllm/worker/meters.py)
-CALL_WINDOWS = ("register", "collect")  # a call's, outside its steps
+STEP_WINDOWS = (meters.STEP, meters.HOOKS)  # a step's windows
+CALL_WINDOWS = (meters.REGISTER, meters.COLLECT)  # a call's, outside its steps
 
 
 def host_us(answer: dict) -> float:

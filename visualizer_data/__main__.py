@@ -30,7 +30,7 @@ def outputs(out_dir: Path = OUT_DIR, only=FILES, validator_cells: Path | None = 
         else:
             from benchmarks import cells
             root = Path(benchmark_cells or cells.CELLS_DIR)
-            reruns = root.parent / cells.RERUNS
+            reruns = cells.reruns_root(root)
             text = benchmarks_ts.render(cells.load_cells(root), cells.load_cells(reruns) if reruns.is_dir() else [])
         out[Path(out_dir) / f"{name}.generated.ts"] = text
     return out

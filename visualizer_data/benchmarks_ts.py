@@ -3,6 +3,8 @@ ratio table the report and the README block render, so the site never disagrees 
 An unresolved ratio carries its interval but no median: it is never shown as a figure."""
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from visualizer_data.ts import module
 
 INTERFACES = """
@@ -135,20 +137,20 @@ def _ratios(t) -> list[dict]:
     return out
 
 
-def _by_sweep(cells: list[dict]) -> dict[str, list[dict]]:
+def _by_sweep(cells: Iterable[dict]) -> dict[str, list[dict]]:
     out: dict = {}
     for c in cells:
         out.setdefault(c["sweep"], []).append(c)
     return out
 
 
-def data(cells: list[dict], reruns: list[dict] = ()) -> dict:
+def data(cells: list[dict], reruns: Iterable[dict] = ()) -> dict:
     """The site's benchmark data; `reruns` the cells of sweeps run again (reports/benchmarks/reruns): a ratio
     a rerun does not reproduce is unresolved here as in the README (benchmarks/ratios.py)."""
     from benchmarks.table import Table
     from benchmarks.variants import BY_NAME as VARIANTS
     from benchmarks.workloads import WORKLOADS
-    again = _by_sweep(list(reruns))
+    again = _by_sweep(reruns)
     tables = [Table(cs, again.get(name, [])) for name, cs in sorted(_by_sweep(cells).items())]
     variants = [v for v in VARIANTS if any(v in t.variants for t in tables)]
     workloads = {w for t in tables for w in t.workloads}
@@ -162,7 +164,7 @@ def data(cells: list[dict], reruns: list[dict] = ()) -> dict:
     }
 
 
-def render(cells: list[dict], reruns: list[dict] = ()) -> str:
+def render(cells: list[dict], reruns: Iterable[dict] = ()) -> str:
     d = data(cells, reruns)
     return module("python -m visualizer_data build", "reports/benchmarks/sweeps/*/*.json", INTERFACES, [
         ("benchmarkSweeps", "readonly BenchmarkSweep[]", d["benchmarkSweeps"]),
